@@ -1,0 +1,41 @@
+# A thin wrapper over CMake presets. The two commands of the quick start:
+#   make demo   build and run `kvmem demo`
+#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CTEST = ctest --parallel $(JOBS) --preset
+
+.PHONY: all deps build demo test test-default test-asan test-tsan bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	cmake --preset default >/dev/null
+	cmake --build --preset default -j $(JOBS)
+
+demo: build
+	./build/default/tools/kvmem demo
+
+test: deps test-default test-asan test-tsan
+	@echo "make test: all suites passed"
+
+test-default: build
+	$(CTEST) default
+
+test-asan: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+	$(CTEST) asan
+
+test-tsan: deps
+	cmake --preset tsan >/dev/null
+	cmake --build --preset tsan -j $(JOBS)
+	$(CTEST) tsan
+
+bench: build
+	./build/default/tools/kvmem bench --json all
+
+clean:
+	rm -rf build

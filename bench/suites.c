@@ -1,0 +1,9 @@
+/* The registry of benchmark suites. Each suite lives in its own file. */
+#include "bench.h"
+
+extern const kvm_bench_suite kvm_bench_machine;
+
+const kvm_bench_suite *const kvm_bench_suites[] = {
+    &kvm_bench_machine,
+    NULL,
+};

@@ -1,0 +1,21 @@
+# cmake --install: header, libraries, CMake package (kvmem::kvmem,
+# kvmem::kvmem_static) and kvmem.pc.
+include(CMakePackageConfigHelpers)
+install(FILES ${PROJECT_SOURCE_DIR}/include/kvmem.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS kvmem kvmem_static EXPORT kvmemTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT kvmemTargets NAMESPACE kvmem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvmem)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvmemConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/kvmemConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvmem)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvmemConfigVersion.cmake
+  COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/kvmemConfig.cmake ${PROJECT_BINARY_DIR}/kvmemConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvmem)
+configure_file(${PROJECT_SOURCE_DIR}/cmake/kvmem.pc.in ${PROJECT_BINARY_DIR}/kvmem.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/kvmem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+if(TARGET kvmem_cli)
+  install(TARGETS kvmem_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()

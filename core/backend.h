@@ -1,0 +1,73 @@
+/* The backend interface (internal). A backend is a table of function pointers
+ * plus its own context, in the manner of ggml-backend: the CPU backend fills
+ * every entry and is the reference; CUDA and Vulkan are plugins loaded with
+ * dlopen that export one init symbol and are checked for the exact
+ * KVMEM_BACKEND_API_VERSION. Entries marked (optional) may be NULL; the core
+ * then runs that op on the CPU backend.
+ *
+ * Buffers: backend memory is reached through kvmem_buffer handles plus byte
+ * offsets, never raw device pointers, so Vulkan (VkBuffer) and CUDA (device
+ * pointers) fit the same table. For the CPU backend a buffer is host memory. */
+#ifndef KVMEM_BACKEND_H
+#define KVMEM_BACKEND_H
+
+#include "kvmem.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVMEM_BACKEND_API_VERSION 1u
+
+typedef struct kvmem_backend kvmem_backend;
+typedef struct kvmem_buffer kvmem_buffer;
+
+typedef struct kvmem_backend_iface {
+    const char *name;
+    void (*free)(kvmem_backend *be);
+
+    /* ---- buffers ---- */
+    kvmem_status (*buffer_alloc)(kvmem_backend *be, size_t size, kvmem_buffer **out);
+    void (*buffer_free)(kvmem_backend *be, kvmem_buffer *buf);
+    kvmem_status (*buffer_upload)(kvmem_backend *be, kvmem_buffer *dst, size_t offset,
+                                  const void *src, size_t size);
+    kvmem_status (*buffer_download)(kvmem_backend *be, const kvmem_buffer *src, size_t offset,
+                                    void *dst, size_t size);
+    /* (optional) host address of a buffer, NULL when not host-visible */
+    void *(*buffer_host_ptr)(kvmem_backend *be, kvmem_buffer *buf);
+    kvmem_status (*synchronize)(kvmem_backend *be);
+
+    /* ---- ops ---- */
+    /* Convert n elements between F32/F16/BF16. */
+    kvmem_status (*convert)(kvmem_backend *be, kvmem_buffer *dst, size_t dst_off,
+                            kvmem_dtype dst_dtype, const kvmem_buffer *src, size_t src_off,
+                            kvmem_dtype src_dtype, size_t n);
+    /* AABB of n_groups groups of n_rows f32 rows of `dim` (group g's rows at
+     * keys + g*group_stride, rows `dim` apart): out_min/out_max [n_groups][dim]. */
+    kvmem_status (*aabb_build)(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off,
+                               size_t n_groups, size_t group_stride, size_t n_rows, size_t dim,
+                               kvmem_buffer *out_min, kvmem_buffer *out_max, size_t out_off);
+    /* ---- ops added by later issues (aabb_score, topk, gather, quantize,
+     *      attend, qmem_score, kv_copy) go below, each with its issue ---- */
+
+    /* (optional) escape hatch for entries a newer core knows and an older
+     * backend does not: returns NULL for unknown names. */
+    void *(*get_proc_address)(kvmem_backend *be, const char *name);
+} kvmem_backend_iface;
+
+struct kvmem_backend {
+    const kvmem_backend_iface *iface;
+    void *impl;          /* the backend's own state */
+    kvmem_context *ctx;  /* owning context */
+};
+
+/* The symbol every backend plugin exports. It fills *out or writes a plain
+ * reason ("no device", "driver too old") into why and returns an error. */
+#define KVMEM_BACKEND_PLUGIN_INIT "kvmem_backend_plugin_init"
+typedef kvmem_status (*kvmem_backend_plugin_init_fn)(uint32_t api_version, kvmem_context *ctx,
+                                                      kvmem_backend **out, char *why,
+                                                      size_t why_size);
+
+/* The CPU backend (always built). */
+kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out);
+
+#endif

@@ -1,0 +1,220 @@
+/* Contexts and the backend registry. */
+#define _GNU_SOURCE /* dladdr */
+#include "context.h"
+#include "internal.h"
+#include "cpu/kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__unix__) && !defined(__EMSCRIPTEN__)
+#  define KVM_HAVE_DLOPEN 1
+#  include <dlfcn.h>
+#endif
+
+static const char *const k_plugins[] = {"cuda", "vulkan"};
+
+/* Any object inside libkvmem: dladdr on it finds the library's own path. */
+static const char k_anchor = 0;
+
+#ifdef KVM_HAVE_DLOPEN
+/* Plugins are looked up beside libkvmem itself first, then in
+ * KVMEM_BACKEND_PATH, then by the dynamic loader's own search. */
+static void *open_plugin(const char *name, char *why, size_t why_size) {
+    char file[64], path[4096];
+    snprintf(file, sizeof file, "libkvmem-%s.so", name);
+    const char *env = getenv("KVMEM_BACKEND_PATH");
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s/%s", env, file);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+    }
+    Dl_info info;
+    if (dladdr(&k_anchor, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash) {
+            int dir = (int)(slash - info.dli_fname);
+            snprintf(path, sizeof path, "%.*s/%s", dir, info.dli_fname, file);
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (h) return h;
+        }
+    }
+    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(why, why_size, "plugin %s not loadable: %s", file, e ? e : "not found");
+    }
+    return h;
+}
+#endif
+
+kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend **out,
+                             void **handle, char *why, size_t why_size) {
+    *out = NULL;
+    *handle = NULL;
+#ifdef KVM_HAVE_DLOPEN
+    void *h = open_plugin(name, why, why_size);
+    if (!h) return KVMEM_ERR_UNSUPPORTED;
+    kvmem_backend_plugin_init_fn init;
+    *(void **)(&init) = dlsym(h, KVMEM_BACKEND_PLUGIN_INIT);
+    if (!init) {
+        snprintf(why, why_size, "libkvmem-%s.so has no %s symbol", name, KVMEM_BACKEND_PLUGIN_INIT);
+        dlclose(h);
+        return KVMEM_ERR_UNSUPPORTED;
+    }
+    why[0] = '\0';
+    kvmem_status st = init(KVMEM_BACKEND_API_VERSION, ctx, out, why, why_size);
+    if (st != KVMEM_OK || !*out) {
+        if (!why[0]) snprintf(why, why_size, "libkvmem-%s.so failed to initialise", name);
+        dlclose(h);
+        *out = NULL;
+        return st != KVMEM_OK ? st : KVMEM_ERR_BACKEND;
+    }
+    *handle = h;
+    return KVMEM_OK;
+#else
+    (void)ctx;
+    snprintf(why, why_size, "%s: this build cannot load plugins", name);
+    return KVMEM_ERR_UNSUPPORTED;
+#endif
+}
+
+/* ---- kvmem_backends ---- */
+
+#include <pthread.h>
+
+/* Detail strings live in static storage (the ABI promises static strings);
+ * the lock keeps concurrent callers from writing them at the same time. */
+static pthread_mutex_t g_backends_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_cpu_detail[96];
+static char g_plugin_detail[2][256];
+
+static void fill_cpu_detail(void) {
+    const kvm_cpu_kernels *k = kvm_cpu_kernels_get();
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(g_cpu_detail, sizeof g_cpu_detail, "host CPU, %s kernels, %ld cores", k->name,
+             n > 0 ? n : 1);
+}
+
+kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *count) {
+    if (!count) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_backends: count is NULL");
+    if (capacity > 0 && !out)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_backends: out is NULL with capacity %zu", capacity);
+    size_t total = 1 + sizeof k_plugins / sizeof k_plugins[0];
+    *count = total;
+    if (capacity == 0) return KVMEM_OK;
+    pthread_mutex_lock(&g_backends_mu);
+    fill_cpu_detail();
+    out[0].name = "cpu";
+    out[0].available = 1;
+    out[0].detail = g_cpu_detail;
+    for (size_t i = 0; i < total - 1 && i + 1 < capacity; i++) {
+        kvmem_backend_info *bi = &out[i + 1];
+        bi->name = k_plugins[i];
+        char why[256] = {0};
+        kvmem_backend *be = NULL;
+        void *h = NULL;
+        /* Probing means initialising: a plugin can only say it has a device
+         * by looking for one. The probe context is minimal and discarded. */
+        kvmem_context probe;
+        memset(&probe, 0, sizeof probe);
+        probe.n_threads = 1;
+        if (kvm_plugin_load(&probe, k_plugins[i], &be, &h, why, sizeof why) == KVMEM_OK) {
+            bi->available = 1;
+            snprintf(g_plugin_detail[i], sizeof g_plugin_detail[i], "%s", be->iface->name);
+            be->iface->free(be);
+#ifdef KVM_HAVE_DLOPEN
+            dlclose(h);
+#endif
+        } else {
+            bi->available = 0;
+            snprintf(g_plugin_detail[i], sizeof g_plugin_detail[i], "%s", why);
+        }
+        bi->detail = g_plugin_detail[i];
+    }
+    pthread_mutex_unlock(&g_backends_mu);
+    return KVMEM_OK;
+}
+
+/* ---- contexts ---- */
+
+kvmem_context_params kvmem_context_default_params(void) {
+    kvmem_context_params p;
+    p.backend = "auto";
+    p.n_threads = 0;
+    return p;
+}
+
+kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_context **out) {
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_context_create: out is NULL");
+    *out = NULL;
+    kvmem_context_params p = params ? *params : kvmem_context_default_params();
+    const char *name = p.backend ? p.backend : "auto";
+    if (p.n_threads < 0 || p.n_threads > 1024)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "n_threads %d: must be in [0, 1024] (0 = all cores)",
+                        p.n_threads);
+    int known = strcmp(name, "auto") == 0 || strcmp(name, "cpu") == 0;
+    for (size_t i = 0; i < sizeof k_plugins / sizeof k_plugins[0]; i++)
+        known |= strcmp(name, k_plugins[i]) == 0;
+    if (!known)
+        return kvm_fail(KVMEM_ERR_NOT_FOUND,
+                        "unknown backend '%.32s': expected \"cpu\", \"cuda\", \"vulkan\" or \"auto\"",
+                        name);
+
+    kvmem_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory");
+    int n = p.n_threads;
+    if (n == 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = c > 0 ? (int)KVM_MIN(c, 1024) : 1;
+    }
+    ctx->n_threads = n;
+    ctx->tp = kvm_threadpool_create(n);
+    kvmem_status st = ctx->tp ? kvm_cpu_backend_create(ctx, &ctx->cpu) : KVMEM_ERR_NOMEM;
+    if (st != KVMEM_OK) {
+        kvmem_context_free(ctx);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: cannot start %d threads", n);
+    }
+    ctx->n_threads = kvm_threadpool_size(ctx->tp);
+    ctx->backend = ctx->cpu;
+    snprintf(ctx->backend_name, sizeof ctx->backend_name, "cpu");
+
+    if (strcmp(name, "cpu") != 0) {
+        int is_auto = strcmp(name, "auto") == 0;
+        char why[256] = {0};
+        for (size_t i = 0; i < sizeof k_plugins / sizeof k_plugins[0]; i++) {
+            if (!is_auto && strcmp(name, k_plugins[i]) != 0) continue;
+            kvmem_backend *be = NULL;
+            void *h = NULL;
+            if (kvm_plugin_load(ctx, k_plugins[i], &be, &h, why, sizeof why) == KVMEM_OK) {
+                ctx->backend = be;
+                ctx->plugin = h;
+                snprintf(ctx->backend_name, sizeof ctx->backend_name, "%s", k_plugins[i]);
+                break;
+            }
+        }
+        if (!is_auto && ctx->backend == ctx->cpu) {
+            kvmem_context_free(ctx);
+            return kvm_fail(KVMEM_ERR_UNSUPPORTED, "backend '%s' is unusable here: %s", name, why);
+        }
+    }
+    *out = ctx;
+    return KVMEM_OK;
+}
+
+void kvmem_context_free(kvmem_context *ctx) {
+    if (!ctx) return;
+    if (ctx->backend && ctx->backend != ctx->cpu) ctx->backend->iface->free(ctx->backend);
+#ifdef KVM_HAVE_DLOPEN
+    if (ctx->plugin) dlclose(ctx->plugin);
+#endif
+    if (ctx->cpu) ctx->cpu->iface->free(ctx->cpu);
+    kvm_threadpool_free(ctx->tp);
+    free(ctx);
+}
+
+const char *kvmem_context_backend(const kvmem_context *ctx) { return ctx ? ctx->backend_name : ""; }
+
+int32_t kvmem_context_n_threads(const kvmem_context *ctx) { return ctx ? ctx->n_threads : 0; }

@@ -1,0 +1,166 @@
+/* The CPU backend: buffers are host memory, ops run the kernel table chosen
+ * at run time (scalar / AVX2 / AVX-512) on the context's worker pool. */
+#include "../backend.h"
+#include "../context.h"
+#include "../internal.h"
+#include "half.h"
+#include "kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kvmem_buffer {
+    size_t size;
+    unsigned char *data;
+};
+
+static void cpu_free(kvmem_backend *be) { free(be); }
+
+static kvmem_status cpu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
+    (void)be;
+    kvmem_buffer *b = malloc(sizeof *b);
+    void *d = kvm_aligned_alloc(size);
+    if (!b || !d) {
+        free(b);
+        kvm_aligned_free(d);
+        return kvm_fail(KVMEM_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", size);
+    }
+    b->size = size;
+    b->data = d;
+    *out = b;
+    return KVMEM_OK;
+}
+
+static void cpu_buffer_free(kvmem_backend *be, kvmem_buffer *b) {
+    (void)be;
+    if (!b) return;
+    kvm_aligned_free(b->data);
+    free(b);
+}
+
+static int in_range(const kvmem_buffer *b, size_t off, size_t n) {
+    return b && off <= b->size && n <= b->size - off;
+}
+
+static kvmem_status cpu_upload(kvmem_backend *be, kvmem_buffer *dst, size_t off, const void *src,
+                               size_t n) {
+    (void)be;
+    if (!in_range(dst, off, n))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "upload of %zu bytes at %zu outside the buffer", n, off);
+    if (n) memcpy(dst->data + off, src, n);
+    return KVMEM_OK;
+}
+
+static kvmem_status cpu_download(kvmem_backend *be, const kvmem_buffer *src, size_t off, void *dst,
+                                 size_t n) {
+    (void)be;
+    if (!in_range(src, off, n))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "download of %zu bytes at %zu outside the buffer", n, off);
+    if (n) memcpy(dst, src->data + off, n);
+    return KVMEM_OK;
+}
+
+static void *cpu_host_ptr(kvmem_backend *be, kvmem_buffer *b) {
+    (void)be;
+    return b ? b->data : NULL;
+}
+
+static kvmem_status cpu_sync(kvmem_backend *be) {
+    (void)be;
+    return KVMEM_OK;
+}
+
+static kvmem_status cpu_convert(kvmem_backend *be, kvmem_buffer *dst, size_t dst_off,
+                                kvmem_dtype ddt, const kvmem_buffer *src, size_t src_off,
+                                kvmem_dtype sdt, size_t n) {
+    (void)be;
+    size_t ds = kvm_dtype_size(ddt), ss = kvm_dtype_size(sdt), db, sb;
+    if (!ds || !ss) return kvm_fail(KVMEM_ERR_INVALID_ARG, "convert: dtype must be f32, f16 or bf16");
+    if (!kvm_mul_size(n, ds, &db) || !kvm_mul_size(n, ss, &sb) || !in_range(dst, dst_off, db) ||
+        !in_range(src, src_off, sb))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "convert: %zu elements outside the buffers", n);
+    kvm_convert_host(dst->data + dst_off, ddt, src->data + src_off, sdt, n);
+    return KVMEM_OK;
+}
+
+typedef struct {
+    const float *keys;
+    size_t group_stride, n_rows, dim;
+    float *mn, *mx;
+} aabb_job;
+
+static void aabb_task(void *arg, size_t b, size_t e) {
+    const aabb_job *j = arg;
+    const kvm_cpu_kernels *k = kvm_cpu_kernels_get();
+    for (size_t g = b; g < e; g++)
+        k->minmax_rows(j->keys + g * j->group_stride, j->n_rows, j->dim, j->dim, j->mn + g * j->dim,
+                       j->mx + g * j->dim);
+}
+
+static kvmem_status cpu_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off,
+                                   size_t n_groups, size_t group_stride, size_t n_rows, size_t dim,
+                                   kvmem_buffer *out_min, kvmem_buffer *out_max, size_t out_off) {
+    if (n_rows == 0 || dim == 0 || n_groups == 0)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: empty input");
+    size_t in_bytes, out_bytes;
+    if (!kvm_mul_size((n_groups - 1) * group_stride + n_rows * dim, 4, &in_bytes) ||
+        !kvm_mul_size(n_groups * dim, 4, &out_bytes) || !in_range(keys, keys_off, in_bytes) ||
+        !in_range(out_min, out_off, out_bytes) || !in_range(out_max, out_off, out_bytes))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: ranges outside the buffers");
+    aabb_job j = {(const float *)(keys->data + keys_off), group_stride, n_rows, dim,
+                  (float *)(out_min->data + out_off), (float *)(out_max->data + out_off)};
+    kvm_parallel_for(be->ctx ? be->ctx->tp : NULL, n_groups, 8, aabb_task, &j);
+    return KVMEM_OK;
+}
+
+static void *cpu_proc(kvmem_backend *be, const char *name) {
+    (void)be;
+    (void)name;
+    return NULL;
+}
+
+static const kvmem_backend_iface cpu_iface = {
+    .name = "cpu",
+    .free = cpu_free,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .buffer_upload = cpu_upload,
+    .buffer_download = cpu_download,
+    .buffer_host_ptr = cpu_host_ptr,
+    .synchronize = cpu_sync,
+    .convert = cpu_convert,
+    .aabb_build = cpu_aabb_build,
+    .get_proc_address = cpu_proc,
+};
+
+kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out) {
+    kvmem_backend *be = calloc(1, sizeof *be);
+    if (!be) return KVMEM_ERR_NOMEM;
+    be->iface = &cpu_iface;
+    be->ctx = ctx;
+    *out = be;
+    return KVMEM_OK;
+}
+
+/* Host conversion between tensor dtypes through the chosen kernel table. */
+void kvm_convert_host(void *dst, kvmem_dtype ddt, const void *src, kvmem_dtype sdt, size_t n) {
+    const kvm_cpu_kernels *k = kvm_cpu_kernels_get();
+    if (ddt == sdt) {
+        memcpy(dst, src, n * kvm_dtype_size(ddt));
+    } else if (sdt == KVMEM_F32) {
+        if (ddt == KVMEM_F16) k->f32_to_f16(src, dst, n);
+        else k->f32_to_bf16(src, dst, n);
+    } else if (ddt == KVMEM_F32) {
+        if (sdt == KVMEM_F16) k->f16_to_f32(src, dst, n);
+        else k->bf16_to_f32(src, dst, n);
+    } else { /* f16 <-> bf16 through f32, in chunks on the stack */
+        float tmp[256];
+        const uint16_t *s = src;
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i += 256) {
+            size_t c = KVM_MIN(n - i, (size_t)256);
+            kvm_convert_host(tmp, KVMEM_F32, s + i, sdt, c);
+            kvm_convert_host(d + i, ddt, tmp, KVMEM_F32, c);
+        }
+    }
+}

@@ -1,0 +1,59 @@
+/* Internal helpers shared by every part of the core: error reporting,
+ * checked arithmetic, aligned allocation. Never part of the public ABI. */
+#ifndef KVMEM_INTERNAL_H
+#define KVMEM_INTERNAL_H
+
+#include "kvmem.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define KVMEM_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#  define KVMEM_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#  define KVMEM_PRINTF(f, a)
+#  define KVMEM_UNLIKELY(x) (x)
+#endif
+
+/* Record a failure for kvmem_last_error() and return `status`, so call sites
+ * read `return kvm_fail(KVMEM_ERR_INVALID_ARG, "block size %d: ...", bs);`. */
+kvmem_status kvm_fail(kvmem_status status, const char *fmt, ...) KVMEM_PRINTF(2, 3);
+/* Forget the last message (successful calls do not need to; kept for tests). */
+void kvm_clear_error(void);
+
+/* Log through the user's callback, if any. */
+void kvm_log(kvmem_log_level level, const char *fmt, ...) KVMEM_PRINTF(2, 3);
+
+/* Overflow-checked size arithmetic: false on overflow. */
+static inline bool kvm_mul_size(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return false;
+    *out = a * b;
+    return true;
+}
+static inline bool kvm_add_size(size_t a, size_t b, size_t *out) {
+    if (b > SIZE_MAX - a) return false;
+    *out = a + b;
+    return true;
+}
+
+/* 64-byte aligned allocation (cache line, AVX-512 vector). Sizes are rounded
+ * up internally. kvm_aligned_free(NULL) is a no-op. */
+void *kvm_aligned_alloc(size_t size);
+void kvm_aligned_free(void *p);
+
+/* Element size of a tensor dtype (F32/F16/BF16), 0 otherwise. */
+size_t kvm_dtype_size(kvmem_dtype dt);
+static inline bool kvm_is_tensor_dtype(kvmem_dtype dt) {
+    return dt == KVMEM_F32 || dt == KVMEM_F16 || dt == KVMEM_BF16;
+}
+
+/* Convert n elements between F32/F16/BF16 on the host (the CPU kernels). */
+void kvm_convert_host(void *dst, kvmem_dtype dst_dtype, const void *src, kvmem_dtype src_dtype,
+                      size_t n);
+
+#define KVM_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVM_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

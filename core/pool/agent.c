@@ -1,0 +1,502 @@
+/* Agents: appending KV (de-rotating post-RoPE keys), sealing blocks with
+ * their AABB, and reading memory back. */
+#include "pool.h"
+#include "../cpu/kernels.h"
+#include "../tensor.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvmem_append_params kvmem_append_default_params(void) {
+    kvmem_append_params p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
+/* Largest magnitude the storage dtype holds without turning into Inf. */
+static float storage_limit(kvmem_dtype dt) {
+    switch (dt) {
+    case KVMEM_F16: return 65504.0f;
+    case KVMEM_BF16: return 3.3895313e38f; /* largest finite bf16 */
+    default: return FLT_MAX;
+    }
+}
+
+typedef struct append_job {
+    const kvmem_pool *p;
+    const kvmem_tensor *k, *v;
+    int64_t t0;          /* first token (of the input) in this chunk */
+    int32_t n;           /* tokens in this chunk */
+    const float *cs;     /* [n][2][n_pairs] cos then sin, or NULL for raw keys */
+    float *tail;         /* staging; rows written at slot tail_at */
+    int32_t tail_at;
+    /* validation results, one slot per layer */
+    int32_t *bad_layer_token; /* -1 = ok, else the token (input index) */
+    int32_t *bad_is_v;
+    float *bad_value;
+    float limit;
+    int write; /* 0: validate only, 1: write to staging */
+} append_job;
+
+static void append_task(void *arg, size_t lb, size_t le) {
+    append_job *j = arg;
+    const kvmem_pool *p = j->p;
+    const int32_t H = p->spec.n_kv_heads, D = p->spec.head_dim, BS = p->params.block_size;
+    const int32_t np = p->rope.n_pairs;
+    const size_t L = (size_t)p->spec.n_layers;
+    float row[1024];
+    for (size_t l = lb; l < le; l++) {
+        j->bad_layer_token[l] = -1;
+        for (int32_t tt = 0; tt < j->n && j->bad_layer_token[l] < 0; tt++) {
+            int64_t t = j->t0 + tt;
+            for (int32_t which = 0; which < 2; which++) {
+                const kvmem_tensor *src = which ? j->v : j->k;
+                for (int32_t h = 0; h < H; h++) {
+                    int64_t idx[3] = {(int64_t)l, t, h};
+                    kvm_tensor_read_f32(src, kvm_tensor_row_offset(src, idx), row, (size_t)D);
+                    if (!which && j->cs)
+                        kvm_rope_rotate(&p->rope, row, j->cs + (size_t)tt * 2 * np,
+                                        j->cs + (size_t)tt * 2 * np + np, 1);
+                    if (!j->write) {
+                        for (int32_t d = 0; d < D; d++) {
+                            if (!(fabsf(row[d]) <= j->limit)) { /* also catches NaN */
+                                j->bad_layer_token[l] = (int32_t)t;
+                                j->bad_is_v[l] = which;
+                                j->bad_value[l] = row[d];
+                                break;
+                            }
+                        }
+                        continue;
+                    }
+                    float *dst = j->tail + ((((size_t)which * L + l) * (size_t)H + (size_t)h) * (size_t)BS +
+                                            (size_t)(j->tail_at + tt)) * (size_t)D;
+                    memcpy(dst, row, (size_t)D * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+typedef struct seal_job {
+    const kvmem_pool *p;
+    const float *tail;
+    int32_t n;   /* rows to seal */
+    void *kv;    /* destination block storage [2][L][H][n][D] */
+    float *aabb; /* [L][H][2][D] */
+} seal_job;
+
+static void seal_task(void *arg, size_t b, size_t e) {
+    seal_job *j = arg;
+    const kvmem_pool *p = j->p;
+    const kvm_cpu_kernels *k = kvm_cpu_kernels_get();
+    const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
+    const size_t BS = (size_t)p->params.block_size, n = (size_t)j->n;
+    const kvmem_dtype dt = p->params.storage_dtype;
+    const size_t es = kvm_dtype_size(dt);
+    for (size_t g = b; g < e; g++) { /* g = (which * L + l) * H + h */
+        const float *rows = j->tail + g * BS * D;
+        if (g < L * H) { /* keys: the AABB from the unquantized rows */
+            float *box = j->aabb + g * 2 * D;
+            k->minmax_rows(rows, n, D, D, box + D, box);
+        }
+        kvm_convert_host((unsigned char *)j->kv + g * n * D * es, dt, rows, KVMEM_F32, n * D);
+    }
+}
+
+/* Seal the first n rows of the tail into a new block. kv and aabb are
+ * pre-allocated by the caller so sealing cannot fail. */
+static void seal_into(kvmem_pool *p, const float *tail, int32_t n, void *kv, float *aabb) {
+    seal_job j = {p, tail, n, kv, aabb};
+    size_t groups = 2 * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
+    kvm_parallel_for(p->ctx->tp, groups, 4, seal_task, &j);
+}
+
+static size_t tail_bytes(const kvmem_pool *p) {
+    return 2 * (size_t)p->spec.n_layers * p->layer_elems_bs * sizeof(float);
+}
+
+/* Reserve bytes against the pool's capacity. */
+static kvmem_status reserve(kvmem_pool *p, uint64_t bytes) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t cap = p->params.capacity_bytes;
+    if (cap && (p->used_bytes > cap || bytes > cap - p->used_bytes)) {
+        uint64_t used = p->used_bytes;
+        pthread_mutex_unlock(&p->mu);
+        return kvm_fail(KVMEM_ERR_CAPACITY,
+                        "pool capacity %llu bytes: %llu in use, %llu more needed; nothing was appended",
+                        (unsigned long long)cap, (unsigned long long)used, (unsigned long long)bytes);
+    }
+    p->used_bytes += bytes;
+    pthread_mutex_unlock(&p->mu);
+    return KVMEM_OK;
+}
+
+static void unreserve(kvmem_pool *p, uint64_t bytes) {
+    pthread_mutex_lock(&p->mu);
+    p->used_bytes -= bytes;
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Grow the block table and AABB array to hold `need` sealed blocks. */
+static int grow_blocks(kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
+    if (need <= m->cap_blocks) return 1;
+    int32_t nc = m->cap_blocks ? m->cap_blocks : 16;
+    while (nc < need) nc *= 2;
+    kvm_block *nb = realloc(m->blocks, (size_t)nc * sizeof *nb);
+    if (!nb) return 0;
+    m->blocks = nb;
+    size_t per = 2 * (size_t)p->spec.n_layers * p->row_elems;
+    float *na = kvm_aligned_alloc((size_t)nc * per * sizeof(float));
+    if (!na) return 0;
+    if (m->n_sealed) memcpy(na, m->aabb, (size_t)m->n_sealed * per * sizeof(float));
+    kvm_aligned_free(m->aabb);
+    m->aabb = na;
+    m->cap_blocks = nc;
+    return 1;
+}
+
+static int grow_tokens(kvm_agent_mem *m, int64_t need) {
+    if (need <= m->cap_tokens) return 1;
+    int64_t nc = m->cap_tokens ? m->cap_tokens : 256;
+    while (nc < need) nc *= 2;
+    int32_t *ni = realloc(m->token_ids, (size_t)nc * sizeof *ni);
+    if (!ni) return 0;
+    m->token_ids = ni;
+    int64_t *no = realloc(m->token_text_off, (size_t)nc * sizeof *no);
+    if (!no) return 0;
+    m->token_text_off = no;
+    m->cap_tokens = nc;
+    return 1;
+}
+
+static int grow_text(kvm_agent_mem *m, size_t need) {
+    if (need <= m->text_cap) return 1;
+    size_t nc = m->text_cap ? m->text_cap : 1024;
+    while (nc < need) nc *= 2;
+    char *nt = realloc(m->text, nc);
+    if (!nt) return 0;
+    m->text = nt;
+    m->text_cap = nc;
+    return 1;
+}
+
+kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
+                                const kvmem_append_params *params) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_append");
+    if (st != KVMEM_OK) return st;
+    kvmem_pool *p = a->pool;
+    kvm_agent_mem *m = a->mem;
+    const int32_t L = p->spec.n_layers, H = p->spec.n_kv_heads, D = p->spec.head_dim;
+    const int32_t BS = p->params.block_size;
+    const char *dims = "[n_layers][T][n_kv_heads][head_dim]";
+    if (!k || !v) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_append: %s is NULL", k ? "V" : "K");
+    if (k->ndim != 4)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_append: K has %d dims, expected 4 %s", k->ndim, dims);
+    int64_t T = k->shape[1];
+    if (T < 0 || T > INT32_MAX) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_append: T = %lld out of range", (long long)T);
+    int64_t shape[4] = {L, T, H, D};
+    if ((st = kvm_tensor_expect(k, "K", dims, 4, shape)) != KVMEM_OK) return st;
+    if ((st = kvm_tensor_expect(v, "V", dims, 4, shape)) != KVMEM_OK) return st;
+    kvmem_append_params ap = params ? *params : kvmem_append_default_params();
+    if (ap.keys_rotated != 0 && ap.keys_rotated != 1)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "keys_rotated must be 0 or 1, got %d", ap.keys_rotated);
+    if (ap.keys_rotated && T > 0 && !ap.positions)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "keys_rotated is 1 but positions is NULL: kvmem needs each key's position to de-rotate it");
+    if (!ap.keys_rotated && ap.positions)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "positions given but keys_rotated is 0: say whether K is post-RoPE");
+    if (ap.text_len > 0 && !ap.text) return kvm_fail(KVMEM_ERR_INVALID_ARG, "text is NULL with text_len %zu", ap.text_len);
+    if (ap.token_text_offsets) {
+        if (!ap.text && ap.text_len == 0 && T > 0)
+            for (int64_t i = 0; i < T; i++)
+                if (ap.token_text_offsets[i] != 0)
+                    return kvm_fail(KVMEM_ERR_INVALID_ARG, "token_text_offsets given without text");
+        for (int64_t i = 0; i < T; i++) {
+            int32_t o = ap.token_text_offsets[i];
+            if (o < 0 || (size_t)o > ap.text_len || (i > 0 && o < ap.token_text_offsets[i - 1]))
+                return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                                "token_text_offsets[%lld] = %d: offsets must be non-decreasing and within text_len %zu",
+                                (long long)i, o, ap.text_len);
+        }
+    }
+    if (p->params.max_tokens_per_agent > 0 && m->n_tokens + T > p->params.max_tokens_per_agent)
+        return kvm_fail(KVMEM_ERR_CAPACITY, "agent '%s' holds %lld tokens; %lld more exceed max_tokens_per_agent %d",
+                        m->id, (long long)m->n_tokens, (long long)T, p->params.max_tokens_per_agent);
+    if (m->n_tokens + T > INT32_MAX)
+        return kvm_fail(KVMEM_ERR_CAPACITY, "agent '%s': more than 2^31-1 tokens", m->id);
+
+    const int32_t np = p->rope.n_pairs;
+    int32_t *bad_tok = malloc((size_t)L * sizeof(int32_t) * 2 + (size_t)L * sizeof(float));
+    float *cs = malloc((size_t)BS * 2 * (size_t)(np ? np : 1) * sizeof(float));
+    if (!bad_tok || !cs) {
+        free(bad_tok);
+        free(cs);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory");
+    }
+    append_job job = {p, k, v, 0, 0, NULL, m->tail, 0, bad_tok, bad_tok + L, (float *)(bad_tok + 2 * L),
+                      storage_limit(p->params.storage_dtype), 0};
+
+    /* Pass 1: every value finite and storable, checked before anything changes. */
+    for (int64_t t = 0; t < T; t += BS) {
+        job.t0 = t;
+        job.n = (int32_t)KVM_MIN((int64_t)BS, T - t);
+        if (ap.keys_rotated) {
+            for (int32_t i = 0; i < job.n; i++)
+                kvm_rope_cos_sin(&p->rope, ap.positions[t + i], cs + (size_t)i * 2 * np, cs + (size_t)i * 2 * np + np);
+            job.cs = cs;
+        }
+        kvm_parallel_for(p->ctx->tp, (size_t)L, 1, append_task, &job);
+        for (int32_t l = 0; l < L; l++) {
+            if (job.bad_layer_token[l] >= 0) {
+                float bv = job.bad_value[l];
+                int tok = job.bad_layer_token[l], isv = job.bad_is_v[l];
+                free(bad_tok);
+                free(cs);
+                if (isfinite(bv))
+                    return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s at layer %d, token %d: value %g exceeds the %s storage range",
+                                    isv ? "V" : "K", l, tok, bv, kvmem_dtype_name(p->params.storage_dtype));
+                return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s at layer %d, token %d: non-finite value (%g)",
+                                isv ? "V" : "K", l, tok, bv);
+            }
+        }
+    }
+
+    /* Reserve memory and allocate everything that can fail. */
+    int64_t total = (int64_t)m->tail_n + T;
+    int32_t n_new = (int32_t)(total / BS);
+    uint64_t need = (uint64_t)n_new * kvm_block_bytes(p, BS);
+    int need_tail = m->tail == NULL && T > 0;
+    if (need_tail) need += tail_bytes(p);
+    if ((st = reserve(p, need)) != KVMEM_OK) {
+        free(bad_tok);
+        free(cs);
+        return st;
+    }
+    void **kvs = calloc((size_t)(n_new ? n_new : 1), sizeof *kvs);
+    float *new_tail = need_tail ? kvm_aligned_alloc(tail_bytes(p)) : NULL;
+    int ok = kvs != NULL && (!need_tail || new_tail) && grow_blocks(p, m, m->n_sealed + n_new) &&
+             grow_tokens(m, m->n_tokens + T) && grow_text(m, m->text_len + ap.text_len);
+    size_t kv_bytes = kvm_block_bytes(p, BS) - 2 * (size_t)L * p->row_elems * sizeof(float);
+    for (int32_t i = 0; ok && i < n_new; i++) ok = (kvs[i] = kvm_aligned_alloc(kv_bytes)) != NULL;
+    if (!ok) {
+        if (kvs)
+            for (int32_t i = 0; i < n_new; i++) kvm_aligned_free(kvs[i]);
+        free(kvs);
+        kvm_aligned_free(new_tail);
+        free(bad_tok);
+        free(cs);
+        unreserve(p, need);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens", (long long)T);
+    }
+    if (need_tail) m->tail = new_tail;
+
+    /* Pass 2: stage rows and seal each block that fills. Cannot fail. */
+    job.write = 1;
+    job.tail = m->tail;
+    int32_t sealed = 0;
+    for (int64_t t = 0; t < T;) {
+        job.t0 = t;
+        job.tail_at = m->tail_n;
+        job.n = (int32_t)KVM_MIN((int64_t)(BS - m->tail_n), T - t);
+        job.cs = NULL;
+        if (ap.keys_rotated) {
+            for (int32_t i = 0; i < job.n; i++)
+                kvm_rope_cos_sin(&p->rope, ap.positions[t + i], cs + (size_t)i * 2 * np, cs + (size_t)i * 2 * np + np);
+            job.cs = cs;
+        }
+        kvm_parallel_for(p->ctx->tp, (size_t)L, 1, append_task, &job);
+        m->tail_n += job.n;
+        t += job.n;
+        if (m->tail_n == BS) {
+            int32_t b = m->n_sealed + sealed;
+            seal_into(p, m->tail, BS, kvs[sealed], kvm_block_aabb(p, m, b, 0, 0));
+            m->blocks[b].first_token = m->n_tokens + t - BS;
+            m->blocks[b].n_tokens = BS;
+            m->blocks[b].reserved = 0;
+            m->blocks[b].kv = kvs[sealed];
+            sealed++;
+            m->tail_n = 0;
+        }
+    }
+    for (int64_t i = 0; i < T; i++) {
+        m->token_ids[m->n_tokens + i] = ap.token_ids ? ap.token_ids[i] : -1;
+        m->token_text_off[m->n_tokens + i] =
+            ap.token_text_offsets ? (int64_t)m->text_len + ap.token_text_offsets[i] : -1;
+    }
+    if (ap.text_len) memcpy(m->text + m->text_len, ap.text, ap.text_len);
+    m->text_len += ap.text_len;
+    m->n_sealed += sealed;
+    m->n_tokens += T;
+    m->bytes += need;
+    free(kvs);
+    free(bad_tok);
+    free(cs);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_flush(kvmem_agent *a) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_flush");
+    if (st != KVMEM_OK) return st;
+    kvmem_pool *p = a->pool;
+    kvm_agent_mem *m = a->mem;
+    if (m->tail_n == 0) return KVMEM_OK;
+    uint64_t need = kvm_block_bytes(p, m->tail_n);
+    if ((st = reserve(p, need)) != KVMEM_OK) return st;
+    size_t kv_bytes = need - 2 * (size_t)p->spec.n_layers * p->row_elems * sizeof(float);
+    void *kv = kvm_aligned_alloc(kv_bytes);
+    if (!kv || !grow_blocks(p, m, m->n_sealed + 1)) {
+        kvm_aligned_free(kv);
+        unreserve(p, need);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_flush: out of memory");
+    }
+    int32_t b = m->n_sealed;
+    seal_into(p, m->tail, m->tail_n, kv, kvm_block_aabb(p, m, b, 0, 0));
+    m->blocks[b].first_token = m->n_tokens - m->tail_n;
+    m->blocks[b].n_tokens = m->tail_n;
+    m->blocks[b].reserved = 0;
+    m->blocks[b].kv = kv;
+    m->n_sealed++;
+    m->tail_n = 0;
+    m->bytes += need;
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_get_info(kvmem_agent *a, kvmem_agent_info *out) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_get_info");
+    if (st != KVMEM_OK) return st;
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_get_info: out is NULL");
+    const kvm_agent_mem *m = a->mem;
+    memset(out, 0, sizeof *out);
+    out->n_tokens = m->n_tokens;
+    out->n_sealed = m->n_sealed;
+    out->n_blocks = m->n_sealed + (m->tail_n > 0);
+    out->bytes = m->bytes;
+    out->text_bytes = m->text_len;
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_info *out) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_block_info");
+    if (st != KVMEM_OK) return st;
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_block_info: out is NULL");
+    const kvm_agent_mem *m = a->mem;
+    int32_t nb = m->n_sealed + (m->tail_n > 0);
+    if (block < 0 || block >= nb)
+        return kvm_fail(KVMEM_ERR_NOT_FOUND, "block %d outside [0, %d) of agent '%s'", block, nb, m->id);
+    memset(out, 0, sizeof *out);
+    if (block < m->n_sealed) {
+        out->first_token = m->blocks[block].first_token;
+        out->n_tokens = m->blocks[block].n_tokens;
+        out->sealed = 1;
+    } else {
+        out->first_token = m->n_tokens - m->tail_n;
+        out->n_tokens = m->tail_n;
+        out->sealed = 0;
+    }
+    return KVMEM_OK;
+}
+
+/* Index of the sealed block holding token t, or n_sealed for the tail. */
+static int32_t block_of(const kvm_agent_mem *m, int64_t t) {
+    int32_t lo = 0, hi = m->n_sealed - 1, ans = m->n_sealed;
+    if (t >= m->n_tokens - m->tail_n) return m->n_sealed;
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (m->blocks[mid].first_token <= t) {
+            ans = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return ans;
+}
+
+kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
+                              const kvmem_tensor *v_out) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_read");
+    if (st != KVMEM_OK) return st;
+    const kvmem_pool *p = a->pool;
+    const kvm_agent_mem *m = a->mem;
+    const int32_t L = p->spec.n_layers, H = p->spec.n_kv_heads, D = p->spec.head_dim;
+    const int32_t BS = p->params.block_size;
+    if (first < 0 || T < 0 || first > m->n_tokens || T > m->n_tokens - first)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_read: tokens [%lld, %lld) outside [0, %lld)",
+                        (long long)first, (long long)(first + T), (long long)m->n_tokens);
+    const char *dims = "[n_layers][T][n_kv_heads][head_dim]";
+    int64_t shape[4] = {L, T, H, D};
+    if (k_out && (st = kvm_tensor_expect(k_out, "k_out", dims, 4, shape)) != KVMEM_OK) return st;
+    if (v_out && (st = kvm_tensor_expect(v_out, "v_out", dims, 4, shape)) != KVMEM_OK) return st;
+    const size_t es = kvm_dtype_size(p->params.storage_dtype);
+    float row[1024];
+    for (int64_t i = 0; i < T; i++) {
+        int64_t t = first + i;
+        int32_t b = block_of(m, t);
+        for (int32_t which = 0; which < 2; which++) {
+            const kvmem_tensor *dst = which ? v_out : k_out;
+            if (!dst) continue;
+            for (int32_t l = 0; l < L; l++) {
+                for (int32_t h = 0; h < H; h++) {
+                    const float *src;
+                    if (b < m->n_sealed) {
+                        const kvm_block *blk = &m->blocks[b];
+                        const unsigned char *rows = kvm_block_rows(p, blk, which, l, h);
+                        kvm_convert_host(row, KVMEM_F32, rows + (size_t)(t - blk->first_token) * (size_t)D * es,
+                                         p->params.storage_dtype, (size_t)D);
+                        src = row;
+                    } else {
+                        int64_t slot = t - (m->n_tokens - m->tail_n);
+                        src = m->tail + ((((size_t)which * (size_t)L + (size_t)l) * (size_t)H + (size_t)h) * (size_t)BS +
+                                         (size_t)slot) * (size_t)D;
+                    }
+                    int64_t idx[3] = {l, i, h};
+                    kvm_tensor_write_f32(dst, kvm_tensor_row_offset(dst, idx), src, (size_t)D);
+                }
+            }
+        }
+    }
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_block_aabb(kvmem_agent *a, int32_t block, float *out_min, float *out_max) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_block_aabb");
+    if (st != KVMEM_OK) return st;
+    const kvmem_pool *p = a->pool;
+    const kvm_agent_mem *m = a->mem;
+    if (!out_min || !out_max)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_block_aabb: %s is NULL", out_min ? "out_max" : "out_min");
+    if (block < 0 || block >= m->n_sealed)
+        return kvm_fail(KVMEM_ERR_NOT_FOUND, "block %d is not a sealed block of agent '%s' (%d sealed)", block,
+                        m->id, m->n_sealed);
+    const size_t D = (size_t)p->spec.head_dim;
+    for (int32_t l = 0; l < p->spec.n_layers; l++)
+        for (int32_t h = 0; h < p->spec.n_kv_heads; h++) {
+            const float *box = kvm_block_aabb(p, m, block, l, h);
+            size_t o = ((size_t)l * (size_t)p->spec.n_kv_heads + (size_t)h) * D;
+            memcpy(out_max + o, box, D * sizeof(float));
+            memcpy(out_min + o, box + D, D * sizeof(float));
+        }
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_tokens(kvmem_agent *a, int64_t first, int64_t n, int32_t *out) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_tokens");
+    if (st != KVMEM_OK) return st;
+    const kvm_agent_mem *m = a->mem;
+    if (first < 0 || n < 0 || first > m->n_tokens || n > m->n_tokens - first)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_tokens: [%lld, %lld) outside [0, %lld)", (long long)first,
+                        (long long)(first + n), (long long)m->n_tokens);
+    if (n > 0 && !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_tokens: out is NULL");
+    if (n > 0) memcpy(out, m->token_ids + first, (size_t)n * sizeof *out);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_text");
+    if (st != KVMEM_OK) return st;
+    if (!text || !len) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_text: %s is NULL", text ? "len" : "text");
+    *text = a->mem->text ? a->mem->text : "";
+    *len = a->mem->text_len;
+    return KVMEM_OK;
+}

@@ -1,0 +1,268 @@
+/* Pools: creation, the agent table (sorted by id), handles and accounting. */
+#include "pool.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvmem_pool_params kvmem_pool_default_params(void) {
+    kvmem_pool_params p;
+    memset(&p, 0, sizeof p);
+    p.block_size = 16;
+    p.storage_dtype = KVMEM_F16;
+    p.capacity_bytes = 0;
+    p.max_agents = 0;
+    p.max_tokens_per_agent = 0;
+    return p;
+}
+
+size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens) {
+    size_t es = kvm_dtype_size(p->params.storage_dtype);
+    size_t L = (size_t)p->spec.n_layers, D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads;
+    return 2 * L * H * (size_t)n_tokens * D * es + 2 * L * H * D * sizeof(float);
+}
+
+kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
+                               const kvmem_pool_params *params, kvmem_pool **out) {
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_create: out is NULL");
+    *out = NULL;
+    if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_create: context is NULL");
+    kvmem_status st = kvmem_model_spec_validate(spec);
+    if (st != KVMEM_OK) return st;
+    kvmem_pool_params pp = params ? *params : kvmem_pool_default_params();
+    int32_t bs = pp.block_size;
+    if (bs < 1 || bs > 4096 || (bs & (bs - 1)) != 0)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "block size %d: must be a power of two in [1, 4096]", bs);
+    if (pp.storage_dtype == KVMEM_Q8 || pp.storage_dtype == KVMEM_Q4 || pp.storage_dtype == KVMEM_Q4_KIVI)
+        return kvm_fail(KVMEM_ERR_UNSUPPORTED, "storage dtype %s is not supported by this build yet",
+                        kvmem_dtype_name(pp.storage_dtype));
+    if (!kvm_is_tensor_dtype(pp.storage_dtype))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "storage dtype %d: unknown", (int)pp.storage_dtype);
+    if (pp.max_agents < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "max_agents %d: must be >= 0", pp.max_agents);
+    if (pp.max_tokens_per_agent < 0)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "max_tokens_per_agent %d: must be >= 0", pp.max_tokens_per_agent);
+    if (spec->rotary_dim / 2 > KVM_ROPE_MAX_PAIRS || spec->head_dim / 2 > KVM_ROPE_MAX_PAIRS)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "head_dim %d too large", spec->head_dim);
+
+    kvmem_pool *p = calloc(1, sizeof *p);
+    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
+    p->ctx = ctx;
+    p->spec = *spec;
+    p->params = pp;
+    if (spec->layer_window) {
+        p->layer_window = malloc((size_t)spec->n_layers * sizeof(int32_t));
+        if (!p->layer_window) {
+            free(p);
+            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
+        }
+        memcpy(p->layer_window, spec->layer_window, (size_t)spec->n_layers * sizeof(int32_t));
+        p->spec.layer_window = p->layer_window;
+    }
+    kvm_rope_init(&p->rope, &p->spec);
+    p->row_elems = (size_t)spec->n_kv_heads * (size_t)spec->head_dim;
+    p->layer_elems_bs = p->row_elems * (size_t)bs;
+    pthread_mutex_init(&p->mu, NULL);
+    *out = p;
+    return KVMEM_OK;
+}
+
+static void agent_mem_free(kvm_agent_mem *m) {
+    if (!m) return;
+    for (int32_t i = 0; i < m->n_sealed; i++) kvm_aligned_free(m->blocks[i].kv);
+    free(m->blocks);
+    kvm_aligned_free(m->aabb);
+    kvm_aligned_free(m->tail);
+    free(m->token_ids);
+    free(m->token_text_off);
+    free(m->text);
+    free(m);
+}
+
+void kvmem_pool_free(kvmem_pool *p) {
+    if (!p) return;
+    for (int32_t i = 0; i < p->n_agents; i++) {
+        free(p->agents[i]->handle);
+        agent_mem_free(p->agents[i]);
+    }
+    for (int32_t i = 0; i < KVM_GRAVEYARD; i++) free(p->graveyard[i]);
+    free(p->agents);
+    free(p->layer_window);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+kvmem_status kvmem_pool_get_info(kvmem_pool *p, kvmem_pool_info *out) {
+    if (!p || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_get_info: %s is NULL", p ? "out" : "pool");
+    pthread_mutex_lock(&p->mu);
+    memset(out, 0, sizeof *out);
+    out->used_bytes = p->used_bytes;
+    out->capacity_bytes = p->params.capacity_bytes;
+    out->n_agents = p->n_agents;
+    out->block_size = p->params.block_size;
+    out->storage_dtype = p->params.storage_dtype;
+    pthread_mutex_unlock(&p->mu);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_pool_get_spec(kvmem_pool *p, kvmem_model_spec *out) {
+    if (!p || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_get_spec: %s is NULL", p ? "out" : "pool");
+    *out = p->spec;
+    return KVMEM_OK;
+}
+
+int32_t kvmem_agent_id_valid(const char *id) {
+    if (!id || id[0] == '\0' || id[0] == '.') return 0;
+    size_t n = 0;
+    for (const char *c = id; *c; c++, n++) {
+        if (n >= KVMEM_MAX_AGENT_ID) return 0;
+        char ch = *c;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '.' || ch == '_' || ch == '-';
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+static kvmem_status check_id(const char *id, const char *fn) {
+    if (!id) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: agent id is NULL", fn);
+    if (!kvmem_agent_id_valid(id))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                        "%s: agent id '%.40s%s' is invalid: use 1-128 of [A-Za-z0-9._-], not starting with '.'",
+                        fn, id, strlen(id) > 40 ? "..." : "");
+    return KVMEM_OK;
+}
+
+/* Binary search in the sorted table; returns the index or -(insert point)-1. */
+static int32_t find_agent(const kvmem_pool *p, const char *id) {
+    int32_t lo = 0, hi = p->n_agents - 1;
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(p->agents[mid]->id, id);
+        if (c == 0) return mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -lo - 1;
+}
+
+kvmem_status kvmem_pool_agent_id(kvmem_pool *p, int32_t index, char *buf, size_t size, size_t *len) {
+    if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_agent_id: pool is NULL");
+    if (size > 0 && !buf) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_agent_id: buf is NULL with size %zu", size);
+    pthread_mutex_lock(&p->mu);
+    if (index < 0 || index >= p->n_agents) {
+        int32_t n = p->n_agents;
+        pthread_mutex_unlock(&p->mu);
+        return kvm_fail(KVMEM_ERR_NOT_FOUND, "kvmem_pool_agent_id: index %d outside [0, %d)", index, n);
+    }
+    const char *id = p->agents[index]->id;
+    size_t n = strlen(id);
+    if (size > 0) {
+        size_t c = n < size - 1 ? n : size - 1;
+        memcpy(buf, id, c);
+        buf[c] = '\0';
+    }
+    if (len) *len = n;
+    pthread_mutex_unlock(&p->mu);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) {
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_open: out is NULL");
+    *out = NULL;
+    if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_open: pool is NULL");
+    kvmem_status st = check_id(id, "kvmem_agent_open");
+    if (st != KVMEM_OK) return st;
+    kvmem_agent *h = calloc(1, sizeof *h);
+    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
+    pthread_mutex_lock(&p->mu);
+    int32_t at = find_agent(p, id);
+    kvm_agent_mem *m = NULL;
+    if (at >= 0) {
+        m = p->agents[at];
+        if (m->handle) {
+            pthread_mutex_unlock(&p->mu);
+            free(h);
+            return kvm_fail(KVMEM_ERR_EXISTS, "agent '%s' is already open: one handle per agent", id);
+        }
+    } else {
+        if (p->params.max_agents > 0 && p->n_agents >= p->params.max_agents) {
+            pthread_mutex_unlock(&p->mu);
+            free(h);
+            return kvm_fail(KVMEM_ERR_CAPACITY, "pool holds %d agents, its max_agents", p->n_agents);
+        }
+        int32_t ins = -at - 1;
+        if (p->n_agents == p->cap_agents) {
+            int32_t nc = p->cap_agents ? p->cap_agents * 2 : 8;
+            kvm_agent_mem **na = realloc(p->agents, (size_t)nc * sizeof *na);
+            if (!na) goto nomem;
+            p->agents = na;
+            p->cap_agents = nc;
+        }
+        m = calloc(1, sizeof *m);
+        if (!m) goto nomem;
+        snprintf(m->id, sizeof m->id, "%s", id);
+        memmove(p->agents + ins + 1, p->agents + ins, (size_t)(p->n_agents - ins) * sizeof *p->agents);
+        p->agents[ins] = m;
+        p->n_agents++;
+    }
+    h->magic = KVM_AGENT_MAGIC;
+    h->pool = p;
+    h->mem = m;
+    m->handle = h;
+    pthread_mutex_unlock(&p->mu);
+    *out = h;
+    return KVMEM_OK;
+nomem:
+    pthread_mutex_unlock(&p->mu);
+    free(h);
+    return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
+}
+
+kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn) {
+    if (!a) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: agent is NULL", fn);
+    if (a->magic == KVM_AGENT_DEAD) return kvm_fail(KVMEM_ERR_CLOSED, "%s: agent handle is closed", fn);
+    if (a->magic != KVM_AGENT_MAGIC || !a->mem)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: not an agent handle", fn);
+    return KVMEM_OK;
+}
+
+void kvmem_agent_close(kvmem_agent *a) {
+    if (!a || a->magic != KVM_AGENT_MAGIC) return;
+    kvmem_pool *p = a->pool;
+    pthread_mutex_lock(&p->mu);
+    a->mem->handle = NULL;
+    a->mem = NULL;
+    a->magic = KVM_AGENT_DEAD;
+    /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED */
+    free(p->graveyard[p->grave_next]);
+    p->graveyard[p->grave_next] = a;
+    p->grave_next = (p->grave_next + 1) % KVM_GRAVEYARD;
+    pthread_mutex_unlock(&p->mu);
+}
+
+const char *kvmem_agent_get_id(const kvmem_agent *a) {
+    return (a && a->magic == KVM_AGENT_MAGIC && a->mem) ? a->mem->id : "";
+}
+
+kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {
+    if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_remove_agent: pool is NULL");
+    kvmem_status st = check_id(id, "kvmem_pool_remove_agent");
+    if (st != KVMEM_OK) return st;
+    pthread_mutex_lock(&p->mu);
+    int32_t at = find_agent(p, id);
+    if (at < 0) {
+        pthread_mutex_unlock(&p->mu);
+        return kvm_fail(KVMEM_ERR_NOT_FOUND, "kvmem_pool_remove_agent: no agent '%s' in the pool", id);
+    }
+    kvm_agent_mem *m = p->agents[at];
+    if (m->handle) {
+        pthread_mutex_unlock(&p->mu);
+        return kvm_fail(KVMEM_ERR_BUSY, "kvmem_pool_remove_agent: agent '%s' is open: close it first", id);
+    }
+    memmove(p->agents + at, p->agents + at + 1, (size_t)(p->n_agents - at - 1) * sizeof *p->agents);
+    p->n_agents--;
+    p->used_bytes -= m->bytes;
+    pthread_mutex_unlock(&p->mu);
+    agent_mem_free(m);
+    return KVMEM_OK;
+}

@@ -1,0 +1,93 @@
+/* Pool and agent memory (internal layout), shared by the modules that read
+ * an agent's blocks (retrieval, attention, persistence, eviction).
+ *
+ * Block layout: one allocation per sealed block, [2][n_layers][n_kv_heads]
+ * [n_tokens][head_dim] in the storage dtype (K then V), head-major so one
+ * (layer, head) of a block is a contiguous run of keys.
+ * AABBs: per agent, contiguous [n_sealed][n_layers][n_kv_heads][2][head_dim]
+ * f32, s_max then s_min, so scoring one (layer, head) over all blocks is a
+ * strided matrix of [s_max || s_min] rows. */
+#ifndef KVMEM_POOL_H
+#define KVMEM_POOL_H
+
+#include "../context.h"
+#include "../internal.h"
+#include "../rope/rope.h"
+
+#include <pthread.h>
+
+#define KVM_AGENT_MAGIC 0x6b766167u /* "kvag" */
+#define KVM_AGENT_DEAD 0x64656164u  /* "dead" */
+#define KVM_GRAVEYARD 256           /* closed handles kept inert before being freed */
+
+typedef struct kvm_block {
+    int64_t first_token;
+    int32_t n_tokens;
+    int32_t reserved;
+    void *kv; /* [2][L][H][n_tokens][D] storage dtype */
+} kvm_block;
+
+typedef struct kvm_agent_mem {
+    char id[KVMEM_MAX_AGENT_ID + 1];
+    kvmem_agent *handle; /* the open handle, or NULL */
+    int64_t n_tokens;
+    kvm_block *blocks; /* sealed blocks, chronological */
+    int32_t n_sealed, cap_blocks;
+    float *aabb;       /* [cap_blocks][L][H][2][D] */
+    float *tail;       /* f32 staging of the unsealed block: [2][L][H][BS][D], or NULL */
+    int32_t tail_n;    /* tokens in the tail */
+    int32_t *token_ids;        /* [cap_tokens] */
+    int64_t *token_text_off;   /* [cap_tokens], -1 = unknown */
+    int64_t cap_tokens;
+    char *text;
+    size_t text_len, text_cap;
+    uint64_t bytes; /* accounted KV + AABB + tail bytes */
+} kvm_agent_mem;
+
+struct kvmem_agent {
+    uint32_t magic;
+    kvmem_pool *pool;
+    kvm_agent_mem *mem;
+};
+
+struct kvmem_pool {
+    kvmem_context *ctx;
+    kvmem_model_spec spec;
+    int32_t *layer_window; /* owned copy, or NULL */
+    kvm_rope rope;
+    kvmem_pool_params params;
+    size_t row_elems;      /* n_kv_heads * head_dim */
+    size_t layer_elems_bs; /* n_kv_heads * BS * head_dim */
+    pthread_mutex_t mu;    /* agents table, used_bytes, graveyard */
+    kvm_agent_mem **agents; /* sorted by id */
+    int32_t n_agents, cap_agents;
+    uint64_t used_bytes;
+    kvmem_agent *graveyard[KVM_GRAVEYARD];
+    int32_t grave_next;
+};
+
+/* Validate a handle: KVMEM_OK, or KVMEM_ERR_INVALID_ARG / KVMEM_ERR_CLOSED
+ * with a message naming `fn`. */
+kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn);
+
+/* Bytes of one sealed block holding n tokens, AABB included. */
+size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens);
+
+/* Pointer to the K (which = 0) or V (1) rows of layer l, head h of a block. */
+static inline void *kvm_block_rows(const kvmem_pool *p, const kvm_block *b, int which, int32_t l,
+                                   int32_t h) {
+    size_t es = kvm_dtype_size(p->params.storage_dtype);
+    size_t D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads, L = (size_t)p->spec.n_layers;
+    size_t n = (size_t)b->n_tokens;
+    size_t idx = ((((size_t)which * L + (size_t)l) * H + (size_t)h) * n) * D;
+    return (unsigned char *)b->kv + idx * es;
+}
+
+/* The AABB of sealed block b for (l, h): 2*D floats, s_max then s_min. */
+static inline float *kvm_block_aabb(const kvmem_pool *p, const kvm_agent_mem *m, int32_t b, int32_t l,
+                                    int32_t h) {
+    size_t D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads, L = (size_t)p->spec.n_layers;
+    return m->aabb + ((((size_t)b * L + (size_t)l) * H + (size_t)h) * 2) * D;
+}
+
+#endif

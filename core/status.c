@@ -1,0 +1,117 @@
+/* Version, status names, the thread-local last-error message and logging. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int32_t kvmem_version_number(void) { return KVMEM_VERSION_NUMBER; }
+const char *kvmem_version(void) { return KVMEM_VERSION_STRING; }
+
+const char *kvmem_status_str(kvmem_status s) {
+    switch (s) {
+    case KVMEM_OK: return "KVMEM_OK";
+    case KVMEM_ERR_INVALID_ARG: return "KVMEM_ERR_INVALID_ARG";
+    case KVMEM_ERR_NOMEM: return "KVMEM_ERR_NOMEM";
+    case KVMEM_ERR_CAPACITY: return "KVMEM_ERR_CAPACITY";
+    case KVMEM_ERR_NOT_FOUND: return "KVMEM_ERR_NOT_FOUND";
+    case KVMEM_ERR_EXISTS: return "KVMEM_ERR_EXISTS";
+    case KVMEM_ERR_CLOSED: return "KVMEM_ERR_CLOSED";
+    case KVMEM_ERR_UNSUPPORTED: return "KVMEM_ERR_UNSUPPORTED";
+    case KVMEM_ERR_BACKEND: return "KVMEM_ERR_BACKEND";
+    case KVMEM_ERR_IO: return "KVMEM_ERR_IO";
+    case KVMEM_ERR_FORMAT: return "KVMEM_ERR_FORMAT";
+    case KVMEM_ERR_CORRUPT: return "KVMEM_ERR_CORRUPT";
+    case KVMEM_ERR_MISMATCH: return "KVMEM_ERR_MISMATCH";
+    case KVMEM_ERR_CONFLICT: return "KVMEM_ERR_CONFLICT";
+    case KVMEM_ERR_INTERNAL: return "KVMEM_ERR_INTERNAL";
+    case KVMEM_ERR_BUSY: return "KVMEM_ERR_BUSY";
+    }
+    return "KVMEM_ERR_UNKNOWN";
+}
+
+/* One buffer per thread: messages never cross threads and need no lock. */
+static _Thread_local char tls_error[512];
+
+const char *kvmem_last_error(void) { return tls_error; }
+
+void kvm_clear_error(void) { tls_error[0] = '\0'; }
+
+kvmem_status kvm_fail(kvmem_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls_error, sizeof tls_error, fmt, ap);
+    va_end(ap);
+    kvm_log(KVMEM_LOG_DEBUG, "%s: %s", kvmem_status_str(status), tls_error);
+    return status;
+}
+
+/* The callback and its user data change together; a reader must never see
+ * one without the other, so both sit behind one lock-free pointer swap. */
+typedef struct log_sink {
+    kvmem_log_callback cb;
+    void *user;
+} log_sink;
+
+static log_sink g_sinks[2];
+static _Atomic(log_sink *) g_sink = NULL;
+static _Atomic int g_sink_slot = 0;
+
+void kvmem_log_set(kvmem_log_callback cb, void *user_data) {
+    if (!cb) {
+        g_sink = NULL;
+        return;
+    }
+    /* Alternate between two slots so a concurrent reader of the old slot is
+     * not overwritten by this very call. Callers set the logger at start-up;
+     * setting it from many threads at once is documented as unsupported. */
+    int slot = 1 - g_sink_slot;
+    g_sinks[slot].cb = cb;
+    g_sinks[slot].user = user_data;
+    g_sink_slot = slot;
+    g_sink = &g_sinks[slot];
+}
+
+void kvm_log(kvmem_log_level level, const char *fmt, ...) {
+    log_sink *s = g_sink;
+    if (!s) return;
+    char buf[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    s->cb(level, buf, s->user);
+}
+
+void kvmem_free(void *ptr) { free(ptr); }
+
+void *kvm_aligned_alloc(size_t size) {
+    size_t rounded;
+    if (!kvm_add_size(size ? size : 1, 63, &rounded)) return NULL;
+    rounded &= ~(size_t)63;
+    return aligned_alloc(64, rounded);
+}
+
+void kvm_aligned_free(void *p) { free(p); }
+
+size_t kvm_dtype_size(kvmem_dtype dt) {
+    switch (dt) {
+    case KVMEM_F32: return 4;
+    case KVMEM_F16:
+    case KVMEM_BF16: return 2;
+    default: return 0;
+    }
+}
+
+const char *kvmem_dtype_name(kvmem_dtype dt) {
+    switch (dt) {
+    case KVMEM_F32: return "f32";
+    case KVMEM_F16: return "f16";
+    case KVMEM_BF16: return "bf16";
+    case KVMEM_Q8: return "q8";
+    case KVMEM_Q4: return "q4";
+    case KVMEM_Q4_KIVI: return "q4_kivi";
+    }
+    return "?";
+}

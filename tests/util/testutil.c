@@ -1,0 +1,50 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void kvm_test_assert_msg(const char *call, const char *needle) {
+    const char *msg = kvmem_last_error();
+    if (!needle) return;
+    if (!msg || !strstr(msg, needle)) fail_msg("%s: message '%s' lacks '%s'", call, msg ? msg : "(null)", needle);
+}
+
+uint64_t tu_next(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float tu_uniform(uint64_t *s, float lo, float hi) {
+    return lo + (hi - lo) * (float)(tu_next(s) >> 40) * (1.0f / 16777216.0f);
+}
+
+float tu_normal(uint64_t *s) {
+    float u1 = tu_uniform(s, 1e-7f, 1.0f), u2 = tu_uniform(s, 0.0f, 1.0f);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+kvmem_model_spec tu_spec(int32_t L, int32_t D) {
+    kvmem_model_spec s = kvmem_model_spec_default();
+    s.n_layers = L;
+    s.n_q_heads = 4;
+    s.n_kv_heads = 2;
+    s.head_dim = D;
+    snprintf(s.model_id, sizeof s.model_id, "test-%dL-%dD", L, D);
+    return s;
+}
+
+kvmem_context *tu_context(int32_t n_threads) {
+    kvmem_context_params p = kvmem_context_default_params();
+    p.backend = "cpu";
+    p.n_threads = n_threads;
+    kvmem_context *ctx = NULL;
+    assert_ok(kvmem_context_create(&p, &ctx));
+    return ctx;
+}
+
+void tu_fill_kv(float *buf, size_t n, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) buf[i] = tu_normal(rng);
+}

@@ -1,0 +1,45 @@
+/* Helpers for kvmem's cmocka tests. */
+#ifndef KVMEM_TESTUTIL_H
+#define KVMEM_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvmem.h"
+
+/* Assert a call fails with `code` and a message containing `needle`. */
+#define assert_status(call, code, needle)                                            \
+    do {                                                                             \
+        kvmem_status st_ = (call);                                                   \
+        if (st_ != (code))                                                           \
+            fail_msg("%s: got %s (%s), expected %s", #call, kvmem_status_str(st_), \
+                     kvmem_last_error(), kvmem_status_str(code));                    \
+        kvm_test_assert_msg(#call, needle);                                          \
+    } while (0)
+
+#define assert_ok(call)                                                                    \
+    do {                                                                                   \
+        kvmem_status st_ = (call);                                                         \
+        if (st_ != KVMEM_OK) fail_msg("%s: %s (%s)", #call, kvmem_status_str(st_), kvmem_last_error()); \
+    } while (0)
+
+void kvm_test_assert_msg(const char *call, const char *needle);
+
+/* Deterministic random numbers (splitmix64). */
+uint64_t tu_next(uint64_t *s);
+float tu_uniform(uint64_t *s, float lo, float hi);
+float tu_normal(uint64_t *s);
+
+/* A small GQA spec used across tests: L layers, 4 q heads, 2 kv heads, head_dim D. */
+kvmem_model_spec tu_spec(int32_t L, int32_t D);
+
+/* A context on the CPU with n threads (asserts). */
+kvmem_context *tu_context(int32_t n_threads);
+
+/* Fill a contiguous [L][T][H][D] f32 tensor view over `buf` with N(0, 1) values. */
+void tu_fill_kv(float *buf, size_t n, uint64_t *rng);
+
+#endif
