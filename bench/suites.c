@@ -2,8 +2,28 @@
 #include "bench.h"
 
 extern const kvm_bench_suite kvm_bench_machine;
+/* retrieval */
+
+/* evict */
+
+/* attend */
+
+/* store */
+
+/* segments */
+
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
+    /* retrieval */
+
+    /* evict */
+
+    /* attend */
+
+    /* store */
+
+    /* segments */
+
     NULL,
 };

@@ -46,8 +46,16 @@ typedef struct kvmem_backend_iface {
     kvmem_status (*aabb_build)(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off,
                                size_t n_groups, size_t group_stride, size_t n_rows, size_t dim,
                                kvmem_buffer *out_min, kvmem_buffer *out_max, size_t out_off);
-    /* ---- ops added by later issues (aabb_score, topk, gather, quantize,
-     *      attend, qmem_score, kv_copy) go below, each with its issue ---- */
+    /* ---- ops added by later issues, each in its own section ---- */
+
+    /* -- retrieval (MemArt): aabb_score, topk, gather/rope -- */
+
+    /* -- eviction (IntentKV): qmem_score, kv_copy -- */
+
+    /* -- attention (ART): attend -- */
+
+    /* -- persistence: quantize, dequantize -- */
+
 
     /* (optional) escape hatch for entries a newer core knows and an older
      * backend does not: returns NULL for unknown names. */

@@ -4,11 +4,19 @@ extern const kvm_command kvm_cmd_demo;
 extern const kvm_command kvm_cmd_bench;
 extern const kvm_command kvm_cmd_backends;
 extern const kvm_command kvm_cmd_version;
+/* persistence: inspect */
+
+/* real model: eval */
+
 
 const kvm_command *const kvm_commands[] = {
     &kvm_cmd_demo,
     &kvm_cmd_bench,
     &kvm_cmd_backends,
     &kvm_cmd_version,
+    /* persistence: inspect */
+
+    /* real model: eval */
+
     0,
 };

@@ -130,6 +130,14 @@ static const kvmem_backend_iface cpu_iface = {
     .synchronize = cpu_sync,
     .convert = cpu_convert,
     .aabb_build = cpu_aabb_build,
+    /* -- retrieval -- */
+
+    /* -- eviction -- */
+
+    /* -- attention -- */
+
+    /* -- persistence -- */
+
     .get_proc_address = cpu_proc,
 };
 

@@ -277,7 +277,7 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     float *new_tail = need_tail ? kvm_aligned_alloc(tail_bytes(p)) : NULL;
     int ok = kvs != NULL && (!need_tail || new_tail) && grow_blocks(p, m, m->n_sealed + n_new) &&
              grow_tokens(m, m->n_tokens + T) && grow_text(m, m->text_len + ap.text_len);
-    size_t kv_bytes = kvm_block_bytes(p, BS) - 2 * (size_t)L * p->row_elems * sizeof(float);
+    size_t kv_bytes = kvm_block_kv_bytes(p, BS);
     for (int32_t i = 0; ok && i < n_new; i++) ok = (kvs[i] = kvm_aligned_alloc(kv_bytes)) != NULL;
     if (!ok) {
         if (kvs)
@@ -343,7 +343,7 @@ kvmem_status kvmem_agent_flush(kvmem_agent *a) {
     if (m->tail_n == 0) return KVMEM_OK;
     uint64_t need = kvm_block_bytes(p, m->tail_n);
     if ((st = reserve(p, need)) != KVMEM_OK) return st;
-    size_t kv_bytes = need - 2 * (size_t)p->spec.n_layers * p->row_elems * sizeof(float);
+    size_t kv_bytes = kvm_block_kv_bytes(p, m->tail_n);
     void *kv = kvm_aligned_alloc(kv_bytes);
     if (!kv || !grow_blocks(p, m, m->n_sealed + 1)) {
         kvm_aligned_free(kv);
@@ -397,6 +397,14 @@ kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_i
     return KVMEM_OK;
 }
 
+void kvm_block_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h,
+                        int32_t row0, int32_t n, float *dst) {
+    const size_t D = (size_t)p->spec.head_dim;
+    const unsigned char *rows = kvm_block_rows(p, b, which, l, h);
+    kvm_convert_host(dst, KVMEM_F32, rows + (size_t)row0 * D * kvm_dtype_size(p->params.storage_dtype),
+                     p->params.storage_dtype, (size_t)n * D);
+}
+
 /* Index of the sealed block holding token t, or n_sealed for the tail. */
 static int32_t block_of(const kvm_agent_mem *m, int64_t t) {
     int32_t lo = 0, hi = m->n_sealed - 1, ans = m->n_sealed;
@@ -428,7 +436,6 @@ kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kv
     int64_t shape[4] = {L, T, H, D};
     if (k_out && (st = kvm_tensor_expect(k_out, "k_out", dims, 4, shape)) != KVMEM_OK) return st;
     if (v_out && (st = kvm_tensor_expect(v_out, "v_out", dims, 4, shape)) != KVMEM_OK) return st;
-    const size_t es = kvm_dtype_size(p->params.storage_dtype);
     float row[1024];
     for (int64_t i = 0; i < T; i++) {
         int64_t t = first + i;
@@ -441,9 +448,7 @@ kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kv
                     const float *src;
                     if (b < m->n_sealed) {
                         const kvm_block *blk = &m->blocks[b];
-                        const unsigned char *rows = kvm_block_rows(p, blk, which, l, h);
-                        kvm_convert_host(row, KVMEM_F32, rows + (size_t)(t - blk->first_token) * (size_t)D * es,
-                                         p->params.storage_dtype, (size_t)D);
+                        kvm_block_read_f32(p, blk, which, l, h, (int32_t)(t - blk->first_token), 1, row);
                         src = row;
                     } else {
                         int64_t slot = t - (m->n_tokens - m->tail_n);

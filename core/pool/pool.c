@@ -16,10 +16,13 @@ kvmem_pool_params kvmem_pool_default_params(void) {
     return p;
 }
 
-size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens) {
+size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens) {
     size_t es = kvm_dtype_size(p->params.storage_dtype);
-    size_t L = (size_t)p->spec.n_layers, D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads;
-    return 2 * L * H * (size_t)n_tokens * D * es + 2 * L * H * D * sizeof(float);
+    return 2 * (size_t)p->spec.n_layers * p->row_elems * (size_t)n_tokens * es;
+}
+
+size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens) {
+    return kvm_block_kv_bytes(p, n_tokens) + 2 * (size_t)p->spec.n_layers * p->row_elems * sizeof(float);
 }
 
 kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,

@@ -90,4 +90,23 @@ static inline float *kvm_block_aabb(const kvmem_pool *p, const kvm_agent_mem *m,
     return m->aabb + ((((size_t)b * L + (size_t)l) * H + (size_t)h) * 2) * D;
 }
 
+/* Read rows [row0, row0 + n) of K (which = 0) or V (1) of layer l, head h
+ * of sealed block b as f32 into dst (n * head_dim floats). Every module reads
+ * stored KV through this, so new storage dtypes (quantized) are decoded in
+ * one place. */
+void kvm_block_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h,
+                        int32_t row0, int32_t n, float *dst);
+
+/* The unsealed tail's f32 rows of K (which = 0) or V (1), layer l, head h:
+ * tail_n rows of head_dim, for tokens [n_tokens - tail_n, n_tokens). */
+static inline const float *kvm_tail_rows(const kvmem_pool *p, const kvm_agent_mem *m, int which, int32_t l,
+                                         int32_t h) {
+    size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads;
+    return m->tail + (((size_t)which * L + (size_t)l) * H + (size_t)h) * (size_t)p->params.block_size *
+                         (size_t)p->spec.head_dim;
+}
+
+/* Bytes of KV storage (no AABB) of a block of n tokens in the pool's dtype. */
+size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens);
+
 #endif
