@@ -213,7 +213,7 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
     simulate(&s);
     /* The gap filling is greedy; should it ever lose to the plain pipeline,
      * the plain pipeline is the balanced plan. */
-    if (s.makespan > nm) {
+    if (s.makespan > nm + 1e-9 * (1.0 + nm)) {
         s.naive = 1;
         s.makespan = nm;
         s.load_idle = nli;
