@@ -21,98 +21,106 @@ kvmem_load_plan_params kvmem_load_plan_default_params(void) {
 
 typedef struct lp_sim {
     int32_t L, n;
-    const double *comp;   /* [L] */
-    const double *dur;    /* [n] ms per load */
-    const int32_t *first; /* [n] first layer that does not recompute j (L = never) */
+    const double *comp;    /* [L] */
+    const double *dur;     /* [n] ms per load */
+    const int32_t *first;  /* [n] first layer that does not recompute j (L = never) */
+    const int32_t *ord;    /* [n] segments sorted by (first, index): release order */
+    const int32_t *rank;   /* [n] position of j in ord */
     int naive;
-    int32_t ahead;        /* balanced: 0 = any */
+    int32_t ahead;         /* balanced: 0 = any */
     /* state */
-    int32_t *head;        /* [n] next layer to load for j */
-    int32_t *left;        /* [L] loads still missing for layer i */
-    double *ready;        /* [L] end of the last load of layer i */
+    int32_t *head;         /* [n] next layer to load for j */
+    int32_t *bucket;       /* [L][n]: released segments whose next load is for layer i, in ord order */
+    int32_t *bn;           /* [L] bucket sizes */
+    double *ready;         /* [L] end of the last load of layer i */
     double *cstart, *cend;
     kvmem_load_item *items; /* n_loads, load-stream order, or NULL */
     size_t n_items;
     double makespan, load_idle;
 } lp_sim;
 
-/* Earliest start of segment j's load for layer i, or -1 while unknown
- * (it depends on a layer whose compute is not scheduled yet). */
-static double avail(const lp_sim *s, int32_t j, int32_t i, int32_t next_layer) {
+/* Earliest start of segment j's load for layer i; j is released (its
+ * decision layer has run) and the gate layer, if any, has started. */
+static double avail(const lp_sim *s, int32_t j, int32_t i) {
     int32_t e = s->first[j];
-    double rel = 0;
-    if (e > 0) {
-        if (e - 1 >= next_layer) return -1;
-        rel = s->cend[e - 1];
-    }
-    double gate = 0;
+    double rel = e > 0 ? s->cend[e - 1] : 0;
     int32_t g = s->naive ? i - 1 : (s->ahead > 0 ? i - s->ahead : -1);
-    if (g >= 0) {
-        if (g >= next_layer) return -1;
-        gate = s->cstart[g];
-    }
+    double gate = g >= 0 ? s->cstart[g] : 0;
     return KVM_MAX(rel, gate);
 }
 
+static void bucket_insert(lp_sim *s, int32_t layer, int32_t j) {
+    int32_t *b = s->bucket + (size_t)layer * (size_t)s->n, n = s->bn[layer];
+    int32_t lo = 0, hi = n;
+    while (lo < hi) { /* first position whose rank exceeds j's */
+        int32_t mid = (lo + hi) / 2;
+        if (s->rank[b[mid]] < s->rank[j]) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(b + lo + 1, b + lo, (size_t)(n - lo) * sizeof *b);
+    b[lo] = j;
+    s->bn[layer]++;
+}
+
+static void bucket_remove(lp_sim *s, int32_t layer, int32_t pos) {
+    int32_t *b = s->bucket + (size_t)layer * (size_t)s->n;
+    memmove(b + pos, b + pos + 1, (size_t)(s->bn[layer] - pos - 1) * sizeof *b);
+    s->bn[layer]--;
+}
+
+/* Run one pipeline. Loads for the layer compute waits on go first, in
+ * release order (release time, then decision layer, then segment). The
+ * balanced plan fills the load stream's wait for them with released loads
+ * of the nearest later layer that end in time (in release order among
+ * those that fit). Cost: O(loads x (n_layers + bucket size)). */
 static void simulate(lp_sim *s) {
-    int32_t next = 0;
+    const int32_t L = s->L, n = s->n;
+    int32_t next = 0, released = 0;
     double cfree = 0, tload = 0;
     s->n_items = 0;
     s->load_idle = 0;
-    for (int32_t i = 0; i < s->L; i++) {
-        s->left[i] = 0;
+    for (int32_t i = 0; i < L; i++) {
+        s->bn[i] = 0;
         s->ready[i] = 0;
     }
-    for (int32_t j = 0; j < s->n; j++) {
-        s->head[j] = s->first[j];
-        for (int32_t i = s->first[j]; i < s->L; i++) s->left[i]++;
-    }
+    for (int32_t j = 0; j < n; j++) s->head[j] = s->first[j];
     for (;;) {
-        while (next < s->L && s->left[next] == 0) {
+        /* release the segments decided by now: first <= next */
+        while (released < n && s->first[s->ord[released]] <= next && s->first[s->ord[released]] < L) {
+            int32_t j = s->ord[released++];
+            bucket_insert(s, s->first[j], j);
+        }
+        if (next < L && s->bn[next] == 0) {
             double st = KVM_MAX(cfree, s->ready[next]);
             s->cstart[next] = st;
             s->cend[next] = cfree = st + s->comp[next];
             next++;
+            continue;
         }
-        if (next == s->L) break;
-        /* compute waits for layer b: its loads go first, earliest available
-         * first (ties: lower segment) */
+        if (next == L) break;
         const int32_t b = next;
-        int32_t pick = -1;
-        double pick_at = 0, need_at = INFINITY;
-        for (int32_t j = 0; j < s->n; j++) {
-            if (s->head[j] != b) continue;
-            double a = avail(s, j, b, next); /* always known for layer b */
-            if (a < need_at) {
-                need_at = a;
-                pick = j;
-            }
-        }
-        pick_at = KVM_MAX(need_at, tload);
+        int32_t pick = s->bucket[(size_t)b * (size_t)n], layer = b, pos = 0;
+        double need_at = avail(s, pick, b), pick_at = KVM_MAX(need_at, tload);
         if (!s->naive && need_at > tload) {
-            /* the load stream would idle until need_at: fill the gap with
-             * later layers' released loads that end in time (EDF order) */
-            int32_t best = -1, best_layer = 0;
-            double best_at = 0;
-            for (int32_t j = 0; j < s->n; j++) {
-                int32_t i = s->head[j];
-                if (i <= b || i >= s->L) continue;
-                double a = avail(s, j, i, next);
-                if (a < 0) continue;
-                double at = KVM_MAX(a, tload);
-                if (at + s->dur[j] > need_at) continue;
-                if (best < 0 || i < best_layer || (i == best_layer && at < best_at)) {
-                    best = j;
-                    best_layer = i;
-                    best_at = at;
+            int32_t hi = s->ahead > 0 ? KVM_MIN(L - 1, b + s->ahead - 1) : L - 1;
+            int found = 0;
+            for (int32_t i = b + 1; i <= hi && !found; i++) {
+                const int32_t *bk = s->bucket + (size_t)i * (size_t)n;
+                for (int32_t q = 0; q < s->bn[i]; q++) {
+                    int32_t j = bk[q];
+                    double at = KVM_MAX(avail(s, j, i), tload);
+                    if (at >= need_at) break; /* later ones start no earlier */
+                    if (at + s->dur[j] <= need_at) {
+                        pick = j;
+                        layer = i;
+                        pos = q;
+                        pick_at = at;
+                        found = 1;
+                        break;
+                    }
                 }
             }
-            if (best >= 0) {
-                pick = best;
-                pick_at = best_at;
-            }
         }
-        int32_t layer = s->head[pick];
         double end = pick_at + s->dur[pick];
         s->load_idle += pick_at - tload;
         tload = end;
@@ -125,16 +133,16 @@ static void simulate(lp_sim *s) {
             it->end_ms = end;
         }
         s->n_items++;
+        bucket_remove(s, layer, pos);
         s->head[pick]++;
-        s->left[layer]--;
+        if (s->head[pick] < L) bucket_insert(s, s->head[pick], pick);
         s->ready[layer] = KVM_MAX(s->ready[layer], end);
     }
-    s->makespan = s->L ? s->cend[s->L - 1] : 0;
+    s->makespan = s->cend[L - 1];
     if (s->items) /* the layer computing when each load starts; -1 = before layer 0 */
-        for (size_t k = 0; k < s->n_items; k++) {
-            int32_t lay = -1;
-            while (lay + 1 < s->L && s->cstart[lay + 1] <= s->items[k].start_ms) lay++;
-            s->items[k].issue_layer = lay;
+        for (size_t k = 0, lay = 0; k < s->n_items; k++) {
+            while (lay < (size_t)L && s->cstart[lay] <= s->items[k].start_ms) lay++;
+            s->items[k].issue_layer = (int32_t)lay - 1;
         }
 }
 
@@ -180,13 +188,18 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
     s.L = L;
     s.n = n;
     s.comp = compute_ms;
-    size_t nn = (size_t)(n ? n : 1), nl = (size_t)L;
+    size_t nn = (size_t)(n ? n : 1), nl = (size_t)L, nb;
+    if (!kvm_mul_size(nn, nl, &nb) || nb > SIZE_MAX / sizeof(int32_t))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: n_layers x n_segments too large", fn);
     double *dur = malloc(nn * sizeof *dur);
     int32_t *first = malloc(nn * sizeof *first), *head = malloc(nn * sizeof *head);
-    int32_t *left = malloc(nl * sizeof *left);
+    int32_t *ord = malloc(nn * sizeof *ord), *rank = malloc(nn * sizeof *rank);
+    int32_t *bucket = malloc(nb * sizeof *bucket), *bn = malloc(nl * sizeof *bn);
+    int32_t *cnt = calloc(nl + 2, sizeof *cnt);
     double *ready = malloc(nl * sizeof *ready), *cst = malloc(nl * sizeof *cst), *cen = malloc(nl * sizeof *cen);
-    if (!dur || !first || !head || !left || !ready || !cst || !cen) {
-        free(dur), free(first), free(head), free(left), free(ready), free(cst), free(cen);
+    if (!dur || !first || !head || !ord || !rank || !bucket || !bn || !cnt || !ready || !cst || !cen) {
+        free(dur), free(first), free(head), free(ord), free(rank), free(bucket), free(bn), free(cnt);
+        free(ready), free(cst), free(cen);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
     }
     double lsum = 0;
@@ -195,12 +208,22 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
         int32_t e = 0;
         while (e < L && recompute[(size_t)e * (size_t)n + (size_t)j]) e++;
         first[j] = e;
+        cnt[e + 1]++;
         lsum += dur[j] * (L - e);
+    }
+    /* release order: by decision layer, then segment (a stable counting sort) */
+    for (int32_t i = 0; i <= L; i++) cnt[i + 1] += cnt[i];
+    for (int32_t j = 0; j < n; j++) {
+        ord[cnt[first[j]]] = j;
+        rank[j] = cnt[first[j]]++;
     }
     s.dur = dur;
     s.first = first;
+    s.ord = ord;
+    s.rank = rank;
     s.head = head;
-    s.left = left;
+    s.bucket = bucket;
+    s.bn = bn;
     s.ready = ready;
     s.cstart = cst;
     s.cend = cen;
@@ -235,6 +258,7 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
         stats->load_ms = lsum;
         stats->n_loads = n_loads;
     }
-    free(dur), free(first), free(head), free(left), free(ready), free(cst), free(cen);
+    free(dur), free(first), free(head), free(ord), free(rank), free(bucket), free(bn), free(cnt);
+    free(ready), free(cst), free(cen);
     return KVMEM_OK;
 }

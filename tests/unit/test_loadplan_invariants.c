@@ -65,7 +65,8 @@ static void hand_computed_two_segments(void **state) {
 }
 
 /* The plain next-layer pipeline, simulated independently: layer by layer,
- * each layer's loads in order of release, then segment. */
+ * each layer's loads in order of release time, then decision layer, then
+ * segment. */
 static double ref_naive(int L, int n, const double *comp, const double *dur, const uint8_t *rec, double *load_idle) {
     double *cst = calloc((size_t)L, sizeof *cst), *cen = calloc((size_t)L, sizeof *cen);
     int *first = calloc((size_t)n, sizeof *first);
@@ -86,7 +87,7 @@ static double ref_naive(int L, int n, const double *comp, const double *dur, con
                 if (done[j] || first[j] > i) continue;
                 double rel = first[j] == 0 ? 0 : cen[first[j] - 1];
                 double a = rel > gate ? rel : gate;
-                if (pick < 0 || a < best) {
+                if (pick < 0 || a < best || (a == best && first[j] < first[pick])) {
                     pick = j;
                     best = a;
                 }
