@@ -649,11 +649,12 @@ KVMEM_API kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, floa
  * (recompute[i+1][j] <= recompute[i][j]).
  *  - naive: the plain next-layer pipeline: layer i's loads start once layer
  *    i-1 starts computing, in layer order.
- *  - balanced: the load stream never waits while a released load exists:
- *    the loads the next layer needs go first (earliest layer first), and the
- *    gaps until they are released are filled with released loads of later
- *    layers that fit in the gap (up to max_ahead layers ahead of the
- *    compute stream; 0 = any).
+ *  - balanced: the loads the next layer to compute needs go first; while the
+ *    load stream would wait for one of them to be released, it runs released
+ *    loads of the nearest later layer that end before that release (up to
+ *    max_ahead layers ahead of the compute stream; 0 = any).
+ * Both take loads in release order (release time, then the layer that
+ * decided it, then segment index).
  * Idle time: compute idle = makespan - total compute; load idle = gaps in
  * the load stream before its last load ends. */
 typedef struct kvmem_load_plan_params {
