@@ -1,0 +1,10 @@
+/* tinyllm's subcommands. */
+#ifndef TINYLLM_APP_H
+#define TINYLLM_APP_H
+
+#include "tinyllm.h"
+
+int tl_eval_main(int argc, char **argv);
+int tl_demo_main(int argc, char **argv);
+
+#endif
