@@ -187,6 +187,7 @@ static int eval_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, tl_his
         memset(&art, 0, sizeof art);
         art.ctx = ctx;
         art.params = kvmem_attend_default_params();
+        art.params.tile_size = me->art_tile;
         artp = &art;
     }
 #else
@@ -239,6 +240,16 @@ int tl_eval_main(int argc, char **argv) {
             c.budgets[0] = 32;
             c.budgets[1] = 64;
             c.n_budgets = 2;
+        } else if (!strcmp(argv[i], "--budgets") && i + 1 < argc) {
+            char *e = argv[++i];
+            c.n_budgets = 0;
+            while (*e && c.n_budgets < 8) {
+                c.budgets[c.n_budgets++] = (int32_t)strtol(e, &e, 10);
+                if (*e == ',') e++;
+                else break;
+            }
+        } else if (!strcmp(argv[i], "--turns") && i + 1 < argc) {
+            c.n_turns = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) {
             c.n_seqs = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {

@@ -149,11 +149,15 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
 #endif
 #ifdef TINYLLM_HAVE_ATTEND
     ADD("art", TL_M_FULL, 0, 0, 0, 1, 0);
+    ADD("art-tile16", TL_M_FULL, 0, 0, 0, 1, 0);
+    all[n - 1].art_tile = 16;
 #ifdef TINYLLM_HAVE_RETRIEVE
-    ADD("memart-aabb+art", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 1, 1);
+    ADD("memart-aabb+art16", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 1, 1);
+    all[n - 1].art_tile = 16;
 #endif
 #ifdef TINYLLM_HAVE_EVICT
-    ADD("intentkv-rule+art", TL_M_INTENTKV, 0, 0, 0, 1, 0);
+    ADD("intentkv-rule+art16", TL_M_INTENTKV, 0, 0, 0, 1, 0);
+    all[n - 1].art_tile = 16;
 #endif
 #else
     strcat(miss, "ART (attend API not in this build); ");

@@ -191,6 +191,7 @@ typedef struct tl_method {
     tl_method_kind kind;
     int32_t mode, norm, agg; /* MemArt: kvmem_retrieve_mode / _norm / _agg */
     int32_t art;             /* decode with ART (kvmem_attend) at its default tau */
+    int32_t art_tile;        /* ART tile size (0 = kvmem's default, 64) */
     int32_t needs_probe;     /* needs the new prompt's queries (a probe prefill) */
 } tl_method;
 
