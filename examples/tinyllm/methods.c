@@ -112,6 +112,42 @@ done:
     return rc;
 }
 
+int tl_history_save(tl_history *h, const char *path, char *err, size_t err_size) {
+#ifdef TINYLLM_HAVE_PERSIST
+    int rc = 0;
+    KCHECK(kvmem_agent_save(h->agent, path), "save");
+done:
+    return rc;
+#else
+    (void)h;
+    (void)path;
+    return tl_errf(err, err_size, "persistence is not in this build");
+#endif
+}
+
+int tl_history_load(tl_history *h, const char *path, char *err, size_t err_size) {
+#ifdef TINYLLM_HAVE_PERSIST
+    int rc = 0;
+    kvmem_agent_info info;
+    KCHECK(kvmem_agent_load(h->agent, path), "load");
+    KCHECK(kvmem_agent_get_info(h->agent, &info), "agent info");
+    if (info.n_tokens > h->cap) {
+        rc = tl_errf(err, err_size, "load: %lld tokens, room for %lld", (long long)info.n_tokens,
+                     (long long)h->cap);
+        goto done;
+    }
+    h->n = info.n_tokens;
+    memset(h->acc, 0, (size_t)h->cap * sizeof(float));
+    memset(h->q_rot, 0, (size_t)h->cap * (size_t)h->n_layers * (size_t)h->q_dim * sizeof(float));
+done:
+    return rc;
+#else
+    (void)h;
+    (void)path;
+    return tl_errf(err, err_size, "persistence is not in this build");
+#endif
+}
+
 int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missing_size) {
     tl_method all[24];
     int32_t n = 0;

@@ -176,6 +176,13 @@ int tl_history_append(tl_history *h, const float *k_rot, const float *v, int32_t
                       const int32_t *positions, const int32_t *tokens, const float *q_rot,
                       const float *acc, int32_t prompt_len, char *err, size_t err_size);
 
+/* Persistence (when the build has it): save the agent's memory to one
+ * safetensors file; load replaces the agent's memory with a file's and sets
+ * h->n. Only what kvmem stores survives (KV, token ids): the H2O and SnapKV
+ * statistics start empty after a load. */
+int tl_history_save(tl_history *h, const char *path, char *err, size_t err_size);
+int tl_history_load(tl_history *h, const char *path, char *err, size_t err_size);
+
 typedef enum tl_method_kind {
     TL_M_FULL = 0,      /* every history token at its original position */
     TL_M_RECENT,        /* the last `budget` tokens */
