@@ -531,7 +531,7 @@ static int phase1(const char *model, const char *dir) {
         snprintf(expect, sizeof expect, "%s/demo-expect.bin", dir);
         if (tl_history_save(&D.h, path, D.err, sizeof D.err)) goto out;
         if (write_expect(expect, prompt, logits, PROMPT * D.V)) {
-            snprintf(D.err, sizeof D.err, "cannot write %s", expect);
+            tl_errf(D.err, sizeof D.err, "cannot write %.200s", expect);
             goto out;
         }
         printf("saved the agent (%lld tokens) to %s; the next turn's logits to %s\n", (long long)D.h.n, path, expect);
@@ -573,7 +573,7 @@ static int phase2(const char *model, const char *dir) {
     float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     FILE *f = fopen(expect, "rb");
     if (!f || !want || !got || fread(prompt, sizeof(int32_t), PROMPT, f) != PROMPT || fread(want, sizeof(float), n, f) != n) {
-        snprintf(D.err, sizeof D.err, "cannot read %s: run phase 1 first", expect);
+        tl_errf(D.err, sizeof D.err, "cannot read %.200s: run phase 1 first", expect);
         if (f) fclose(f);
         goto out;
     }
