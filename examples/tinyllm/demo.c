@@ -18,7 +18,7 @@
 #include "app.h"
 #include "internal.h"
 
-enum { FIRST = 64, PROMPT = 16, GEN = 32, TURNS = 4, TOPK = 4, WINDOW = 32, IKV_BUDGET = 96 };
+enum { FIRST = 64, PROMPT = 16, GEN = 32, TURNS = 4, TOPK = 8, WINDOW = 32, IKV_BUDGET = 128 };
 
 typedef struct demo {
     tl_model m;
@@ -98,7 +98,7 @@ static int demo_open(demo *D, const char *path, kvmem_dtype storage) {
     cp.backend = "cpu";
     if (kvmem_context_create(&cp, &D->ctx) != KVMEM_OK)
         return tl_errf(D->err, sizeof D->err, "context: %s", kvmem_last_error());
-    D->s = tl_state_create(&D->m.cfg, FIRST);
+    D->s = tl_state_create(&D->m.cfg, 128);
     if (!D->s) return tl_errf(D->err, sizeof D->err, "out of memory");
     return tl_history_init(&D->h, D->ctx, &D->m, D->m.cfg.seq_len, storage, 16, "demo-agent", D->err,
                            sizeof D->err);
@@ -160,8 +160,8 @@ static int intentkv_prune(demo *D, kvmem_kvstore *store, kvmem_slotmap *map, con
                 kvmem_kvstore_info si;
                 kvmem_kvstore_get_info(store, &si);
                 printf("    IntentKV: the session's QueryMemory keeps %lld of %lld live positions (budget %d, "
-                       "4 protected); slot map: %lld positions, %lld live, %lld slots freed; kept rows never "
-                       "moved (positions %d..%d)\n",
+                       "4 protected); slot map: %lld positions, %lld live, %lld slots freed (kept rows stay in "
+                       "their slots at their RoPE phases, %d..%d)\n",
                        (long long)n_kept, (long long)n_live, IKV_BUDGET, (long long)info.length,
                        (long long)info.n_live, (long long)n_freed, kept[0], kept[n_kept - 1]);
                 rc = 0;
