@@ -25,7 +25,10 @@ if grep -q "saved the agent" "$tmp/p1.txt"; then
   "$exe" demo "$model" --state "$tmp" --phase 2 | tee "$tmp/p2.txt"
   grep -q "logits identical (max difference 0)" "$tmp/p2.txt"
 fi
-"$exe" eval "$model" --quick --json "$tmp/eval.json" --md "$tmp/eval.md"
+# sanitizer builds ($6) run one budget: the same code, a fraction of the time
+extra=()
+if [ -n "${6:-}" ]; then extra=(--budgets 32); fi
+"$exe" eval "$model" --quick "${extra[@]}" --json "$tmp/eval.json" --md "$tmp/eval.md"
 cat "$tmp/eval.md"
 python3 - "$tmp/eval.json" <<'PY'
 import json, sys
