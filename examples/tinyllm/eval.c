@@ -223,6 +223,48 @@ out:
     return rc;
 }
 
+/* Calibration, without kvmem: how much does this model's output move when
+ * history rows are simply left out? Rows [d0, d1) of the history are dropped
+ * from the engine's own full-context cache (all other rows kept in place). */
+static int drop_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, int32_t t, int32_t d0, int32_t d1,
+                     ev_acc *a) {
+    const tl_config *mc = &m->cfg;
+    int32_t N = t * c->turn_len, T = c->turn_len, V = mc->vocab_size, L = mc->n_layers;
+    size_t kvd = (size_t)mc->n_kv_heads * (size_t)mc->head_dim;
+    tl_state *s = tl_state_create(mc, T);
+    tl_kv kv;
+    float *logits = malloc((size_t)T * (size_t)V * sizeof(float));
+    float *row = malloc(2 * (size_t)L * kvd * sizeof(float));
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    int rc = -1;
+    memset(&kv, 0, sizeof kv);
+    if (s && logits && row && pos && !tl_kv_init(&kv, mc, N + T)) {
+        rc = 0;
+        for (int32_t j = 0; j < N && !rc; j++) {
+            if (j >= d0 && j < d1) continue;
+            for (int32_t l = 0; l < L; l++) {
+                memcpy(row + (size_t)l * kvd, r->k_rot + ((size_t)l * (size_t)r->n + (size_t)j) * kvd, kvd * sizeof(float));
+                memcpy(row + ((size_t)L + (size_t)l) * kvd, r->v + ((size_t)l * (size_t)r->n + (size_t)j) * kvd, kvd * sizeof(float));
+            }
+            rc = tl_kv_append(&kv, row, row + (size_t)L * kvd, 1, &j);
+        }
+        for (int32_t i = 0; i < T; i++) pos[i] = N + i;
+        if (!rc) rc = tl_forward(m, s, &kv, r->tok + N, T, pos, logits, NULL, NULL, NULL);
+        for (int32_t i = 0; i < T && !rc; i++) {
+            const float *ref = r->logits + (size_t)(N + i) * (size_t)V, *got = logits + (size_t)i * V;
+            a->kl += tl_kl_logits(ref, got, V);
+            a->agree += tl_argmax(ref, V) == tl_argmax(got, V);
+            a->n_pos++;
+        }
+    }
+    tl_kv_free(&kv);
+    tl_state_free(s);
+    free(logits);
+    free(row);
+    free(pos);
+    return rc;
+}
+
 static int budget_free(const tl_method *me) { return me->kind == TL_M_FULL; }
 
 int tl_eval_main(int argc, char **argv) {
@@ -288,6 +330,8 @@ int tl_eval_main(int argc, char **argv) {
         return 1;
     }
     int32_t n_cells = n_methods * c.n_budgets;
+    ev_acc cal[3];
+    memset(cal, 0, sizeof cal);
     ev_acc *acc = calloc((size_t)n_cells, sizeof *acc);
     int rc = acc ? 0 : 1;
     double t0 = now_s(), hist_sum = 0;
@@ -325,6 +369,11 @@ int tl_eval_main(int argc, char **argv) {
                         rc = 1;
                     }
                 }
+        }
+        for (int32_t t = 1; t < c.n_turns && !rc; t++) {
+            int32_t N = t * c.turn_len;
+            rc = drop_turn(&m, &c, &r, t, 0, 1, &cal[0]) || drop_turn(&m, &c, &r, t, N / 2, N / 2 + 4, &cal[1]) ||
+                 drop_turn(&m, &c, &r, t, N - 4, N, &cal[2]);
         }
         tl_history_free(&h);
         ref_free(&r);
@@ -397,8 +446,19 @@ int tl_eval_main(int argc, char **argv) {
             fprintf(md, "\nA text agent that re-prefills its history instead would run %.0f tokens "
                     "through the model per turn.\n",
                     hist_turns ? hist_sum / (double)hist_turns + c.prompt_len : 0.0);
+            fprintf(md, "\nCalibration without kvmem (the engine's own cache, rows simply left out): "
+                    "dropping the first token -> top-1 %.1f%%, KL %.4f; 4 tokens in the middle of the history -> "
+                    "%.1f%%, KL %.4f; the 4 newest history tokens -> %.1f%%, KL %.4f.\n",
+                    100.0 * cal[0].agree / (double)cal[0].n_pos, cal[0].kl / (double)cal[0].n_pos,
+                    100.0 * cal[1].agree / (double)cal[1].n_pos, cal[1].kl / (double)cal[1].n_pos,
+                    100.0 * cal[2].agree / (double)cal[2].n_pos, cal[2].kl / (double)cal[2].n_pos);
             if (missing[0]) fprintf(md, "\nNot in this build: %s\n", missing);
-            if (js) fprintf(js, "]}\n");
+            if (js)
+                fprintf(js, "],\"calibration\":{\"drop_first\":{\"top1\":%.5f,\"kl\":%.6f},"
+                        "\"drop_middle4\":{\"top1\":%.5f,\"kl\":%.6f},\"drop_newest4\":{\"top1\":%.5f,\"kl\":%.6f}}}\n",
+                        cal[0].agree / (double)cal[0].n_pos, cal[0].kl / (double)cal[0].n_pos,
+                        cal[1].agree / (double)cal[1].n_pos, cal[1].kl / (double)cal[1].n_pos,
+                        cal[2].agree / (double)cal[2].n_pos, cal[2].kl / (double)cal[2].n_pos);
         }
         if (md && md != stdout) fclose(md);
         if (js) fclose(js);
