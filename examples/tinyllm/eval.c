@@ -188,6 +188,10 @@ static int eval_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, tl_his
         art.ctx = ctx;
         art.params = kvmem_attend_default_params();
         art.params.tile_size = me->art_tile;
+        if (me->art_tau_scale > 0) {
+            art.params.tau_s *= me->art_tau_scale;
+            art.params.tau_d *= me->art_tau_scale;
+        }
         artp = &art;
     }
 #else

@@ -180,6 +180,10 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
     ADD("memart-aabb-rr-max", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_RR, KVMEM_AGG_MAX, 0, 1);
     ADD("memart-aabb-rr-sum", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_RR, KVMEM_AGG_SUM, 0, 1);
     ADD("memart-exact-softmax-max", TL_M_MEMART, KVMEM_RETRIEVE_EXACT, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0, 1);
+    ADD("memart-aabb-origpos", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0, 1);
+    all[n - 1].orig_pos = 1;
+    ADD("memart-aabb+recent2", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0, 1);
+    all[n - 1].keep_recent = 2;
 #else
     strcat(miss, "MemArt (retrieval API not in this build); ");
 #endif
@@ -187,6 +191,9 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
     ADD("art", TL_M_FULL, 0, 0, 0, 1, 0);
     ADD("art-tile16", TL_M_FULL, 0, 0, 0, 1, 0);
     all[n - 1].art_tile = 16;
+    ADD("art-tile16-tau/10", TL_M_FULL, 0, 0, 0, 1, 0);
+    all[n - 1].art_tile = 16;
+    all[n - 1].art_tau_scale = 0.1f;
 #ifdef TINYLLM_HAVE_RETRIEVE
     ADD("memart-aabb+art16", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 1, 1);
     all[n - 1].art_tile = 16;
@@ -295,6 +302,17 @@ static int build_memart(tl_history *h, const tl_method *m, int64_t budget, const
     p.mode = (kvmem_retrieve_mode)m->mode;
     p.norm = (kvmem_retrieve_norm)m->norm;
     p.agg = (kvmem_retrieve_agg)m->agg;
+    int32_t recent_ids[64];
+    if (m->keep_recent > 0) {
+        kvmem_agent_info ai;
+        KCHECK(kvmem_agent_get_info(h->agent, &ai), "agent info");
+        int32_t k = m->keep_recent < ai.n_sealed ? m->keep_recent : ai.n_sealed;
+        if (k > 64) k = 64;
+        if (k > p.top_k) k = p.top_k;
+        for (int32_t i = 0; i < k; i++) recent_ids[i] = ai.n_sealed - k + i;
+        p.always_include = recent_ids;
+        p.n_always_include = k;
+    }
     kvmem_tensor qt;
     int64_t qs[4] = {n_probe, h->n_layers, h->n_heads, h->head_dim};
     kvmem_tensor_init(&qt, (void *)(uintptr_t)probe_q_raw, KVMEM_F32, 4, qs);
@@ -320,8 +338,24 @@ static int build_memart(tl_history *h, const tl_method *m, int64_t budget, const
     int64_t shape[4] = {h->n_layers, M, h->n_kv_heads, h->head_dim};
     kvmem_tensor_init(&kt, k, KVMEM_F32, 4, shape);
     kvmem_tensor_init(&vt, v, KVMEM_F32, 4, shape);
-    KCHECK(kvmem_gather(h->agent, blocks, nb, base, &kt, &vt), "gather");
-    for (int64_t i = 0; i < M; i++) pos[i] = (int32_t)(base + i);
+    if (m->orig_pos) {
+        /* one gather per block at its own first token: positions as stored */
+        int64_t at = 0;
+        for (int32_t b = 0; b < nb; b++) {
+            kvmem_block_info bi;
+            KCHECK(kvmem_agent_block_info(h->agent, blocks[b], &bi), "block info");
+            kvmem_tensor kb = kt, vb = vt;
+            kb.data = k + (size_t)at * (size_t)h->kv_dim;
+            vb.data = v + (size_t)at * (size_t)h->kv_dim;
+            kb.shape[1] = vb.shape[1] = bi.n_tokens;
+            KCHECK(kvmem_gather(h->agent, &blocks[b], 1, bi.first_token, &kb, &vb), "gather");
+            for (int32_t i = 0; i < bi.n_tokens; i++) pos[at + i] = (int32_t)(bi.first_token + i);
+            at += bi.n_tokens;
+        }
+    } else {
+        KCHECK(kvmem_gather(h->agent, blocks, nb, base, &kt, &vt), "gather");
+        for (int64_t i = 0; i < M; i++) pos[i] = (int32_t)(base + i);
+    }
     if (tl_kv_append(kv, k, v, (int32_t)M, pos)) rc = tl_errf(err, err_size, "working set full");
 done:
     kvmem_retrieval_free(r);

@@ -200,6 +200,9 @@ typedef struct tl_method {
     int32_t art;             /* decode with ART (kvmem_attend) at its default tau */
     int32_t art_tile;        /* ART tile size (0 = kvmem's default, 64) */
     int32_t needs_probe;     /* needs the new prompt's queries (a probe prefill) */
+    int32_t orig_pos;        /* MemArt: keep each block at its original positions (no re-encoding) */
+    int32_t keep_recent;     /* MemArt: always include the newest keep_recent blocks */
+    float art_tau_scale;     /* ART: multiply the default tau_s, tau_d (0 = 1) */
 } tl_method;
 
 /* The methods this build supports, in table order. Returns the count

@@ -158,6 +158,10 @@ static void run_turn(fixture *f, tl_history *h, const tl_method *me, int64_t bud
         art.ctx = f->ctx;
         art.params = kvmem_attend_default_params();
         art.params.tile_size = me->art_tile;
+        if (me->art_tau_scale > 0) {
+            art.params.tau_s *= me->art_tau_scale;
+            art.params.tau_d *= me->art_tau_scale;
+        }
         if (tau0 == 0.0f) art.params.tau_s = art.params.tau_d = 0.0f;
         artp = &art;
     }
@@ -230,8 +234,9 @@ static void test_methods_keep_at_most_the_budget_and_rows_of_the_history(void **
         for (int t = 0; t < TURN; t++)
             kl += tl_kl_logits(f->logits + (size_t)(2 * TURN + t) * V, got + (size_t)t * V, (int32_t)V);
         assert_true(isfinite(kl) && kl >= 0);
-        if (ms[i].kind != TL_M_MEMART) {
-            /* eviction keeps rows in place: each is the history's row at its own position */
+        if (ms[i].kind != TL_M_MEMART || ms[i].orig_pos) {
+            /* eviction (and retrieval without re-encoding) keeps rows in place: each is
+             * the history's row at its own position */
             for (int32_t r = 0; r < rows; r++) {
                 int32_t p = mem.pos[r];
                 assert_true(p >= 0 && p < 2 * TURN && (r == 0 || p > mem.pos[r - 1]));
