@@ -306,12 +306,12 @@ static int build_memart(tl_history *h, const tl_method *m, int64_t budget, const
     if (m->keep_recent > 0) {
         kvmem_agent_info ai;
         KCHECK(kvmem_agent_get_info(h->agent, &ai), "agent info");
-        int32_t k = m->keep_recent < ai.n_sealed ? m->keep_recent : ai.n_sealed;
-        if (k > 64) k = 64;
-        if (k > p.top_k) k = p.top_k;
-        for (int32_t i = 0; i < k; i++) recent_ids[i] = ai.n_sealed - k + i;
+        int32_t nr = m->keep_recent < ai.n_sealed ? m->keep_recent : ai.n_sealed;
+        if (nr > 64) nr = 64;
+        if (nr > p.top_k) nr = p.top_k;
+        for (int32_t i = 0; i < nr; i++) recent_ids[i] = ai.n_sealed - nr + i;
         p.always_include = recent_ids;
-        p.n_always_include = k;
+        p.n_always_include = nr;
     }
     kvmem_tensor qt;
     int64_t qs[4] = {n_probe, h->n_layers, h->n_heads, h->head_dim};
