@@ -51,18 +51,30 @@ static int probe(demo *D, const int32_t *prompt, int32_t N, float *q_raw) {
     return rc;
 }
 
-/* MemArt memory for a prompt: the working set kv gets the retrieved blocks. */
+/* MemArt memory for a prompt: the working set kv gets the retrieved blocks
+ * (a build without retrieval falls back to the newest blocks). */
+#ifdef TINYLLM_HAVE_RETRIEVE
+#define MEMORY_NAME "MemArt retrieved %d tokens (top %d blocks by AABB)"
+#else
+#define MEMORY_NAME "no retrieval in this build: kept the newest %d tokens (%d blocks)"
+#endif
 static int memart_memory(demo *D, const int32_t *prompt, int32_t N, tl_kv *kv) {
-    float *q = malloc((size_t)PROMPT * (size_t)D->L * (size_t)D->d * sizeof(float));
     tl_method me;
     memset(&me, 0, sizeof me);
-    me.kind = TL_M_MEMART;
 #ifdef TINYLLM_HAVE_RETRIEVE
+    me.kind = TL_M_MEMART;
     me.mode = KVMEM_RETRIEVE_AABB;
     me.norm = KVMEM_NORM_SOFTMAX;
     me.agg = KVMEM_AGG_MAX;
-#endif
+    float *q = malloc((size_t)PROMPT * (size_t)D->L * (size_t)D->d * sizeof(float));
     int rc = !q || probe(D, prompt, N, q) ? -1 : 0;
+#else
+    me.kind = TL_M_RECENT;
+    float *q = NULL;
+    int rc = 0;
+    (void)probe;
+    (void)prompt;
+#endif
     if (!rc) rc = tl_memory_build(&D->h, &me, (int64_t)TOPK * D->h.block_size, q, PROMPT, N, kv, D->err, sizeof D->err);
     free(q);
     return rc;
@@ -220,7 +232,7 @@ static int session_turn(demo *D, int32_t t, const int32_t *prompt, int32_t *turn
         kl += tl_kl_logits(ref + (size_t)i * (size_t)D->V, logits + (size_t)i * (size_t)D->V, D->V);
         agree += tl_argmax(ref + (size_t)i * (size_t)D->V, D->V) == tl_argmax(logits + (size_t)i * (size_t)D->V, D->V);
     }
-    printf("turn %d: history %d tokens. MemArt retrieved %d tokens (top %d blocks by AABB) for a %d-token prompt: "
+    printf("turn %d: history %d tokens. " MEMORY_NAME " for a %d-token prompt: "
            "prefilled %d tokens (+%d probe) instead of re-reading %d.\n",
            t, N, n_mem, TOPK, PROMPT, PROMPT, PROMPT, N + PROMPT);
 #ifdef TINYLLM_HAVE_ATTEND
