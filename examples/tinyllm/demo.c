@@ -54,9 +54,11 @@ static int probe(demo *D, const int32_t *prompt, int32_t N, float *q_raw) {
 /* MemArt memory for a prompt: the working set kv gets the retrieved blocks
  * (a build without retrieval falls back to the newest blocks). */
 #ifdef TINYLLM_HAVE_RETRIEVE
-#define MEMORY_NAME "MemArt retrieved %d tokens (top %d blocks by AABB)"
+#define MEMORY_NAME "MemArt retrieved %d tokens (%d blocks, by AABB)"
+#define PROBE_TOKENS PROMPT
 #else
 #define MEMORY_NAME "no retrieval in this build: kept the newest %d tokens (%d blocks)"
+#define PROBE_TOKENS 0
 #endif
 static int memart_memory(demo *D, const int32_t *prompt, int32_t N, tl_kv *kv) {
     tl_method me;
@@ -234,7 +236,7 @@ static int session_turn(demo *D, int32_t t, const int32_t *prompt, int32_t *turn
     }
     printf("turn %d: history %d tokens. " MEMORY_NAME " for a %d-token prompt: "
            "prefilled %d tokens (+%d probe) instead of re-reading %d.\n",
-           t, N, n_mem, TOPK, PROMPT, PROMPT, PROMPT, N + PROMPT);
+           t, N, n_mem, (n_mem + D->h.block_size - 1) / D->h.block_size, PROMPT, PROMPT, PROBE_TOKENS, N + PROMPT);
 #ifdef TINYLLM_HAVE_ATTEND
     printf("    decoded %d tokens with ART: %lld of %lld KV tiles read (%.0f%%); ",
            GEN, (long long)art.tiles_visited, (long long)art.tiles_total,
