@@ -12,6 +12,8 @@ extern const kvm_bench_suite kvm_bench_machine;
 
 /* segments */
 
+/* cuda */
+extern const kvm_bench_suite kvm_bench_cuda;
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
@@ -24,6 +26,9 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* store */
 
     /* segments */
+
+    /* cuda */
+    &kvm_bench_cuda,
 
     NULL,
 };
