@@ -125,7 +125,11 @@ attend_partial_kernel(const float *__restrict__ q, const T *__restrict__ k, cons
     // merge the warps: (m, l, acc) of each warp through shared memory
     __shared__ float sm_m[NW][kAttendMaxGroup], sm_l[NW][kAttendMaxGroup];
     __shared__ float sm_acc[NW][HEAD_DIM];
-    for (int g = 0; g < group; g++) {
+    // unrolled over the compile-time bound so acc stays in registers; the
+    // condition is uniform across the CTA, so the barriers inside are safe
+#pragma unroll
+    for (int g = 0; g < kAttendMaxGroup; g++) {
+        if (g >= group) break;
         if (lane == 0) {
             sm_m[warp][g] = m[g];
             sm_l[warp][g] = l[g];

@@ -106,8 +106,10 @@ extern "C" kvmem_status kvm_cu_op_gather_rope(kvmem_backend *be, const kvmem_cud
     const void *sv = cu_ref(a->src_v, (size_t)a->n_src * row * ses, "gather_rope: src_v", &st);
     const int64_t *rows = static_cast<const int64_t *>(cu_ref(a->rows, (size_t)a->m * 8, "gather_rope: rows", &st));
     const int32_t *pos = static_cast<const int32_t *>(cu_ref(a->pos, (size_t)a->m * 4, "gather_rope: pos", &st));
-    const double *inv = static_cast<const double *>(
-        cu_ref(a->inv_freq, (size_t)(a->rotary_dim / 2) * 8 + (a->rotary_dim ? 0 : 8), "gather_rope: inv_freq", &st));
+    // no rotated dims (rotary_dim 0): no frequencies to read
+    const double *inv = a->rotary_dim ? static_cast<const double *>(cu_ref(a->inv_freq, (size_t)(a->rotary_dim / 2) * 8,
+                                                                          "gather_rope: inv_freq", &st))
+                                      : nullptr;
     void *dk = cu_ref(a->dst_k, (size_t)a->m * row * des, "gather_rope: dst_k", &st);
     void *dv = cu_ref(a->dst_v, (size_t)a->m * row * des, "gather_rope: dst_v", &st);
     if (st != KVMEM_OK) return st;
