@@ -11,6 +11,7 @@ extern const kvm_bench_suite kvm_bench_machine;
 /* store */
 
 /* segments */
+extern const kvm_bench_suite kvm_bench_segments;
 
 /* cuda */
 extern const kvm_bench_suite kvm_bench_cuda;
@@ -26,6 +27,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* store */
 
     /* segments */
+    &kvm_bench_segments,
 
     /* cuda */
     &kvm_bench_cuda,
