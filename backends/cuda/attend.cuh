@@ -32,6 +32,7 @@ namespace kvmcu {
 struct AttendParams {
     int n_q_heads, n_kv_heads;
     int n_pos, tile, n_visit, tiles_per_wave;
+    int n_slots;         // slot ids outside [0, n_slots) count as dead: never read
     float scale;         // logit scale, 1/sqrt(D) by default
     float tau_s, tau_d;  // stop thresholds
     int patience;        // consecutive stable tiles to stop; 0 = never stop
@@ -94,11 +95,12 @@ attend_partial_kernel(const float *__restrict__ q, const T *__restrict__ k, cons
         }
     }
     const int tile = order[idx];
-    const int p0 = tile * p.tile, p1 = min(p0 + p.tile, p.n_pos);
+    // a tile id outside the slot map visits nothing (never reads out of bounds)
+    const int p0 = tile < 0 ? 0 : tile * p.tile, p1 = tile < 0 ? 0 : min(p0 + p.tile, p.n_pos);
     const size_t row = (size_t)p.n_kv_heads * HEAD_DIM;
     for (int pos = p0 + warp; pos < p1; pos += NW) {
         const int s = slot_map[pos];
-        if (s < 0) continue; // dead slot: never read
+        if (s < 0 || s >= p.n_slots) continue; // dead slot: never read
         const T *kr = k + (size_t)s * row + (size_t)hkv * HEAD_DIM + lane * VEC;
         const T *vr = v + (size_t)s * row + (size_t)hkv * HEAD_DIM + lane * VEC;
         float kv[VEC], vv[VEC];

@@ -2,8 +2,8 @@
 // destination, rotating K to new positions (DESIGN.md, decoupled position
 // re-encoding). Keys are stored raw, so this is the only rotation they get.
 //   src_k, src_v  TI [n_src][Hkv][D]     device rows (a block staging area or the device tier)
-//   rows          int64 [M]              source row of output token i; < 0 = dead slot:
-//                                        skipped, its output row is not written
+//   rows          int64 [M]              source row of output token i; < 0 (dead slot) or
+//                                        >= n_src: skipped, its output row is not written
 //   pos           int32 [M]              new position of output token i
 //   inv_freq      f64 [rotary_dim / 2]   from the model spec (kvm_rope_init), scaling applied
 //   dst_k, dst_v  TO [M][Hkv][D]
@@ -25,14 +25,14 @@ struct RopeParams {
 template <typename TI, typename TO>
 __global__ void gather_rope_kernel(const TI *__restrict__ src_k, const TI *__restrict__ src_v,
                                    const int64_t *__restrict__ rows, const int32_t *__restrict__ pos,
-                                   const double *__restrict__ inv_freq, int64_t m, TO *__restrict__ dst_k,
+                                   const double *__restrict__ inv_freq, int64_t m, int64_t n_src, TO *__restrict__ dst_k,
                                    TO *__restrict__ dst_v, RopeParams p) {
     extern __shared__ float cs[]; // cos[n_pairs], sin[n_pairs]
     const int np = p.rotary_dim / 2;
     const size_t row_elems = (size_t)p.n_kv_heads * p.head_dim;
     for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
         const int64_t r = rows[i];
-        if (r < 0) continue; // uniform across the CTA
+        if (r < 0 || r >= n_src) continue; // dead slot (or outside the source): uniform across the CTA
         __syncthreads();     // the previous token's angles are no longer read
         for (int j = threadIdx.x; j < np; j += blockDim.x) {
             double s, c;
@@ -70,7 +70,7 @@ __global__ void gather_rope_kernel(const TI *__restrict__ src_k, const TI *__res
     }
 }
 
-inline cudaError_t gather_rope(const void *src_k, const void *src_v, DType src_dt, const int64_t *rows,
+inline cudaError_t gather_rope(const void *src_k, const void *src_v, DType src_dt, int64_t n_src, const int64_t *rows,
                                const int32_t *pos, const double *inv_freq, int64_t m, void *dst_k, void *dst_v,
                                DType dst_dt, const RopeParams &p, unsigned blocks, cudaStream_t stream) {
     if (m == 0) return cudaSuccess;
@@ -79,7 +79,7 @@ inline cudaError_t gather_rope(const void *src_k, const void *src_v, DType src_d
     KVM_CU_DISPATCH_DTYPE(src_dt, TI, {
         KVM_CU_DISPATCH_DTYPE(dst_dt, TO, {
             gather_rope_kernel<TI, TO><<<blocks, 128, smem, stream>>>(
-                static_cast<const TI *>(src_k), static_cast<const TI *>(src_v), rows, pos, inv_freq, m,
+                static_cast<const TI *>(src_k), static_cast<const TI *>(src_v), rows, pos, inv_freq, m, n_src,
                 static_cast<TO *>(dst_k), static_cast<TO *>(dst_v), p);
         });
     });

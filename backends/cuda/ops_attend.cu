@@ -33,8 +33,9 @@ extern "C" kvmem_status kvm_cu_op_attend(kvmem_backend *be, const kvmem_cuda_att
     int32_t *stp = static_cast<int32_t *>(cu_ref(a->stopped, Hq * 4, "attend: stopped", &st));
     void *ws = cu_scratch(b, plan.ws_bytes, &st);
     if (st != KVMEM_OK) return st;
-    // slot ids >= n_slots and tile ids outside [0, n_tiles) are the caller's
-    // contract (the kernel cannot report them); the core builds both
+    // slot ids outside [0, n_slots) are skipped like dead slots and tile ids
+    // outside [0, n_tiles) visit nothing: a bad map cannot read out of bounds
+    if (a->n_slots > INT32_MAX) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: n_slots must be < 2^31");
     kvmcu::AttendParams p;
     p.n_q_heads = a->n_q_heads;
     p.n_kv_heads = a->n_kv_heads;
@@ -42,6 +43,7 @@ extern "C" kvmem_status kvm_cu_op_attend(kvmem_backend *be, const kvmem_cuda_att
     p.tile = a->tile;
     p.n_visit = a->n_visit;
     p.tiles_per_wave = plan.tiles_per_wave;
+    p.n_slots = (int)a->n_slots;
     p.scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim);
     p.tau_s = a->tau_s;
     p.tau_d = a->tau_d;

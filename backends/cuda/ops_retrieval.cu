@@ -113,13 +113,12 @@ extern "C" kvmem_status kvm_cu_op_gather_rope(kvmem_backend *be, const kvmem_cud
     void *dk = cu_ref(a->dst_k, (size_t)a->m * row * des, "gather_rope: dst_k", &st);
     void *dv = cu_ref(a->dst_v, (size_t)a->m * row * des, "gather_rope: dst_v", &st);
     if (st != KVMEM_OK) return st;
-    // rows[i] must be < n_src: the kernel cannot report, so rows are the
-    // caller's contract (the core builds them from its own block table)
+    // rows outside [0, n_src) are skipped like dead slots: never read
     kvmcu::RopeParams p = {a->n_kv_heads, a->head_dim, a->rotary_dim, a->style == KVMEM_ROPE_GPTJ,
                            a->attn_factor > 0 ? a->attn_factor : 1.0f};
     cudaSetDevice(b->device);
     kvm_cu_grid g = kvm_cu_grid_1d((size_t)a->m, 1, (uint32_t)b->props.multiProcessorCount * 16u);
-    return cu_check(kvmcu::gather_rope(sk, sv, (kvmcu::DType)a->src_dtype, rows, pos, inv, a->m, dk, dv,
+    return cu_check(kvmcu::gather_rope(sk, sv, (kvmcu::DType)a->src_dtype, a->n_src, rows, pos, inv, a->m, dk, dv,
                                        (kvmcu::DType)a->dst_dtype, p, g.blocks, b->stream),
                     "gather_rope");
 }

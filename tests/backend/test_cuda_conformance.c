@@ -487,7 +487,8 @@ static void gather_rope_matches_kvmem_rope_apply(void **state) {
             int64_t *rows = malloc(M * 8);
             int32_t *pos = malloc(M * 4);
             for (int i = 0; i < M; i++) {
-                rows[i] = i % 10 == 3 ? -1 : (int64_t)(tu_next(&rng) % n_src);
+                /* dead slots, and rows outside the source: both skipped */
+                rows[i] = i % 10 == 3 ? -1 : i % 10 == 7 ? n_src + 3 : (int64_t)(tu_next(&rng) % n_src);
                 pos[i] = 13000 + i;
             }
             /* inv_freq as the core computes it (no scaling): theta^(-2j/rd) */
@@ -506,7 +507,7 @@ static void gather_rope_matches_kvmem_rope_apply(void **state) {
             dev_read(ok_, gk, M * row * 4);
             dev_read(ov, gv, M * row * 4);
             for (int i = 0; i < M; i++) {
-                if (rows[i] < 0) { /* dead slot: not written */
+                if (rows[i] < 0 || rows[i] >= n_src) { /* dead slot: not written */
                     for (size_t e = 0; e < row; e++) assert_true(gk[i * row + e] == sentinel && gv[i * row + e] == sentinel);
                     continue;
                 }
@@ -636,7 +637,7 @@ static void q8_q4_match_their_formulas_exactly(void **state) {
 }
 
 /* full attention in double over the live slots of the given tiles */
-static void attend_reference(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *slot_map, int n_pos,
+static void attend_reference(const float *q, const uint16_t *k, const uint16_t *v, int n_slots, const int32_t *slot_map, int n_pos,
                              const int32_t *order, int n_tiles, int tile, int Hq, int Hkv, int D, double *out) {
     const int G = Hq / Hkv;
     for (int h = 0; h < Hq; h++) {
@@ -647,7 +648,7 @@ static void attend_reference(const float *q, const uint16_t *k, const uint16_t *
         for (int t = 0; t < n_tiles; t++)
             for (int p = order[t] * tile; p < (order[t] + 1) * tile && p < n_pos; p++) {
                 int s = slot_map[p];
-                if (s < 0) continue;
+                if (s < 0 || s >= n_slots) continue;
                 double dot = 0;
                 for (int d = 0; d < D; d++)
                     dot += (double)q[(size_t)h * D + d] * kvm_f16_to_f32(k[((size_t)s * Hkv + g) * D + d]);
@@ -679,6 +680,8 @@ static void attend_equals_full_attention_and_stops_by_the_rule(void **state) {
     }
     for (int p = 0; p < n_pos; p++) sm[p] = p % 9 == 4 ? -1 : (int32_t)((p * 7 + 3) % n_slots);
     for (int p = 128; p < 192; p++) sm[p] = -1; /* a whole dead tile */
+    sm[5] = n_slots + 2;                        /* outside the store: skipped, never read */
+    sm[700] = INT32_MAX;
     for (int t = 0; t < n_tiles; t++) order[t] = n_tiles - 1 - t; /* RECENT: newest first */
     kvmem_buffer *dq = dev_from(q, (size_t)Hq * D * 4), *dk = dev_from(k, (size_t)n_slots * Hkv * D * 2),
                  *dv = dev_from(v, (size_t)n_slots * Hkv * D * 2), *ds = dev_from(sm, n_pos * 4),
@@ -713,7 +716,7 @@ static void attend_equals_full_attention_and_stops_by_the_rule(void **state) {
         dev_read(dout, got, (size_t)Hq * D * 4);
         dev_read(dvis, vis, Hq * 4);
         dev_read(dstop, stop, Hq * 4);
-        attend_reference(q, k, v, sm, n_pos, order, n_tiles, tile, Hq, Hkv, D, want);
+        attend_reference(q, k, v, n_slots, sm, n_pos, order, n_tiles, tile, Hq, Hkv, D, want);
         for (int i = 0; i < Hq * D; i++)
             if (fabs(got[i] - want[i]) > 2e-3) fail_msg("wave %d elem %d: %.6g vs %.6g", waves[w], i, got[i], want[i]);
         for (int h = 0; h < Hq; h++) {
@@ -728,7 +731,7 @@ static void attend_equals_full_attention_and_stops_by_the_rule(void **state) {
         dev_read(dout, got, (size_t)Hq * D * 4);
         dev_read(dvis, vis, Hq * 4);
         dev_read(dstop, stop, Hq * 4);
-        attend_reference(q, k, v, sm, n_pos, order, 2, tile, Hq, Hkv, D, want);
+        attend_reference(q, k, v, n_slots, sm, n_pos, order, 2, tile, Hq, Hkv, D, want);
         for (int h = 0; h < Hq; h++) {
             assert_int_equal(vis[h], 2);
             assert_int_equal(stop[h], 1);
