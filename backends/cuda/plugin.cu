@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <mutex>
 
 static const size_t kStagingChunk = (size_t)8 << 20;
 static const size_t kMaxCached = (size_t)4 << 30;
@@ -379,8 +380,12 @@ kvmem_backend_plugin_init(uint32_t api_version, kvmem_context *ctx, kvmem_backen
         cu_free(be);
         return refuse(why, why_size, KVMEM_ERR_BACKEND, msg);
     }
-    snprintf(g_name, sizeof g_name, "cuda: %.120s (sm_%d%d, %d SMs, %.0f GiB)", b->props.name, b->props.major,
-             b->props.minor, b->props.multiProcessorCount, (double)b->props.totalGlobalMem / (1024.0 * 1024 * 1024));
+    // the table's name is static: written once, by the first successful init
+    static std::once_flag named;
+    std::call_once(named, [b] {
+        snprintf(g_name, sizeof g_name, "cuda: %.120s (sm_%d%d, %d SMs, %.0f GiB)", b->props.name, b->props.major,
+                 b->props.minor, b->props.multiProcessorCount, (double)b->props.totalGlobalMem / (1024.0 * 1024 * 1024));
+    });
     *out = be;
     return KVMEM_OK;
 }
