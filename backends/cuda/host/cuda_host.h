@@ -54,8 +54,8 @@ typedef struct kvm_cu_grid {
 /* Grid-stride 1-D launch: enough blocks to cover n, at most max_blocks. */
 kvm_cu_grid kvm_cu_grid_1d(size_t n, uint32_t threads, uint32_t max_blocks);
 
-/* aabb_build: one block per group, threads over dims (a warp multiple,
- * at most 256), the grid folded into [x][y] when groups exceed 65535*... */
+/* aabb_build: one block per group, threads over dims (a warp multiple, at
+ * most 256); beyond 65535*16 groups the kernel's grid-stride loop takes the rest. */
 kvm_cu_grid kvm_cu_grid_aabb(size_t n_groups, size_t dim);
 
 /* aabb_score (fused GEMM + per-token normalisation + aggregation), one CTA per
