@@ -7,6 +7,7 @@ extern const kvm_bench_suite kvm_bench_machine;
 /* evict */
 
 /* attend */
+extern const kvm_bench_suite kvm_bench_attend;
 
 /* store */
 
@@ -20,6 +21,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* evict */
 
     /* attend */
+    &kvm_bench_attend,
 
     /* store */
 

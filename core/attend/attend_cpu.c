@@ -57,7 +57,7 @@ static void rope_at(rope_cursor *rc, int64_t pos) {
 typedef struct attend_job {
     const kvm_attend_plan *p;
     const kvm_attend_kernels *kern;
-    int32_t rows_per_item, n_row_chunks;
+    int32_t rows_per_item, n_row_chunks, heads_per_item, n_head_chunks;
     int32_t max_tile;
     size_t scratch_floats; /* per item */
     float *scratch;
@@ -133,62 +133,107 @@ static void write_stream(const kvm_attend_plan *p, int32_t r, int32_t h, float *
 }
 
 /* Fetch K and V rows (f32) of the live positions pos[0..n) of tile `tile`
- * for KV head h. Only these positions are read. */
-static void fetch_rows(const kvm_attend_plan *p, int32_t h, int32_t tile, const int64_t *pos, int32_t n,
-                       float *kbuf, float *vbuf, const float **krow, const float **vrow, rope_cursor *rc) {
-    const size_t D = (size_t)p->head_dim;
+ * for the KV heads [ha, hb) of an item whose first head is h0. Row i of head
+ * h lands at krow[(h - h0) * mt + i]. Only these positions are read, all
+ * heads of one position at once, so the reads stream through memory. */
+static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t hb, int32_t tile, const int64_t *pos,
+                       int32_t n, int32_t mt, float *kbuf, float *vbuf, const float **krow, const float **vrow,
+                       rope_cursor *rc) {
+    const size_t D = (size_t)p->head_dim, nh = (size_t)(hb - ha);
     if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
         const kvmem_tensor *k = p->k, *v = p->v;
         const int kdirect = k->dtype == KVMEM_F32 && k->strides[2] == 1;
         const int vdirect = v->dtype == KVMEM_F32 && v->strides[2] == 1;
+        const int kspan = k->strides[2] == 1 && k->strides[1] == (int64_t)D;
+        const int vspan = v->strides[2] == 1 && v->strides[1] == (int64_t)D;
+        const size_t kes = kvm_dtype_size(k->dtype), ves = kvm_dtype_size(v->dtype);
         for (int32_t i = 0; i < n; i++) {
-            int64_t row = p->slots ? p->slots[pos[i]] : pos[i];
-            int64_t ko = row * k->strides[0] + h * k->strides[1];
-            int64_t vo = row * v->strides[0] + h * v->strides[1];
-            if (kdirect) {
-                krow[i] = (const float *)k->data + ko;
-            } else {
-                kvm_tensor_read_f32(k, ko, kbuf + (size_t)i * D, D);
-                krow[i] = kbuf + (size_t)i * D;
-            }
-            if (vdirect) {
-                vrow[i] = (const float *)v->data + vo;
-            } else {
-                kvm_tensor_read_f32(v, vo, vbuf + (size_t)i * D, D);
-                vrow[i] = vbuf + (size_t)i * D;
+            const int64_t row = p->slots ? p->slots[pos[i]] : pos[i];
+            float *kb = kbuf + (size_t)i * nh * D, *vb = vbuf + (size_t)i * nh * D;
+            const int64_t ko = row * k->strides[0] + ha * k->strides[1];
+            const int64_t vo = row * v->strides[0] + ha * v->strides[1];
+            if (!kdirect && kspan)
+                kvm_convert_host(kb, KVMEM_F32, (const unsigned char *)k->data + (size_t)ko * kes, k->dtype, nh * D);
+            if (!vdirect && vspan)
+                kvm_convert_host(vb, KVMEM_F32, (const unsigned char *)v->data + (size_t)vo * ves, v->dtype, nh * D);
+            for (int32_t h = ha; h < hb; h++) {
+                const size_t at = (size_t)(h - h0) * (size_t)mt + (size_t)i, hh = (size_t)(h - ha);
+                const int64_t kho = ko + (h - ha) * k->strides[1], vho = vo + (h - ha) * v->strides[1];
+                if (kdirect) {
+                    krow[at] = (const float *)k->data + kho;
+                } else {
+                    if (!kspan) kvm_tensor_read_f32(k, kho, kb + hh * D, D);
+                    krow[at] = kb + hh * D;
+                }
+                if (vdirect) {
+                    vrow[at] = (const float *)v->data + vho;
+                } else {
+                    if (!vspan) kvm_tensor_read_f32(v, vho, vb + hh * D, D);
+                    vrow[at] = vb + hh * D;
+                }
             }
         }
         return;
     }
+    /* an agent's block: head-major storage, so read each head's runs */
     const kvm_agent_mem *m = p->mem;
-    if (tile < m->n_sealed) {
-        const kvm_block *b = &m->blocks[tile];
-        /* runs of consecutive live positions, each one read call */
-        for (int32_t i = 0; i < n;) {
-            int32_t e = i + 1;
-            while (e < n && pos[e] == pos[e - 1] + 1) e++;
-            int32_t row0 = (int32_t)(pos[i] - b->first_token);
-            kvm_block_read_f32(p->pool, b, 0, p->layer, h, row0, e - i, kbuf + (size_t)i * D);
-            kvm_block_read_f32(p->pool, b, 1, p->layer, h, row0, e - i, vbuf + (size_t)i * D);
-            i = e;
-        }
-        for (int32_t i = 0; i < n; i++) vrow[i] = vbuf + (size_t)i * D;
-    } else {
-        const int64_t first = m->n_tokens - m->tail_n;
-        const float *kt = kvm_tail_rows(p->pool, m, 0, p->layer, h);
-        const float *vt = kvm_tail_rows(p->pool, m, 1, p->layer, h);
-        for (int32_t i = 0; i < n; i++) {
-            memcpy(kbuf + (size_t)i * D, kt + (size_t)(pos[i] - first) * D, D * sizeof(float));
-            vrow[i] = vt + (size_t)(pos[i] - first) * D;
+    for (int32_t h = ha; h < hb; h++) {
+        const size_t hh = (size_t)(h - ha);
+        float *kb = kbuf + hh * (size_t)mt * D, *vb = vbuf + hh * (size_t)mt * D;
+        const size_t at = (size_t)(h - h0) * (size_t)mt;
+        if (tile < m->n_sealed) {
+            const kvm_block *b = &m->blocks[tile];
+            for (int32_t i = 0; i < n;) { /* runs of consecutive live positions: one read each */
+                int32_t e = i + 1;
+                while (e < n && pos[e] == pos[e - 1] + 1) e++;
+                const int32_t row0 = (int32_t)(pos[i] - b->first_token);
+                kvm_block_read_f32(p->pool, b, 0, p->layer, h, row0, e - i, kb + (size_t)i * D);
+                kvm_block_read_f32(p->pool, b, 1, p->layer, h, row0, e - i, vb + (size_t)i * D);
+                i = e;
+            }
+            for (int32_t i = 0; i < n; i++) vrow[at + (size_t)i] = vb + (size_t)i * D;
+        } else {
+            const int64_t first = m->n_tokens - m->tail_n;
+            const float *kt = kvm_tail_rows(p->pool, m, 0, p->layer, h);
+            const float *vt = kvm_tail_rows(p->pool, m, 1, p->layer, h);
+            for (int32_t i = 0; i < n; i++) {
+                memcpy(kb + (size_t)i * D, kt + (size_t)(pos[i] - first) * D, D * sizeof(float));
+                vrow[at + (size_t)i] = vt + (size_t)(pos[i] - first) * D;
+            }
         }
     }
     /* keys are stored raw: rotate to their positions, newest first so the
-     * cursor steps by one in RECENT order */
+     * cursor steps by one in RECENT order; one cos/sin for all heads */
     for (int32_t i = n - 1; i >= 0; i--) {
-        int64_t at = p->positions ? p->positions[pos[i]] : p->base_position + pos[i];
-        rope_at(rc, at);
-        kvm_rope_rotate(&p->pool->rope, kbuf + (size_t)i * D, rc->cf, rc->sf, 0);
-        krow[i] = kbuf + (size_t)i * D;
+        const int64_t t = pos[i];
+        rope_at(rc, p->positions ? p->positions[t] : p->base_position + t);
+        for (int32_t h = ha; h < hb; h++) {
+            float *x = kbuf + ((size_t)(h - ha) * (size_t)mt + (size_t)i) * D;
+            kvm_rope_rotate(&p->pool->rope, x, rc->cf, rc->sf, 0);
+            krow[(size_t)(h - h0) * (size_t)mt + (size_t)i] = x;
+        }
+    }
+}
+
+/* Prefetch the K/V rows of tile `tile` for heads [h0, h1) into L2 (caller
+ * tensors and slot maps; agent blocks are read by kvm_block_read_f32). Rows
+ * of masked or dead positions are not touched. Positions outside the rows'
+ * visible range [lo, hi) of the current tile are a good enough guess. */
+static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t lo, int64_t hi, int32_t h0, int32_t h1) {
+    if (p->kind == KVMEM_ATTEND_SRC_AGENT) return;
+    (void)lo;
+    const int64_t t0 = p->tile_start[tile], t1 = KVM_MIN(p->tile_start[tile + 1], KVM_MAX(hi, t0));
+    const kvmem_tensor *ts[2] = {p->k, p->v};
+    for (int x = 0; x < 2; x++) {
+        const kvmem_tensor *t = ts[x];
+        const size_t es = kvm_dtype_size(t->dtype);
+        const size_t span = (size_t)((h1 - h0 - 1) * t->strides[1] + (int64_t)p->head_dim) * es;
+        for (int64_t q = t0; q < t1; q++) {
+            if (!is_live(p, q)) continue;
+            const int64_t row = p->slots ? p->slots[q] : q;
+            const char *a = (const char *)t->data + (size_t)(row * t->strides[0] + h0 * t->strides[1]) * es;
+            for (size_t off = 0; off < span; off += 64) __builtin_prefetch(a + off, 0, 2);
+        }
     }
 }
 
@@ -203,42 +248,45 @@ static size_t take(size_t *at, size_t n_floats) {
     return o;
 }
 
+/* Streams of an item are indexed st = hh * nr + r (head hh of the item, row r). */
 static size_t item_layout(const attend_job *j, item_offsets *o) {
     const size_t D = (size_t)j->p->head_dim, G = (size_t)j->p->group, N = G * D;
-    const size_t MT = (size_t)j->max_tile, nr = (size_t)j->rows_per_item;
-    const size_t ptr = sizeof(void *) / sizeof(float);
+    const size_t MT = (size_t)j->max_tile, nr = (size_t)j->rows_per_item, nh = (size_t)j->heads_per_item;
+    const size_t ns = nr * nh, ptr = sizeof(void *) / sizeof(float);
     size_t at = 0;
-    o->kbuf = take(&at, MT * D);
-    o->vbuf = take(&at, MT * D);
+    o->kbuf = take(&at, MT * nh * D);
+    o->vbuf = take(&at, MT * nh * D);
     o->s = take(&at, G * MT);
-    o->acc = take(&at, nr * N);
-    o->mx = take(&at, nr * G);
-    o->l = take(&at, nr * G);
+    o->acc = take(&at, ns * N);
+    o->mx = take(&at, ns * G);
+    o->l = take(&at, ns * G);
     o->c = take(&at, G);
     o->z = take(&at, N);
-    o->prev = take(&at, nr * 2 * N);
+    o->prev = take(&at, ns * 2 * N);
     o->rd = take(&at, 4 * KVM_ROPE_MAX_PAIRS * 2);
     o->rf = take(&at, 2 * KVM_ROPE_MAX_PAIRS);
     o->pos = take(&at, MT * 2);
-    o->krow = take(&at, MT * ptr);
-    o->vrow = take(&at, MT * ptr);
+    o->krow = take(&at, MT * nh * ptr);
+    o->vrow = take(&at, MT * nh * ptr);
     o->qg = take(&at, G * ptr);
     o->ag = take(&at, G * ptr);
-    o->rule = take(&at, nr * 2 * (sizeof(rule_state) + sizeof(float) - 1) / sizeof(float));
+    o->rule = take(&at, ns * 2 * (sizeof(rule_state) + sizeof(float) - 1) / sizeof(float));
     return at;
 }
 
 static void attend_item(attend_job *j, size_t item) {
     const kvm_attend_plan *p = j->p;
     const kvm_attend_kernels *kern = j->kern;
-    const int32_t h = (int32_t)(item / (size_t)j->n_row_chunks);
+    const int32_t h0 = (int32_t)(item / (size_t)j->n_row_chunks) * j->heads_per_item;
+    const int32_t h1 = KVM_MIN(h0 + j->heads_per_item, p->n_kv_heads);
     const int32_t r0 = (int32_t)(item % (size_t)j->n_row_chunks) * j->rows_per_item;
     const int32_t r1 = KVM_MIN(r0 + j->rows_per_item, p->n_rows);
-    const int32_t nr = r1 - r0, G = p->group, D = p->head_dim, MT = j->max_tile;
+    const int32_t nr = r1 - r0, nh = h1 - h0, G = p->group, D = p->head_dim, MT = j->max_tile;
     const size_t N = (size_t)G * (size_t)D;
     kvmem_attend_stats *st = &j->item_stats[item];
     memset(st, 0, sizeof *st);
-    if (nr <= 0) return;
+    if (nr <= 0 || nh <= 0) return;
+    const int32_t ns = nr * nh;
 
     /* carve the item's scratch (layout in item_layout) */
     item_offsets o;
@@ -252,25 +300,25 @@ static void attend_item(attend_job *j, size_t item) {
     const float **vrow = (const float **)(void *)(w + o.vrow);
     const float **qg = (const float **)(void *)(w + o.qg);
     float **ag = (float **)(void *)(w + o.ag);
-    rule_state *rule = (rule_state *)(void *)(w + o.rule); /* [nr][2]: primary, oracle */
+    rule_state *rule = (rule_state *)(void *)(w + o.rule); /* [ns][2]: primary, oracle */
 
-    memset(acc, 0, (size_t)nr * N * sizeof(float));
-    for (size_t i = 0; i < (size_t)nr * (size_t)G; i++) {
+    memset(acc, 0, (size_t)ns * N * sizeof(float));
+    for (size_t i = 0; i < (size_t)ns * (size_t)G; i++) {
         mx[i] = -INFINITY;
         l[i] = 0.0f;
     }
-    int32_t total[KVMEM_ATTEND_MAX_ROWS];
-    for (int32_t r = 0; r < nr; r++) {
-        total[r] = 0;
+    for (int32_t i = 0; i < ns; i++)
         for (int x = 0; x < 2; x++) {
-            rule_state *rs = &rule[2 * r + x];
+            rule_state *rs = &rule[2 * i + x];
             memset(rs, 0, sizeof *rs);
-            rs->prev = prev + ((size_t)r * 2 + (size_t)x) * N;
+            rs->prev = prev + ((size_t)i * 2 + (size_t)x) * N;
         }
-    }
+    int32_t total[KVMEM_ATTEND_MAX_ROWS];
+    for (int32_t r = 0; r < nr; r++) total[r] = 0;
     const int same_rules = p->probe == KVMEM_ATTEND_PROBE_ORACLE;
     const int compare = p->compare && !same_rules;
-    rope_cursor rc = {0};
+    rope_cursor rc;
+    memset(&rc, 0, sizeof rc);
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) {
         const kvm_rope *r = &p->pool->rope;
         rc.r = r;
@@ -290,79 +338,97 @@ static void attend_item(attend_job *j, size_t item) {
         const int32_t tile = p->order[oi];
         const int64_t t0 = p->tile_start[tile], t1 = p->tile_start[tile + 1];
         int64_t lo = INT64_MAX, hi = INT64_MIN;
-        uint64_t need = 0; /* rows that see this tile and still read */
+        uint64_t vis = 0; /* rows that see this tile */
         for (int32_t r = 0; r < nr; r++) {
             int64_t a = KVM_MAX(t0, p->row_lo[r0 + r]), b = KVM_MIN(t1, p->row_hi[r0 + r]);
             if (live_count(p, a, b) == 0) continue;
             total[r]++;
-            if (rule[2 * r].done && (!compare || rule[2 * r + 1].done)) continue;
-            need |= (uint64_t)1 << r;
+            vis |= (uint64_t)1 << r;
             lo = KVM_MIN(lo, a);
             hi = KVM_MAX(hi, b);
         }
-        if (!need) continue;
+        if (!vis) continue;
+        /* heads with a stream that still reads */
+        int32_t ha = h1, hb = h0;
+        for (int32_t h = h0; h < h1; h++)
+            for (int32_t r = 0; r < nr; r++) {
+                const rule_state *rs = &rule[2 * ((h - h0) * nr + r)];
+                if ((vis >> r & 1) && (!rs[0].done || (compare && !rs[1].done))) {
+                    ha = KVM_MIN(ha, h);
+                    hb = KVM_MAX(hb, h + 1);
+                }
+            }
+        if (ha >= hb) continue;
         int32_t n = 0;
         for (int64_t q = lo; q < hi; q++)
             if (is_live(p, q)) pos[n++] = q;
-        fetch_rows(p, h, tile, pos, n, kbuf, vbuf, krow, vrow, &rc);
-        st->positions_read += n;
-        for (int32_t r = 0; r < nr; r++) {
-            if (!(need >> r & 1)) continue;
-            const int32_t row = r0 + r;
-            int32_t a = 0, b = n;
-            while (a < n && pos[a] < p->row_lo[row]) a++;
-            while (b > a && pos[b - 1] >= p->row_hi[row]) b--;
-            for (int32_t g = 0; g < G; g++) {
-                qg[g] = p->q + ((size_t)row * (size_t)p->n_q_heads + (size_t)(h * G + g)) * (size_t)D;
-                ag[g] = acc + (size_t)r * N + (size_t)g * (size_t)D;
-            }
-            const int32_t nk = b - a;
-            kern->qk(qg, (size_t)G, krow + a, (size_t)nk, (size_t)D, p->scale, s, (size_t)MT);
-            for (int32_t g = 0; g < G; g++) {
-                float *sg = s + (size_t)g * (size_t)MT, tmax = -INFINITY;
-                for (int32_t i = 0; i < nk; i++) tmax = sg[i] > tmax ? sg[i] : tmax;
-                float *m = &mx[(size_t)r * (size_t)G + (size_t)g];
-                float *lg = &l[(size_t)r * (size_t)G + (size_t)g];
-                const float mnew = tmax > *m ? tmax : *m;
-                c[g] = *m == -INFINITY ? 0.0f : expf(*m - mnew);
-                *lg = *lg * c[g] + kern->exp_sum(sg, (size_t)nk, mnew);
-                *m = mnew;
-            }
-            kern->pv(ag, (size_t)G, c, s, (size_t)MT, vrow + a, (size_t)nk, (size_t)D);
-            /* the stop rules on this stream's running output */
-            const float *lr = l + (size_t)r * (size_t)G;
-            rule_state *pr = &rule[2 * r], *orc = &rule[2 * r + 1];
-            if (!pr->done) {
-                pr->visited++;
-                size_t zn = probe_fill(j, same_rules, ag, lr, z);
-                if (rule_step(p, pr, z, zn)) {
-                    pr->done = 1;
-                    write_stream(p, row, h, ag, lr);
+        /* the next tile's KV travels to the cache while this one computes */
+        if (oi + 1 < p->n_order) prefetch_tile(p, p->order[oi + 1], lo, hi, h0, h1);
+        fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
+        st->positions_read += (int64_t)n * (hb - ha);
+        for (int32_t h = ha; h < hb; h++) {
+            const float *const *kr = krow + (size_t)(h - h0) * (size_t)MT;
+            const float *const *vr = vrow + (size_t)(h - h0) * (size_t)MT;
+            for (int32_t r = 0; r < nr; r++) {
+                const int32_t si = (h - h0) * nr + r, row = r0 + r;
+                rule_state *pr = &rule[2 * si], *orc = &rule[2 * si + 1];
+                if (!(vis >> r & 1) || (pr->done && (!compare || orc->done))) continue;
+                int32_t a = 0, b = n;
+                while (a < n && pos[a] < p->row_lo[row]) a++;
+                while (b > a && pos[b - 1] >= p->row_hi[row]) b--;
+                for (int32_t g = 0; g < G; g++) {
+                    qg[g] = p->q + ((size_t)row * (size_t)p->n_q_heads + (size_t)(h * G + g)) * (size_t)D;
+                    ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
+                }
+                const int32_t nk = b - a;
+                kern->qk(qg, (size_t)G, kr + a, (size_t)nk, (size_t)D, p->scale, s, (size_t)MT);
+                for (int32_t g = 0; g < G; g++) {
+                    float *sg = s + (size_t)g * (size_t)MT, tmax = -INFINITY;
+                    for (int32_t i = 0; i < nk; i++) tmax = sg[i] > tmax ? sg[i] : tmax;
+                    float *m = &mx[(size_t)si * (size_t)G + (size_t)g];
+                    float *lg = &l[(size_t)si * (size_t)G + (size_t)g];
+                    const float mnew = tmax > *m ? tmax : *m;
+                    c[g] = *m == -INFINITY ? 0.0f : expf(*m - mnew);
+                    *lg = *lg * c[g] + kern->exp_sum(sg, (size_t)nk, mnew);
+                    *m = mnew;
+                }
+                kern->pv(ag, (size_t)G, c, s, (size_t)MT, vr + a, (size_t)nk, (size_t)D);
+                /* the stop rules on this stream's running output */
+                const float *lr = l + (size_t)si * (size_t)G;
+                if (!pr->done) {
+                    pr->visited++;
+                    size_t zn = probe_fill(j, same_rules, ag, lr, z);
+                    if (rule_step(p, pr, z, zn)) {
+                        pr->done = 1;
+                        write_stream(p, row, h, ag, lr);
+                    }
+                }
+                if (compare && !orc->done) {
+                    orc->visited++;
+                    size_t zn = probe_fill(j, 1, ag, lr, z);
+                    if (rule_step(p, orc, z, zn)) orc->done = 1;
                 }
             }
-            if (compare && !orc->done) {
-                orc->visited++;
-                size_t zn = probe_fill(j, 1, ag, lr, z);
-                if (rule_step(p, orc, z, zn)) orc->done = 1;
+        }
+    }
+    for (int32_t h = h0; h < h1; h++)
+        for (int32_t r = 0; r < nr; r++) {
+            const int32_t si = (h - h0) * nr + r;
+            rule_state *pr = &rule[2 * si], *orc = &rule[2 * si + 1];
+            if (!pr->done) {
+                for (int32_t g = 0; g < G; g++) ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
+                write_stream(p, r0 + r, h, ag, l + (size_t)si * (size_t)G);
+            }
+            const int32_t ov = same_rules ? pr->visited : compare ? orc->visited : 0;
+            st->n_streams++;
+            st->tiles_total += total[r];
+            st->tiles_visited += pr->visited;
+            st->streams_stopped += pr->visited < total[r];
+            if (p->compare) {
+                st->oracle_tiles += ov;
+                st->oracle_agree += ov == pr->visited;
             }
         }
-    }
-    for (int32_t r = 0; r < nr; r++) {
-        rule_state *pr = &rule[2 * r], *orc = &rule[2 * r + 1];
-        if (!pr->done) {
-            for (int32_t g = 0; g < G; g++) ag[g] = acc + (size_t)r * N + (size_t)g * (size_t)D;
-            write_stream(p, r0 + r, h, ag, l + (size_t)r * (size_t)G);
-        }
-        const int32_t ov = same_rules ? pr->visited : compare ? orc->visited : 0;
-        st->n_streams++;
-        st->tiles_total += total[r];
-        st->tiles_visited += pr->visited;
-        st->streams_stopped += pr->visited < total[r];
-        if (p->compare) {
-            st->oracle_tiles += ov;
-            st->oracle_agree += ov == pr->visited;
-        }
-    }
 }
 
 static void attend_task(void *arg, size_t b, size_t e) {
@@ -376,9 +442,14 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     j.kern = kvm_attend_kernels_get();
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
     const int32_t nt = tp ? kvm_threadpool_size(tp) : 1;
-    /* split rows too when there are fewer KV heads than threads */
+    /* each item takes a run of KV heads (read together, so the KV of one
+     * position streams from memory) and, when there are fewer KV heads than
+     * threads, a chunk of the rows */
+    j.n_head_chunks = KVM_MIN(p->n_kv_heads, nt);
+    j.heads_per_item = (p->n_kv_heads + j.n_head_chunks - 1) / j.n_head_chunks;
+    j.n_head_chunks = (p->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
     int32_t chunks = 1;
-    if (p->n_kv_heads < nt && p->n_rows > 1) chunks = KVM_MIN(p->n_rows, (nt + p->n_kv_heads - 1) / p->n_kv_heads);
+    if (j.n_head_chunks < nt && p->n_rows > 1) chunks = KVM_MIN(p->n_rows, (nt + j.n_head_chunks - 1) / j.n_head_chunks);
     j.rows_per_item = (p->n_rows + chunks - 1) / chunks;
     j.n_row_chunks = (p->n_rows + j.rows_per_item - 1) / j.rows_per_item;
     int64_t mt = 1;
@@ -386,7 +457,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     j.max_tile = (int32_t)mt;
     item_offsets o;
     const size_t per = item_layout(&j, &o);
-    size_t items = (size_t)p->n_kv_heads * (size_t)j.n_row_chunks;
+    size_t items = (size_t)j.n_head_chunks * (size_t)j.n_row_chunks;
     j.scratch_floats = per;
     j.scratch = kvm_aligned_alloc(items * per * sizeof(float));
     j.item_stats = calloc(items, sizeof *j.item_stats);

@@ -7,43 +7,60 @@
 
 static inline __mmask16 tail_mask(size_t n) { return (__mmask16)((1u << n) - 1u); }
 
-/* Four queries against two keys per step: eight independent FMA chains. */
+/* Lane sums of 16 vectors in one vector: lane i = sum of the lanes of v[i].
+ * Three halving steps (256-bit, 128-bit, then in-lane pairs) leave lane
+ * 4k + m holding v[4m + k]; one permute puts it in order. */
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 w[8], x[4];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 y0 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+    __m512 y1 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+    __m512d z0 = _mm512_castps_pd(y0), z1 = _mm512_castps_pd(y1);
+    /* move float pairs as 64-bit units, add them as floats */
+    __m512 z = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(z0, z1)), _mm512_castpd_ps(_mm512_unpackhi_pd(z0, z1)));
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(perm, z);
+}
+
+/* Four queries against four keys per step: sixteen independent FMA chains,
+ * reduced together by hsum16. */
 static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
                  float scale, float *s, size_t lds) {
     const size_t full = dim & ~(size_t)15;
     const __mmask16 tm = tail_mask(dim - full);
+    const __m512 vscale = _mm512_set1_ps(scale);
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
         const float *qq[4];
         for (size_t g = 0; g < 4; g++) qq[g] = q[g0 + (g < ng ? g : 0)];
         size_t i = 0;
-        for (; i + 2 <= nk; i += 2) {
-            const float *k0 = k[i], *k1 = k[i + 1];
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
-                   a30 = a00, a31 = a00;
+        for (; i + 4 <= nk; i += 4) {
+            const float *k0 = k[i], *k1 = k[i + 1], *k2 = k[i + 2], *k3 = k[i + 3];
+            __m512 a[16]; /* a[g * 4 + key] */
+            for (int t = 0; t < 16; t++) a[t] = _mm512_setzero_ps();
             for (size_t d = 0; d < dim; d += 16) {
-                __m512 x0, x1, y0, y1, y2, y3;
-                if (d < full) {
-                    x0 = _mm512_loadu_ps(k0 + d), x1 = _mm512_loadu_ps(k1 + d);
-                    y0 = _mm512_loadu_ps(qq[0] + d), y1 = _mm512_loadu_ps(qq[1] + d);
-                    y2 = _mm512_loadu_ps(qq[2] + d), y3 = _mm512_loadu_ps(qq[3] + d);
-                } else {
-                    x0 = _mm512_maskz_loadu_ps(tm, k0 + d), x1 = _mm512_maskz_loadu_ps(tm, k1 + d);
-                    y0 = _mm512_maskz_loadu_ps(tm, qq[0] + d), y1 = _mm512_maskz_loadu_ps(tm, qq[1] + d);
-                    y2 = _mm512_maskz_loadu_ps(tm, qq[2] + d), y3 = _mm512_maskz_loadu_ps(tm, qq[3] + d);
+                const __mmask16 m = d < full ? (__mmask16)0xffff : tm;
+                __m512 x0 = _mm512_maskz_loadu_ps(m, k0 + d), x1 = _mm512_maskz_loadu_ps(m, k1 + d);
+                __m512 x2 = _mm512_maskz_loadu_ps(m, k2 + d), x3 = _mm512_maskz_loadu_ps(m, k3 + d);
+                for (int g = 0; g < 4; g++) {
+                    __m512 y = _mm512_maskz_loadu_ps(m, qq[g] + d);
+                    a[g * 4 + 0] = _mm512_fmadd_ps(y, x0, a[g * 4 + 0]);
+                    a[g * 4 + 1] = _mm512_fmadd_ps(y, x1, a[g * 4 + 1]);
+                    a[g * 4 + 2] = _mm512_fmadd_ps(y, x2, a[g * 4 + 2]);
+                    a[g * 4 + 3] = _mm512_fmadd_ps(y, x3, a[g * 4 + 3]);
                 }
-                a00 = _mm512_fmadd_ps(y0, x0, a00), a01 = _mm512_fmadd_ps(y0, x1, a01);
-                a10 = _mm512_fmadd_ps(y1, x0, a10), a11 = _mm512_fmadd_ps(y1, x1, a11);
-                a20 = _mm512_fmadd_ps(y2, x0, a20), a21 = _mm512_fmadd_ps(y2, x1, a21);
-                a30 = _mm512_fmadd_ps(y3, x0, a30), a31 = _mm512_fmadd_ps(y3, x1, a31);
             }
-            float r[8] = {_mm512_reduce_add_ps(a00), _mm512_reduce_add_ps(a01), _mm512_reduce_add_ps(a10),
-                          _mm512_reduce_add_ps(a11), _mm512_reduce_add_ps(a20), _mm512_reduce_add_ps(a21),
-                          _mm512_reduce_add_ps(a30), _mm512_reduce_add_ps(a31)};
-            for (size_t g = 0; g < ng; g++) {
-                s[(g0 + g) * lds + i] = r[2 * g] * scale;
-                s[(g0 + g) * lds + i + 1] = r[2 * g + 1] * scale;
-            }
+            __m512 r = _mm512_mul_ps(hsum16(a), vscale);
+            /* 128-bit lane g holds query g's four scores */
+            _mm_storeu_ps(s + (g0 + 0) * lds + i, _mm512_extractf32x4_ps(r, 0));
+            if (ng > 1) _mm_storeu_ps(s + (g0 + 1) * lds + i, _mm512_extractf32x4_ps(r, 1));
+            if (ng > 2) _mm_storeu_ps(s + (g0 + 2) * lds + i, _mm512_extractf32x4_ps(r, 2));
+            if (ng > 3) _mm_storeu_ps(s + (g0 + 3) * lds + i, _mm512_extractf32x4_ps(r, 3));
         }
         for (; i < nk; i++) {
             const float *k0 = k[i];
@@ -95,39 +112,42 @@ static float x_exp_sum(float *s, size_t n, float m) {
     return _mm512_reduce_add_ps(sum);
 }
 
-/* Four queries by two 16-wide column chunks: eight accumulators in
- * registers while the keys stream past. */
+static inline __mmask16 chunk_mask(size_t dim, size_t d) {
+    return d >= dim ? 0 : dim - d >= 16 ? (__mmask16)0xffff : tail_mask(dim - d);
+}
+
+/* Four queries by four 16-wide column chunks: sixteen accumulators stay in
+ * registers while the keys stream past (4 value loads, 4 broadcasts and 16
+ * FMAs per key). */
 static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                  const float *const *v, size_t nk, size_t dim) {
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
-        for (size_t d = 0; d < dim; d += 32) {
-            const __mmask16 m0 = dim - d >= 16 ? (__mmask16)0xffff : tail_mask(dim - d);
-            const __mmask16 m1 = dim - d >= 32 ? (__mmask16)0xffff : dim - d > 16 ? tail_mask(dim - d - 16) : 0;
-            __m512 a[4][2];
+        const float *pp[4];
+        for (size_t g = 0; g < 4; g++) pp[g] = p + (g0 + (g < ng ? g : 0)) * ldp;
+        for (size_t d = 0; d < dim; d += 64) {
+            const __mmask16 m[4] = {chunk_mask(dim, d), chunk_mask(dim, d + 16), chunk_mask(dim, d + 32),
+                                    chunk_mask(dim, d + 48)};
+            __m512 a[4][4];
             for (size_t g = 0; g < 4; g++) {
-                size_t gg = g < ng ? g0 + g : g0;
-                __m512 cg = _mm512_set1_ps(c[gg]);
-                a[g][0] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, acc[gg] + d), cg);
-                a[g][1] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, acc[gg] + d + 16), cg);
+                const size_t gg = g0 + (g < ng ? g : 0);
+                const __m512 cg = _mm512_set1_ps(c[gg]);
+                for (int u = 0; u < 4; u++) a[g][u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], acc[gg] + d + 16 * u), cg);
             }
-            const float *p0 = p + g0 * ldp;
-            const float *p1 = p + (g0 + (ng > 1 ? 1 : 0)) * ldp;
-            const float *p2 = p + (g0 + (ng > 2 ? 2 : 0)) * ldp;
-            const float *p3 = p + (g0 + (ng > 3 ? 3 : 0)) * ldp;
             for (size_t i = 0; i < nk; i++) {
-                __m512 v0 = _mm512_maskz_loadu_ps(m0, v[i] + d), v1 = _mm512_maskz_loadu_ps(m1, v[i] + d + 16);
-                __m512 w0 = _mm512_set1_ps(p0[i]), w1 = _mm512_set1_ps(p1[i]);
-                __m512 w2 = _mm512_set1_ps(p2[i]), w3 = _mm512_set1_ps(p3[i]);
-                a[0][0] = _mm512_fmadd_ps(w0, v0, a[0][0]), a[0][1] = _mm512_fmadd_ps(w0, v1, a[0][1]);
-                a[1][0] = _mm512_fmadd_ps(w1, v0, a[1][0]), a[1][1] = _mm512_fmadd_ps(w1, v1, a[1][1]);
-                a[2][0] = _mm512_fmadd_ps(w2, v0, a[2][0]), a[2][1] = _mm512_fmadd_ps(w2, v1, a[2][1]);
-                a[3][0] = _mm512_fmadd_ps(w3, v0, a[3][0]), a[3][1] = _mm512_fmadd_ps(w3, v1, a[3][1]);
+                const float *vi = v[i] + d;
+                const __m512 v0 = _mm512_maskz_loadu_ps(m[0], vi), v1 = _mm512_maskz_loadu_ps(m[1], vi + 16);
+                const __m512 v2 = _mm512_maskz_loadu_ps(m[2], vi + 32), v3 = _mm512_maskz_loadu_ps(m[3], vi + 48);
+                for (int g = 0; g < 4; g++) {
+                    const __m512 w = _mm512_set1_ps(pp[g][i]);
+                    a[g][0] = _mm512_fmadd_ps(w, v0, a[g][0]);
+                    a[g][1] = _mm512_fmadd_ps(w, v1, a[g][1]);
+                    a[g][2] = _mm512_fmadd_ps(w, v2, a[g][2]);
+                    a[g][3] = _mm512_fmadd_ps(w, v3, a[g][3]);
+                }
             }
-            for (size_t g = 0; g < ng; g++) {
-                _mm512_mask_storeu_ps(acc[g0 + g] + d, m0, a[g][0]);
-                _mm512_mask_storeu_ps(acc[g0 + g] + d + 16, m1, a[g][1]);
-            }
+            for (size_t g = 0; g < ng; g++)
+                for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(acc[g0 + g] + d + 16 * u, m[u], a[g][u]);
         }
     }
 }

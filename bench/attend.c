@@ -1,0 +1,319 @@
+/* Suite "attend": ART attention (kvmem_attend) for decode with Llama-8B-like
+ * head geometry (32 query heads, 8 KV heads, head_dim 128, f16 KV).
+ *
+ * kind "plain":    kv_gbps of the kernel with the stop rule off, next to
+ *                  read_bw_gbps (one thread's streaming read, measured here).
+ * kind "detector": detector_overhead, the rule running on every tile but
+ *                  never firing (patience larger than the tile count) vs plain.
+ * kind "sweep":    one line per (tau_s, tau_d, patience) on synthetic KV:
+ *                  tiles_visited_frac, speedup (plain time / ART time),
+ *                  rel_err = |o - o_full| / |o_full|, probe_oracle_agreement
+ *                  (streams where the 32-element probe stops at the same tile
+ *                  as the whole-vector oracle).
+ * kind "defaults": the same metrics for kvmem_attend_default_params().
+ *
+ * Synthetic KV: per KV head a direction u; keys are N(0,1) noise plus u times
+ * a boost that decays with the token's age (attention mass concentrated on
+ * recent tokens, as in decode), four strong sink tokens, and a few older
+ * "recall" tokens with moderate boosts that violate the decay. Values N(0,1).
+ * Queries are u plus noise. Real-model KV comes with the tiny-engine issue. */
+#include "bench.h"
+#include "kvmem.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HQ 32
+#define HKV 8
+#define HD 128
+
+typedef struct attend_case {
+    kvmem_context *ctx;
+    int64_t T;
+    uint16_t *k, *v; /* f16 [T][HKV][HD] */
+    float *q;        /* [n_q][HQ][HD] */
+    int n_q;
+    kvmem_tensor tk, tv, tq, to;
+    float *out;
+    kvmem_attend_source src;
+    kvmem_attend_params params;
+    int qi;
+} attend_case;
+
+static uint64_t rng_next(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_normal(uint64_t *s) {
+    float u1 = ((float)(rng_next(s) >> 40) + 1.0f) / 16777217.0f, u2 = (float)(rng_next(s) >> 40) / 16777216.0f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+/* IEEE half from float, round to nearest even (values here are small). */
+static uint16_t to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t m = x & 0x7fffffu;
+    if (e <= 0) return (uint16_t)sign; /* flush tiny values: fine for this data */
+    if (e >= 31) return (uint16_t)(sign | 0x7bffu);
+    uint32_t h = sign | ((uint32_t)e << 10) | (m >> 13), rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)h;
+}
+
+static int case_init(attend_case *c, kvmem_context *ctx, int64_t T, int n_q, uint64_t seed) {
+    memset(c, 0, sizeof *c);
+    c->ctx = ctx;
+    c->T = T;
+    c->n_q = n_q;
+    size_t n = (size_t)T * HKV * HD;
+    c->k = malloc(n * 2);
+    c->v = malloc(n * 2);
+    c->q = malloc(sizeof(float) * (size_t)n_q * HQ * HD);
+    c->out = malloc(sizeof(float) * HQ * HD);
+    if (!c->k || !c->v || !c->q || !c->out) return -1;
+    uint64_t rng = seed;
+    float u[HKV][HD];
+    for (int h = 0; h < HKV; h++) {
+        double nn = 0;
+        for (int d = 0; d < HD; d++) u[h][d] = rng_normal(&rng), nn += (double)u[h][d] * u[h][d];
+        for (int d = 0; d < HD; d++) u[h][d] /= (float)sqrt(nn);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        double age = (double)(T - 1 - t);
+        for (int h = 0; h < HKV; h++) {
+            /* the logit of a token is about its boost (|q| = 12, 12 * 0.94 / sqrt(128) = 1)
+             * plus N(0, 0.53^2) from the key noise */
+            float boost = (float)(8.0 * exp(-age / (64.0 + 32.0 * h)));
+            if (t < 4) boost = 10.0f;
+            if (rng_next(&rng) % 1024 == 0) boost = 6.0f + (float)(rng_next(&rng) % 3); /* recall tokens */
+            uint16_t *kr = c->k + ((size_t)t * HKV + (size_t)h) * HD, *vr = c->v + ((size_t)t * HKV + (size_t)h) * HD;
+            for (int d = 0; d < HD; d++) {
+                kr[d] = to_f16(0.5f * rng_normal(&rng) + boost * u[h][d] * 0.94f);
+                vr[d] = to_f16(rng_normal(&rng));
+            }
+        }
+    }
+    for (int i = 0; i < n_q; i++)
+        for (int hq = 0; hq < HQ; hq++)
+            for (int d = 0; d < HD; d++)
+                c->q[((size_t)i * HQ + (size_t)hq) * HD + (size_t)d] = 12.0f * u[hq / (HQ / HKV)][d] + 0.1f * rng_normal(&rng);
+    int64_t ks[3] = {T, HKV, HD}, qs[3] = {1, HQ, HD};
+    kvmem_tensor_init(&c->tk, c->k, KVMEM_F16, 3, ks);
+    kvmem_tensor_init(&c->tv, c->v, KVMEM_F16, 3, ks);
+    kvmem_tensor_init(&c->tq, c->q, KVMEM_F32, 3, qs);
+    kvmem_tensor_init(&c->to, c->out, KVMEM_F32, 3, qs);
+    c->src.kind = KVMEM_ATTEND_SRC_TENSORS;
+    c->src.k = &c->tk;
+    c->src.v = &c->tv;
+    return 0;
+}
+
+static void case_free(attend_case *c) {
+    free(c->k), free(c->v), free(c->q), free(c->out);
+}
+
+static kvmem_status run_q(attend_case *c, int qi, const kvmem_attend_params *p, float *out, kvmem_attend_stats *st) {
+    kvmem_tensor q = c->tq, o = c->to;
+    q.data = c->q + (size_t)qi * HQ * HD;
+    o.data = out;
+    return kvmem_attend(c->ctx, &q, &c->src, p, &o, st);
+}
+
+static void timed(void *arg) {
+    attend_case *c = arg;
+    kvmem_attend_stats st;
+    run_q(c, c->qi, &c->params, c->out, &st);
+}
+
+static double time_params(attend_case *c, const kvmem_attend_params *p, int qi, int reps) {
+    c->params = *p;
+    c->qi = qi;
+    return kvm_time_median(timed, c, 1, reps);
+}
+
+typedef struct sweep_row {
+    double visited_frac, speedup, rel_err, agreement, oracle_frac;
+} sweep_row;
+
+/* Metrics of params p averaged over the case's queries. */
+static int measure(attend_case *c, const kvmem_attend_params *p, float *const *full, const double *t_full, int reps,
+                   sweep_row *r) {
+    memset(r, 0, sizeof *r);
+    float tmp[HQ * HD];
+    for (int qi = 0; qi < c->n_q; qi++) {
+        kvmem_attend_params pc = *p;
+        pc.compare = 1;
+        kvmem_attend_stats st;
+        if (run_q(c, qi, &pc, tmp, &st) != KVMEM_OK) return -1;
+        double num = 0, den = 0;
+        for (int i = 0; i < HQ * HD; i++) {
+            double d = (double)tmp[i] - full[qi][i];
+            num += d * d;
+            den += (double)full[qi][i] * full[qi][i];
+        }
+        r->rel_err += sqrt(num / den);
+        r->visited_frac += (double)st.tiles_visited / (double)st.tiles_total;
+        r->oracle_frac += (double)st.oracle_tiles / (double)st.tiles_total;
+        r->agreement += (double)st.oracle_agree / (double)st.n_streams;
+        r->speedup += t_full[qi] / time_params(c, p, qi, reps);
+    }
+    r->visited_frac /= c->n_q, r->rel_err /= c->n_q, r->agreement /= c->n_q, r->oracle_frac /= c->n_q;
+    r->speedup /= c->n_q;
+    return 0;
+}
+
+static void print_row(const kvm_bench_opts *o, const char *kind, int64_t T, const kvmem_attend_params *p,
+                      const sweep_row *r) {
+    if (o->json) {
+        kvm_json_begin(o->out, "attend");
+        kvm_json_str(o->out, "kind", kind);
+        kvm_json_int(o->out, "tokens", (long long)T);
+        kvm_json_num(o->out, "tau_s", p->tau_s);
+        kvm_json_num(o->out, "tau_d", p->tau_d);
+        kvm_json_int(o->out, "patience", p->patience);
+        kvm_json_int(o->out, "tile_size", p->tile_size ? p->tile_size : 64);
+        kvm_json_num(o->out, "tiles_visited_frac", r->visited_frac);
+        kvm_json_num(o->out, "speedup", r->speedup);
+        kvm_json_num(o->out, "rel_err", r->rel_err);
+        kvm_json_num(o->out, "probe_oracle_agreement", r->agreement);
+        kvm_json_num(o->out, "oracle_tiles_frac", r->oracle_frac);
+        kvm_json_end(o->out);
+    } else {
+        fprintf(o->out, "attend %-8s T=%lld tau_s=%-6g tau_d=%-6g p=%d: visited %.3f  speedup %.2fx  rel_err %.2e  agree %.2f\n",
+                kind, (long long)T, (double)p->tau_s, (double)p->tau_d, p->patience, r->visited_frac, r->speedup,
+                r->rel_err, r->agreement);
+    }
+}
+
+static kvmem_attend_params plain_params(void) {
+    kvmem_attend_params p = kvmem_attend_default_params();
+    p.tau_s = p.tau_d = 0; /* the rule off: full attention */
+    return p;
+}
+
+static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_context *ctx1, int64_t T, double rd) {
+    attend_case c;
+    if (case_init(&c, ctx, T, 1, 7) != 0) {
+        case_free(&c);
+        return -1;
+    }
+    const int reps = o->quick ? 5 : 21;
+    kvmem_attend_params plain = plain_params(), det = kvmem_attend_default_params();
+    det.tau_s = 1e-30f; /* runs the rule on every tile ... */
+    det.tau_d = 1e-30f;
+    det.patience = INT32_MAX; /* ... that can never fire */
+    double bytes = (double)T * HKV * HD * 2 * 2;
+    /* interleave plain and detector runs so drift hits both alike */
+    double tp[9], td[9];
+    for (int i = 0; i < 9; i++) {
+        tp[i] = time_params(&c, &plain, 0, reps);
+        td[i] = time_params(&c, &det, 0, reps);
+    }
+    double t_plain = kvm_median(tp, 9), t_det = kvm_median(td, 9);
+    c.ctx = ctx1;
+    double t1 = time_params(&c, &plain, 0, reps);
+    int nt = kvmem_context_n_threads(ctx);
+    if (o->json) {
+        kvm_json_begin(o->out, "attend");
+        kvm_json_str(o->out, "kind", "plain");
+        kvm_json_int(o->out, "tokens", (long long)T);
+        kvm_json_int(o->out, "n_q_heads", HQ);
+        kvm_json_int(o->out, "n_kv_heads", HKV);
+        kvm_json_int(o->out, "head_dim", HD);
+        kvm_json_str(o->out, "kv_dtype", "f16");
+        kvm_json_int(o->out, "threads", nt);
+        kvm_json_num(o->out, "read_bw_gbps", rd);
+        kvm_json_num(o->out, "kv_gbps", bytes / t_plain / 1e9);
+        kvm_json_num(o->out, "kv_to_read_bw", bytes / t_plain / 1e9 / rd);
+        kvm_json_num(o->out, "kv_gbps_1thread", bytes / t1 / 1e9);
+        kvm_json_num(o->out, "kv_to_read_bw_1thread", bytes / t1 / 1e9 / rd);
+        kvm_json_num(o->out, "ms", t_plain * 1e3);
+        kvm_json_end(o->out);
+        kvm_json_begin(o->out, "attend");
+        kvm_json_str(o->out, "kind", "detector");
+        kvm_json_int(o->out, "tokens", (long long)T);
+        kvm_json_num(o->out, "ms_plain", t_plain * 1e3);
+        kvm_json_num(o->out, "ms_detector", t_det * 1e3);
+        kvm_json_num(o->out, "detector_overhead", t_det / t_plain - 1.0);
+        kvm_json_end(o->out);
+    } else {
+        fprintf(o->out, "attend plain T=%lld: %.2f ms, %.1f GB/s of KV (%d threads; %.2f x one thread's read %.1f GB/s; one thread %.1f GB/s)\n",
+                (long long)T, t_plain * 1e3, bytes / t_plain / 1e9, nt, bytes / t_plain / 1e9 / rd, rd, bytes / t1 / 1e9);
+        fprintf(o->out, "attend detector T=%lld: overhead %.4f (%.3f vs %.3f ms)\n", (long long)T, t_det / t_plain - 1.0,
+                t_det * 1e3, t_plain * 1e3);
+    }
+    case_free(&c);
+    return 0;
+}
+
+static int bench_sweep(const kvm_bench_opts *o, kvmem_context *ctx, int64_t T) {
+    attend_case c;
+    const int n_q = o->quick ? 1 : 4, reps = o->quick ? 3 : 9;
+    if (case_init(&c, ctx, T, n_q, 11) != 0) {
+        case_free(&c);
+        return -1;
+    }
+    float *full[8];
+    double t_full[8];
+    kvmem_attend_params plain = plain_params();
+    for (int qi = 0; qi < n_q; qi++) {
+        full[qi] = malloc(sizeof(float) * HQ * HD);
+        if (!full[qi] || run_q(&c, qi, &plain, full[qi], NULL) != KVMEM_OK) return -1;
+        t_full[qi] = time_params(&c, &plain, qi, reps);
+    }
+    static const float ts_q[] = {0.01f, 0.05f}, td_q[] = {0.001f, 0.01f};
+    static const int p_q[] = {1, 2};
+    static const float ts_f[] = {0.002f, 0.005f, 0.01f, 0.02f, 0.05f}, td_f[] = {0.0001f, 0.001f, 0.01f};
+    static const int p_f[] = {1, 2, 4};
+    const float *ts = o->quick ? ts_q : ts_f, *td = o->quick ? td_q : td_f;
+    const int *pp = o->quick ? p_q : p_f;
+    const int nts = o->quick ? 2 : 5, ntd = o->quick ? 2 : 3, np = o->quick ? 2 : 3;
+    int rc = 0;
+    for (int a = 0; a < nts && !rc; a++)
+        for (int b = 0; b < ntd && !rc; b++)
+            for (int e = 0; e < np && !rc; e++) {
+                kvmem_attend_params p = kvmem_attend_default_params();
+                p.tau_s = ts[a], p.tau_d = td[b], p.patience = pp[e];
+                sweep_row r;
+                if ((rc = measure(&c, &p, full, t_full, reps, &r)) == 0) print_row(o, "sweep", T, &p, &r);
+            }
+    if (!rc) {
+        kvmem_attend_params p = kvmem_attend_default_params();
+        sweep_row r;
+        if ((rc = measure(&c, &p, full, t_full, reps, &r)) == 0) print_row(o, "defaults", T, &p, &r);
+    }
+    for (int qi = 0; qi < n_q; qi++) free(full[qi]);
+    case_free(&c);
+    return rc;
+}
+
+static int run_attend(const kvm_bench_opts *o) {
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = o->backend;
+    cp.n_threads = o->n_threads;
+    kvmem_context *ctx = NULL, *ctx1 = NULL;
+    if (kvmem_context_create(&cp, &ctx) != KVMEM_OK) return 1;
+    cp.n_threads = 1;
+    if (kvmem_context_create(&cp, &ctx1) != KVMEM_OK) {
+        kvmem_context_free(ctx);
+        return 1;
+    }
+    double rd = kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20));
+    int rc = 0;
+    static const int64_t sizes_full[] = {16384, 65536}, sizes_quick[] = {2048};
+    const int64_t *sizes = o->quick ? sizes_quick : sizes_full;
+    const int n_sizes = o->quick ? 1 : 2;
+    for (int i = 0; i < n_sizes && !rc; i++) rc = bench_plain(o, ctx, ctx1, sizes[i], rd);
+    if (!rc) rc = bench_sweep(o, ctx, o->quick ? 2048 : 16384);
+    kvmem_context_free(ctx1);
+    kvmem_context_free(ctx);
+    return rc ? 1 : 0;
+}
+
+const kvm_bench_suite kvm_bench_attend = {"attend", "ART attention: kv_gbps, detector overhead, tau sweep", run_attend};
