@@ -11,13 +11,19 @@
  *                  (streams where the 32-element probe stops at the same tile
  *                  as the whole-vector oracle).
  * kind "defaults": the same metrics for kvmem_attend_default_params().
+ * Sweep and defaults lines run in two orders ("order"): "importance", tiles
+ * by their exact largest logit (what retrieval hands ART: the regime the
+ * rule is meant for, mass decaying along the traversal), and "recent".
  *
  * Synthetic KV: per KV head a direction u; keys are Gaussian noise (sd 0.5) plus u
  * times a boost, so a token's logit is about its boost: 10 exp(-age / lambda)
  * for recent tokens (lambda 64..288 by head: attention concentrated on the
- * recent past, as in decode), 14 for four sink tokens, 9..11 for one token in
- * 1024 at random ("recall" tokens that violate the decay), ~0 for the rest.
- * Values N(0,1).
+ * recent past, as in decode), 8 for four sink tokens, 9..11 in every head for one
+ * token in 1024 at random ("recall" tokens that violate the decay), ~0 for
+ * the rest.
+ * Values: a per-head mean plus N(0,1) per token (values of real heads share a
+ * common component; without it every truncation looks large relative to a
+ * small |o|).
  * Queries are u plus noise. Real-model KV comes with the tiny-engine issue. */
 #include "bench.h"
 #include "kvmem.h"
@@ -30,6 +36,7 @@
 #define HQ 32
 #define HKV 8
 #define HD 128
+#define KVM_BENCH_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 typedef struct attend_case {
     kvmem_context *ctx;
@@ -69,6 +76,18 @@ static uint16_t to_f16(float f) {
     return (uint16_t)h;
 }
 
+static float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u, x;
+    if (e == 0) { /* zero or subnormal: value m * 2^-24 */
+        float f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    x = sign | ((e + 112u) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
 static int case_init(attend_case *c, kvmem_context *ctx, int64_t T, int n_q, uint64_t seed) {
     memset(c, 0, sizeof *c);
     c->ctx = ctx;
@@ -81,24 +100,27 @@ static int case_init(attend_case *c, kvmem_context *ctx, int64_t T, int n_q, uin
     c->out = malloc(sizeof(float) * HQ * HD);
     if (!c->k || !c->v || !c->q || !c->out) return -1;
     uint64_t rng = seed;
-    float u[HKV][HD];
+    float u[HKV][HD], mu[HKV][HD];
     for (int h = 0; h < HKV; h++) {
         double nn = 0;
         for (int d = 0; d < HD; d++) u[h][d] = rng_normal(&rng), nn += (double)u[h][d] * u[h][d];
         for (int d = 0; d < HD; d++) u[h][d] /= (float)sqrt(nn);
+        for (int d = 0; d < HD; d++) mu[h][d] = rng_normal(&rng);
     }
     for (int64_t t = 0; t < T; t++) {
         double age = (double)(T - 1 - t);
+        /* recall tokens: relevant to the query in every head */
+        const float recall = rng_next(&rng) % 1024 == 0 ? 9.0f + (float)(rng_next(&rng) % 3) : 0.0f;
         for (int h = 0; h < HKV; h++) {
             /* the logit of a token is about its boost (|q| = 12, 12 * 0.94 / sqrt(128) = 1)
              * plus N(0, 0.53^2) from the key noise */
             float boost = (float)(10.0 * exp(-age / (64.0 + 32.0 * h)));
-            if (t < 4) boost = 14.0f;
-            if (rng_next(&rng) % 1024 == 0) boost = 9.0f + (float)(rng_next(&rng) % 3); /* recall tokens */
+            if (t < 4) boost = 8.0f;
+            if (recall > boost) boost = recall;
             uint16_t *kr = c->k + ((size_t)t * HKV + (size_t)h) * HD, *vr = c->v + ((size_t)t * HKV + (size_t)h) * HD;
             for (int d = 0; d < HD; d++) {
                 kr[d] = to_f16(0.5f * rng_normal(&rng) + boost * u[h][d] * 0.94f);
-                vr[d] = to_f16(rng_normal(&rng));
+                vr[d] = to_f16(mu[h][d] + rng_normal(&rng));
             }
         }
     }
@@ -166,16 +188,65 @@ static double cpu_time_params(attend_case *c, kvmem_context *ctx1, const kvmem_a
     return kvm_median(t, reps);
 }
 
+typedef struct scored_tile {
+    double score;
+    int32_t tile;
+} scored_tile;
+
+static int by_score_desc(const void *a, const void *b) {
+    const scored_tile *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    return (x->tile > y->tile) - (x->tile < y->tile);
+}
+
+/* What retrieval would hand ART: tiles by exact importance, the sum over KV
+ * heads of the tile's largest logit (first query head of each group). */
+static int32_t *importance_order(const attend_case *c, int qi, int32_t tile) {
+    const int32_t n_tiles = (int32_t)((c->T + tile - 1) / tile);
+    scored_tile *st = malloc(sizeof *st * (size_t)n_tiles);
+    int32_t *order = malloc(sizeof *order * (size_t)n_tiles);
+    if (!st || !order) {
+        free(st), free(order);
+        return NULL;
+    }
+    for (int32_t t = 0; t < n_tiles; t++) {
+        st[t].tile = t;
+        st[t].score = 0;
+        for (int h = 0; h < HKV; h++) {
+            const float *q = c->q + ((size_t)qi * HQ + (size_t)h * (HQ / HKV)) * HD;
+            double best = -1e300;
+            for (int64_t j = (int64_t)t * tile; j < KVM_BENCH_MIN((int64_t)(t + 1) * tile, c->T); j++) {
+                const uint16_t *k = c->k + ((size_t)j * HKV + (size_t)h) * HD;
+                double dot = 0;
+                for (int d = 0; d < HD; d++) dot += (double)q[d] * from_f16(k[d]);
+                best = dot > best ? dot : best;
+            }
+            st[t].score += best;
+        }
+    }
+    qsort(st, (size_t)n_tiles, sizeof *st, by_score_desc);
+    for (int32_t t = 0; t < n_tiles; t++) order[t] = st[t].tile;
+    free(st);
+    return order;
+}
+
 typedef struct sweep_row {
     double visited_frac, speedup, rel_err, agreement, oracle_frac;
 } sweep_row;
 
 /* Metrics of params p averaged over the case's queries. */
-static int measure(attend_case *c, kvmem_context *ctx1, const kvmem_attend_params *p, float *const *full,
-                   const double *t_full, int reps, sweep_row *r) {
+static int measure(attend_case *c, kvmem_context *ctx1, const kvmem_attend_params *p0, int32_t *const *orders,
+                   float *const *full, const double *t_full, int reps, sweep_row *r) {
     memset(r, 0, sizeof *r);
     float tmp[HQ * HD];
     for (int qi = 0; qi < c->n_q; qi++) {
+        kvmem_attend_params pq = *p0;
+        if (orders) {
+            pq.order = KVMEM_ATTEND_IMPORTANCE;
+            pq.tile_order = orders[qi];
+            pq.n_tile_order = (int32_t)((c->T + 63) / 64);
+        }
+        const kvmem_attend_params *p = &pq;
         kvmem_attend_params pc = *p;
         pc.compare = 1;
         kvmem_attend_stats st;
@@ -197,11 +268,12 @@ static int measure(attend_case *c, kvmem_context *ctx1, const kvmem_attend_param
     return 0;
 }
 
-static void print_row(const kvm_bench_opts *o, const char *kind, int64_t T, const kvmem_attend_params *p,
-                      const sweep_row *r) {
+static void print_row(const kvm_bench_opts *o, const char *kind, const char *order, int64_t T,
+                      const kvmem_attend_params *p, const sweep_row *r) {
     if (o->json) {
         kvm_json_begin(o->out, "attend");
         kvm_json_str(o->out, "kind", kind);
+        kvm_json_str(o->out, "order", order);
         kvm_json_int(o->out, "tokens", (long long)T);
         kvm_json_num(o->out, "tau_s", p->tau_s);
         kvm_json_num(o->out, "tau_d", p->tau_d);
@@ -214,8 +286,8 @@ static void print_row(const kvm_bench_opts *o, const char *kind, int64_t T, cons
         kvm_json_num(o->out, "oracle_tiles_frac", r->oracle_frac);
         kvm_json_end(o->out);
     } else {
-        fprintf(o->out, "attend %-8s T=%lld tau_s=%-6g tau_d=%-6g p=%d: visited %.3f  speedup %.2fx  rel_err %.2e  agree %.2f\n",
-                kind, (long long)T, (double)p->tau_s, (double)p->tau_d, p->patience, r->visited_frac, r->speedup,
+        fprintf(o->out, "attend %-8s %-10s T=%lld tau_s=%-6g tau_d=%-6g p=%d: visited %.3f  speedup %.2fx  rel_err %.2e  agree %.2f\n",
+                kind, order, (long long)T, (double)p->tau_s, (double)p->tau_d, p->patience, r->visited_frac, r->speedup,
                 r->rel_err, r->agreement);
     }
 }
@@ -310,27 +382,36 @@ static int bench_sweep(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
         if (!full[qi] || run_q(&c, qi, &plain, full[qi], NULL) != KVMEM_OK) return -1;
         t_full[qi] = cpu_time_params(&c, ctx1, &plain, qi, reps);
     }
+    int32_t *orders[8];
+    for (int qi = 0; qi < n_q; qi++)
+        if (!(orders[qi] = importance_order(&c, qi, 64))) return -1;
     static const float ts_q[] = {0.01f, 0.05f}, td_q[] = {0.001f, 0.01f};
     static const int p_q[] = {1, 2};
-    static const float ts_f[] = {0.002f, 0.005f, 0.01f, 0.02f, 0.05f}, td_f[] = {0.0001f, 0.001f, 0.01f};
+    static const float ts_f[] = {0.001f, 0.002f, 0.005f, 0.01f, 0.02f, 0.05f}, td_f[] = {0.0001f, 0.001f, 0.01f};
     static const int p_f[] = {1, 2, 4};
     const float *ts = o->quick ? ts_q : ts_f, *td = o->quick ? td_q : td_f;
     const int *pp = o->quick ? p_q : p_f;
-    const int nts = o->quick ? 2 : 5, ntd = o->quick ? 2 : 3, np = o->quick ? 2 : 3;
+    const int nts = o->quick ? 2 : 6, ntd = o->quick ? 2 : 3, np = o->quick ? 2 : 3;
     int rc = 0;
-    for (int a = 0; a < nts && !rc; a++)
-        for (int b = 0; b < ntd && !rc; b++)
-            for (int e = 0; e < np && !rc; e++) {
-                kvmem_attend_params p = kvmem_attend_default_params();
-                p.tau_s = ts[a], p.tau_d = td[b], p.patience = pp[e];
-                sweep_row r;
-                if ((rc = measure(&c, ctx1, &p, full, t_full, reps, &r)) == 0) print_row(o, "sweep", T, &p, &r);
-            }
-    if (!rc) {
-        kvmem_attend_params p = kvmem_attend_default_params();
-        sweep_row r;
-        if ((rc = measure(&c, ctx1, &p, full, t_full, reps, &r)) == 0) print_row(o, "defaults", T, &p, &r);
+    for (int imp = 1; imp >= 0 && !rc; imp--) {
+        const char *oname = imp ? "importance" : "recent";
+        for (int a = 0; a < nts && !rc; a++)
+            for (int b = 0; b < ntd && !rc; b++)
+                for (int e = 0; e < np && !rc; e++) {
+                    kvmem_attend_params p = kvmem_attend_default_params();
+                    p.tau_s = ts[a], p.tau_d = td[b], p.patience = pp[e];
+                    sweep_row r;
+                    if ((rc = measure(&c, ctx1, &p, imp ? orders : NULL, full, t_full, reps, &r)) == 0)
+                        print_row(o, "sweep", oname, T, &p, &r);
+                }
+        if (!rc) {
+            kvmem_attend_params p = kvmem_attend_default_params();
+            sweep_row r;
+            if ((rc = measure(&c, ctx1, &p, imp ? orders : NULL, full, t_full, reps, &r)) == 0)
+                print_row(o, "defaults", oname, T, &p, &r);
+        }
     }
+    for (int qi = 0; qi < n_q; qi++) free(orders[qi]);
     for (int qi = 0; qi < n_q; qi++) free(full[qi]);
     case_free(&c);
     return rc;
