@@ -58,6 +58,12 @@ typedef struct kvm_attend_kernels {
     /* acc[g][:] = c[g] * acc[g][:] + sum_i p[g * ldp + i] * v[i][:], g < nq */
     void (*pv)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                const float *const *v, size_t nk, size_t dim);
+    /* qk and pv over f16 rows, converted in registers: caller f16 caches are
+     * read once, with no f32 copy */
+    void (*qk_f16)(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
+                   float scale, float *s, size_t lds);
+    void (*pv_f16)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                   const uint16_t *const *v, size_t nk, size_t dim);
 } kvm_attend_kernels;
 
 const kvm_attend_kernels *kvm_attend_kernels_scalar(void);

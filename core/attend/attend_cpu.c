@@ -136,14 +136,17 @@ static void write_stream(const kvm_attend_plan *p, int32_t r, int32_t h, float *
  * for the KV heads [ha, hb) of an item whose first head is h0. Row i of head
  * h lands at krow[(h - h0) * mt + i]. Only these positions are read, all
  * heads of one position at once, so the reads stream through memory. */
+/* f32 rows, or f16 rows the kernels convert in registers, read in place. */
+static int direct_f32(const kvmem_tensor *t) { return t->dtype == KVMEM_F32 && t->strides[2] == 1; }
+static int direct_f16(const kvmem_tensor *t) { return t->dtype == KVMEM_F16 && t->strides[2] == 1; }
+
 static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t hb, int32_t tile, const int64_t *pos,
-                       int32_t n, int32_t mt, float *kbuf, float *vbuf, const float **krow, const float **vrow,
+                       int32_t n, int32_t mt, float *kbuf, float *vbuf, const void **krow, const void **vrow,
                        rope_cursor *rc) {
     const size_t D = (size_t)p->head_dim, nh = (size_t)(hb - ha);
     if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
         const kvmem_tensor *k = p->k, *v = p->v;
-        const int kdirect = k->dtype == KVMEM_F32 && k->strides[2] == 1;
-        const int vdirect = v->dtype == KVMEM_F32 && v->strides[2] == 1;
+        const int kdirect = direct_f32(k) || direct_f16(k), vdirect = direct_f32(v) || direct_f16(v);
         const int kspan = k->strides[2] == 1 && k->strides[1] == (int64_t)D;
         const int vspan = v->strides[2] == 1 && v->strides[1] == (int64_t)D;
         const size_t kes = kvm_dtype_size(k->dtype), ves = kvm_dtype_size(v->dtype);
@@ -160,13 +163,13 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
                 const size_t at = (size_t)(h - h0) * (size_t)mt + (size_t)i, hh = (size_t)(h - ha);
                 const int64_t kho = ko + (h - ha) * k->strides[1], vho = vo + (h - ha) * v->strides[1];
                 if (kdirect) {
-                    krow[at] = (const float *)k->data + kho;
+                    krow[at] = (const unsigned char *)k->data + (size_t)kho * kes;
                 } else {
                     if (!kspan) kvm_tensor_read_f32(k, kho, kb + hh * D, D);
                     krow[at] = kb + hh * D;
                 }
                 if (vdirect) {
-                    vrow[at] = (const float *)v->data + vho;
+                    vrow[at] = (const unsigned char *)v->data + (size_t)vho * ves;
                 } else {
                     if (!vspan) kvm_tensor_read_f32(v, vho, vb + hh * D, D);
                     vrow[at] = vb + hh * D;
@@ -296,8 +299,8 @@ static void attend_item(attend_job *j, size_t item) {
     float *l = w + o.l, *c = w + o.c, *z = w + o.z, *prev = w + o.prev, *rf = w + o.rf;
     double *rd = (double *)(void *)(w + o.rd);
     int64_t *pos = (int64_t *)(void *)(w + o.pos);
-    const float **krow = (const float **)(void *)(w + o.krow);
-    const float **vrow = (const float **)(void *)(w + o.vrow);
+    const void **krow = (const void **)(void *)(w + o.krow);
+    const void **vrow = (const void **)(void *)(w + o.vrow);
     const float **qg = (const float **)(void *)(w + o.qg);
     float **ag = (float **)(void *)(w + o.ag);
     rule_state *rule = (rule_state *)(void *)(w + o.rule); /* [ns][2]: primary, oracle */
@@ -317,6 +320,8 @@ static void attend_item(attend_job *j, size_t item) {
     for (int32_t r = 0; r < nr; r++) total[r] = 0;
     const int same_rules = p->probe == KVMEM_ATTEND_PROBE_ORACLE;
     const int compare = p->compare && !same_rules;
+    const int agent = p->kind == KVMEM_ATTEND_SRC_AGENT;
+    const int kh16 = !agent && direct_f16(p->k), vh16 = !agent && direct_f16(p->v);
     rope_cursor rc;
     memset(&rc, 0, sizeof rc);
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) {
@@ -367,8 +372,8 @@ static void attend_item(attend_job *j, size_t item) {
         fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
-            const float *const *kr = krow + (size_t)(h - h0) * (size_t)MT;
-            const float *const *vr = vrow + (size_t)(h - h0) * (size_t)MT;
+            const void *const *kr = krow + (size_t)(h - h0) * (size_t)MT;
+            const void *const *vr = vrow + (size_t)(h - h0) * (size_t)MT;
             for (int32_t r = 0; r < nr; r++) {
                 const int32_t si = (h - h0) * nr + r, row = r0 + r;
                 rule_state *pr = &rule[2 * si], *orc = &rule[2 * si + 1];
@@ -381,7 +386,12 @@ static void attend_item(attend_job *j, size_t item) {
                     ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
                 }
                 const int32_t nk = b - a;
-                kern->qk(qg, (size_t)G, kr + a, (size_t)nk, (size_t)D, p->scale, s, (size_t)MT);
+                if (kh16)
+                    kern->qk_f16(qg, (size_t)G, (const uint16_t *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
+                                 (size_t)MT);
+                else
+                    kern->qk(qg, (size_t)G, (const float *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
+                             (size_t)MT);
                 for (int32_t g = 0; g < G; g++) {
                     float *sg = s + (size_t)g * (size_t)MT, tmax = -INFINITY;
                     for (int32_t i = 0; i < nk; i++) tmax = sg[i] > tmax ? sg[i] : tmax;
@@ -392,7 +402,11 @@ static void attend_item(attend_job *j, size_t item) {
                     *lg = *lg * c[g] + kern->exp_sum(sg, (size_t)nk, mnew);
                     *m = mnew;
                 }
-                kern->pv(ag, (size_t)G, c, s, (size_t)MT, vr + a, (size_t)nk, (size_t)D);
+                if (vh16)
+                    kern->pv_f16(ag, (size_t)G, c, s, (size_t)MT, (const uint16_t *const *)(vr + a), (size_t)nk,
+                                 (size_t)D);
+                else
+                    kern->pv(ag, (size_t)G, c, s, (size_t)MT, (const float *const *)(vr + a), (size_t)nk, (size_t)D);
                 /* the stop rules on this stream's running output */
                 const float *lr = l + (size_t)si * (size_t)G;
                 if (!pr->done) {

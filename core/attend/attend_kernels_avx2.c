@@ -2,6 +2,7 @@
  * only called after run-time detection. Dimension tails (head_dim not a
  * multiple of 8) run scalar. */
 #include "attend.h"
+#include "../cpu/half.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -13,18 +14,28 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static void a_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
-                 float scale, float *s, size_t lds) {
+/* Row loads of f32 or f16 (converted in registers), vector and scalar. */
+static inline __attribute__((always_inline)) __m256 ld8(const void *row, size_t d, int f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
+    return _mm256_loadu_ps((const float *)row + d);
+}
+static inline __attribute__((always_inline)) float ld1(const void *row, size_t d, int f16) {
+    return f16 ? kvm_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
+static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
+                                                          size_t nk, size_t dim, float scale, float *s, size_t lds,
+                                                          int f16) {
     const size_t full = dim & ~(size_t)7;
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
         const float *qq[4];
         for (size_t g = 0; g < 4; g++) qq[g] = q[g0 + (g < ng ? g : 0)];
         for (size_t i = 0; i < nk; i++) {
-            const float *k0 = k[i];
+            const void *k0 = k[i];
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (size_t d = 0; d < full; d += 8) {
-                __m256 x = _mm256_loadu_ps(k0 + d);
+                __m256 x = ld8(k0, d, f16);
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qq[0] + d), x, a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qq[1] + d), x, a1);
                 a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qq[2] + d), x, a2);
@@ -32,11 +43,21 @@ static void a_qk(const float *const *q, size_t nq, const float *const *k, size_t
             }
             float r[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};
             for (size_t g = 0; g < ng; g++) {
-                for (size_t d = full; d < dim; d++) r[g] += qq[g][d] * k0[d];
+                for (size_t d = full; d < dim; d++) r[g] += qq[g][d] * ld1(k0, d, f16);
                 s[(g0 + g) * lds + i] = r[g] * scale;
             }
         }
     }
+}
+
+static void a_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
+                 float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0);
+}
+
+static void a_qk_f16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
+                     float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1);
 }
 
 /* exp(x) for x <= 0; see the AVX-512 version. 2^n built in the exponent bits. */
@@ -74,8 +95,9 @@ static float a_exp_sum(float *s, size_t n, float m) {
     return t;
 }
 
-static void a_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-                 const float *const *v, size_t nk, size_t dim) {
+static inline __attribute__((always_inline)) void pv_impl(float *const *acc, size_t nq, const float *c,
+                                                          const float *p, size_t ldp, const void *const *v,
+                                                          size_t nk, size_t dim, int f16) {
     const size_t full = dim & ~(size_t)7;
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
@@ -88,7 +110,7 @@ static void a_pv(float *const *acc, size_t nq, const float *c, const float *p, s
                 a[g] = _mm256_mul_ps(_mm256_loadu_ps(acc[gg] + d), _mm256_set1_ps(c[gg]));
             }
             for (size_t i = 0; i < nk; i++) {
-                __m256 x = _mm256_loadu_ps(v[i] + d);
+                __m256 x = ld8(v[i], d, f16);
                 a[0] = _mm256_fmadd_ps(_mm256_set1_ps(pp[0][i]), x, a[0]);
                 a[1] = _mm256_fmadd_ps(_mm256_set1_ps(pp[1][i]), x, a[1]);
                 a[2] = _mm256_fmadd_ps(_mm256_set1_ps(pp[2][i]), x, a[2]);
@@ -99,12 +121,22 @@ static void a_pv(float *const *acc, size_t nq, const float *c, const float *p, s
         for (size_t g = 0; g < ng; g++)
             for (size_t d = full; d < dim; d++) {
                 float t = acc[g0 + g][d] * c[g0 + g];
-                for (size_t i = 0; i < nk; i++) t += pp[g][i] * v[i][d];
+                for (size_t i = 0; i < nk; i++) t += pp[g][i] * ld1(v[i], d, f16);
                 acc[g0 + g][d] = t;
             }
     }
 }
 
-static const kvm_attend_kernels avx2_table = {"avx2", a_qk, a_exp_sum, a_pv};
+static void a_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                 const float *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
+}
+
+static void a_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                     const uint16_t *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
+}
+
+static const kvm_attend_kernels avx2_table = {"avx2", a_qk, a_exp_sum, a_pv, a_qk_f16, a_pv_f16};
 
 const kvm_attend_kernels *kvm_attend_kernels_avx2(void) { return &avx2_table; }

@@ -29,8 +29,15 @@ static inline __m512 hsum16(const __m512 *v) {
 
 /* Four queries against four keys per step: sixteen independent FMA chains,
  * reduced together by hsum16. */
-static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
-                 float scale, float *s, size_t lds) {
+/* Row loads of f32 or f16 (converted in registers). */
+static inline __attribute__((always_inline)) __m512 ld(const void *row, size_t d, __mmask16 m, int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d));
+    return _mm512_maskz_loadu_ps(m, (const float *)row + d);
+}
+
+static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
+                                                          size_t nk, size_t dim, float scale, float *s, size_t lds,
+                                                          int f16) {
     const size_t full = dim & ~(size_t)15;
     const __mmask16 tm = tail_mask(dim - full);
     const __m512 vscale = _mm512_set1_ps(scale);
@@ -40,13 +47,13 @@ static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t
         for (size_t g = 0; g < 4; g++) qq[g] = q[g0 + (g < ng ? g : 0)];
         size_t i = 0;
         for (; i + 4 <= nk; i += 4) {
-            const float *k0 = k[i], *k1 = k[i + 1], *k2 = k[i + 2], *k3 = k[i + 3];
+            const void *k0 = k[i], *k1 = k[i + 1], *k2 = k[i + 2], *k3 = k[i + 3];
             __m512 a[16]; /* a[g * 4 + key] */
             for (int t = 0; t < 16; t++) a[t] = _mm512_setzero_ps();
             for (size_t d = 0; d < dim; d += 16) {
                 const __mmask16 m = d < full ? (__mmask16)0xffff : tm;
-                __m512 x0 = _mm512_maskz_loadu_ps(m, k0 + d), x1 = _mm512_maskz_loadu_ps(m, k1 + d);
-                __m512 x2 = _mm512_maskz_loadu_ps(m, k2 + d), x3 = _mm512_maskz_loadu_ps(m, k3 + d);
+                __m512 x0 = ld(k0, d, m, f16), x1 = ld(k1, d, m, f16);
+                __m512 x2 = ld(k2, d, m, f16), x3 = ld(k3, d, m, f16);
                 for (int g = 0; g < 4; g++) {
                     __m512 y = _mm512_maskz_loadu_ps(m, qq[g] + d);
                     a[g * 4 + 0] = _mm512_fmadd_ps(y, x0, a[g * 4 + 0]);
@@ -63,11 +70,11 @@ static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t
             if (ng > 3) _mm_storeu_ps(s + (g0 + 3) * lds + i, _mm512_extractf32x4_ps(r, 3));
         }
         for (; i < nk; i++) {
-            const float *k0 = k[i];
+            const void *k0 = k[i];
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (size_t d = 0; d < dim; d += 16) {
                 __mmask16 m = d < full ? (__mmask16)0xffff : tm;
-                __m512 x0 = _mm512_maskz_loadu_ps(m, k0 + d);
+                __m512 x0 = ld(k0, d, m, f16);
                 a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[0] + d), x0, a0);
                 a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[1] + d), x0, a1);
                 a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[2] + d), x0, a2);
@@ -78,6 +85,16 @@ static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t
             for (size_t g = 0; g < ng; g++) s[(g0 + g) * lds + i] = r[g] * scale;
         }
     }
+}
+
+static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
+                 float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0);
+}
+
+static void x_qk_f16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
+                     float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1);
 }
 
 /* exp(x) for x <= 0 (x >= -87.3 is exact to ~2 ulp; below, a tiny positive
@@ -119,8 +136,9 @@ static inline __mmask16 chunk_mask(size_t dim, size_t d) {
 /* Four queries by four 16-wide column chunks: sixteen accumulators stay in
  * registers while the keys stream past (4 value loads, 4 broadcasts and 16
  * FMAs per key). */
-static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-                 const float *const *v, size_t nk, size_t dim) {
+static inline __attribute__((always_inline)) void pv_impl(float *const *acc, size_t nq, const float *c,
+                                                          const float *p, size_t ldp, const void *const *v,
+                                                          size_t nk, size_t dim, int f16) {
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
         const float *pp[4];
@@ -135,9 +153,9 @@ static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, s
                 for (int u = 0; u < 4; u++) a[g][u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], acc[gg] + d + 16 * u), cg);
             }
             for (size_t i = 0; i < nk; i++) {
-                const float *vi = v[i] + d;
-                const __m512 v0 = _mm512_maskz_loadu_ps(m[0], vi), v1 = _mm512_maskz_loadu_ps(m[1], vi + 16);
-                const __m512 v2 = _mm512_maskz_loadu_ps(m[2], vi + 32), v3 = _mm512_maskz_loadu_ps(m[3], vi + 48);
+                const void *vi = v[i];
+                const __m512 v0 = ld(vi, d, m[0], f16), v1 = ld(vi, d + 16, m[1], f16);
+                const __m512 v2 = ld(vi, d + 32, m[2], f16), v3 = ld(vi, d + 48, m[3], f16);
                 for (int g = 0; g < 4; g++) {
                     const __m512 w = _mm512_set1_ps(pp[g][i]);
                     a[g][0] = _mm512_fmadd_ps(w, v0, a[g][0]);
@@ -152,6 +170,16 @@ static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, s
     }
 }
 
-static const kvm_attend_kernels avx512_table = {"avx512", x_qk, x_exp_sum, x_pv};
+static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                 const float *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
+}
+
+static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                     const uint16_t *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
+}
+
+static const kvm_attend_kernels avx512_table = {"avx512", x_qk, x_exp_sum, x_pv, x_qk_f16, x_pv_f16};
 
 const kvm_attend_kernels *kvm_attend_kernels_avx512(void) { return &avx512_table; }

@@ -2,6 +2,7 @@
  * the scalar reference equals plain double loops written here), over head
  * dimensions that exercise the vector tails. Also: KVMEM_CPU picks the table. */
 #include "testutil.h"
+#include "attend_ref.h"
 #include "attend/attend.h"
 #include "cpu/kernels.h"
 
@@ -82,6 +83,46 @@ static void check_pv(const kvm_attend_kernels *kt, size_t nq, size_t nk, size_t 
     free(acc), free(acc0), free(p), free(v);
 }
 
+/* f16 rows: values on a 1/64 grid in [-4, 4], exact in f16, so the double
+ * reference uses the same numbers the kernel converts. */
+static void check_f16(const kvm_attend_kernels *kt, size_t nq, size_t nk, size_t dim, uint64_t *rng) {
+    float *q = malloc(nq * dim * 4), *kf = malloc(nk * dim * 4), *vf = malloc(nk * dim * 4), *s = malloc(nq * 64 * 4);
+    uint16_t *kh = malloc(nk * dim * 2), *vh = malloc(nk * dim * 2);
+    float *acc = malloc(nq * dim * 4), *acc0 = malloc(nq * dim * 4);
+    fill(q, nq * dim, rng);
+    fill(acc, nq * dim, rng);
+    memcpy(acc0, acc, nq * dim * 4);
+    for (size_t i = 0; i < nk * dim; i++) {
+        kf[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(rng))) * 64.f) / 64.f;
+        vf[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(rng))) * 64.f) / 64.f;
+        kh[i] = ref_f16_exact(kf[i]);
+        vh[i] = ref_f16_exact(vf[i]);
+    }
+    const float *qp[16];
+    const uint16_t *kp[64], *vp[64];
+    float *ap[16], c[16];
+    for (size_t g = 0; g < nq; g++) qp[g] = q + g * dim, ap[g] = acc + g * dim, c[g] = 0.5f;
+    for (size_t i = 0; i < nk; i++) kp[i] = kh + i * dim, vp[i] = vh + i * dim;
+    kt->qk_f16(qp, nq, kp, nk, dim, 0.5f, s, 64);
+    for (size_t g = 0; g < nq; g++)
+        for (size_t i = 0; i < nk; i++) {
+            double ref = 0, mag = 0;
+            for (size_t d = 0; d < dim; d++) ref += (double)qp[g][d] * kf[i * dim + d], mag += fabs((double)qp[g][d] * kf[i * dim + d]);
+            if (!(fabs(s[g * 64 + i] - 0.5 * ref) <= 1e-6 * mag + 1e-6))
+                fail_msg("%s qk_f16 dim=%zu: %g vs %g", kt->name, dim, (double)s[g * 64 + i], 0.5 * ref);
+        }
+    for (size_t i = 0; i < nq * 64; i++) s[i] = fabsf(s[i]);
+    kt->pv_f16(ap, nq, c, s, 64, vp, nk, dim);
+    for (size_t g = 0; g < nq; g++)
+        for (size_t d = 0; d < dim; d++) {
+            double ref = 0.5 * acc0[g * dim + d], mag = fabs(ref);
+            for (size_t i = 0; i < nk; i++) ref += (double)s[g * 64 + i] * vf[i * dim + d], mag += fabs((double)s[g * 64 + i] * vf[i * dim + d]);
+            if (!(fabs(acc[g * dim + d] - ref) <= 1e-6 * mag + 1e-6))
+                fail_msg("%s pv_f16 dim=%zu: %g vs %g", kt->name, dim, (double)acc[g * dim + d], ref);
+        }
+    free(q), free(kf), free(vf), free(s), free(kh), free(vh), free(acc), free(acc0);
+}
+
 static void every_table_matches_double_loops(void **state) {
     (void)state;
     const kvm_attend_kernels *tables[3] = {kvm_attend_kernels_scalar(), kvm_attend_kernels_named("avx2"),
@@ -98,6 +139,11 @@ static void every_table_matches_double_loops(void **state) {
                     check_qk(tables[t], nqs[qi], nks[ki], dims[di], &rng);
                     check_pv(tables[t], nqs[qi], nks[ki], dims[di], &rng);
                 }
+        for (size_t di = 0; di < 7; di++) {
+            check_f16(tables[t], 4, 64, dims[di], &rng);
+            check_f16(tables[t], 3, 5, dims[di], &rng);
+            check_f16(tables[t], 9, 17, dims[di], &rng);
+        }
         const size_t ns[6] = {1, 7, 8, 16, 33, 200};
         for (int i = 0; i < 6; i++) check_exp_sum(tables[t], ns[i], &rng);
     }
