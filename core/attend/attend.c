@@ -17,9 +17,9 @@ kvmem_attend_params kvmem_attend_default_params(void) {
     p.n_sink = 4;
     p.tile_size = 0;
     p.scale = 0.0f;
-    p.tau_s = 0.02f;
-    p.tau_d = 0.001f;
-    p.patience = 2;
+    p.tau_s = 0.001f;
+    p.tau_d = 0.0001f;
+    p.patience = 4;
     p.probe = KVMEM_ATTEND_PROBE_STRIDED;
     p.causal = 1;
     p.compare = 0;
