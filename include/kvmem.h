@@ -447,9 +447,9 @@ typedef struct kvmem_attend_params {
     int32_t tile_size;          /* positions per tile, in [1, 4096]; 0 = default (64);
                                    must be 0 for AGENT sources (tiles are blocks) */
     float scale;                /* logit scale; 0 = 1/sqrt(head_dim) */
-    float tau_s;                /* scale threshold, >= 0 (default: see README) */
-    float tau_d;                /* direction threshold, >= 0 */
-    int32_t patience;           /* consecutive stable tiles before stopping, >= 1 */
+    float tau_s;                /* scale threshold, >= 0; default 0.001 */
+    float tau_d;                /* direction threshold, >= 0; default 0.0001 (both 0: never stop) */
+    int32_t patience;           /* consecutive stable tiles before stopping, >= 1; default 4 */
     kvmem_attend_probe probe;   /* default STRIDED */
     int32_t causal;             /* 1 (default): row r sees positions <= T - n_rows + r */
     int32_t compare;            /* 1: also run the ORACLE rule and report where it stops
@@ -466,7 +466,7 @@ typedef struct kvmem_attend_stats {
     int64_t oracle_tiles;    /* compare: sum over streams of where the ORACLE rule stops
                                 (its tiles_visited); 0 otherwise */
     int64_t oracle_agree;    /* compare: streams where both rules stop at the same tile */
-    int64_t positions_read;  /* KV rows read (per KV head, summed over streams' heads) */
+    int64_t positions_read;  /* (position, KV head) rows of K and V read */
     int32_t stopped_early;   /* 1 if any stream stopped early */
     int32_t reserved;
 } kvmem_attend_stats;

@@ -62,7 +62,7 @@ typedef struct attend_job {
     size_t scratch_floats; /* per item */
     float *scratch;
     kvmem_attend_stats *item_stats;
-    int32_t probe_idx[KVMEM_ATTEND_PROBE_SIZE];
+    int32_t probe_g[KVMEM_ATTEND_PROBE_SIZE], probe_d[KVMEM_ATTEND_PROBE_SIZE]; /* head, dim */
     int32_t probe_n;
 } attend_job;
 
@@ -88,8 +88,8 @@ static size_t probe_fill(const attend_job *j, int oracle, float *const *acc, con
         return (size_t)N;
     }
     for (int32_t i = 0; i < j->probe_n; i++) {
-        int32_t f = j->probe_idx[i], g = f / D;
-        z[i] = l[g] > 0 ? acc[g][f % D] / l[g] : 0.0f;
+        const int32_t g = j->probe_g[i];
+        z[i] = l[g] > 0 ? acc[g][j->probe_d[i]] / l[g] : 0.0f;
     }
     return (size_t)j->probe_n;
 }
@@ -484,7 +484,11 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     const size_t N = (size_t)p->group * (size_t)p->head_dim;
     if (N > KVMEM_ATTEND_PROBE_SIZE) {
         size_t stride = N / KVMEM_ATTEND_PROBE_SIZE;
-        for (int32_t i = 0; i < KVMEM_ATTEND_PROBE_SIZE; i++) j.probe_idx[i] = (int32_t)((size_t)i * stride + stride / 2);
+        for (int32_t i = 0; i < KVMEM_ATTEND_PROBE_SIZE; i++) {
+            const size_t f = (size_t)i * stride + stride / 2;
+            j.probe_g[i] = (int32_t)(f / (size_t)p->head_dim);
+            j.probe_d[i] = (int32_t)(f % (size_t)p->head_dim);
+        }
         j.probe_n = KVMEM_ATTEND_PROBE_SIZE;
     } else {
         j.probe_n = (int32_t)N;

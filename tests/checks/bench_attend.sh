@@ -27,7 +27,7 @@ need() { # kind, keys...
     done
 }
 need plain read_bw_gbps kv_gbps kv_to_read_bw kv_gbps_1thread tokens n_q_heads n_kv_heads head_dim
-need detector detector_overhead detector_overhead_wall
+need detector detector_overhead detector_overhead_wall detector_overhead_hot
 need sweep tau_s tau_d patience tiles_visited_frac speedup rel_err probe_oracle_agreement
 need defaults tau_s tau_d patience tiles_visited_frac speedup rel_err probe_oracle_agreement
 # every line is one flat JSON object of suite attend
