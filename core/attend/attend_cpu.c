@@ -64,6 +64,7 @@ typedef struct attend_job {
     kvmem_attend_stats *item_stats;
     int32_t probe_g[KVMEM_ATTEND_PROBE_SIZE], probe_d[KVMEM_ATTEND_PROBE_SIZE]; /* head, dim */
     int32_t probe_n;
+    int32_t prefetch; /* software prefetch of the next tile: only when KV outgrows the caches */
 } attend_job;
 
 static int64_t live_count(const kvm_attend_plan *p, int64_t a, int64_t b) {
@@ -218,13 +219,12 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
     }
 }
 
-/* Prefetch the K/V rows of tile `tile` for heads [h0, h1) into L2 (caller
- * tensors and slot maps; agent blocks are read by kvm_block_read_f32). Rows
- * of masked or dead positions are not touched. Positions outside the rows'
- * visible range [lo, hi) of the current tile are a good enough guess. */
-static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t lo, int64_t hi, int32_t h0, int32_t h1) {
+/* Prefetch the K/V rows of tile `tile` for heads [h0, h1) towards L2 while
+ * the current tile computes (caller tensors and slot maps; agent blocks go
+ * through kvm_block_read_f32). Masked and dead positions are not touched,
+ * nor positions at or past `hi`, the end of what the current rows see. */
+static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t hi, int32_t h0, int32_t h1) {
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) return;
-    (void)lo;
     const int64_t t0 = p->tile_start[tile], t1 = KVM_MIN(p->tile_start[tile + 1], KVM_MAX(hi, t0));
     const kvmem_tensor *ts[2] = {p->k, p->v};
     for (int x = 0; x < 2; x++) {
@@ -238,6 +238,18 @@ static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t lo, in
             for (size_t off = 0; off < span; off += 64) __builtin_prefetch(a + off, 0, 2);
         }
     }
+}
+
+/* Largest of n scores (NaN ignored, -inf when n = 0), in eight independent
+ * chains: one chain is bound by the latency of max. */
+static float row_max(const float *x, int32_t n) {
+    float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) m[u] = x[i + u] > m[u] ? x[i + u] : m[u];
+    for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
+    for (int u = 1; u < 8; u++) m[0] = m[u] > m[0] ? m[u] : m[0];
+    return m[0];
 }
 
 /* Float offsets of an item's scratch arrays, each 64-byte aligned. */
@@ -368,7 +380,7 @@ static void attend_item(attend_job *j, size_t item) {
         for (int64_t q = lo; q < hi; q++)
             if (is_live(p, q)) pos[n++] = q;
         /* the next tile's KV travels to the cache while this one computes */
-        if (oi + 1 < p->n_order) prefetch_tile(p, p->order[oi + 1], lo, hi, h0, h1);
+        if (j->prefetch && oi + 1 < p->n_order) prefetch_tile(p, p->order[oi + 1], hi, h0, h1);
         fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
@@ -393,8 +405,8 @@ static void attend_item(attend_job *j, size_t item) {
                     kern->qk(qg, (size_t)G, (const float *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
                              (size_t)MT);
                 for (int32_t g = 0; g < G; g++) {
-                    float *sg = s + (size_t)g * (size_t)MT, tmax = -INFINITY;
-                    for (int32_t i = 0; i < nk; i++) tmax = sg[i] > tmax ? sg[i] : tmax;
+                    float *sg = s + (size_t)g * (size_t)MT;
+                    const float tmax = row_max(sg, nk);
                     float *m = &mx[(size_t)si * (size_t)G + (size_t)g];
                     float *lg = &l[(size_t)si * (size_t)G + (size_t)g];
                     const float mnew = tmax > *m ? tmax : *m;
@@ -492,6 +504,13 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
         j.probe_n = KVMEM_ATTEND_PROBE_SIZE;
     } else {
         j.probe_n = (int32_t)N;
+    }
+    /* below a few MiB the KV stays in cache from call to call and prefetch
+     * instructions only cost issue slots */
+    if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
+        const double kv_bytes = (double)p->T * (double)p->n_kv_heads * (double)p->head_dim *
+                                (double)(kvm_dtype_size(p->k->dtype) + kvm_dtype_size(p->v->dtype));
+        j.prefetch = kv_bytes > 8.0 * 1024 * 1024;
     }
     kvm_parallel_for(tp, items, 1, attend_task, &j);
     memset(stats, 0, sizeof *stats);

@@ -103,20 +103,26 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
         const float *pp[4];
         for (size_t g = 0; g < 4; g++) pp[g] = p + (g0 + (g < ng ? g : 0)) * ldp;
+        /* rows beyond ng alias row g0 and are not stored */
+        float *const r0 = acc[g0], *const r1 = acc[g0 + (ng > 1 ? 1 : 0)];
+        float *const r2 = acc[g0 + (ng > 2 ? 2 : 0)], *const r3 = acc[g0 + (ng > 3 ? 3 : 0)];
+        const __m256 c0 = _mm256_set1_ps(c[g0]), c1 = _mm256_set1_ps(c[g0 + (ng > 1 ? 1 : 0)]);
+        const __m256 c2 = _mm256_set1_ps(c[g0 + (ng > 2 ? 2 : 0)]), c3 = _mm256_set1_ps(c[g0 + (ng > 3 ? 3 : 0)]);
         for (size_t d = 0; d < full; d += 8) {
-            __m256 a[4];
-            for (size_t g = 0; g < 4; g++) {
-                size_t gg = g0 + (g < ng ? g : 0);
-                a[g] = _mm256_mul_ps(_mm256_loadu_ps(acc[gg] + d), _mm256_set1_ps(c[gg]));
-            }
+            /* named accumulators stay in registers */
+            __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(r0 + d), c0), a1 = _mm256_mul_ps(_mm256_loadu_ps(r1 + d), c1);
+            __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(r2 + d), c2), a3 = _mm256_mul_ps(_mm256_loadu_ps(r3 + d), c3);
             for (size_t i = 0; i < nk; i++) {
                 __m256 x = ld8(v[i], d, f16);
-                a[0] = _mm256_fmadd_ps(_mm256_set1_ps(pp[0][i]), x, a[0]);
-                a[1] = _mm256_fmadd_ps(_mm256_set1_ps(pp[1][i]), x, a[1]);
-                a[2] = _mm256_fmadd_ps(_mm256_set1_ps(pp[2][i]), x, a[2]);
-                a[3] = _mm256_fmadd_ps(_mm256_set1_ps(pp[3][i]), x, a[3]);
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(pp[0][i]), x, a0);
+                a1 = _mm256_fmadd_ps(_mm256_set1_ps(pp[1][i]), x, a1);
+                a2 = _mm256_fmadd_ps(_mm256_set1_ps(pp[2][i]), x, a2);
+                a3 = _mm256_fmadd_ps(_mm256_set1_ps(pp[3][i]), x, a3);
             }
-            for (size_t g = 0; g < ng; g++) _mm256_storeu_ps(acc[g0 + g] + d, a[g]);
+            if (ng > 3) _mm256_storeu_ps(r3 + d, a3);
+            if (ng > 2) _mm256_storeu_ps(r2 + d, a2);
+            if (ng > 1) _mm256_storeu_ps(r1 + d, a1);
+            _mm256_storeu_ps(r0 + d, a0);
         }
         for (size_t g = 0; g < ng; g++)
             for (size_t d = full; d < dim; d++) {

@@ -48,20 +48,28 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
         size_t i = 0;
         for (; i + 4 <= nk; i += 4) {
             const void *k0 = k[i], *k1 = k[i + 1], *k2 = k[i + 2], *k3 = k[i + 3];
-            __m512 a[16]; /* a[g * 4 + key] */
-            for (int t = 0; t < 16; t++) a[t] = _mm512_setzero_ps();
+            /* sixteen named accumulators: an array indexed in a loop ends
+             * up on the stack at -O2 */
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                   a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
             for (size_t d = 0; d < dim; d += 16) {
                 const __mmask16 m = d < full ? (__mmask16)0xffff : tm;
-                __m512 x0 = ld(k0, d, m, f16), x1 = ld(k1, d, m, f16);
-                __m512 x2 = ld(k2, d, m, f16), x3 = ld(k3, d, m, f16);
-                for (int g = 0; g < 4; g++) {
-                    __m512 y = _mm512_maskz_loadu_ps(m, qq[g] + d);
-                    a[g * 4 + 0] = _mm512_fmadd_ps(y, x0, a[g * 4 + 0]);
-                    a[g * 4 + 1] = _mm512_fmadd_ps(y, x1, a[g * 4 + 1]);
-                    a[g * 4 + 2] = _mm512_fmadd_ps(y, x2, a[g * 4 + 2]);
-                    a[g * 4 + 3] = _mm512_fmadd_ps(y, x3, a[g * 4 + 3]);
-                }
+                const __m512 x0 = ld(k0, d, m, f16), x1 = ld(k1, d, m, f16);
+                const __m512 x2 = ld(k2, d, m, f16), x3 = ld(k3, d, m, f16);
+                __m512 y = _mm512_maskz_loadu_ps(m, qq[0] + d);
+                a00 = _mm512_fmadd_ps(y, x0, a00), a01 = _mm512_fmadd_ps(y, x1, a01);
+                a02 = _mm512_fmadd_ps(y, x2, a02), a03 = _mm512_fmadd_ps(y, x3, a03);
+                y = _mm512_maskz_loadu_ps(m, qq[1] + d);
+                a10 = _mm512_fmadd_ps(y, x0, a10), a11 = _mm512_fmadd_ps(y, x1, a11);
+                a12 = _mm512_fmadd_ps(y, x2, a12), a13 = _mm512_fmadd_ps(y, x3, a13);
+                y = _mm512_maskz_loadu_ps(m, qq[2] + d);
+                a20 = _mm512_fmadd_ps(y, x0, a20), a21 = _mm512_fmadd_ps(y, x1, a21);
+                a22 = _mm512_fmadd_ps(y, x2, a22), a23 = _mm512_fmadd_ps(y, x3, a23);
+                y = _mm512_maskz_loadu_ps(m, qq[3] + d);
+                a30 = _mm512_fmadd_ps(y, x0, a30), a31 = _mm512_fmadd_ps(y, x1, a31);
+                a32 = _mm512_fmadd_ps(y, x2, a32), a33 = _mm512_fmadd_ps(y, x3, a33);
             }
+            const __m512 a[16] = {a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33};
             __m512 r = _mm512_mul_ps(hsum16(a), vscale);
             /* 128-bit lane g holds query g's four scores */
             _mm_storeu_ps(s + (g0 + 0) * lds + i, _mm512_extractf32x4_ps(r, 0));
@@ -146,26 +154,43 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
         for (size_t d = 0; d < dim; d += 64) {
             const __mmask16 m[4] = {chunk_mask(dim, d), chunk_mask(dim, d + 16), chunk_mask(dim, d + 32),
                                     chunk_mask(dim, d + 48)};
-            __m512 a[4][4];
-            for (size_t g = 0; g < 4; g++) {
-                const size_t gg = g0 + (g < ng ? g : 0);
-                const __m512 cg = _mm512_set1_ps(c[gg]);
-                for (int u = 0; u < 4; u++) a[g][u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], acc[gg] + d + 16 * u), cg);
-            }
+            /* named accumulators (registers, not the stack) */
+            float *const r0 = acc[g0], *const r1 = acc[g0 + (ng > 1 ? 1 : 0)];
+            float *const r2 = acc[g0 + (ng > 2 ? 2 : 0)], *const r3 = acc[g0 + (ng > 3 ? 3 : 0)];
+            const __m512 c0 = _mm512_set1_ps(c[g0]), c1 = _mm512_set1_ps(c[g0 + (ng > 1 ? 1 : 0)]);
+            const __m512 c2 = _mm512_set1_ps(c[g0 + (ng > 2 ? 2 : 0)]), c3 = _mm512_set1_ps(c[g0 + (ng > 3 ? 3 : 0)]);
+#define KVM_PV_INIT(g, u) __m512 a##g##u = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], r##g + d + 16 * u), c##g)
+            KVM_PV_INIT(0, 0); KVM_PV_INIT(0, 1); KVM_PV_INIT(0, 2); KVM_PV_INIT(0, 3);
+            KVM_PV_INIT(1, 0); KVM_PV_INIT(1, 1); KVM_PV_INIT(1, 2); KVM_PV_INIT(1, 3);
+            KVM_PV_INIT(2, 0); KVM_PV_INIT(2, 1); KVM_PV_INIT(2, 2); KVM_PV_INIT(2, 3);
+            KVM_PV_INIT(3, 0); KVM_PV_INIT(3, 1); KVM_PV_INIT(3, 2); KVM_PV_INIT(3, 3);
+#undef KVM_PV_INIT
             for (size_t i = 0; i < nk; i++) {
                 const void *vi = v[i];
                 const __m512 v0 = ld(vi, d, m[0], f16), v1 = ld(vi, d + 16, m[1], f16);
                 const __m512 v2 = ld(vi, d + 32, m[2], f16), v3 = ld(vi, d + 48, m[3], f16);
-                for (int g = 0; g < 4; g++) {
-                    const __m512 w = _mm512_set1_ps(pp[g][i]);
-                    a[g][0] = _mm512_fmadd_ps(w, v0, a[g][0]);
-                    a[g][1] = _mm512_fmadd_ps(w, v1, a[g][1]);
-                    a[g][2] = _mm512_fmadd_ps(w, v2, a[g][2]);
-                    a[g][3] = _mm512_fmadd_ps(w, v3, a[g][3]);
-                }
+                __m512 w = _mm512_set1_ps(pp[0][i]);
+                a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
+                a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
+                w = _mm512_set1_ps(pp[1][i]);
+                a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
+                a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
+                w = _mm512_set1_ps(pp[2][i]);
+                a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
+                a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
+                w = _mm512_set1_ps(pp[3][i]);
+                a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
+                a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
             }
-            for (size_t g = 0; g < ng; g++)
-                for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(acc[g0 + g] + d + 16 * u, m[u], a[g][u]);
+            /* rows beyond ng alias row 0 and are not stored */
+#define KVM_PV_STORE(g) \
+    _mm512_mask_storeu_ps(r##g + d, m[0], a##g##0), _mm512_mask_storeu_ps(r##g + d + 16, m[1], a##g##1), \
+        _mm512_mask_storeu_ps(r##g + d + 32, m[2], a##g##2), _mm512_mask_storeu_ps(r##g + d + 48, m[3], a##g##3)
+            if (ng > 3) KVM_PV_STORE(3);
+            if (ng > 2) KVM_PV_STORE(2);
+            if (ng > 1) KVM_PV_STORE(1);
+            KVM_PV_STORE(0);
+#undef KVM_PV_STORE
         }
     }
 }
