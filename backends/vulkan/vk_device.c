@@ -70,7 +70,8 @@ kvmem_status kvm_vk_instance_acquire(VkInstance *out, char *why, size_t why_size
         VkInstanceCreateInfo ci = {VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, NULL, 0, &app, 0, NULL, 0, NULL};
         VkResult r = vkCreateInstance(&ci, NULL, &g_inst);
         if (r != VK_SUCCESS) {
-            snprintf(why, why_size, "no device: vkCreateInstance failed (%s): no Vulkan driver installed?",
+            snprintf(why, why_size, "no device: %s (vkCreateInstance: %s)",
+                     r == VK_ERROR_INCOMPATIBLE_DRIVER ? "no Vulkan driver (ICD) installed" : "Vulkan failed to start",
                      kvm_vk_result_str(r));
             dlclose(g_loader);
             g_loader = NULL;
