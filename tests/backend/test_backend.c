@@ -17,6 +17,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -477,6 +478,59 @@ static void test_vulkan_device_choice_and_reasons(void **state) {
     unsetenv("KVMEM_VULKAN_DEVICE");
 }
 
+/* ---- threads: ops on one backend from several threads, and contexts
+ * created and freed concurrently (the plugin's shared instance) ---- */
+
+static void *thread_ops(void *arg) {
+    uint64_t rng = (uint64_t)(uintptr_t)arg;
+    int bad = 0;
+    for (int it = 0; it < 20 && !bad; it++) {
+        float x[257], y[257];
+        uint16_t h[257];
+        for (int i = 0; i < 257; i++) x[i] = tu_normal(&rng);
+        kvmem_buffer *a = NULL, *b = NULL;
+        if (g_be->iface->buffer_alloc(g_be, sizeof x, &a) || g_be->iface->buffer_alloc(g_be, sizeof h, &b)) {
+            bad = 1;
+        } else {
+            bad |= g_be->iface->buffer_upload(g_be, a, 0, x, sizeof x) != KVMEM_OK;
+            bad |= g_be->iface->convert(g_be, b, 0, KVMEM_BF16, a, 0, KVMEM_F32, 257) != KVMEM_OK;
+            bad |= g_be->iface->convert(g_be, a, 0, KVMEM_F32, b, 0, KVMEM_BF16, 257) != KVMEM_OK;
+            bad |= g_be->iface->buffer_download(g_be, a, 0, y, sizeof y) != KVMEM_OK;
+            for (int i = 0; i < 257 && !bad; i++) bad |= fabsf(y[i] - x[i]) > fabsf(x[i]) * (1.0f / 128);
+        }
+        g_be->iface->buffer_free(g_be, a);
+        g_be->iface->buffer_free(g_be, b);
+    }
+    return (void *)(uintptr_t)bad;
+}
+
+static void *thread_contexts(void *arg) {
+    (void)arg;
+    int bad = 0;
+    for (int it = 0; it < 3; it++) {
+        kvmem_context_params p = kvmem_context_default_params();
+        p.backend = g_name;
+        p.n_threads = 1;
+        kvmem_context *c = NULL;
+        bad |= kvmem_context_create(&p, &c) != KVMEM_OK;
+        kvmem_context_free(c);
+    }
+    return (void *)(uintptr_t)bad;
+}
+
+static void test_threads_share_a_backend_and_create_contexts(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    pthread_t t[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, i < 3 ? thread_ops : thread_contexts, (void *)(i + 1)), 0);
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        assert_int_equal(pthread_join(t[i], &r), 0);
+        assert_true(r == NULL);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_name = argv[1];
     const struct CMUnitTest tests[] = {
@@ -489,6 +543,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_aabb_build_rejects_bad_input_and_changes_nothing),
         cmocka_unit_test(test_registry_reports_backend_and_auto_prefers_native_cpu),
         cmocka_unit_test(test_vulkan_device_choice_and_reasons),
+        cmocka_unit_test(test_threads_share_a_backend_and_create_contexts),
     };
     return cmocka_run_group_tests_name(g_name, tests, setup, teardown);
 }

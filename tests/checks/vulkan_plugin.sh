@@ -19,6 +19,10 @@ exports=$(nm -D --defined-only "$plugin" | awk '$2 ~ /^[TW]$/ {print $3}' | grep
 echo "exported functions: $exports"
 [ "$exports" = "kvmem_backend_plugin_init " ] || { echo "FAIL: plugin must export only kvmem_backend_plugin_init"; exit 1; }
 
+# The tool links the core statically and finds plugins through its run path;
+# under ASan the dlopen interceptor is the caller (its run path is searched),
+# so sanitizer builds name the directory explicitly.
+[ -n "${6:-}" ] && export KVMEM_BACKEND_PATH="$(dirname "$lib")"
 out=$("$cli" backends)
 echo "$out"
 line=$(echo "$out" | grep '^vulkan') || { echo "FAIL: kvmem backends has no vulkan line"; exit 1; }
