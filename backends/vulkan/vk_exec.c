@@ -13,6 +13,8 @@ static const struct {
 } k_kernels[KVM_VK_N_KERNELS] = {
     [KVM_VK_CONVERT] = {"convert", 2, 5 * 4},
     [KVM_VK_AABB_BUILD] = {"aabb_build", 3, 6 * 4},
+    [KVM_VK_AABB_SCORE] = {"aabb_score", 4, 14 * 4},
+    [KVM_VK_GATHER_ROPE] = {"gather_rope", 4, 12 * 4},
 };
 
 static const kvm_vk_shader *find_shader(const char *name) {
@@ -107,8 +109,8 @@ VkResult kvm_vk_submit_wait(kvm_vk *v, int timed) {
     return r;
 }
 
-VkResult kvm_vk_record_dispatch(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
-                                const void *push, uint32_t push_size, uint64_t items) {
+static VkResult record(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                       const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
     kvm_vk_pipeline *p = &v->pipes[k];
     VkResult r;
     if (!p->pipe && (r = pipeline_create(v, k)) != VK_SUCCESS) {
@@ -130,12 +132,24 @@ VkResult kvm_vk_record_dispatch(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *
     v->vk.vkCmdBindPipeline(v->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipe);
     v->vk.vkCmdBindDescriptorSets(v->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, NULL);
     v->vk.vkCmdPushConstants(v->cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
-    uint64_t groups = (items + KVM_VK_WG - 1) / KVM_VK_WG;
-    uint64_t cap = v->props.limits.maxComputeWorkGroupCount[0];
-    if (cap > 65535) cap = 65535; /* grid-stride loops cover the rest */
-    if (groups > cap) groups = cap;
-    if (groups == 0) groups = 1;
-    v->vk.vkCmdDispatch(v->cmd, (uint32_t)groups, 1, 1);
+    v->vk.vkCmdDispatch(v->cmd, gx, gy, gz);
     kvm_vk_barrier(v);
     return VK_SUCCESS;
+}
+
+VkResult kvm_vk_record_dispatch3(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                                 const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+    const uint32_t *lim = v->props.limits.maxComputeWorkGroupCount;
+    if (gx == 0 || gy == 0 || gz == 0 || gx > lim[0] || gy > lim[1] || gz > lim[2]) return VK_ERROR_TOO_MANY_OBJECTS;
+    return record(v, k, bufs, n_bufs, push, push_size, gx, gy, gz);
+}
+
+VkResult kvm_vk_record_dispatch(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                                const void *push, uint32_t push_size, uint64_t items) {
+    uint64_t groups = (items + KVM_VK_WG - 1) / KVM_VK_WG;
+    uint64_t cap = v->props.limits.maxComputeWorkGroupCount[0];
+    if (cap > 65535) cap = 65535; /* grid-stride loops in the shaders cover the rest */
+    if (groups > cap) groups = cap;
+    if (groups == 0) groups = 1;
+    return record(v, k, bufs, n_bufs, push, push_size, (uint32_t)groups, 1, 1);
 }

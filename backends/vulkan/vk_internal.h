@@ -17,6 +17,8 @@
 typedef enum kvm_vk_kernel {
     KVM_VK_CONVERT,
     KVM_VK_AABB_BUILD,
+    KVM_VK_AABB_SCORE,
+    KVM_VK_GATHER_ROPE,
     KVM_VK_N_KERNELS
 } kvm_vk_kernel;
 
@@ -98,6 +100,15 @@ VkResult kvm_vk_submit_wait(kvm_vk *v, int timed);
 VkResult kvm_vk_record_dispatch(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs,
                                 uint32_t n_bufs, const void *push, uint32_t push_size,
                                 uint64_t items);
+/* The same with an explicit 3-D group count (tiled kernels). */
+VkResult kvm_vk_record_dispatch3(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                                 const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
+/* Run one recorded dispatch as a timed submission: takes v->mu, checks
+ * buffer ranges against the device limit; op names the op in messages. */
+kvmem_status kvm_vk_run(kvm_vk *v, const char *op, kvm_vk_kernel k, const kvmem_buffer *const *bufs,
+                        uint32_t n_bufs, const void *push, uint32_t push_size, uint64_t items, const uint32_t *groups3);
+/* Standalone kernels reached through get_proc_address (vk_retrieval.c). */
+void *kvm_vk_retrieval_proc(const char *name);
 /* Free pipelines. */
 void kvm_vk_pipelines_destroy(kvm_vk *v);
 /* Barrier: compute or transfer writes visible to later compute/transfer/host. */

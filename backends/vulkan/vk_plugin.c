@@ -100,9 +100,8 @@ static kvmem_status vk_sync(kvmem_backend *be) {
                                          kvm_vk_result_str(r));
 }
 
-/* Run one dispatch as its own timed submission (v->mu taken here). */
-static kvmem_status run1(kvm_vk *v, const char *op, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
-                         const void *push, uint32_t push_size, uint64_t items) {
+kvmem_status kvm_vk_run(kvm_vk *v, const char *op, kvm_vk_kernel k, const kvmem_buffer *const *bufs,
+                        uint32_t n_bufs, const void *push, uint32_t push_size, uint64_t items, const uint32_t *groups3) {
     for (uint32_t i = 0; i < n_bufs; i++)
         if (bufs[i]->cap > v->props.limits.maxStorageBufferRange)
             return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
@@ -110,7 +109,9 @@ static kvmem_status run1(kvm_vk *v, const char *op, kvm_vk_kernel k, const kvmem
                                op, (unsigned long long)bufs[i]->cap, v->props.limits.maxStorageBufferRange);
     pthread_mutex_lock(&v->mu);
     VkResult r = kvm_vk_begin(v);
-    if (r == VK_SUCCESS) r = kvm_vk_record_dispatch(v, k, bufs, n_bufs, push, push_size, items);
+    if (r == VK_SUCCESS)
+        r = groups3 ? kvm_vk_record_dispatch3(v, k, bufs, n_bufs, push, push_size, groups3[0], groups3[1], groups3[2])
+                    : kvm_vk_record_dispatch(v, k, bufs, n_bufs, push, push_size, items);
     if (r == VK_SUCCESS) r = kvm_vk_submit_wait(v, 1);
     else v->vk.vkEndCommandBuffer(v->cmd);
     pthread_mutex_unlock(&v->mu);
@@ -143,7 +144,7 @@ static kvmem_status vk_convert(kvmem_backend *be, kvmem_buffer *dst, size_t dst_
     /* 16-bit destinations: one invocation per output word */
     uint64_t items = ds == 4 ? n : (uint64_t)n / 2 + 2;
     const kvmem_buffer *bufs[2] = {src, dst};
-    return run1(v, "convert", KVM_VK_CONVERT, bufs, 2, push, sizeof push, items);
+    return kvm_vk_run(v, "convert", KVM_VK_CONVERT, bufs, 2, push, sizeof push, items, NULL);
 }
 
 static kvmem_status vk_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off, size_t n_groups,
@@ -165,7 +166,7 @@ static kvmem_status vk_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, s
     uint32_t push[6] = {(uint32_t)n_groups, (uint32_t)group_stride, (uint32_t)n_rows, (uint32_t)dim,
                         (uint32_t)(keys_off / 4), (uint32_t)(out_off / 4)};
     const kvmem_buffer *bufs[3] = {keys, out_min, out_max};
-    return run1(v, "aabb_build", KVM_VK_AABB_BUILD, bufs, 3, push, sizeof push, (uint64_t)n_groups * dim);
+    return kvm_vk_run(v, "aabb_build", KVM_VK_AABB_BUILD, bufs, 3, push, sizeof push, (uint64_t)n_groups * dim, NULL);
 }
 
 /* ---- escape hatch ---- */
@@ -186,7 +187,7 @@ static void *vk_proc(kvmem_backend *be, const char *name) {
         memcpy(&p, &f, sizeof p); /* POSIX: function and data pointers have one size */
         return p;
     }
-    return NULL;
+    return name ? kvm_vk_retrieval_proc(name) : NULL;
 }
 
 static const kvmem_backend_iface vk_iface = {

@@ -9,12 +9,20 @@
  *   convert     exact bits (both backends do integer RNE conversions;
  *               NaNs: same bits as the CPU backend, and NaN in the reference)
  *   aabb_build  exact values (min/max pick input values)
+ *   aabb_score  (Vulkan kernel ahead of its table entry) |I - I_ref| <=
+ *               dim * 2^-23 * sum_d |q_d| max(|smax_d|, |smin_d|): the f32
+ *               accumulation bound; and I >= max_i q.k_i (the AABB bound)
+ *   gather_rope (idem) within 2^-21 (|x0| + |x1|) of the CPU rotation
+ *               (kvm_rope_rotate; FMA contraction may differ), within 1e-5
+ *               (|x0| + |x1|) of a double-precision rotation
  *
  * Where the backend cannot run here (no loader, no device, not built) every
  * test prints "skipped: <reason>" and is skipped. */
 #include "testutil.h"
 #include "context.h"
 #include "internal.h"
+#include "rope/rope.h"
+#include "vk_ops.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -478,6 +486,215 @@ static void test_vulkan_device_choice_and_reasons(void **state) {
     unsetenv("KVMEM_VULKAN_DEVICE");
 }
 
+/* ---- retrieval kernels reached by name (Vulkan, ahead of the table) ---- */
+
+static void *proc(const char *name) {
+    return g_be->iface->get_proc_address ? g_be->iface->get_proc_address(g_be, name) : NULL;
+}
+
+static kvmem_buffer *bfloat(const float *x, size_t n) {
+    kvmem_buffer *b = balloc(g_be, n * 4);
+    if (x) bput(g_be, b, 0, x, n * 4);
+    return b;
+}
+
+/* Query layout [n_q][L][Hq][D], AABBs [L][Hkv][n_blocks][D] built from real
+ * keys [L][Hkv][n_blocks][BS][D], scores [L*Hq][n_q][n_blocks]. */
+static void score_case(kvm_vk_aabb_score_fn fn, size_t L, size_t Hq, size_t Hkv, size_t D, size_t n_q,
+                       size_t n_blocks, size_t BS, size_t out_pad, uint64_t *rng) {
+    size_t batch = L * Hq, g = Hq / Hkv;
+    size_t nqe = n_q * L * Hq * D, nse = L * Hkv * n_blocks * D, nke = nse * BS;
+    size_t noe = out_pad + batch * n_q * n_blocks;
+    float *q = malloc(nqe * 4), *k = malloc(nke * 4), *mn = malloc(nse * 4), *mx = malloc(nse * 4);
+    float *out = malloc(noe * 4);
+    for (size_t i = 0; i < nqe; i++) q[i] = tu_normal(rng);
+    for (size_t i = 0; i < nke; i++) k[i] = tu_normal(rng);
+    for (size_t s = 0; s < L * Hkv * n_blocks; s++)
+        for (size_t d = 0; d < D; d++) {
+            float lo = INFINITY, hi = -INFINITY;
+            for (size_t r = 0; r < BS; r++) {
+                float x = k[(s * BS + r) * D + d];
+                lo = fminf(lo, x);
+                hi = fmaxf(hi, x);
+            }
+            mn[s * D + d] = lo;
+            mx[s * D + d] = hi;
+        }
+    kvmem_buffer *bq = bfloat(q, nqe), *bmn = bfloat(mn, nse), *bmx = bfloat(mx, nse), *bo = bfloat(NULL, noe);
+    float sentinel = -999.0f;
+    for (size_t i = 0; i < out_pad; i++) bput(g_be, bo, i * 4, &sentinel, 4);
+    kvm_vk_aabb_score_args a = {bq, bmn, bmx, bo, 0, 0, out_pad * 4, n_q, n_blocks, D, batch, g,
+                                D, L * Hq * D, n_blocks * D, D, n_q * n_blocks, n_blocks};
+    assert_ok(fn(g_be, &a));
+    bget(g_be, bo, 0, out, noe * 4);
+    for (size_t i = 0; i < out_pad; i++) assert_true(out[i] == sentinel);
+    for (size_t b = 0; b < batch; b++)
+        for (size_t r = 0; r < n_q; r++)
+            for (size_t blk = 0; blk < n_blocks; blk++) {
+                const float *qr = q + r * L * Hq * D + b * D;
+                size_t s = (b / g) * n_blocks + blk;
+                double ref = 0, mag = 0, best = -INFINITY;
+                for (size_t d = 0; d < D; d++) {
+                    double t1 = (double)qr[d] * mx[s * D + d], t2 = (double)qr[d] * mn[s * D + d];
+                    ref += t1 > t2 ? t1 : t2;
+                    mag += fabs((double)qr[d]) * fmax(fabs((double)mx[s * D + d]), fabs((double)mn[s * D + d]));
+                }
+                for (size_t i = 0; i < BS; i++) {
+                    double dot = 0;
+                    for (size_t d = 0; d < D; d++) dot += (double)qr[d] * k[(s * BS + i) * D + d];
+                    best = dot > best ? dot : best;
+                }
+                double got = out[out_pad + (b * n_q + r) * n_blocks + blk], tol = (double)D * ldexp(1, -23) * mag;
+                if (fabs(got - ref) > tol)
+                    fail_msg("aabb_score b=%zu r=%zu blk=%zu: got %.9g, reference %.9g (tol %.3g)", b, r, blk, got,
+                             ref, tol);
+                if (got < best - tol) fail_msg("aabb_score below max_i q.k_i: %.9g < %.9g", got, best);
+            }
+    g_be->iface->buffer_free(g_be, bq);
+    g_be->iface->buffer_free(g_be, bmn);
+    g_be->iface->buffer_free(g_be, bmx);
+    g_be->iface->buffer_free(g_be, bo);
+    free(q);
+    free(k);
+    free(mn);
+    free(mx);
+    free(out);
+}
+
+static void test_vulkan_aabb_score_gemm_form_matches_reference(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    kvm_vk_aabb_score_fn fn;
+    void *p = proc(KVM_VK_PROC_AABB_SCORE);
+    if (!p) skip(); /* only the Vulkan plugin has it before the retrieval entries land */
+    memcpy(&fn, &p, sizeof fn);
+    uint64_t rng = 21;
+    score_case(fn, 2, 4, 2, 64, 5, 37, 16, 0, &rng);   /* GQA 2:1, partial tiles */
+    score_case(fn, 1, 2, 2, 40, 17, 33, 4, 3, &rng);   /* dim not a multiple of 16, output offset */
+    score_case(fn, 1, 1, 1, 128, 1, 300, 16, 0, &rng); /* decode: one query row */
+    /* bad input changes nothing */
+    float z[8] = {0}, o[8];
+    kvmem_buffer *b = bfloat(z, 8), *bo = bfloat(z, 8);
+    kvm_vk_aabb_score_args a = {b, b, b, bo, 0, 0, 0, 1, 2, 4, 1, 1, 4, 4, 4, 4, 2, 2};
+    assert_ok(fn(g_be, &a));
+    a.n_q = 0;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "empty");
+    a.n_q = 1;
+    a.n_blocks = 3;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    a.n_blocks = 2;
+    a.out_off = 25 * 4;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    a.out_off = 2;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "multiples of 4");
+    a.out_off = 0;
+    a.q_rs = SIZE_MAX;
+    a.n_q = 2;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    assert_status(fn(g_be, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
+    bget(g_be, bo, 0, o, sizeof o);
+    for (int i = 0; i < 8; i++) assert_true(o[i] == 0.0f);
+    g_be->iface->buffer_free(g_be, b);
+    g_be->iface->buffer_free(g_be, bo);
+}
+
+static void gather_case(kvm_vk_gather_rope_fn fn, kvmem_rope_style style, int32_t D, int32_t rot, double af,
+                        size_t n_src, size_t n_out, size_t H, int64_t pos_base, uint64_t *rng) {
+    kvmem_model_spec spec = tu_spec(1, D);
+    spec.rotary_dim = rot;
+    spec.rope_style = style;
+    kvm_rope *r = malloc(sizeof *r);
+    kvm_rope_init(r, &spec);
+    r->attn_factor = af;
+    size_t row = H * (size_t)D, np = (size_t)rot / 2, src_rs = row + 3;
+    float *src = malloc(n_src * src_rs * 4), *cs = malloc((2 * n_out * np + 1) * 4), *out = malloc(n_out * row * 4);
+    float *cpu = malloc(n_out * row * 4);
+    uint32_t *idx = malloc(n_out * 4);
+    for (size_t i = 0; i < n_src * src_rs; i++) src[i] = tu_normal(rng);
+    for (size_t i = 0; i < n_out; i++) idx[i] = (uint32_t)(tu_next(rng) % n_src);
+    float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
+    for (size_t i = 0; i < n_out; i++) {
+        kvm_rope_cos_sin(r, (double)(pos_base + (int64_t)i), c, s);
+        for (size_t j = 0; j < np; j++) {
+            cs[i * np + j] = c[j];
+            cs[n_out * np + i * np + j] = s[j];
+        }
+        for (size_t h = 0; h < H; h++) { /* the CPU rotation of the core */
+            memcpy(cpu + i * row + h * (size_t)D, src + idx[i] * src_rs + h * (size_t)D, (size_t)D * 4);
+            if (rot) kvm_rope_rotate(r, cpu + i * row + h * (size_t)D, c, s, 0);
+        }
+    }
+    kvmem_buffer *bs = bfloat(src, n_src * src_rs), *bi = balloc(g_be, n_out * 4), *bc = bfloat(cs, 2 * n_out * np + 1),
+                 *bo = bfloat(NULL, n_out * row);
+    bput(g_be, bi, 0, idx, n_out * 4);
+    kvm_vk_gather_rope_args a = {bs, bi, bc, bo, 0, 0, 0, 0, n_src, src_rs, n_out, H, (size_t)D, (size_t)rot,
+                                 style == KVMEM_ROPE_GPTJ, (float)af};
+    assert_ok(fn(g_be, &a));
+    bget(g_be, bo, 0, out, n_out * row * 4);
+    size_t step = style == KVMEM_ROPE_NEOX ? 1 : 2, off = style == KVMEM_ROPE_NEOX ? np : 1;
+    for (size_t i = 0; i < n_out; i++)
+        for (size_t h = 0; h < H; h++) {
+            const float *x = src + idx[i] * src_rs + h * (size_t)D;
+            const float *g = out + i * row + h * (size_t)D, *cp = cpu + i * row + h * (size_t)D;
+            for (size_t d = (size_t)rot; d < (size_t)D; d++) assert_true(g[d] == x[d]); /* unrotated dims copied */
+            for (size_t j = 0; j < np; j++) {
+                size_t d0 = j * step, d1 = d0 + off;
+                double ang = (double)(pos_base + (int64_t)i) * r->inv_freq[j];
+                double y0 = af * ((double)x[d0] * cos(ang) - (double)x[d1] * sin(ang));
+                double y1 = af * ((double)x[d0] * sin(ang) + (double)x[d1] * cos(ang));
+                double m = fabs((double)x[d0]) + fabs((double)x[d1]);
+                double tc = ldexp(1, -21) * m * af + 1e-30, td = 1e-5 * m * af + 1e-30;
+                if (fabs(g[d0] - cp[d0]) > tc || fabs(g[d1] - cp[d1]) > tc || fabs(g[d0] - y0) > td ||
+                    fabs(g[d1] - y1) > td)
+                    fail_msg("gather_rope row %zu head %zu pair %zu: got (%.9g, %.9g), cpu (%.9g, %.9g), double (%.9g, %.9g)",
+                             i, h, j, (double)g[d0], (double)g[d1], (double)cp[d0], (double)cp[d1], y0, y1);
+            }
+        }
+    g_be->iface->buffer_free(g_be, bs);
+    g_be->iface->buffer_free(g_be, bi);
+    g_be->iface->buffer_free(g_be, bc);
+    g_be->iface->buffer_free(g_be, bo);
+    free(r);
+    free(src);
+    free(cs);
+    free(out);
+    free(cpu);
+    free(idx);
+}
+
+static void test_vulkan_gather_rope_matches_cpu_rotation(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    kvm_vk_gather_rope_fn fn;
+    void *p = proc(KVM_VK_PROC_GATHER_ROPE);
+    if (!p) skip(); /* only the Vulkan plugin has it before the retrieval entries land */
+    memcpy(&fn, &p, sizeof fn);
+    uint64_t rng = 31;
+    gather_case(fn, KVMEM_ROPE_NEOX, 64, 64, 1.0, 50, 37, 2, 0, &rng);
+    gather_case(fn, KVMEM_ROPE_GPTJ, 64, 64, 1.0, 50, 37, 2, 5, &rng);
+    gather_case(fn, KVMEM_ROPE_NEOX, 128, 32, 1.0, 10, 20, 3, 100000, &rng); /* partial rotary, far positions */
+    gather_case(fn, KVMEM_ROPE_GPTJ, 32, 16, 1.25, 9, 5, 1, 4095, &rng);     /* YaRN-style attention factor */
+    gather_case(fn, KVMEM_ROPE_NEOX, 16, 0, 1.0, 9, 5, 4, 0, &rng);          /* values: plain gather */
+    /* bad input */
+    float z[64] = {0};
+    kvmem_buffer *b = bfloat(z, 64);
+    kvm_vk_gather_rope_args a = {b, b, b, b, 0, 0, 0, 0, 1, 8, 1, 1, 8, 8, 0, 1.0f};
+    assert_ok(fn(g_be, &a));
+    a.rotary_dim = 7;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "even");
+    a.rotary_dim = 10;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "head_dim");
+    a.rotary_dim = 8;
+    a.n_out = 0;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "empty");
+    a.n_out = 9;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    a.n_out = 1;
+    a.src_rs = 4;
+    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    g_be->iface->buffer_free(g_be, b);
+}
+
 /* ---- threads: ops on one backend from several threads, and contexts
  * created and freed concurrently (the plugin's shared instance) ---- */
 
@@ -543,6 +760,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_aabb_build_rejects_bad_input_and_changes_nothing),
         cmocka_unit_test(test_registry_reports_backend_and_auto_prefers_native_cpu),
         cmocka_unit_test(test_vulkan_device_choice_and_reasons),
+        cmocka_unit_test(test_vulkan_aabb_score_gemm_form_matches_reference),
+        cmocka_unit_test(test_vulkan_gather_rope_matches_cpu_rotation),
         cmocka_unit_test(test_threads_share_a_backend_and_create_contexts),
     };
     return cmocka_run_group_tests_name(g_name, tests, setup, teardown);
