@@ -3,7 +3,7 @@
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils)
+pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
 # Vulkan backend: headers and loader, volk, the shader compiler and
 # validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
 pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
