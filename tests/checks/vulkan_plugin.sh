@@ -40,4 +40,12 @@ if ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1'; then
 else
   echo "$line" | grep -q 'unavailable.*no Vulkan loader (libvulkan.so.1)' || { echo "FAIL: expected 'no Vulkan loader'"; exit 1; }
 fi
+# With no loadable loader (here: a broken libvulkan.so.1 found first), the
+# reason names the missing loader.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+: > "$tmp/libvulkan.so.1"
+line=$(LD_LIBRARY_PATH="$tmp" "$cli" backends | grep '^vulkan')
+echo "without a loader: $line"
+echo "$line" | grep -q 'unavailable.*no Vulkan loader (libvulkan.so.1)' || { echo "FAIL: expected 'no Vulkan loader'"; exit 1; }
 echo "ok"
