@@ -11,16 +11,18 @@
 
 kvmem_status kvm_vk_buffer_create(kvm_vk *v, size_t size, int device, kvmem_buffer **out) {
     *out = NULL;
+    uint32_t type = device ? v->device_mem_type : v->staging_mem_type;
+    VkDeviceSize heap = v->mem_props.memoryHeaps[v->mem_props.memoryTypes[type].heapIndex].size;
+    /* refused here rather than handed to a driver that may not cope */
+    if ((uint64_t)size > heap)
+        return kvm_vk_fail(v, KVMEM_ERR_NOMEM, "vulkan: cannot allocate %zu bytes: the memory heap has %llu",
+                           size, (unsigned long long)heap);
     kvmem_buffer *b = calloc(1, sizeof *b);
     if (!b) return kvm_vk_fail(v, KVMEM_ERR_NOMEM, "vulkan: out of host memory");
     b->size = size;
     /* whole words, never empty: shaders read buffers as uint arrays */
     b->cap = ((VkDeviceSize)size + 3u) & ~(VkDeviceSize)3u;
     if (b->cap < 4) b->cap = 4;
-    if (size > (size_t)UINT64_MAX - 4) {
-        free(b);
-        return kvm_vk_fail(v, KVMEM_ERR_NOMEM, "vulkan: cannot allocate %zu bytes", size);
-    }
     VkBufferCreateInfo bci = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, NULL, 0, b->cap,
                               VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                   VK_BUFFER_USAGE_TRANSFER_DST_BIT,
@@ -33,7 +35,6 @@ kvmem_status kvm_vk_buffer_create(kvm_vk *v, size_t size, int device, kvmem_buff
     }
     VkMemoryRequirements req;
     v->vk.vkGetBufferMemoryRequirements(v->dev, b->buf, &req);
-    uint32_t type = device ? v->device_mem_type : v->staging_mem_type;
     VkMemoryAllocateInfo mai = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, NULL, req.size, type};
     r = (req.memoryTypeBits & (1u << type)) ? v->vk.vkAllocateMemory(v->dev, &mai, NULL, &b->mem)
                                             : VK_ERROR_FEATURE_NOT_PRESENT;
