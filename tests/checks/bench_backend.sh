@@ -14,11 +14,11 @@ check() { # backend, expected lines
   [ "$n" -eq 6 ] || { echo "FAIL: expected 6 JSON lines for backend $1, got $n"; exit 1; }
 }
 check cpu
-if "$cli" backends | grep -q '^vulkan  *available'; then
+if grep -q '^vulkan  *available' <<<"$("$cli" backends)"; then
   check vulkan
   # device times come from timestamps, so they are positive numbers
-  echo "$out" | grep -q '"device_ms":[0-9]' || { echo "FAIL: no device time"; exit 1; }
-  echo "$out" | grep -q '"op":"aabb_score".*"gflops":[0-9]' || { echo "FAIL: no aabb_score line"; exit 1; }
+  grep -q '"device_ms":[0-9]' <<<"$out" || { echo "FAIL: no device time"; exit 1; }
+  grep -q '"op":"aabb_score".*"gflops":[0-9]' <<<"$out" || { echo "FAIL: no aabb_score line"; exit 1; }
 else
   echo "vulkan part skipped: $("$cli" backends | grep '^vulkan')"
 fi

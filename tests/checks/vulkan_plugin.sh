@@ -12,8 +12,8 @@ command -v readelf >/dev/null || { echo "skipped: readelf not installed (binutil
 
 needed=$(readelf -d "$plugin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
 echo "NEEDED: $needed"
-if echo "$needed" | grep -qi vulkan; then echo "FAIL: plugin links a Vulkan library at build time"; exit 1; fi
-if ldd "$plugin" | grep -qi vulkan; then echo "FAIL: ldd shows a Vulkan library"; ldd "$plugin"; exit 1; fi
+if grep -qi vulkan <<<"$needed"; then echo "FAIL: plugin links a Vulkan library at build time"; exit 1; fi
+if grep -qi vulkan <<<"$(ldd "$plugin")"; then echo "FAIL: ldd shows a Vulkan library"; ldd "$plugin"; exit 1; fi
 
 exports=$(nm -D --defined-only "$plugin" | awk '$2 ~ /^[TW]$/ {print $3}' | grep -v '^_' | sort | tr '\n' ' ')
 echo "exported functions: $exports"
@@ -27,18 +27,19 @@ out=$("$cli" backends)
 echo "$out"
 line=$(echo "$out" | grep '^vulkan') || { echo "FAIL: kvmem backends has no vulkan line"; exit 1; }
 # Either usable with a device description, or unusable with a plain reason.
-if echo "$line" | grep -q ' available '; then
-  echo "$line" | grep -q 'Vulkan [0-9]' || { echo "FAIL: no device description"; exit 1; }
+if grep -q ' available ' <<<"$line"; then
+  grep -q 'Vulkan [0-9]' <<<"$line" || { echo "FAIL: no device description"; exit 1; }
 else
   echo "$line" | grep -Eq 'no Vulkan loader|no device' || { echo "FAIL: unclear reason: $line"; exit 1; }
 fi
 # With no driver visible to the loader, the reason says "no device".
 line=$(VK_ICD_FILENAMES=/nonexistent/icd.json VK_DRIVER_FILES=/nonexistent/icd.json "$cli" backends | grep '^vulkan')
 echo "without drivers: $line"
-if ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1'; then
-  echo "$line" | grep -q 'unavailable.*no device' || { echo "FAIL: expected 'no device' without drivers"; exit 1; }
+cache=$(ldconfig -p 2>/dev/null || true) # (not piped into grep -q: SIGPIPE under pipefail)
+if grep -q 'libvulkan.so.1' <<<"$cache"; then
+  grep -q 'unavailable.*no device' <<<"$line" || { echo "FAIL: expected 'no device' without drivers"; exit 1; }
 else
-  echo "$line" | grep -q 'unavailable.*no Vulkan loader (libvulkan.so.1)' || { echo "FAIL: expected 'no Vulkan loader'"; exit 1; }
+  grep -q 'unavailable.*no Vulkan loader (libvulkan.so.1)' <<<"$line" || { echo "FAIL: expected 'no Vulkan loader'"; exit 1; }
 fi
 # With no loadable loader (here: a broken libvulkan.so.1 found first), the
 # reason names the missing loader.
@@ -47,5 +48,5 @@ trap 'rm -rf "$tmp"' EXIT
 : > "$tmp/libvulkan.so.1"
 line=$(LD_LIBRARY_PATH="$tmp" "$cli" backends | grep '^vulkan')
 echo "without a loader: $line"
-echo "$line" | grep -q 'unavailable.*no Vulkan loader (libvulkan.so.1)' || { echo "FAIL: expected 'no Vulkan loader'"; exit 1; }
+grep -q 'unavailable.*no Vulkan loader (libvulkan.so.1)' <<<"$line" || { echo "FAIL: expected 'no Vulkan loader'"; exit 1; }
 echo "ok"
