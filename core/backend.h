@@ -16,7 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVMEM_BACKEND_API_VERSION 1u
+/* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue) */
+#define KVMEM_BACKEND_API_VERSION 2u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
