@@ -25,6 +25,7 @@
 #include "vk_ops.h"
 
 #include <math.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -489,6 +490,23 @@ static void test_vulkan_device_choice_and_reasons(void **state) {
     setenv("KVMEM_VULKAN_DEVICE", "99", 1);
     assert_status(kvmem_context_create(&p, &c), KVMEM_ERR_UNSUPPORTED, "no device");
     unsetenv("KVMEM_VULKAN_DEVICE");
+    /* the plugin refuses a core of another backend API version, plainly */
+    const char *dir = getenv("KVMEM_BACKEND_PATH");
+    if (dir) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/libkvmem-vulkan.so", dir);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        assert_non_null(h);
+        kvmem_backend_plugin_init_fn init;
+        *(void **)(&init) = dlsym(h, KVMEM_BACKEND_PLUGIN_INIT);
+        assert_non_null(*(void **)(&init));
+        char why[256] = "";
+        kvmem_backend *be = NULL;
+        assert_int_equal(init(KVMEM_BACKEND_API_VERSION - 1, NULL, &be, why, sizeof why), KVMEM_ERR_UNSUPPORTED);
+        assert_null(be);
+        assert_non_null(strstr(why, "rebuild them together"));
+        dlclose(h);
+    }
 }
 
 /* ---- retrieval kernels reached by name (Vulkan, ahead of the table) ---- */
