@@ -14,6 +14,9 @@ extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 /* segments */
 extern const kvm_bench_suite kvm_bench_segments;
 
+/* cuda */
+extern const kvm_bench_suite kvm_bench_cuda;
+
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
     &kvm_bench_backend,
@@ -27,5 +30,9 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
 
     /* segments */
     &kvm_bench_segments,
+
+    /* cuda */
+    &kvm_bench_cuda,
+
     NULL,
 };
