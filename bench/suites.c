@@ -2,11 +2,13 @@
 #include "bench.h"
 
 extern const kvm_bench_suite kvm_bench_machine;
+extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 /* retrieval */
 
 /* evict */
 
 /* attend */
+extern const kvm_bench_suite kvm_bench_attend;
 
 /* store */
 
@@ -18,11 +20,13 @@ extern const kvm_bench_suite kvm_bench_cuda;
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
+    &kvm_bench_backend,
     /* retrieval */
 
     /* evict */
 
     /* attend */
+    &kvm_bench_attend,
 
     /* store */
 
