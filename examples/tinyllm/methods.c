@@ -191,9 +191,12 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
     ADD("art", TL_M_FULL, 0, 0, 0, 1, 0);
     ADD("art-tile16", TL_M_FULL, 0, 0, 0, 1, 0);
     all[n - 1].art_tile = 16;
-    ADD("art-tile16-tau/10", TL_M_FULL, 0, 0, 0, 1, 0);
+    ADD("art-tile16-tau*10", TL_M_FULL, 0, 0, 0, 1, 0);
     all[n - 1].art_tile = 16;
-    all[n - 1].art_tau_scale = 0.1f;
+    all[n - 1].art_tau_scale = 10.0f;
+    ADD("art-tile16-tau*100", TL_M_FULL, 0, 0, 0, 1, 0);
+    all[n - 1].art_tile = 16;
+    all[n - 1].art_tau_scale = 100.0f;
 #ifdef TINYLLM_HAVE_RETRIEVE
     ADD("memart-aabb+art16", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 1, 1);
     all[n - 1].art_tile = 16;
