@@ -349,6 +349,12 @@ int tl_model_load_gguf_buffer(const uint8_t *buf, size_t size, tl_model *m, char
     int shared = find_tensor(ts, n_tensors, "output.weight") == NULL;
     m->cfg = c;
     m->n_data = tl_n_weights(&c, shared);
+    /* every weight takes at least 2 bytes of the file: refuse before allocating */
+    if (m->n_data > (size - data_start) / 2) {
+        tl_errf(err, err_size, "gguf: the header describes %zu weights, more than the file holds", m->n_data);
+        m->n_data = 0;
+        goto fail;
+    }
     m->data = malloc(m->n_data * sizeof(float));
     if (!m->data) {
         tl_errf(err, err_size, "gguf: out of memory");

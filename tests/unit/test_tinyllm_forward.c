@@ -483,6 +483,12 @@ static void test_gguf_reader_refuses_malformed_files(void **state) {
     memcpy(c, b.p, b.n);
     memset(c + 16 + 8, 0x7f, 8); /* length of the first key: hostile */
     expect_refused(c, b.n, "too long");
+    /* a huge model described by a small file: refused before any allocation */
+    memcpy(c, b.p, b.n);
+    size_t bc = find_name(&b, "llama.block_count") + 8 + strlen("llama.block_count") + 4;
+    uint32_t layers = 1000;
+    memcpy(c + bc, &layers, 4);
+    expect_refused(c, b.n, "more than the file holds");
     /* the architecture string: "llama" -> "llamb" */
     memcpy(c, b.p, b.n);
     size_t a = find_name(&b, "general.architecture") + 8 + 20 + 4 + 8;
