@@ -5,6 +5,7 @@
 #include "../internal.h"
 #include "half.h"
 #include "kernels.h"
+#include "../qmem/qmem_internal.h" /* eviction: qmem_score */
 
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +134,7 @@ static const kvmem_backend_iface cpu_iface = {
     /* -- retrieval -- */
 
     /* -- eviction -- */
+    .qmem_score = kvm_cpu_qmem_score,
 
     /* -- attention -- */
 
