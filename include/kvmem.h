@@ -504,8 +504,9 @@ KVMEM_API float kvmem_qmem_head_alpha(const kvmem_qmem_head *head);
  * k ([n_layers][N][n_kv_heads][head_dim], as for kvmem_qmem_score); rule is
  * that function's output. scores_out may equal rule. The head is read-only
  * here: several threads may apply one head at once.
- * Errors: KVMEM_ERR_INVALID_ARG (NULLs, shapes, head_dim differs from the
- * head's, empty or out-of-range span), KVMEM_ERR_NOMEM. */
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, shapes, empty or out-of-range
+ * span), KVMEM_ERR_MISMATCH (spec head_dim differs from the head's),
+ * KVMEM_ERR_NOMEM. Runs on the calling thread. */
 KVMEM_API kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec,
                                              const float *memory, const kvmem_tensor *k,
                                              const float *rule, int64_t span_begin,
