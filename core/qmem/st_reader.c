@@ -193,13 +193,17 @@ kvmem_status kvm_st_parse(const unsigned char *buf, size_t size, kvm_st_tensor *
     if (!sorted) return kvm_fail(KVMEM_ERR_NOMEM, "safetensors: out of memory");
     memcpy(sorted, out, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, by_begin);
-    for (int i = 1; i < n; i++)
-        if (sorted[i].begin < sorted[i - 1].end) {
+    int prev = -1; /* the last non-empty tensor: empty ones overlap nothing */
+    for (int i = 0; i < n; i++) {
+        if (sorted[i].begin == sorted[i].end) continue;
+        if (prev >= 0 && sorted[i].begin < sorted[prev].end) {
             kvmem_status st = kvm_fail(KVMEM_ERR_CORRUPT, "safetensors: tensors '%s' and '%s' overlap",
-                                       sorted[i - 1].name, sorted[i].name);
+                                       sorted[prev].name, sorted[i].name);
             free(sorted);
             return st;
         }
+        prev = i;
+    }
     free(sorted);
     *n_out = n;
     *data_off = doff;
