@@ -5,6 +5,7 @@ extern const kvm_bench_suite kvm_bench_machine;
 /* retrieval */
 
 /* evict */
+extern const kvm_bench_suite kvm_bench_evict;
 
 /* attend */
 
@@ -18,6 +19,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* retrieval */
 
     /* evict */
+    &kvm_bench_evict,
 
     /* attend */
 

@@ -31,6 +31,25 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_maskz_mov_ps((__mmask16)~tiny, y);
 }
 
+/* Transpose-and-add tree: 45 shuffles/adds instead of 16 full reductions.
+ * Returns r with r[i] = sum of the lanes of a[i / 4][i % 4]. */
+static inline __m512 hsum16(__m512 a[4][4]) {
+    const __m512 *x = &a[0][0];
+    __m512 s1[8], s2[4];
+    for (int p = 0; p < 8; p++) /* per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] */
+        s1[p] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * p], x[2 * p + 1]), _mm512_unpackhi_ps(x[2 * p], x[2 * p + 1]));
+    for (int q = 0; q < 4; q++) { /* per lane: the lane's partial sums of rows 4q .. 4q+3 */
+        __m512d u = _mm512_castps_pd(s1[2 * q]), v = _mm512_castps_pd(s1[2 * q + 1]);
+        s2[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u, v)), _mm512_castpd_ps(_mm512_unpackhi_pd(u, v)));
+    }
+    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 static void x_qk(const float *m, size_t G, size_t D, const float *k, size_t n, size_t kstride,
                  float scale, float *out, size_t out_stride) {
     size_t j = 0;
@@ -51,9 +70,12 @@ static void x_qk(const float *m, size_t G, size_t D, const float *k, size_t n, s
                 for (int u = 0; u < 4; u++)
                     for (int v = 0; v < 4; v++) a[u][v] = _mm512_fmadd_ps(mv[u], kv[v], a[u][v]);
             }
-            for (int u = 0; u < 4; u++)
-                for (int v = 0; v < 4; v++)
-                    out[(g + (size_t)u) * out_stride + j + (size_t)v] = _mm512_reduce_add_ps(a[u][v]) * scale;
+            /* 16 horizontal sums at once: r[4u + v] = sum(a[u][v]) */
+            __m512 r = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
+            _mm_storeu_ps(out + (g + 0) * out_stride + j, _mm512_extractf32x4_ps(r, 0));
+            _mm_storeu_ps(out + (g + 1) * out_stride + j, _mm512_extractf32x4_ps(r, 1));
+            _mm_storeu_ps(out + (g + 2) * out_stride + j, _mm512_extractf32x4_ps(r, 2));
+            _mm_storeu_ps(out + (g + 3) * out_stride + j, _mm512_extractf32x4_ps(r, 3));
         }
         for (; g < G; g++) {
             const float *mr = m + g * D;

@@ -12,6 +12,9 @@
 const float *kvm_qmem_k_rows(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n,
                              size_t D, float *scratch, size_t *kstride);
 
+/* Prefetch rows [j0, j0 + n) of K[l][.][g][.] (F32 in place only). */
+void kvm_qmem_k_prefetch(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n, size_t D);
+
 /* Validate spec and K = [n_layers][N][n_kv_heads][head_dim] with N >= 1;
  * *n gets N. `fn` names the caller in messages. */
 kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,

@@ -14,6 +14,8 @@
 #include <string.h>
 
 #define QS_MAX_CHUNKS 16
+#undef KVM_QMEM_TILE
+#define KVM_QMEM_TILE 32 /* rows per step: prefetch distance */
 
 const float *kvm_qmem_k_rows(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n,
                              size_t D, float *scratch, size_t *kstride) {
@@ -26,6 +28,21 @@ const float *kvm_qmem_k_rows(const kvmem_tensor *k, int64_t l, int64_t g, int64_
         kvm_tensor_read_f32(k, base + (int64_t)i * k->strides[1], scratch + i * D, D);
     *kstride = D;
     return scratch;
+}
+
+void kvm_qmem_k_prefetch(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n, size_t D) {
+#if defined(__GNUC__) || defined(__clang__)
+    /* Key rows of one KV head sit n_kv_heads * head_dim floats apart, often a
+     * page each: the hardware prefetcher does not follow that, so ask. */
+    if (k->dtype != KVMEM_F32 || (k->strides[3] != 1 && D != 1)) return;
+    const float *base = (const float *)k->data + l * k->strides[0] + g * k->strides[2];
+    for (size_t i = 0; i < n; i++) {
+        const char *r = (const char *)(base + (j0 + (int64_t)i) * k->strides[1]);
+        for (size_t b = 0; b < D * sizeof(float); b += 64) __builtin_prefetch(r + b, 0, 0);
+    }
+#else
+    (void)k; (void)l; (void)g; (void)j0; (void)n; (void)D;
+#endif
 }
 
 kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
@@ -51,29 +68,37 @@ typedef struct {
     const kvmem_tensor *k;
     const float *mem;
     const kvm_qk_kernels *kk;
-    size_t Hq, Hkv, G, D, N, n_tasks, n_chunks;
+    size_t L, Hq, Hkv, G, D, N, n_chunks;
     float scale;
     float *partial; /* [n_chunks][N] */
-    float *logits;  /* [n_chunks][G][N] */
+    float *logits;  /* [n_chunks][Hq][N] */
     float *tile;    /* [n_chunks][TILE][D] */
 } qs_job;
 
+/* A chunk is a range of layers. Within a layer, key rows are swept once in
+ * tiles of TILE positions, every KV head of a tile before the next tile:
+ * one token's keys of all heads are contiguous in the usual layout, so the
+ * sweep reads memory in order (per-head sweeps jump a page per row and ran
+ * at a tenth of the bandwidth). */
 static void qs_task(void *arg, size_t b, size_t e) {
     const qs_job *q = arg;
     for (size_t c = b; c < e; c++) {
-        float *acc = q->partial + c * q->N, *lg = q->logits + c * q->G * q->N;
+        float *acc = q->partial + c * q->N, *lg = q->logits + c * q->Hq * q->N;
         float *tile = q->tile + c * KVM_QMEM_TILE * q->D;
         memset(acc, 0, q->N * sizeof *acc);
-        size_t t0 = c * q->n_tasks / q->n_chunks, t1 = (c + 1) * q->n_tasks / q->n_chunks;
-        for (size_t t = t0; t < t1; t++) {
-            size_t l = t / q->Hkv, g = t % q->Hkv;
-            const float *m = q->mem + (l * q->Hq + g * q->G) * q->D;
+        size_t l0 = c * q->L / q->n_chunks, l1 = (c + 1) * q->L / q->n_chunks;
+        for (size_t l = l0; l < l1; l++) {
             for (size_t j0 = 0; j0 < q->N; j0 += KVM_QMEM_TILE) {
                 size_t n = KVM_MIN(q->N - j0, (size_t)KVM_QMEM_TILE), ks;
-                const float *rows = kvm_qmem_k_rows(q->k, (int64_t)l, (int64_t)g, (int64_t)j0, n, q->D, tile, &ks);
-                q->kk->qk(m, q->G, q->D, rows, n, ks, q->scale, lg + j0, q->N);
+                size_t nn = KVM_MIN(q->N - j0 - n, (size_t)KVM_QMEM_TILE);
+                for (size_t g = 0; g < q->Hkv; g++) {
+                    kvm_qmem_k_prefetch(q->k, (int64_t)l, (int64_t)g, (int64_t)(j0 + n), nn, q->D);
+                    const float *rows = kvm_qmem_k_rows(q->k, (int64_t)l, (int64_t)g, (int64_t)j0, n, q->D, tile, &ks);
+                    q->kk->qk(q->mem + (l * q->Hq + g * q->G) * q->D, q->G, q->D, rows, n, ks, q->scale,
+                              lg + g * q->G * q->N + j0, q->N);
+                }
             }
-            for (size_t h = 0; h < q->G; h++) q->kk->softmax_acc(lg + h * q->N, q->N, acc);
+            for (size_t h = 0; h < q->Hq; h++) q->kk->softmax_acc(lg + h * q->N, q->N, acc);
         }
     }
 }
@@ -104,11 +129,11 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     q.G = q.Hq / q.Hkv;
     q.D = (size_t)spec->head_dim;
     q.N = (size_t)k->shape[1];
-    q.n_tasks = (size_t)spec->n_layers * q.Hkv;
-    q.n_chunks = KVM_MIN(q.n_tasks, (size_t)QS_MAX_CHUNKS);
+    q.L = (size_t)spec->n_layers;
+    q.n_chunks = KVM_MIN(q.L, (size_t)QS_MAX_CHUNKS);
     q.scale = (float)(1.0 / sqrt((double)q.D));
     size_t np, nl, nt;
-    if (!kvm_mul_size(q.n_chunks, q.N, &np) || !kvm_mul_size(np, q.G, &nl) ||
+    if (!kvm_mul_size(q.n_chunks, q.N, &np) || !kvm_mul_size(np, q.Hq, &nl) ||
         !kvm_mul_size(q.n_chunks * KVM_QMEM_TILE, q.D, &nt) || nl > SIZE_MAX / 8)
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: scratch size overflows");
     q.partial = kvm_aligned_alloc(np * sizeof(float));
