@@ -381,18 +381,33 @@ kvmem_status kvmem_slotmap_evict(kvmem_slotmap *m, const int32_t *kept, int64_t 
     int64_t freed = 0, dropped = 0, kp = 0;
     const int64_t len = m->len, prot = m->protect;
     pthread_mutex_lock(&s->mu);
-    for (int64_t j = 0; j < len; j++) {
-        if (kp < n_kept && kept[kp] == j) {
-            kp++;
-            continue;
+    int32_t *refc = s->refs, *fl = s->free_list; /* grow() may move them: read under the lock */
+    int64_t n_free = s->n_free;
+    /* Walk the gaps between kept positions: the inner loops run without a
+     * data-dependent "is it kept?" branch. */
+    for (int64_t j = 0; kp <= n_kept; kp++) {
+        const int64_t end = kp < n_kept ? kept[kp] : len;
+        for (; j < end && j < prot; j++) { /* protected prefix: parked, a prefix cache may hold it */
+            int32_t sl = slots[j];
+            if (sl == KVMEM_DEAD_SLOT) continue; /* evicting twice is a no-op */
+            slots[j] = KVMEM_DEAD_SLOT;
+            dropped++;
+            m->parked[m->n_parked++] = sl;
         }
-        int32_t sl = slots[j];
-        if (sl == KVMEM_DEAD_SLOT) continue; /* evicting twice is a no-op */
-        slots[j] = KVMEM_DEAD_SLOT;
-        dropped++;
-        if (j < prot) m->parked[m->n_parked++] = sl; /* a prefix cache may still hold it */
-        else freed += release(s, sl);
+        for (; j < end; j++) {
+            int32_t sl = slots[j];
+            if (sl == KVMEM_DEAD_SLOT) continue;
+            slots[j] = KVMEM_DEAD_SLOT;
+            dropped++;
+            if (--refc[sl] == 0) { /* no kept or sibling reference left */
+                fl[n_free++] = sl;
+                freed++;
+            }
+        }
+        j = end + 1;
     }
+    s->n_free = n_free;
+    s->n_used -= freed;
     pthread_mutex_unlock(&s->mu);
     m->n_live -= dropped;
     if (n_freed) *n_freed = freed;
