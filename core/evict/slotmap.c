@@ -429,7 +429,8 @@ kvmem_status kvmem_slotmap_compact(kvmem_slotmap *m, const int32_t *kept, int64_
     int32_t *nslots = malloc((size_t)KVM_MAX(n_new, (int64_t)1) * sizeof *nslots);
     int32_t *fresh = malloc((size_t)KVM_MAX(n_moved, (int64_t)1) * sizeof *fresh);
     int32_t *old = malloc((size_t)KVM_MAX(m->len, (int64_t)1) * sizeof *old);
-    if (!nslots || !fresh || !old || reserve_parked(m, kept, n_kept) != KVMEM_OK) {
+    /* every live protected position may be parked: dropped, or moved */
+    if (!nslots || !fresh || !old || reserve_i32(&m->parked, &m->cap_parked, m->n_parked + m->protect) != KVMEM_OK) {
         free(nslots);
         free(fresh);
         free(old);

@@ -308,6 +308,23 @@ static void compaction_moves_rows_and_rerotates_keys(void **state) {
             }
         }
     }
+    /* inside a protected prefix: a dropped and two moved rows are all parked */
+    kvmem_slotmap *pm = NULL;
+    assert_ok(kvmem_slotmap_create(f.store, &pm));
+    assert_ok(kvmem_slotmap_append(pm, &kt, &vt));
+    assert_ok(kvmem_slotmap_set_protected(pm, 4));
+    int32_t pk[4] = {0, 2, 3, 5}, ps0[N];
+    memcpy(ps0, slots_of(pm, &len), sizeof ps0);
+    assert_ok(kvmem_slotmap_compact(pm, pk, 4, &freed));
+    assert_int_equal(freed, 5); /* 4, 6, 7, 8 dropped and 5 moved: own slots outside the prefix */
+    kvmem_slotmap_info pinfo;
+    assert_ok(kvmem_slotmap_get_info(pm, &pinfo));
+    assert_int_equal(pinfo.n_parked, 3); /* 1 dropped, 2 and 3 moved */
+    assert_int_equal(pinfo.length, 4);
+    assert_int_equal(pinfo.protect, 4);
+    for (int j = 1; j < 4; j++) assert_int_equal(refs(f.store, ps0[j]), 1);
+    kvmem_slotmap_free(pm);
+    for (int j = 0; j < N; j++) assert_int_equal(refs(f.store, ps0[j]), 0);
     /* sibling untouched */
     const int32_t *ss = slots_of(sib, &len);
     assert_memory_equal(ss, s0, sizeof s0);
