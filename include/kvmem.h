@@ -460,7 +460,8 @@ KVMEM_API int32_t kvmem_qmem_count(const kvmem_qmem_store *store);
  * k: [n_layers][N][n_kv_heads][head_dim], post-RoPE (F32/F16/BF16, any
  * strides; contiguous F32 rows are read in place). scores: N floats out.
  * Runs on the context's CPU worker threads with the SIMD kernels chosen at
- * run time; the result does not depend on the thread count.
+ * run time; the result does not depend on the thread count. Scratch:
+ * min(16, n_layers) * (n_q_heads + 1) * N floats for the call.
  * Errors: KVMEM_ERR_INVALID_ARG (NULLs, spec, shape, N = 0, non-finite
  * memory), KVMEM_ERR_NOMEM. */
 KVMEM_API kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec,
@@ -550,7 +551,8 @@ KVMEM_API kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budge
  * max-pooled along positions (kernel `pool_kernel`, 7 in the paper, odd,
  * stride 1, same padding); scores[j] = sum over (l, h). Select with
  * kvmem_select_keep(scores, N, C, 0, N - W, N, ...) so the window is kept,
- * as SnapKV does. Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
+ * as SnapKV does. Scratch: min(16, n_layers * n_q_heads) * (W + 2) * N
+ * floats. Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
 KVMEM_API kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec,
                                           const kvmem_tensor *q_obs, const kvmem_tensor *k,
                                           int32_t pool_kernel, float *scores);
