@@ -9,6 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__GNUC__) || defined(__clang__)
+#  define KVM_PREFETCH_W(p) __builtin_prefetch((p), 1, 1)
+#else
+#  define KVM_PREFETCH_W(p) ((void)(p))
+#endif
+
 struct kvmem_kvstore {
     kvmem_model_spec spec; /* geometry and RoPE; layer_window NULL */
     kvm_rope rope;
@@ -395,6 +401,8 @@ kvmem_status kvmem_slotmap_evict(kvmem_slotmap *m, const int32_t *kept, int64_t 
             m->parked[m->n_parked++] = sl;
         }
         for (; j < end; j++) {
+            /* slots of a long-lived store are scattered: fetch counts ahead */
+            if (j + 16 < len) KVM_PREFETCH_W(&refc[slots[j + 16]]);
             int32_t sl = slots[j];
             if (sl == KVMEM_DEAD_SLOT) continue;
             slots[j] = KVMEM_DEAD_SLOT;
