@@ -655,8 +655,10 @@ KVMEM_API kvmem_status kvmem_slotmap_evict(kvmem_slotmap *map, const int32_t *ke
  * positions 0 .. n_kept - 1; a row whose position changes is copied to a
  * fresh slot with its key re-rotated from its old position to the new one
  * (core/rope, the store's spec); a row whose position does not change keeps
- * its slot. Old slots are released as by kvmem_slotmap_evict. The map's
- * length becomes n_kept and its protected prefix min(protect, n_kept).
+ * its slot. Old slots are released as by kvmem_slotmap_evict (a protected
+ * position's old slot is parked, moved or dropped). Kept positions that are
+ * already dead are skipped; the map's length becomes the number of live
+ * kept positions M and its protected prefix min(protect, M).
  * Errors: as kvmem_slotmap_evict, plus KVMEM_ERR_CAPACITY, KVMEM_ERR_NOMEM
  * (the map is unchanged on failure). */
 KVMEM_API kvmem_status kvmem_slotmap_compact(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept,
