@@ -339,6 +339,7 @@ static void strict_reader_rejects_bad_files(void **state) {
     assert_null(h);
     kvmem_qmem_head_free(NULL);
     assert_int_equal(kvmem_qmem_head_dim(NULL), 0);
+    assert_true(kvmem_qmem_head_alpha(NULL) == 0.0f);
     free_weights(&w);
 }
 
