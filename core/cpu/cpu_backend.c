@@ -3,6 +3,7 @@
 #include "../backend.h"
 #include "../context.h"
 #include "../internal.h"
+#include "../attend/attend.h"
 #include "half.h"
 #include "kernels.h"
 #include "../qmem/qmem_internal.h" /* eviction: qmem_score */
@@ -137,6 +138,7 @@ static const kvmem_backend_iface cpu_iface = {
     .qmem_score = kvm_cpu_qmem_score,
 
     /* -- attention -- */
+    .attend = kvm_attend_cpu,
 
     /* -- persistence -- */
 
