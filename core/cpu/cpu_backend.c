@@ -5,6 +5,7 @@
 #include "../internal.h"
 #include "half.h"
 #include "kernels.h"
+#include "../retrieve/score.h" /* retrieval ops */
 
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,9 @@ static const kvmem_backend_iface cpu_iface = {
     .convert = cpu_convert,
     .aabb_build = cpu_aabb_build,
     /* -- retrieval -- */
+    .aabb_score = kvm_cpu_aabb_score,
+    .topk = kvm_cpu_topk,
+    .gather = kvm_cpu_gather,
 
     /* -- eviction -- */
 
