@@ -3,6 +3,7 @@
 
 extern const kvm_bench_suite kvm_bench_machine;
 /* retrieval */
+extern const kvm_bench_suite kvm_bench_retrieval;
 
 /* evict */
 
@@ -16,6 +17,7 @@ extern const kvm_bench_suite kvm_bench_machine;
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
     /* retrieval */
+    &kvm_bench_retrieval,
 
     /* evict */
 
