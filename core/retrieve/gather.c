@@ -29,43 +29,53 @@ typedef struct gather_job {
     atomic_int failed;
 } gather_job;
 
-/* Item = (block index i, layer l): all KV heads of that layer of the block. */
+/* Item = (block index i, layer l): all KV heads of that layer of the block.
+ * Rows are staged token-major ([n][H][D] f32) so each output token row of
+ * H * D elements is converted and stored in one call when the caller's
+ * tensor is contiguous over heads. */
 static void gather_task(void *arg, size_t b, size_t e) {
     gather_job *job = arg;
     const kvm_gather_desc *d = job->d;
     const kvmem_pool *p = d->pool;
-    const size_t L = (size_t)p->spec.n_layers, D = (size_t)p->spec.head_dim;
-    const int32_t H = p->spec.n_kv_heads;
-    const size_t np = (size_t)p->rope.n_pairs;
-    float *rows = kvm_aligned_alloc((size_t)p->params.block_size * D * sizeof(float));
-    if (!rows) {
+    const size_t L = (size_t)p->spec.n_layers, D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads;
+    const size_t np = (size_t)p->rope.n_pairs, BS = (size_t)p->params.block_size;
+    float *tmp = kvm_aligned_alloc(BS * D * sizeof(float)), *stage = kvm_aligned_alloc(BS * H * D * sizeof(float));
+    if (!tmp || !stage) {
         atomic_store(&job->failed, 1);
+        kvm_aligned_free(tmp);
+        kvm_aligned_free(stage);
         return;
     }
     for (size_t it = b; it < e; it++) {
         const size_t i = it / L;
         const int32_t l = (int32_t)(it % L);
         const kvm_block *blk = &d->mem->blocks[d->blocks[i]];
-        const int32_t n = blk->n_tokens;
+        const size_t n = (size_t)blk->n_tokens;
         const int64_t row0 = d->first[i];
         for (int which = 0; which < 2; which++) {
             const kvmem_tensor *t = which ? d->v_out : d->k_out;
             if (!t) continue;
-            for (int32_t h = 0; h < H; h++) {
-                kvm_block_read_f32(p, blk, which, l, h, 0, n, rows);
-                for (int32_t r = 0; r < n; r++) {
-                    float *x = rows + (size_t)r * D;
-                    if (!which) {
-                        const float *c = job->cs + (size_t)(row0 + r) * 2 * np;
-                        kvm_rope_rotate(&p->rope, x, c, c + np, 0);
+            for (size_t h = 0; h < H; h++) {
+                kvm_block_read_f32(p, blk, which, l, (int32_t)h, 0, blk->n_tokens, tmp);
+                if (!which) kvm_rope_rotate_rows(&p->rope, tmp, n, D, job->cs + (size_t)row0 * 2 * np, 2 * np);
+                for (size_t r = 0; r < n; r++) memcpy(stage + (r * H + h) * D, tmp + r * D, D * sizeof(float));
+            }
+            const int heads_contig = t->strides[3] == 1 && t->strides[2] == (int64_t)D;
+            for (size_t r = 0; r < n; r++) {
+                if (heads_contig) {
+                    int64_t idx[3] = {l, row0 + (int64_t)r, 0};
+                    kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), stage + r * H * D, H * D);
+                } else {
+                    for (size_t h = 0; h < H; h++) {
+                        int64_t idx[3] = {l, row0 + (int64_t)r, (int64_t)h};
+                        kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), stage + (r * H + h) * D, D);
                     }
-                    int64_t idx[3] = {l, row0 + r, h};
-                    kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), x, D);
                 }
             }
         }
     }
-    kvm_aligned_free(rows);
+    kvm_aligned_free(tmp);
+    kvm_aligned_free(stage);
 }
 
 kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
