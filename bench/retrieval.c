@@ -75,7 +75,10 @@ static int run_retrieval(const kvm_bench_opts *o) {
     snprintf(spec.model_id, sizeof spec.model_id, "%s", quick ? "quick-4L-8q2kv-128" : "llama-3.1-8b-geometry");
     const int64_t sizes_full[3] = {4096, 16384, 65536}, sizes_quick[1] = {2048};
     const int64_t *sizes = quick ? sizes_quick : sizes_full;
-    const int n_sizes = quick ? 1 : 3;
+    int n_sizes = quick ? 1 : 3;
+    /* KVMEM_BENCH_MAX_TOKENS=N skips the larger sizes (e.g. on a small machine) */
+    const char *cap = getenv("KVMEM_BENCH_MAX_TOKENS");
+    while (cap && n_sizes > 1 && sizes[n_sizes - 1] > atoll(cap)) n_sizes--;
     const int BS = 16, top_k = 16, n_prefill = 32, chunk = 256;
     const int32_t L = spec.n_layers, H = spec.n_kv_heads, NQ = spec.n_q_heads, D = spec.head_dim;
 

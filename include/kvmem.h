@@ -430,8 +430,10 @@ KVMEM_API void kvmem_retrieval_free(kvmem_retrieval *r);
  * params: NULL for defaults. result: filled on success; on any error it is
  *        left exactly as it was.
  * Result sets: GLOBAL -> 1 set; PER_LAYER -> n_layers sets (set = layer).
- * Each set lists min(top_k, candidates + always_include) blocks in
- * chronological order (ascending block id) with their scores S(b).
+ * Each set lists every always_include block plus the top
+ * (top_k - n_always_include) other candidates (fewer when fewer exist), in
+ * chronological order (ascending block id), with their scores S(b). Ties
+ * break toward the older block.
  * An agent with no sealed blocks gives empty sets (KVMEM_OK).
  * Threading: runs on the context's worker threads; one agent and one result
  * object per calling thread at a time.

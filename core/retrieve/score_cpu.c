@@ -37,6 +37,8 @@ typedef struct score_job {
     const kvm_score_kernels *kern;
     size_t G, R, K, ldo, kbuf_rows;
     int use_rows;
+    float *qpack; /* block-major pass: packed query rows [item][R][K] */
+    float *big; /* block-major pass: every item's scores [item][n_cand][ldo], or NULL */
     atomic_int failed;
 } score_job;
 
@@ -54,7 +56,7 @@ static int rank_cmp(const void *a, const void *b) {
 }
 
 static void score_item(const score_job *job, size_t item, float *qbuf, float *sc, const float **bp,
-                       float *kbuf, float *tmp, float *colm, float *cols, rank_item *ranks) {
+                       float *kbuf, float *tmp) {
     const kvm_score_desc *d = job->d;
     const kvmem_pool *p = d->pool;
     const kvm_score_kernels *kern = job->kern;
@@ -106,6 +108,15 @@ static void score_item(const score_job *job, size_t item, float *qbuf, float *sc
         }
     }
 
+}
+
+/* Normalise item's scores sc[n_cand][ldo] per query token over the
+ * candidates, aggregate over tokens, sum over the group's query heads. */
+static void normalise_item(const score_job *job, size_t item, float *sc, float *colm, float *cols, rank_item *ranks) {
+    const kvm_score_desc *d = job->d;
+    const size_t G = job->G, R = job->R, ldo = job->ldo;
+    const size_t nq = (size_t)d->n_q, nc = (size_t)d->n_cand;
+    const kvm_score_kernels *kern = job->kern;
     /* Per-token normalisation over the candidates, column by column. */
     if (d->norm == KVMEM_NORM_SOFTMAX) {
         for (size_t r = 0; r < ldo; r++) colm[r] = sc[r];
@@ -156,16 +167,20 @@ static void score_task(void *arg, size_t ib, size_t ie) {
     const size_t D = (size_t)d->pool->spec.head_dim, kr = job->kbuf_rows;
     const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
     float *qbuf = kvm_aligned_alloc(K * ldo * sizeof(float));
-    float *sc = kvm_aligned_alloc(nc * ldo * sizeof(float));
+    float *sc = job->big ? NULL : kvm_aligned_alloc(nc * ldo * sizeof(float));
     const float **bp = malloc((exact ? kr : nc) * sizeof *bp);
     float *kbuf = exact ? kvm_aligned_alloc(kr * D * sizeof(float)) : NULL;
     float *tmp = exact ? kvm_aligned_alloc(kr * ldo * sizeof(float)) : NULL;
     float *colm = malloc(2 * ldo * sizeof(float));
     rank_item *ranks = d->norm == KVMEM_NORM_RR ? malloc(nc * sizeof *ranks) : NULL;
-    if (!qbuf || !sc || !bp || !colm || (exact && (!kbuf || !tmp)) || (d->norm == KVMEM_NORM_RR && !ranks)) {
+    if (!qbuf || (!sc && !job->big) || !bp || !colm || (exact && (!kbuf || !tmp)) || (d->norm == KVMEM_NORM_RR && !ranks)) {
         atomic_store(&job->failed, 1);
     } else {
-        for (size_t it = ib; it < ie; it++) score_item(job, it, qbuf, sc, bp, kbuf, tmp, colm, colm + ldo, ranks);
+        for (size_t it = ib; it < ie; it++) {
+            float *s = job->big ? job->big + it * nc * ldo : sc;
+            if (!job->big) score_item(job, it, qbuf, s, bp, kbuf, tmp);
+            normalise_item(job, it, s, colm, colm + ldo, ranks);
+        }
     }
     kvm_aligned_free(qbuf);
     kvm_aligned_free(sc);
@@ -174,6 +189,50 @@ static void score_task(void *arg, size_t ib, size_t ie) {
     kvm_aligned_free(tmp);
     free(colm);
     free(ranks);
+}
+
+/* Decode-sized AABB scoring in block-major order: a task takes a few
+ * consecutive candidates and scores every (layer, KV head) for them, so it
+ * reads the agent's AABB array as a handful of sequential streams (an item-
+ * major pass would jump 2 * L * H * head_dim floats between blocks: a new
+ * page, and a TLB miss, per 1 KiB box). */
+#define BM_BLOCKS 4
+
+static void block_major_task(void *arg, size_t cb, size_t ce) {
+    score_job *job = arg;
+    const kvm_score_desc *d = job->d;
+    const kvmem_pool *p = d->pool;
+    const size_t H = (size_t)p->spec.n_kv_heads, items = (size_t)p->spec.n_layers * H;
+    const size_t R = job->R, K = job->K, nc = (size_t)d->n_cand;
+    for (size_t c = cb; c < ce; c++) {
+        const size_t j0 = c * BM_BLOCKS, n = KVM_MIN((size_t)BM_BLOCKS, nc - j0);
+        for (size_t item = 0; item < items; item++) {
+            const float *bp[BM_BLOCKS];
+            for (size_t j = 0; j < n; j++)
+                bp[j] = kvm_block_aabb(p, d->mem, d->cand[j0 + j], (int32_t)(item / H), (int32_t)(item % H));
+            job->kern->rows(job->qpack + item * R * K, R, bp, n, K, job->big + (item * nc + j0) * R, R);
+        }
+    }
+}
+
+/* [q+ || q-] rows of every item, [item][R][K], for the block-major pass. */
+static void pack_all_queries(const score_job *job) {
+    const kvm_score_desc *d = job->d;
+    const kvmem_pool *p = d->pool;
+    const size_t L = (size_t)p->spec.n_layers, NQ = (size_t)p->spec.n_q_heads, H = (size_t)p->spec.n_kv_heads;
+    const size_t D = (size_t)p->spec.head_dim, G = job->G, R = job->R, K = job->K, nq = (size_t)d->n_q;
+    for (size_t item = 0; item < L * H; item++) {
+        const size_t l = item / H, g = item % H;
+        for (size_t gi = 0; gi < G; gi++)
+            for (size_t t = 0; t < nq; t++) {
+                const float *src = d->q + ((t * L + l) * NQ + g * G + gi) * D;
+                float *row = job->qpack + (item * R + gi * nq + t) * K;
+                for (size_t k = 0; k < D; k++) {
+                    row[k] = src[k] > 0.0f ? src[k] : 0.0f;
+                    row[D + k] = src[k] < 0.0f ? src[k] : 0.0f;
+                }
+            }
+    }
 }
 
 kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
@@ -194,8 +253,25 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     atomic_init(&job.failed, 0);
     size_t items = (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
+    /* Few query rows (decode) in AABB mode: score block-major into one
+     * buffer first when it stays small; normalisation then runs per item. */
+    size_t big_bytes = items * (size_t)d->n_cand * job.ldo * sizeof(float);
+    if (d->mode == KVMEM_RETRIEVE_AABB && job.use_rows && big_bytes <= ((size_t)64 << 20)) {
+        job.big = kvm_aligned_alloc(big_bytes);
+        job.qpack = kvm_aligned_alloc(items * job.R * job.K * sizeof(float));
+        if (!job.big || !job.qpack) {
+            kvm_aligned_free(job.big);
+            job.big = NULL; /* fall back to the item-major pass */
+        } else {
+            pack_all_queries(&job);
+            size_t chunks = ((size_t)d->n_cand + BM_BLOCKS - 1) / BM_BLOCKS;
+            kvm_parallel_for(tp, chunks, 4, block_major_task, &job);
+        }
+    }
     size_t grain = items / (4 * (size_t)kvm_threadpool_size(tp));
-    kvm_parallel_for(tp, items, grain ? grain : 1, score_task, &job);
+    if (!atomic_load(&job.failed)) kvm_parallel_for(tp, items, grain ? grain : 1, score_task, &job);
+    kvm_aligned_free(job.big);
+    kvm_aligned_free(job.qpack);
     if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for scoring scratch");
     return KVMEM_OK;
 }
