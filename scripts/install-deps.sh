@@ -3,7 +3,7 @@
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils)
+pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
 
 missing=()
 for p in "${pkgs[@]}"; do
