@@ -78,6 +78,10 @@ typedef struct kvm_gather_desc {
     const kvmem_tensor *k_out, *v_out; /* validated, either may be NULL */
 } kvm_gather_desc;
 
+/* Largest score buffer (bytes) for which few-row (decode) scoring runs
+ * block-major; larger problems go item-major. Tests lower it to reach both. */
+extern size_t kvm_score_block_major_max_bytes;
+
 /* The CPU implementations the CPU backend's table points at. */
 kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
 /* Indices of the k largest of score[0..n) (NaN never selected), ties toward

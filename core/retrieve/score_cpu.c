@@ -191,36 +191,67 @@ static void score_task(void *arg, size_t ib, size_t ie) {
     free(ranks);
 }
 
-/* Decode-sized AABB scoring in block-major order: a task takes a few
- * consecutive candidates and scores every (layer, KV head) for them, so it
- * reads the agent's AABB array as a handful of sequential streams (an item-
- * major pass would jump 2 * L * H * head_dim floats between blocks: a new
- * page, and a TLB miss, per 1 KiB box). */
+/* Decode-sized scoring in block-major order: a task takes a few consecutive
+ * candidates and scores every (layer, KV head) for them, so it reads the
+ * agent's AABB array (or each block's keys, EXACT) as a handful of sequential
+ * streams (an item-major pass would jump 2 * L * H * head_dim floats between
+ * blocks: a new page, and a TLB miss, per 1 KiB box). */
 #define BM_BLOCKS 4
+
+size_t kvm_score_block_major_max_bytes = (size_t)64 << 20;
 
 static void block_major_task(void *arg, size_t cb, size_t ce) {
     score_job *job = arg;
     const kvm_score_desc *d = job->d;
     const kvmem_pool *p = d->pool;
-    const size_t H = (size_t)p->spec.n_kv_heads, items = (size_t)p->spec.n_layers * H;
-    const size_t R = job->R, K = job->K, nc = (size_t)d->n_cand;
+    const size_t H = (size_t)p->spec.n_kv_heads, items = (size_t)p->spec.n_layers * H, D = (size_t)p->spec.head_dim;
+    const size_t R = job->R, K = job->K, nc = (size_t)d->n_cand, kr = job->kbuf_rows;
+    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
+    float *kbuf = exact ? kvm_aligned_alloc(kr * D * sizeof(float)) : NULL;
+    float *tmp = exact ? kvm_aligned_alloc(kr * R * sizeof(float)) : NULL;
+    const float **kp = exact ? malloc(kr * sizeof *kp) : NULL;
+    if (exact && (!kbuf || !tmp || !kp)) {
+        atomic_store(&job->failed, 1);
+        ce = cb;
+    }
     for (size_t c = cb; c < ce; c++) {
         const size_t j0 = c * BM_BLOCKS, n = KVM_MIN((size_t)BM_BLOCKS, nc - j0);
         for (size_t item = 0; item < items; item++) {
-            const float *bp[BM_BLOCKS];
-            for (size_t j = 0; j < n; j++)
-                bp[j] = kvm_block_aabb(p, d->mem, d->cand[j0 + j], (int32_t)(item / H), (int32_t)(item % H));
-            job->kern->rows(job->qpack + item * R * K, R, bp, n, K, job->big + (item * nc + j0) * R, R);
+            const int32_t l = (int32_t)(item / H), g = (int32_t)(item % H);
+            const float *qi = job->qpack + item * R * K;
+            float *out = job->big + (item * nc + j0) * R;
+            if (!exact) {
+                const float *bp[BM_BLOCKS];
+                for (size_t j = 0; j < n; j++) bp[j] = kvm_block_aabb(p, d->mem, d->cand[j0 + j], l, g);
+                job->kern->rows(qi, R, bp, n, K, out, R);
+                continue;
+            }
+            for (size_t j = 0; j < n; j++) {
+                const kvm_block *blk = &d->mem->blocks[d->cand[j0 + j]];
+                const size_t nt = (size_t)blk->n_tokens;
+                kvm_block_read_f32(p, blk, 0, l, g, 0, blk->n_tokens, kbuf);
+                for (size_t i = 0; i < nt; i++) kp[i] = kbuf + i * D;
+                job->kern->rows(qi, R, kp, nt, K, tmp, R);
+                float *o = out + j * R;
+                memcpy(o, tmp, R * sizeof(float));
+                for (size_t i = 1; i < nt; i++)
+                    for (size_t r = 0; r < R; r++) o[r] = tmp[i * R + r] > o[r] ? tmp[i * R + r] : o[r];
+            }
         }
     }
+    kvm_aligned_free(kbuf);
+    kvm_aligned_free(tmp);
+    free((void *)kp);
 }
 
-/* [q+ || q-] rows of every item, [item][R][K], for the block-major pass. */
+/* Query rows of every item, [item][R][K]: [q+ || q-] (AABB) or q (EXACT),
+ * for the block-major pass. */
 static void pack_all_queries(const score_job *job) {
     const kvm_score_desc *d = job->d;
     const kvmem_pool *p = d->pool;
     const size_t L = (size_t)p->spec.n_layers, NQ = (size_t)p->spec.n_q_heads, H = (size_t)p->spec.n_kv_heads;
     const size_t D = (size_t)p->spec.head_dim, G = job->G, R = job->R, K = job->K, nq = (size_t)d->n_q;
+    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
     for (size_t item = 0; item < L * H; item++) {
         const size_t l = item / H, g = item % H;
         for (size_t gi = 0; gi < G; gi++)
@@ -228,8 +259,12 @@ static void pack_all_queries(const score_job *job) {
                 const float *src = d->q + ((t * L + l) * NQ + g * G + gi) * D;
                 float *row = job->qpack + (item * R + gi * nq + t) * K;
                 for (size_t k = 0; k < D; k++) {
-                    row[k] = src[k] > 0.0f ? src[k] : 0.0f;
-                    row[D + k] = src[k] < 0.0f ? src[k] : 0.0f;
+                    if (exact) {
+                        row[k] = src[k];
+                    } else {
+                        row[k] = src[k] > 0.0f ? src[k] : 0.0f;
+                        row[D + k] = src[k] < 0.0f ? src[k] : 0.0f;
+                    }
                 }
             }
     }
@@ -253,10 +288,11 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     atomic_init(&job.failed, 0);
     size_t items = (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
-    /* Few query rows (decode) in AABB mode: score block-major into one
-     * buffer first when it stays small; normalisation then runs per item. */
+    /* Few query rows (decode): score block-major into one buffer first when
+     * it stays small (both modes, so EXACT gets the same access pattern);
+     * normalisation then runs per item. */
     size_t big_bytes = items * (size_t)d->n_cand * job.ldo * sizeof(float);
-    if (d->mode == KVMEM_RETRIEVE_AABB && job.use_rows && big_bytes <= ((size_t)64 << 20)) {
+    if (job.use_rows && big_bytes <= kvm_score_block_major_max_bytes) {
         job.big = kvm_aligned_alloc(big_bytes);
         job.qpack = kvm_aligned_alloc(items * job.R * job.K * sizeof(float));
         if (!job.big || !job.qpack) {

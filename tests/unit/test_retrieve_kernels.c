@@ -172,6 +172,60 @@ static void aabb_score_bounds_the_best_key(void **state) {
     kvmem_context_free(ctx);
 }
 
+/* Decode-sized problems score block-major, larger ones item-major: both
+ * orders give the same scores (same kernels, same summation order). */
+static void block_major_and_item_major_agree(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(2);
+    kvmem_model_spec s = tu_spec(3, 32);
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    kvmem_pool *pool;
+    kvmem_agent *ag;
+    assert_ok(kvmem_pool_create(ctx, &s, NULL, &pool));
+    assert_ok(kvmem_agent_open(pool, "bm", &ag));
+    uint64_t rng = 12;
+    const int T = 16 * 21;
+    size_t n = (size_t)3 * T * 2 * 32;
+    float *kv = malloc(n * sizeof(float)), q[2 * 3 * 8 * 32];
+    tu_fill_kv(kv, n, &rng);
+    tu_fill_kv(q, sizeof q / sizeof *q, &rng);
+    int64_t sh[4] = {3, T, 2, 32}, qs[4] = {2, 3, 8, 32};
+    kvmem_tensor kt, qt;
+    assert_ok(kvmem_tensor_init(&kt, kv, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_agent_append(ag, &kt, &kt, NULL));
+    assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+    kvmem_retrieval *a, *b;
+    assert_ok(kvmem_retrieval_create(&a));
+    assert_ok(kvmem_retrieval_create(&b));
+    const size_t saved = kvm_score_block_major_max_bytes;
+    for (int mode = 0; mode < 2; mode++)
+        for (int nq = 1; nq <= 2; nq++) {
+            qt.shape[0] = nq;
+            kvmem_retrieve_params p = kvmem_retrieve_default_params();
+            p.mode = (kvmem_retrieve_mode)mode;
+            p.norm = nq == 2 ? KVMEM_NORM_RR : KVMEM_NORM_SOFTMAX;
+            kvm_score_block_major_max_bytes = saved;
+            assert_ok(kvmem_retrieve(ag, &qt, &p, a));
+            kvm_score_block_major_max_bytes = 0;
+            assert_ok(kvmem_retrieve(ag, &qt, &p, b));
+            const float *sa, *sb;
+            int32_t na, nb;
+            assert_ok(kvmem_retrieval_block_scores(a, 0, &sa, &na));
+            assert_ok(kvmem_retrieval_block_scores(b, 0, &sb, &nb));
+            assert_int_equal(na, 21);
+            assert_int_equal(nb, 21);
+            for (int i = 0; i < na; i++) assert_true(fabsf(sa[i] - sb[i]) <= 1e-6f * fabsf(sa[i]));
+        }
+    kvm_score_block_major_max_bytes = saved;
+    kvmem_retrieval_free(a);
+    kvmem_retrieval_free(b);
+    free(kv);
+    kvmem_agent_close(ag);
+    kvmem_pool_free(pool);
+    kvmem_context_free(ctx);
+}
+
 static void topk_ties_and_nan(void **state) {
     (void)state;
     const float s[8] = {1.0f, 3.0f, NAN, 3.0f, 2.0f, 3.0f, -1.0f, NAN};
@@ -194,6 +248,7 @@ int main(void) {
         cmocka_unit_test(simd_kernels_equal_scalar),
         cmocka_unit_test(vector_exp_is_accurate),
         cmocka_unit_test(aabb_score_bounds_the_best_key),
+        cmocka_unit_test(block_major_and_item_major_agree),
         cmocka_unit_test(topk_ties_and_nan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
