@@ -20,13 +20,6 @@ check_keys() { # name, text, keys...
   done
 }
 
-bench=$("$tool" bench --quick --json retrieval) || { echo "FAIL: kvmem bench --quick --json retrieval exited $?"; exit 1; }
-lines=$(grep -c '"suite":"retrieval"' <<<"$bench")
-[ "$lines" -ge 1 ] || { echo "FAIL: bench printed no retrieval lines"; fail=1; }
-check_keys bench "$bench" read_bw_gbps peak_gflops aabb_decode_gbps aabb_prefill_gflops exact_ms aabb_ms \
-  speedup_vs_exact recall_at_k_softmax_max recall_at_k_softmax_sum recall_at_k_rr_max recall_at_k_rr_sum \
-  tokens threads gather_gbps
-
 demo=$("$tool" demo --json) || { echo "FAIL: kvmem demo --json exited $?"; exit 1; }
 check_keys demo "$demo" type retrieved exact recall prefill_with_kvmem prefill_without mean_recall prefill_reduction
 grep -q '"type":"summary"' <<<"$demo" || { echo "FAIL: demo printed no summary"; fail=1; }
@@ -34,6 +27,20 @@ grep -q '"type":"summary"' <<<"$demo" || { echo "FAIL: demo printed no summary";
 # the same seed gives the same session
 [ "$demo" = "$("$tool" demo --json)" ] || { echo "FAIL: demo --json is not deterministic"; fail=1; }
 [ "$demo" != "$("$tool" demo --json --seed 7)" ] || { echo "FAIL: --seed has no effect"; fail=1; }
+
+bench=$("$tool" bench --quick --json retrieval 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && grep -q "has no benchmarks" <<<"$bench"; then
+  [ $fail -eq 0 ] || exit 1
+  echo "demo checks passed; skipped: the bench part (this build has no benchmarks, KVMEM_BUILD_BENCH=OFF)"
+  exit 77
+fi
+[ $rc -eq 0 ] || { echo "FAIL: kvmem bench --quick --json retrieval exited $rc: $bench"; exit 1; }
+lines=$(grep -c '"suite":"retrieval"' <<<"$bench")
+[ "$lines" -ge 1 ] || { echo "FAIL: bench printed no retrieval lines"; fail=1; }
+check_keys bench "$bench" read_bw_gbps peak_gflops aabb_decode_gbps aabb_prefill_gflops exact_ms aabb_ms \
+  speedup_vs_exact recall_at_k_softmax_max recall_at_k_softmax_sum recall_at_k_rr_max recall_at_k_rr_sum \
+  tokens threads gather_gbps
 
 # every line is one JSON object (when python3 is here to parse them)
 if command -v python3 >/dev/null; then
