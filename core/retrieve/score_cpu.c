@@ -196,7 +196,7 @@ static void score_task(void *arg, size_t ib, size_t ie) {
  * agent's AABB array (or each block's keys, EXACT) as a handful of sequential
  * streams (an item-major pass would jump 2 * L * H * head_dim floats between
  * blocks: a new page, and a TLB miss, per 1 KiB box). */
-#define BM_BLOCKS 4
+#define BM_BLOCKS 8
 
 size_t kvm_score_block_major_max_bytes = (size_t)64 << 20;
 
