@@ -2,30 +2,41 @@
 #include "bench.h"
 
 extern const kvm_bench_suite kvm_bench_machine;
+extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 /* retrieval */
 extern const kvm_bench_suite kvm_bench_retrieval;
 
 /* evict */
 
 /* attend */
+extern const kvm_bench_suite kvm_bench_attend;
 
 /* store */
 
 /* segments */
+extern const kvm_bench_suite kvm_bench_segments;
 
+/* cuda */
+extern const kvm_bench_suite kvm_bench_cuda;
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
+    &kvm_bench_backend,
     /* retrieval */
     &kvm_bench_retrieval,
 
     /* evict */
 
     /* attend */
+    &kvm_bench_attend,
 
     /* store */
 
     /* segments */
+    &kvm_bench_segments,
+
+    /* cuda */
+    &kvm_bench_cuda,
 
     NULL,
 };
