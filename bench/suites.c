@@ -7,6 +7,7 @@ extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 extern const kvm_bench_suite kvm_bench_retrieval;
 
 /* evict */
+extern const kvm_bench_suite kvm_bench_evict;
 
 /* attend */
 extern const kvm_bench_suite kvm_bench_attend;
@@ -26,6 +27,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_retrieval,
 
     /* evict */
+    &kvm_bench_evict,
 
     /* attend */
     &kvm_bench_attend,

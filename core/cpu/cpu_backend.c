@@ -7,6 +7,7 @@
 #include "half.h"
 #include "kernels.h"
 #include "../retrieve/score.h" /* retrieval ops */
+#include "../qmem/qmem_internal.h" /* eviction: qmem_score */
 
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,7 @@ static const kvmem_backend_iface cpu_iface = {
     .gather = kvm_cpu_gather,
 
     /* -- eviction -- */
+    .qmem_score = kvm_cpu_qmem_score,
 
     /* -- attention -- */
     .attend = kvm_attend_cpu,
