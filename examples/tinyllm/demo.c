@@ -419,6 +419,27 @@ static int keep_scenario(demo *D) {
     kvmem_segment_unit units[NOBJ];
     size_t n_units = 0;
     ok = ok && kvmem_segments_plan(segs, scores, NOBJ, 2, units, NOBJ, &n_units) == KVMEM_OK;
+    /* the plan ranks units by score; lay them out in scene order (a unit's
+     * first member), so relative order matches what the model saw */
+    int32_t first_of[NOBJ];
+    for (size_t u = 0; ok && u < n_units; u++) {
+        first_of[u] = units[u].segment;
+        if (units[u].kind == KVMEM_SEG_UNIT_GROUP) {
+            int32_t members[NOBJ];
+            size_t nm;
+            ok = kvmem_segments_group_members(segs, units[u].group, members, NOBJ, &nm) == KVMEM_OK && nm > 0;
+            first_of[u] = ok ? members[0] : 0;
+        }
+    }
+    for (size_t u = 1; ok && u < n_units; u++)
+        for (size_t w = u; w > 0 && first_of[w - 1] > first_of[w]; w--) {
+            kvmem_segment_unit tu = units[w];
+            units[w] = units[w - 1];
+            units[w - 1] = tu;
+            int32_t tf = first_of[w];
+            first_of[w] = first_of[w - 1];
+            first_of[w - 1] = tf;
+        }
     /* load the units' KV (raw keys from kvmem) and re-encode them contiguously */
     kv.n = 0;
     int64_t loaded = 0;
