@@ -1,0 +1,33 @@
+/* Prototypes of the wasm glue (the .c files of wasm/glue): the functions kvmem.js
+ * calls beside the public API. Not part of the native library. */
+#ifndef KVMEM_WASM_GLUE_H
+#define KVMEM_WASM_GLUE_H
+
+#include "internal.h"
+#include "kvmem.h"
+
+#include <stdint.h>
+
+struct kvm_synth;
+
+const char *kvmw_cpu_kernels(void);
+double kvmw_now_ms(void);
+kvmem_status kvmw_context_create(int32_t n_threads, kvmem_context **out);
+kvmem_status kvmw_pool_create(kvmem_context *ctx, int32_t n_layers, int32_t n_q_heads, int32_t n_kv_heads,
+                              int32_t head_dim, int32_t rotary_dim, int32_t rope_style, double rope_theta,
+                              int32_t block_size, int32_t storage_dtype, double capacity_bytes,
+                              const char *model_id, kvmem_pool **out);
+kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec);
+kvmem_status kvmw_agent_append(kvmem_pool *pool, kvmem_agent *agent, float *k, float *v, int32_t n_tokens,
+                               const int32_t *positions);
+kvmem_status kvmw_agent_info(kvmem_agent *agent, double *out);
+kvmem_status kvmw_block_info(kvmem_agent *agent, int32_t block, double *out);
+kvmem_status kvmw_rope_apply(kvmem_pool *pool, float *x, int32_t n_rows, int32_t stride, const int32_t *positions,
+                             int32_t inverse);
+kvmem_status kvmw_synth_create(kvmem_pool *pool, int32_t n_topics, uint32_t seed_lo, uint32_t seed_hi,
+                               struct kvm_synth **out);
+void kvmw_synth_free(struct kvm_synth *s);
+kvmem_status kvmw_synth_tokens(const struct kvm_synth *s, int32_t topic, int32_t n_tokens, uint64_t *rng, float *k,
+                               float *v);
+
+#endif
