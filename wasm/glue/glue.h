@@ -30,4 +30,29 @@ void kvmw_synth_free(struct kvm_synth *s);
 kvmem_status kvmw_synth_tokens(const struct kvm_synth *s, int32_t topic, int32_t n_tokens, uint64_t *rng, float *k,
                                float *v);
 
+/* retrieve.c (MemArt retrieval and gather) */
+kvmem_status kvmw_synth_query(const struct kvm_synth *s, int32_t topic, int32_t n_q, uint64_t *rng, float *q);
+kvmem_status kvmw_retrieve_defaults(double *out);
+kvmem_status kvmw_retrieve(kvmem_pool *pool, kvmem_agent *agent, const float *q, int32_t n_q, int32_t top_k,
+                           int32_t mode, int32_t norm, int32_t agg, int32_t scope, float tau, float rr_c,
+                           const int32_t *exclude, int32_t n_exclude, const int32_t *always_include,
+                           int32_t n_always_include, int32_t recent_window, int32_t skip_recent,
+                           kvmem_retrieval *result);
+kvmem_status kvmw_gather(kvmem_pool *pool, kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
+                         double base_position, float *k_out, float *v_out, int32_t n_tokens);
+
+/* attend.c (ART) */
+kvmem_status kvmw_attend_defaults(double *out);
+kvmem_status kvmw_attend_agent(kvmem_context *ctx, kvmem_pool *pool, kvmem_agent *agent, int32_t layer, const float *q,
+                               int32_t n_rows, const int32_t *positions, double base_position, int32_t order,
+                               int32_t n_sink, const int32_t *tile_order, int32_t n_tile_order, float scale,
+                               float tau_s, float tau_d, int32_t patience, int32_t probe, int32_t causal,
+                               int32_t compare, float *out, double *stats);
+kvmem_status kvmw_attend_tensors(kvmem_context *ctx, const float *q, int32_t n_rows, int32_t n_q_heads,
+                                 int32_t head_dim, const float *k, const float *v, int32_t T, int32_t n_kv_heads,
+                                 const uint8_t *mask, int32_t order, int32_t n_sink, const int32_t *tile_order,
+                                 int32_t n_tile_order, int32_t tile_size, float scale, float tau_s, float tau_d,
+                                 int32_t patience, int32_t probe, int32_t causal, int32_t compare, float *out,
+                                 double *stats);
+
 #endif
