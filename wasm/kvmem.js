@@ -477,7 +477,7 @@ function readStats(km, ptr) {
 }
 
 /** Instantiate the WebAssembly module. options.factory: the Emscripten factory to use
- *  (default: ./kvmem_wasm.js, the browser build; Node passes kvmem_wasm_node.mjs's).
+ *  (default: ./kvmem_wasm.js, the browser build; Node passes kvmem_wasm_node.cjs's).
  *  Other options go to the factory (e.g. locateFile). */
 export async function load({ factory = null, ...moduleOptions } = {}) {
   const create = factory || (await import('./kvmem_wasm.js')).default;
