@@ -129,6 +129,12 @@ export class Kvmem {
     return new Context(this, this.readPtr());
   }
 
+  /** A generator state for Synth (free() it). */
+  createRng(seed) { return new Rng(this, seed); }
+
+  /** The scripted session of `kvmem demo` (agents, turns, questions, model). */
+  demoScript() { return JSON.parse(this.fn('kvmw_demo_script', 'string', [])()); }
+
   /** Free the module's own scratch memory (after every object is closed). */
   close() {
     if (this._scratch) this._free(this._scratch);
@@ -175,7 +181,7 @@ export class Context extends Handle {
   attendTensors(q, nRows, k, v, { nQHeads, nKvHeads, headDim, mask = null, ...params }) {
     const km = this.km;
     const T = k.length / (nKvHeads * headDim);
-    const p = attendParams(params);
+    const p = attendParams(km, params);
     const out = new Float32Array(nRows * nQHeads * headDim);
     return km.withHeap([km.copyIn(q), km.copyIn(k), km.copyIn(v), km.copyIn(mask), km.copyIn(p.tileOrder),
       new HeapBlock(km, out.byteLength), new HeapBlock(km, 9 * 8)], ([qb, kb, vb, mb, tb, ob, sb]) => {
@@ -344,7 +350,7 @@ export class Agent extends Handle {
   attend(layer, q, nRows, { positions = null, basePosition = 0, ...params } = {}) {
     const km = this.km;
     const s = this.pool.spec;
-    const p = attendParams(params);
+    const p = attendParams(km, params);
     const out = new Float32Array(nRows * s.nQHeads * s.headDim);
     return km.withHeap([km.copyIn(q), km.copyIn(positions && Int32Array.from(positions)), km.copyIn(p.tileOrder),
       new HeapBlock(km, out.byteLength), new HeapBlock(km, 9 * 8)], ([qb, pb, tb, ob, sb]) => {
@@ -457,10 +463,13 @@ function retrieveDefaults(km) {
   return { topK: d[0], mode: d[1], norm: d[2], agg: d[3], scope: d[4], tau: d[5], rrC: d[6], recentWindow: d[7], skipRecent: d[8] };
 }
 
-// ART parameters: C defaults for what the caller leaves out (0 keeps the
-// C meaning of "default" where the C API has one).
-function attendParams({ order = 'recent', nSink = 4, tileOrder = null, tileSize = 0, scale = 0, tauS = 0.001, tauD = 0.0001,
-  patience = 4, probe = 'strided', causal = true, compare = false } = {}) {
+// ART parameters: kvmem_attend_default_params() for what the caller leaves out.
+function attendParams(km, params) {
+  const sc = km._scratch;
+  km.check(km.fn('kvmw_attend_defaults', 'number', ['number'])(sc));
+  const d = km.f64.subarray(sc >> 3, (sc >> 3) + 10);
+  const { order = d[0], nSink = d[1], tileOrder = null, tileSize = d[2], scale = d[3], tauS = d[4], tauD = d[5],
+    patience = d[6], probe = d[7], causal = d[8] === 1, compare = d[9] === 1 } = params;
   return {
     order: enumValue(ORDER, order, 'order'), nSink, tileOrder: tileOrder && Int32Array.from(tileOrder),
     nTileOrder: tileOrder ? tileOrder.length : 0, tileSize, scale, tauS, tauD, patience,

@@ -30,6 +30,9 @@ void kvmw_synth_free(struct kvm_synth *s);
 kvmem_status kvmw_synth_tokens(const struct kvm_synth *s, int32_t topic, int32_t n_tokens, uint64_t *rng, float *k,
                                float *v);
 
+/* demo.c: the session script of `kvmem demo` as JSON (static, never freed) */
+const char *kvmw_demo_script(void);
+
 /* retrieve.c (MemArt retrieval and gather) */
 kvmem_status kvmw_synth_query(const struct kvm_synth *s, int32_t topic, int32_t n_q, uint64_t *rng, float *q);
 kvmem_status kvmw_retrieve_defaults(double *out);
