@@ -59,7 +59,7 @@ export function computeView(km, script, { seed = 42, agent: agentId, turn, mode 
   tauS, tauD }) {
   const { norm, agg } = MODES[mode];
   const ctx = km.createContext({ nThreads: 1 });
-  const rng = km.createRng(BigInt(seed) ^ 0x5een);
+  const rng = km.createRng(BigInt(seed) ^ 0x5eedn);
   try {
     const m = script.model;
     const pool = ctx.createPool({ nLayers: m.nLayers, nQHeads: m.nQHeads, nKvHeads: m.nKvHeads, headDim: m.headDim,
