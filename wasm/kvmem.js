@@ -129,6 +129,13 @@ export class Kvmem {
     return new Context(this, this.readPtr());
   }
 
+  /** kvmem_attend_default_params(), by name (order and probe as numbers). */
+  attendDefaults() {
+    const p = attendParams(this, {});
+    return { order: p.order, nSink: p.nSink, tileSize: p.tileSize, scale: p.scale, tauS: p.tauS, tauD: p.tauD,
+      patience: p.patience, probe: p.probe, causal: p.causal === 1, compare: p.compare === 1 };
+  }
+
   /** A generator state for Synth (free() it). */
   createRng(seed) { return new Rng(this, seed); }
 

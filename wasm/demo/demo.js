@@ -66,8 +66,11 @@ function drawArt(container, art) {
   if (stop < n) {
     svg.append(svgEl('rect', { x: x(stop + 0.5), y: T, width: W - R - x(stop + 0.5), height: H - T - B, class: 'skipped' }));
     svg.append(svgEl('line', { x1: x(stop + 0.5), x2: x(stop + 0.5), y1: T, y2: H - B, class: 'stop' }));
-    const lab = svgEl('text', { x: x(stop + 0.5) + 4, y: T + 12, class: 'axis stoplabel' });
-    lab.textContent = 'stopped: the rest is never read';
+    // label on the side with room
+    const right = x(stop + 0.5) < (L + W - R) / 2;
+    const lab = svgEl('text', { x: x(stop + 0.5) + (right ? 6 : -6), y: T + 12, class: 'axis stoplabel',
+      'text-anchor': right ? 'start' : 'end' });
+    lab.textContent = right ? 'stop: the blocks to the right are never read' : 'stop: the blocks to the right are never read →';
     svg.append(lab);
   }
   svg.append(svgEl('line', { x1: L, x2: W - R, y1: y(art.tauS), y2: y(art.tauS), class: 'tau scale' }));
@@ -127,7 +130,7 @@ function render(view) {
 
   const art = view.art;
   $('art-layer').textContent = art.layer;
-  $('art-patience').textContent = 4;
+  $('art-patience').textContent = art.patience;
   drawArt($('art-chart'), art);
   const perStream = art.tilesVisited / art.nStreams, total = art.tilesTotal / art.nStreams;
   $('art-summary').innerHTML = '';

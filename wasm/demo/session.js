@@ -77,6 +77,7 @@ export function computeView(km, script, { seed = 42, agent: agentId, turn, mode 
           if (a.id === agentId && i + 1 === turn) {
             const t0 = performance.now();
             const view = question(ag, pool, q, step, { agg, norm, topK, tauS, tauD });
+            view.art.patience = km.attendDefaults().patience;
             view.ms = performance.now() - t0;
             Object.assign(view, { seed, agent: a.id, turn, topic: step.topic, topicName: script.topics[step.topic],
               queryTokens: step.tokens, mode, topK, blockSize, blockTopic });
