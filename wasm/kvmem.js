@@ -41,6 +41,16 @@ const PROBE = { strided: 0, oracle: 1 };
 const DTYPE = { f32: 0, f16: 1, bf16: 2 };
 const ROPE = { neox: 0, gptj: 1 };
 
+function badArg(message) {
+  return new KvmemError(Status.INVALID_ARG, 'KVMEM_ERR_INVALID_ARG', message);
+}
+
+// The C side reads exactly this many floats: a shorter array must never
+// reach it (it would read past the copy).
+function needLength(arr, n, what) {
+  if (!arr || arr.length !== n) throw badArg(`${what} must hold ${n} values (has ${arr ? arr.length : 0})`);
+}
+
 function enumValue(table, value, what) {
   if (typeof value === 'number') return value;
   const v = table[value];
@@ -188,6 +198,10 @@ export class Context extends Handle {
   attendTensors(q, nRows, k, v, { nQHeads, nKvHeads, headDim, mask = null, ...params }) {
     const km = this.km;
     const T = k.length / (nKvHeads * headDim);
+    if (!Number.isInteger(T) || T < 1) throw badArg(`k must hold T * ${nKvHeads * headDim} values`);
+    needLength(v, k.length, 'v');
+    needLength(q, nRows * nQHeads * headDim, 'q');
+    if (mask) needLength(mask, T, 'mask');
     const p = attendParams(km, params);
     const out = new Float32Array(nRows * nQHeads * headDim);
     return km.withHeap([km.copyIn(q), km.copyIn(k), km.copyIn(v), km.copyIn(mask), km.copyIn(p.tileOrder),
@@ -235,6 +249,9 @@ export class Pool extends Handle {
   /** Rotate rows of headDim floats (stride floats apart) to `positions`, or undo it. */
   ropeApply(x, nRows, stride, positions, inverse = false) {
     const km = this.km;
+    if (nRows > 0 && x.length < (nRows - 1) * stride + this.spec.headDim)
+      throw badArg(`x must hold at least ${(nRows - 1) * stride + this.spec.headDim} values`);
+    needLength(positions, nRows, 'positions');
     return km.withHeap([km.copyIn(x), km.copyIn(Int32Array.from(positions))], ([xb, pb]) => {
       km.check(km.fn('kvmw_rope_apply', 'number', Array(6).fill('number'))(this.live(), xb.ptr, nRows, stride, pb.ptr, inverse ? 1 : 0));
       const r = new Float32Array(x.length);
@@ -280,8 +297,9 @@ export class Agent extends Handle {
    *  positions (optional): keys are post-RoPE at these positions (kvmem de-rotates them). */
   append(k, v, nTokens, { positions = null } = {}) {
     const km = this.km;
-    if (k.length !== nTokens * this.rowFloats || v.length !== k.length)
-      throw new KvmemError(Status.INVALID_ARG, 'KVMEM_ERR_INVALID_ARG', `k and v must hold ${nTokens * this.rowFloats} floats`);
+    needLength(k, nTokens * this.rowFloats, 'k');
+    needLength(v, nTokens * this.rowFloats, 'v');
+    if (positions) needLength(positions, nTokens, 'positions');
     km.withHeap([km.copyIn(k), km.copyIn(v), km.copyIn(positions && Int32Array.from(positions))], ([kb, vb, pb]) => {
       km.check(km.fn('kvmw_agent_append', 'number', Array(6).fill('number'))(this.pool.live(), this.live(), kb.ptr, vb.ptr, nTokens, pb.ptr));
     });
@@ -321,6 +339,8 @@ export class Agent extends Handle {
    *  Retrieval to reuse. Returns { sets: [{ blocks, scores, nTokens, blockScores }] }. */
   retrieve(q, nQ, params = {}, into = null) {
     const km = this.km;
+    const s = this.pool.spec;
+    needLength(q, nQ * s.nLayers * s.nQHeads * s.headDim, 'query');
     const p = { ...retrieveDefaults(km), ...params };
     const r = into || new Retrieval(km);
     try {
@@ -357,6 +377,8 @@ export class Agent extends Handle {
   attend(layer, q, nRows, { positions = null, basePosition = 0, ...params } = {}) {
     const km = this.km;
     const s = this.pool.spec;
+    needLength(q, nRows * s.nQHeads * s.headDim, 'q');
+    if (positions) needLength(positions, this.info().nTokens, 'positions');
     const p = attendParams(km, params);
     const out = new Float32Array(nRows * s.nQHeads * s.headDim);
     return km.withHeap([km.copyIn(q), km.copyIn(positions && Int32Array.from(positions)), km.copyIn(p.tileOrder),
