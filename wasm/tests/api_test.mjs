@@ -66,7 +66,7 @@ throwsStatus(() => pool.openAgent('a'), Status.EXISTS, '', 'an agent open twice 
 // keys: block j leans on channel j % D, so blocks differ
 const k = randArray(L * T * NKV * D), v = randArray(L * T * NKV * D);
 for (let l = 0; l < L; l++) for (let t = 0; t < T; t++) k[(l * T + t) * D + (Math.floor(t / BS) % D)] += 2;
-throwsStatus(() => ag.append(k.subarray(1), v, T), Status.INVALID_ARG, 'floats', 'a short K is refused');
+throwsStatus(() => ag.append(k.subarray(1), v, T), Status.INVALID_ARG, 'must hold', 'a short K is refused');
 ag.append(k, v, T);
 const info = ag.info();
 check(info.nTokens === T && info.nSealed === NB, 'append seals full blocks', JSON.stringify(info));

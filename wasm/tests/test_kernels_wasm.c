@@ -2,9 +2,14 @@
  * Node: conversions, minmax and the non-finite count bit for bit on random
  * bit patterns and edge values (denormals, f16 rounding ties and overflow,
  * Inf, NaN with payloads), odd sizes for the tails; dot within f32 rounding
- * of a double-precision sum. Prints "N passed, N failed". */
+ * of a double-precision sum; with retrieval in the tree, its SIMD128 scoring
+ * kernels (panel and row products, exp) against double-precision references.
+ * Prints "N passed, N failed". */
 #include "cpu/half.h"
 #include "cpu/kernels.h"
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
+#  include "retrieve/score.h"
+#endif
 
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +54,54 @@ static void fill(float *x, size_t n, uint64_t *rng, int finite) {
         x[i] = f;
     }
 }
+
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
+/* out[j * ldo + r] = sum_k q_r[k] * b_j[k] for both kernel shapes, against
+ * double sums (tolerance: f32 accumulation over K terms); exp_neg against exp. */
+static void check_score(uint64_t *rng) {
+    const kvm_score_kernels *w = kvm_score_kernels_wasm128();
+    check(w != NULL && kvm_score_kernels_get() == w, "score kernels: wasm128 chosen", 0);
+    if (!w) return;
+    enum { K = 128, R = 37, N = 11, RP = 48 };
+    static float qrow[R * K], qt[K * RP], blk[N][K], out[N * RP];
+    const float *bp[N];
+    for (size_t i = 0; i < R * K; i++) qrow[i] = (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
+    for (size_t kk = 0; kk < K; kk++)
+        for (size_t r = 0; r < RP; r++) qt[kk * RP + r] = r < R ? qrow[r * K + kk] : 0.0f;
+    for (size_t j = 0; j < N; j++) {
+        for (size_t kk = 0; kk < K; kk++) blk[j][kk] = (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
+        bp[j] = blk[j];
+    }
+    for (int shape = 0; shape < 2; shape++) {
+        size_t rows = shape ? 3 : R, n = shape ? N - 2 : N; /* odd tails in both */
+        if (shape) w->rows(qrow, rows, bp, n, K, out, rows);
+        else w->panel(qt, RP, bp, n, K, out, RP);
+        size_t ldo = shape ? rows : RP;
+        int ok = 1;
+        for (size_t j = 0; j < n; j++)
+            for (size_t r = 0; r < rows; r++) {
+                double ref = 0, mag = 0;
+                for (size_t kk = 0; kk < K; kk++) {
+                    ref += (double)qrow[r * K + kk] * blk[j][kk];
+                    mag += fabs((double)qrow[r * K + kk] * blk[j][kk]);
+                }
+                if (fabs(out[j * ldo + r] - ref) > (double)(K + 1) * 6e-8 * mag + 1e-6) ok = 0;
+            }
+        check(ok, shape ? "score rows kernel vs double" : "score panel kernel vs double", n);
+    }
+    float x[67];
+    int ok = 1;
+    for (int i = 0; i < 67; i++) x[i] = -(float)i * 1.37f;
+    x[66] = -200.0f; /* below the clamp: underflows to ~0 */
+    w->exp_neg(x, 67);
+    for (int i = 0; i < 66; i++) {
+        double ref = exp(-(double)i * (double)(1.37f));
+        if (fabs(x[i] - ref) > 2e-7 * ref + 1e-37) ok = 0;
+    }
+    if (!(x[66] >= 0.0f && x[66] < 1e-37f)) ok = 0;
+    check(ok, "score exp_neg vs exp", 67);
+}
+#endif
 
 int main(void) {
     const kvm_cpu_kernels *s = kvm_cpu_kernels_scalar(), *w = kvm_cpu_kernels_named("wasm128");
@@ -101,6 +154,9 @@ int main(void) {
         /* f32 summation bound: n * 2^-24 * sum |a_i b_i| (products are exact in f32 here or round once) */
         check(fabs(got - ref) <= (double)(n + 1) * 6e-8 * mag + 1e-30, "dot vs double reference", n);
     }
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
+    check_score(&rng);
+#endif
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;
 }
