@@ -139,6 +139,9 @@ export class Kvmem {
     return new Context(this, this.readPtr());
   }
 
+  /** A reusable retrieval result for agent.retrieve(q, nQ, params, into) (free() it). */
+  createRetrieval() { return new Retrieval(this); }
+
   /** kvmem_attend_default_params(), by name (order and probe as numbers). */
   attendDefaults() {
     const p = attendParams(this, {});

@@ -6,8 +6,9 @@
 // "N passed, N failed"; exits 1 on any failure.
 //
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --kvmem build/default/tools/kvmem [--screenshot out.png]
+//   node wasm/tests/browser_test.mjs --www build/wasm/www --bench out.json   (bench.html only; no checks)
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -18,8 +19,9 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   return acc;
 }, []));
 const www = path.resolve(args.www);
-const kvmem = path.resolve(args.kvmem);
+const kvmem = args.kvmem ? path.resolve(args.kvmem) : null;
 
+class Done extends Error {}
 let passed = 0, failed = 0;
 function check(ok, what, detail = '') {
   if (ok) passed++;
@@ -113,6 +115,17 @@ try {
     viewport: { width: 1100, height: 900 },
   });
   const page = context.pages()[0] || await context.newPage();
+  if (args.bench) {
+    await page.goto(url + 'bench.html');
+    await page.waitForSelector('body[data-state]', { timeout: 300000 });
+    const r = await page.evaluate(() => window.kvmemBench || null);
+    check(r !== null, 'the benchmark ran');
+    if (r) {
+      writeFileSync(args.bench, JSON.stringify(r) + '\n');
+      console.log(JSON.stringify(r));
+    }
+    throw new Done();
+  }
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
@@ -168,6 +181,8 @@ try {
     await page.screenshot({ path: args.screenshot, fullPage: true });
     console.log(`screenshot: ${args.screenshot}`);
   }
+} catch (e) {
+  if (!(e instanceof Done)) throw e;
 } finally {
   if (context) await context.close();
   server.close();
