@@ -3,14 +3,16 @@
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 #
 # Two groups: the C build (required), and the WebAssembly build and its
-# browser test (emscripten, node-acorn for Debian's emcc, chromium, nodejs/npm;
-# then playwright-core from wasm/package-lock.json). The web group is
+# browser test (emscripten, node-acorn for Debian's emcc, chromium, nodejs;
+# then playwright-core from wasm/package-lock.json with npm, which ships with
+# the nodejs package where that comes from NodeSource: Debian's own `npm`
+# package is installed only when no npm is present). The web group is
 # optional: without root it is reported and `make test-web` skips with the
 # reason.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
-web_pkgs=(emscripten node-acorn chromium nodejs npm)
+web_pkgs=(emscripten node-acorn chromium nodejs)
 
 missing_of() {
   local p
@@ -37,6 +39,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 mapfile -t web_missing < <(missing_of "${web_pkgs[@]}")
+command -v npm >/dev/null || web_missing+=(npm)
 if [ ${#web_missing[@]} -gt 0 ]; then
   echo "the WebAssembly build and browser test need: ${web_missing[*]}" >&2
   install "${web_missing[@]}" || echo "(optional: make test-web skips without them)" >&2
