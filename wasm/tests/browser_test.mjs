@@ -178,7 +178,8 @@ try {
   }
   check(errors.length === 0, 'no page errors', errors.join(' | '));
   if (args.screenshot) {
-    await page.screenshot({ path: args.screenshot, fullPage: true });
+    const jpeg = /\.jpe?g$/.test(args.screenshot); // docs/ keeps a small JPEG
+    await page.screenshot({ path: args.screenshot, fullPage: true, ...(jpeg ? { quality: 70 } : {}) });
     console.log(`screenshot: ${args.screenshot}`);
   }
 } catch (e) {
