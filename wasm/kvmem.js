@@ -488,18 +488,25 @@ export class Synth extends Handle {
   }
 }
 
+// kvmem_retrieve_default_params(), read once per module.
 function retrieveDefaults(km) {
+  if (km._retrieveDefaults) return km._retrieveDefaults;
   const sc = km._scratch;
   km.check(km.fn('kvmw_retrieve_defaults', 'number', ['number'])(sc));
   const d = km.f64.subarray(sc >> 3, (sc >> 3) + 9);
-  return { topK: d[0], mode: d[1], norm: d[2], agg: d[3], scope: d[4], tau: d[5], rrC: d[6], recentWindow: d[7], skipRecent: d[8] };
+  km._retrieveDefaults = Object.freeze({ topK: d[0], mode: d[1], norm: d[2], agg: d[3], scope: d[4], tau: d[5], rrC: d[6],
+    recentWindow: d[7], skipRecent: d[8] });
+  return km._retrieveDefaults;
 }
 
-// ART parameters: kvmem_attend_default_params() for what the caller leaves out.
+// ART parameters: kvmem_attend_default_params() (read once) for what the caller leaves out.
 function attendParams(km, params) {
-  const sc = km._scratch;
-  km.check(km.fn('kvmw_attend_defaults', 'number', ['number'])(sc));
-  const d = km.f64.subarray(sc >> 3, (sc >> 3) + 10);
+  if (!km._attendDefaults) {
+    const sc = km._scratch;
+    km.check(km.fn('kvmw_attend_defaults', 'number', ['number'])(sc));
+    km._attendDefaults = Array.from(km.f64.subarray(sc >> 3, (sc >> 3) + 10));
+  }
+  const d = km._attendDefaults;
   const { order = d[0], nSink = d[1], tileOrder = null, tileSize = d[2], scale = d[3], tauS = d[4], tauD = d[5],
     patience = d[6], probe = d[7], causal = d[8] === 1, compare = d[9] === 1 } = params;
   return {
