@@ -17,6 +17,10 @@ www=$root/build/wasm/www
 fail=0
 echo "== SIMD128 kernels vs scalar (Node)"
 node "$root/build/wasm/test_kernels_wasm.cjs" || fail=1
+if [ ! -d "$root/core/retrieve" ] || [ ! -d "$root/core/attend" ]; then
+  echo "JavaScript API and browser tests skipped: retrieval or ART is not in this tree yet"
+  exit $fail
+fi
 echo "== JavaScript API (Node)"
 node "$root/wasm/tests/api_test.mjs" "$www" || fail=1
 echo "== demo page in Chromium vs the native kvmem demo --json"

@@ -33,6 +33,7 @@ kvmem_status kvmw_synth_tokens(const struct kvm_synth *s, int32_t topic, int32_t
 /* demo.c: the session script of `kvmem demo` as JSON (static, never freed) */
 const char *kvmw_demo_script(void);
 
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
 /* retrieve.c (MemArt retrieval and gather) */
 kvmem_status kvmw_synth_query(const struct kvm_synth *s, int32_t topic, int32_t n_q, uint64_t *rng, float *q);
 kvmem_status kvmw_retrieve_defaults(double *out);
@@ -44,6 +45,9 @@ kvmem_status kvmw_retrieve(kvmem_pool *pool, kvmem_agent *agent, const float *q,
 kvmem_status kvmw_gather(kvmem_pool *pool, kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
                          double base_position, float *k_out, float *v_out, int32_t n_tokens);
 
+#endif
+
+#if defined(KVMEM_WASM_HAVE_ATTEND)
 /* attend.c (ART) */
 kvmem_status kvmw_attend_defaults(double *out);
 kvmem_status kvmw_attend_agent(kvmem_context *ctx, kvmem_pool *pool, kvmem_agent *agent, int32_t layer, const float *q,
@@ -57,5 +61,6 @@ kvmem_status kvmw_attend_tensors(kvmem_context *ctx, const float *q, int32_t n_r
                                  int32_t n_tile_order, int32_t tile_size, float scale, float tau_s, float tau_d,
                                  int32_t patience, int32_t probe, int32_t causal, int32_t compare, float *out,
                                  double *stats);
+#endif
 
 #endif
