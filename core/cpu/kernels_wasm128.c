@@ -9,21 +9,18 @@
 
 #include <wasm_simd128.h>
 
-/* f16 -> f32 of four halves held in the low 16 bits of each u32 lane. */
+/* f16 -> f32 of four halves held in the low 16 bits of each u32 lane.
+ * Exponent and mantissa shifted into f32 position and multiplied by 2^112
+ * rebias exactly, subnormal halves included (wasm keeps f32 denormals);
+ * Inf and NaN (exponent 31) are built by hand, NaN with its quiet bit. */
 static v128_t h4_to_f4(v128_t h) {
     const v128_t sign = wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x8000)), 16);
-    const v128_t e = wasm_v128_and(wasm_u32x4_shr(h, 10), wasm_i32x4_splat(0x1f));
-    const v128_t m = wasm_v128_and(h, wasm_i32x4_splat(0x3ff));
-    /* normal: rebias the exponent */
-    v128_t normal = wasm_v128_or(wasm_i32x4_shl(wasm_i32x4_add(e, wasm_i32x4_splat(112)), 23),
-                                 wasm_i32x4_shl(m, 13));
-    /* subnormal and zero: m * 2^-24 is exact */
-    v128_t sub = wasm_f32x4_mul(wasm_f32x4_convert_i32x4(m), wasm_f32x4_splat(5.9604644775390625e-8f));
-    /* Inf and NaN: quiet bit set for NaN */
+    const v128_t em = wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x7fff)), 13);
+    v128_t r = wasm_f32x4_mul(em, wasm_f32x4_splat(5.192296858534828e+33f)); /* 2^112 */
+    const v128_t m = wasm_v128_and(em, wasm_i32x4_splat(0x007fe000));
     v128_t quiet = wasm_v128_andnot(wasm_i32x4_splat(0x400000), wasm_i32x4_eq(m, wasm_i32x4_splat(0)));
-    v128_t special = wasm_v128_or(wasm_v128_or(wasm_i32x4_splat(0x7f800000), quiet), wasm_i32x4_shl(m, 13));
-    v128_t r = wasm_v128_bitselect(sub, normal, wasm_i32x4_eq(e, wasm_i32x4_splat(0)));
-    r = wasm_v128_bitselect(special, r, wasm_i32x4_eq(e, wasm_i32x4_splat(31)));
+    v128_t special = wasm_v128_or(wasm_v128_or(wasm_i32x4_splat(0x7f800000), quiet), m);
+    r = wasm_v128_bitselect(special, r, wasm_u32x4_ge(em, wasm_i32x4_splat(0x0f800000)));
     return wasm_v128_or(r, sign);
 }
 

@@ -179,7 +179,7 @@ try {
   check(errors.length === 0, 'no page errors', errors.join(' | '));
   if (args.screenshot) {
     const jpeg = /\.jpe?g$/.test(args.screenshot); // docs/ keeps a small JPEG
-    await page.screenshot({ path: args.screenshot, fullPage: true, ...(jpeg ? { quality: 70 } : {}) });
+    await page.screenshot({ path: args.screenshot, fullPage: true, ...(jpeg ? { quality: 45 } : {}) });
     console.log(`screenshot: ${args.screenshot}`);
   }
 } catch (e) {
