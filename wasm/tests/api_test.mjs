@@ -54,6 +54,13 @@ const km = await load({ factory });
 check(km.kernels === 'wasm128', 'the SIMD128 kernel table is chosen', km.kernels);
 check(/^\d+\.\d+\.\d+$/.test(km.version), 'version string', km.version);
 
+// no pthreads in the module: workers cannot start, the pool runs jobs inline
+{
+  const c4 = km.createContext({ nThreads: 4 });
+  check(c4.nThreads === 1, 'a context asked for 4 threads runs on the calling thread', String(c4.nThreads));
+  c4.close();
+}
+
 const L = 2, NQ = 2, NKV = 1, D = 8, BS = 4, NB = 6, T = NB * BS;
 const ctx = km.createContext();
 const spec = { nLayers: L, nQHeads: NQ, nKvHeads: NKV, headDim: D, ropeTheta: 10000 };
