@@ -137,6 +137,22 @@ for (const [norm, agg] of [['softmax', 'max'], ['rr', 'sum']]) {
   check(!(got.buffer instanceof ArrayBuffer) || got.buffer !== km.M.HEAPU8.buffer, 'results do not alias the wasm heap');
 }
 throwsStatus(() => ag.retrieve(q.subarray(0, 5), 1), Status.INVALID_ARG, '', 'a query of the wrong size is refused');
+
+// KVMEM_CPU=scalar (set before the module starts) forces the scalar tables;
+// the SIMD128 scores agree with them to f32 rounding
+{
+  const ks = await load({ factory, preRun: [(m) => { m.ENV.KVMEM_CPU = 'scalar'; }] });
+  check(ks.kernels === 'scalar', 'KVMEM_CPU=scalar forces the scalar tables', ks.kernels);
+  const c2 = ks.createContext(), p2 = c2.createPool(spec, { blockSize: BS, storage: 'f32' }), a2 = p2.openAgent('a');
+  a2.append(k, v, T);
+  for (const mode of ['aabb', 'exact']) {
+    const x = a2.retrieve(q, nq, { topK: 3, mode }).sets[0], y = ag.retrieve(q, nq, { topK: 3, mode }).sets[0];
+    check(maxRel(y.blockScores, x.blockScores) < 1e-5 && x.blocks.join() === y.blocks.join(),
+      `${mode}: wasm128 and scalar retrieval agree`);
+  }
+  c2.close();
+  ks.close();
+}
 try {
   ag.retrieve(q, nq, { mode: 'nearest' });
   check(false, 'an unknown mode name is refused');
