@@ -1,0 +1,65 @@
+/* Per-group reference steps shared by the scalar and SIMD quantizers, so
+ * every path picks the same scale and bias and the codes agree bit for bit. */
+#ifndef KVMEM_QUANT_REF_H
+#define KVMEM_QUANT_REF_H
+
+#include "../cpu/half.h"
+#include "quant.h"
+
+#include <math.h>
+
+/* Q4 affine parameters of a group with minimum mn and maximum mx. */
+static inline void kvm_q4_params(float mn, float mx, uint16_t *sh, uint16_t *bh, float *s, float *b,
+                                 float *inv) {
+    *bh = kvm_f16_round_down(mn);
+    *b = kvm_f16_to_f32(*bh);
+    *sh = kvm_f16_round_up((mx - *b) / 15.0f);
+    *s = kvm_f16_to_f32(*sh);
+    *inv = *s > 0.0f ? 1.0f / *s : 0.0f;
+}
+
+static inline uint32_t kvm_q4_code(float x, float b, float inv) {
+    long q = lrintf((x - b) * inv);
+    return (uint32_t)(q < 0 ? 0 : q > 15 ? 15 : q);
+}
+
+/* One Q4 group of k <= 64 values starting on a word boundary. */
+static inline void kvm_q4_group_quant_ref(const float *x, size_t k, uint32_t *w, uint16_t *sh, uint16_t *bh) {
+    float mn = x[0], mx = x[0];
+    for (size_t i = 1; i < k; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    float s, b, inv;
+    kvm_q4_params(mn, mx, sh, bh, &s, &b, &inv);
+    for (size_t i = 0; i < k; i += 8) {
+        uint32_t word = 0;
+        for (size_t j = 0; j < 8 && i + j < k; j++) word |= kvm_q4_code(x[i + j], b, inv) << (4 * j);
+        w[i / 8] = word;
+    }
+}
+
+static inline void kvm_q4_group_dequant_ref(const uint32_t *w, size_t k, float s, float b, float *out) {
+    for (size_t i = 0; i < k; i++) out[i] = (float)((w[i / 8] >> (4 * (i % 8))) & 15u) * s + b;
+}
+
+static inline void kvm_q8_params(float amax, uint16_t *sh, float *inv) {
+    *sh = kvm_f16_round_up(amax / 127.0f);
+    float s = kvm_f16_to_f32(*sh);
+    *inv = s > 0.0f ? 1.0f / s : 0.0f;
+}
+
+static inline int8_t kvm_q8_code(float x, float inv) {
+    long q = lrintf(x * inv);
+    return (int8_t)(q < -127 ? -127 : q > 127 ? 127 : q);
+}
+
+static inline void kvm_q8_group_quant_ref(const float *x, size_t k, int8_t *q, uint16_t *sh) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < k; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    float inv;
+    kvm_q8_params(amax, sh, &inv);
+    for (size_t i = 0; i < k; i++) q[i] = kvm_q8_code(x[i], inv);
+}
+
+#endif
