@@ -13,3 +13,20 @@ flags=()
   "$lib" -Wl,-rpath,"$(dirname "$lib")" -lm
 "$work/writer" "$work"
 python3 "$src/tests/checks/st_reader.py" "$work"/*.safetensors
+# kvmem inspect agrees: valid files validate, a flipped data byte does not
+cli=$4
+for f in "$work"/*.safetensors; do
+  "$cli" inspect "$f" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["valid"] and d["checksum_ok"] and d["n_blocks"]==2, d'
+done
+f="$work/py-q4.safetensors"
+python3 - "$f" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, 'rb').read())
+b[-10] ^= 1
+open(p, 'wb').write(b)
+PY
+if "$cli" inspect "$f" --json > "$work/out.json"; then echo "FAIL: inspect accepted a corrupt file"; exit 1; fi
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert not d["checksum_ok"] and not d["valid"] and "checksum" in d["validation"], d' "$work/out.json"
+"$cli" inspect "$work/py-f16.safetensors" | grep -q "validation: ok"
+echo "inspect ok"
