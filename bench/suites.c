@@ -9,6 +9,7 @@ extern const kvm_bench_suite kvm_bench_machine;
 /* attend */
 
 /* store */
+extern const kvm_bench_suite kvm_bench_store;
 
 /* segments */
 
@@ -22,6 +23,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* attend */
 
     /* store */
+    &kvm_bench_store,
 
     /* segments */
 

@@ -126,7 +126,17 @@ static int cmd_inspect(int argc, char **argv) {
     const kvm_json *textv = kvm_json_get(&doc, meta, "text");
     uint64_t data = (uint64_t)sz - 8 - hl;
     char computed[32];
-    snprintf(computed, sizeof computed, "xxh64:%016" PRIx64, kvm_xxh64_once(blob + 8 + hl, (size_t)data, 0));
+    { /* the file's checksum rule, computed here independently of the loader */
+        kvm_xxh64_state h;
+        kvm_xxh64_init(&h, 0);
+        for (uint64_t c = 0; c < data; c += (uint64_t)1 << 20) {
+            uint64_t d = kvm_xxh64_once(blob + 8 + hl + c, (size_t)(data - c < ((uint64_t)1 << 20) ? data - c : ((uint64_t)1 << 20)), 0);
+            unsigned char le[8];
+            for (int b = 0; b < 8; b++) le[b] = (unsigned char)(d >> (8 * b));
+            kvm_xxh64_update(&h, le, 8);
+        }
+        snprintf(computed, sizeof computed, "xxh64-1m:%016" PRIx64, kvm_xxh64_final(&h));
+    }
     int sum_ok = sum && !strcmp(sum, computed);
     int n_blocks = blocks && *blocks ? 1 : 0;
     for (const char *c = blocks ? blocks : ""; *c; c++) n_blocks += *c == ',';

@@ -1,7 +1,6 @@
 /* Quantized sections: layout, encode/decode entry points, f16 directed
  * rounding and the choice of kernel table. */
-#include "quant.h"
-#include "../cpu/half.h"
+#include "quant_ref.h"
 #include "../cpu/kernels.h"
 #include "../internal.h"
 
@@ -85,22 +84,8 @@ void kvm_dequant_section(kvmem_dtype dt, int which, const void *src, size_t n, s
     }
 }
 
-/* Step an f16 one unit toward +inf (up = 1) or -inf. */
-static uint16_t f16_step(uint16_t h, int up) {
-    int neg = (h & 0x8000u) != 0;
-    if ((h & 0x7fffu) == 0) return up ? 0x0001u : 0x8001u;
-    return (uint16_t)((up != neg) ? h + 1 : h - 1);
-}
-
-uint16_t kvm_f16_round_down(float x) {
-    uint16_t h = kvm_f32_to_f16(x);
-    return kvm_f16_to_f32(h) > x ? f16_step(h, 0) : h;
-}
-
-uint16_t kvm_f16_round_up(float x) {
-    uint16_t h = kvm_f32_to_f16(x);
-    return kvm_f16_to_f32(h) < x ? f16_step(h, 1) : h;
-}
+uint16_t kvm_f16_round_down(float x) { return kvm_f16_down_inline(x); }
+uint16_t kvm_f16_round_up(float x) { return kvm_f16_up_inline(x); }
 
 #if !defined(KVMEM_HAVE_AVX2)
 const kvm_quant_kernels *kvm_quant_kernels_avx2(void) { return NULL; }

@@ -2,6 +2,9 @@
  * temporary file beside the target (".NAME.tmp.PID.N", a name no agent id can
  * take since ids never start with '.'), then fsync, rename, fsync of the
  * directory: a crash leaves the old file or the new one, never a mix. */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#  define _DEFAULT_SOURCE /* preadv */
+#endif
 #include "store.h"
 #include "../internal.h"
 
@@ -13,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define KVM_STORE_EXT ".safetensors"
@@ -22,10 +26,11 @@ typedef struct file_reader {
     int fd;
 } file_reader;
 
-static kvmem_status fr_read(kvm_store_reader *r, void *buf, size_t n, size_t *got) {
+static kvmem_status fr_read(kvm_store_reader *r, uint64_t off, void *buf, size_t n, size_t *got) {
     file_reader *f = (file_reader *)r;
+    if (off > (uint64_t)INT64_MAX) return kvm_fail(KVMEM_ERR_IO, "read offset %llu too large", (unsigned long long)off);
     for (;;) {
-        ssize_t k = read(f->fd, buf, n);
+        ssize_t k = pread(f->fd, buf, n, (off_t)off);
         if (k >= 0) {
             *got = (size_t)k;
             return KVMEM_OK;
@@ -33,6 +38,21 @@ static kvmem_status fr_read(kvm_store_reader *r, void *buf, size_t n, size_t *go
         if (errno != EINTR) return kvm_fail(KVMEM_ERR_IO, "read failed: %s", strerror(errno));
     }
 }
+
+#if defined(__linux__)
+static kvmem_status fr_readv(kvm_store_reader *r, uint64_t off, const struct iovec *iov, int cnt, size_t *got) {
+    file_reader *f = (file_reader *)r;
+    if (off > (uint64_t)INT64_MAX) return kvm_fail(KVMEM_ERR_IO, "read offset %llu too large", (unsigned long long)off);
+    for (;;) {
+        ssize_t k = preadv(f->fd, iov, cnt, (off_t)off);
+        if (k >= 0) {
+            *got = (size_t)k;
+            return KVMEM_OK;
+        }
+        if (errno != EINTR) return kvm_fail(KVMEM_ERR_IO, "read failed: %s", strerror(errno));
+    }
+}
+#endif
 
 static void fr_close(kvm_store_reader *r) {
     file_reader *f = (file_reader *)r;
@@ -56,7 +76,12 @@ kvmem_status kvm_file_open_read(const char *path, kvm_store_reader **out, uint64
         close(fd);
         return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
     }
-    f->base.read = fr_read;
+    f->base.read_at = fr_read;
+#if defined(__linux__)
+    f->base.readv_at = fr_readv;
+#else
+    f->base.readv_at = NULL;
+#endif
     f->base.close = fr_close;
     f->fd = fd;
     *size = (uint64_t)st.st_size;
@@ -325,11 +350,10 @@ kvmem_status kvm_dir_store_create(const char *dir, kvm_store **out) {
 
 /* ---- memory reader ---- */
 
-static kvmem_status mr_read(kvm_store_reader *r, void *buf, size_t n, size_t *got) {
+static kvmem_status mr_read(kvm_store_reader *r, uint64_t off, void *buf, size_t n, size_t *got) {
     kvm_mem_reader *m = (kvm_mem_reader *)r;
-    size_t k = m->size - m->pos < n ? m->size - m->pos : n;
-    if (k) memcpy(buf, m->data + m->pos, k);
-    m->pos += k;
+    size_t k = off >= m->size ? 0 : m->size - (size_t)off < n ? m->size - (size_t)off : n;
+    if (k) memcpy(buf, m->data + off, k);
     *got = k;
     return KVMEM_OK;
 }
@@ -337,9 +361,9 @@ static kvmem_status mr_read(kvm_store_reader *r, void *buf, size_t n, size_t *go
 static void mr_close(kvm_store_reader *r) { (void)r; }
 
 void kvm_mem_reader_init(kvm_mem_reader *r, const void *data, size_t size) {
-    r->base.read = mr_read;
+    r->base.read_at = mr_read;
+    r->base.readv_at = NULL;
     r->base.close = mr_close;
     r->data = data;
     r->size = size;
-    r->pos = 0;
 }

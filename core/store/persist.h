@@ -10,7 +10,7 @@
 
 /* Write agent memory m (not changed) as a safetensors file to w, then
  * commit (or abort on failure). */
-kvmem_status kvm_agent_write(const kvmem_pool *p, const kvm_agent_mem *m, kvm_store_writer *w);
+kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *m, kvm_store_writer *w);
 
 /* Read and validate a file of `size` bytes from r into a new agent memory
  * (*out, its bytes reserved in the pool). expect_id: the id the file must

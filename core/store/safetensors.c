@@ -4,15 +4,19 @@
  * Which tensors a file must hold, with which dtypes and shapes, follows from
  * the pool (spec, storage dtype, block size) and the metadata (block lengths,
  * token count), so the loader builds that "plan" first and requires the
- * header to match it exactly; offsets must tile the data section; the data is
- * streamed through one chunk buffer, hashed while in cache and copied to the
- * blocks; nothing reaches the pool until the checksum matches. */
+ * header to match it exactly; offsets must tile the data section. The data
+ * section is checked and copied in 1 MiB chunks on the context's threads:
+ * each chunk is read into a small buffer, hashed while in cache (XXH64) and
+ * scattered to the blocks. The checksum is XXH64 over the chunks' XXH64
+ * digests (little-endian u64s), so chunks are independent. Nothing reaches
+ * the pool until the checksum matches. */
 #include "persist.h"
 #include "hash.h"
 #include "json.h"
 
 #include <inttypes.h>
 #include <math.h>
+#include "../cpu/threadpool.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +221,167 @@ static kvmem_status for_pieces(const kvmem_pool *p, kvm_agent_mem *m, const tpla
     return st;
 }
 
+/* ---- the data section as a list of pieces, processed in parallel chunks ---- */
+
+#define KVM_HASH_CHUNK ((uint64_t)1 << 20) /* part of the format: the checksum's chunk size */
+#define KVM_SUB ((size_t)256 << 10)        /* read granularity inside a chunk: stays in L2 */
+
+typedef struct piece {
+    uint64_t off; /* in the data section */
+    unsigned char *ptr;
+    size_t len;
+} piece;
+
+typedef struct pieces {
+    piece *v;
+    size_t n, cap;
+    uint64_t total;
+    int oom;
+} pieces;
+
+static kvmem_status collect(void *arg, unsigned char *ptr, size_t len) {
+    pieces *ps = arg;
+    if (!len) return KVMEM_OK;
+    if (ps->n == ps->cap) {
+        size_t nc = ps->cap ? ps->cap * 2 : 1024;
+        piece *nv = realloc(ps->v, nc * sizeof *nv);
+        if (!nv) {
+            ps->oom = 1;
+            return KVMEM_ERR_NOMEM;
+        }
+        ps->v = nv;
+        ps->cap = nc;
+    }
+    ps->v[ps->n++] = (piece){ps->total, ptr, len};
+    ps->total += len;
+    return KVMEM_OK;
+}
+
+/* First piece that ends after data offset `at`. */
+static size_t piece_at(const pieces *ps, uint64_t at) {
+    size_t lo = 0, hi = ps->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ps->v[mid].off + ps->v[mid].len <= at) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+typedef struct chunk_job {
+    const pieces *ps;
+    kvm_store_reader *r; /* NULL: hash the pieces in memory (save) */
+    uint64_t data_off;   /* file offset of the data section (load) */
+    uint64_t *digest;    /* per chunk */
+    kvmem_status *status;/* per chunk (load) */
+} chunk_job;
+
+static void chunk_task(void *arg, size_t cb, size_t ce) {
+    chunk_job *j = arg;
+    const pieces *ps = j->ps;
+    unsigned char *buf = j->r && !j->r->readv_at ? malloc(KVM_SUB) : NULL;
+    for (size_t c = cb; c < ce; c++) {
+        uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total);
+        kvm_xxh64_state h;
+        kvm_xxh64_init(&h, 0);
+        size_t i = piece_at(ps, c0);
+        if (!j->r) {
+            for (; i < ps->n && ps->v[i].off < c1; i++) {
+                uint64_t b = KVM_MAX(c0, ps->v[i].off), e = KVM_MIN(c1, ps->v[i].off + ps->v[i].len);
+                kvm_xxh64_update(&h, ps->v[i].ptr + (b - ps->v[i].off), (size_t)(e - b));
+            }
+            j->digest[c] = kvm_xxh64_final(&h);
+            continue;
+        }
+        j->status[c] = buf || j->r->readv_at ? KVMEM_OK : KVMEM_ERR_NOMEM;
+        if (j->r->readv_at) {
+            /* straight into the blocks, then hash what was read while it is in cache */
+            struct iovec iov[KVM_MAX_IOV];
+            uint64_t pos = c0;
+            while (pos < c1 && j->status[c] == KVMEM_OK) {
+                int cnt = 0;
+                size_t want = 0, k = i;
+                for (; k < ps->n && ps->v[k].off < c1 && cnt < KVM_MAX_IOV && want < KVM_SUB; k++) {
+                    uint64_t b = KVM_MAX(pos, ps->v[k].off), e = KVM_MIN(c1, ps->v[k].off + ps->v[k].len);
+                    if (e <= b) continue;
+                    iov[cnt].iov_base = ps->v[k].ptr + (b - ps->v[k].off);
+                    iov[cnt].iov_len = (size_t)(e - b);
+                    want += iov[cnt].iov_len;
+                    cnt++;
+                }
+                size_t got = 0;
+                kvmem_status st = j->r->readv_at(j->r, j->data_off + pos, iov, cnt, &got);
+                if (st != KVMEM_OK || got == 0) {
+                    j->status[c] = st != KVMEM_OK ? st : KVMEM_ERR_CORRUPT;
+                    break;
+                }
+                for (int q = 0; q < cnt && got; q++) { /* a short read hashes what arrived */
+                    size_t use = KVM_MIN(got, iov[q].iov_len);
+                    kvm_xxh64_update(&h, iov[q].iov_base, use);
+                    got -= use;
+                    pos += use;
+                }
+                while (i < ps->n && ps->v[i].off + ps->v[i].len <= pos) i++;
+            }
+            j->digest[c] = kvm_xxh64_final(&h);
+            continue;
+        }
+        for (uint64_t s0 = c0; s0 < c1 && j->status[c] == KVMEM_OK; s0 += KVM_SUB) {
+            size_t n = (size_t)KVM_MIN((uint64_t)KVM_SUB, c1 - s0), have = 0;
+            while (have < n) {
+                size_t got = 0;
+                kvmem_status st = j->r->read_at(j->r, j->data_off + s0 + have, buf + have, n - have, &got);
+                if (st != KVMEM_OK || got == 0) {
+                    j->status[c] = st != KVMEM_OK ? st : KVMEM_ERR_CORRUPT;
+                    break;
+                }
+                have += got;
+            }
+            if (have < n) break;
+            kvm_xxh64_update(&h, buf, n); /* hashed while in cache */
+            for (; i < ps->n && ps->v[i].off < s0 + n; i++) {
+                uint64_t b = KVM_MAX(s0, ps->v[i].off), e = KVM_MIN(s0 + n, ps->v[i].off + ps->v[i].len);
+                memcpy(ps->v[i].ptr + (b - ps->v[i].off), buf + (b - s0), (size_t)(e - b));
+                if (ps->v[i].off + ps->v[i].len > s0 + n) break; /* continues in the next sub-chunk */
+            }
+        }
+        j->digest[c] = kvm_xxh64_final(&h);
+    }
+    free(buf);
+}
+
+/* Checksum of the data section described by ps; with a reader, also read it
+ * into the pieces. Returns the combined digest in *sum. */
+static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, uint64_t *sum) {
+    size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
+    uint64_t *dig = malloc((n ? n : 1) * sizeof *dig);
+    kvmem_status *sts = malloc((n ? n : 1) * sizeof *sts);
+    if (!dig || !sts) {
+        free(dig);
+        free(sts);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    }
+    chunk_job j = {ps, r, data_off, dig, sts};
+    kvm_parallel_for(p->ctx->tp, n, 1, chunk_task, &j);
+    kvmem_status st = KVMEM_OK;
+    for (size_t c = 0; r && c < n && st == KVMEM_OK; c++) {
+        if (sts[c] == KVMEM_ERR_CORRUPT) st = kvm_fail(KVMEM_ERR_CORRUPT, "file ends inside the data section (truncated)");
+        else if (sts[c] == KVMEM_ERR_NOMEM) st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        else if (sts[c] != KVMEM_OK) st = kvm_fail(sts[c], "reading the data section failed");
+    }
+    unsigned char le[8];
+    kvm_xxh64_state h;
+    kvm_xxh64_init(&h, 0);
+    for (size_t c = 0; c < n; c++) {
+        for (int b = 0; b < 8; b++) le[b] = (unsigned char)(dig[c] >> (8 * b));
+        kvm_xxh64_update(&h, le, 8);
+    }
+    *sum = kvm_xxh64_final(&h);
+    free(dig);
+    free(sts);
+    return st;
+}
+
 /* ---- metadata ---- */
 
 /* The model spec as one canonical string: equal strings, equal geometry and RoPE. */
@@ -238,21 +403,15 @@ static void meta_int_list32(sbuf *b, const int32_t *v, int64_t n) {
 /* ---- writer ---- */
 
 typedef struct wctx {
-    kvm_xxh64_state h;
     kvm_store_writer *w;
 } wctx;
-
-static kvmem_status hash_piece(void *arg, unsigned char *ptr, size_t len) {
-    kvm_xxh64_update(&((wctx *)arg)->h, ptr, len);
-    return KVMEM_OK;
-}
 
 static kvmem_status write_piece(void *arg, unsigned char *ptr, size_t len) {
     wctx *c = arg;
     return len ? c->w->write(c->w, ptr, len) : KVMEM_OK;
 }
 
-kvmem_status kvm_agent_write(const kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_writer *w) {
+kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_writer *w) {
     kvm_agent_mem *m = (kvm_agent_mem *)(uintptr_t)cm; /* read only: the piece walker is shared with the loader */
     uint64_t ts = 0;
     for (int32_t b = 0; b < m->n_sealed; b++) ts += (uint64_t)m->blocks[b].n_tokens;
@@ -262,17 +421,22 @@ kvmem_status kvm_agent_write(const kvmem_pool *p, const kvm_agent_mem *cm, kvm_s
         w->abort(w);
         return st;
     }
-    wctx c;
-    kvm_xxh64_init(&c.h, 0);
-    c.w = w;
-    uint64_t off = 0;
+    wctx c = {w};
+    uint64_t off = 0, sum = 0;
+    pieces ps = {0};
     for (int i = 0; i < pl.n; i++) {
         pl.t[i].begin = off;
         off += pl.t[i].bytes;
         pl.t[i].end = off;
-        for_pieces(p, m, &pl.t[i], hash_piece, &c);
+        for_pieces(p, m, &pl.t[i], collect, &ps);
     }
-    uint64_t sum = kvm_xxh64_final(&c.h);
+    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, NULL, 0, &sum);
+    free(ps.v);
+    if (st != KVMEM_OK) {
+        free(pl.t);
+        w->abort(w);
+        return st;
+    }
 
     sbuf b = {0};
     sb_str(&b, "{\"__metadata__\":{\"format\":\"kvmem-agent\",");
@@ -301,7 +465,7 @@ kvmem_status kvm_agent_write(const kvmem_pool *p, const kvm_agent_mem *cm, kvm_s
         for (size_t i = 0; i < m->text_len; i++) sb_fmt(&b, "%02x", (unsigned char)m->text[i]);
         sb_str(&b, "\"");
     }
-    sb_fmt(&b, ",\"checksum\":\"xxh64:%016" PRIx64 "\"}", sum);
+    sb_fmt(&b, ",\"checksum\":\"xxh64-1m:%016" PRIx64 "\"}", sum);
     for (int i = 0; i < pl.n; i++) {
         const tplan *t = &pl.t[i];
         sb_fmt(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "],\"data_offsets\":[%" PRIu64
@@ -332,49 +496,16 @@ kvmem_status kvm_agent_write(const kvmem_pool *p, const kvm_agent_mem *cm, kvm_s
 
 /* ---- loader ---- */
 
-typedef struct instream {
-    kvm_store_reader *r;
-    unsigned char *buf;
-    size_t cap, pos, n;
-    uint64_t remaining;
-    kvm_xxh64_state h;
-} instream;
-
-#define KVM_CHUNK ((size_t)256 << 10)
-
-static kvmem_status read_exact(kvm_store_reader *r, void *dst, size_t len, const char *what) {
+static kvmem_status read_exact(kvm_store_reader *r, uint64_t off, void *dst, size_t len, const char *what) {
     unsigned char *d = dst;
     while (len) {
         size_t got;
-        kvmem_status st = r->read(r, d, len, &got);
+        kvmem_status st = r->read_at(r, off, d, len, &got);
         if (st != KVMEM_OK) return st;
         if (got == 0) return kvm_fail(KVMEM_ERR_CORRUPT, "file ends inside the %s (truncated)", what);
         d += got;
+        off += got;
         len -= got;
-    }
-    return KVMEM_OK;
-}
-
-static kvmem_status in_piece(void *arg, unsigned char *dst, size_t len) {
-    instream *s = arg;
-    while (len) {
-        if (s->pos == s->n) {
-            size_t want = s->remaining < s->cap ? (size_t)s->remaining : s->cap;
-            if (want == 0) return kvm_fail(KVMEM_ERR_CORRUPT, "data section ends early");
-            size_t got;
-            kvmem_status st = s->r->read(s->r, s->buf, want, &got);
-            if (st != KVMEM_OK) return st;
-            if (got == 0) return kvm_fail(KVMEM_ERR_CORRUPT, "file ends inside the data section (truncated)");
-            kvm_xxh64_update(&s->h, s->buf, got); /* hashed while in cache */
-            s->n = got;
-            s->pos = 0;
-            s->remaining -= got;
-        }
-        size_t k = s->n - s->pos < len ? s->n - s->pos : len;
-        memcpy(dst, s->buf + s->pos, k);
-        s->pos += k;
-        dst += k;
-        len -= k;
     }
     return KVMEM_OK;
 }
@@ -439,7 +570,6 @@ typedef struct loadstate {
     int32_t *block_n;
     kvm_agent_mem *fresh;
     uint64_t reserved;
-    unsigned char *chunk;
 } loadstate;
 
 static void ls_free(kvmem_pool *p, loadstate *s) {
@@ -450,7 +580,6 @@ static void ls_free(kvmem_pool *p, loadstate *s) {
     free(s->block_n);
     fresh_free(s->fresh);
     if (s->reserved) kvm_pool_unreserve(p, s->reserved);
-    free(s->chunk);
 }
 
 static const char *meta_str(const kvm_json_doc *d, const kvm_json *meta, const char *key, size_t *len) {
@@ -524,11 +653,12 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
         return kvm_fail(KVMEM_ERR_CAPACITY, "the file holds %lld tokens, more than max_tokens_per_agent %d",
                         (long long)*n_tokens, p->params.max_tokens_per_agent);
     META("checksum");
-    if (n != 22 || strncmp(v, "xxh64:", 6) != 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'xxh64:<16 hex digits>'");
+    if (n != 25 || strncmp(v, "xxh64-1m:", 9) != 0)
+        return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'xxh64-1m:<16 hex digits>'");
     *checksum = 0;
-    for (int i = 6; i < 22; i++) {
+    for (int i = 9; i < 25; i++) {
         int h = hexval(v[i]);
-        if (h < 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'xxh64:<16 hex digits>'");
+        if (h < 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'xxh64-1m:<16 hex digits>'");
         *checksum = (*checksum << 4) | (uint64_t)h;
     }
     /* every metadata value is a string (the safetensors rule) */
@@ -583,7 +713,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     *out = NULL;
     if (size < 8) return kvm_fail(KVMEM_ERR_FORMAT, "file has %" PRIu64 " bytes: too short for a safetensors file", size);
     unsigned char len8[8];
-    if ((st = read_exact(r, len8, 8, "header length")) != KVMEM_OK) return st;
+    if ((st = read_exact(r, 0, len8, 8, "header length")) != KVMEM_OK) return st;
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | len8[i];
     if (hl < 2 || hl > KVM_MAX_HEADER)
@@ -594,7 +724,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
                         hl, size);
     s.header = malloc((size_t)hl);
     if (!s.header) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", hl);
-    if ((st = read_exact(r, s.header, (size_t)hl, "header")) != KVMEM_OK) goto done;
+    if ((st = read_exact(r, 8, s.header, (size_t)hl, "header")) != KVMEM_OK) goto done;
     char jerr[256];
     if (kvm_json_parse(s.header, (size_t)hl, &s.doc, jerr, sizeof jerr) != 0) {
         st = kvm_fail(KVMEM_ERR_FORMAT, "%s", jerr);
@@ -701,8 +831,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     } else {
         text_cap = n;
     }
-    s.chunk = malloc(KVM_CHUNK);
-    int ok = f && s.chunk && (n_sealed == 0 || kvm_agent_grow_blocks(p, f, (int32_t)n_sealed)) &&
+    int ok = f && (n_sealed == 0 || kvm_agent_grow_blocks(p, f, (int32_t)n_sealed)) &&
              kvm_agent_grow_tokens(f, n_tokens ? n_tokens : 1) && kvm_agent_grow_text(f, text_cap ? text_cap : 1);
     if (ok && tail_n > 0) {
         ok = (f->tail = kvm_aligned_alloc(kvm_tail_bytes(p))) != NULL;
@@ -714,8 +843,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         f->blocks[i].n_tokens = s.block_n[i];
         f->blocks[i].reserved = 0;
         f->blocks[i].kv = kvm_aligned_alloc(kvm_block_kv_bytes(p, s.block_n[i]));
-        if (!f->blocks[i].kv) ok = 0;
-        else memset(f->blocks[i].kv, 0, kvm_block_kv_bytes(p, s.block_n[i])); /* padding stays defined */
+        if (!f->blocks[i].kv) ok = 0; /* every byte but section padding (never read) is written below */
         f->n_sealed = (int32_t)i + 1;
         first += s.block_n[i];
     }
@@ -765,18 +893,15 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         last = o;
     }
 
-    instream in;
-    memset(&in, 0, sizeof in);
-    in.r = r;
-    in.buf = s.chunk;
-    in.cap = KVM_CHUNK;
-    in.remaining = data;
-    kvm_xxh64_init(&in.h, 0);
-    for (int i = 0; i < s.pl.n; i++)
-        if ((st = for_pieces(p, f, s.order[i], in_piece, &in)) != KVMEM_OK) goto done;
-    if (kvm_xxh64_final(&in.h) != checksum) {
+    pieces ps = {0};
+    for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.order[i], collect, &ps);
+    uint64_t got_sum = 0;
+    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, r, 8 + hl, &got_sum);
+    free(ps.v);
+    if (st != KVMEM_OK) goto done;
+    if (got_sum != checksum) {
         st = kvm_fail(KVMEM_ERR_CORRUPT, "checksum mismatch: the data section is corrupt (stored %016" PRIx64 ", computed %016" PRIx64 ")",
-                      checksum, kvm_xxh64_final(&in.h));
+                      checksum, got_sum);
         goto done;
     }
     /* AABBs and the f32 tail are used as they are: they must be sane */

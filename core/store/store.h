@@ -11,11 +11,19 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
+
+#define KVM_MAX_IOV 512
 
 typedef struct kvm_store_reader kvm_store_reader;
 struct kvm_store_reader {
-    /* Read up to n bytes; *got = 0 only at the end. */
-    kvmem_status (*read)(kvm_store_reader *r, void *buf, size_t n, size_t *got);
+    /* Read up to n bytes at byte offset off; *got = 0 only at the end.
+     * Positional, and safe to call from several threads at once, so the
+     * loader reads and checks chunks in parallel. */
+    kvmem_status (*read_at)(kvm_store_reader *r, uint64_t off, void *buf, size_t n, size_t *got);
+    /* (optional) the same into cnt buffers (at most KVM_MAX_IOV): the loader
+     * reads straight into the blocks instead of through a bounce buffer. */
+    kvmem_status (*readv_at)(kvm_store_reader *r, uint64_t off, const struct iovec *iov, int cnt, size_t *got);
     void (*close)(kvm_store_reader *r); /* frees r */
 };
 
@@ -63,7 +71,7 @@ kvmem_status kvm_file_open_write(const char *path, kvm_store_writer **out);
 typedef struct kvm_mem_reader {
     kvm_store_reader base;
     const unsigned char *data;
-    size_t size, pos;
+    size_t size;
 } kvm_mem_reader;
 void kvm_mem_reader_init(kvm_mem_reader *r, const void *data, size_t size);
 
