@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST = ctest --parallel $(JOBS) --preset
 
-.PHONY: all deps build demo test test-default test-asan test-tsan bench clean
+.PHONY: all deps build demo test test-default test-asan test-tsan test-fuzz fuzz bench clean
 
 all: build
 
@@ -18,7 +18,7 @@ build: deps
 demo: build
 	./build/default/tools/kvmem demo
 
-test: deps test-default test-asan test-tsan
+test: deps test-default test-asan test-tsan test-fuzz
 	@echo "make test: all suites passed"
 
 test-default: build
@@ -33,6 +33,14 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	$(CTEST) tsan
+
+# libFuzzer over the agent-file loader and the JSON reader (clang); FUZZ_SECONDS bounds it.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
+test-fuzz: deps
+	scripts/fuzz.sh 60
 
 bench: build
 	./build/default/tools/kvmem bench --json all

@@ -3,7 +3,9 @@
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils)
+# clang-14 + libclang-rt-14-dev: the libFuzzer harness (make fuzz); python3: the
+# independent safetensors reader check.
+pkgs=(build-essential cmake pkgconf libcmocka-dev binutils clang-14 libclang-rt-14-dev python3)
 
 missing=()
 for p in "${pkgs[@]}"; do
