@@ -21,8 +21,9 @@ demo: build
 test: deps test-default test-asan test-tsan test-fuzz
 	@echo "make test: all suites passed"
 
+# The plain build runs verbosely so each cmocka program's summary shows.
 test-default: build
-	$(CTEST) default
+	$(CTEST) default --verbose
 
 test-asan: deps
 	cmake --preset asan >/dev/null

@@ -12,7 +12,7 @@ extern const kvm_bench_suite kvm_bench_machine;
 extern const kvm_bench_suite kvm_bench_store;
 
 /* segments */
-
+extern const kvm_bench_suite kvm_bench_segments;
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
@@ -26,6 +26,6 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_store,
 
     /* segments */
-
+    &kvm_bench_segments,
     NULL,
 };

@@ -14,6 +14,9 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvmemConfigVersion.cmake
   COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/kvmemConfig.cmake ${PROJECT_BINARY_DIR}/kvmemConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvmem)
+# kvmem.pc finds its prefix relative to itself, so `cmake --install --prefix X`
+# gives a working file wherever X is.
+file(RELATIVE_PATH KVMEM_PC_TO_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/kvmem.pc.in ${PROJECT_BINARY_DIR}/kvmem.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/kvmem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 if(TARGET kvmem_cli)

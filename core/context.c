@@ -14,6 +14,13 @@
 #  include <dlfcn.h>
 #endif
 
+#ifndef KVMEM_PLUGIN_CUDA_BUILT
+#  define KVMEM_PLUGIN_CUDA_BUILT 0
+#endif
+#ifndef KVMEM_PLUGIN_VULKAN_BUILT
+#  define KVMEM_PLUGIN_VULKAN_BUILT 0
+#endif
+
 static const char *const k_plugins[] = {"cuda", "vulkan"};
 
 /* Any object inside libkvmem: dladdr on it finds the library's own path. */
@@ -44,7 +51,12 @@ static void *open_plugin(const char *name, char *why, size_t why_size) {
     void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
-        snprintf(why, why_size, "plugin %s not loadable: %s", file, e ? e : "not found");
+        int built = strcmp(name, "cuda") == 0 ? KVMEM_PLUGIN_CUDA_BUILT : KVMEM_PLUGIN_VULKAN_BUILT;
+        if (!built)
+            snprintf(why, why_size, "not built: configure with -DKVMEM_%s=ON (%s not found)",
+                     strcmp(name, "cuda") == 0 ? "CUDA" : "VULKAN", file);
+        else
+            snprintf(why, why_size, "plugin %s not loadable: %s", file, e ? e : "not found");
     }
     return h;
 }

@@ -4,8 +4,8 @@
 set -euo pipefail
 
 # clang-14 + libclang-rt-14-dev: the libFuzzer harness (make fuzz); python3: the
-# independent safetensors reader check.
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils clang-14 libclang-rt-14-dev python3)
+# independent safetensors reader check (and other checks).
+pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3 clang-14 libclang-rt-14-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do
