@@ -154,7 +154,7 @@ kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
         uint64_t used = p->used_bytes;
         pthread_mutex_unlock(&p->mu);
         return kvm_fail(KVMEM_ERR_CAPACITY,
-                        "pool capacity %llu bytes: %llu in use, %llu more needed%s; nothing was changed",
+                        "pool capacity %llu bytes: %llu in use, %llu more needed%s; nothing was appended or loaded",
                         (unsigned long long)cap, (unsigned long long)used, (unsigned long long)bytes,
                         p->store ? " and no closed agent left to spill" : "");
     }
