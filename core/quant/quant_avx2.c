@@ -2,6 +2,7 @@
  * KIVI key encoding use the scalar reference steps; every code, scale and
  * bias equals the scalar table's (same per-group parameters, RNE rounding,
  * multiply then add, no FMA). */
+#define KVM_QUANT_F16C
 #include "quant_ref.h"
 
 #include <immintrin.h>
@@ -20,22 +21,14 @@ static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
-/* 64 values -> 8 words, scale and bias. */
-static inline void q4_group64(const float *x, uint32_t *w, uint16_t *sh, uint16_t *bh) {
-    __m256 v[8];
-    for (int j = 0; j < 8; j++) v[j] = _mm256_loadu_ps(x + 8 * j);
-    __m256 mn = _mm256_min_ps(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3])),
-                              _mm256_min_ps(_mm256_min_ps(v[4], v[5]), _mm256_min_ps(v[6], v[7])));
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3])),
-                              _mm256_max_ps(_mm256_max_ps(v[4], v[5]), _mm256_max_ps(v[6], v[7])));
-    float s, b, inv;
-    kvm_q4_params(hmin8(mn), hmax8(mx), sh, bh, &s, &b, &inv);
+/* 64 codes of one group with bias b and inverse scale inv -> 8 words. */
+static inline void q4_encode64(const float *x, float b, float inv, uint32_t *w) {
     const __m256 vb = _mm256_set1_ps(b), vi = _mm256_set1_ps(inv);
     const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(15);
     const __m256i sh4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     __m256i c[8];
     for (int j = 0; j < 8; j++) {
-        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(v[j], vb), vi));
+        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * j), vb), vi));
         q = _mm256_min_epi32(_mm256_max_epi32(q, lo), hi);
         c[j] = _mm256_sllv_epi32(q, sh4);
     }
@@ -47,17 +40,50 @@ static inline void q4_group64(const float *x, uint32_t *w, uint16_t *sh, uint16_
     _mm256_storeu_si256((__m256i *)(void *)w, sum);
 }
 
+/* Full groups 8 at a time: min/max, then directed f16 rounding, scale and
+ * inverse for the 8 in vectors (the scalar reference's IEEE steps), then the
+ * codes. Partial groups use the reference. */
 static void q4_quant(const float *x, size_t n, size_t dim, uint32_t *words, uint16_t *scales, uint16_t *biases) {
-    size_t G = (dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP, W = (dim + 7) / 8;
-    for (size_t r = 0; r < n; r++)
-        for (size_t g = 0; g < G; g++) {
-            size_t i0 = g * KVM_Q4_GROUP;
-            if (dim - i0 >= KVM_Q4_GROUP)
-                q4_group64(x + r * dim + i0, words + r * W + i0 / 8, scales + r * G + g, biases + r * G + g);
-            else
-                kvm_q4_group_quant_ref(x + r * dim + i0, dim - i0, words + r * W + i0 / 8, scales + r * G + g,
-                                       biases + r * G + g);
+    const size_t G = (dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP, W = (dim + 7) / 8, full = dim / KVM_Q4_GROUP;
+    const size_t total = n * full;
+    float mn[8], mx[8], bf[8], inv[8], sv[8];
+    uint16_t bh[8], sh[8];
+    for (size_t f0 = 0; f0 < total; f0 += 8) {
+        size_t cnt = total - f0 < 8 ? total - f0 : 8;
+        for (size_t i = 0; i < 8; i++) mn[i] = mx[i] = 0.0f;
+        for (size_t i = 0; i < cnt; i++) {
+            size_t f = f0 + i, r = f / full, g = f % full;
+            const float *p = x + r * dim + g * KVM_Q4_GROUP;
+            __m256 v[8];
+            for (int j = 0; j < 8; j++) v[j] = _mm256_loadu_ps(p + 8 * j);
+            __m256 a = _mm256_min_ps(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3])),
+                                     _mm256_min_ps(_mm256_min_ps(v[4], v[5]), _mm256_min_ps(v[6], v[7])));
+            __m256 z = _mm256_max_ps(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3])),
+                                     _mm256_max_ps(_mm256_max_ps(v[4], v[5]), _mm256_max_ps(v[6], v[7])));
+            mn[i] = hmin8(a);
+            mx[i] = hmax8(z);
         }
+        __m256 vmn = _mm256_loadu_ps(mn), vmx = _mm256_loadu_ps(mx);
+        __m128i vbh = _mm256_cvtps_ph(vmn, _MM_FROUND_TO_NEG_INF);
+        __m256 vb = _mm256_cvtph_ps(vbh);
+        __m128i vsh = _mm256_cvtps_ph(_mm256_div_ps(_mm256_sub_ps(vmx, vb), _mm256_set1_ps(15.0f)), _MM_FROUND_TO_POS_INF);
+        __m256 vs = _mm256_cvtph_ps(vsh);
+        _mm_storeu_si128((__m128i *)(void *)bh, vbh);
+        _mm_storeu_si128((__m128i *)(void *)sh, vsh);
+        _mm256_storeu_ps(bf, vb);
+        _mm256_storeu_ps(sv, vs);
+        _mm256_storeu_ps(inv, _mm256_div_ps(_mm256_set1_ps(1.0f), vs));
+        for (size_t i = 0; i < cnt; i++) {
+            size_t f = f0 + i, r = f / full, g = f % full;
+            scales[r * G + g] = sh[i];
+            biases[r * G + g] = bh[i];
+            q4_encode64(x + r * dim + g * KVM_Q4_GROUP, bf[i], sv[i] > 0.0f ? inv[i] : 0.0f, words + r * W + g * 8);
+        }
+    }
+    if (full < G)
+        for (size_t r = 0; r < n; r++)
+            kvm_q4_group_quant_ref(x + r * dim + full * KVM_Q4_GROUP, dim - full * KVM_Q4_GROUP, words + r * W + full * 8,
+                                   scales + r * G + full, biases + r * G + full);
 }
 
 static inline __m256 q4_word8(uint32_t word, __m256 vs, __m256 vb) {
@@ -72,7 +98,7 @@ static void q4_dequant(const uint32_t *words, const uint16_t *scales, const uint
     for (size_t r = 0; r < n; r++)
         for (size_t g = 0; g < G; g++) {
             size_t i0 = g * KVM_Q4_GROUP;
-            float s = kvm_f16_to_f32(scales[r * G + g]), b = kvm_f16_to_f32(biases[r * G + g]);
+            float s = kvm_qf32(scales[r * G + g]), b = kvm_qf32(biases[r * G + g]);
             const uint32_t *w = words + r * W + i0 / 8;
             float *o = out + r * dim + i0;
             if (dim - i0 >= KVM_Q4_GROUP) {
@@ -94,8 +120,8 @@ static void q4c_dequant(const uint32_t *words, const uint16_t *scales, const uin
     size_t W = (dim + 7) / 8;
     float s[1024], b[1024];
     for (size_t d = 0; d < dim; d++) {
-        s[d] = kvm_f16_to_f32(scales[d]);
-        b[d] = kvm_f16_to_f32(biases[d]);
+        s[d] = kvm_qf32(scales[d]);
+        b[d] = kvm_qf32(biases[d]);
     }
     for (size_t r = 0; r < n; r++) {
         size_t d = 0;
@@ -144,11 +170,11 @@ static void q8_dequant(const uint16_t *scales, const int8_t *codes, size_t n, si
         float *o = out + r * dim;
         size_t i = 0;
         for (; i + 8 <= dim; i += 8) {
-            __m256 vs = _mm256_set1_ps(kvm_f16_to_f32(scales[r * G + i / KVM_Q8_GROUP]));
+            __m256 vs = _mm256_set1_ps(kvm_qf32(scales[r * G + i / KVM_Q8_GROUP]));
             __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(c + i)));
             _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_cvtepi32_ps(q), vs));
         }
-        for (; i < dim; i++) o[i] = (float)c[i] * kvm_f16_to_f32(scales[r * G + i / KVM_Q8_GROUP]);
+        for (; i < dim; i++) o[i] = (float)c[i] * kvm_qf32(scales[r * G + i / KVM_Q8_GROUP]);
     }
 }
 

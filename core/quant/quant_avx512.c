@@ -1,46 +1,70 @@
 /* AVX-512 Q4 kernels (the bandwidth-critical pair: sealing and decoding Q4
  * blocks); Q8 and KIVI reuse the AVX2 table. Bit-identical to the scalar
  * reference: same per-group parameters, RNE conversion, multiply then add. */
+#define KVM_QUANT_F16C
 #include "quant_ref.h"
 
 #include <immintrin.h>
 
-static inline void q4_group64(const float *x, uint32_t *w, uint16_t *sh, uint16_t *bh) {
-    __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16), v2 = _mm512_loadu_ps(x + 32),
-           v3 = _mm512_loadu_ps(x + 48);
-    float mn = _mm512_reduce_min_ps(_mm512_min_ps(_mm512_min_ps(v0, v1), _mm512_min_ps(v2, v3)));
-    float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v0, v1), _mm512_max_ps(v2, v3)));
-    float s, b, inv;
-    kvm_q4_params(mn, mx, sh, bh, &s, &b, &inv);
+/* 64 codes of one group with bias b and inverse scale inv -> 8 words. */
+static inline void q4_encode64(const float *x, float b, float inv, uint32_t *w) {
     const __m512 vb = _mm512_set1_ps(b), vi = _mm512_set1_ps(inv);
     const __m512i lo = _mm512_setzero_si512(), hi = _mm512_set1_epi32(15);
-    const __m512i sh4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    __m512 v[4] = {v0, v1, v2, v3};
-    __m256i c[8];
+    __m128i c[4];
     for (int j = 0; j < 4; j++) {
-        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v[j], vb), vi));
-        q = _mm512_sllv_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), sh4);
-        c[2 * j] = _mm512_castsi512_si256(q);
-        c[2 * j + 1] = _mm512_extracti64x4_epi64(q, 1);
+        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + 16 * j), vb), vi));
+        c[j] = _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi)); /* one code per byte */
     }
-    __m256i h01 = _mm256_hadd_epi32(c[0], c[1]), h23 = _mm256_hadd_epi32(c[2], c[3]);
-    __m256i h45 = _mm256_hadd_epi32(c[4], c[5]), h67 = _mm256_hadd_epi32(c[6], c[7]);
-    __m256i a = _mm256_hadd_epi32(h01, h23), bb = _mm256_hadd_epi32(h45, h67);
-    __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(a, bb, 0x20), _mm256_permute2x128_si256(a, bb, 0x31));
-    _mm256_storeu_si256((__m256i *)(void *)w, sum);
+    __m512i all = _mm512_inserti32x4(_mm512_castsi128_si512(c[0]), c[1], 1);
+    all = _mm512_inserti32x4(_mm512_inserti32x4(all, c[2], 2), c[3], 3);
+    /* u16 lane j holds codes 2j (low byte) and 2j+1: pack them into one byte */
+    __m512i nib = _mm512_or_si512(_mm512_and_si512(all, _mm512_set1_epi16(0x000f)),
+                                  _mm512_and_si512(_mm512_srli_epi16(all, 4), _mm512_set1_epi16(0x00f0)));
+    _mm256_storeu_si256((__m256i *)(void *)w, _mm512_cvtepi16_epi8(nib));
 }
 
+/* Full groups are done 16 at a time: their min/max, then the directed f16
+ * rounding, scale and inverse for all 16 in vectors (the same IEEE steps as
+ * the scalar reference), then the codes. Partial groups use the reference. */
 static void q4_quant(const float *x, size_t n, size_t dim, uint32_t *words, uint16_t *scales, uint16_t *biases) {
-    size_t G = (dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP, W = (dim + 7) / 8;
-    for (size_t r = 0; r < n; r++)
-        for (size_t g = 0; g < G; g++) {
-            size_t i0 = g * KVM_Q4_GROUP;
-            if (dim - i0 >= KVM_Q4_GROUP)
-                q4_group64(x + r * dim + i0, words + r * W + i0 / 8, scales + r * G + g, biases + r * G + g);
-            else
-                kvm_q4_group_quant_ref(x + r * dim + i0, dim - i0, words + r * W + i0 / 8, scales + r * G + g,
-                                       biases + r * G + g);
+    const size_t G = (dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP, W = (dim + 7) / 8, full = dim / KVM_Q4_GROUP;
+    const size_t total = n * full;
+    float mn[16], mx[16], bf[16], inv[16];
+    uint16_t bh[16], sh[16];
+    for (size_t f0 = 0; f0 < total; f0 += 16) {
+        size_t cnt = total - f0 < 16 ? total - f0 : 16;
+        for (size_t i = 0; i < cnt; i++) {
+            size_t f = f0 + i, r = f / full, g = f % full;
+            const float *p = x + r * dim + g * KVM_Q4_GROUP;
+            __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16), v2 = _mm512_loadu_ps(p + 32),
+                   v3 = _mm512_loadu_ps(p + 48);
+            mn[i] = _mm512_reduce_min_ps(_mm512_min_ps(_mm512_min_ps(v0, v1), _mm512_min_ps(v2, v3)));
+            mx[i] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v0, v1), _mm512_max_ps(v2, v3)));
         }
+        __mmask16 m = (__mmask16)(cnt == 16 ? 0xffffu : (1u << cnt) - 1u);
+        __m512 vmn = _mm512_maskz_loadu_ps(m, mn), vmx = _mm512_maskz_loadu_ps(m, mx);
+        __m256i vbh = _mm512_cvt_roundps_ph(vmn, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        __m512 vb = _mm512_cvtph_ps(vbh);
+        __m512 t = _mm512_div_ps(_mm512_sub_ps(vmx, vb), _mm512_set1_ps(15.0f));
+        __m256i vsh = _mm512_cvt_roundps_ph(t, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+        __m512 vs = _mm512_cvtph_ps(vsh);
+        __mmask16 pos = _mm512_cmp_ps_mask(vs, _mm512_setzero_ps(), _CMP_GT_OQ);
+        __m512 vinv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), vs);
+        _mm256_storeu_si256((__m256i *)(void *)bh, vbh);
+        _mm256_storeu_si256((__m256i *)(void *)sh, vsh);
+        _mm512_storeu_ps(bf, vb);
+        _mm512_storeu_ps(inv, vinv);
+        for (size_t i = 0; i < cnt; i++) {
+            size_t f = f0 + i, r = f / full, g = f % full;
+            scales[r * G + g] = sh[i];
+            biases[r * G + g] = bh[i];
+            q4_encode64(x + r * dim + g * KVM_Q4_GROUP, bf[i], inv[i], words + r * W + g * 8);
+        }
+    }
+    if (full < G)
+        for (size_t r = 0; r < n; r++)
+            kvm_q4_group_quant_ref(x + r * dim + full * KVM_Q4_GROUP, dim - full * KVM_Q4_GROUP, words + r * W + full * 8,
+                                   scales + r * G + full, biases + r * G + full);
 }
 
 static void q4_dequant(const uint32_t *words, const uint16_t *scales, const uint16_t *biases, size_t n,
@@ -51,7 +75,7 @@ static void q4_dequant(const uint32_t *words, const uint16_t *scales, const uint
     for (size_t r = 0; r < n; r++)
         for (size_t g = 0; g < G; g++) {
             size_t i0 = g * KVM_Q4_GROUP;
-            float s = kvm_f16_to_f32(scales[r * G + g]), b = kvm_f16_to_f32(biases[r * G + g]);
+            float s = kvm_qf32(scales[r * G + g]), b = kvm_qf32(biases[r * G + g]);
             const uint32_t *w = words + r * W + i0 / 8;
             float *o = out + r * dim + i0;
             if (dim - i0 >= KVM_Q4_GROUP) {

@@ -8,28 +8,46 @@
 
 #include <math.h>
 
+/* f16 conversions on the per-group path: the SIMD files define
+ * KVM_QUANT_F16C and get the F16C instructions, which round exactly like the
+ * scalar reference (RNE), so every table picks the same scales and biases. */
+#ifdef KVM_QUANT_F16C
+#  include <immintrin.h>
+static inline uint16_t kvm_qf16(float x) { return (uint16_t)_cvtss_sh(x, 0); }
+static inline float kvm_qf32(uint16_t h) { return _cvtsh_ss(h); }
+#else
+static inline uint16_t kvm_qf16(float x) { return kvm_f32_to_f16(x); }
+static inline float kvm_qf32(uint16_t h) { return kvm_f16_to_f32(h); }
+#endif
+
 /* f16 rounding toward -inf / +inf, inlined: they sit on every group's path. */
 static inline uint16_t kvm_f16_step(uint16_t h, int up) {
     int neg = (h & 0x8000u) != 0;
     if ((h & 0x7fffu) == 0) return up ? 0x0001u : 0x8001u;
     return (uint16_t)((up != neg) ? h + 1 : h - 1);
 }
+#ifdef KVM_QUANT_F16C
+/* F16C rounds toward -inf / +inf itself: the same f16 as RNE-then-step */
+static inline uint16_t kvm_f16_down_inline(float x) { return (uint16_t)_cvtss_sh(x, _MM_FROUND_TO_NEG_INF); }
+static inline uint16_t kvm_f16_up_inline(float x) { return (uint16_t)_cvtss_sh(x, _MM_FROUND_TO_POS_INF); }
+#else
 static inline uint16_t kvm_f16_down_inline(float x) {
-    uint16_t h = kvm_f32_to_f16(x);
-    return kvm_f16_to_f32(h) > x ? kvm_f16_step(h, 0) : h;
+    uint16_t h = kvm_qf16(x);
+    return kvm_qf32(h) > x ? kvm_f16_step(h, 0) : h;
 }
 static inline uint16_t kvm_f16_up_inline(float x) {
-    uint16_t h = kvm_f32_to_f16(x);
-    return kvm_f16_to_f32(h) < x ? kvm_f16_step(h, 1) : h;
+    uint16_t h = kvm_qf16(x);
+    return kvm_qf32(h) < x ? kvm_f16_step(h, 1) : h;
 }
+#endif
 
 /* Q4 affine parameters of a group with minimum mn and maximum mx. */
 static inline void kvm_q4_params(float mn, float mx, uint16_t *sh, uint16_t *bh, float *s, float *b,
                                  float *inv) {
     *bh = kvm_f16_down_inline(mn);
-    *b = kvm_f16_to_f32(*bh);
+    *b = kvm_qf32(*bh);
     *sh = kvm_f16_up_inline((mx - *b) / 15.0f);
-    *s = kvm_f16_to_f32(*sh);
+    *s = kvm_qf32(*sh);
     *inv = *s > 0.0f ? 1.0f / *s : 0.0f;
 }
 
@@ -60,7 +78,7 @@ static inline void kvm_q4_group_dequant_ref(const uint32_t *w, size_t k, float s
 
 static inline void kvm_q8_params(float amax, uint16_t *sh, float *inv) {
     *sh = kvm_f16_up_inline(amax / 127.0f);
-    float s = kvm_f16_to_f32(*sh);
+    float s = kvm_qf32(*sh);
     *inv = s > 0.0f ? 1.0f / s : 0.0f;
 }
 
