@@ -130,12 +130,12 @@ static int cmd_inspect(int argc, char **argv) {
         kvm_xxh64_state h;
         kvm_xxh64_init(&h, 0);
         for (uint64_t c = 0; c < data; c += (uint64_t)1 << 20) {
-            uint64_t d = kvm_xxh64_once(blob + 8 + hl + c, (size_t)(data - c < ((uint64_t)1 << 20) ? data - c : ((uint64_t)1 << 20)), 0);
+            uint64_t d = kvm_acc64(blob + 8 + hl + c, (size_t)(data - c < ((uint64_t)1 << 20) ? data - c : ((uint64_t)1 << 20)));
             unsigned char le[8];
             for (int b = 0; b < 8; b++) le[b] = (unsigned char)(d >> (8 * b));
             kvm_xxh64_update(&h, le, 8);
         }
-        snprintf(computed, sizeof computed, "xxh64-1m:%016" PRIx64, kvm_xxh64_final(&h));
+        snprintf(computed, sizeof computed, "acc64-1m:%016" PRIx64, kvm_xxh64_final(&h));
     }
     int sum_ok = sum && !strcmp(sum, computed);
     int n_blocks = blocks && *blocks ? 1 : 0;

@@ -101,3 +101,87 @@ uint64_t kvm_xxh64_once(const void *data, size_t n, uint64_t seed) {
     kvm_xxh64_update(&h, data, n);
     return kvm_xxh64_final(&h);
 }
+
+/* ---- acc64 ---- */
+
+#include "../cpu/kernels.h"
+
+const uint64_t kvm_acc64_keys[8] = {0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
+                                    0x85EBCA77C2B2AE63ull, 0x27D4EB2F165667C5ull, 0x94D049BB133111EBull,
+                                    0xBF58476D1CE4E5B9ull, 0xD6E8FEB86659FD93ull};
+
+static void acc64_stripes_scalar(uint64_t acc[8], const unsigned char *p, size_t n_stripes) {
+    for (size_t s = 0; s < n_stripes; s++, p += 64)
+        for (int i = 0; i < 8; i++) {
+            uint64_t d = rd64(p + 8 * i), v = d ^ kvm_acc64_keys[i];
+            acc[i ^ 1] += d;
+            acc[i] += (v & 0xffffffffull) * (v >> 32);
+        }
+}
+
+#if !defined(KVMEM_HAVE_AVX2)
+void kvm_acc64_stripes_avx2(uint64_t acc[8], const unsigned char *p, size_t n_stripes) { acc64_stripes_scalar(acc, p, n_stripes); }
+#endif
+#if !defined(KVMEM_HAVE_AVX512)
+void kvm_acc64_stripes_avx512(uint64_t acc[8], const unsigned char *p, size_t n_stripes) { acc64_stripes_scalar(acc, p, n_stripes); }
+#endif
+
+static kvm_acc64_fn acc64_fn(void) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const char *name = kvm_cpu_kernels_get()->name; /* KVMEM_CPU=scalar forces the reference */
+    if (name[0] == 'a' && name[3] == '5') return kvm_acc64_stripes_avx512;
+    if (name[0] == 'a') return kvm_acc64_stripes_avx2;
+#endif
+    return acc64_stripes_scalar;
+}
+
+void kvm_acc64_init(kvm_acc64_state *s, uint64_t total) {
+    for (int i = 0; i < 8; i++) s->acc[i] = kvm_acc64_keys[i] ^ total;
+    s->n = total;
+    s->buf_n = 0;
+}
+
+void kvm_acc64_update(kvm_acc64_state *s, const void *data, size_t n) {
+    const unsigned char *p = data;
+    if (s->buf_n) {
+        size_t take = 64 - s->buf_n < n ? 64 - s->buf_n : n;
+        memcpy(s->buf + s->buf_n, p, take);
+        s->buf_n += take;
+        p += take;
+        n -= take;
+        if (s->buf_n < 64) return;
+        acc64_stripes_scalar(s->acc, s->buf, 1);
+        s->buf_n = 0;
+    }
+    if (n >= 64) acc64_fn()(s->acc, p, n / 64);
+    p += n / 64 * 64;
+    n %= 64;
+    memcpy(s->buf, p, n);
+    s->buf_n = n;
+}
+
+uint64_t kvm_acc64_final(kvm_acc64_state *s) {
+    if (s->buf_n) { /* the last partial stripe, zero-padded */
+        memset(s->buf + s->buf_n, 0, 64 - s->buf_n);
+        acc64_stripes_scalar(s->acc, s->buf, 1);
+        s->buf_n = 0;
+    }
+    uint64_t h = s->n * P1;
+    for (int i = 0; i < 8; i++) {
+        h ^= rotl(s->acc[i] * P2, 31) * P1;
+        h = rotl(h, 27) * P1 + P4;
+    }
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+}
+
+uint64_t kvm_acc64(const void *data, size_t n) {
+    kvm_acc64_state s;
+    kvm_acc64_init(&s, n);
+    kvm_acc64_update(&s, data, n);
+    return kvm_acc64_final(&s);
+}

@@ -6,8 +6,8 @@
  * token count), so the loader builds that "plan" first and requires the
  * header to match it exactly; offsets must tile the data section. The data
  * section is checked and copied in 1 MiB chunks on the context's threads:
- * each chunk is read into a small buffer, hashed while in cache (XXH64) and
- * scattered to the blocks. The checksum is XXH64 over the chunks' XXH64
+ * each chunk is read straight into the blocks and hashed while in cache
+ * (acc64, core/store/hash.h). The checksum is XXH64 over the chunks' acc64
  * digests (little-endian u64s), so chunks are independent. Nothing reaches
  * the pool until the checksum matches. */
 #include "persist.h"
@@ -282,15 +282,15 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
     unsigned char *buf = j->r && !j->r->readv_at ? malloc(KVM_SUB) : NULL;
     for (size_t c = cb; c < ce; c++) {
         uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total);
-        kvm_xxh64_state h;
-        kvm_xxh64_init(&h, 0);
+        kvm_acc64_state h;
+        kvm_acc64_init(&h, c1 - c0);
         size_t i = piece_at(ps, c0);
         if (!j->r) {
             for (; i < ps->n && ps->v[i].off < c1; i++) {
                 uint64_t b = KVM_MAX(c0, ps->v[i].off), e = KVM_MIN(c1, ps->v[i].off + ps->v[i].len);
-                kvm_xxh64_update(&h, ps->v[i].ptr + (b - ps->v[i].off), (size_t)(e - b));
+                kvm_acc64_update(&h, ps->v[i].ptr + (b - ps->v[i].off), (size_t)(e - b));
             }
-            j->digest[c] = kvm_xxh64_final(&h);
+            j->digest[c] = kvm_acc64_final(&h);
             continue;
         }
         j->status[c] = buf || j->r->readv_at ? KVMEM_OK : KVMEM_ERR_NOMEM;
@@ -317,13 +317,13 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
                 }
                 for (int q = 0; q < cnt && got; q++) { /* a short read hashes what arrived */
                     size_t use = KVM_MIN(got, iov[q].iov_len);
-                    kvm_xxh64_update(&h, iov[q].iov_base, use);
+                    kvm_acc64_update(&h, iov[q].iov_base, use);
                     got -= use;
                     pos += use;
                 }
                 while (i < ps->n && ps->v[i].off + ps->v[i].len <= pos) i++;
             }
-            j->digest[c] = kvm_xxh64_final(&h);
+            j->digest[c] = kvm_acc64_final(&h);
             continue;
         }
         for (uint64_t s0 = c0; s0 < c1 && j->status[c] == KVMEM_OK; s0 += KVM_SUB) {
@@ -338,14 +338,14 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
                 have += got;
             }
             if (have < n) break;
-            kvm_xxh64_update(&h, buf, n); /* hashed while in cache */
+            kvm_acc64_update(&h, buf, n); /* hashed while in cache */
             for (; i < ps->n && ps->v[i].off < s0 + n; i++) {
                 uint64_t b = KVM_MAX(s0, ps->v[i].off), e = KVM_MIN(s0 + n, ps->v[i].off + ps->v[i].len);
                 memcpy(ps->v[i].ptr + (b - ps->v[i].off), buf + (b - s0), (size_t)(e - b));
                 if (ps->v[i].off + ps->v[i].len > s0 + n) break; /* continues in the next sub-chunk */
             }
         }
-        j->digest[c] = kvm_xxh64_final(&h);
+        j->digest[c] = kvm_acc64_final(&h);
     }
     free(buf);
 }
@@ -465,7 +465,7 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
         for (size_t i = 0; i < m->text_len; i++) sb_fmt(&b, "%02x", (unsigned char)m->text[i]);
         sb_str(&b, "\"");
     }
-    sb_fmt(&b, ",\"checksum\":\"xxh64-1m:%016" PRIx64 "\"}", sum);
+    sb_fmt(&b, ",\"checksum\":\"acc64-1m:%016" PRIx64 "\"}", sum);
     for (int i = 0; i < pl.n; i++) {
         const tplan *t = &pl.t[i];
         sb_fmt(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "],\"data_offsets\":[%" PRIu64
@@ -653,12 +653,12 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
         return kvm_fail(KVMEM_ERR_CAPACITY, "the file holds %lld tokens, more than max_tokens_per_agent %d",
                         (long long)*n_tokens, p->params.max_tokens_per_agent);
     META("checksum");
-    if (n != 25 || strncmp(v, "xxh64-1m:", 9) != 0)
-        return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'xxh64-1m:<16 hex digits>'");
+    if (n != 25 || strncmp(v, "acc64-1m:", 9) != 0)
+        return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'acc64-1m:<16 hex digits>'");
     *checksum = 0;
     for (int i = 9; i < 25; i++) {
         int h = hexval(v[i]);
-        if (h < 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'xxh64-1m:<16 hex digits>'");
+        if (h < 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'acc64-1m:<16 hex digits>'");
         *checksum = (*checksum << 4) | (uint64_t)h;
     }
     /* every metadata value is a string (the safetensors rule) */
