@@ -279,7 +279,7 @@ typedef struct chunk_job {
 static void chunk_task(void *arg, size_t cb, size_t ce) {
     chunk_job *j = arg;
     const pieces *ps = j->ps;
-    unsigned char *buf = j->r && !j->r->readv_at ? malloc(KVM_SUB) : NULL;
+    unsigned char *buf = j->r ? malloc(KVM_SUB) : NULL;
     for (size_t c = cb; c < ce; c++) {
         uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total);
         kvm_acc64_state h;
@@ -293,8 +293,12 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
             j->digest[c] = kvm_acc64_final(&h);
             continue;
         }
-        j->status[c] = buf || j->r->readv_at ? KVMEM_OK : KVMEM_ERR_NOMEM;
-        if (j->r->readv_at) {
+        j->status[c] = buf ? KVMEM_OK : KVMEM_ERR_NOMEM;
+        /* large pieces: read straight into the blocks; small ones (Q4 scales,
+         * AABB rows) cost more per iovec than a copy from a bounce buffer */
+        size_t last = piece_at(ps, c1 > 0 ? c1 - 1 : 0);
+        int direct = j->r->readv_at && buf && (c1 - c0) / (uint64_t)(last - i + 1) >= 2048;
+        if (direct) {
             /* straight into the blocks, then hash what was read while it is in cache */
             struct iovec iov[KVM_MAX_IOV];
             uint64_t pos = c0;
@@ -904,24 +908,29 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
                       checksum, got_sum);
         goto done;
     }
-    /* AABBs and the f32 tail are used as they are: they must be sane */
+    /* AABBs and the f32 tail are used as they are: they must be sane. Branch-free
+     * scans (vectorizable): min <= max also fails for NaN; x - x != 0 for Inf/NaN. */
     const size_t D = (size_t)p->spec.head_dim;
-    for (int32_t b = 0; b < f->n_sealed; b++)
-        for (int32_t l = 0; l < p->spec.n_layers; l++)
-            for (int32_t h = 0; h < p->spec.n_kv_heads; h++) {
-                const float *box = kvm_block_aabb(p, f, b, l, h);
-                for (size_t dd = 0; dd < D; dd++)
-                    if (!(box[D + dd] <= box[dd]) || !isfinite(box[dd]) || !isfinite(box[D + dd])) {
-                        st = kvm_fail(KVMEM_ERR_CORRUPT, "AABB of block %d, layer %d, head %d is not finite with min <= max", b, l, h);
-                        goto done;
-                    }
-            }
-    if (f->tail)
-        for (size_t i = 0; i < kvm_tail_bytes(p) / 4; i++)
-            if (!isfinite(f->tail[i]) && ((i / D) % (size_t)BS) < (size_t)tail_n) {
-                st = kvm_fail(KVMEM_ERR_CORRUPT, "the unsealed tail holds a non-finite value");
-                goto done;
-            }
+    size_t nbox = (size_t)f->n_sealed * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads, bad = 0;
+    for (size_t bx = 0; bx < nbox; bx++) {
+        const float *box = f->aabb + bx * 2 * D;
+        for (size_t dd = 0; dd < D; dd++)
+            bad += !(box[D + dd] <= box[dd]) | ((box[dd] - box[dd]) != 0.0f) | ((box[D + dd] - box[D + dd]) != 0.0f);
+    }
+    if (bad) {
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "%zu AABB values are not finite with min <= max", bad);
+        goto done;
+    }
+    if (f->tail) {
+        for (size_t g = 0; g < 2 * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads; g++) {
+            const float *row = f->tail + g * (size_t)BS * D;
+            for (size_t i = 0; i < (size_t)tail_n * D; i++) bad += (row[i] - row[i]) != 0.0f;
+        }
+        if (bad) {
+            st = kvm_fail(KVMEM_ERR_CORRUPT, "the unsealed tail holds %zu non-finite values", bad);
+            goto done;
+        }
+    }
     *out = f;
     s.fresh = NULL;
     s.reserved = 0;
