@@ -16,6 +16,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include "../cpu/kernels.h"
 #include "../cpu/threadpool.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,11 +199,21 @@ static kvmem_status for_pieces(const kvmem_pool *p, kvm_agent_mem *m, const tpla
     const kvmem_dtype dt = p->params.storage_dtype;
     kvmem_status st = KVMEM_OK;
     if (t->kind == T_KV) {
+        /* section layouts depend only on the block length: cache the last one */
+        int32_t cached_n = -1;
+        kvm_qsection q = {0}, qk = {0}, qv = {0};
         for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
             for (int32_t b = 0; b < m->n_sealed && st == KVMEM_OK; b++) {
                 const kvm_block *blk = &m->blocks[b];
-                unsigned char *sec = kvm_block_rows(p, blk, t->which, t->layer, h);
-                kvm_qsection q = kvm_qsection_layout(dt, t->which, (size_t)blk->n_tokens, D);
+                if (blk->n_tokens != cached_n) {
+                    cached_n = blk->n_tokens;
+                    q = kvm_qsection_layout(dt, t->which, (size_t)cached_n, D);
+                    qk = kvm_qsection_layout(dt, 0, (size_t)cached_n, D);
+                    qv = kvm_qsection_layout(dt, 1, (size_t)cached_n, D);
+                }
+                size_t g = (size_t)t->layer * (size_t)H + (size_t)h;
+                unsigned char *sec = (unsigned char *)blk->kv +
+                                     (t->which ? (size_t)L * (size_t)H * qk.bytes + g * qv.bytes : g * qk.bytes);
                 if (t->part == 0) st = fn(arg, sec + q.codes_off, q.codes_bytes);
                 else if (t->part == 1) st = fn(arg, sec + q.scales_off, q.scales_bytes);
                 else st = fn(arg, sec + q.biases_off, q.biases_bytes);
@@ -908,24 +919,25 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
                       checksum, got_sum);
         goto done;
     }
-    /* AABBs and the f32 tail are used as they are: they must be sane. Branch-free
-     * scans (vectorizable): min <= max also fails for NaN; x - x != 0 for Inf/NaN. */
+    /* AABBs and the f32 tail are used as they are: they must be sane (SIMD
+     * non-finite count, then a vectorizable min <= max scan) */
     const size_t D = (size_t)p->spec.head_dim;
+    const kvm_cpu_kernels *ck = kvm_cpu_kernels_get();
     size_t nbox = (size_t)f->n_sealed * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads, bad = 0;
-    for (size_t bx = 0; bx < nbox; bx++) {
+    if (nbox) bad = ck->count_nonfinite(f->aabb, nbox * 2 * D);
+    for (size_t bx = 0; bx < nbox && !bad; bx++) {
         const float *box = f->aabb + bx * 2 * D;
-        for (size_t dd = 0; dd < D; dd++)
-            bad += !(box[D + dd] <= box[dd]) | ((box[dd] - box[dd]) != 0.0f) | ((box[D + dd] - box[D + dd]) != 0.0f);
+        int inv = 0;
+        for (size_t dd = 0; dd < D; dd++) inv |= box[D + dd] > box[dd];
+        bad += (size_t)inv;
     }
     if (bad) {
-        st = kvm_fail(KVMEM_ERR_CORRUPT, "%zu AABB values are not finite with min <= max", bad);
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "AABBs hold %zu non-finite values or boxes with min > max", bad);
         goto done;
     }
     if (f->tail) {
-        for (size_t g = 0; g < 2 * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads; g++) {
-            const float *row = f->tail + g * (size_t)BS * D;
-            for (size_t i = 0; i < (size_t)tail_n * D; i++) bad += (row[i] - row[i]) != 0.0f;
-        }
+        for (size_t g = 0; g < 2 * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads; g++)
+            bad += ck->count_nonfinite(f->tail + g * (size_t)BS * D, (size_t)tail_n * D);
         if (bad) {
             st = kvm_fail(KVMEM_ERR_CORRUPT, "the unsealed tail holds %zu non-finite values", bad);
             goto done;

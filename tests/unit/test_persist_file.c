@@ -363,6 +363,33 @@ static void loader_refuses_hostile_files_with_the_right_code(void **state) {
     write_with_header(bad, &f, w);
     expect_refused(a, bad, KVMEM_ERR_FORMAT, "duplicate member name", &before, L, D);
     free(w);
+    /* a NaN in an AABB behind a valid checksum (a hostile writer, not a torn file) */
+    {
+        const char *at = strstr(strstr(h, "\"layer_1_aabb_max\""), "\"data_offsets\":[") + 16;
+        long b0 = strtol(at, NULL, 10);
+        unsigned char *g2 = malloc(f.size);
+        memcpy(g2, f.data, f.size);
+        size_t data0 = 8 + (size_t)hl;
+        float nanv = NAN;
+        memcpy(g2 + data0 + (size_t)b0 + 8, &nanv, 4);
+        size_t data_n = f.size - data0;
+        kvm_xxh64_state xs;
+        kvm_xxh64_init(&xs, 0);
+        for (size_t c = 0; c < data_n; c += (size_t)1 << 20) {
+            uint64_t dg = kvm_acc64(g2 + data0 + c, data_n - c < ((size_t)1 << 20) ? data_n - c : ((size_t)1 << 20));
+            unsigned char le[8];
+            for (int i = 0; i < 8; i++) le[i] = (unsigned char)(dg >> (8 * i));
+            kvm_xxh64_update(&xs, le, 8);
+        }
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)kvm_xxh64_final(&xs));
+        char *cs = strstr((char *)g2 + 8, "acc64-1m:");
+        assert_non_null(cs);
+        memcpy(cs + 9, hex, 16);
+        write_bytes(bad, g2, f.size);
+        expect_refused(a, bad, KVMEM_ERR_CORRUPT, "AABBs hold", &before, L, D);
+        free(g2);
+    }
     /* not a safetensors file at all */
     write_bytes(bad, "hello world, this is text", 25);
     expect_refused(a, bad, KVMEM_ERR_FORMAT, "header length", &before, L, D);
