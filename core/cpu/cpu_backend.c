@@ -3,8 +3,10 @@
 #include "../backend.h"
 #include "../context.h"
 #include "../internal.h"
+#include "../attend/attend.h"
 #include "half.h"
 #include "kernels.h"
+#include "../qmem/qmem_internal.h" /* eviction: qmem_score */
 #include "../quant/quant.h"
 
 #include <math.h>
@@ -177,8 +179,10 @@ static const kvmem_backend_iface cpu_iface = {
     /* -- retrieval -- */
 
     /* -- eviction -- */
+    .qmem_score = kvm_cpu_qmem_score,
 
     /* -- attention -- */
+    .attend = kvm_attend_cpu,
 
     /* -- persistence -- */
     .quantize = cpu_quantize,
