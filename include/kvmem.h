@@ -849,7 +849,8 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
  * layer_{L}_v_tail F32 [H][tail][D], so a reload restores it exactly. T counts
  * the tokens of sealed blocks. __metadata__ (strings only) holds the format
  * version, agent id, model id and spec, dtype, block size, block lengths,
- * token count, token ids, text, token offsets and an XXH64 of the data.
+ * token count, token ids, text, token offsets and a checksum of the data
+ * section (XXH64 over the acc64 digests of its 1 MiB chunks, see core/store/hash.h).
  * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_CLOSED, KVMEM_ERR_NOT_FOUND (no
  * store and no path, or the directory is missing), KVMEM_ERR_IO, KVMEM_ERR_NOMEM. */
 KVMEM_API kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path);
