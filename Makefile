@@ -9,7 +9,7 @@ CTEST = ctest --parallel $(JOBS) --preset
 
 WEB_PORT ?= 8765
 
-.PHONY: all deps build demo test test-default test-asan test-tsan test-web wasm demo-web bench clean
+.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-fuzz wasm demo-web fuzz bench clean
 
 all: build
 
@@ -23,7 +23,7 @@ build: deps
 demo: build
 	./build/default/tools/kvmem demo
 
-test: deps test-default test-asan test-tsan test-web
+test: deps test-default test-asan test-tsan test-web test-fuzz
 	@echo "make test: all suites passed"
 
 # The plain build runs verbosely so each cmocka program's summary shows.
@@ -50,6 +50,14 @@ demo-web: wasm
 
 test-web: build
 	@scripts/test-web.sh
+
+# libFuzzer over the agent-file loader and the JSON reader (clang); FUZZ_SECONDS bounds it.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
+test-fuzz: deps
+	scripts/fuzz.sh 60
 
 bench: build
 	./build/default/tools/kvmem bench --json all
