@@ -1,10 +1,18 @@
 # A thin wrapper over CMake presets. The two commands of the quick start:
+#   make demo   build and run `kvmem demo`
+#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, the
+#               WebAssembly build and its browser test (skipped, saying why,
+#               without emscripten or chromium)
+#   make demo-web  build the WebAssembly demo page and serve it on 127.0.0.1
+
 #   make demo   build and run the demo (real model if present, else `kvmem demo`)
 #   make test   every test: unit tests, checks, ASan+UBSan and TSan builds
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST = ctest --parallel $(JOBS) --preset
 
-.PHONY: all deps build demo test test-default test-asan test-tsan bench clean
+WEB_PORT ?= 8765
+
+.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-fuzz wasm demo-web fuzz bench clean
 
 all: build
 
@@ -30,7 +38,7 @@ demo: build
 	  ./build/default/tools/kvmem demo; \
 	fi
 
-test: deps test-default test-asan test-tsan
+test: deps test-default test-asan test-tsan test-web test-fuzz
 	@echo "make test: all suites passed"
 
 # The plain build runs verbosely so each cmocka program's summary shows.
@@ -46,6 +54,25 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	$(CTEST) tsan
+
+# WebAssembly (Emscripten): build/wasm/www holds the module, kvmem.js and the demo.
+wasm: deps
+	@scripts/wasm-build.sh
+
+demo-web: wasm
+	@echo "kvmem browser demo: http://127.0.0.1:$(WEB_PORT)/  (Ctrl-C stops the server)"
+	python3 -m http.server $(WEB_PORT) --bind 127.0.0.1 --directory build/wasm/www
+
+test-web: build
+	@scripts/test-web.sh
+
+# libFuzzer over the agent-file loader and the JSON reader (clang); FUZZ_SECONDS bounds it.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
+test-fuzz: deps
+	scripts/fuzz.sh 60
 
 bench: build
 	./build/default/tools/kvmem bench --json all

@@ -13,12 +13,16 @@ extern const kvm_bench_suite kvm_bench_evict;
 extern const kvm_bench_suite kvm_bench_attend;
 
 /* store */
+extern const kvm_bench_suite kvm_bench_store;
 
 /* segments */
 extern const kvm_bench_suite kvm_bench_segments;
 
 /* cuda */
 extern const kvm_bench_suite kvm_bench_cuda;
+
+/* wasm */
+extern const kvm_bench_suite kvm_bench_webref;
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
@@ -33,12 +37,16 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_attend,
 
     /* store */
+    &kvm_bench_store,
 
     /* segments */
     &kvm_bench_segments,
 
     /* cuda */
     &kvm_bench_cuda,
+
+    /* wasm */
+    &kvm_bench_webref,
 
     NULL,
 };
