@@ -1,12 +1,10 @@
 # A thin wrapper over CMake presets. The two commands of the quick start:
-#   make demo   build and run `kvmem demo`
+#   make demo   build and run the demo (the real-model tinyllm demo when the test
+#               model is there, else the synthetic `kvmem demo`)
 #   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, the
 #               WebAssembly build and its browser test (skipped, saying why,
 #               without emscripten or chromium)
 #   make demo-web  build the WebAssembly demo page and serve it on 127.0.0.1
-
-#   make demo   build and run the demo (real model if present, else `kvmem demo`)
-#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST = ctest --parallel $(JOBS) --preset
 
