@@ -5,7 +5,10 @@ set -euo pipefail
 
 # clang-14 + libclang-rt-14-dev: the libFuzzer harness (make fuzz); python3: the
 # independent safetensors reader check (and other checks).
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3 clang-14 libclang-rt-14-dev)
+# libhiredis-dev: the Redis store plugin; redis-server + redis-tools: its tests
+# (tests/checks/redis_store.sh starts a server on loopback).
+pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3 clang-14 libclang-rt-14-dev
+      libhiredis-dev redis-server redis-tools)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -33,6 +33,24 @@ trap cleanup EXIT INT TERM
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
+# a cluster node also listens on port + 10000 (its bus): both must be free
+free_cluster_port() {
+  python3 - <<'PY'
+import random, socket
+def free(p):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+for _ in range(200):
+    p = random.randint(20000, 55000)
+    if free(p) and free(p + 10000):
+        print(p); break
+PY
+}
 
 wait_ping() { # port [tries of 0.1 s]
   for _ in $(seq 1 "${2:-100}"); do
@@ -75,7 +93,7 @@ if [ "${KVMEM_REDIS_NO_CLUSTER:-0}" != 1 ]; then
   cports=()
   ok=1
   for i in 1 2 3; do
-    cp="$(free_port)"
+    cp="$(free_cluster_port)"
     cd_="$tmp/cluster$i"
     mkdir -p "$cd_"
     pids_files+=("$cd_/redis.pid")
