@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,8 +61,10 @@
 #define RS_MAX_IDLE 8
 #define RS_MAX_ID 128
 
-static const kvm_store_host *g_host;
-#define FAIL(...) g_host->fail(__VA_ARGS__)
+/* The core's error reporting, set by every init (always the same table;
+ * atomic because pools may be created from several threads). */
+static _Atomic(const kvm_store_host *) g_host;
+#define FAIL(...) (atomic_load_explicit(&g_host, memory_order_relaxed)->fail(__VA_ARGS__))
 
 typedef struct known_ver {
     char id[RS_MAX_ID + 1];
@@ -1057,7 +1060,7 @@ __attribute__((visibility("default"))) kvmem_status kvmem_store_plugin_init(uint
 
 kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host *host, const char *url, kvm_store **out) {
     if (!host) return KVMEM_ERR_INVALID_ARG;
-    g_host = host;
+    atomic_store_explicit(&g_host, host, memory_order_relaxed);
     if (api_version != KVM_STORE_PLUGIN_API)
         return FAIL(KVMEM_ERR_UNSUPPORTED, "redis store: plugin API %u, libkvmem wants %u", KVM_STORE_PLUGIN_API, api_version);
     rs_store *s = calloc(1, sizeof *s);
