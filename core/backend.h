@@ -16,10 +16,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVMEM_BACKEND_API_VERSION 1u
+/* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue) */
+#define KVMEM_BACKEND_API_VERSION 2u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
+struct kvm_attend_plan; /* core/attend/attend.h */
+
+/* Descriptors of the retrieval ops (core/retrieve/score.h). */
+struct kvm_score_desc;
+struct kvm_gather_desc;
 
 typedef struct kvmem_backend_iface {
     const char *name;
@@ -49,10 +55,30 @@ typedef struct kvmem_backend_iface {
     /* ---- ops added by later issues, each in its own section ---- */
 
     /* -- retrieval (MemArt): aabb_score, topk, gather/rope -- */
+    /* Score candidate blocks (AABB or EXACT), normalise per query token,
+     * aggregate over tokens, sum over each KV head's query heads. */
+    kvmem_status (*aabb_score)(kvmem_backend *be, const struct kvm_score_desc *d);
+    /* Indices of the k largest non-NaN scores, ties toward the lower index. */
+    kvmem_status (*topk)(kvmem_backend *be, const float *score, int32_t n, int32_t k, int32_t *out_idx,
+                         int32_t *n_out);
+    /* Concatenate blocks, rotate keys at new positions, convert to the output dtype. */
+    kvmem_status (*gather)(kvmem_backend *be, const struct kvm_gather_desc *d);
 
     /* -- eviction (IntentKV): qmem_score, kv_copy -- */
+    /* Rule score of kvmem_qmem_score (inputs validated by the core): memory
+     * [n_layers][n_q_heads][head_dim] f32 host memory, k a host view
+     * [n_layers][N][n_kv_heads][head_dim], scores N floats. Host views, not
+     * buffers: the CPU reference reads the caller's tensors in place; a
+     * device backend would upload them (optional: NULL = run on the CPU). */
+    kvmem_status (*qmem_score)(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
+                               const kvmem_tensor *k, float *scores);
 
     /* -- attention (ART): attend -- */
+    /* Run a validated ART plan (core/attend/attend.h): fill plan->out
+     * [n_rows][n_q_heads][head_dim] f32 and *stats. (optional) NULL: the
+     * core runs it on the CPU backend. */
+    kvmem_status (*attend)(kvmem_backend *be, const struct kvm_attend_plan *plan,
+                           kvmem_attend_stats *stats);
 
     /* -- persistence: quantize, dequantize -- */
     /* Encode n rows of `dim` f32 values into one storage section (layout and
@@ -75,7 +101,26 @@ struct kvmem_backend {
     const kvmem_backend_iface *iface;
     void *impl;          /* the backend's own state */
     kvmem_context *ctx;  /* owning context */
+    /* -- plugin services (Vulkan issue) -- */
+    /* Set by the core's loader right after a plugin's init: a plugin cannot
+     * link the core's hidden kvm_fail, so its ops report messages for
+     * kvmem_last_error() through this pointer. NULL inside init. */
+    kvmem_status (*fail)(kvmem_status status, const char *fmt, ...);
+    /* (optional, set by the plugin) what it runs on, shown by kvmem_backends()
+     * ("llvmpipe (LLVM 15.0.6, 256 bits), Vulkan 1.3"); owned by the backend. */
+    const char *detail;
+    /* Set by the plugin when its device is a CPU (Mesa lavapipe, SwiftShader):
+     * "auto" then keeps the native CPU backend, which is faster than a CPU
+     * emulating a GPU. Explicit requests ("vulkan") still get it. */
+    int cpu_device;
 };
+
+/* -- device timing (Vulkan issue) -- */
+/* get_proc_address(be, KVM_PROC_LAST_OP_SECONDS) returns a kvm_last_op_seconds_fn
+ * (or NULL): device time of the backend's last op, from GPU timestamps
+ * (negative when the device has no timestamps). Used by benchmarks. */
+#define KVM_PROC_LAST_OP_SECONDS "last_op_seconds"
+typedef double (*kvm_last_op_seconds_fn)(kvmem_backend *be);
 
 /* The symbol every backend plugin exports. It fills *out or writes a plain
  * reason ("no device", "driver too old") into why and returns an error. */

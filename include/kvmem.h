@@ -383,9 +383,569 @@ KVMEM_API kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, s
 
 /* ---- MemArt retrieval (issue: retrieval) -------------------------------- */
 
+/* Retrieval: find the sealed blocks of an agent that a new prompt would
+ * attend to, by scoring the prompt's query rows against each block's
+ * axis-aligned bounding box of raw keys (DESIGN.md, "Retrieval (MemArt)"):
+ *   I(q, b) = sum_d max(q_d * s_max[d], q_d * s_min[d])  (>= max_i q.k_i)
+ * normalised per query token over the candidate blocks (SOFTMAX or RR),
+ * aggregated over the query tokens (MAX or SUM), summed over heads (and over
+ * layers for GLOBAL scope), top-k, ties toward the older block.
+ * Only sealed blocks are retrievable: the unsealed tail has no AABB yet
+ * (call kvmem_agent_flush first if the newest tokens must be candidates). */
+
+typedef enum kvmem_retrieve_mode {
+    KVMEM_RETRIEVE_AABB = 0, /* bounding-box relevance (the fast path) */
+    KVMEM_RETRIEVE_EXACT = 1 /* I = max_i q.k_i over the block's real keys (evaluation baseline) */
+} kvmem_retrieve_mode;
+
+typedef enum kvmem_retrieve_norm {
+    KVMEM_NORM_SOFTMAX = 0, /* p = exp(tau I) / sum_b' exp(tau I') over candidates */
+    KVMEM_NORM_RR = 1       /* p = 1 / (rank + c), rank from 1, ties: older block ranks first */
+} kvmem_retrieve_norm;
+
+typedef enum kvmem_retrieve_agg {
+    KVMEM_AGG_MAX = 0, /* S(b) = max over query tokens of p */
+    KVMEM_AGG_SUM = 1  /* S(b) = sum over query tokens of p */
+} kvmem_retrieve_agg;
+
+typedef enum kvmem_retrieve_scope {
+    KVMEM_SCOPE_GLOBAL = 0,   /* one block set for the whole model (S summed over layers and heads) */
+    KVMEM_SCOPE_PER_LAYER = 1 /* one block set per layer (S summed over that layer's heads) */
+} kvmem_retrieve_scope;
+
+typedef struct kvmem_retrieve_params {
+    int32_t top_k;                /* blocks per set, always-included ones counted; default 8, >= 0 */
+    kvmem_retrieve_mode mode;     /* default AABB */
+    kvmem_retrieve_norm norm;     /* default SOFTMAX */
+    kvmem_retrieve_agg agg;       /* default MAX */
+    kvmem_retrieve_scope scope;   /* default GLOBAL */
+    float tau;                    /* SOFTMAX temperature; 0 = 1/sqrt(head_dim) */
+    float rr_c;                   /* RR constant c; 0 = 60 */
+    const int32_t *exclude;       /* n_exclude sealed block ids that are never candidates (borrowed) */
+    int32_t n_exclude;
+    const int32_t *always_include;/* n_always_include sealed block ids always in the result, e.g. the
+                                     system prompt (borrowed); must not also be excluded */
+    int32_t n_always_include;
+    int32_t recent_window;        /* > 0: only the newest recent_window sealed blocks are candidates */
+    int32_t skip_recent;          /* > 0: the newest skip_recent sealed blocks are not candidates
+                                     (the engine keeps them in its local window anyway) */
+} kvmem_retrieve_params;
+
+KVMEM_API kvmem_retrieve_params kvmem_retrieve_default_params(void);
+
+/* The result of kvmem_retrieve: an opaque, reusable object (create once,
+ * retrieve into it many times). Everything it returns is owned by it and
+ * valid until the next kvmem_retrieve into it or kvmem_retrieval_free. */
+typedef struct kvmem_retrieval kvmem_retrieval;
+
+/* Errors: KVMEM_ERR_INVALID_ARG (NULL out), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_retrieval_create(kvmem_retrieval **out);
+KVMEM_API void kvmem_retrieval_free(kvmem_retrieval *r);
+
+/* Score the agent's sealed blocks against `query` and select blocks.
+ * query: [n_q][n_layers][n_q_heads][head_dim], raw (pre-RoPE) query rows,
+ *        F32/F16/BF16, any strides, finite, n_q >= 1.
+ * params: NULL for defaults. result: filled on success; on any error it is
+ *        left exactly as it was.
+ * Result sets: GLOBAL -> 1 set; PER_LAYER -> n_layers sets (set = layer).
+ * Each set lists every always_include block plus the top
+ * (top_k - n_always_include) other candidates (fewer when fewer exist), in
+ * chronological order (ascending block id), with their scores S(b). Ties
+ * break toward the older block.
+ * An agent with no sealed blocks gives empty sets (KVMEM_OK).
+ * Threading: runs on the context's worker threads; one agent and one result
+ * object per calling thread at a time.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, bad params, block ids out of range,
+ * non-finite query), KVMEM_ERR_MISMATCH (query shape differs from the pool's
+ * model spec), KVMEM_ERR_CLOSED, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query,
+                                      const kvmem_retrieve_params *params, kvmem_retrieval *result);
+
+/* Number of block sets in the result: 0 before the first successful
+ * kvmem_retrieve (or for NULL), 1 for GLOBAL, n_layers for PER_LAYER. */
+KVMEM_API int32_t kvmem_retrieval_n_sets(const kvmem_retrieval *r);
+
+/* Selected blocks of set `set`: *blocks and *scores point into r (n entries,
+ * chronological); either out pointer may be NULL. */
+KVMEM_API kvmem_status kvmem_retrieval_get(const kvmem_retrieval *r, int32_t set, const int32_t **blocks,
+                                           const float **scores, int32_t *n);
+
+/* Copy-out form of kvmem_retrieval_get for bindings: writes up to
+ * `capacity` entries to blocks/scores (either may be NULL) and the full
+ * count to *n. */
+KVMEM_API kvmem_status kvmem_retrieval_copy(const kvmem_retrieval *r, int32_t set, int32_t *blocks,
+                                            float *scores, int32_t capacity, int32_t *n);
+
+/* The aggregated score S(b) of every sealed block of the agent at retrieval
+ * time (n_blocks entries indexed by block id, NaN for blocks that were not
+ * candidates), pointer owned by r. For inspection and evaluation. */
+KVMEM_API kvmem_status kvmem_retrieval_block_scores(const kvmem_retrieval *r, int32_t set,
+                                                    const float **scores, int32_t *n_blocks);
+
+/* Total tokens in the selected blocks of `set` (what a gather of them yields). */
+KVMEM_API kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set, int64_t *n_tokens);
+
+/* Decoupled position re-encoding: concatenate sealed blocks in the given
+ * order (normally a retrieval set, chronological), apply RoPE of the pool's
+ * spec at the contiguous new positions base_position .. base_position+M-1
+ * (M = total tokens of the blocks) and write
+ *   k_out, v_out: [n_layers][M][n_kv_heads][head_dim], F32/F16/BF16, any strides
+ * (either may be NULL to skip it). Block ids may repeat.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL agent or blocks with n_blocks > 0,
+ * n_blocks < 0, base_position < 0 or base_position + M > 2^31 - 1, bad
+ * tensors), KVMEM_ERR_NOT_FOUND (an id that is not a sealed block: flush the
+ * tail first), KVMEM_ERR_MISMATCH (output shape), KVMEM_ERR_CLOSED.
+ * Nothing is written on error. Runs on the context's worker threads. */
+KVMEM_API kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
+                                    int64_t base_position, const kvmem_tensor *k_out,
+                                    const kvmem_tensor *v_out);
+
 /* ---- IntentKV QueryMemory and eviction (issue: eviction) ---------------- */
 
+/* QueryMemory (IntentKV): a per-session memory of what the user's queries
+ * looked at, kept across turns, and the rule score it gives each candidate
+ * position of a request. Formulas: DESIGN.md, "QueryMemory and eviction".
+ *
+ * A memory has shape [n_layers][n_q_heads][head_dim] (f32), each (layer, head)
+ * row of unit L2 norm. Query rows passed in are post-RoPE, as the model's
+ * attention saw them; K passed in is post-RoPE too, so M.K is the model's own
+ * logit geometry. */
+typedef struct kvmem_qmem_store kvmem_qmem_store;
+
+typedef enum kvmem_session_kind {
+    KVMEM_SESSION_EXPLICIT = 1, /* the caller's session id */
+    KVMEM_SESSION_MARKED = 2,   /* hash of the token span the caller marked */
+    KVMEM_SESSION_PREFIX = 3,   /* hash of the first prefix_tokens token ids */
+    KVMEM_SESSION_LOCAL = 4     /* request-local: never matches another key */
+} kvmem_session_kind;
+
+/* A derived session key. Two keys name the same memory iff kind, hi and lo
+ * are all equal; LOCAL keys are never stored, so they never match. */
+typedef struct kvmem_session_key {
+    uint64_t hi, lo;
+    kvmem_session_kind kind;
+    int32_t reserved;
+} kvmem_session_key;
+
+/* What a session key is derived from, tried in this order: session_id
+ * (non-NULL, non-empty); the marked span [mark_begin, mark_end) of token_ids
+ * (when mark_end > mark_begin); the first prefix_tokens token ids (when the
+ * request has at least that many); else a request-local key. */
+typedef struct kvmem_session_source {
+    const char *session_id;   /* NUL-terminated, or NULL */
+    const int32_t *token_ids; /* n_tokens ids of the request, or NULL when n_tokens is 0 */
+    int64_t n_tokens;
+    int64_t mark_begin, mark_end; /* the marked session span; equal = none */
+} kvmem_session_source;
+
+typedef struct kvmem_qmem_params {
+    int32_t capacity;      /* memories kept, least recently used dropped first; default 1024 */
+    int32_t prefix_tokens; /* P of the PREFIX key; default 256 */
+    double lambda;         /* decay: M_t = exp(-lambda) M_{t-1} + Enc; default 0.5, >= 0 */
+} kvmem_qmem_params;
+
+KVMEM_API kvmem_qmem_params kvmem_qmem_default_params(void);
+
+/* Create a store of session memories for one model geometry (spec copied;
+ * params may be NULL for defaults). Thread safety: the store has an internal
+ * mutex, so one store may be shared by threads serving different requests.
+ * Errors: KVMEM_ERR_INVALID_ARG (bad spec, capacity < 1, prefix_tokens < 1,
+ * lambda < 0 or not finite), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec,
+                                               const kvmem_qmem_params *params,
+                                               kvmem_qmem_store **out);
+KVMEM_API void kvmem_qmem_store_free(kvmem_qmem_store *store);
+
+/* Derive the session key of a request (see kvmem_session_source for the
+ * order). LOCAL keys come from a process-wide counter, unique per call.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL src/out, negative n_tokens, token_ids
+ * NULL with n_tokens > 0, a marked span outside [0, n_tokens)). *out is
+ * untouched on failure. */
+KVMEM_API kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store,
+                                                const kvmem_session_source *src,
+                                                kvmem_session_key *out);
+
+/* Fold one turn into the memory of `key`:
+ * Enc = mean over rows [span_begin, span_end) of q, M = exp(-lambda) M + Enc
+ * (M = 0 for a new session), each (layer, head) row then scaled to unit L2
+ * norm (a zero row stays zero). q: [n_q][n_layers][n_q_heads][head_dim],
+ * post-RoPE query rows of this request (F32/F16/BF16, any strides).
+ * The new memory is stored under the key (LOCAL keys: not stored) and, if
+ * memory_out is non-NULL, copied to it (n_layers*n_q_heads*head_dim floats).
+ * A new key that does not fit evicts the least recently used memory.
+ * Errors: KVMEM_ERR_INVALID_ARG (shape, dtype, empty or out-of-range span,
+ * non-finite query values, bad key); KVMEM_ERR_NOMEM. Nothing changes on failure. */
+KVMEM_API kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key,
+                                         const kvmem_tensor *q, int64_t span_begin,
+                                         int64_t span_end, float *memory_out);
+
+/* Copy the memory of `key` to out (n_layers*n_q_heads*head_dim floats) and
+ * mark it most recently used. Errors: KVMEM_ERR_NOT_FOUND (no such session,
+ * or it was evicted; LOCAL keys are never found), KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_qmem_get(kvmem_qmem_store *store, const kvmem_session_key *key,
+                                      float *out);
+
+/* Number of memories held; 0 for NULL. */
+KVMEM_API int32_t kvmem_qmem_count(const kvmem_qmem_store *store);
+
+/* Rule score of the N candidate positions of a request:
+ * a[l,h,j] = softmax over j of (M[l,h] . K[l,j,h/G] / sqrt(head_dim)),
+ * scores[j] = sum over l, h of a[l,h,j]  (G = n_q_heads / n_kv_heads).
+ * memory: [n_layers][n_q_heads][head_dim] f32 (from kvmem_qmem_update/get).
+ * k: [n_layers][N][n_kv_heads][head_dim], post-RoPE (F32/F16/BF16, any
+ * strides; contiguous F32 rows are read in place). scores: N floats out.
+ * Runs on the context's CPU worker threads with the SIMD kernels chosen at
+ * run time; the result does not depend on the thread count. Scratch:
+ * min(16, n_layers) * (n_q_heads + 1) * N floats for the call.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, spec, shape, N = 0, non-finite
+ * memory), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec,
+                                        const float *memory, const kvmem_tensor *k,
+                                        float *scores);
+
+/* The residual head (IntentKV Phase 2), run at inference from trained
+ * weights in a safetensors file: s_j = rule_j + alpha * MLP(phi_j ++ c_j).
+ * Tensors (F32, F16 or BF16, little-endian; D = head_dim, F = 3D + 1):
+ *   "alpha"          [1]          clipped to [-5, 5] at load
+ *   "w_q"            [128][F]     cross-attention query projection of phi_j
+ *   "w_k"            [128][D]     key projection of the query-span K means
+ *   "w_v"            [128][D]     value projection of the same
+ *   "mlp.0.weight"   [256][F+128] first MLP layer (GELU, erf form)
+ *   "mlp.0.bias"     [256]
+ *   "mlp.2.weight"   [1][256]     output layer (zero-initialised in training)
+ *   "mlp.2.bias"     [1]
+ * Every one must be present, no other tensor may be ("__metadata__" is
+ * allowed). phi_j = [kbar_j || mbar || kbar_j * mbar || rule_j], kbar_j the
+ * mean of K[l, j, h/G] over layers and expanded query heads, mbar the mean
+ * of the memory over layers and heads; c_j = 4-head (32 wide each)
+ * cross-attention from w_q phi_j over w_k kbar_i, w_v kbar_i for i in the
+ * query span [span_begin, span_end). */
+typedef struct kvmem_qmem_head kvmem_qmem_head;
+
+/* Load weights from a safetensors file, validated strictly (header length,
+ * JSON, names, dtypes, shapes, offsets in bounds and non-overlapping).
+ * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_IO, KVMEM_ERR_FORMAT,
+ * KVMEM_ERR_CORRUPT, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out);
+/* The same from a safetensors image in memory (copied). */
+KVMEM_API kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size,
+                                                   kvmem_qmem_head **out);
+KVMEM_API void kvmem_qmem_head_free(kvmem_qmem_head *head);
+/* head_dim the weights were trained for; 0 for NULL. */
+KVMEM_API int32_t kvmem_qmem_head_dim(const kvmem_qmem_head *head);
+/* alpha after clipping; 0 for NULL. */
+KVMEM_API float kvmem_qmem_head_alpha(const kvmem_qmem_head *head);
+
+/* scores_out[j] = rule[j] + alpha * MLP(phi_j ++ c_j) for the N candidates of
+ * k ([n_layers][N][n_kv_heads][head_dim], as for kvmem_qmem_score); rule is
+ * that function's output. scores_out may equal rule. The head is read-only
+ * here: several threads may apply one head at once.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, shapes, empty or out-of-range
+ * span), KVMEM_ERR_MISMATCH (spec head_dim differs from the head's),
+ * KVMEM_ERR_NOMEM. Runs on the calling thread. */
+KVMEM_API kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec,
+                                             const float *memory, const kvmem_tensor *k,
+                                             const float *rule, int64_t span_begin,
+                                             int64_t span_end, float *scores_out);
+
+/* Select the positions to keep. Forced set F = [0, protect) U [span_begin,
+ * span_end) (the protected prefix and the actionable query span), budget
+ * C* = max(0, budget - |F|): keep F plus the C* best of the rest by score
+ * (ties: the older position). N <= budget keeps everything.
+ * kept: room for N entries; gets the kept positions ascending, *n_kept their
+ * count. Errors: KVMEM_ERR_INVALID_ARG (NULLs, N < 1 or > INT32_MAX, budget
+ * < 0, protect outside [0, N], span not inside [0, N], NaN score). */
+KVMEM_API kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget,
+                                         int64_t protect, int64_t span_begin, int64_t span_end,
+                                         int32_t *kept, int64_t *n_kept);
+
+/* Baselines on the same substrate. Each yields kept positions (ascending) to
+ * apply with kvmem_slotmap_evict, like kvmem_select_keep. */
+
+/* StreamingLLM: keep the first n_sink positions (4 in the paper) and the last
+ * `window`. kept: room for n. Errors: KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_streaming_keep(int64_t n, int64_t n_sink, int64_t window,
+                                            int32_t *kept, int64_t *n_kept);
+
+/* H2O: accumulate attention. probs: n_rows rows of n attention
+ * probabilities (what the model's softmax gave each of its query rows, any
+ * layers/heads the caller chooses); acc[j] += sum over rows of probs[r][j].
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, non-finite or negative probability). */
+KVMEM_API kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc);
+/* H2O selection: keep the last `recent` positions (the recent floor) and the
+ * heavy hitters, the best budget - recent of the rest by acc (ties: older).
+ * kept: room for n. Errors: KVMEM_ERR_INVALID_ARG (recent > budget, ...). */
+KVMEM_API kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent,
+                                      int32_t *kept, int64_t *n_kept);
+
+/* SnapKV scores. q_obs: [W][n_layers][n_q_heads][head_dim], the post-RoPE
+ * query rows of the observation window (the request's last W positions,
+ * N - W .. N - 1; W = 32 in the paper); k: [n_layers][N][n_kv_heads][head_dim]
+ * post-RoPE. For each (l, h): softmax over keys of q_w . k / sqrt(D) with the
+ * causal mask (row w sees keys <= N - W + w), summed over the W rows, then
+ * max-pooled along positions (kernel `pool_kernel`, 7 in the paper, odd,
+ * stride 1, same padding); scores[j] = sum over (l, h). Select with
+ * kvmem_select_keep(scores, N, C, 0, N - W, N, ...) so the window is kept,
+ * as SnapKV does. Scratch: min(16, n_layers * n_q_heads) * (W + 2) * N
+ * floats. Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec,
+                                          const kvmem_tensor *q_obs, const kvmem_tensor *k,
+                                          int32_t pool_kernel, float *scores);
+
+/* The paged physical KV store that slot maps point into. A slot holds one
+ * token's K and V rows for every layer and KV head, f32:
+ * K [n_layers][n_kv_heads][head_dim] then V the same. Slots live in pages of
+ * page_slots slots; a slot's rows never move while it is allocated.
+ * Slot KVMEM_DEAD_SLOT (0) is the sentinel dead slot, allocated for the
+ * store's lifetime and filled with the paper's sentinel: K = -1e4 in every
+ * element, V = 0. CAVEAT for external kernels reading the slot array: that
+ * sentinel is only harmless when sum(q) >= 0. Its logit is
+ * -1e4 * sum_d q_d / sqrt(D), hugely positive when sum(q) < 0, and then all
+ * attention lands on the zero value. Mask slot == dead_slot instead; kvmem's
+ * own paths (kvmem_slotmap_gather) skip dead slots and never read it.
+ * Thread safety: the store's allocator and reference counts are behind a
+ * mutex, so slot maps of one store may be used from different threads (one
+ * thread at a time per slot map). */
+#define KVMEM_DEAD_SLOT 0
+#define KVMEM_SENTINEL_K (-1.0e4f)
+
+typedef struct kvmem_kvstore kvmem_kvstore;
+typedef struct kvmem_slotmap kvmem_slotmap;
+
+typedef struct kvmem_kvstore_params {
+    int32_t page_slots; /* slots per page; power of two in [1, 65536]; default 256 */
+    int64_t max_slots;  /* slots the store may hold, the sentinel included; 0 = unlimited (up to INT32_MAX) */
+} kvmem_kvstore_params;
+
+KVMEM_API kvmem_kvstore_params kvmem_kvstore_default_params(void);
+
+/* Create a store for a model spec (copied; params may be NULL). Errors:
+ * KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec,
+                                            const kvmem_kvstore_params *params, kvmem_kvstore **out);
+/* Free the store. Every slot map on it must be freed first. */
+KVMEM_API void kvmem_kvstore_free(kvmem_kvstore *store);
+
+typedef struct kvmem_kvstore_info {
+    int64_t n_slots;     /* slots in allocated pages, the sentinel included */
+    int64_t n_used;      /* slots with a reference, the sentinel included */
+    int64_t n_free;      /* slots ready for reuse */
+    int32_t page_slots;
+    int32_t dead_slot;   /* KVMEM_DEAD_SLOT */
+} kvmem_kvstore_info;
+
+KVMEM_API kvmem_status kvmem_kvstore_get_info(kvmem_kvstore *store, kvmem_kvstore_info *out);
+
+/* Reference count of a slot (0 = free). The sentinel reports 1. */
+KVMEM_API kvmem_status kvmem_kvstore_slot_refs(kvmem_kvstore *store, int32_t slot, int32_t *refs);
+
+/* Copy the K and V rows of one slot ([n_layers][n_kv_heads][head_dim] f32
+ * each; either may be NULL). Reading the sentinel is allowed (it is what
+ * external kernels would see). Errors: KVMEM_ERR_INVALID_ARG (slot not
+ * allocated). */
+KVMEM_API kvmem_status kvmem_kvstore_read_slot(kvmem_kvstore *store, int32_t slot, float *k_out,
+                                               float *v_out);
+
+/* Create an empty slot map (one request) on a store. */
+KVMEM_API kvmem_status kvmem_slotmap_create(kvmem_kvstore *store, kvmem_slotmap **out);
+
+/* Create a sibling request that shares the first prefix_len positions of
+ * `parent` (radix-style: same physical slots, reference counts raised; dead
+ * positions stay dead). The child's protected prefix is
+ * min(parent's, prefix_len). Errors: KVMEM_ERR_INVALID_ARG (prefix_len
+ * outside [0, parent length]), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_slotmap_fork(kvmem_slotmap *parent, int64_t prefix_len,
+                                          kvmem_slotmap **out);
+
+/* Release every reference the map holds (slots whose count falls to 0 go
+ * back to the allocator) and free it. NULL is a no-op. */
+KVMEM_API void kvmem_slotmap_free(kvmem_slotmap *map);
+
+/* Append T tokens at logical positions len .. len + T - 1: T fresh slots are
+ * allocated and K, V ([n_layers][T][n_kv_heads][head_dim], post-RoPE keys,
+ * F32/F16/BF16, any strides) written into them. All or nothing.
+ * Errors: KVMEM_ERR_INVALID_ARG (shape, dtype, non-finite), KVMEM_ERR_CAPACITY
+ * (max_slots), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_slotmap_append(kvmem_slotmap *map, const kvmem_tensor *k,
+                                            const kvmem_tensor *v);
+
+/* The radix-protected prefix [0, protect): slots of dropped positions there
+ * are never returned to the allocator while the map lives (a prefix cache
+ * may still hold them). Errors: KVMEM_ERR_INVALID_ARG (outside [0, length]). */
+KVMEM_API kvmem_status kvmem_slotmap_set_protected(kvmem_slotmap *map, int64_t protect);
+
+/* Evict by redirection: every position not in kept (ascending, unique, in
+ * [0, length)) is pointed at the dead slot. Kept positions keep their slot
+ * and their RoPE phase: nothing moves. A dropped slot goes back to the
+ * allocator only when its position is outside the protected prefix, it is
+ * not the sentinel and no reference is left (this map's or a sibling's).
+ * Evicting an already dead position is a no-op. *n_freed (may be NULL) gets
+ * the number of slots returned to the allocator.
+ * Errors: KVMEM_ERR_INVALID_ARG (kept not ascending/unique/in range); the map
+ * is unchanged on failure. */
+KVMEM_API kvmem_status kvmem_slotmap_evict(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept,
+                                           int64_t *n_freed);
+
+/* The comparison path: compaction. Kept rows are moved together to
+ * positions 0 .. n_kept - 1; a row whose position changes is copied to a
+ * fresh slot with its key re-rotated from its old position to the new one
+ * (core/rope, the store's spec); a row whose position does not change keeps
+ * its slot. Old slots are released as by kvmem_slotmap_evict (a protected
+ * position's old slot is parked, moved or dropped). Kept positions that are
+ * already dead are skipped; the map's length becomes the number of live
+ * kept positions M and its protected prefix min(protect, M).
+ * Errors: as kvmem_slotmap_evict, plus KVMEM_ERR_CAPACITY, KVMEM_ERR_NOMEM
+ * (the map is unchanged on failure). */
+KVMEM_API kvmem_status kvmem_slotmap_compact(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept,
+                                             int64_t *n_freed);
+
+/* The map as a plain slot array for attention kernels: *slots gets the
+ * logical-position -> slot array (owned by the map, valid until its next
+ * mutating call), *len its length, *dead_slot the sentinel id (may be NULL). */
+KVMEM_API kvmem_status kvmem_slotmap_slots(const kvmem_slotmap *map, const int32_t **slots,
+                                           int64_t *len, int32_t *dead_slot);
+
+typedef struct kvmem_slotmap_info {
+    int64_t length;   /* logical positions */
+    int64_t n_live;   /* positions not mapped to the dead slot */
+    int64_t protect;  /* protected prefix */
+    int64_t n_parked; /* dropped protected-prefix slots still held */
+} kvmem_slotmap_info;
+
+KVMEM_API kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, kvmem_slotmap_info *out);
+
+/* Gather the live rows only (dead slots are skipped, never read), in
+ * position order: k_out, v_out [n_layers][n_live][n_kv_heads][head_dim]
+ * (F32/F16/BF16, any strides; either may be NULL), positions_out n_live
+ * logical positions (may be NULL). Keys come out as stored (post-RoPE at
+ * their original positions). Errors: KVMEM_ERR_INVALID_ARG (shapes). */
+KVMEM_API kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out,
+                                            const kvmem_tensor *v_out, int32_t *positions_out);
+
 /* ---- ART attention (issue: attend) -------------------------------------- */
+
+/* Attention with run-time termination (ART, DESIGN.md): tiled online-softmax
+ * attention for decode (one query row) and short prefill (up to
+ * KVMEM_ATTEND_MAX_ROWS rows), grouped-query (query head h reads KV head
+ * h / (n_q_heads / n_kv_heads)), that can stop reading KV once its running
+ * output is stable in scale and direction for `patience` tiles in a row.
+ *
+ * Logical positions: every source is a sequence of T logical positions
+ * j = 0 .. T-1 (tensor rows, agent tokens, slot-map entries). With `causal`
+ * the n_rows query rows are the last n_rows positions: row r sees
+ * j <= T - n_rows + r. Tiles are runs of `tile_size` consecutive positions
+ * (an agent's tiles are its blocks). Positions that are masked (mask[j] == 0)
+ * or dead (slot-map entry == dead_slot) are skipped: their K/V are never read.
+ *
+ * The stop rule runs per stream = (query row, KV head): the stream's output
+ * o_t is the [G][head_dim] outputs of the G = n_q_heads / n_kv_heads query
+ * heads that read that KV head, after tile t, normalised by the running
+ * denominator. The probe z_t is 32 of its N = G*head_dim elements,
+ * z_i = o_t[i*s + s/2] with s = N/32 (the whole vector when N <= 32); the
+ * ORACLE probe is the whole vector. After each tile with a visible position:
+ *   scale:     | |z_t| - |z_{t-1}| | <= tau_s * |z_{t-1}|
+ *   direction: 1 - cos(z_t, z_{t-1}) <= tau_d
+ * and the stream stops after `patience` consecutive tiles pass both. A
+ * stream's KV head is shared by its G heads, so stopping per stream saves
+ * exactly the reads it stops; streams are independent, so they run on
+ * different threads without a barrier per tile. tau_s = tau_d = 0 never
+ * stops: the result is full attention up to float rounding, in any order. */
+
+#define KVMEM_ATTEND_MAX_ROWS 64
+#define KVMEM_ATTEND_PROBE_SIZE 32
+
+typedef enum kvmem_attend_source_kind {
+    KVMEM_ATTEND_SRC_TENSORS = 0, /* caller K, V [T][n_kv_heads][head_dim], keys post-RoPE
+                                     (also gathered memory from kvmem_gather) */
+    KVMEM_ATTEND_SRC_AGENT = 1,   /* one layer of an agent's blocks (raw keys, rotated here) */
+    KVMEM_ATTEND_SRC_SLOTMAP = 2  /* physical K, V [n_slots][n_kv_heads][head_dim] and a map
+                                     from logical positions to slots */
+} kvmem_attend_source_kind;
+
+/* Where the keys and values come from. Zero-initialise, then set `kind` and
+ * that kind's fields; unused fields must stay zero/NULL. All borrowed. */
+typedef struct kvmem_attend_source {
+    kvmem_attend_source_kind kind;
+    int32_t layer;              /* AGENT: the layer the queries belong to */
+    const kvmem_tensor *k;      /* TENSORS: [T][n_kv_heads][head_dim]; SLOTMAP: [n_slots][..][..] */
+    const kvmem_tensor *v;      /* same shape as k, any of F32/F16/BF16 */
+    const int32_t *slots;       /* SLOTMAP: n_positions physical slot ids */
+    int64_t n_positions;        /* SLOTMAP: T, the number of logical positions */
+    int32_t dead_slot;          /* SLOTMAP: the id of dropped positions (skipped) */
+    int32_t reserved;
+    kvmem_agent *agent;         /* AGENT: the agent (its unsealed tail included) */
+    const int32_t *positions;   /* AGENT: one RoPE position per agent token, or NULL:
+                                   token index + base_position */
+    int64_t base_position;      /* AGENT: offset added when positions is NULL */
+    const uint8_t *mask;        /* any kind: T entries, 0 = skip this position; NULL = none */
+} kvmem_attend_source;
+
+typedef enum kvmem_attend_order {
+    KVMEM_ATTEND_RECENT = 0,     /* tiles holding the first n_sink positions first, then
+                                    newest to oldest */
+    KVMEM_ATTEND_IMPORTANCE = 1, /* tile_order first (e.g. blocks by retrieval score), then
+                                    the remaining tiles newest to oldest */
+    KVMEM_ATTEND_INDEX = 2       /* exactly the tiles in tile_order, in that order; other
+                                    tiles are not attended */
+} kvmem_attend_order;
+
+typedef enum kvmem_attend_probe {
+    KVMEM_ATTEND_PROBE_STRIDED = 0, /* 32 strided elements of the stream output (default) */
+    KVMEM_ATTEND_PROBE_ORACLE = 1   /* the whole stream output */
+} kvmem_attend_probe;
+
+typedef struct kvmem_attend_params {
+    kvmem_attend_order order;   /* default RECENT */
+    int32_t n_sink;             /* RECENT: leading positions always visited first; default 4 */
+    const int32_t *tile_order;  /* IMPORTANCE / INDEX: tile indices, distinct, in [0, n_tiles) */
+    int32_t n_tile_order;
+    int32_t tile_size;          /* positions per tile, in [1, 4096]; 0 = default (64);
+                                   must be 0 for AGENT sources (tiles are blocks) */
+    float scale;                /* logit scale; 0 = 1/sqrt(head_dim) */
+    float tau_s;                /* scale threshold, >= 0; default 0.001 */
+    float tau_d;                /* direction threshold, >= 0; default 0.0001 (both 0: never stop) */
+    int32_t patience;           /* consecutive stable tiles before stopping, >= 1; default 4 */
+    kvmem_attend_probe probe;   /* default STRIDED */
+    int32_t causal;             /* 1 (default): row r sees positions <= T - n_rows + r */
+    int32_t compare;            /* 1: also run the ORACLE rule and report where it stops
+                                   (reads on until both rules stopped; output as without) */
+} kvmem_attend_params;
+
+KVMEM_API kvmem_attend_params kvmem_attend_default_params(void);
+
+typedef struct kvmem_attend_stats {
+    int64_t n_streams;       /* n_rows * n_kv_heads */
+    int64_t tiles_total;     /* sum over streams of the tiles with a visible position */
+    int64_t tiles_visited;   /* sum over streams of the tiles read before stopping */
+    int64_t streams_stopped; /* streams that stopped before their last tile */
+    int64_t oracle_tiles;    /* compare: sum over streams of where the ORACLE rule stops
+                                (its tiles_visited); 0 otherwise */
+    int64_t oracle_agree;    /* compare: streams where both rules stop at the same tile */
+    int64_t positions_read;  /* (position, KV head) rows of K and V read */
+    int32_t stopped_early;   /* 1 if any stream stopped early */
+    int32_t reserved;
+} kvmem_attend_stats;
+
+/* Attention of q over `source` into out, stopping early by the rule above.
+ * q:   [n_rows][n_q_heads][head_dim], post-RoPE query rows of one layer,
+ *      n_rows in [1, KVMEM_ATTEND_MAX_ROWS], F32/F16/BF16, any strides.
+ * out: [n_rows][n_q_heads][head_dim], F32/F16/BF16, written only on success.
+ *      A row that sees no position gets zeros.
+ * stats may be NULL. params may be NULL for defaults.
+ * Geometry: AGENT takes it from the pool's spec (source.layer picks the
+ * layer); TENSORS/SLOTMAP from the tensors (n_q_heads a multiple of
+ * n_kv_heads, head_dim equal, head_dim <= 1024).
+ * Threads: runs on ctx's workers (threaded across KV heads, and across rows
+ * when there are fewer KV heads than threads); an AGENT source follows the
+ * usual rule, one thread at a time per agent. Calls on distinct contexts or
+ * with distinct outputs may run concurrently.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, shapes, dtypes, non-finite q, bad
+ * order list, slot id outside [0, n_slots), bad params), KVMEM_ERR_CLOSED
+ * (closed agent), KVMEM_ERR_NOMEM. Nothing is written on failure. */
+KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
+                                    const kvmem_attend_source *source,
+                                    const kvmem_attend_params *params, const kvmem_tensor *out,
+                                    kvmem_attend_stats *stats);
 
 /* ---- Persistence, quantization, prefix, batch (issue: persistence) ------ */
 
@@ -415,7 +975,8 @@ KVMEM_API kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, s
  * layer_{L}_v_tail F32 [H][tail][D], so a reload restores it exactly. T counts
  * the tokens of sealed blocks. __metadata__ (strings only) holds the format
  * version, agent id, model id and spec, dtype, block size, block lengths,
- * token count, token ids, text, token offsets and an XXH64 of the data.
+ * token count, token ids, text, token offsets and a checksum of the data
+ * section (XXH64 over the acc64 digests of its 1 MiB chunks, see core/store/hash.h).
  * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_CLOSED, KVMEM_ERR_NOT_FOUND (no
  * store and no path, or the directory is missing), KVMEM_ERR_IO, KVMEM_ERR_NOMEM. */
 KVMEM_API kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path);

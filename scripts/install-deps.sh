@@ -3,12 +3,15 @@
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 set -euo pipefail
 
-# clang-14 + libclang-rt-14-dev: the libFuzzer harness (make fuzz); python3: the
-# independent safetensors reader check (and other checks).
-# libhiredis-dev: the Redis store plugin; redis-server + redis-tools: its tests
-# (tests/checks/redis_store.sh starts a server on loopback).
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3 clang-14 libclang-rt-14-dev
-      libhiredis-dev redis-server redis-tools)
+pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
+# Vulkan backend: headers and loader, volk, the shader compiler and
+# validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
+pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
+# The libFuzzer harness (make fuzz): clang and its fuzzer runtime.
+pkgs+=(clang-14 libclang-rt-14-dev)
+# The Redis store plugin (libhiredis-dev) and its tests (redis-server and
+# redis-tools: tests/checks/redis_store.sh starts a server on loopback).
+pkgs+=(libhiredis-dev redis-server redis-tools)
 
 missing=()
 for p in "${pkgs[@]}"; do

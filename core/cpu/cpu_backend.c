@@ -3,8 +3,11 @@
 #include "../backend.h"
 #include "../context.h"
 #include "../internal.h"
+#include "../attend/attend.h"
 #include "half.h"
 #include "kernels.h"
+#include "../retrieve/score.h" /* retrieval ops */
+#include "../qmem/qmem_internal.h" /* eviction: qmem_score */
 #include "../quant/quant.h"
 
 #include <math.h>
@@ -175,10 +178,15 @@ static const kvmem_backend_iface cpu_iface = {
     .convert = cpu_convert,
     .aabb_build = cpu_aabb_build,
     /* -- retrieval -- */
+    .aabb_score = kvm_cpu_aabb_score,
+    .topk = kvm_cpu_topk,
+    .gather = kvm_cpu_gather,
 
     /* -- eviction -- */
+    .qmem_score = kvm_cpu_qmem_score,
 
     /* -- attention -- */
+    .attend = kvm_attend_cpu,
 
     /* -- persistence -- */
     .quantize = cpu_quantize,

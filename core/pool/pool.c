@@ -132,7 +132,7 @@ static int spill_one(kvmem_pool *p) {
     kvm_agent_mem *best = NULL;
     for (int32_t i = 0; i < p->n_agents; i++) {
         kvm_agent_mem *m = p->agents[i];
-        if (m->handle || m->spilled || m->busy || m->bytes == 0) continue;
+        if (m->handle || m->spilled || m->bytes == 0) continue; /* open agents are never spilled */
         if (!best || m->lru_tick < best->lru_tick) best = m;
     }
     if (!best) return 0;

@@ -49,8 +49,7 @@ typedef struct kvm_agent_mem {
     uint64_t lru_tick; /* pool tick of the last open/close: spill order */
     int32_t dirty;     /* changed since it was last written to the store */
     int32_t spilled;   /* memory is in the store only (closed agents) */
-    int32_t busy;      /* being spilled or loaded by the pool: not a spill candidate */
-    int32_t reserved2;
+    int32_t reserved2[2];
 } kvm_agent_mem;
 
 struct kvmem_agent {
