@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,6 +462,63 @@ static void list_remove_exists_and_ttl(void **state) {
     redisFree(rc);
 }
 
+/* One store used from several threads at once (the pool saves from agent
+ * threads and spills under its mutex): each thread writes and reads back
+ * its own agents; run under TSan by make test. */
+typedef struct thr_arg {
+    kvm_store *s;
+    int t;
+    int bad;
+} thr_arg;
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    char id[32], val[3000], back[3000];
+    for (int round = 0; round < 5; round++) {
+        snprintf(id, sizeof id, "t%d-%d", a->t, round % 2);
+        for (size_t i = 0; i < sizeof val; i++) val[i] = (char)(a->t * 31 + round * 7 + (int)i);
+        kvm_store_writer *w;
+        kvm_store_reader *r;
+        uint64_t size;
+        size_t got;
+        if (round >= 2) { /* the agent exists: read it first, so the save is based on its version */
+            if (a->s->iface->open_read(a->s, id, &r, &size) != KVMEM_OK) a->bad = 1;
+            else r->close(r);
+        }
+        if (a->s->iface->open_write(a->s, id, &w) != KVMEM_OK) { a->bad = 1; continue; }
+        if (w->write(w, val, sizeof val) != KVMEM_OK || w->commit(w) != KVMEM_OK) { a->bad = 1; continue; }
+        if (a->s->iface->open_read(a->s, id, &r, &size) != KVMEM_OK) { a->bad = 1; continue; }
+        if (size != sizeof val || r->read_at(r, 0, back, sizeof back, &got) != KVMEM_OK || got != sizeof back ||
+            memcmp(val, back, sizeof val) != 0)
+            a->bad = 1;
+        r->close(r);
+    }
+    return NULL;
+}
+
+static void one_store_from_several_threads(void **state) {
+    (void)state;
+    char url[256];
+    url_of(url, sizeof url, "thr", "chunk_bytes=1000");
+    kvm_store *s;
+    assert_ok(kvm_store_open(url, &s));
+    pthread_t th[4];
+    thr_arg args[4];
+    for (int t = 0; t < 4; t++) {
+        args[t] = (thr_arg){s, t, 0};
+        assert_int_equal(pthread_create(&th[t], NULL, thr_main, &args[t]), 0);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(args[t].bad, 0);
+    }
+    idl l = {0};
+    assert_ok(s->iface->list(s, collect, &l));
+    assert_int_equal(l.n, 8);
+    for (int i = 0; i < l.n; i++) assert_ok(s->iface->remove(s, l.ids[i]));
+    kvm_store_free(s);
+}
+
 static void connection_failures_and_bad_urls_are_clear(void **state) {
     (void)state;
     kvm_store *s = NULL;
@@ -749,6 +807,7 @@ int main(void) {
         cmocka_unit_test(stale_save_conflicts_and_never_overwrites),
         cmocka_unit_test(two_processes_share_an_agent),
         cmocka_unit_test(list_remove_exists_and_ttl),
+        cmocka_unit_test(one_store_from_several_threads),
         cmocka_unit_test(connection_failures_and_bad_urls_are_clear),
         cmocka_unit_test(damaged_and_foreign_values_are_refused),
         cmocka_unit_test(server_killed_mid_save_keeps_the_old_version),
