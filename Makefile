@@ -1,10 +1,15 @@
 # A thin wrapper over CMake presets. The two commands of the quick start:
 #   make demo   build and run `kvmem demo`
-#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds
+#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, the
+#               WebAssembly build and its browser test (skipped, saying why,
+#               without emscripten or chromium)
+#   make demo-web  build the WebAssembly demo page and serve it on 127.0.0.1
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST = ctest --parallel $(JOBS) --preset
 
-.PHONY: all deps build demo test test-default test-asan test-tsan test-fuzz fuzz bench clean
+WEB_PORT ?= 8765
+
+.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-fuzz wasm demo-web fuzz bench clean
 
 all: build
 
@@ -18,7 +23,7 @@ build: deps
 demo: build
 	./build/default/tools/kvmem demo
 
-test: deps test-default test-asan test-tsan test-fuzz
+test: deps test-default test-asan test-tsan test-web test-fuzz
 	@echo "make test: all suites passed"
 
 # The plain build runs verbosely so each cmocka program's summary shows.
@@ -34,6 +39,17 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	$(CTEST) tsan
+
+# WebAssembly (Emscripten): build/wasm/www holds the module, kvmem.js and the demo.
+wasm: deps
+	@scripts/wasm-build.sh
+
+demo-web: wasm
+	@echo "kvmem browser demo: http://127.0.0.1:$(WEB_PORT)/  (Ctrl-C stops the server)"
+	python3 -m http.server $(WEB_PORT) --bind 127.0.0.1 --directory build/wasm/www
+
+test-web: build
+	@scripts/test-web.sh
 
 # libFuzzer over the agent-file loader and the JSON reader (clang); FUZZ_SECONDS bounds it.
 FUZZ_SECONDS ?= 60

@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
 # Installs what kvmem's build and tests need on Debian 12, and nothing more.
 # As root it runs apt-get; otherwise it prints the exact command and stops.
+#
+# Two groups: the C build (required), and the WebAssembly build and its
+# browser test (emscripten, node-acorn for Debian's emcc, chromium, nodejs;
+# then playwright-core from wasm/package-lock.json with npm, which ships with
+# the nodejs package where that comes from NodeSource: Debian's own `npm`
+# package is installed only when no npm is present). The web group is
+# optional: without root it is reported and `make test-web` skips with the
+# reason.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
@@ -12,19 +20,44 @@ pkgs+=(clang-14 libclang-rt-14-dev)
 # The Redis store plugin (libhiredis-dev) and its tests (redis-server and
 # redis-tools: tests/checks/redis_store.sh starts a server on loopback).
 pkgs+=(libhiredis-dev redis-server redis-tools)
+web_pkgs=(emscripten node-acorn chromium nodejs)
 
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-[ ${#missing[@]} -eq 0 ] && exit 0
+missing_of() {
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
 
-cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
-if [ "$(id -u)" -ne 0 ]; then
+install() {
+  local cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $*"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "Run as root:  $cmd" >&2
+    return 1
+  fi
+  echo "installing: $*" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+}
+
+mapfile -t missing < <(missing_of "${pkgs[@]}")
+if [ ${#missing[@]} -gt 0 ]; then
   echo "kvmem needs these Debian packages: ${missing[*]}" >&2
-  echo "Run as root:  $cmd" >&2
-  exit 1
+  install "${missing[@]}" || exit 1
 fi
-echo "installing: ${missing[*]}" >&2
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+mapfile -t web_missing < <(missing_of "${web_pkgs[@]}")
+command -v npm >/dev/null || web_missing+=(npm)
+if [ ${#web_missing[@]} -gt 0 ]; then
+  echo "the WebAssembly build and browser test need: ${web_missing[*]}" >&2
+  install "${web_missing[@]}" || echo "(optional: make test-web skips without them)" >&2
+fi
+
+# playwright-core, pinned by wasm/package-lock.json (it drives Debian's
+# chromium; it downloads no browser of its own).
+root=$(cd "$(dirname "$0")/.." && pwd)
+if command -v npm >/dev/null && [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
+  (cd "$root/wasm" && npm ci --no-audit --no-fund --loglevel=error) ||
+    echo "npm ci in wasm/ failed (optional: make test-web skips without playwright-core)" >&2
+fi
+exit 0
