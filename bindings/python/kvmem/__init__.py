@@ -1,0 +1,24 @@
+"""kvmem: memory for LLM agents kept as the model's own KV cache (ctypes binding).
+
+    import kvmem
+    ctx = kvmem.Context("cpu")
+    pool = ctx.pool_create(kvmem.ModelSpec(n_layers=32, n_q_heads=32, n_kv_heads=8, head_dim=128))
+    agent = pool.agent_open("alice")
+    agent.append(k, v, token_ids=ids, text="...")      # k, v: [L][T][H_kv][D] numpy arrays
+
+The low-level C functions are in ``kvmem._lib`` (one declaration each).
+"""
+from ._errors import (BusyError, CapacityError, ClosedError, ConflictError, CorruptError,
+                      ExistsError, FormatError, InternalError, InvalidArgumentError,
+                      IOFailedError, KvmemError, MismatchError, NoMemoryError, NotFoundError,
+                      UnsupportedError, BackendError)
+from ._lib import LIBRARY_PATH
+from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN, Q4, Q4_KIVI, Q8,
+                       ROPE_GPTJ, ROPE_NEOX, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3,
+                       ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, ModelSpec, Pool,
+                       agent_id_valid, backends, dtype_name, last_error, log_set, rope_apply,
+                       status_str, version, version_number)
+
+__version__ = "0.1.0"
+
+__all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,0 +1,254 @@
+"""Low level: find libkvmem, mirror its structs, declare each C function once.
+
+Every public C function appears exactly once in ``_declare(...)`` below with
+its C prototype in a comment. Functions returning ``kvmem_status`` are
+declared with ``STATUS``: a failing call raises the KvmemError subclass of
+its status, carrying ``kvmem_last_error()``. A function the loaded library
+lacks (an older build) is left out of the namespace and listed in
+``MISSING``; calling it raises UnsupportedError.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32,
+                    c_int64, c_size_t, c_uint64, c_void_p)
+from pathlib import Path
+from typing import Any, Dict, List, Set
+
+from ._errors import UnsupportedError, error_for
+
+# --------------------------------------------------------------------------
+# Finding the library
+# --------------------------------------------------------------------------
+
+_PKG_DIR = Path(__file__).resolve().parent
+_SONAMES = ["libkvmem.so.0", "libkvmem.so"] if sys.platform != "darwin" else ["libkvmem.0.dylib", "libkvmem.dylib"]
+
+
+def _candidates() -> List[str]:
+    """Where the library is looked for, in order."""
+    out: List[str] = []
+    env = os.environ.get("KVMEM_LIBRARY")
+    if env:
+        out.append(env)
+    # installed beside the package (a wheel that ships the library)
+    out += [str(_PKG_DIR / n) for n in _SONAMES]
+    # a source checkout: bindings/python/kvmem -> repository root
+    root = _PKG_DIR.parents[2]
+    for preset in ("default", "release", "debug", "dev"):
+        out += [str(root / "build" / preset / "core" / n) for n in _SONAMES]
+    # the system search path (ldconfig, LD_LIBRARY_PATH, pkg installs)
+    found = ctypes.util.find_library("kvmem")
+    out += _SONAMES + ([found] if found else [])
+    return out
+
+
+def _load() -> ctypes.CDLL:
+    tried: List[str] = []
+    env = os.environ.get("KVMEM_LIBRARY")
+    for cand in _candidates():
+        if os.sep in cand and not os.path.exists(cand):
+            tried.append(f"{cand} (no such file)")
+        else:
+            try:
+                return ctypes.CDLL(cand)
+            except OSError as e:
+                tried.append(f"{cand} ({e})")
+        if env and cand == env:
+            break  # an explicit KVMEM_LIBRARY that fails is an error, not a hint
+    raise OSError("kvmem: cannot load libkvmem. Set KVMEM_LIBRARY to its path, or build it "
+                  "(make build) / install it. Looked in:\n  " + "\n  ".join(tried))
+
+
+_dll = _load()
+LIBRARY_PATH: str = getattr(_dll, "_name", "")
+
+# --------------------------------------------------------------------------
+# Types mirroring include/kvmem.h
+# --------------------------------------------------------------------------
+
+MAX_DIMS = 6
+MAX_MODEL_ID = 128
+MAX_AGENT_ID = 128
+
+c_status = c_int  # kvmem_status (an int-sized enum)
+c_enum = c_int
+
+
+class kvmem_tensor(Structure):
+    _fields_ = [("data", c_void_p), ("dtype", c_enum), ("ndim", c_int32),
+                ("shape", c_int64 * MAX_DIMS), ("strides", c_int64 * MAX_DIMS)]
+
+
+class kvmem_backend_info(Structure):
+    _fields_ = [("name", c_char_p), ("available", c_int32), ("detail", c_char_p)]
+
+
+class kvmem_context_params(Structure):
+    _fields_ = [("backend", c_char_p), ("n_threads", c_int32)]
+
+
+class kvmem_model_spec(Structure):
+    _fields_ = [("n_layers", c_int32), ("n_q_heads", c_int32), ("n_kv_heads", c_int32),
+                ("head_dim", c_int32), ("rotary_dim", c_int32), ("rope_style", c_enum),
+                ("rope_theta", c_double), ("rope_scaling", c_enum), ("rope_factor", c_double),
+                ("rope_low_freq_factor", c_double), ("rope_high_freq_factor", c_double),
+                ("rope_original_max_pos", c_int32), ("yarn_beta_fast", c_double),
+                ("yarn_beta_slow", c_double), ("yarn_attn_factor", c_double),
+                ("layer_window", POINTER(c_int32)), ("model_id", c_char * MAX_MODEL_ID)]
+
+
+class kvmem_pool_params(Structure):
+    _fields_ = [("block_size", c_int32), ("storage_dtype", c_enum), ("capacity_bytes", c_uint64),
+                ("max_agents", c_int32), ("max_tokens_per_agent", c_int32)]
+
+
+class kvmem_pool_info(Structure):
+    _fields_ = [("used_bytes", c_uint64), ("capacity_bytes", c_uint64), ("n_agents", c_int32),
+                ("block_size", c_int32), ("storage_dtype", c_enum), ("reserved", c_int32)]
+
+
+class kvmem_append_params(Structure):
+    _fields_ = [("token_ids", POINTER(c_int32)), ("text", c_char_p), ("text_len", c_size_t),
+                ("token_text_offsets", POINTER(c_int32)), ("positions", POINTER(c_int32)),
+                ("keys_rotated", c_int32), ("reserved", c_int32)]
+
+
+class kvmem_agent_info(Structure):
+    _fields_ = [("n_tokens", c_int64), ("n_blocks", c_int32), ("n_sealed", c_int32),
+                ("bytes", c_uint64), ("text_bytes", c_uint64)]
+
+
+class kvmem_block_info(Structure):
+    _fields_ = [("first_token", c_int64), ("n_tokens", c_int32), ("sealed", c_int32)]
+
+
+# void (*kvmem_log_callback)(kvmem_log_level level, const char *message, void *user_data)
+kvmem_log_callback = CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
+
+# opaque handles travel as void*
+ctx_p = pool_p = agent_p = c_void_p
+f32_p = POINTER(ctypes.c_float)
+i32_p = POINTER(c_int32)
+T_p = POINTER(kvmem_tensor)
+
+# --------------------------------------------------------------------------
+# Declarations
+# --------------------------------------------------------------------------
+
+STATUS = object()  # marker: returns kvmem_status, raise on failure
+DECLARED: Dict[str, str] = {}  # name -> C prototype, every function declared here
+MISSING: Set[str] = set()      # declared but absent from the loaded library
+_ns: Dict[str, Any] = globals()
+
+
+def _raise_status(result: int, func: Any, args: Any) -> int:
+    if result != 0:
+        raise error_for(result, _last_error(), _status_str(result))
+    return result
+
+
+def _declare(proto: str, restype: Any, *argtypes: Any) -> None:
+    """Declare one C function: its prototype (for the reader, the API
+    completeness test and error messages), the ctypes restype and argtypes."""
+    name = proto.split("(")[0].split()[-1].lstrip("*")
+    DECLARED[name] = proto
+    try:
+        fn = getattr(_dll, name)
+    except AttributeError:
+        MISSING.add(name)
+
+        def _missing(*_a: Any, _n: str = name) -> Any:
+            raise UnsupportedError(f"{_n} is not in {LIBRARY_PATH or 'the loaded libkvmem'} "
+                                   "(built from an older kvmem)")
+        _ns[name] = _missing
+        return
+    fn.argtypes = list(argtypes)
+    if restype is STATUS:
+        fn.restype = c_status
+        fn.errcheck = _raise_status
+    else:
+        fn.restype = restype
+    _ns[name] = fn
+
+
+_d = _declare
+# Version
+_d("int32_t kvmem_version_number(void)", c_int32)
+_d("const char *kvmem_version(void)", c_char_p)
+# Status and errors
+_d("const char *kvmem_status_str(kvmem_status status)", c_char_p, c_status)
+_d("const char *kvmem_last_error(void)", c_char_p)
+_d("void kvmem_log_set(kvmem_log_callback callback, void *user_data)", None, kvmem_log_callback, c_void_p)
+_d("void kvmem_free(void *ptr)", None, c_void_p)
+# Tensors
+_d("const char *kvmem_dtype_name(kvmem_dtype dtype)", c_char_p, c_enum)
+_d("kvmem_status kvmem_tensor_init(kvmem_tensor *out, void *data, kvmem_dtype dtype, int32_t ndim, "
+   "const int64_t *shape)", STATUS, T_p, c_void_p, c_enum, c_int32, POINTER(c_int64))
+# Context and backends
+_d("kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *count)",
+   STATUS, POINTER(kvmem_backend_info), c_size_t, POINTER(c_size_t))
+_d("kvmem_context_params kvmem_context_default_params(void)", kvmem_context_params)
+_d("kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_context **out)",
+   STATUS, POINTER(kvmem_context_params), POINTER(ctx_p))
+_d("void kvmem_context_free(kvmem_context *ctx)", None, ctx_p)
+_d("const char *kvmem_context_backend(const kvmem_context *ctx)", c_char_p, ctx_p)
+_d("int32_t kvmem_context_n_threads(const kvmem_context *ctx)", c_int32, ctx_p)
+# Model geometry
+_d("kvmem_model_spec kvmem_model_spec_default(void)", kvmem_model_spec)
+_d("kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec)", STATUS, POINTER(kvmem_model_spec))
+_d("kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_rows, size_t stride, "
+   "const int32_t *positions, int32_t inverse)",
+   STATUS, POINTER(kvmem_model_spec), c_void_p, c_size_t, c_size_t, c_void_p, c_int32)
+# Pool and agents
+_d("kvmem_pool_params kvmem_pool_default_params(void)", kvmem_pool_params)
+_d("kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec, "
+   "const kvmem_pool_params *params, kvmem_pool **out)",
+   STATUS, ctx_p, POINTER(kvmem_model_spec), POINTER(kvmem_pool_params), POINTER(pool_p))
+_d("void kvmem_pool_free(kvmem_pool *pool)", None, pool_p)
+_d("kvmem_status kvmem_pool_get_info(kvmem_pool *pool, kvmem_pool_info *out)", STATUS, pool_p, POINTER(kvmem_pool_info))
+_d("kvmem_status kvmem_pool_get_spec(kvmem_pool *pool, kvmem_model_spec *out)", STATUS, pool_p, POINTER(kvmem_model_spec))
+_d("kvmem_status kvmem_pool_agent_id(kvmem_pool *pool, int32_t index, char *buf, size_t size, size_t *len)",
+   STATUS, pool_p, c_int32, c_void_p, c_size_t, POINTER(c_size_t))
+_d("int32_t kvmem_agent_id_valid(const char *id)", c_int32, c_char_p)
+_d("kvmem_status kvmem_agent_open(kvmem_pool *pool, const char *id, kvmem_agent **out)",
+   STATUS, pool_p, c_char_p, POINTER(agent_p))
+_d("void kvmem_agent_close(kvmem_agent *agent)", None, agent_p)
+_d("kvmem_status kvmem_pool_remove_agent(kvmem_pool *pool, const char *id)", STATUS, pool_p, c_char_p)
+_d("const char *kvmem_agent_get_id(const kvmem_agent *agent)", c_char_p, agent_p)
+_d("kvmem_append_params kvmem_append_default_params(void)", kvmem_append_params)
+_d("kvmem_status kvmem_agent_append(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, "
+   "const kvmem_append_params *params)", STATUS, agent_p, T_p, T_p, POINTER(kvmem_append_params))
+_d("kvmem_status kvmem_agent_flush(kvmem_agent *agent)", STATUS, agent_p)
+_d("kvmem_status kvmem_agent_get_info(kvmem_agent *agent, kvmem_agent_info *out)", STATUS, agent_p, POINTER(kvmem_agent_info))
+_d("kvmem_status kvmem_agent_block_info(kvmem_agent *agent, int32_t block, kvmem_block_info *out)",
+   STATUS, agent_p, c_int32, POINTER(kvmem_block_info))
+_d("kvmem_status kvmem_agent_read(kvmem_agent *agent, int64_t first_token, int64_t n_tokens, "
+   "const kvmem_tensor *k_out, const kvmem_tensor *v_out)", STATUS, agent_p, c_int64, c_int64, T_p, T_p)
+_d("kvmem_status kvmem_agent_block_aabb(kvmem_agent *agent, int32_t block, float *out_min, float *out_max)",
+   STATUS, agent_p, c_int32, c_void_p, c_void_p)
+_d("kvmem_status kvmem_agent_tokens(kvmem_agent *agent, int64_t first, int64_t n, int32_t *out)",
+   STATUS, agent_p, c_int64, c_int64, c_void_p)
+_d("kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, size_t *len)",
+   STATUS, agent_p, POINTER(c_void_p), POINTER(c_size_t))
+del _d
+
+
+def _last_error() -> str:
+    return (kvmem_last_error() or b"").decode("utf-8", "replace")  # noqa: F821
+
+
+def _status_str(status: int) -> str:
+    return (kvmem_status_str(status) or b"").decode()  # noqa: F821
+
+
+def header_functions(header: str) -> List[str]:
+    """Names of the KVMEM_API functions declared in a kvmem.h text."""
+    import re
+    text = re.sub(r"/\*.*?\*/", " ", header, flags=re.S)
+    text = re.sub(r"(?m)^\s*#.*$", " ", text)
+    return re.findall(r"KVMEM_API\b[^;(]*?\b(kvmem_\w+)\s*\(", text)
+

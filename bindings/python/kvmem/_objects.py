@@ -1,0 +1,406 @@
+"""High level: Context, Pool, Agent owning their C handles.
+
+Ownership mirrors the C API: a Pool keeps its Context alive, an Agent its
+Pool. ``close()`` is idempotent; objects are context managers; a
+weakref.finalize safety net frees what was not closed (also at interpreter
+exit, newest object first). Closing a Pool closes its open Agents (the C
+pool frees their handles); closing a Context closes its Pools. Using a closed
+object raises ClosedError without calling C.
+
+Threading: ctypes releases the GIL during C calls, so append/read/retrieve
+from several threads run in parallel; as in C, one Agent is used by one
+thread at a time.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+from ctypes import byref, c_size_t, c_void_p
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import _buffers as B
+from . import _lib as L
+from ._errors import ClosedError
+
+F32, F16, BF16 = B.F32, B.F16, B.BF16
+Q8, Q4, Q4_KIVI = 3, 4, 5
+ROPE_NEOX, ROPE_GPTJ = 0, 1
+ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3, ROPE_SCALING_YARN = 0, 1, 2, 3
+LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR = 0, 1, 2, 3
+
+_STORAGE = {"f32": F32, "f16": F16, "bf16": BF16, "q8": Q8, "q4": Q4, "q4_kivi": Q4_KIVI}
+
+
+def _s(b: Optional[bytes]) -> str:
+    return b.decode("utf-8", "replace") if b else ""
+
+
+# ---------------------------------------------------------------------------
+# Free functions
+# ---------------------------------------------------------------------------
+
+def version() -> str:
+    """Version string of the loaded library ("0.1.0")."""
+    return _s(L.kvmem_version())
+
+
+def version_number() -> int:
+    return int(L.kvmem_version_number())
+
+
+def status_str(status: int) -> str:
+    return _s(L.kvmem_status_str(status))
+
+
+def last_error() -> str:
+    """kvmem_last_error() of this thread (exceptions already carry it)."""
+    return _s(L.kvmem_last_error())
+
+
+def dtype_name(dtype: int) -> str:
+    return _s(L.kvmem_dtype_name(dtype))
+
+
+def agent_id_valid(agent_id: str) -> bool:
+    return bool(L.kvmem_agent_id_valid(agent_id.encode()))
+
+
+_log_keep: List[Any] = []
+
+
+def log_set(callback: Optional[Callable[[int, str], None]]) -> None:
+    """Route kvmem's log messages to callback(level, message) (None: off).
+    The callback may run on kvmem's worker threads; exceptions in it are ignored."""
+    if callback is None:
+        L.kvmem_log_set(L.kvmem_log_callback(), None)
+        _log_keep.clear()
+        return
+
+    def tramp(level: int, msg: Optional[bytes], _ud: Any) -> None:
+        try:
+            callback(int(level), _s(msg))
+        except Exception:  # never unwind into C
+            pass
+
+    cb = L.kvmem_log_callback(tramp)
+    L.kvmem_log_set(cb, None)
+    _log_keep[:] = [cb]  # the C side holds the pointer: keep the thunk alive
+
+
+def backends() -> List[Dict[str, Any]]:
+    """[{"name", "available", "detail"}] for every backend this build knows."""
+    n = c_size_t()
+    L.kvmem_backends(None, 0, byref(n))
+    arr = (L.kvmem_backend_info * max(n.value, 1))()
+    L.kvmem_backends(arr, n.value, byref(n))
+    return [{"name": _s(b.name), "available": bool(b.available), "detail": _s(b.detail)}
+            for b in arr[:n.value]]
+
+
+class ModelSpec(L.kvmem_model_spec):
+    """kvmem_model_spec, starting from kvmem_model_spec_default(); keyword
+    arguments set fields. model_id takes a str, layer_window a sequence of
+    ints (kept alive by the spec; pools copy it)."""
+
+    def __init__(self, **fields: Any):
+        super().__init__()
+        ctypes.memmove(byref(self), byref(L.kvmem_model_spec_default()), ctypes.sizeof(self))
+        for k, val in fields.items():
+            setattr(self, k, val)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "model_id" and isinstance(value, str):
+            value = value.encode()
+        elif name == "layer_window" and value is not None and not isinstance(value, ctypes._Pointer):
+            arr = (ctypes.c_int32 * len(value))(*value)
+            object.__setattr__(self, "_layer_window_keep", arr)
+            value = ctypes.cast(arr, L.i32_p)
+        elif name not in dict(L.kvmem_model_spec._fields_) and not name.startswith("_"):
+            raise AttributeError(f"kvmem_model_spec has no field {name!r}")
+        super().__setattr__(name, value)
+
+    def validate(self) -> None:
+        """kvmem_model_spec_validate: raises InvalidArgumentError naming the bad field."""
+        L.kvmem_model_spec_validate(byref(self))
+
+    def __repr__(self) -> str:
+        return (f"ModelSpec(n_layers={self.n_layers}, n_q_heads={self.n_q_heads}, "
+                f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+                f"model_id={_s(self.model_id)!r})")
+
+
+def rope_apply(spec: L.kvmem_model_spec, x: Any, positions: Any, *, inverse: bool = False) -> None:
+    """Rotate x in place: rows of head_dim f32 values (x is [..., head_dim],
+    contiguous rows, row stride in elements taken from x), one position per row."""
+    t, v = B.tensor(x, "x", dtype="f32", writable=True)
+    try:
+        n_rows = 1
+        for i in range(t.ndim - 1):
+            n_rows *= t.shape[i]
+        stride = t.strides[t.ndim - 2] if t.ndim > 1 else t.shape[0]
+        if t.ndim > 2 and not v.contiguous():
+            raise TypeError("kvmem: rope_apply: x must be contiguous rows (2-D may have a row stride)")
+        if t.strides[t.ndim - 1] != 1:
+            raise TypeError("kvmem: rope_apply: each row of x must be contiguous")
+        pp, pk = B.int32s(positions, "positions", n_rows)
+        try:
+            L.kvmem_rope_apply(byref(spec), t.data, n_rows, stride, pp, int(bool(inverse)))
+        finally:
+            B.release(pk)
+    finally:
+        v.close()
+
+
+# ---------------------------------------------------------------------------
+# Handles
+# ---------------------------------------------------------------------------
+
+def _free_guarded(fn: Any, handle: int) -> None:
+    try:  # at interpreter exit the library may already be half torn down
+        fn(handle)
+    except Exception:
+        pass
+
+
+class _Handle:
+    _kind = "object"
+
+    def _init_handle(self, handle: int, free: Any) -> None:
+        self._h: Optional[int] = handle
+        self._fin = weakref.finalize(self, _free_guarded, free, handle)
+
+    @property
+    def handle(self) -> int:
+        """The C pointer (int); ClosedError once closed."""
+        if self._h is None:
+            raise ClosedError(f"{self._kind} is closed")
+        return self._h
+
+    @property
+    def closed(self) -> bool:
+        return self._h is None
+
+    def _forget(self) -> None:
+        """The C side freed the handle already (its owner went away)."""
+        self._fin.detach()
+        self._h = None
+
+    def close(self) -> None:
+        """Free the C object; calling it again does nothing."""
+        if self._h is not None:
+            self._h = None
+            self._fin()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Context(_Handle):
+    """kvmem_context: a backend ("cpu", "cuda", "vulkan", "auto") and worker threads."""
+    _kind = "Context"
+
+    def __init__(self, backend: str = "auto", n_threads: int = 0):
+        p = L.kvmem_context_default_params()
+        p.backend = backend.encode()
+        p.n_threads = n_threads
+        h = c_void_p()
+        L.kvmem_context_create(byref(p), byref(h))
+        self._init_handle(h.value, L.kvmem_context_free)
+        self._pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+
+    @property
+    def backend(self) -> str:
+        return _s(L.kvmem_context_backend(self.handle))
+
+    @property
+    def n_threads(self) -> int:
+        return int(L.kvmem_context_n_threads(self.handle))
+
+    def pool_create(self, spec: L.kvmem_model_spec, **params: Any) -> "Pool":
+        return Pool(self, spec, **params)
+
+    def close(self) -> None:
+        for p in list(self._pools):
+            p.close()
+        super().close()
+
+
+class Pool(_Handle):
+    """kvmem_pool for one model spec. params: block_size, storage_dtype ("f16",
+    "f32", "bf16" or a code), capacity_bytes, max_agents, max_tokens_per_agent."""
+    _kind = "Pool"
+
+    def __init__(self, ctx: Context, spec: L.kvmem_model_spec, **params: Any):
+        pp = L.kvmem_pool_default_params()
+        for k, val in params.items():
+            if k == "storage_dtype" and isinstance(val, str):
+                if val.lower() not in _STORAGE:
+                    raise ValueError(f"kvmem: storage_dtype {val!r} is not one of {sorted(_STORAGE)}")
+                val = _STORAGE[val.lower()]
+            if k not in dict(L.kvmem_pool_params._fields_):
+                raise TypeError(f"kvmem: Pool() got an unknown parameter {k!r}")
+            setattr(pp, k, val)
+        h = c_void_p()
+        L.kvmem_pool_create(ctx.handle, byref(spec), byref(pp), byref(h))
+        self._init_handle(h.value, L.kvmem_pool_free)
+        self.context = ctx
+        self._agents: "weakref.WeakSet[Agent]" = weakref.WeakSet()
+        ctx._pools.add(self)
+        self.spec = self.get_spec()
+
+    def close(self) -> None:
+        if self._h is not None:
+            for a in list(self._agents):
+                a._forget()  # kvmem_pool_free frees every agent handle
+        super().close()
+
+    def get_info(self) -> L.kvmem_pool_info:
+        info = L.kvmem_pool_info()
+        L.kvmem_pool_get_info(self.handle, byref(info))
+        return info
+
+    def get_spec(self) -> L.kvmem_model_spec:
+        spec = L.kvmem_model_spec()
+        L.kvmem_pool_get_spec(self.handle, byref(spec))
+        return spec
+
+    def agent_id(self, index: int) -> str:
+        n = c_size_t()
+        L.kvmem_pool_agent_id(self.handle, index, None, 0, byref(n))
+        buf = ctypes.create_string_buffer(n.value + 1)
+        L.kvmem_pool_agent_id(self.handle, index, buf, n.value + 1, byref(n))
+        return _s(buf.value)
+
+    def agent_ids(self) -> List[str]:
+        return [self.agent_id(i) for i in range(self.get_info().n_agents)]
+
+    def agent_open(self, agent_id: str) -> "Agent":
+        return Agent(self, agent_id)
+
+    def remove_agent(self, agent_id: str) -> None:
+        L.kvmem_pool_remove_agent(self.handle, agent_id.encode())
+
+
+class Agent(_Handle):
+    """kvmem_agent: one agent's memory in a pool. Open with Pool.agent_open."""
+    _kind = "Agent"
+
+    def __init__(self, pool: Pool, agent_id: str):
+        h = c_void_p()
+        L.kvmem_agent_open(pool.handle, agent_id.encode(), byref(h))
+        self._init_handle(h.value, L.kvmem_agent_close)
+        self.pool = pool
+        pool._agents.add(self)
+        self._kind = f"Agent {agent_id!r}"
+
+    def _kv_shape(self, n: int = -1) -> Tuple[int, int, int, int]:
+        s = self.pool.spec
+        return (s.n_layers, n, s.n_kv_heads, s.head_dim)
+
+    @property
+    def id(self) -> str:
+        return _s(L.kvmem_agent_get_id(self.handle))
+
+    def append(self, k: Any, v: Any, *, token_ids: Any = None, text: Optional[str | bytes] = None,
+               token_text_offsets: Any = None, positions: Any = None,
+               keys_rotated: Optional[bool] = None, dtype: Any = None) -> None:
+        """Append T tokens. k, v: [n_layers][T][n_kv_heads][head_dim] buffers (any strides;
+        flat contiguous buffers are read in that shape). positions (T int32) with
+        post-RoPE keys; keys_rotated defaults to positions is not None."""
+        kt, kv = B.tensor(k, "k", self._kv_shape(), dtype)
+        held: List[Any] = [kv]
+        try:
+            vt, vv = B.tensor(v, "v", self._kv_shape(), dtype)
+            held.append(vv)
+            T = kt.shape[1]
+            ap = L.kvmem_append_default_params()
+            ptr, h = B.int32s(token_ids, "token_ids", T)
+            held.append(h)
+            if ptr is not None:
+                ap.token_ids = ptr
+            if text is not None:
+                tb = text.encode() if isinstance(text, str) else bytes(text)
+                held.append(tb)
+                ap.text, ap.text_len = tb, len(tb)
+            ptr, h = B.int32s(token_text_offsets, "token_text_offsets", T)
+            held.append(h)
+            if ptr is not None:
+                ap.token_text_offsets = ptr
+            ptr, h = B.int32s(positions, "positions", T)
+            held.append(h)
+            if ptr is not None:
+                ap.positions = ptr
+            ap.keys_rotated = int(positions is not None if keys_rotated is None else bool(keys_rotated))
+            L.kvmem_agent_append(self.handle, byref(kt), byref(vt), byref(ap))
+        finally:
+            B.release(*held)
+
+    def flush(self) -> None:
+        L.kvmem_agent_flush(self.handle)
+
+    def get_info(self) -> L.kvmem_agent_info:
+        info = L.kvmem_agent_info()
+        L.kvmem_agent_get_info(self.handle, byref(info))
+        return info
+
+    def block_info(self, block: int) -> L.kvmem_block_info:
+        bi = L.kvmem_block_info()
+        L.kvmem_agent_block_info(self.handle, block, byref(bi))
+        return bi
+
+    def read(self, first: int = 0, n: Optional[int] = None, *, k_out: Any = None, v_out: Any = None,
+             dtype: Any = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
+        """Raw KV of tokens [first, first+n) (n: to the end) as (k, v), each
+        [n_layers][n][n_kv_heads][head_dim]. Given k_out/v_out buffers are
+        written in place (any strides); otherwise new arrays of dtype."""
+        if n is None:
+            n = self.get_info().n_tokens - first
+        shape = self._kv_shape(n)
+        if keys and k_out is None:
+            k_out = B.new_array(shape, dtype)
+        if values and v_out is None:
+            v_out = B.new_array(shape, dtype)
+        held: List[Any] = []
+        try:
+            kt = vt = None
+            if k_out is not None:
+                kt, h = B.tensor(k_out, "k_out", shape, dtype, writable=True)
+                held.append(h)
+            if v_out is not None:
+                vt, h = B.tensor(v_out, "v_out", shape, dtype, writable=True)
+                held.append(h)
+            L.kvmem_agent_read(self.handle, first, n, byref(kt) if kt else None, byref(vt) if vt else None)
+        finally:
+            B.release(*held)
+        return k_out, v_out
+
+    def block_aabb(self, block: int) -> Tuple[Any, Any]:
+        """(min, max) of a sealed block's raw keys, each [n_layers][n_kv_heads][head_dim] f32."""
+        s = self.pool.spec
+        shape = (s.n_layers, s.n_kv_heads, s.head_dim)
+        mn, mx = B.new_array(shape), B.new_array(shape)
+        with B.View(mn, True, "min") as a, B.View(mx, True, "max") as b:
+            L.kvmem_agent_block_aabb(self.handle, block, a.address, b.address)
+        return mn, mx
+
+    def tokens(self, first: int = 0, n: Optional[int] = None) -> List[int]:
+        if n is None:
+            n = self.get_info().n_tokens - first
+        arr = (ctypes.c_int32 * max(n, 1))()
+        L.kvmem_agent_tokens(self.handle, first, n, arr)
+        return list(arr[:n])
+
+    def text_bytes(self) -> bytes:
+        p, n = c_void_p(), c_size_t()
+        L.kvmem_agent_text(self.handle, byref(p), byref(n))
+        return ctypes.string_at(p.value, n.value) if n.value else b""
+
+    def text(self) -> str:
+        return self.text_bytes().decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return f"<kvmem.Agent {self._kind[6:]}{' closed' if self.closed else ''}>"
+
