@@ -1,0 +1,121 @@
+// Type declarations for the kvmem Node.js binding (hand-written; keep in step with index.js).
+
+export type DType = 'f32' | 'f16' | 'bf16' | 0 | 1 | 2;
+export type StorageDType = DType | 'q8' | 'q4' | 'q4_kivi' | 3 | 4 | 5;
+/** Memory a tensor is read from or written to, without copying. */
+export type TensorData = Float32Array | Uint16Array | Uint8Array | ArrayBuffer | DataView;
+/** A strided view: shape and strides in elements, as in C's kvmem_tensor. */
+export interface TensorView { data: TensorData; shape: number[]; strides?: number[]; dtype?: DType; }
+export type TensorLike = TensorData | TensorView;
+export type Int32Like = Int32Array | ArrayLike<number>;
+
+export class KvmemError extends Error {
+  /** kvmem_status: a negative code */
+  status: number;
+  /** C name of the status, e.g. "KVMEM_ERR_INVALID_ARG" */
+  code: string;
+}
+export class InvalidArgumentError extends KvmemError {}
+export class NoMemoryError extends KvmemError {}
+export class CapacityError extends KvmemError {}
+export class NotFoundError extends KvmemError {}
+export class ExistsError extends KvmemError {}
+export class ClosedError extends KvmemError {}
+export class UnsupportedError extends KvmemError {}
+export class BackendError extends KvmemError {}
+export class IOError extends KvmemError {}
+export class FormatError extends KvmemError {}
+export class CorruptError extends KvmemError {}
+export class MismatchError extends KvmemError {}
+export class ConflictError extends KvmemError {}
+export class InternalError extends KvmemError {}
+export class BusyError extends KvmemError {}
+
+/** kvmem_model_spec (C field names). */
+export interface ModelSpec {
+  n_layers: number; n_q_heads: number; n_kv_heads: number; head_dim: number;
+  rotary_dim?: number; rope_style?: number; rope_theta?: number; rope_scaling?: number;
+  rope_factor?: number; rope_low_freq_factor?: number; rope_high_freq_factor?: number;
+  rope_original_max_pos?: number; yarn_beta_fast?: number; yarn_beta_slow?: number;
+  yarn_attn_factor?: number; layer_window?: Int32Like | null; model_id?: string;
+}
+export interface PoolParams {
+  blockSize?: number; storageDtype?: StorageDType; capacityBytes?: number;
+  maxAgents?: number; maxTokensPerAgent?: number;
+}
+export interface PoolInfo { used_bytes: number; capacity_bytes: number; n_agents: number; block_size: number; storage_dtype: number; }
+export interface AgentInfo { n_tokens: number; n_blocks: number; n_sealed: number; bytes: number; text_bytes: number; }
+export interface BlockInfo { first_token: number; n_tokens: number; sealed: number; }
+export interface BackendInfo { name: string; available: boolean; detail: string; }
+export interface AppendOptions {
+  tokenIds?: Int32Like; text?: string | Buffer; tokenTextOffsets?: Int32Like;
+  /** positions the keys were rotated at (post-RoPE keys) */
+  positions?: Int32Like; keysRotated?: boolean; dtype?: DType;
+}
+export interface ReadOptions { kOut?: TensorLike; vOut?: TensorLike; dtype?: DType; keys?: boolean; values?: boolean; }
+export interface ReadResult<T = Float32Array | Uint16Array> { k: T | null; v: T | null; shape: number[]; }
+
+declare class Handle {
+  /** the C pointer; throws ClosedError once closed */
+  readonly handle: unknown;
+  readonly closed: boolean;
+  /** Free the C object; later calls do nothing. Throws BusyError while an async call runs on it. */
+  close(): void;
+  [Symbol.dispose](): void;
+}
+
+export class Context extends Handle {
+  constructor(opts?: { backend?: 'cpu' | 'cuda' | 'vulkan' | 'auto' | string; nThreads?: number });
+  readonly backend: string;
+  readonly nThreads: number;
+  poolCreate(spec: ModelSpec, params?: PoolParams): Pool;
+}
+
+export class Pool extends Handle {
+  constructor(ctx: Context, spec: ModelSpec, params?: PoolParams);
+  readonly context: Context;
+  readonly spec: Required<ModelSpec>;
+  getInfo(): PoolInfo;
+  getSpec(): Required<ModelSpec>;
+  agentId(index: number): string;
+  agentIds(): string[];
+  agentOpen(id: string): Agent;
+  removeAgent(id: string): void;
+}
+
+export class Agent extends Handle {
+  constructor(pool: Pool, id: string);
+  readonly pool: Pool;
+  readonly id: string;
+  /** k, v: [n_layers][T][n_kv_heads][head_dim] */
+  append(k: TensorLike, v: TensorLike, opts?: AppendOptions): void;
+  appendAsync(k: TensorLike, v: TensorLike, opts?: AppendOptions): Promise<void>;
+  flush(): void;
+  getInfo(): AgentInfo;
+  blockInfo(block: number): BlockInfo;
+  read(first?: number, n?: number, opts?: ReadOptions): ReadResult;
+  readAsync(first?: number, n?: number, opts?: ReadOptions): Promise<ReadResult>;
+  blockAabb(block: number): { min: Float32Array; max: Float32Array };
+  tokens(first?: number, n?: number): Int32Array;
+  textBytes(): Buffer;
+  text(): string;
+}
+
+export function modelSpec(fields?: Partial<ModelSpec> & { layerWindow?: Int32Like }): Required<ModelSpec>;
+export function specValidate(spec: ModelSpec): void;
+/** Rotate rows (head vectors) of x in place, one position per row. */
+export function ropeApply(spec: ModelSpec, x: Float32Array, positions: Int32Like, opts?: { inverse?: boolean; stride?: number }): void;
+export function backends(): BackendInfo[];
+export function logSet(fn: ((level: number, message: string) => void) | null): void;
+export function version(): string;
+export function versionNumber(): number;
+export function statusStr(status: number): string;
+export function lastError(): string;
+export function dtypeName(dtype: number): string;
+export function agentIdValid(id: string): boolean;
+
+export const F32: 0, F16: 1, BF16: 2, Q8: 3, Q4: 4, Q4_KIVI: 5;
+export const ROPE_NEOX: 0, ROPE_GPTJ: 1;
+export const ROPE_SCALING_NONE: 0, ROPE_SCALING_LINEAR: 1, ROPE_SCALING_LLAMA3: 2, ROPE_SCALING_YARN: 3;
+export const LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3;
+export const libraryPath: string;

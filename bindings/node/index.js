@@ -1,0 +1,371 @@
+'use strict';
+// kvmem for Node.js: Context, Pool, Agent owning their C handles (koffi).
+//
+// Tensors cross without copies: a TypedArray (or Buffer) is handed to C as a
+// pointer to its own memory. A flat array is read in the shape the call
+// expects; a {data, shape, strides, dtype} object describes a strided view
+// (strides in elements, as in C). Float32Array = f32; f16 and bf16 travel as
+// Uint16Array bits with dtype 'f16' / 'bf16' (or a Float16Array where Node has it).
+//
+// Ownership mirrors C: a Pool keeps its Context, an Agent its Pool. close() is
+// idempotent; objects support `using` (Symbol.dispose); a FinalizationRegistry
+// frees what was never closed. Closing a Pool closes its Agents (C frees their
+// handles); closing a Context closes its Pools. Closed objects throw ClosedError.
+// Calls that do real work have an `...Async` form running on a worker thread
+// (koffi async), so a service's event loop keeps running.
+const L = require('./lib');
+const errors = require('./errors');
+
+const { fns: C, koffi } = L;
+const F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q4_KIVI = 5;
+const DTYPES = { f32: F32, float32: F32, f16: F16, float16: F16, bf16: BF16, bfloat16: BF16 };
+const STORAGE = { ...DTYPES, q8: Q8, q4: Q4, q4_kivi: Q4_KIVI };
+const ITEMSIZE = [4, 2, 2];
+
+function dtypeCode(d, what) {
+  if (typeof d === 'number' && d >= 0 && d <= 2) return d;
+  const c = DTYPES[String(d).toLowerCase()];
+  if (c === undefined) throw new TypeError(`kvmem: ${what}: dtype ${d} is not one of f32, f16, bf16`);
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------
+
+const HasF16 = typeof Float16Array !== 'undefined';
+
+// The element dtype of a typed array, given the dtype the caller named (or undefined).
+function elemDtype(data, dtype, what) {
+  const want = dtype === undefined || dtype === null ? undefined : dtypeCode(dtype, what);
+  if (data instanceof Float32Array) {
+    if (want !== undefined && want !== F32) throw new TypeError(`kvmem: ${what} is a Float32Array, not ${dtype}`);
+    return F32;
+  }
+  if (HasF16 && data instanceof Float16Array) {
+    if (want !== undefined && want !== F16) throw new TypeError(`kvmem: ${what} is a Float16Array, not ${dtype}`);
+    return F16;
+  }
+  if (data instanceof Uint16Array) {
+    if (want === undefined || want === F32)
+      throw new TypeError(`kvmem: ${what} is a Uint16Array: pass dtype 'f16' or 'bf16' to say what it holds`);
+    return want;
+  }
+  if (data instanceof Uint8Array || data instanceof ArrayBuffer || data instanceof DataView) {
+    if (want === undefined) throw new TypeError(`kvmem: ${what} is raw bytes: pass dtype ('f32', 'f16' or 'bf16')`);
+    return want;
+  }
+  throw new TypeError(`kvmem: ${what} must be a Float32Array, Uint16Array (f16/bf16 bits), ` +
+                      `Buffer or ArrayBuffer, got ${data === null ? 'null' : data?.constructor?.name ?? typeof data}`);
+}
+
+function byteLength(data) { return data.byteLength; }
+
+// A kvmem_tensor (koffi struct object) over x's memory. `shape` is what the
+// call expects, -1 entries inferred (at most one).
+function tensor(x, what, shape, dtype) {
+  let data = x, strides, given;
+  if (x && typeof x === 'object' && !ArrayBuffer.isView(x) && !(x instanceof ArrayBuffer)) {
+    data = x.data; given = x.shape; strides = x.strides;
+    if (x.dtype !== undefined) dtype = x.dtype;
+  }
+  const code = elemDtype(data, dtype, what);
+  const isz = ITEMSIZE[code];
+  if (byteLength(data) % isz) throw new TypeError(`kvmem: ${what}: ${byteLength(data)} bytes is not a whole number of ${isz}-byte elements`);
+  const n = byteLength(data) / isz;
+  if (data.byteOffset !== undefined && data.byteOffset % isz)
+    throw new TypeError(`kvmem: ${what}: byte offset ${data.byteOffset} is not aligned to ${isz}`);
+  let ext;
+  if (given) {
+    ext = Array.from(given, Number);
+    if (shape && (ext.length !== shape.length || ext.some((e, i) => shape[i] >= 0 && shape[i] !== e)))
+      throw new RangeError(`kvmem: ${what} has shape [${ext}], expected [${shape.map(s => s < 0 ? '*' : s)}]`);
+  } else {
+    if (!shape) throw new TypeError(`kvmem: ${what}: give {data, shape} for this call`);
+    const known = shape.reduce((a, s) => a * (s >= 0 ? s : 1), 1);
+    const unknown = shape.filter(s => s < 0).length;
+    if (unknown > 1 || (unknown ? known === 0 || n % known : n !== known))
+      throw new RangeError(`kvmem: ${what} holds ${n} elements, which is not a whole tensor of shape [${shape.map(s => s < 0 ? '*' : s)}]`);
+    ext = shape.map(s => (s >= 0 ? s : n / known));
+  }
+  if (ext.length < 1 || ext.length > L.MAX_DIMS) throw new TypeError(`kvmem: ${what} has ${ext.length} dimensions, at most ${L.MAX_DIMS}`);
+  if (!strides) {
+    strides = new Array(ext.length);
+    let acc = 1;
+    for (let i = ext.length - 1; i >= 0; i--) { strides[i] = acc; acc *= ext[i]; }
+  }
+  if (strides.length !== ext.length || strides.some(s => !Number.isInteger(s) || s < 0))
+    throw new TypeError(`kvmem: ${what}: strides [${strides}] must be ${ext.length} non-negative integers (elements)`);
+  // the furthest element the view reaches must lie inside the array: C trusts it
+  if (ext.every(e => e > 0)) {
+    const last = ext.reduce((a, e, i) => a + (e - 1) * strides[i], 0);
+    if (last >= n) throw new RangeError(`kvmem: ${what}: shape [${ext}] with strides [${strides}] reaches element ${last}, the array has ${n}`);
+  }
+  const pad = (a) => a.concat(new Array(L.MAX_DIMS - a.length).fill(0));
+  return { data, dtype: code, ndim: ext.length, shape: pad(ext), strides: pad(strides) };
+}
+
+function newArray(n, dtype) {
+  const c = dtypeCode(dtype, 'dtype');
+  return c === F32 ? new Float32Array(n) : (c === F16 && HasF16 ? new Float16Array(n) : new Uint16Array(n));
+}
+
+function int32s(x, what, n) {
+  if (x === undefined || x === null) return null;
+  const a = x instanceof Int32Array ? x : Int32Array.from(x); // arrays of numbers are converted (copied)
+  if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} entries, expected ${n}`);
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// Handles
+// ---------------------------------------------------------------------------
+
+const registry = new FinalizationRegistry(({ free, handle }) => {
+  try { free(handle); } catch { /* never throw from a finalizer */ }
+});
+
+class Handle {
+  _own(handle, free, kind) {
+    this._h = handle;
+    this._kind = kind;
+    this._busy = 0;
+    this._free = free;
+    registry.register(this, { free, handle }, this);
+  }
+  get handle() {
+    if (this._h === null) throw new errors.ClosedError(`${this._kind} is closed`);
+    return this._h;
+  }
+  get closed() { return this._h === null; }
+  _forget() { registry.unregister(this); this._h = null; }
+  close() {
+    if (this._h === null) return;
+    if (this._busy) throw new errors.BusyError(`${this._kind}: an async call is still running on it; await it before close()`);
+    const h = this._h;
+    this._forget();
+    this._free(h);
+  }
+  // run a koffi async call, keeping this object (and `keep`) alive and open until it settles
+  async _async(fn, ...args) {
+    this._busy++;
+    try { return await fn.async(...args); } finally { this._busy--; }
+  }
+}
+if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
+
+class Context extends Handle {
+  // backend: 'cpu', 'cuda', 'vulkan' or 'auto'; nThreads 0 = online cores
+  constructor({ backend = 'auto', nThreads = 0 } = {}) {
+    super();
+    const out = [null];
+    C.kvmem_context_create({ ...C.kvmem_context_default_params(), backend, n_threads: nThreads }, out);
+    this._own(out[0], C.kvmem_context_free, 'Context');
+    this._pools = new Set();
+  }
+  get backend() { return C.kvmem_context_backend(this.handle); }
+  get nThreads() { return C.kvmem_context_n_threads(this.handle); }
+  poolCreate(spec, params) { return new Pool(this, spec, params); }
+  close() {
+    for (const p of this._pools) if (p._busyTree()) throw new errors.BusyError('Context: an async call is still running on one of its agents');
+    for (const p of [...this._pools]) p.close();
+    super.close();
+  }
+}
+
+// kvmem_model_spec from kvmem_model_spec_default() with fields overridden
+// (snake_case C names; layerWindow/model_id accepted too).
+function modelSpec(fields = {}) {
+  const s = { ...C.kvmem_model_spec_default(), ...fields };
+  if (fields.layerWindow) s.layer_window = fields.layerWindow;
+  delete s.layerWindow;
+  if (s.layer_window && !(s.layer_window instanceof Int32Array) && Array.isArray(s.layer_window))
+    s.layer_window = Int32Array.from(s.layer_window);
+  return s;
+}
+
+function specValidate(spec) { C.kvmem_model_spec_validate(modelSpec(spec)); }
+
+class Pool extends Handle {
+  // params: blockSize, storageDtype ('f16', 'f32', 'bf16'), capacityBytes, maxAgents, maxTokensPerAgent
+  constructor(ctx, spec, params = {}) {
+    super();
+    const pp = C.kvmem_pool_default_params();
+    const names = { blockSize: 'block_size', storageDtype: 'storage_dtype', capacityBytes: 'capacity_bytes',
+                    maxAgents: 'max_agents', maxTokensPerAgent: 'max_tokens_per_agent' };
+    for (const [k, v] of Object.entries(params)) {
+      const f = names[k] ?? (Object.values(names).includes(k) ? k : undefined);
+      if (!f) throw new TypeError(`kvmem: Pool: unknown parameter ${k}`);
+      if (f === 'storage_dtype' && typeof v === 'string') {
+        if (!(v.toLowerCase() in STORAGE)) throw new TypeError(`kvmem: storageDtype ${v} is not one of ${Object.keys(STORAGE)}`);
+        pp[f] = STORAGE[v.toLowerCase()];
+      } else pp[f] = v;
+    }
+    const out = [null];
+    C.kvmem_pool_create(ctx.handle, modelSpec(spec), pp, out);
+    this._own(out[0], C.kvmem_pool_free, 'Pool');
+    this.context = ctx;
+    this._agents = new Set(); // WeakRefs: agents may be collected before the pool
+    ctx._pools.add(this);
+    this.spec = this.getSpec();
+  }
+  _busyTree() {
+    if (this._busy) return true;
+    for (const r of this._agents) { const a = r.deref(); if (a && a._busy) return true; }
+    return false;
+  }
+  close() {
+    if (this._h === null) return;
+    if (this._busyTree()) throw new errors.BusyError('Pool: an async call is still running on one of its agents');
+    for (const r of this._agents) r.deref()?._forget(); // kvmem_pool_free frees every agent handle
+    this._agents.clear();
+    this.context._pools.delete(this);
+    super.close();
+  }
+  getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return o; }
+  getSpec() { const o = {}; C.kvmem_pool_get_spec(this.handle, o); return o; }
+  agentId(index) {
+    const len = [0];
+    C.kvmem_pool_agent_id(this.handle, index, null, 0, len);
+    const buf = Buffer.alloc(len[0] + 1);
+    C.kvmem_pool_agent_id(this.handle, index, buf, buf.length, len);
+    return buf.toString('utf8', 0, len[0]);
+  }
+  agentIds() { return Array.from({ length: this.getInfo().n_agents }, (_, i) => this.agentId(i)); }
+  agentOpen(id) { return new Agent(this, id); }
+  removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, id); }
+}
+
+class Agent extends Handle {
+  constructor(pool, id) {
+    super();
+    const out = [null];
+    C.kvmem_agent_open(pool.handle, id, out);
+    this._own(out[0], C.kvmem_agent_close, `Agent '${id}'`);
+    this.pool = pool;
+    const ref = new WeakRef(this);
+    pool._agents.add(ref);
+    this._ref = ref;
+  }
+  close() {
+    if (this._h !== null && !this._busy) this.pool._agents.delete(this._ref);
+    super.close();
+  }
+  get id() { return C.kvmem_agent_get_id(this.handle); }
+  _kvShape(n = -1) { const s = this.pool.spec; return [s.n_layers, n, s.n_kv_heads, s.head_dim]; }
+
+  _appendArgs(k, v, opts = {}) {
+    const kt = tensor(k, 'k', this._kvShape(), opts.dtype);
+    const vt = tensor(v, 'v', this._kvShape(), opts.dtype);
+    const T = kt.shape[1];
+    const ap = C.kvmem_append_default_params();
+    ap.token_ids = int32s(opts.tokenIds, 'tokenIds', T);
+    if (opts.text !== undefined && opts.text !== null) {
+      const tb = Buffer.isBuffer(opts.text) ? opts.text : Buffer.from(String(opts.text), 'utf8');
+      // koffi passes a Buffer as a pointer to its bytes (no NUL needed: text_len says how many)
+      ap.text = tb.length ? tb : null;
+      ap.text_len = tb.length;
+    }
+    ap.token_text_offsets = int32s(opts.tokenTextOffsets, 'tokenTextOffsets', T);
+    ap.positions = int32s(opts.positions, 'positions', T);
+    ap.keys_rotated = (opts.keysRotated ?? (opts.positions != null)) ? 1 : 0;
+    return [this.handle, kt, vt, ap];
+  }
+  // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
+  // positions (post-RoPE keys), keysRotated, dtype
+  append(k, v, opts) { C.kvmem_agent_append(...this._appendArgs(k, v, opts)); }
+  appendAsync(k, v, opts) { return this._async(C.kvmem_agent_append, ...this._appendArgs(k, v, opts)).then(() => undefined); }
+  flush() { C.kvmem_agent_flush(this.handle); }
+  getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return o; }
+  blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return o; }
+
+  _readArgs(first = 0, n, opts = {}) {
+    if (n === undefined || n === null) n = this.getInfo().n_tokens - first;
+    const shape = this._kvShape(n);
+    const count = shape.reduce((a, b) => a * b, 1);
+    const dtype = opts.dtype ?? 'f32';
+    let kOut = opts.kOut, vOut = opts.vOut;
+    if (opts.keys !== false && !kOut) kOut = newArray(count, dtype);
+    if (opts.values !== false && !vOut) vOut = newArray(count, dtype);
+    const kt = kOut ? tensor(kOut, 'kOut', shape, opts.kOut ? opts.dtype : dtype) : null;
+    const vt = vOut ? tensor(vOut, 'vOut', shape, opts.vOut ? opts.dtype : dtype) : null;
+    return { args: [this.handle, first, n, kt, vt], out: { k: kOut ?? null, v: vOut ?? null, shape } };
+  }
+  // Raw KV of tokens [first, first+n) as {k, v, shape}; opts: kOut/vOut (written in place), dtype, keys, values
+  read(first, n, opts) { const r = this._readArgs(first, n, opts); C.kvmem_agent_read(...r.args); return r.out; }
+  async readAsync(first, n, opts) { const r = this._readArgs(first, n, opts); await this._async(C.kvmem_agent_read, ...r.args); return r.out; }
+
+  blockAabb(block) {
+    const s = this.pool.spec;
+    const n = s.n_layers * s.n_kv_heads * s.head_dim;
+    const min = new Float32Array(n), max = new Float32Array(n);
+    C.kvmem_agent_block_aabb(this.handle, block, min, max);
+    return { min, max };
+  }
+  tokens(first = 0, n) {
+    if (n === undefined) n = this.getInfo().n_tokens - first;
+    const out = new Int32Array(n);
+    C.kvmem_agent_tokens(this.handle, first, n, n ? out : null);
+    return out;
+  }
+  textBytes() {
+    const p = [null], len = [0];
+    C.kvmem_agent_text(this.handle, p, len);
+    // copy out: the pointer is valid only until the next append
+    return len[0] ? Buffer.from(koffi.view(p[0], Number(len[0]))) : Buffer.alloc(0);
+  }
+  text() { return this.textBytes().toString('utf8'); }
+}
+
+// ---------------------------------------------------------------------------
+// Free functions
+// ---------------------------------------------------------------------------
+
+function backends() {
+  const count = [0];
+  C.kvmem_backends(null, 0, count);
+  const out = Array.from({ length: count[0] }, () => ({}));
+  if (count[0]) C.kvmem_backends(out, out.length, count);
+  return out.map(b => ({ name: b.name, available: !!b.available, detail: b.detail }));
+}
+
+// Rotate rows of x (head vectors, contiguous rows of head_dim f32) in place to positions (one per row).
+function ropeApply(spec, x, positions, { inverse = false, stride } = {}) {
+  const s = modelSpec(spec);
+  if (!(x instanceof Float32Array)) throw new TypeError('kvmem: ropeApply: x must be a Float32Array');
+  const st = stride ?? s.head_dim;
+  const pos = int32s(positions, 'positions');
+  const nRows = pos.length;
+  if (nRows && (nRows - 1) * st + s.head_dim > x.length)
+    throw new RangeError(`kvmem: ropeApply: ${nRows} rows of stride ${st} exceed x (${x.length} floats)`);
+  C.kvmem_rope_apply(s, x, nRows, st, pos, inverse ? 1 : 0);
+}
+
+let logCallback = null;
+// Route kvmem's log messages to fn(level, message); null turns logging off.
+// Messages from kvmem worker threads are queued to the main thread by koffi.
+function logSet(fn) {
+  if (logCallback) { koffi.unregister(logCallback); logCallback = null; }
+  if (!fn) { C.kvmem_log_set(null, null); return; }
+  logCallback = koffi.register((level, msg) => { try { fn(level, msg); } catch { /* never unwind into C */ } },
+                               koffi.pointer(L.types.kvmem_log_callback));
+  C.kvmem_log_set(logCallback, null);
+}
+
+module.exports = {
+  ...errors,
+  Context, Pool, Agent,
+  modelSpec, specValidate, ropeApply, backends, logSet, tensor,
+  version: () => C.kvmem_version(),
+  versionNumber: () => C.kvmem_version_number(),
+  statusStr: (s) => C.kvmem_status_str(s),
+  lastError: () => C.kvmem_last_error(),
+  dtypeName: (d) => C.kvmem_dtype_name(d),
+  agentIdValid: (id) => C.kvmem_agent_id_valid(id) === 1,
+  F32, F16, BF16, Q8, Q4, Q4_KIVI,
+  ROPE_NEOX: 0, ROPE_GPTJ: 1,
+  ROPE_SCALING_NONE: 0, ROPE_SCALING_LINEAR: 1, ROPE_SCALING_LLAMA3: 2, ROPE_SCALING_YARN: 3,
+  LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3,
+  libraryPath: L.libraryPath,
+  _lib: L,
+};

@@ -1,0 +1,196 @@
+'use strict';
+// Low level: find libkvmem, mirror its structs, declare each C function once.
+//
+// Each public C function appears exactly once in DECLARATIONS below, as its C
+// prototype (koffi parses it); `_Out_` marks output pointers. Functions that
+// return kvmem_status are wrapped so a failure throws the KvmemError subclass
+// of its status with kvmem_last_error(). A function the loaded library lacks
+// (an older build) is listed in `missing` and throws UnsupportedError.
+const fs = require('node:fs');
+const path = require('node:path');
+const koffi = require('koffi');
+const errors = require('./errors');
+
+const SONAMES = process.platform === 'darwin' ? ['libkvmem.0.dylib', 'libkvmem.dylib'] : ['libkvmem.so.0', 'libkvmem.so'];
+
+function candidates() {
+  const out = [];
+  if (process.env.KVMEM_LIBRARY) out.push(process.env.KVMEM_LIBRARY);
+  for (const n of SONAMES) out.push(path.join(__dirname, n)); // shipped beside the package
+  const root = path.resolve(__dirname, '..', '..');            // a source checkout
+  for (const preset of ['default', 'release', 'debug', 'dev'])
+    for (const n of SONAMES) out.push(path.join(root, 'build', preset, 'core', n));
+  return out.concat(SONAMES);                                   // the system search path
+}
+
+function load() {
+  const tried = [];
+  const env = process.env.KVMEM_LIBRARY;
+  for (const c of candidates()) {
+    if (c.includes(path.sep) && !fs.existsSync(c)) {
+      tried.push(`${c} (no such file)`);
+    } else {
+      try {
+        return { lib: koffi.load(c), path: c };
+      } catch (e) {
+        tried.push(`${c} (${e.message})`);
+      }
+    }
+    if (env && c === env) break; // an explicit KVMEM_LIBRARY that fails is an error, not a hint
+  }
+  throw new Error('kvmem: cannot load libkvmem. Set KVMEM_LIBRARY to its path, or build it ' +
+                  '(make build) / install it. Looked in:\n  ' + tried.join('\n  '));
+}
+
+const { lib, path: libraryPath } = load();
+
+// ---- types mirroring include/kvmem.h ----
+const MAX_DIMS = 6;
+for (const e of ['kvmem_status', 'kvmem_dtype', 'kvmem_log_level', 'kvmem_rope_style', 'kvmem_rope_scaling'])
+  koffi.alias(e, 'int');
+for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent']) koffi.opaque(o);
+
+const types = {
+  kvmem_tensor: koffi.struct('kvmem_tensor', {
+    data: 'void *', dtype: 'kvmem_dtype', ndim: 'int32_t',
+    shape: koffi.array('int64_t', MAX_DIMS), strides: koffi.array('int64_t', MAX_DIMS),
+  }),
+  kvmem_backend_info: koffi.struct('kvmem_backend_info', {
+    name: 'const char *', available: 'int32_t', detail: 'const char *',
+  }),
+  kvmem_context_params: koffi.struct('kvmem_context_params', { backend: 'const char *', n_threads: 'int32_t' }),
+  kvmem_model_spec: koffi.struct('kvmem_model_spec', {
+    n_layers: 'int32_t', n_q_heads: 'int32_t', n_kv_heads: 'int32_t', head_dim: 'int32_t',
+    rotary_dim: 'int32_t', rope_style: 'kvmem_rope_style', rope_theta: 'double',
+    rope_scaling: 'kvmem_rope_scaling', rope_factor: 'double', rope_low_freq_factor: 'double',
+    rope_high_freq_factor: 'double', rope_original_max_pos: 'int32_t', yarn_beta_fast: 'double',
+    yarn_beta_slow: 'double', yarn_attn_factor: 'double', layer_window: 'const int32_t *',
+    model_id: koffi.array('char', 128, 'String'),
+  }),
+  kvmem_pool_params: koffi.struct('kvmem_pool_params', {
+    block_size: 'int32_t', storage_dtype: 'kvmem_dtype', capacity_bytes: 'uint64_t',
+    max_agents: 'int32_t', max_tokens_per_agent: 'int32_t',
+  }),
+  kvmem_pool_info: koffi.struct('kvmem_pool_info', {
+    used_bytes: 'uint64_t', capacity_bytes: 'uint64_t', n_agents: 'int32_t', block_size: 'int32_t',
+    storage_dtype: 'kvmem_dtype', reserved: 'int32_t',
+  }),
+  kvmem_append_params: koffi.struct('kvmem_append_params', {
+    token_ids: 'const int32_t *', text: 'const char *', text_len: 'size_t',
+    token_text_offsets: 'const int32_t *', positions: 'const int32_t *',
+    keys_rotated: 'int32_t', reserved: 'int32_t',
+  }),
+  kvmem_agent_info: koffi.struct('kvmem_agent_info', {
+    n_tokens: 'int64_t', n_blocks: 'int32_t', n_sealed: 'int32_t', bytes: 'uint64_t', text_bytes: 'uint64_t',
+  }),
+  kvmem_block_info: koffi.struct('kvmem_block_info', { first_token: 'int64_t', n_tokens: 'int32_t', sealed: 'int32_t' }),
+};
+types.kvmem_log_callback = koffi.proto('void kvmem_log_callback(kvmem_log_level level, const char *message, void *user_data)');
+
+// ---- declarations: the C prototypes, once each ----
+const DECLARATIONS = [
+  // Version
+  'int32_t kvmem_version_number(void)',
+  'const char *kvmem_version(void)',
+  // Status and errors
+  'const char *kvmem_status_str(kvmem_status status)',
+  'const char *kvmem_last_error(void)',
+  'void kvmem_log_set(kvmem_log_callback *callback, void *user_data)',
+  'void kvmem_free(void *ptr)',
+  // Tensors
+  'const char *kvmem_dtype_name(kvmem_dtype dtype)',
+  'kvmem_status kvmem_tensor_init(_Out_ kvmem_tensor *out, void *data, kvmem_dtype dtype, int32_t ndim, const int64_t *shape)',
+  // Context and backends
+  'kvmem_status kvmem_backends(_Out_ kvmem_backend_info *out, size_t capacity, _Out_ size_t *count)',
+  'kvmem_context_params kvmem_context_default_params(void)',
+  'kvmem_status kvmem_context_create(const kvmem_context_params *params, _Out_ kvmem_context **out)',
+  'void kvmem_context_free(kvmem_context *ctx)',
+  'const char *kvmem_context_backend(const kvmem_context *ctx)',
+  'int32_t kvmem_context_n_threads(const kvmem_context *ctx)',
+  // Model geometry
+  'kvmem_model_spec kvmem_model_spec_default(void)',
+  'kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec)',
+  'kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_rows, size_t stride, const int32_t *positions, int32_t inverse)',
+  // Pool and agents
+  'kvmem_pool_params kvmem_pool_default_params(void)',
+  'kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_pool_params *params, _Out_ kvmem_pool **out)',
+  'void kvmem_pool_free(kvmem_pool *pool)',
+  'kvmem_status kvmem_pool_get_info(kvmem_pool *pool, _Out_ kvmem_pool_info *out)',
+  'kvmem_status kvmem_pool_get_spec(kvmem_pool *pool, _Out_ kvmem_model_spec *out)',
+  'kvmem_status kvmem_pool_agent_id(kvmem_pool *pool, int32_t index, _Out_ uint8_t *buf, size_t size, _Out_ size_t *len)',
+  'int32_t kvmem_agent_id_valid(const char *id)',
+  'kvmem_status kvmem_agent_open(kvmem_pool *pool, const char *id, _Out_ kvmem_agent **out)',
+  'void kvmem_agent_close(kvmem_agent *agent)',
+  'kvmem_status kvmem_pool_remove_agent(kvmem_pool *pool, const char *id)',
+  'const char *kvmem_agent_get_id(const kvmem_agent *agent)',
+  'kvmem_append_params kvmem_append_default_params(void)',
+  'kvmem_status kvmem_agent_append(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, const kvmem_append_params *params)',
+  'kvmem_status kvmem_agent_flush(kvmem_agent *agent)',
+  'kvmem_status kvmem_agent_get_info(kvmem_agent *agent, _Out_ kvmem_agent_info *out)',
+  'kvmem_status kvmem_agent_block_info(kvmem_agent *agent, int32_t block, _Out_ kvmem_block_info *out)',
+  'kvmem_status kvmem_agent_read(kvmem_agent *agent, int64_t first_token, int64_t n_tokens, const kvmem_tensor *k_out, const kvmem_tensor *v_out)',
+  'kvmem_status kvmem_agent_block_aabb(kvmem_agent *agent, int32_t block, float *out_min, float *out_max)',
+  'kvmem_status kvmem_agent_tokens(kvmem_agent *agent, int64_t first, int64_t n, int32_t *out)',
+  'kvmem_status kvmem_agent_text(kvmem_agent *agent, _Out_ const void **text, _Out_ size_t *len)',
+];
+
+const fns = {};       // name -> wrapped function (throws on a failing status)
+const raw = {};       // name -> koffi function
+const declared = {};  // name -> prototype
+const missing = new Set();
+
+function lastError() { return raw.kvmem_last_error() || ''; }
+function statusStr(s) { return raw.kvmem_status_str(s) || `kvmem status ${s}`; }
+function check(st) {
+  if (st !== 0) throw errors.errorFor(st, lastError(), statusStr(st));
+  return st;
+}
+
+for (const proto of DECLARATIONS) {
+  const name = proto.slice(0, proto.indexOf('(')).trim().split(/[\s*]+/).pop();
+  declared[name] = proto;
+  let f;
+  try {
+    f = lib.func(proto);
+  } catch (e) {
+    if (!/cannot find function|symbol/i.test(e.message)) throw e;
+    missing.add(name);
+    const fail = () => { throw new errors.UnsupportedError(`${name} is not in ${libraryPath} (built from an older kvmem)`); };
+    fns[name] = fail;
+    fail.async = (...a) => a[a.length - 1](new errors.UnsupportedError(`${name} is not in ${libraryPath}`));
+    continue;
+  }
+  raw[name] = f;
+  if (/^kvmem_status\s/.test(proto)) {
+    const w = (...args) => check(f(...args));
+    // The async form runs on a koffi worker thread; kvmem_last_error() is
+    // thread-local there, so on failure the call is replayed synchronously on
+    // this thread (a failed kvmem call changes nothing: the replay meets the
+    // same state) to recover the message. Resolves with the status.
+    w.async = (...args) => new Promise((resolve, reject) => {
+      f.async(...args, (err, st) => {
+        if (err) return reject(err);
+        if (st === 0) return resolve(st);
+        let again;
+        try { again = f(...args); } catch (e) { return reject(e); }
+        if (again === 0) return resolve(again); // the condition cleared: it succeeded once
+        reject(errors.errorFor(again, lastError(), statusStr(again)));
+      });
+    });
+    fns[name] = w;
+  } else {
+    fns[name] = f;
+  }
+}
+
+// Names of the KVMEM_API functions declared in a kvmem.h text.
+function headerFunctions(text) {
+  text = text.replace(/\/\*[\s\S]*?\*\//g, ' ').replace(/^\s*#.*$/gm, ' ');
+  const out = [];
+  const re = /KVMEM_API\b[^;(]*?\b(kvmem_\w+)\s*\(/g;
+  let m;
+  while ((m = re.exec(text))) out.push(m[1]);
+  return out;
+}
+
+module.exports = { koffi, lib, libraryPath, types, fns, raw, declared, missing, check, lastError, statusStr, headerFunctions, MAX_DIMS };
