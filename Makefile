@@ -1,10 +1,10 @@
 # A thin wrapper over CMake presets. The two commands of the quick start:
 #   make demo   build and run `kvmem demo`
-#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds
+#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, bindings
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST = ctest --parallel $(JOBS) --preset
 
-.PHONY: all deps build demo test test-default test-asan test-tsan bench clean
+.PHONY: all deps build demo test test-default test-asan test-tsan test-bindings bench clean
 
 all: build
 
@@ -18,7 +18,7 @@ build: deps
 demo: build
 	./build/default/tools/kvmem demo
 
-test: deps test-default test-asan test-tsan
+test: deps test-default test-asan test-tsan test-bindings
 	@echo "make test: all suites passed"
 
 # The plain build runs verbosely so each cmocka program's summary shows.
@@ -34,6 +34,11 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	$(CTEST) tsan
+
+# Python, Node and Go bindings and their examples, against the default build;
+# a missing toolchain prints "skipped: <why>".
+test-bindings: build
+	scripts/test-bindings.sh build/default
 
 bench: build
 	./build/default/tools/kvmem bench --json all

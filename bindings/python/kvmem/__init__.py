@@ -15,7 +15,9 @@ from ._errors import (BusyError, CapacityError, ClosedError, ConflictError, Corr
 from ._lib import LIBRARY_PATH
 from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN, Q4, Q4_KIVI, Q8,
                        ROPE_GPTJ, ROPE_NEOX, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3,
-                       ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, ModelSpec, Pool,
+                       ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, ModelSpec, Pool, Retrieval,
+                       RETRIEVE_AABB, RETRIEVE_EXACT, NORM_SOFTMAX, NORM_RR, AGG_MAX, AGG_SUM,
+                       SCOPE_GLOBAL, SCOPE_PER_LAYER,
                        agent_id_valid, backends, dtype_name, last_error, log_set, rope_apply,
                        status_str, version, version_number)
 

@@ -126,11 +126,19 @@ class kvmem_block_info(Structure):
     _fields_ = [("first_token", c_int64), ("n_tokens", c_int32), ("sealed", c_int32)]
 
 
+class kvmem_retrieve_params(Structure):
+    _fields_ = [("top_k", c_int32), ("mode", c_enum), ("norm", c_enum), ("agg", c_enum),
+                ("scope", c_enum), ("tau", ctypes.c_float), ("rr_c", ctypes.c_float),
+                ("exclude", POINTER(c_int32)), ("n_exclude", c_int32),
+                ("always_include", POINTER(c_int32)), ("n_always_include", c_int32),
+                ("recent_window", c_int32), ("skip_recent", c_int32)]
+
+
 # void (*kvmem_log_callback)(kvmem_log_level level, const char *message, void *user_data)
 kvmem_log_callback = CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
 
 # opaque handles travel as void*
-ctx_p = pool_p = agent_p = c_void_p
+ctx_p = pool_p = agent_p = retrieval_p = c_void_p
 f32_p = POINTER(ctypes.c_float)
 i32_p = POINTER(c_int32)
 T_p = POINTER(kvmem_tensor)
@@ -234,6 +242,24 @@ _d("kvmem_status kvmem_agent_tokens(kvmem_agent *agent, int64_t first, int64_t n
    STATUS, agent_p, c_int64, c_int64, c_void_p)
 _d("kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, size_t *len)",
    STATUS, agent_p, POINTER(c_void_p), POINTER(c_size_t))
+# MemArt retrieval
+_d("kvmem_retrieve_params kvmem_retrieve_default_params(void)", kvmem_retrieve_params)
+_d("kvmem_status kvmem_retrieval_create(kvmem_retrieval **out)", STATUS, POINTER(retrieval_p))
+_d("void kvmem_retrieval_free(kvmem_retrieval *r)", None, retrieval_p)
+_d("kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, "
+   "const kvmem_retrieve_params *params, kvmem_retrieval *result)",
+   STATUS, agent_p, T_p, POINTER(kvmem_retrieve_params), retrieval_p)
+_d("int32_t kvmem_retrieval_n_sets(const kvmem_retrieval *r)", c_int32, retrieval_p)
+_d("kvmem_status kvmem_retrieval_get(const kvmem_retrieval *r, int32_t set, const int32_t **blocks, "
+   "const float **scores, int32_t *n)", STATUS, retrieval_p, c_int32, POINTER(c_void_p), POINTER(c_void_p), POINTER(c_int32))
+_d("kvmem_status kvmem_retrieval_copy(const kvmem_retrieval *r, int32_t set, int32_t *blocks, float *scores, "
+   "int32_t capacity, int32_t *n)", STATUS, retrieval_p, c_int32, c_void_p, c_void_p, c_int32, POINTER(c_int32))
+_d("kvmem_status kvmem_retrieval_block_scores(const kvmem_retrieval *r, int32_t set, const float **scores, "
+   "int32_t *n_blocks)", STATUS, retrieval_p, c_int32, POINTER(c_void_p), POINTER(c_int32))
+_d("kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set, int64_t *n_tokens)",
+   STATUS, retrieval_p, c_int32, POINTER(c_int64))
+_d("kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base_position, "
+   "const kvmem_tensor *k_out, const kvmem_tensor *v_out)", STATUS, agent_p, c_void_p, c_int32, c_int64, T_p, T_p)
 del _d
 
 

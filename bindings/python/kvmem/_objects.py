@@ -27,6 +27,10 @@ Q8, Q4, Q4_KIVI = 3, 4, 5
 ROPE_NEOX, ROPE_GPTJ = 0, 1
 ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3, ROPE_SCALING_YARN = 0, 1, 2, 3
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR = 0, 1, 2, 3
+RETRIEVE_AABB, RETRIEVE_EXACT = 0, 1
+NORM_SOFTMAX, NORM_RR = 0, 1
+AGG_MAX, AGG_SUM = 0, 1
+SCOPE_GLOBAL, SCOPE_PER_LAYER = 0, 1
 
 _STORAGE = {"f32": F32, "f16": F16, "bf16": BF16, "q8": Q8, "q4": Q4, "q4_kivi": Q4_KIVI}
 
@@ -401,6 +405,113 @@ class Agent(_Handle):
     def text(self) -> str:
         return self.text_bytes().decode("utf-8", "replace")
 
+    def retrieve(self, query: Any, *, result: Optional["Retrieval"] = None, dtype: Any = None,
+                 exclude: Optional[Sequence[int]] = None, always_include: Optional[Sequence[int]] = None,
+                 **params: Any) -> "Retrieval":
+        """kvmem_retrieve: score the sealed blocks against query rows
+        [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE). params: top_k, mode,
+        norm, agg, scope, tau, rr_c, recent_window, skip_recent. Fills and returns
+        `result` (a new Retrieval when None; reuse one to avoid allocations)."""
+        s = self.pool.spec
+        rp = L.kvmem_retrieve_default_params()
+        for k, val in params.items():
+            if k not in dict(L.kvmem_retrieve_params._fields_) or k.startswith("n_") or k in ("exclude", "always_include"):
+                raise TypeError(f"kvmem: retrieve() got an unknown parameter {k!r}")
+            setattr(rp, k, val)
+        held: List[Any] = []
+        try:
+            for name in ("exclude", "always_include"):
+                lst = exclude if name == "exclude" else always_include
+                if lst is not None:
+                    ptr, h = B.int32s(lst if hasattr(lst, "__array_interface__") else list(lst), name)
+                    held.append(h)
+                    setattr(rp, name, ptr)
+                    setattr(rp, "n_" + name, len(lst))
+            qt, qv = B.tensor(query, "query", (-1, s.n_layers, s.n_q_heads, s.head_dim), dtype)
+            held.append(qv)
+            r = result if result is not None else Retrieval()
+            L.kvmem_retrieve(self.handle, byref(qt), byref(rp), r.handle)
+            return r
+        finally:
+            B.release(*held)
+
+    def gather(self, blocks: Any, base_position: int = 0, *, k_out: Any = None, v_out: Any = None,
+               dtype: Any = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
+        """kvmem_gather: the KV of sealed `blocks` concatenated and re-encoded with
+        RoPE at positions base_position.. as (k, v) [n_layers][M][n_kv_heads][head_dim]."""
+        ids = [int(b) for b in blocks]
+        m = sum(self.block_info(b).n_tokens for b in ids)
+        shape = self._kv_shape(m)
+        if keys and k_out is None:
+            k_out = B.new_array(shape, dtype)
+        if values and v_out is None:
+            v_out = B.new_array(shape, dtype)
+        arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
+        held: List[Any] = []
+        try:
+            kt = vt = None
+            if k_out is not None:
+                kt, h = B.tensor(k_out, "k_out", shape, dtype, writable=True)
+                held.append(h)
+            if v_out is not None:
+                vt, h = B.tensor(v_out, "v_out", shape, dtype, writable=True)
+                held.append(h)
+            L.kvmem_gather(self.handle, arr, len(ids), base_position,
+                           byref(kt) if kt else None, byref(vt) if vt else None)
+        finally:
+            B.release(*held)
+        return k_out, v_out
+
     def __repr__(self) -> str:
         return f"<kvmem.Agent {self._kind[6:]}{' closed' if self.closed else ''}>"
 
+
+
+class Retrieval(_Handle):
+    """kvmem_retrieval: the reusable result of Agent.retrieve."""
+    _kind = "Retrieval"
+
+    def __init__(self) -> None:
+        h = c_void_p()
+        L.kvmem_retrieval_create(byref(h))
+        self._init_handle(h.value, L.kvmem_retrieval_free)
+
+    @property
+    def n_sets(self) -> int:
+        """1 for GLOBAL scope, n_layers for PER_LAYER, 0 before the first retrieve."""
+        return int(L.kvmem_retrieval_n_sets(self.handle))
+
+    def get(self, set: int = 0) -> Tuple[Any, Any]:
+        """(blocks int32, scores f32) of a set, chronological; copies owned by the caller."""
+        n = ctypes.c_int32()
+        L.kvmem_retrieval_copy(self.handle, set, None, None, 0, byref(n))
+        blocks = (ctypes.c_int32 * max(n.value, 1))()
+        scores = (ctypes.c_float * max(n.value, 1))()
+        L.kvmem_retrieval_copy(self.handle, set, blocks, scores, n.value, byref(n))
+        if B._np is not None:
+            return (B._np.array(blocks[:n.value], dtype=B._np.int32),
+                    B._np.array(scores[:n.value], dtype=B._np.float32))
+        return list(blocks[:n.value]), list(scores[:n.value])
+
+    def block_scores(self, set: int = 0) -> List[float]:
+        """S(b) of every sealed block at retrieval time (NaN: not a candidate)."""
+        p, n = c_void_p(), ctypes.c_int32()
+        L.kvmem_retrieval_block_scores(self.handle, set, byref(p), byref(n))
+        if not n.value:
+            return []
+        return list(ctypes.cast(p, ctypes.POINTER(ctypes.c_float))[:n.value])
+
+    def n_tokens(self, set: int = 0) -> int:
+        """Tokens in the set's blocks (what gather yields)."""
+        n = ctypes.c_int64()
+        L.kvmem_retrieval_n_tokens(self.handle, set, byref(n))
+        return n.value
+
+    def blocks_view(self, set: int = 0) -> Tuple[List[int], List[float]]:
+        """kvmem_retrieval_get: the set read through the pointers the result owns."""
+        b, s, n = c_void_p(), c_void_p(), ctypes.c_int32()
+        L.kvmem_retrieval_get(self.handle, set, byref(b), byref(s), byref(n))
+        if not n.value:
+            return [], []
+        return (list(ctypes.cast(b, ctypes.POINTER(ctypes.c_int32))[:n.value]),
+                list(ctypes.cast(s, ctypes.POINTER(ctypes.c_float))[:n.value]))
