@@ -119,3 +119,5 @@ export const ROPE_NEOX: 0, ROPE_GPTJ: 1;
 export const ROPE_SCALING_NONE: 0, ROPE_SCALING_LINEAR: 1, ROPE_SCALING_LLAMA3: 2, ROPE_SCALING_YARN: 3;
 export const LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3;
 export const libraryPath: string;
+/** Whether the binding declares the C function `name` and the loaded library has it. */
+export function hasFunction(name: string): boolean;

@@ -315,6 +315,88 @@ class Agent extends Handle {
     return len[0] ? Buffer.from(koffi.view(p[0], Number(len[0]))) : Buffer.alloc(0);
   }
   text() { return this.textBytes().toString('utf8'); }
+
+  _retrieveArgs(query, opts = {}) {
+    const s = this.pool.spec;
+    const rp = C.kvmem_retrieve_default_params();
+    const names = { topK: 'top_k', recentWindow: 'recent_window', skipRecent: 'skip_recent', rrC: 'rr_c' };
+    for (const [k, v] of Object.entries(opts)) {
+      if (k === 'result' || k === 'dtype') continue;
+      if (k === 'exclude' || k === 'alwaysInclude' || k === 'always_include') {
+        const f = k === 'exclude' ? 'exclude' : 'always_include';
+        rp[f] = int32s(v, k);
+        rp['n_' + f] = rp[f] ? rp[f].length : 0;
+        continue;
+      }
+      const f = names[k] ?? k;
+      if (!(f in rp) || f.startsWith('n_')) throw new TypeError(`kvmem: retrieve: unknown parameter ${k}`);
+      rp[f] = v;
+    }
+    const qt = tensor(query, 'query', [-1, s.n_layers, s.n_q_heads, s.head_dim], opts.dtype);
+    const result = opts.result ?? new Retrieval();
+    return { args: [this.handle, qt, rp, result.handle], result };
+  }
+  // kvmem_retrieve: query rows [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE).
+  // opts: topK, mode, norm, agg, scope, tau, rrC, exclude, alwaysInclude, recentWindow,
+  // skipRecent, result (a Retrieval to reuse), dtype. Returns the Retrieval.
+  retrieve(query, opts) { const r = this._retrieveArgs(query, opts); C.kvmem_retrieve(...r.args); return r.result; }
+  async retrieveAsync(query, opts) {
+    const r = this._retrieveArgs(query, opts);
+    r.result._busy++;
+    try { await this._async(C.kvmem_retrieve, ...r.args); } finally { r.result._busy--; }
+    return r.result;
+  }
+
+  _gatherArgs(blocks, basePosition = 0, opts = {}) {
+    const ids = int32s(Array.from(blocks), 'blocks');
+    let m = 0;
+    for (const b of ids) m += this.blockInfo(b).n_tokens;
+    const shape = this._kvShape(m);
+    const count = shape.reduce((a, b) => a * b, 1);
+    const dtype = opts.dtype ?? 'f32';
+    let kOut = opts.kOut, vOut = opts.vOut;
+    if (opts.keys !== false && !kOut) kOut = newArray(count, dtype);
+    if (opts.values !== false && !vOut) vOut = newArray(count, dtype);
+    const kt = kOut ? tensor(kOut, 'kOut', shape, opts.kOut ? opts.dtype : dtype) : null;
+    const vt = vOut ? tensor(vOut, 'vOut', shape, opts.vOut ? opts.dtype : dtype) : null;
+    return { args: [this.handle, ids.length ? ids : null, ids.length, basePosition, kt, vt], out: { k: kOut ?? null, v: vOut ?? null, shape } };
+  }
+  // kvmem_gather: sealed blocks concatenated, re-encoded at positions basePosition..; {k, v, shape}
+  gather(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); C.kvmem_gather(...r.args); return r.out; }
+  async gatherAsync(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); await this._async(C.kvmem_gather, ...r.args); return r.out; }
+}
+
+// kvmem_retrieval: the reusable result of Agent.retrieve.
+class Retrieval extends Handle {
+  constructor() {
+    super();
+    const out = [null];
+    C.kvmem_retrieval_create(out);
+    this._own(out[0], C.kvmem_retrieval_free, 'Retrieval');
+  }
+  get nSets() { return C.kvmem_retrieval_n_sets(this.handle); }
+  // {blocks: Int32Array, scores: Float32Array} of a set, chronological (copies)
+  get(set = 0) {
+    const n = [0];
+    C.kvmem_retrieval_copy(this.handle, set, null, null, 0, n);
+    const blocks = new Int32Array(n[0]), scores = new Float32Array(n[0]);
+    if (n[0]) C.kvmem_retrieval_copy(this.handle, set, blocks, scores, n[0], n);
+    return { blocks, scores };
+  }
+  // the same, read through the pointers the result owns (kvmem_retrieval_get)
+  view(set = 0) {
+    const b = [null], s = [null], n = [0];
+    C.kvmem_retrieval_get(this.handle, set, b, s, n);
+    if (!n[0]) return { blocks: new Int32Array(0), scores: new Float32Array(0) };
+    return { blocks: Int32Array.from(koffi.decode(b[0], 'int32_t', n[0])), scores: Float32Array.from(koffi.decode(s[0], 'float', n[0])) };
+  }
+  // S(b) of every sealed block at retrieval time (NaN: not a candidate)
+  blockScores(set = 0) {
+    const p = [null], n = [0];
+    C.kvmem_retrieval_block_scores(this.handle, set, p, n);
+    return n[0] ? Float32Array.from(koffi.decode(p[0], 'float', n[0])) : new Float32Array(0);
+  }
+  nTokens(set = 0) { const n = [0]; C.kvmem_retrieval_n_tokens(this.handle, set, n); return Number(n[0]); }
 }
 
 // ---------------------------------------------------------------------------
@@ -354,7 +436,9 @@ function logSet(fn) {
 
 module.exports = {
   ...errors,
-  Context, Pool, Agent,
+  Context, Pool, Agent, Retrieval,
+  RETRIEVE_AABB: 0, RETRIEVE_EXACT: 1, NORM_SOFTMAX: 0, NORM_RR: 1, AGG_MAX: 0, AGG_SUM: 1,
+  SCOPE_GLOBAL: 0, SCOPE_PER_LAYER: 1,
   modelSpec, specValidate, ropeApply, backends, logSet, tensor,
   version: () => C.kvmem_version(),
   versionNumber: () => C.kvmem_version_number(),
@@ -367,5 +451,7 @@ module.exports = {
   ROPE_SCALING_NONE: 0, ROPE_SCALING_LINEAR: 1, ROPE_SCALING_LLAMA3: 2, ROPE_SCALING_YARN: 3,
   LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3,
   libraryPath: L.libraryPath,
+  // whether this binding declares `name` and the loaded library has it
+  hasFunction: (name) => name in L.declared && !L.missing.has(name),
   _lib: L,
 };

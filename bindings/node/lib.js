@@ -48,7 +48,9 @@ const { lib, path: libraryPath } = load();
 const MAX_DIMS = 6;
 for (const e of ['kvmem_status', 'kvmem_dtype', 'kvmem_log_level', 'kvmem_rope_style', 'kvmem_rope_scaling'])
   koffi.alias(e, 'int');
-for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent']) koffi.opaque(o);
+for (const e of ['kvmem_retrieve_mode', 'kvmem_retrieve_norm', 'kvmem_retrieve_agg', 'kvmem_retrieve_scope'])
+  koffi.alias(e, 'int');
+for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent', 'kvmem_retrieval']) koffi.opaque(o);
 
 const types = {
   kvmem_tensor: koffi.struct('kvmem_tensor', {
@@ -84,6 +86,11 @@ const types = {
     n_tokens: 'int64_t', n_blocks: 'int32_t', n_sealed: 'int32_t', bytes: 'uint64_t', text_bytes: 'uint64_t',
   }),
   kvmem_block_info: koffi.struct('kvmem_block_info', { first_token: 'int64_t', n_tokens: 'int32_t', sealed: 'int32_t' }),
+  kvmem_retrieve_params: koffi.struct('kvmem_retrieve_params', {
+    top_k: 'int32_t', mode: 'kvmem_retrieve_mode', norm: 'kvmem_retrieve_norm', agg: 'kvmem_retrieve_agg',
+    scope: 'kvmem_retrieve_scope', tau: 'float', rr_c: 'float', exclude: 'const int32_t *', n_exclude: 'int32_t',
+    always_include: 'const int32_t *', n_always_include: 'int32_t', recent_window: 'int32_t', skip_recent: 'int32_t',
+  }),
 };
 types.kvmem_log_callback = koffi.proto('void kvmem_log_callback(kvmem_log_level level, const char *message, void *user_data)');
 
@@ -132,6 +139,17 @@ const DECLARATIONS = [
   'kvmem_status kvmem_agent_block_aabb(kvmem_agent *agent, int32_t block, float *out_min, float *out_max)',
   'kvmem_status kvmem_agent_tokens(kvmem_agent *agent, int64_t first, int64_t n, int32_t *out)',
   'kvmem_status kvmem_agent_text(kvmem_agent *agent, _Out_ const void **text, _Out_ size_t *len)',
+  // MemArt retrieval
+  'kvmem_retrieve_params kvmem_retrieve_default_params(void)',
+  'kvmem_status kvmem_retrieval_create(_Out_ kvmem_retrieval **out)',
+  'void kvmem_retrieval_free(kvmem_retrieval *r)',
+  'kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params, kvmem_retrieval *result)',
+  'int32_t kvmem_retrieval_n_sets(const kvmem_retrieval *r)',
+  'kvmem_status kvmem_retrieval_get(const kvmem_retrieval *r, int32_t set, _Out_ const void **blocks, _Out_ const void **scores, _Out_ int32_t *n)',
+  'kvmem_status kvmem_retrieval_copy(const kvmem_retrieval *r, int32_t set, int32_t *blocks, float *scores, int32_t capacity, _Out_ int32_t *n)',
+  'kvmem_status kvmem_retrieval_block_scores(const kvmem_retrieval *r, int32_t set, _Out_ const void **scores, _Out_ int32_t *n_blocks)',
+  'kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set, _Out_ int64_t *n_tokens)',
+  'kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base_position, const kvmem_tensor *k_out, const kvmem_tensor *v_out)',
 ];
 
 const fns = {};       // name -> wrapped function (throws on a failing status)

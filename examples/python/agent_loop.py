@@ -84,7 +84,7 @@ def main() -> int:
     spec = kvmem.ModelSpec(n_layers=L, n_q_heads=HQ, n_kv_heads=HKV, head_dim=D, model_id="toy")
     with kvmem.Context("cpu") as ctx, ctx.pool_create(spec, block_size=BS) as pool, \
             pool.agent_open("assistant") as agent:
-        can_retrieve = hasattr(agent, "retrieve") and "kvmem_retrieve" not in kvmem._lib.MISSING
+        can_retrieve = kvmem.has_function("kvmem_retrieve")
         for turn, msg in enumerate(CONVERSATION):
             words = model.tokenize(msg)
             print(f"turn {turn}: {msg!r}")

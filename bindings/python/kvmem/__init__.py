@@ -12,7 +12,7 @@ from ._errors import (BusyError, CapacityError, ClosedError, ConflictError, Corr
                       ExistsError, FormatError, InternalError, InvalidArgumentError,
                       IOFailedError, KvmemError, MismatchError, NoMemoryError, NotFoundError,
                       UnsupportedError, BackendError)
-from ._lib import LIBRARY_PATH
+from ._lib import LIBRARY_PATH, has_function
 from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN, Q4, Q4_KIVI, Q8,
                        ROPE_GPTJ, ROPE_NEOX, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3,
                        ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, ModelSpec, Pool, Retrieval,

@@ -278,3 +278,8 @@ def header_functions(header: str) -> List[str]:
     text = re.sub(r"(?m)^\s*#.*$", " ", text)
     return re.findall(r"KVMEM_API\b[^;(]*?\b(kvmem_\w+)\s*\(", text)
 
+
+
+def has_function(name: str) -> bool:
+    """Whether the binding declares the C function `name` and the loaded library has it."""
+    return name in DECLARED and name not in MISSING
