@@ -11,7 +11,7 @@ extern const kvm_bench_suite kvm_bench_machine;
 /* store */
 
 /* segments */
-
+extern const kvm_bench_suite kvm_bench_segments;
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
@@ -24,6 +24,6 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* store */
 
     /* segments */
-
+    &kvm_bench_segments,
     NULL,
 };

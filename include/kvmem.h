@@ -373,6 +373,331 @@ KVMEM_API kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, s
 
 /* ---- KEEP segments (issue: segments) ------------------------------------ */
 
+/* KEEP (embodied planning memory). Memory is split into caller-named
+ * segments (one object's state, one finished task), each with its own KV.
+ * Segments belong to caller-assigned groups. A group is STATIC once none of
+ * its segments changed for `static_after_steps` steps (default 10) and
+ * DYNAMIC otherwise. A static group keeps one KV computed over the whole
+ * group (cross-attention inside the group preserved) and is retrieved as
+ * one unit; a dynamic group is retrieved segment by segment, so an update
+ * invalidates only that segment. Every transition is queued as an event
+ * telling the engine what KV to (re)compute. kvmem never runs the model:
+ * the engine computes KV and hands it over with kvmem_segments_store_*().
+ *
+ * Storage: each unit's KV (one segment, or one static group's joint KV) is
+ * its own agent in the pool, named "<owner>.kvseg-s<index>-<gen>" or
+ * "<owner>.kvseg-g<group>-<gen>". Agent ids containing ".kvseg-" after a
+ * store's owner are reserved for the store: it refuses to start when an
+ * agent with its prefix exists, and refuses to overwrite any agent. New KV
+ * goes to a new agent (new generation) and the old one is removed only
+ * once the new one is complete, so replacing KV never needs truncation and
+ * a failed store leaves the old KV in place. A segment's own KV is kept
+ * while its group is static (tokens held twice), which is what lets an
+ * update invalidate one segment instead of the whole group.
+ *
+ * Threading: a segment store is used by one thread at a time; distinct
+ * stores may be used from distinct threads. The pool must outlive it. */
+
+typedef struct kvmem_segments kvmem_segments;
+
+#define KVMEM_SEGMENTS_MAX_OWNER 96   /* bytes of the owner id */
+#define KVMEM_SEGMENTS_MAX_NAME 256   /* bytes of a segment name */
+#define KVMEM_SEGMENTS_MAX_GROUP 65535 /* group ids are 0..KVMEM_SEGMENTS_MAX_GROUP */
+
+typedef struct kvmem_segments_params {
+    int32_t static_after_steps; /* t: steps without change before a group turns STATIC; default 10, >= 1 */
+    int32_t max_segments;       /* segments ever added (indices are never reused); 0 = 1048576 */
+} kvmem_segments_params;
+
+KVMEM_API kvmem_segments_params kvmem_segments_default_params(void);
+
+typedef enum kvmem_group_state {
+    KVMEM_GROUP_DYNAMIC = 0, /* per-segment KV; an update invalidates one segment */
+    KVMEM_GROUP_STATIC = 1   /* one joint KV over the group's segments */
+} kvmem_group_state;
+
+typedef enum kvmem_segment_event_kind {
+    KVMEM_SEG_EVENT_SEGMENT_STALE = 1, /* compute this segment's own KV (it was added or updated) */
+    KVMEM_SEG_EVENT_GROUP_STATIC = 2,  /* the group turned STATIC: compute one KV over its members
+                                          (kvmem_segments_group_members order) and store it */
+    KVMEM_SEG_EVENT_GROUP_DYNAMIC = 3  /* the group turned DYNAMIC: its joint KV was dropped;
+                                          retrieval is per segment again (nothing more to compute) */
+} kvmem_segment_event_kind;
+
+typedef struct kvmem_segment_event {
+    int32_t kind;    /* kvmem_segment_event_kind */
+    int32_t group;   /* the group concerned */
+    int32_t segment; /* the segment (SEGMENT_STALE), else -1 */
+    int32_t reserved;
+    int64_t step;    /* the step counter when it happened */
+} kvmem_segment_event;
+
+/* Create a segment store whose KV lives in `pool` under agent ids derived
+ * from `owner` (a valid agent id of at most KVMEM_SEGMENTS_MAX_OWNER bytes).
+ * params may be NULL for defaults. Errors: KVMEM_ERR_INVALID_ARG,
+ * KVMEM_ERR_EXISTS (an agent with the reserved prefix "<owner>.kvseg-"
+ * exists: another store, or a user agent), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner,
+                                             const kvmem_segments_params *params,
+                                             kvmem_segments **out);
+/* Free the store and remove its agents from the pool (agents a caller left
+ * open stay in the pool). NULL is a no-op. */
+KVMEM_API void kvmem_segments_free(kvmem_segments *segs);
+
+/* Add a segment named `name` (NUL-terminated, 1..KVMEM_SEGMENTS_MAX_NAME
+ * bytes, unique among live segments) to `group` (0..KVMEM_SEGMENTS_MAX_GROUP,
+ * created on first use). Its index (stable, never reused) goes to *index
+ * (may be NULL). Counts as a change: queues SEGMENT_STALE, and GROUP_DYNAMIC
+ * if the group was static. Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_EXISTS
+ * (name taken), KVMEM_ERR_CAPACITY (max_segments), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_segments_add(kvmem_segments *segs, const char *name, int32_t group,
+                                          int32_t *index);
+/* The segment's content changed at the current step: its KV is stale.
+ * Queues SEGMENT_STALE, and GROUP_DYNAMIC if its group was static.
+ * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOT_FOUND (no such live segment). */
+KVMEM_API kvmem_status kvmem_segments_update(kvmem_segments *segs, int32_t index);
+/* Remove a segment and its KV. Its group counts as changed (GROUP_DYNAMIC
+ * if it was static). Errors: as kvmem_segments_update. */
+KVMEM_API kvmem_status kvmem_segments_remove(kvmem_segments *segs, int32_t index);
+/* Move a segment to another group (e.g. after re-clustering). Both groups
+ * count as changed; the segment's own KV stays valid. Moving to its own
+ * group is a no-op. Errors: as kvmem_segments_update, bad group id. */
+KVMEM_API kvmem_status kvmem_segments_assign(kvmem_segments *segs, int32_t index, int32_t group);
+/* Advance the step counter by one and turn every group unchanged for
+ * static_after_steps steps STATIC (queueing GROUP_STATIC). Errors:
+ * KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM (nothing changed). */
+KVMEM_API kvmem_status kvmem_segments_step(kvmem_segments *segs);
+
+/* Move up to `capacity` queued events, oldest first, into out (may be NULL
+ * when capacity is 0) and remove them from the queue. *n_out gets the number
+ * written, *n_left (may be NULL) the number still queued. */
+KVMEM_API kvmem_status kvmem_segments_drain_events(kvmem_segments *segs, kvmem_segment_event *out,
+                                                   size_t capacity, size_t *n_out, size_t *n_left);
+
+/* Hand over the KV the engine computed for segment `index` alone:
+ * k, v [n_layers][T][n_kv_heads][head_dim], T >= 1, as kvmem_agent_append
+ * takes them (params may be NULL). Replaces the segment's KV and clears its
+ * stale flag. All or nothing. Errors: those of kvmem_agent_append,
+ * KVMEM_ERR_NOT_FOUND, KVMEM_ERR_BUSY (the old unit agent is open),
+ * KVMEM_ERR_EXISTS (the next derived id is taken by a foreign agent). */
+KVMEM_API kvmem_status kvmem_segments_store_segment(kvmem_segments *segs, int32_t index,
+                                                    const kvmem_tensor *k, const kvmem_tensor *v,
+                                                    const kvmem_append_params *params);
+/* Hand over the joint KV of a STATIC group (its members concatenated in
+ * kvmem_segments_group_members order, computed in one pass). Errors: as
+ * kvmem_segments_store_segment; KVMEM_ERR_CONFLICT if the group is DYNAMIC
+ * (it changed since the GROUP_STATIC event: drain events and recompute). */
+KVMEM_API kvmem_status kvmem_segments_store_group(kvmem_segments *segs, int32_t group,
+                                                  const kvmem_tensor *k, const kvmem_tensor *v,
+                                                  const kvmem_append_params *params);
+
+typedef struct kvmem_segments_info {
+    int64_t step;        /* the step counter */
+    int32_t n_segments;  /* live segments */
+    int32_t n_indices;   /* indices handed out so far (live or removed) */
+    int32_t n_groups;    /* groups with at least one segment */
+    int32_t n_static;    /* of which STATIC */
+    uint64_t n_events;   /* events queued */
+} kvmem_segments_info;
+
+typedef struct kvmem_segment_info {
+    int32_t group;
+    int32_t alive;       /* 0 once removed */
+    int32_t has_kv;      /* 1: valid KV stored for the segment alone */
+    int32_t reserved;
+    int64_t last_update; /* step of the last change */
+    int64_t n_tokens;    /* tokens of the stored KV (0 without) */
+} kvmem_segment_info;
+
+typedef struct kvmem_group_info {
+    kvmem_group_state state;
+    int32_t n_members;   /* live segments in the group */
+    int32_t has_kv;      /* 1: valid joint KV stored (STATIC only) */
+    int32_t reserved;
+    int64_t last_change; /* step of the last change of any member */
+    int64_t n_tokens;    /* tokens of the joint KV (0 without) */
+} kvmem_group_info;
+
+KVMEM_API kvmem_status kvmem_segments_get_info(kvmem_segments *segs, kvmem_segments_info *out);
+/* Errors: KVMEM_ERR_NOT_FOUND for an index never handed out. */
+KVMEM_API kvmem_status kvmem_segments_segment_info(kvmem_segments *segs, int32_t index,
+                                                   kvmem_segment_info *out);
+/* Errors: KVMEM_ERR_NOT_FOUND for a group id with no segment. */
+KVMEM_API kvmem_status kvmem_segments_group_info(kvmem_segments *segs, int32_t group,
+                                                 kvmem_group_info *out);
+/* Index of the live segment named `name`. Errors: KVMEM_ERR_NOT_FOUND. */
+KVMEM_API kvmem_status kvmem_segments_find(kvmem_segments *segs, const char *name, int32_t *index);
+/* Name of segment `index` into buf (truncated to size, NUL-terminated);
+ * *len (may be NULL) gets the full length. buf may be NULL when size is 0. */
+KVMEM_API kvmem_status kvmem_segments_name(kvmem_segments *segs, int32_t index, char *buf,
+                                           size_t size, size_t *len);
+/* The live members of `group`, ascending index: the order of its joint KV.
+ * Writes min(capacity, n) indices; *n_members gets n. */
+KVMEM_API kvmem_status kvmem_segments_group_members(kvmem_segments *segs, int32_t group,
+                                                    int32_t *out, size_t capacity,
+                                                    size_t *n_members);
+
+typedef enum kvmem_segment_unit_kind {
+    KVMEM_SEG_UNIT_SEGMENT = 0,
+    KVMEM_SEG_UNIT_GROUP = 1
+} kvmem_segment_unit_kind;
+
+/* One unit of retrieval: load agent `agent_id`, tokens
+ * [first_token, first_token + n_tokens). */
+typedef struct kvmem_segment_unit {
+    int32_t kind;          /* kvmem_segment_unit_kind */
+    int32_t group;
+    int32_t segment;       /* SEGMENT units; -1 for GROUP units */
+    int32_t needs_compute; /* 1: no valid KV stored (agent_id is "", n_tokens 0): compute it */
+    float score;           /* the segment's score; a group's is the max over its members */
+    int32_t reserved;
+    int64_t first_token;
+    int64_t n_tokens;
+    char agent_id[KVMEM_MAX_AGENT_ID + 1];
+} kvmem_segment_unit;
+
+/* Which units to load for a query: a STATIC group with a stored joint KV
+ * is one GROUP unit; every other live segment is its own SEGMENT unit.
+ * scores: one relevance per segment index (n_scores == info.n_indices; e.g.
+ * multi-hop importance or embedding similarity), finite; NULL = all 0.
+ * Units are ordered by score (descending; ties: lower first segment index),
+ * the first max_units of them kept (0 = all). Writes min(capacity, n) units
+ * to out and n to *n_units; call with capacity 0 to size the buffer.
+ * Errors: KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_segments_plan(kvmem_segments *segs, const float *scores,
+                                           size_t n_scores, int32_t max_units,
+                                           kvmem_segment_unit *out, size_t capacity,
+                                           size_t *n_units);
+
+/* Cosine k-means over caller-given embeddings, the grouping helper.
+ * Rows are normalised to unit length; centroids are normalised means;
+ * each point goes to the centroid of highest cosine (ties: lower cluster).
+ * Initialisation: k-means++ on cosine distance 1 - cos with a splitmix64
+ * generator seeded by `seed` (the first centre is drawn too), so a seed
+ * gives the same answer on every machine and thread count. An emptied
+ * cluster is re-seeded with the point farthest from its centroid.
+ * Stops when no assignment changes or after max_iters rounds. */
+typedef struct kvmem_kmeans_params {
+    int32_t k;         /* clusters, 1..n; default 8 */
+    int32_t max_iters; /* Lloyd rounds, 1..10000; default 100 */
+    uint64_t seed;     /* default 42 */
+} kvmem_kmeans_params;
+
+KVMEM_API kvmem_kmeans_params kvmem_kmeans_default_params(void);
+
+/* emb: [n][dim] f32 row-major, finite, no all-zero row. labels: n entries
+ * (out). centroids: [k][dim] unit vectors (out), or NULL. iters (may be
+ * NULL): rounds run. Outputs are written only on success.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, n or dim 0 or too large, k outside
+ * [1, n], zero or non-finite rows), KVMEM_ERR_NOMEM. Thread-safe. */
+KVMEM_API kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim,
+                                            const kvmem_kmeans_params *params, int32_t *labels,
+                                            float *centroids, int32_t *iters);
+
+/* Multi-hop importance selection for one layer i (KEEP).
+ * importance^0[j] = mean over query tokens of q2s[q][j]; R = the top
+ * m = ceil(ratio * n_segments) candidates by importance (capped at the
+ * number of candidates; ties: lower index); then repeat up to max_iters
+ * times: importance[j] = mean over a in R of s2s[a][j], R' = top m; stop
+ * when R' == R. The layer enters through `ratio` (r_i, e.g. from
+ * kvmem_multihop_schedule) and `candidates` (R_{i-1}): selection never
+ * leaves the candidates, so a segment not recomputed at layer i is never
+ * recomputed later.
+ * q2s: [n_query][n_segments] attention from each query token to each
+ * segment (e.g. summed over the segment's tokens, averaged over heads);
+ * s2s: [n_segments][n_segments], row a = attention from segment a's tokens
+ * to each segment, diagonal included (it anchors a selected segment).
+ * Values finite and >= 0. */
+typedef struct kvmem_multihop_params {
+    float ratio;       /* r_i in [0, 1]: fraction of all segments to recompute; default 1 */
+    int32_t max_iters; /* propagation rounds after the query round, 0..1000; default 8 */
+} kvmem_multihop_params;
+
+KVMEM_API kvmem_multihop_params kvmem_multihop_default_params(void);
+
+typedef struct kvmem_multihop_result {
+    int32_t n_selected; /* |R| */
+    int32_t iters;      /* propagation rounds run */
+    int32_t converged;  /* 1: R stopped changing within max_iters (always 1 when m == 0 or all) */
+    int32_t reserved;
+} kvmem_multihop_result;
+
+/* candidates: n_segments bytes of 0/1 (R_{i-1}), or NULL = all.
+ * selected: n_segments bytes (out, 0/1). importance: n_segments floats (out,
+ * the importance R was last chosen from), or NULL. result may be NULL.
+ * Outputs are written only on success. Errors: KVMEM_ERR_INVALID_ARG,
+ * KVMEM_ERR_NOMEM. Thread-safe. */
+KVMEM_API kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const float *q2s,
+                                             int32_t n_query, const float *s2s, int32_t n_segments,
+                                             const uint8_t *candidates, uint8_t *selected,
+                                             float *importance, kvmem_multihop_result *result);
+
+/* A per-layer ratio schedule: r_1 = 1, non-increasing, mean exactly `avg`
+ * (avg in [1/n_layers, 1]). Layers 2..n fall linearly from min(1, 1.5c) to
+ * 2c - min(1, 1.5c), where c = (avg * n - 1) / (n - 1) is their mean.
+ * ratios: n_layers floats (out). Errors: KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, float *ratios);
+
+/* Layer-balanced KV load plan (KEEP). Two streams run side by side: the
+ * compute stream runs layers in order; the load stream copies one
+ * (segment, layer) KV at a time from host to device, taking
+ * load_bytes[segment] / bandwidth. Layer i starts when layer i-1 is done and
+ * the layer-i KV of every segment not recomputed at i (recompute[i][j] == 0)
+ * is loaded. A segment's loads are released when it is known never to be
+ * recomputed again: at the end of layer e-1, e = the first layer that does
+ * not recompute it (time 0 when e = 0). Recompute sets must be monotone
+ * (recompute[i+1][j] <= recompute[i][j]).
+ *  - naive: the plain next-layer pipeline: layer i's loads start once layer
+ *    i-1 starts computing, in layer order.
+ *  - balanced: the loads the next layer to compute needs go first; while the
+ *    load stream would wait for one of them to be released, it runs released
+ *    loads of the nearest later layer that end before that release (up to
+ *    max_ahead layers ahead of the compute stream; 0 = any).
+ * Both take loads in release order (release time, then the layer that
+ * decided it, then segment index).
+ * Idle time: compute idle = makespan - total compute; load idle = gaps in
+ * the load stream before its last load ends. */
+typedef struct kvmem_load_plan_params {
+    double bandwidth_gbps; /* host -> device bytes per second / 1e9, > 0; default 25 */
+    int32_t max_ahead;     /* balanced: layers a load may run ahead of compute; 0 = any; default 0 */
+    int32_t reserved;
+} kvmem_load_plan_params;
+
+KVMEM_API kvmem_load_plan_params kvmem_load_plan_default_params(void);
+
+typedef struct kvmem_load_item {
+    int32_t segment;
+    int32_t layer;       /* whose KV is loaded */
+    int32_t issue_layer; /* layer computing when the load starts; -1 = before layer 0 */
+    int32_t reserved;
+    double start_ms, end_ms;
+} kvmem_load_item;
+
+typedef struct kvmem_load_plan_stats {
+    double naive_makespan_ms, naive_compute_idle_ms, naive_load_idle_ms;
+    double balanced_makespan_ms, balanced_compute_idle_ms, balanced_load_idle_ms;
+    double compute_ms; /* sum of compute_ms */
+    double load_ms;    /* sum of all load times */
+    uint64_t n_loads;
+} kvmem_load_plan_stats;
+
+/* compute_ms: n_layers per-layer compute times (finite, >= 0). load_bytes:
+ * n_segments bytes of ONE layer's KV per segment. recompute: [n_layers]
+ * [n_segments] 0/1. items: the balanced schedule in load-stream order;
+ * *n_items gets n, the number of loads. Call with items NULL and capacity 0
+ * to size the buffer; otherwise capacity must be >= n. layer_start_ms:
+ * n_layers start times of the balanced plan's compute (out), or NULL.
+ * stats may be NULL. Should the greedy gap filling ever end later than the
+ * plain pipeline, the plain pipeline is returned as the balanced plan.
+ * Errors: KVMEM_ERR_INVALID_ARG (also non-monotone sets),
+ * KVMEM_ERR_CAPACITY (0 < capacity < n: nothing written), KVMEM_ERR_NOMEM.
+ * Thread-safe. */
+KVMEM_API kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double *compute_ms,
+                                       int32_t n_layers, const uint64_t *load_bytes,
+                                       int32_t n_segments, const uint8_t *recompute,
+                                       kvmem_load_item *items, size_t capacity, size_t *n_items,
+                                       double *layer_start_ms, kvmem_load_plan_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -563,6 +563,45 @@ static void capacity_refuses_without_dropping(void **state) {
     kvmem_context_free(ctx);
 }
 
+static void null_outputs_and_handles_are_refused(void **state) {
+    (void)state;
+    fixture *f = make(1, 8, 4, KVMEM_F32, 0);
+    kvmem_agent *a = NULL;
+    assert_ok(kvmem_agent_open(f->pool, "nulls", &a));
+    assert_status(kvmem_pool_get_spec(f->pool, NULL), KVMEM_ERR_INVALID_ARG, "out is NULL");
+    assert_status(kvmem_pool_get_spec(NULL, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
+    assert_status(kvmem_agent_get_info(a, NULL), KVMEM_ERR_INVALID_ARG, "out is NULL");
+    assert_status(kvmem_agent_get_info(NULL, NULL), KVMEM_ERR_INVALID_ARG, "agent is NULL");
+    assert_status(kvmem_agent_block_info(a, 0, NULL), KVMEM_ERR_INVALID_ARG, "out is NULL");
+    kvmem_block_info bi;
+    assert_status(kvmem_agent_block_info(a, 0, &bi), KVMEM_ERR_NOT_FOUND, "block 0 outside [0, 0)");
+    assert_status(kvmem_agent_flush(NULL), KVMEM_ERR_INVALID_ARG, "agent is NULL");
+    assert_ok(kvmem_agent_flush(a)); /* nothing to seal */
+    float m[16];
+    assert_status(kvmem_agent_block_aabb(NULL, 0, m, m), KVMEM_ERR_INVALID_ARG, "agent is NULL");
+    assert_status(kvmem_agent_read(NULL, 0, 0, NULL, NULL), KVMEM_ERR_INVALID_ARG, "agent is NULL");
+    assert_ok(kvmem_agent_read(a, 0, 0, NULL, NULL)); /* empty range, nothing asked */
+    int32_t ids[1];
+    assert_status(kvmem_agent_tokens(NULL, 0, 0, ids), KVMEM_ERR_INVALID_ARG, "agent is NULL");
+    const char *text;
+    size_t len;
+    assert_ok(kvmem_agent_text(a, &text, &len));
+    assert_int_equal(len, 0);
+    assert_string_equal(kvmem_agent_get_id(NULL), "");
+    /* a pointer that is not an agent handle is recognised as such */
+    int32_t junk[8] = {0};
+    assert_status(kvmem_agent_get_info((kvmem_agent *)(void *)junk, &(kvmem_agent_info){0}), KVMEM_ERR_INVALID_ARG,
+                  "not an agent handle");
+    kvmem_agent_close(a);
+    assert_status(kvmem_agent_text(a, &text, &len), KVMEM_ERR_CLOSED, "closed");
+    assert_status(kvmem_agent_read(a, 0, 0, NULL, NULL), KVMEM_ERR_CLOSED, "closed");
+    assert_status(kvmem_agent_tokens(a, 0, 0, ids), KVMEM_ERR_CLOSED, "closed");
+    assert_status(kvmem_agent_block_aabb(a, 0, m, m), KVMEM_ERR_CLOSED, "closed");
+    assert_status(kvmem_agent_block_info(a, 0, &bi), KVMEM_ERR_CLOSED, "closed");
+    kvmem_agent_close(NULL);
+    destroy(f);
+}
+
 static void agents_are_isolated(void **state) {
     (void)state;
     fixture *f = make(1, 8, 4, KVMEM_F32, 0);
@@ -605,6 +644,7 @@ int main(void) {
         cmocka_unit_test(post_rope_keys_are_derotated),
         cmocka_unit_test(bad_appends_change_nothing),
         cmocka_unit_test(capacity_refuses_without_dropping),
+        cmocka_unit_test(null_outputs_and_handles_are_refused),
         cmocka_unit_test(agents_are_isolated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
