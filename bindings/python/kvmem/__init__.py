@@ -17,7 +17,10 @@ from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN,
                        ROPE_GPTJ, ROPE_NEOX, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3,
                        ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, ModelSpec, Pool, Retrieval,
                        RETRIEVE_AABB, RETRIEVE_EXACT, NORM_SOFTMAX, NORM_RR, AGG_MAX, AGG_SUM,
-                       SCOPE_GLOBAL, SCOPE_PER_LAYER,
+                       SCOPE_GLOBAL, SCOPE_PER_LAYER, Segments, GROUP_DYNAMIC, GROUP_STATIC,
+                       SEG_EVENT_SEGMENT_STALE, SEG_EVENT_GROUP_STATIC, SEG_EVENT_GROUP_DYNAMIC,
+                       SEG_UNIT_SEGMENT, SEG_UNIT_GROUP, cluster_kmeans, multihop_select,
+                       multihop_schedule, load_plan,
                        agent_id_valid, backends, dtype_name, last_error, log_set, rope_apply,
                        status_str, version, version_number)
 

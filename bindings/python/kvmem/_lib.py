@@ -134,11 +134,69 @@ class kvmem_retrieve_params(Structure):
                 ("recent_window", c_int32), ("skip_recent", c_int32)]
 
 
+class kvmem_segments_params(Structure):
+    _fields_ = [("static_after_steps", c_int32), ("max_segments", c_int32)]
+
+
+class kvmem_segment_event(Structure):
+    _fields_ = [("kind", c_int32), ("group", c_int32), ("segment", c_int32), ("reserved", c_int32),
+                ("step", c_int64)]
+
+
+class kvmem_segments_info(Structure):
+    _fields_ = [("step", c_int64), ("n_segments", c_int32), ("n_indices", c_int32), ("n_groups", c_int32),
+                ("n_static", c_int32), ("n_events", c_uint64)]
+
+
+class kvmem_segment_info(Structure):
+    _fields_ = [("group", c_int32), ("alive", c_int32), ("has_kv", c_int32), ("reserved", c_int32),
+                ("last_update", c_int64), ("n_tokens", c_int64)]
+
+
+class kvmem_group_info(Structure):
+    _fields_ = [("state", c_enum), ("n_members", c_int32), ("has_kv", c_int32), ("reserved", c_int32),
+                ("last_change", c_int64), ("n_tokens", c_int64)]
+
+
+class kvmem_segment_unit(Structure):
+    _fields_ = [("kind", c_int32), ("group", c_int32), ("segment", c_int32), ("needs_compute", c_int32),
+                ("score", ctypes.c_float), ("reserved", c_int32), ("first_token", c_int64),
+                ("n_tokens", c_int64), ("agent_id", c_char * (MAX_AGENT_ID + 1))]
+
+
+class kvmem_kmeans_params(Structure):
+    _fields_ = [("k", c_int32), ("max_iters", c_int32), ("seed", c_uint64)]
+
+
+class kvmem_multihop_params(Structure):
+    _fields_ = [("ratio", ctypes.c_float), ("max_iters", c_int32)]
+
+
+class kvmem_multihop_result(Structure):
+    _fields_ = [("n_selected", c_int32), ("iters", c_int32), ("converged", c_int32), ("reserved", c_int32)]
+
+
+class kvmem_load_plan_params(Structure):
+    _fields_ = [("bandwidth_gbps", c_double), ("max_ahead", c_int32), ("reserved", c_int32)]
+
+
+class kvmem_load_item(Structure):
+    _fields_ = [("segment", c_int32), ("layer", c_int32), ("issue_layer", c_int32), ("reserved", c_int32),
+                ("start_ms", c_double), ("end_ms", c_double)]
+
+
+class kvmem_load_plan_stats(Structure):
+    _fields_ = [("naive_makespan_ms", c_double), ("naive_compute_idle_ms", c_double),
+                ("naive_load_idle_ms", c_double), ("balanced_makespan_ms", c_double),
+                ("balanced_compute_idle_ms", c_double), ("balanced_load_idle_ms", c_double),
+                ("compute_ms", c_double), ("load_ms", c_double), ("n_loads", c_uint64)]
+
+
 # void (*kvmem_log_callback)(kvmem_log_level level, const char *message, void *user_data)
 kvmem_log_callback = CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
 
 # opaque handles travel as void*
-ctx_p = pool_p = agent_p = retrieval_p = c_void_p
+ctx_p = pool_p = agent_p = retrieval_p = segs_p = c_void_p
 f32_p = POINTER(ctypes.c_float)
 i32_p = POINTER(c_int32)
 T_p = POINTER(kvmem_tensor)
@@ -260,6 +318,53 @@ _d("kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set,
    STATUS, retrieval_p, c_int32, POINTER(c_int64))
 _d("kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base_position, "
    "const kvmem_tensor *k_out, const kvmem_tensor *v_out)", STATUS, agent_p, c_void_p, c_int32, c_int64, T_p, T_p)
+# KEEP segments
+_d("kvmem_segments_params kvmem_segments_default_params(void)", kvmem_segments_params)
+_d("kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kvmem_segments_params *params, "
+   "kvmem_segments **out)", STATUS, pool_p, c_char_p, POINTER(kvmem_segments_params), POINTER(segs_p))
+_d("void kvmem_segments_free(kvmem_segments *segs)", None, segs_p)
+_d("kvmem_status kvmem_segments_add(kvmem_segments *segs, const char *name, int32_t group, int32_t *index)",
+   STATUS, segs_p, c_char_p, c_int32, POINTER(c_int32))
+_d("kvmem_status kvmem_segments_update(kvmem_segments *segs, int32_t index)", STATUS, segs_p, c_int32)
+_d("kvmem_status kvmem_segments_remove(kvmem_segments *segs, int32_t index)", STATUS, segs_p, c_int32)
+_d("kvmem_status kvmem_segments_assign(kvmem_segments *segs, int32_t index, int32_t group)", STATUS, segs_p, c_int32, c_int32)
+_d("kvmem_status kvmem_segments_step(kvmem_segments *segs)", STATUS, segs_p)
+_d("kvmem_status kvmem_segments_drain_events(kvmem_segments *segs, kvmem_segment_event *out, size_t capacity, "
+   "size_t *n_out, size_t *n_left)", STATUS, segs_p, POINTER(kvmem_segment_event), c_size_t, POINTER(c_size_t), POINTER(c_size_t))
+_d("kvmem_status kvmem_segments_store_segment(kvmem_segments *segs, int32_t index, const kvmem_tensor *k, "
+   "const kvmem_tensor *v, const kvmem_append_params *params)", STATUS, segs_p, c_int32, T_p, T_p, POINTER(kvmem_append_params))
+_d("kvmem_status kvmem_segments_store_group(kvmem_segments *segs, int32_t group, const kvmem_tensor *k, "
+   "const kvmem_tensor *v, const kvmem_append_params *params)", STATUS, segs_p, c_int32, T_p, T_p, POINTER(kvmem_append_params))
+_d("kvmem_status kvmem_segments_get_info(kvmem_segments *segs, kvmem_segments_info *out)", STATUS, segs_p, POINTER(kvmem_segments_info))
+_d("kvmem_status kvmem_segments_segment_info(kvmem_segments *segs, int32_t index, kvmem_segment_info *out)",
+   STATUS, segs_p, c_int32, POINTER(kvmem_segment_info))
+_d("kvmem_status kvmem_segments_group_info(kvmem_segments *segs, int32_t group, kvmem_group_info *out)",
+   STATUS, segs_p, c_int32, POINTER(kvmem_group_info))
+_d("kvmem_status kvmem_segments_find(kvmem_segments *segs, const char *name, int32_t *index)",
+   STATUS, segs_p, c_char_p, POINTER(c_int32))
+_d("kvmem_status kvmem_segments_name(kvmem_segments *segs, int32_t index, char *buf, size_t size, size_t *len)",
+   STATUS, segs_p, c_int32, c_void_p, c_size_t, POINTER(c_size_t))
+_d("kvmem_status kvmem_segments_group_members(kvmem_segments *segs, int32_t group, int32_t *out, size_t capacity, "
+   "size_t *n_members)", STATUS, segs_p, c_int32, c_void_p, c_size_t, POINTER(c_size_t))
+_d("kvmem_status kvmem_segments_plan(kvmem_segments *segs, const float *scores, size_t n_scores, int32_t max_units, "
+   "kvmem_segment_unit *out, size_t capacity, size_t *n_units)",
+   STATUS, segs_p, c_void_p, c_size_t, c_int32, POINTER(kvmem_segment_unit), c_size_t, POINTER(c_size_t))
+_d("kvmem_kmeans_params kvmem_kmeans_default_params(void)", kvmem_kmeans_params)
+_d("kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const kvmem_kmeans_params *params, "
+   "int32_t *labels, float *centroids, int32_t *iters)",
+   STATUS, c_void_p, c_size_t, c_size_t, POINTER(kvmem_kmeans_params), c_void_p, c_void_p, POINTER(c_int32))
+_d("kvmem_multihop_params kvmem_multihop_default_params(void)", kvmem_multihop_params)
+_d("kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const float *q2s, int32_t n_query, "
+   "const float *s2s, int32_t n_segments, const uint8_t *candidates, uint8_t *selected, float *importance, "
+   "kvmem_multihop_result *result)", STATUS, POINTER(kvmem_multihop_params), c_void_p, c_int32, c_void_p, c_int32,
+   c_void_p, c_void_p, c_void_p, POINTER(kvmem_multihop_result))
+_d("kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, float *ratios)", STATUS, c_int32, ctypes.c_float, c_void_p)
+_d("kvmem_load_plan_params kvmem_load_plan_default_params(void)", kvmem_load_plan_params)
+_d("kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double *compute_ms, int32_t n_layers, "
+   "const uint64_t *load_bytes, int32_t n_segments, const uint8_t *recompute, kvmem_load_item *items, "
+   "size_t capacity, size_t *n_items, double *layer_start_ms, kvmem_load_plan_stats *stats)",
+   STATUS, POINTER(kvmem_load_plan_params), c_void_p, c_int32, c_void_p, c_int32, c_void_p,
+   POINTER(kvmem_load_item), c_size_t, POINTER(c_size_t), c_void_p, POINTER(kvmem_load_plan_stats))
 del _d
 
 

@@ -202,6 +202,39 @@ class _Handle:
         self.close()
 
 
+def _call_kv(spec: Any, fn: Any, lead: Tuple[Any, ...], k: Any, v: Any, token_ids: Any, text: Any,
+             token_text_offsets: Any, positions: Any, keys_rotated: Any, dtype: Any) -> None:
+    """fn(*lead, &k, &v, &append_params) with K, V [n_layers][T][n_kv_heads][head_dim]."""
+    shape = (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim)
+    kt, kv = B.tensor(k, "k", shape, dtype)
+    held: List[Any] = [kv]
+    try:
+        vt, vv = B.tensor(v, "v", shape, dtype)
+        held.append(vv)
+        T = kt.shape[1]
+        ap = L.kvmem_append_default_params()
+        ptr, h = B.int32s(token_ids, "token_ids", T)
+        held.append(h)
+        if ptr is not None:
+            ap.token_ids = ptr
+        if text is not None:
+            tb = text.encode() if isinstance(text, str) else bytes(text)
+            held.append(tb)
+            ap.text, ap.text_len = tb, len(tb)
+        ptr, h = B.int32s(token_text_offsets, "token_text_offsets", T)
+        held.append(h)
+        if ptr is not None:
+            ap.token_text_offsets = ptr
+        ptr, h = B.int32s(positions, "positions", T)
+        held.append(h)
+        if ptr is not None:
+            ap.positions = ptr
+        ap.keys_rotated = int(positions is not None if keys_rotated is None else bool(keys_rotated))
+        fn(*lead, byref(kt), byref(vt), byref(ap))
+    finally:
+        B.release(*held)
+
+
 class Context(_Handle):
     """kvmem_context: a backend ("cpu", "cuda", "vulkan", "auto") and worker threads."""
     _kind = "Context"
@@ -252,14 +285,20 @@ class Pool(_Handle):
         self._init_handle(h.value, L.kvmem_pool_free)
         self.context = ctx
         self._agents: "weakref.WeakSet[Agent]" = weakref.WeakSet()
+        self._segments: "weakref.WeakSet[Segments]" = weakref.WeakSet()
         ctx._pools.add(self)
         self.spec = self.get_spec()
 
     def close(self) -> None:
         if self._h is not None:
+            for sg in list(self._segments):
+                sg.close()   # the pool must outlive its segment stores
             for a in list(self._agents):
                 a._forget()  # kvmem_pool_free frees every agent handle
         super().close()
+
+    def segments_create(self, owner: str, **params: Any) -> "Segments":
+        return Segments(self, owner, **params)
 
     def get_info(self) -> L.kvmem_pool_info:
         info = L.kvmem_pool_info()
@@ -314,33 +353,8 @@ class Agent(_Handle):
         """Append T tokens. k, v: [n_layers][T][n_kv_heads][head_dim] buffers (any strides;
         flat contiguous buffers are read in that shape). positions (T int32) with
         post-RoPE keys; keys_rotated defaults to positions is not None."""
-        kt, kv = B.tensor(k, "k", self._kv_shape(), dtype)
-        held: List[Any] = [kv]
-        try:
-            vt, vv = B.tensor(v, "v", self._kv_shape(), dtype)
-            held.append(vv)
-            T = kt.shape[1]
-            ap = L.kvmem_append_default_params()
-            ptr, h = B.int32s(token_ids, "token_ids", T)
-            held.append(h)
-            if ptr is not None:
-                ap.token_ids = ptr
-            if text is not None:
-                tb = text.encode() if isinstance(text, str) else bytes(text)
-                held.append(tb)
-                ap.text, ap.text_len = tb, len(tb)
-            ptr, h = B.int32s(token_text_offsets, "token_text_offsets", T)
-            held.append(h)
-            if ptr is not None:
-                ap.token_text_offsets = ptr
-            ptr, h = B.int32s(positions, "positions", T)
-            held.append(h)
-            if ptr is not None:
-                ap.positions = ptr
-            ap.keys_rotated = int(positions is not None if keys_rotated is None else bool(keys_rotated))
-            L.kvmem_agent_append(self.handle, byref(kt), byref(vt), byref(ap))
-        finally:
-            B.release(*held)
+        _call_kv(self.pool.spec, L.kvmem_agent_append, (self.handle,), k, v, token_ids, text,
+                 token_text_offsets, positions, keys_rotated, dtype)
 
     def flush(self) -> None:
         L.kvmem_agent_flush(self.handle)
@@ -515,3 +529,262 @@ class Retrieval(_Handle):
             return [], []
         return (list(ctypes.cast(b, ctypes.POINTER(ctypes.c_int32))[:n.value]),
                 list(ctypes.cast(s, ctypes.POINTER(ctypes.c_float))[:n.value]))
+
+
+
+# ---------------------------------------------------------------------------
+# KEEP segments
+# ---------------------------------------------------------------------------
+
+GROUP_DYNAMIC, GROUP_STATIC = 0, 1
+SEG_EVENT_SEGMENT_STALE, SEG_EVENT_GROUP_STATIC, SEG_EVENT_GROUP_DYNAMIC = 1, 2, 3
+SEG_UNIT_SEGMENT, SEG_UNIT_GROUP = 0, 1
+
+
+def _struct_dict(x: Any) -> Dict[str, Any]:
+    out = {}
+    for name, _t in x._fields_:
+        if name == "reserved":
+            continue
+        val = getattr(x, name)
+        out[name] = _s(val) if isinstance(val, bytes) else val
+    return out
+
+
+def _params(struct: Any, what: str, params: Dict[str, Any]) -> Any:
+    for k, val in params.items():
+        if k not in dict(type(struct)._fields_) or k == "reserved":
+            raise TypeError(f"kvmem: {what} got an unknown parameter {k!r}")
+        setattr(struct, k, val)
+    return struct
+
+
+class Segments(_Handle):
+    """kvmem_segments: a KEEP segment store whose KV lives in a Pool. params:
+    static_after_steps, max_segments. Closing it (or its pool) frees it and
+    removes its agents from the pool."""
+    _kind = "Segments"
+
+    def __init__(self, pool: Pool, owner: str, **params: Any):
+        sp = _params(L.kvmem_segments_default_params(), "Segments()", params)
+        h = c_void_p()
+        L.kvmem_segments_create(pool.handle, owner.encode(), byref(sp), byref(h))
+        self._init_handle(h.value, L.kvmem_segments_free)
+        self.pool = pool
+        pool._segments.add(self)
+
+    def add(self, name: str, group: int) -> int:
+        i = ctypes.c_int32()
+        L.kvmem_segments_add(self.handle, name.encode(), group, byref(i))
+        return i.value
+
+    def update(self, index: int) -> None:
+        L.kvmem_segments_update(self.handle, index)
+
+    def remove(self, index: int) -> None:
+        L.kvmem_segments_remove(self.handle, index)
+
+    def assign(self, index: int, group: int) -> None:
+        L.kvmem_segments_assign(self.handle, index, group)
+
+    def step(self) -> None:
+        L.kvmem_segments_step(self.handle)
+
+    def drain_events(self, max_events: Optional[int] = None) -> List[Dict[str, Any]]:
+        """Queued events, oldest first, as dicts (kind, group, segment, step); all of them by default."""
+        out: List[Dict[str, Any]] = []
+        while max_events is None or len(out) < max_events:
+            cap = 64 if max_events is None else min(64, max_events - len(out))
+            arr = (L.kvmem_segment_event * cap)()
+            n, left = c_size_t(), c_size_t()
+            L.kvmem_segments_drain_events(self.handle, arr, cap, byref(n), byref(left))
+            out += [_struct_dict(e) for e in arr[:n.value]]
+            if left.value == 0 or n.value == 0:
+                break
+        return out
+
+    def store_segment(self, index: int, k: Any, v: Any, *, token_ids: Any = None, text: Any = None,
+                      token_text_offsets: Any = None, positions: Any = None,
+                      keys_rotated: Optional[bool] = None, dtype: Any = None) -> None:
+        """Hand over the KV of one segment, [n_layers][T][n_kv_heads][head_dim] (as Agent.append)."""
+        _call_kv(self.pool.spec, L.kvmem_segments_store_segment, (self.handle, index), k, v, token_ids,
+                 text, token_text_offsets, positions, keys_rotated, dtype)
+
+    def store_group(self, group: int, k: Any, v: Any, *, token_ids: Any = None, text: Any = None,
+                    token_text_offsets: Any = None, positions: Any = None,
+                    keys_rotated: Optional[bool] = None, dtype: Any = None) -> None:
+        """Hand over the joint KV of a STATIC group (members in group_members order)."""
+        _call_kv(self.pool.spec, L.kvmem_segments_store_group, (self.handle, group), k, v, token_ids,
+                 text, token_text_offsets, positions, keys_rotated, dtype)
+
+    def get_info(self) -> L.kvmem_segments_info:
+        x = L.kvmem_segments_info()
+        L.kvmem_segments_get_info(self.handle, byref(x))
+        return x
+
+    def segment_info(self, index: int) -> L.kvmem_segment_info:
+        x = L.kvmem_segment_info()
+        L.kvmem_segments_segment_info(self.handle, index, byref(x))
+        return x
+
+    def group_info(self, group: int) -> L.kvmem_group_info:
+        x = L.kvmem_group_info()
+        L.kvmem_segments_group_info(self.handle, group, byref(x))
+        return x
+
+    def find(self, name: str) -> int:
+        i = ctypes.c_int32()
+        L.kvmem_segments_find(self.handle, name.encode(), byref(i))
+        return i.value
+
+    def name(self, index: int) -> str:
+        n = c_size_t()
+        L.kvmem_segments_name(self.handle, index, None, 0, byref(n))
+        buf = ctypes.create_string_buffer(n.value + 1)
+        L.kvmem_segments_name(self.handle, index, buf, n.value + 1, byref(n))
+        return _s(buf.value)
+
+    def group_members(self, group: int) -> List[int]:
+        n = c_size_t()
+        L.kvmem_segments_group_members(self.handle, group, None, 0, byref(n))
+        arr = (ctypes.c_int32 * max(n.value, 1))()
+        L.kvmem_segments_group_members(self.handle, group, arr, n.value, byref(n))
+        return list(arr[:n.value])
+
+    def plan(self, scores: Any = None, max_units: int = 0) -> List[Dict[str, Any]]:
+        """Units to load for a query, best first: dicts of kind, group, segment,
+        needs_compute, score, first_token, n_tokens, agent_id."""
+        sp, keep = _in_array(scores, ctypes.c_float, None, "scores")
+        ns = 0 if scores is None else _count(keep)
+        n = c_size_t()
+        L.kvmem_segments_plan(self.handle, sp, ns, max_units, None, 0, byref(n))
+        arr = (L.kvmem_segment_unit * max(n.value, 1))()
+        L.kvmem_segments_plan(self.handle, sp, ns, max_units, arr, n.value, byref(n))
+        B.release(keep)
+        return [_struct_dict(u) for u in arr[:n.value]]
+
+
+_FMT = {ctypes.c_float: ("f",), ctypes.c_double: ("d",), ctypes.c_uint8: ("B", "?"),
+        ctypes.c_uint64: ("Q", "L" if ctypes.sizeof(ctypes.c_ulong) == 8 else "Q")}
+
+
+_COUNTS: Dict[int, int] = {}
+
+
+def _count(keep: Any) -> int:
+    """Values behind what _in_array returned (a View, or a ctypes copy of a sequence)."""
+    return keep.count() if isinstance(keep, B.View) else _COUNTS.pop(id(keep), len(keep))
+
+
+def _in_array(obj: Any, ctype: Any, n: Optional[int], what: str) -> Tuple[Any, Any]:
+    """A pointer to n contiguous values of ctype: a buffer of that type is used in
+    place; a (nested) Python sequence is copied."""
+    if obj is None:
+        return None, None
+    if isinstance(obj, (list, tuple)):
+        flat: List[Any] = []
+        stack = [obj]
+        while stack:  # flatten nested sequences in order
+            x = stack.pop()
+            if isinstance(x, (list, tuple)):
+                stack.extend(reversed(x))
+            else:
+                flat.append(x)
+        if n is not None and len(flat) != n:
+            raise ValueError(f"kvmem: {what} has {len(flat)} values, expected {n}")
+        arr = (ctype * max(len(flat), 1))(*flat)
+        _COUNTS[id(arr)] = len(flat)
+        return ctypes.cast(arr, c_void_p), arr
+    v = B.View(obj, False, what)
+    try:
+        if v.format not in _FMT[ctype] or v.itemsize != ctypes.sizeof(ctype):
+            raise TypeError(f"kvmem: {what} must hold {ctype.__name__[2:]} values, got format {v.format!r}")
+        if not v.contiguous():
+            raise TypeError(f"kvmem: {what} must be contiguous")
+        if n is not None and v.count() != n:
+            raise ValueError(f"kvmem: {what} has {v.count()} values, expected {n}")
+        return c_void_p(v.address), v
+    except BaseException:
+        v.close()
+        raise
+
+
+def _out_array(ctype: Any, n: int) -> Any:
+    return (ctype * max(n, 1))()
+
+
+def _to_result(arr: Any, n: int, np_dtype: str) -> Any:
+    if B._np is not None:
+        return B._np.ctypeslib.as_array(arr)[:n].astype(np_dtype, copy=True)
+    return list(arr[:n])
+
+
+def cluster_kmeans(emb: Any, n: int, dim: int, **params: Any) -> Tuple[Any, Any, int]:
+    """kvmem_cluster_kmeans over emb [n][dim] f32: (labels, centroids [k][dim], iters).
+    params: k, max_iters, seed."""
+    kp = _params(L.kvmem_kmeans_default_params(), "cluster_kmeans()", params)
+    ep, keep = _in_array(emb, ctypes.c_float, n * dim, "emb")
+    try:
+        labels = _out_array(ctypes.c_int32, n)
+        cents = _out_array(ctypes.c_float, max(kp.k, 0) * dim)
+        it = ctypes.c_int32()
+        L.kvmem_cluster_kmeans(ep, n, dim, byref(kp), labels, cents, byref(it))
+    finally:
+        B.release(keep)
+    return _to_result(labels, n, "int32"), _to_result(cents, kp.k * dim, "float32"), it.value
+
+
+def multihop_select(q2s: Any, n_query: int, s2s: Any, n_segments: int, candidates: Any = None,
+                    **params: Any) -> Tuple[Any, Any, Dict[str, Any]]:
+    """kvmem_multihop_select: (selected 0/1 per segment, importance, result dict).
+    q2s [n_query][n_segments], s2s [n_segments][n_segments] f32; candidates 0/1 bytes or None.
+    params: ratio, max_iters."""
+    mp = _params(L.kvmem_multihop_default_params(), "multihop_select()", params)
+    held: List[Any] = []
+    try:
+        qp, h = _in_array(q2s, ctypes.c_float, n_query * n_segments, "q2s")
+        held.append(h)
+        sp, h = _in_array(s2s, ctypes.c_float, n_segments * n_segments, "s2s")
+        held.append(h)
+        cp, h = _in_array(candidates, ctypes.c_uint8, n_segments, "candidates")
+        held.append(h)
+        sel = _out_array(ctypes.c_uint8, n_segments)
+        imp = _out_array(ctypes.c_float, n_segments)
+        res = L.kvmem_multihop_result()
+        L.kvmem_multihop_select(byref(mp), qp, n_query, sp, n_segments, cp, sel, imp, byref(res))
+    finally:
+        B.release(*held)
+    return _to_result(sel, n_segments, "uint8"), _to_result(imp, n_segments, "float32"), _struct_dict(res)
+
+
+def multihop_schedule(n_layers: int, avg: float) -> Any:
+    """kvmem_multihop_schedule: per-layer recompute ratios (n_layers floats)."""
+    out = _out_array(ctypes.c_float, n_layers)
+    L.kvmem_multihop_schedule(n_layers, avg, out)
+    return _to_result(out, n_layers, "float32")
+
+
+def load_plan(compute_ms: Any, n_layers: int, load_bytes: Any, n_segments: int, recompute: Any,
+              **params: Any) -> Tuple[List[Dict[str, Any]], Any, Dict[str, Any]]:
+    """kvmem_load_plan: (items of the balanced plan, layer_start_ms, stats).
+    compute_ms n_layers f64, load_bytes n_segments u64, recompute [n_layers][n_segments] 0/1 bytes.
+    params: bandwidth_gbps, max_ahead."""
+    lp = _params(L.kvmem_load_plan_default_params(), "load_plan()", params)
+    held: List[Any] = []
+    try:
+        cp, h = _in_array(compute_ms, ctypes.c_double, n_layers, "compute_ms")
+        held.append(h)
+        bp, h = _in_array(load_bytes, ctypes.c_uint64, n_segments, "load_bytes")
+        held.append(h)
+        rp, h = _in_array(recompute, ctypes.c_uint8, n_layers * n_segments, "recompute")
+        held.append(h)
+        n = c_size_t()
+        L.kvmem_load_plan(byref(lp), cp, n_layers, bp, n_segments, rp, None, 0, byref(n), None, None)
+        items = (L.kvmem_load_item * max(n.value, 1))()
+        starts = _out_array(ctypes.c_double, n_layers)
+        stats = L.kvmem_load_plan_stats()
+        L.kvmem_load_plan(byref(lp), cp, n_layers, bp, n_segments, rp, items, max(n.value, 1), byref(n),
+                          starts, byref(stats))
+    finally:
+        B.release(*held)
+    return [_struct_dict(i) for i in items[:n.value]], _to_result(starts, n_layers, "float64"), _struct_dict(stats)
