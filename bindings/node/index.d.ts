@@ -81,6 +81,7 @@ export class Pool extends Handle {
   agentIds(): string[];
   agentOpen(id: string): Agent;
   removeAgent(id: string): void;
+  segmentsCreate(owner: string, params?: { static_after_steps?: number; max_segments?: number }): Segments;
 }
 
 export class Agent extends Handle {
@@ -99,7 +100,73 @@ export class Agent extends Handle {
   tokens(first?: number, n?: number): Int32Array;
   textBytes(): Buffer;
   text(): string;
+  /** kvmem_retrieve: query [n_q][n_layers][n_q_heads][head_dim], raw (pre-RoPE). */
+  retrieve(query: TensorLike, opts?: RetrieveOptions): Retrieval;
+  retrieveAsync(query: TensorLike, opts?: RetrieveOptions): Promise<Retrieval>;
+  /** kvmem_gather: sealed blocks concatenated and re-encoded at positions basePosition.. */
+  gather(blocks: Int32Like, basePosition?: number, opts?: ReadOptions): ReadResult;
+  gatherAsync(blocks: Int32Like, basePosition?: number, opts?: ReadOptions): Promise<ReadResult>;
 }
+
+export interface RetrieveOptions {
+  topK?: number; mode?: number; norm?: number; agg?: number; scope?: number; tau?: number; rrC?: number;
+  exclude?: Int32Like; alwaysInclude?: Int32Like; recentWindow?: number; skipRecent?: number;
+  /** a Retrieval to fill again instead of a new one */
+  result?: Retrieval; dtype?: DType;
+}
+
+/** kvmem_retrieval: the reusable result of Agent.retrieve. */
+export class Retrieval extends Handle {
+  constructor();
+  readonly nSets: number;
+  /** blocks (chronological) and their scores of a set, copied */
+  get(set?: number): { blocks: Int32Array; scores: Float32Array };
+  view(set?: number): { blocks: Int32Array; scores: Float32Array };
+  /** S(b) of every sealed block at retrieval time (NaN: not a candidate) */
+  blockScores(set?: number): Float32Array;
+  nTokens(set?: number): number;
+}
+
+export interface SegmentEvent { kind: number; group: number; segment: number; step: number; }
+export interface SegmentsInfo { step: number; n_segments: number; n_indices: number; n_groups: number; n_static: number; n_events: number; }
+export interface SegmentInfo { group: number; alive: number; has_kv: number; last_update: number; n_tokens: number; }
+export interface GroupInfo { state: number; n_members: number; has_kv: number; last_change: number; n_tokens: number; }
+export interface SegmentUnit { kind: number; group: number; segment: number; needs_compute: number; score: number; first_token: number; n_tokens: number; agent_id: string; }
+
+/** kvmem_segments: a KEEP segment store whose KV lives in a Pool. */
+export class Segments extends Handle {
+  constructor(pool: Pool, owner: string, params?: { static_after_steps?: number; max_segments?: number });
+  readonly pool: Pool;
+  add(name: string, group: number): number;
+  update(index: number): void;
+  remove(index: number): void;
+  assign(index: number, group: number): void;
+  step(): void;
+  drainEvents(max?: number): SegmentEvent[];
+  storeSegment(index: number, k: TensorLike, v: TensorLike, opts?: AppendOptions): void;
+  storeGroup(group: number, k: TensorLike, v: TensorLike, opts?: AppendOptions): void;
+  getInfo(): SegmentsInfo;
+  segmentInfo(index: number): SegmentInfo;
+  groupInfo(group: number): GroupInfo;
+  find(name: string): number;
+  name(index: number): string;
+  groupMembers(group: number): number[];
+  plan(scores?: ArrayLike<number> | null, maxUnits?: number): SegmentUnit[];
+}
+
+export function clusterKmeans(emb: ArrayLike<number>, n: number, dim: number, params?: { k?: number; max_iters?: number; seed?: number | bigint }):
+  { labels: Int32Array; centroids: Float32Array; iters: number };
+export function multihopSelect(q2s: ArrayLike<number>, nQuery: number, s2s: ArrayLike<number>, nSegments: number,
+  candidates?: ArrayLike<number> | null, params?: { ratio?: number; max_iters?: number }):
+  { selected: Uint8Array; importance: Float32Array; result: { n_selected: number; iters: number; converged: number } };
+export function multihopSchedule(nLayers: number, avg: number): Float32Array;
+export function loadPlan(computeMs: ArrayLike<number>, nLayers: number, loadBytes: ArrayLike<number | bigint>, nSegments: number,
+  recompute: ArrayLike<number>, params?: { bandwidth_gbps?: number; max_ahead?: number }):
+  { items: { segment: number; layer: number; issue_layer: number; start_ms: number; end_ms: number }[]; layerStartMs: Float64Array; stats: Record<string, number> };
+export const GROUP_DYNAMIC: 0, GROUP_STATIC: 1;
+export const SEG_EVENT_SEGMENT_STALE: 1, SEG_EVENT_GROUP_STATIC: 2, SEG_EVENT_GROUP_DYNAMIC: 3;
+export const SEG_UNIT_SEGMENT: 0, SEG_UNIT_GROUP: 1;
+export const RETRIEVE_AABB: 0, RETRIEVE_EXACT: 1, NORM_SOFTMAX: 0, NORM_RR: 1, AGG_MAX: 0, AGG_SUM: 1, SCOPE_GLOBAL: 0, SCOPE_PER_LAYER: 1;
 
 export function modelSpec(fields?: Partial<ModelSpec> & { layerWindow?: Int32Like }): Required<ModelSpec>;
 export function specValidate(spec: ModelSpec): void;

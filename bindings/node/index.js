@@ -154,6 +154,26 @@ class Handle {
 }
 if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
 
+// K, V [n_layers][T][n_kv_heads][head_dim] and kvmem_append_params from opts
+function kvArgs(spec, k, v, opts = {}) {
+  const shape = [spec.n_layers, -1, spec.n_kv_heads, spec.head_dim];
+  const kt = tensor(k, 'k', shape, opts.dtype);
+  const vt = tensor(v, 'v', shape, opts.dtype);
+  const T = kt.shape[1];
+  const ap = C.kvmem_append_default_params();
+  ap.token_ids = int32s(opts.tokenIds, 'tokenIds', T);
+  if (opts.text !== undefined && opts.text !== null) {
+    const tb = Buffer.isBuffer(opts.text) ? opts.text : Buffer.from(String(opts.text), 'utf8');
+    // koffi passes a Buffer as a pointer to its bytes (no NUL needed: text_len says how many)
+    ap.text = tb.length ? tb : null;
+    ap.text_len = tb.length;
+  }
+  ap.token_text_offsets = int32s(opts.tokenTextOffsets, 'tokenTextOffsets', T);
+  ap.positions = int32s(opts.positions, 'positions', T);
+  ap.keys_rotated = (opts.keysRotated ?? (opts.positions != null)) ? 1 : 0;
+  return [kt, vt, ap];
+}
+
 class Context extends Handle {
   // backend: 'cpu', 'cuda', 'vulkan' or 'auto'; nThreads 0 = online cores
   constructor({ backend = 'auto', nThreads = 0 } = {}) {
@@ -206,6 +226,7 @@ class Pool extends Handle {
     this._own(out[0], C.kvmem_pool_free, 'Pool');
     this.context = ctx;
     this._agents = new Set(); // WeakRefs: agents may be collected before the pool
+    this._segments = new Set();
     ctx._pools.add(this);
     this.spec = this.getSpec();
   }
@@ -217,6 +238,8 @@ class Pool extends Handle {
   close() {
     if (this._h === null) return;
     if (this._busyTree()) throw new errors.BusyError('Pool: an async call is still running on one of its agents');
+    for (const r of this._segments) r.deref()?.close(); // the pool must outlive its segment stores
+    this._segments.clear();
     for (const r of this._agents) r.deref()?._forget(); // kvmem_pool_free frees every agent handle
     this._agents.clear();
     this.context._pools.delete(this);
@@ -233,6 +256,7 @@ class Pool extends Handle {
   }
   agentIds() { return Array.from({ length: this.getInfo().n_agents }, (_, i) => this.agentId(i)); }
   agentOpen(id) { return new Agent(this, id); }
+  segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, id); }
 }
 
@@ -254,23 +278,8 @@ class Agent extends Handle {
   get id() { return C.kvmem_agent_get_id(this.handle); }
   _kvShape(n = -1) { const s = this.pool.spec; return [s.n_layers, n, s.n_kv_heads, s.head_dim]; }
 
-  _appendArgs(k, v, opts = {}) {
-    const kt = tensor(k, 'k', this._kvShape(), opts.dtype);
-    const vt = tensor(v, 'v', this._kvShape(), opts.dtype);
-    const T = kt.shape[1];
-    const ap = C.kvmem_append_default_params();
-    ap.token_ids = int32s(opts.tokenIds, 'tokenIds', T);
-    if (opts.text !== undefined && opts.text !== null) {
-      const tb = Buffer.isBuffer(opts.text) ? opts.text : Buffer.from(String(opts.text), 'utf8');
-      // koffi passes a Buffer as a pointer to its bytes (no NUL needed: text_len says how many)
-      ap.text = tb.length ? tb : null;
-      ap.text_len = tb.length;
-    }
-    ap.token_text_offsets = int32s(opts.tokenTextOffsets, 'tokenTextOffsets', T);
-    ap.positions = int32s(opts.positions, 'positions', T);
-    ap.keys_rotated = (opts.keysRotated ?? (opts.positions != null)) ? 1 : 0;
-    return [this.handle, kt, vt, ap];
-  }
+  _appendArgs(k, v, opts = {}) { return [this.handle, ...kvArgs(this.pool.spec, k, v, opts)]; }
+
   // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
   // positions (post-RoPE keys), keysRotated, dtype
   append(k, v, opts) { C.kvmem_agent_append(...this._appendArgs(k, v, opts)); }
@@ -400,6 +409,129 @@ class Retrieval extends Handle {
 }
 
 // ---------------------------------------------------------------------------
+// KEEP segments
+// ---------------------------------------------------------------------------
+
+const strip = (o) => { const r = { ...o }; delete r.reserved; return r; };
+function withParams(defaults, params = {}, what) {
+  for (const [k, v] of Object.entries(params)) {
+    if (!(k in defaults) || k === 'reserved') throw new TypeError(`kvmem: ${what}: unknown parameter ${k}`);
+    defaults[k] = v;
+  }
+  return defaults;
+}
+
+// kvmem_segments: a KEEP segment store whose KV lives in a Pool (params:
+// static_after_steps, max_segments). close() frees it and removes its agents.
+class Segments extends Handle {
+  constructor(pool, owner, params) {
+    super();
+    const out = [null];
+    C.kvmem_segments_create(pool.handle, owner, withParams(C.kvmem_segments_default_params(), params, 'Segments'), out);
+    this._own(out[0], C.kvmem_segments_free, 'Segments');
+    this.pool = pool;
+    this._ref = new WeakRef(this);
+    pool._segments.add(this._ref);
+  }
+  close() {
+    if (this._h !== null) this.pool._segments.delete(this._ref);
+    super.close();
+  }
+  add(name, group) { const i = [0]; C.kvmem_segments_add(this.handle, name, group, i); return i[0]; }
+  update(index) { C.kvmem_segments_update(this.handle, index); }
+  remove(index) { C.kvmem_segments_remove(this.handle, index); }
+  assign(index, group) { C.kvmem_segments_assign(this.handle, index, group); }
+  step() { C.kvmem_segments_step(this.handle); }
+  // queued events, oldest first (all of them unless max is given)
+  drainEvents(max = Infinity) {
+    const out = [];
+    while (out.length < max) {
+      const cap = Math.min(64, max - out.length);
+      const buf = Array.from({ length: cap }, () => ({}));
+      const n = [0], left = [0];
+      C.kvmem_segments_drain_events(this.handle, buf, cap, n, left);
+      for (let i = 0; i < n[0]; i++) out.push(strip(buf[i]));
+      if (!left[0] || !n[0]) break;
+    }
+    return out;
+  }
+  // the KV of one segment / of a STATIC group, [n_layers][T][n_kv_heads][head_dim] (opts as Agent.append)
+  storeSegment(index, k, v, opts) { C.kvmem_segments_store_segment(this.handle, index, ...kvArgs(this.pool.spec, k, v, opts)); }
+  storeGroup(group, k, v, opts) { C.kvmem_segments_store_group(this.handle, group, ...kvArgs(this.pool.spec, k, v, opts)); }
+  getInfo() { const o = {}; C.kvmem_segments_get_info(this.handle, o); return strip(o); }
+  segmentInfo(index) { const o = {}; C.kvmem_segments_segment_info(this.handle, index, o); return strip(o); }
+  groupInfo(group) { const o = {}; C.kvmem_segments_group_info(this.handle, group, o); return strip(o); }
+  find(name) { const i = [0]; C.kvmem_segments_find(this.handle, name, i); return i[0]; }
+  name(index) {
+    const len = [0];
+    C.kvmem_segments_name(this.handle, index, null, 0, len);
+    const buf = Buffer.alloc(len[0] + 1);
+    C.kvmem_segments_name(this.handle, index, buf, buf.length, len);
+    return buf.toString('utf8', 0, len[0]);
+  }
+  groupMembers(group) {
+    const n = [0];
+    C.kvmem_segments_group_members(this.handle, group, null, 0, n);
+    const out = new Int32Array(n[0]);
+    if (n[0]) C.kvmem_segments_group_members(this.handle, group, out, n[0], n);
+    return Array.from(out.subarray(0, n[0]));
+  }
+  // units to load for a query, best first; scores: one per segment index (Float32Array or numbers) or null
+  plan(scores = null, maxUnits = 0) {
+    const sc = scores == null ? null : (scores instanceof Float32Array ? scores : Float32Array.from(scores));
+    const ns = sc ? sc.length : 0;
+    const n = [0];
+    C.kvmem_segments_plan(this.handle, sc, ns, maxUnits, null, 0, n);
+    if (!n[0]) return [];
+    const out = Array.from({ length: n[0] }, () => ({}));
+    C.kvmem_segments_plan(this.handle, sc, ns, maxUnits, out, out.length, n);
+    return out.slice(0, n[0]).map(strip);
+  }
+}
+
+const asF32 = (x, n, what) => { const a = x instanceof Float32Array ? x : Float32Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
+const asU8 = (x, n, what) => { const a = x instanceof Uint8Array ? x : Uint8Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
+
+// kvmem_cluster_kmeans over emb [n][dim] f32: {labels, centroids, iters}; params: k, max_iters, seed
+function clusterKmeans(emb, n, dim, params) {
+  const kp = withParams(C.kvmem_kmeans_default_params(), params, 'clusterKmeans');
+  const e = asF32(emb, n * dim, 'emb');
+  const labels = new Int32Array(n), centroids = new Float32Array(Math.max(kp.k, 0) * dim), iters = [0];
+  C.kvmem_cluster_kmeans(e, n, dim, kp, labels, centroids, iters);
+  return { labels, centroids, iters: iters[0] };
+}
+
+// kvmem_multihop_select: q2s [nQuery][nSegments], s2s [nSegments][nSegments]; {selected, importance, result}
+function multihopSelect(q2s, nQuery, s2s, nSegments, candidates = null, params) {
+  const mp = withParams(C.kvmem_multihop_default_params(), params, 'multihopSelect');
+  const selected = new Uint8Array(nSegments), importance = new Float32Array(nSegments), result = {};
+  C.kvmem_multihop_select(mp, asF32(q2s, nQuery * nSegments, 'q2s'), nQuery, asF32(s2s, nSegments * nSegments, 's2s'), nSegments,
+                          candidates == null ? null : asU8(candidates, nSegments, 'candidates'), selected, importance, result);
+  return { selected, importance, result: strip(result) };
+}
+
+function multihopSchedule(nLayers, avg) {
+  const r = new Float32Array(nLayers);
+  C.kvmem_multihop_schedule(nLayers, avg, r);
+  return r;
+}
+
+// kvmem_load_plan: {items, layerStartMs, stats}; params: bandwidth_gbps, max_ahead
+function loadPlan(computeMs, nLayers, loadBytes, nSegments, recompute, params) {
+  const lp = withParams(C.kvmem_load_plan_default_params(), params, 'loadPlan');
+  const cm = computeMs instanceof Float64Array ? computeMs : Float64Array.from(computeMs);
+  const lb = loadBytes instanceof BigUint64Array ? loadBytes : BigUint64Array.from(loadBytes, BigInt);
+  if (cm.length !== nLayers || lb.length !== nSegments) throw new RangeError('kvmem: loadPlan: computeMs needs nLayers values, loadBytes nSegments');
+  const rc = asU8(recompute, nLayers * nSegments, 'recompute');
+  const n = [0];
+  C.kvmem_load_plan(lp, cm, nLayers, lb, nSegments, rc, null, 0, n, null, null);
+  const items = Array.from({ length: Math.max(n[0], 1) }, () => ({}));
+  const starts = new Float64Array(nLayers), stats = {};
+  C.kvmem_load_plan(lp, cm, nLayers, lb, nSegments, rc, items, items.length, n, starts, stats);
+  return { items: items.slice(0, n[0]).map(strip), layerStartMs: starts, stats };
+}
+
+// ---------------------------------------------------------------------------
 // Free functions
 // ---------------------------------------------------------------------------
 
@@ -436,7 +568,10 @@ function logSet(fn) {
 
 module.exports = {
   ...errors,
-  Context, Pool, Agent, Retrieval,
+  Context, Pool, Agent, Retrieval, Segments,
+  clusterKmeans, multihopSelect, multihopSchedule, loadPlan,
+  GROUP_DYNAMIC: 0, GROUP_STATIC: 1, SEG_EVENT_SEGMENT_STALE: 1, SEG_EVENT_GROUP_STATIC: 2, SEG_EVENT_GROUP_DYNAMIC: 3,
+  SEG_UNIT_SEGMENT: 0, SEG_UNIT_GROUP: 1,
   RETRIEVE_AABB: 0, RETRIEVE_EXACT: 1, NORM_SOFTMAX: 0, NORM_RR: 1, AGG_MAX: 0, AGG_SUM: 1,
   SCOPE_GLOBAL: 0, SCOPE_PER_LAYER: 1,
   modelSpec, specValidate, ropeApply, backends, logSet, tensor,

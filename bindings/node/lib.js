@@ -50,7 +50,8 @@ for (const e of ['kvmem_status', 'kvmem_dtype', 'kvmem_log_level', 'kvmem_rope_s
   koffi.alias(e, 'int');
 for (const e of ['kvmem_retrieve_mode', 'kvmem_retrieve_norm', 'kvmem_retrieve_agg', 'kvmem_retrieve_scope'])
   koffi.alias(e, 'int');
-for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent', 'kvmem_retrieval']) koffi.opaque(o);
+koffi.alias('kvmem_group_state', 'int');
+for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent', 'kvmem_retrieval', 'kvmem_segments']) koffi.opaque(o);
 
 const types = {
   kvmem_tensor: koffi.struct('kvmem_tensor', {
@@ -90,6 +91,35 @@ const types = {
     top_k: 'int32_t', mode: 'kvmem_retrieve_mode', norm: 'kvmem_retrieve_norm', agg: 'kvmem_retrieve_agg',
     scope: 'kvmem_retrieve_scope', tau: 'float', rr_c: 'float', exclude: 'const int32_t *', n_exclude: 'int32_t',
     always_include: 'const int32_t *', n_always_include: 'int32_t', recent_window: 'int32_t', skip_recent: 'int32_t',
+  }),
+  kvmem_segments_params: koffi.struct('kvmem_segments_params', { static_after_steps: 'int32_t', max_segments: 'int32_t' }),
+  kvmem_segment_event: koffi.struct('kvmem_segment_event', {
+    kind: 'int32_t', group: 'int32_t', segment: 'int32_t', reserved: 'int32_t', step: 'int64_t',
+  }),
+  kvmem_segments_info: koffi.struct('kvmem_segments_info', {
+    step: 'int64_t', n_segments: 'int32_t', n_indices: 'int32_t', n_groups: 'int32_t', n_static: 'int32_t', n_events: 'uint64_t',
+  }),
+  kvmem_segment_info: koffi.struct('kvmem_segment_info', {
+    group: 'int32_t', alive: 'int32_t', has_kv: 'int32_t', reserved: 'int32_t', last_update: 'int64_t', n_tokens: 'int64_t',
+  }),
+  kvmem_group_info: koffi.struct('kvmem_group_info', {
+    state: 'kvmem_group_state', n_members: 'int32_t', has_kv: 'int32_t', reserved: 'int32_t', last_change: 'int64_t', n_tokens: 'int64_t',
+  }),
+  kvmem_segment_unit: koffi.struct('kvmem_segment_unit', {
+    kind: 'int32_t', group: 'int32_t', segment: 'int32_t', needs_compute: 'int32_t', score: 'float', reserved: 'int32_t',
+    first_token: 'int64_t', n_tokens: 'int64_t', agent_id: koffi.array('char', 129, 'String'),
+  }),
+  kvmem_kmeans_params: koffi.struct('kvmem_kmeans_params', { k: 'int32_t', max_iters: 'int32_t', seed: 'uint64_t' }),
+  kvmem_multihop_params: koffi.struct('kvmem_multihop_params', { ratio: 'float', max_iters: 'int32_t' }),
+  kvmem_multihop_result: koffi.struct('kvmem_multihop_result', { n_selected: 'int32_t', iters: 'int32_t', converged: 'int32_t', reserved: 'int32_t' }),
+  kvmem_load_plan_params: koffi.struct('kvmem_load_plan_params', { bandwidth_gbps: 'double', max_ahead: 'int32_t', reserved: 'int32_t' }),
+  kvmem_load_item: koffi.struct('kvmem_load_item', {
+    segment: 'int32_t', layer: 'int32_t', issue_layer: 'int32_t', reserved: 'int32_t', start_ms: 'double', end_ms: 'double',
+  }),
+  kvmem_load_plan_stats: koffi.struct('kvmem_load_plan_stats', {
+    naive_makespan_ms: 'double', naive_compute_idle_ms: 'double', naive_load_idle_ms: 'double',
+    balanced_makespan_ms: 'double', balanced_compute_idle_ms: 'double', balanced_load_idle_ms: 'double',
+    compute_ms: 'double', load_ms: 'double', n_loads: 'uint64_t',
   }),
 };
 types.kvmem_log_callback = koffi.proto('void kvmem_log_callback(kvmem_log_level level, const char *message, void *user_data)');
@@ -150,6 +180,32 @@ const DECLARATIONS = [
   'kvmem_status kvmem_retrieval_block_scores(const kvmem_retrieval *r, int32_t set, _Out_ const void **scores, _Out_ int32_t *n_blocks)',
   'kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set, _Out_ int64_t *n_tokens)',
   'kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base_position, const kvmem_tensor *k_out, const kvmem_tensor *v_out)',
+  // KEEP segments
+  'kvmem_segments_params kvmem_segments_default_params(void)',
+  'kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kvmem_segments_params *params, _Out_ kvmem_segments **out)',
+  'void kvmem_segments_free(kvmem_segments *segs)',
+  'kvmem_status kvmem_segments_add(kvmem_segments *segs, const char *name, int32_t group, _Out_ int32_t *index)',
+  'kvmem_status kvmem_segments_update(kvmem_segments *segs, int32_t index)',
+  'kvmem_status kvmem_segments_remove(kvmem_segments *segs, int32_t index)',
+  'kvmem_status kvmem_segments_assign(kvmem_segments *segs, int32_t index, int32_t group)',
+  'kvmem_status kvmem_segments_step(kvmem_segments *segs)',
+  'kvmem_status kvmem_segments_drain_events(kvmem_segments *segs, _Out_ kvmem_segment_event *out, size_t capacity, _Out_ size_t *n_out, _Out_ size_t *n_left)',
+  'kvmem_status kvmem_segments_store_segment(kvmem_segments *segs, int32_t index, const kvmem_tensor *k, const kvmem_tensor *v, const kvmem_append_params *params)',
+  'kvmem_status kvmem_segments_store_group(kvmem_segments *segs, int32_t group, const kvmem_tensor *k, const kvmem_tensor *v, const kvmem_append_params *params)',
+  'kvmem_status kvmem_segments_get_info(kvmem_segments *segs, _Out_ kvmem_segments_info *out)',
+  'kvmem_status kvmem_segments_segment_info(kvmem_segments *segs, int32_t index, _Out_ kvmem_segment_info *out)',
+  'kvmem_status kvmem_segments_group_info(kvmem_segments *segs, int32_t group, _Out_ kvmem_group_info *out)',
+  'kvmem_status kvmem_segments_find(kvmem_segments *segs, const char *name, _Out_ int32_t *index)',
+  'kvmem_status kvmem_segments_name(kvmem_segments *segs, int32_t index, _Out_ uint8_t *buf, size_t size, _Out_ size_t *len)',
+  'kvmem_status kvmem_segments_group_members(kvmem_segments *segs, int32_t group, int32_t *out, size_t capacity, _Out_ size_t *n_members)',
+  'kvmem_status kvmem_segments_plan(kvmem_segments *segs, const float *scores, size_t n_scores, int32_t max_units, _Out_ kvmem_segment_unit *out, size_t capacity, _Out_ size_t *n_units)',
+  'kvmem_kmeans_params kvmem_kmeans_default_params(void)',
+  'kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const kvmem_kmeans_params *params, int32_t *labels, float *centroids, _Out_ int32_t *iters)',
+  'kvmem_multihop_params kvmem_multihop_default_params(void)',
+  'kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const float *q2s, int32_t n_query, const float *s2s, int32_t n_segments, const uint8_t *candidates, uint8_t *selected, float *importance, _Out_ kvmem_multihop_result *result)',
+  'kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, float *ratios)',
+  'kvmem_load_plan_params kvmem_load_plan_default_params(void)',
+  'kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double *compute_ms, int32_t n_layers, const uint64_t *load_bytes, int32_t n_segments, const uint8_t *recompute, _Out_ kvmem_load_item *items, size_t capacity, _Out_ size_t *n_items, double *layer_start_ms, _Out_ kvmem_load_plan_stats *stats)',
 ];
 
 const fns = {};       // name -> wrapped function (throws on a failing status)
