@@ -27,3 +27,15 @@ test('every public function is used by the high-level API', () => {
   const used = new Set([...src.matchAll(/\bC\.(kvmem_\w+)/g)].map(m => m[1]));
   assert.deepEqual(names.filter(n => !used.has(n) && !LOW_LEVEL_ONLY.has(n)), []);
 });
+
+test('every public struct is mirrored with the size the C compiler gives it', () => {
+  const { fixture } = require('./scenario');
+  const abi = fixture().abi;
+  const hdr = fs.readFileSync(path.join(REPO, 'include', 'kvmem.h'), 'utf8');
+  const structs = [...hdr.matchAll(/typedef struct (kvmem_\w+) \{/g)].map(m => m[1]);
+  assert.ok(structs.length >= 9);
+  assert.deepEqual(structs.filter(s => !(s in abi)), [], 'add them to ABI_STRUCTS in bindings/fixture/scenario.c');
+  const wrong = structs.filter(s => !L.types[s] || L.koffi.sizeof(L.types[s]) !== abi[s])
+    .map(s => [s, L.types[s] ? L.koffi.sizeof(L.types[s]) : null, abi[s]]);
+  assert.deepEqual(wrong, []);
+});

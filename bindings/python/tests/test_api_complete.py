@@ -2,6 +2,7 @@
 reachable from the high-level API (or listed here as deliberately low-level)."""
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 
@@ -45,3 +46,18 @@ def test_prototypes_match_header():
         assert m, name
         norm = lambda s: re.sub(r"\s+", " ", s.replace("* ", "*")).replace(" *", "*").strip()
         assert norm(m.group(1)) == norm(_lib.DECLARED[name]), name
+
+
+def test_struct_mirrors_match_the_compiler():
+    """Every public struct is mirrored with the size the C compiler gives it
+    (the fixture program records sizeof of each)."""
+    from scenario import fixture
+    abi = fixture()["abi"]
+    hdr = (REPO / "include" / "kvmem.h").read_text()
+    structs = re.findall(r"typedef struct (kvmem_\w+) \{", hdr)
+    assert len(structs) >= 9
+    unknown = [s for s in structs if s not in abi]
+    assert not unknown, f"add {unknown} to ABI_STRUCTS in bindings/fixture/scenario.c"
+    wrong = {s: (ctypes.sizeof(getattr(_lib, s)) if hasattr(_lib, s) else None, abi[s])
+             for s in structs if not hasattr(_lib, s) or ctypes.sizeof(getattr(_lib, s)) != abi[s]}
+    assert not wrong, f"kvmem._lib struct sizes (binding, C): {wrong}"
