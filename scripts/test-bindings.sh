@@ -61,7 +61,7 @@ elif [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 18 ]; then
 elif [ ! -d "$root/bindings/node/node_modules/koffi" ]; then
   skip node "koffi is not installed (scripts/install-deps.sh, or: cd bindings/node && npm ci)"
 else
-  run node '^# pass [0-9]+' node --test "$root/bindings/node/test/" "$root/examples/node/memory-service/test/"
+  run node '^# pass [0-9]+' node --test "$root/bindings/node/test/" "$root/examples/node/"
 fi
 
 # ---- Go: cgo against the build tree
