@@ -668,12 +668,19 @@ _FMT = {ctypes.c_float: ("f",), ctypes.c_double: ("d",), ctypes.c_uint8: ("B", "
         ctypes.c_uint64: ("Q", "L" if ctypes.sizeof(ctypes.c_ulong) == 8 else "Q")}
 
 
-_COUNTS: Dict[int, int] = {}
+class _Copied:
+    """A ctypes copy of a Python sequence, and how many values it holds."""
+
+    def __init__(self, arr: Any, n: int):
+        self.arr, self.n = arr, n
+
+    def count(self) -> int:
+        return self.n
 
 
 def _count(keep: Any) -> int:
-    """Values behind what _in_array returned (a View, or a ctypes copy of a sequence)."""
-    return keep.count() if isinstance(keep, B.View) else _COUNTS.pop(id(keep), len(keep))
+    """Values behind what _in_array returned (a View or a _Copied)."""
+    return keep.count()
 
 
 def _in_array(obj: Any, ctype: Any, n: Optional[int], what: str) -> Tuple[Any, Any]:
@@ -693,8 +700,7 @@ def _in_array(obj: Any, ctype: Any, n: Optional[int], what: str) -> Tuple[Any, A
         if n is not None and len(flat) != n:
             raise ValueError(f"kvmem: {what} has {len(flat)} values, expected {n}")
         arr = (ctype * max(len(flat), 1))(*flat)
-        _COUNTS[id(arr)] = len(flat)
-        return ctypes.cast(arr, c_void_p), arr
+        return ctypes.cast(arr, c_void_p), _Copied(arr, len(flat))
     v = B.View(obj, False, what)
     try:
         if v.format not in _FMT[ctype] or v.itemsize != ctypes.sizeof(ctype):
