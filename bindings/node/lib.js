@@ -231,7 +231,7 @@ for (const proto of DECLARATIONS) {
     missing.add(name);
     const fail = () => { throw new errors.UnsupportedError(`${name} is not in ${libraryPath} (built from an older kvmem)`); };
     fns[name] = fail;
-    fail.async = (...a) => a[a.length - 1](new errors.UnsupportedError(`${name} is not in ${libraryPath}`));
+    fail.async = async () => fail();
     continue;
   }
   raw[name] = f;
