@@ -24,6 +24,10 @@ from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN,
                        agent_id_valid, backends, dtype_name, last_error, log_set, rope_apply,
                        status_str, version, version_number)
 
+from ._intentkv import (DEAD_SLOT, SENTINEL_K, SESSION_EXPLICIT, SESSION_LOCAL, SESSION_MARKED,
+                        SESSION_PREFIX, KVStore, QmemHead, QmemStore, SlotMap, h2o_accumulate, h2o_keep,
+                        qmem_score, select_keep, snapkv_score, streaming_keep)
+
 __version__ = "0.1.0"
 
 __all__ = [n for n in dir() if not n.startswith("_")]

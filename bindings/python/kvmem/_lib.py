@@ -192,11 +192,37 @@ class kvmem_load_plan_stats(Structure):
                 ("compute_ms", c_double), ("load_ms", c_double), ("n_loads", c_uint64)]
 
 
+class kvmem_session_key(Structure):
+    _fields_ = [("hi", c_uint64), ("lo", c_uint64), ("kind", c_enum), ("reserved", c_int32)]
+
+
+class kvmem_session_source(Structure):
+    _fields_ = [("session_id", c_char_p), ("token_ids", POINTER(c_int32)), ("n_tokens", c_int64),
+                ("mark_begin", c_int64), ("mark_end", c_int64)]
+
+
+class kvmem_qmem_params(Structure):
+    _fields_ = [("capacity", c_int32), ("prefix_tokens", c_int32), ("lambda", c_double)]
+
+
+class kvmem_kvstore_params(Structure):
+    _fields_ = [("page_slots", c_int32), ("max_slots", c_int64)]
+
+
+class kvmem_kvstore_info(Structure):
+    _fields_ = [("n_slots", c_int64), ("n_used", c_int64), ("n_free", c_int64), ("page_slots", c_int32),
+                ("dead_slot", c_int32)]
+
+
+class kvmem_slotmap_info(Structure):
+    _fields_ = [("length", c_int64), ("n_live", c_int64), ("protect", c_int64), ("n_parked", c_int64)]
+
+
 # void (*kvmem_log_callback)(kvmem_log_level level, const char *message, void *user_data)
 kvmem_log_callback = CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
 
 # opaque handles travel as void*
-ctx_p = pool_p = agent_p = retrieval_p = segs_p = c_void_p
+ctx_p = pool_p = agent_p = retrieval_p = segs_p = qstore_p = qhead_p = kvstore_p = slotmap_p = c_void_p
 f32_p = POINTER(ctypes.c_float)
 i32_p = POINTER(c_int32)
 T_p = POINTER(kvmem_tensor)
@@ -365,6 +391,69 @@ _d("kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const dou
    "size_t capacity, size_t *n_items, double *layer_start_ms, kvmem_load_plan_stats *stats)",
    STATUS, POINTER(kvmem_load_plan_params), c_void_p, c_int32, c_void_p, c_int32, c_void_p,
    POINTER(kvmem_load_item), c_size_t, POINTER(c_size_t), c_void_p, POINTER(kvmem_load_plan_stats))
+# IntentKV: QueryMemory, selection baselines, slot maps
+_d("kvmem_qmem_params kvmem_qmem_default_params(void)", kvmem_qmem_params)
+_d("kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params, "
+   "kvmem_qmem_store **out)", STATUS, POINTER(kvmem_model_spec), POINTER(kvmem_qmem_params), POINTER(qstore_p))
+_d("void kvmem_qmem_store_free(kvmem_qmem_store *store)", None, qstore_p)
+_d("kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store, const kvmem_session_source *src, "
+   "kvmem_session_key *out)", STATUS, qstore_p, POINTER(kvmem_session_source), POINTER(kvmem_session_key))
+_d("kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key, const kvmem_tensor *q, "
+   "int64_t span_begin, int64_t span_end, float *memory_out)",
+   STATUS, qstore_p, POINTER(kvmem_session_key), T_p, c_int64, c_int64, c_void_p)
+_d("kvmem_status kvmem_qmem_get(kvmem_qmem_store *store, const kvmem_session_key *key, float *out)",
+   STATUS, qstore_p, POINTER(kvmem_session_key), c_void_p)
+_d("int32_t kvmem_qmem_count(const kvmem_qmem_store *store)", c_int32, qstore_p)
+_d("kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory, "
+   "const kvmem_tensor *k, float *scores)", STATUS, ctx_p, POINTER(kvmem_model_spec), c_void_p, T_p, c_void_p)
+_d("kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out)", STATUS, c_char_p, POINTER(qhead_p))
+_d("kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qmem_head **out)",
+   STATUS, c_void_p, c_size_t, POINTER(qhead_p))
+_d("void kvmem_qmem_head_free(kvmem_qmem_head *head)", None, qhead_p)
+_d("int32_t kvmem_qmem_head_dim(const kvmem_qmem_head *head)", c_int32, qhead_p)
+_d("float kvmem_qmem_head_alpha(const kvmem_qmem_head *head)", ctypes.c_float, qhead_p)
+_d("kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec, "
+   "const float *memory, const kvmem_tensor *k, const float *rule, int64_t span_begin, int64_t span_end, "
+   "float *scores_out)", STATUS, qhead_p, POINTER(kvmem_model_spec), c_void_p, T_p, c_void_p, c_int64, c_int64, c_void_p)
+_d("kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget, int64_t protect, "
+   "int64_t span_begin, int64_t span_end, int32_t *kept, int64_t *n_kept)",
+   STATUS, c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_void_p, POINTER(c_int64))
+_d("kvmem_status kvmem_streaming_keep(int64_t n, int64_t n_sink, int64_t window, int32_t *kept, int64_t *n_kept)",
+   STATUS, c_int64, c_int64, c_int64, c_void_p, POINTER(c_int64))
+_d("kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc)",
+   STATUS, c_void_p, c_int64, c_int64, c_void_p)
+_d("kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent, int32_t *kept, "
+   "int64_t *n_kept)", STATUS, c_void_p, c_int64, c_int64, c_int64, c_void_p, POINTER(c_int64))
+_d("kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_tensor *q_obs, "
+   "const kvmem_tensor *k, int32_t pool_kernel, float *scores)",
+   STATUS, ctx_p, POINTER(kvmem_model_spec), T_p, T_p, c_int32, c_void_p)
+_d("kvmem_kvstore_params kvmem_kvstore_default_params(void)", kvmem_kvstore_params)
+_d("kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvstore_params *params, "
+   "kvmem_kvstore **out)", STATUS, POINTER(kvmem_model_spec), POINTER(kvmem_kvstore_params), POINTER(kvstore_p))
+_d("void kvmem_kvstore_free(kvmem_kvstore *store)", None, kvstore_p)
+_d("kvmem_status kvmem_kvstore_get_info(kvmem_kvstore *store, kvmem_kvstore_info *out)",
+   STATUS, kvstore_p, POINTER(kvmem_kvstore_info))
+_d("kvmem_status kvmem_kvstore_slot_refs(kvmem_kvstore *store, int32_t slot, int32_t *refs)",
+   STATUS, kvstore_p, c_int32, POINTER(c_int32))
+_d("kvmem_status kvmem_kvstore_read_slot(kvmem_kvstore *store, int32_t slot, float *k_out, float *v_out)",
+   STATUS, kvstore_p, c_int32, c_void_p, c_void_p)
+_d("kvmem_status kvmem_slotmap_create(kvmem_kvstore *store, kvmem_slotmap **out)", STATUS, kvstore_p, POINTER(slotmap_p))
+_d("kvmem_status kvmem_slotmap_fork(kvmem_slotmap *parent, int64_t prefix_len, kvmem_slotmap **out)",
+   STATUS, slotmap_p, c_int64, POINTER(slotmap_p))
+_d("void kvmem_slotmap_free(kvmem_slotmap *map)", None, slotmap_p)
+_d("kvmem_status kvmem_slotmap_append(kvmem_slotmap *map, const kvmem_tensor *k, const kvmem_tensor *v)",
+   STATUS, slotmap_p, T_p, T_p)
+_d("kvmem_status kvmem_slotmap_set_protected(kvmem_slotmap *map, int64_t protect)", STATUS, slotmap_p, c_int64)
+_d("kvmem_status kvmem_slotmap_evict(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept, int64_t *n_freed)",
+   STATUS, slotmap_p, c_void_p, c_int64, POINTER(c_int64))
+_d("kvmem_status kvmem_slotmap_compact(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept, int64_t *n_freed)",
+   STATUS, slotmap_p, c_void_p, c_int64, POINTER(c_int64))
+_d("kvmem_status kvmem_slotmap_slots(const kvmem_slotmap *map, const int32_t **slots, int64_t *len, "
+   "int32_t *dead_slot)", STATUS, slotmap_p, POINTER(c_void_p), POINTER(c_int64), POINTER(c_int32))
+_d("kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, kvmem_slotmap_info *out)",
+   STATUS, slotmap_p, POINTER(kvmem_slotmap_info))
+_d("kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out, "
+   "const kvmem_tensor *v_out, int32_t *positions_out)", STATUS, slotmap_p, T_p, T_p, c_void_p)
 del _d
 
 
