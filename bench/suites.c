@@ -13,6 +13,9 @@ extern const kvm_bench_suite kvm_bench_machine;
 /* segments */
 extern const kvm_bench_suite kvm_bench_segments;
 
+/* cuda */
+extern const kvm_bench_suite kvm_bench_cuda;
+
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
     /* retrieval */
@@ -25,5 +28,9 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
 
     /* segments */
     &kvm_bench_segments,
+
+    /* cuda */
+    &kvm_bench_cuda,
+
     NULL,
 };

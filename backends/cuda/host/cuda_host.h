@@ -1,0 +1,174 @@
+/* Host-side logic of the CUDA backend, in plain C so that it builds and is
+ * unit-tested on machines without CUDA (tests/backend/test_cuda_host.c):
+ * argument validation, launch-parameter computation, the caching device
+ * allocator's bookkeeping and the pinned staging plan. The plugin links it;
+ * nothing here calls CUDA. */
+#ifndef KVMEM_CUDA_HOST_H
+#define KVMEM_CUDA_HOST_H
+
+#include "kvmem.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ----
+ * The plugin cannot reach the core's kvm_fail (hidden in libkvmem), so it
+ * keeps its own thread-local message, readable through the backend's
+ * get_proc_address("kvmem_cuda_last_error"). */
+kvmem_status kvm_cu_fail(kvmem_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+const char *kvm_cu_last_error(void);
+
+/* ---- validation ---- */
+
+/* [off, off + n) inside a buffer of `size` bytes, without overflow. */
+bool kvm_cu_in_range(size_t size, size_t off, size_t n);
+/* Bytes of n elements of a tensor dtype (F32/F16/BF16); false on overflow or
+ * another dtype. */
+bool kvm_cu_tensor_bytes(kvmem_dtype dt, size_t n, size_t *bytes);
+
+kvmem_status kvm_cu_check_convert(size_t dst_size, size_t dst_off, kvmem_dtype dst_dtype,
+                                  size_t src_size, size_t src_off, kvmem_dtype src_dtype, size_t n);
+kvmem_status kvm_cu_check_aabb_build(size_t keys_size, size_t keys_off, size_t n_groups,
+                                     size_t group_stride, size_t n_rows, size_t dim,
+                                     size_t min_size, size_t max_size, size_t out_off);
+
+/* Head dims with a compiled kernel (DISPATCH_HEAD_DIM in common.cuh). */
+bool kvm_cu_head_dim_supported(int32_t head_dim);
+
+/* ---- launch parameters ---- */
+
+typedef struct kvm_cu_grid {
+    uint32_t blocks;  /* 0 when there is nothing to do */
+    uint32_t threads;
+} kvm_cu_grid;
+
+/* Grid-stride 1-D launch: enough blocks to cover n, at most max_blocks. */
+kvm_cu_grid kvm_cu_grid_1d(size_t n, uint32_t threads, uint32_t max_blocks);
+
+/* aabb_build: one block per group, threads over dims (a warp multiple, at
+ * most 256); beyond 65535*16 groups the kernel's grid-stride loop takes the rest. */
+kvm_cu_grid kvm_cu_grid_aabb(size_t n_groups, size_t dim);
+
+/* aabb_score (fused GEMM + per-token normalisation + aggregation), one CTA per
+ * (layer, query head). */
+typedef struct kvm_cu_score_shape {
+    int32_t n_layers, n_q_heads, n_kv_heads, head_dim;
+    int32_t n_q;      /* query tokens */
+    int32_t n_blocks; /* candidate blocks */
+    int32_t norm_rr;  /* 1: reciprocal-rank normalisation (needs a per-row sort) */
+} kvm_cu_score_shape;
+
+typedef struct kvm_cu_score_plan {
+    int32_t rows_pad;    /* n_q rounded up to the 16-row MMA tile */
+    int32_t nb_pad;      /* n_blocks rounded up to the 16-column MMA tile */
+    int32_t sort_len;    /* power of two >= n_blocks for the RR sort; 0 for softmax */
+    int32_t in_smem;     /* 1: scores stay in shared memory; 0: in the workspace */
+    size_t smem_bytes;   /* dynamic shared memory per CTA */
+    size_t qp_bytes;     /* [L][Hq][rows_pad][2D] half query operand */
+    size_t blk_bytes;    /* [L][Hkv][nb_pad][2D] half block operand */
+    size_t ws_bytes;     /* workspace the caller provides (qp + global scores/sort when !in_smem) */
+} kvm_cu_score_plan;
+
+#define KVM_CU_SCORE_MAX_Q 64 /* query tokens per fused CTA (4 MMA row tiles) */
+
+/* Fill *plan for a shape and a per-CTA shared memory limit; INVALID_ARG or
+ * UNSUPPORTED (with a message) when the shape cannot run. */
+kvmem_status kvm_cu_score_plan_make(const kvm_cu_score_shape *s, size_t smem_limit,
+                                    kvm_cu_score_plan *plan);
+
+#define KVM_CU_TOPK_MAX_K 2048
+
+/* Block top-k: one CTA, the selected indices sorted chronologically in a
+ * power-of-two buffer of shared memory. */
+typedef struct kvm_cu_topk_plan {
+    int32_t k;          /* min(k, n) */
+    int32_t sort_len;   /* power of two >= k */
+    size_t smem_bytes;
+} kvm_cu_topk_plan;
+kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan);
+
+/* ART attention decode: logical positions cut into tiles of `tile`; tiles
+ * are visited in waves of `tiles_per_wave` (all CTAs of a wave run in
+ * parallel, split-K); after each wave a fold in traversal order applies the
+ * stop rule, so the work spent past the stopping tile is at most one wave. */
+typedef struct kvm_cu_attend_shape {
+    int64_t n_pos;       /* logical positions in the slot map */
+    int32_t tile;        /* positions per tile, a multiple of 32 in [32, 1024] */
+    int32_t n_q_heads, n_kv_heads, head_dim;
+    int32_t n_tiles_visit; /* tiles in the traversal order (<= ceil(n_pos / tile)) */
+    int32_t tiles_per_wave; /* 0: chosen from the SM count */
+    int32_t n_sms;          /* multiprocessors of the device (for the choice) */
+} kvm_cu_attend_shape;
+
+typedef struct kvm_cu_attend_plan {
+    int32_t n_tiles;        /* ceil(n_pos / tile) */
+    int32_t tiles_per_wave;
+    int32_t n_waves;
+    size_t partial_bytes;   /* [Hq][tiles_per_wave][head_dim + 2] f32 partials */
+    size_t state_stride;    /* bytes of one head's running state (kvm_cu_attend_state_bytes) */
+    size_t state_bytes;     /* [Hq] running states */
+    size_t ws_bytes;        /* partial_bytes + state_bytes, 256-aligned pieces */
+} kvm_cu_attend_plan;
+/* One head's running state: o[D], m, l, the previous probe z[32], then
+ * int32 streak, visited, stopped, have_prev; 16-byte aligned. */
+size_t kvm_cu_attend_state_bytes(int32_t head_dim);
+kvmem_status kvm_cu_attend_plan_make(const kvm_cu_attend_shape *s, kvm_cu_attend_plan *plan);
+
+/* ---- caching device allocator ----
+ * Freed blocks are kept by rounded size and handed out again, so the
+ * steady state of a serving loop makes no cudaMalloc/cudaFree calls (both
+ * synchronise the device). Raw memory comes from callbacks (cudaMalloc in
+ * the plugin, malloc in tests). Thread-safe. */
+typedef void *(*kvm_cu_raw_alloc_fn)(void *user, size_t size);
+typedef void (*kvm_cu_raw_free_fn)(void *user, void *ptr);
+
+typedef struct kvm_cu_allocator kvm_cu_allocator;
+
+typedef struct kvm_cu_alloc_stats {
+    size_t in_use;        /* rounded bytes handed out */
+    size_t cached;        /* rounded bytes kept for reuse */
+    size_t peak_in_use;
+    uint64_t raw_allocs, raw_frees, reuses;
+} kvm_cu_alloc_stats;
+
+/* Size classes: multiples of 512 B up to 1 MiB, of 1 MiB above; 0 -> 512. */
+size_t kvm_cu_round_size(size_t size);
+
+/* max_cached: bytes the cache may keep (0 = none: every free is raw). */
+kvm_cu_allocator *kvm_cu_allocator_create(kvm_cu_raw_alloc_fn raw_alloc, kvm_cu_raw_free_fn raw_free,
+                                          void *user, size_t max_cached);
+/* Frees the cache. Blocks still in use are the caller's (reported by stats). */
+void kvm_cu_allocator_free(kvm_cu_allocator *a);
+/* NULL when the raw allocator fails even after the cache was emptied.
+ * *granted receives the rounded size (pass it back to kvm_cu_release). */
+void *kvm_cu_alloc(kvm_cu_allocator *a, size_t size, size_t *granted);
+void kvm_cu_release(kvm_cu_allocator *a, void *ptr, size_t granted);
+/* Return every cached block to the raw allocator. */
+void kvm_cu_allocator_trim(kvm_cu_allocator *a);
+kvm_cu_alloc_stats kvm_cu_allocator_stats(kvm_cu_allocator *a);
+
+/* ---- pinned staging ----
+ * Host<->device transfers of pageable memory go through two pinned buffers
+ * of `chunk` bytes: while chunk i is in flight on the copy stream, chunk i+1
+ * is copied into the other buffer. */
+typedef struct kvm_cu_chunk {
+    size_t offset, size;
+    int32_t slot; /* which pinned buffer (0 or 1) */
+} kvm_cu_chunk;
+size_t kvm_cu_staging_n_chunks(size_t bytes, size_t chunk);
+kvm_cu_chunk kvm_cu_staging_chunk(size_t bytes, size_t chunk, size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

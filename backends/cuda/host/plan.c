@@ -1,0 +1,195 @@
+/* Validation and launch parameters of the CUDA backend (plain C). */
+#include "cuda_host.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char g_err[512];
+
+kvmem_status kvm_cu_fail(kvmem_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *kvm_cu_last_error(void) { return g_err; }
+
+bool kvm_cu_in_range(size_t size, size_t off, size_t n) { return off <= size && n <= size - off; }
+
+bool kvm_cu_tensor_bytes(kvmem_dtype dt, size_t n, size_t *bytes) {
+    size_t es = dt == KVMEM_F32 ? 4 : (dt == KVMEM_F16 || dt == KVMEM_BF16) ? 2 : 0;
+    if (!es || (n != 0 && es > SIZE_MAX / n)) return false;
+    *bytes = n * es;
+    return true;
+}
+
+kvmem_status kvm_cu_check_convert(size_t dst_size, size_t dst_off, kvmem_dtype ddt, size_t src_size,
+                                  size_t src_off, kvmem_dtype sdt, size_t n) {
+    size_t des, ses, db, sb;
+    if (!kvm_cu_tensor_bytes(ddt, 1, &des) || !kvm_cu_tensor_bytes(sdt, 1, &ses))
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: dtype must be f32, f16 or bf16");
+    if (!kvm_cu_tensor_bytes(ddt, n, &db) || !kvm_cu_tensor_bytes(sdt, n, &sb) ||
+        !kvm_cu_in_range(dst_size, dst_off, db) || !kvm_cu_in_range(src_size, src_off, sb))
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: %zu elements outside the buffers", n);
+    /* device loads are element-aligned: a misaligned offset would fault */
+    if (dst_off % des || src_off % ses)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: offsets must be multiples of the element size");
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_cu_check_aabb_build(size_t keys_size, size_t keys_off, size_t n_groups,
+                                     size_t group_stride, size_t n_rows, size_t dim,
+                                     size_t min_size, size_t max_size, size_t out_off) {
+    if (n_rows == 0 || dim == 0 || n_groups == 0)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: empty input");
+    size_t span, rows, in_elems, in_bytes, out_elems, out_bytes;
+    if (group_stride != 0 && (n_groups - 1) > SIZE_MAX / group_stride)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: ranges outside the buffers");
+    span = (n_groups - 1) * group_stride;
+    if (dim > SIZE_MAX / n_rows || (rows = n_rows * dim) > SIZE_MAX - span ||
+        (in_elems = span + rows) > SIZE_MAX / 4 || dim > SIZE_MAX / n_groups ||
+        (out_elems = n_groups * dim) > SIZE_MAX / 4)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: ranges outside the buffers");
+    in_bytes = in_elems * 4;
+    out_bytes = out_elems * 4;
+    if (!kvm_cu_in_range(keys_size, keys_off, in_bytes) || !kvm_cu_in_range(min_size, out_off, out_bytes) ||
+        !kvm_cu_in_range(max_size, out_off, out_bytes))
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: ranges outside the buffers");
+    if (keys_off % 4 || out_off % 4)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: offsets must be multiples of 4 bytes");
+    return KVMEM_OK;
+}
+
+bool kvm_cu_head_dim_supported(int32_t d) { return d == 64 || d == 128 || d == 256; }
+
+kvm_cu_grid kvm_cu_grid_1d(size_t n, uint32_t threads, uint32_t max_blocks) {
+    kvm_cu_grid g = {0, threads ? threads : 256};
+    if (n == 0) return g;
+    size_t b = (n + g.threads - 1) / g.threads;
+    if (max_blocks == 0) max_blocks = 1;
+    g.blocks = b > max_blocks ? max_blocks : (uint32_t)b;
+    return g;
+}
+
+kvm_cu_grid kvm_cu_grid_aabb(size_t n_groups, size_t dim) {
+    kvm_cu_grid g = {0, 32};
+    if (n_groups == 0 || dim == 0) return g;
+    size_t t = (dim + 31) / 32 * 32;
+    g.threads = (uint32_t)(t > 256 ? 256 : t);
+    /* grid-stride over groups: gridDim.x <= 2^31-1, capped where more blocks
+     * only add scheduling work */
+    g.blocks = n_groups > 65535u * 16u ? 65535u * 16u : (uint32_t)n_groups;
+    return g;
+}
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+static int32_t pow2_at_least(int32_t n) {
+    int32_t p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+kvmem_status kvm_cu_score_plan_make(const kvm_cu_score_shape *s, size_t smem_limit,
+                                    kvm_cu_score_plan *plan) {
+    if (!s || !plan) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_score plan: NULL argument");
+    if (s->n_layers < 1 || s->n_q_heads < 1 || s->n_kv_heads < 1 || s->n_q_heads % s->n_kv_heads)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG,
+                           "aabb_score: %d layers, %d query heads, %d KV heads: need >= 1 and query heads a multiple of KV heads",
+                           s->n_layers, s->n_q_heads, s->n_kv_heads);
+    if (!kvm_cu_head_dim_supported(s->head_dim))
+        return kvm_cu_fail(KVMEM_ERR_UNSUPPORTED, "aabb_score: head_dim %d has no CUDA kernel (64, 128, 256)",
+                           s->head_dim);
+    if (s->n_q < 1 || s->n_q > KVM_CU_SCORE_MAX_Q)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_score: %d query tokens: must be in [1, %d]", s->n_q,
+                           KVM_CU_SCORE_MAX_Q);
+    if (s->n_blocks < 1 || s->n_blocks > (1 << 24))
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_score: %d blocks: must be in [1, 2^24]", s->n_blocks);
+    kvm_cu_score_plan p;
+    p.rows_pad = (s->n_q + 15) / 16 * 16;
+    p.nb_pad = (s->n_blocks + 15) / 16 * 16;
+    p.sort_len = s->norm_rr ? pow2_at_least(s->n_blocks) : 0;
+    size_t k2 = 2 * (size_t)s->head_dim, lh_q = (size_t)s->n_layers * (size_t)s->n_q_heads;
+    size_t qp_tile = (size_t)p.rows_pad * k2 * 2;            /* one CTA's query operand */
+    size_t scores = (size_t)p.rows_pad * (size_t)p.nb_pad * 4; /* one CTA's scores */
+    size_t sort = (size_t)p.sort_len * 8;                      /* (key, index) pairs */
+    p.qp_bytes = lh_q * qp_tile;
+    p.blk_bytes = (size_t)s->n_layers * (size_t)s->n_kv_heads * (size_t)p.nb_pad * k2 * 2;
+    size_t smem_all = qp_tile + scores + sort;
+    p.in_smem = smem_all <= smem_limit;
+    p.smem_bytes = p.in_smem ? smem_all : qp_tile;
+    p.ws_bytes = round_up(p.qp_bytes, 256);
+    if (!p.in_smem) p.ws_bytes += round_up(lh_q * (scores + sort), 256);
+    *plan = p;
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan) {
+    if (!plan) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "topk plan: NULL argument");
+    if (n < 1 || n > INT32_MAX)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "topk: %lld candidates: must be in [1, 2^31)", (long long)n);
+    if (k < 1 || k > KVM_CU_TOPK_MAX_K)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "topk: k = %d: must be in [1, %d]", k, KVM_CU_TOPK_MAX_K);
+    plan->k = (int64_t)k < n ? k : (int32_t)n;
+    plan->sort_len = pow2_at_least(plan->k);
+    /* 256-bin histogram + (index, score) pairs to sort */
+    plan->smem_bytes = 256 * 4 + (size_t)plan->sort_len * 8 + 64;
+    return KVMEM_OK;
+}
+
+size_t kvm_cu_attend_state_bytes(int32_t head_dim) {
+    return round_up(((size_t)head_dim + 2 + 32) * 4 + 4 * 4, 16);
+}
+
+kvmem_status kvm_cu_attend_plan_make(const kvm_cu_attend_shape *s, kvm_cu_attend_plan *plan) {
+    if (!s || !plan) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend plan: NULL argument");
+    if (s->n_pos < 1 || s->n_pos > INT32_MAX)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: %lld positions: must be in [1, 2^31)",
+                           (long long)s->n_pos);
+    if (s->tile < 32 || s->tile > 1024 || s->tile % 32)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: tile %d: must be a multiple of 32 in [32, 1024]",
+                           s->tile);
+    if (s->n_q_heads < 1 || s->n_kv_heads < 1 || s->n_q_heads % s->n_kv_heads)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: %d query heads, %d KV heads: need a multiple",
+                           s->n_q_heads, s->n_kv_heads);
+    if (!kvm_cu_head_dim_supported(s->head_dim))
+        return kvm_cu_fail(KVMEM_ERR_UNSUPPORTED, "attend: head_dim %d has no CUDA kernel (64, 128, 256)",
+                           s->head_dim);
+    kvm_cu_attend_plan p;
+    p.n_tiles = (int32_t)((s->n_pos + s->tile - 1) / s->tile);
+    if (s->n_tiles_visit < 1 || s->n_tiles_visit > p.n_tiles)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: %d tiles to visit: must be in [1, %d]",
+                           s->n_tiles_visit, p.n_tiles);
+    int32_t tpw = s->tiles_per_wave;
+    if (tpw <= 0) {
+        /* enough (KV head, tile) CTAs to fill every SM about 4 times over */
+        int32_t sms = s->n_sms > 0 ? s->n_sms : 80;
+        tpw = (4 * sms + s->n_kv_heads - 1) / s->n_kv_heads;
+        if (tpw < 1) tpw = 1;
+    }
+    if (tpw > s->n_tiles_visit) tpw = s->n_tiles_visit;
+    p.tiles_per_wave = tpw;
+    p.n_waves = (s->n_tiles_visit + tpw - 1) / tpw;
+    p.partial_bytes = round_up((size_t)s->n_q_heads * (size_t)tpw * ((size_t)s->head_dim + 2) * 4, 256);
+    p.state_stride = kvm_cu_attend_state_bytes(s->head_dim);
+    p.state_bytes = round_up((size_t)s->n_q_heads * p.state_stride, 256);
+    p.ws_bytes = p.partial_bytes + p.state_bytes;
+    *plan = p;
+    return KVMEM_OK;
+}
+
+size_t kvm_cu_staging_n_chunks(size_t bytes, size_t chunk) {
+    if (bytes == 0 || chunk == 0) return 0;
+    return bytes / chunk + (bytes % chunk != 0);
+}
+
+kvm_cu_chunk kvm_cu_staging_chunk(size_t bytes, size_t chunk, size_t i) {
+    kvm_cu_chunk c = {0, 0, 0};
+    if (chunk == 0 || i >= kvm_cu_staging_n_chunks(bytes, chunk)) return c;
+    c.offset = i * chunk;
+    c.size = bytes - c.offset < chunk ? bytes - c.offset : chunk;
+    c.slot = (int32_t)(i & 1);
+    return c;
+}

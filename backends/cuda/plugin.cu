@@ -1,0 +1,391 @@
+// libkvmem-cuda.so: the CUDA backend plugin. The core dlopens it and calls
+// kvmem_backend_plugin_init; cudart is linked statically, so the core and a
+// machine without CUDA never need any CUDA library. Buffers come from a
+// caching allocator over cudaMalloc; transfers of pageable host memory go
+// through two pinned staging buffers on a copy stream that overlaps the
+// compute stream.
+#include "aabb_build.cuh"
+#include "backend_impl.h"
+#include "convert.cuh"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <mutex>
+
+static const size_t kStagingChunk = (size_t)8 << 20;
+static const size_t kMaxCached = (size_t)4 << 30;
+
+static char g_name[192] = "cuda";
+
+// ---- allocator callbacks ----
+static void *raw_alloc(void *user, size_t size) {
+    (void)user;
+    void *p = nullptr;
+    if (cudaMalloc(&p, size) != cudaSuccess) {
+        (void)cudaGetLastError(); // out of memory is not sticky: clear it
+        return nullptr;
+    }
+    return p;
+}
+static void raw_free(void *user, void *p) {
+    (void)user;
+    cudaFree(p);
+}
+
+void *cu_scratch(kvm_cu_backend *b, size_t bytes, kvmem_status *st) {
+    if (*st != KVMEM_OK) return nullptr;
+    if (bytes <= b->scratch_granted && b->scratch) return b->scratch;
+    // the old workspace may still be read by queued kernels: its block goes
+    // back to the cache, which only hands it out for later work on the stream
+    if (b->scratch) kvm_cu_release(b->alloc, b->scratch, b->scratch_granted);
+    b->scratch = kvm_cu_alloc(b->alloc, bytes, &b->scratch_granted);
+    if (!b->scratch) {
+        b->scratch_granted = 0;
+        *st = kvm_cu_fail(KVMEM_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes of workspace", bytes);
+    }
+    return b->scratch;
+}
+
+// ---- backend table ----
+static void cu_free(kvmem_backend *be) {
+    if (!be) return;
+    kvm_cu_backend *b = cu_impl(be);
+    if (b) {
+        cudaSetDevice(b->device);
+        cudaStreamSynchronize(b->stream);
+        cudaStreamSynchronize(b->copy_stream);
+        if (b->scratch) kvm_cu_release(b->alloc, b->scratch, b->scratch_granted);
+        kvm_cu_allocator_free(b->alloc);
+        for (int i = 0; i < 2; i++) {
+            if (b->pinned[i]) cudaFreeHost(b->pinned[i]);
+            if (b->slot_ev[i]) cudaEventDestroy(b->slot_ev[i]);
+        }
+        if (b->copy_done) cudaEventDestroy(b->copy_done);
+        if (b->compute_done) cudaEventDestroy(b->compute_done);
+        if (b->free_done) cudaEventDestroy(b->free_done);
+        if (b->stream) cudaStreamDestroy(b->stream);
+        if (b->copy_stream) cudaStreamDestroy(b->copy_stream);
+        free(b);
+    }
+    free(be);
+}
+
+static kvmem_status cu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
+    kvm_cu_backend *b = cu_impl(be);
+    cudaSetDevice(b->device);
+    kvmem_buffer *buf = static_cast<kvmem_buffer *>(malloc(sizeof *buf));
+    if (!buf) return kvm_cu_fail(KVMEM_ERR_NOMEM, "cuda backend: out of host memory");
+    buf->dev = kvm_cu_alloc(b->alloc, size, &buf->granted);
+    if (!buf->dev) {
+        free(buf);
+        return kvm_cu_fail(KVMEM_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes of device memory", size);
+    }
+    buf->size = size;
+    *out = buf;
+    return KVMEM_OK;
+}
+
+static void cu_buffer_free(kvmem_backend *be, kvmem_buffer *buf) {
+    if (!buf) return;
+    kvm_cu_backend *b = cu_impl(be);
+    cudaSetDevice(b->device);
+    // a later upload into a block reused from this one must not overtake
+    // kernels still reading it: order the copy stream behind the compute stream
+    cudaEventRecord(b->free_done, b->stream);
+    cudaStreamWaitEvent(b->copy_stream, b->free_done, 0);
+    kvm_cu_release(b->alloc, buf->dev, buf->granted);
+    free(buf);
+}
+
+static kvmem_status cu_upload(kvmem_backend *be, kvmem_buffer *dst, size_t off, const void *src, size_t n) {
+    kvm_cu_backend *b = cu_impl(be);
+    if (!dst || !kvm_cu_in_range(dst->size, off, n))
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "upload of %zu bytes at %zu outside the buffer", n, off);
+    if (n == 0) return KVMEM_OK;
+    if (!src) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "upload: source is NULL");
+    cudaSetDevice(b->device);
+    unsigned char *d = static_cast<unsigned char *>(dst->dev) + off;
+    const unsigned char *s = static_cast<const unsigned char *>(src);
+    const size_t nc = kvm_cu_staging_n_chunks(n, b->pinned_size);
+    for (size_t i = 0; i < nc; i++) {
+        kvm_cu_chunk c = kvm_cu_staging_chunk(n, b->pinned_size, i);
+        // the slot's previous transfer must have left the pinned buffer
+        kvmem_status st = cu_check(cudaEventSynchronize(b->slot_ev[c.slot]), "upload");
+        if (st != KVMEM_OK) return st;
+        memcpy(b->pinned[c.slot], s + c.offset, c.size);
+        st = cu_check(cudaMemcpyAsync(d + c.offset, b->pinned[c.slot], c.size, cudaMemcpyHostToDevice, b->copy_stream),
+                      "upload");
+        if (st != KVMEM_OK) return st;
+        cudaEventRecord(b->slot_ev[c.slot], b->copy_stream);
+    }
+    // kernels queued after this call see the data; the call itself returns
+    // once the source was consumed, while the last chunks are still in flight
+    cudaEventRecord(b->copy_done, b->copy_stream);
+    return cu_check(cudaStreamWaitEvent(b->stream, b->copy_done, 0), "upload");
+}
+
+static kvmem_status cu_download(kvmem_backend *be, const kvmem_buffer *src, size_t off, void *dst, size_t n) {
+    kvm_cu_backend *b = cu_impl(be);
+    if (!src || !kvm_cu_in_range(src->size, off, n))
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "download of %zu bytes at %zu outside the buffer", n, off);
+    if (n == 0) return KVMEM_OK;
+    if (!dst) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "download: destination is NULL");
+    cudaSetDevice(b->device);
+    const unsigned char *s = static_cast<const unsigned char *>(src->dev) + off;
+    unsigned char *d = static_cast<unsigned char *>(dst);
+    cudaEventRecord(b->compute_done, b->stream);
+    cudaStreamWaitEvent(b->copy_stream, b->compute_done, 0);
+    const size_t nc = kvm_cu_staging_n_chunks(n, b->pinned_size);
+    kvmem_status st = KVMEM_OK;
+    // chunk i is in flight while chunk i-1 is copied out of its pinned buffer
+    for (size_t i = 0; i <= nc && st == KVMEM_OK; i++) {
+        if (i < nc) {
+            kvm_cu_chunk c = kvm_cu_staging_chunk(n, b->pinned_size, i);
+            st = cu_check(cudaMemcpyAsync(b->pinned[c.slot], s + c.offset, c.size, cudaMemcpyDeviceToHost, b->copy_stream),
+                          "download");
+            if (st != KVMEM_OK) break;
+            cudaEventRecord(b->slot_ev[c.slot], b->copy_stream);
+        }
+        if (i > 0) {
+            kvm_cu_chunk p = kvm_cu_staging_chunk(n, b->pinned_size, i - 1);
+            st = cu_check(cudaEventSynchronize(b->slot_ev[p.slot]), "download");
+            if (st == KVMEM_OK) memcpy(d + p.offset, b->pinned[p.slot], p.size);
+        }
+    }
+    return st;
+}
+
+static void *cu_host_ptr(kvmem_backend *be, kvmem_buffer *buf) {
+    (void)be;
+    (void)buf;
+    return nullptr; // device memory is not host-visible
+}
+
+static kvmem_status cu_sync(kvmem_backend *be) {
+    kvm_cu_backend *b = cu_impl(be);
+    cudaSetDevice(b->device);
+    kvmem_status st = cu_check(cudaStreamSynchronize(b->copy_stream), "synchronize");
+    if (st != KVMEM_OK) return st;
+    return cu_check(cudaStreamSynchronize(b->stream), "synchronize");
+}
+
+static uint32_t cu_max_blocks(const kvm_cu_backend *b) { return (uint32_t)b->props.multiProcessorCount * 8u; }
+
+static kvmem_status cu_convert(kvmem_backend *be, kvmem_buffer *dst, size_t dst_off, kvmem_dtype ddt,
+                               const kvmem_buffer *src, size_t src_off, kvmem_dtype sdt, size_t n) {
+    kvm_cu_backend *b = cu_impl(be);
+    if (!dst || !src) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: buffer is NULL");
+    kvmem_status st = kvm_cu_check_convert(dst->size, dst_off, ddt, src->size, src_off, sdt, n);
+    if (st != KVMEM_OK) return st;
+    cudaSetDevice(b->device);
+    void *d = static_cast<unsigned char *>(dst->dev) + dst_off;
+    const void *s = static_cast<const unsigned char *>(src->dev) + src_off;
+    if (ddt == sdt) {
+        size_t bytes;
+        kvm_cu_tensor_bytes(ddt, n, &bytes);
+        return cu_check(cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToDevice, b->stream), "convert");
+    }
+    kvm_cu_grid g = kvm_cu_grid_1d(n, 256, cu_max_blocks(b));
+    return cu_check(kvmcu::convert(d, (kvmcu::DType)ddt, s, (kvmcu::DType)sdt, n, g.blocks, g.threads, b->stream),
+                    "convert");
+}
+
+static kvmem_status cu_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off, size_t n_groups,
+                                  size_t group_stride, size_t n_rows, size_t dim, kvmem_buffer *out_min,
+                                  kvmem_buffer *out_max, size_t out_off) {
+    kvm_cu_backend *b = cu_impl(be);
+    if (!keys || !out_min || !out_max) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: buffer is NULL");
+    kvmem_status st = kvm_cu_check_aabb_build(keys->size, keys_off, n_groups, group_stride, n_rows, dim,
+                                              out_min->size, out_max->size, out_off);
+    if (st != KVMEM_OK) return st;
+    cudaSetDevice(b->device);
+    kvm_cu_grid g = kvm_cu_grid_aabb(n_groups, dim);
+    const float *k = reinterpret_cast<const float *>(static_cast<const unsigned char *>(keys->dev) + keys_off);
+    float *mn = reinterpret_cast<float *>(static_cast<unsigned char *>(out_min->dev) + out_off);
+    float *mx = reinterpret_cast<float *>(static_cast<unsigned char *>(out_max->dev) + out_off);
+    return cu_check(kvmcu::aabb_build(k, n_groups, group_stride, n_rows, dim, mn, mx, g.blocks, g.threads, b->stream),
+                    "aabb_build");
+}
+
+// ---- procs: the ops without a table entry yet, and diagnostics ----
+static const char *cu_last_error(void) { return kvm_cu_last_error(); }
+
+static kvmem_status cu_device_info(kvmem_backend *be, kvmem_cuda_device_info *out) {
+    if (!be || !out) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "device_info: NULL argument");
+    kvm_cu_backend *b = cu_impl(be);
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%.127s", b->props.name);
+    out->cc_major = b->props.major;
+    out->cc_minor = b->props.minor;
+    out->n_sms = b->props.multiProcessorCount;
+    out->total_mem = b->props.totalGlobalMem;
+    out->smem_per_block_optin = b->props.sharedMemPerBlockOptin;
+    int v = 0;
+    cudaDriverGetVersion(&v);
+    out->driver_version = v;
+    cudaRuntimeGetVersion(&v);
+    out->runtime_version = v;
+    return KVMEM_OK;
+}
+
+static kvmem_status cu_copy_gbps(kvmem_backend *be, size_t bytes, int32_t reps, double *gbps) {
+    if (!be || !gbps || bytes == 0 || reps < 1)
+        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "copy_gbps: bad argument");
+    kvm_cu_backend *b = cu_impl(be);
+    cudaSetDevice(b->device);
+    size_t g1 = 0, g2 = 0;
+    void *x = kvm_cu_alloc(b->alloc, bytes, &g1), *y = kvm_cu_alloc(b->alloc, bytes, &g2);
+    kvmem_status st = (x && y) ? KVMEM_OK : kvm_cu_fail(KVMEM_ERR_NOMEM, "copy_gbps: cannot allocate 2 x %zu bytes", bytes);
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    float ms[64];
+    int n_ms = 0;
+    if (reps > 64) reps = 64;
+    if (st == KVMEM_OK) st = cu_check(cudaEventCreate(&e0), "copy_gbps");
+    if (st == KVMEM_OK) st = cu_check(cudaEventCreate(&e1), "copy_gbps");
+    if (st == KVMEM_OK) st = cu_check(cudaMemsetAsync(x, 1, bytes, b->stream), "copy_gbps");
+    for (int r = -2; r < reps && st == KVMEM_OK; r++) { // two warm-up copies
+        cudaEventRecord(e0, b->stream);
+        st = cu_check(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, b->stream), "copy_gbps");
+        cudaEventRecord(e1, b->stream);
+        if (st == KVMEM_OK) st = cu_check(cudaEventSynchronize(e1), "copy_gbps");
+        float t = 0;
+        if (st == KVMEM_OK && r >= 0 && cudaEventElapsedTime(&t, e0, e1) == cudaSuccess) ms[n_ms++] = t;
+    }
+    if (st == KVMEM_OK && n_ms > 0) {
+        std::sort(ms, ms + n_ms);
+        *gbps = 2.0 * (double)bytes / (ms[n_ms / 2] * 1e-3) / 1e9;
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    kvm_cu_release(b->alloc, x, g1);
+    kvm_cu_release(b->alloc, y, g2);
+    return st;
+}
+
+static void *cu_proc(kvmem_backend *be, const char *name) {
+    (void)be;
+    if (!name) return nullptr;
+    static const struct {
+        const char *name;
+        void *fn;
+    } procs[] = {
+        {KVMEM_CUDA_PROC_LAST_ERROR, (void *)cu_last_error},
+        {KVMEM_CUDA_PROC_DEVICE_INFO, (void *)cu_device_info},
+        {KVMEM_CUDA_PROC_COPY_GBPS, (void *)cu_copy_gbps},
+        {KVMEM_CUDA_PROC_SCORE_BLOCKS, (void *)kvm_cu_op_score_blocks},
+        {KVMEM_CUDA_PROC_AABB_SCORE, (void *)kvm_cu_op_aabb_score},
+        {KVMEM_CUDA_PROC_TOPK, (void *)kvm_cu_op_topk},
+        {KVMEM_CUDA_PROC_GATHER_ROPE, (void *)kvm_cu_op_gather_rope},
+        {KVMEM_CUDA_PROC_QUANTIZE, (void *)kvm_cu_op_quantize},
+        {KVMEM_CUDA_PROC_DEQUANTIZE, (void *)kvm_cu_op_dequantize},
+        {KVMEM_CUDA_PROC_ATTEND, (void *)kvm_cu_op_attend},
+        {KVMEM_CUDA_PROC_QMEM_SCORE, (void *)kvm_cu_op_qmem_score},
+    };
+    for (const auto &p : procs)
+        if (strcmp(p.name, name) == 0) return p.fn;
+    return nullptr;
+}
+
+static kvmem_backend_iface cu_iface = [] {
+    kvmem_backend_iface t;
+    memset(&t, 0, sizeof t);
+    t.name = g_name;
+    t.free = cu_free;
+    t.buffer_alloc = cu_buffer_alloc;
+    t.buffer_free = cu_buffer_free;
+    t.buffer_upload = cu_upload;
+    t.buffer_download = cu_download;
+    t.buffer_host_ptr = cu_host_ptr;
+    t.synchronize = cu_sync;
+    t.convert = cu_convert;
+    t.aabb_build = cu_aabb_build;
+    t.get_proc_address = cu_proc;
+    return t;
+}();
+
+// ---- init ----
+static kvmem_status refuse(char *why, size_t why_size, kvmem_status st, const char *msg) {
+    if (why && why_size) snprintf(why, why_size, "%s", msg);
+    return st;
+}
+
+extern "C" __attribute__((visibility("default"))) kvmem_status
+kvmem_backend_plugin_init(uint32_t api_version, kvmem_context *ctx, kvmem_backend **out, char *why, size_t why_size) {
+    char msg[256];
+    if (!out) return refuse(why, why_size, KVMEM_ERR_INVALID_ARG, "cuda: out is NULL");
+    *out = nullptr;
+    if (api_version != KVMEM_BACKEND_API_VERSION) {
+        snprintf(msg, sizeof msg, "libkvmem-cuda.so implements backend API %u, the core needs %u",
+                 KVMEM_BACKEND_API_VERSION, api_version);
+        return refuse(why, why_size, KVMEM_ERR_UNSUPPORTED, msg);
+    }
+    // cudart would load the driver itself; probing first gives a plain reason
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!drv) return refuse(why, why_size, KVMEM_ERR_UNSUPPORTED, "no NVIDIA driver (libcuda.so.1 not found)");
+    dlclose(drv);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0))
+        return refuse(why, why_size, KVMEM_ERR_UNSUPPORTED, "no CUDA device");
+    if (e != cudaSuccess) {
+        snprintf(msg, sizeof msg, "%s: %s", e == cudaErrorInsufficientDriver ? "NVIDIA driver too old for this CUDA runtime" : "CUDA unusable",
+                 cudaGetErrorString(e));
+        return refuse(why, why_size, KVMEM_ERR_UNSUPPORTED, msg);
+    }
+    int dev = 0;
+    const char *env = getenv("KVMEM_CUDA_DEVICE");
+    if (env && *env) {
+        char *end = nullptr;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 0 || v >= n) {
+            snprintf(msg, sizeof msg, "KVMEM_CUDA_DEVICE=%.32s: expected a device index in [0, %d)", env, n);
+            return refuse(why, why_size, KVMEM_ERR_INVALID_ARG, msg);
+        }
+        dev = (int)v;
+    }
+    kvm_cu_backend *b = static_cast<kvm_cu_backend *>(calloc(1, sizeof *b));
+    kvmem_backend *be = static_cast<kvmem_backend *>(calloc(1, sizeof *be));
+    if (!b || !be) {
+        free(b);
+        free(be);
+        return refuse(why, why_size, KVMEM_ERR_NOMEM, "cuda: out of memory");
+    }
+    be->iface = &cu_iface;
+    be->impl = b;
+    be->ctx = ctx;
+    b->device = dev;
+    const char *step = "cudaSetDevice";
+    e = cudaSetDevice(dev);
+    if (e == cudaSuccess) step = "cudaGetDeviceProperties", e = cudaGetDeviceProperties(&b->props, dev);
+    if (e == cudaSuccess) step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&b->copy_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) step = "cudaEventCreate", e = cudaEventCreateWithFlags(&b->copy_done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->compute_done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->free_done, cudaEventDisableTiming);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) e = cudaEventCreateWithFlags(&b->slot_ev[i], cudaEventDisableTiming);
+    b->pinned_size = kStagingChunk;
+    if (e == cudaSuccess) step = "cudaMallocHost";
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) e = cudaMallocHost(&b->pinned[i], b->pinned_size);
+    if (e == cudaSuccess) {
+        b->alloc = kvm_cu_allocator_create(raw_alloc, raw_free, nullptr, kMaxCached);
+        if (!b->alloc) e = cudaErrorMemoryAllocation, step = "allocator";
+    }
+    if (e != cudaSuccess) {
+        snprintf(msg, sizeof msg, "cuda: %s failed on device %d: %s", step, dev, cudaGetErrorString(e));
+        cu_free(be);
+        return refuse(why, why_size, KVMEM_ERR_BACKEND, msg);
+    }
+    // the table's name is static: written once, by the first successful init
+    static std::once_flag named;
+    std::call_once(named, [b] {
+        snprintf(g_name, sizeof g_name, "cuda: %.120s (sm_%d%d, %d SMs, %.0f GiB)", b->props.name, b->props.major,
+                 b->props.minor, b->props.multiProcessorCount, (double)b->props.totalGlobalMem / (1024.0 * 1024 * 1024));
+    });
+    *out = be;
+    return KVMEM_OK;
+}
