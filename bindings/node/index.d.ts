@@ -188,3 +188,46 @@ export const LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3;
 export const libraryPath: string;
 /** Whether the binding declares the C function `name` and the loaded library has it. */
 export function hasFunction(name: string): boolean;
+
+// ---- IntentKV ----
+export interface SessionKey { hi: bigint | number; lo: bigint | number; kind: number; }
+export class QmemStore extends Handle {
+  constructor(spec: ModelSpec, params?: { capacity?: number; prefix_tokens?: number; lambda?: number });
+  sessionKey(src?: { sessionId?: string | null; tokenIds?: Int32Like | null; mark?: [number, number] | null }): SessionKey;
+  /** q: [n_q][n_layers][n_q_heads][head_dim] post-RoPE; returns the new memory [n_layers][n_q_heads][head_dim] */
+  update(key: SessionKey, q: TensorLike, spanBegin: number, spanEnd: number, dtype?: DType): Float32Array;
+  get(key: SessionKey): Float32Array;
+  readonly count: number;
+}
+export class QmemHead extends Handle {
+  static load(path: string): QmemHead;
+  static fromBuffer(data: ArrayBufferView | ArrayBuffer): QmemHead;
+  readonly headDim: number;
+  readonly alpha: number;
+  apply(spec: ModelSpec, memory: ArrayLike<number>, k: TensorLike, rule: ArrayLike<number>, spanBegin: number, spanEnd: number, dtype?: DType): Float32Array;
+}
+export function qmemScore(ctx: Context, spec: ModelSpec, memory: ArrayLike<number>, k: TensorLike, dtype?: DType): Float32Array;
+export function selectKeep(scores: ArrayLike<number>, budget: number, protect?: number, span?: [number, number]): Int32Array;
+export function streamingKeep(n: number, nSink: number, window: number): Int32Array;
+export function h2oAccumulate(probs: ArrayLike<number>, nRows: number, n: number, acc: Float32Array): Float32Array;
+export function h2oKeep(acc: ArrayLike<number>, budget: number, recent: number): Int32Array;
+export function snapkvScore(ctx: Context, spec: ModelSpec, qObs: TensorLike, k: TensorLike, poolKernel?: number, dtype?: DType): Float32Array;
+export class KVStore extends Handle {
+  constructor(spec: ModelSpec, params?: { page_slots?: number; max_slots?: number });
+  getInfo(): { n_slots: number; n_used: number; n_free: number; page_slots: number; dead_slot: number };
+  slotRefs(slot: number): number;
+  readSlot(slot: number): { k: Float32Array; v: Float32Array };
+  slotmapCreate(): SlotMap;
+}
+export class SlotMap extends Handle {
+  readonly store: KVStore;
+  fork(prefixLen: number): SlotMap;
+  append(k: TensorLike, v: TensorLike, dtype?: DType): void;
+  setProtected(protect: number): void;
+  evict(kept: Int32Like): number;
+  compact(kept: Int32Like): number;
+  slots(): { slots: Int32Array; deadSlot: number };
+  getInfo(): { length: number; n_live: number; protect: number; n_parked: number };
+  gather(dtype?: DType): { k: Float32Array | Uint16Array; v: Float32Array | Uint16Array; positions: Int32Array; shape: number[] };
+}
+export const SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: number;

@@ -532,6 +532,175 @@ function loadPlan(computeMs, nLayers, loadBytes, nSegments, recompute, params) {
 }
 
 // ---------------------------------------------------------------------------
+// IntentKV
+// ---------------------------------------------------------------------------
+
+const memLen = (s) => s.n_layers * s.n_q_heads * s.head_dim;
+
+// kvmem_qmem_store: per-session query memories; params: capacity, prefix_tokens, lambda
+class QmemStore extends Handle {
+  constructor(spec, params) {
+    super();
+    this.spec = modelSpec(spec);
+    const out = [null];
+    C.kvmem_qmem_store_create(this.spec, withParams(C.kvmem_qmem_default_params(), params, 'QmemStore'), out);
+    this._own(out[0], C.kvmem_qmem_store_free, 'QmemStore');
+  }
+  // kvmem_session_key_derive: {sessionId} | {tokenIds, mark: [begin, end]} | {tokenIds} | {}
+  sessionKey({ sessionId = null, tokenIds = null, mark = null } = {}) {
+    const ids = int32s(tokenIds, 'tokenIds');
+    const src = { session_id: sessionId, token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
+                  mark_begin: mark ? mark[0] : 0, mark_end: mark ? mark[1] : 0 };
+    const key = {};
+    C.kvmem_session_key_derive(this.handle, src, key);
+    return key;
+  }
+  // fold q [n_q][n_layers][n_q_heads][head_dim] rows [spanBegin, spanEnd) into key's memory; the new memory
+  update(key, q, spanBegin, spanEnd, dtype) {
+    const s = this.spec;
+    const qt = tensor(q, 'q', [-1, s.n_layers, s.n_q_heads, s.head_dim], dtype);
+    const mem = new Float32Array(memLen(s));
+    C.kvmem_qmem_update(this.handle, key, qt, spanBegin, spanEnd, mem);
+    return mem;
+  }
+  get(key) { const mem = new Float32Array(memLen(this.spec)); C.kvmem_qmem_get(this.handle, key, mem); return mem; }
+  get count() { return C.kvmem_qmem_count(this.handle); }
+}
+
+function f32In(x, n, what) {
+  const a = x instanceof Float32Array ? x : Float32Array.from(x);
+  if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`);
+  return a;
+}
+
+// kvmem_qmem_score: rule scores of the N positions of k [n_layers][N][n_kv_heads][head_dim] (post-RoPE)
+function qmemScore(ctx, spec, memory, k, dtype) {
+  const s = modelSpec(spec);
+  const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+  const scores = new Float32Array(kt.shape[1]);
+  C.kvmem_qmem_score(ctx.handle, s, f32In(memory, memLen(s), 'memory'), kt, scores);
+  return scores;
+}
+
+// kvmem_qmem_head: QmemHead.load(path) or QmemHead.fromBuffer(bytes)
+class QmemHead extends Handle {
+  constructor(handle) { super(); this._own(handle, C.kvmem_qmem_head_free, 'QmemHead'); }
+  static load(path) { const out = [null]; C.kvmem_qmem_head_load(path, out); return new QmemHead(out[0]); }
+  static fromBuffer(data) {
+    const b = ArrayBuffer.isView(data) || data instanceof ArrayBuffer ? data : Buffer.from(data);
+    const out = [null];
+    C.kvmem_qmem_head_load_buffer(b, b.byteLength, out);
+    return new QmemHead(out[0]);
+  }
+  get headDim() { return C.kvmem_qmem_head_dim(this.handle); }
+  get alpha() { return C.kvmem_qmem_head_alpha(this.handle); }
+  apply(spec, memory, k, rule, spanBegin, spanEnd, dtype) {
+    const s = modelSpec(spec);
+    const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+    const n = kt.shape[1];
+    const out = new Float32Array(n);
+    C.kvmem_qmem_head_apply(this.handle, s, f32In(memory, memLen(s), 'memory'), kt, f32In(rule, n, 'rule'), spanBegin, spanEnd, out);
+    return out;
+  }
+}
+
+function keptOf(n, call) {
+  const kept = new Int32Array(Math.max(n, 1)), nk = [0];
+  call(kept, nk);
+  return kept.slice(0, Number(nk[0]));
+}
+// kvmem_select_keep: kept positions (ascending)
+function selectKeep(scores, budget, protect = 0, span = [0, 0]) {
+  const sc = f32In(scores);
+  return keptOf(sc.length, (kept, nk) => C.kvmem_select_keep(sc, sc.length, budget, protect, span[0], span[1], kept, nk));
+}
+function streamingKeep(n, nSink, window) { return keptOf(n, (kept, nk) => C.kvmem_streaming_keep(n, nSink, window, kept, nk)); }
+// acc (Float32Array of n) += column sums of probs [nRows][n], in place
+function h2oAccumulate(probs, nRows, n, acc) {
+  if (!(acc instanceof Float32Array) || acc.length !== n) throw new TypeError(`kvmem: acc must be a Float32Array of ${n}`);
+  C.kvmem_h2o_accumulate(f32In(probs, nRows * n, 'probs'), nRows, n, acc);
+  return acc;
+}
+function h2oKeep(acc, budget, recent) {
+  const a = f32In(acc);
+  return keptOf(a.length, (kept, nk) => C.kvmem_h2o_keep(a, a.length, budget, recent, kept, nk));
+}
+function snapkvScore(ctx, spec, qObs, k, poolKernel = 7, dtype) {
+  const s = modelSpec(spec);
+  const qt = tensor(qObs, 'qObs', [-1, s.n_layers, s.n_q_heads, s.head_dim], dtype);
+  const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+  const scores = new Float32Array(kt.shape[1]);
+  C.kvmem_snapkv_score(ctx.handle, s, qt, kt, poolKernel, scores);
+  return scores;
+}
+
+// kvmem_kvstore: paged KV that slot maps point into; params: page_slots, max_slots.
+// close() closes its slot maps first.
+class KVStore extends Handle {
+  constructor(spec, params) {
+    super();
+    this.spec = modelSpec(spec);
+    const out = [null];
+    C.kvmem_kvstore_create(this.spec, withParams(C.kvmem_kvstore_default_params(), params, 'KVStore'), out);
+    this._own(out[0], C.kvmem_kvstore_free, 'KVStore');
+    this._maps = new Set();
+  }
+  close() {
+    if (this._h === null) return;
+    for (const r of [...this._maps]) r.deref()?.close();
+    this._maps.clear();
+    super.close();
+  }
+  getInfo() { const o = {}; C.kvmem_kvstore_get_info(this.handle, o); return o; }
+  slotRefs(slot) { const r = [0]; C.kvmem_kvstore_slot_refs(this.handle, slot, r); return r[0]; }
+  readSlot(slot) {
+    const n = this.spec.n_layers * this.spec.n_kv_heads * this.spec.head_dim;
+    const k = new Float32Array(n), v = new Float32Array(n);
+    C.kvmem_kvstore_read_slot(this.handle, slot, k, v);
+    return { k, v };
+  }
+  slotmapCreate() { const out = [null]; C.kvmem_slotmap_create(this.handle, out); return new SlotMap(this, out[0]); }
+}
+
+class SlotMap extends Handle {
+  constructor(store, handle) {
+    super();
+    this._own(handle, C.kvmem_slotmap_free, 'SlotMap');
+    this.store = store;
+    this._ref = new WeakRef(this);
+    store._maps.add(this._ref);
+  }
+  close() { if (this._h !== null) this.store._maps.delete(this._ref); super.close(); }
+  fork(prefixLen) { const out = [null]; C.kvmem_slotmap_fork(this.handle, prefixLen, out); return new SlotMap(this.store, out[0]); }
+  append(k, v, dtype) {
+    const s = this.store.spec;
+    const shape = [s.n_layers, -1, s.n_kv_heads, s.head_dim];
+    C.kvmem_slotmap_append(this.handle, tensor(k, 'k', shape, dtype), tensor(v, 'v', shape, dtype));
+  }
+  setProtected(p) { C.kvmem_slotmap_set_protected(this.handle, p); }
+  evict(kept) { const k = int32s(kept, 'kept'), f = [0]; C.kvmem_slotmap_evict(this.handle, k.length ? k : null, k.length, f); return Number(f[0]); }
+  compact(kept) { const k = int32s(kept, 'kept'), f = [0]; C.kvmem_slotmap_compact(this.handle, k.length ? k : null, k.length, f); return Number(f[0]); }
+  // {slots: Int32Array (copied), deadSlot}
+  slots() {
+    const p = [null], n = [0], dead = [0];
+    C.kvmem_slotmap_slots(this.handle, p, n, dead);
+    const len = Number(n[0]);
+    return { slots: len ? Int32Array.from(koffi.decode(p[0], 'int32_t', len)) : new Int32Array(0), deadSlot: dead[0] };
+  }
+  getInfo() { const o = {}; C.kvmem_slotmap_get_info(this.handle, o); return o; }
+  // the live rows in position order: {k, v, positions, shape}
+  gather(dtype = 'f32') {
+    const s = this.store.spec;
+    const n = Number(this.getInfo().n_live);
+    const shape = [s.n_layers, n, s.n_kv_heads, s.head_dim];
+    const count = shape.reduce((a, b) => a * b, 1);
+    const k = newArray(count, dtype), v = newArray(count, dtype), positions = new Int32Array(Math.max(n, 1));
+    C.kvmem_slotmap_gather(this.handle, tensor(k, 'k', shape, dtype), tensor(v, 'v', shape, dtype), positions);
+    return { k, v, positions: positions.slice(0, n), shape };
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Free functions
 // ---------------------------------------------------------------------------
 
@@ -570,6 +739,8 @@ module.exports = {
   ...errors,
   Context, Pool, Agent, Retrieval, Segments,
   clusterKmeans, multihopSelect, multihopSchedule, loadPlan,
+  QmemStore, QmemHead, KVStore, SlotMap, qmemScore, selectKeep, streamingKeep, h2oAccumulate, h2oKeep, snapkvScore,
+  SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: -1.0e4,
   GROUP_DYNAMIC: 0, GROUP_STATIC: 1, SEG_EVENT_SEGMENT_STALE: 1, SEG_EVENT_GROUP_STATIC: 2, SEG_EVENT_GROUP_DYNAMIC: 3,
   SEG_UNIT_SEGMENT: 0, SEG_UNIT_GROUP: 1,
   RETRIEVE_AABB: 0, RETRIEVE_EXACT: 1, NORM_SOFTMAX: 0, NORM_RR: 1, AGG_MAX: 0, AGG_SUM: 1,

@@ -51,6 +51,8 @@ for (const e of ['kvmem_status', 'kvmem_dtype', 'kvmem_log_level', 'kvmem_rope_s
 for (const e of ['kvmem_retrieve_mode', 'kvmem_retrieve_norm', 'kvmem_retrieve_agg', 'kvmem_retrieve_scope'])
   koffi.alias(e, 'int');
 koffi.alias('kvmem_group_state', 'int');
+koffi.alias('kvmem_session_kind', 'int');
+for (const o of ['kvmem_qmem_store', 'kvmem_qmem_head', 'kvmem_kvstore', 'kvmem_slotmap']) koffi.opaque(o);
 for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent', 'kvmem_retrieval', 'kvmem_segments']) koffi.opaque(o);
 
 const types = {
@@ -121,6 +123,16 @@ const types = {
     balanced_makespan_ms: 'double', balanced_compute_idle_ms: 'double', balanced_load_idle_ms: 'double',
     compute_ms: 'double', load_ms: 'double', n_loads: 'uint64_t',
   }),
+  kvmem_session_key: koffi.struct('kvmem_session_key', { hi: 'uint64_t', lo: 'uint64_t', kind: 'kvmem_session_kind', reserved: 'int32_t' }),
+  kvmem_session_source: koffi.struct('kvmem_session_source', {
+    session_id: 'const char *', token_ids: 'const int32_t *', n_tokens: 'int64_t', mark_begin: 'int64_t', mark_end: 'int64_t',
+  }),
+  kvmem_qmem_params: koffi.struct('kvmem_qmem_params', { capacity: 'int32_t', prefix_tokens: 'int32_t', lambda: 'double' }),
+  kvmem_kvstore_params: koffi.struct('kvmem_kvstore_params', { page_slots: 'int32_t', max_slots: 'int64_t' }),
+  kvmem_kvstore_info: koffi.struct('kvmem_kvstore_info', {
+    n_slots: 'int64_t', n_used: 'int64_t', n_free: 'int64_t', page_slots: 'int32_t', dead_slot: 'int32_t',
+  }),
+  kvmem_slotmap_info: koffi.struct('kvmem_slotmap_info', { length: 'int64_t', n_live: 'int64_t', protect: 'int64_t', n_parked: 'int64_t' }),
 };
 types.kvmem_log_callback = koffi.proto('void kvmem_log_callback(kvmem_log_level level, const char *message, void *user_data)');
 
@@ -206,6 +218,42 @@ const DECLARATIONS = [
   'kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, float *ratios)',
   'kvmem_load_plan_params kvmem_load_plan_default_params(void)',
   'kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double *compute_ms, int32_t n_layers, const uint64_t *load_bytes, int32_t n_segments, const uint8_t *recompute, _Out_ kvmem_load_item *items, size_t capacity, _Out_ size_t *n_items, double *layer_start_ms, _Out_ kvmem_load_plan_stats *stats)',
+  // IntentKV: QueryMemory, selection baselines, slot maps
+  'kvmem_qmem_params kvmem_qmem_default_params(void)',
+  'kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params, _Out_ kvmem_qmem_store **out)',
+  'void kvmem_qmem_store_free(kvmem_qmem_store *store)',
+  'kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store, const kvmem_session_source *src, _Out_ kvmem_session_key *out)',
+  'kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key, const kvmem_tensor *q, int64_t span_begin, int64_t span_end, float *memory_out)',
+  'kvmem_status kvmem_qmem_get(kvmem_qmem_store *store, const kvmem_session_key *key, float *out)',
+  'int32_t kvmem_qmem_count(const kvmem_qmem_store *store)',
+  'kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory, const kvmem_tensor *k, float *scores)',
+  'kvmem_status kvmem_qmem_head_load(const char *path, _Out_ kvmem_qmem_head **out)',
+  'kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, _Out_ kvmem_qmem_head **out)',
+  'void kvmem_qmem_head_free(kvmem_qmem_head *head)',
+  'int32_t kvmem_qmem_head_dim(const kvmem_qmem_head *head)',
+  'float kvmem_qmem_head_alpha(const kvmem_qmem_head *head)',
+  'kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec, const float *memory, const kvmem_tensor *k, const float *rule, int64_t span_begin, int64_t span_end, float *scores_out)',
+  'kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget, int64_t protect, int64_t span_begin, int64_t span_end, int32_t *kept, _Out_ int64_t *n_kept)',
+  'kvmem_status kvmem_streaming_keep(int64_t n, int64_t n_sink, int64_t window, int32_t *kept, _Out_ int64_t *n_kept)',
+  'kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc)',
+  'kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent, int32_t *kept, _Out_ int64_t *n_kept)',
+  'kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_tensor *q_obs, const kvmem_tensor *k, int32_t pool_kernel, float *scores)',
+  'kvmem_kvstore_params kvmem_kvstore_default_params(void)',
+  'kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvstore_params *params, _Out_ kvmem_kvstore **out)',
+  'void kvmem_kvstore_free(kvmem_kvstore *store)',
+  'kvmem_status kvmem_kvstore_get_info(kvmem_kvstore *store, _Out_ kvmem_kvstore_info *out)',
+  'kvmem_status kvmem_kvstore_slot_refs(kvmem_kvstore *store, int32_t slot, _Out_ int32_t *refs)',
+  'kvmem_status kvmem_kvstore_read_slot(kvmem_kvstore *store, int32_t slot, float *k_out, float *v_out)',
+  'kvmem_status kvmem_slotmap_create(kvmem_kvstore *store, _Out_ kvmem_slotmap **out)',
+  'kvmem_status kvmem_slotmap_fork(kvmem_slotmap *parent, int64_t prefix_len, _Out_ kvmem_slotmap **out)',
+  'void kvmem_slotmap_free(kvmem_slotmap *map)',
+  'kvmem_status kvmem_slotmap_append(kvmem_slotmap *map, const kvmem_tensor *k, const kvmem_tensor *v)',
+  'kvmem_status kvmem_slotmap_set_protected(kvmem_slotmap *map, int64_t protect)',
+  'kvmem_status kvmem_slotmap_evict(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept, _Out_ int64_t *n_freed)',
+  'kvmem_status kvmem_slotmap_compact(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept, _Out_ int64_t *n_freed)',
+  'kvmem_status kvmem_slotmap_slots(const kvmem_slotmap *map, _Out_ const void **slots, _Out_ int64_t *len, _Out_ int32_t *dead_slot)',
+  'kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, _Out_ kvmem_slotmap_info *out)',
+  'kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out, const kvmem_tensor *v_out, int32_t *positions_out)',
 ];
 
 const fns = {};       // name -> wrapped function (throws on a failing status)
