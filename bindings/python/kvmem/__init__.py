@@ -28,6 +28,10 @@ from ._intentkv import (DEAD_SLOT, SENTINEL_K, SESSION_EXPLICIT, SESSION_LOCAL, 
                         SESSION_PREFIX, KVStore, QmemHead, QmemStore, SlotMap, h2o_accumulate, h2o_keep,
                         qmem_score, select_keep, snapkv_score, streaming_keep)
 
+from ._attend import (ATTEND_IMPORTANCE, ATTEND_INDEX, ATTEND_MAX_ROWS, ATTEND_PROBE_ORACLE,
+                      ATTEND_PROBE_SIZE, ATTEND_PROBE_STRIDED, ATTEND_RECENT, ATTEND_SRC_AGENT,
+                      ATTEND_SRC_SLOTMAP, ATTEND_SRC_TENSORS, attend)
+
 __version__ = "0.1.0"
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -218,6 +218,26 @@ class kvmem_slotmap_info(Structure):
     _fields_ = [("length", c_int64), ("n_live", c_int64), ("protect", c_int64), ("n_parked", c_int64)]
 
 
+class kvmem_attend_source(Structure):
+    _fields_ = [("kind", c_enum), ("layer", c_int32), ("k", POINTER(kvmem_tensor)), ("v", POINTER(kvmem_tensor)),
+                ("slots", POINTER(c_int32)), ("n_positions", c_int64), ("dead_slot", c_int32), ("reserved", c_int32),
+                ("agent", c_void_p), ("positions", POINTER(c_int32)), ("base_position", c_int64),
+                ("mask", POINTER(ctypes.c_uint8))]
+
+
+class kvmem_attend_params(Structure):
+    _fields_ = [("order", c_enum), ("n_sink", c_int32), ("tile_order", POINTER(c_int32)), ("n_tile_order", c_int32),
+                ("tile_size", c_int32), ("scale", ctypes.c_float), ("tau_s", ctypes.c_float),
+                ("tau_d", ctypes.c_float), ("patience", c_int32), ("probe", c_enum), ("causal", c_int32),
+                ("compare", c_int32)]
+
+
+class kvmem_attend_stats(Structure):
+    _fields_ = [("n_streams", c_int64), ("tiles_total", c_int64), ("tiles_visited", c_int64),
+                ("streams_stopped", c_int64), ("oracle_tiles", c_int64), ("oracle_agree", c_int64),
+                ("positions_read", c_int64), ("stopped_early", c_int32), ("reserved", c_int32)]
+
+
 # void (*kvmem_log_callback)(kvmem_log_level level, const char *message, void *user_data)
 kvmem_log_callback = CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
 
@@ -454,6 +474,11 @@ _d("kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, kvmem_slotmap_
    STATUS, slotmap_p, POINTER(kvmem_slotmap_info))
 _d("kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out, "
    "const kvmem_tensor *v_out, int32_t *positions_out)", STATUS, slotmap_p, T_p, T_p, c_void_p)
+# ART attention
+_d("kvmem_attend_params kvmem_attend_default_params(void)", kvmem_attend_params)
+_d("kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, "
+   "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats)",
+   STATUS, ctx_p, T_p, POINTER(kvmem_attend_source), POINTER(kvmem_attend_params), T_p, POINTER(kvmem_attend_stats))
 del _d
 
 
