@@ -231,3 +231,22 @@ export class SlotMap extends Handle {
   gather(dtype?: DType): { k: Float32Array | Uint16Array; v: Float32Array | Uint16Array; positions: Int32Array; shape: number[] };
 }
 export const SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: number;
+
+// ---- ART attention ----
+export interface AttendOptions {
+  agent?: Agent; layer?: number; positions?: Int32Like; basePosition?: number;
+  k?: TensorLike; v?: TensorLike; slots?: Int32Like; deadSlot?: number;
+  mask?: ArrayLike<number>; out?: TensorLike; dtype?: DType; tileOrder?: Int32Like;
+  order?: number; n_sink?: number; tile_size?: number; scale?: number; tau_s?: number; tau_d?: number;
+  patience?: number; probe?: number; causal?: number; compare?: number;
+}
+export interface AttendStats {
+  n_streams: number; tiles_total: number; tiles_visited: number; streams_stopped: number;
+  oracle_tiles: number; oracle_agree: number; positions_read: number; stopped_early: number;
+}
+/** kvmem_attend: q [n_rows][n_q_heads][head_dim] post-RoPE over an agent layer, tensors or a slot map. */
+export function attend(ctx: Context, q: TensorLike, opts: AttendOptions): { out: TensorData; stats: AttendStats };
+export function attendAsync(ctx: Context, q: TensorLike, opts: AttendOptions): Promise<{ out: TensorData; stats: AttendStats }>;
+export const ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2;
+export const ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1;
+export const ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32;

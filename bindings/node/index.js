@@ -701,6 +701,59 @@ class SlotMap extends Handle {
 }
 
 // ---------------------------------------------------------------------------
+// ART attention
+// ---------------------------------------------------------------------------
+
+// Arguments of kvmem_attend. q: [n_rows][n_q_heads][head_dim] post-RoPE (a
+// {data, shape} view, or flat with an agent source). Source: {agent, layer,
+// positions | basePosition}, or {k, v} ([T][n_kv_heads][head_dim] views, keys
+// post-RoPE), plus {slots, deadSlot} for a slot map. opts: mask, out, dtype,
+// tileOrder, and the params (order, n_sink, tile_size, scale, tau_s, tau_d,
+// patience, probe, causal, compare).
+function attendArgs(ctx, q, opts = {}) {
+  const { agent, layer = 0, positions, basePosition = 0, k, v, slots, deadSlot = 0, mask, out, dtype, tileOrder, ...params } = opts;
+  const ap = withParams(C.kvmem_attend_default_params(), params, 'attend');
+  const src = { kind: 0, layer: 0, k: null, v: null, slots: null, n_positions: 0, dead_slot: 0, reserved: 0,
+                agent: null, positions: null, base_position: 0, mask: null };
+  let qt;
+  const holders = [agent];
+  if (agent) {
+    const s = agent.pool.spec;
+    qt = tensor(q, 'q', [-1, s.n_q_heads, s.head_dim], dtype);
+    Object.assign(src, { kind: 1, agent: agent.handle, layer, base_position: basePosition, positions: int32s(positions, 'positions') });
+  } else {
+    if (!k || !v) throw new TypeError('kvmem: attend needs {agent} or {k, v}');
+    qt = tensor(q, 'q', null, dtype);
+    src.k = tensor(k, 'k', null, dtype);
+    src.v = tensor(v, 'v', null, dtype);
+    if (slots != null) {
+      const sl = int32s(slots, 'slots');
+      Object.assign(src, { kind: 2, slots: sl, n_positions: sl.length, dead_slot: deadSlot });
+    }
+  }
+  if (mask != null) src.mask = mask instanceof Uint8Array ? mask : Uint8Array.from(mask);
+  if (tileOrder != null) { ap.tile_order = int32s(tileOrder, 'tileOrder'); ap.n_tile_order = ap.tile_order.length; }
+  const shape = qt.shape.slice(0, qt.ndim);
+  const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
+  const ot = tensor(o, 'out', shape, out ? dtype : 'f32');
+  const stats = {};
+  return { args: [ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
+}
+// kvmem_attend: {out, stats}
+function attend(ctx, q, opts) {
+  const a = attendArgs(ctx, q, opts);
+  C.kvmem_attend(...a.args);
+  return { out: a.out, stats: a.stats };
+}
+async function attendAsync(ctx, q, opts) {
+  const a = attendArgs(ctx, q, opts);
+  const agent = opts && opts.agent;
+  if (agent) agent._busy++;
+  try { await ctx._async(C.kvmem_attend, ...a.args); } finally { if (agent) agent._busy--; }
+  return { out: a.out, stats: a.stats };
+}
+
+// ---------------------------------------------------------------------------
 // Free functions
 // ---------------------------------------------------------------------------
 
@@ -739,6 +792,9 @@ module.exports = {
   ...errors,
   Context, Pool, Agent, Retrieval, Segments,
   clusterKmeans, multihopSelect, multihopSchedule, loadPlan,
+  attend, attendAsync, ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2,
+  ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1,
+  ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32,
   QmemStore, QmemHead, KVStore, SlotMap, qmemScore, selectKeep, streamingKeep, h2oAccumulate, h2oKeep, snapkvScore,
   SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: -1.0e4,
   GROUP_DYNAMIC: 0, GROUP_STATIC: 1, SEG_EVENT_SEGMENT_STALE: 1, SEG_EVENT_GROUP_STATIC: 2, SEG_EVENT_GROUP_DYNAMIC: 3,

@@ -52,6 +52,7 @@ for (const e of ['kvmem_retrieve_mode', 'kvmem_retrieve_norm', 'kvmem_retrieve_a
   koffi.alias(e, 'int');
 koffi.alias('kvmem_group_state', 'int');
 koffi.alias('kvmem_session_kind', 'int');
+for (const e of ['kvmem_attend_source_kind', 'kvmem_attend_order', 'kvmem_attend_probe']) koffi.alias(e, 'int');
 for (const o of ['kvmem_qmem_store', 'kvmem_qmem_head', 'kvmem_kvstore', 'kvmem_slotmap']) koffi.opaque(o);
 for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent', 'kvmem_retrieval', 'kvmem_segments']) koffi.opaque(o);
 
@@ -133,6 +134,20 @@ const types = {
     n_slots: 'int64_t', n_used: 'int64_t', n_free: 'int64_t', page_slots: 'int32_t', dead_slot: 'int32_t',
   }),
   kvmem_slotmap_info: koffi.struct('kvmem_slotmap_info', { length: 'int64_t', n_live: 'int64_t', protect: 'int64_t', n_parked: 'int64_t' }),
+  kvmem_attend_source: koffi.struct('kvmem_attend_source', {
+    kind: 'kvmem_attend_source_kind', layer: 'int32_t', k: 'const kvmem_tensor *', v: 'const kvmem_tensor *',
+    slots: 'const int32_t *', n_positions: 'int64_t', dead_slot: 'int32_t', reserved: 'int32_t',
+    agent: 'kvmem_agent *', positions: 'const int32_t *', base_position: 'int64_t', mask: 'const uint8_t *',
+  }),
+  kvmem_attend_params: koffi.struct('kvmem_attend_params', {
+    order: 'kvmem_attend_order', n_sink: 'int32_t', tile_order: 'const int32_t *', n_tile_order: 'int32_t',
+    tile_size: 'int32_t', scale: 'float', tau_s: 'float', tau_d: 'float', patience: 'int32_t',
+    probe: 'kvmem_attend_probe', causal: 'int32_t', compare: 'int32_t',
+  }),
+  kvmem_attend_stats: koffi.struct('kvmem_attend_stats', {
+    n_streams: 'int64_t', tiles_total: 'int64_t', tiles_visited: 'int64_t', streams_stopped: 'int64_t',
+    oracle_tiles: 'int64_t', oracle_agree: 'int64_t', positions_read: 'int64_t', stopped_early: 'int32_t', reserved: 'int32_t',
+  }),
 };
 types.kvmem_log_callback = koffi.proto('void kvmem_log_callback(kvmem_log_level level, const char *message, void *user_data)');
 
@@ -254,6 +269,9 @@ const DECLARATIONS = [
   'kvmem_status kvmem_slotmap_slots(const kvmem_slotmap *map, _Out_ const void **slots, _Out_ int64_t *len, _Out_ int32_t *dead_slot)',
   'kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, _Out_ kvmem_slotmap_info *out)',
   'kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out, const kvmem_tensor *v_out, int32_t *positions_out)',
+  // ART attention
+  'kvmem_attend_params kvmem_attend_default_params(void)',
+  'kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats)',
 ];
 
 const fns = {};       // name -> wrapped function (throws on a failing status)
