@@ -200,7 +200,7 @@ func (s *service) route(r *http.Request) (any, error) {
 		case "retrieve":
 			return s.retrieve(id, r)
 		case "save", "load":
-			return nil, &httpError{501, "not_implemented", "this Go binding has no kvmem_agent_" + parts[2] + " yet"}
+			return s.persist(parts[2], id, r)
 		}
 	}
 	return nil, &httpError{404, "not_found", "no route " + r.Method + " " + r.URL.Path}
