@@ -2,6 +2,7 @@
 #include "bench.h"
 
 extern const kvm_bench_suite kvm_bench_machine;
+extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 /* retrieval */
 
 /* evict */
@@ -18,6 +19,7 @@ extern const kvm_bench_suite kvm_bench_cuda;
 
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
+    &kvm_bench_backend,
     /* retrieval */
 
     /* evict */

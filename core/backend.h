@@ -16,7 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVMEM_BACKEND_API_VERSION 1u
+/* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue) */
+#define KVMEM_BACKEND_API_VERSION 2u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
@@ -66,7 +67,26 @@ struct kvmem_backend {
     const kvmem_backend_iface *iface;
     void *impl;          /* the backend's own state */
     kvmem_context *ctx;  /* owning context */
+    /* -- plugin services (Vulkan issue) -- */
+    /* Set by the core's loader right after a plugin's init: a plugin cannot
+     * link the core's hidden kvm_fail, so its ops report messages for
+     * kvmem_last_error() through this pointer. NULL inside init. */
+    kvmem_status (*fail)(kvmem_status status, const char *fmt, ...);
+    /* (optional, set by the plugin) what it runs on, shown by kvmem_backends()
+     * ("llvmpipe (LLVM 15.0.6, 256 bits), Vulkan 1.3"); owned by the backend. */
+    const char *detail;
+    /* Set by the plugin when its device is a CPU (Mesa lavapipe, SwiftShader):
+     * "auto" then keeps the native CPU backend, which is faster than a CPU
+     * emulating a GPU. Explicit requests ("vulkan") still get it. */
+    int cpu_device;
 };
+
+/* -- device timing (Vulkan issue) -- */
+/* get_proc_address(be, KVM_PROC_LAST_OP_SECONDS) returns a kvm_last_op_seconds_fn
+ * (or NULL): device time of the backend's last op, from GPU timestamps
+ * (negative when the device has no timestamps). Used by benchmarks. */
+#define KVM_PROC_LAST_OP_SECONDS "last_op_seconds"
+typedef double (*kvm_last_op_seconds_fn)(kvmem_backend *be);
 
 /* The symbol every backend plugin exports. It fills *out or writes a plain
  * reason ("no device", "driver too old") into why and returns an error. */

@@ -84,6 +84,7 @@ kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend
         *out = NULL;
         return st != KVMEM_OK ? st : KVMEM_ERR_BACKEND;
     }
+    (*out)->fail = kvm_fail; /* plugins report op errors through the core's kvm_fail */
     *handle = h;
     return KVMEM_OK;
 #else
@@ -135,7 +136,8 @@ kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *co
         probe.n_threads = 1;
         if (kvm_plugin_load(&probe, k_plugins[i], &be, &h, why, sizeof why) == KVMEM_OK) {
             bi->available = 1;
-            snprintf(g_plugin_detail[i], sizeof g_plugin_detail[i], "%s", be->iface->name);
+            snprintf(g_plugin_detail[i], sizeof g_plugin_detail[i], "%s",
+                     be->detail ? be->detail : be->iface->name);
             be->iface->free(be);
 #ifdef KVM_HAVE_DLOPEN
             dlclose(h);
@@ -201,6 +203,15 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
             kvmem_backend *be = NULL;
             void *h = NULL;
             if (kvm_plugin_load(ctx, k_plugins[i], &be, &h, why, sizeof why) == KVMEM_OK) {
+                /* "auto" wants speed: a plugin whose device is a CPU (lavapipe)
+                 * loses to the native CPU backend, so it is put back. */
+                if (is_auto && be->cpu_device) {
+                    be->iface->free(be);
+#ifdef KVM_HAVE_DLOPEN
+                    dlclose(h);
+#endif
+                    continue;
+                }
                 ctx->backend = be;
                 ctx->plugin = h;
                 snprintf(ctx->backend_name, sizeof ctx->backend_name, "%s", k_plugins[i]);

@@ -8,6 +8,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
+# Vulkan backend: headers and loader, volk, the shader compiler and
+# validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
+pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
 
 missing_in() {
   for p in "$@"; do
