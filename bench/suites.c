@@ -8,6 +8,7 @@ extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 /* evict */
 
 /* attend */
+extern const kvm_bench_suite kvm_bench_attend;
 
 /* store */
 
@@ -25,6 +26,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* evict */
 
     /* attend */
+    &kvm_bench_attend,
 
     /* store */
 

@@ -21,6 +21,7 @@
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
+struct kvm_attend_plan; /* core/attend/attend.h */
 
 typedef struct kvmem_backend_iface {
     const char *name;
@@ -54,6 +55,11 @@ typedef struct kvmem_backend_iface {
     /* -- eviction (IntentKV): qmem_score, kv_copy -- */
 
     /* -- attention (ART): attend -- */
+    /* Run a validated ART plan (core/attend/attend.h): fill plan->out
+     * [n_rows][n_q_heads][head_dim] f32 and *stats. (optional) NULL: the
+     * core runs it on the CPU backend. */
+    kvmem_status (*attend)(kvmem_backend *be, const struct kvm_attend_plan *plan,
+                           kvmem_attend_stats *stats);
 
     /* -- persistence: quantize, dequantize -- */
 

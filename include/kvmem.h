@@ -369,6 +369,129 @@ KVMEM_API kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, s
 
 /* ---- ART attention (issue: attend) -------------------------------------- */
 
+/* Attention with run-time termination (ART, DESIGN.md): tiled online-softmax
+ * attention for decode (one query row) and short prefill (up to
+ * KVMEM_ATTEND_MAX_ROWS rows), grouped-query (query head h reads KV head
+ * h / (n_q_heads / n_kv_heads)), that can stop reading KV once its running
+ * output is stable in scale and direction for `patience` tiles in a row.
+ *
+ * Logical positions: every source is a sequence of T logical positions
+ * j = 0 .. T-1 (tensor rows, agent tokens, slot-map entries). With `causal`
+ * the n_rows query rows are the last n_rows positions: row r sees
+ * j <= T - n_rows + r. Tiles are runs of `tile_size` consecutive positions
+ * (an agent's tiles are its blocks). Positions that are masked (mask[j] == 0)
+ * or dead (slot-map entry == dead_slot) are skipped: their K/V are never read.
+ *
+ * The stop rule runs per stream = (query row, KV head): the stream's output
+ * o_t is the [G][head_dim] outputs of the G = n_q_heads / n_kv_heads query
+ * heads that read that KV head, after tile t, normalised by the running
+ * denominator. The probe z_t is 32 of its N = G*head_dim elements,
+ * z_i = o_t[i*s + s/2] with s = N/32 (the whole vector when N <= 32); the
+ * ORACLE probe is the whole vector. After each tile with a visible position:
+ *   scale:     | |z_t| - |z_{t-1}| | <= tau_s * |z_{t-1}|
+ *   direction: 1 - cos(z_t, z_{t-1}) <= tau_d
+ * and the stream stops after `patience` consecutive tiles pass both. A
+ * stream's KV head is shared by its G heads, so stopping per stream saves
+ * exactly the reads it stops; streams are independent, so they run on
+ * different threads without a barrier per tile. tau_s = tau_d = 0 never
+ * stops: the result is full attention up to float rounding, in any order. */
+
+#define KVMEM_ATTEND_MAX_ROWS 64
+#define KVMEM_ATTEND_PROBE_SIZE 32
+
+typedef enum kvmem_attend_source_kind {
+    KVMEM_ATTEND_SRC_TENSORS = 0, /* caller K, V [T][n_kv_heads][head_dim], keys post-RoPE
+                                     (also gathered memory from kvmem_gather) */
+    KVMEM_ATTEND_SRC_AGENT = 1,   /* one layer of an agent's blocks (raw keys, rotated here) */
+    KVMEM_ATTEND_SRC_SLOTMAP = 2  /* physical K, V [n_slots][n_kv_heads][head_dim] and a map
+                                     from logical positions to slots */
+} kvmem_attend_source_kind;
+
+/* Where the keys and values come from. Zero-initialise, then set `kind` and
+ * that kind's fields; unused fields must stay zero/NULL. All borrowed. */
+typedef struct kvmem_attend_source {
+    kvmem_attend_source_kind kind;
+    int32_t layer;              /* AGENT: the layer the queries belong to */
+    const kvmem_tensor *k;      /* TENSORS: [T][n_kv_heads][head_dim]; SLOTMAP: [n_slots][..][..] */
+    const kvmem_tensor *v;      /* same shape as k, any of F32/F16/BF16 */
+    const int32_t *slots;       /* SLOTMAP: n_positions physical slot ids */
+    int64_t n_positions;        /* SLOTMAP: T, the number of logical positions */
+    int32_t dead_slot;          /* SLOTMAP: the id of dropped positions (skipped) */
+    int32_t reserved;
+    kvmem_agent *agent;         /* AGENT: the agent (its unsealed tail included) */
+    const int32_t *positions;   /* AGENT: one RoPE position per agent token, or NULL:
+                                   token index + base_position */
+    int64_t base_position;      /* AGENT: offset added when positions is NULL */
+    const uint8_t *mask;        /* any kind: T entries, 0 = skip this position; NULL = none */
+} kvmem_attend_source;
+
+typedef enum kvmem_attend_order {
+    KVMEM_ATTEND_RECENT = 0,     /* tiles holding the first n_sink positions first, then
+                                    newest to oldest */
+    KVMEM_ATTEND_IMPORTANCE = 1, /* tile_order first (e.g. blocks by retrieval score), then
+                                    the remaining tiles newest to oldest */
+    KVMEM_ATTEND_INDEX = 2       /* exactly the tiles in tile_order, in that order; other
+                                    tiles are not attended */
+} kvmem_attend_order;
+
+typedef enum kvmem_attend_probe {
+    KVMEM_ATTEND_PROBE_STRIDED = 0, /* 32 strided elements of the stream output (default) */
+    KVMEM_ATTEND_PROBE_ORACLE = 1   /* the whole stream output */
+} kvmem_attend_probe;
+
+typedef struct kvmem_attend_params {
+    kvmem_attend_order order;   /* default RECENT */
+    int32_t n_sink;             /* RECENT: leading positions always visited first; default 4 */
+    const int32_t *tile_order;  /* IMPORTANCE / INDEX: tile indices, distinct, in [0, n_tiles) */
+    int32_t n_tile_order;
+    int32_t tile_size;          /* positions per tile, in [1, 4096]; 0 = default (64);
+                                   must be 0 for AGENT sources (tiles are blocks) */
+    float scale;                /* logit scale; 0 = 1/sqrt(head_dim) */
+    float tau_s;                /* scale threshold, >= 0; default 0.001 */
+    float tau_d;                /* direction threshold, >= 0; default 0.0001 (both 0: never stop) */
+    int32_t patience;           /* consecutive stable tiles before stopping, >= 1; default 4 */
+    kvmem_attend_probe probe;   /* default STRIDED */
+    int32_t causal;             /* 1 (default): row r sees positions <= T - n_rows + r */
+    int32_t compare;            /* 1: also run the ORACLE rule and report where it stops
+                                   (reads on until both rules stopped; output as without) */
+} kvmem_attend_params;
+
+KVMEM_API kvmem_attend_params kvmem_attend_default_params(void);
+
+typedef struct kvmem_attend_stats {
+    int64_t n_streams;       /* n_rows * n_kv_heads */
+    int64_t tiles_total;     /* sum over streams of the tiles with a visible position */
+    int64_t tiles_visited;   /* sum over streams of the tiles read before stopping */
+    int64_t streams_stopped; /* streams that stopped before their last tile */
+    int64_t oracle_tiles;    /* compare: sum over streams of where the ORACLE rule stops
+                                (its tiles_visited); 0 otherwise */
+    int64_t oracle_agree;    /* compare: streams where both rules stop at the same tile */
+    int64_t positions_read;  /* (position, KV head) rows of K and V read */
+    int32_t stopped_early;   /* 1 if any stream stopped early */
+    int32_t reserved;
+} kvmem_attend_stats;
+
+/* Attention of q over `source` into out, stopping early by the rule above.
+ * q:   [n_rows][n_q_heads][head_dim], post-RoPE query rows of one layer,
+ *      n_rows in [1, KVMEM_ATTEND_MAX_ROWS], F32/F16/BF16, any strides.
+ * out: [n_rows][n_q_heads][head_dim], F32/F16/BF16, written only on success.
+ *      A row that sees no position gets zeros.
+ * stats may be NULL. params may be NULL for defaults.
+ * Geometry: AGENT takes it from the pool's spec (source.layer picks the
+ * layer); TENSORS/SLOTMAP from the tensors (n_q_heads a multiple of
+ * n_kv_heads, head_dim equal, head_dim <= 1024).
+ * Threads: runs on ctx's workers (threaded across KV heads, and across rows
+ * when there are fewer KV heads than threads); an AGENT source follows the
+ * usual rule, one thread at a time per agent. Calls on distinct contexts or
+ * with distinct outputs may run concurrently.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, shapes, dtypes, non-finite q, bad
+ * order list, slot id outside [0, n_slots), bad params), KVMEM_ERR_CLOSED
+ * (closed agent), KVMEM_ERR_NOMEM. Nothing is written on failure. */
+KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
+                                    const kvmem_attend_source *source,
+                                    const kvmem_attend_params *params, const kvmem_tensor *out,
+                                    kvmem_attend_stats *stats);
+
 /* ---- Persistence, quantization, prefix, batch (issue: persistence) ------ */
 
 /* ---- KEEP segments (issue: segments) ------------------------------------ */

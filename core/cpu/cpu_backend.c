@@ -3,6 +3,7 @@
 #include "../backend.h"
 #include "../context.h"
 #include "../internal.h"
+#include "../attend/attend.h"
 #include "half.h"
 #include "kernels.h"
 
@@ -135,6 +136,7 @@ static const kvmem_backend_iface cpu_iface = {
     /* -- eviction -- */
 
     /* -- attention -- */
+    .attend = kvm_attend_cpu,
 
     /* -- persistence -- */
 

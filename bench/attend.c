@@ -1,0 +1,478 @@
+/* Suite "attend": ART attention (kvmem_attend) for decode with Llama-8B-like
+ * head geometry (32 query heads, 8 KV heads, head_dim 128, f16 KV).
+ *
+ * kind "plain":    kv_gbps of the kernel with the stop rule off, next to
+ *                  read_bw_gbps (one thread's streaming read, measured here).
+ * kind "detector": detector_overhead, the rule running on every tile but
+ *                  never firing (patience larger than the tile count) vs plain.
+ * kind "sweep":    one line per (tau_s, tau_d, patience) on synthetic KV:
+ *                  tiles_visited_frac, speedup (plain time / ART time),
+ *                  rel_err = |o - o_full| / |o_full|, probe_oracle_agreement
+ *                  (streams where the 32-element probe stops at the same tile
+ *                  as the whole-vector oracle).
+ * kind "defaults": the same metrics for kvmem_attend_default_params().
+ * Sweep and defaults lines run in two orders ("order"): "importance", tiles
+ * by their exact largest logit (what retrieval hands ART: the regime the
+ * rule is meant for, mass decaying along the traversal), and "recent".
+ *
+ * Synthetic KV: per KV head a direction u; keys are Gaussian noise (sd 0.5) plus u
+ * times a boost, so a token's logit is about its boost: 10 exp(-age / lambda)
+ * for recent tokens (lambda 64..288 by head: attention concentrated on the
+ * recent past, as in decode), 8 for four sink tokens, 9..11 in every head for one
+ * token in 1024 at random ("recall" tokens that violate the decay), ~0 for
+ * the rest.
+ * Values: a per-head mean plus N(0,1) per token (values of real heads share a
+ * common component; without it every truncation looks large relative to a
+ * small |o|).
+ * Queries are u plus noise. Real-model KV comes with the tiny-engine issue. */
+#include "bench.h"
+#include "kvmem.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define HQ 32
+#define HKV 8
+#define HD 128
+#define KVM_BENCH_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+typedef struct attend_case {
+    kvmem_context *ctx;
+    int64_t T;
+    uint16_t *k, *v; /* f16 [T][HKV][HD] */
+    float *q;        /* [n_q][HQ][HD] */
+    int n_q;
+    kvmem_tensor tk, tv, tq, to;
+    float *out;
+    kvmem_attend_source src;
+    kvmem_attend_params params;
+    int qi;
+} attend_case;
+
+static uint64_t rng_next(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_normal(uint64_t *s) {
+    float u1 = ((float)(rng_next(s) >> 40) + 1.0f) / 16777217.0f, u2 = (float)(rng_next(s) >> 40) / 16777216.0f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+/* IEEE half from float, round to nearest even (values here are small). */
+static uint16_t to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t m = x & 0x7fffffu;
+    if (e <= 0) return (uint16_t)sign; /* flush tiny values: fine for this data */
+    if (e >= 31) return (uint16_t)(sign | 0x7bffu);
+    uint32_t h = sign | ((uint32_t)e << 10) | (m >> 13), rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)h;
+}
+
+static float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u, x;
+    if (e == 0) { /* zero or subnormal: value m * 2^-24 */
+        float f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    x = sign | ((e + 112u) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static int case_init(attend_case *c, kvmem_context *ctx, int64_t T, int n_q, uint64_t seed) {
+    memset(c, 0, sizeof *c);
+    c->ctx = ctx;
+    c->T = T;
+    c->n_q = n_q;
+    size_t n = (size_t)T * HKV * HD;
+    c->k = malloc(n * 2);
+    c->v = malloc(n * 2);
+    c->q = malloc(sizeof(float) * (size_t)n_q * HQ * HD);
+    c->out = malloc(sizeof(float) * HQ * HD);
+    if (!c->k || !c->v || !c->q || !c->out) return -1;
+    uint64_t rng = seed;
+    float u[HKV][HD], mu[HKV][HD];
+    for (int h = 0; h < HKV; h++) {
+        double nn = 0;
+        for (int d = 0; d < HD; d++) u[h][d] = rng_normal(&rng), nn += (double)u[h][d] * u[h][d];
+        for (int d = 0; d < HD; d++) u[h][d] /= (float)sqrt(nn);
+        for (int d = 0; d < HD; d++) mu[h][d] = rng_normal(&rng);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        double age = (double)(T - 1 - t);
+        /* recall tokens: relevant to the query in every head */
+        const float recall = rng_next(&rng) % 1024 == 0 ? 9.0f + (float)(rng_next(&rng) % 3) : 0.0f;
+        for (int h = 0; h < HKV; h++) {
+            /* the logit of a token is about its boost (|q| = 12, 12 * 0.94 / sqrt(128) = 1)
+             * plus N(0, 0.53^2) from the key noise */
+            float boost = (float)(10.0 * exp(-age / (64.0 + 32.0 * h)));
+            if (t < 4) boost = 8.0f;
+            if (recall > boost) boost = recall;
+            uint16_t *kr = c->k + ((size_t)t * HKV + (size_t)h) * HD, *vr = c->v + ((size_t)t * HKV + (size_t)h) * HD;
+            for (int d = 0; d < HD; d++) {
+                kr[d] = to_f16(0.5f * rng_normal(&rng) + boost * u[h][d] * 0.94f);
+                vr[d] = to_f16(mu[h][d] + rng_normal(&rng));
+            }
+        }
+    }
+    for (int i = 0; i < n_q; i++)
+        for (int hq = 0; hq < HQ; hq++)
+            for (int d = 0; d < HD; d++)
+                c->q[((size_t)i * HQ + (size_t)hq) * HD + (size_t)d] = 12.0f * u[hq / (HQ / HKV)][d] + 0.1f * rng_normal(&rng);
+    int64_t ks[3] = {T, HKV, HD}, qs[3] = {1, HQ, HD};
+    kvmem_tensor_init(&c->tk, c->k, KVMEM_F16, 3, ks);
+    kvmem_tensor_init(&c->tv, c->v, KVMEM_F16, 3, ks);
+    kvmem_tensor_init(&c->tq, c->q, KVMEM_F32, 3, qs);
+    kvmem_tensor_init(&c->to, c->out, KVMEM_F32, 3, qs);
+    c->src.kind = KVMEM_ATTEND_SRC_TENSORS;
+    c->src.k = &c->tk;
+    c->src.v = &c->tv;
+    return 0;
+}
+
+static void case_free(attend_case *c) {
+    free(c->k), free(c->v), free(c->q), free(c->out);
+}
+
+static kvmem_status run_q(attend_case *c, int qi, const kvmem_attend_params *p, float *out, kvmem_attend_stats *st) {
+    kvmem_tensor q = c->tq, o = c->to;
+    q.data = c->q + (size_t)qi * HQ * HD;
+    o.data = out;
+    return kvmem_attend(c->ctx, &q, &c->src, p, &o, st);
+}
+
+static void timed(void *arg) {
+    attend_case *c = arg;
+    kvmem_attend_stats st;
+    run_q(c, c->qi, &c->params, c->out, &st);
+}
+
+static double time_params(attend_case *c, const kvmem_attend_params *p, int qi, int reps) {
+    c->params = *p;
+    c->qi = qi;
+    return kvm_time_median(timed, c, 1, reps);
+}
+
+static double thread_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Median CPU time of the calling thread over reps runs (after one warm-up)
+ * on a one-thread context, where the whole call runs on this thread: time
+ * the shared machine spends on other processes is not counted. */
+static double cpu_time_params(attend_case *c, kvmem_context *ctx1, const kvmem_attend_params *p, int qi, int reps) {
+    kvmem_context *keep = c->ctx;
+    double t[64];
+    c->ctx = ctx1;
+    c->params = *p;
+    c->qi = qi;
+    if (reps > 64) reps = 64;
+    timed(c);
+    for (int i = 0; i < reps; i++) {
+        double t0 = thread_cpu_now();
+        timed(c);
+        t[i] = thread_cpu_now() - t0;
+    }
+    c->ctx = keep;
+    return kvm_median(t, reps);
+}
+
+/* Detector overhead as the ratio of medians of one thread's CPU time, the
+ * plain and detector calls alternating one by one so load changes on the
+ * shared machine hit both alike. */
+static double interleaved_overhead(attend_case *c, kvmem_context *ctx1, const kvmem_attend_params *a,
+                                   const kvmem_attend_params *b, int reps, double *ms_a, double *ms_b) {
+    kvmem_context *keep = c->ctx;
+    double *ta = malloc(sizeof(double) * (size_t)reps), *tb = malloc(sizeof(double) * (size_t)reps);
+    if (!ta || !tb) {
+        free(ta), free(tb);
+        return NAN;
+    }
+    c->ctx = ctx1;
+    c->qi = 0;
+    for (int i = -2; i < reps; i++) {
+        c->params = *a;
+        double t0 = thread_cpu_now();
+        timed(c);
+        double t1 = thread_cpu_now();
+        c->params = *b;
+        timed(c);
+        double t2 = thread_cpu_now();
+        if (i >= 0) ta[i] = t1 - t0, tb[i] = t2 - t1;
+    }
+    c->ctx = keep;
+    *ms_a = kvm_median(ta, reps) * 1e3;
+    *ms_b = kvm_median(tb, reps) * 1e3;
+    free(ta), free(tb);
+    return *ms_b / *ms_a - 1.0;
+}
+
+typedef struct scored_tile {
+    double score;
+    int32_t tile;
+} scored_tile;
+
+static int by_score_desc(const void *a, const void *b) {
+    const scored_tile *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    return (x->tile > y->tile) - (x->tile < y->tile);
+}
+
+/* What retrieval would hand ART: tiles by exact importance, the sum over KV
+ * heads of the tile's largest logit (first query head of each group). */
+static int32_t *importance_order(const attend_case *c, int qi, int32_t tile) {
+    const int32_t n_tiles = (int32_t)((c->T + tile - 1) / tile);
+    scored_tile *st = malloc(sizeof *st * (size_t)n_tiles);
+    int32_t *order = malloc(sizeof *order * (size_t)n_tiles);
+    if (!st || !order) {
+        free(st), free(order);
+        return NULL;
+    }
+    for (int32_t t = 0; t < n_tiles; t++) {
+        st[t].tile = t;
+        st[t].score = 0;
+        for (int h = 0; h < HKV; h++) {
+            const float *q = c->q + ((size_t)qi * HQ + (size_t)h * (HQ / HKV)) * HD;
+            double best = -1e300;
+            for (int64_t j = (int64_t)t * tile; j < KVM_BENCH_MIN((int64_t)(t + 1) * tile, c->T); j++) {
+                const uint16_t *k = c->k + ((size_t)j * HKV + (size_t)h) * HD;
+                double dot = 0;
+                for (int d = 0; d < HD; d++) dot += (double)q[d] * from_f16(k[d]);
+                best = dot > best ? dot : best;
+            }
+            st[t].score += best;
+        }
+    }
+    qsort(st, (size_t)n_tiles, sizeof *st, by_score_desc);
+    for (int32_t t = 0; t < n_tiles; t++) order[t] = st[t].tile;
+    free(st);
+    return order;
+}
+
+typedef struct sweep_row {
+    double visited_frac, speedup, rel_err, agreement, oracle_frac;
+} sweep_row;
+
+/* Metrics of params p averaged over the case's queries. */
+static int measure(attend_case *c, kvmem_context *ctx1, const kvmem_attend_params *p0, int32_t *const *orders,
+                   float *const *full, const double *t_full, int reps, sweep_row *r) {
+    memset(r, 0, sizeof *r);
+    float tmp[HQ * HD];
+    for (int qi = 0; qi < c->n_q; qi++) {
+        kvmem_attend_params pq = *p0;
+        if (orders) {
+            pq.order = KVMEM_ATTEND_IMPORTANCE;
+            pq.tile_order = orders[qi];
+            pq.n_tile_order = (int32_t)((c->T + 63) / 64);
+        }
+        const kvmem_attend_params *p = &pq;
+        kvmem_attend_params pc = *p;
+        pc.compare = 1;
+        kvmem_attend_stats st;
+        if (run_q(c, qi, &pc, tmp, &st) != KVMEM_OK) return -1;
+        double num = 0, den = 0;
+        for (int i = 0; i < HQ * HD; i++) {
+            double d = (double)tmp[i] - full[qi][i];
+            num += d * d;
+            den += (double)full[qi][i] * full[qi][i];
+        }
+        r->rel_err += sqrt(num / den);
+        r->visited_frac += (double)st.tiles_visited / (double)st.tiles_total;
+        r->oracle_frac += (double)st.oracle_tiles / (double)st.tiles_total;
+        r->agreement += (double)st.oracle_agree / (double)st.n_streams;
+        r->speedup += t_full[qi] / cpu_time_params(c, ctx1, p, qi, reps);
+    }
+    r->visited_frac /= c->n_q, r->rel_err /= c->n_q, r->agreement /= c->n_q, r->oracle_frac /= c->n_q;
+    r->speedup /= c->n_q;
+    return 0;
+}
+
+static void print_row(const kvm_bench_opts *o, const char *kind, const char *order, int64_t T,
+                      const kvmem_attend_params *p, const sweep_row *r) {
+    if (o->json) {
+        kvm_json_begin(o->out, "attend");
+        kvm_json_str(o->out, "kind", kind);
+        kvm_json_str(o->out, "order", order);
+        kvm_json_int(o->out, "tokens", (long long)T);
+        kvm_json_num(o->out, "tau_s", p->tau_s);
+        kvm_json_num(o->out, "tau_d", p->tau_d);
+        kvm_json_int(o->out, "patience", p->patience);
+        kvm_json_int(o->out, "tile_size", p->tile_size ? p->tile_size : 64);
+        kvm_json_num(o->out, "tiles_visited_frac", r->visited_frac);
+        kvm_json_num(o->out, "speedup", r->speedup);
+        kvm_json_num(o->out, "rel_err", r->rel_err);
+        kvm_json_num(o->out, "probe_oracle_agreement", r->agreement);
+        kvm_json_num(o->out, "oracle_tiles_frac", r->oracle_frac);
+        kvm_json_end(o->out);
+    } else {
+        fprintf(o->out, "attend %-8s %-10s T=%lld tau_s=%-6g tau_d=%-6g p=%d: visited %.3f  speedup %.2fx  rel_err %.2e  agree %.2f\n",
+                kind, order, (long long)T, (double)p->tau_s, (double)p->tau_d, p->patience, r->visited_frac, r->speedup,
+                r->rel_err, r->agreement);
+    }
+}
+
+static kvmem_attend_params plain_params(void) {
+    kvmem_attend_params p = kvmem_attend_default_params();
+    p.tau_s = p.tau_d = 0; /* the rule off: full attention */
+    return p;
+}
+
+static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_context *ctx1, int64_t T, double rd,
+                       int with_detector) {
+    attend_case c;
+    if (case_init(&c, ctx, T, 1, 7) != 0) {
+        case_free(&c);
+        return -1;
+    }
+    const int reps = o->quick ? 5 : 11;
+    kvmem_attend_params plain = plain_params(), det = kvmem_attend_default_params();
+    det.tau_s = 1e-30f; /* runs the rule on every tile ... */
+    det.tau_d = 1e-30f;
+    det.patience = INT32_MAX; /* ... that can never fire */
+    const double bytes = (double)T * HKV * HD * 2 * 2;
+    const double t_plain = time_params(&c, &plain, 0, reps);
+    c.ctx = ctx1;
+    const double t1 = time_params(&c, &plain, 0, reps);
+    c.ctx = ctx;
+    const int nt = kvmem_context_n_threads(ctx);
+    if (o->json) {
+        kvm_json_begin(o->out, "attend");
+        kvm_json_str(o->out, "kind", "plain");
+        kvm_json_int(o->out, "tokens", (long long)T);
+        kvm_json_int(o->out, "n_q_heads", HQ);
+        kvm_json_int(o->out, "n_kv_heads", HKV);
+        kvm_json_int(o->out, "head_dim", HD);
+        kvm_json_str(o->out, "kv_dtype", "f16");
+        kvm_json_int(o->out, "threads", nt);
+        kvm_json_num(o->out, "read_bw_gbps", rd);
+        kvm_json_num(o->out, "kv_gbps", bytes / t_plain / 1e9);
+        kvm_json_num(o->out, "kv_to_read_bw", bytes / t_plain / 1e9 / rd);
+        kvm_json_num(o->out, "kv_gbps_1thread", bytes / t1 / 1e9);
+        kvm_json_num(o->out, "kv_to_read_bw_1thread", bytes / t1 / 1e9 / rd);
+        kvm_json_num(o->out, "ms", t_plain * 1e3);
+        kvm_json_end(o->out);
+    } else {
+        fprintf(o->out, "attend plain T=%lld: %.2f ms, %.1f GB/s of KV (%d threads; %.2f x one thread's read %.1f GB/s; one thread %.1f GB/s)\n",
+                (long long)T, t_plain * 1e3, bytes / t_plain / 1e9, nt, bytes / t_plain / 1e9 / rd, rd, bytes / t1 / 1e9);
+    }
+    if (with_detector) {
+        /* CPU time of one thread, calls alternating; then the same on 1024
+         * tokens (4 MiB of KV, cache-resident), where the rule's compute is
+         * not hidden behind memory stalls; wall clock of both for reference */
+        double tcp, tcd, thp, thd;
+        const double ov = interleaved_overhead(&c, ctx1, &plain, &det, o->quick ? 9 : 61, &tcp, &tcd);
+        const double twp = time_params(&c, &plain, 0, 5), twd = time_params(&c, &det, 0, 5);
+        attend_case hot;
+        if (case_init(&hot, ctx, 1024, 1, 9) != 0) {
+            case_free(&hot);
+            case_free(&c);
+            return -1;
+        }
+        const double ovh = interleaved_overhead(&hot, ctx1, &plain, &det, o->quick ? 21 : 401, &thp, &thd);
+        case_free(&hot);
+        if (o->json) {
+            kvm_json_begin(o->out, "attend");
+            kvm_json_str(o->out, "kind", "detector");
+            kvm_json_int(o->out, "tokens", (long long)T);
+            kvm_json_num(o->out, "cpu_ms_plain", tcp);
+            kvm_json_num(o->out, "cpu_ms_detector", tcd);
+            kvm_json_num(o->out, "detector_overhead", ov);
+            kvm_json_num(o->out, "detector_overhead_wall", twd / twp - 1.0);
+            kvm_json_num(o->out, "detector_overhead_hot", ovh);
+            kvm_json_num(o->out, "cpu_ms_plain_hot", thp);
+            kvm_json_num(o->out, "cpu_ms_detector_hot", thd);
+            kvm_json_end(o->out);
+        } else {
+            fprintf(o->out, "attend detector T=%lld: overhead %.4f of one thread's CPU time (%.3f vs %.3f ms), %.4f wall, %.4f cache-resident\n",
+                    (long long)T, ov, tcd, tcp, twd / twp - 1.0, ovh);
+        }
+    }
+    case_free(&c);
+    return 0;
+}
+
+static int bench_sweep(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_context *ctx1, int64_t T) {
+    attend_case c;
+    const int n_q = o->quick ? 1 : 4, reps = o->quick ? 3 : 9;
+    if (case_init(&c, ctx, T, n_q, 11) != 0) {
+        case_free(&c);
+        return -1;
+    }
+    float *full[8];
+    double t_full[8];
+    kvmem_attend_params plain = plain_params();
+    for (int qi = 0; qi < n_q; qi++) {
+        full[qi] = malloc(sizeof(float) * HQ * HD);
+        if (!full[qi] || run_q(&c, qi, &plain, full[qi], NULL) != KVMEM_OK) return -1;
+        t_full[qi] = cpu_time_params(&c, ctx1, &plain, qi, reps);
+    }
+    int32_t *orders[8];
+    for (int qi = 0; qi < n_q; qi++)
+        if (!(orders[qi] = importance_order(&c, qi, 64))) return -1;
+    static const float ts_q[] = {0.01f, 0.05f}, td_q[] = {0.001f, 0.01f};
+    static const int p_q[] = {1, 2};
+    static const float ts_f[] = {0.001f, 0.002f, 0.005f, 0.01f, 0.02f, 0.05f}, td_f[] = {0.0001f, 0.001f, 0.01f};
+    static const int p_f[] = {1, 2, 4};
+    const float *ts = o->quick ? ts_q : ts_f, *td = o->quick ? td_q : td_f;
+    const int *pp = o->quick ? p_q : p_f;
+    const int nts = o->quick ? 2 : 6, ntd = o->quick ? 2 : 3, np = o->quick ? 2 : 3;
+    int rc = 0;
+    for (int imp = 1; imp >= 0 && !rc; imp--) {
+        const char *oname = imp ? "importance" : "recent";
+        for (int a = 0; a < nts && !rc; a++)
+            for (int b = 0; b < ntd && !rc; b++)
+                for (int e = 0; e < np && !rc; e++) {
+                    kvmem_attend_params p = kvmem_attend_default_params();
+                    p.tau_s = ts[a], p.tau_d = td[b], p.patience = pp[e];
+                    sweep_row r;
+                    if ((rc = measure(&c, ctx1, &p, imp ? orders : NULL, full, t_full, reps, &r)) == 0)
+                        print_row(o, "sweep", oname, T, &p, &r);
+                }
+        if (!rc) {
+            kvmem_attend_params p = kvmem_attend_default_params();
+            sweep_row r;
+            if ((rc = measure(&c, ctx1, &p, imp ? orders : NULL, full, t_full, reps, &r)) == 0)
+                print_row(o, "defaults", oname, T, &p, &r);
+        }
+    }
+    for (int qi = 0; qi < n_q; qi++) free(orders[qi]);
+    for (int qi = 0; qi < n_q; qi++) free(full[qi]);
+    case_free(&c);
+    return rc;
+}
+
+static int run_attend(const kvm_bench_opts *o) {
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = o->backend;
+    cp.n_threads = o->n_threads;
+    kvmem_context *ctx = NULL, *ctx1 = NULL;
+    if (kvmem_context_create(&cp, &ctx) != KVMEM_OK) return 1;
+    cp.n_threads = 1;
+    if (kvmem_context_create(&cp, &ctx1) != KVMEM_OK) {
+        kvmem_context_free(ctx);
+        return 1;
+    }
+    double rd = kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20));
+    int rc = 0;
+    static const int64_t sizes_full[] = {16384, 32768}, sizes_quick[] = {2048};
+    const int64_t *sizes = o->quick ? sizes_quick : sizes_full;
+    const int n_sizes = o->quick ? 1 : 2;
+    for (int i = 0; i < n_sizes && !rc; i++) rc = bench_plain(o, ctx, ctx1, sizes[i], rd, i == 0);
+    if (!rc) rc = bench_sweep(o, ctx, ctx1, o->quick ? 2048 : 16384);
+    kvmem_context_free(ctx1);
+    kvmem_context_free(ctx);
+    return rc ? 1 : 0;
+}
+
+const kvm_bench_suite kvm_bench_attend = {"attend", "ART attention: kv_gbps, detector overhead, tau sweep", run_attend};

@@ -1,0 +1,531 @@
+/* The CPU backend's ART attention op: one work item per (KV head, chunk of
+ * query rows), each running its streams (row, KV head) through the tiles in
+ * the plan's order with an online softmax, and stopping each stream when the
+ * stop rule fires. The rule reads 32 (or N) floats of the item's own
+ * accumulators per tile: a constant cost and no extra memory traffic. */
+#include "attend.h"
+#include "../context.h"
+#include "../cpu/threadpool.h"
+#include "../tensor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One stop rule's state for one stream. */
+typedef struct rule_state {
+    float *prev;      /* previous probe */
+    double prev_norm;
+    int32_t has_prev, streak, done, visited;
+} rule_state;
+
+/* Incremental cos/sin of RoPE angles: positions visited one after the other
+ * (ascending or descending, the usual case in every order) advance by one
+ * angle-addition step in double precision instead of 2 * n_pairs libm calls;
+ * any jump resynchronises through kvm_rope_cos_sin. */
+typedef struct rope_cursor {
+    const kvm_rope *r;
+    int64_t pos;
+    int32_t valid;
+    double *c, *s, *c1, *s1; /* state at pos; cos/sin of one step */
+    float *cf, *sf;          /* float copies handed to kvm_rope_rotate */
+} rope_cursor;
+
+static void rope_at(rope_cursor *rc, int64_t pos) {
+    const int32_t np = rc->r->n_pairs;
+    if (rc->valid && pos == rc->pos) return;
+    if (rc->valid && (pos == rc->pos + 1 || pos == rc->pos - 1)) {
+        const double dir = pos > rc->pos ? 1.0 : -1.0;
+        for (int32_t j = 0; j < np; j++) {
+            double c = rc->c[j], s = rc->s[j], s1 = dir * rc->s1[j];
+            rc->c[j] = c * rc->c1[j] - s * s1;
+            rc->s[j] = s * rc->c1[j] + c * s1;
+            rc->cf[j] = (float)rc->c[j];
+            rc->sf[j] = (float)rc->s[j];
+        }
+    } else {
+        kvm_rope_cos_sin(rc->r, (double)pos, rc->cf, rc->sf);
+        for (int32_t j = 0; j < np; j++) {
+            rc->c[j] = rc->cf[j];
+            rc->s[j] = rc->sf[j];
+        }
+        rc->valid = 1;
+    }
+    rc->pos = pos;
+}
+
+typedef struct attend_job {
+    const kvm_attend_plan *p;
+    const kvm_attend_kernels *kern;
+    int32_t rows_per_item, n_row_chunks, heads_per_item, n_head_chunks;
+    int32_t max_tile;
+    size_t scratch_floats; /* per item */
+    float *scratch;
+    kvmem_attend_stats *item_stats;
+    int32_t probe_g[KVMEM_ATTEND_PROBE_SIZE], probe_d[KVMEM_ATTEND_PROBE_SIZE]; /* head, dim */
+    int32_t probe_n;
+    int32_t prefetch; /* software prefetch of the next tile: only when KV outgrows the caches */
+} attend_job;
+
+static int64_t live_count(const kvm_attend_plan *p, int64_t a, int64_t b) {
+    if (b <= a) return 0;
+    return p->live_prefix ? p->live_prefix[b] - p->live_prefix[a] : b - a;
+}
+
+static int is_live(const kvm_attend_plan *p, int64_t j) {
+    if (p->mask && !p->mask[j]) return 0;
+    if (p->slots && p->slots[j] == p->dead_slot) return 0;
+    return 1;
+}
+
+/* Probe of one stream: z[i] for the rule's elements, normalised per head. */
+static size_t probe_fill(const attend_job *j, int oracle, float *const *acc, const float *l, float *z) {
+    const int32_t D = j->p->head_dim, N = j->p->group * D;
+    if (oracle || j->probe_n == N) {
+        for (int32_t g = 0; g < j->p->group; g++) {
+            const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+            for (int32_t d = 0; d < D; d++) z[g * D + d] = acc[g][d] * inv;
+        }
+        return (size_t)N;
+    }
+    for (int32_t i = 0; i < j->probe_n; i++) {
+        const int32_t g = j->probe_g[i];
+        z[i] = l[g] > 0 ? acc[g][j->probe_d[i]] / l[g] : 0.0f;
+    }
+    return (size_t)j->probe_n;
+}
+
+/* One tile's verdict: returns 1 when the stream should stop now. */
+static int rule_step(const kvm_attend_plan *p, rule_state *rs, const float *z, size_t n) {
+    double nz = 0, dot = 0;
+    for (size_t i = 0; i < n; i++) {
+        nz += (double)z[i] * z[i];
+        dot += (double)z[i] * rs->prev[i];
+    }
+    nz = sqrt(nz);
+    int fire = 0;
+    if (rs->has_prev) {
+        const double np = rs->prev_norm;
+        int ok;
+        if (np == 0 || nz == 0) {
+            ok = np == 0 && nz == 0;
+        } else {
+            int scale_ok = fabs(nz - np) <= (double)p->tau_s * np;
+            int dir_ok = 1.0 - dot / (nz * np) <= (double)p->tau_d;
+            ok = scale_ok && dir_ok;
+        }
+        rs->streak = ok ? rs->streak + 1 : 0;
+        fire = p->stop_enabled && rs->streak >= p->patience;
+    }
+    memcpy(rs->prev, z, n * sizeof(float));
+    rs->prev_norm = nz;
+    rs->has_prev = 1;
+    return fire;
+}
+
+/* Write acc / l of one stream (G heads) into the output rows. */
+static void write_stream(const kvm_attend_plan *p, int32_t r, int32_t h, float *const *acc, const float *l) {
+    const int32_t D = p->head_dim, G = p->group;
+    for (int32_t g = 0; g < G; g++) {
+        float *o = p->out + ((size_t)r * (size_t)p->n_q_heads + (size_t)(h * G + g)) * (size_t)D;
+        const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+        for (int32_t d = 0; d < D; d++) o[d] = acc[g][d] * inv;
+    }
+}
+
+/* Fetch K and V rows (f32) of the live positions pos[0..n) of tile `tile`
+ * for the KV heads [ha, hb) of an item whose first head is h0. Row i of head
+ * h lands at krow[(h - h0) * mt + i]. Only these positions are read, all
+ * heads of one position at once, so the reads stream through memory. */
+/* f32 rows, or f16 rows the kernels convert in registers, read in place. */
+static int direct_f32(const kvmem_tensor *t) { return t->dtype == KVMEM_F32 && t->strides[2] == 1; }
+static int direct_f16(const kvmem_tensor *t) { return t->dtype == KVMEM_F16 && t->strides[2] == 1; }
+
+static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t hb, int32_t tile, const int64_t *pos,
+                       int32_t n, int32_t mt, float *kbuf, float *vbuf, const void **krow, const void **vrow,
+                       rope_cursor *rc) {
+    const size_t D = (size_t)p->head_dim, nh = (size_t)(hb - ha);
+    if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
+        const kvmem_tensor *k = p->k, *v = p->v;
+        const int kdirect = direct_f32(k) || direct_f16(k), vdirect = direct_f32(v) || direct_f16(v);
+        const int kspan = k->strides[2] == 1 && k->strides[1] == (int64_t)D;
+        const int vspan = v->strides[2] == 1 && v->strides[1] == (int64_t)D;
+        const size_t kes = kvm_dtype_size(k->dtype), ves = kvm_dtype_size(v->dtype);
+        for (int32_t i = 0; i < n; i++) {
+            const int64_t row = p->slots ? p->slots[pos[i]] : pos[i];
+            float *kb = kbuf + (size_t)i * nh * D, *vb = vbuf + (size_t)i * nh * D;
+            const int64_t ko = row * k->strides[0] + ha * k->strides[1];
+            const int64_t vo = row * v->strides[0] + ha * v->strides[1];
+            if (!kdirect && kspan)
+                kvm_convert_host(kb, KVMEM_F32, (const unsigned char *)k->data + (size_t)ko * kes, k->dtype, nh * D);
+            if (!vdirect && vspan)
+                kvm_convert_host(vb, KVMEM_F32, (const unsigned char *)v->data + (size_t)vo * ves, v->dtype, nh * D);
+            for (int32_t h = ha; h < hb; h++) {
+                const size_t at = (size_t)(h - h0) * (size_t)mt + (size_t)i, hh = (size_t)(h - ha);
+                const int64_t kho = ko + (h - ha) * k->strides[1], vho = vo + (h - ha) * v->strides[1];
+                if (kdirect) {
+                    krow[at] = (const unsigned char *)k->data + (size_t)kho * kes;
+                } else {
+                    if (!kspan) kvm_tensor_read_f32(k, kho, kb + hh * D, D);
+                    krow[at] = kb + hh * D;
+                }
+                if (vdirect) {
+                    vrow[at] = (const unsigned char *)v->data + (size_t)vho * ves;
+                } else {
+                    if (!vspan) kvm_tensor_read_f32(v, vho, vb + hh * D, D);
+                    vrow[at] = vb + hh * D;
+                }
+            }
+        }
+        return;
+    }
+    /* an agent's block: head-major storage, so read each head's runs */
+    const kvm_agent_mem *m = p->mem;
+    for (int32_t h = ha; h < hb; h++) {
+        const size_t hh = (size_t)(h - ha);
+        float *kb = kbuf + hh * (size_t)mt * D, *vb = vbuf + hh * (size_t)mt * D;
+        const size_t at = (size_t)(h - h0) * (size_t)mt;
+        if (tile < m->n_sealed) {
+            const kvm_block *b = &m->blocks[tile];
+            for (int32_t i = 0; i < n;) { /* runs of consecutive live positions: one read each */
+                int32_t e = i + 1;
+                while (e < n && pos[e] == pos[e - 1] + 1) e++;
+                const int32_t row0 = (int32_t)(pos[i] - b->first_token);
+                kvm_block_read_f32(p->pool, b, 0, p->layer, h, row0, e - i, kb + (size_t)i * D);
+                kvm_block_read_f32(p->pool, b, 1, p->layer, h, row0, e - i, vb + (size_t)i * D);
+                i = e;
+            }
+            for (int32_t i = 0; i < n; i++) vrow[at + (size_t)i] = vb + (size_t)i * D;
+        } else {
+            const int64_t first = m->n_tokens - m->tail_n;
+            const float *kt = kvm_tail_rows(p->pool, m, 0, p->layer, h);
+            const float *vt = kvm_tail_rows(p->pool, m, 1, p->layer, h);
+            for (int32_t i = 0; i < n; i++) {
+                memcpy(kb + (size_t)i * D, kt + (size_t)(pos[i] - first) * D, D * sizeof(float));
+                vrow[at + (size_t)i] = vt + (size_t)(pos[i] - first) * D;
+            }
+        }
+    }
+    /* keys are stored raw: rotate to their positions, newest first so the
+     * cursor steps by one in RECENT order; one cos/sin for all heads */
+    for (int32_t i = n - 1; i >= 0; i--) {
+        const int64_t t = pos[i];
+        rope_at(rc, p->positions ? p->positions[t] : p->base_position + t);
+        for (int32_t h = ha; h < hb; h++) {
+            float *x = kbuf + ((size_t)(h - ha) * (size_t)mt + (size_t)i) * D;
+            kvm_rope_rotate(&p->pool->rope, x, rc->cf, rc->sf, 0);
+            krow[(size_t)(h - h0) * (size_t)mt + (size_t)i] = x;
+        }
+    }
+}
+
+/* Prefetch the K/V rows of tile `tile` for heads [h0, h1) towards L2 while
+ * the current tile computes (caller tensors and slot maps; agent blocks go
+ * through kvm_block_read_f32). Masked and dead positions are not touched,
+ * nor positions at or past `hi`, the end of what the current rows see. */
+static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t hi, int32_t h0, int32_t h1) {
+    if (p->kind == KVMEM_ATTEND_SRC_AGENT) return;
+    const int64_t t0 = p->tile_start[tile], t1 = KVM_MIN(p->tile_start[tile + 1], KVM_MAX(hi, t0));
+    const kvmem_tensor *ts[2] = {p->k, p->v};
+    for (int x = 0; x < 2; x++) {
+        const kvmem_tensor *t = ts[x];
+        const size_t es = kvm_dtype_size(t->dtype);
+        const size_t span = (size_t)((h1 - h0 - 1) * t->strides[1] + (int64_t)p->head_dim) * es;
+        for (int64_t q = t0; q < t1; q++) {
+            if (!is_live(p, q)) continue;
+            const int64_t row = p->slots ? p->slots[q] : q;
+            const char *a = (const char *)t->data + (size_t)(row * t->strides[0] + h0 * t->strides[1]) * es;
+            for (size_t off = 0; off < span; off += 64) __builtin_prefetch(a + off, 0, 2);
+        }
+    }
+}
+
+/* Largest of n scores (NaN ignored, -inf when n = 0), in eight independent
+ * chains: one chain is bound by the latency of max. */
+static float row_max(const float *x, int32_t n) {
+    float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) m[u] = x[i + u] > m[u] ? x[i + u] : m[u];
+    for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
+    for (int u = 1; u < 8; u++) m[0] = m[u] > m[0] ? m[u] : m[0];
+    return m[0];
+}
+
+/* Float offsets of an item's scratch arrays, each 64-byte aligned. */
+typedef struct item_offsets {
+    size_t kbuf, vbuf, s, acc, mx, l, c, z, prev, rd, rf, pos, krow, vrow, qg, ag, rule;
+} item_offsets;
+
+static size_t take(size_t *at, size_t n_floats) {
+    size_t o = *at;
+    *at += (n_floats + 15) & ~(size_t)15;
+    return o;
+}
+
+/* Streams of an item are indexed st = hh * nr + r (head hh of the item, row r). */
+static size_t item_layout(const attend_job *j, item_offsets *o) {
+    const size_t D = (size_t)j->p->head_dim, G = (size_t)j->p->group, N = G * D;
+    const size_t MT = (size_t)j->max_tile, nr = (size_t)j->rows_per_item, nh = (size_t)j->heads_per_item;
+    const size_t ns = nr * nh, ptr = sizeof(void *) / sizeof(float);
+    size_t at = 0;
+    o->kbuf = take(&at, MT * nh * D);
+    o->vbuf = take(&at, MT * nh * D);
+    o->s = take(&at, G * MT);
+    o->acc = take(&at, ns * N);
+    o->mx = take(&at, ns * G);
+    o->l = take(&at, ns * G);
+    o->c = take(&at, G);
+    o->z = take(&at, N);
+    o->prev = take(&at, ns * 2 * N);
+    o->rd = take(&at, 4 * KVM_ROPE_MAX_PAIRS * 2);
+    o->rf = take(&at, 2 * KVM_ROPE_MAX_PAIRS);
+    o->pos = take(&at, MT * 2);
+    o->krow = take(&at, MT * nh * ptr);
+    o->vrow = take(&at, MT * nh * ptr);
+    o->qg = take(&at, G * ptr);
+    o->ag = take(&at, G * ptr);
+    o->rule = take(&at, ns * 2 * (sizeof(rule_state) + sizeof(float) - 1) / sizeof(float));
+    return at;
+}
+
+static void attend_item(attend_job *j, size_t item) {
+    const kvm_attend_plan *p = j->p;
+    const kvm_attend_kernels *kern = j->kern;
+    const int32_t h0 = (int32_t)(item / (size_t)j->n_row_chunks) * j->heads_per_item;
+    const int32_t h1 = KVM_MIN(h0 + j->heads_per_item, p->n_kv_heads);
+    const int32_t r0 = (int32_t)(item % (size_t)j->n_row_chunks) * j->rows_per_item;
+    const int32_t r1 = KVM_MIN(r0 + j->rows_per_item, p->n_rows);
+    const int32_t nr = r1 - r0, nh = h1 - h0, G = p->group, D = p->head_dim, MT = j->max_tile;
+    const size_t N = (size_t)G * (size_t)D;
+    kvmem_attend_stats *st = &j->item_stats[item];
+    memset(st, 0, sizeof *st);
+    if (nr <= 0 || nh <= 0) return;
+    const int32_t ns = nr * nh;
+
+    /* carve the item's scratch (layout in item_layout) */
+    item_offsets o;
+    item_layout(j, &o);
+    float *w = j->scratch + item * j->scratch_floats;
+    float *kbuf = w + o.kbuf, *vbuf = w + o.vbuf, *s = w + o.s, *acc = w + o.acc, *mx = w + o.mx;
+    float *l = w + o.l, *c = w + o.c, *z = w + o.z, *prev = w + o.prev, *rf = w + o.rf;
+    double *rd = (double *)(void *)(w + o.rd);
+    int64_t *pos = (int64_t *)(void *)(w + o.pos);
+    const void **krow = (const void **)(void *)(w + o.krow);
+    const void **vrow = (const void **)(void *)(w + o.vrow);
+    const float **qg = (const float **)(void *)(w + o.qg);
+    float **ag = (float **)(void *)(w + o.ag);
+    rule_state *rule = (rule_state *)(void *)(w + o.rule); /* [ns][2]: primary, oracle */
+
+    memset(acc, 0, (size_t)ns * N * sizeof(float));
+    for (size_t i = 0; i < (size_t)ns * (size_t)G; i++) {
+        mx[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (int32_t i = 0; i < ns; i++)
+        for (int x = 0; x < 2; x++) {
+            rule_state *rs = &rule[2 * i + x];
+            memset(rs, 0, sizeof *rs);
+            rs->prev = prev + ((size_t)i * 2 + (size_t)x) * N;
+        }
+    int32_t total[KVMEM_ATTEND_MAX_ROWS];
+    for (int32_t r = 0; r < nr; r++) total[r] = 0;
+    const int same_rules = p->probe == KVMEM_ATTEND_PROBE_ORACLE;
+    const int compare = p->compare && !same_rules;
+    const int agent = p->kind == KVMEM_ATTEND_SRC_AGENT;
+    const int kh16 = !agent && direct_f16(p->k), vh16 = !agent && direct_f16(p->v);
+    rope_cursor rc;
+    memset(&rc, 0, sizeof rc);
+    if (p->kind == KVMEM_ATTEND_SRC_AGENT) {
+        const kvm_rope *r = &p->pool->rope;
+        rc.r = r;
+        rc.c = rd;
+        rc.s = rd + KVM_ROPE_MAX_PAIRS;
+        rc.c1 = rd + 2 * KVM_ROPE_MAX_PAIRS;
+        rc.s1 = rd + 3 * KVM_ROPE_MAX_PAIRS;
+        rc.cf = rf;
+        rc.sf = rf + KVM_ROPE_MAX_PAIRS;
+        for (int32_t q = 0; q < r->n_pairs; q++) {
+            rc.c1[q] = cos(r->inv_freq[q]);
+            rc.s1[q] = sin(r->inv_freq[q]);
+        }
+    }
+
+    for (int32_t oi = 0; oi < p->n_order; oi++) {
+        const int32_t tile = p->order[oi];
+        const int64_t t0 = p->tile_start[tile], t1 = p->tile_start[tile + 1];
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        uint64_t vis = 0; /* rows that see this tile */
+        for (int32_t r = 0; r < nr; r++) {
+            int64_t a = KVM_MAX(t0, p->row_lo[r0 + r]), b = KVM_MIN(t1, p->row_hi[r0 + r]);
+            if (live_count(p, a, b) == 0) continue;
+            total[r]++;
+            vis |= (uint64_t)1 << r;
+            lo = KVM_MIN(lo, a);
+            hi = KVM_MAX(hi, b);
+        }
+        if (!vis) continue;
+        /* heads with a stream that still reads */
+        int32_t ha = h1, hb = h0;
+        for (int32_t h = h0; h < h1; h++)
+            for (int32_t r = 0; r < nr; r++) {
+                const rule_state *rs = &rule[2 * ((h - h0) * nr + r)];
+                if ((vis >> r & 1) && (!rs[0].done || (compare && !rs[1].done))) {
+                    ha = KVM_MIN(ha, h);
+                    hb = KVM_MAX(hb, h + 1);
+                }
+            }
+        if (ha >= hb) continue;
+        int32_t n = 0;
+        for (int64_t q = lo; q < hi; q++)
+            if (is_live(p, q)) pos[n++] = q;
+        /* the next tile's KV travels to the cache while this one computes */
+        if (j->prefetch && oi + 1 < p->n_order) prefetch_tile(p, p->order[oi + 1], hi, h0, h1);
+        fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
+        st->positions_read += (int64_t)n * (hb - ha);
+        for (int32_t h = ha; h < hb; h++) {
+            const void *const *kr = krow + (size_t)(h - h0) * (size_t)MT;
+            const void *const *vr = vrow + (size_t)(h - h0) * (size_t)MT;
+            for (int32_t r = 0; r < nr; r++) {
+                const int32_t si = (h - h0) * nr + r, row = r0 + r;
+                rule_state *pr = &rule[2 * si], *orc = &rule[2 * si + 1];
+                if (!(vis >> r & 1) || (pr->done && (!compare || orc->done))) continue;
+                int32_t a = 0, b = n;
+                while (a < n && pos[a] < p->row_lo[row]) a++;
+                while (b > a && pos[b - 1] >= p->row_hi[row]) b--;
+                for (int32_t g = 0; g < G; g++) {
+                    qg[g] = p->q + ((size_t)row * (size_t)p->n_q_heads + (size_t)(h * G + g)) * (size_t)D;
+                    ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
+                }
+                const int32_t nk = b - a;
+                if (kh16)
+                    kern->qk_f16(qg, (size_t)G, (const uint16_t *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
+                                 (size_t)MT);
+                else
+                    kern->qk(qg, (size_t)G, (const float *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
+                             (size_t)MT);
+                for (int32_t g = 0; g < G; g++) {
+                    float *sg = s + (size_t)g * (size_t)MT;
+                    const float tmax = row_max(sg, nk);
+                    float *m = &mx[(size_t)si * (size_t)G + (size_t)g];
+                    float *lg = &l[(size_t)si * (size_t)G + (size_t)g];
+                    const float mnew = tmax > *m ? tmax : *m;
+                    c[g] = *m == -INFINITY ? 0.0f : expf(*m - mnew);
+                    *lg = *lg * c[g] + kern->exp_sum(sg, (size_t)nk, mnew);
+                    *m = mnew;
+                }
+                if (vh16)
+                    kern->pv_f16(ag, (size_t)G, c, s, (size_t)MT, (const uint16_t *const *)(vr + a), (size_t)nk,
+                                 (size_t)D);
+                else
+                    kern->pv(ag, (size_t)G, c, s, (size_t)MT, (const float *const *)(vr + a), (size_t)nk, (size_t)D);
+                /* the stop rules on this stream's running output */
+                const float *lr = l + (size_t)si * (size_t)G;
+                if (!pr->done) {
+                    pr->visited++;
+                    size_t zn = probe_fill(j, same_rules, ag, lr, z);
+                    if (rule_step(p, pr, z, zn)) {
+                        pr->done = 1;
+                        write_stream(p, row, h, ag, lr);
+                    }
+                }
+                if (compare && !orc->done) {
+                    orc->visited++;
+                    size_t zn = probe_fill(j, 1, ag, lr, z);
+                    if (rule_step(p, orc, z, zn)) orc->done = 1;
+                }
+            }
+        }
+    }
+    for (int32_t h = h0; h < h1; h++)
+        for (int32_t r = 0; r < nr; r++) {
+            const int32_t si = (h - h0) * nr + r;
+            rule_state *pr = &rule[2 * si], *orc = &rule[2 * si + 1];
+            if (!pr->done) {
+                for (int32_t g = 0; g < G; g++) ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
+                write_stream(p, r0 + r, h, ag, l + (size_t)si * (size_t)G);
+            }
+            const int32_t ov = same_rules ? pr->visited : compare ? orc->visited : 0;
+            st->n_streams++;
+            st->tiles_total += total[r];
+            st->tiles_visited += pr->visited;
+            st->streams_stopped += pr->visited < total[r];
+            if (p->compare) {
+                st->oracle_tiles += ov;
+                st->oracle_agree += ov == pr->visited;
+            }
+        }
+}
+
+static void attend_task(void *arg, size_t b, size_t e) {
+    for (size_t i = b; i < e; i++) attend_item(arg, i);
+}
+
+kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_attend_stats *stats) {
+    attend_job j;
+    memset(&j, 0, sizeof j);
+    j.p = p;
+    j.kern = kvm_attend_kernels_get();
+    kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
+    const int32_t nt = tp ? kvm_threadpool_size(tp) : 1;
+    /* each item takes a run of KV heads (read together, so the KV of one
+     * position streams from memory) and, when there are fewer KV heads than
+     * threads, a chunk of the rows */
+    j.n_head_chunks = KVM_MIN(p->n_kv_heads, nt);
+    j.heads_per_item = (p->n_kv_heads + j.n_head_chunks - 1) / j.n_head_chunks;
+    j.n_head_chunks = (p->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
+    int32_t chunks = 1;
+    if (j.n_head_chunks < nt && p->n_rows > 1) chunks = KVM_MIN(p->n_rows, (nt + j.n_head_chunks - 1) / j.n_head_chunks);
+    j.rows_per_item = (p->n_rows + chunks - 1) / chunks;
+    j.n_row_chunks = (p->n_rows + j.rows_per_item - 1) / j.rows_per_item;
+    int64_t mt = 1;
+    for (int32_t t = 0; t < p->n_tiles; t++) mt = KVM_MAX(mt, p->tile_start[t + 1] - p->tile_start[t]);
+    j.max_tile = (int32_t)mt;
+    item_offsets o;
+    const size_t per = item_layout(&j, &o);
+    size_t items = (size_t)j.n_head_chunks * (size_t)j.n_row_chunks;
+    j.scratch_floats = per;
+    j.scratch = kvm_aligned_alloc(items * per * sizeof(float));
+    j.item_stats = calloc(items, sizeof *j.item_stats);
+    if (!j.scratch || !j.item_stats) {
+        kvm_aligned_free(j.scratch);
+        free(j.item_stats);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_attend: out of memory for %zu work items", items);
+    }
+    /* the strided probe: element i at i*s + s/2 of the stream's G*D outputs */
+    const size_t N = (size_t)p->group * (size_t)p->head_dim;
+    if (N > KVMEM_ATTEND_PROBE_SIZE) {
+        size_t stride = N / KVMEM_ATTEND_PROBE_SIZE;
+        for (int32_t i = 0; i < KVMEM_ATTEND_PROBE_SIZE; i++) {
+            const size_t f = (size_t)i * stride + stride / 2;
+            j.probe_g[i] = (int32_t)(f / (size_t)p->head_dim);
+            j.probe_d[i] = (int32_t)(f % (size_t)p->head_dim);
+        }
+        j.probe_n = KVMEM_ATTEND_PROBE_SIZE;
+    } else {
+        j.probe_n = (int32_t)N;
+    }
+    /* below a few MiB the KV stays in cache from call to call and prefetch
+     * instructions only cost issue slots */
+    if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
+        const double kv_bytes = (double)p->T * (double)p->n_kv_heads * (double)p->head_dim *
+                                (double)(kvm_dtype_size(p->k->dtype) + kvm_dtype_size(p->v->dtype));
+        j.prefetch = kv_bytes > 8.0 * 1024 * 1024;
+    }
+    kvm_parallel_for(tp, items, 1, attend_task, &j);
+    memset(stats, 0, sizeof *stats);
+    for (size_t i = 0; i < items; i++) {
+        const kvmem_attend_stats *s = &j.item_stats[i];
+        stats->n_streams += s->n_streams;
+        stats->tiles_total += s->tiles_total;
+        stats->tiles_visited += s->tiles_visited;
+        stats->streams_stopped += s->streams_stopped;
+        stats->oracle_tiles += s->oracle_tiles;
+        stats->oracle_agree += s->oracle_agree;
+        stats->positions_read += s->positions_read;
+    }
+    stats->stopped_early = stats->streams_stopped > 0;
+    kvm_aligned_free(j.scratch);
+    free(j.item_stats);
+    return KVMEM_OK;
+}

@@ -1,0 +1,210 @@
+/* AVX-512 micro-kernels for ART attention. Compiled with -mavx512f
+ * -mavx512bw -mavx512vl -mfma; only called after run-time detection.
+ * Dimension tails use masked loads, so any head_dim works. */
+#include "attend.h"
+
+#include <immintrin.h>
+
+static inline __mmask16 tail_mask(size_t n) { return (__mmask16)((1u << n) - 1u); }
+
+/* Lane sums of 16 vectors in one vector: lane i = sum of the lanes of v[i].
+ * Three halving steps (256-bit, 128-bit, then in-lane pairs) leave lane
+ * 4k + m holding v[4m + k]; one permute puts it in order. */
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 w[8], x[4];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 y0 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+    __m512 y1 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+    __m512d z0 = _mm512_castps_pd(y0), z1 = _mm512_castps_pd(y1);
+    /* move float pairs as 64-bit units, add them as floats */
+    __m512 z = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(z0, z1)), _mm512_castpd_ps(_mm512_unpackhi_pd(z0, z1)));
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(perm, z);
+}
+
+/* Four queries against four keys per step: sixteen independent FMA chains,
+ * reduced together by hsum16. */
+/* Row loads of f32 or f16 (converted in registers). */
+static inline __attribute__((always_inline)) __m512 ld(const void *row, size_t d, __mmask16 m, int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d));
+    return _mm512_maskz_loadu_ps(m, (const float *)row + d);
+}
+
+static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
+                                                          size_t nk, size_t dim, float scale, float *s, size_t lds,
+                                                          int f16) {
+    const size_t full = dim & ~(size_t)15;
+    const __mmask16 tm = tail_mask(dim - full);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (size_t g0 = 0; g0 < nq; g0 += 4) {
+        const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
+        const float *qq[4];
+        for (size_t g = 0; g < 4; g++) qq[g] = q[g0 + (g < ng ? g : 0)];
+        size_t i = 0;
+        for (; i + 4 <= nk; i += 4) {
+            const void *k0 = k[i], *k1 = k[i + 1], *k2 = k[i + 2], *k3 = k[i + 3];
+            /* sixteen named accumulators: an array indexed in a loop ends
+             * up on the stack at -O2 */
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                   a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            for (size_t d = 0; d < dim; d += 16) {
+                const __mmask16 m = d < full ? (__mmask16)0xffff : tm;
+                const __m512 x0 = ld(k0, d, m, f16), x1 = ld(k1, d, m, f16);
+                const __m512 x2 = ld(k2, d, m, f16), x3 = ld(k3, d, m, f16);
+                __m512 y = _mm512_maskz_loadu_ps(m, qq[0] + d);
+                a00 = _mm512_fmadd_ps(y, x0, a00), a01 = _mm512_fmadd_ps(y, x1, a01);
+                a02 = _mm512_fmadd_ps(y, x2, a02), a03 = _mm512_fmadd_ps(y, x3, a03);
+                y = _mm512_maskz_loadu_ps(m, qq[1] + d);
+                a10 = _mm512_fmadd_ps(y, x0, a10), a11 = _mm512_fmadd_ps(y, x1, a11);
+                a12 = _mm512_fmadd_ps(y, x2, a12), a13 = _mm512_fmadd_ps(y, x3, a13);
+                y = _mm512_maskz_loadu_ps(m, qq[2] + d);
+                a20 = _mm512_fmadd_ps(y, x0, a20), a21 = _mm512_fmadd_ps(y, x1, a21);
+                a22 = _mm512_fmadd_ps(y, x2, a22), a23 = _mm512_fmadd_ps(y, x3, a23);
+                y = _mm512_maskz_loadu_ps(m, qq[3] + d);
+                a30 = _mm512_fmadd_ps(y, x0, a30), a31 = _mm512_fmadd_ps(y, x1, a31);
+                a32 = _mm512_fmadd_ps(y, x2, a32), a33 = _mm512_fmadd_ps(y, x3, a33);
+            }
+            const __m512 a[16] = {a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33};
+            __m512 r = _mm512_mul_ps(hsum16(a), vscale);
+            /* 128-bit lane g holds query g's four scores */
+            _mm_storeu_ps(s + (g0 + 0) * lds + i, _mm512_extractf32x4_ps(r, 0));
+            if (ng > 1) _mm_storeu_ps(s + (g0 + 1) * lds + i, _mm512_extractf32x4_ps(r, 1));
+            if (ng > 2) _mm_storeu_ps(s + (g0 + 2) * lds + i, _mm512_extractf32x4_ps(r, 2));
+            if (ng > 3) _mm_storeu_ps(s + (g0 + 3) * lds + i, _mm512_extractf32x4_ps(r, 3));
+        }
+        for (; i < nk; i++) {
+            const void *k0 = k[i];
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t d = 0; d < dim; d += 16) {
+                __mmask16 m = d < full ? (__mmask16)0xffff : tm;
+                __m512 x0 = ld(k0, d, m, f16);
+                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[0] + d), x0, a0);
+                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[1] + d), x0, a1);
+                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[2] + d), x0, a2);
+                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[3] + d), x0, a3);
+            }
+            float r[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
+                          _mm512_reduce_add_ps(a3)};
+            for (size_t g = 0; g < ng; g++) s[(g0 + g) * lds + i] = r[g] * scale;
+        }
+    }
+}
+
+static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
+                 float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0);
+}
+
+static void x_qk_f16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
+                     float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1);
+}
+
+/* exp(x) for x <= 0 (x >= -87.3 is exact to ~2 ulp; below, a tiny positive
+ * number instead of 0, harmless against a running sum >= 1). Range
+ * reduction by ln 2 in two parts, a degree-6 polynomial, then scalef. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static float x_exp_sum(float *s, size_t n, float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i < n; i += 16) {
+        __mmask16 msk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + i), vm));
+        _mm512_mask_storeu_ps(s + i, msk, e);
+        sum = _mm512_mask_add_ps(sum, msk, sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+static inline __mmask16 chunk_mask(size_t dim, size_t d) {
+    return d >= dim ? 0 : dim - d >= 16 ? (__mmask16)0xffff : tail_mask(dim - d);
+}
+
+/* Four queries by four 16-wide column chunks: sixteen accumulators stay in
+ * registers while the keys stream past (4 value loads, 4 broadcasts and 16
+ * FMAs per key). */
+static inline __attribute__((always_inline)) void pv_impl(float *const *acc, size_t nq, const float *c,
+                                                          const float *p, size_t ldp, const void *const *v,
+                                                          size_t nk, size_t dim, int f16) {
+    for (size_t g0 = 0; g0 < nq; g0 += 4) {
+        const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
+        const float *pp[4];
+        for (size_t g = 0; g < 4; g++) pp[g] = p + (g0 + (g < ng ? g : 0)) * ldp;
+        for (size_t d = 0; d < dim; d += 64) {
+            const __mmask16 m[4] = {chunk_mask(dim, d), chunk_mask(dim, d + 16), chunk_mask(dim, d + 32),
+                                    chunk_mask(dim, d + 48)};
+            /* named accumulators (registers, not the stack) */
+            float *const r0 = acc[g0], *const r1 = acc[g0 + (ng > 1 ? 1 : 0)];
+            float *const r2 = acc[g0 + (ng > 2 ? 2 : 0)], *const r3 = acc[g0 + (ng > 3 ? 3 : 0)];
+            const __m512 c0 = _mm512_set1_ps(c[g0]), c1 = _mm512_set1_ps(c[g0 + (ng > 1 ? 1 : 0)]);
+            const __m512 c2 = _mm512_set1_ps(c[g0 + (ng > 2 ? 2 : 0)]), c3 = _mm512_set1_ps(c[g0 + (ng > 3 ? 3 : 0)]);
+#define KVM_PV_INIT(g, u) __m512 a##g##u = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], r##g + d + 16 * u), c##g)
+            KVM_PV_INIT(0, 0); KVM_PV_INIT(0, 1); KVM_PV_INIT(0, 2); KVM_PV_INIT(0, 3);
+            KVM_PV_INIT(1, 0); KVM_PV_INIT(1, 1); KVM_PV_INIT(1, 2); KVM_PV_INIT(1, 3);
+            KVM_PV_INIT(2, 0); KVM_PV_INIT(2, 1); KVM_PV_INIT(2, 2); KVM_PV_INIT(2, 3);
+            KVM_PV_INIT(3, 0); KVM_PV_INIT(3, 1); KVM_PV_INIT(3, 2); KVM_PV_INIT(3, 3);
+#undef KVM_PV_INIT
+            for (size_t i = 0; i < nk; i++) {
+                const void *vi = v[i];
+                const __m512 v0 = ld(vi, d, m[0], f16), v1 = ld(vi, d + 16, m[1], f16);
+                const __m512 v2 = ld(vi, d + 32, m[2], f16), v3 = ld(vi, d + 48, m[3], f16);
+                __m512 w = _mm512_set1_ps(pp[0][i]);
+                a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
+                a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
+                w = _mm512_set1_ps(pp[1][i]);
+                a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
+                a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
+                w = _mm512_set1_ps(pp[2][i]);
+                a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
+                a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
+                w = _mm512_set1_ps(pp[3][i]);
+                a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
+                a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
+            }
+            /* rows beyond ng alias row 0 and are not stored */
+#define KVM_PV_STORE(g) \
+    _mm512_mask_storeu_ps(r##g + d, m[0], a##g##0), _mm512_mask_storeu_ps(r##g + d + 16, m[1], a##g##1), \
+        _mm512_mask_storeu_ps(r##g + d + 32, m[2], a##g##2), _mm512_mask_storeu_ps(r##g + d + 48, m[3], a##g##3)
+            if (ng > 3) KVM_PV_STORE(3);
+            if (ng > 2) KVM_PV_STORE(2);
+            if (ng > 1) KVM_PV_STORE(1);
+            KVM_PV_STORE(0);
+#undef KVM_PV_STORE
+        }
+    }
+}
+
+static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                 const float *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
+}
+
+static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                     const uint16_t *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
+}
+
+static const kvm_attend_kernels avx512_table = {"avx512", x_qk, x_exp_sum, x_pv, x_qk_f16, x_pv_f16};
+
+const kvm_attend_kernels *kvm_attend_kernels_avx512(void) { return &avx512_table; }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Smoke check of `kvmem bench --quick --json attend`: it runs and prints the
+# documented keys (plain, detector, sweep and defaults lines).
+# Args: $1 source dir, $2 build dir, $3 libkvmem.so, $4 kvmem tool, $5 C compiler,
+# $6 sanitizer list. Exit 77 = skipped.
+set -u
+tool="$4"
+if [ ! -x "$tool" ]; then
+    echo "skipped: kvmem tool not built at $tool"
+    exit 77
+fi
+if ! "$tool" bench 2>&1 | grep -q "attend"; then
+    echo "skipped: this build has no benchmarks (KVMEM_BUILD_BENCH=OFF)"
+    exit 77
+fi
+out=$("$tool" bench --quick --json attend) || { echo "FAIL: kvmem bench --quick --json attend exited $?"; exit 1; }
+fail=0
+need() { # kind, keys...
+    local kind="$1"; shift
+    local line
+    line=$(printf '%s\n' "$out" | grep "\"kind\":\"$kind\"" | head -1)
+    if [ -z "$line" ]; then echo "FAIL: no line with \"kind\":\"$kind\""; fail=1; return; fi
+    for key in "$@"; do
+        if ! printf '%s' "$line" | grep -Eq "\"$key\":(-?[0-9]|null|\")"; then
+            echo "FAIL: $kind line lacks \"$key\": $line"; fail=1
+        fi
+    done
+}
+need plain read_bw_gbps kv_gbps kv_to_read_bw kv_gbps_1thread tokens n_q_heads n_kv_heads head_dim
+need detector detector_overhead detector_overhead_wall detector_overhead_hot
+need sweep tau_s tau_d patience tiles_visited_frac speedup rel_err probe_oracle_agreement
+need defaults tau_s tau_d patience tiles_visited_frac speedup rel_err probe_oracle_agreement
+# every line is one flat JSON object of suite attend
+if printf '%s\n' "$out" | grep -v '^{"suite":"attend".*}$' | grep -q .; then
+    echo "FAIL: a line is not a JSON object of suite attend"; fail=1
+fi
+# sweep fractions are fractions
+bad=$(printf '%s\n' "$out" | grep '"kind":"sweep"' | grep -Eo '"tiles_visited_frac":[^,}]*' | awk -F: '$2 <= 0 || $2 > 1' | head -1)
+if [ -n "$bad" ]; then echo "FAIL: $bad outside (0, 1]"; fail=1; fi
+[ $fail -eq 0 ] && echo "ok: bench attend keys present ($(printf '%s\n' "$out" | wc -l) lines)"
+exit $fail

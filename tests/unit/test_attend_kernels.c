@@ -1,0 +1,205 @@
+/* The ART micro-kernels: every SIMD table equals the scalar reference (and
+ * the scalar reference equals plain double loops written here), over head
+ * dimensions that exercise the vector tails. Also: KVMEM_CPU picks the table. */
+#include "testutil.h"
+#include "attend_ref.h"
+#include "attend/attend.h"
+#include "cpu/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const simd_names[2] = {"avx2", "avx512"};
+
+static void fill(float *x, size_t n, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) x[i] = tu_normal(rng);
+}
+
+static void check_qk(const kvm_attend_kernels *kt, size_t nq, size_t nk, size_t dim, uint64_t *rng) {
+    float *q = malloc(nq * dim * 4), *k = malloc(nk * dim * 4), *s = malloc(nq * 70 * 4);
+    fill(q, nq * dim, rng);
+    fill(k, nk * dim, rng);
+    const float *qp[70], *kp[70];
+    for (size_t i = 0; i < nq; i++) qp[i] = q + i * dim;
+    for (size_t i = 0; i < nk; i++) kp[i] = k + (nk - 1 - i) * dim; /* rows in any order */
+    for (size_t i = 0; i < nq * 70; i++) s[i] = -12345.f;
+    kt->qk(qp, nq, kp, nk, dim, 0.3f, s, 70);
+    for (size_t g = 0; g < nq; g++) {
+        for (size_t i = 0; i < nk; i++) {
+            double ref = 0, mag = 0;
+            for (size_t d = 0; d < dim; d++) ref += (double)qp[g][d] * kp[i][d], mag += fabs((double)qp[g][d] * kp[i][d]);
+            ref *= 0.3;
+            if (!(fabs(s[g * 70 + i] - ref) <= 1e-6 * 0.3 * mag + 1e-6))
+                fail_msg("%s qk nq=%zu nk=%zu dim=%zu: s[%zu][%zu] = %g, expected %g", kt->name, nq, nk, dim, g, i,
+                         (double)s[g * 70 + i], ref);
+        }
+        for (size_t i = nk; i < 70; i++) assert_true(s[g * 70 + i] == -12345.f); /* nothing past nk */
+    }
+    free(q), free(k), free(s);
+}
+
+static void check_exp_sum(const kvm_attend_kernels *kt, size_t n, uint64_t *rng) {
+    float x[200], y[200];
+    for (size_t i = 0; i < n; i++) x[i] = -fabsf(tu_normal(rng)) * 20.0f;
+    x[0] = 0.0f;
+    if (n > 3) x[3] = -95.0f; /* below expf's normal range */
+    memcpy(y, x, sizeof x);
+    float sum = kt->exp_sum(y, n, 0.0f);
+    double ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = exp((double)x[i]);
+        ref += e;
+        if (!(fabs(y[i] - e) <= 4e-7 * e + 1e-37))
+            fail_msg("%s exp(%g) = %g, expected %g", kt->name, (double)x[i], (double)y[i], e);
+    }
+    assert_true(fabs(sum - ref) <= 1e-6 * ref);
+}
+
+static void check_pv(const kvm_attend_kernels *kt, size_t nq, size_t nk, size_t dim, uint64_t *rng) {
+    float *acc = malloc(nq * dim * 4), *acc0 = malloc(nq * dim * 4), *p = malloc(nq * 64 * 4), *v = malloc(nk * dim * 4);
+    float c[70];
+    fill(acc, nq * dim, rng);
+    memcpy(acc0, acc, nq * dim * 4);
+    fill(v, nk * dim, rng);
+    for (size_t i = 0; i < nq * 64; i++) p[i] = fabsf(tu_normal(rng));
+    for (size_t g = 0; g < nq; g++) c[g] = tu_uniform(rng, 0.f, 1.f);
+    float *ap[70];
+    const float *vp[70];
+    for (size_t g = 0; g < nq; g++) ap[g] = acc + g * dim;
+    for (size_t i = 0; i < nk; i++) vp[i] = v + i * dim;
+    kt->pv(ap, nq, c, p, 64, vp, nk, dim);
+    for (size_t g = 0; g < nq; g++)
+        for (size_t d = 0; d < dim; d++) {
+            double ref = (double)c[g] * acc0[g * dim + d], mag = fabs(ref);
+            for (size_t i = 0; i < nk; i++) {
+                ref += (double)p[g * 64 + i] * vp[i][d];
+                mag += fabs((double)p[g * 64 + i] * vp[i][d]);
+            }
+            if (!(fabs(acc[g * dim + d] - ref) <= 1e-6 * mag + 1e-6))
+                fail_msg("%s pv nq=%zu nk=%zu dim=%zu: acc[%zu][%zu] = %g, expected %g", kt->name, nq, nk, dim, g, d,
+                         (double)acc[g * dim + d], ref);
+        }
+    free(acc), free(acc0), free(p), free(v);
+}
+
+/* f16 rows: values on a 1/64 grid in [-4, 4], exact in f16, so the double
+ * reference uses the same numbers the kernel converts. */
+static void check_f16(const kvm_attend_kernels *kt, size_t nq, size_t nk, size_t dim, uint64_t *rng) {
+    float *q = malloc(nq * dim * 4), *kf = malloc(nk * dim * 4), *vf = malloc(nk * dim * 4), *s = malloc(nq * 64 * 4);
+    uint16_t *kh = malloc(nk * dim * 2), *vh = malloc(nk * dim * 2);
+    float *acc = malloc(nq * dim * 4), *acc0 = malloc(nq * dim * 4);
+    fill(q, nq * dim, rng);
+    fill(acc, nq * dim, rng);
+    memcpy(acc0, acc, nq * dim * 4);
+    for (size_t i = 0; i < nk * dim; i++) {
+        kf[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(rng))) * 64.f) / 64.f;
+        vf[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(rng))) * 64.f) / 64.f;
+        kh[i] = ref_f16_exact(kf[i]);
+        vh[i] = ref_f16_exact(vf[i]);
+    }
+    const float *qp[16];
+    const uint16_t *kp[64], *vp[64];
+    float *ap[16], c[16];
+    for (size_t g = 0; g < nq; g++) qp[g] = q + g * dim, ap[g] = acc + g * dim, c[g] = 0.5f;
+    for (size_t i = 0; i < nk; i++) kp[i] = kh + i * dim, vp[i] = vh + i * dim;
+    kt->qk_f16(qp, nq, kp, nk, dim, 0.5f, s, 64);
+    for (size_t g = 0; g < nq; g++)
+        for (size_t i = 0; i < nk; i++) {
+            double ref = 0, mag = 0;
+            for (size_t d = 0; d < dim; d++) ref += (double)qp[g][d] * kf[i * dim + d], mag += fabs((double)qp[g][d] * kf[i * dim + d]);
+            if (!(fabs(s[g * 64 + i] - 0.5 * ref) <= 1e-6 * mag + 1e-6))
+                fail_msg("%s qk_f16 dim=%zu: %g vs %g", kt->name, dim, (double)s[g * 64 + i], 0.5 * ref);
+        }
+    for (size_t i = 0; i < nq * 64; i++) s[i] = fabsf(s[i]);
+    kt->pv_f16(ap, nq, c, s, 64, vp, nk, dim);
+    for (size_t g = 0; g < nq; g++)
+        for (size_t d = 0; d < dim; d++) {
+            double ref = 0.5 * acc0[g * dim + d], mag = fabs(ref);
+            for (size_t i = 0; i < nk; i++) ref += (double)s[g * 64 + i] * vf[i * dim + d], mag += fabs((double)s[g * 64 + i] * vf[i * dim + d]);
+            if (!(fabs(acc[g * dim + d] - ref) <= 1e-6 * mag + 1e-6))
+                fail_msg("%s pv_f16 dim=%zu: %g vs %g", kt->name, dim, (double)acc[g * dim + d], ref);
+        }
+    free(q), free(kf), free(vf), free(s), free(kh), free(vh), free(acc), free(acc0);
+}
+
+static void every_table_matches_double_loops(void **state) {
+    (void)state;
+    const kvm_attend_kernels *tables[3] = {kvm_attend_kernels_scalar(), kvm_attend_kernels_named("avx2"),
+                                           kvm_attend_kernels_named("avx512")};
+    const size_t dims[7] = {2, 8, 16, 40, 64, 128, 136};
+    const size_t nqs[6] = {1, 2, 3, 4, 5, 9};
+    const size_t nks[6] = {1, 3, 4, 7, 17, 64};
+    uint64_t rng = 77;
+    for (int t = 0; t < 3; t++) {
+        if (!tables[t]) continue;
+        for (size_t di = 0; di < 7; di++)
+            for (size_t qi = 0; qi < 6; qi++)
+                for (size_t ki = 0; ki < 6; ki++) {
+                    check_qk(tables[t], nqs[qi], nks[ki], dims[di], &rng);
+                    check_pv(tables[t], nqs[qi], nks[ki], dims[di], &rng);
+                }
+        for (size_t di = 0; di < 7; di++) {
+            check_f16(tables[t], 4, 64, dims[di], &rng);
+            check_f16(tables[t], 3, 5, dims[di], &rng);
+            check_f16(tables[t], 9, 17, dims[di], &rng);
+        }
+        const size_t ns[6] = {1, 7, 8, 16, 33, 200};
+        for (int i = 0; i < 6; i++) check_exp_sum(tables[t], ns[i], &rng);
+    }
+}
+
+/* SIMD tables agree with the scalar one within float rounding on the same
+ * inputs; skipped (not passed) where the CPU lacks them. */
+static void simd_tables_equal_scalar(void **state) {
+    (void)state;
+    const kvm_attend_kernels *sc = kvm_attend_kernels_scalar();
+    int ran = 0;
+    for (int t = 0; t < 2; t++) {
+        const kvm_attend_kernels *kt = kvm_attend_kernels_named(simd_names[t]);
+        if (!kt) continue;
+        ran++;
+        uint64_t rng = 5;
+        const size_t D = 72, NQ = 6, NK = 37;
+        float q[6 * 72], k[37 * 72], s1[6 * 40], s2[6 * 40];
+        fill(q, sizeof q / 4, &rng);
+        fill(k, sizeof k / 4, &rng);
+        const float *qp[6], *kp[37];
+        for (size_t i = 0; i < NQ; i++) qp[i] = q + i * D;
+        for (size_t i = 0; i < NK; i++) kp[i] = k + i * D;
+        sc->qk(qp, NQ, kp, NK, D, 0.125f, s1, 40);
+        kt->qk(qp, NQ, kp, NK, D, 0.125f, s2, 40);
+        for (size_t g = 0; g < NQ; g++)
+            for (size_t i = 0; i < NK; i++) assert_float_equal(s1[g * 40 + i], s2[g * 40 + i], 2e-5);
+        float a1[6 * 72], a2[6 * 72], c[6] = {1, 0.5f, 0.25f, 0, 1, 0.75f};
+        fill(a1, sizeof a1 / 4, &rng);
+        memcpy(a2, a1, sizeof a1);
+        float *ap1[6], *ap2[6];
+        for (size_t g = 0; g < NQ; g++) ap1[g] = a1 + g * D, ap2[g] = a2 + g * D;
+        for (size_t i = 0; i < NQ * 40; i++) s1[i] = fabsf(s1[i]);
+        sc->pv(ap1, NQ, c, s1, 40, kp, NK, D);
+        kt->pv(ap2, NQ, c, s1, 40, kp, NK, D);
+        for (size_t i = 0; i < NQ * D; i++) assert_float_equal(a1[i], a2[i], 1e-4 * fmax(1.0, fabs(a1[i])));
+    }
+    if (!ran) skip();
+}
+
+static void kvmem_cpu_forces_the_table(void **state) {
+    (void)state;
+    const char *force = getenv("KVMEM_CPU");
+    const kvm_attend_kernels *k = kvm_attend_kernels_get();
+    assert_non_null(k);
+    assert_string_equal(k->name, kvm_cpu_kernels_get()->name);
+    if (force && strcmp(force, "scalar") == 0) assert_string_equal(k->name, "scalar");
+    assert_null(kvm_attend_kernels_named("neon-nope"));
+    assert_null(kvm_attend_kernels_named(NULL));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_table_matches_double_loops),
+        cmocka_unit_test(simd_tables_equal_scalar),
+        cmocka_unit_test(kvmem_cpu_forces_the_table),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
