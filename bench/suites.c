@@ -6,6 +6,7 @@ extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 /* retrieval */
 
 /* evict */
+extern const kvm_bench_suite kvm_bench_evict;
 
 /* attend */
 extern const kvm_bench_suite kvm_bench_attend;
@@ -24,6 +25,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     /* retrieval */
 
     /* evict */
+    &kvm_bench_evict,
 
     /* attend */
     &kvm_bench_attend,

@@ -53,6 +53,13 @@ typedef struct kvmem_backend_iface {
     /* -- retrieval (MemArt): aabb_score, topk, gather/rope -- */
 
     /* -- eviction (IntentKV): qmem_score, kv_copy -- */
+    /* Rule score of kvmem_qmem_score (inputs validated by the core): memory
+     * [n_layers][n_q_heads][head_dim] f32 host memory, k a host view
+     * [n_layers][N][n_kv_heads][head_dim], scores N floats. Host views, not
+     * buffers: the CPU reference reads the caller's tensors in place; a
+     * device backend would upload them (optional: NULL = run on the CPU). */
+    kvmem_status (*qmem_score)(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
+                               const kvmem_tensor *k, float *scores);
 
     /* -- attention (ART): attend -- */
     /* Run a validated ART plan (core/attend/attend.h): fill plan->out

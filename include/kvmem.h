@@ -367,6 +367,326 @@ KVMEM_API kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, s
 
 /* ---- IntentKV QueryMemory and eviction (issue: eviction) ---------------- */
 
+/* QueryMemory (IntentKV): a per-session memory of what the user's queries
+ * looked at, kept across turns, and the rule score it gives each candidate
+ * position of a request. Formulas: DESIGN.md, "QueryMemory and eviction".
+ *
+ * A memory has shape [n_layers][n_q_heads][head_dim] (f32), each (layer, head)
+ * row of unit L2 norm. Query rows passed in are post-RoPE, as the model's
+ * attention saw them; K passed in is post-RoPE too, so M.K is the model's own
+ * logit geometry. */
+typedef struct kvmem_qmem_store kvmem_qmem_store;
+
+typedef enum kvmem_session_kind {
+    KVMEM_SESSION_EXPLICIT = 1, /* the caller's session id */
+    KVMEM_SESSION_MARKED = 2,   /* hash of the token span the caller marked */
+    KVMEM_SESSION_PREFIX = 3,   /* hash of the first prefix_tokens token ids */
+    KVMEM_SESSION_LOCAL = 4     /* request-local: never matches another key */
+} kvmem_session_kind;
+
+/* A derived session key. Two keys name the same memory iff kind, hi and lo
+ * are all equal; LOCAL keys are never stored, so they never match. */
+typedef struct kvmem_session_key {
+    uint64_t hi, lo;
+    kvmem_session_kind kind;
+    int32_t reserved;
+} kvmem_session_key;
+
+/* What a session key is derived from, tried in this order: session_id
+ * (non-NULL, non-empty); the marked span [mark_begin, mark_end) of token_ids
+ * (when mark_end > mark_begin); the first prefix_tokens token ids (when the
+ * request has at least that many); else a request-local key. */
+typedef struct kvmem_session_source {
+    const char *session_id;   /* NUL-terminated, or NULL */
+    const int32_t *token_ids; /* n_tokens ids of the request, or NULL when n_tokens is 0 */
+    int64_t n_tokens;
+    int64_t mark_begin, mark_end; /* the marked session span; equal = none */
+} kvmem_session_source;
+
+typedef struct kvmem_qmem_params {
+    int32_t capacity;      /* memories kept, least recently used dropped first; default 1024 */
+    int32_t prefix_tokens; /* P of the PREFIX key; default 256 */
+    double lambda;         /* decay: M_t = exp(-lambda) M_{t-1} + Enc; default 0.5, >= 0 */
+} kvmem_qmem_params;
+
+KVMEM_API kvmem_qmem_params kvmem_qmem_default_params(void);
+
+/* Create a store of session memories for one model geometry (spec copied;
+ * params may be NULL for defaults). Thread safety: the store has an internal
+ * mutex, so one store may be shared by threads serving different requests.
+ * Errors: KVMEM_ERR_INVALID_ARG (bad spec, capacity < 1, prefix_tokens < 1,
+ * lambda < 0 or not finite), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec,
+                                               const kvmem_qmem_params *params,
+                                               kvmem_qmem_store **out);
+KVMEM_API void kvmem_qmem_store_free(kvmem_qmem_store *store);
+
+/* Derive the session key of a request (see kvmem_session_source for the
+ * order). LOCAL keys come from a process-wide counter, unique per call.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL src/out, negative n_tokens, token_ids
+ * NULL with n_tokens > 0, a marked span outside [0, n_tokens)). *out is
+ * untouched on failure. */
+KVMEM_API kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store,
+                                                const kvmem_session_source *src,
+                                                kvmem_session_key *out);
+
+/* Fold one turn into the memory of `key`:
+ * Enc = mean over rows [span_begin, span_end) of q, M = exp(-lambda) M + Enc
+ * (M = 0 for a new session), each (layer, head) row then scaled to unit L2
+ * norm (a zero row stays zero). q: [n_q][n_layers][n_q_heads][head_dim],
+ * post-RoPE query rows of this request (F32/F16/BF16, any strides).
+ * The new memory is stored under the key (LOCAL keys: not stored) and, if
+ * memory_out is non-NULL, copied to it (n_layers*n_q_heads*head_dim floats).
+ * A new key that does not fit evicts the least recently used memory.
+ * Errors: KVMEM_ERR_INVALID_ARG (shape, dtype, empty or out-of-range span,
+ * non-finite query values, bad key); KVMEM_ERR_NOMEM. Nothing changes on failure. */
+KVMEM_API kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key,
+                                         const kvmem_tensor *q, int64_t span_begin,
+                                         int64_t span_end, float *memory_out);
+
+/* Copy the memory of `key` to out (n_layers*n_q_heads*head_dim floats) and
+ * mark it most recently used. Errors: KVMEM_ERR_NOT_FOUND (no such session,
+ * or it was evicted; LOCAL keys are never found), KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_qmem_get(kvmem_qmem_store *store, const kvmem_session_key *key,
+                                      float *out);
+
+/* Number of memories held; 0 for NULL. */
+KVMEM_API int32_t kvmem_qmem_count(const kvmem_qmem_store *store);
+
+/* Rule score of the N candidate positions of a request:
+ * a[l,h,j] = softmax over j of (M[l,h] . K[l,j,h/G] / sqrt(head_dim)),
+ * scores[j] = sum over l, h of a[l,h,j]  (G = n_q_heads / n_kv_heads).
+ * memory: [n_layers][n_q_heads][head_dim] f32 (from kvmem_qmem_update/get).
+ * k: [n_layers][N][n_kv_heads][head_dim], post-RoPE (F32/F16/BF16, any
+ * strides; contiguous F32 rows are read in place). scores: N floats out.
+ * Runs on the context's CPU worker threads with the SIMD kernels chosen at
+ * run time; the result does not depend on the thread count. Scratch:
+ * min(16, n_layers) * (n_q_heads + 1) * N floats for the call.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, spec, shape, N = 0, non-finite
+ * memory), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec,
+                                        const float *memory, const kvmem_tensor *k,
+                                        float *scores);
+
+/* The residual head (IntentKV Phase 2), run at inference from trained
+ * weights in a safetensors file: s_j = rule_j + alpha * MLP(phi_j ++ c_j).
+ * Tensors (F32, F16 or BF16, little-endian; D = head_dim, F = 3D + 1):
+ *   "alpha"          [1]          clipped to [-5, 5] at load
+ *   "w_q"            [128][F]     cross-attention query projection of phi_j
+ *   "w_k"            [128][D]     key projection of the query-span K means
+ *   "w_v"            [128][D]     value projection of the same
+ *   "mlp.0.weight"   [256][F+128] first MLP layer (GELU, erf form)
+ *   "mlp.0.bias"     [256]
+ *   "mlp.2.weight"   [1][256]     output layer (zero-initialised in training)
+ *   "mlp.2.bias"     [1]
+ * Every one must be present, no other tensor may be ("__metadata__" is
+ * allowed). phi_j = [kbar_j || mbar || kbar_j * mbar || rule_j], kbar_j the
+ * mean of K[l, j, h/G] over layers and expanded query heads, mbar the mean
+ * of the memory over layers and heads; c_j = 4-head (32 wide each)
+ * cross-attention from w_q phi_j over w_k kbar_i, w_v kbar_i for i in the
+ * query span [span_begin, span_end). */
+typedef struct kvmem_qmem_head kvmem_qmem_head;
+
+/* Load weights from a safetensors file, validated strictly (header length,
+ * JSON, names, dtypes, shapes, offsets in bounds and non-overlapping).
+ * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_IO, KVMEM_ERR_FORMAT,
+ * KVMEM_ERR_CORRUPT, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out);
+/* The same from a safetensors image in memory (copied). */
+KVMEM_API kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size,
+                                                   kvmem_qmem_head **out);
+KVMEM_API void kvmem_qmem_head_free(kvmem_qmem_head *head);
+/* head_dim the weights were trained for; 0 for NULL. */
+KVMEM_API int32_t kvmem_qmem_head_dim(const kvmem_qmem_head *head);
+/* alpha after clipping; 0 for NULL. */
+KVMEM_API float kvmem_qmem_head_alpha(const kvmem_qmem_head *head);
+
+/* scores_out[j] = rule[j] + alpha * MLP(phi_j ++ c_j) for the N candidates of
+ * k ([n_layers][N][n_kv_heads][head_dim], as for kvmem_qmem_score); rule is
+ * that function's output. scores_out may equal rule. The head is read-only
+ * here: several threads may apply one head at once.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, shapes, empty or out-of-range
+ * span), KVMEM_ERR_MISMATCH (spec head_dim differs from the head's),
+ * KVMEM_ERR_NOMEM. Runs on the calling thread. */
+KVMEM_API kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec,
+                                             const float *memory, const kvmem_tensor *k,
+                                             const float *rule, int64_t span_begin,
+                                             int64_t span_end, float *scores_out);
+
+/* Select the positions to keep. Forced set F = [0, protect) U [span_begin,
+ * span_end) (the protected prefix and the actionable query span), budget
+ * C* = max(0, budget - |F|): keep F plus the C* best of the rest by score
+ * (ties: the older position). N <= budget keeps everything.
+ * kept: room for N entries; gets the kept positions ascending, *n_kept their
+ * count. Errors: KVMEM_ERR_INVALID_ARG (NULLs, N < 1 or > INT32_MAX, budget
+ * < 0, protect outside [0, N], span not inside [0, N], NaN score). */
+KVMEM_API kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget,
+                                         int64_t protect, int64_t span_begin, int64_t span_end,
+                                         int32_t *kept, int64_t *n_kept);
+
+/* Baselines on the same substrate. Each yields kept positions (ascending) to
+ * apply with kvmem_slotmap_evict, like kvmem_select_keep. */
+
+/* StreamingLLM: keep the first n_sink positions (4 in the paper) and the last
+ * `window`. kept: room for n. Errors: KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_streaming_keep(int64_t n, int64_t n_sink, int64_t window,
+                                            int32_t *kept, int64_t *n_kept);
+
+/* H2O: accumulate attention. probs: n_rows rows of n attention
+ * probabilities (what the model's softmax gave each of its query rows, any
+ * layers/heads the caller chooses); acc[j] += sum over rows of probs[r][j].
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, non-finite or negative probability). */
+KVMEM_API kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc);
+/* H2O selection: keep the last `recent` positions (the recent floor) and the
+ * heavy hitters, the best budget - recent of the rest by acc (ties: older).
+ * kept: room for n. Errors: KVMEM_ERR_INVALID_ARG (recent > budget, ...). */
+KVMEM_API kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent,
+                                      int32_t *kept, int64_t *n_kept);
+
+/* SnapKV scores. q_obs: [W][n_layers][n_q_heads][head_dim], the post-RoPE
+ * query rows of the observation window (the request's last W positions,
+ * N - W .. N - 1; W = 32 in the paper); k: [n_layers][N][n_kv_heads][head_dim]
+ * post-RoPE. For each (l, h): softmax over keys of q_w . k / sqrt(D) with the
+ * causal mask (row w sees keys <= N - W + w), summed over the W rows, then
+ * max-pooled along positions (kernel `pool_kernel`, 7 in the paper, odd,
+ * stride 1, same padding); scores[j] = sum over (l, h). Select with
+ * kvmem_select_keep(scores, N, C, 0, N - W, N, ...) so the window is kept,
+ * as SnapKV does. Scratch: min(16, n_layers * n_q_heads) * (W + 2) * N
+ * floats. Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec,
+                                          const kvmem_tensor *q_obs, const kvmem_tensor *k,
+                                          int32_t pool_kernel, float *scores);
+
+/* The paged physical KV store that slot maps point into. A slot holds one
+ * token's K and V rows for every layer and KV head, f32:
+ * K [n_layers][n_kv_heads][head_dim] then V the same. Slots live in pages of
+ * page_slots slots; a slot's rows never move while it is allocated.
+ * Slot KVMEM_DEAD_SLOT (0) is the sentinel dead slot, allocated for the
+ * store's lifetime and filled with the paper's sentinel: K = -1e4 in every
+ * element, V = 0. CAVEAT for external kernels reading the slot array: that
+ * sentinel is only harmless when sum(q) >= 0. Its logit is
+ * -1e4 * sum_d q_d / sqrt(D), hugely positive when sum(q) < 0, and then all
+ * attention lands on the zero value. Mask slot == dead_slot instead; kvmem's
+ * own paths (kvmem_slotmap_gather) skip dead slots and never read it.
+ * Thread safety: the store's allocator and reference counts are behind a
+ * mutex, so slot maps of one store may be used from different threads (one
+ * thread at a time per slot map). */
+#define KVMEM_DEAD_SLOT 0
+#define KVMEM_SENTINEL_K (-1.0e4f)
+
+typedef struct kvmem_kvstore kvmem_kvstore;
+typedef struct kvmem_slotmap kvmem_slotmap;
+
+typedef struct kvmem_kvstore_params {
+    int32_t page_slots; /* slots per page; power of two in [1, 65536]; default 256 */
+    int64_t max_slots;  /* slots the store may hold, the sentinel included; 0 = unlimited (up to INT32_MAX) */
+} kvmem_kvstore_params;
+
+KVMEM_API kvmem_kvstore_params kvmem_kvstore_default_params(void);
+
+/* Create a store for a model spec (copied; params may be NULL). Errors:
+ * KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec,
+                                            const kvmem_kvstore_params *params, kvmem_kvstore **out);
+/* Free the store. Every slot map on it must be freed first. */
+KVMEM_API void kvmem_kvstore_free(kvmem_kvstore *store);
+
+typedef struct kvmem_kvstore_info {
+    int64_t n_slots;     /* slots in allocated pages, the sentinel included */
+    int64_t n_used;      /* slots with a reference, the sentinel included */
+    int64_t n_free;      /* slots ready for reuse */
+    int32_t page_slots;
+    int32_t dead_slot;   /* KVMEM_DEAD_SLOT */
+} kvmem_kvstore_info;
+
+KVMEM_API kvmem_status kvmem_kvstore_get_info(kvmem_kvstore *store, kvmem_kvstore_info *out);
+
+/* Reference count of a slot (0 = free). The sentinel reports 1. */
+KVMEM_API kvmem_status kvmem_kvstore_slot_refs(kvmem_kvstore *store, int32_t slot, int32_t *refs);
+
+/* Copy the K and V rows of one slot ([n_layers][n_kv_heads][head_dim] f32
+ * each; either may be NULL). Reading the sentinel is allowed (it is what
+ * external kernels would see). Errors: KVMEM_ERR_INVALID_ARG (slot not
+ * allocated). */
+KVMEM_API kvmem_status kvmem_kvstore_read_slot(kvmem_kvstore *store, int32_t slot, float *k_out,
+                                               float *v_out);
+
+/* Create an empty slot map (one request) on a store. */
+KVMEM_API kvmem_status kvmem_slotmap_create(kvmem_kvstore *store, kvmem_slotmap **out);
+
+/* Create a sibling request that shares the first prefix_len positions of
+ * `parent` (radix-style: same physical slots, reference counts raised; dead
+ * positions stay dead). The child's protected prefix is
+ * min(parent's, prefix_len). Errors: KVMEM_ERR_INVALID_ARG (prefix_len
+ * outside [0, parent length]), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_slotmap_fork(kvmem_slotmap *parent, int64_t prefix_len,
+                                          kvmem_slotmap **out);
+
+/* Release every reference the map holds (slots whose count falls to 0 go
+ * back to the allocator) and free it. NULL is a no-op. */
+KVMEM_API void kvmem_slotmap_free(kvmem_slotmap *map);
+
+/* Append T tokens at logical positions len .. len + T - 1: T fresh slots are
+ * allocated and K, V ([n_layers][T][n_kv_heads][head_dim], post-RoPE keys,
+ * F32/F16/BF16, any strides) written into them. All or nothing.
+ * Errors: KVMEM_ERR_INVALID_ARG (shape, dtype, non-finite), KVMEM_ERR_CAPACITY
+ * (max_slots), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_slotmap_append(kvmem_slotmap *map, const kvmem_tensor *k,
+                                            const kvmem_tensor *v);
+
+/* The radix-protected prefix [0, protect): slots of dropped positions there
+ * are never returned to the allocator while the map lives (a prefix cache
+ * may still hold them). Errors: KVMEM_ERR_INVALID_ARG (outside [0, length]). */
+KVMEM_API kvmem_status kvmem_slotmap_set_protected(kvmem_slotmap *map, int64_t protect);
+
+/* Evict by redirection: every position not in kept (ascending, unique, in
+ * [0, length)) is pointed at the dead slot. Kept positions keep their slot
+ * and their RoPE phase: nothing moves. A dropped slot goes back to the
+ * allocator only when its position is outside the protected prefix, it is
+ * not the sentinel and no reference is left (this map's or a sibling's).
+ * Evicting an already dead position is a no-op. *n_freed (may be NULL) gets
+ * the number of slots returned to the allocator.
+ * Errors: KVMEM_ERR_INVALID_ARG (kept not ascending/unique/in range); the map
+ * is unchanged on failure. */
+KVMEM_API kvmem_status kvmem_slotmap_evict(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept,
+                                           int64_t *n_freed);
+
+/* The comparison path: compaction. Kept rows are moved together to
+ * positions 0 .. n_kept - 1; a row whose position changes is copied to a
+ * fresh slot with its key re-rotated from its old position to the new one
+ * (core/rope, the store's spec); a row whose position does not change keeps
+ * its slot. Old slots are released as by kvmem_slotmap_evict (a protected
+ * position's old slot is parked, moved or dropped). Kept positions that are
+ * already dead are skipped; the map's length becomes the number of live
+ * kept positions M and its protected prefix min(protect, M).
+ * Errors: as kvmem_slotmap_evict, plus KVMEM_ERR_CAPACITY, KVMEM_ERR_NOMEM
+ * (the map is unchanged on failure). */
+KVMEM_API kvmem_status kvmem_slotmap_compact(kvmem_slotmap *map, const int32_t *kept, int64_t n_kept,
+                                             int64_t *n_freed);
+
+/* The map as a plain slot array for attention kernels: *slots gets the
+ * logical-position -> slot array (owned by the map, valid until its next
+ * mutating call), *len its length, *dead_slot the sentinel id (may be NULL). */
+KVMEM_API kvmem_status kvmem_slotmap_slots(const kvmem_slotmap *map, const int32_t **slots,
+                                           int64_t *len, int32_t *dead_slot);
+
+typedef struct kvmem_slotmap_info {
+    int64_t length;   /* logical positions */
+    int64_t n_live;   /* positions not mapped to the dead slot */
+    int64_t protect;  /* protected prefix */
+    int64_t n_parked; /* dropped protected-prefix slots still held */
+} kvmem_slotmap_info;
+
+KVMEM_API kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, kvmem_slotmap_info *out);
+
+/* Gather the live rows only (dead slots are skipped, never read), in
+ * position order: k_out, v_out [n_layers][n_live][n_kv_heads][head_dim]
+ * (F32/F16/BF16, any strides; either may be NULL), positions_out n_live
+ * logical positions (may be NULL). Keys come out as stored (post-RoPE at
+ * their original positions). Errors: KVMEM_ERR_INVALID_ARG (shapes). */
+KVMEM_API kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out,
+                                            const kvmem_tensor *v_out, int32_t *positions_out);
+
 /* ---- ART attention (issue: attend) -------------------------------------- */
 
 /* Attention with run-time termination (ART, DESIGN.md): tiled online-softmax

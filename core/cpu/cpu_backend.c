@@ -6,6 +6,7 @@
 #include "../attend/attend.h"
 #include "half.h"
 #include "kernels.h"
+#include "../qmem/qmem_internal.h" /* eviction: qmem_score */
 
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,7 @@ static const kvmem_backend_iface cpu_iface = {
     /* -- retrieval -- */
 
     /* -- eviction -- */
+    .qmem_score = kvm_cpu_qmem_score,
 
     /* -- attention -- */
     .attend = kvm_attend_cpu,

@@ -1,0 +1,116 @@
+/* AVX2 + FMA kernels of the rule score: a 4x2 register tile of dot products
+ * and a vector exp. Only called after run-time detection. */
+#include "qk_kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp(x) for x <= 0, as the AVX-512 variant. */
+static inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(tiny, y);
+}
+
+static float dot_tail(const float *a, const float *b, size_t d0, size_t D) {
+    float s = 0.0f;
+    for (size_t d = d0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+static void x_qk(const float *m, size_t G, size_t D, const float *k, size_t n, size_t kstride,
+                 float scale, float *out, size_t out_stride) {
+    const size_t D8 = D & ~(size_t)7;
+    size_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const float *k0 = k + j * kstride, *k1 = k0 + kstride;
+        size_t g = 0;
+        for (; g + 4 <= G; g += 4) {
+            const float *mr[4] = {m + g * D, m + (g + 1) * D, m + (g + 2) * D, m + (g + 3) * D};
+            __m256 a[4][2];
+            for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+            for (size_t d = 0; d < D8; d += 8) {
+                __m256 kv0 = _mm256_loadu_ps(k0 + d), kv1 = _mm256_loadu_ps(k1 + d);
+                for (int u = 0; u < 4; u++) {
+                    __m256 mv = _mm256_loadu_ps(mr[u] + d);
+                    a[u][0] = _mm256_fmadd_ps(mv, kv0, a[u][0]);
+                    a[u][1] = _mm256_fmadd_ps(mv, kv1, a[u][1]);
+                }
+            }
+            for (int u = 0; u < 4; u++) {
+                out[(g + (size_t)u) * out_stride + j] = (hsum256(a[u][0]) + dot_tail(mr[u], k0, D8, D)) * scale;
+                out[(g + (size_t)u) * out_stride + j + 1] = (hsum256(a[u][1]) + dot_tail(mr[u], k1, D8, D)) * scale;
+            }
+        }
+        for (; g < G; g++) {
+            const float *mg = m + g * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (size_t d = 0; d < D8; d += 8) {
+                __m256 mv = _mm256_loadu_ps(mg + d);
+                a0 = _mm256_fmadd_ps(mv, _mm256_loadu_ps(k0 + d), a0);
+                a1 = _mm256_fmadd_ps(mv, _mm256_loadu_ps(k1 + d), a1);
+            }
+            out[g * out_stride + j] = (hsum256(a0) + dot_tail(mg, k0, D8, D)) * scale;
+            out[g * out_stride + j + 1] = (hsum256(a1) + dot_tail(mg, k1, D8, D)) * scale;
+        }
+    }
+    for (; j < n; j++) {
+        const float *kr = k + j * kstride;
+        for (size_t g = 0; g < G; g++) {
+            const float *mg = m + g * D;
+            __m256 a = _mm256_setzero_ps();
+            for (size_t d = 0; d < D8; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(mg + d), _mm256_loadu_ps(kr + d), a);
+            out[g * out_stride + j] = (hsum256(a) + dot_tail(mg, kr, D8, D)) * scale;
+        }
+    }
+}
+
+static void x_softmax_acc(float *x, size_t n, float *acc) {
+    const size_t n8 = n & ~(size_t)7;
+    __m256 mxv = _mm256_set1_ps(-INFINITY);
+    for (size_t j = 0; j < n8; j += 8) mxv = _mm256_max_ps(mxv, _mm256_loadu_ps(x + j));
+    float tmp[8], mx = -INFINITY;
+    _mm256_storeu_ps(tmp, mxv);
+    for (int i = 0; i < 8; i++) mx = tmp[i] > mx ? tmp[i] : mx;
+    for (size_t j = n8; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    __m256 m = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
+    for (size_t j = 0; j < n8; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+        _mm256_storeu_ps(x + j, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum256(sv);
+    for (size_t j = n8; j < n; j++) {
+        x[j] = expf(x[j] - mx);
+        sum += x[j];
+    }
+    float inv = 1.0f / sum;
+    __m256 iv = _mm256_set1_ps(inv);
+    for (size_t j = 0; j < n8; j += 8)
+        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(_mm256_loadu_ps(x + j), iv, _mm256_loadu_ps(acc + j)));
+    for (size_t j = n8; j < n; j++) acc[j] += x[j] * inv;
+}
+
+static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc};
+const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return &k_avx2; }

@@ -1,0 +1,130 @@
+/* AVX-512 kernels of the rule score: a 4x4 register tile of (query row, key
+ * row) dot products, and a vector exp for the softmax. Compiled with
+ * -mavx512f..., only called after run-time detection. */
+#include "qk_kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+static inline __mmask16 tmask(size_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+
+/* exp(x) for x <= 0 (softmax arguments): 2^n * p(r), r in [-ln2/2, ln2/2],
+ * degree-6 polynomial, relative error ~2e-7; below -87 it flushes to 0. */
+static inline __m512 exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 y = _mm512_scalef_ps(p, n);
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, y);
+}
+
+/* Transpose-and-add tree: 45 shuffles/adds instead of 16 full reductions.
+ * Returns r with r[i] = sum of the lanes of a[i / 4][i % 4]. */
+static inline __m512 hsum16(__m512 a[4][4]) {
+    const __m512 *x = &a[0][0];
+    __m512 s1[8], s2[4];
+    for (int p = 0; p < 8; p++) /* per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] */
+        s1[p] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * p], x[2 * p + 1]), _mm512_unpackhi_ps(x[2 * p], x[2 * p + 1]));
+    for (int q = 0; q < 4; q++) { /* per lane: the lane's partial sums of rows 4q .. 4q+3 */
+        __m512d u = _mm512_castps_pd(s1[2 * q]), v = _mm512_castps_pd(s1[2 * q + 1]);
+        s2[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u, v)), _mm512_castpd_ps(_mm512_unpackhi_pd(u, v)));
+    }
+    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static void x_qk(const float *m, size_t G, size_t D, const float *k, size_t n, size_t kstride,
+                 float scale, float *out, size_t out_stride) {
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = k + j * kstride, *k1 = k0 + kstride, *k2 = k1 + kstride, *k3 = k2 + kstride;
+        size_t g = 0;
+        for (; g + 4 <= G; g += 4) {
+            const float *m0 = m + g * D, *m1 = m0 + D, *m2 = m1 + D, *m3 = m2 + D;
+            __m512 a[4][4];
+            for (int u = 0; u < 4; u++)
+                for (int v = 0; v < 4; v++) a[u][v] = _mm512_setzero_ps();
+            for (size_t d = 0; d < D; d += 16) {
+                __mmask16 mk = tmask(D - d);
+                __m512 kv[4] = {_mm512_maskz_loadu_ps(mk, k0 + d), _mm512_maskz_loadu_ps(mk, k1 + d),
+                                _mm512_maskz_loadu_ps(mk, k2 + d), _mm512_maskz_loadu_ps(mk, k3 + d)};
+                __m512 mv[4] = {_mm512_maskz_loadu_ps(mk, m0 + d), _mm512_maskz_loadu_ps(mk, m1 + d),
+                                _mm512_maskz_loadu_ps(mk, m2 + d), _mm512_maskz_loadu_ps(mk, m3 + d)};
+                for (int u = 0; u < 4; u++)
+                    for (int v = 0; v < 4; v++) a[u][v] = _mm512_fmadd_ps(mv[u], kv[v], a[u][v]);
+            }
+            /* 16 horizontal sums at once: r[4u + v] = sum(a[u][v]) */
+            __m512 r = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
+            _mm_storeu_ps(out + (g + 0) * out_stride + j, _mm512_extractf32x4_ps(r, 0));
+            _mm_storeu_ps(out + (g + 1) * out_stride + j, _mm512_extractf32x4_ps(r, 1));
+            _mm_storeu_ps(out + (g + 2) * out_stride + j, _mm512_extractf32x4_ps(r, 2));
+            _mm_storeu_ps(out + (g + 3) * out_stride + j, _mm512_extractf32x4_ps(r, 3));
+        }
+        for (; g < G; g++) {
+            const float *mr = m + g * D;
+            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (size_t d = 0; d < D; d += 16) {
+                __mmask16 mk = tmask(D - d);
+                __m512 mv = _mm512_maskz_loadu_ps(mk, mr + d);
+                a[0] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(mk, k0 + d), a[0]);
+                a[1] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(mk, k1 + d), a[1]);
+                a[2] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(mk, k2 + d), a[2]);
+                a[3] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(mk, k3 + d), a[3]);
+            }
+            for (int v = 0; v < 4; v++) out[g * out_stride + j + (size_t)v] = _mm512_reduce_add_ps(a[v]) * scale;
+        }
+    }
+    for (; j < n; j++) {
+        const float *kr = k + j * kstride;
+        for (size_t g = 0; g < G; g++) {
+            const float *mr = m + g * D;
+            __m512 a = _mm512_setzero_ps();
+            for (size_t d = 0; d < D; d += 16) {
+                __mmask16 mk = tmask(D - d);
+                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, mr + d), _mm512_maskz_loadu_ps(mk, kr + d), a);
+            }
+            out[g * out_stride + j] = _mm512_reduce_add_ps(a) * scale;
+        }
+    }
+}
+
+static void x_softmax_acc(float *x, size_t n, float *acc) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (size_t j = 0; j < n; j += 16) {
+        __mmask16 mk = tmask(n - j);
+        mx = _mm512_mask_max_ps(mx, mk, mx, _mm512_maskz_loadu_ps(mk, x + j));
+    }
+    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j += 16) {
+        __mmask16 mk = tmask(n - j);
+        __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m)));
+        _mm512_mask_storeu_ps(x + j, mk, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (size_t j = 0; j < n; j += 16) {
+        __mmask16 mk = tmask(n - j);
+        __m512 a = _mm512_maskz_loadu_ps(mk, acc + j);
+        _mm512_mask_storeu_ps(acc + j, mk, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + j), inv, a));
+    }
+}
+
+static const kvm_qk_kernels k_avx512 = {"avx512", x_qk, x_softmax_acc};
+const kvm_qk_kernels *kvm_qk_kernels_avx512(void) { return &k_avx512; }

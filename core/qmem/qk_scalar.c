@@ -1,0 +1,52 @@
+/* Scalar reference kernels of the rule score, and the table choice. */
+#include "qk_kernels.h"
+
+#include "../cpu/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+#if !defined(KVMEM_HAVE_AVX2)
+const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return NULL; }
+#endif
+#if !defined(KVMEM_HAVE_AVX512)
+const kvm_qk_kernels *kvm_qk_kernels_avx512(void) { return NULL; }
+#endif
+
+static void s_qk(const float *m, size_t G, size_t D, const float *k, size_t n, size_t kstride,
+                 float scale, float *out, size_t out_stride) {
+    for (size_t j = 0; j < n; j++) {
+        const float *kr = k + j * kstride;
+        for (size_t g = 0; g < G; g++) {
+            const float *mr = m + g * D;
+            float s = 0.0f;
+            for (size_t d = 0; d < D; d++) s += mr[d] * kr[d];
+            out[g * out_stride + j] = s * scale;
+        }
+    }
+}
+
+static void s_softmax_acc(float *x, size_t n, float *acc) {
+    float mx = x[0];
+    for (size_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    float sum = 0.0f;
+    for (size_t j = 0; j < n; j++) {
+        x[j] = expf(x[j] - mx);
+        sum += x[j];
+    }
+    float inv = 1.0f / sum;
+    for (size_t j = 0; j < n; j++) acc[j] += x[j] * inv;
+}
+
+static const kvm_qk_kernels k_scalar = {"scalar", s_qk, s_softmax_acc};
+
+const kvm_qk_kernels *kvm_qk_kernels_scalar(void) { return &k_scalar; }
+
+/* Follow the core's table so one switch (KVMEM_CPU) forces every kernel. */
+const kvm_qk_kernels *kvm_qk_kernels_get(void) {
+    const char *name = kvm_cpu_kernels_get()->name;
+    const kvm_qk_kernels *k = NULL;
+    if (strcmp(name, "avx512") == 0) k = kvm_qk_kernels_avx512();
+    if (!k && (strcmp(name, "avx512") == 0 || strcmp(name, "avx2") == 0)) k = kvm_qk_kernels_avx2();
+    return k ? k : &k_scalar;
+}

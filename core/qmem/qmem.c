@@ -1,0 +1,308 @@
+/* QueryMemory: the LRU store of session memories, session keys, the
+ * per-turn update and the public rule-score entry point. */
+#include "qmem_internal.h"
+
+#include "../context.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct qm_entry {
+    kvmem_session_key key;
+    uint64_t stamp; /* last use; the smallest is evicted first */
+    float *m;       /* [n_layers][n_q_heads][head_dim] */
+} qm_entry;
+
+struct kvmem_qmem_store {
+    kvmem_model_spec spec; /* geometry only: layer_window is NULL */
+    kvmem_qmem_params params;
+    size_t mem_elems;
+    pthread_mutex_t mu; /* entries, n, clock */
+    qm_entry *e;
+    int32_t n;
+    uint64_t clock;
+};
+
+kvmem_qmem_params kvmem_qmem_default_params(void) {
+    kvmem_qmem_params p;
+    memset(&p, 0, sizeof p);
+    p.capacity = 1024;
+    p.prefix_tokens = 256;
+    p.lambda = 0.5;
+    return p;
+}
+
+kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params,
+                                     kvmem_qmem_store **out) {
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_store_create: out is NULL");
+    if (!spec) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_store_create: spec is NULL");
+    kvmem_status st = kvmem_model_spec_validate(spec);
+    if (st != KVMEM_OK) return st;
+    kvmem_qmem_params p = params ? *params : kvmem_qmem_default_params();
+    if (p.capacity < 1 || p.capacity > (1 << 24))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "qmem capacity %d: must be in [1, %d]", p.capacity, 1 << 24);
+    if (p.prefix_tokens < 1)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "qmem prefix_tokens %d: must be >= 1", p.prefix_tokens);
+    if (!(p.lambda >= 0.0) || !isfinite(p.lambda))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "qmem lambda %g: must be finite and >= 0", p.lambda);
+    kvmem_qmem_store *s = calloc(1, sizeof *s);
+    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory");
+    s->e = calloc((size_t)p.capacity, sizeof *s->e);
+    if (!s->e || pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s->e);
+        free(s);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory");
+    }
+    s->spec = *spec;
+    s->spec.layer_window = NULL;
+    s->params = p;
+    s->mem_elems = (size_t)spec->n_layers * (size_t)spec->n_q_heads * (size_t)spec->head_dim;
+    *out = s;
+    return KVMEM_OK;
+}
+
+void kvmem_qmem_store_free(kvmem_qmem_store *s) {
+    if (!s) return;
+    for (int32_t i = 0; i < s->n; i++) free(s->e[i].m);
+    free(s->e);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+int32_t kvmem_qmem_count(const kvmem_qmem_store *s) {
+    if (!s) return 0;
+    kvmem_qmem_store *w = (kvmem_qmem_store *)(uintptr_t)s; /* the lock only */
+    pthread_mutex_lock(&w->mu);
+    int32_t n = w->n;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+/* 128-bit key: two independently seeded 64-bit multiply-xor streams with
+ * the kind folded into the seed, so a session id and a token span never
+ * collide by construction. Token ids are fed as little-endian bytes, so keys
+ * agree across hosts. */
+typedef struct {
+    uint64_t a, b, n;
+} h128;
+
+static void h_init(h128 *h, uint32_t kind) {
+    h->a = 0xcbf29ce484222325ull ^ kind;
+    h->b = 0x84222325cbf29ce4ull ^ ((uint64_t)kind << 32);
+    h->n = 0;
+}
+
+static void h_byte(h128 *h, unsigned char c) {
+    h->a = (h->a ^ c) * 0x100000001b3ull;
+    h->b = (h->b ^ c) * 0x9e3779b97f4a7c15ull;
+    h->b ^= h->b >> 29;
+    h->n++;
+}
+
+static void h_fin(h128 *h, uint64_t *hi, uint64_t *lo) {
+    uint64_t a = h->a ^ h->n, b = h->b ^ (h->n * 0xbf58476d1ce4e5b9ull);
+    a = (a ^ (a >> 30)) * 0xbf58476d1ce4e5b9ull;
+    a = (a ^ (a >> 27)) * 0x94d049bb133111ebull;
+    b = (b ^ (b >> 31)) * 0x94d049bb133111ebull;
+    *hi = a ^ (a >> 31);
+    *lo = b ^ (b >> 29);
+}
+
+static void hash_bytes(const char *p, size_t n, uint32_t kind, uint64_t *hi, uint64_t *lo) {
+    h128 h;
+    h_init(&h, kind);
+    for (size_t i = 0; i < n; i++) h_byte(&h, (unsigned char)p[i]);
+    h_fin(&h, hi, lo);
+}
+
+static void hash_tokens(const int32_t *t, int64_t n, uint32_t kind, uint64_t *hi, uint64_t *lo) {
+    h128 h;
+    h_init(&h, kind);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)t[i];
+        for (int s = 0; s < 32; s += 8) h_byte(&h, (unsigned char)(v >> s));
+    }
+    h_fin(&h, hi, lo);
+}
+
+static _Atomic uint64_t g_local_counter = 1;
+
+kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *s, const kvmem_session_source *src,
+                                      kvmem_session_key *out) {
+    if (!s) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_session_key_derive: store is NULL");
+    if (!src) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_session_key_derive: src is NULL");
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_session_key_derive: out is NULL");
+    if (src->n_tokens < 0)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_session_key_derive: n_tokens %lld is negative",
+                        (long long)src->n_tokens);
+    if (src->n_tokens > 0 && !src->token_ids)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_session_key_derive: token_ids is NULL with n_tokens %lld",
+                        (long long)src->n_tokens);
+    int marked = src->mark_end != src->mark_begin;
+    if (marked && (src->mark_begin < 0 || src->mark_end < src->mark_begin || src->mark_end > src->n_tokens))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_session_key_derive: marked span [%lld, %lld) outside [0, %lld)",
+                        (long long)src->mark_begin, (long long)src->mark_end, (long long)src->n_tokens);
+    kvmem_session_key k;
+    memset(&k, 0, sizeof k);
+    if (src->session_id && src->session_id[0]) {
+        k.kind = KVMEM_SESSION_EXPLICIT;
+        hash_bytes(src->session_id, strlen(src->session_id), (uint32_t)k.kind, &k.hi, &k.lo);
+    } else if (marked) {
+        k.kind = KVMEM_SESSION_MARKED;
+        hash_tokens(src->token_ids + src->mark_begin, src->mark_end - src->mark_begin, (uint32_t)k.kind, &k.hi,
+                    &k.lo);
+    } else if (src->n_tokens >= s->params.prefix_tokens) {
+        k.kind = KVMEM_SESSION_PREFIX;
+        hash_tokens(src->token_ids, s->params.prefix_tokens, (uint32_t)k.kind, &k.hi, &k.lo);
+    } else {
+        k.kind = KVMEM_SESSION_LOCAL;
+        k.hi = atomic_fetch_add(&g_local_counter, 1);
+        k.lo = 0x4c4f43414cull; /* "LOCAL" */
+    }
+    *out = k;
+    return KVMEM_OK;
+}
+
+static kvmem_status check_key(const char *fn, const kvmem_session_key *key) {
+    if (!key) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: key is NULL", fn);
+    if (key->kind < KVMEM_SESSION_EXPLICIT || key->kind > KVMEM_SESSION_LOCAL)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: key kind %d is not a kvmem_session_kind", fn, (int)key->kind);
+    return KVMEM_OK;
+}
+
+static int key_eq(const kvmem_session_key *a, const kvmem_session_key *b) {
+    return a->kind == b->kind && a->hi == b->hi && a->lo == b->lo;
+}
+
+/* Index of key in the store, or -1. Called with the lock held. */
+static int32_t find(const kvmem_qmem_store *s, const kvmem_session_key *key) {
+    if (key->kind == KVMEM_SESSION_LOCAL) return -1;
+    for (int32_t i = 0; i < s->n; i++)
+        if (key_eq(&s->e[i].key, key)) return i;
+    return -1;
+}
+
+kvmem_status kvmem_qmem_update(kvmem_qmem_store *s, const kvmem_session_key *key, const kvmem_tensor *q,
+                               int64_t span_begin, int64_t span_end, float *memory_out) {
+    static const char fn[] = "kvmem_qmem_update";
+    if (!s) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: store is NULL", fn);
+    kvmem_status st = check_key(fn, key);
+    if (st != KVMEM_OK) return st;
+    if (!q) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: q is NULL", fn);
+    if (q->ndim != 4)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: q has %d dims, expected 4 [n_q][n_layers][n_q_heads][head_dim]",
+                        fn, q->ndim);
+    const kvmem_model_spec *sp = &s->spec;
+    int64_t shape[4] = {q->shape[0], sp->n_layers, sp->n_q_heads, sp->head_dim};
+    st = kvm_tensor_expect(q, "q", "[n_q][n_layers][n_q_heads][head_dim]", 4, shape);
+    if (st != KVMEM_OK) return st;
+    if (span_begin < 0 || span_end <= span_begin || span_end > q->shape[0])
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: query span [%lld, %lld) is empty or outside [0, %lld)", fn,
+                        (long long)span_begin, (long long)span_end, (long long)q->shape[0]);
+
+    const size_t L = (size_t)sp->n_layers, H = (size_t)sp->n_q_heads, D = (size_t)sp->head_dim;
+    const size_t E = s->mem_elems;
+    double *acc = calloc(E, sizeof *acc);
+    float *row = malloc(D * sizeof *row), *m = malloc(E * sizeof *m);
+    if (!acc || !row || !m) {
+        free(acc);
+        free(row);
+        free(m);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    }
+    /* Enc: the mean of the span's rows, in double so long spans do not drift. */
+    for (int64_t t = span_begin; t < span_end; t++)
+        for (size_t l = 0; l < L; l++)
+            for (size_t h = 0; h < H; h++) {
+                int64_t idx[3] = {t, (int64_t)l, (int64_t)h};
+                kvm_tensor_read_f32(q, kvm_tensor_row_offset(q, idx), row, D);
+                double *a = acc + (l * H + h) * D;
+                for (size_t d = 0; d < D; d++) {
+                    if (!isfinite(row[d])) {
+                        free(acc);
+                        free(row);
+                        free(m);
+                        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: q[%lld][%zu][%zu][%zu] is not finite", fn,
+                                        (long long)t, l, h, d);
+                    }
+                    a[d] += row[d];
+                }
+            }
+    const double inv_n = 1.0 / (double)(span_end - span_begin);
+    const double decay = exp(-s->params.lambda);
+    free(row);
+
+    pthread_mutex_lock(&s->mu);
+    int32_t i = find(s, key);
+    const float *prev = i >= 0 ? s->e[i].m : NULL;
+    for (size_t r = 0; r < L * H; r++) {
+        double *a = acc + r * D, nrm = 0.0;
+        for (size_t d = 0; d < D; d++) {
+            a[d] = a[d] * inv_n + (prev ? decay * (double)prev[r * D + d] : 0.0);
+            nrm += a[d] * a[d];
+        }
+        nrm = sqrt(nrm);
+        for (size_t d = 0; d < D; d++) m[r * D + d] = (float)(nrm > 0.0 ? a[d] / nrm : 0.0);
+    }
+    free(acc);
+    if (memory_out) memcpy(memory_out, m, E * sizeof *m);
+    if (key->kind == KVMEM_SESSION_LOCAL) {
+        pthread_mutex_unlock(&s->mu);
+        free(m);
+        return KVMEM_OK;
+    }
+    if (i >= 0) {
+        free(s->e[i].m);
+    } else if (s->n < s->params.capacity) {
+        i = s->n++;
+    } else { /* evict the least recently used */
+        i = 0;
+        for (int32_t j = 1; j < s->n; j++)
+            if (s->e[j].stamp < s->e[i].stamp) i = j;
+        free(s->e[i].m);
+    }
+    s->e[i].key = *key;
+    s->e[i].m = m;
+    s->e[i].stamp = ++s->clock;
+    pthread_mutex_unlock(&s->mu);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_qmem_get(kvmem_qmem_store *s, const kvmem_session_key *key, float *out) {
+    static const char fn[] = "kvmem_qmem_get";
+    if (!s) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: store is NULL", fn);
+    kvmem_status st = check_key(fn, key);
+    if (st != KVMEM_OK) return st;
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    pthread_mutex_lock(&s->mu);
+    int32_t i = find(s, key);
+    if (i < 0) {
+        pthread_mutex_unlock(&s->mu);
+        return kvm_fail(KVMEM_ERR_NOT_FOUND, "%s: no memory for this session (never updated, evicted, or local)", fn);
+    }
+    memcpy(out, s->e[i].m, s->mem_elems * sizeof *out);
+    s->e[i].stamp = ++s->clock;
+    pthread_mutex_unlock(&s->mu);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory,
+                              const kvmem_tensor *k, float *scores) {
+    static const char fn[] = "kvmem_qmem_score";
+    if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
+    int64_t n;
+    kvmem_status st = kvm_qmem_check_k(fn, spec, k, &n);
+    if (st != KVMEM_OK) return st;
+    if (!memory) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: memory is NULL", fn);
+    if (!scores) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: scores is NULL", fn);
+    size_t E = (size_t)spec->n_layers * (size_t)spec->n_q_heads * (size_t)spec->head_dim;
+    for (size_t i = 0; i < E; i++)
+        if (!isfinite(memory[i]))
+            return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: memory[%zu] is not finite", fn, i);
+    kvmem_backend *be = ctx->cpu;
+    if (!be->iface->qmem_score) return kvm_cpu_qmem_score(be, spec, memory, k, scores);
+    return be->iface->qmem_score(be, spec, memory, k, scores);
+}
