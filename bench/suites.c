@@ -4,6 +4,7 @@
 extern const kvm_bench_suite kvm_bench_machine;
 extern const kvm_bench_suite kvm_bench_backend; /* backends (Vulkan issue) */
 /* retrieval */
+extern const kvm_bench_suite kvm_bench_retrieval;
 
 /* evict */
 extern const kvm_bench_suite kvm_bench_evict;
@@ -23,6 +24,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
     &kvm_bench_backend,
     /* retrieval */
+    &kvm_bench_retrieval,
 
     /* evict */
     &kvm_bench_evict,

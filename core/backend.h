@@ -23,6 +23,10 @@ typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
 struct kvm_attend_plan; /* core/attend/attend.h */
 
+/* Descriptors of the retrieval ops (core/retrieve/score.h). */
+struct kvm_score_desc;
+struct kvm_gather_desc;
+
 typedef struct kvmem_backend_iface {
     const char *name;
     void (*free)(kvmem_backend *be);
@@ -51,6 +55,14 @@ typedef struct kvmem_backend_iface {
     /* ---- ops added by later issues, each in its own section ---- */
 
     /* -- retrieval (MemArt): aabb_score, topk, gather/rope -- */
+    /* Score candidate blocks (AABB or EXACT), normalise per query token,
+     * aggregate over tokens, sum over each KV head's query heads. */
+    kvmem_status (*aabb_score)(kvmem_backend *be, const struct kvm_score_desc *d);
+    /* Indices of the k largest non-NaN scores, ties toward the lower index. */
+    kvmem_status (*topk)(kvmem_backend *be, const float *score, int32_t n, int32_t k, int32_t *out_idx,
+                         int32_t *n_out);
+    /* Concatenate blocks, rotate keys at new positions, convert to the output dtype. */
+    kvmem_status (*gather)(kvmem_backend *be, const struct kvm_gather_desc *d);
 
     /* -- eviction (IntentKV): qmem_score, kv_copy -- */
     /* Rule score of kvmem_qmem_score (inputs validated by the core): memory

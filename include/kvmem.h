@@ -365,6 +365,123 @@ KVMEM_API kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, s
 
 /* ---- MemArt retrieval (issue: retrieval) -------------------------------- */
 
+/* Retrieval: find the sealed blocks of an agent that a new prompt would
+ * attend to, by scoring the prompt's query rows against each block's
+ * axis-aligned bounding box of raw keys (DESIGN.md, "Retrieval (MemArt)"):
+ *   I(q, b) = sum_d max(q_d * s_max[d], q_d * s_min[d])  (>= max_i q.k_i)
+ * normalised per query token over the candidate blocks (SOFTMAX or RR),
+ * aggregated over the query tokens (MAX or SUM), summed over heads (and over
+ * layers for GLOBAL scope), top-k, ties toward the older block.
+ * Only sealed blocks are retrievable: the unsealed tail has no AABB yet
+ * (call kvmem_agent_flush first if the newest tokens must be candidates). */
+
+typedef enum kvmem_retrieve_mode {
+    KVMEM_RETRIEVE_AABB = 0, /* bounding-box relevance (the fast path) */
+    KVMEM_RETRIEVE_EXACT = 1 /* I = max_i q.k_i over the block's real keys (evaluation baseline) */
+} kvmem_retrieve_mode;
+
+typedef enum kvmem_retrieve_norm {
+    KVMEM_NORM_SOFTMAX = 0, /* p = exp(tau I) / sum_b' exp(tau I') over candidates */
+    KVMEM_NORM_RR = 1       /* p = 1 / (rank + c), rank from 1, ties: older block ranks first */
+} kvmem_retrieve_norm;
+
+typedef enum kvmem_retrieve_agg {
+    KVMEM_AGG_MAX = 0, /* S(b) = max over query tokens of p */
+    KVMEM_AGG_SUM = 1  /* S(b) = sum over query tokens of p */
+} kvmem_retrieve_agg;
+
+typedef enum kvmem_retrieve_scope {
+    KVMEM_SCOPE_GLOBAL = 0,   /* one block set for the whole model (S summed over layers and heads) */
+    KVMEM_SCOPE_PER_LAYER = 1 /* one block set per layer (S summed over that layer's heads) */
+} kvmem_retrieve_scope;
+
+typedef struct kvmem_retrieve_params {
+    int32_t top_k;                /* blocks per set, always-included ones counted; default 8, >= 0 */
+    kvmem_retrieve_mode mode;     /* default AABB */
+    kvmem_retrieve_norm norm;     /* default SOFTMAX */
+    kvmem_retrieve_agg agg;       /* default MAX */
+    kvmem_retrieve_scope scope;   /* default GLOBAL */
+    float tau;                    /* SOFTMAX temperature; 0 = 1/sqrt(head_dim) */
+    float rr_c;                   /* RR constant c; 0 = 60 */
+    const int32_t *exclude;       /* n_exclude sealed block ids that are never candidates (borrowed) */
+    int32_t n_exclude;
+    const int32_t *always_include;/* n_always_include sealed block ids always in the result, e.g. the
+                                     system prompt (borrowed); must not also be excluded */
+    int32_t n_always_include;
+    int32_t recent_window;        /* > 0: only the newest recent_window sealed blocks are candidates */
+    int32_t skip_recent;          /* > 0: the newest skip_recent sealed blocks are not candidates
+                                     (the engine keeps them in its local window anyway) */
+} kvmem_retrieve_params;
+
+KVMEM_API kvmem_retrieve_params kvmem_retrieve_default_params(void);
+
+/* The result of kvmem_retrieve: an opaque, reusable object (create once,
+ * retrieve into it many times). Everything it returns is owned by it and
+ * valid until the next kvmem_retrieve into it or kvmem_retrieval_free. */
+typedef struct kvmem_retrieval kvmem_retrieval;
+
+/* Errors: KVMEM_ERR_INVALID_ARG (NULL out), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_retrieval_create(kvmem_retrieval **out);
+KVMEM_API void kvmem_retrieval_free(kvmem_retrieval *r);
+
+/* Score the agent's sealed blocks against `query` and select blocks.
+ * query: [n_q][n_layers][n_q_heads][head_dim], raw (pre-RoPE) query rows,
+ *        F32/F16/BF16, any strides, finite, n_q >= 1.
+ * params: NULL for defaults. result: filled on success; on any error it is
+ *        left exactly as it was.
+ * Result sets: GLOBAL -> 1 set; PER_LAYER -> n_layers sets (set = layer).
+ * Each set lists every always_include block plus the top
+ * (top_k - n_always_include) other candidates (fewer when fewer exist), in
+ * chronological order (ascending block id), with their scores S(b). Ties
+ * break toward the older block.
+ * An agent with no sealed blocks gives empty sets (KVMEM_OK).
+ * Threading: runs on the context's worker threads; one agent and one result
+ * object per calling thread at a time.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, bad params, block ids out of range,
+ * non-finite query), KVMEM_ERR_MISMATCH (query shape differs from the pool's
+ * model spec), KVMEM_ERR_CLOSED, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query,
+                                      const kvmem_retrieve_params *params, kvmem_retrieval *result);
+
+/* Number of block sets in the result: 0 before the first successful
+ * kvmem_retrieve (or for NULL), 1 for GLOBAL, n_layers for PER_LAYER. */
+KVMEM_API int32_t kvmem_retrieval_n_sets(const kvmem_retrieval *r);
+
+/* Selected blocks of set `set`: *blocks and *scores point into r (n entries,
+ * chronological); either out pointer may be NULL. */
+KVMEM_API kvmem_status kvmem_retrieval_get(const kvmem_retrieval *r, int32_t set, const int32_t **blocks,
+                                           const float **scores, int32_t *n);
+
+/* Copy-out form of kvmem_retrieval_get for bindings: writes up to
+ * `capacity` entries to blocks/scores (either may be NULL) and the full
+ * count to *n. */
+KVMEM_API kvmem_status kvmem_retrieval_copy(const kvmem_retrieval *r, int32_t set, int32_t *blocks,
+                                            float *scores, int32_t capacity, int32_t *n);
+
+/* The aggregated score S(b) of every sealed block of the agent at retrieval
+ * time (n_blocks entries indexed by block id, NaN for blocks that were not
+ * candidates), pointer owned by r. For inspection and evaluation. */
+KVMEM_API kvmem_status kvmem_retrieval_block_scores(const kvmem_retrieval *r, int32_t set,
+                                                    const float **scores, int32_t *n_blocks);
+
+/* Total tokens in the selected blocks of `set` (what a gather of them yields). */
+KVMEM_API kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set, int64_t *n_tokens);
+
+/* Decoupled position re-encoding: concatenate sealed blocks in the given
+ * order (normally a retrieval set, chronological), apply RoPE of the pool's
+ * spec at the contiguous new positions base_position .. base_position+M-1
+ * (M = total tokens of the blocks) and write
+ *   k_out, v_out: [n_layers][M][n_kv_heads][head_dim], F32/F16/BF16, any strides
+ * (either may be NULL to skip it). Block ids may repeat.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL agent or blocks with n_blocks > 0,
+ * n_blocks < 0, base_position < 0 or base_position + M > 2^31 - 1, bad
+ * tensors), KVMEM_ERR_NOT_FOUND (an id that is not a sealed block: flush the
+ * tail first), KVMEM_ERR_MISMATCH (output shape), KVMEM_ERR_CLOSED.
+ * Nothing is written on error. Runs on the context's worker threads. */
+KVMEM_API kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
+                                    int64_t base_position, const kvmem_tensor *k_out,
+                                    const kvmem_tensor *v_out);
+
 /* ---- IntentKV QueryMemory and eviction (issue: eviction) ---------------- */
 
 /* QueryMemory (IntentKV): a per-session memory of what the user's queries

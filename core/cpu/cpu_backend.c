@@ -6,6 +6,7 @@
 #include "../attend/attend.h"
 #include "half.h"
 #include "kernels.h"
+#include "../retrieve/score.h" /* retrieval ops */
 #include "../qmem/qmem_internal.h" /* eviction: qmem_score */
 
 #include <stdlib.h>
@@ -133,6 +134,9 @@ static const kvmem_backend_iface cpu_iface = {
     .convert = cpu_convert,
     .aabb_build = cpu_aabb_build,
     /* -- retrieval -- */
+    .aabb_score = kvm_cpu_aabb_score,
+    .topk = kvm_cpu_topk,
+    .gather = kvm_cpu_gather,
 
     /* -- eviction -- */
     .qmem_score = kvm_cpu_qmem_score,

@@ -1,0 +1,255 @@
+/* The scoring kernels: SIMD tables equal the scalar reference (within a
+ * stated reduction tolerance), the vector exp is accurate, and the AABB
+ * score upper-bounds the best key of the block. */
+#include "testutil.h"
+#include "retrieve/score.h"
+#include "cpu/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const kvm_score_kernels *simd_tables(int i) {
+    if (i == 0) return kvm_cpu_has_avx2() ? kvm_score_kernels_avx2() : NULL;
+    return kvm_cpu_has_avx512() ? kvm_score_kernels_avx512() : NULL;
+}
+
+/* |simd - scalar| <= 1e-5 * sum_k |q_k b_k| (different summation order) */
+static void compare(const kvm_score_kernels *t, size_t R, size_t n, size_t K, uint64_t *rng) {
+    const kvm_score_kernels *s = kvm_score_kernels_scalar();
+    size_t rp = (R + KVM_SCORE_ROW_PAD - 1) / KVM_SCORE_ROW_PAD * KVM_SCORE_ROW_PAD;
+    float *q = malloc(R * K * sizeof(float)), *qt = calloc(K * rp, sizeof(float));
+    float *b = malloc(n * K * sizeof(float) + 64);
+    const float **bp = malloc(n * sizeof *bp);
+    float *o1 = malloc(n * rp * sizeof(float)), *o2 = malloc(n * rp * sizeof(float));
+    double *mag = calloc(n * R, sizeof(double));
+    for (size_t i = 0; i < R * K; i++) q[i] = tu_normal(rng);
+    for (size_t r = 0; r < R; r++)
+        for (size_t k = 0; k < K; k++) qt[k * rp + r] = q[r * K + k];
+    for (size_t i = 0; i < n * K; i++) b[i + 1] = tu_normal(rng); /* unaligned rows */
+    for (size_t j = 0; j < n; j++) bp[j] = b + 1 + j * K;
+    for (size_t j = 0; j < n; j++)
+        for (size_t r = 0; r < R; r++)
+            for (size_t k = 0; k < K; k++) mag[j * R + r] += fabs((double)q[r * K + k] * bp[j][k]);
+    /* row kernel */
+    s->rows(q, R, bp, n, K, o1, R);
+    t->rows(q, R, bp, n, K, o2, R);
+    for (size_t j = 0; j < n; j++)
+        for (size_t r = 0; r < R; r++)
+            if (!(fabs(o1[j * R + r] - o2[j * R + r]) <= 1e-5 * mag[j * R + r] + 1e-30))
+                fail_msg("%s rows R=%zu n=%zu K=%zu: [%zu][%zu] %g vs scalar %g", t->name, R, n, K, j, r,
+                         (double)o2[j * R + r], (double)o1[j * R + r]);
+    /* panel kernel */
+    s->panel(qt, rp, bp, n, K, o1, rp);
+    t->panel(qt, rp, bp, n, K, o2, rp);
+    for (size_t j = 0; j < n; j++)
+        for (size_t r = 0; r < rp; r++) {
+            double m = r < R ? mag[j * R + r] : 0;
+            if (!(fabs(o1[j * rp + r] - o2[j * rp + r]) <= 1e-5 * m + 1e-30))
+                fail_msg("%s panel R=%zu n=%zu K=%zu: [%zu][%zu] %g vs scalar %g", t->name, R, n, K, j, r,
+                         (double)o2[j * rp + r], (double)o1[j * rp + r]);
+        }
+    free(q);
+    free(qt);
+    free(b);
+    free((void *)bp);
+    free(o1);
+    free(o2);
+    free(mag);
+}
+
+static void simd_kernels_equal_scalar(void **state) {
+    (void)state;
+    int ran = 0;
+    uint64_t rng = 77;
+    const size_t Rs[] = {1, 3, 4, 5, 9, 16, 17, 40, 64, 100, 128};
+    const size_t ns[] = {1, 2, 5, 6, 7, 13, 70};
+    const size_t Ks[] = {2, 6, 16, 34, 128, 256};
+    for (int i = 0; i < 2; i++) {
+        const kvm_score_kernels *t = simd_tables(i);
+        if (!t) continue;
+        ran++;
+        for (size_t a = 0; a < sizeof Rs / sizeof *Rs; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+                for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) compare(t, Rs[a], ns[b], Ks[c], &rng);
+    }
+    if (!ran) skip(); /* skipped: this CPU has neither AVX2 nor AVX-512 */
+}
+
+static void vector_exp_is_accurate(void **state) {
+    (void)state;
+    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    float x[1003], y[1003];
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        for (int i = 0; i < 1003; i++) x[i] = y[i] = -87.0f * (float)i / 1002.0f;
+        x[1002] = y[1002] = -120.0f; /* below the clamp */
+        tabs[t]->exp_neg(y, 1003);
+        for (int i = 0; i < 1002; i++) {
+            double e = exp((double)x[i]);
+            if (!(fabs(y[i] - e) <= 3e-7 * e)) fail_msg("%s: exp(%g) = %.9g, want %.9g", tabs[t]->name, (double)x[i], (double)y[i], e);
+        }
+        assert_true(y[1002] >= 0.0f && y[1002] < 2e-38f);
+    }
+}
+
+/* I(q, b) = [q+ || q-] . [s_max || s_min] >= max_i q . k_i, for boxes built
+ * by the pool from real keys, through every available kernel path. */
+static void aabb_score_bounds_the_best_key(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(1);
+    kvmem_model_spec s = tu_spec(1, 48);
+    s.n_q_heads = 1;
+    s.n_kv_heads = 1;
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = 16;
+    pp.storage_dtype = KVMEM_F32;
+    kvmem_pool *pool;
+    kvmem_agent *ag;
+    assert_ok(kvmem_pool_create(ctx, &s, &pp, &pool));
+    assert_ok(kvmem_agent_open(pool, "b", &ag));
+    uint64_t rng = 8;
+    const int T = 16 * 24, D = 48;
+    float *k = malloc((size_t)T * D * sizeof(float));
+    for (int i = 0; i < T * D; i++) k[i] = 3.0f * tu_normal(&rng) + (i % D == 5 ? 20.0f : 0.0f);
+    int64_t sh[4] = {1, T, 1, D};
+    kvmem_tensor kt;
+    assert_ok(kvmem_tensor_init(&kt, k, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_agent_append(ag, &kt, &kt, NULL));
+    assert_ok(kvmem_tensor_init(&kt, k, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_agent_read(ag, 0, T, &kt, NULL)); /* the stored keys */
+    const int nb = T / 16, R = 20;
+    float *box = malloc((size_t)nb * 2 * D * sizeof(float)), mn[48], mx[48];
+    const float **bp = malloc((size_t)nb * sizeof *bp);
+    for (int b = 0; b < nb; b++) {
+        assert_ok(kvmem_agent_block_aabb(ag, b, mn, mx));
+        memcpy(box + (size_t)b * 2 * D, mx, sizeof mx);
+        memcpy(box + (size_t)b * 2 * D + D, mn, sizeof mn);
+        bp[b] = box + (size_t)b * 2 * D;
+    }
+    float *q = malloc((size_t)R * 2 * D * sizeof(float)), *qt = calloc((size_t)2 * D * 32, sizeof(float));
+    float *raw = malloc((size_t)R * D * sizeof(float)), *o = malloc((size_t)nb * 32 * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d++) {
+            float x = tu_normal(&rng);
+            raw[r * D + d] = x;
+            q[r * 2 * D + d] = qt[(size_t)d * 32 + (size_t)r] = x > 0 ? x : 0;
+            q[r * 2 * D + D + d] = qt[(size_t)(D + d) * 32 + (size_t)r] = x < 0 ? x : 0;
+        }
+    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        for (int path = 0; path < 2; path++) {
+            size_t ldo = path ? 32 : (size_t)R;
+            if (path) tabs[t]->panel(qt, 32, bp, (size_t)nb, (size_t)(2 * D), o, ldo);
+            else tabs[t]->rows(q, (size_t)R, bp, (size_t)nb, (size_t)(2 * D), o, ldo);
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < R; r++) {
+                    double best = -INFINITY, mag = 0;
+                    for (int i = 0; i < 16; i++) {
+                        double dot = 0;
+                        for (int d = 0; d < D; d++) {
+                            dot += (double)raw[r * D + d] * k[(size_t)(b * 16 + i) * D + (size_t)d];
+                            mag += fabs((double)raw[r * D + d] * k[(size_t)(b * 16 + i) * D + (size_t)d]);
+                        }
+                        best = fmax(best, dot);
+                    }
+                    /* f32 rounding of the sums only */
+                    if (!(o[(size_t)b * ldo + (size_t)r] >= best - 1e-5 * mag))
+                        fail_msg("%s: I = %g < best key %g", tabs[t]->name, (double)o[(size_t)b * ldo + (size_t)r], best);
+                }
+        }
+    }
+    free(k);
+    free(box);
+    free((void *)bp);
+    free(q);
+    free(qt);
+    free(raw);
+    free(o);
+    kvmem_agent_close(ag);
+    kvmem_pool_free(pool);
+    kvmem_context_free(ctx);
+}
+
+/* Decode-sized problems score block-major, larger ones item-major: both
+ * orders give the same scores (same kernels, same summation order). */
+static void block_major_and_item_major_agree(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(2);
+    kvmem_model_spec s = tu_spec(3, 32);
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    kvmem_pool *pool;
+    kvmem_agent *ag;
+    assert_ok(kvmem_pool_create(ctx, &s, NULL, &pool));
+    assert_ok(kvmem_agent_open(pool, "bm", &ag));
+    uint64_t rng = 12;
+    const int T = 16 * 21;
+    size_t n = (size_t)3 * T * 2 * 32;
+    float *kv = malloc(n * sizeof(float)), q[2 * 3 * 8 * 32];
+    tu_fill_kv(kv, n, &rng);
+    tu_fill_kv(q, sizeof q / sizeof *q, &rng);
+    int64_t sh[4] = {3, T, 2, 32}, qs[4] = {2, 3, 8, 32};
+    kvmem_tensor kt, qt;
+    assert_ok(kvmem_tensor_init(&kt, kv, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_agent_append(ag, &kt, &kt, NULL));
+    assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+    kvmem_retrieval *a, *b;
+    assert_ok(kvmem_retrieval_create(&a));
+    assert_ok(kvmem_retrieval_create(&b));
+    const size_t saved = kvm_score_block_major_max_bytes;
+    for (int mode = 0; mode < 2; mode++)
+        for (int nq = 1; nq <= 2; nq++) {
+            qt.shape[0] = nq;
+            kvmem_retrieve_params p = kvmem_retrieve_default_params();
+            p.mode = (kvmem_retrieve_mode)mode;
+            p.norm = nq == 2 ? KVMEM_NORM_RR : KVMEM_NORM_SOFTMAX;
+            kvm_score_block_major_max_bytes = saved;
+            assert_ok(kvmem_retrieve(ag, &qt, &p, a));
+            kvm_score_block_major_max_bytes = 0;
+            assert_ok(kvmem_retrieve(ag, &qt, &p, b));
+            const float *sa, *sb;
+            int32_t na, nb;
+            assert_ok(kvmem_retrieval_block_scores(a, 0, &sa, &na));
+            assert_ok(kvmem_retrieval_block_scores(b, 0, &sb, &nb));
+            assert_int_equal(na, 21);
+            assert_int_equal(nb, 21);
+            for (int i = 0; i < na; i++) assert_true(fabsf(sa[i] - sb[i]) <= 1e-6f * fabsf(sa[i]));
+        }
+    kvm_score_block_major_max_bytes = saved;
+    kvmem_retrieval_free(a);
+    kvmem_retrieval_free(b);
+    free(kv);
+    kvmem_agent_close(ag);
+    kvmem_pool_free(pool);
+    kvmem_context_free(ctx);
+}
+
+static void topk_ties_and_nan(void **state) {
+    (void)state;
+    const float s[8] = {1.0f, 3.0f, NAN, 3.0f, 2.0f, 3.0f, -1.0f, NAN};
+    int32_t idx[8], n;
+    assert_ok(kvm_cpu_topk(NULL, s, 8, 4, idx, &n));
+    assert_int_equal(n, 4);
+    assert_int_equal(idx[0], 1);
+    assert_int_equal(idx[1], 3);
+    assert_int_equal(idx[2], 5);
+    assert_int_equal(idx[3], 4);
+    assert_ok(kvm_cpu_topk(NULL, s, 8, 100, idx, &n));
+    assert_int_equal(n, 6);
+    assert_int_equal(idx[5], 6);
+    assert_ok(kvm_cpu_topk(NULL, s, 8, 0, idx, &n));
+    assert_int_equal(n, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(simd_kernels_equal_scalar),
+        cmocka_unit_test(vector_exp_is_accurate),
+        cmocka_unit_test(aabb_score_bounds_the_best_key),
+        cmocka_unit_test(block_major_and_item_major_agree),
+        cmocka_unit_test(topk_ties_and_nan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
