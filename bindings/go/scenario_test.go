@@ -73,7 +73,20 @@ type fixture struct {
 		UsedBytes uint64   `json:"used_bytes"`
 		AgentIDs  []string `json:"agent_ids"`
 	} `json:"pool"`
-	Agents      map[string]fxAgent `json:"agents"`
+	Agents   map[string]fxAgent `json:"agents"`
+	Retrieve struct {
+		NSets       int       `json:"n_sets"`
+		NTokens     int64     `json:"n_tokens"`
+		Blocks      []int32   `json:"blocks"`
+		Scores      []float64 `json:"scores"`
+		BlockScores []float64 `json:"block_scores"`
+		GatherK     []float64 `json:"gather_k"`
+		GatherV     []float64 `json:"gather_v"`
+		BobPerLayer []struct {
+			Blocks []int32   `json:"blocks"`
+			Scores []float64 `json:"scores"`
+		} `json:"bob_per_layer"`
+	} `json:"retrieve"`
 	Errors      map[string]fxError `json:"errors"`
 	AfterRemove struct {
 		NAgents   int32  `json:"n_agents"`
@@ -238,6 +251,48 @@ func TestScenarioMatchesCFixture(t *testing.T) {
 			}
 		}
 	}
+
+	// retrieval: the same query rows as the fixture program, then a gather at 50
+	rq := make([]float32, 0, 2*sL*sHQ*sD)
+	for i := int64(0); i < 2; i++ {
+		for l := int64(0); l < sL; l++ {
+			for h := int64(0); h < sHQ; h++ {
+				for d := int64(0); d < sD; d++ {
+					rq = append(rq, value(7, l, i, h, d, 7919, 2003))
+				}
+			}
+		}
+	}
+	wr := fx.Retrieve
+	rp := kvmem.RetrieveDefaultParams()
+	rp.TopK = 2
+	res, err := agents["alice"].Retrieve(kvmem.F32Tensor(rq), rp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, scores, _ := res.Get(0)
+	nt, _ := res.NTokens(0)
+	bs, _ := res.BlockScores(0)
+	vb, _, _ := res.View(0)
+	if res.NSets() != wr.NSets || nt != wr.NTokens || !reflect.DeepEqual(blocks, wr.Blocks) || !reflect.DeepEqual(vb, wr.Blocks) ||
+		!reflect.DeepEqual(scores, f32s(wr.Scores)) || !reflect.DeepEqual(bs, f32s(wr.BlockScores)) {
+		t.Fatalf("retrieve %v %v %v, want %+v", blocks, scores, bs, wr)
+	}
+	gk, gv, _, err := agents["alice"].GatherF32(blocks, 50)
+	if err != nil || !reflect.DeepEqual(gk, f32s(wr.GatherK)) || !reflect.DeepEqual(gv, f32s(wr.GatherV)) {
+		t.Fatalf("gather differs from the fixture (%v)", err)
+	}
+	rp.TopK, rp.Scope = 1, kvmem.ScopePerLayer
+	if _, err := agents["bob"].Retrieve(kvmem.F32Tensor(rq), rp, res); err != nil || res.NSets() != sL {
+		t.Fatalf("per layer: %v", err)
+	}
+	for set, ws := range wr.BobPerLayer {
+		b2, s2, _ := res.Get(set)
+		if !reflect.DeepEqual(b2, ws.Blocks) || !reflect.DeepEqual(s2, f32s(ws.Scores)) {
+			t.Fatalf("bob set %d: %v %v", set, b2, s2)
+		}
+	}
+	res.Close()
 
 	// bad input: the C status and message reach the caller, nothing changes
 	expect := func(err error, want fxError, sentinel error) {

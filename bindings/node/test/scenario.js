@@ -33,4 +33,4 @@ function kv(salt, g0, n) {
   return { k, v };
 }
 
-module.exports = { L, HQ, HKV, D, BS, AGENTS, REPO, fixture, kv };
+module.exports = { L, HQ, HKV, D, BS, AGENTS, REPO, fixture, kv, value };

@@ -4,7 +4,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const kvmem = require('..');
-const { L, HQ, HKV, D, BS, AGENTS, fixture, kv } = require('./scenario');
+const { L, HQ, HKV, D, BS, AGENTS, fixture, kv, value } = require('./scenario');
 
 const f32 = (xs) => Float32Array.from(xs);
 
@@ -67,6 +67,30 @@ for (const mode of ['sync', 'async']) {
         }
       });
     }
+
+    // retrieval: the same query rows as the fixture program, then a gather at 50
+    const rq = new Float32Array(2 * L * HQ * D);
+    for (let i = 0, n = 0; i < 2; i++) for (let l = 0; l < L; l++) for (let h = 0; h < HQ; h++) for (let d = 0; d < D; d++) rq[n++] = value(7, l, i, h, d, 7919, 2003);
+    const wr = fx.retrieve;
+    const res = mode === 'async' ? await agents.alice.retrieveAsync(rq, { topK: 2 }) : agents.alice.retrieve(rq, { topK: 2 });
+    const got = res.get(0);
+    assert.equal(res.nSets, wr.n_sets);
+    assert.equal(res.nTokens(0), wr.n_tokens);
+    assert.deepEqual(Array.from(got.blocks), wr.blocks);
+    assert.deepEqual(got.scores, f32(wr.scores));
+    assert.deepEqual(res.blockScores(0), f32(wr.block_scores));
+    assert.deepEqual(Array.from(res.view(0).blocks), wr.blocks);
+    const g = mode === 'async' ? await agents.alice.gatherAsync(got.blocks, 50) : agents.alice.gather(got.blocks, 50);
+    assert.deepEqual(g.k, f32(wr.gather_k));
+    assert.deepEqual(g.v, f32(wr.gather_v));
+    agents.bob.retrieve(rq, { topK: 1, scope: kvmem.SCOPE_PER_LAYER, result: res });
+    assert.equal(res.nSets, L);
+    wr.bob_per_layer.forEach((ws, set) => {
+      const gs = res.get(set);
+      assert.deepEqual(Array.from(gs.blocks), ws.blocks);
+      assert.deepEqual(gs.scores, f32(ws.scores));
+    });
+    res.close();
 
     // bad input: the C status and message reach the caller, nothing changes
     const errs = fx.errors;

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kvmem
-from scenario import AGENTS, BS, D, HKV, HQ, L, fixture, kv_lists
+from scenario import AGENTS, BS, D, HKV, HQ, L, fixture, kv_lists, value
 
 
 def append_turn(spec, agent, salt, g0, n, rotated, text):
@@ -71,6 +71,28 @@ def test_scenario_matches_c_fixture():
                         mn, mx = a.block_aabb(b)
                         np.testing.assert_array_equal(mn.ravel(), f32(wb["aabb_min"]))
                         np.testing.assert_array_equal(mx.ravel(), f32(wb["aabb_max"]))
+
+            # retrieval: the same query rows as the fixture program, then a gather at 50
+            rq = np.array([[[[value(7, l, i, h, d, 7919, 2003) for d in range(D)] for h in range(HQ)]
+                            for l in range(L)] for i in range(2)], dtype=np.float32)
+            want = fx["retrieve"]
+            res = agents["alice"].retrieve(rq, top_k=2)
+            blocks, scores = res.get(0)
+            assert res.n_sets == want["n_sets"] and res.n_tokens(0) == want["n_tokens"]
+            assert list(blocks) == want["blocks"]
+            np.testing.assert_array_equal(scores, f32(want["scores"]))
+            np.testing.assert_array_equal(np.array(res.block_scores(0), np.float32), f32(want["block_scores"]))
+            assert res.blocks_view(0)[0] == want["blocks"]
+            gk, gv = agents["alice"].gather(blocks, 50)
+            np.testing.assert_array_equal(gk.ravel(), f32(want["gather_k"]))
+            np.testing.assert_array_equal(gv.ravel(), f32(want["gather_v"]))
+            res = agents["bob"].retrieve(rq, top_k=1, scope=kvmem.SCOPE_PER_LAYER, result=res)
+            assert res.n_sets == L
+            for st, ws in enumerate(want["bob_per_layer"]):
+                b2, s2 = res.get(st)
+                assert list(b2) == ws["blocks"]
+                np.testing.assert_array_equal(s2, f32(ws["scores"]))
+            res.close()
 
             # bad input: the C status and message reach the caller, nothing changes
             errs = fx["errors"]
