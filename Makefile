@@ -1,10 +1,16 @@
 # A thin wrapper over CMake presets. The two commands of the quick start:
 #   make demo   build and run `kvmem demo`
-#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, bindings
+#   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, the
+#               WebAssembly build and its browser test (skipped, saying why,
+#               without emscripten or chromium), and the Python, Node and Go
+#               bindings with their examples (skipped per language, saying why)
+#   make demo-web  build the WebAssembly demo page and serve it on 127.0.0.1
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST = ctest --parallel $(JOBS) --preset
 
-.PHONY: all deps build demo test test-default test-asan test-tsan test-bindings bench clean
+WEB_PORT ?= 8765
+
+.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-bindings wasm demo-web bench clean
 
 all: build
 
@@ -18,7 +24,7 @@ build: deps
 demo: build
 	./build/default/tools/kvmem demo
 
-test: deps test-default test-asan test-tsan test-bindings
+test: deps test-default test-asan test-tsan test-web test-bindings
 	@echo "make test: all suites passed"
 
 # The plain build runs verbosely so each cmocka program's summary shows.
@@ -34,6 +40,17 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	$(CTEST) tsan
+
+# WebAssembly (Emscripten): build/wasm/www holds the module, kvmem.js and the demo.
+wasm: deps
+	@scripts/wasm-build.sh
+
+demo-web: wasm
+	@echo "kvmem browser demo: http://127.0.0.1:$(WEB_PORT)/  (Ctrl-C stops the server)"
+	python3 -m http.server $(WEB_PORT) --bind 127.0.0.1 --directory build/wasm/www
+
+test-web: build
+	@scripts/test-web.sh
 
 # Python, Node and Go bindings and their examples, against the default build;
 # a missing toolchain prints "skipped: <why>".

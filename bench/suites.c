@@ -20,6 +20,9 @@ extern const kvm_bench_suite kvm_bench_segments;
 /* cuda */
 extern const kvm_bench_suite kvm_bench_cuda;
 
+/* wasm */
+extern const kvm_bench_suite kvm_bench_webref;
+
 const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_machine,
     &kvm_bench_backend,
@@ -39,6 +42,9 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
 
     /* cuda */
     &kvm_bench_cuda,
+
+    /* wasm */
+    &kvm_bench_webref,
 
     NULL,
 };

@@ -23,10 +23,11 @@
 
 static const char *const k_plugins[] = {"cuda", "vulkan"};
 
-/* Any object inside libkvmem: dladdr on it finds the library's own path. */
+#ifdef KVM_HAVE_DLOPEN
+/* Any object inside libkvmem: dladdr on it finds the library's own path.
+ * (Inside the #ifdef: builds without dlopen, e.g. WebAssembly, never use it.) */
 static const char k_anchor = 0;
 
-#ifdef KVM_HAVE_DLOPEN
 /* Plugins are looked up beside libkvmem itself first, then in
  * KVMEM_BACKEND_PATH, then by the dynamic loader's own search. */
 static void *open_plugin(const char *name, char *why, size_t why_size) {

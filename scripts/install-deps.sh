@@ -1,50 +1,75 @@
 #!/usr/bin/env bash
 # Installs what kvmem's build and tests need on Debian 12, and nothing more.
 # As root it runs apt-get; otherwise it prints the exact command and stops.
-# The bindings' toolchains are optional: without them their tests print
-# "skipped: <why>"; as root they are installed too, and koffi (the Node FFI)
-# comes from the npm registry through bindings/node/package-lock.json.
+#
+# Two groups: the C build (required), and the WebAssembly build and its
+# browser test (emscripten, node-acorn for Debian's emcc, chromium, nodejs;
+# then playwright-core from wasm/package-lock.json with npm, which ships with
+# the nodejs package where that comes from NodeSource: Debian's own `npm`
+# package is installed only when no npm is present). The web group is
+# optional: without root it is reported and `make test-web` skips with the
+# reason. The Python, Node and Go bindings' toolchains are a third optional
+# group (`make test-bindings` skips a language without its toolchain), then
+# koffi from bindings/node/package-lock.json.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
 
 pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
-# Vulkan backend: headers and loader, volk, the shader compiler and
-# validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
-pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
+web_pkgs=(emscripten node-acorn chromium nodejs)
 
-missing_in() {
+missing_of() {
+  local p
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
   done
 }
-mapfile -t missing < <(missing_in "${pkgs[@]}")
-# binding toolchains count as present when the tool works, however installed
-# (a NodeSource nodejs ships its own npm and conflicts with Debian's)
-missing_b=()
-/usr/bin/python3 -c 'import pytest' 2>/dev/null || missing_b+=(python3-pytest)
-/usr/bin/python3 -c 'import numpy' 2>/dev/null || missing_b+=(python3-numpy)
-command -v node >/dev/null || missing_b+=(nodejs)
-command -v npm >/dev/null || missing_b+=(npm)
-command -v go >/dev/null || missing_b+=(golang-go)
 
-if [ ${#missing[@]} -gt 0 ] || [ ${#missing_b[@]} -gt 0 ]; then
+install() {
+  local cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $*"
   if [ "$(id -u)" -ne 0 ]; then
-    if [ ${#missing[@]} -gt 0 ]; then
-      echo "kvmem needs these Debian packages: ${missing[*]}" >&2
-      echo "Run as root:  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]} ${missing_b[*]}" >&2
-      exit 1
-    fi
-    echo "note: the bindings' tests need ${missing_b[*]} (they will print skipped without them)" >&2
-  else
-    echo "installing: ${missing[*]} ${missing_b[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" "${missing_b[@]}"
+    echo "Run as root:  $cmd" >&2
+    return 1
   fi
+  echo "installing: $*" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+}
+
+mapfile -t missing < <(missing_of "${pkgs[@]}")
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "kvmem needs these Debian packages: ${missing[*]}" >&2
+  install "${missing[@]}" || exit 1
 fi
 
-# koffi for the Node binding, pinned by package-lock.json
+mapfile -t web_missing < <(missing_of "${web_pkgs[@]}")
+command -v npm >/dev/null || web_missing+=(npm)
+if [ ${#web_missing[@]} -gt 0 ]; then
+  echo "the WebAssembly build and browser test need: ${web_missing[*]}" >&2
+  install "${web_missing[@]}" || echo "(optional: make test-web skips without them)" >&2
+fi
+
+# playwright-core, pinned by wasm/package-lock.json (it drives Debian's
+# chromium; it downloads no browser of its own).
+root=$(cd "$(dirname "$0")/.." && pwd)
+if command -v npm >/dev/null && [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
+  (cd "$root/wasm" && npm ci --no-audit --no-fund --loglevel=error) ||
+    echo "npm ci in wasm/ failed (optional: make test-web skips without playwright-core)" >&2
+fi
+# The bindings' toolchains count as present when the tool works, however it
+# was installed (a NodeSource nodejs ships its own npm).
+bind_missing=()
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || bind_missing+=(python3-pytest)
+/usr/bin/python3 -c 'import numpy' 2>/dev/null || bind_missing+=(python3-numpy)
+command -v node >/dev/null || bind_missing+=(nodejs)
+command -v npm >/dev/null || bind_missing+=(npm)
+command -v go >/dev/null || bind_missing+=(golang-go)
+if [ ${#bind_missing[@]} -gt 0 ]; then
+  echo "the Python, Node and Go bindings' tests need: ${bind_missing[*]}" >&2
+  install "${bind_missing[@]}" || echo "(optional: make test-bindings skips a language without them)" >&2
+fi
+
+# koffi, the Node binding's FFI, pinned by bindings/node/package-lock.json
 if command -v npm >/dev/null && [ ! -d "$root/bindings/node/node_modules/koffi" ]; then
   (cd "$root/bindings/node" && npm ci --no-audit --no-fund --loglevel=error) ||
-    echo "note: npm ci in bindings/node failed (no registry?): the Node tests will print skipped" >&2
+    echo "npm ci in bindings/node failed (optional: the Node binding's tests skip without koffi)" >&2
 fi
 exit 0

@@ -8,47 +8,13 @@
  * the same as JSON lines. */
 #include "commands.h"
 #include "kvmem.h"
+#include "demo_script.h"
 #include "synth.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define N_TOPICS 9
-#define SYSTEM_TOPIC 8
-#define TOP_K 8
-#define MAX_STEPS 12
-
-static const char *const k_topic_name[N_TOPICS] = {
-    "trip to Lisbon", "quarterly budget", "sourdough recipe", "car repair",   "birthday gift ideas",
-    "a Python bug",   "garden plan",      "job interview",    "system prompt",
-};
-
-/* A step is a turn that adds memory (ask = 0) or a question about an earlier
- * topic (ask = 1: retrieve first, then the question and its answer join the
- * memory too). */
-typedef struct demo_step {
-    int topic, tokens, ask;
-} demo_step;
-
-typedef struct demo_agent {
-    const char *id;
-    int rotated; /* the engine hands post-RoPE keys with positions (kvmem de-rotates them) */
-    demo_step steps[MAX_STEPS];
-    int n_steps;
-} demo_agent;
-
-static const demo_agent k_agents[] = {
-    {"alice", 0,
-     {{SYSTEM_TOPIC, 32, 0}, {0, 120, 0}, {1, 96, 0}, {2, 80, 0}, {3, 140, 0}, {4, 64, 0}, {1, 12, 1}, {5, 110, 0},
-      {3, 10, 1}, {0, 14, 1}},
-     10},
-    {"bob", 1,
-     {{SYSTEM_TOPIC, 32, 0}, {6, 150, 0}, {7, 90, 0}, {5, 70, 0}, {2, 60, 0}, {6, 16, 1}, {4, 100, 0}, {7, 12, 1},
-      {5, 9, 1}},
-     9},
-};
 
 typedef struct demo_totals {
     int queries;
@@ -57,32 +23,6 @@ typedef struct demo_totals {
 } demo_totals;
 
 static int fail(const char *what, kvmem_status st) { return kvm_tool_error(what, (int)st); }
-
-/* Append T tokens of `topic` to the agent, as the engine would after a turn. */
-static kvmem_status add_turn(kvmem_agent *ag, const kvmem_model_spec *spec, const kvm_synth *syn, int topic, int T,
-                             int rotated, int32_t at, uint64_t *rng, float *k, float *v, int32_t *pos) {
-    kvm_synth_tokens(syn, topic, T, rng, k, v);
-    kvmem_append_params ap = kvmem_append_default_params();
-    const size_t HD = (size_t)spec->n_kv_heads * (size_t)spec->head_dim;
-    if (rotated) {
-        for (int32_t i = 0; i < T * spec->n_kv_heads; i++) pos[i] = at + i / spec->n_kv_heads;
-        for (int32_t l = 0; l < spec->n_layers; l++) {
-            kvmem_status st = kvmem_rope_apply(spec, k + (size_t)l * (size_t)T * HD, (size_t)T * (size_t)spec->n_kv_heads,
-                                               (size_t)spec->head_dim, pos, 0);
-            if (st != KVMEM_OK) return st;
-        }
-        for (int32_t i = 0; i < T; i++) pos[i] = at + i;
-        ap.positions = pos;
-        ap.keys_rotated = 1;
-    }
-    int64_t shape[4] = {spec->n_layers, T, spec->n_kv_heads, spec->head_dim};
-    kvmem_tensor kt, vt;
-    kvmem_tensor_init(&kt, k, KVMEM_F32, 4, shape);
-    kvmem_tensor_init(&vt, v, KVMEM_F32, 4, shape);
-    kvmem_status st = kvmem_agent_append(ag, &kt, &vt, &ap);
-    /* each turn ends in a flush, so its last partial block is retrievable */
-    return st == KVMEM_OK ? kvmem_agent_flush(ag) : st;
-}
 
 static void print_blocks(const int32_t *b, int32_t n, const int *block_topic, int asked) {
     for (int32_t i = 0; i < n; i++) printf(" %d%s", b[i], block_topic[b[i]] == asked ? "*" : "");
@@ -101,13 +41,7 @@ int demo_run(int json, uint64_t seed) {
     kvmem_pool *pool = NULL;
     kvmem_status st = kvmem_context_create(NULL, &ctx);
     if (st != KVMEM_OK) return fail("context", st);
-    kvmem_model_spec spec = kvmem_model_spec_default();
-    spec.n_layers = 8;
-    spec.n_q_heads = 8;
-    spec.n_kv_heads = 2;
-    spec.head_dim = 64;
-    spec.rope_theta = 10000.0;
-    snprintf(spec.model_id, sizeof spec.model_id, "synthetic-8L-8q2kv-64");
+    kvmem_model_spec spec = kvm_demo_spec();
     kvmem_pool_params pp = kvmem_pool_default_params();
     if ((st = kvmem_pool_create(ctx, &spec, &pp, &pool)) != KVMEM_OK) {
         kvmem_context_free(ctx);
@@ -121,7 +55,7 @@ int demo_run(int json, uint64_t seed) {
     int32_t *pos = malloc((size_t)max_t * (size_t)spec.n_kv_heads * sizeof(int32_t));
     int *block_topic = malloc(4096 * sizeof(int));
     kvmem_retrieval *ra = NULL, *re = NULL;
-    if (!kvm_synth_init(&syn, &spec, N_TOPICS, seed) || !k || !v || !q || !pos || !block_topic ||
+    if (!kvm_synth_init(&syn, &spec, KVM_DEMO_TOPICS, seed) || !k || !v || !q || !pos || !block_topic ||
         kvmem_retrieval_create(&ra) != KVMEM_OK || kvmem_retrieval_create(&re) != KVMEM_OK) {
         fprintf(stderr, "kvmem demo: out of memory\n");
         return 1;
@@ -133,7 +67,7 @@ int demo_run(int json, uint64_t seed) {
                "\"head_dim\":%d,\"block_size\":%d,\"storage\":\"%s\",\"top_k\":%d,\"mode\":\"aabb\",\"norm\":\"softmax\","
                "\"agg\":\"max\",\"scope\":\"global\",\"always_include\":[0]}\n",
                (unsigned long long)seed, spec.model_id, spec.n_layers, spec.n_q_heads, spec.n_kv_heads, spec.head_dim,
-               pp.block_size, kvmem_dtype_name(pp.storage_dtype), TOP_K);
+               pp.block_size, kvmem_dtype_name(pp.storage_dtype), KVM_DEMO_TOP_K);
     else
         printf("kvmem demo: retrieval over a synthetic multi-agent session (seed %llu)\n"
                "model %s: %d layers, %d query / %d KV heads, head_dim %d; block size %d, %s storage\n"
@@ -141,24 +75,24 @@ int demo_run(int json, uint64_t seed) {
                "by AABB scoring, and is checked against the EXACT top %d (every key read). * = block about the\n"
                "asked topic.\n",
                (unsigned long long)seed, spec.model_id, spec.n_layers, spec.n_q_heads, spec.n_kv_heads, spec.head_dim,
-               pp.block_size, kvmem_dtype_name(pp.storage_dtype), TOP_K, TOP_K);
+               pp.block_size, kvmem_dtype_name(pp.storage_dtype), KVM_DEMO_TOP_K, KVM_DEMO_TOP_K);
 
-    for (size_t a = 0; a < sizeof k_agents / sizeof k_agents[0]; a++) {
-        const demo_agent *da = &k_agents[a];
+    for (int a = 0; a < kvm_demo_n_agents; a++) {
+        const kvm_demo_agent *da = &kvm_demo_agents[a];
         kvmem_agent *ag = NULL;
         if ((st = kvmem_agent_open(pool, da->id, &ag)) != KVMEM_OK) return fail("open", st);
         if (!json)
             printf("\n== agent %s (%s) ==\n", da->id, da->rotated ? "keys handed over post-RoPE, de-rotated by kvmem" : "raw keys");
         int32_t at = 0;
         for (int s = 0; s < da->n_steps; s++) {
-            const demo_step *step = &da->steps[s];
+            const kvm_demo_step *step = &da->steps[s];
             kvmem_agent_info ai;
             kvmem_agent_get_info(ag, &ai);
             if (!step->ask) {
                 if (!json)
-                    printf("turn %2d  %-20s %4d tokens -> memory (blocks %d..", s + 1, k_topic_name[step->topic],
+                    printf("turn %2d  %-20s %4d tokens -> memory (blocks %d..", s + 1, kvm_demo_topic_name[step->topic],
                            step->tokens, ai.n_sealed);
-                if ((st = add_turn(ag, &spec, &syn, step->topic, step->tokens, da->rotated, at, &rng, k, v, pos)) != KVMEM_OK)
+                if ((st = kvm_demo_add_turn(ag, &spec, &syn, step->topic, step->tokens, da->rotated, at, &rng, k, v, pos)) != KVMEM_OK)
                     return fail("append", st);
                 at += step->tokens;
                 kvmem_agent_info a2;
@@ -175,7 +109,7 @@ int demo_run(int json, uint64_t seed) {
             kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs);
             const int32_t sys_block = 0;
             kvmem_retrieve_params rp = kvmem_retrieve_default_params();
-            rp.top_k = TOP_K;
+            rp.top_k = KVM_DEMO_TOP_K;
             rp.always_include = &sys_block;
             rp.n_always_include = 1;
             if ((st = kvmem_retrieve(ag, &qt, &rp, ra)) != KVMEM_OK) return fail("retrieve", st);
@@ -196,7 +130,7 @@ int demo_run(int json, uint64_t seed) {
             for (int32_t b = 0; b < ai.n_sealed; b++) topic_blocks += block_topic[b] == step->topic;
             double recall = en ? (double)hit / en : 1.0;
             /* precision over what could be on topic: min(k - 1 forced, topic blocks) */
-            int possible = topic_blocks < TOP_K - 1 ? topic_blocks : TOP_K - 1;
+            int possible = topic_blocks < KVM_DEMO_TOP_K - 1 ? topic_blocks : KVM_DEMO_TOP_K - 1;
             double precision = possible ? (double)on_topic / possible : 1.0;
             /* Re-position the retrieved memory at 0..M-1 (the question follows at M). */
             int64_t gs[4] = {spec.n_layers, mem_tokens, spec.n_kv_heads, spec.head_dim};
@@ -216,7 +150,7 @@ int demo_run(int json, uint64_t seed) {
             if (json) {
                 printf("{\"type\":\"query\",\"agent\":\"%s\",\"turn\":%d,\"topic\":%d,\"topic_name\":\"%s\",\"query_tokens\":%d,"
                        "\"history_tokens\":%lld,\"history_blocks\":%d",
-                       da->id, s + 1, step->topic, k_topic_name[step->topic], nq, (long long)ai.n_tokens, ai.n_sealed);
+                       da->id, s + 1, step->topic, kvm_demo_topic_name[step->topic], nq, (long long)ai.n_tokens, ai.n_sealed);
                 json_blocks("retrieved", rb, rn);
                 printf(",\"scores\":[");
                 for (int32_t i = 0; i < rn; i++) printf("%s%.4f", i ? "," : "", (double)rs[i]);
@@ -228,10 +162,10 @@ int demo_run(int json, uint64_t seed) {
                        (long long)(2 * mem_tokens * (int64_t)row * 2));
             } else {
                 printf("turn %2d  asks about \"%s\" (%d query tokens), history %lld tokens in %d blocks\n", s + 1,
-                       k_topic_name[step->topic], nq, (long long)ai.n_tokens, ai.n_sealed);
+                       kvm_demo_topic_name[step->topic], nq, (long long)ai.n_tokens, ai.n_sealed);
                 printf("         retrieved (AABB):");
                 print_blocks(rb, rn, block_topic, step->topic);
-                printf("\n         exact top-%d:     ", TOP_K);
+                printf("\n         exact top-%d:     ", KVM_DEMO_TOP_K);
                 print_blocks(eb, en, block_topic, step->topic);
                 printf("\n         recall %.2f, %d/%d on topic; %lld memory tokens re-positioned at 0..%lld (f16 K/V)\n", recall,
                        on_topic, possible, (long long)mem_tokens, (long long)mem_tokens - 1);
@@ -239,9 +173,9 @@ int demo_run(int json, uint64_t seed) {
                        (double)without / (double)with);
             }
             /* the question and its answer join the memory */
-            if ((st = add_turn(ag, &spec, &syn, step->topic, nq + 48, da->rotated, at, &rng, k, v, pos)) != KVMEM_OK)
+            if ((st = kvm_demo_add_turn(ag, &spec, &syn, step->topic, nq + KVM_DEMO_ANSWER_TOKENS, da->rotated, at, &rng, k, v, pos)) != KVMEM_OK)
                 return fail("append", st);
-            at += nq + 48;
+            at += nq + KVM_DEMO_ANSWER_TOKENS;
             kvmem_agent_info a2;
             kvmem_agent_get_info(ag, &a2);
             for (int32_t b = ai.n_sealed; b < a2.n_sealed && b < 4096; b++) block_topic[b] = step->topic;
@@ -260,7 +194,7 @@ int demo_run(int json, uint64_t seed) {
         printf("\nsummary: %d agents, %d questions; AABB top-%d recall vs EXACT %.2f, on-topic %.2f;\n"
                "prefill %lld tokens with kvmem vs %lld without (%.1fx fewer); pool holds %.1f KiB\n"
                "(The retrieved memory is reused as KV, not re-prefilled: the question's own tokens are all an engine computes.)\n",
-               pi.n_agents, tot.queries, TOP_K, mr, mp, tot.with_kvmem, tot.without,
+               pi.n_agents, tot.queries, KVM_DEMO_TOP_K, mr, mp, tot.with_kvmem, tot.without,
                tot.with_kvmem ? (double)tot.without / (double)tot.with_kvmem : 0.0, (double)pi.used_bytes / 1024.0);
     kvmem_retrieval_free(ra);
     kvmem_retrieval_free(re);
@@ -275,16 +209,45 @@ int demo_run(int json, uint64_t seed) {
     return 0;
 }
 
+int demo_view(uint64_t seed, const char *agent_id, int turn, int norm, int agg, int top_k, int block_size,
+              float tau_s, float tau_d);
+
+static int demo_usage(void) {
+    fprintf(stderr, "usage: kvmem demo [--json] [--seed N]\n"
+                    "       kvmem demo --json --agent ID --turn N [--mode softmax-max|softmax-sum|rr-max|rr-sum]\n"
+                    "                  [--k K] [--block-size BS] [--tau-s X] [--tau-d Y] [--seed N]\n"
+                    "  (the second form prints what the browser demo shows for one question)\n");
+    return 2;
+}
+
 static int cmd_demo(int argc, char **argv) {
-    int json = 0;
+    int json = 0, turn = 0, norm = 0, agg = 0, k = KVM_DEMO_TOP_K, bs = 16;
+    const char *agent = NULL;
     uint64_t seed = 42;
+    kvmem_attend_params art = kvmem_attend_default_params();
+    float tau_s = art.tau_s, tau_d = art.tau_d;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) json = 1;
-        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
-        else {
-            fprintf(stderr, "usage: kvmem demo [--json] [--seed N]\n");
-            return 2;
-        }
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--json") == 0) json = 1;
+        else if (strcmp(a, "--seed") == 0 && val) seed = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(a, "--agent") == 0 && val) agent = argv[++i];
+        else if (strcmp(a, "--turn") == 0 && val) turn = atoi(argv[++i]);
+        else if (strcmp(a, "--k") == 0 && val) k = atoi(argv[++i]);
+        else if (strcmp(a, "--block-size") == 0 && val) bs = atoi(argv[++i]);
+        else if (strcmp(a, "--tau-s") == 0 && val) tau_s = strtof(argv[++i], NULL);
+        else if (strcmp(a, "--tau-d") == 0 && val) tau_d = strtof(argv[++i], NULL);
+        else if (strcmp(a, "--mode") == 0 && val) {
+            const char *m = argv[++i];
+            if (strcmp(m, "softmax-max") == 0) norm = 0, agg = 0;
+            else if (strcmp(m, "softmax-sum") == 0) norm = 0, agg = 1;
+            else if (strcmp(m, "rr-max") == 0) norm = 1, agg = 0;
+            else if (strcmp(m, "rr-sum") == 0) norm = 1, agg = 1;
+            else return demo_usage();
+        } else return demo_usage();
+    }
+    if (agent || turn) {
+        if (!json || !agent || turn < 1 || k < 1 || k > 64) return demo_usage();
+        return demo_view(seed, agent, turn, norm, agg, k, bs, tau_s, tau_d);
     }
     return demo_run(json, seed);
 }

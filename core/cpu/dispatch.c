@@ -1,5 +1,8 @@
 /* Run-time choice of the CPU kernel table. The SIMD files are compiled only
- * on x86-64 (KVMEM_HAVE_AVX2 / KVMEM_HAVE_AVX512 come from CMake). */
+ * on x86-64 (KVMEM_HAVE_AVX2 / KVMEM_HAVE_AVX512 come from CMake), and
+ * kernels_wasm128.c only by the Emscripten build with -msimd128 (a wasm
+ * module either validates with SIMD or does not load, so there is nothing
+ * to detect at run time). */
 #include "kernels.h"
 
 #include <stdlib.h>
@@ -10,6 +13,10 @@ const kvm_cpu_kernels *kvm_cpu_kernels_avx2(void) { return NULL; }
 #endif
 #if !defined(KVMEM_HAVE_AVX512)
 const kvm_cpu_kernels *kvm_cpu_kernels_avx512(void) { return NULL; }
+#endif
+
+#if !defined(__wasm_simd128__)
+const kvm_cpu_kernels *kvm_cpu_kernels_wasm128(void) { return NULL; }
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -33,12 +40,14 @@ const kvm_cpu_kernels *kvm_cpu_kernels_named(const char *name) {
     if (strcmp(name, "scalar") == 0) return kvm_cpu_kernels_scalar();
     if (strcmp(name, "avx2") == 0) return kvm_cpu_has_avx2() ? kvm_cpu_kernels_avx2() : NULL;
     if (strcmp(name, "avx512") == 0) return kvm_cpu_has_avx512() ? kvm_cpu_kernels_avx512() : NULL;
+    if (strcmp(name, "wasm128") == 0) return kvm_cpu_kernels_wasm128();
     return NULL;
 }
 
 static const kvm_cpu_kernels *best(void) {
     const kvm_cpu_kernels *k = kvm_cpu_kernels_named("avx512");
     if (!k) k = kvm_cpu_kernels_named("avx2");
+    if (!k) k = kvm_cpu_kernels_wasm128();
     return k ? k : kvm_cpu_kernels_scalar();
 }
 

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 typedef struct kvm_cpu_kernels {
-    const char *name; /* "scalar", "avx2", "avx512" */
+    const char *name; /* "scalar", "avx2", "avx512", "wasm128" */
     void (*f16_to_f32)(const uint16_t *src, float *dst, size_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, size_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, size_t n);
@@ -23,7 +23,7 @@ typedef struct kvm_cpu_kernels {
     float (*dot)(const float *a, const float *b, size_t n);
 } kvm_cpu_kernels;
 
-/* The table in use: the best the CPU supports, unless KVMEM_CPU=scalar|avx2|avx512
+/* The table in use: the best the CPU supports, unless KVMEM_CPU=scalar|avx2|avx512|wasm128
  * forces one (a forced table the CPU lacks falls back to the best available). */
 const kvm_cpu_kernels *kvm_cpu_kernels_get(void);
 /* A specific table, or NULL if this build or CPU cannot run it. */
@@ -32,6 +32,8 @@ const kvm_cpu_kernels *kvm_cpu_kernels_named(const char *name);
 const kvm_cpu_kernels *kvm_cpu_kernels_scalar(void);
 const kvm_cpu_kernels *kvm_cpu_kernels_avx2(void);   /* NULL when not compiled in */
 const kvm_cpu_kernels *kvm_cpu_kernels_avx512(void); /* NULL when not compiled in */
+/* WebAssembly SIMD128 (kernels_wasm128.c, Emscripten builds only); NULL elsewhere. */
+const kvm_cpu_kernels *kvm_cpu_kernels_wasm128(void);
 
 /* CPU feature detection (x86); false elsewhere. */
 int kvm_cpu_has_avx2(void);

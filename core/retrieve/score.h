@@ -21,7 +21,7 @@
 #define KVM_SCORE_ROW_PAD 16
 
 typedef struct kvm_score_kernels {
-    const char *name; /* "scalar", "avx2", "avx512" */
+    const char *name; /* "scalar", "avx2", "avx512", "wasm128" */
     /* Panel product, for many query rows (prefill):
      *   out[j * ldo + r] = sum_k qt[k * rp + r] * b[j][k],  j < n, r < rp,
      * qt is the transposed query panel [K][rp], rp a multiple of
@@ -42,6 +42,7 @@ typedef struct kvm_score_kernels {
 const kvm_score_kernels *kvm_score_kernels_scalar(void);
 const kvm_score_kernels *kvm_score_kernels_avx2(void);   /* NULL when not compiled in */
 const kvm_score_kernels *kvm_score_kernels_avx512(void); /* NULL when not compiled in */
+const kvm_score_kernels *kvm_score_kernels_wasm128(void); /* NULL outside the WebAssembly build */
 /* The table matching kvm_cpu_kernels_get() (so KVMEM_CPU forces it too). */
 const kvm_score_kernels *kvm_score_kernels_get(void);
 

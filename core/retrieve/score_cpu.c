@@ -19,12 +19,16 @@ const kvm_score_kernels *kvm_score_kernels_avx2(void) { return NULL; }
 #if !defined(KVMEM_HAVE_AVX512)
 const kvm_score_kernels *kvm_score_kernels_avx512(void) { return NULL; }
 #endif
+#if !defined(__wasm_simd128__) /* score_wasm128.c: WebAssembly build only */
+const kvm_score_kernels *kvm_score_kernels_wasm128(void) { return NULL; }
+#endif
 
 const kvm_score_kernels *kvm_score_kernels_get(void) {
     const char *name = kvm_cpu_kernels_get()->name;
     const kvm_score_kernels *k = NULL;
     if (strcmp(name, "avx512") == 0) k = kvm_score_kernels_avx512();
     else if (strcmp(name, "avx2") == 0) k = kvm_score_kernels_avx2();
+    else if (strcmp(name, "wasm128") == 0) k = kvm_score_kernels_wasm128();
     return k ? k : kvm_score_kernels_scalar();
 }
 

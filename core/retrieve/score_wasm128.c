@@ -1,0 +1,156 @@
+/* WebAssembly SIMD128 scoring kernels (the browser build): the products of
+ * score.h over 4-lane vectors. Built only by wasm/CMakeLists.txt
+ * (-msimd128); chosen by kvm_score_kernels_get() when the CPU table is
+ * "wasm128". Written out with named accumulators rather than through
+ * score_simd.inc: clang does not unroll that file's loops over the
+ * accumulator arrays for wasm, which leaves them in linear memory (a load
+ * and a store per multiply-add, 5x slower). SIMD128 has no fused
+ * multiply-add: a multiply and an add (two roundings), within the
+ * tolerance the tests allow the x86 paths. */
+#include "score.h"
+
+#include <string.h>
+#include <wasm_simd128.h>
+
+typedef v128_t V;
+#define VLOAD(p) wasm_v128_load(p)
+#define VSTORE(p, v) wasm_v128_store(p, v)
+#define VSPLAT(x) wasm_f32x4_splat(x)
+#define VMADD(a, b, c) wasm_f32x4_add(wasm_f32x4_mul(a, b), c)
+
+static inline float hsum(V v) {
+    return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
+           (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
+}
+
+/* Panel: out[j * ldo + r] = sum_k qt[k * rp + r] * b[j][k]; rp % 16 == 0.
+ * Tile: 3 blocks x 16 rows (12 accumulators), broadcasts of block values. */
+static void w_panel(const float *qt, size_t rp, const float *const *b, size_t n, size_t K, float *out, size_t ldo) {
+    for (size_t r0 = 0; r0 < rp; r0 += 16) {
+        size_t j = 0;
+        for (; j + 3 <= n; j += 3) {
+            const float *b0 = b[j], *b1 = b[j + 1], *b2 = b[j + 2];
+            V a00 = VSPLAT(0), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            V a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+            for (size_t k = 0; k < K; k++) {
+                const float *q = qt + k * rp + r0;
+                V q0 = VLOAD(q), q1 = VLOAD(q + 4), q2 = VLOAD(q + 8), q3 = VLOAD(q + 12);
+                V x0 = VSPLAT(b0[k]), x1 = VSPLAT(b1[k]), x2 = VSPLAT(b2[k]);
+                a00 = VMADD(x0, q0, a00), a01 = VMADD(x0, q1, a01), a02 = VMADD(x0, q2, a02), a03 = VMADD(x0, q3, a03);
+                a10 = VMADD(x1, q0, a10), a11 = VMADD(x1, q1, a11), a12 = VMADD(x1, q2, a12), a13 = VMADD(x1, q3, a13);
+                a20 = VMADD(x2, q0, a20), a21 = VMADD(x2, q1, a21), a22 = VMADD(x2, q2, a22), a23 = VMADD(x2, q3, a23);
+            }
+            float *o = out + j * ldo + r0;
+            VSTORE(o, a00), VSTORE(o + 4, a01), VSTORE(o + 8, a02), VSTORE(o + 12, a03);
+            o += ldo;
+            VSTORE(o, a10), VSTORE(o + 4, a11), VSTORE(o + 8, a12), VSTORE(o + 12, a13);
+            o += ldo;
+            VSTORE(o, a20), VSTORE(o + 4, a21), VSTORE(o + 8, a22), VSTORE(o + 12, a23);
+        }
+        for (; j < n; j++) {
+            const float *b0 = b[j];
+            V a0 = VSPLAT(0), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t k = 0; k < K; k++) {
+                const float *q = qt + k * rp + r0;
+                V x0 = VSPLAT(b0[k]);
+                a0 = VMADD(x0, VLOAD(q), a0), a1 = VMADD(x0, VLOAD(q + 4), a1);
+                a2 = VMADD(x0, VLOAD(q + 8), a2), a3 = VMADD(x0, VLOAD(q + 12), a3);
+            }
+            float *o = out + j * ldo + r0;
+            VSTORE(o, a0), VSTORE(o + 4, a1), VSTORE(o + 8, a2), VSTORE(o + 12, a3);
+        }
+    }
+}
+
+/* One output of the row product with a scalar K tail. */
+static inline float row_dot(const float *q, const float *b, size_t K, size_t k, V acc) {
+    float s = hsum(acc);
+    for (; k < K; k++) s += q[k] * b[k];
+    return s;
+}
+
+/* Rows: out[j * ldo + r] = sum_k q[r * K + k] * b[j][k]. Tile: 2 blocks x
+ * 4 rows (8 accumulators), vectors along K. */
+static void w_rows(const float *q, size_t R, const float *const *b, size_t n, size_t K, float *out, size_t ldo) {
+    const size_t K4 = K & ~(size_t)3;
+    size_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const float *b0 = b[j], *b1 = b[j + 1];
+        size_t r = 0;
+        for (; r + 4 <= R; r += 4) {
+            const float *q0 = q + r * K, *q1 = q0 + K, *q2 = q1 + K, *q3 = q2 + K;
+            V a00 = VSPLAT(0), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (size_t k = 0; k < K4; k += 4) {
+                V x0 = VLOAD(b0 + k), x1 = VLOAD(b1 + k);
+                V y0 = VLOAD(q0 + k), y1 = VLOAD(q1 + k), y2 = VLOAD(q2 + k), y3 = VLOAD(q3 + k);
+                a00 = VMADD(x0, y0, a00), a01 = VMADD(x0, y1, a01), a02 = VMADD(x0, y2, a02), a03 = VMADD(x0, y3, a03);
+                a10 = VMADD(x1, y0, a10), a11 = VMADD(x1, y1, a11), a12 = VMADD(x1, y2, a12), a13 = VMADD(x1, y3, a13);
+            }
+            float *o = out + j * ldo + r;
+            o[0] = row_dot(q0, b0, K, K4, a00), o[1] = row_dot(q1, b0, K, K4, a01);
+            o[2] = row_dot(q2, b0, K, K4, a02), o[3] = row_dot(q3, b0, K, K4, a03);
+            o += ldo;
+            o[0] = row_dot(q0, b1, K, K4, a10), o[1] = row_dot(q1, b1, K, K4, a11);
+            o[2] = row_dot(q2, b1, K, K4, a12), o[3] = row_dot(q3, b1, K, K4, a13);
+        }
+        for (; r < R; r++) {
+            const float *q0 = q + r * K;
+            V a0 = VSPLAT(0), a1 = a0;
+            for (size_t k = 0; k < K4; k += 4) {
+                V y0 = VLOAD(q0 + k);
+                a0 = VMADD(VLOAD(b0 + k), y0, a0), a1 = VMADD(VLOAD(b1 + k), y0, a1);
+            }
+            out[j * ldo + r] = row_dot(q0, b0, K, K4, a0);
+            out[(j + 1) * ldo + r] = row_dot(q0, b1, K, K4, a1);
+        }
+    }
+    for (; j < n; j++) {
+        const float *b0 = b[j];
+        for (size_t r = 0; r < R; r++) {
+            const float *q0 = q + r * K;
+            V a0 = VSPLAT(0), a1 = a0;
+            size_t k = 0;
+            for (; k + 8 <= K4; k += 8) {
+                a0 = VMADD(VLOAD(b0 + k), VLOAD(q0 + k), a0);
+                a1 = VMADD(VLOAD(b0 + k + 4), VLOAD(q0 + k + 4), a1);
+            }
+            for (; k < K4; k += 4) a0 = VMADD(VLOAD(b0 + k), VLOAD(q0 + k), a0);
+            out[j * ldo + r] = row_dot(q0, b0, K, K4, wasm_f32x4_add(a0, a1));
+        }
+    }
+}
+
+/* exp(x) for x <= 0: the Cephes expf polynomial of score_avx2.c (clamped at
+ * -87), 2^n through the exponent bits. */
+static inline V vexp_neg(V x) {
+    x = wasm_f32x4_max(x, VSPLAT(-87.0f));
+    V n = wasm_f32x4_nearest(wasm_f32x4_mul(x, VSPLAT(1.44269504088896341f)));
+    x = wasm_f32x4_sub(x, wasm_f32x4_mul(n, VSPLAT(0.693359375f)));
+    x = wasm_f32x4_sub(x, wasm_f32x4_mul(n, VSPLAT(-2.12194440e-4f)));
+    V p = VSPLAT(1.9875691500e-4f);
+    p = VMADD(p, x, VSPLAT(1.3981999507e-3f));
+    p = VMADD(p, x, VSPLAT(8.3334519073e-3f));
+    p = VMADD(p, x, VSPLAT(4.1665795894e-2f));
+    p = VMADD(p, x, VSPLAT(1.6666665459e-1f));
+    p = VMADD(p, x, VSPLAT(5.0000001201e-1f));
+    V y = VMADD(p, wasm_f32x4_mul(x, x), wasm_f32x4_add(x, VSPLAT(1.0f)));
+    V e = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
+    return wasm_f32x4_mul(y, e);
+}
+
+static void w_exp_neg(float *x, size_t n) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) VSTORE(x + i, vexp_neg(VLOAD(x + i)));
+    if (i < n) {
+        float t[4] = {0};
+        memcpy(t, x + i, (n - i) * sizeof(float));
+        VSTORE(t, vexp_neg(VLOAD(t)));
+        memcpy(x + i, t, (n - i) * sizeof(float));
+    }
+}
+
+/* rows_below 16: a decode step's 4-8 query rows would be padded to a
+ * 16-row panel; the row product is faster below that. */
+static const kvm_score_kernels k_wasm128 = {"wasm128", w_panel, w_rows, w_exp_neg, 16};
+
+const kvm_score_kernels *kvm_score_kernels_wasm128(void) { return &k_wasm128; }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The WebAssembly checks of `make test`: the SIMD128 kernels against the
+# scalar reference and the JavaScript API (Node), then the demo page in
+# headless Chromium against `kvmem demo --json` (same seed and settings).
+# Prints "skipped: <why>" when a tool is missing, never a silent pass.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+tool=${KVMEM_TOOL:-$root/build/default/tools/kvmem}
+skip() { echo "test-web skipped: $*"; exit 0; }
+
+command -v emcmake >/dev/null || skip "emcc/emcmake not installed (apt-get install emscripten node-acorn)"
+command -v node >/dev/null || skip "node not installed"
+[ -x "$tool" ] || skip "native kvmem tool not built at $tool (make build)"
+
+"$root/scripts/wasm-build.sh" || { echo "test-web: the wasm build failed"; exit 1; }
+www=$root/build/wasm/www
+fail=0
+echo "== SIMD128 kernels vs scalar (Node)"
+node "$root/build/wasm/test_kernels_wasm.cjs" || fail=1
+if [ ! -d "$root/core/retrieve" ] || [ ! -d "$root/core/attend" ]; then
+  echo "JavaScript API and browser tests skipped: retrieval or ART is not in this tree yet"
+  exit $fail
+fi
+echo "== JavaScript API (Node)"
+node "$root/wasm/tests/api_test.mjs" "$www" || fail=1
+echo "== demo page in Chromium vs the native kvmem demo --json"
+if [ ! -x /usr/bin/chromium ]; then
+  echo "browser test skipped: /usr/bin/chromium not installed (apt-get install chromium)"
+elif [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
+  echo "browser test skipped: playwright-core not installed (cd wasm && npm ci)"
+else
+  node "$root/wasm/tests/browser_test.mjs" --www "$www" --kvmem "$tool" \
+    --screenshot "$root/build/wasm/demo.png" || fail=1
+fi
+exit $fail

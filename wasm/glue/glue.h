@@ -1,0 +1,66 @@
+/* Prototypes of the wasm glue (the .c files of wasm/glue): the functions kvmem.js
+ * calls beside the public API. Not part of the native library. */
+#ifndef KVMEM_WASM_GLUE_H
+#define KVMEM_WASM_GLUE_H
+
+#include "internal.h"
+#include "kvmem.h"
+
+#include <stdint.h>
+
+struct kvm_synth;
+
+const char *kvmw_cpu_kernels(void);
+double kvmw_now_ms(void);
+kvmem_status kvmw_context_create(int32_t n_threads, kvmem_context **out);
+kvmem_status kvmw_pool_create(kvmem_context *ctx, int32_t n_layers, int32_t n_q_heads, int32_t n_kv_heads,
+                              int32_t head_dim, int32_t rotary_dim, int32_t rope_style, double rope_theta,
+                              int32_t block_size, int32_t storage_dtype, double capacity_bytes,
+                              const char *model_id, kvmem_pool **out);
+kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec);
+kvmem_status kvmw_agent_append(kvmem_pool *pool, kvmem_agent *agent, float *k, float *v, int32_t n_tokens,
+                               const int32_t *positions);
+kvmem_status kvmw_agent_info(kvmem_agent *agent, double *out);
+kvmem_status kvmw_block_info(kvmem_agent *agent, int32_t block, double *out);
+kvmem_status kvmw_rope_apply(kvmem_pool *pool, float *x, int32_t n_rows, int32_t stride, const int32_t *positions,
+                             int32_t inverse);
+kvmem_status kvmw_synth_create(kvmem_pool *pool, int32_t n_topics, uint32_t seed_lo, uint32_t seed_hi,
+                               struct kvm_synth **out);
+void kvmw_synth_free(struct kvm_synth *s);
+kvmem_status kvmw_synth_tokens(const struct kvm_synth *s, int32_t topic, int32_t n_tokens, uint64_t *rng, float *k,
+                               float *v);
+
+/* demo.c: the session script of `kvmem demo` as JSON (static, never freed) */
+const char *kvmw_demo_script(void);
+
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
+/* retrieve.c (MemArt retrieval and gather) */
+kvmem_status kvmw_synth_query(const struct kvm_synth *s, int32_t topic, int32_t n_q, uint64_t *rng, float *q);
+kvmem_status kvmw_retrieve_defaults(double *out);
+kvmem_status kvmw_retrieve(kvmem_pool *pool, kvmem_agent *agent, const float *q, int32_t n_q, int32_t top_k,
+                           int32_t mode, int32_t norm, int32_t agg, int32_t scope, float tau, float rr_c,
+                           const int32_t *exclude, int32_t n_exclude, const int32_t *always_include,
+                           int32_t n_always_include, int32_t recent_window, int32_t skip_recent,
+                           kvmem_retrieval *result);
+kvmem_status kvmw_gather(kvmem_pool *pool, kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
+                         double base_position, float *k_out, float *v_out, int32_t n_tokens);
+
+#endif
+
+#if defined(KVMEM_WASM_HAVE_ATTEND)
+/* attend.c (ART) */
+kvmem_status kvmw_attend_defaults(double *out);
+kvmem_status kvmw_attend_agent(kvmem_context *ctx, kvmem_pool *pool, kvmem_agent *agent, int32_t layer, const float *q,
+                               int32_t n_rows, const int32_t *positions, double base_position, int32_t order,
+                               int32_t n_sink, const int32_t *tile_order, int32_t n_tile_order, float scale,
+                               float tau_s, float tau_d, int32_t patience, int32_t probe, int32_t causal,
+                               int32_t compare, float *out, double *stats);
+kvmem_status kvmw_attend_tensors(kvmem_context *ctx, const float *q, int32_t n_rows, int32_t n_q_heads,
+                                 int32_t head_dim, const float *k, const float *v, int32_t T, int32_t n_kv_heads,
+                                 const uint8_t *mask, int32_t order, int32_t n_sink, const int32_t *tile_order,
+                                 int32_t n_tile_order, int32_t tile_size, float scale, float tau_s, float tau_d,
+                                 int32_t patience, int32_t probe, int32_t causal, int32_t compare, float *out,
+                                 double *stats);
+#endif
+
+#endif

@@ -1,0 +1,165 @@
+/* The WASM SIMD128 kernel table against the scalar reference, run under
+ * Node: conversions, minmax and the non-finite count bit for bit on random
+ * bit patterns and edge values (denormals, f16 rounding ties and overflow,
+ * Inf, NaN with payloads), odd sizes for the tails; dot within f32 rounding
+ * of a double-precision sum; with retrieval in the tree, its SIMD128 scoring
+ * kernels (panel and row products, exp) against double-precision references.
+ * Prints "N passed, N failed". */
+#include "cpu/half.h"
+#include "cpu/kernels.h"
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
+#  include "retrieve/score.h"
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_pass, g_fail;
+
+static void check(int ok, const char *what, size_t n) {
+    if (ok) g_pass++;
+    else {
+        g_fail++;
+        printf("FAIL: %s (n = %zu)\n", what, n);
+    }
+}
+
+static uint64_t next(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static const uint32_t k_edge[] = {
+    0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x33800000u, 0x33000000u, 0x33000001u, 0x387fe000u,
+    0x38800000u, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+    0xffc12345u, 0x3f800000u, 0xbf7fffffu, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x4b800001u,
+};
+#define N_EDGE (sizeof k_edge / sizeof k_edge[0])
+
+static void fill(float *x, size_t n, uint64_t *rng, int finite) {
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = next(rng);
+        float f;
+        switch (r % 4) {
+        case 0: f = kvm_bits_f32(k_edge[(r >> 8) % N_EDGE]); break;
+        case 1: f = kvm_bits_f32((uint32_t)(r >> 16)); break;
+        default: f = ((float)(int32_t)(r >> 32) / 2147483648.0f) * ldexpf(1.0f, (int)((r >> 8) % 40) - 20); break;
+        }
+        /* dot inputs: finite, |x| < 2^20, so no product or sum overflows */
+        if (finite && !(fabsf(f) < 1048576.0f)) f = 1.5f;
+        x[i] = f;
+    }
+}
+
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
+/* out[j * ldo + r] = sum_k q_r[k] * b_j[k] for both kernel shapes, against
+ * double sums (tolerance: f32 accumulation over K terms); exp_neg against exp. */
+static void check_score(uint64_t *rng) {
+    const kvm_score_kernels *w = kvm_score_kernels_wasm128();
+    check(w != NULL && kvm_score_kernels_get() == w, "score kernels: wasm128 chosen", 0);
+    if (!w) return;
+    enum { K = 128, R = 37, N = 11, RP = 48 };
+    static float qrow[R * K], qt[K * RP], blk[N][K], out[N * RP];
+    const float *bp[N];
+    for (size_t i = 0; i < R * K; i++) qrow[i] = (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
+    for (size_t kk = 0; kk < K; kk++)
+        for (size_t r = 0; r < RP; r++) qt[kk * RP + r] = r < R ? qrow[r * K + kk] : 0.0f;
+    for (size_t j = 0; j < N; j++) {
+        for (size_t kk = 0; kk < K; kk++) blk[j][kk] = (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
+        bp[j] = blk[j];
+    }
+    for (int shape = 0; shape < 2; shape++) {
+        size_t rows = shape ? 3 : R, n = shape ? N - 2 : N; /* odd tails in both */
+        if (shape) w->rows(qrow, rows, bp, n, K, out, rows);
+        else w->panel(qt, RP, bp, n, K, out, RP);
+        size_t ldo = shape ? rows : RP;
+        int ok = 1;
+        for (size_t j = 0; j < n; j++)
+            for (size_t r = 0; r < rows; r++) {
+                double ref = 0, mag = 0;
+                for (size_t kk = 0; kk < K; kk++) {
+                    ref += (double)qrow[r * K + kk] * blk[j][kk];
+                    mag += fabs((double)qrow[r * K + kk] * blk[j][kk]);
+                }
+                if (fabs(out[j * ldo + r] - ref) > (double)(K + 1) * 6e-8 * mag + 1e-6) ok = 0;
+            }
+        check(ok, shape ? "score rows kernel vs double" : "score panel kernel vs double", n);
+    }
+    float x[67], x0[67];
+    int ok = 1;
+    for (int i = 0; i < 67; i++) x[i] = -(float)i * 1.37f;
+    x[66] = -200.0f; /* below the clamp: underflows to ~0 */
+    memcpy(x0, x, sizeof x);
+    w->exp_neg(x, 67);
+    for (int i = 0; i < 66; i++) {
+        /* relative accuracy down to the kernel's clamp at -87; below it only
+         * a value near 0 (the softmax terms there vanish anyway) */
+        double ref = exp((double)x0[i]);
+        if (x0[i] > -87.0f ? fabs(x[i] - ref) > 2e-7 * ref : !(x[i] >= 0.0f && x[i] < 1e-37f)) ok = 0;
+    }
+    if (!(x[66] >= 0.0f && x[66] < 1e-37f)) ok = 0;
+    check(ok, "score exp_neg vs exp", 67);
+}
+#endif
+
+int main(void) {
+    const kvm_cpu_kernels *s = kvm_cpu_kernels_scalar(), *w = kvm_cpu_kernels_named("wasm128");
+    check(w != NULL && strcmp(w->name, "wasm128") == 0, "wasm128 table present", 0);
+    check(kvm_cpu_kernels_get() == w, "dispatch picks wasm128 under __wasm_simd128__", 0);
+    if (!w) {
+        printf("%d passed, %d failed\n", g_pass, g_fail);
+        return 1;
+    }
+    uint64_t rng = 7;
+    enum { MAXN = 515 };
+    static float x[MAXN], y[MAXN], a[MAXN], b[MAXN];
+    static uint16_t h1[MAXN], h2[MAXN];
+    /* every f16 / bf16 bit pattern through both tables */
+    static uint16_t all[65536];
+    static float fa[65536], fb[65536];
+    for (uint32_t i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    s->f16_to_f32(all, fa, 65536);
+    w->f16_to_f32(all, fb, 65536);
+    check(memcmp(fa, fb, sizeof fa) == 0, "f16_to_f32 on all 65536 halves", 65536);
+    s->bf16_to_f32(all, fa, 65536);
+    w->bf16_to_f32(all, fb, 65536);
+    check(memcmp(fa, fb, sizeof fa) == 0, "bf16_to_f32 on all 65536 halves", 65536);
+    for (int iter = 0; iter < 200; iter++) {
+        size_t n = 1 + next(&rng) % MAXN;
+        fill(x, n, &rng, 0);
+        s->f32_to_f16(x, h1, n);
+        w->f32_to_f16(x, h2, n);
+        check(memcmp(h1, h2, n * 2) == 0, "f32_to_f16", n);
+        s->f32_to_bf16(x, h1, n);
+        w->f32_to_bf16(x, h2, n);
+        check(memcmp(h1, h2, n * 2) == 0, "f32_to_bf16", n);
+        check(s->count_nonfinite(x, n) == w->count_nonfinite(x, n), "count_nonfinite", n);
+        /* minmax over rows of a strided matrix, NaNs included */
+        size_t dim = 1 + next(&rng) % 37, stride = dim + next(&rng) % 5, rows = 1 + (n - 1) / stride;
+        if (rows * stride > n) rows = n / stride;
+        if (rows >= 1) {
+            s->minmax_rows(x, rows, stride, dim, a, b);
+            w->minmax_rows(x, rows, stride, dim, y, y + dim);
+            check(memcmp(a, y, dim * 4) == 0 && memcmp(b, y + dim, dim * 4) == 0, "minmax_rows", rows * stride);
+        }
+        fill(a, n, &rng, 1);
+        fill(b, n, &rng, 1);
+        double ref = 0, mag = 0;
+        for (size_t i = 0; i < n; i++) {
+            ref += (double)a[i] * (double)b[i];
+            mag += fabs((double)a[i] * (double)b[i]);
+        }
+        double got = (double)w->dot(a, b, n);
+        /* f32 summation bound: n * 2^-24 * sum |a_i b_i| (products are exact in f32 here or round once) */
+        check(fabs(got - ref) <= (double)(n + 1) * 6e-8 * mag + 1e-30, "dot vs double reference", n);
+    }
+#if defined(KVMEM_WASM_HAVE_RETRIEVE)
+    check_score(&rng);
+#endif
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
