@@ -10,7 +10,7 @@ CTEST = ctest --parallel $(JOBS) --preset
 
 WEB_PORT ?= 8765
 
-.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-bindings wasm demo-web bench clean
+.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-fuzz test-bindings wasm demo-web fuzz bench clean
 
 all: build
 
@@ -24,7 +24,7 @@ build: deps
 demo: build
 	./build/default/tools/kvmem demo
 
-test: deps test-default test-asan test-tsan test-web test-bindings
+test: deps test-default test-asan test-tsan test-web test-fuzz test-bindings
 	@echo "make test: all suites passed"
 
 # The plain build runs verbosely so each cmocka program's summary shows.
@@ -51,6 +51,14 @@ demo-web: wasm
 
 test-web: build
 	@scripts/test-web.sh
+
+# libFuzzer over the agent-file loader and the JSON reader (clang); FUZZ_SECONDS bounds it.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
+test-fuzz: deps
+	scripts/fuzz.sh 60
 
 # Python, Node and Go bindings and their examples, against the default build;
 # a missing toolchain prints "skipped: <why>".

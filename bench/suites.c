@@ -13,6 +13,7 @@ extern const kvm_bench_suite kvm_bench_evict;
 extern const kvm_bench_suite kvm_bench_attend;
 
 /* store */
+extern const kvm_bench_suite kvm_bench_store;
 
 /* segments */
 extern const kvm_bench_suite kvm_bench_segments;
@@ -36,6 +37,7 @@ const kvm_bench_suite *const kvm_bench_suites[] = {
     &kvm_bench_attend,
 
     /* store */
+    &kvm_bench_store,
 
     /* segments */
     &kvm_bench_segments,

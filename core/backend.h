@@ -81,6 +81,15 @@ typedef struct kvmem_backend_iface {
                            kvmem_attend_stats *stats);
 
     /* -- persistence: quantize, dequantize -- */
+    /* Encode n rows of `dim` f32 values into one storage section (layout and
+     * error bounds in core/quant/quant.h) of dtype Q8, Q4 or Q4_KIVI; which: 0
+     * keys (KIVI: per-channel groups over the n rows), 1 values. */
+    kvmem_status (*quantize)(kvmem_backend *be, kvmem_dtype dtype, int which, const kvmem_buffer *src,
+                             size_t src_off, size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off);
+    /* Decode rows [row0, row0 + cnt) of a section of n rows into f32. */
+    kvmem_status (*dequantize)(kvmem_backend *be, kvmem_dtype dtype, int which, const kvmem_buffer *src,
+                               size_t src_off, size_t n, size_t dim, size_t row0, size_t cnt,
+                               kvmem_buffer *dst, size_t dst_off);
 
 
     /* (optional) escape hatch for entries a newer core knows and an older

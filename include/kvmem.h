@@ -239,10 +239,19 @@ typedef struct kvmem_agent kvmem_agent;
 
 typedef struct kvmem_pool_params {
     int32_t block_size;          /* tokens per block: power of two in [1, 4096]; default 16 */
-    kvmem_dtype storage_dtype;   /* F32, F16 (default) or BF16; quantized types: persistence issue */
+    kvmem_dtype storage_dtype;   /* F32, F16 (default), BF16, Q8, Q4 or Q4_KIVI (see "Persistence") */
     uint64_t capacity_bytes;     /* KV bytes the pool may hold in host memory; 0 = unlimited */
     int32_t max_agents;          /* agents the pool may hold; 0 = unlimited */
     int32_t max_tokens_per_agent;/* 0 = unlimited */
+    const char *store_dir;       /* an existing directory where agents persist (one
+                                    AGENT_ID.safetensors file each), the default store;
+                                    NULL = none. Copied. With a store, closed agents are
+                                    spilled there (least recently used first) instead of
+                                    failing with KVMEM_ERR_CAPACITY, and opening an agent
+                                    that is only in the store loads it. */
+    uint64_t host_budget_bytes;  /* with a store: after a close, closed agents are spilled
+                                    until the pool holds at most this; 0 = spill only when
+                                    capacity_bytes would be exceeded */
 } kvmem_pool_params;
 
 KVMEM_API kvmem_pool_params kvmem_pool_default_params(void);
@@ -930,6 +939,116 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
                                     kvmem_attend_stats *stats);
 
 /* ---- Persistence, quantization, prefix, batch (issue: persistence) ------ */
+
+/* Storage dtypes Q8, Q4 and Q4_KIVI (pool_params.storage_dtype) quantize each
+ * block when it is sealed; the unsealed tail stays f32. Groups run along each
+ * token's head vector (head_dim values); when head_dim is not a multiple of
+ * the group size the last group of a row is partial (any even head_dim
+ * works). AABBs always come from the unquantized keys. Error bounds, per
+ * value x of a group with minimum mn, maximum mx, absolute maximum amax:
+ *   Q8 (group 32, f16 scale s >= amax/127):       |x - x'| <= amax/254 * (1 + 2^-10)
+ *   Q4 (group 64, f16 scale and bias, MLX):       |x - x'| <= s/2, s <= (mx - mn + ulp16(mn))/15 * (1 + 2^-10)
+ *   Q4_KIVI: values as Q4; keys grouped per channel over the tokens of a block
+ *   (one scale and bias per channel per block), same bound with that group.
+ * (plus float rounding, below 2^-20 of |x| + |mn|). Values must stay within
+ * +-65504 (scales and biases are f16); larger ones are refused at append. */
+
+/* Save an agent's memory (sealed blocks, the unsealed tail, token ids, text
+ * and token offsets) as one safetensors file. path NULL = the pool's store
+ * (store_dir/ID.safetensors). The write is crash-safe: a temporary file in
+ * the same directory, fsync, rename, fsync of the directory, so a crash
+ * leaves the old file or the new one. The agent is not changed.
+ * File layout (DESIGN.md): tensors layer_{L}_k / layer_{L}_v [n_kv_heads][T][head_dim]
+ * (raw dtypes) or layer_{L}_k_weights (U32 [H][T][ceil(D/8)] for Q4, I8 [H][T][D] for Q8),
+ * layer_{L}_k_scales, layer_{L}_k_biases (F16 [H][T][groups]; KIVI keys
+ * [H][n_blocks][D]), the same for v; layer_{L}_aabb_min|max F32 [n_blocks][H][D];
+ * the unsealed tail (fewer than block_size tokens) as layer_{L}_k_tail /
+ * layer_{L}_v_tail F32 [H][tail][D], so a reload restores it exactly. T counts
+ * the tokens of sealed blocks. __metadata__ (strings only) holds the format
+ * version, agent id, model id and spec, dtype, block size, block lengths,
+ * token count, token ids, text, token offsets and a checksum of the data
+ * section (XXH64 over the acc64 digests of its 1 MiB chunks, see core/store/hash.h).
+ * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_CLOSED, KVMEM_ERR_NOT_FOUND (no
+ * store and no path, or the directory is missing), KVMEM_ERR_IO, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path);
+
+/* Replace an agent's memory with the content of a file written by
+ * kvmem_agent_save (path NULL = the pool's store). The loader validates
+ * everything before changing anything: header length, strict JSON, dtypes,
+ * shapes, offsets inside the file, contiguous and non-overlapping, the
+ * metadata, the data checksum. All or nothing.
+ * Errors: KVMEM_ERR_FORMAT (not a kvmem safetensors file, or a malformed
+ * one: the message names what), KVMEM_ERR_CORRUPT (well-formed but
+ * inconsistent: checksum, sizes, truncated data), KVMEM_ERR_MISMATCH (model
+ * spec, dtype, block size, or the file belongs to another agent id),
+ * KVMEM_ERR_NOT_FOUND, KVMEM_ERR_IO, KVMEM_ERR_CAPACITY, KVMEM_ERR_NOMEM,
+ * KVMEM_ERR_CLOSED, KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path);
+
+/* Write every agent that changed since it was last stored to the pool's
+ * store (pool_free does no I/O). Errors: KVMEM_ERR_NOT_FOUND (no store),
+ * KVMEM_ERR_IO and the errors of kvmem_agent_save (stops at the first). */
+KVMEM_API kvmem_status kvmem_pool_sync(kvmem_pool *pool);
+
+/* Keep the first n_tokens tokens of an agent and drop the rest (their KV,
+ * token ids and text). A cut inside a sealed block re-opens that block as
+ * the unsealed tail (decoded to f32; a quantized block keeps its
+ * quantization error). The text is cut at the first dropped token's offset;
+ * if that offset is unknown the text is dropped. Errors:
+ * KVMEM_ERR_INVALID_ARG (n outside [0, n_tokens]), KVMEM_ERR_CLOSED,
+ * KVMEM_ERR_CAPACITY / KVMEM_ERR_NOMEM (re-opening needs a tail buffer). */
+KVMEM_API kvmem_status kvmem_agent_truncate(kvmem_agent *agent, int64_t n_tokens);
+
+typedef enum kvmem_prefix_kind {
+    KVMEM_PREFIX_EXACT = 0,   /* same text: reuse all but the last token, which the caller re-runs */
+    KVMEM_PREFIX_EXTEND = 1,  /* the stored text is a prefix of the new one: reuse all */
+    KVMEM_PREFIX_DIVERGE = 2  /* they differ before the stored text ends */
+} kvmem_prefix_kind;
+
+typedef struct kvmem_prefix_params {
+    double min_ratio; /* DIVERGE reuses the cache only if the common prefix covers at least
+                         this fraction of the stored text (bytes); default 0.8 */
+} kvmem_prefix_params;
+
+KVMEM_API kvmem_prefix_params kvmem_prefix_default_params(void);
+
+typedef struct kvmem_prefix_result {
+    kvmem_prefix_kind kind;
+    int32_t reserved;
+    int64_t reuse_tokens;   /* leading tokens to keep (kvmem_agent_truncate to this) */
+    size_t common_bytes;    /* common prefix, cut back to a UTF-8 character boundary */
+    size_t process_from;    /* byte of new_text where the caller's new tokens start */
+} kvmem_prefix_result;
+
+/* Compare the agent's stored text with new_text (character-level, UTF-8)
+ * and say how much of the cache is reusable. Token boundaries come from the
+ * stored token-to-text offsets: a token is reusable only if its whole text
+ * lies inside the common prefix (tokens with unknown offsets end the reusable
+ * run). DIVERGE below min_ratio reuses 0 tokens. The agent is not changed.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, text NULL with len > 0), KVMEM_ERR_CLOSED. */
+KVMEM_API kvmem_status kvmem_prefix_match(kvmem_agent *agent, const char *new_text, size_t new_len,
+                                          const kvmem_prefix_params *params, kvmem_prefix_result *out);
+
+/* Merge one layer of several agents' memory into one batched, left-padded
+ * layout: k_out, v_out [B][n_kv_heads][max_len][head_dim] (F32/F16/BF16, any
+ * strides; either may be NULL), row b holding agent b's tokens at positions
+ * [max_len - len_b, max_len) and zeros before them; lengths[b] = len_b (the
+ * agent's token count, unsealed tail included, quantized blocks decoded).
+ * One layer per call, so an engine fills its per-layer caches directly.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, B < 1, agents of different pools,
+ * shapes, max_len smaller than the longest agent, layer out of range),
+ * KVMEM_ERR_CLOSED. */
+KVMEM_API kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t n_agents, int32_t layer,
+                                         const kvmem_tensor *k_out, const kvmem_tensor *v_out,
+                                         int64_t *lengths);
+
+/* Take row `row` of a left-padded batch [B][n_kv_heads][max_len][head_dim]
+ * back out: its last `length` positions, from position `first` of them on,
+ * n tokens, into out [n][n_kv_heads][head_dim] (token-major, the layout one
+ * layer of kvmem_agent_append expects). A pure copy with dtype conversion.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, shapes, ranges). */
+KVMEM_API kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length,
+                                           int64_t first, int64_t n, const kvmem_tensor *out);
 
 /* ---- KEEP segments (issue: segments) ------------------------------------ */
 

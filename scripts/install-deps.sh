@@ -14,6 +14,11 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
+# Vulkan backend: headers and loader, volk, the shader compiler and
+# validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
+pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
+# The libFuzzer harness (make fuzz): clang and its fuzzer runtime.
+pkgs+=(clang-14 libclang-rt-14-dev)
 web_pkgs=(emscripten node-acorn chromium nodejs)
 
 missing_of() {

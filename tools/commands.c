@@ -5,6 +5,7 @@ extern const kvm_command kvm_cmd_bench;
 extern const kvm_command kvm_cmd_backends;
 extern const kvm_command kvm_cmd_version;
 /* persistence: inspect */
+extern const kvm_command kvm_cmd_inspect;
 
 /* real model: eval */
 
@@ -15,6 +16,7 @@ const kvm_command *const kvm_commands[] = {
     &kvm_cmd_backends,
     &kvm_cmd_version,
     /* persistence: inspect */
+    &kvm_cmd_inspect,
 
     /* real model: eval */
 

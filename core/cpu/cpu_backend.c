@@ -8,6 +8,9 @@
 #include "kernels.h"
 #include "../retrieve/score.h" /* retrieval ops */
 #include "../qmem/qmem_internal.h" /* eviction: qmem_score */
+#include "../quant/quant.h"
+
+#include <math.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +119,47 @@ static kvmem_status cpu_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, 
     return KVMEM_OK;
 }
 
+/* -- persistence -- */
+
+static kvmem_status check_quant(kvmem_dtype dt, int which, size_t n, size_t dim, const char *op) {
+    if (!kvm_is_quant_dtype(dt)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: dtype %s is not Q8, Q4 or Q4_KIVI", op, kvmem_dtype_name(dt));
+    if (which != 0 && which != 1) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: which must be 0 (keys) or 1 (values)", op);
+    if (n == 0 || dim == 0 || dim > 1024 || n > ((size_t)1 << 24))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows of %zu: need 1..2^24 rows of 1..1024", op, n, dim);
+    return KVMEM_OK;
+}
+
+static kvmem_status cpu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
+                                 size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off) {
+    (void)be;
+    kvmem_status st = check_quant(dt, which, n, dim, "quantize");
+    if (st != KVMEM_OK) return st;
+    kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
+    if (!in_range(src, src_off, n * dim * 4) || !in_range(dst, dst_off, q.bytes) || src_off % 4)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "quantize: ranges outside the buffers or misaligned");
+    const float *x = (const float *)(const void *)(src->data + src_off);
+    float mm[2 * 1024];
+    if (q.per_channel) kvm_cpu_kernels_get()->minmax_rows(x, n, dim, dim, mm, mm + 1024);
+    for (size_t i = 0; i < n * dim; i++)
+        if (!(fabsf(x[i]) <= KVM_QUANT_LIMIT))
+            return kvm_fail(KVMEM_ERR_INVALID_ARG, "quantize: value %g at %zu is not finite within +-65504", x[i], i);
+    kvm_quant_section(dt, which, x, n, dim, mm, mm + 1024, dst->data + dst_off);
+    return KVMEM_OK;
+}
+
+static kvmem_status cpu_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
+                                   size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst, size_t dst_off) {
+    (void)be;
+    kvmem_status st = check_quant(dt, which, n, dim, "dequantize");
+    if (st != KVMEM_OK) return st;
+    kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
+    if (row0 > n || cnt > n - row0 || !in_range(src, src_off, q.bytes) || !in_range(dst, dst_off, cnt * dim * 4) ||
+        src_off % 4 || dst_off % 4)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "dequantize: ranges outside the buffers or misaligned");
+    kvm_dequant_section(dt, which, src->data + src_off, n, dim, row0, cnt, (float *)(void *)(dst->data + dst_off));
+    return KVMEM_OK;
+}
+
 static void *cpu_proc(kvmem_backend *be, const char *name) {
     (void)be;
     (void)name;
@@ -145,6 +189,8 @@ static const kvmem_backend_iface cpu_iface = {
     .attend = kvm_attend_cpu,
 
     /* -- persistence -- */
+    .quantize = cpu_quantize,
+    .dequantize = cpu_dequantize,
 
     .get_proc_address = cpu_proc,
 };

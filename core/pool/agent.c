@@ -20,6 +20,9 @@ static float storage_limit(kvmem_dtype dt) {
     switch (dt) {
     case KVMEM_F16: return 65504.0f;
     case KVMEM_BF16: return 3.3895313e38f; /* largest finite bf16 */
+    case KVMEM_Q8:
+    case KVMEM_Q4:
+    case KVMEM_Q4_KIVI: return KVM_QUANT_LIMIT; /* scales and biases are f16 */
     default: return FLT_MAX;
     }
 }
@@ -94,14 +97,20 @@ static void seal_task(void *arg, size_t b, size_t e) {
     const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
     const size_t BS = (size_t)p->params.block_size, n = (size_t)j->n;
     const kvmem_dtype dt = p->params.storage_dtype;
-    const size_t es = kvm_dtype_size(dt);
+    const size_t kb = kvm_block_section_bytes(p, 0, j->n), vb = kvm_block_section_bytes(p, 1, j->n);
     for (size_t g = b; g < e; g++) { /* g = (which * L + l) * H + h */
         const float *rows = j->tail + g * BS * D;
+        float *box = NULL;
         if (g < L * H) { /* keys: the AABB from the unquantized rows */
-            float *box = j->aabb + g * 2 * D;
+            box = j->aabb + g * 2 * D;
             k->minmax_rows(rows, n, D, D, box + D, box);
         }
-        kvm_convert_host((unsigned char *)j->kv + g * n * D * es, dt, rows, KVMEM_F32, n * D);
+        int which = g >= L * H;
+        size_t off = which ? L * H * kb + (g - L * H) * vb : g * kb;
+        if (kvm_is_quant_dtype(dt))
+            kvm_quant_section(dt, which, rows, n, D, box ? box + D : NULL, box, (unsigned char *)j->kv + off);
+        else
+            kvm_convert_host((unsigned char *)j->kv + off, dt, rows, KVMEM_F32, n * D);
     }
 }
 
@@ -113,34 +122,12 @@ static void seal_into(kvmem_pool *p, const float *tail, int32_t n, void *kv, flo
     kvm_parallel_for(p->ctx->tp, groups, 4, seal_task, &j);
 }
 
-static size_t tail_bytes(const kvmem_pool *p) {
+size_t kvm_tail_bytes(const kvmem_pool *p) {
     return 2 * (size_t)p->spec.n_layers * p->layer_elems_bs * sizeof(float);
 }
 
-/* Reserve bytes against the pool's capacity. */
-static kvmem_status reserve(kvmem_pool *p, uint64_t bytes) {
-    pthread_mutex_lock(&p->mu);
-    uint64_t cap = p->params.capacity_bytes;
-    if (cap && (p->used_bytes > cap || bytes > cap - p->used_bytes)) {
-        uint64_t used = p->used_bytes;
-        pthread_mutex_unlock(&p->mu);
-        return kvm_fail(KVMEM_ERR_CAPACITY,
-                        "pool capacity %llu bytes: %llu in use, %llu more needed; nothing was appended",
-                        (unsigned long long)cap, (unsigned long long)used, (unsigned long long)bytes);
-    }
-    p->used_bytes += bytes;
-    pthread_mutex_unlock(&p->mu);
-    return KVMEM_OK;
-}
-
-static void unreserve(kvmem_pool *p, uint64_t bytes) {
-    pthread_mutex_lock(&p->mu);
-    p->used_bytes -= bytes;
-    pthread_mutex_unlock(&p->mu);
-}
-
 /* Grow the block table and AABB array to hold `need` sealed blocks. */
-static int grow_blocks(kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
+int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
     if (need <= m->cap_blocks) return 1;
     int32_t nc = m->cap_blocks ? m->cap_blocks : 16;
     while (nc < need) nc *= 2;
@@ -157,7 +144,7 @@ static int grow_blocks(kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
     return 1;
 }
 
-static int grow_tokens(kvm_agent_mem *m, int64_t need) {
+int kvm_agent_grow_tokens(kvm_agent_mem *m, int64_t need) {
     if (need <= m->cap_tokens) return 1;
     int64_t nc = m->cap_tokens ? m->cap_tokens : 256;
     while (nc < need) nc *= 2;
@@ -171,7 +158,7 @@ static int grow_tokens(kvm_agent_mem *m, int64_t need) {
     return 1;
 }
 
-static int grow_text(kvm_agent_mem *m, size_t need) {
+int kvm_agent_grow_text(kvm_agent_mem *m, size_t need) {
     if (need <= m->text_cap) return 1;
     size_t nc = m->text_cap ? m->text_cap : 1024;
     while (nc < need) nc *= 2;
@@ -267,16 +254,16 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     int32_t n_new = (int32_t)(total / BS);
     uint64_t need = (uint64_t)n_new * kvm_block_bytes(p, BS);
     int need_tail = m->tail == NULL && T > 0;
-    if (need_tail) need += tail_bytes(p);
-    if ((st = reserve(p, need)) != KVMEM_OK) {
+    if (need_tail) need += kvm_tail_bytes(p);
+    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) {
         free(bad_tok);
         free(cs);
         return st;
     }
     void **kvs = calloc((size_t)(n_new ? n_new : 1), sizeof *kvs);
-    float *new_tail = need_tail ? kvm_aligned_alloc(tail_bytes(p)) : NULL;
-    int ok = kvs != NULL && (!need_tail || new_tail) && grow_blocks(p, m, m->n_sealed + n_new) &&
-             grow_tokens(m, m->n_tokens + T) && grow_text(m, m->text_len + ap.text_len);
+    float *new_tail = need_tail ? kvm_aligned_alloc(kvm_tail_bytes(p)) : NULL;
+    int ok = kvs != NULL && (!need_tail || new_tail) && kvm_agent_grow_blocks(p, m, m->n_sealed + n_new) &&
+             kvm_agent_grow_tokens(m, m->n_tokens + T) && kvm_agent_grow_text(m, m->text_len + ap.text_len);
     size_t kv_bytes = kvm_block_kv_bytes(p, BS);
     for (int32_t i = 0; ok && i < n_new; i++) ok = (kvs[i] = kvm_aligned_alloc(kv_bytes)) != NULL;
     if (!ok) {
@@ -286,7 +273,7 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
         kvm_aligned_free(new_tail);
         free(bad_tok);
         free(cs);
-        unreserve(p, need);
+        kvm_pool_unreserve(p, need);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens", (long long)T);
     }
     if (need_tail) m->tail = new_tail;
@@ -329,6 +316,7 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     m->n_sealed += sealed;
     m->n_tokens += T;
     m->bytes += need;
+    if (T > 0) m->dirty = 1;
     free(kvs);
     free(bad_tok);
     free(cs);
@@ -342,12 +330,12 @@ kvmem_status kvmem_agent_flush(kvmem_agent *a) {
     kvm_agent_mem *m = a->mem;
     if (m->tail_n == 0) return KVMEM_OK;
     uint64_t need = kvm_block_bytes(p, m->tail_n);
-    if ((st = reserve(p, need)) != KVMEM_OK) return st;
+    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) return st;
     size_t kv_bytes = kvm_block_kv_bytes(p, m->tail_n);
     void *kv = kvm_aligned_alloc(kv_bytes);
-    if (!kv || !grow_blocks(p, m, m->n_sealed + 1)) {
+    if (!kv || !kvm_agent_grow_blocks(p, m, m->n_sealed + 1)) {
         kvm_aligned_free(kv);
-        unreserve(p, need);
+        kvm_pool_unreserve(p, need);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_flush: out of memory");
     }
     int32_t b = m->n_sealed;
@@ -359,6 +347,7 @@ kvmem_status kvmem_agent_flush(kvmem_agent *a) {
     m->n_sealed++;
     m->tail_n = 0;
     m->bytes += need;
+    m->dirty = 1;
     return KVMEM_OK;
 }
 
@@ -400,9 +389,12 @@ kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_i
 void kvm_block_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h,
                         int32_t row0, int32_t n, float *dst) {
     const size_t D = (size_t)p->spec.head_dim;
+    const kvmem_dtype dt = p->params.storage_dtype;
     const unsigned char *rows = kvm_block_rows(p, b, which, l, h);
-    kvm_convert_host(dst, KVMEM_F32, rows + (size_t)row0 * D * kvm_dtype_size(p->params.storage_dtype),
-                     p->params.storage_dtype, (size_t)n * D);
+    if (kvm_is_quant_dtype(dt))
+        kvm_dequant_section(dt, which, rows, (size_t)b->n_tokens, D, (size_t)row0, (size_t)n, dst);
+    else
+        kvm_convert_host(dst, KVMEM_F32, rows + (size_t)row0 * D * kvm_dtype_size(dt), dt, (size_t)n * D);
 }
 
 /* Index of the sealed block holding token t, or n_sealed for the tail. */
@@ -503,5 +495,70 @@ kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
     if (!text || !len) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_text: %s is NULL", text ? "len" : "text");
     *text = a->mem->text ? a->mem->text : "";
     *len = a->mem->text_len;
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
+    kvmem_status st = kvm_agent_check(a, "kvmem_agent_truncate");
+    if (st != KVMEM_OK) return st;
+    kvmem_pool *p = a->pool;
+    kvm_agent_mem *m = a->mem;
+    if (n < 0 || n > m->n_tokens)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_truncate: %lld tokens outside [0, %lld]", (long long)n,
+                        (long long)m->n_tokens);
+    if (n == m->n_tokens) return KVMEM_OK;
+    const int32_t L = p->spec.n_layers, H = p->spec.n_kv_heads, BS = p->params.block_size;
+    const size_t D = (size_t)p->spec.head_dim;
+    int64_t tail_first = m->n_tokens - m->tail_n;
+    int32_t keep_blocks = m->n_sealed; /* sealed blocks kept whole */
+    int32_t reopen = -1;               /* block re-opened as the tail */
+    int32_t new_tail_n;
+    if (n >= tail_first) {
+        new_tail_n = (int32_t)(n - tail_first);
+    } else {
+        int32_t b = block_of(m, n);
+        keep_blocks = b;
+        new_tail_n = 0;
+        if (m->blocks[b].first_token < n) {
+            reopen = b;
+            new_tail_n = (int32_t)(n - m->blocks[b].first_token);
+        }
+    }
+    /* the only allocation: a tail buffer for a re-opened block */
+    int alloc_tail = reopen >= 0 && !m->tail;
+    if (alloc_tail) {
+        if ((st = kvm_pool_reserve(p, kvm_tail_bytes(p))) != KVMEM_OK) return st;
+        m->tail = kvm_aligned_alloc(kvm_tail_bytes(p));
+        if (!m->tail) {
+            kvm_pool_unreserve(p, kvm_tail_bytes(p));
+            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_truncate: out of memory");
+        }
+        m->bytes += kvm_tail_bytes(p);
+    }
+    if (reopen >= 0) {
+        const kvm_block *blk = &m->blocks[reopen];
+        for (int which = 0; which < 2; which++)
+            for (int32_t l = 0; l < L; l++)
+                for (int32_t h = 0; h < H; h++)
+                    kvm_block_read_f32(p, blk, which, l, h, 0, new_tail_n,
+                                       m->tail + (((size_t)which * (size_t)L + (size_t)l) * (size_t)H + (size_t)h) *
+                                                     (size_t)BS * D);
+    }
+    uint64_t freed = 0;
+    for (int32_t i = keep_blocks; i < m->n_sealed; i++) {
+        freed += kvm_block_bytes(p, m->blocks[i].n_tokens);
+        kvm_aligned_free(m->blocks[i].kv);
+        m->blocks[i].kv = NULL;
+    }
+    m->n_sealed = keep_blocks;
+    m->tail_n = new_tail_n;
+    int64_t cut = m->token_text_off[n];
+    /* text of the dropped tokens goes too; unknown boundary: the text no longer
+     * describes the memory, so it is dropped rather than kept wrong */
+    m->text_len = cut >= 0 && (size_t)cut <= m->text_len ? (size_t)cut : 0;
+    m->n_tokens = n;
+    m->bytes -= freed;
+    m->dirty = 1;
+    kvm_pool_unreserve(p, freed);
     return KVMEM_OK;
 }

@@ -1,5 +1,6 @@
 /* Pools: creation, the agent table (sorted by id), handles and accounting. */
 #include "pool.h"
+#include "../store/persist.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,14 @@ kvmem_pool_params kvmem_pool_default_params(void) {
     p.capacity_bytes = 0;
     p.max_agents = 0;
     p.max_tokens_per_agent = 0;
+    p.store_dir = NULL;
+    p.host_budget_bytes = 0;
     return p;
 }
 
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens) {
-    size_t es = kvm_dtype_size(p->params.storage_dtype);
-    return 2 * (size_t)p->spec.n_layers * p->row_elems * (size_t)n_tokens * es;
+    size_t lh = (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
+    return lh * (kvm_block_section_bytes(p, 0, n_tokens) + kvm_block_section_bytes(p, 1, n_tokens));
 }
 
 size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens) {
@@ -36,10 +39,7 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     int32_t bs = pp.block_size;
     if (bs < 1 || bs > 4096 || (bs & (bs - 1)) != 0)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "block size %d: must be a power of two in [1, 4096]", bs);
-    if (pp.storage_dtype == KVMEM_Q8 || pp.storage_dtype == KVMEM_Q4 || pp.storage_dtype == KVMEM_Q4_KIVI)
-        return kvm_fail(KVMEM_ERR_UNSUPPORTED, "storage dtype %s is not supported by this build yet",
-                        kvmem_dtype_name(pp.storage_dtype));
-    if (!kvm_is_tensor_dtype(pp.storage_dtype))
+    if (!kvm_is_tensor_dtype(pp.storage_dtype) && !kvm_is_quant_dtype(pp.storage_dtype))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "storage dtype %d: unknown", (int)pp.storage_dtype);
     if (pp.max_agents < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "max_agents %d: must be >= 0", pp.max_agents);
     if (pp.max_tokens_per_agent < 0)
@@ -61,6 +61,15 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
         memcpy(p->layer_window, spec->layer_window, (size_t)spec->n_layers * sizeof(int32_t));
         p->spec.layer_window = p->layer_window;
     }
+    if (pp.store_dir) {
+        st = kvm_dir_store_create(pp.store_dir, &p->store);
+        if (st != KVMEM_OK) {
+            free(p->layer_window);
+            free(p);
+            return st;
+        }
+        p->params.store_dir = NULL; /* not kept: the store holds its own copy */
+    }
     kvm_rope_init(&p->rope, &p->spec);
     p->row_elems = (size_t)spec->n_kv_heads * (size_t)spec->head_dim;
     p->layer_elems_bs = p->row_elems * (size_t)bs;
@@ -69,8 +78,7 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     return KVMEM_OK;
 }
 
-static void agent_mem_free(kvm_agent_mem *m) {
-    if (!m) return;
+void kvm_agent_mem_clear(kvm_agent_mem *m) {
     for (int32_t i = 0; i < m->n_sealed; i++) kvm_aligned_free(m->blocks[i].kv);
     free(m->blocks);
     kvm_aligned_free(m->aabb);
@@ -78,7 +86,87 @@ static void agent_mem_free(kvm_agent_mem *m) {
     free(m->token_ids);
     free(m->token_text_off);
     free(m->text);
+    m->blocks = NULL;
+    m->aabb = m->tail = NULL;
+    m->token_ids = NULL;
+    m->token_text_off = NULL;
+    m->text = NULL;
+    m->n_sealed = m->cap_blocks = m->tail_n = 0;
+    m->n_tokens = m->cap_tokens = 0;
+    m->text_len = m->text_cap = 0;
+    m->bytes = 0;
+}
+
+static void agent_mem_free(kvm_agent_mem *m) {
+    if (!m) return;
+    kvm_agent_mem_clear(m);
     free(m);
+}
+
+void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh) {
+    pthread_mutex_lock(&p->mu);
+    p->used_bytes -= m->bytes;
+    pthread_mutex_unlock(&p->mu);
+    kvm_agent_mem_clear(m);
+    m->n_tokens = fresh->n_tokens;
+    m->blocks = fresh->blocks;
+    m->n_sealed = fresh->n_sealed;
+    m->cap_blocks = fresh->cap_blocks;
+    m->aabb = fresh->aabb;
+    m->tail = fresh->tail;
+    m->tail_n = fresh->tail_n;
+    m->token_ids = fresh->token_ids;
+    m->token_text_off = fresh->token_text_off;
+    m->cap_tokens = fresh->cap_tokens;
+    m->text = fresh->text;
+    m->text_len = fresh->text_len;
+    m->text_cap = fresh->text_cap;
+    m->bytes = fresh->bytes;
+    free(fresh);
+}
+
+/* Spill the least recently used closed agent to the store. Called with the
+ * mutex held; returns 0 when there is none or the write failed. */
+static int spill_one(kvmem_pool *p) {
+    kvm_agent_mem *best = NULL;
+    for (int32_t i = 0; i < p->n_agents; i++) {
+        kvm_agent_mem *m = p->agents[i];
+        if (m->handle || m->spilled || m->bytes == 0) continue; /* open agents are never spilled */
+        if (!best || m->lru_tick < best->lru_tick) best = m;
+    }
+    if (!best) return 0;
+    if (best->dirty && kvm_store_save_mem(p, best) != KVMEM_OK) {
+        kvm_log(KVMEM_LOG_WARN, "cannot spill agent '%s': %s", best->id, kvmem_last_error());
+        return 0;
+    }
+    p->used_bytes -= best->bytes;
+    kvm_agent_mem_clear(best);
+    best->spilled = 1;
+    best->dirty = 0;
+    return 1;
+}
+
+kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t cap = p->params.capacity_bytes;
+    while (cap && (p->used_bytes > cap || bytes > cap - p->used_bytes)) {
+        if (p->store && spill_one(p)) continue;
+        uint64_t used = p->used_bytes;
+        pthread_mutex_unlock(&p->mu);
+        return kvm_fail(KVMEM_ERR_CAPACITY,
+                        "pool capacity %llu bytes: %llu in use, %llu more needed%s; nothing was appended or loaded",
+                        (unsigned long long)cap, (unsigned long long)used, (unsigned long long)bytes,
+                        p->store ? " and no closed agent left to spill" : "");
+    }
+    p->used_bytes += bytes;
+    pthread_mutex_unlock(&p->mu);
+    return KVMEM_OK;
+}
+
+void kvm_pool_unreserve(kvmem_pool *p, uint64_t bytes) {
+    pthread_mutex_lock(&p->mu);
+    p->used_bytes -= bytes;
+    pthread_mutex_unlock(&p->mu);
 }
 
 void kvmem_pool_free(kvmem_pool *p) {
@@ -88,6 +176,7 @@ void kvmem_pool_free(kvmem_pool *p) {
         agent_mem_free(p->agents[i]);
     }
     for (int32_t i = 0; i < KVM_GRAVEYARD; i++) free(p->graveyard[i]);
+    kvm_store_free(p->store);
     free(p->agents);
     free(p->layer_window);
     pthread_mutex_destroy(&p->mu);
@@ -180,6 +269,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     pthread_mutex_lock(&p->mu);
     int32_t at = find_agent(p, id);
     kvm_agent_mem *m = NULL;
+    int load = 0, created = 0;
     if (at >= 0) {
         m = p->agents[at];
         if (m->handle) {
@@ -187,7 +277,15 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
             free(h);
             return kvm_fail(KVMEM_ERR_EXISTS, "agent '%s' is already open: one handle per agent", id);
         }
+        load = m->spilled;
     } else {
+        int in_store = 0;
+        if (p->store && (st = p->store->iface->exists(p->store, id, &in_store)) != KVMEM_OK) {
+            pthread_mutex_unlock(&p->mu);
+            free(h);
+            return st;
+        }
+        load = created = in_store;
         if (p->params.max_agents > 0 && p->n_agents >= p->params.max_agents) {
             pthread_mutex_unlock(&p->mu);
             free(h);
@@ -211,8 +309,29 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     h->magic = KVM_AGENT_MAGIC;
     h->pool = p;
     h->mem = m;
-    m->handle = h;
+    m->handle = h; /* from here on no spill touches m */
+    m->lru_tick = ++p->tick;
     pthread_mutex_unlock(&p->mu);
+    if (load) {
+        /* reload from the store outside the mutex (it may spill others) */
+        st = kvm_store_load_mem(p, m);
+        pthread_mutex_lock(&p->mu);
+        if (st != KVMEM_OK) {
+            m->handle = NULL;
+            if (created) {
+                int32_t i = find_agent(p, id);
+                memmove(p->agents + i, p->agents + i + 1, (size_t)(p->n_agents - i - 1) * sizeof *p->agents);
+                p->n_agents--;
+                free(m);
+            }
+            pthread_mutex_unlock(&p->mu);
+            free(h);
+            return st;
+        }
+        m->spilled = 0;
+        m->dirty = 0;
+        pthread_mutex_unlock(&p->mu);
+    }
     *out = h;
     return KVMEM_OK;
 nomem:
@@ -234,8 +353,13 @@ void kvmem_agent_close(kvmem_agent *a) {
     kvmem_pool *p = a->pool;
     pthread_mutex_lock(&p->mu);
     a->mem->handle = NULL;
+    a->mem->lru_tick = ++p->tick;
     a->mem = NULL;
     a->magic = KVM_AGENT_DEAD;
+    /* the soft host budget: spill cold agents once the pool is over it */
+    uint64_t budget = p->params.host_budget_bytes;
+    while (p->store && budget && p->used_bytes > budget && spill_one(p)) {
+    }
     /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED */
     free(p->graveyard[p->grave_next]);
     p->graveyard[p->grave_next] = a;
@@ -254,13 +378,25 @@ kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {
     pthread_mutex_lock(&p->mu);
     int32_t at = find_agent(p, id);
     if (at < 0) {
+        /* an agent that lives only in the store is removed from there */
+        st = p->store ? p->store->iface->remove(p->store, id) : KVMEM_ERR_NOT_FOUND;
         pthread_mutex_unlock(&p->mu);
-        return kvm_fail(KVMEM_ERR_NOT_FOUND, "kvmem_pool_remove_agent: no agent '%s' in the pool", id);
+        if (st == KVMEM_ERR_NOT_FOUND)
+            return kvm_fail(KVMEM_ERR_NOT_FOUND, "kvmem_pool_remove_agent: no agent '%s' in the pool%s", id,
+                            p->store ? " or its store" : "");
+        return st;
     }
     kvm_agent_mem *m = p->agents[at];
     if (m->handle) {
         pthread_mutex_unlock(&p->mu);
         return kvm_fail(KVMEM_ERR_BUSY, "kvmem_pool_remove_agent: agent '%s' is open: close it first", id);
+    }
+    if (p->store) {
+        st = p->store->iface->remove(p->store, id);
+        if (st != KVMEM_OK && st != KVMEM_ERR_NOT_FOUND) {
+            pthread_mutex_unlock(&p->mu);
+            return st;
+        }
     }
     memmove(p->agents + at, p->agents + at + 1, (size_t)(p->n_agents - at - 1) * sizeof *p->agents);
     p->n_agents--;

@@ -2,8 +2,11 @@
  * an agent's blocks (retrieval, attention, persistence, eviction).
  *
  * Block layout: one allocation per sealed block, [2][n_layers][n_kv_heads]
- * [n_tokens][head_dim] in the storage dtype (K then V), head-major so one
- * (layer, head) of a block is a contiguous run of keys.
+ * sections (K then V), head-major so one (layer, head) of a block is one
+ * contiguous section of its n_tokens rows. Raw dtypes: a section is
+ * [n_tokens][head_dim] in the storage dtype. Quantized dtypes: a section is
+ * the encoding of core/quant/quant.h (codes, scales, biases), decoded only by
+ * kvm_block_read_f32().
  * AABBs: per agent, contiguous [n_sealed][n_layers][n_kv_heads][2][head_dim]
  * f32, s_max then s_min, so scoring one (layer, head) over all blocks is a
  * strided matrix of [s_max || s_min] rows. */
@@ -12,6 +15,7 @@
 
 #include "../context.h"
 #include "../internal.h"
+#include "../quant/quant.h"
 #include "../rope/rope.h"
 
 #include <pthread.h>
@@ -42,6 +46,10 @@ typedef struct kvm_agent_mem {
     char *text;
     size_t text_len, text_cap;
     uint64_t bytes; /* accounted KV + AABB + tail bytes */
+    uint64_t lru_tick; /* pool tick of the last open/close: spill order */
+    int32_t dirty;     /* changed since it was last written to the store */
+    int32_t spilled;   /* memory is in the store only (closed agents) */
+    int32_t reserved2[2];
 } kvm_agent_mem;
 
 struct kvmem_agent {
@@ -64,6 +72,8 @@ struct kvmem_pool {
     uint64_t used_bytes;
     kvmem_agent *graveyard[KVM_GRAVEYARD];
     int32_t grave_next;
+    struct kvm_store *store; /* persistence tier, or NULL */
+    uint64_t tick;
 };
 
 /* Validate a handle: KVMEM_OK, or KVMEM_ERR_INVALID_ARG / KVMEM_ERR_CLOSED
@@ -73,14 +83,21 @@ kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn);
 /* Bytes of one sealed block holding n tokens, AABB included. */
 size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens);
 
-/* Pointer to the K (which = 0) or V (1) rows of layer l, head h of a block. */
+/* Bytes of one (K or V, layer, head) section of a block of n tokens. */
+static inline size_t kvm_block_section_bytes(const kvmem_pool *p, int which, int32_t n_tokens) {
+    return kvm_qsection_layout(p->params.storage_dtype, which, (size_t)n_tokens, (size_t)p->spec.head_dim).bytes;
+}
+
+/* Start of the K (which = 0) or V (1) section of layer l, head h of a block:
+ * its rows for raw dtypes, its encoding for quantized ones (read through
+ * kvm_block_read_f32, never directly). */
 static inline void *kvm_block_rows(const kvmem_pool *p, const kvm_block *b, int which, int32_t l,
                                    int32_t h) {
-    size_t es = kvm_dtype_size(p->params.storage_dtype);
-    size_t D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads, L = (size_t)p->spec.n_layers;
-    size_t n = (size_t)b->n_tokens;
-    size_t idx = ((((size_t)which * L + (size_t)l) * H + (size_t)h) * n) * D;
-    return (unsigned char *)b->kv + idx * es;
+    size_t H = (size_t)p->spec.n_kv_heads, L = (size_t)p->spec.n_layers;
+    size_t g = (size_t)l * H + (size_t)h;
+    size_t off = which ? L * H * kvm_block_section_bytes(p, 0, b->n_tokens) + g * kvm_block_section_bytes(p, 1, b->n_tokens)
+                       : g * kvm_block_section_bytes(p, 0, b->n_tokens);
+    return (unsigned char *)b->kv + off;
 }
 
 /* The AABB of sealed block b for (l, h): 2*D floats, s_max then s_min. */
@@ -108,5 +125,24 @@ static inline const float *kvm_tail_rows(const kvmem_pool *p, const kvm_agent_me
 
 /* Bytes of KV storage (no AABB) of a block of n tokens in the pool's dtype. */
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens);
+
+/* ---- for the persistence module (core/store) ---- */
+
+/* Bytes of the f32 tail staging buffer. */
+size_t kvm_tail_bytes(const kvmem_pool *p);
+/* Reserve / release bytes against the pool's capacity. With a store, reserve
+ * first spills closed agents (least recently used first) to make room. */
+kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes);
+void kvm_pool_unreserve(kvmem_pool *p, uint64_t bytes);
+/* Free an agent's memory contents (not the struct). */
+void kvm_agent_mem_clear(kvm_agent_mem *m);
+/* Move fresh's contents into m (keeping m's id, handle and tick), free m's
+ * old contents and fresh itself; `fresh_bytes` were reserved by the caller,
+ * m's old bytes are released. Cannot fail. */
+void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh);
+/* Grow helpers (0 on allocation failure, nothing changed). */
+int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need);
+int kvm_agent_grow_tokens(kvm_agent_mem *m, int64_t need);
+int kvm_agent_grow_text(kvm_agent_mem *m, size_t need);
 
 #endif

@@ -1,0 +1,97 @@
+/* Quantized KV storage: Q8, Q4 (MLX affine layout) and Q4 KIVI.
+ *
+ * Every format works on a "section": the n rows of `dim` values of one
+ * (K or V, layer, head) of a block, rows of one token each. Rows decode
+ * independently, so any row range of a section can be read.
+ *
+ * Q8    per row: ceil(dim/32) groups of 32 values along the row, the last one
+ *       partial when dim is not a multiple of 32. Code q in [-127, 127],
+ *       f16 scale s = absmax/127 rounded UP to f16, x' = q*s.
+ *       Bound: |x - x'| <= s/2 (+ f32 rounding, < 2^-22 |x|), so
+ *       |x - x'| <= absmax_g/254 * (1 + 2^-10).
+ * Q4    per row: ceil(dim/64) groups of 64 along the row (last partial).
+ *       Codes q in [0, 15] packed 8 per uint32 word, low bits first (the MLX
+ *       affine layout: value i of a row sits in word i/8 at bits 4*(i%8));
+ *       a row has ceil(dim/8) words, unused high nibbles of the last word 0.
+ *       f16 bias b = min_g rounded DOWN to f16, f16 scale s = (max_g - b)/15
+ *       rounded UP, x' = q*s + b, q = round((x - b)/s) clamped to [0, 15].
+ *       Bound: |x - x'| <= s/2 + f32 rounding (< 2^-21 (|x| + |b|)), with
+ *       s <= (max_g - min_g + ulp16(min_g))/15 * (1 + 2^-10).
+ * Q4 KIVI  values exactly as Q4. Keys per channel: one (scale, bias) per
+ *       channel d over the n tokens of the block (KIVI's observation that key
+ *       outliers live in channels), same rounding and bound with the channel's
+ *       min/max over the block's tokens. Same packed code layout.
+ *
+ * Section byte layout (each part padded to 4 bytes so the next one is
+ * word-aligned):
+ *   Q8:        scales [n][G32] f16, codes [n][dim] int8
+ *   Q4:        words [n][W] u32, scales [n][G64] f16, biases [n][G64] f16
+ *   KIVI keys: words [n][W] u32, scales [dim] f16, biases [dim] f16
+ * with W = ceil(dim/8), G32 = ceil(dim/32), G64 = ceil(dim/64).
+ *
+ * Inputs must be finite with |x| <= 65504 (so biases and scales fit f16);
+ * the pool checks that at append time. */
+#ifndef KVMEM_QUANT_H
+#define KVMEM_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmem.h"
+
+#define KVM_Q8_GROUP 32
+#define KVM_Q4_GROUP 64
+#define KVM_QUANT_LIMIT 65504.0f
+
+/* Host kernels on one section. `n` rows of `dim` floats, rows `dim` apart. */
+typedef struct kvm_quant_kernels {
+    const char *name;
+    void (*q8_quant)(const float *x, size_t n, size_t dim, uint16_t *scales, int8_t *codes);
+    void (*q8_dequant)(const uint16_t *scales, const int8_t *codes, size_t n, size_t dim, float *out);
+    void (*q4_quant)(const float *x, size_t n, size_t dim, uint32_t *words, uint16_t *scales,
+                     uint16_t *biases);
+    void (*q4_dequant)(const uint32_t *words, const uint16_t *scales, const uint16_t *biases, size_t n,
+                       size_t dim, float *out);
+    /* KIVI keys: per-channel scale/bias from the channel min/max over the
+     * n rows (mn, mx given: the block's AABB). */
+    void (*q4c_quant)(const float *x, size_t n, size_t dim, const float *mn, const float *mx,
+                      uint32_t *words, uint16_t *scales, uint16_t *biases);
+    void (*q4c_dequant)(const uint32_t *words, const uint16_t *scales, const uint16_t *biases, size_t n,
+                        size_t dim, float *out);
+} kvm_quant_kernels;
+
+/* The table matching the CPU kernel table in use (KVMEM_CPU forces it). */
+const kvm_quant_kernels *kvm_quant_kernels_get(void);
+const kvm_quant_kernels *kvm_quant_kernels_scalar(void);
+const kvm_quant_kernels *kvm_quant_kernels_avx2(void);   /* NULL when not compiled in */
+const kvm_quant_kernels *kvm_quant_kernels_avx512(void); /* NULL when not compiled in */
+
+static inline int kvm_is_quant_dtype(kvmem_dtype dt) {
+    return dt == KVMEM_Q8 || dt == KVMEM_Q4 || dt == KVMEM_Q4_KIVI;
+}
+
+/* Parts of a section of n rows of `dim` (which: 0 = keys, 1 = values). */
+typedef struct kvm_qsection {
+    size_t codes_off, codes_bytes;  /* int8 codes (Q8) or u32 words (Q4) */
+    size_t scales_off, scales_bytes;
+    size_t biases_off, biases_bytes; /* 0 for Q8 */
+    size_t bytes;                    /* whole section, padded */
+    int per_channel;                 /* KIVI keys */
+} kvm_qsection;
+
+/* Layout of a section; raw dtypes get codes = the rows themselves. */
+kvm_qsection kvm_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim);
+
+/* Encode n f32 rows into a section at dst. mn/mx: per-channel min/max over
+ * the rows (needed for KIVI keys, ignored otherwise; may be NULL then). */
+void kvm_quant_section(kvmem_dtype dt, int which, const float *x, size_t n, size_t dim, const float *mn,
+                       const float *mx, void *dst);
+/* Decode rows [row0, row0 + cnt) of a section of n rows into out. */
+void kvm_dequant_section(kvmem_dtype dt, int which, const void *src, size_t n, size_t dim, size_t row0,
+                         size_t cnt, float *out);
+
+/* f16 rounding toward -inf / +inf (scales up, biases down keep the bound). */
+uint16_t kvm_f16_round_down(float x);
+uint16_t kvm_f16_round_up(float x);
+
+#endif

@@ -1,0 +1,103 @@
+/* Quantized sections: layout, encode/decode entry points, f16 directed
+ * rounding and the choice of kernel table. */
+#include "quant_ref.h"
+#include "../cpu/kernels.h"
+#include "../internal.h"
+
+#include <string.h>
+
+static size_t pad4(size_t x) { return (x + 3) & ~(size_t)3; }
+
+kvm_qsection kvm_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
+    kvm_qsection q;
+    memset(&q, 0, sizeof q);
+    size_t W = (dim + 7) / 8;
+    switch (dt) {
+    case KVMEM_Q8: {
+        size_t G = (dim + KVM_Q8_GROUP - 1) / KVM_Q8_GROUP;
+        q.scales_bytes = n * G * 2;
+        q.codes_off = pad4(q.scales_bytes);
+        q.codes_bytes = n * dim;
+        q.bytes = pad4(q.codes_off + q.codes_bytes);
+        break;
+    }
+    case KVMEM_Q4:
+    case KVMEM_Q4_KIVI: {
+        q.per_channel = dt == KVMEM_Q4_KIVI && which == 0;
+        size_t G = q.per_channel ? dim : n * ((dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP);
+        q.codes_bytes = n * W * 4;
+        q.scales_off = q.codes_bytes;
+        q.scales_bytes = G * 2;
+        q.biases_off = pad4(q.scales_off + q.scales_bytes);
+        q.biases_bytes = G * 2;
+        q.bytes = pad4(q.biases_off + q.biases_bytes);
+        break;
+    }
+    default:
+        q.codes_bytes = n * dim * kvm_dtype_size(dt);
+        q.bytes = q.codes_bytes;
+        break;
+    }
+    return q;
+}
+
+void kvm_quant_section(kvmem_dtype dt, int which, const float *x, size_t n, size_t dim, const float *mn,
+                       const float *mx, void *dst) {
+    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
+    unsigned char *d = dst;
+    if (dt == KVMEM_Q8) {
+        k->q8_quant(x, n, dim, (uint16_t *)(void *)(d + q.scales_off), (int8_t *)(d + q.codes_off));
+    } else if (q.per_channel) {
+        k->q4c_quant(x, n, dim, mn, mx, (uint32_t *)(void *)d, (uint16_t *)(void *)(d + q.scales_off),
+                     (uint16_t *)(void *)(d + q.biases_off));
+    } else {
+        k->q4_quant(x, n, dim, (uint32_t *)(void *)d, (uint16_t *)(void *)(d + q.scales_off),
+                    (uint16_t *)(void *)(d + q.biases_off));
+    }
+    if (q.bytes > q.codes_off + q.codes_bytes && dt == KVMEM_Q8) /* padding: deterministic files */
+        memset(d + q.codes_off + q.codes_bytes, 0, q.bytes - q.codes_off - q.codes_bytes);
+    if (dt != KVMEM_Q8) {
+        memset(d + q.scales_off + q.scales_bytes, 0, q.biases_off - q.scales_off - q.scales_bytes);
+        memset(d + q.biases_off + q.biases_bytes, 0, q.bytes - q.biases_off - q.biases_bytes);
+    }
+}
+
+void kvm_dequant_section(kvmem_dtype dt, int which, const void *src, size_t n, size_t dim, size_t row0,
+                         size_t cnt, float *out) {
+    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
+    const unsigned char *s = src;
+    size_t W = (dim + 7) / 8;
+    if (dt == KVMEM_Q8) {
+        size_t G = (dim + KVM_Q8_GROUP - 1) / KVM_Q8_GROUP;
+        k->q8_dequant((const uint16_t *)(const void *)(s + q.scales_off) + row0 * G,
+                      (const int8_t *)(s + q.codes_off) + row0 * dim, cnt, dim, out);
+    } else if (q.per_channel) {
+        k->q4c_dequant((const uint32_t *)(const void *)s + row0 * W, (const uint16_t *)(const void *)(s + q.scales_off),
+                       (const uint16_t *)(const void *)(s + q.biases_off), cnt, dim, out);
+    } else {
+        size_t G = (dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP;
+        k->q4_dequant((const uint32_t *)(const void *)s + row0 * W,
+                      (const uint16_t *)(const void *)(s + q.scales_off) + row0 * G,
+                      (const uint16_t *)(const void *)(s + q.biases_off) + row0 * G, cnt, dim, out);
+    }
+}
+
+uint16_t kvm_f16_round_down(float x) { return kvm_f16_down_inline(x); }
+uint16_t kvm_f16_round_up(float x) { return kvm_f16_up_inline(x); }
+
+#if !defined(KVMEM_HAVE_AVX2)
+const kvm_quant_kernels *kvm_quant_kernels_avx2(void) { return NULL; }
+#endif
+#if !defined(KVMEM_HAVE_AVX512)
+const kvm_quant_kernels *kvm_quant_kernels_avx512(void) { return NULL; }
+#endif
+
+const kvm_quant_kernels *kvm_quant_kernels_get(void) {
+    const char *name = kvm_cpu_kernels_get()->name;
+    const kvm_quant_kernels *k = NULL;
+    if (strcmp(name, "avx512") == 0) k = kvm_quant_kernels_avx512();
+    if (!k && (strcmp(name, "avx512") == 0 || strcmp(name, "avx2") == 0)) k = kvm_quant_kernels_avx2();
+    return k ? k : kvm_quant_kernels_scalar();
+}

@@ -1,0 +1,369 @@
+/* The directory store and plain-file readers/writers. Writes go to a
+ * temporary file beside the target (".NAME.tmp.PID.N", a name no agent id can
+ * take since ids never start with '.'), then fsync, rename, fsync of the
+ * directory: a crash leaves the old file or the new one, never a mix. */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#  define _DEFAULT_SOURCE /* preadv */
+#endif
+#include "store.h"
+#include "../internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define KVM_STORE_EXT ".safetensors"
+
+typedef struct file_reader {
+    kvm_store_reader base;
+    int fd;
+} file_reader;
+
+static kvmem_status fr_read(kvm_store_reader *r, uint64_t off, void *buf, size_t n, size_t *got) {
+    file_reader *f = (file_reader *)r;
+    if (off > (uint64_t)INT64_MAX) return kvm_fail(KVMEM_ERR_IO, "read offset %llu too large", (unsigned long long)off);
+    for (;;) {
+        ssize_t k = pread(f->fd, buf, n, (off_t)off);
+        if (k >= 0) {
+            *got = (size_t)k;
+            return KVMEM_OK;
+        }
+        if (errno != EINTR) return kvm_fail(KVMEM_ERR_IO, "read failed: %s", strerror(errno));
+    }
+}
+
+#if defined(__linux__)
+static kvmem_status fr_readv(kvm_store_reader *r, uint64_t off, const struct iovec *iov, int cnt, size_t *got) {
+    file_reader *f = (file_reader *)r;
+    if (off > (uint64_t)INT64_MAX) return kvm_fail(KVMEM_ERR_IO, "read offset %llu too large", (unsigned long long)off);
+    for (;;) {
+        ssize_t k = preadv(f->fd, iov, cnt, (off_t)off);
+        if (k >= 0) {
+            *got = (size_t)k;
+            return KVMEM_OK;
+        }
+        if (errno != EINTR) return kvm_fail(KVMEM_ERR_IO, "read failed: %s", strerror(errno));
+    }
+}
+#endif
+
+static void fr_close(kvm_store_reader *r) {
+    file_reader *f = (file_reader *)r;
+    close(f->fd);
+    free(f);
+}
+
+kvmem_status kvm_file_open_read(const char *path, kvm_store_reader **out, uint64_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return kvm_fail(KVMEM_ERR_NOT_FOUND, "no file '%s'", path);
+        return kvm_fail(KVMEM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return kvm_fail(KVMEM_ERR_IO, "'%s' is not a regular file", path);
+    }
+    file_reader *f = malloc(sizeof *f);
+    if (!f) {
+        close(fd);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    }
+    f->base.read_at = fr_read;
+#if defined(__linux__)
+    f->base.readv_at = fr_readv;
+#else
+    f->base.readv_at = NULL;
+#endif
+    f->base.close = fr_close;
+    f->fd = fd;
+    *size = (uint64_t)st.st_size;
+    *out = &f->base;
+    return KVMEM_OK;
+}
+
+typedef struct file_writer {
+    kvm_store_writer base;
+    int fd;
+    char *path, *tmp, *dir;
+    unsigned char *buf;
+    size_t n;
+} file_writer;
+
+#define KVM_WBUF (1u << 20)
+
+static kvmem_status write_all(int fd, const unsigned char *p, size_t n) {
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return kvm_fail(KVMEM_ERR_IO, "write failed: %s", strerror(errno));
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return KVMEM_OK;
+}
+
+static kvmem_status fw_write(kvm_store_writer *w, const void *buf, size_t n) {
+    file_writer *f = (file_writer *)w;
+    const unsigned char *p = buf;
+    if (f->n + n > KVM_WBUF) {
+        kvmem_status st = write_all(f->fd, f->buf, f->n);
+        f->n = 0;
+        if (st != KVMEM_OK) return st;
+        if (n >= KVM_WBUF) return write_all(f->fd, p, n);
+    }
+    memcpy(f->buf + f->n, p, n);
+    f->n += n;
+    return KVMEM_OK;
+}
+
+static void fw_free(file_writer *f) {
+    free(f->path);
+    free(f->tmp);
+    free(f->dir);
+    free(f->buf);
+    free(f);
+}
+
+static void fw_abort(kvm_store_writer *w) {
+    file_writer *f = (file_writer *)w;
+    if (f->fd >= 0) close(f->fd);
+    unlink(f->tmp);
+    fw_free(f);
+}
+
+static kvmem_status fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return kvm_fail(KVMEM_ERR_IO, "cannot open directory '%s': %s", dir, strerror(errno));
+    int r = fsync(fd);
+    int e = errno;
+    close(fd);
+    /* some file systems cannot fsync a directory (EINVAL): nothing more to do there */
+    if (r != 0 && e != EINVAL) return kvm_fail(KVMEM_ERR_IO, "fsync of directory '%s' failed: %s", dir, strerror(e));
+    return KVMEM_OK;
+}
+
+static kvmem_status fw_commit(kvm_store_writer *w) {
+    file_writer *f = (file_writer *)w;
+    kvmem_status st = write_all(f->fd, f->buf, f->n);
+    f->n = 0;
+    if (st == KVMEM_OK && fsync(f->fd) != 0) st = kvm_fail(KVMEM_ERR_IO, "fsync of '%s' failed: %s", f->tmp, strerror(errno));
+    if (close(f->fd) != 0 && st == KVMEM_OK) st = kvm_fail(KVMEM_ERR_IO, "close of '%s' failed: %s", f->tmp, strerror(errno));
+    f->fd = -1;
+    if (st == KVMEM_OK && rename(f->tmp, f->path) != 0)
+        st = kvm_fail(KVMEM_ERR_IO, "rename to '%s' failed: %s", f->path, strerror(errno));
+    if (st != KVMEM_OK) {
+        unlink(f->tmp);
+        fw_free(f);
+        return st;
+    }
+    st = fsync_dir(f->dir);
+    fw_free(f);
+    return st;
+}
+
+static atomic_uint g_tmp_counter;
+
+kvmem_status kvm_file_open_write(const char *path, kvm_store_writer **out) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base) return kvm_fail(KVMEM_ERR_INVALID_ARG, "path '%s' names a directory", path);
+    size_t dlen = slash ? (size_t)(slash - path) : 0;
+    file_writer *f = calloc(1, sizeof *f);
+    size_t tl = strlen(path) + 64;
+    if (f) {
+        f->path = strdup(path);
+        f->tmp = malloc(tl);
+        f->dir = malloc(dlen + 2);
+        f->buf = malloc(KVM_WBUF);
+    }
+    if (!f || !f->path || !f->tmp || !f->dir || !f->buf) {
+        if (f) fw_free(f);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    }
+    if (slash) {
+        memcpy(f->dir, path, dlen ? dlen : 1); /* "/x" -> "/" */
+        f->dir[dlen ? dlen : 1] = '\0';
+    } else {
+        strcpy(f->dir, ".");
+    }
+    snprintf(f->tmp, tl, "%.*s%s.%s.tmp.%ld.%u", (int)(slash ? dlen + 1 : 0), path, "", base, (long)getpid(),
+             atomic_fetch_add(&g_tmp_counter, 1u));
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f->fd < 0) {
+        kvmem_status st = kvm_fail(errno == ENOENT ? KVMEM_ERR_NOT_FOUND : KVMEM_ERR_IO, "cannot create '%s': %s",
+                                   f->tmp, strerror(errno));
+        fw_free(f);
+        return st;
+    }
+    f->base.write = fw_write;
+    f->base.commit = fw_commit;
+    f->base.abort = fw_abort;
+    *out = &f->base;
+    return KVMEM_OK;
+}
+
+/* ---- the directory store ---- */
+
+typedef struct dir_store {
+    char *dir;
+} dir_store;
+
+static char *key_path(const dir_store *d, const char *key) {
+    if (!kvmem_agent_id_valid(key)) {
+        kvm_fail(KVMEM_ERR_INVALID_ARG, "store key '%.40s' is not a valid agent id", key);
+        return NULL;
+    }
+    size_t n = strlen(d->dir) + strlen(key) + sizeof KVM_STORE_EXT + 2;
+    char *p = malloc(n);
+    if (!p) {
+        kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    snprintf(p, n, "%s/%s%s", d->dir, key, KVM_STORE_EXT);
+    return p;
+}
+
+static void ds_free(kvm_store *s) {
+    if (!s) return;
+    dir_store *d = s->impl;
+    free(d->dir);
+    free(d);
+    free(s);
+}
+
+static kvmem_status ds_open_read(kvm_store *s, const char *key, kvm_store_reader **out, uint64_t *size) {
+    char *p = key_path(s->impl, key);
+    if (!p) return KVMEM_ERR_INVALID_ARG;
+    kvmem_status st = kvm_file_open_read(p, out, size);
+    free(p);
+    return st;
+}
+
+static kvmem_status ds_open_write(kvm_store *s, const char *key, kvm_store_writer **out) {
+    char *p = key_path(s->impl, key);
+    if (!p) return KVMEM_ERR_INVALID_ARG;
+    kvmem_status st = kvm_file_open_write(p, out);
+    free(p);
+    return st;
+}
+
+static kvmem_status ds_exists(kvm_store *s, const char *key, int *exists) {
+    char *p = key_path(s->impl, key);
+    if (!p) return KVMEM_ERR_INVALID_ARG;
+    struct stat st;
+    *exists = stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    free(p);
+    return KVMEM_OK;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static kvmem_status ds_list(kvm_store *s, int (*fn)(const char *, void *), void *user) {
+    dir_store *d = s->impl;
+    DIR *dh = opendir(d->dir);
+    if (!dh) return kvm_fail(KVMEM_ERR_IO, "cannot list '%s': %s", d->dir, strerror(errno));
+    char **keys = NULL;
+    size_t n = 0, cap = 0;
+    kvmem_status st = KVMEM_OK;
+    struct dirent *e;
+    size_t el = strlen(KVM_STORE_EXT);
+    while ((e = readdir(dh)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l <= el || strcmp(e->d_name + l - el, KVM_STORE_EXT) != 0) continue;
+        char *k = strndup(e->d_name, l - el);
+        if (!k) {
+            st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if (!kvmem_agent_id_valid(k)) {
+            free(k);
+            continue;
+        }
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            char **nk = realloc(keys, nc * sizeof *nk);
+            if (!nk) {
+                free(k);
+                st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+                break;
+            }
+            keys = nk;
+            cap = nc;
+        }
+        keys[n++] = k;
+    }
+    closedir(dh);
+    if (st == KVMEM_OK && n) qsort(keys, n, sizeof *keys, cmp_str);
+    int stop = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!stop && st == KVMEM_OK) stop = fn(keys[i], user);
+        free(keys[i]);
+    }
+    free(keys);
+    return st;
+}
+
+static kvmem_status ds_remove(kvm_store *s, const char *key) {
+    char *p = key_path(s->impl, key);
+    if (!p) return KVMEM_ERR_INVALID_ARG;
+    kvmem_status st = KVMEM_OK;
+    if (unlink(p) != 0)
+        st = errno == ENOENT ? kvm_fail(KVMEM_ERR_NOT_FOUND, "no stored agent '%s'", key)
+                             : kvm_fail(KVMEM_ERR_IO, "cannot remove '%s': %s", p, strerror(errno));
+    free(p);
+    return st;
+}
+
+static const kvm_store_iface dir_iface = {
+    "dir", ds_free, ds_open_read, ds_open_write, ds_exists, ds_list, ds_remove,
+};
+
+kvmem_status kvm_dir_store_create(const char *dir, kvm_store **out) {
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return kvm_fail(KVMEM_ERR_NOT_FOUND, "store directory '%s' does not exist", dir);
+    kvm_store *s = calloc(1, sizeof *s);
+    dir_store *d = calloc(1, sizeof *d);
+    char *copy = strdup(dir);
+    if (!s || !d || !copy) {
+        free(s);
+        free(d);
+        free(copy);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    }
+    d->dir = copy;
+    s->iface = &dir_iface;
+    s->impl = d;
+    *out = s;
+    return KVMEM_OK;
+}
+
+/* ---- memory reader ---- */
+
+static kvmem_status mr_read(kvm_store_reader *r, uint64_t off, void *buf, size_t n, size_t *got) {
+    kvm_mem_reader *m = (kvm_mem_reader *)r;
+    size_t k = off >= m->size ? 0 : m->size - (size_t)off < n ? m->size - (size_t)off : n;
+    if (k) memcpy(buf, m->data + off, k);
+    *got = k;
+    return KVMEM_OK;
+}
+
+static void mr_close(kvm_store_reader *r) { (void)r; }
+
+void kvm_mem_reader_init(kvm_mem_reader *r, const void *data, size_t size) {
+    r->base.read_at = mr_read;
+    r->base.readv_at = NULL;
+    r->base.close = mr_close;
+    r->data = data;
+    r->size = size;
+}

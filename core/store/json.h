@@ -1,0 +1,55 @@
+/* kvmem's own strict JSON reader (RFC 8259), small enough to audit, for
+ * safetensors headers that may be hostile: bounded depth, no duplicate keys,
+ * strings validated as UTF-8 with escapes decoded, numbers kept as text plus
+ * an exact int64 when they are integers, nothing after the value except
+ * whitespace. Never reads outside [s, s + n). */
+#ifndef KVMEM_JSON_H
+#define KVMEM_JSON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVM_JSON_MAX_DEPTH 32
+#define KVM_JSON_MAX_MEMBERS 16384 /* per object/array: duplicate checks stay cheap */
+
+typedef enum kvm_json_type {
+    KVM_JSON_NULL, KVM_JSON_FALSE, KVM_JSON_TRUE, KVM_JSON_NUMBER, KVM_JSON_STRING, KVM_JSON_ARRAY,
+    KVM_JSON_OBJECT
+} kvm_json_type;
+
+typedef struct kvm_json {
+    kvm_json_type type;
+    int32_t is_int;     /* NUMBER: 1 if an integer that fits int64 */
+    int64_t i;          /* NUMBER with is_int */
+    const char *str;    /* STRING: decoded, NUL-terminated (may hold NUL); NUMBER: its text */
+    size_t len;         /* STRING/NUMBER: bytes of str */
+    const char *key;    /* member of an OBJECT: decoded key, else NULL */
+    size_t key_len;
+    int32_t n;          /* ARRAY/OBJECT: number of children */
+    int32_t first;      /* index of the first child, -1 if none */
+    int32_t next;       /* index of the next sibling, -1 if last */
+} kvm_json;
+
+
+typedef struct kvm_json_doc {
+    kvm_json *nodes; /* nodes[0] is the root */
+    int32_t n_nodes, cap_nodes;
+    char *strings;   /* decoded strings */
+    size_t n_str, cap_str;
+} kvm_json_doc;
+
+/* Parse s[0..n). On failure returns -1 and writes a message with the byte
+ * offset into err; the document is freed either way on failure. */
+int kvm_json_parse(const char *s, size_t n, kvm_json_doc *doc, char *err, size_t err_size);
+void kvm_json_free(kvm_json_doc *doc);
+
+/* Member `key` of an object node (NULL if absent or not an object). */
+const kvm_json *kvm_json_get(const kvm_json_doc *doc, const kvm_json *obj, const char *key);
+static inline const kvm_json *kvm_json_child(const kvm_json_doc *doc, const kvm_json *v) {
+    return v->first >= 0 ? &doc->nodes[v->first] : NULL;
+}
+static inline const kvm_json *kvm_json_next(const kvm_json_doc *doc, const kvm_json *v) {
+    return v->next >= 0 ? &doc->nodes[v->next] : NULL;
+}
+
+#endif

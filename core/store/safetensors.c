@@ -1,0 +1,953 @@
+/* One agent's memory as a safetensors file: the writer and the strict loader.
+ *
+ * A file is [u64 LE header length N][N bytes of JSON, space padded][data].
+ * Which tensors a file must hold, with which dtypes and shapes, follows from
+ * the pool (spec, storage dtype, block size) and the metadata (block lengths,
+ * token count), so the loader builds that "plan" first and requires the
+ * header to match it exactly; offsets must tile the data section. The data
+ * section is checked and copied in 1 MiB chunks on the context's threads:
+ * each chunk is read straight into the blocks and hashed while in cache
+ * (acc64, core/store/hash.h). The checksum is XXH64 over the chunks' acc64
+ * digests (little-endian u64s), so chunks are independent. Nothing reaches
+ * the pool until the checksum matches. */
+#include "persist.h"
+#include "hash.h"
+#include "json.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include "../cpu/kernels.h"
+#include "../cpu/threadpool.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- growable string buffer ---- */
+
+typedef struct sbuf {
+    char *s;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc < b->n + n + 1) nc *= 2;
+        char *ns = realloc(b->s, nc);
+        if (!ns) {
+            b->oom = 1;
+            return;
+        }
+        b->s = ns;
+        b->cap = nc;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+}
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+static void sb_fmt(sbuf *b, const char *fmt, ...) KVMEM_PRINTF(2, 3);
+#include <stdarg.h>
+static void sb_fmt(sbuf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (k > 0) sb_put(b, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
+}
+
+/* Valid UTF-8 (the JSON reader's rules)? */
+static int utf8_valid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xc2 && c <= 0xdf) k = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef) k = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4) k = 4, cp = c & 0x07;
+        else return 0;
+        if (n - i < k) return 0;
+        for (size_t j = 1; j < k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + j] & 0x3f);
+        }
+        if ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+        i += k;
+    }
+    return 1;
+}
+
+static void sb_json_str(sbuf *b, const char *s, size_t n) {
+    sb_put(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"') sb_put(b, "\\\"", 2);
+        else if (c == '\\') sb_put(b, "\\\\", 2);
+        else if (c == '\n') sb_put(b, "\\n", 2);
+        else if (c == '\t') sb_put(b, "\\t", 2);
+        else if (c == '\r') sb_put(b, "\\r", 2);
+        else if (c < 0x20) sb_fmt(b, "\\u%04x", c);
+        else sb_put(b, (const char *)&c, 1);
+    }
+    sb_put(b, "\"", 1);
+}
+
+/* ---- the plan: which tensors a file holds ---- */
+
+enum { T_KV, T_TAIL, T_AABB };
+
+typedef struct tplan {
+    char name[48];
+    const char *dtype;
+    int ndim;
+    uint64_t shape[3];
+    uint64_t bytes;
+    int kind, which, layer, part; /* part: 0 codes/raw, 1 scales, 2 biases; AABB which: 0 min, 1 max */
+    uint64_t begin, end;
+    int seen;
+} tplan;
+
+typedef struct plan {
+    tplan *t;
+    int n;
+} plan;
+
+static const char *st_dtype(kvmem_dtype dt) {
+    switch (dt) {
+    case KVMEM_F32: return "F32";
+    case KVMEM_F16: return "F16";
+    case KVMEM_BF16: return "BF16";
+    default: return "?";
+    }
+}
+
+static int mul3(uint64_t a, uint64_t b, uint64_t c, uint64_t *out) {
+    if (b && a > UINT64_MAX / b) return 0;
+    uint64_t ab = a * b;
+    if (c && ab > UINT64_MAX / c) return 0;
+    *out = ab * c;
+    return 1;
+}
+
+static int add_t(plan *pl, const char *dtype, uint64_t esize, uint64_t d0, uint64_t d1, uint64_t d2, int kind,
+                 int which, int layer, int part, const char *suffix) {
+    tplan *t = &pl->t[pl->n++];
+    memset(t, 0, sizeof *t);
+    if (kind == T_AABB) snprintf(t->name, sizeof t->name, "layer_%d_aabb_%s", layer, suffix);
+    else snprintf(t->name, sizeof t->name, "layer_%d_%c%s", layer, which ? 'v' : 'k', suffix);
+    t->dtype = dtype;
+    t->ndim = 3;
+    t->shape[0] = d0, t->shape[1] = d1, t->shape[2] = d2;
+    uint64_t e;
+    if (!mul3(d0, d1, d2, &e) || (esize && e > UINT64_MAX / esize)) return 0;
+    t->bytes = e * esize;
+    t->kind = kind, t->which = which, t->layer = layer, t->part = part;
+    return 1;
+}
+
+/* Build the plan for n_sealed blocks holding ts tokens, tail_n tail tokens. */
+static kvmem_status build_plan(const kvmem_pool *p, uint64_t n_sealed, uint64_t ts, uint64_t tail_n, plan *pl) {
+    const int L = p->spec.n_layers;
+    const uint64_t H = (uint64_t)p->spec.n_kv_heads, D = (uint64_t)p->spec.head_dim;
+    const kvmem_dtype dt = p->params.storage_dtype;
+    pl->t = calloc((size_t)L * 10, sizeof *pl->t);
+    pl->n = 0;
+    if (!pl->t) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    const uint64_t W = (D + 7) / 8, G8 = (D + 31) / 32, G4 = (D + 63) / 64;
+    int ok = 1;
+    for (int l = 0; l < L && ok; l++) {
+        for (int which = 0; which < 2 && ok; which++) {
+            if (dt == KVMEM_Q8) {
+                ok &= add_t(pl, "I8", 1, H, ts, D, T_KV, which, l, 0, "_weights");
+                ok &= add_t(pl, "F16", 2, H, ts, G8, T_KV, which, l, 1, "_scales");
+            } else if (kvm_is_quant_dtype(dt)) {
+                int chan = dt == KVMEM_Q4_KIVI && which == 0;
+                ok &= add_t(pl, "U32", 4, H, ts, W, T_KV, which, l, 0, "_weights");
+                ok &= add_t(pl, "F16", 2, H, chan ? n_sealed : ts, chan ? D : G4, T_KV, which, l, 1, "_scales");
+                ok &= add_t(pl, "F16", 2, H, chan ? n_sealed : ts, chan ? D : G4, T_KV, which, l, 2, "_biases");
+            } else {
+                ok &= add_t(pl, st_dtype(dt), kvm_dtype_size(dt), H, ts, D, T_KV, which, l, 0, "");
+            }
+            if (tail_n) ok &= add_t(pl, "F32", 4, H, tail_n, D, T_TAIL, which, l, 0, "_tail");
+        }
+        ok &= add_t(pl, "F32", 4, n_sealed, H, D, T_AABB, 0, l, 0, "min");
+        ok &= add_t(pl, "F32", 4, n_sealed, H, D, T_AABB, 1, l, 0, "max");
+    }
+    if (!ok) {
+        free(pl->t);
+        pl->t = NULL;
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor sizes overflow: %" PRIu64 " tokens is not a real agent", ts);
+    }
+    return KVMEM_OK;
+}
+
+/* Call fn(ptr, len) for every contiguous piece of tensor t in file order. */
+typedef kvmem_status (*piece_fn)(void *arg, unsigned char *ptr, size_t len);
+
+static kvmem_status for_pieces(const kvmem_pool *p, kvm_agent_mem *m, const tplan *t, piece_fn fn, void *arg) {
+    const int32_t H = p->spec.n_kv_heads, L = p->spec.n_layers, BS = p->params.block_size;
+    const size_t D = (size_t)p->spec.head_dim;
+    const kvmem_dtype dt = p->params.storage_dtype;
+    kvmem_status st = KVMEM_OK;
+    if (t->kind == T_KV) {
+        /* section layouts depend only on the block length: cache the last one */
+        int32_t cached_n = -1;
+        kvm_qsection q = {0}, qk = {0}, qv = {0};
+        for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
+            for (int32_t b = 0; b < m->n_sealed && st == KVMEM_OK; b++) {
+                const kvm_block *blk = &m->blocks[b];
+                if (blk->n_tokens != cached_n) {
+                    cached_n = blk->n_tokens;
+                    q = kvm_qsection_layout(dt, t->which, (size_t)cached_n, D);
+                    qk = kvm_qsection_layout(dt, 0, (size_t)cached_n, D);
+                    qv = kvm_qsection_layout(dt, 1, (size_t)cached_n, D);
+                }
+                size_t g = (size_t)t->layer * (size_t)H + (size_t)h;
+                unsigned char *sec = (unsigned char *)blk->kv +
+                                     (t->which ? (size_t)L * (size_t)H * qk.bytes + g * qv.bytes : g * qk.bytes);
+                if (t->part == 0) st = fn(arg, sec + q.codes_off, q.codes_bytes);
+                else if (t->part == 1) st = fn(arg, sec + q.scales_off, q.scales_bytes);
+                else st = fn(arg, sec + q.biases_off, q.biases_bytes);
+            }
+    } else if (t->kind == T_TAIL) {
+        for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
+            st = fn(arg,
+                    (unsigned char *)(m->tail + (((size_t)t->which * (size_t)L + (size_t)t->layer) * (size_t)H + (size_t)h) *
+                                                    (size_t)BS * D),
+                    (size_t)m->tail_n * D * 4);
+    } else {
+        for (int32_t b = 0; b < m->n_sealed && st == KVMEM_OK; b++)
+            for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
+                st = fn(arg, (unsigned char *)(kvm_block_aabb(p, m, b, t->layer, h) + (t->which == 0 ? D : 0)), D * 4);
+    }
+    return st;
+}
+
+/* ---- the data section as a list of pieces, processed in parallel chunks ---- */
+
+#define KVM_HASH_CHUNK ((uint64_t)1 << 20) /* part of the format: the checksum's chunk size */
+#define KVM_SUB ((size_t)256 << 10)        /* read granularity inside a chunk: stays in L2 */
+
+typedef struct piece {
+    uint64_t off; /* in the data section */
+    unsigned char *ptr;
+    size_t len;
+} piece;
+
+typedef struct pieces {
+    piece *v;
+    size_t n, cap;
+    uint64_t total;
+    int oom;
+} pieces;
+
+static kvmem_status collect(void *arg, unsigned char *ptr, size_t len) {
+    pieces *ps = arg;
+    if (!len) return KVMEM_OK;
+    if (ps->n == ps->cap) {
+        size_t nc = ps->cap ? ps->cap * 2 : 1024;
+        piece *nv = realloc(ps->v, nc * sizeof *nv);
+        if (!nv) {
+            ps->oom = 1;
+            return KVMEM_ERR_NOMEM;
+        }
+        ps->v = nv;
+        ps->cap = nc;
+    }
+    ps->v[ps->n++] = (piece){ps->total, ptr, len};
+    ps->total += len;
+    return KVMEM_OK;
+}
+
+/* First piece that ends after data offset `at`. */
+static size_t piece_at(const pieces *ps, uint64_t at) {
+    size_t lo = 0, hi = ps->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ps->v[mid].off + ps->v[mid].len <= at) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+typedef struct chunk_job {
+    const pieces *ps;
+    kvm_store_reader *r; /* NULL: hash the pieces in memory (save) */
+    uint64_t data_off;   /* file offset of the data section (load) */
+    uint64_t *digest;    /* per chunk */
+    kvmem_status *status;/* per chunk (load) */
+} chunk_job;
+
+static void chunk_task(void *arg, size_t cb, size_t ce) {
+    chunk_job *j = arg;
+    const pieces *ps = j->ps;
+    unsigned char *buf = j->r ? malloc(KVM_SUB) : NULL;
+    for (size_t c = cb; c < ce; c++) {
+        uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total);
+        kvm_acc64_state h;
+        kvm_acc64_init(&h, c1 - c0);
+        size_t i = piece_at(ps, c0);
+        if (!j->r) {
+            for (; i < ps->n && ps->v[i].off < c1; i++) {
+                uint64_t b = KVM_MAX(c0, ps->v[i].off), e = KVM_MIN(c1, ps->v[i].off + ps->v[i].len);
+                kvm_acc64_update(&h, ps->v[i].ptr + (b - ps->v[i].off), (size_t)(e - b));
+            }
+            j->digest[c] = kvm_acc64_final(&h);
+            continue;
+        }
+        j->status[c] = buf ? KVMEM_OK : KVMEM_ERR_NOMEM;
+        /* large pieces: read straight into the blocks; small ones (Q4 scales,
+         * AABB rows) cost more per iovec than a copy from a bounce buffer */
+        size_t last = piece_at(ps, c1 > 0 ? c1 - 1 : 0);
+        int direct = j->r->readv_at && buf && (c1 - c0) / (uint64_t)(last - i + 1) >= 2048;
+        if (direct) {
+            /* straight into the blocks, then hash what was read while it is in cache */
+            struct iovec iov[KVM_MAX_IOV];
+            uint64_t pos = c0;
+            while (pos < c1 && j->status[c] == KVMEM_OK) {
+                int cnt = 0;
+                size_t want = 0, k = i;
+                for (; k < ps->n && ps->v[k].off < c1 && cnt < KVM_MAX_IOV && want < KVM_SUB; k++) {
+                    uint64_t b = KVM_MAX(pos, ps->v[k].off), e = KVM_MIN(c1, ps->v[k].off + ps->v[k].len);
+                    if (e <= b) continue;
+                    iov[cnt].iov_base = ps->v[k].ptr + (b - ps->v[k].off);
+                    iov[cnt].iov_len = (size_t)(e - b);
+                    want += iov[cnt].iov_len;
+                    cnt++;
+                }
+                size_t got = 0;
+                kvmem_status st = j->r->readv_at(j->r, j->data_off + pos, iov, cnt, &got);
+                if (st != KVMEM_OK || got == 0) {
+                    j->status[c] = st != KVMEM_OK ? st : KVMEM_ERR_CORRUPT;
+                    break;
+                }
+                for (int q = 0; q < cnt && got; q++) { /* a short read hashes what arrived */
+                    size_t use = KVM_MIN(got, iov[q].iov_len);
+                    kvm_acc64_update(&h, iov[q].iov_base, use);
+                    got -= use;
+                    pos += use;
+                }
+                while (i < ps->n && ps->v[i].off + ps->v[i].len <= pos) i++;
+            }
+            j->digest[c] = kvm_acc64_final(&h);
+            continue;
+        }
+        for (uint64_t s0 = c0; s0 < c1 && j->status[c] == KVMEM_OK; s0 += KVM_SUB) {
+            size_t n = (size_t)KVM_MIN((uint64_t)KVM_SUB, c1 - s0), have = 0;
+            while (have < n) {
+                size_t got = 0;
+                kvmem_status st = j->r->read_at(j->r, j->data_off + s0 + have, buf + have, n - have, &got);
+                if (st != KVMEM_OK || got == 0) {
+                    j->status[c] = st != KVMEM_OK ? st : KVMEM_ERR_CORRUPT;
+                    break;
+                }
+                have += got;
+            }
+            if (have < n) break;
+            kvm_acc64_update(&h, buf, n); /* hashed while in cache */
+            for (; i < ps->n && ps->v[i].off < s0 + n; i++) {
+                uint64_t b = KVM_MAX(s0, ps->v[i].off), e = KVM_MIN(s0 + n, ps->v[i].off + ps->v[i].len);
+                memcpy(ps->v[i].ptr + (b - ps->v[i].off), buf + (b - s0), (size_t)(e - b));
+                if (ps->v[i].off + ps->v[i].len > s0 + n) break; /* continues in the next sub-chunk */
+            }
+        }
+        j->digest[c] = kvm_acc64_final(&h);
+    }
+    free(buf);
+}
+
+/* Checksum of the data section described by ps; with a reader, also read it
+ * into the pieces. Returns the combined digest in *sum. */
+static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, uint64_t *sum) {
+    size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
+    uint64_t *dig = malloc((n ? n : 1) * sizeof *dig);
+    kvmem_status *sts = malloc((n ? n : 1) * sizeof *sts);
+    if (!dig || !sts) {
+        free(dig);
+        free(sts);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    }
+    chunk_job j = {ps, r, data_off, dig, sts};
+    kvm_parallel_for(p->ctx->tp, n, 1, chunk_task, &j);
+    kvmem_status st = KVMEM_OK;
+    for (size_t c = 0; r && c < n && st == KVMEM_OK; c++) {
+        if (sts[c] == KVMEM_ERR_CORRUPT) st = kvm_fail(KVMEM_ERR_CORRUPT, "file ends inside the data section (truncated)");
+        else if (sts[c] == KVMEM_ERR_NOMEM) st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        else if (sts[c] != KVMEM_OK) st = kvm_fail(sts[c], "reading the data section failed");
+    }
+    unsigned char le[8];
+    kvm_xxh64_state h;
+    kvm_xxh64_init(&h, 0);
+    for (size_t c = 0; c < n; c++) {
+        for (int b = 0; b < 8; b++) le[b] = (unsigned char)(dig[c] >> (8 * b));
+        kvm_xxh64_update(&h, le, 8);
+    }
+    *sum = kvm_xxh64_final(&h);
+    free(dig);
+    free(sts);
+    return st;
+}
+
+/* ---- metadata ---- */
+
+/* The model spec as one canonical string: equal strings, equal geometry and RoPE. */
+static void spec_string(const kvmem_model_spec *s, sbuf *b) {
+    sb_fmt(b, "n_layers=%d;n_q_heads=%d;n_kv_heads=%d;head_dim=%d;rotary_dim=%d;rope_style=%d;", s->n_layers,
+           s->n_q_heads, s->n_kv_heads, s->head_dim, s->rotary_dim ? s->rotary_dim : s->head_dim, (int)s->rope_style);
+    sb_fmt(b, "rope_theta=%.17g;rope_scaling=%d;rope_factor=%.17g;rope_low_freq_factor=%.17g;", s->rope_theta,
+           (int)s->rope_scaling, s->rope_factor, s->rope_low_freq_factor);
+    sb_fmt(b, "rope_high_freq_factor=%.17g;rope_original_max_pos=%d;yarn_beta_fast=%.17g;yarn_beta_slow=%.17g;",
+           s->rope_high_freq_factor, s->rope_original_max_pos, s->yarn_beta_fast, s->yarn_beta_slow);
+    sb_fmt(b, "yarn_attn_factor=%.17g;layer_window=", s->yarn_attn_factor);
+    for (int32_t l = 0; l < s->n_layers; l++) sb_fmt(b, l ? ",%d" : "%d", s->layer_window ? s->layer_window[l] : 0);
+}
+
+static void meta_int_list32(sbuf *b, const int32_t *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) sb_fmt(b, i ? ",%d" : "%d", v[i]);
+}
+
+/* ---- writer ---- */
+
+typedef struct wctx {
+    kvm_store_writer *w;
+} wctx;
+
+static kvmem_status write_piece(void *arg, unsigned char *ptr, size_t len) {
+    wctx *c = arg;
+    return len ? c->w->write(c->w, ptr, len) : KVMEM_OK;
+}
+
+kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_writer *w) {
+    kvm_agent_mem *m = (kvm_agent_mem *)(uintptr_t)cm; /* read only: the piece walker is shared with the loader */
+    uint64_t ts = 0;
+    for (int32_t b = 0; b < m->n_sealed; b++) ts += (uint64_t)m->blocks[b].n_tokens;
+    plan pl;
+    kvmem_status st = build_plan(p, (uint64_t)m->n_sealed, ts, (uint64_t)m->tail_n, &pl);
+    if (st != KVMEM_OK) {
+        w->abort(w);
+        return st;
+    }
+    wctx c = {w};
+    uint64_t off = 0, sum = 0;
+    pieces ps = {0};
+    for (int i = 0; i < pl.n; i++) {
+        pl.t[i].begin = off;
+        off += pl.t[i].bytes;
+        pl.t[i].end = off;
+        for_pieces(p, m, &pl.t[i], collect, &ps);
+    }
+    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, NULL, 0, &sum);
+    free(ps.v);
+    if (st != KVMEM_OK) {
+        free(pl.t);
+        w->abort(w);
+        return st;
+    }
+
+    sbuf b = {0};
+    sb_str(&b, "{\"__metadata__\":{\"format\":\"kvmem-agent\",");
+    sb_fmt(&b, "\"format_version\":\"%d\",\"agent_id\":", KVM_FORMAT_VERSION);
+    sb_json_str(&b, m->id, strlen(m->id));
+    sb_str(&b, ",\"model_id\":");
+    sb_json_str(&b, p->spec.model_id, strnlen(p->spec.model_id, KVMEM_MAX_MODEL_ID));
+    sbuf sp = {0};
+    spec_string(&p->spec, &sp);
+    sb_str(&b, ",\"model_spec\":");
+    sb_json_str(&b, sp.s ? sp.s : "", sp.n);
+    free(sp.s);
+    sb_fmt(&b, ",\"storage_dtype\":\"%s\",\"block_size\":\"%d\",\"n_tokens\":\"%" PRId64 "\",\"block_tokens\":\"",
+           kvmem_dtype_name(p->params.storage_dtype), p->params.block_size, m->n_tokens);
+    for (int32_t i = 0; i < m->n_sealed; i++) sb_fmt(&b, i ? ",%d" : "%d", m->blocks[i].n_tokens);
+    sb_str(&b, "\",\"token_ids\":\"");
+    meta_int_list32(&b, m->token_ids, m->n_tokens);
+    sb_str(&b, "\",\"token_text_offsets\":\"");
+    for (int64_t i = 0; i < m->n_tokens; i++) sb_fmt(&b, i ? ",%" PRId64 : "%" PRId64, m->token_text_off[i]);
+    sb_str(&b, "\",");
+    if (utf8_valid((const unsigned char *)m->text, m->text_len)) {
+        sb_str(&b, "\"text\":");
+        sb_json_str(&b, m->text ? m->text : "", m->text_len);
+    } else { /* not UTF-8, so not a JSON string: hex keeps it exact */
+        sb_str(&b, "\"text_hex\":\"");
+        for (size_t i = 0; i < m->text_len; i++) sb_fmt(&b, "%02x", (unsigned char)m->text[i]);
+        sb_str(&b, "\"");
+    }
+    sb_fmt(&b, ",\"checksum\":\"acc64-1m:%016" PRIx64 "\"}", sum);
+    for (int i = 0; i < pl.n; i++) {
+        const tplan *t = &pl.t[i];
+        sb_fmt(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "],\"data_offsets\":[%" PRIu64
+                   ",%" PRIu64 "]}",
+               t->name, t->dtype, t->shape[0], t->shape[1], t->shape[2], t->begin, t->end);
+    }
+    sb_str(&b, "}");
+    while (b.n % 8) sb_str(&b, " "); /* data starts 8-byte aligned */
+    if (b.oom) {
+        free(b.s);
+        free(pl.t);
+        w->abort(w);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory building the file header");
+    }
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
+    st = w->write(w, len8, 8);
+    if (st == KVMEM_OK) st = w->write(w, b.s, b.n);
+    for (int i = 0; i < pl.n && st == KVMEM_OK; i++) st = for_pieces(p, m, &pl.t[i], write_piece, &c);
+    free(b.s);
+    free(pl.t);
+    if (st != KVMEM_OK) {
+        w->abort(w);
+        return st;
+    }
+    return w->commit(w);
+}
+
+/* ---- loader ---- */
+
+static kvmem_status read_exact(kvm_store_reader *r, uint64_t off, void *dst, size_t len, const char *what) {
+    unsigned char *d = dst;
+    while (len) {
+        size_t got;
+        kvmem_status st = r->read_at(r, off, d, len, &got);
+        if (st != KVMEM_OK) return st;
+        if (got == 0) return kvm_fail(KVMEM_ERR_CORRUPT, "file ends inside the %s (truncated)", what);
+        d += got;
+        off += got;
+        len -= got;
+    }
+    return KVMEM_OK;
+}
+
+/* Strict decimal integer in [lo, hi]. */
+static int parse_i64(const char *s, size_t n, int64_t lo, int64_t hi, int64_t *out) {
+    if (n == 0 || n > 20) return 0;
+    size_t i = 0;
+    int neg = s[0] == '-';
+    if (neg) i++;
+    if (i == n) return 0;
+    if (s[i] == '0' && n - i > 1) return 0;
+    int64_t v = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        int d = s[i] - '0';
+        if (v > (INT64_MAX - d) / 10) return 0;
+        v = v * 10 + d;
+    }
+    if (neg) v = -v;
+    if (v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Comma-separated integers into out (n_expect entries). -1: syntax, -2: count. */
+static int parse_list(const char *s, size_t len, int64_t lo, int64_t hi, int64_t n_expect, void *out, int wide) {
+    int64_t k = 0;
+    size_t i = 0;
+    if (len == 0) return n_expect == 0 ? 0 : -2;
+    while (i <= len) {
+        size_t j = i;
+        while (j < len && s[j] != ',') j++;
+        int64_t v;
+        if (!parse_i64(s + i, j - i, lo, hi, &v)) return -1;
+        if (k >= n_expect) return -2;
+        if (wide) ((int64_t *)out)[k] = v;
+        else ((int32_t *)out)[k] = (int32_t)v;
+        k++;
+        i = j + 1;
+    }
+    return k == n_expect ? 0 : -2;
+}
+
+static int cmp_begin(const void *a, const void *b) {
+    const tplan *x = *(const tplan *const *)a, *y = *(const tplan *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+static void fresh_free(kvm_agent_mem *f) {
+    if (!f) return;
+    kvm_agent_mem_clear(f);
+    free(f);
+}
+
+typedef struct loadstate {
+    kvm_json_doc doc;
+    char *header;
+    plan pl;
+    tplan **order;
+    int32_t *block_n;
+    kvm_agent_mem *fresh;
+    uint64_t reserved;
+} loadstate;
+
+static void ls_free(kvmem_pool *p, loadstate *s) {
+    kvm_json_free(&s->doc);
+    free(s->header);
+    free(s->pl.t);
+    free(s->order);
+    free(s->block_n);
+    fresh_free(s->fresh);
+    if (s->reserved) kvm_pool_unreserve(p, s->reserved);
+}
+
+static const char *meta_str(const kvm_json_doc *d, const kvm_json *meta, const char *key, size_t *len) {
+    const kvm_json *v = kvm_json_get(d, meta, key);
+    if (!v) return NULL;
+    *len = v->len;
+    return v->str;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta, const char *expect_id,
+                               int64_t *n_tokens, uint64_t *checksum) {
+    const kvm_json_doc *d = &s->doc;
+    size_t n;
+    const char *v;
+#define META(key)                                                                                    \
+    do {                                                                                             \
+        if (!(v = meta_str(d, meta, key, &n)))                                                       \
+            return kvm_fail(KVMEM_ERR_FORMAT, "metadata '%s' is missing: not a kvmem agent file", key); \
+    } while (0)
+    META("format");
+    if (strcmp(v, "kvmem-agent") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata format '%.40s' is not 'kvmem-agent'", v);
+    META("format_version");
+    if (strcmp(v, "1") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "format version '%.20s' is not supported (this build reads 1)", v);
+    META("agent_id");
+    if (!kvmem_agent_id_valid(v)) return kvm_fail(KVMEM_ERR_FORMAT, "metadata agent_id is not a valid agent id");
+    if (expect_id && strcmp(v, expect_id) != 0)
+        return kvm_fail(KVMEM_ERR_MISMATCH, "the file belongs to agent '%s', not '%s'", v, expect_id);
+    META("model_id");
+    if (strcmp(v, p->spec.model_id) != 0)
+        return kvm_fail(KVMEM_ERR_MISMATCH, "the file was written for model '%.60s', the pool is '%.60s'", v, p->spec.model_id);
+    META("model_spec");
+    sbuf sp = {0};
+    spec_string(&p->spec, &sp);
+    if (sp.oom) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    if (n != sp.n || memcmp(v, sp.s, n) != 0) {
+        /* name the first field that differs */
+        size_t i = 0;
+        while (i < n && i < sp.n && v[i] == sp.s[i]) i++;
+        size_t f = i;
+        while (f > 0 && sp.s[f - 1] != ';') f--;
+        size_t e = f;
+        while (e < sp.n && sp.s[e] != ';') e++;
+        size_t fe = f;
+        while (fe < n && v[fe] != ';') fe++;
+        kvmem_status st = kvm_fail(KVMEM_ERR_MISMATCH, "model spec differs: file has %.*s, the pool %.*s",
+                                   (int)KVM_MIN(fe - KVM_MIN(f, fe), (size_t)80), v + KVM_MIN(f, n), (int)KVM_MIN(e - f, (size_t)80),
+                                   sp.s + f);
+        free(sp.s);
+        return st;
+    }
+    free(sp.s);
+    META("storage_dtype");
+    if (strcmp(v, kvmem_dtype_name(p->params.storage_dtype)) != 0)
+        return kvm_fail(KVMEM_ERR_MISMATCH, "the file stores %.20s, the pool stores %s", v,
+                        kvmem_dtype_name(p->params.storage_dtype));
+    META("block_size");
+    int64_t bs;
+    if (!parse_i64(v, n, 1, 4096, &bs)) return kvm_fail(KVMEM_ERR_FORMAT, "metadata block_size '%.20s' is not a block size", v);
+    if (bs != p->params.block_size)
+        return kvm_fail(KVMEM_ERR_MISMATCH, "the file has block size %lld, the pool %d", (long long)bs, p->params.block_size);
+    META("n_tokens");
+    if (!parse_i64(v, n, 0, INT32_MAX, n_tokens))
+        return kvm_fail(KVMEM_ERR_FORMAT, "metadata n_tokens '%.20s' is not a token count in [0, 2^31)", v);
+    if (p->params.max_tokens_per_agent > 0 && *n_tokens > p->params.max_tokens_per_agent)
+        return kvm_fail(KVMEM_ERR_CAPACITY, "the file holds %lld tokens, more than max_tokens_per_agent %d",
+                        (long long)*n_tokens, p->params.max_tokens_per_agent);
+    META("checksum");
+    if (n != 25 || strncmp(v, "acc64-1m:", 9) != 0)
+        return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'acc64-1m:<16 hex digits>'");
+    *checksum = 0;
+    for (int i = 9; i < 25; i++) {
+        int h = hexval(v[i]);
+        if (h < 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'acc64-1m:<16 hex digits>'");
+        *checksum = (*checksum << 4) | (uint64_t)h;
+    }
+    /* every metadata value is a string (the safetensors rule) */
+    for (const kvm_json *c = kvm_json_child(d, meta); c; c = kvm_json_next(d, c))
+        if (c->type != KVM_JSON_STRING)
+            return kvm_fail(KVMEM_ERR_FORMAT, "metadata '%.40s' is not a string", c->key);
+#undef META
+    return KVMEM_OK;
+}
+
+static kvmem_status match_tensor(loadstate *s, const kvm_json *v) {
+    const kvm_json_doc *d = &s->doc;
+    tplan *t = NULL;
+    for (int i = 0; i < s->pl.n; i++)
+        if (strlen(s->pl.t[i].name) == v->key_len && memcmp(s->pl.t[i].name, v->key, v->key_len) == 0) t = &s->pl.t[i];
+    if (!t) return kvm_fail(KVMEM_ERR_FORMAT, "unexpected tensor '%.60s' for this pool and metadata", v->key);
+    if (v->type != KVM_JSON_OBJECT) return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' is not an object", t->name);
+    const kvm_json *dt = kvm_json_get(d, v, "dtype"), *sh = kvm_json_get(d, v, "shape"),
+                   *of = kvm_json_get(d, v, "data_offsets");
+    if (!dt || !sh || !of || v->n != 3)
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' needs exactly dtype, shape and data_offsets", t->name);
+    if (dt->type != KVM_JSON_STRING || strcmp(dt->str, t->dtype) != 0)
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has dtype %.16s, expected %s", t->name,
+                        dt->type == KVM_JSON_STRING ? dt->str : "(not a string)", t->dtype);
+    if (sh->type != KVM_JSON_ARRAY || sh->n != t->ndim)
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' shape must have %d dimensions", t->name, t->ndim);
+    int k = 0;
+    for (const kvm_json *e = kvm_json_child(d, sh); e; e = kvm_json_next(d, e), k++)
+        if (e->type != KVM_JSON_NUMBER || !e->is_int || e->i < 0 || (uint64_t)e->i != t->shape[k])
+            return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has shape [%.20s, ...], expected [%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
+                            t->name, kvm_json_child(d, sh)->type == KVM_JSON_NUMBER ? kvm_json_child(d, sh)->str : "?",
+                            t->shape[0], t->shape[1], t->shape[2]);
+    if (of->type != KVM_JSON_ARRAY || of->n != 2)
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' data_offsets must be [begin, end]", t->name);
+    const kvm_json *b = kvm_json_child(d, of), *e = kvm_json_next(d, b);
+    if (b->type != KVM_JSON_NUMBER || !b->is_int || e->type != KVM_JSON_NUMBER || !e->is_int || b->i < 0 || e->i < b->i)
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' data_offsets are not 0 <= begin <= end", t->name);
+    if ((uint64_t)(e->i - b->i) != t->bytes)
+        return kvm_fail(KVMEM_ERR_CORRUPT, "tensor '%s' spans %lld bytes, its shape needs %" PRIu64, t->name,
+                        (long long)(e->i - b->i), t->bytes);
+    t->begin = (uint64_t)b->i;
+    t->end = (uint64_t)e->i;
+    t->seen = 1;
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *expect_id,
+                             kvm_agent_mem **out) {
+    loadstate s;
+    memset(&s, 0, sizeof s);
+    kvmem_status st;
+    *out = NULL;
+    if (size < 8) return kvm_fail(KVMEM_ERR_FORMAT, "file has %" PRIu64 " bytes: too short for a safetensors file", size);
+    unsigned char len8[8];
+    if ((st = read_exact(r, 0, len8, 8, "header length")) != KVMEM_OK) return st;
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | len8[i];
+    if (hl < 2 || hl > KVM_MAX_HEADER)
+        return kvm_fail(KVMEM_ERR_FORMAT, "header length %" PRIu64 " is outside [2, %" PRIu64 "]: not a kvmem safetensors file",
+                        hl, KVM_MAX_HEADER);
+    if (hl > size - 8)
+        return kvm_fail(KVMEM_ERR_CORRUPT, "header length %" PRIu64 " runs past the end of the %" PRIu64 "-byte file (truncated?)",
+                        hl, size);
+    s.header = malloc((size_t)hl);
+    if (!s.header) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", hl);
+    if ((st = read_exact(r, 8, s.header, (size_t)hl, "header")) != KVMEM_OK) goto done;
+    char jerr[256];
+    if (kvm_json_parse(s.header, (size_t)hl, &s.doc, jerr, sizeof jerr) != 0) {
+        st = kvm_fail(KVMEM_ERR_FORMAT, "%s", jerr);
+        goto done;
+    }
+    const kvm_json *root = &s.doc.nodes[0];
+    if (root->type != KVM_JSON_OBJECT) {
+        st = kvm_fail(KVMEM_ERR_FORMAT, "header is not a JSON object");
+        goto done;
+    }
+    const kvm_json *meta = kvm_json_get(&s.doc, root, "__metadata__");
+    if (!meta || meta->type != KVM_JSON_OBJECT) {
+        st = kvm_fail(KVMEM_ERR_FORMAT, "header has no __metadata__ object: not a kvmem agent file");
+        goto done;
+    }
+    int64_t n_tokens = 0;
+    uint64_t checksum = 0;
+    if ((st = check_meta(p, &s, meta, expect_id, &n_tokens, &checksum)) != KVMEM_OK) goto done;
+
+    /* blocks: lengths in [1, BS], the tail shorter than a block */
+    const int32_t BS = p->params.block_size;
+    size_t n;
+    const char *v = meta_str(&s.doc, meta, "block_tokens", &n);
+    if (!v) {
+        st = kvm_fail(KVMEM_ERR_FORMAT, "metadata 'block_tokens' is missing");
+        goto done;
+    }
+    int64_t n_sealed = n ? 1 : 0;
+    for (size_t i = 0; i < n; i++) n_sealed += v[i] == ',';
+    if (n_sealed > n_tokens) {
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "%lld blocks for %lld tokens", (long long)n_sealed, (long long)n_tokens);
+        goto done;
+    }
+    s.block_n = malloc((size_t)(n_sealed ? n_sealed : 1) * sizeof *s.block_n);
+    if (!s.block_n) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (parse_list(v, n, 1, BS, n_sealed, s.block_n, 0) != 0) {
+        st = kvm_fail(KVMEM_ERR_FORMAT, "metadata block_tokens must list block lengths in [1, %d]", BS);
+        goto done;
+    }
+    int64_t ts = 0;
+    for (int64_t i = 0; i < n_sealed; i++) ts += s.block_n[i];
+    int64_t tail_n = n_tokens - ts;
+    if (tail_n < 0 || tail_n >= BS) {
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "blocks hold %lld of %lld tokens: the rest does not fit an unsealed block of %d",
+                      (long long)ts, (long long)n_tokens, BS);
+        goto done;
+    }
+    if ((st = build_plan(p, (uint64_t)n_sealed, (uint64_t)ts, (uint64_t)tail_n, &s.pl)) != KVMEM_OK) goto done;
+    for (const kvm_json *c = kvm_json_child(&s.doc, root); c; c = kvm_json_next(&s.doc, c)) {
+        if (c == meta) continue;
+        if ((st = match_tensor(&s, c)) != KVMEM_OK) goto done;
+    }
+    s.order = malloc((size_t)s.pl.n * sizeof *s.order);
+    if (!s.order) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < s.pl.n; i++) {
+        if (!s.pl.t[i].seen) {
+            st = kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' is missing", s.pl.t[i].name);
+            goto done;
+        }
+        s.order[i] = &s.pl.t[i];
+    }
+    qsort(s.order, (size_t)s.pl.n, sizeof *s.order, cmp_begin);
+    uint64_t data = size - 8 - hl, cur = 0;
+    for (int i = 0; i < s.pl.n; i++) {
+        const tplan *t = s.order[i];
+        if (t->begin < cur) {
+            st = kvm_fail(KVMEM_ERR_CORRUPT, "tensor '%s' overlaps tensor '%s'", t->name, s.order[i - 1]->name);
+            goto done;
+        }
+        if (t->begin > cur) {
+            st = kvm_fail(KVMEM_ERR_CORRUPT, "%" PRIu64 " bytes before tensor '%s' belong to no tensor", t->begin - cur, t->name);
+            goto done;
+        }
+        cur = t->end;
+    }
+    if (cur != data) {
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "the data section has %" PRIu64 " bytes, the tensors %" PRIu64 "%s", data, cur,
+                      data < cur ? " (truncated)" : " (trailing bytes)");
+        goto done;
+    }
+
+    /* everything checks out on paper: reserve, allocate, read */
+    uint64_t need = (n_tokens > ts) ? kvm_tail_bytes(p) : 0;
+    for (int64_t i = 0; i < n_sealed; i++) need += kvm_block_bytes(p, s.block_n[i]);
+    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
+    s.reserved = need;
+    kvm_agent_mem *f = s.fresh = calloc(1, sizeof *f);
+    size_t text_cap = 0;
+    const char *text = meta_str(&s.doc, meta, "text", &n);
+    const char *hex = NULL;
+    if (!text) {
+        hex = meta_str(&s.doc, meta, "text_hex", &n);
+        if (!hex || n % 2) {
+            st = kvm_fail(KVMEM_ERR_FORMAT, "metadata has neither 'text' nor an even-length 'text_hex'");
+            goto done;
+        }
+        text_cap = n / 2;
+    } else {
+        text_cap = n;
+    }
+    int ok = f && (n_sealed == 0 || kvm_agent_grow_blocks(p, f, (int32_t)n_sealed)) &&
+             kvm_agent_grow_tokens(f, n_tokens ? n_tokens : 1) && kvm_agent_grow_text(f, text_cap ? text_cap : 1);
+    if (ok && tail_n > 0) {
+        ok = (f->tail = kvm_aligned_alloc(kvm_tail_bytes(p))) != NULL;
+        if (ok) memset(f->tail, 0, kvm_tail_bytes(p));
+    }
+    int64_t first = 0;
+    for (int64_t i = 0; ok && i < n_sealed; i++) {
+        f->blocks[i].first_token = first;
+        f->blocks[i].n_tokens = s.block_n[i];
+        f->blocks[i].reserved = 0;
+        f->blocks[i].kv = kvm_aligned_alloc(kvm_block_kv_bytes(p, s.block_n[i]));
+        if (!f->blocks[i].kv) ok = 0; /* every byte but section padding (never read) is written below */
+        f->n_sealed = (int32_t)i + 1;
+        first += s.block_n[i];
+    }
+    if (!ok) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory loading %lld tokens", (long long)n_tokens);
+        goto done;
+    }
+    f->n_tokens = n_tokens;
+    f->tail_n = (int32_t)tail_n;
+    f->bytes = need;
+    /* token ids and offsets */
+    v = meta_str(&s.doc, meta, "token_ids", &n);
+    int rc = v ? parse_list(v, n, INT32_MIN, INT32_MAX, n_tokens, f->token_ids, 0) : -1;
+    if (rc != 0) {
+        st = kvm_fail(rc == -2 ? KVMEM_ERR_CORRUPT : KVMEM_ERR_FORMAT, "metadata token_ids must list %lld int32 ids",
+                      (long long)n_tokens);
+        goto done;
+    }
+    if (text) {
+        memcpy(f->text, text, text_cap);
+    } else {
+        for (size_t i = 0; i < text_cap; i++) {
+            int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+            if (hi < 0 || lo < 0) {
+                st = kvm_fail(KVMEM_ERR_FORMAT, "metadata text_hex is not lowercase hex");
+                goto done;
+            }
+            f->text[i] = (char)(hi * 16 + lo);
+        }
+    }
+    f->text_len = text_cap;
+    v = meta_str(&s.doc, meta, "token_text_offsets", &n);
+    rc = v ? parse_list(v, n, -1, (int64_t)text_cap, n_tokens, f->token_text_off, 1) : -1;
+    if (rc != 0) {
+        st = kvm_fail(rc == -2 ? KVMEM_ERR_CORRUPT : KVMEM_ERR_FORMAT,
+                      "metadata token_text_offsets must list %lld offsets in [-1, %zu]", (long long)n_tokens, text_cap);
+        goto done;
+    }
+    int64_t last = 0;
+    for (int64_t i = 0; i < n_tokens; i++) {
+        int64_t o = f->token_text_off[i];
+        if (o < 0) continue;
+        if (o < last) {
+            st = kvm_fail(KVMEM_ERR_CORRUPT, "token_text_offsets decrease at token %lld", (long long)i);
+            goto done;
+        }
+        last = o;
+    }
+
+    pieces ps = {0};
+    for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.order[i], collect, &ps);
+    uint64_t got_sum = 0;
+    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, r, 8 + hl, &got_sum);
+    free(ps.v);
+    if (st != KVMEM_OK) goto done;
+    if (got_sum != checksum) {
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "checksum mismatch: the data section is corrupt (stored %016" PRIx64 ", computed %016" PRIx64 ")",
+                      checksum, got_sum);
+        goto done;
+    }
+    /* AABBs and the f32 tail are used as they are: they must be sane (SIMD
+     * non-finite count, then a vectorizable min <= max scan) */
+    const size_t D = (size_t)p->spec.head_dim;
+    const kvm_cpu_kernels *ck = kvm_cpu_kernels_get();
+    size_t nbox = (size_t)f->n_sealed * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads, bad = 0;
+    if (nbox) bad = ck->count_nonfinite(f->aabb, nbox * 2 * D);
+    for (size_t bx = 0; bx < nbox && !bad; bx++) {
+        const float *box = f->aabb + bx * 2 * D;
+        int inv = 0;
+        for (size_t dd = 0; dd < D; dd++) inv |= box[D + dd] > box[dd];
+        bad += (size_t)inv;
+    }
+    if (bad) {
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "AABBs hold %zu non-finite values or boxes with min > max", bad);
+        goto done;
+    }
+    if (f->tail) {
+        for (size_t g = 0; g < 2 * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads; g++)
+            bad += ck->count_nonfinite(f->tail + g * (size_t)BS * D, (size_t)tail_n * D);
+        if (bad) {
+            st = kvm_fail(KVMEM_ERR_CORRUPT, "the unsealed tail holds %zu non-finite values", bad);
+            goto done;
+        }
+    }
+    *out = f;
+    s.fresh = NULL;
+    s.reserved = 0;
+    st = KVMEM_OK;
+done:
+    ls_free(p, &s);
+    return st;
+}

@@ -1,0 +1,61 @@
+/* libFuzzer harness over kvmem's strict JSON reader and agent-file loader:
+ * any input must be accepted or refused with FORMAT/CORRUPT/MISMATCH/CAPACITY,
+ * never crash, leak or read out of bounds (ASan + UBSan). */
+#include "fuzz_common.h"
+#include "pool/pool.h"
+#include "store/json.h"
+#include "store/persist.h"
+
+#include <stdlib.h>
+
+static kvmem_context *g_ctx;
+static kvmem_pool *g_pools[3];
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!g_ctx) {
+        kvmem_context_params cp = kvmem_context_default_params();
+        cp.n_threads = 1;
+        if (kvmem_context_create(&cp, &g_ctx) != KVMEM_OK) abort();
+        kvmem_model_spec spec = kvm_fuzz_spec();
+        for (int i = 0; i < 3; i++) {
+            kvmem_pool_params pp = kvm_fuzz_params(i);
+            if (kvmem_pool_create(g_ctx, &spec, &pp, &g_pools[i]) != KVMEM_OK) abort();
+        }
+    }
+    if (size < 1) return 0;
+    int target = data[0] % 4;
+    if (target == 0) {
+        kvm_json_doc doc;
+        char err[256];
+        if (kvm_json_parse((const char *)data + 1, size - 1, &doc, err, sizeof err) == 0) {
+            /* walk it: every node must be consistent */
+            for (int32_t i = 0; i < doc.n_nodes; i++)
+                if (doc.nodes[i].first >= doc.n_nodes || doc.nodes[i].next >= doc.n_nodes) abort();
+            kvm_json_free(&doc);
+        }
+        return 0;
+    }
+    kvmem_pool *p = g_pools[target - 1];
+    kvm_mem_reader r;
+    kvm_mem_reader_init(&r, data + 1, size - 1);
+    kvm_agent_mem *m = NULL;
+    kvmem_status st = kvm_agent_parse(p, &r.base, size - 1, NULL, &m);
+    if (st == KVMEM_OK) {
+        /* an accepted file must be fully readable */
+        float row[80];
+        for (int32_t b = 0; b < m->n_sealed; b++)
+            for (int which = 0; which < 2; which++)
+                for (int32_t l = 0; l < 2; l++) kvm_block_read_f32(p, &m->blocks[b], which, l, 0, 0, m->blocks[b].n_tokens > 0 ? 1 : 0, row);
+        kvm_pool_unreserve(p, m->bytes);
+        kvm_agent_mem_clear(m);
+        free(m);
+    } else if (st != KVMEM_ERR_FORMAT && st != KVMEM_ERR_CORRUPT && st != KVMEM_ERR_MISMATCH && st != KVMEM_ERR_CAPACITY) {
+        abort(); /* any other code means the loader lost track */
+    }
+    kvmem_pool_info info;
+    kvmem_pool_get_info(p, &info);
+    if (info.used_bytes != 0) abort(); /* nothing stays reserved */
+    return 0;
+}
