@@ -672,12 +672,15 @@ type PoolParams struct {
 	CapacityBytes     uint64
 	MaxAgents         int32
 	MaxTokensPerAgent int32
+	StoreDir          string // a directory where agents persist; "" = none
+	HostBudgetBytes   uint64
 }
 
 // PoolDefaultParams is kvmem_pool_default_params.
 func PoolDefaultParams() PoolParams {
 	p := C.kvmem_pool_default_params()
-	return PoolParams{int32(p.block_size), DType(p.storage_dtype), uint64(p.capacity_bytes), int32(p.max_agents), int32(p.max_tokens_per_agent)}
+	return PoolParams{BlockSize: int32(p.block_size), StorageDType: DType(p.storage_dtype), CapacityBytes: uint64(p.capacity_bytes),
+		MaxAgents: int32(p.max_agents), MaxTokensPerAgent: int32(p.max_tokens_per_agent), HostBudgetBytes: uint64(p.host_budget_bytes)}
 }
 
 // PoolInfo is kvmem_pool_info.
@@ -708,7 +711,11 @@ func (c *Context) PoolCreate(spec ModelSpec, params PoolParams) (*Pool, error) {
 	pp := C.kvmem_pool_params{
 		block_size: C.int32_t(params.BlockSize), storage_dtype: C.kvmem_dtype(params.StorageDType),
 		capacity_bytes: C.uint64_t(params.CapacityBytes), max_agents: C.int32_t(params.MaxAgents),
-		max_tokens_per_agent: C.int32_t(params.MaxTokensPerAgent),
+		max_tokens_per_agent: C.int32_t(params.MaxTokensPerAgent), host_budget_bytes: C.uint64_t(params.HostBudgetBytes),
+	}
+	if params.StoreDir != "" {
+		pp.store_dir = C.CString(params.StoreDir) // copied by kvmem_pool_create
+		defer C.free(unsafe.Pointer(pp.store_dir))
 	}
 	var out *C.kvmem_pool
 	if err := call(func() C.kvmem_status { return C.kvgo_pool_create((*C.kvmem_context)(cp), &cs, w, &pp, &out) }); err != nil {

@@ -42,6 +42,8 @@ export interface ModelSpec {
 export interface PoolParams {
   blockSize?: number; storageDtype?: StorageDType; capacityBytes?: number;
   maxAgents?: number; maxTokensPerAgent?: number;
+  /** a directory where agents persist (AGENT_ID.safetensors) */
+  storeDir?: string; hostBudgetBytes?: number;
 }
 export interface PoolInfo { used_bytes: number; capacity_bytes: number; n_agents: number; block_size: number; storage_dtype: number; }
 export interface AgentInfo { n_tokens: number; n_blocks: number; n_sealed: number; bytes: number; text_bytes: number; }
@@ -81,6 +83,8 @@ export class Pool extends Handle {
   agentIds(): string[];
   agentOpen(id: string): Agent;
   removeAgent(id: string): void;
+  sync(): void;
+  syncAsync(): Promise<void>;
   segmentsCreate(owner: string, params?: { static_after_steps?: number; max_segments?: number }): Segments;
 }
 
@@ -100,6 +104,12 @@ export class Agent extends Handle {
   tokens(first?: number, n?: number): Int32Array;
   textBytes(): Buffer;
   text(): string;
+  save(path?: string | null): void;
+  saveAsync(path?: string | null): Promise<void>;
+  load(path?: string | null): void;
+  loadAsync(path?: string | null): Promise<void>;
+  truncate(nTokens: number): void;
+  prefixMatch(newText: string | Buffer, opts?: { minRatio?: number }): { kind: number; reuse_tokens: number; common_bytes: number; process_from: number };
   /** kvmem_retrieve: query [n_q][n_layers][n_q_heads][head_dim], raw (pre-RoPE). */
   retrieve(query: TensorLike, opts?: RetrieveOptions): Retrieval;
   retrieveAsync(query: TensorLike, opts?: RetrieveOptions): Promise<Retrieval>;
@@ -250,3 +260,9 @@ export function attendAsync(ctx: Context, q: TensorLike, opts: AttendOptions): P
 export const ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2;
 export const ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1;
 export const ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32;
+
+// ---- Persistence, prefix, batch ----
+export function batchMerge(agents: Agent[], layer: number, opts?: { maxLen?: number; dtype?: DType; kOut?: TensorLike; vOut?: TensorLike }):
+  { k: TensorData; v: TensorData; lengths: number[]; shape: number[] };
+export function batchExtract(batch: TensorView, row: number, length: number, first: number, n: number, opts?: { out?: TensorLike; dtype?: DType }): TensorData;
+export const PREFIX_EXACT: 0, PREFIX_EXTEND: 1, PREFIX_DIVERGE: 2;

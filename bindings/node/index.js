@@ -212,7 +212,8 @@ class Pool extends Handle {
     super();
     const pp = C.kvmem_pool_default_params();
     const names = { blockSize: 'block_size', storageDtype: 'storage_dtype', capacityBytes: 'capacity_bytes',
-                    maxAgents: 'max_agents', maxTokensPerAgent: 'max_tokens_per_agent' };
+                    maxAgents: 'max_agents', maxTokensPerAgent: 'max_tokens_per_agent', storeDir: 'store_dir',
+                    hostBudgetBytes: 'host_budget_bytes' };
     for (const [k, v] of Object.entries(params)) {
       const f = names[k] ?? (Object.values(names).includes(k) ? k : undefined);
       if (!f) throw new TypeError(`kvmem: Pool: unknown parameter ${k}`);
@@ -256,6 +257,9 @@ class Pool extends Handle {
   }
   agentIds() { return Array.from({ length: this.getInfo().n_agents }, (_, i) => this.agentId(i)); }
   agentOpen(id) { return new Agent(this, id); }
+  // kvmem_pool_sync: write changed agents to the pool's store
+  sync() { C.kvmem_pool_sync(this.handle); }
+  syncAsync() { return this._async(C.kvmem_pool_sync, this.handle).then(() => undefined); }
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, id); }
 }
@@ -324,6 +328,23 @@ class Agent extends Handle {
     return len[0] ? Buffer.from(koffi.view(p[0], Number(len[0]))) : Buffer.alloc(0);
   }
   text() { return this.textBytes().toString('utf8'); }
+
+  // kvmem_agent_save / kvmem_agent_load: a crash-safe safetensors file (path null: the pool's store)
+  save(path = null) { C.kvmem_agent_save(this.handle, path); }
+  saveAsync(path = null) { return this._async(C.kvmem_agent_save, this.handle, path).then(() => undefined); }
+  load(path = null) { C.kvmem_agent_load(this.handle, path); }
+  loadAsync(path = null) { return this._async(C.kvmem_agent_load, this.handle, path).then(() => undefined); }
+  truncate(nTokens) { C.kvmem_agent_truncate(this.handle, nTokens); }
+  // kvmem_prefix_match: {kind, reuse_tokens, common_bytes, process_from (a byte offset into the UTF-8 text)}
+  prefixMatch(newText, { minRatio } = {}) {
+    const tb = Buffer.isBuffer(newText) ? newText : Buffer.from(String(newText), 'utf8');
+    const pp = C.kvmem_prefix_default_params();
+    if (minRatio !== undefined) pp.min_ratio = minRatio;
+    const out = {};
+    C.kvmem_prefix_match(this.handle, tb.length ? tb : null, tb.length, pp, out);
+    delete out.reserved;
+    return out;
+  }
 
   _retrieveArgs(query, opts = {}) {
     const s = this.pool.spec;
@@ -753,6 +774,29 @@ async function attendAsync(ctx, q, opts) {
   return { out: a.out, stats: a.stats };
 }
 
+// kvmem_batch_merge: one layer of several agents, left-padded: {k, v, lengths, shape}
+function batchMerge(agents, layer, { maxLen, dtype = 'f32', kOut, vOut } = {}) {
+  if (!agents.length) throw new RangeError('kvmem: batchMerge needs at least one agent');
+  const s = agents[0].pool.spec;
+  const ml = maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().n_tokens)));
+  const shape = [agents.length, s.n_kv_heads, ml, s.head_dim];
+  const count = shape.reduce((a, b) => a * b, 1);
+  const k = kOut ?? newArray(count, dtype), v = vOut ?? newArray(count, dtype);
+  const lengths = new BigInt64Array(agents.length);
+  C.kvmem_batch_merge(agents.map((a) => a.handle), agents.length, layer, tensor(k, 'kOut', shape, kOut ? undefined : dtype),
+                      tensor(v, 'vOut', shape, vOut ? undefined : dtype), lengths);
+  return { k, v, lengths: Array.from(lengths, Number), shape };
+}
+// kvmem_batch_extract: n tokens of row `row` of batch {data, shape: [B][H][max_len][D]} as [n][H][D]
+function batchExtract(batch, row, length, first, n, { out, dtype } = {}) {
+  const bt = tensor(batch, 'batch', null, dtype);
+  if (bt.ndim !== 4) throw new TypeError('kvmem: batch must be a {data, shape: [B, H, max_len, D]} view');
+  const shape = [n, bt.shape[1], bt.shape[3]];
+  const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
+  C.kvmem_batch_extract(bt, row, length, first, n, tensor(o, 'out', shape, out ? undefined : 'f32'));
+  return o;
+}
+
 // ---------------------------------------------------------------------------
 // Free functions
 // ---------------------------------------------------------------------------
@@ -791,7 +835,8 @@ function logSet(fn) {
 module.exports = {
   ...errors,
   Context, Pool, Agent, Retrieval, Segments,
-  clusterKmeans, multihopSelect, multihopSchedule, loadPlan,
+  clusterKmeans, multihopSelect, multihopSchedule, loadPlan, batchMerge, batchExtract,
+  PREFIX_EXACT: 0, PREFIX_EXTEND: 1, PREFIX_DIVERGE: 2,
   attend, attendAsync, ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2,
   ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1,
   ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32,

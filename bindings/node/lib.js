@@ -52,6 +52,7 @@ for (const e of ['kvmem_retrieve_mode', 'kvmem_retrieve_norm', 'kvmem_retrieve_a
   koffi.alias(e, 'int');
 koffi.alias('kvmem_group_state', 'int');
 koffi.alias('kvmem_session_kind', 'int');
+koffi.alias('kvmem_prefix_kind', 'int');
 for (const e of ['kvmem_attend_source_kind', 'kvmem_attend_order', 'kvmem_attend_probe']) koffi.alias(e, 'int');
 for (const o of ['kvmem_qmem_store', 'kvmem_qmem_head', 'kvmem_kvstore', 'kvmem_slotmap']) koffi.opaque(o);
 for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent', 'kvmem_retrieval', 'kvmem_segments']) koffi.opaque(o);
@@ -75,7 +76,7 @@ const types = {
   }),
   kvmem_pool_params: koffi.struct('kvmem_pool_params', {
     block_size: 'int32_t', storage_dtype: 'kvmem_dtype', capacity_bytes: 'uint64_t',
-    max_agents: 'int32_t', max_tokens_per_agent: 'int32_t',
+    max_agents: 'int32_t', max_tokens_per_agent: 'int32_t', store_dir: 'const char *', host_budget_bytes: 'uint64_t',
   }),
   kvmem_pool_info: koffi.struct('kvmem_pool_info', {
     used_bytes: 'uint64_t', capacity_bytes: 'uint64_t', n_agents: 'int32_t', block_size: 'int32_t',
@@ -147,6 +148,10 @@ const types = {
   kvmem_attend_stats: koffi.struct('kvmem_attend_stats', {
     n_streams: 'int64_t', tiles_total: 'int64_t', tiles_visited: 'int64_t', streams_stopped: 'int64_t',
     oracle_tiles: 'int64_t', oracle_agree: 'int64_t', positions_read: 'int64_t', stopped_early: 'int32_t', reserved: 'int32_t',
+  }),
+  kvmem_prefix_params: koffi.struct('kvmem_prefix_params', { min_ratio: 'double' }),
+  kvmem_prefix_result: koffi.struct('kvmem_prefix_result', {
+    kind: 'kvmem_prefix_kind', reserved: 'int32_t', reuse_tokens: 'int64_t', common_bytes: 'size_t', process_from: 'size_t',
   }),
 };
 types.kvmem_log_callback = koffi.proto('void kvmem_log_callback(kvmem_log_level level, const char *message, void *user_data)');
@@ -272,6 +277,15 @@ const DECLARATIONS = [
   // ART attention
   'kvmem_attend_params kvmem_attend_default_params(void)',
   'kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats)',
+  // Persistence, prefix, batch
+  'kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)',
+  'kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)',
+  'kvmem_status kvmem_pool_sync(kvmem_pool *pool)',
+  'kvmem_status kvmem_agent_truncate(kvmem_agent *agent, int64_t n_tokens)',
+  'kvmem_prefix_params kvmem_prefix_default_params(void)',
+  'kvmem_status kvmem_prefix_match(kvmem_agent *agent, const char *new_text, size_t new_len, const kvmem_prefix_params *params, _Out_ kvmem_prefix_result *out)',
+  'kvmem_status kvmem_batch_merge(kvmem_agent **agents, int32_t n_agents, int32_t layer, const kvmem_tensor *k_out, const kvmem_tensor *v_out, int64_t *lengths)',
+  'kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, int64_t n, const kvmem_tensor *out)',
 ];
 
 const fns = {};       // name -> wrapped function (throws on a failing status)

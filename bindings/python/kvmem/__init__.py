@@ -20,7 +20,8 @@ from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN,
                        SCOPE_GLOBAL, SCOPE_PER_LAYER, Segments, GROUP_DYNAMIC, GROUP_STATIC,
                        SEG_EVENT_SEGMENT_STALE, SEG_EVENT_GROUP_STATIC, SEG_EVENT_GROUP_DYNAMIC,
                        SEG_UNIT_SEGMENT, SEG_UNIT_GROUP, cluster_kmeans, multihop_select,
-                       multihop_schedule, load_plan,
+                       multihop_schedule, load_plan, batch_merge, batch_extract, PREFIX_EXACT,
+                       PREFIX_EXTEND, PREFIX_DIVERGE,
                        agent_id_valid, backends, dtype_name, last_error, log_set, rope_apply,
                        status_str, version, version_number)
 

@@ -103,7 +103,8 @@ class kvmem_model_spec(Structure):
 
 class kvmem_pool_params(Structure):
     _fields_ = [("block_size", c_int32), ("storage_dtype", c_enum), ("capacity_bytes", c_uint64),
-                ("max_agents", c_int32), ("max_tokens_per_agent", c_int32)]
+                ("max_agents", c_int32), ("max_tokens_per_agent", c_int32), ("store_dir", c_char_p),
+                ("host_budget_bytes", c_uint64)]
 
 
 class kvmem_pool_info(Structure):
@@ -236,6 +237,15 @@ class kvmem_attend_stats(Structure):
     _fields_ = [("n_streams", c_int64), ("tiles_total", c_int64), ("tiles_visited", c_int64),
                 ("streams_stopped", c_int64), ("oracle_tiles", c_int64), ("oracle_agree", c_int64),
                 ("positions_read", c_int64), ("stopped_early", c_int32), ("reserved", c_int32)]
+
+
+class kvmem_prefix_params(Structure):
+    _fields_ = [("min_ratio", c_double)]
+
+
+class kvmem_prefix_result(Structure):
+    _fields_ = [("kind", c_enum), ("reserved", c_int32), ("reuse_tokens", c_int64), ("common_bytes", c_size_t),
+                ("process_from", c_size_t)]
 
 
 # void (*kvmem_log_callback)(kvmem_log_level level, const char *message, void *user_data)
@@ -479,6 +489,20 @@ _d("kvmem_attend_params kvmem_attend_default_params(void)", kvmem_attend_params)
 _d("kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, "
    "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats)",
    STATUS, ctx_p, T_p, POINTER(kvmem_attend_source), POINTER(kvmem_attend_params), T_p, POINTER(kvmem_attend_stats))
+# Persistence, prefix, batch
+_d("kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)", STATUS, agent_p, c_char_p)
+_d("kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)", STATUS, agent_p, c_char_p)
+_d("kvmem_status kvmem_pool_sync(kvmem_pool *pool)", STATUS, pool_p)
+_d("kvmem_status kvmem_agent_truncate(kvmem_agent *agent, int64_t n_tokens)", STATUS, agent_p, c_int64)
+_d("kvmem_prefix_params kvmem_prefix_default_params(void)", kvmem_prefix_params)
+_d("kvmem_status kvmem_prefix_match(kvmem_agent *agent, const char *new_text, size_t new_len, "
+   "const kvmem_prefix_params *params, kvmem_prefix_result *out)",
+   STATUS, agent_p, c_void_p, c_size_t, POINTER(kvmem_prefix_params), POINTER(kvmem_prefix_result))
+_d("kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t n_agents, int32_t layer, "
+   "const kvmem_tensor *k_out, const kvmem_tensor *v_out, int64_t *lengths)",
+   STATUS, POINTER(c_void_p), c_int32, c_int32, T_p, T_p, c_void_p)
+_d("kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, "
+   "int64_t n, const kvmem_tensor *out)", STATUS, T_p, c_int32, c_int64, c_int64, c_int64, T_p)
 del _d
 
 

@@ -279,6 +279,8 @@ class Pool(_Handle):
                 val = _STORAGE[val.lower()]
             if k not in dict(L.kvmem_pool_params._fields_):
                 raise TypeError(f"kvmem: Pool() got an unknown parameter {k!r}")
+            if k == "store_dir" and isinstance(val, str):
+                val = val.encode()  # C copies it at create
             setattr(pp, k, val)
         h = c_void_p()
         L.kvmem_pool_create(ctx.handle, byref(spec), byref(pp), byref(h))
@@ -319,6 +321,10 @@ class Pool(_Handle):
 
     def agent_ids(self) -> List[str]:
         return [self.agent_id(i) for i in range(self.get_info().n_agents)]
+
+    def sync(self) -> None:
+        """kvmem_pool_sync: write changed agents to the pool's store."""
+        L.kvmem_pool_sync(self.handle)
 
     def agent_open(self, agent_id: str) -> "Agent":
         return Agent(self, agent_id)
@@ -418,6 +424,28 @@ class Agent(_Handle):
 
     def text(self) -> str:
         return self.text_bytes().decode("utf-8", "replace")
+
+    def save(self, path: Optional[str] = None) -> None:
+        """kvmem_agent_save: crash-safe safetensors file (None: the pool's store)."""
+        L.kvmem_agent_save(self.handle, path.encode() if path is not None else None)
+
+    def load(self, path: Optional[str] = None) -> None:
+        """kvmem_agent_load: replace this agent's memory with a saved file (all or nothing)."""
+        L.kvmem_agent_load(self.handle, path.encode() if path is not None else None)
+
+    def truncate(self, n_tokens: int) -> None:
+        L.kvmem_agent_truncate(self.handle, n_tokens)
+
+    def prefix_match(self, new_text: "str | bytes", min_ratio: Optional[float] = None) -> Dict[str, Any]:
+        """kvmem_prefix_match: kind (PREFIX_EXACT/EXTEND/DIVERGE), reuse_tokens,
+        common_bytes, process_from (a byte offset into the UTF-8 text)."""
+        tb = new_text.encode() if isinstance(new_text, str) else bytes(new_text)
+        pp = L.kvmem_prefix_default_params()
+        if min_ratio is not None:
+            pp.min_ratio = min_ratio
+        res = L.kvmem_prefix_result()
+        L.kvmem_prefix_match(self.handle, ctypes.c_char_p(tb), len(tb), byref(pp), byref(res))
+        return _struct_dict(res)
 
     def retrieve(self, query: Any, *, result: Optional["Retrieval"] = None, dtype: Any = None,
                  exclude: Optional[Sequence[int]] = None, always_include: Optional[Sequence[int]] = None,
@@ -794,3 +822,55 @@ def load_plan(compute_ms: Any, n_layers: int, load_bytes: Any, n_segments: int, 
     finally:
         B.release(*held)
     return [_struct_dict(i) for i in items[:n.value]], _to_result(starts, n_layers, "float64"), _struct_dict(stats)
+
+
+PREFIX_EXACT, PREFIX_EXTEND, PREFIX_DIVERGE = 0, 1, 2
+
+
+def batch_merge(agents: Sequence[Agent], layer: int, max_len: Optional[int] = None, *, k_out: Any = None,
+                v_out: Any = None, dtype: Any = "f32") -> Tuple[Any, Any, List[int]]:
+    """kvmem_batch_merge: one layer of several agents, left-padded, as
+    (k, v [B][n_kv_heads][max_len][head_dim], lengths)."""
+    if not agents:
+        raise ValueError("kvmem: batch_merge needs at least one agent")
+    s = agents[0].pool.spec
+    if max_len is None:
+        max_len = max(a.get_info().n_tokens for a in agents)
+    shape = (len(agents), s.n_kv_heads, max_len, s.head_dim)
+    if k_out is None:
+        k_out = B.new_array(shape, dtype)
+    if v_out is None:
+        v_out = B.new_array(shape, dtype)
+    handles = (c_void_p * len(agents))(*[a.handle for a in agents])
+    lengths = (ctypes.c_int64 * len(agents))()
+    held: List[Any] = []
+    try:
+        kt, h = B.tensor(k_out, "k_out", shape, dtype, writable=True)
+        held.append(h)
+        vt, h = B.tensor(v_out, "v_out", shape, dtype, writable=True)
+        held.append(h)
+        L.kvmem_batch_merge(handles, len(agents), layer, byref(kt), byref(vt), lengths)
+    finally:
+        B.release(*held)
+    return k_out, v_out, list(lengths)
+
+
+def batch_extract(batch: Any, row: int, length: int, first: int, n: int, *, out: Any = None,
+                  dtype: Any = None) -> Any:
+    """kvmem_batch_extract: n tokens of row `row` of a left-padded batch
+    [B][n_kv_heads][max_len][head_dim], as [n][n_kv_heads][head_dim]."""
+    bt, bv = B.tensor(batch, "batch", None, dtype)
+    try:
+        if bt.ndim != 4:
+            raise ValueError("kvmem: batch must be [B][n_kv_heads][max_len][head_dim]")
+        shape = (n, bt.shape[1], bt.shape[3])
+        if out is None:
+            out = B.new_array(shape, "f32")
+        ot, ov = B.tensor(out, "out", shape, None, writable=True)
+        try:
+            L.kvmem_batch_extract(byref(bt), row, length, first, n, byref(ot))
+        finally:
+            ov.close()
+        return out
+    finally:
+        bv.close()

@@ -10,7 +10,6 @@
 //	POST   /agents/{id}/save, /load  {path}
 //	DELETE /agents/{id}              close and remove the agent
 //
-// Endpoints whose C functions this Go binding does not have yet answer 501.
 // Errors come back as {error, status, message} with kvmem's own message.
 //
 // Run (from a checkout, after make build):

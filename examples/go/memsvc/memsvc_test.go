@@ -143,8 +143,9 @@ func TestMemsvc(t *testing.T) {
 	}
 	code, out = call("POST", "/agents/alice/retrieve", map[string]any{"query": q, "top_k": 1, "gather": true, "base_position": 5})
 	checkRetrieve(t, code, out)
+	file := t.TempDir() + "/alice.kvm"
 	for _, op := range []string{"save", "load"} {
-		code, out = call("POST", "/agents/alice/"+op, map[string]any{"path": t.TempDir() + "/alice.kvm"})
+		code, out = call("POST", "/agents/alice/"+op, map[string]any{"path": file})
 		checkPersist(t, op, code, out)
 	}
 	if code, _ = call("DELETE", "/agents/bob", nil); code != 200 {

@@ -63,10 +63,3 @@ func (s *service) retrieve(id string, r *http.Request) (any, error) {
 		return out, nil
 	})
 }
-
-// persist answers 501 until the Go binding has kvmem_agent_save/load.
-func (s *service) persist(op, id string, r *http.Request) (any, error) {
-	_ = id
-	_ = r
-	return nil, &httpError{501, "not_implemented", "this Go binding has no kvmem_agent_" + op + " yet"}
-}

@@ -7,7 +7,7 @@
 //   POST   /agents/:id/append           {k, v, token_ids?, text?, token_text_offsets?, positions?, flush?}
 //   POST   /agents/:id/flush            agent info
 //   POST   /agents/:id/retrieve         {query, top_k?, gather?, base_position?}
-//   POST   /agents/:id/save, /load      {path}   (501 until this libkvmem has persistence)
+//   POST   /agents/:id/save, /load      {path}   (501 when the loaded libkvmem lacks the function)
 //   DELETE /agents/:id                  close and remove the agent
 //
 // K and V are flat arrays [n_layers][T][n_kv_heads][head_dim] and the query

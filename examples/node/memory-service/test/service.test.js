@@ -95,8 +95,9 @@ test('memory service: append, flush, info, retrieve, save/load, errors', async (
       assert.deepEqual(r.body.blocks[0].token_ids, [4, 5, 6]);
       assert.deepEqual(r.body.gathered.shape, [L, 3, HKV, D]);
     }
+    const file = path.join(require('node:fs').mkdtempSync(path.join(require('node:os').tmpdir(), 'kvmem-svc-')), 'alice.kvm');
     for (const op of ['save', 'load']) {
-      r = await call('POST', `/agents/alice/${op}`, { path: '/tmp/kvmem-service-test.kvm' });
+      r = await call('POST', `/agents/alice/${op}`, { path: file });
       if (!kvmem.hasFunction(`kvmem_agent_${op}`)) assert.equal(r.code, 501);
       else assert.equal(r.code, 200, JSON.stringify(r.body));
     }
