@@ -15,6 +15,7 @@ typedef struct kvm_bench_opts {
     const char *backend; /* "cpu", ... */
     int n_threads;       /* 0 = all cores */
     FILE *out;
+    const char *store;   /* --store URL: a networked store for the store suite (redis://...), or NULL */
 } kvm_bench_opts;
 
 typedef struct kvm_bench_suite {

@@ -4,7 +4,11 @@
  *   memcpy_gbps this machine's single-thread memcpy, same run (target: load >= 0.5 x memcpy)
  *   q4_quant_gbps, q4_dequant_gbps  one core, in f16-equivalent bytes (2 per value) per second
  * and the file sizes of 4k tokens of Llama-3.1-8B geometry (32 layers, 8 KV
- * heads, head_dim 128) in F16 and Q4. --quick uses 2 layers and 256 tokens. */
+ * heads, head_dim 128) in F16 and Q4. --quick uses 2 layers and 256 tokens.
+ * With --store redis://...: the same agents saved to / loaded from that
+ * Redis server too, in the same run ("store":"redis" lines: redis_save_gbps,
+ * redis_load_gbps beside the directory store's dir_save_gbps, dir_load_gbps).
+ * The bench starts no server: without --store it prints a skipped line. */
 #include "bench.h"
 #include "kvmem.h"
 #include "quant/quant.h"
@@ -75,8 +79,14 @@ static double memcpy_fresh_gbps(size_t n) {
     return (double)n / t / 1e9;
 }
 
-static int run_config(const kvm_bench_opts *o, kvmem_context *ctx, const char *dir, kvmem_dtype dt, int L, int T,
-                      double memcpy_gbps, double fresh_gbps, long long *file_bytes) {
+typedef struct io_result {
+    double save_gbps, load_gbps;
+} io_result;
+
+/* url NULL: the directory store in dir (measures *file_bytes, fills *dir_res).
+ * url set: the same agent through that store, compared with *dir_res. */
+static int run_config(const kvm_bench_opts *o, kvmem_context *ctx, const char *dir, const char *url, kvmem_dtype dt, int L,
+                      int T, double memcpy_gbps, double fresh_gbps, long long *file_bytes, io_result *dir_res) {
     kvmem_model_spec spec = kvmem_model_spec_default();
     spec.n_layers = L;
     spec.n_q_heads = 32;
@@ -86,10 +96,28 @@ static int run_config(const kvm_bench_opts *o, kvmem_context *ctx, const char *d
     snprintf(spec.model_id, sizeof spec.model_id, "llama-3.1-8b-geometry");
     kvmem_pool_params pp = kvmem_pool_default_params();
     pp.storage_dtype = dt;
-    pp.store_dir = dir;
+    pp.store_dir = url ? url : dir;
     kvmem_pool *pool;
     kvmem_agent *a;
-    if (kvmem_pool_create(ctx, &spec, &pp, &pool) != KVMEM_OK || kvmem_agent_open(pool, "bench-agent", &a) != KVMEM_OK) {
+    kvmem_status cst = kvmem_pool_create(ctx, &spec, &pp, &pool);
+    if (url && cst == KVMEM_ERR_UNSUPPORTED) { /* the plugin is not built: say so, not a failure */
+        if (o->json) {
+            kvm_json_begin(o->out, "store");
+            kvm_json_str(o->out, "store", "redis");
+            kvm_json_str(o->out, "skipped", kvmem_last_error());
+            kvm_json_end(o->out);
+        } else {
+            fprintf(o->out, "store redis: skipped (%s)\n", kvmem_last_error());
+        }
+        return 0;
+    }
+    if (cst != KVMEM_OK || kvmem_agent_open(pool, "bench-agent", &a) != KVMEM_OK) {
+        fprintf(stderr, "store bench: %s\n", kvmem_last_error());
+        if (cst == KVMEM_OK) kvmem_pool_free(pool);
+        return 1;
+    }
+    /* an agent left in the store by an interrupted run: start empty */
+    if (kvmem_agent_truncate(a, 0) != KVMEM_OK) {
         fprintf(stderr, "store bench: %s\n", kvmem_last_error());
         return 1;
     }
@@ -122,10 +150,39 @@ static int run_config(const kvm_bench_opts *o, kvmem_context *ctx, const char *d
     char path[512];
     snprintf(path, sizeof path, "%s/bench-agent.safetensors", dir);
     struct stat st;
-    long long bytes = stat(path, &st) == 0 ? (long long)st.st_size : 0;
-    *file_bytes = bytes;
+    long long bytes = *file_bytes; /* the same agent as the directory run: the same bytes */
+    if (!url) *file_bytes = bytes = stat(path, &st) == 0 ? (long long)st.st_size : 0;
     if (sv.failed || ld.failed) fprintf(stderr, "store bench: %s\n", kvmem_last_error());
     double save = (double)bytes / ts / 1e9, load = (double)bytes / tl / 1e9;
+    if (url) {
+        if (o->json) {
+            kvm_json_begin(o->out, "store");
+            kvm_json_str(o->out, "store", "redis");
+            kvm_json_str(o->out, "config", dt == KVMEM_Q4 ? "llama8b_q4" : "llama8b_f16");
+            kvm_json_str(o->out, "dtype", kvmem_dtype_name(dt));
+            kvm_json_int(o->out, "n_layers", L);
+            kvm_json_int(o->out, "tokens", T);
+            kvm_json_int(o->out, "value_bytes", bytes);
+            kvm_json_num(o->out, "redis_save_gbps", save);
+            kvm_json_num(o->out, "redis_load_gbps", load);
+            kvm_json_num(o->out, "dir_save_gbps", dir_res->save_gbps);
+            kvm_json_num(o->out, "dir_load_gbps", dir_res->load_gbps);
+            kvm_json_num(o->out, "redis_over_dir_save", save / dir_res->save_gbps);
+            kvm_json_num(o->out, "redis_over_dir_load", load / dir_res->load_gbps);
+            kvm_json_num(o->out, "save_ms", ts * 1e3);
+            kvm_json_num(o->out, "load_ms", tl * 1e3);
+            kvm_json_end(o->out);
+        } else {
+            fprintf(o->out, "store redis %-4s %d layers x %d tokens: %.1f MB, save %.2f GB/s (dir %.2f), load %.2f GB/s (dir %.2f)\n",
+                    kvmem_dtype_name(dt), L, T, (double)bytes / 1e6, save, dir_res->save_gbps, load, dir_res->load_gbps);
+        }
+        kvmem_agent_close(a);
+        if (kvmem_pool_remove_agent(pool, "bench-agent") != KVMEM_OK) sv.failed = 1; /* leave nothing behind */
+        kvmem_pool_free(pool);
+        return sv.failed || ld.failed;
+    }
+    dir_res->save_gbps = save;
+    dir_res->load_gbps = load;
     if (o->json) {
         kvm_json_begin(o->out, "store");
         kvm_json_str(o->out, "config", dt == KVMEM_Q4 ? "llama8b_q4" : "llama8b_f16");
@@ -168,8 +225,20 @@ static int run_store(const kvm_bench_opts *o) {
     size_t mb = o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20);
     double mc = kvm_measure_memcpy_gbps(mb), fresh = memcpy_fresh_gbps(mb);
     long long f16 = 0, q4 = 0;
-    int rc = run_config(o, ctx, dir, KVMEM_F16, L, T, mc, fresh, &f16);
-    rc |= run_config(o, ctx, dir, KVMEM_Q4, L, T, mc, fresh, &q4);
+    io_result r16 = {0, 0}, r4 = {0, 0};
+    int rc = run_config(o, ctx, dir, NULL, KVMEM_F16, L, T, mc, fresh, &f16, &r16);
+    rc |= run_config(o, ctx, dir, NULL, KVMEM_Q4, L, T, mc, fresh, &q4, &r4);
+    if (o->store) {
+        rc |= run_config(o, ctx, dir, o->store, KVMEM_F16, L, T, mc, fresh, &f16, &r16);
+        if (!rc) rc |= run_config(o, ctx, dir, o->store, KVMEM_Q4, L, T, mc, fresh, &q4, &r4);
+    } else if (o->json) {
+        kvm_json_begin(o->out, "store");
+        kvm_json_str(o->out, "store", "redis");
+        kvm_json_str(o->out, "skipped", "no --store redis://HOST:PORT/DB given (the bench starts no server)");
+        kvm_json_end(o->out);
+    } else {
+        fprintf(o->out, "store redis: skipped (no --store redis://HOST:PORT/DB given; the bench starts no server)\n");
+    }
     kvmem_context_free(ctx);
     rmdir(dir);
 

@@ -248,7 +248,16 @@ typedef struct kvmem_pool_params {
                                     NULL = none. Copied. With a store, closed agents are
                                     spilled there (least recently used first) instead of
                                     failing with KVMEM_ERR_CAPACITY, and opening an agent
-                                    that is only in the store loads it. */
+                                    that is only in the store loads it.
+                                    Or a store URL (see "Sharing memory across hosts"
+                                    in README.md): "redis://[[user]:pass@]host[:port][/db]"
+                                    or "unix:///path.sock", options after '?': pool=NAME,
+                                    ttl=SECONDS, timeout_ms=N, chunk_bytes=N, db=N. Needs
+                                    the libkvmem-redis.so plugin (built with hiredis);
+                                    without it pool_create fails with
+                                    KVMEM_ERR_UNSUPPORTED. A save based on an older
+                                    version than the stored one fails with
+                                    KVMEM_ERR_CONFLICT and writes nothing. */
     uint64_t host_budget_bytes;  /* with a store: after a close, closed agents are spilled
                                     until the pool holds at most this; 0 = spill only when
                                     capacity_bytes would be exceeded */

@@ -18,7 +18,7 @@ common=(-std=c11 -g -O1 -D_POSIX_C_SOURCE=200809L -I"$root/include" -I"$root/cor
 core=()
 simd=()
 for f in "$root"/core/*.c "$root"/core/*/*.c; do
-  # *_wasm128.c are WebAssembly SIMD, built only by Emscripten (core/CMakeLists.txt)
+  # *_wasm128.c: WebAssembly SIMD, only for the Emscripten build (as in core/CMakeLists.txt)
   case "$f" in *_wasm128.c) ;; *_avx2.c|*_avx512.c) simd+=("$f");; *) core+=("$f");; esac
 done
 arch=()

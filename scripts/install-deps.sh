@@ -19,6 +19,9 @@ pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
 pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
 # The libFuzzer harness (make fuzz): clang and its fuzzer runtime.
 pkgs+=(clang-14 libclang-rt-14-dev)
+# The Redis store plugin (libhiredis-dev) and its tests (redis-server and
+# redis-tools: tests/checks/redis_store.sh starts a server on loopback).
+pkgs+=(libhiredis-dev redis-server redis-tools)
 web_pkgs=(emscripten node-acorn chromium nodejs)
 
 missing_of() {

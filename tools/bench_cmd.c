@@ -1,4 +1,4 @@
-/* kvmem bench [--json] [--quick] [--backend NAME] [--threads N] SUITE... | all */
+/* kvmem bench [--json] [--quick] [--backend NAME] [--threads N] [--store URL] SUITE... | all */
 #include "commands.h"
 #include "kvmem.h"
 
@@ -10,7 +10,7 @@
 #  include "bench.h"
 
 static int cmd_bench(int argc, char **argv) {
-    kvm_bench_opts o = {0, 0, "cpu", 0, stdout};
+    kvm_bench_opts o = {0, 0, "cpu", 0, stdout, NULL};
     int n_suites = 0;
     const char *names[32];
     for (int i = 1; i < argc; i++) {
@@ -18,13 +18,15 @@ static int cmd_bench(int argc, char **argv) {
         else if (strcmp(argv[i], "--quick") == 0) o.quick = 1;
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) o.backend = argv[++i];
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) o.n_threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--store") == 0 && i + 1 < argc) o.store = argv[++i];
         else if (argv[i][0] == '-') {
             fprintf(stderr, "kvmem bench: unknown option '%s'\n", argv[i]);
             return 2;
         } else if (n_suites < 32) names[n_suites++] = argv[i];
     }
     if (n_suites == 0) {
-        fprintf(stderr, "usage: kvmem bench [--json] [--quick] [--backend NAME] [--threads N] SUITE... | all\nsuites:\n");
+        fprintf(stderr, "usage: kvmem bench [--json] [--quick] [--backend NAME] [--threads N] [--store URL] SUITE... | all\n"
+                        "  --store redis://HOST:PORT/DB  also measure the store suite against this server\nsuites:\n");
         for (int i = 0; kvm_bench_suites[i]; i++)
             fprintf(stderr, "  %-10s %s\n", kvm_bench_suites[i]->name, kvm_bench_suites[i]->what);
         return 2;

@@ -62,7 +62,8 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
         p->spec.layer_window = p->layer_window;
     }
     if (pp.store_dir) {
-        st = kvm_dir_store_create(pp.store_dir, &p->store);
+        /* a directory, or a store URL (redis://, unix://) opened by its plugin */
+        st = kvm_store_open(pp.store_dir, &p->store);
         if (st != KVMEM_OK) {
             free(p->layer_window);
             free(p);

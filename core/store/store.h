@@ -15,6 +15,12 @@
 
 #define KVM_MAX_IOV 512
 
+#if defined(__GNUC__) || defined(__clang__)
+#  define KVMEM_STORE_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#  define KVMEM_STORE_PRINTF(f, a)
+#endif
+
 typedef struct kvm_store_reader kvm_store_reader;
 struct kvm_store_reader {
     /* Read up to n bytes at byte offset off; *got = 0 only at the end.
@@ -61,6 +67,27 @@ kvmem_status kvm_dir_store_create(const char *dir, kvm_store **out);
 static inline void kvm_store_free(kvm_store *s) {
     if (s) s->iface->free(s);
 }
+
+/* Open the store named by spec (pool_params.store_dir): a directory path,
+ * the default, or a URL of a networked store loaded as a plugin so the core
+ * links no client library: "redis://[[user]:pass@]host[:port][/db][?opt=v&...]"
+ * or "unix:///path/to.sock[?db=N&...]" (libkvmem-redis.so, built when
+ * hiredis is found). Errors: those of kvm_dir_store_create, or
+ * KVMEM_ERR_UNSUPPORTED naming why the plugin is missing. */
+kvmem_status kvm_store_open(const char *spec, kvm_store **out);
+/* 1 if spec is a store URL rather than a directory. */
+int kvm_store_is_url(const char *spec);
+
+/* Store plugins (libkvmem-NAME.so) export KVM_STORE_PLUGIN_INIT. The host
+ * table hands them the core's error reporting: a plugin may be loaded by a
+ * program that links libkvmem statically, so it cannot link back to it. */
+#define KVM_STORE_PLUGIN_INIT "kvmem_store_plugin_init"
+#define KVM_STORE_PLUGIN_API 1u
+typedef struct kvm_store_host {
+    kvmem_status (*fail)(kvmem_status status, const char *fmt, ...) KVMEM_STORE_PRINTF(2, 3);
+} kvm_store_host;
+typedef kvmem_status (*kvm_store_plugin_init_fn)(uint32_t api_version, const kvm_store_host *host, const char *url,
+                                                 kvm_store **out);
 
 /* Plain files by path (kvmem_agent_save/load with an explicit path): the
  * same crash-safe write, in the file's own directory. */
