@@ -3,14 +3,15 @@
 #               model is there, else the synthetic `kvmem demo`)
 #   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, the
 #               WebAssembly build and its browser test (skipped, saying why,
-#               without emscripten or chromium)
+#               without emscripten or chromium), and the Python, Node and Go
+#               bindings with their examples (skipped per language, saying why)
 #   make demo-web  build the WebAssembly demo page and serve it on 127.0.0.1
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST = ctest --parallel $(JOBS) --preset
 
 WEB_PORT ?= 8765
 
-.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-fuzz wasm demo-web fuzz bench clean
+.PHONY: all deps build demo test test-default test-asan test-tsan test-web test-fuzz test-bindings wasm demo-web fuzz bench clean
 
 all: build
 
@@ -36,7 +37,7 @@ demo: build
 	  ./build/default/tools/kvmem demo; \
 	fi
 
-test: deps test-default test-asan test-tsan test-web test-fuzz
+test: deps test-default test-asan test-tsan test-web test-fuzz test-bindings
 	@echo "make test: all suites passed"
 
 # The plain build runs verbosely so each cmocka program's summary shows.
@@ -71,6 +72,11 @@ fuzz: deps
 
 test-fuzz: deps
 	scripts/fuzz.sh 60
+
+# Python, Node and Go bindings and their examples, against the default build;
+# a missing toolchain prints "skipped: <why>".
+test-bindings: build
+	scripts/test-bindings.sh build/default
 
 bench: build
 	./build/default/tools/kvmem bench --json all

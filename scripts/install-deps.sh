@@ -8,7 +8,9 @@
 # the nodejs package where that comes from NodeSource: Debian's own `npm`
 # package is installed only when no npm is present). The web group is
 # optional: without root it is reported and `make test-web` skips with the
-# reason.
+# reason. The Python, Node and Go bindings' toolchains are a third optional
+# group (`make test-bindings` skips a language without its toolchain), then
+# koffi from bindings/node/package-lock.json.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
@@ -59,5 +61,23 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 if command -v npm >/dev/null && [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
   (cd "$root/wasm" && npm ci --no-audit --no-fund --loglevel=error) ||
     echo "npm ci in wasm/ failed (optional: make test-web skips without playwright-core)" >&2
+fi
+# The bindings' toolchains count as present when the tool works, however it
+# was installed (a NodeSource nodejs ships its own npm).
+bind_missing=()
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || bind_missing+=(python3-pytest)
+/usr/bin/python3 -c 'import numpy' 2>/dev/null || bind_missing+=(python3-numpy)
+command -v node >/dev/null || bind_missing+=(nodejs)
+command -v npm >/dev/null || bind_missing+=(npm)
+command -v go >/dev/null || bind_missing+=(golang-go)
+if [ ${#bind_missing[@]} -gt 0 ]; then
+  echo "the Python, Node and Go bindings' tests need: ${bind_missing[*]}" >&2
+  install "${bind_missing[@]}" || echo "(optional: make test-bindings skips a language without them)" >&2
+fi
+
+# koffi, the Node binding's FFI, pinned by bindings/node/package-lock.json
+if command -v npm >/dev/null && [ ! -d "$root/bindings/node/node_modules/koffi" ]; then
+  (cd "$root/bindings/node" && npm ci --no-audit --no-fund --loglevel=error) ||
+    echo "npm ci in bindings/node failed (optional: the Node binding's tests skip without koffi)" >&2
 fi
 exit 0

@@ -1,0 +1,3 @@
+module github.com/kvmem/kvmem/bindings/go
+
+go 1.19

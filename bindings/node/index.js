@@ -1,0 +1,864 @@
+'use strict';
+// kvmem for Node.js: Context, Pool, Agent owning their C handles (koffi).
+//
+// Tensors cross without copies: a TypedArray (or Buffer) is handed to C as a
+// pointer to its own memory. A flat array is read in the shape the call
+// expects; a {data, shape, strides, dtype} object describes a strided view
+// (strides in elements, as in C). Float32Array = f32; f16 and bf16 travel as
+// Uint16Array bits with dtype 'f16' / 'bf16' (or a Float16Array where Node has it).
+//
+// Ownership mirrors C: a Pool keeps its Context, an Agent its Pool. close() is
+// idempotent; objects support `using` (Symbol.dispose); a FinalizationRegistry
+// frees what was never closed. Closing a Pool closes its Agents (C frees their
+// handles); closing a Context closes its Pools. Closed objects throw ClosedError.
+// Calls that do real work have an `...Async` form running on a worker thread
+// (koffi async), so a service's event loop keeps running.
+const L = require('./lib');
+const errors = require('./errors');
+
+const { fns: C, koffi } = L;
+const F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q4_KIVI = 5;
+const DTYPES = { f32: F32, float32: F32, f16: F16, float16: F16, bf16: BF16, bfloat16: BF16 };
+const STORAGE = { ...DTYPES, q8: Q8, q4: Q4, q4_kivi: Q4_KIVI };
+const ITEMSIZE = [4, 2, 2];
+
+function dtypeCode(d, what) {
+  if (typeof d === 'number' && d >= 0 && d <= 2) return d;
+  const c = DTYPES[String(d).toLowerCase()];
+  if (c === undefined) throw new TypeError(`kvmem: ${what}: dtype ${d} is not one of f32, f16, bf16`);
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------
+
+const HasF16 = typeof Float16Array !== 'undefined';
+
+// The element dtype of a typed array, given the dtype the caller named (or undefined).
+function elemDtype(data, dtype, what) {
+  const want = dtype === undefined || dtype === null ? undefined : dtypeCode(dtype, what);
+  if (data instanceof Float32Array) {
+    if (want !== undefined && want !== F32) throw new TypeError(`kvmem: ${what} is a Float32Array, not ${dtype}`);
+    return F32;
+  }
+  if (HasF16 && data instanceof Float16Array) {
+    if (want !== undefined && want !== F16) throw new TypeError(`kvmem: ${what} is a Float16Array, not ${dtype}`);
+    return F16;
+  }
+  if (data instanceof Uint16Array) {
+    if (want === undefined || want === F32)
+      throw new TypeError(`kvmem: ${what} is a Uint16Array: pass dtype 'f16' or 'bf16' to say what it holds`);
+    return want;
+  }
+  if (data instanceof Uint8Array || data instanceof ArrayBuffer || data instanceof DataView) {
+    if (want === undefined) throw new TypeError(`kvmem: ${what} is raw bytes: pass dtype ('f32', 'f16' or 'bf16')`);
+    return want;
+  }
+  throw new TypeError(`kvmem: ${what} must be a Float32Array, Uint16Array (f16/bf16 bits), ` +
+                      `Buffer or ArrayBuffer, got ${data === null ? 'null' : data?.constructor?.name ?? typeof data}`);
+}
+
+function byteLength(data) { return data.byteLength; }
+
+// A kvmem_tensor (koffi struct object) over x's memory. `shape` is what the
+// call expects, -1 entries inferred (at most one).
+function tensor(x, what, shape, dtype) {
+  let data = x, strides, given;
+  if (x && typeof x === 'object' && !ArrayBuffer.isView(x) && !(x instanceof ArrayBuffer)) {
+    data = x.data; given = x.shape; strides = x.strides;
+    if (x.dtype !== undefined) dtype = x.dtype;
+  }
+  const code = elemDtype(data, dtype, what);
+  const isz = ITEMSIZE[code];
+  if (byteLength(data) % isz) throw new TypeError(`kvmem: ${what}: ${byteLength(data)} bytes is not a whole number of ${isz}-byte elements`);
+  const n = byteLength(data) / isz;
+  if (data.byteOffset !== undefined && data.byteOffset % isz)
+    throw new TypeError(`kvmem: ${what}: byte offset ${data.byteOffset} is not aligned to ${isz}`);
+  let ext;
+  if (given) {
+    ext = Array.from(given, Number);
+    if (shape && (ext.length !== shape.length || ext.some((e, i) => shape[i] >= 0 && shape[i] !== e)))
+      throw new RangeError(`kvmem: ${what} has shape [${ext}], expected [${shape.map(s => s < 0 ? '*' : s)}]`);
+  } else {
+    if (!shape) throw new TypeError(`kvmem: ${what}: give {data, shape} for this call`);
+    const known = shape.reduce((a, s) => a * (s >= 0 ? s : 1), 1);
+    const unknown = shape.filter(s => s < 0).length;
+    if (unknown > 1 || (unknown ? known === 0 || n % known : n !== known))
+      throw new RangeError(`kvmem: ${what} holds ${n} elements, which is not a whole tensor of shape [${shape.map(s => s < 0 ? '*' : s)}]`);
+    ext = shape.map(s => (s >= 0 ? s : n / known));
+  }
+  if (ext.length < 1 || ext.length > L.MAX_DIMS) throw new TypeError(`kvmem: ${what} has ${ext.length} dimensions, at most ${L.MAX_DIMS}`);
+  if (!strides) {
+    strides = new Array(ext.length);
+    let acc = 1;
+    for (let i = ext.length - 1; i >= 0; i--) { strides[i] = acc; acc *= ext[i]; }
+  }
+  if (strides.length !== ext.length || strides.some(s => !Number.isInteger(s) || s < 0))
+    throw new TypeError(`kvmem: ${what}: strides [${strides}] must be ${ext.length} non-negative integers (elements)`);
+  // the furthest element the view reaches must lie inside the array: C trusts it
+  if (ext.every(e => e > 0)) {
+    const last = ext.reduce((a, e, i) => a + (e - 1) * strides[i], 0);
+    if (last >= n) throw new RangeError(`kvmem: ${what}: shape [${ext}] with strides [${strides}] reaches element ${last}, the array has ${n}`);
+  }
+  const pad = (a) => a.concat(new Array(L.MAX_DIMS - a.length).fill(0));
+  return { data, dtype: code, ndim: ext.length, shape: pad(ext), strides: pad(strides) };
+}
+
+function newArray(n, dtype) {
+  const c = dtypeCode(dtype, 'dtype');
+  return c === F32 ? new Float32Array(n) : (c === F16 && HasF16 ? new Float16Array(n) : new Uint16Array(n));
+}
+
+function int32s(x, what, n) {
+  if (x === undefined || x === null) return null;
+  const a = x instanceof Int32Array ? x : Int32Array.from(x); // arrays of numbers are converted (copied)
+  if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} entries, expected ${n}`);
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// Handles
+// ---------------------------------------------------------------------------
+
+const registry = new FinalizationRegistry(({ free, handle }) => {
+  try { free(handle); } catch { /* never throw from a finalizer */ }
+});
+
+class Handle {
+  _own(handle, free, kind) {
+    this._h = handle;
+    this._kind = kind;
+    this._busy = 0;
+    this._free = free;
+    registry.register(this, { free, handle }, this);
+  }
+  get handle() {
+    if (this._h === null) throw new errors.ClosedError(`${this._kind} is closed`);
+    return this._h;
+  }
+  get closed() { return this._h === null; }
+  _forget() { registry.unregister(this); this._h = null; }
+  close() {
+    if (this._h === null) return;
+    if (this._busy) throw new errors.BusyError(`${this._kind}: an async call is still running on it; await it before close()`);
+    const h = this._h;
+    this._forget();
+    this._free(h);
+  }
+  // run a koffi async call, keeping this object (and `keep`) alive and open until it settles
+  async _async(fn, ...args) {
+    this._busy++;
+    try { return await fn.async(...args); } finally { this._busy--; }
+  }
+}
+if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
+
+// K, V [n_layers][T][n_kv_heads][head_dim] and kvmem_append_params from opts
+function kvArgs(spec, k, v, opts = {}) {
+  const shape = [spec.n_layers, -1, spec.n_kv_heads, spec.head_dim];
+  const kt = tensor(k, 'k', shape, opts.dtype);
+  const vt = tensor(v, 'v', shape, opts.dtype);
+  const T = kt.shape[1];
+  const ap = C.kvmem_append_default_params();
+  ap.token_ids = int32s(opts.tokenIds, 'tokenIds', T);
+  if (opts.text !== undefined && opts.text !== null) {
+    const tb = Buffer.isBuffer(opts.text) ? opts.text : Buffer.from(String(opts.text), 'utf8');
+    // koffi passes a Buffer as a pointer to its bytes (no NUL needed: text_len says how many)
+    ap.text = tb.length ? tb : null;
+    ap.text_len = tb.length;
+  }
+  ap.token_text_offsets = int32s(opts.tokenTextOffsets, 'tokenTextOffsets', T);
+  ap.positions = int32s(opts.positions, 'positions', T);
+  ap.keys_rotated = (opts.keysRotated ?? (opts.positions != null)) ? 1 : 0;
+  return [kt, vt, ap];
+}
+
+class Context extends Handle {
+  // backend: 'cpu', 'cuda', 'vulkan' or 'auto'; nThreads 0 = online cores
+  constructor({ backend = 'auto', nThreads = 0 } = {}) {
+    super();
+    const out = [null];
+    C.kvmem_context_create({ ...C.kvmem_context_default_params(), backend, n_threads: nThreads }, out);
+    this._own(out[0], C.kvmem_context_free, 'Context');
+    this._pools = new Set();
+  }
+  get backend() { return C.kvmem_context_backend(this.handle); }
+  get nThreads() { return C.kvmem_context_n_threads(this.handle); }
+  poolCreate(spec, params) { return new Pool(this, spec, params); }
+  close() {
+    for (const p of this._pools) if (p._busyTree()) throw new errors.BusyError('Context: an async call is still running on one of its agents');
+    for (const p of [...this._pools]) p.close();
+    super.close();
+  }
+}
+
+// kvmem_model_spec from kvmem_model_spec_default() with fields overridden
+// (snake_case C names; layerWindow/model_id accepted too).
+function modelSpec(fields = {}) {
+  const s = { ...C.kvmem_model_spec_default(), ...fields };
+  if (fields.layerWindow) s.layer_window = fields.layerWindow;
+  delete s.layerWindow;
+  if (s.layer_window && !(s.layer_window instanceof Int32Array) && Array.isArray(s.layer_window))
+    s.layer_window = Int32Array.from(s.layer_window);
+  return s;
+}
+
+function specValidate(spec) { C.kvmem_model_spec_validate(modelSpec(spec)); }
+
+class Pool extends Handle {
+  // params: blockSize, storageDtype ('f16', 'f32', 'bf16'), capacityBytes, maxAgents, maxTokensPerAgent
+  constructor(ctx, spec, params = {}) {
+    super();
+    const pp = C.kvmem_pool_default_params();
+    const names = { blockSize: 'block_size', storageDtype: 'storage_dtype', capacityBytes: 'capacity_bytes',
+                    maxAgents: 'max_agents', maxTokensPerAgent: 'max_tokens_per_agent', storeDir: 'store_dir',
+                    hostBudgetBytes: 'host_budget_bytes' };
+    for (const [k, v] of Object.entries(params)) {
+      const f = names[k] ?? (Object.values(names).includes(k) ? k : undefined);
+      if (!f) throw new TypeError(`kvmem: Pool: unknown parameter ${k}`);
+      if (f === 'storage_dtype' && typeof v === 'string') {
+        if (!(v.toLowerCase() in STORAGE)) throw new TypeError(`kvmem: storageDtype ${v} is not one of ${Object.keys(STORAGE)}`);
+        pp[f] = STORAGE[v.toLowerCase()];
+      } else pp[f] = v;
+    }
+    const out = [null];
+    C.kvmem_pool_create(ctx.handle, modelSpec(spec), pp, out);
+    this._own(out[0], C.kvmem_pool_free, 'Pool');
+    this.context = ctx;
+    this._agents = new Set(); // WeakRefs: agents may be collected before the pool
+    this._segments = new Set();
+    ctx._pools.add(this);
+    this.spec = this.getSpec();
+  }
+  _busyTree() {
+    if (this._busy) return true;
+    for (const r of this._agents) { const a = r.deref(); if (a && a._busy) return true; }
+    return false;
+  }
+  close() {
+    if (this._h === null) return;
+    if (this._busyTree()) throw new errors.BusyError('Pool: an async call is still running on one of its agents');
+    for (const r of this._segments) r.deref()?.close(); // the pool must outlive its segment stores
+    this._segments.clear();
+    for (const r of this._agents) r.deref()?._forget(); // kvmem_pool_free frees every agent handle
+    this._agents.clear();
+    this.context._pools.delete(this);
+    super.close();
+  }
+  getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return o; }
+  getSpec() { const o = {}; C.kvmem_pool_get_spec(this.handle, o); return o; }
+  agentId(index) {
+    const len = [0];
+    C.kvmem_pool_agent_id(this.handle, index, null, 0, len);
+    const buf = Buffer.alloc(len[0] + 1);
+    C.kvmem_pool_agent_id(this.handle, index, buf, buf.length, len);
+    return buf.toString('utf8', 0, len[0]);
+  }
+  agentIds() { return Array.from({ length: this.getInfo().n_agents }, (_, i) => this.agentId(i)); }
+  agentOpen(id) { return new Agent(this, id); }
+  // kvmem_pool_sync: write changed agents to the pool's store
+  sync() { C.kvmem_pool_sync(this.handle); }
+  syncAsync() { return this._async(C.kvmem_pool_sync, this.handle).then(() => undefined); }
+  segmentsCreate(owner, params) { return new Segments(this, owner, params); }
+  removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, id); }
+}
+
+class Agent extends Handle {
+  constructor(pool, id) {
+    super();
+    const out = [null];
+    C.kvmem_agent_open(pool.handle, id, out);
+    this._own(out[0], C.kvmem_agent_close, `Agent '${id}'`);
+    this.pool = pool;
+    const ref = new WeakRef(this);
+    pool._agents.add(ref);
+    this._ref = ref;
+  }
+  close() {
+    if (this._h !== null && !this._busy) this.pool._agents.delete(this._ref);
+    super.close();
+  }
+  get id() { return C.kvmem_agent_get_id(this.handle); }
+  _kvShape(n = -1) { const s = this.pool.spec; return [s.n_layers, n, s.n_kv_heads, s.head_dim]; }
+
+  _appendArgs(k, v, opts = {}) { return [this.handle, ...kvArgs(this.pool.spec, k, v, opts)]; }
+
+  // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
+  // positions (post-RoPE keys), keysRotated, dtype
+  append(k, v, opts) { C.kvmem_agent_append(...this._appendArgs(k, v, opts)); }
+  appendAsync(k, v, opts) { return this._async(C.kvmem_agent_append, ...this._appendArgs(k, v, opts)).then(() => undefined); }
+  flush() { C.kvmem_agent_flush(this.handle); }
+  getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return o; }
+  blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return o; }
+
+  _readArgs(first = 0, n, opts = {}) {
+    if (n === undefined || n === null) n = this.getInfo().n_tokens - first;
+    const shape = this._kvShape(n);
+    const count = shape.reduce((a, b) => a * b, 1);
+    const dtype = opts.dtype ?? 'f32';
+    let kOut = opts.kOut, vOut = opts.vOut;
+    if (opts.keys !== false && !kOut) kOut = newArray(count, dtype);
+    if (opts.values !== false && !vOut) vOut = newArray(count, dtype);
+    const kt = kOut ? tensor(kOut, 'kOut', shape, opts.kOut ? opts.dtype : dtype) : null;
+    const vt = vOut ? tensor(vOut, 'vOut', shape, opts.vOut ? opts.dtype : dtype) : null;
+    return { args: [this.handle, first, n, kt, vt], out: { k: kOut ?? null, v: vOut ?? null, shape } };
+  }
+  // Raw KV of tokens [first, first+n) as {k, v, shape}; opts: kOut/vOut (written in place), dtype, keys, values
+  read(first, n, opts) { const r = this._readArgs(first, n, opts); C.kvmem_agent_read(...r.args); return r.out; }
+  async readAsync(first, n, opts) { const r = this._readArgs(first, n, opts); await this._async(C.kvmem_agent_read, ...r.args); return r.out; }
+
+  blockAabb(block) {
+    const s = this.pool.spec;
+    const n = s.n_layers * s.n_kv_heads * s.head_dim;
+    const min = new Float32Array(n), max = new Float32Array(n);
+    C.kvmem_agent_block_aabb(this.handle, block, min, max);
+    return { min, max };
+  }
+  tokens(first = 0, n) {
+    if (n === undefined) n = this.getInfo().n_tokens - first;
+    const out = new Int32Array(n);
+    C.kvmem_agent_tokens(this.handle, first, n, n ? out : null);
+    return out;
+  }
+  textBytes() {
+    const p = [null], len = [0];
+    C.kvmem_agent_text(this.handle, p, len);
+    // copy out: the pointer is valid only until the next append
+    return len[0] ? Buffer.from(koffi.view(p[0], Number(len[0]))) : Buffer.alloc(0);
+  }
+  text() { return this.textBytes().toString('utf8'); }
+
+  // kvmem_agent_save / kvmem_agent_load: a crash-safe safetensors file (path null: the pool's store)
+  save(path = null) { C.kvmem_agent_save(this.handle, path); }
+  saveAsync(path = null) { return this._async(C.kvmem_agent_save, this.handle, path).then(() => undefined); }
+  load(path = null) { C.kvmem_agent_load(this.handle, path); }
+  loadAsync(path = null) { return this._async(C.kvmem_agent_load, this.handle, path).then(() => undefined); }
+  truncate(nTokens) { C.kvmem_agent_truncate(this.handle, nTokens); }
+  // kvmem_prefix_match: {kind, reuse_tokens, common_bytes, process_from (a byte offset into the UTF-8 text)}
+  prefixMatch(newText, { minRatio } = {}) {
+    const tb = Buffer.isBuffer(newText) ? newText : Buffer.from(String(newText), 'utf8');
+    const pp = C.kvmem_prefix_default_params();
+    if (minRatio !== undefined) pp.min_ratio = minRatio;
+    const out = {};
+    C.kvmem_prefix_match(this.handle, tb.length ? tb : null, tb.length, pp, out);
+    delete out.reserved;
+    return out;
+  }
+
+  _retrieveArgs(query, opts = {}) {
+    const s = this.pool.spec;
+    const rp = C.kvmem_retrieve_default_params();
+    const names = { topK: 'top_k', recentWindow: 'recent_window', skipRecent: 'skip_recent', rrC: 'rr_c' };
+    for (const [k, v] of Object.entries(opts)) {
+      if (k === 'result' || k === 'dtype') continue;
+      if (k === 'exclude' || k === 'alwaysInclude' || k === 'always_include') {
+        const f = k === 'exclude' ? 'exclude' : 'always_include';
+        rp[f] = int32s(v, k);
+        rp['n_' + f] = rp[f] ? rp[f].length : 0;
+        continue;
+      }
+      const f = names[k] ?? k;
+      if (!(f in rp) || f.startsWith('n_')) throw new TypeError(`kvmem: retrieve: unknown parameter ${k}`);
+      rp[f] = v;
+    }
+    const qt = tensor(query, 'query', [-1, s.n_layers, s.n_q_heads, s.head_dim], opts.dtype);
+    const result = opts.result ?? new Retrieval();
+    return { args: [this.handle, qt, rp, result.handle], result };
+  }
+  // kvmem_retrieve: query rows [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE).
+  // opts: topK, mode, norm, agg, scope, tau, rrC, exclude, alwaysInclude, recentWindow,
+  // skipRecent, result (a Retrieval to reuse), dtype. Returns the Retrieval.
+  retrieve(query, opts) { const r = this._retrieveArgs(query, opts); C.kvmem_retrieve(...r.args); return r.result; }
+  async retrieveAsync(query, opts) {
+    const r = this._retrieveArgs(query, opts);
+    r.result._busy++;
+    try { await this._async(C.kvmem_retrieve, ...r.args); } finally { r.result._busy--; }
+    return r.result;
+  }
+
+  _gatherArgs(blocks, basePosition = 0, opts = {}) {
+    const ids = int32s(Array.from(blocks), 'blocks');
+    let m = 0;
+    for (const b of ids) m += this.blockInfo(b).n_tokens;
+    const shape = this._kvShape(m);
+    const count = shape.reduce((a, b) => a * b, 1);
+    const dtype = opts.dtype ?? 'f32';
+    let kOut = opts.kOut, vOut = opts.vOut;
+    if (opts.keys !== false && !kOut) kOut = newArray(count, dtype);
+    if (opts.values !== false && !vOut) vOut = newArray(count, dtype);
+    const kt = kOut ? tensor(kOut, 'kOut', shape, opts.kOut ? opts.dtype : dtype) : null;
+    const vt = vOut ? tensor(vOut, 'vOut', shape, opts.vOut ? opts.dtype : dtype) : null;
+    return { args: [this.handle, ids.length ? ids : null, ids.length, basePosition, kt, vt], out: { k: kOut ?? null, v: vOut ?? null, shape } };
+  }
+  // kvmem_gather: sealed blocks concatenated, re-encoded at positions basePosition..; {k, v, shape}
+  gather(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); C.kvmem_gather(...r.args); return r.out; }
+  async gatherAsync(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); await this._async(C.kvmem_gather, ...r.args); return r.out; }
+}
+
+// kvmem_retrieval: the reusable result of Agent.retrieve.
+class Retrieval extends Handle {
+  constructor() {
+    super();
+    const out = [null];
+    C.kvmem_retrieval_create(out);
+    this._own(out[0], C.kvmem_retrieval_free, 'Retrieval');
+  }
+  get nSets() { return C.kvmem_retrieval_n_sets(this.handle); }
+  // {blocks: Int32Array, scores: Float32Array} of a set, chronological (copies)
+  get(set = 0) {
+    const n = [0];
+    C.kvmem_retrieval_copy(this.handle, set, null, null, 0, n);
+    const blocks = new Int32Array(n[0]), scores = new Float32Array(n[0]);
+    if (n[0]) C.kvmem_retrieval_copy(this.handle, set, blocks, scores, n[0], n);
+    return { blocks, scores };
+  }
+  // the same, read through the pointers the result owns (kvmem_retrieval_get)
+  view(set = 0) {
+    const b = [null], s = [null], n = [0];
+    C.kvmem_retrieval_get(this.handle, set, b, s, n);
+    if (!n[0]) return { blocks: new Int32Array(0), scores: new Float32Array(0) };
+    return { blocks: Int32Array.from(koffi.decode(b[0], 'int32_t', n[0])), scores: Float32Array.from(koffi.decode(s[0], 'float', n[0])) };
+  }
+  // S(b) of every sealed block at retrieval time (NaN: not a candidate)
+  blockScores(set = 0) {
+    const p = [null], n = [0];
+    C.kvmem_retrieval_block_scores(this.handle, set, p, n);
+    return n[0] ? Float32Array.from(koffi.decode(p[0], 'float', n[0])) : new Float32Array(0);
+  }
+  nTokens(set = 0) { const n = [0]; C.kvmem_retrieval_n_tokens(this.handle, set, n); return Number(n[0]); }
+}
+
+// ---------------------------------------------------------------------------
+// KEEP segments
+// ---------------------------------------------------------------------------
+
+const strip = (o) => { const r = { ...o }; delete r.reserved; return r; };
+function withParams(defaults, params = {}, what) {
+  for (const [k, v] of Object.entries(params)) {
+    if (!(k in defaults) || k === 'reserved') throw new TypeError(`kvmem: ${what}: unknown parameter ${k}`);
+    defaults[k] = v;
+  }
+  return defaults;
+}
+
+// kvmem_segments: a KEEP segment store whose KV lives in a Pool (params:
+// static_after_steps, max_segments). close() frees it and removes its agents.
+class Segments extends Handle {
+  constructor(pool, owner, params) {
+    super();
+    const out = [null];
+    C.kvmem_segments_create(pool.handle, owner, withParams(C.kvmem_segments_default_params(), params, 'Segments'), out);
+    this._own(out[0], C.kvmem_segments_free, 'Segments');
+    this.pool = pool;
+    this._ref = new WeakRef(this);
+    pool._segments.add(this._ref);
+  }
+  close() {
+    if (this._h !== null) this.pool._segments.delete(this._ref);
+    super.close();
+  }
+  add(name, group) { const i = [0]; C.kvmem_segments_add(this.handle, name, group, i); return i[0]; }
+  update(index) { C.kvmem_segments_update(this.handle, index); }
+  remove(index) { C.kvmem_segments_remove(this.handle, index); }
+  assign(index, group) { C.kvmem_segments_assign(this.handle, index, group); }
+  step() { C.kvmem_segments_step(this.handle); }
+  // queued events, oldest first (all of them unless max is given)
+  drainEvents(max = Infinity) {
+    const out = [];
+    while (out.length < max) {
+      const cap = Math.min(64, max - out.length);
+      const buf = Array.from({ length: cap }, () => ({}));
+      const n = [0], left = [0];
+      C.kvmem_segments_drain_events(this.handle, buf, cap, n, left);
+      for (let i = 0; i < n[0]; i++) out.push(strip(buf[i]));
+      if (!left[0] || !n[0]) break;
+    }
+    return out;
+  }
+  // the KV of one segment / of a STATIC group, [n_layers][T][n_kv_heads][head_dim] (opts as Agent.append)
+  storeSegment(index, k, v, opts) { C.kvmem_segments_store_segment(this.handle, index, ...kvArgs(this.pool.spec, k, v, opts)); }
+  storeGroup(group, k, v, opts) { C.kvmem_segments_store_group(this.handle, group, ...kvArgs(this.pool.spec, k, v, opts)); }
+  getInfo() { const o = {}; C.kvmem_segments_get_info(this.handle, o); return strip(o); }
+  segmentInfo(index) { const o = {}; C.kvmem_segments_segment_info(this.handle, index, o); return strip(o); }
+  groupInfo(group) { const o = {}; C.kvmem_segments_group_info(this.handle, group, o); return strip(o); }
+  find(name) { const i = [0]; C.kvmem_segments_find(this.handle, name, i); return i[0]; }
+  name(index) {
+    const len = [0];
+    C.kvmem_segments_name(this.handle, index, null, 0, len);
+    const buf = Buffer.alloc(len[0] + 1);
+    C.kvmem_segments_name(this.handle, index, buf, buf.length, len);
+    return buf.toString('utf8', 0, len[0]);
+  }
+  groupMembers(group) {
+    const n = [0];
+    C.kvmem_segments_group_members(this.handle, group, null, 0, n);
+    const out = new Int32Array(n[0]);
+    if (n[0]) C.kvmem_segments_group_members(this.handle, group, out, n[0], n);
+    return Array.from(out.subarray(0, n[0]));
+  }
+  // units to load for a query, best first; scores: one per segment index (Float32Array or numbers) or null
+  plan(scores = null, maxUnits = 0) {
+    const sc = scores == null ? null : (scores instanceof Float32Array ? scores : Float32Array.from(scores));
+    const ns = sc ? sc.length : 0;
+    const n = [0];
+    C.kvmem_segments_plan(this.handle, sc, ns, maxUnits, null, 0, n);
+    if (!n[0]) return [];
+    const out = Array.from({ length: n[0] }, () => ({}));
+    C.kvmem_segments_plan(this.handle, sc, ns, maxUnits, out, out.length, n);
+    return out.slice(0, n[0]).map(strip);
+  }
+}
+
+const asF32 = (x, n, what) => { const a = x instanceof Float32Array ? x : Float32Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
+const asU8 = (x, n, what) => { const a = x instanceof Uint8Array ? x : Uint8Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
+
+// kvmem_cluster_kmeans over emb [n][dim] f32: {labels, centroids, iters}; params: k, max_iters, seed
+function clusterKmeans(emb, n, dim, params) {
+  const kp = withParams(C.kvmem_kmeans_default_params(), params, 'clusterKmeans');
+  const e = asF32(emb, n * dim, 'emb');
+  const labels = new Int32Array(n), centroids = new Float32Array(Math.max(kp.k, 0) * dim), iters = [0];
+  C.kvmem_cluster_kmeans(e, n, dim, kp, labels, centroids, iters);
+  return { labels, centroids, iters: iters[0] };
+}
+
+// kvmem_multihop_select: q2s [nQuery][nSegments], s2s [nSegments][nSegments]; {selected, importance, result}
+function multihopSelect(q2s, nQuery, s2s, nSegments, candidates = null, params) {
+  const mp = withParams(C.kvmem_multihop_default_params(), params, 'multihopSelect');
+  const selected = new Uint8Array(nSegments), importance = new Float32Array(nSegments), result = {};
+  C.kvmem_multihop_select(mp, asF32(q2s, nQuery * nSegments, 'q2s'), nQuery, asF32(s2s, nSegments * nSegments, 's2s'), nSegments,
+                          candidates == null ? null : asU8(candidates, nSegments, 'candidates'), selected, importance, result);
+  return { selected, importance, result: strip(result) };
+}
+
+function multihopSchedule(nLayers, avg) {
+  const r = new Float32Array(nLayers);
+  C.kvmem_multihop_schedule(nLayers, avg, r);
+  return r;
+}
+
+// kvmem_load_plan: {items, layerStartMs, stats}; params: bandwidth_gbps, max_ahead
+function loadPlan(computeMs, nLayers, loadBytes, nSegments, recompute, params) {
+  const lp = withParams(C.kvmem_load_plan_default_params(), params, 'loadPlan');
+  const cm = computeMs instanceof Float64Array ? computeMs : Float64Array.from(computeMs);
+  const lb = loadBytes instanceof BigUint64Array ? loadBytes : BigUint64Array.from(loadBytes, BigInt);
+  if (cm.length !== nLayers || lb.length !== nSegments) throw new RangeError('kvmem: loadPlan: computeMs needs nLayers values, loadBytes nSegments');
+  const rc = asU8(recompute, nLayers * nSegments, 'recompute');
+  const n = [0];
+  C.kvmem_load_plan(lp, cm, nLayers, lb, nSegments, rc, null, 0, n, null, null);
+  const items = Array.from({ length: Math.max(n[0], 1) }, () => ({}));
+  const starts = new Float64Array(nLayers), stats = {};
+  C.kvmem_load_plan(lp, cm, nLayers, lb, nSegments, rc, items, items.length, n, starts, stats);
+  return { items: items.slice(0, n[0]).map(strip), layerStartMs: starts, stats };
+}
+
+// ---------------------------------------------------------------------------
+// IntentKV
+// ---------------------------------------------------------------------------
+
+const memLen = (s) => s.n_layers * s.n_q_heads * s.head_dim;
+
+// kvmem_qmem_store: per-session query memories; params: capacity, prefix_tokens, lambda
+class QmemStore extends Handle {
+  constructor(spec, params) {
+    super();
+    this.spec = modelSpec(spec);
+    const out = [null];
+    C.kvmem_qmem_store_create(this.spec, withParams(C.kvmem_qmem_default_params(), params, 'QmemStore'), out);
+    this._own(out[0], C.kvmem_qmem_store_free, 'QmemStore');
+  }
+  // kvmem_session_key_derive: {sessionId} | {tokenIds, mark: [begin, end]} | {tokenIds} | {}
+  sessionKey({ sessionId = null, tokenIds = null, mark = null } = {}) {
+    const ids = int32s(tokenIds, 'tokenIds');
+    const src = { session_id: sessionId, token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
+                  mark_begin: mark ? mark[0] : 0, mark_end: mark ? mark[1] : 0 };
+    const key = {};
+    C.kvmem_session_key_derive(this.handle, src, key);
+    return key;
+  }
+  // fold q [n_q][n_layers][n_q_heads][head_dim] rows [spanBegin, spanEnd) into key's memory; the new memory
+  update(key, q, spanBegin, spanEnd, dtype) {
+    const s = this.spec;
+    const qt = tensor(q, 'q', [-1, s.n_layers, s.n_q_heads, s.head_dim], dtype);
+    const mem = new Float32Array(memLen(s));
+    C.kvmem_qmem_update(this.handle, key, qt, spanBegin, spanEnd, mem);
+    return mem;
+  }
+  get(key) { const mem = new Float32Array(memLen(this.spec)); C.kvmem_qmem_get(this.handle, key, mem); return mem; }
+  get count() { return C.kvmem_qmem_count(this.handle); }
+}
+
+function f32In(x, n, what) {
+  const a = x instanceof Float32Array ? x : Float32Array.from(x);
+  if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`);
+  return a;
+}
+
+// kvmem_qmem_score: rule scores of the N positions of k [n_layers][N][n_kv_heads][head_dim] (post-RoPE)
+function qmemScore(ctx, spec, memory, k, dtype) {
+  const s = modelSpec(spec);
+  const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+  const scores = new Float32Array(kt.shape[1]);
+  C.kvmem_qmem_score(ctx.handle, s, f32In(memory, memLen(s), 'memory'), kt, scores);
+  return scores;
+}
+
+// kvmem_qmem_head: QmemHead.load(path) or QmemHead.fromBuffer(bytes)
+class QmemHead extends Handle {
+  constructor(handle) { super(); this._own(handle, C.kvmem_qmem_head_free, 'QmemHead'); }
+  static load(path) { const out = [null]; C.kvmem_qmem_head_load(path, out); return new QmemHead(out[0]); }
+  static fromBuffer(data) {
+    const b = ArrayBuffer.isView(data) || data instanceof ArrayBuffer ? data : Buffer.from(data);
+    const out = [null];
+    C.kvmem_qmem_head_load_buffer(b, b.byteLength, out);
+    return new QmemHead(out[0]);
+  }
+  get headDim() { return C.kvmem_qmem_head_dim(this.handle); }
+  get alpha() { return C.kvmem_qmem_head_alpha(this.handle); }
+  apply(spec, memory, k, rule, spanBegin, spanEnd, dtype) {
+    const s = modelSpec(spec);
+    const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+    const n = kt.shape[1];
+    const out = new Float32Array(n);
+    C.kvmem_qmem_head_apply(this.handle, s, f32In(memory, memLen(s), 'memory'), kt, f32In(rule, n, 'rule'), spanBegin, spanEnd, out);
+    return out;
+  }
+}
+
+function keptOf(n, call) {
+  const kept = new Int32Array(Math.max(n, 1)), nk = [0];
+  call(kept, nk);
+  return kept.slice(0, Number(nk[0]));
+}
+// kvmem_select_keep: kept positions (ascending)
+function selectKeep(scores, budget, protect = 0, span = [0, 0]) {
+  const sc = f32In(scores);
+  return keptOf(sc.length, (kept, nk) => C.kvmem_select_keep(sc, sc.length, budget, protect, span[0], span[1], kept, nk));
+}
+function streamingKeep(n, nSink, window) { return keptOf(n, (kept, nk) => C.kvmem_streaming_keep(n, nSink, window, kept, nk)); }
+// acc (Float32Array of n) += column sums of probs [nRows][n], in place
+function h2oAccumulate(probs, nRows, n, acc) {
+  if (!(acc instanceof Float32Array) || acc.length !== n) throw new TypeError(`kvmem: acc must be a Float32Array of ${n}`);
+  C.kvmem_h2o_accumulate(f32In(probs, nRows * n, 'probs'), nRows, n, acc);
+  return acc;
+}
+function h2oKeep(acc, budget, recent) {
+  const a = f32In(acc);
+  return keptOf(a.length, (kept, nk) => C.kvmem_h2o_keep(a, a.length, budget, recent, kept, nk));
+}
+function snapkvScore(ctx, spec, qObs, k, poolKernel = 7, dtype) {
+  const s = modelSpec(spec);
+  const qt = tensor(qObs, 'qObs', [-1, s.n_layers, s.n_q_heads, s.head_dim], dtype);
+  const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+  const scores = new Float32Array(kt.shape[1]);
+  C.kvmem_snapkv_score(ctx.handle, s, qt, kt, poolKernel, scores);
+  return scores;
+}
+
+// kvmem_kvstore: paged KV that slot maps point into; params: page_slots, max_slots.
+// close() closes its slot maps first.
+class KVStore extends Handle {
+  constructor(spec, params) {
+    super();
+    this.spec = modelSpec(spec);
+    const out = [null];
+    C.kvmem_kvstore_create(this.spec, withParams(C.kvmem_kvstore_default_params(), params, 'KVStore'), out);
+    this._own(out[0], C.kvmem_kvstore_free, 'KVStore');
+    this._maps = new Set();
+  }
+  close() {
+    if (this._h === null) return;
+    for (const r of [...this._maps]) r.deref()?.close();
+    this._maps.clear();
+    super.close();
+  }
+  getInfo() { const o = {}; C.kvmem_kvstore_get_info(this.handle, o); return o; }
+  slotRefs(slot) { const r = [0]; C.kvmem_kvstore_slot_refs(this.handle, slot, r); return r[0]; }
+  readSlot(slot) {
+    const n = this.spec.n_layers * this.spec.n_kv_heads * this.spec.head_dim;
+    const k = new Float32Array(n), v = new Float32Array(n);
+    C.kvmem_kvstore_read_slot(this.handle, slot, k, v);
+    return { k, v };
+  }
+  slotmapCreate() { const out = [null]; C.kvmem_slotmap_create(this.handle, out); return new SlotMap(this, out[0]); }
+}
+
+class SlotMap extends Handle {
+  constructor(store, handle) {
+    super();
+    this._own(handle, C.kvmem_slotmap_free, 'SlotMap');
+    this.store = store;
+    this._ref = new WeakRef(this);
+    store._maps.add(this._ref);
+  }
+  close() { if (this._h !== null) this.store._maps.delete(this._ref); super.close(); }
+  fork(prefixLen) { const out = [null]; C.kvmem_slotmap_fork(this.handle, prefixLen, out); return new SlotMap(this.store, out[0]); }
+  append(k, v, dtype) {
+    const s = this.store.spec;
+    const shape = [s.n_layers, -1, s.n_kv_heads, s.head_dim];
+    C.kvmem_slotmap_append(this.handle, tensor(k, 'k', shape, dtype), tensor(v, 'v', shape, dtype));
+  }
+  setProtected(p) { C.kvmem_slotmap_set_protected(this.handle, p); }
+  evict(kept) { const k = int32s(kept, 'kept'), f = [0]; C.kvmem_slotmap_evict(this.handle, k.length ? k : null, k.length, f); return Number(f[0]); }
+  compact(kept) { const k = int32s(kept, 'kept'), f = [0]; C.kvmem_slotmap_compact(this.handle, k.length ? k : null, k.length, f); return Number(f[0]); }
+  // {slots: Int32Array (copied), deadSlot}
+  slots() {
+    const p = [null], n = [0], dead = [0];
+    C.kvmem_slotmap_slots(this.handle, p, n, dead);
+    const len = Number(n[0]);
+    return { slots: len ? Int32Array.from(koffi.decode(p[0], 'int32_t', len)) : new Int32Array(0), deadSlot: dead[0] };
+  }
+  getInfo() { const o = {}; C.kvmem_slotmap_get_info(this.handle, o); return o; }
+  // the live rows in position order: {k, v, positions, shape}
+  gather(dtype = 'f32') {
+    const s = this.store.spec;
+    const n = Number(this.getInfo().n_live);
+    const shape = [s.n_layers, n, s.n_kv_heads, s.head_dim];
+    const count = shape.reduce((a, b) => a * b, 1);
+    const k = newArray(count, dtype), v = newArray(count, dtype), positions = new Int32Array(Math.max(n, 1));
+    C.kvmem_slotmap_gather(this.handle, tensor(k, 'k', shape, dtype), tensor(v, 'v', shape, dtype), positions);
+    return { k, v, positions: positions.slice(0, n), shape };
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ART attention
+// ---------------------------------------------------------------------------
+
+// Arguments of kvmem_attend. q: [n_rows][n_q_heads][head_dim] post-RoPE (a
+// {data, shape} view, or flat with an agent source). Source: {agent, layer,
+// positions | basePosition}, or {k, v} ([T][n_kv_heads][head_dim] views, keys
+// post-RoPE), plus {slots, deadSlot} for a slot map. opts: mask, out, dtype,
+// tileOrder, and the params (order, n_sink, tile_size, scale, tau_s, tau_d,
+// patience, probe, causal, compare).
+function attendArgs(ctx, q, opts = {}) {
+  const { agent, layer = 0, positions, basePosition = 0, k, v, slots, deadSlot = 0, mask, out, dtype, tileOrder, ...params } = opts;
+  const ap = withParams(C.kvmem_attend_default_params(), params, 'attend');
+  const src = { kind: 0, layer: 0, k: null, v: null, slots: null, n_positions: 0, dead_slot: 0, reserved: 0,
+                agent: null, positions: null, base_position: 0, mask: null };
+  let qt;
+  const holders = [agent];
+  if (agent) {
+    const s = agent.pool.spec;
+    qt = tensor(q, 'q', [-1, s.n_q_heads, s.head_dim], dtype);
+    Object.assign(src, { kind: 1, agent: agent.handle, layer, base_position: basePosition, positions: int32s(positions, 'positions') });
+  } else {
+    if (!k || !v) throw new TypeError('kvmem: attend needs {agent} or {k, v}');
+    qt = tensor(q, 'q', null, dtype);
+    src.k = tensor(k, 'k', null, dtype);
+    src.v = tensor(v, 'v', null, dtype);
+    if (slots != null) {
+      const sl = int32s(slots, 'slots');
+      Object.assign(src, { kind: 2, slots: sl, n_positions: sl.length, dead_slot: deadSlot });
+    }
+  }
+  if (mask != null) src.mask = mask instanceof Uint8Array ? mask : Uint8Array.from(mask);
+  if (tileOrder != null) { ap.tile_order = int32s(tileOrder, 'tileOrder'); ap.n_tile_order = ap.tile_order.length; }
+  const shape = qt.shape.slice(0, qt.ndim);
+  const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
+  const ot = tensor(o, 'out', shape, out ? dtype : 'f32');
+  const stats = {};
+  return { args: [ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
+}
+// kvmem_attend: {out, stats}
+function attend(ctx, q, opts) {
+  const a = attendArgs(ctx, q, opts);
+  C.kvmem_attend(...a.args);
+  return { out: a.out, stats: a.stats };
+}
+async function attendAsync(ctx, q, opts) {
+  const a = attendArgs(ctx, q, opts);
+  const agent = opts && opts.agent;
+  if (agent) agent._busy++;
+  try { await ctx._async(C.kvmem_attend, ...a.args); } finally { if (agent) agent._busy--; }
+  return { out: a.out, stats: a.stats };
+}
+
+// kvmem_batch_merge: one layer of several agents, left-padded: {k, v, lengths, shape}
+function batchMerge(agents, layer, { maxLen, dtype = 'f32', kOut, vOut } = {}) {
+  if (!agents.length) throw new RangeError('kvmem: batchMerge needs at least one agent');
+  const s = agents[0].pool.spec;
+  const ml = maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().n_tokens)));
+  const shape = [agents.length, s.n_kv_heads, ml, s.head_dim];
+  const count = shape.reduce((a, b) => a * b, 1);
+  const k = kOut ?? newArray(count, dtype), v = vOut ?? newArray(count, dtype);
+  const lengths = new BigInt64Array(agents.length);
+  C.kvmem_batch_merge(agents.map((a) => a.handle), agents.length, layer, tensor(k, 'kOut', shape, kOut ? undefined : dtype),
+                      tensor(v, 'vOut', shape, vOut ? undefined : dtype), lengths);
+  return { k, v, lengths: Array.from(lengths, Number), shape };
+}
+// kvmem_batch_extract: n tokens of row `row` of batch {data, shape: [B][H][max_len][D]} as [n][H][D]
+function batchExtract(batch, row, length, first, n, { out, dtype } = {}) {
+  const bt = tensor(batch, 'batch', null, dtype);
+  if (bt.ndim !== 4) throw new TypeError('kvmem: batch must be a {data, shape: [B, H, max_len, D]} view');
+  const shape = [n, bt.shape[1], bt.shape[3]];
+  const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
+  C.kvmem_batch_extract(bt, row, length, first, n, tensor(o, 'out', shape, out ? undefined : 'f32'));
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Free functions
+// ---------------------------------------------------------------------------
+
+function backends() {
+  const count = [0];
+  C.kvmem_backends(null, 0, count);
+  const out = Array.from({ length: count[0] }, () => ({}));
+  if (count[0]) C.kvmem_backends(out, out.length, count);
+  return out.map(b => ({ name: b.name, available: !!b.available, detail: b.detail }));
+}
+
+// Rotate rows of x (head vectors, contiguous rows of head_dim f32) in place to positions (one per row).
+function ropeApply(spec, x, positions, { inverse = false, stride } = {}) {
+  const s = modelSpec(spec);
+  if (!(x instanceof Float32Array)) throw new TypeError('kvmem: ropeApply: x must be a Float32Array');
+  const st = stride ?? s.head_dim;
+  const pos = int32s(positions, 'positions');
+  const nRows = pos.length;
+  if (nRows && (nRows - 1) * st + s.head_dim > x.length)
+    throw new RangeError(`kvmem: ropeApply: ${nRows} rows of stride ${st} exceed x (${x.length} floats)`);
+  C.kvmem_rope_apply(s, x, nRows, st, pos, inverse ? 1 : 0);
+}
+
+let logCallback = null;
+// Route kvmem's log messages to fn(level, message); null turns logging off.
+// Messages from kvmem worker threads are queued to the main thread by koffi.
+function logSet(fn) {
+  if (logCallback) { koffi.unregister(logCallback); logCallback = null; }
+  if (!fn) { C.kvmem_log_set(null, null); return; }
+  logCallback = koffi.register((level, msg) => { try { fn(level, msg); } catch { /* never unwind into C */ } },
+                               koffi.pointer(L.types.kvmem_log_callback));
+  C.kvmem_log_set(logCallback, null);
+}
+
+module.exports = {
+  ...errors,
+  Context, Pool, Agent, Retrieval, Segments,
+  clusterKmeans, multihopSelect, multihopSchedule, loadPlan, batchMerge, batchExtract,
+  PREFIX_EXACT: 0, PREFIX_EXTEND: 1, PREFIX_DIVERGE: 2,
+  attend, attendAsync, ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2,
+  ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1,
+  ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32,
+  QmemStore, QmemHead, KVStore, SlotMap, qmemScore, selectKeep, streamingKeep, h2oAccumulate, h2oKeep, snapkvScore,
+  SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: -1.0e4,
+  GROUP_DYNAMIC: 0, GROUP_STATIC: 1, SEG_EVENT_SEGMENT_STALE: 1, SEG_EVENT_GROUP_STATIC: 2, SEG_EVENT_GROUP_DYNAMIC: 3,
+  SEG_UNIT_SEGMENT: 0, SEG_UNIT_GROUP: 1,
+  RETRIEVE_AABB: 0, RETRIEVE_EXACT: 1, NORM_SOFTMAX: 0, NORM_RR: 1, AGG_MAX: 0, AGG_SUM: 1,
+  SCOPE_GLOBAL: 0, SCOPE_PER_LAYER: 1,
+  modelSpec, specValidate, ropeApply, backends, logSet, tensor,
+  version: () => C.kvmem_version(),
+  versionNumber: () => C.kvmem_version_number(),
+  statusStr: (s) => C.kvmem_status_str(s),
+  lastError: () => C.kvmem_last_error(),
+  dtypeName: (d) => C.kvmem_dtype_name(d),
+  agentIdValid: (id) => C.kvmem_agent_id_valid(id) === 1,
+  F32, F16, BF16, Q8, Q4, Q4_KIVI,
+  ROPE_NEOX: 0, ROPE_GPTJ: 1,
+  ROPE_SCALING_NONE: 0, ROPE_SCALING_LINEAR: 1, ROPE_SCALING_LLAMA3: 2, ROPE_SCALING_YARN: 3,
+  LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3,
+  libraryPath: L.libraryPath,
+  // whether this binding declares `name` and the loaded library has it
+  hasFunction: (name) => name in L.declared && !L.missing.has(name),
+  _lib: L,
+};

@@ -1,0 +1,333 @@
+"""High level for IntentKV: QueryMemory stores and heads, keep-set selection
+(IntentKV rule, StreamingLLM, H2O, SnapKV), and the paged KV store with
+per-request slot maps. Same ownership rules as _objects: close() idempotent,
+context managers, finalizers; a KVStore closes its SlotMaps first."""
+from __future__ import annotations
+
+import ctypes
+import weakref
+from ctypes import byref, c_int32, c_int64, c_void_p
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import _buffers as B
+from . import _lib as L
+from ._objects import Context, _Handle, _in_array, _params, _to_result
+
+SESSION_EXPLICIT, SESSION_MARKED, SESSION_PREFIX, SESSION_LOCAL = 1, 2, 3, 4
+DEAD_SLOT = 0
+SENTINEL_K = -1.0e4
+
+
+def _mem_len(spec: Any) -> int:
+    return spec.n_layers * spec.n_q_heads * spec.head_dim
+
+
+def _out_f32(shape: Sequence[int]) -> Any:
+    return B.new_array(shape, "f32")
+
+
+class QmemStore(_Handle):
+    """kvmem_qmem_store: per-session query memories. params: capacity,
+    prefix_tokens, lambda_ (the C field `lambda`)."""
+    _kind = "QmemStore"
+
+    def __init__(self, spec: L.kvmem_model_spec, **params: Any):
+        if "lambda_" in params:
+            params["lambda"] = params.pop("lambda_")
+        qp = _params(L.kvmem_qmem_default_params(), "QmemStore()", params)
+        h = c_void_p()
+        L.kvmem_qmem_store_create(byref(spec), byref(qp), byref(h))
+        self._init_handle(h.value, L.kvmem_qmem_store_free)
+        self.spec = spec
+
+    def session_key(self, session_id: Optional[str] = None, token_ids: Any = None,
+                    mark: Optional[Tuple[int, int]] = None) -> L.kvmem_session_key:
+        """kvmem_session_key_derive: explicit id, else marked span, else prefix, else local."""
+        src = L.kvmem_session_source()
+        sid = session_id.encode() if session_id is not None else None
+        src.session_id = sid
+        ptr, keep = B.int32s(token_ids, "token_ids")
+        try:
+            if ptr is not None:
+                src.token_ids = ptr
+                src.n_tokens = len(token_ids) if not isinstance(keep, B.View) else keep.count()
+            if mark is not None:
+                src.mark_begin, src.mark_end = mark
+            key = L.kvmem_session_key()
+            L.kvmem_session_key_derive(self.handle, byref(src), byref(key))
+            return key
+        finally:
+            B.release(keep)
+
+    def update(self, key: L.kvmem_session_key, q: Any, span_begin: int, span_end: int,
+               dtype: Any = None) -> Any:
+        """Fold q [n_q][n_layers][n_q_heads][head_dim] (post-RoPE) rows [span_begin,
+        span_end) into the key's memory; returns the new memory [n_layers][n_q_heads][head_dim]."""
+        s = self.spec
+        qt, qv = B.tensor(q, "q", (-1, s.n_layers, s.n_q_heads, s.head_dim), dtype)
+        try:
+            out = _out_f32((s.n_layers, s.n_q_heads, s.head_dim))
+            with B.View(out, True, "memory") as ov:
+                L.kvmem_qmem_update(self.handle, byref(key), byref(qt), span_begin, span_end, ov.address)
+            return out
+        finally:
+            qv.close()
+
+    def get(self, key: L.kvmem_session_key) -> Any:
+        s = self.spec
+        out = _out_f32((s.n_layers, s.n_q_heads, s.head_dim))
+        with B.View(out, True, "memory") as ov:
+            L.kvmem_qmem_get(self.handle, byref(key), ov.address)
+        return out
+
+    @property
+    def count(self) -> int:
+        return int(L.kvmem_qmem_count(self.handle))
+
+
+def _f32_in(obj: Any, n: int, what: str) -> Tuple[Any, Any]:
+    return _in_array(obj, ctypes.c_float, n, what)
+
+
+def qmem_score(ctx: Context, spec: L.kvmem_model_spec, memory: Any, k: Any, dtype: Any = None) -> Any:
+    """kvmem_qmem_score: the rule score of each of the N positions of k
+    [n_layers][N][n_kv_heads][head_dim] (post-RoPE) under memory."""
+    kt, kv = B.tensor(k, "k", (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim), dtype)
+    held: List[Any] = [kv]
+    try:
+        mp, h = _f32_in(memory, _mem_len(spec), "memory")
+        held.append(h)
+        n = kt.shape[1]
+        out = _out_f32((n,))
+        with B.View(out, True, "scores") as ov:
+            L.kvmem_qmem_score(ctx.handle, byref(spec), mp, byref(kt), ov.address)
+        return out
+    finally:
+        B.release(*held)
+
+
+class QmemHead(_Handle):
+    """kvmem_qmem_head: the trained residual head (safetensors)."""
+    _kind = "QmemHead"
+
+    def __init__(self, path: Optional[str] = None, *, data: Any = None):
+        h = c_void_p()
+        if (path is None) == (data is None):
+            raise TypeError("kvmem: QmemHead(path) or QmemHead(data=bytes)")
+        if path is not None:
+            L.kvmem_qmem_head_load(path.encode(), byref(h))
+        else:
+            with B.View(data, False, "data") as v:
+                L.kvmem_qmem_head_load_buffer(v.address, v.count() * v.itemsize, byref(h))
+        self._init_handle(h.value, L.kvmem_qmem_head_free)
+
+    @property
+    def head_dim(self) -> int:
+        return int(L.kvmem_qmem_head_dim(self.handle))
+
+    @property
+    def alpha(self) -> float:
+        return float(L.kvmem_qmem_head_alpha(self.handle))
+
+    def apply(self, spec: L.kvmem_model_spec, memory: Any, k: Any, rule: Any, span_begin: int,
+              span_end: int, dtype: Any = None) -> Any:
+        """scores = rule + alpha * MLP(...) for the N positions of k."""
+        kt, kv = B.tensor(k, "k", (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim), dtype)
+        held: List[Any] = [kv]
+        try:
+            n = kt.shape[1]
+            mp, h = _f32_in(memory, _mem_len(spec), "memory")
+            held.append(h)
+            rp, h = _f32_in(rule, n, "rule")
+            held.append(h)
+            out = _out_f32((n,))
+            with B.View(out, True, "scores") as ov:
+                L.kvmem_qmem_head_apply(self.handle, byref(spec), mp, byref(kt), rp, span_begin, span_end, ov.address)
+            return out
+        finally:
+            B.release(*held)
+
+
+def _kept(n: int, fn: Any) -> Any:
+    kept = (c_int32 * max(n, 1))()
+    nk = c_int64()
+    fn(kept, byref(nk))
+    return _to_result(kept, nk.value, "int32")
+
+
+def select_keep(scores: Any, budget: int, protect: int = 0, span: Tuple[int, int] = (0, 0)) -> Any:
+    """kvmem_select_keep: kept positions (ascending) of N scored positions."""
+    sp, keep = _f32_in(scores, None, "scores")
+    try:
+        n = keep.count()
+        return _kept(n, lambda kept, nk: L.kvmem_select_keep(sp, n, budget, protect, span[0], span[1], kept, nk))
+    finally:
+        B.release(keep)
+
+
+def streaming_keep(n: int, n_sink: int, window: int) -> Any:
+    """kvmem_streaming_keep (StreamingLLM): the first n_sink and last window positions."""
+    return _kept(n, lambda kept, nk: L.kvmem_streaming_keep(n, n_sink, window, kept, nk))
+
+
+def h2o_accumulate(probs: Any, n_rows: int, n: int, acc: Any) -> Any:
+    """kvmem_h2o_accumulate: acc[j] += sum over rows of probs[r][j]; acc (n f32) is updated in place."""
+    pp, keep = _f32_in(probs, n_rows * n, "probs")
+    try:
+        with B.View(acc, True, "acc") as av:
+            if av.format != "f" or av.count() != n or not av.contiguous():
+                raise TypeError(f"kvmem: acc must be {n} contiguous float32 values")
+            L.kvmem_h2o_accumulate(pp, n_rows, n, av.address)
+        return acc
+    finally:
+        B.release(keep)
+
+
+def h2o_keep(acc: Any, budget: int, recent: int) -> Any:
+    """kvmem_h2o_keep: the recent floor plus the heavy hitters."""
+    ap, keep = _f32_in(acc, None, "acc")
+    try:
+        n = keep.count()
+        return _kept(n, lambda kept, nk: L.kvmem_h2o_keep(ap, n, budget, recent, kept, nk))
+    finally:
+        B.release(keep)
+
+
+def snapkv_score(ctx: Context, spec: L.kvmem_model_spec, q_obs: Any, k: Any, pool_kernel: int = 7,
+                 dtype: Any = None) -> Any:
+    """kvmem_snapkv_score: q_obs [W][n_layers][n_q_heads][head_dim], k
+    [n_layers][N][n_kv_heads][head_dim], both post-RoPE; N scores."""
+    qt, qv = B.tensor(q_obs, "q_obs", (-1, spec.n_layers, spec.n_q_heads, spec.head_dim), dtype)
+    held: List[Any] = [qv]
+    try:
+        kt, kv = B.tensor(k, "k", (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim), dtype)
+        held.append(kv)
+        out = _out_f32((kt.shape[1],))
+        with B.View(out, True, "scores") as ov:
+            L.kvmem_snapkv_score(ctx.handle, byref(spec), byref(qt), byref(kt), pool_kernel, ov.address)
+        return out
+    finally:
+        B.release(*held)
+
+
+class KVStore(_Handle):
+    """kvmem_kvstore: paged physical KV that slot maps point into. params:
+    page_slots, max_slots. Closing it closes its slot maps first."""
+    _kind = "KVStore"
+
+    def __init__(self, spec: L.kvmem_model_spec, **params: Any):
+        kp = _params(L.kvmem_kvstore_default_params(), "KVStore()", params)
+        h = c_void_p()
+        L.kvmem_kvstore_create(byref(spec), byref(kp), byref(h))
+        self._init_handle(h.value, L.kvmem_kvstore_free)
+        self.spec = spec
+        self._maps: "weakref.WeakSet[SlotMap]" = weakref.WeakSet()
+
+    def close(self) -> None:
+        for m in list(self._maps):
+            m.close()
+        super().close()
+
+    def get_info(self) -> L.kvmem_kvstore_info:
+        x = L.kvmem_kvstore_info()
+        L.kvmem_kvstore_get_info(self.handle, byref(x))
+        return x
+
+    def slot_refs(self, slot: int) -> int:
+        r = c_int32()
+        L.kvmem_kvstore_slot_refs(self.handle, slot, byref(r))
+        return r.value
+
+    def read_slot(self, slot: int) -> Tuple[Any, Any]:
+        """(K, V) rows of a slot, each [n_layers][n_kv_heads][head_dim] f32."""
+        s = self.spec
+        shape = (s.n_layers, s.n_kv_heads, s.head_dim)
+        k, v = _out_f32(shape), _out_f32(shape)
+        with B.View(k, True, "k") as kv, B.View(v, True, "v") as vv:
+            L.kvmem_kvstore_read_slot(self.handle, slot, kv.address, vv.address)
+        return k, v
+
+    def slotmap_create(self) -> "SlotMap":
+        h = c_void_p()
+        L.kvmem_slotmap_create(self.handle, byref(h))
+        return SlotMap(self, h.value)
+
+
+class SlotMap(_Handle):
+    """kvmem_slotmap: one request's logical positions -> slots of a KVStore."""
+    _kind = "SlotMap"
+
+    def __init__(self, store: KVStore, handle: int):
+        self._init_handle(handle, L.kvmem_slotmap_free)
+        self.store = store
+        store._maps.add(self)
+
+    def fork(self, prefix_len: int) -> "SlotMap":
+        h = c_void_p()
+        L.kvmem_slotmap_fork(self.handle, prefix_len, byref(h))
+        return SlotMap(self.store, h.value)
+
+    def append(self, k: Any, v: Any, dtype: Any = None) -> None:
+        """T tokens, k and v [n_layers][T][n_kv_heads][head_dim], post-RoPE keys."""
+        s = self.store.spec
+        shape = (s.n_layers, -1, s.n_kv_heads, s.head_dim)
+        kt, kv = B.tensor(k, "k", shape, dtype)
+        try:
+            vt, vv = B.tensor(v, "v", shape, dtype)
+            try:
+                L.kvmem_slotmap_append(self.handle, byref(kt), byref(vt))
+            finally:
+                vv.close()
+        finally:
+            kv.close()
+
+    def set_protected(self, protect: int) -> None:
+        L.kvmem_slotmap_set_protected(self.handle, protect)
+
+    def _kept_call(self, fn: Any, kept: Any) -> int:
+        kp, keep = B.int32s(kept if not isinstance(kept, range) else list(kept), "kept")
+        try:
+            n = 0 if keep is None else (keep.count() if isinstance(keep, B.View) else len(kept))
+            freed = c_int64()
+            fn(self.handle, kp, n, byref(freed))
+            return freed.value
+        finally:
+            B.release(keep)
+
+    def evict(self, kept: Any) -> int:
+        """Point every position not in kept at the dead slot; returns slots freed."""
+        return self._kept_call(L.kvmem_slotmap_evict, kept)
+
+    def compact(self, kept: Any) -> int:
+        """Move kept rows to positions 0..n_kept-1 (re-rotating moved keys); returns slots freed."""
+        return self._kept_call(L.kvmem_slotmap_compact, kept)
+
+    def slots(self) -> Tuple[Any, int]:
+        """(the position -> slot array, copied; the dead slot id)."""
+        p, n, dead = c_void_p(), c_int64(), c_int32()
+        L.kvmem_slotmap_slots(self.handle, byref(p), byref(n), byref(dead))
+        arr = (c_int32 * n.value).from_address(p.value) if n.value else (c_int32 * 1)()
+        return _to_result(arr, n.value, "int32"), dead.value
+
+    def get_info(self) -> L.kvmem_slotmap_info:
+        x = L.kvmem_slotmap_info()
+        L.kvmem_slotmap_get_info(self.handle, byref(x))
+        return x
+
+    def gather(self, dtype: Any = "f32") -> Tuple[Any, Any, Any]:
+        """The live rows in position order: (k, v, positions)."""
+        s = self.store.spec
+        n = self.get_info().n_live
+        shape = (s.n_layers, n, s.n_kv_heads, s.head_dim)
+        k, v = B.new_array(shape, dtype), B.new_array(shape, dtype)
+        pos = (c_int32 * max(n, 1))()
+        held: List[Any] = []
+        try:
+            kt, h = B.tensor(k, "k_out", shape, dtype, writable=True)
+            held.append(h)
+            vt, h = B.tensor(v, "v_out", shape, dtype, writable=True)
+            held.append(h)
+            L.kvmem_slotmap_gather(self.handle, byref(kt), byref(vt), pos)
+        finally:
+            B.release(*held)
+        return k, v, _to_result(pos, n, "int32")
