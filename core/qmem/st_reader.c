@@ -1,130 +1,55 @@
-/* The strict safetensors header parser (see st_reader.h). A recursive-
- * descent JSON reader just large enough for safetensors headers, which
- * never reads outside [buf, buf + size). */
+/* The strict safetensors header parser (see st_reader.h), on top of the
+ * project's own strict JSON reader (core/store/json.h): this file only
+ * checks the safetensors shape of the parsed document. */
 #include "st_reader.h"
+#include "../store/json.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    const char *p, *end;
-} js;
-
-static void ws(js *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+static int key_is(const kvm_json *v, const char *k) {
+    return v->key_len == strlen(k) && memcmp(v->key, k, v->key_len) == 0;
 }
 
-static int eat(js *j, char c) {
-    ws(j);
-    if (j->p < j->end && *j->p == c) {
-        j->p++;
-        return 1;
-    }
-    return 0;
-}
-
-/* A JSON string into out (truncation is an error when out is given). */
-static int str(js *j, char *out, size_t cap) {
-    size_t n = 0;
-    if (!eat(j, '"')) return 0;
-    while (j->p < j->end && *j->p != '"') {
-        char c = *j->p++;
-        if ((unsigned char)c < 0x20) return 0;
-        if (c == '\\') {
-            if (j->p >= j->end) return 0;
-            char e = *j->p++;
-            switch (e) {
-            case '"': case '\\': case '/': c = e; break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case 'n': c = '\n'; break;
-            case 'r': c = '\r'; break;
-            case 't': c = '\t'; break;
-            case 'u': /* kept opaque: names kvmem knows are plain ASCII */
-                if (j->end - j->p < 4) return 0;
-                for (int i = 0; i < 4; i++) {
-                    char h = j->p[i];
-                    if (!((h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) return 0;
-                }
-                j->p += 4;
-                c = '?';
-                break;
-            default: return 0;
-            }
-        }
-        if (out) {
-            if (n + 1 >= cap) return 0;
-            out[n] = c;
-        }
-        n++;
-    }
-    if (j->p >= j->end) return 0;
-    j->p++;
-    if (out) out[n] = '\0';
-    return 1;
-}
-
-static int uint(js *j, uint64_t *v) {
-    ws(j);
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return 0;
-    if (*j->p == '0' && j->end - j->p > 1 && j->p[1] >= '0' && j->p[1] <= '9') return 0; /* no leading zeros */
-    uint64_t x = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-        if (x > (UINT64_MAX - 9) / 10) return 0;
-        x = x * 10 + (uint64_t)(*j->p++ - '0');
-    }
-    *v = x;
+/* A non-negative integer no larger than max. */
+static int uint_at_most(const kvm_json *v, uint64_t max, uint64_t *out) {
+    if (v->type != KVM_JSON_NUMBER || !v->is_int || v->i < 0 || (uint64_t)v->i > max) return 0;
+    *out = (uint64_t)v->i;
     return 1;
 }
 
 /* "__metadata__": an object of string values. */
-static int metadata(js *j) {
-    if (!eat(j, '{')) return 0;
-    if (eat(j, '}')) return 1;
-    do {
-        if (!str(j, NULL, 0) || !eat(j, ':') || !str(j, NULL, 0)) return 0;
-    } while (eat(j, ','));
-    return eat(j, '}');
+static int metadata(const kvm_json_doc *doc, const kvm_json *m) {
+    if (m->type != KVM_JSON_OBJECT) return 0;
+    for (const kvm_json *c = kvm_json_child(doc, m); c; c = kvm_json_next(doc, c))
+        if (c->type != KVM_JSON_STRING) return 0;
+    return 1;
 }
 
-static int tensor(js *j, kvm_st_tensor *t) {
-    int have_dtype = 0, have_shape = 0, have_off = 0;
-    if (!eat(j, '{')) return 0;
-    do {
-        char key[32];
-        if (!str(j, key, sizeof key) || !eat(j, ':')) return 0;
-        if (strcmp(key, "dtype") == 0 && !have_dtype) {
-            char dt[16];
-            if (!str(j, dt, sizeof dt)) return 0;
-            if (strcmp(dt, "F32") == 0) t->dtype = KVMEM_F32;
-            else if (strcmp(dt, "F16") == 0) t->dtype = KVMEM_F16;
-            else if (strcmp(dt, "BF16") == 0) t->dtype = KVMEM_BF16;
-            else return 0;
-            have_dtype = 1;
-        } else if (strcmp(key, "shape") == 0 && !have_shape) {
-            if (!eat(j, '[')) return 0;
-            t->ndim = 0;
-            if (!eat(j, ']')) {
-                do {
-                    uint64_t v;
-                    if (t->ndim >= 4 || !uint(j, &v) || v > (uint64_t)1 << 31) return 0;
-                    t->shape[t->ndim++] = (int64_t)v;
-                } while (eat(j, ','));
-                if (!eat(j, ']')) return 0;
-            }
-            have_shape = 1;
-        } else if (strcmp(key, "data_offsets") == 0 && !have_off) {
-            uint64_t b, e;
-            if (!eat(j, '[') || !uint(j, &b) || !eat(j, ',') || !uint(j, &e) || !eat(j, ']')) return 0;
-            if (b > SIZE_MAX || e > SIZE_MAX) return 0;
-            t->begin = (size_t)b;
-            t->end = (size_t)e;
-            have_off = 1;
-        } else {
-            return 0; /* unknown or repeated key */
-        }
-    } while (eat(j, ','));
-    return eat(j, '}') && have_dtype && have_shape && have_off;
+/* One tensor entry: exactly dtype, shape (<= 4 dims) and data_offsets. */
+static int tensor(const kvm_json_doc *doc, const kvm_json *e, kvm_st_tensor *t) {
+    if (e->type != KVM_JSON_OBJECT || e->n != 3) return 0;
+    const kvm_json *dt = kvm_json_get(doc, e, "dtype"), *sh = kvm_json_get(doc, e, "shape"),
+                   *off = kvm_json_get(doc, e, "data_offsets");
+    if (!dt || !sh || !off || dt->type != KVM_JSON_STRING || sh->type != KVM_JSON_ARRAY ||
+        off->type != KVM_JSON_ARRAY || sh->n > 4 || off->n != 2)
+        return 0;
+    if (strcmp(dt->str, "F32") == 0) t->dtype = KVMEM_F32;
+    else if (strcmp(dt->str, "F16") == 0) t->dtype = KVMEM_F16;
+    else if (strcmp(dt->str, "BF16") == 0) t->dtype = KVMEM_BF16;
+    else return 0;
+    t->ndim = 0;
+    for (const kvm_json *d = kvm_json_child(doc, sh); d; d = kvm_json_next(doc, d)) {
+        uint64_t v;
+        if (!uint_at_most(d, (uint64_t)1 << 31, &v)) return 0;
+        t->shape[t->ndim++] = (int64_t)v;
+    }
+    uint64_t b, e2;
+    const kvm_json *o0 = kvm_json_child(doc, off);
+    if (!uint_at_most(o0, SIZE_MAX, &b) || !uint_at_most(kvm_json_next(doc, o0), SIZE_MAX, &e2)) return 0;
+    t->begin = (size_t)b;
+    t->end = (size_t)e2;
+    return 1;
 }
 
 static int by_begin(const void *a, const void *b) {
@@ -140,38 +65,41 @@ kvmem_status kvm_st_parse(const unsigned char *buf, size_t size, kvm_st_tensor *
     if (hl < 2 || hl > size - 8 || hl > ((uint64_t)100 << 20))
         return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header length %llu does not fit the %zu-byte file",
                         (unsigned long long)hl, size);
-    js j = {(const char *)buf + 8, (const char *)buf + 8 + hl};
-    int n = 0, have_meta = 0;
-    if (!eat(&j, '{')) return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header is not a JSON object");
-    if (!eat(&j, '}')) {
-        do {
-            char name[64];
-            if (!str(&j, name, sizeof name) || !eat(&j, ':'))
-                return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: bad or over-long tensor name near byte %zu",
-                                (size_t)(j.p - (const char *)buf));
-            if (strcmp(name, "__metadata__") == 0) {
-                if (have_meta || !metadata(&j))
-                    return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: bad __metadata__ (must be one object of strings)");
-                have_meta = 1;
-                continue;
-            }
-            for (int i = 0; i < n; i++)
-                if (strcmp(out[i].name, name) == 0)
-                    return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: tensor '%s' appears twice", name);
-            if (n >= KVM_ST_MAX_TENSORS)
-                return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: more than %d tensors", KVM_ST_MAX_TENSORS);
-            kvm_st_tensor *t = &out[n];
-            memset(t, 0, sizeof *t);
-            memcpy(t->name, name, sizeof name);
-            if (!tensor(&j, t))
-                return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: tensor '%s' needs dtype (F32/F16/BF16), shape "
-                                "(<= 4 dims) and data_offsets, nothing else", name);
-            n++;
-        } while (eat(&j, ','));
-        if (!eat(&j, '}')) return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header JSON object is not closed");
+    /* A header is one JSON object; say so before any JSON detail. */
+    const unsigned char *h0 = buf + 8, *h1 = buf + 8 + hl;
+    while (h0 < h1 && (*h0 == ' ' || *h0 == '\t' || *h0 == '\n' || *h0 == '\r')) h0++;
+    if (h0 == h1 || *h0 != '{') return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header is not a JSON object");
+    kvm_json_doc doc;
+    char jerr[160];
+    if (kvm_json_parse((const char *)buf + 8, (size_t)hl, &doc, jerr, sizeof jerr) != 0) {
+        if (strstr(jerr, "duplicate"))
+            return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: a name appears twice in the header (%s)", jerr);
+        return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header JSON is malformed: %s", jerr);
     }
-    ws(&j);
-    if (j.p != j.end) return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: trailing bytes after the header JSON");
+    const kvm_json *root = &doc.nodes[0];
+    kvmem_status bad = KVMEM_OK;
+    int n = 0;
+    for (const kvm_json *c = kvm_json_child(&doc, root); c && bad == KVMEM_OK; c = kvm_json_next(&doc, c)) {
+        if (key_is(c, "__metadata__")) {
+            if (!metadata(&doc, c))
+                bad = kvm_fail(KVMEM_ERR_FORMAT, "safetensors: bad __metadata__ (must be one object of strings)");
+            continue;
+        }
+        if (c->key_len >= sizeof out[0].name || memchr(c->key, '\0', c->key_len))
+            bad = kvm_fail(KVMEM_ERR_FORMAT, "safetensors: bad or over-long tensor name '%.40s'", c->key);
+        else if (n >= KVM_ST_MAX_TENSORS)
+            bad = kvm_fail(KVMEM_ERR_FORMAT, "safetensors: more than %d tensors", KVM_ST_MAX_TENSORS);
+        if (bad != KVMEM_OK) break;
+        kvm_st_tensor *t = &out[n];
+        memset(t, 0, sizeof *t);
+        memcpy(t->name, c->key, c->key_len);
+        if (!tensor(&doc, c, t))
+            bad = kvm_fail(KVMEM_ERR_FORMAT, "safetensors: tensor '%s' needs dtype (F32/F16/BF16), shape "
+                           "(<= 4 dims) and data_offsets, nothing else", t->name);
+        n++;
+    }
+    kvm_json_free(&doc);
+    if (bad != KVMEM_OK) return bad;
     size_t doff = 8 + (size_t)hl, dsize = size - doff;
     for (int i = 0; i < n; i++) {
         kvm_st_tensor *t = &out[i];

@@ -1,6 +1,5 @@
-/* A minimal, strict safetensors reader for the residual head's weights.
- * Self-contained on purpose (the general reader lives with persistence):
- * it accepts F32/F16/BF16 tensors of up to 4 dims, names up to 63 bytes,
+/* A minimal, strict safetensors reader for the residual head's weights,
+ * over the project's strict JSON reader (core/store/json.h): it accepts F32/F16/BF16 tensors of up to 4 dims, names up to 63 bytes,
  * an optional "__metadata__" object of strings, and rejects everything
  * else: bad header length, malformed JSON, duplicate names, unknown keys,
  * offsets out of bounds, overlapping or mis-sized data. */
