@@ -16,8 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue) */
-#define KVMEM_BACKEND_API_VERSION 2u
+/* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue)
+ * 3: the device kernels (dev_score, dev_topk, dev_gather_rope, dev_attend,
+ *    dev_qmem_score) */
+#define KVMEM_BACKEND_API_VERSION 3u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
@@ -26,6 +28,12 @@ struct kvm_attend_plan; /* core/attend/attend.h */
 /* Descriptors of the retrieval ops (core/retrieve/score.h). */
 struct kvm_score_desc;
 struct kvm_gather_desc;
+/* Arguments of the device kernels (defined below the table). */
+struct kvm_dev_score_args;
+struct kvm_dev_topk_args;
+struct kvm_dev_gather_args;
+struct kvm_dev_attend_args;
+struct kvm_dev_qmem_args;
 
 typedef struct kvmem_backend_iface {
     const char *name;
@@ -92,6 +100,22 @@ typedef struct kvmem_backend_iface {
                                kvmem_buffer *dst, size_t dst_off);
 
 
+    /* -- device kernels (Vulkan and CUDA issues) --
+     * Buffer-level forms of the host-level ops above, for backends whose
+     * memory the core cannot read: the core (core/offload) packs the inputs
+     * into the backend's buffers, calls these, and reads the results back.
+     * The CPU backend implements them too, as the reference the conformance
+     * suite (tests/backend) compares every backend with. Offsets are bytes,
+     * multiples of 4; counts are elements; args are validated like every
+     * entry (bad shapes or ranges: KVMEM_ERR_INVALID_ARG and nothing runs).
+     * Each entry is (optional): NULL means the core runs the host-level op
+     * on the CPU backend. */
+    kvmem_status (*dev_score)(kvmem_backend *be, const struct kvm_dev_score_args *a);
+    kvmem_status (*dev_topk)(kvmem_backend *be, const struct kvm_dev_topk_args *a);
+    kvmem_status (*dev_gather_rope)(kvmem_backend *be, const struct kvm_dev_gather_args *a);
+    kvmem_status (*dev_attend)(kvmem_backend *be, const struct kvm_dev_attend_args *a);
+    kvmem_status (*dev_qmem_score)(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
+
     /* (optional) escape hatch for entries a newer core knows and an older
      * backend does not: returns NULL for unknown names. */
     void *(*get_proc_address)(kvmem_backend *be, const char *name);
@@ -114,6 +138,92 @@ struct kvmem_backend {
      * emulating a GPU. Explicit requests ("vulkan") still get it. */
     int cpu_device;
 };
+
+/* ---- arguments of the device kernels ---- */
+
+/* dev_score: MemArt block scores, normalised and aggregated per query head.
+ * For query token t, layer l, query head h (KV head g = h / (Hq / Hkv)) and
+ * block j:
+ *   I[t][l][h][j] = sum_d max(q_d * s_max[j][l][g][d], q_d * s_min[j][l][g][d])
+ *   p = SOFTMAX: exp(tau * I_j) / sum_j' exp(tau * I_j')      (over j, per t, l, h)
+ *       RR:      1 / (rank_j + rr_c), rank from 1 by I descending, ties:
+ *                the lower j ranks first
+ *   out[l][h][j] = MAX or SUM over t of p
+ * The core sums out over each KV head's query heads (and layers, GLOBAL).
+ * tau > 0 and rr_c > 0 are resolved by the core. */
+typedef struct kvm_dev_score_args {
+    const kvmem_buffer *q;              /* f32 [n_q][n_layers][n_q_heads][head_dim] */
+    const kvmem_buffer *s_min, *s_max;  /* f32 [n_blocks][n_layers][n_kv_heads][head_dim] */
+    kvmem_buffer *out;                  /* f32 [n_layers][n_q_heads][n_blocks] */
+    size_t q_off, s_off, out_off;       /* s_off applies to both s_min and s_max */
+    int32_t n_q, n_blocks, n_layers, n_q_heads, n_kv_heads, head_dim;
+    kvmem_retrieve_norm norm;
+    kvmem_retrieve_agg agg;
+    float tau, rr_c;
+} kvm_dev_score_args;
+
+/* dev_topk: the min(k, #non-NaN) indices of the largest scores (NaN never
+ * selected; ties: the lower index wins), written to idx in ascending index
+ * order (chronological: what retrieval returns); *n_out (host) gets the
+ * count. */
+typedef struct kvm_dev_topk_args {
+    const kvmem_buffer *scores;  /* f32 [n] */
+    kvmem_buffer *idx;           /* int32 [k] */
+    size_t scores_off, idx_off;
+    int32_t n, k;
+    int32_t *n_out;              /* host */
+} kvm_dev_topk_args;
+
+/* dev_gather_rope: out row i ([n_heads][head_dim] f32, contiguous) = source
+ * row idx[i] (f32 rows src_rs elements apart, n_src of them) rotated with
+ * row i's cos/sin: cs = [n_out][rotary_dim/2] cos then [n_out][rotary_dim/2]
+ * sin (kvm_rope_cos_sin for the new positions), pairs as in kvm_rope_rotate
+ * (NEOX: d and d + rotary_dim/2; GPT-J: 2d and 2d + 1), both results times
+ * attn_factor; dims >= rotary_dim copied. rotary_dim 0: a plain gather
+ * (values; cs unused, may be NULL). idx are uint32; an index >= n_src gives
+ * a zero row (the host cannot check device memory), never a stray read. */
+typedef struct kvm_dev_gather_args {
+    const kvmem_buffer *src, *idx, *cs;
+    kvmem_buffer *out;
+    size_t src_off, idx_off, cs_off, out_off;
+    size_t n_src, src_rs, n_out, n_heads, head_dim, rotary_dim;
+    int gptj;          /* 0 NEOX, 1 GPT-J pairing */
+    float attn_factor; /* YaRN's; 1 otherwise */
+} kvm_dev_gather_args;
+
+/* dev_attend: one decode row of ART attention, kvmem_attend()'s rule on a
+ * SLOTMAP source with the STRIDED probe and no mask: position p < n_pos
+ * reads slot slot_map[p] of k and v ([n_slots][n_kv_heads][head_dim], dtype
+ * F32 or F16); a slot < 0 is dead (never read). Tiles are runs of `tile`
+ * positions, visited in `order` (n_visit distinct tile ids < ceil(n_pos /
+ * tile)). The stop rule runs per stream = KV head g (its G = n_q_heads /
+ * n_kv_heads query heads together): after each tile with a live position
+ * the probe of the stream's running output is tested with tau_s and tau_d,
+ * and the stream stops after `patience` passing tiles in a row; tau_s =
+ * tau_d = 0: never stops. q f32 [n_q_heads][head_dim]; out f32
+ * [n_q_heads][head_dim] (zeros for a head that saw no live position);
+ * visited int32 [n_kv_heads] = tiles with a live position the stream read.
+ * scale > 0 is resolved by the core. kvm_attend_cpu is the reference. */
+typedef struct kvm_dev_attend_args {
+    const kvmem_buffer *q, *k, *v, *slot_map, *order;
+    kvmem_buffer *out, *visited;
+    size_t q_off, k_off, v_off, slot_map_off, order_off, out_off, visited_off;
+    int64_t n_slots, n_pos;
+    int32_t n_q_heads, n_kv_heads, head_dim, tile, n_visit;
+    kvmem_dtype dtype; /* of k and v */
+    float scale, tau_s, tau_d;
+    int32_t patience;
+} kvm_dev_attend_args;
+
+/* dev_qmem_score: IntentKV's rule score (kvmem_qmem_score) of n tokens:
+ * mem f32 [n_layers][n_q_heads][head_dim], k f32 [n_layers][n][n_kv_heads][head_dim],
+ * scores f32 [n]. */
+typedef struct kvm_dev_qmem_args {
+    const kvmem_buffer *mem, *k;
+    kvmem_buffer *scores;
+    size_t mem_off, k_off, scores_off;
+    int32_t n_layers, n_q_heads, n_kv_heads, head_dim, n;
+} kvm_dev_qmem_args;
 
 /* -- device timing (Vulkan issue) -- */
 /* get_proc_address(be, KVM_PROC_LAST_OP_SECONDS) returns a kvm_last_op_seconds_fn

@@ -16,11 +16,8 @@
  *               (kvm_rope_rotate; FMA contraction may differ), within 1e-5
  *               (|x0| + |x1|) of a double-precision rotation
  *
- * Where the backend cannot run here (no loader, no device, not built) every
- * test prints "skipped: <reason>" and is skipped. */
-#include "testutil.h"
-#include "context.h"
-#include "internal.h"
+ * Harness: conformance.h. */
+#include "conformance.h"
 #include "rope/rope.h"
 #include "vk_ops.h"
 
@@ -30,56 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *g_name = "vulkan";
-static char g_why[512];
-static kvmem_context *g_ctx;
-static kvmem_backend *g_be, *g_cpu;
-
-static int setup(void **state) {
-    (void)state;
-    kvmem_context_params p = kvmem_context_default_params();
-    p.backend = g_name;
-    p.n_threads = 2;
-    if (kvmem_context_create(&p, &g_ctx) != KVMEM_OK) {
-        snprintf(g_why, sizeof g_why, "backend %s: %s", g_name, kvmem_last_error());
-        g_ctx = NULL;
-        return 0;
-    }
-    g_be = g_ctx->backend;
-    g_cpu = g_ctx->cpu;
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    kvmem_context_free(g_ctx);
-    g_ctx = NULL;
-    return 0;
-}
-
-#define NEED_BACKEND()                                  \
-    do {                                                \
-        if (!g_ctx) {                                   \
-            print_message("skipped: %s\n", g_why);      \
-            skip();                                     \
-        }                                               \
-    } while (0)
-
-/* ---- buffer helpers on one backend ---- */
-
-static kvmem_buffer *balloc(kvmem_backend *be, size_t n) {
-    kvmem_buffer *b = NULL;
-    assert_ok(be->iface->buffer_alloc(be, n, &b));
-    assert_non_null(b);
-    return b;
-}
-static void bput(kvmem_backend *be, kvmem_buffer *b, size_t off, const void *src, size_t n) {
-    assert_ok(be->iface->buffer_upload(be, b, off, src, n));
-}
-static void bget(kvmem_backend *be, const kvmem_buffer *b, size_t off, void *dst, size_t n) {
-    assert_ok(be->iface->buffer_download(be, b, off, dst, n));
-}
 
 /* ---- buffers ---- */
 
@@ -771,21 +718,18 @@ static void test_threads_share_a_backend_and_create_contexts(void **state) {
     }
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1) g_name = argv[1];
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_buffers_round_trip_exact_bytes),
-        cmocka_unit_test(test_buffers_reject_out_of_range_and_change_nothing),
-        cmocka_unit_test(test_convert_all_pairs_bit_exact),
-        cmocka_unit_test(test_convert_every_f16_and_bf16_pattern),
-        cmocka_unit_test(test_convert_rejects_bad_input_and_changes_nothing),
-        cmocka_unit_test(test_aabb_build_matches_reference_exactly),
-        cmocka_unit_test(test_aabb_build_rejects_bad_input_and_changes_nothing),
-        cmocka_unit_test(test_registry_reports_backend_and_auto_prefers_native_cpu),
-        cmocka_unit_test(test_vulkan_device_choice_and_reasons),
-        cmocka_unit_test(test_vulkan_aabb_score_gemm_form_matches_reference),
-        cmocka_unit_test(test_vulkan_gather_rope_matches_cpu_rotation),
-        cmocka_unit_test(test_threads_share_a_backend_and_create_contexts),
-    };
-    return cmocka_run_group_tests_name(g_name, tests, setup, teardown);
-}
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_buffers_round_trip_exact_bytes),
+    cmocka_unit_test(test_buffers_reject_out_of_range_and_change_nothing),
+    cmocka_unit_test(test_convert_all_pairs_bit_exact),
+    cmocka_unit_test(test_convert_every_f16_and_bf16_pattern),
+    cmocka_unit_test(test_convert_rejects_bad_input_and_changes_nothing),
+    cmocka_unit_test(test_aabb_build_matches_reference_exactly),
+    cmocka_unit_test(test_aabb_build_rejects_bad_input_and_changes_nothing),
+    cmocka_unit_test(test_registry_reports_backend_and_auto_prefers_native_cpu),
+    cmocka_unit_test(test_vulkan_device_choice_and_reasons),
+    cmocka_unit_test(test_vulkan_aabb_score_gemm_form_matches_reference),
+    cmocka_unit_test(test_vulkan_gather_rope_matches_cpu_rotation),
+    cmocka_unit_test(test_threads_share_a_backend_and_create_contexts),
+};
+CONF_MAIN(tests)
