@@ -15,6 +15,12 @@ static const struct {
     [KVM_VK_AABB_BUILD] = {"aabb_build", 3, 6 * 4},
     [KVM_VK_AABB_SCORE] = {"aabb_score", 4, 14 * 4},
     [KVM_VK_GATHER_ROPE] = {"gather_rope", 4, 12 * 4},
+    /* -- retrieval -- */
+
+    /* -- persistence and eviction -- */
+
+    /* -- attention -- */
+
 };
 
 static const kvm_vk_shader *find_shader(const char *name) {

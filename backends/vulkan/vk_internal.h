@@ -19,6 +19,12 @@ typedef enum kvm_vk_kernel {
     KVM_VK_AABB_BUILD,
     KVM_VK_AABB_SCORE,
     KVM_VK_GATHER_ROPE,
+    /* -- retrieval (dev_score, dev_topk) -- */
+
+    /* -- persistence and eviction (quantize, dequantize, dev_qmem_score) -- */
+
+    /* -- attention (dev_attend) -- */
+
     KVM_VK_N_KERNELS
 } kvm_vk_kernel;
 
@@ -109,6 +115,14 @@ kvmem_status kvm_vk_run(kvm_vk *v, const char *op, kvm_vk_kernel k, const kvmem_
                         uint32_t n_bufs, const void *push, uint32_t push_size, uint64_t items, const uint32_t *groups3);
 /* Standalone kernels reached through get_proc_address (vk_retrieval.c). */
 void *kvm_vk_retrieval_proc(const char *name);
+
+/* ---- table entries, one source file per group ---- */
+/* -- retrieval (vk_retrieval.c) -- */
+
+/* -- persistence and eviction (vk_quant.c, vk_qmem.c) -- */
+
+/* -- attention (vk_attend.c) -- */
+
 /* Free pipelines. */
 void kvm_vk_pipelines_destroy(kvm_vk *v);
 /* Barrier: compute or transfer writes visible to later compute/transfer/host. */
