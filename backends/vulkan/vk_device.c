@@ -204,6 +204,17 @@ kvmem_status kvm_vk_device_open(kvm_vk *v, VkInstance inst, char *why, size_t wh
     v->phys = pds[chosen];
     vkGetPhysicalDeviceProperties(v->phys, &v->props);
     vkGetPhysicalDeviceMemoryProperties(v->phys, &v->mem_props);
+    {
+        /* Vulkan 1.1 core: subgroup size and which operations compute shaders may use */
+        VkPhysicalDeviceSubgroupProperties sg = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, NULL, 0, 0, 0, 0};
+        VkPhysicalDeviceProperties2 p2 = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &sg, {0}};
+        vkGetPhysicalDeviceProperties2(v->phys, &p2);
+        const VkSubgroupFeatureFlags need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT |
+                                            VK_SUBGROUP_FEATURE_SHUFFLE_BIT | VK_SUBGROUP_FEATURE_BALLOT_BIT;
+        v->subgroup_size = sg.subgroupSize;
+        v->subgroup_ops = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && (sg.supportedOperations & need) == need &&
+                          sg.subgroupSize >= 4 && sg.subgroupSize <= KVM_VK_WG && getenv("KVMEM_VULKAN_NO_SUBGROUPS") == NULL;
+    }
     int timestamps = 0;
     v->queue_family = compute_family(v->phys, &timestamps);
     timestamps = timestamps && v->props.limits.timestampPeriod > 0;

@@ -55,6 +55,11 @@ typedef struct kvm_vk {
     int device_mem_mapped;     /* that type is host-visible and coherent */
     uint32_t staging_mem_type; /* host-visible, coherent */
     int force_staging;         /* KVMEM_VULKAN_STAGING=1: never map device buffers */
+    /* Subgroups: size, and whether compute shaders have basic, arithmetic,
+     * shuffle and ballot operations (then kernels with a "_sg" variant use
+     * it; KVMEM_VULKAN_NO_SUBGROUPS=1 forces the shared-memory variants). */
+    uint32_t subgroup_size;
+    int subgroup_ops;
 
     pthread_mutex_t mu; /* one op at a time on the queue, command buffer, staging */
     VkCommandPool cmd_pool;
