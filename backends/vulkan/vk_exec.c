@@ -20,6 +20,8 @@ static const struct {
     /* -- persistence and eviction -- */
 
     /* -- attention -- */
+    [KVM_VK_ATTEND] = {"attend", 7, 21 * 4},
+    [KVM_VK_ATTEND_SG] = {"attend_sg", 7, 21 * 4},
 
 };
 

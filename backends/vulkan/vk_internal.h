@@ -24,6 +24,8 @@ typedef enum kvm_vk_kernel {
     /* -- persistence and eviction (quantize, dequantize, dev_qmem_score) -- */
 
     /* -- attention (dev_attend) -- */
+    KVM_VK_ATTEND,
+    KVM_VK_ATTEND_SG, /* the probe reduced with subgroup operations */
 
     KVM_VK_N_KERNELS
 } kvm_vk_kernel;
@@ -127,6 +129,7 @@ void *kvm_vk_retrieval_proc(const char *name);
 /* -- persistence and eviction (vk_quant.c, vk_qmem.c) -- */
 
 /* -- attention (vk_attend.c) -- */
+kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const struct kvm_dev_attend_args *a);
 
 /* Free pipelines. */
 void kvm_vk_pipelines_destroy(kvm_vk *v);

@@ -206,6 +206,7 @@ static const kvmem_backend_iface vk_iface = {
     /* -- eviction -- */
 
     /* -- attention -- */
+    .dev_attend = kvm_vk_dev_attend,
 
     /* -- persistence -- */
 

@@ -4,6 +4,7 @@
 #include "../context.h"
 #include "../internal.h"
 #include "../attend/attend.h"
+#include "../attend/attend_dev.h"
 #include "half.h"
 #include "kernels.h"
 #include "../retrieve/score.h" /* retrieval ops */
@@ -64,6 +65,12 @@ static kvmem_status cpu_download(kvmem_backend *be, const kvmem_buffer *src, siz
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "download of %zu bytes at %zu outside the buffer", n, off);
     if (n) memcpy(dst, src->data + off, n);
     return KVMEM_OK;
+}
+
+/* For the CPU backend's buffer-level entries in their modules. */
+void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size) {
+    *size = b->size;
+    return b->data;
 }
 
 static void *cpu_host_ptr(kvmem_backend *be, kvmem_buffer *b) {
@@ -187,6 +194,7 @@ static const kvmem_backend_iface cpu_iface = {
 
     /* -- attention -- */
     .attend = kvm_attend_cpu,
+    .dev_attend = kvm_attend_dev_cpu,
 
     /* -- persistence -- */
     .quantize = cpu_quantize,
