@@ -13,6 +13,10 @@
  *            3 + 2|x| ulp, as Vulkan's precision rules allow; |x| <= 2A)
  *   output:  |o - o_ref| <= (2 e_w + 2 (n + 8) u) Vm (numerator and
  *            denominator, f32 accumulation of n terms)
+ * Shapes: G 1/2/3/4/8/32, head_dim 1/16/32/33/64/80/128/256, tiles of 1 to
+ * 500 positions with a partial last tile, dead slots (negative ids), orders
+ * (sink then newest first, shuffled, a shuffled half), F32 and F16 K/V,
+ * byte offsets on every buffer.
  * the same bound against the CPU entry (both are within it of the double
  * result: the bound is doubled). F16 K/V: both sides read the same f16
  * values exactly, so the bound is the same.
@@ -406,6 +410,15 @@ static void test_full_attention_large_head_dim_and_tiles(void **state) {
     case_free(&c);
     /* tile 1 */
     case_make(&c, 9, 1, 2, 32, 40, 1, KVMEM_F32, 30, ORD_SHUFFLE);
+    check_case(&c);
+    case_free(&c);
+    /* odd head_dim in f16: rows start in either half of a 32-bit word */
+    case_make(&c, 10, 3, 3, 33, 150, 16, KVMEM_F16, 20, ORD_SHUFFLE);
+    c.tau_s = 0.01f, c.tau_d = 0.001f;
+    check_case(&c);
+    case_free(&c);
+    /* head_dim 1, one KV head with 8 query heads (the probe is the whole output) */
+    case_make(&c, 15, 1, 8, 1, 64, 4, KVMEM_F16, 10, ORD_RECENT);
     check_case(&c);
     case_free(&c);
 }
