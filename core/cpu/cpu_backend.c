@@ -150,6 +150,9 @@ static kvmem_status cpu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, c
     for (size_t i = 0; i < n * dim; i++)
         if (!(fabsf(x[i]) <= KVM_QUANT_LIMIT))
             return kvm_fail(KVMEM_ERR_INVALID_ARG, "quantize: value %g at %zu is not finite within +-65504", x[i], i);
+    /* whole section zeroed first: every padding byte is 0 (kvm_quant_section
+     * leaves Q8's pad between scales and codes alone), as on the devices */
+    memset(dst->data + dst_off, 0, q.bytes);
     kvm_quant_section(dt, which, x, n, dim, mm, mm + 1024, dst->data + dst_off);
     return KVMEM_OK;
 }
