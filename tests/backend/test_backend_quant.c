@@ -21,9 +21,9 @@
  *               decoded scale s: |x - x'| <= s/2 + 2^-21 (|x| + |b|), and
  *               s <= range/k (1 + 2^-10) + 2^-24 (k = 127 for Q8 with range =
  *               absmax; k = 15 for Q4 with range = max - min + ulp16(min)).
- *               The 2^-24 term is the smallest f16 step: quant.h's closed
- *               form (absmax/254 (1 + 2^-10)) omits it, and groups whose
- *               scale is an f16 subnormal exceed that form.
+ *               The 2^-24 term is the smallest f16 step: groups whose scale
+ *               is an f16 subnormal need it (quant.h states it since this
+ *               test found them above absmax/254 (1 + 2^-10)).
  *   bad input   wrong dtype, which, n, dim, ranges, misaligned offsets,
  *               values not finite within +-65504: KVMEM_ERR_INVALID_ARG with
  *               a message, destination bytes unchanged.
