@@ -96,33 +96,6 @@ typedef struct kvm_cu_topk_plan {
 } kvm_cu_topk_plan;
 kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan);
 
-/* ART attention decode: logical positions cut into tiles of `tile`; tiles
- * are visited in waves of `tiles_per_wave` (all CTAs of a wave run in
- * parallel, split-K); after each wave a fold in traversal order applies the
- * stop rule, so the work spent past the stopping tile is at most one wave. */
-typedef struct kvm_cu_attend_shape {
-    int64_t n_pos;       /* logical positions in the slot map */
-    int32_t tile;        /* positions per tile, a multiple of 32 in [32, 1024] */
-    int32_t n_q_heads, n_kv_heads, head_dim;
-    int32_t n_tiles_visit; /* tiles in the traversal order (<= ceil(n_pos / tile)) */
-    int32_t tiles_per_wave; /* 0: chosen from the SM count */
-    int32_t n_sms;          /* multiprocessors of the device (for the choice) */
-} kvm_cu_attend_shape;
-
-typedef struct kvm_cu_attend_plan {
-    int32_t n_tiles;        /* ceil(n_pos / tile) */
-    int32_t tiles_per_wave;
-    int32_t n_waves;
-    size_t partial_bytes;   /* [Hq][tiles_per_wave][head_dim + 2] f32 partials */
-    size_t state_stride;    /* bytes of one head's running state (kvm_cu_attend_state_bytes) */
-    size_t state_bytes;     /* [Hq] running states */
-    size_t ws_bytes;        /* partial_bytes + state_bytes, 256-aligned pieces */
-} kvm_cu_attend_plan;
-/* One head's running state: o[D], m, l, the previous probe z[32], then
- * int32 streak, visited, stopped, have_prev; 16-byte aligned. */
-size_t kvm_cu_attend_state_bytes(int32_t head_dim);
-kvmem_status kvm_cu_attend_plan_make(const kvm_cu_attend_shape *s, kvm_cu_attend_plan *plan);
-
 /* ---- the device-kernel table entries (core/backend.h, API 3) ----
  * Argument checks of dev_score, dev_topk, dev_gather_rope, dev_attend,
  * dev_qmem_score, quantize and dequantize, with the byte sizes of the
