@@ -41,8 +41,14 @@ void *cu_scratch(kvm_cu_backend *b, size_t bytes, kvmem_status *st) {
     if (*st != KVMEM_OK) return nullptr;
     if (bytes <= b->scratch_granted && b->scratch) return b->scratch;
     // the old workspace may still be read by queued kernels: its block goes
-    // back to the cache, which only hands it out for later work on the stream
-    if (b->scratch) kvm_cu_release(b->alloc, b->scratch, b->scratch_granted);
+    // back to the cache, and an upload into it (a buffer allocated from that
+    // block) must not overtake them: order the copy stream behind the compute
+    // stream, as buffer_free does
+    if (b->scratch) {
+        cudaEventRecord(b->free_done, b->stream);
+        cudaStreamWaitEvent(b->copy_stream, b->free_done, 0);
+        kvm_cu_release(b->alloc, b->scratch, b->scratch_granted);
+    }
     b->scratch = kvm_cu_alloc(b->alloc, bytes, &b->scratch_granted);
     if (!b->scratch) {
         b->scratch_granted = 0;
