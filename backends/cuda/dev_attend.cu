@@ -293,7 +293,7 @@ __global__ void qmem_accumulate_kernel(const float *__restrict__ ws, int n, int 
 }  // namespace
 
 kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) {
-    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_attend: NULL argument");
+    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_attend: args is NULL");
     kvm_cu_backend *b = cu_impl(be);
     kvm_cu_dev_attend_plan plan;
     kvmem_status st = kvm_cu_check_dev_attend(a, cu_size(a->q), cu_size(a->k), cu_size(a->v), cu_size(a->slot_map),
@@ -352,7 +352,7 @@ kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
 }
 
 kvmem_status kvm_cu_dev_qmem_score(kvmem_backend *be, const kvm_dev_qmem_args *a) {
-    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_qmem_score: NULL argument");
+    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_qmem_score: args is NULL");
     kvmem_status st = kvm_cu_check_dev_qmem(a, cu_size(a->mem), cu_size(a->k), cu_size(a->scores));
     if (st != KVMEM_OK) return st;
     kvm_cu_backend *b = cu_impl(be);

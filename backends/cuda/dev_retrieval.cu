@@ -259,7 +259,7 @@ uint32_t max_blocks(const kvm_cu_backend *b) { return (uint32_t)b->props.multiPr
 }  // namespace
 
 kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
-    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_score: NULL argument");
+    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_score: args is NULL");
     kvm_cu_dev_score_plan plan;
     kvmem_status st = kvm_cu_check_dev_score(a, cu_size(a->q), cu_size(a->s_min), cu_size(a->s_max), cu_size(a->out), &plan);
     if (st != KVMEM_OK) return st;
@@ -295,7 +295,7 @@ kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
 }
 
 kvmem_status kvm_cu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {
-    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_topk: NULL argument");
+    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_topk: args is NULL");
     kvmem_status st = kvm_cu_check_dev_topk(a, cu_size(a->scores), cu_size(a->idx));
     if (st != KVMEM_OK) return st;
     if (a->n == 0 || a->k == 0) {
@@ -317,7 +317,7 @@ kvmem_status kvm_cu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {
 }
 
 kvmem_status kvm_cu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a) {
-    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_gather_rope: NULL argument");
+    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_gather_rope: args is NULL");
     kvmem_status st = kvm_cu_check_dev_gather(a, cu_size(a->src), cu_size(a->idx), cu_size(a->cs), cu_size(a->out));
     if (st != KVMEM_OK || a->n_out == 0) return st;
     kvm_cu_backend *b = cu_impl(be);

@@ -116,8 +116,9 @@ uint32_t max_blocks(const kvm_cu_backend *b) { return (uint32_t)b->props.multiPr
 
 kvmem_status kvm_cu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
                              size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off) {
-    if (!be || !src || !dst) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "quantize: a buffer is NULL");
-    kvmem_status st = kvm_cu_check_quantize(dt, which, src->size, src_off, n, dim, dst->size, dst_off);
+    if (!be) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "quantize: backend is NULL");
+    // a NULL buffer has size 0: its range is outside (the CPU backend's rule)
+    kvmem_status st = kvm_cu_check_quantize(dt, which, cu_size(src), src_off, n, dim, cu_size(dst), dst_off);
     if (st != KVMEM_OK) return st;
     kvm_cu_backend *b = cu_impl(be);
     cudaSetDevice(b->device);
@@ -174,8 +175,8 @@ kvmem_status kvm_cu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const
 
 kvmem_status kvm_cu_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
                                size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst, size_t dst_off) {
-    if (!be || !src || !dst) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dequantize: a buffer is NULL");
-    kvmem_status st = kvm_cu_check_dequantize(dt, which, src->size, src_off, n, dim, row0, cnt, dst->size, dst_off);
+    if (!be) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dequantize: backend is NULL");
+    kvmem_status st = kvm_cu_check_dequantize(dt, which, cu_size(src), src_off, n, dim, row0, cnt, cu_size(dst), dst_off);
     if (st != KVMEM_OK || cnt == 0) return st;
     kvm_cu_backend *b = cu_impl(be);
     cudaSetDevice(b->device);

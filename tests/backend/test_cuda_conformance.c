@@ -741,7 +741,7 @@ static void attend_equals_full_attention_and_stops_by_the_rule(void **state) {
     }
     /* refused: bf16 KV, patience 0, visited too small, head_dim without a kernel */
     aa.dtype = KVMEM_BF16;
-    assert_status(g_be->iface->dev_attend(g_be, &aa), KVMEM_ERR_INVALID_ARG, "f32 or f16");
+    assert_status(g_be->iface->dev_attend(g_be, &aa), KVMEM_ERR_INVALID_ARG, "F32 or F16");
     aa.dtype = KVMEM_F16;
     aa.patience = 0;
     assert_status(g_be->iface->dev_attend(g_be, &aa), KVMEM_ERR_INVALID_ARG, "patience");

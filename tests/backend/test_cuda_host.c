@@ -368,6 +368,15 @@ static void dev_score_checks_shapes_ranges_and_plans(void **state) {
     assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob + 8, &p), KVMEM_ERR_INVALID_ARG);
     assert_non_null(strstr(kvm_cu_last_error(), "multiples of 4"));
     a.out_off = 0;
+    a.n_q = 0;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "empty or negative"));
+    a.n_q = 4;
+    a.tau = 0.0f; /* both constants are checked whichever norm is used */
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "tau"));
+    a.tau = 0.125f;
+    a.out_off = 0;
     a.norm = KVMEM_NORM_RR;
     assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_OK);
     assert_int_equal(p.sort_len, 128);
@@ -400,6 +409,11 @@ static void dev_topk_gather_qmem_check_their_ranges(void **state) {
     assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 400), KVMEM_OK);
     t.k = -1;
     assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 400), KVMEM_ERR_INVALID_ARG);
+    t.k = 10;
+    t.idx_off = 2;
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 400), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "multiples of 4"));
+    t.idx_off = 0;
     t.k = 0;
     t.scores = NULL; /* nothing to do: no buffer needed */
     assert_int_equal(kvm_cu_check_dev_topk(&t, 0, 0), KVMEM_OK);
@@ -419,10 +433,21 @@ static void dev_topk_gather_qmem_check_their_ranges(void **state) {
     assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, 0, out), KVMEM_OK);
     g.rotary_dim = 63;
     assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "even"));
+    g.rotary_dim = 64;
+    g.n_out = 0; /* the shared rule: empty input is refused */
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "empty"));
+    g.n_out = 5;
+    g.attn_factor = 0.0f;
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "attn_factor"));
+    g.attn_factor = 1.0f;
     g.rotary_dim = 64;
     g.cs = FAKE(3);
     g.src_rs = 255; /* rows overlap */
     assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "outside"));
     g.src_rs = 300;
     g.gptj = 2;
     assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
@@ -433,6 +458,11 @@ static void dev_topk_gather_qmem_check_their_ranges(void **state) {
     assert_int_equal(kvm_cu_check_dev_qmem(&m, mb, kb - 4, 200), KVMEM_ERR_INVALID_ARG);
     m.n_kv_heads = 3;
     assert_int_equal(kvm_cu_check_dev_qmem(&m, mb, kb, 200), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "multiple"));
+    m.n_kv_heads = 2;
+    m.mem = NULL; /* a NULL buffer: its range is outside */
+    assert_int_equal(kvm_cu_check_dev_qmem(&m, 0, kb, 200), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "outside"));
 }
 
 static void dev_attend_checks_and_plans_waves(void **state) {
@@ -464,7 +494,7 @@ static void dev_attend_checks_and_plans_waves(void **state) {
     a.n_visit = 220;
     assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 220 * 4, 32 * 128 * 4, 32, 132, &p),
                      KVMEM_ERR_INVALID_ARG);
-    assert_non_null(strstr(kvm_cu_last_error(), "only 219 tiles"));
+    assert_non_null(strstr(kvm_cu_last_error(), "exceeds the 219 tiles"));
     a.n_visit = 0; /* nothing visited: zeros out, no order needed */
     a.order = NULL;
     assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 0, 32 * 128 * 4, 32, 132, &p), KVMEM_OK);
@@ -499,6 +529,16 @@ static void dev_attend_checks_and_plans_waves(void **state) {
     a.head_dim = 300;
     assert_int_equal(kvm_cu_check_dev_attend(&a, 12 * 300 * 4, 100 * 300 * 4, 100 * 300 * 4, 400, 60, 12 * 300 * 4, 4, 132, &p),
                      KVMEM_ERR_UNSUPPORTED);
+    a.head_dim = 2000; /* beyond the shared rule: invalid, not unsupported */
+    assert_int_equal(kvm_cu_check_dev_attend(&a, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "head_dim"));
+    a.head_dim = 40;
+    a.n_pos = 0, a.n_visit = 0, a.slot_map = NULL, a.order = NULL; /* no positions: zeros, nothing visited */
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 12 * 40 * 4, 100 * 40 * 4, 100 * 40 * 4, 0, 0, 12 * 40 * 4, 4, 132, &p),
+                     KVMEM_OK);
+    assert_int_equal(p.n_tiles, 0);
+    assert_int_equal(p.n_waves, 0);
 }
 
 static void quant_checks_match_the_cpu_backend_rules(void **state) {
