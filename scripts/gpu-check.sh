@@ -5,7 +5,7 @@
 #   2. every ctest test; then every conformance program for "cuda"
 #      (tests/backend/test_backend*.c: the table entries against the CPU
 #      backend) and test_cuda_conformance, which must run, not skip
-#   3. compute-sanitizer memcheck over all of them
+#   3. compute-sanitizer memcheck (and racecheck, synccheck) over all of them
 #   4. `kvmem bench --json cuda` and the PyTorch baselines on the same GPU
 # Results (JSON lines and logs) go to $KVMEM_GPU_BUILD (default build/gpu)
 # and, when set, to $OUT. Exit 77 ("skipped") where there is no GPU.
@@ -64,6 +64,16 @@ if [ -n "$SAN" ]; then
     # shellcheck disable=SC2086
     "$SAN" --tool memcheck --error-exitcode 1 --leak-check full $pc >>"$B/memcheck.log" 2>&1 ||
       { log "FAIL: memcheck $pc (log: $B/memcheck.log)"; fail=1; }
+  done
+  # shared-memory races and barrier misuse in the kernels
+  for tool in racecheck synccheck; do
+    log "compute-sanitizer $tool"
+    : >"$B/$tool.log"
+    for pc in "${progs[@]}"; do
+      # shellcheck disable=SC2086
+      "$SAN" --tool $tool --error-exitcode 1 $pc >>"$B/$tool.log" 2>&1 ||
+        { log "FAIL: $tool $pc (log: $B/$tool.log)"; fail=1; }
+    done
   done
 else
   log "skipped: compute-sanitizer not found (install cuda-sanitizer) — memcheck NOT run"
