@@ -91,7 +91,8 @@ __device__ float cta_sum(float v, float *red) {
 // a thread owns columns j = tid + k * blockDim, so its aggregate runs over
 // t in order, as the CPU's loop.
 __global__ void __launch_bounds__(256)
-dev_score_norm_kernel(float *__restrict__ S, uint2 *__restrict__ ws_sort, float *__restrict__ out, ScoreDims p) {
+dev_score_norm_kernel(float *S, uint2 *ws_sort, float *__restrict__ out, ScoreDims p) {
+    // S and ws_sort: no __restrict__, threads exchange values through them across barriers
     extern __shared__ __align__(16) unsigned char norm_smem[];
     __shared__ float red[32];
     const size_t cta = blockIdx.x;
