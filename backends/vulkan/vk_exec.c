@@ -18,6 +18,10 @@ static const struct {
     /* -- retrieval -- */
 
     /* -- persistence and eviction -- */
+    [KVM_VK_QUANTIZE] = {"quantize", 3, 13 * 4},
+    [KVM_VK_DEQUANTIZE] = {"dequantize", 2, 12 * 4},
+    [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 10 * 4},
+    [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 10 * 4},
 
     /* -- attention -- */
     [KVM_VK_ATTEND] = {"attend", 7, 21 * 4},

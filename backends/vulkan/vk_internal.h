@@ -22,6 +22,10 @@ typedef enum kvm_vk_kernel {
     /* -- retrieval (dev_score, dev_topk) -- */
 
     /* -- persistence and eviction (quantize, dequantize, dev_qmem_score) -- */
+    KVM_VK_QUANTIZE,
+    KVM_VK_DEQUANTIZE,
+    KVM_VK_QMEM_SCORE,
+    KVM_VK_QMEM_SCORE_SG,
 
     /* -- attention (dev_attend) -- */
     KVM_VK_ATTEND,
@@ -127,6 +131,12 @@ void *kvm_vk_retrieval_proc(const char *name);
 /* -- retrieval (vk_retrieval.c) -- */
 
 /* -- persistence and eviction (vk_quant.c, vk_qmem.c) -- */
+kvmem_status kvm_vk_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src,
+                             size_t src_off, size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off);
+kvmem_status kvm_vk_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src,
+                               size_t src_off, size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst,
+                               size_t dst_off);
+kvmem_status kvm_vk_dev_qmem_score(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
 
 /* -- attention (vk_attend.c) -- */
 kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const struct kvm_dev_attend_args *a);

@@ -204,12 +204,13 @@ static const kvmem_backend_iface vk_iface = {
     /* -- retrieval -- */
 
     /* -- eviction -- */
-
+    .dev_qmem_score = kvm_vk_dev_qmem_score,
     /* -- attention -- */
     .dev_attend = kvm_vk_dev_attend,
 
     /* -- persistence -- */
-
+    .quantize = kvm_vk_quantize,
+    .dequantize = kvm_vk_dequantize,
     .get_proc_address = vk_proc,
 };
 
