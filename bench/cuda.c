@@ -127,6 +127,22 @@ static const char *cu_msg(kvmem_backend *be) {
     return f ? f() : "";
 }
 
+/* The fields every selection line has (the caller adds its own and ends it). */
+static void sel_line(FILE *f, const char *name, int rr, int64_t tokens, int64_t nb, int64_t nq, int64_t k, double med,
+                     double pip) {
+    kvm_json_begin(f, "cuda");
+    kvm_json_str(f, "case", name);
+    kvm_json_str(f, "norm", rr ? "rr" : "softmax");
+    kvm_json_str(f, "agg", "max");
+    kvm_json_int(f, "tokens", tokens);
+    kvm_json_int(f, "blocks", nb);
+    kvm_json_int(f, "n_q", nq);
+    kvm_json_int(f, "k", k);
+    kvm_json_num(f, "ms", med * 1e3);
+    kvm_json_num(f, "ms_pipelined", pip * 1e3);
+    kvm_json_num(f, "target_ms", 0.2);
+}
+
 static int fail(const kvm_bench_opts *o, kvmem_backend *be, const char *what) {
     kvm_json_begin(o->out, "cuda");
     kvm_json_str(o->out, "error", what);
@@ -229,17 +245,7 @@ static int run_cuda(const kvm_bench_opts *o) {
                 rc = fail(o, be, "selection");
                 goto done;
             }
-            kvm_json_begin(o->out, "cuda");
-            kvm_json_str(o->out, "case", "selection");
-            kvm_json_str(o->out, "norm", mode ? "rr" : "softmax");
-            kvm_json_str(o->out, "agg", "max");
-            kvm_json_int(o->out, "tokens", tokens);
-            kvm_json_int(o->out, "blocks", NB);
-            kvm_json_int(o->out, "n_q", nq);
-            kvm_json_int(o->out, "k", k);
-            kvm_json_num(o->out, "ms", med * 1e3);
-            kvm_json_num(o->out, "ms_pipelined", pip * 1e3);
-            kvm_json_num(o->out, "target_ms", 0.2);
+            sel_line(o->out, "selection", mode, tokens, NB, nq, k, med, pip);
             kvm_json_num(o->out, "blocks_prep_ms", prep_ms);
             /* the block operand is read once per (layer, query head) CTA group */
             kvm_json_num(o->out, "operand_gbps", (double)L * Hkv * nb_pad * 2 * D * 2 / pip / 1e9);
@@ -282,17 +288,7 @@ static int run_cuda(const kvm_bench_opts *o) {
                 rc = fail(o, be, "selection (table entries)");
                 goto done;
             }
-            kvm_json_begin(o->out, "cuda");
-            kvm_json_str(o->out, "case", "selection_f32");
-            kvm_json_str(o->out, "norm", mode ? "rr" : "softmax");
-            kvm_json_str(o->out, "agg", "max");
-            kvm_json_int(o->out, "tokens", tokens);
-            kvm_json_int(o->out, "blocks", NB);
-            kvm_json_int(o->out, "n_q", nq);
-            kvm_json_int(o->out, "k", k);
-            kvm_json_num(o->out, "ms", med * 1e3);
-            kvm_json_num(o->out, "ms_pipelined", pip * 1e3);
-            kvm_json_num(o->out, "target_ms", 0.2);
+            sel_line(o->out, "selection_f32", mode, tokens, NB, nq, k, med, pip);
             kvm_json_end(o->out);
         }
         kvmem_buffer *bs[] = {dmn, dmx, dq, dblk, dout, didx, dsc, dn, dagg};

@@ -10,38 +10,18 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "host/rules.h"
+
 namespace kvmcu {
 
 // ---- dtypes: the backend's F32/F16/BF16 (kvmem_dtype values 0, 1, 2) ----
 enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // Bit-level conversions identical to core/cpu/half.h (round to nearest even,
-// NaN payloads as x86 F16C), so the conformance suite can ask for equality.
-__device__ __forceinline__ uint16_t f32_to_f16_bits(float f) {
-    uint32_t x = __float_as_uint(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) {
-        if (ax == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
-        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    }
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) {
-        float a = __fadd_rn(__uint_as_float(ax), 0.5f);
-        return (uint16_t)(sign | (uint16_t)(__float_as_uint(a) - 0x3f000000u));
-    }
-    uint32_t odd = (ax >> 13) & 1u;
-    ax += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
-    return (uint16_t)(sign | (uint16_t)(ax >> 13));
-}
-
-__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0) return __uint_as_float(__float_as_uint(__fmul_rn((float)m, 5.9604644775390625e-8f)) | sign);
-    if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m ? 0x400000u : 0u) | (m << 13));
-    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
-}
+// NaN payloads as x86 F16C), so the conformance suite can ask for equality:
+// the shared host/device rules that test_cuda_host checks on the CPU.
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float f) { return kvm_cu_f32_to_f16(f); }
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) { return kvm_cu_f16_to_f32(h); }
 
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
     uint32_t x = __float_as_uint(f);
