@@ -1,21 +1,18 @@
 /* quantize / dequantize on Vulkan: Q8, Q4 and Q4 KIVI sections in the layout
- * of core/quant/quant.h (recomputed here: the plugin cannot call the core's
- * hidden symbols). Validation mirrors the CPU backend's entries; the shaders
+ * of core/quant/quant.h (kvm_qsection_layout is header-only, so the plugin
+ * shares it). Validation mirrors the CPU backend's entries; the shaders
  * (shaders/quantize.comp, dequantize.comp) produce the CPU scalar
  * reference's bytes and values exactly. */
 #include "vk_internal.h"
 #include "internal.h"
+#include "quant/quant.h"
 
 #include <string.h>
 
-#define Q8_GROUP 32u
-#define Q4_GROUP 64u
-
 static kvm_vk *impl(kvmem_backend *be) { return be->impl; }
 
-static size_t pad4(size_t x) { return (x + 3) & ~(size_t)3; }
-
-/* Section layout (quant.h), in bytes. n <= 2^24 and dim <= 1024: no overflow. */
+/* Section layout (quant.h's kvm_qsection_layout) plus what the shaders take.
+ * n <= 2^24 and dim <= 1024: no overflow. */
 typedef struct {
     size_t codes_off, scales_off, biases_off, bytes, n_params;
     uint32_t mode; /* 0 Q8, 1 Q4, 2 KIVI keys */
@@ -23,24 +20,17 @@ typedef struct {
 } qlayout;
 
 static qlayout layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
+    kvm_qsection s = kvm_qsection_layout(dt, which, n, dim);
     qlayout q;
     memset(&q, 0, sizeof q);
-    size_t W = (dim + 7) / 8;
-    if (dt == KVMEM_Q8) {
-        q.group = Q8_GROUP;
-        q.G = (uint32_t)((dim + Q8_GROUP - 1) / Q8_GROUP);
-        q.n_params = n * q.G;
-        q.codes_off = pad4(q.n_params * 2);
-        q.bytes = pad4(q.codes_off + n * dim);
-    } else {
-        q.mode = dt == KVMEM_Q4_KIVI && which == 0 ? 2 : 1;
-        q.group = Q4_GROUP;
-        q.G = (uint32_t)((dim + Q4_GROUP - 1) / Q4_GROUP);
-        q.n_params = q.mode == 2 ? dim : n * q.G;
-        q.scales_off = n * W * 4;
-        q.biases_off = pad4(q.scales_off + q.n_params * 2);
-        q.bytes = pad4(q.biases_off + q.n_params * 2);
-    }
+    q.codes_off = s.codes_off;
+    q.scales_off = s.scales_off;
+    q.biases_off = s.biases_off;
+    q.bytes = s.bytes;
+    q.n_params = s.scales_bytes / 2;
+    q.mode = dt == KVMEM_Q8 ? 0u : s.per_channel ? 2u : 1u;
+    q.group = dt == KVMEM_Q8 ? KVM_Q8_GROUP : KVM_Q4_GROUP;
+    q.G = (uint32_t)((dim + q.group - 1) / q.group);
     return q;
 }
 

@@ -81,8 +81,38 @@ typedef struct kvm_qsection {
     int per_channel;                 /* KIVI keys */
 } kvm_qsection;
 
-/* Layout of a section; raw dtypes get codes = the rows themselves. */
-kvm_qsection kvm_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim);
+/* Layout of a section; raw dtypes get codes = the rows themselves. Inline
+ * (header-only) so the device plugins, which cannot link the core's hidden
+ * symbols, share this one definition. */
+static inline size_t kvm_qpad4(size_t x) { return (x + 3) & ~(size_t)3; }
+static inline kvm_qsection kvm_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
+    kvm_qsection q = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t W = (dim + 7) / 8, G;
+    switch (dt) {
+    case KVMEM_Q8:
+        q.scales_bytes = n * ((dim + KVM_Q8_GROUP - 1) / KVM_Q8_GROUP) * 2;
+        q.codes_off = kvm_qpad4(q.scales_bytes);
+        q.codes_bytes = n * dim;
+        q.bytes = kvm_qpad4(q.codes_off + q.codes_bytes);
+        break;
+    case KVMEM_Q4:
+    case KVMEM_Q4_KIVI:
+        q.per_channel = dt == KVMEM_Q4_KIVI && which == 0;
+        G = q.per_channel ? dim : n * ((dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP);
+        q.codes_bytes = n * W * 4;
+        q.scales_off = q.codes_bytes;
+        q.scales_bytes = G * 2;
+        q.biases_off = kvm_qpad4(q.scales_off + q.scales_bytes);
+        q.biases_bytes = G * 2;
+        q.bytes = kvm_qpad4(q.biases_off + q.biases_bytes);
+        break;
+    default:
+        q.codes_bytes = n * dim * (dt == KVMEM_F32 ? 4u : 2u);
+        q.bytes = q.codes_bytes;
+        break;
+    }
+    return q;
+}
 
 /* Encode n f32 rows into a section at dst. mn/mx: per-channel min/max over
  * the rows (needed for KIVI keys, ignored otherwise; may be NULL then). */

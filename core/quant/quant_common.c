@@ -6,41 +6,6 @@
 
 #include <string.h>
 
-static size_t pad4(size_t x) { return (x + 3) & ~(size_t)3; }
-
-kvm_qsection kvm_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
-    kvm_qsection q;
-    memset(&q, 0, sizeof q);
-    size_t W = (dim + 7) / 8;
-    switch (dt) {
-    case KVMEM_Q8: {
-        size_t G = (dim + KVM_Q8_GROUP - 1) / KVM_Q8_GROUP;
-        q.scales_bytes = n * G * 2;
-        q.codes_off = pad4(q.scales_bytes);
-        q.codes_bytes = n * dim;
-        q.bytes = pad4(q.codes_off + q.codes_bytes);
-        break;
-    }
-    case KVMEM_Q4:
-    case KVMEM_Q4_KIVI: {
-        q.per_channel = dt == KVMEM_Q4_KIVI && which == 0;
-        size_t G = q.per_channel ? dim : n * ((dim + KVM_Q4_GROUP - 1) / KVM_Q4_GROUP);
-        q.codes_bytes = n * W * 4;
-        q.scales_off = q.codes_bytes;
-        q.scales_bytes = G * 2;
-        q.biases_off = pad4(q.scales_off + q.scales_bytes);
-        q.biases_bytes = G * 2;
-        q.bytes = pad4(q.biases_off + q.biases_bytes);
-        break;
-    }
-    default:
-        q.codes_bytes = n * dim * kvm_dtype_size(dt);
-        q.bytes = q.codes_bytes;
-        break;
-    }
-    return q;
-}
-
 void kvm_quant_section(kvmem_dtype dt, int which, const float *x, size_t n, size_t dim, const float *mn,
                        const float *mx, void *dst) {
     const kvm_quant_kernels *k = kvm_quant_kernels_get();

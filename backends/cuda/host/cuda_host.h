@@ -7,6 +7,7 @@
 #define KVMEM_CUDA_HOST_H
 
 #include "kvmem.h"
+#include "quant/quant.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -165,16 +166,12 @@ kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t
 kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem_size, size_t k_size,
                                    size_t scores_size);
 
-/* Quantized sections (core/quant/quant.h): the same layout as
- * kvm_qsection_layout, which the plugin cannot link. */
-typedef struct kvm_cu_qsection {
-    size_t codes_off, codes_bytes;
-    size_t scales_off, scales_bytes;
-    size_t biases_off, biases_bytes;
-    size_t bytes;
-    int per_channel;
-} kvm_cu_qsection;
-kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim);
+/* Quantized sections: core/quant/quant.h's layout (header-only, so the
+ * plugin shares the one definition). */
+typedef kvm_qsection kvm_cu_qsection;
+static inline kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
+    return kvm_qsection_layout(dt, which, n, dim);
+}
 kvmem_status kvm_cu_check_quantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,
                                    size_t dim, size_t dst_size, size_t dst_off);
 kvmem_status kvm_cu_check_dequantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,

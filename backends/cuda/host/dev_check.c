@@ -254,30 +254,6 @@ kvmem_status kvm_cu_check_dev_qmem(const kvm_dev_qmem_args *a, size_t mem_size, 
 
 /* ---- quantize / dequantize ---- */
 
-static size_t pad4(size_t x) { return (x + 3) & ~(size_t)3; }
-
-kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
-    kvm_cu_qsection q = {0, 0, 0, 0, 0, 0, 0, 0};
-    const size_t W = (dim + 7) / 8;
-    if (dt == KVMEM_Q8) {
-        const size_t G = (dim + KVM_CU_Q8_GROUP - 1) / KVM_CU_Q8_GROUP;
-        q.scales_bytes = n * G * 2;
-        q.codes_off = pad4(q.scales_bytes);
-        q.codes_bytes = n * dim;
-        q.bytes = pad4(q.codes_off + q.codes_bytes);
-    } else if (dt == KVMEM_Q4 || dt == KVMEM_Q4_KIVI) {
-        q.per_channel = dt == KVMEM_Q4_KIVI && which == 0;
-        const size_t G = q.per_channel ? dim : n * ((dim + KVM_CU_Q4_GROUP - 1) / KVM_CU_Q4_GROUP);
-        q.codes_bytes = n * W * 4;
-        q.scales_off = q.codes_bytes;
-        q.scales_bytes = G * 2;
-        q.biases_off = pad4(q.scales_off + q.scales_bytes);
-        q.biases_bytes = G * 2;
-        q.bytes = pad4(q.biases_off + q.biases_bytes);
-    }
-    return q;
-}
-
 static kvmem_status check_quant(kvmem_dtype dt, int which, size_t n, size_t dim, const char *op) {
     if (dt != KVMEM_Q8 && dt != KVMEM_Q4 && dt != KVMEM_Q4_KIVI)
         return FAIL_ARG("%s: dtype %d is not Q8, Q4 or Q4_KIVI", op, (int)dt);
