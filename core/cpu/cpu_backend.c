@@ -66,6 +66,12 @@ static kvmem_status cpu_download(kvmem_backend *be, const kvmem_buffer *src, siz
     return KVMEM_OK;
 }
 
+/* For the CPU backend's buffer-level entries in their modules. */
+void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size) {
+    *size = b->size;
+    return b->data;
+}
+
 static void *cpu_host_ptr(kvmem_backend *be, kvmem_buffer *b) {
     (void)be;
     return b ? b->data : NULL;
@@ -181,6 +187,9 @@ static const kvmem_backend_iface cpu_iface = {
     .aabb_score = kvm_cpu_aabb_score,
     .topk = kvm_cpu_topk,
     .gather = kvm_cpu_gather,
+    .dev_score = kvm_cpu_dev_score,
+    .dev_topk = kvm_cpu_dev_topk,
+    .dev_gather_rope = kvm_cpu_dev_gather_rope,
 
     /* -- eviction -- */
     .qmem_score = kvm_cpu_qmem_score,

@@ -92,4 +92,12 @@ kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int3
                           int32_t *n_out);
 kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d);
 
+/* The CPU backend's device kernels (score_dev.c; contracts in core/backend.h,
+ * argument checks in dev_args.h). */
+kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
+kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);
+kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a);
+/* Host address and size (bytes) of a CPU backend buffer (cpu_backend.c). */
+void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
+
 #endif
