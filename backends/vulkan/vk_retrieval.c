@@ -9,6 +9,7 @@
 #include "internal.h"
 #include "retrieve/dev_args.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* base + (c1-1)*s1 + (c2-1)*s2 + tail elements, overflow-checked (c1, c2 >= 1). */
@@ -105,8 +106,16 @@ static kvmem_status vk_gather_rope(kvmem_backend *be, const kvm_vk_gather_rope_a
 
 /* Scratch per chunk of query tokens: scores [L*Hq][tokens][n_blocks] and
  * softmax stats [rows][2], at most this many bytes (or the device's storage
- * buffer range) unless one token needs more. */
+ * buffer range) unless one token needs more. KVMEM_VULKAN_SCORE_SCRATCH_BYTES
+ * lowers it (tests use it to reach several chunks and submissions). */
 #define DEV_SCORE_SCRATCH_BYTES ((size_t)64 << 20)
+
+static size_t score_scratch_bytes(void) {
+    const char *e = getenv("KVMEM_VULKAN_SCORE_SCRATCH_BYTES");
+    char *end = NULL;
+    unsigned long long x = e ? strtoull(e, &end, 10) : 0;
+    return e && end && *end == 0 && x > 0 && x < DEV_SCORE_SCRATCH_BYTES ? (size_t)x : DEV_SCORE_SCRATCH_BYTES;
+}
 /* Descriptor sets per submission (vk_device.c's pool) / dispatches per chunk. */
 #define DEV_SCORE_CHUNKS_PER_SUBMIT 5
 
@@ -123,7 +132,7 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: sizes exceed the shaders' 32-bit indices");
     const kvmem_buffer *in[4] = {a->q, a->s_min, a->s_max, a->out};
     if ((st = check_bind(v, "dev_score", in, 4)) != KVMEM_OK) return st;
-    size_t cap = KVM_MIN(DEV_SCORE_SCRATCH_BYTES, (size_t)v->props.limits.maxStorageBufferRange);
+    size_t cap = KVM_MIN(score_scratch_bytes(), (size_t)v->props.limits.maxStorageBufferRange);
     size_t per_tok, t;
     if (!kvm_mul_size(batch, NB + 2, &t) || !kvm_mul_size(t, 4, &per_tok) ||
         per_tok > (size_t)v->props.limits.maxStorageBufferRange || t > UINT32_MAX)
