@@ -97,6 +97,11 @@ kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d);
 kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
 kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);
 kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a);
+/* The host ops on a device backend's kernels (dev_route.c): pack the pool's
+ * data into its buffers, run dev_score / dev_gather_rope, read back into the
+ * descriptors' outputs (AABB mode only for scoring). */
+kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
+kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d);
 /* Host address and size (bytes) of a CPU backend buffer (cpu_backend.c). */
 void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
 
