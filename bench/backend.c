@@ -11,13 +11,14 @@
 #include "bench.h"
 #include "context.h"
 #include "vk_ops.h" /* Vulkan kernels reached by name ahead of their table entries */
+#include "quant/quant.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
     kvmem_backend *be;
-    int op; /* 0 convert, 1 aabb_build */
+    int op; /* 0 convert, 1 aabb_build, 2 quantize, 3 dequantize (qdt: Q8 or Q4, rows of dim) */
     kvmem_buffer *a, *b, *c;
     kvmem_dtype sdt, ddt;
     size_t n, n_groups, n_rows, dim;
@@ -28,6 +29,9 @@ static void run_op(void *p) {
     op_arg *a = p;
     kvmem_status st;
     if (a->op == 0) st = a->be->iface->convert(a->be, a->b, 0, a->ddt, a->a, 0, a->sdt, a->n);
+    else if (a->op == 2) st = a->be->iface->quantize(a->be, a->ddt, 1, a->a, 0, a->n_rows, a->dim, a->b, 0);
+    else if (a->op == 3)
+        st = a->be->iface->dequantize(a->be, a->ddt, 1, a->a, 0, a->n_rows, a->dim, 0, a->n_rows, a->b, 0);
     else
         st = a->be->iface->aabb_build(a->be, a->a, 0, a->n_groups, a->n_rows * a->dim, a->n_rows, a->dim, a->b,
                                       a->c, 0);
@@ -68,6 +72,19 @@ static int setup_case(kvmem_backend *be, op_arg *a, size_t in_bytes, size_t out_
         be->iface->buffer_alloc(be, out_bytes, &a->c))
         return -1;
     return be->iface->buffer_upload(be, a->a, 0, init, in_bytes) == KVMEM_OK ? 0 : -1;
+}
+
+/* quantize: a = f32 rows, b = the section; dequantize: a = the section
+ * (quantized from init on the same backend), b = f32 rows. */
+static int setup_quant(kvmem_backend *be, op_arg *a, const float *init) {
+    size_t fb = a->n_rows * a->dim * 4, sb = kvm_qsection_layout(a->ddt, 1, a->n_rows, a->dim).bytes;
+    a->be = be;
+    a->a = a->b = a->c = NULL;
+    if (be->iface->buffer_alloc(be, a->op == 2 ? fb : sb, &a->a) || be->iface->buffer_alloc(be, a->op == 2 ? sb : fb, &a->b) ||
+        be->iface->buffer_alloc(be, fb, &a->c) || be->iface->buffer_upload(be, a->c, 0, init, fb))
+        return -1;
+    if (a->op == 2) return be->iface->buffer_upload(be, a->a, 0, init, fb) == KVMEM_OK ? 0 : -1;
+    return be->iface->quantize(be, a->ddt, 1, a->c, 0, a->n_rows, a->dim, a->a, 0) == KVMEM_OK ? 0 : -1;
 }
 
 static void free_case(op_arg *a) {
@@ -214,7 +231,9 @@ static int run_backend(const kvm_bench_opts *o) {
         {KVMEM_F32, KVMEM_F32}, {KVMEM_F32, KVMEM_F16}, {KVMEM_F16, KVMEM_F32},
         {KVMEM_F32, KVMEM_BF16}, {KVMEM_BF16, KVMEM_F32}};
     int rc = 0;
-    for (int c = 0; c < 6 && rc == 0; c++) {
+    /* 0-4 convert, 5 aabb_build, 6-9 quantize Q8, Q4, dequantize Q8, Q4 (one
+     * section of n_conv / 128 rows of 128; GB/s of the f32 side) */
+    for (int c = 0; c < 10 && rc == 0; c++) {
         timing t[2];
         size_t bytes;
         op_arg args[2];
@@ -228,6 +247,12 @@ static int run_backend(const kvm_bench_opts *o) {
                 a->n = n_conv;
                 /* 16-bit sources reuse the f32 data's bytes: all finite or NaN-free enough */
                 if (setup_case(k ? cpu : be, a, n_conv * esize(a->sdt), n_conv * esize(a->ddt), init)) rc = 1;
+            } else if (c >= 6) {
+                a->op = c < 8 ? 2 : 3;
+                a->ddt = c % 2 == 0 ? KVMEM_Q8 : KVMEM_Q4;
+                a->n_rows = n_conv / 128;
+                a->dim = 128;
+                if (!be->iface->quantize || !be->iface->dequantize || !cpu->iface->quantize || setup_quant(k ? cpu : be, a, init)) rc = 1;
             } else {
                 a->op = 1;
                 a->n_groups = n_groups;
@@ -240,7 +265,7 @@ static int run_backend(const kvm_bench_opts *o) {
             free_case(a);
         }
         if (rc) break;
-        bytes = c < 5 ? n_conv * (esize(conv[c].s) + esize(conv[c].d)) : (n_keys + 2 * n_groups * dim) * 4;
+        bytes = c < 5 ? n_conv * (esize(conv[c].s) + esize(conv[c].d)) : c == 5 ? (n_keys + 2 * n_groups * dim) * 4 : n_conv * 4;
         double dt = t[0].device > 0 ? t[0].device : t[0].wall;
         double gbps = (double)bytes / dt / 1e9;
         if (c == 0) copy_gbps = gbps;
@@ -250,8 +275,12 @@ static int run_backend(const kvm_bench_opts *o) {
             kvm_json_begin(f, "backend");
             kvm_json_str(f, "backend", kvmem_context_backend(ctx));
             kvm_json_str(f, "device", device);
-            kvm_json_str(f, "op", c < 5 ? "convert" : "aabb_build");
-            if (c < 5) {
+            kvm_json_str(f, "op", c < 5 ? "convert" : c == 5 ? "aabb_build" : c < 8 ? "quantize" : "dequantize");
+            if (c >= 6) {
+                kvm_json_str(f, "dtype", kvmem_dtype_name(c % 2 == 0 ? KVMEM_Q8 : KVMEM_Q4));
+                kvm_json_int(f, "n_rows", (long long)(n_conv / 128));
+                kvm_json_int(f, "dim", 128);
+            } else if (c < 5) {
                 kvm_json_str(f, "src_dtype", kvmem_dtype_name(conv[c].s));
                 kvm_json_str(f, "dst_dtype", kvmem_dtype_name(conv[c].d));
                 kvm_json_int(f, "n", (long long)n_conv);
@@ -274,9 +303,11 @@ static int run_backend(const kvm_bench_opts *o) {
         } else {
             char dev[48] = "";
             if (t[0].device >= 0) snprintf(dev, sizeof dev, " (device %.3f ms)", t[0].device * 1e3);
+            const char *qn = kvmem_dtype_name(c % 2 == 0 ? KVMEM_Q8 : KVMEM_Q4);
             fprintf(f, "backend %-7s %-10s %-5s->%-5s %8.3f ms%s %7.2f GB/s = %.2f x device copy | cpu %8.3f ms %7.2f GB/s%s%s\n",
-                    kvmem_context_backend(ctx), c < 5 ? "convert" : "aabb_build",
-                    c < 5 ? kvmem_dtype_name(conv[c].s) : "f32", c < 5 ? kvmem_dtype_name(conv[c].d) : "aabb",
+                    kvmem_context_backend(ctx), c < 5 ? "convert" : c == 5 ? "aabb_build" : c < 8 ? "quantize" : "dequantize",
+                    c < 5 ? kvmem_dtype_name(conv[c].s) : c < 8 ? "f32" : c == 5 ? "f32" : qn,
+                    c < 5 ? kvmem_dtype_name(conv[c].d) : c == 5 ? "aabb" : c < 8 ? qn : "f32",
                     t[0].wall * 1e3, dev, gbps, gbps / copy_gbps, t[1].wall * 1e3, cpu_gbps,
                     *note ? "  # " : "", note);
         }
@@ -288,5 +319,5 @@ static int run_backend(const kvm_bench_opts *o) {
 }
 
 const kvm_bench_suite kvm_bench_backend = {
-    "backend", "backend ops (convert, aabb_build) on --backend, device timestamps, vs the CPU backend",
+    "backend", "backend ops (convert, aabb_build, quantize, dequantize) on --backend, device timestamps, vs the CPU backend",
     run_backend};

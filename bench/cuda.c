@@ -6,8 +6,11 @@
  *                 32/8 heads, head_dim 128), 14k tokens in blocks of 16,
  *                 32 query tokens: query operand + fused tensor-core scores
  *                 with normalisation/aggregation + top-k (target <= 0.2 ms)
- *   attend        decode attention (full: no early stop) over 32k tokens of
- *                 one layer: kv_gbps and kv_gbps / copy_gbps (target >= 0.8)
+ *   selection_f32 the same through the table entries the core uses
+ *                 (dev_score in f32 on the CUDA cores, dev_topk)
+ *   attend        decode attention (dev_attend, full: no early stop) over 32k
+ *                 tokens of one layer: kv_gbps and kv_gbps / copy_gbps
+ *                 (target >= 0.8)
  *   gather_rope   14k tokens gathered with RoPE, f16 in and out, GB/s moved
  * The PyTorch baselines on the same GPU come from bench/cuda_torch_baseline.py
  * (scripts/gpu-check.sh runs both). Without a usable GPU the suite prints
@@ -87,14 +90,25 @@ static kvmem_status sel_op(void *p) {
     return s == KVMEM_OK ? a->topk(a->be, &a->ta) : s;
 }
 
+/* the table entries (what the core runs): f32 scores, then top-k */
 typedef struct {
     kvmem_backend *be;
-    kvmem_cuda_attend_fn attend;
-    kvmem_cuda_attend_args aa;
+    kvm_dev_score_args sa;
+    kvm_dev_topk_args ta;
+} dsel_arg;
+static kvmem_status dsel_op(void *p) {
+    dsel_arg *a = p;
+    kvmem_status s = a->be->iface->dev_score(a->be, &a->sa);
+    return s == KVMEM_OK ? a->be->iface->dev_topk(a->be, &a->ta) : s;
+}
+
+typedef struct {
+    kvmem_backend *be;
+    kvm_dev_attend_args aa;
 } att_arg;
 static kvmem_status att_op(void *p) {
     att_arg *a = p;
-    return a->attend(a->be, &a->aa);
+    return a->be->iface->dev_attend(a->be, &a->aa);
 }
 
 typedef struct {
@@ -231,8 +245,58 @@ static int run_cuda(const kvm_bench_opts *o) {
             kvm_json_num(o->out, "operand_gbps", (double)L * Hkv * nb_pad * 2 * D * 2 / pip / 1e9);
             kvm_json_end(o->out);
         }
-        kvmem_buffer *bs[] = {dmn, dmx, dq, dblk, dout, didx, dsc, dn};
-        for (int i = 0; i < 8; i++) be->iface->buffer_free(be, bs[i]);
+        /* the same selection through the table entries: f32 CUDA-core scores
+         * per query head ([L][Hq][NB]), the core then sums heads and layers */
+        kvmem_buffer *dagg = dbuf(be, NULL, (size_t)L * Hq * NB * 4);
+        if (!dagg || !be->iface->dev_score || !be->iface->dev_topk) {
+            rc = fail(o, be, "selection (table entries) setup");
+            goto done;
+        }
+        dsel_arg ds;
+        memset(&ds, 0, sizeof ds);
+        ds.be = be;
+        ds.sa.q = dq;
+        ds.sa.s_min = dmn;
+        ds.sa.s_max = dmx;
+        ds.sa.out = dagg;
+        ds.sa.n_q = nq;
+        ds.sa.n_blocks = NB;
+        ds.sa.n_layers = L;
+        ds.sa.n_q_heads = Hq;
+        ds.sa.n_kv_heads = Hkv;
+        ds.sa.head_dim = D;
+        ds.sa.agg = KVMEM_AGG_MAX;
+        ds.sa.tau = 1.0f / sqrtf((float)D);
+        ds.sa.rr_c = 60.0f;
+        int32_t n_sel = 0;
+        ds.ta.scores = dagg; /* the first head's row: top-k over NB scores */
+        ds.ta.idx = didx;
+        ds.ta.n = NB;
+        ds.ta.k = k;
+        ds.ta.n_out = &n_sel;
+        for (int mode = 0; mode < 2; mode++) {
+            ds.sa.norm = mode ? KVMEM_NORM_RR : KVMEM_NORM_SOFTMAX;
+            timed t = {be, dsel_op, &ds, KVMEM_OK};
+            double pip, med = time_op(&t, o->quick ? 5 : 20, &pip);
+            if (t.st != KVMEM_OK) {
+                rc = fail(o, be, "selection (table entries)");
+                goto done;
+            }
+            kvm_json_begin(o->out, "cuda");
+            kvm_json_str(o->out, "case", "selection_f32");
+            kvm_json_str(o->out, "norm", mode ? "rr" : "softmax");
+            kvm_json_str(o->out, "agg", "max");
+            kvm_json_int(o->out, "tokens", tokens);
+            kvm_json_int(o->out, "blocks", NB);
+            kvm_json_int(o->out, "n_q", nq);
+            kvm_json_int(o->out, "k", k);
+            kvm_json_num(o->out, "ms", med * 1e3);
+            kvm_json_num(o->out, "ms_pipelined", pip * 1e3);
+            kvm_json_num(o->out, "target_ms", 0.2);
+            kvm_json_end(o->out);
+        }
+        kvmem_buffer *bs[] = {dmn, dmx, dq, dblk, dout, didx, dsc, dn, dagg};
+        for (int i = 0; i < 9; i++) be->iface->buffer_free(be, bs[i]);
     }
 
     /* ---- decode attention ---- */
@@ -250,27 +314,24 @@ static int run_cuda(const kvm_bench_opts *o) {
         att_arg aa;
         memset(&aa, 0, sizeof aa);
         aa.be = be;
-        *(void **)(&aa.attend) = get(be, KVMEM_CUDA_PROC_ATTEND);
         kvmem_buffer *dk = dbuf(be, kv, kvn * 2), *dv = dbuf(be, kv, kvn * 2), *dq = dbuf(be, q, (size_t)Hq * D * 4);
         kvmem_buffer *ds = dbuf(be, sm, (size_t)n * 4), *dord = dbuf(be, ord, (size_t)n_tiles * 4);
-        kvmem_buffer *dout = dbuf(be, NULL, (size_t)Hq * D * 4), *dvis = dbuf(be, NULL, (size_t)Hq * 4),
-                     *dst = dbuf(be, NULL, (size_t)Hq * 4);
+        kvmem_buffer *dout = dbuf(be, NULL, (size_t)Hq * D * 4), *dvis = dbuf(be, NULL, (size_t)Hkv * 4);
         free(kv);
         free(q);
         free(sm);
         free(ord);
-        if (!aa.attend || !dk || !dv || !dq || !ds || !dord || !dout || !dvis || !dst) {
+        if (!be->iface->dev_attend || !dk || !dv || !dq || !ds || !dord || !dout || !dvis) {
             rc = fail(o, be, "attend setup");
             goto done;
         }
-        aa.aa.q = R(dq);
-        aa.aa.k = R(dk);
-        aa.aa.v = R(dv);
-        aa.aa.slot_map = R(ds);
-        aa.aa.order = R(dord);
-        aa.aa.out = R(dout);
-        aa.aa.visited = R(dvis);
-        aa.aa.stopped = R(dst);
+        aa.aa.q = dq;
+        aa.aa.k = dk;
+        aa.aa.v = dv;
+        aa.aa.slot_map = ds;
+        aa.aa.order = dord;
+        aa.aa.out = dout;
+        aa.aa.visited = dvis;
         aa.aa.n_slots = n;
         aa.aa.n_pos = n;
         aa.aa.n_q_heads = Hq;
@@ -279,9 +340,9 @@ static int run_cuda(const kvm_bench_opts *o) {
         aa.aa.tile = tile;
         aa.aa.n_visit = n_tiles;
         aa.aa.dtype = KVMEM_F16;
-        const int tpws[] = {0, n_tiles};
-        for (int w = 0; w < 2; w++) {
-            aa.aa.tiles_per_wave = tpws[w];
+        aa.aa.scale = 1.0f / sqrtf((float)D);
+        aa.aa.patience = 4; /* tau_s = tau_d = 0: full attention, every tile read */
+        {
             timed t = {be, att_op, &aa, KVMEM_OK};
             double pip, med = time_op(&t, o->quick ? 5 : 50, &pip);
             if (t.st != KVMEM_OK) {
@@ -292,7 +353,6 @@ static int run_cuda(const kvm_bench_opts *o) {
             kvm_json_begin(o->out, "cuda");
             kvm_json_str(o->out, "case", "attend");
             kvm_json_int(o->out, "tokens", n);
-            kvm_json_int(o->out, "tiles_per_wave", tpws[w]);
             kvm_json_num(o->out, "ms", med * 1e3);
             kvm_json_num(o->out, "ms_pipelined", pip * 1e3);
             kvm_json_num(o->out, "kv_gbps", bytes / pip / 1e9);
@@ -300,8 +360,8 @@ static int run_cuda(const kvm_bench_opts *o) {
             kvm_json_num(o->out, "target_ratio", 0.8);
             kvm_json_end(o->out);
         }
-        kvmem_buffer *bs[] = {dk, dv, dq, ds, dord, dout, dvis, dst};
-        for (int i = 0; i < 8; i++) be->iface->buffer_free(be, bs[i]);
+        kvmem_buffer *bs[] = {dk, dv, dq, ds, dord, dout, dvis};
+        for (int i = 0; i < 7; i++) be->iface->buffer_free(be, bs[i]);
     }
 
     /* ---- gather with RoPE ---- */

@@ -115,6 +115,8 @@ static int bench_score(const kvm_bench_opts *o, kvmem_context *ctx, int64_t N, d
         kvm_json_int(o->out, "snapkv_window", W);
         kvm_json_int(o->out, "threads", nt);
         kvm_json_str(o->out, "kernels", kvm_cpu_kernels_get()->name);
+        /* --backend: kvmem_qmem_score runs on a device backend's dev_qmem_score */
+        kvm_json_str(o->out, "backend", kvmem_context_backend(ctx));
         kvm_json_num(o->out, "qmem_score_ms", tq * 1e3);
         kvm_json_num(o->out, "snapkv_score_ms", ts * 1e3);
         kvm_json_num(o->out, "ratio", ts / tq);

@@ -595,7 +595,9 @@ KVMEM_API int32_t kvmem_qmem_count(const kvmem_qmem_store *store);
  * k: [n_layers][N][n_kv_heads][head_dim], post-RoPE (F32/F16/BF16, any
  * strides; contiguous F32 rows are read in place). scores: N floats out.
  * Runs on the context's CPU worker threads with the SIMD kernels chosen at
- * run time; the result does not depend on the thread count. Scratch:
+ * run time; the result does not depend on the thread count. On a context
+ * whose backend is a device with the kernel (Vulkan), it runs there: K is
+ * staged as contiguous f32 and uploaded for the call. Scratch:
  * min(16, n_layers) * (n_q_heads + 1) * N floats for the call.
  * Errors: KVMEM_ERR_INVALID_ARG (NULLs, spec, shape, N = 0, non-finite
  * memory), KVMEM_ERR_NOMEM. */

@@ -19,6 +19,7 @@
 // caller's workspace.
 #pragma once
 #include "common.cuh"
+#include "cta.cuh"
 
 #include <mma.h>
 
@@ -65,29 +66,6 @@ __global__ void score_prepare_queries_kernel(const float *__restrict__ q, T *__r
             v = k < (size_t)head_dim ? fmaxf(x, 0.0f) : fminf(x, 0.0f);
         }
         st(qp + i, v);
-    }
-}
-
-// (key, index) pairs ordered by key descending, then index ascending.
-__device__ __forceinline__ bool rr_before(uint2 a, uint2 b) { return a.x > b.x || (a.x == b.x && a.y < b.y); }
-
-// Bitonic sort of n (a power of two) pairs by rr_before, by the whole CTA.
-__device__ void cta_bitonic_sort(uint2 *x, int n) {
-    for (int k = 2; k <= n; k <<= 1) {
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                int ixj = i ^ j;
-                if (ixj > i) {
-                    uint2 a = x[i], b = x[ixj];
-                    bool up = (i & k) == 0;
-                    if (up ? rr_before(b, a) : rr_before(a, b)) {
-                        x[i] = b;
-                        x[ixj] = a;
-                    }
-                }
-            }
-            __syncthreads();
-        }
     }
 }
 

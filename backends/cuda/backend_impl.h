@@ -62,8 +62,25 @@ kvmem_status kvm_cu_op_score_blocks(kvmem_backend *be, const kvmem_cuda_blocks_a
 kvmem_status kvm_cu_op_aabb_score(kvmem_backend *be, const kvmem_cuda_score_args *a);
 kvmem_status kvm_cu_op_topk(kvmem_backend *be, const kvmem_cuda_topk_args *a);
 kvmem_status kvm_cu_op_gather_rope(kvmem_backend *be, const kvmem_cuda_gather_args *a);
-kvmem_status kvm_cu_op_quantize(kvmem_backend *be, const kvmem_cuda_quant_args *a);
-kvmem_status kvm_cu_op_dequantize(kvmem_backend *be, const kvmem_cuda_quant_args *a);
-kvmem_status kvm_cu_op_attend(kvmem_backend *be, const kvmem_cuda_attend_args *a);
 kvmem_status kvm_cu_op_qmem_score(kvmem_backend *be, const kvmem_cuda_qmem_args *a);
+}
+
+// The table entries of core/backend.h (ops_quant.cu, dev_retrieval.cu,
+// dev_attend.cu). They record failures with kvm_cu_fail; plugin.cu's
+// wrappers hand the message to the core (be->fail).
+kvmem_status kvm_cu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
+                             size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off);
+kvmem_status kvm_cu_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
+                               size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst, size_t dst_off);
+kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
+kvmem_status kvm_cu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);
+kvmem_status kvm_cu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a);
+kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a);
+kvmem_status kvm_cu_dev_qmem_score(kvmem_backend *be, const kvm_dev_qmem_args *a);
+
+// Size of a buffer, 0 for NULL (the checks then refuse the range).
+static inline size_t cu_size(const kvmem_buffer *b) { return b ? b->size : 0; }
+// Device address of a validated (buffer, offset).
+template <typename T> static inline T *cu_at(const kvmem_buffer *b, size_t off) {
+    return b ? reinterpret_cast<T *>(static_cast<unsigned char *>(b->dev) + off) : nullptr;
 }

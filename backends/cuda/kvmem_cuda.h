@@ -1,6 +1,8 @@
-/* Ops of the CUDA backend that the backend table has no entry for yet
- * (retrieval, attention, eviction and persistence land on the CPU side in
- * their own issues). They are reached through the escape hatch
+/* Ops of the CUDA backend beyond the backend table: the tensor-core
+ * selection path (f16/bf16 block operand, used by the benchmark), a top-k
+ * with scores, gather with RoPE from frequencies, the rule score, and
+ * diagnostics. The table's own entries (dev_*, quantize, dequantize) are
+ * in plugin.cu. They are reached through the escape hatch
  *     fn = (kvmem_cuda_topk_fn)be->iface->get_proc_address(be, KVMEM_CUDA_PROC_TOPK);
  * and used by the conformance suite and the benchmark, so every kernel is
  * exercised on a GPU before it is wired to a table entry.
@@ -104,38 +106,9 @@ typedef struct kvmem_cuda_gather_args {
 #define KVMEM_CUDA_PROC_GATHER_ROPE "kvmem_cuda_gather_rope"
 typedef kvmem_status (*kvmem_cuda_gather_rope_fn)(struct kvmem_backend *be, const kvmem_cuda_gather_args *a);
 
-/* ---- persistence ---- */
-
-/* Q8: x [n] -> q int8 [n], scales f16 [n/32]; Q4: x [n] -> w uint32 [n/8],
- * scales, biases f16 [n/64]. dequantize: the reverse into y [n] of dtype. */
-typedef struct kvmem_cuda_quant_args {
-    kvmem_cuda_ref x, q, scales, biases; /* biases: Q4 only */
-    size_t n;
-    kvmem_dtype dtype;  /* of x (quantize) or y (dequantize): F32/F16/BF16 */
-    kvmem_dtype qtype;  /* KVMEM_Q8 or KVMEM_Q4 */
-} kvmem_cuda_quant_args;
-#define KVMEM_CUDA_PROC_QUANTIZE "kvmem_cuda_quantize"
-#define KVMEM_CUDA_PROC_DEQUANTIZE "kvmem_cuda_dequantize"
-typedef kvmem_status (*kvmem_cuda_quant_fn)(struct kvmem_backend *be, const kvmem_cuda_quant_args *a);
-
-/* ---- attention (ART) ---- */
-
-/* q f32 [Hq][D]; k, v [n_slots][Hkv][D] (F16/BF16); slot_map int32 [n_pos]
- * (< 0 dead); order int32 [n_visit] tile ids; out f32 [Hq][D]; visited and
- * stopped int32 [Hq]. */
-typedef struct kvmem_cuda_attend_args {
-    kvmem_cuda_ref q, k, v, slot_map, order, out, visited, stopped;
-    int64_t n_slots, n_pos;
-    int32_t n_q_heads, n_kv_heads, head_dim, tile, n_visit;
-    int32_t tiles_per_wave; /* 0 = from the SM count */
-    kvmem_dtype dtype;
-    float scale;            /* 0 = 1/sqrt(head_dim) */
-    float tau_s, tau_d;
-    int32_t patience;       /* 0 = never stop (full attention) */
-    int32_t oracle;
-} kvmem_cuda_attend_args;
-#define KVMEM_CUDA_PROC_ATTEND "kvmem_cuda_attend"
-typedef kvmem_status (*kvmem_cuda_attend_fn)(struct kvmem_backend *be, const kvmem_cuda_attend_args *a);
+/* Quantize / dequantize and ART attention have no proc: the backend
+ * table's quantize, dequantize and dev_attend entries (core/backend.h) are
+ * the CUDA implementations, with the core's section layout and stop rule. */
 
 /* ---- eviction (IntentKV) ---- */
 

@@ -41,8 +41,14 @@ void *cu_scratch(kvm_cu_backend *b, size_t bytes, kvmem_status *st) {
     if (*st != KVMEM_OK) return nullptr;
     if (bytes <= b->scratch_granted && b->scratch) return b->scratch;
     // the old workspace may still be read by queued kernels: its block goes
-    // back to the cache, which only hands it out for later work on the stream
-    if (b->scratch) kvm_cu_release(b->alloc, b->scratch, b->scratch_granted);
+    // back to the cache, and an upload into it (a buffer allocated from that
+    // block) must not overtake them: order the copy stream behind the compute
+    // stream, as buffer_free does
+    if (b->scratch) {
+        cudaEventRecord(b->free_done, b->stream);
+        cudaStreamWaitEvent(b->copy_stream, b->free_done, 0);
+        kvm_cu_release(b->alloc, b->scratch, b->scratch_granted);
+    }
     b->scratch = kvm_cu_alloc(b->alloc, bytes, &b->scratch_granted);
     if (!b->scratch) {
         b->scratch_granted = 0;
@@ -77,6 +83,8 @@ static void cu_free(kvmem_backend *be) {
 
 static kvmem_status cu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
     kvm_cu_backend *b = cu_impl(be);
+    if (!out) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "cuda buffer_alloc: out is NULL");
+    *out = nullptr;
     cudaSetDevice(b->device);
     kvmem_buffer *buf = static_cast<kvmem_buffer *>(malloc(sizeof *buf));
     if (!buf) return kvm_cu_fail(KVMEM_ERR_NOMEM, "cuda backend: out of host memory");
@@ -212,7 +220,53 @@ static kvmem_status cu_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, s
                     "aabb_build");
 }
 
-// ---- procs: the ops without a table entry yet, and diagnostics ----
+// ---- table entries: failures reach kvmem_last_error() ----
+// The ops record their message with kvm_cu_fail (thread-local, also read by
+// the KVMEM_CUDA_PROC_LAST_ERROR hatch); the core set be->fail after init,
+// so every entry hands a failure's message on through it.
+static kvmem_status cu_ret(kvmem_backend *be, kvmem_status st) {
+    if (st != KVMEM_OK && be && be->fail) return be->fail(st, "%s", kvm_cu_last_error());
+    return st;
+}
+
+static kvmem_status e_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
+    return cu_ret(be, cu_buffer_alloc(be, size, out));
+}
+static kvmem_status e_upload(kvmem_backend *be, kvmem_buffer *dst, size_t off, const void *src, size_t n) {
+    return cu_ret(be, cu_upload(be, dst, off, src, n));
+}
+static kvmem_status e_download(kvmem_backend *be, const kvmem_buffer *src, size_t off, void *dst, size_t n) {
+    return cu_ret(be, cu_download(be, src, off, dst, n));
+}
+static kvmem_status e_sync(kvmem_backend *be) { return cu_ret(be, cu_sync(be)); }
+static kvmem_status e_convert(kvmem_backend *be, kvmem_buffer *dst, size_t dst_off, kvmem_dtype ddt,
+                              const kvmem_buffer *src, size_t src_off, kvmem_dtype sdt, size_t n) {
+    return cu_ret(be, cu_convert(be, dst, dst_off, ddt, src, src_off, sdt, n));
+}
+static kvmem_status e_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off, size_t n_groups,
+                                 size_t group_stride, size_t n_rows, size_t dim, kvmem_buffer *out_min,
+                                 kvmem_buffer *out_max, size_t out_off) {
+    return cu_ret(be, cu_aabb_build(be, keys, keys_off, n_groups, group_stride, n_rows, dim, out_min, out_max, out_off));
+}
+static kvmem_status e_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
+                               size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off) {
+    return cu_ret(be, kvm_cu_quantize(be, dt, which, src, src_off, n, dim, dst, dst_off));
+}
+static kvmem_status e_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
+                                 size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst, size_t dst_off) {
+    return cu_ret(be, kvm_cu_dequantize(be, dt, which, src, src_off, n, dim, row0, cnt, dst, dst_off));
+}
+static kvmem_status e_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) { return cu_ret(be, kvm_cu_dev_score(be, a)); }
+static kvmem_status e_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) { return cu_ret(be, kvm_cu_dev_topk(be, a)); }
+static kvmem_status e_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a) {
+    return cu_ret(be, kvm_cu_dev_gather_rope(be, a));
+}
+static kvmem_status e_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) { return cu_ret(be, kvm_cu_dev_attend(be, a)); }
+static kvmem_status e_dev_qmem_score(kvmem_backend *be, const kvm_dev_qmem_args *a) {
+    return cu_ret(be, kvm_cu_dev_qmem_score(be, a));
+}
+
+// ---- procs: the ops beyond the table, and diagnostics ----
 static const char *cu_last_error(void) { return kvm_cu_last_error(); }
 
 static kvmem_status cu_device_info(kvmem_backend *be, kvmem_cuda_device_info *out) {
@@ -281,9 +335,6 @@ static void *cu_proc(kvmem_backend *be, const char *name) {
         {KVMEM_CUDA_PROC_AABB_SCORE, (void *)kvm_cu_op_aabb_score},
         {KVMEM_CUDA_PROC_TOPK, (void *)kvm_cu_op_topk},
         {KVMEM_CUDA_PROC_GATHER_ROPE, (void *)kvm_cu_op_gather_rope},
-        {KVMEM_CUDA_PROC_QUANTIZE, (void *)kvm_cu_op_quantize},
-        {KVMEM_CUDA_PROC_DEQUANTIZE, (void *)kvm_cu_op_dequantize},
-        {KVMEM_CUDA_PROC_ATTEND, (void *)kvm_cu_op_attend},
         {KVMEM_CUDA_PROC_QMEM_SCORE, (void *)kvm_cu_op_qmem_score},
     };
     for (const auto &p : procs)
@@ -296,14 +347,23 @@ static kvmem_backend_iface cu_iface = [] {
     memset(&t, 0, sizeof t);
     t.name = g_name;
     t.free = cu_free;
-    t.buffer_alloc = cu_buffer_alloc;
+    t.buffer_alloc = e_buffer_alloc;
     t.buffer_free = cu_buffer_free;
-    t.buffer_upload = cu_upload;
-    t.buffer_download = cu_download;
+    t.buffer_upload = e_upload;
+    t.buffer_download = e_download;
     t.buffer_host_ptr = cu_host_ptr;
-    t.synchronize = cu_sync;
-    t.convert = cu_convert;
-    t.aabb_build = cu_aabb_build;
+    t.synchronize = e_sync;
+    t.convert = e_convert;
+    t.aabb_build = e_aabb_build;
+    // host-level ops (aabb_score, topk, gather, qmem_score, attend) stay
+    // NULL: the core runs them on the CPU, or packs them for the dev_* below
+    t.quantize = e_quantize;
+    t.dequantize = e_dequantize;
+    t.dev_score = e_dev_score;
+    t.dev_topk = e_dev_topk;
+    t.dev_gather_rope = e_dev_gather_rope;
+    t.dev_attend = e_dev_attend;
+    t.dev_qmem_score = e_dev_qmem_score;
     t.get_proc_address = cu_proc;
     return t;
 }();

@@ -9,36 +9,9 @@
 // blocks) make one CTA the right size: the whole op is a few microseconds.
 #pragma once
 #include "common.cuh"
+#include "cta.cuh"
 
 namespace kvmcu {
-
-// Exclusive prefix sum of one int per thread over the CTA; returns the
-// thread's offset and writes the total to *total. Uses scratch[32].
-__device__ int cta_exclusive_scan(int v, int *scratch, int *total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) scratch[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < n_warps ? scratch[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += y;
-        }
-        if (lane < n_warps) scratch[lane] = w; // inclusive warp totals
-    }
-    __syncthreads();
-    int base = warp ? scratch[warp - 1] : 0;
-    *total = scratch[n_warps - 1];
-    __syncthreads();
-    return base + x - v;
-}
 
 __device__ __forceinline__ uint32_t topk_key(float s) {
     // -inf (excluded) and NaN (never meaningful) map to 0: below every candidate

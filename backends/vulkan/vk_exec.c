@@ -21,6 +21,10 @@ static const struct {
     [KVM_VK_TOPK] = {"topk", 3, 7 * 4},
 
     /* -- persistence and eviction -- */
+    [KVM_VK_QUANTIZE] = {"quantize", 3, 13 * 4},
+    [KVM_VK_DEQUANTIZE] = {"dequantize", 2, 12 * 4},
+    [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 10 * 4},
+    [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 10 * 4},
 
     /* -- attention -- */
 

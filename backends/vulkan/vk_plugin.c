@@ -207,11 +207,12 @@ static const kvmem_backend_iface vk_iface = {
     .dev_gather_rope = kvm_vk_dev_gather_rope,
 
     /* -- eviction -- */
-
+    .dev_qmem_score = kvm_vk_dev_qmem_score,
     /* -- attention -- */
 
     /* -- persistence -- */
-
+    .quantize = kvm_vk_quantize,
+    .dequantize = kvm_vk_dequantize,
     .get_proc_address = vk_proc,
 };
 

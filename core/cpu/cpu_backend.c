@@ -127,6 +127,13 @@ static kvmem_status cpu_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, 
 
 /* -- persistence -- */
 
+/* Host address of bytes [off, off + n) of a CPU buffer; NULL when outside or
+ * when off is not a multiple of 4 (device-kernel reference entries:
+ * core/qmem/qmem_dev.c). */
+void *kvm_cpu_buf_at(const kvmem_buffer *b, size_t off, size_t n) {
+    return in_range(b, off, n) && off % 4 == 0 ? b->data + off : NULL;
+}
+
 static kvmem_status check_quant(kvmem_dtype dt, int which, size_t n, size_t dim, const char *op) {
     if (!kvm_is_quant_dtype(dt)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: dtype %s is not Q8, Q4 or Q4_KIVI", op, kvmem_dtype_name(dt));
     if (which != 0 && which != 1) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: which must be 0 (keys) or 1 (values)", op);
@@ -141,7 +148,7 @@ static kvmem_status cpu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, c
     kvmem_status st = check_quant(dt, which, n, dim, "quantize");
     if (st != KVMEM_OK) return st;
     kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
-    if (!in_range(src, src_off, n * dim * 4) || !in_range(dst, dst_off, q.bytes) || src_off % 4)
+    if (!in_range(src, src_off, n * dim * 4) || !in_range(dst, dst_off, q.bytes) || src_off % 4 || dst_off % 4)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "quantize: ranges outside the buffers or misaligned");
     const float *x = (const float *)(const void *)(src->data + src_off);
     float mm[2 * 1024];
@@ -149,6 +156,9 @@ static kvmem_status cpu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, c
     for (size_t i = 0; i < n * dim; i++)
         if (!(fabsf(x[i]) <= KVM_QUANT_LIMIT))
             return kvm_fail(KVMEM_ERR_INVALID_ARG, "quantize: value %g at %zu is not finite within +-65504", x[i], i);
+    /* whole section zeroed first: every padding byte is 0 (kvm_quant_section
+     * leaves Q8's pad between scales and codes alone), as on the devices */
+    memset(dst->data + dst_off, 0, q.bytes);
     kvm_quant_section(dt, which, x, n, dim, mm, mm + 1024, dst->data + dst_off);
     return KVMEM_OK;
 }
@@ -193,6 +203,7 @@ static const kvmem_backend_iface cpu_iface = {
 
     /* -- eviction -- */
     .qmem_score = kvm_cpu_qmem_score,
+    .dev_qmem_score = kvm_cpu_dev_qmem_score,
 
     /* -- attention -- */
     .attend = kvm_attend_cpu,

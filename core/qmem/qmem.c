@@ -289,6 +289,52 @@ kvmem_status kvmem_qmem_get(kvmem_qmem_store *s, const kvmem_session_key *key, f
     return KVMEM_OK;
 }
 
+/* The rule score on a device backend (dev_qmem_score): K converted to a
+ * contiguous f32 host array [L][N][Hkv][D] (any dtype and strides), memory
+ * and K uploaded, the scores read back into a scratch copy so a failure
+ * leaves the caller's array unchanged. */
+static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
+                                      const kvmem_tensor *k, size_t N, float *scores) {
+    static const char fn[] = "kvmem_qmem_score";
+    const size_t L = (size_t)spec->n_layers, Hq = (size_t)spec->n_q_heads, Hkv = (size_t)spec->n_kv_heads,
+                 D = (size_t)spec->head_dim;
+    size_t mb = L * Hq * D * sizeof(float), kb, rows;
+    if (!kvm_mul_size(L * N, Hkv, &rows) || !kvm_mul_size(rows, D * sizeof(float), &kb) || N > INT32_MAX)
+        return kvm_fail(KVMEM_ERR_UNSUPPORTED, "%s: K too large for the device path", fn);
+    float *kh = malloc(kb), *out = malloc(N * sizeof *out);
+    if (!kh || !out) {
+        free(kh);
+        free(out);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: cannot allocate %zu bytes to stage K", fn, kb);
+    }
+    for (size_t l = 0; l < L; l++)
+        for (size_t j = 0; j < N; j++)
+            for (size_t g = 0; g < Hkv; g++) {
+                int64_t idx[3] = {(int64_t)l, (int64_t)j, (int64_t)g};
+                kvm_tensor_read_f32(k, kvm_tensor_row_offset(k, idx), kh + ((l * N + j) * Hkv + g) * D, D);
+            }
+    const kvmem_backend_iface *f = be->iface;
+    kvmem_buffer *bm = NULL, *bk = NULL, *bs = NULL;
+    kvmem_status st = f->buffer_alloc(be, mb, &bm);
+    if (st == KVMEM_OK) st = f->buffer_alloc(be, kb, &bk);
+    if (st == KVMEM_OK) st = f->buffer_alloc(be, N * sizeof(float), &bs);
+    if (st == KVMEM_OK) st = f->buffer_upload(be, bm, 0, memory, mb);
+    if (st == KVMEM_OK) st = f->buffer_upload(be, bk, 0, kh, kb);
+    if (st == KVMEM_OK) {
+        kvm_dev_qmem_args a = {bm, bk, bs, 0, 0, 0, spec->n_layers, spec->n_q_heads, spec->n_kv_heads,
+                               spec->head_dim, (int32_t)N};
+        st = f->dev_qmem_score(be, &a);
+    }
+    if (st == KVMEM_OK) st = f->buffer_download(be, bs, 0, out, N * sizeof(float));
+    if (st == KVMEM_OK) memcpy(scores, out, N * sizeof(float));
+    f->buffer_free(be, bm);
+    f->buffer_free(be, bk);
+    f->buffer_free(be, bs);
+    free(kh);
+    free(out);
+    return st;
+}
+
 kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory,
                               const kvmem_tensor *k, float *scores) {
     static const char fn[] = "kvmem_qmem_score";
@@ -302,6 +348,12 @@ kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, 
     for (size_t i = 0; i < E; i++)
         if (!isfinite(memory[i]))
             return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: memory[%zu] is not finite", fn, i);
+    kvmem_backend *dev = ctx->backend;
+    if (dev && dev != ctx->cpu && dev->iface->dev_qmem_score) {
+        st = qmem_score_device(dev, spec, memory, k, (size_t)n, scores);
+        /* sizes past the device's limits: the CPU below takes them */
+        if (st != KVMEM_ERR_UNSUPPORTED) return st;
+    }
     kvmem_backend *be = ctx->cpu;
     if (!be->iface->qmem_score) return kvm_cpu_qmem_score(be, spec, memory, k, scores);
     return be->iface->qmem_score(be, spec, memory, k, scores);

@@ -8,7 +8,9 @@
  *       partial when dim is not a multiple of 32. Code q in [-127, 127],
  *       f16 scale s = absmax/127 rounded UP to f16, x' = q*s.
  *       Bound: |x - x'| <= s/2 (+ f32 rounding, < 2^-22 |x|), so
- *       |x - x'| <= absmax_g/254 * (1 + 2^-10).
+ *       |x - x'| <= absmax_g/254 * (1 + 2^-10) + 2^-25 (the last term: f16's
+ *       smallest step 2^-24, which bounds s from below once absmax_g/127 is
+ *       an f16 subnormal, below 2^-14; tests/backend/test_backend_quant.c).
  * Q4    per row: ceil(dim/64) groups of 64 along the row (last partial).
  *       Codes q in [0, 15] packed 8 per uint32 word, low bits first (the MLX
  *       affine layout: value i of a row sits in word i/8 at bits 4*(i%8));
@@ -16,7 +18,7 @@
  *       f16 bias b = min_g rounded DOWN to f16, f16 scale s = (max_g - b)/15
  *       rounded UP, x' = q*s + b, q = round((x - b)/s) clamped to [0, 15].
  *       Bound: |x - x'| <= s/2 + f32 rounding (< 2^-21 (|x| + |b|)), with
- *       s <= (max_g - min_g + ulp16(min_g))/15 * (1 + 2^-10).
+ *       s <= (max_g - min_g + ulp16(min_g))/15 * (1 + 2^-10) + 2^-24.
  * Q4 KIVI  values exactly as Q4. Keys per channel: one (scale, bias) per
  *       channel d over the n tokens of the block (KIVI's observation that key
  *       outliers live in channels), same rounding and bound with the channel's

@@ -1,8 +1,18 @@
 /* The CUDA backend's host-side logic, on the CPU: argument validation,
  * launch parameters, the caching allocator's bookkeeping and the pinned
- * staging plan. None of it needs a GPU, so it runs everywhere. */
+ * staging plan; and the per-element rules the kernels run (host/rules.h),
+ * compared bit for bit with the core's scalar references: f16 directed
+ * rounding, Q8/Q4/KIVI group encoding, the section layout, the RoPE pair
+ * rotation and the ART stop rule. None of it needs a GPU. */
 #include "testutil.h"
 #include "cuda_host.h"
+#include "rules.h"
+
+#include "backend.h"
+#include "quant/quant_ref.h"
+#include "rope/rope.h"
+
+#include <math.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -128,36 +138,426 @@ static void topk_plan_clamps_k_to_n(void **state) {
     assert_int_equal(kvm_cu_topk_plan_make(0, 4, &p), KVMEM_ERR_INVALID_ARG);
 }
 
-static void attend_plan_waves_cover_every_tile_once(void **state) {
+/* ---- the kernels' per-element rules against the core's references ---- */
+
+/* Values that stress f16 rounding: random magnitudes over the whole f16
+ * range, subnormals, exact f16 values and their neighbours, signed zeros. */
+static float tricky_value(uint64_t *rng, int i) {
+    switch (i % 6) {
+    case 0: return tu_normal(rng) * ldexpf(1.0f, (int)(tu_next(rng) % 40) - 24);
+    case 1: return kvm_f16_to_f32((uint16_t)(tu_next(rng) & 0x7bff)) * ((tu_next(rng) & 1) ? -1.0f : 1.0f);
+    case 2: {
+        float h = kvm_f16_to_f32((uint16_t)(tu_next(rng) & 0x7bff));
+        return nextafterf(h, (tu_next(rng) & 1) ? INFINITY : -INFINITY);
+    }
+    case 3: return (tu_next(rng) & 1) ? -0.0f : 0.0f;
+    case 4: return ldexpf((float)(tu_next(rng) % 2048), -24) * ((tu_next(rng) & 1) ? -1.0f : 1.0f);
+    default: return ((float)(tu_next(rng) % 131009) - 65504.0f);
+    }
+}
+
+static void f16_directed_rounding_matches_the_core_bit_for_bit(void **state) {
     (void)state;
-    kvm_cu_attend_shape s = {14000, 64, 32, 8, 128, 219, 0, 132};
-    kvm_cu_attend_plan p;
-    assert_int_equal(kvm_cu_attend_plan_make(&s, &p), KVMEM_OK);
+    uint64_t rng = 5;
+    for (int i = 0; i < 600000; i++) {
+        const float x = tricky_value(&rng, i);
+        if (!(fabsf(x) <= 65504.0f)) continue;
+        if (kvm_cu_host_f16_up(x) != kvm_f16_round_up(x) || kvm_cu_host_f16_down(x) != kvm_f16_round_down(x))
+            fail_msg("x = %a: up %04x vs %04x, down %04x vs %04x", (double)x, kvm_cu_host_f16_up(x), kvm_f16_round_up(x),
+                     kvm_cu_host_f16_down(x), kvm_f16_round_down(x));
+        assert_int_equal(kvm_cu_f32_to_f16(x), kvm_f32_to_f16(x));
+        const uint16_t h = (uint16_t)tu_next(&rng);
+        const float a = kvm_cu_f16_to_f32(h), b = kvm_f16_to_f32(h);
+        assert_memory_equal(&a, &b, 4);
+        /* the directions themselves: down <= x <= up */
+        assert_true(kvm_f16_to_f32(kvm_cu_host_f16_down(x)) <= x && x <= kvm_f16_to_f32(kvm_cu_host_f16_up(x)));
+    }
+}
+
+static void q8_q4_group_encoding_matches_the_core_bit_for_bit(void **state) {
+    (void)state;
+    uint64_t rng = 9;
+    float x[64];
+    for (int it = 0; it < 20000; it++) {
+        const size_t k8 = 1 + tu_next(&rng) % 32, k4 = 1 + tu_next(&rng) % 64;
+        const int kind = it % 5;
+        for (int i = 0; i < 64; i++) {
+            float v = tricky_value(&rng, it + i);
+            if (kind == 1) v = 0.75f;                                /* constant group: scale 0 */
+            if (kind == 2) v = tu_normal(&rng) * 1e-6f;              /* tiny: subnormal f16 scales */
+            if (kind == 3) v = 60000.0f + (float)(tu_next(&rng) % 4); /* near the f16 limit */
+            x[i] = fabsf(v) <= 65504.0f ? v : 1.0f;
+        }
+        int8_t c1[32], c2[32];
+        uint16_t s1, s2, b1, b2;
+        kvm_cu_host_q8_group(x, k8, c1, &s1);
+        kvm_q8_group_quant_ref(x, k8, c2, &s2);
+        assert_int_equal(s1, s2);
+        assert_memory_equal(c1, c2, k8);
+        uint32_t w1[8], w2[8];
+        memset(w1, 0xee, sizeof w1);
+        memset(w2, 0xee, sizeof w2);
+        kvm_cu_host_q4_group(x, k4, w1, &s1, &b1);
+        kvm_q4_group_quant_ref(x, k4, w2, &s2, &b2);
+        if (s1 != s2 || b1 != b2 || memcmp(w1, w2, (k4 + 7) / 8 * 4))
+            fail_msg("q4 group of %zu (kind %d): scale %04x vs %04x, bias %04x vs %04x", k4, kind, s1, s2, b1, b2);
+        if (k4 % 8) assert_int_equal(w1[k4 / 8] >> (4 * (k4 % 8)), 0); /* unused nibbles 0 */
+        /* decoded values: the same formula as the core's dequantizer */
+        for (size_t i = 0; i < k4; i++) {
+            const uint32_t q = (w1[i / 8] >> (4 * (i % 8))) & 15u;
+            const float a = kvm_cu_q4_value(q, s1, b1), b = (float)q * kvm_f16_to_f32(s2) + kvm_f16_to_f32(b2);
+            assert_memory_equal(&a, &b, 4);
+        }
+        /* a KIVI channel's parameters from its min and max */
+        float mn = x[0], mx = x[0];
+        for (int i = 1; i < 64; i++) {
+            mn = x[i] < mn ? x[i] : mn;
+            mx = x[i] > mx ? x[i] : mx;
+        }
+        float sf, bf, inv;
+        kvm_cu_host_q4_params(mn, mx, &s1, &b1);
+        kvm_q4_params(mn, mx, &s2, &b2, &sf, &bf, &inv);
+        assert_int_equal(s1, s2);
+        assert_int_equal(b1, b2);
+        assert_true(kvm_cu_q4_recip(s1) == inv);
+    }
+}
+
+static void section_layout_matches_the_core(void **state) {
+    (void)state;
+    const kvmem_dtype dts[3] = {KVMEM_Q8, KVMEM_Q4, KVMEM_Q4_KIVI};
+    const size_t ns[] = {1, 2, 3, 7, 16, 33, 1000}, dims[] = {1, 2, 7, 8, 31, 32, 33, 63, 64, 65, 100, 128, 1024};
+    for (int d = 0; d < 3; d++)
+        for (int which = 0; which < 2; which++)
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+                for (size_t j = 0; j < sizeof dims / sizeof dims[0]; j++) {
+                    kvm_cu_qsection a = kvm_cu_qsection_layout(dts[d], which, ns[i], dims[j]);
+                    kvm_qsection b = kvm_qsection_layout(dts[d], which, ns[i], dims[j]);
+                    assert_int_equal(a.codes_off, b.codes_off);
+                    assert_int_equal(a.codes_bytes, b.codes_bytes);
+                    assert_int_equal(a.scales_off, b.scales_off);
+                    assert_int_equal(a.scales_bytes, b.scales_bytes);
+                    assert_int_equal(a.biases_off, b.biases_off);
+                    assert_int_equal(a.biases_bytes, b.biases_bytes);
+                    assert_int_equal(a.bytes, b.bytes);
+                    assert_int_equal(a.per_channel, b.per_channel);
+                    assert_int_equal(a.bytes % 4, 0);
+                }
+}
+
+static void rope_pair_matches_kvm_rope_rotate(void **state) {
+    (void)state;
+    uint64_t rng = 13;
+    kvm_rope r;
+    memset(&r, 0, sizeof r);
+    r.head_dim = 2;
+    r.rotary_dim = 2;
+    r.n_pairs = 1;
+    r.style = KVMEM_ROPE_NEOX;
+    for (int i = 0; i < 200000; i++) {
+        r.attn_factor = i % 3 == 0 ? 1.0 : (double)(float)(1.0 + 0.3 * tu_uniform(&rng, 0.0f, 1.0f));
+        float x[2] = {tu_normal(&rng) * 100.0f, tu_normal(&rng)};
+        const double ang = tu_normal(&rng) * 1000.0;
+        const float c = (float)cos(ang), s = (float)sin(ang);
+        float y0, y1;
+        kvm_cu_host_rope_pair(x[0], x[1], c, s, (float)r.attn_factor, &y0, &y1);
+        kvm_rope_rotate(&r, x, &c, &s, 0);
+        assert_memory_equal(&y0, &x[0], 4);
+        assert_memory_equal(&y1, &x[1], 4);
+    }
+}
+
+/* The stop rule, written again from include/kvmem.h's text. */
+static int rule_ref(double *prev_norm, float *prev, int *has_prev, int *streak, const float *z, int n, float tau_s,
+                    float tau_d, int patience) {
+    double nz = 0, dot = 0;
+    for (int i = 0; i < n; i++) {
+        nz += (double)z[i] * (double)z[i];
+        dot += (double)z[i] * (double)prev[i];
+    }
+    nz = sqrt(nz);
+    int fire = 0;
+    if (*has_prev) {
+        int ok = (*prev_norm == 0 || nz == 0) ? (*prev_norm == 0 && nz == 0)
+                                               : (fabs(nz - *prev_norm) <= (double)tau_s * *prev_norm &&
+                                                  1.0 - dot / (nz * *prev_norm) <= (double)tau_d);
+        *streak = ok ? *streak + 1 : 0;
+        fire = (tau_s != 0 || tau_d != 0) && *streak >= patience;
+    }
+    memcpy(prev, z, (size_t)n * 4);
+    *prev_norm = nz;
+    *has_prev = 1;
+    return fire;
+}
+
+static void stop_rule_and_strided_probe_follow_the_reference(void **state) {
+    (void)state;
+    /* probe positions: z_i = o[i*s + s/2], s = N/32; the whole vector when N <= 32 */
+    assert_int_equal(kvm_cu_probe_len(4 * 128), 32);
+    assert_int_equal(kvm_cu_probe_elem(4 * 128, 0), 8);
+    assert_int_equal(kvm_cu_probe_elem(4 * 128, 31), 31 * 16 + 8);
+    assert_int_equal(kvm_cu_probe_elem(100, 5), 5 * 3 + 1);
+    assert_int_equal(kvm_cu_probe_len(24), 24);
+    assert_int_equal(kvm_cu_probe_elem(24, 23), 23);
+    assert_true(kvm_cu_probe_value(512, 3.0f, 4.0f) == 0.75f);
+    assert_true(kvm_cu_probe_value(512, 3.0f, 0.0f) == 0.0f);
+    assert_true(kvm_cu_probe_value(16, 3.0f, 3.0f) == 3.0f * (1.0f / 3.0f));
+    /* boundaries: an unchanged output passes with zero thresholds (<=) but
+     * never stops (tau 0 disables the rule); a zero output passes only
+     * after a zero one */
+    {
+        kvm_cu_rule r = {0.0, 0, 0, 0, 0};
+        float prev[2] = {0, 0};
+        const float z[2] = {3.0f, 4.0f}, zero[2] = {0, 0};
+        assert_int_equal(kvm_cu_rule_step(&r, prev, z, 2, 0.0f, 0.0f, 1, 0), 0);
+        assert_int_equal(kvm_cu_rule_step(&r, prev, z, 2, 0.0f, 0.0f, 1, 0), 0);
+        assert_int_equal(r.streak, 1);
+        assert_true(r.prev_norm == 5.0);
+        assert_int_equal(kvm_cu_rule_step(&r, prev, z, 2, 0.0f, 1e-9f, 2, 1), 1); /* streak 2 >= patience 2 */
+        assert_int_equal(kvm_cu_rule_step(&r, prev, zero, 2, 0.5f, 0.5f, 1, 1), 0);
+        assert_int_equal(r.streak, 0);
+        assert_int_equal(kvm_cu_rule_step(&r, prev, zero, 2, 0.5f, 0.5f, 1, 1), 1);
+    }
+    uint64_t rng = 17;
+    for (int trial = 0; trial < 2000; trial++) {
+        const int n = 1 + (int)(tu_next(&rng) % 32), patience = 1 + (int)(tu_next(&rng) % 4);
+        const float tau_s = trial % 7 == 0 ? 0.0f : 0.05f * tu_uniform(&rng, 0.0f, 1.0f);
+        const float tau_d = trial % 7 == 0 ? 0.0f : 0.01f * tu_uniform(&rng, 0.0f, 1.0f);
+        kvm_cu_rule r = {0.0, 0, 0, 0, 0};
+        float prev[32] = {0}, prev2[32] = {0}, z[32], base[32];
+        double pn = 0;
+        int hp = 0, streak = 0;
+        for (int i = 0; i < n; i++) base[i] = tu_normal(&rng);
+        for (int t = 0; t < 40; t++) {
+            /* converging outputs, with an occasional jump and a zero vector */
+            const float eps = 1.0f / (float)((t + 1) * (t + 1));
+            for (int i = 0; i < n; i++) z[i] = t == 5 ? 0.0f : base[i] + eps * tu_normal(&rng) * (t % 11 == 3 ? 50.0f : 1.0f);
+            const int a = kvm_cu_rule_step(&r, prev, z, n, tau_s, tau_d, patience, tau_s != 0 || tau_d != 0);
+            const int b = rule_ref(&pn, prev2, &hp, &streak, z, n, tau_s, tau_d, patience);
+            assert_int_equal(a, b);
+            assert_int_equal(r.streak, streak);
+            assert_true(r.prev_norm == pn);
+            if (a) break;
+        }
+    }
+}
+
+/* ---- argument checks of the table entries ---- */
+
+/* stand-ins for buffers: the checks only compare them with NULL */
+#define FAKE(i) ((kvmem_buffer *)(uintptr_t)(0x1000 * (i)))
+
+static void dev_score_checks_shapes_ranges_and_plans(void **state) {
+    (void)state;
+    kvm_dev_score_args a;
+    memset(&a, 0, sizeof a);
+    a.q = FAKE(1), a.s_min = FAKE(2), a.s_max = FAKE(3), a.out = FAKE(4);
+    a.n_q = 4, a.n_blocks = 100, a.n_layers = 2, a.n_q_heads = 8, a.n_kv_heads = 2, a.head_dim = 64;
+    a.norm = KVMEM_NORM_SOFTMAX, a.agg = KVMEM_AGG_MAX, a.tau = 0.125f, a.rr_c = 60.0f;
+    const size_t q = 4 * 2 * 8 * 64 * 4, sb = 100 * 2 * 2 * 64 * 4, ob = 2 * 8 * 100 * 4;
+    kvm_cu_dev_score_plan p;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_OK);
+    assert_int_equal(p.score_ctas, 2 * 2 * 2); /* L * Hkv * ceil(100 / 64) */
+    assert_int_equal(p.ws_scores, (2 * 8 * 4 * 100 * 4 + 255) / 256 * 256);
+    assert_int_equal(p.sort_len, 0);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q - 4, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "outside"));
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb - 1, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob - 4, &p), KVMEM_ERR_INVALID_ARG);
+    a.out_off = 2;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob + 8, &p), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "multiples of 4"));
+    a.out_off = 0;
+    a.n_q = 0;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "empty or negative"));
+    a.n_q = 4;
+    a.tau = 0.0f; /* both constants are checked whichever norm is used */
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "tau"));
+    a.tau = 0.125f;
+    a.out_off = 0;
+    a.norm = KVMEM_NORM_RR;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_OK);
+    assert_int_equal(p.sort_len, 128);
+    assert_int_equal(p.sort_in_smem, 1);
+    a.rr_c = 0.0f;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    a.rr_c = 60.0f;
+    a.n_q_heads = 7;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    a.n_q_heads = 8;
+    a.head_dim = 512; /* ranges are checked first: a valid range, then the limit */
+    assert_int_equal(kvm_cu_check_dev_score(&a, q * 8, sb * 8, sb * 8, ob, &p), KVMEM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kvm_cu_last_error(), "head_dim 512"));
+    a.head_dim = 64;
+    a.s_max = NULL;
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    a.s_max = FAKE(3);
+    a.n_blocks = INT32_MAX;
+    assert_int_equal(kvm_cu_check_dev_score(&a, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, &p), KVMEM_ERR_UNSUPPORTED);
+}
+
+static void dev_topk_gather_qmem_check_their_ranges(void **state) {
+    (void)state;
+    int32_t n_out = 7;
+    kvm_dev_topk_args t = {FAKE(1), FAKE(2), 0, 0, 100, 10, &n_out};
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 40), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 396, 40), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 36), KVMEM_ERR_INVALID_ARG);
+    t.k = 1000; /* idx holds min(k, n) */
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 400), KVMEM_OK);
+    t.k = -1;
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 400), KVMEM_ERR_INVALID_ARG);
+    t.k = 10;
+    t.idx_off = 2;
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 400, 400), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "multiples of 4"));
+    t.idx_off = 0;
+    t.k = 0;
+    t.scores = NULL; /* nothing to do: no buffer needed */
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 0, 0), KVMEM_OK);
+    t.n_out = NULL;
+    assert_int_equal(kvm_cu_check_dev_topk(&t, 0, 0), KVMEM_ERR_INVALID_ARG);
+
+    kvm_dev_gather_args g;
+    memset(&g, 0, sizeof g);
+    g.src = FAKE(1), g.idx = FAKE(2), g.cs = FAKE(3), g.out = FAKE(4);
+    g.n_src = 10, g.src_rs = 300, g.n_out = 5, g.n_heads = 2, g.head_dim = 128, g.rotary_dim = 64, g.attn_factor = 1;
+    const size_t src = (9 * 300 + 256) * 4, cs = 5 * 64 * 4, out = 5 * 256 * 4;
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src - 4, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs - 4, out), KVMEM_ERR_INVALID_ARG);
+    g.rotary_dim = 0; /* plain gather: cos/sin unused */
+    g.cs = NULL;
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, 0, out), KVMEM_OK);
+    g.rotary_dim = 63;
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "even"));
+    g.rotary_dim = 64;
+    g.n_out = 0; /* the shared rule: empty input is refused */
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "empty"));
+    g.n_out = 5;
+    g.attn_factor = 0.0f;
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "attn_factor"));
+    g.attn_factor = 1.0f;
+    g.rotary_dim = 64;
+    g.cs = FAKE(3);
+    g.src_rs = 255; /* rows overlap */
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "outside"));
+    g.src_rs = 300;
+    g.gptj = 2;
+    assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
+
+    kvm_dev_qmem_args m = {FAKE(1), FAKE(2), FAKE(3), 0, 0, 0, 2, 8, 2, 64, 50};
+    const size_t mb = 2 * 8 * 64 * 4, kb = 2 * 50 * 2 * 64 * 4;
+    assert_int_equal(kvm_cu_check_dev_qmem(&m, mb, kb, 200), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_qmem(&m, mb, kb - 4, 200), KVMEM_ERR_INVALID_ARG);
+    m.n_kv_heads = 3;
+    assert_int_equal(kvm_cu_check_dev_qmem(&m, mb, kb, 200), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "multiple"));
+    m.n_kv_heads = 2;
+    m.mem = NULL; /* a NULL buffer: its range is outside */
+    assert_int_equal(kvm_cu_check_dev_qmem(&m, 0, kb, 200), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "outside"));
+}
+
+static void dev_attend_checks_and_plans_waves(void **state) {
+    (void)state;
+    kvm_dev_attend_args a;
+    memset(&a, 0, sizeof a);
+    a.q = FAKE(1), a.k = FAKE(2), a.v = FAKE(3), a.slot_map = FAKE(4), a.order = FAKE(5), a.out = FAKE(6);
+    a.visited = FAKE(7);
+    a.n_slots = 20000, a.n_pos = 14000, a.n_q_heads = 32, a.n_kv_heads = 8, a.head_dim = 128, a.tile = 64;
+    a.n_visit = 219, a.dtype = KVMEM_F16, a.scale = 0.088f, a.tau_s = 1e-3f, a.tau_d = 1e-4f, a.patience = 4;
+    const size_t kv = 20000 * 8 * 128 * 2;
+    kvm_cu_dev_attend_plan p;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_OK);
     assert_int_equal(p.n_tiles, 219);
-    assert_int_equal(p.tiles_per_wave, 66); /* 4 CTAs per SM over 8 KV heads */
-    assert_int_equal(p.n_waves, 4);
-    assert_true((int64_t)p.n_waves * p.tiles_per_wave >= 219 && (int64_t)(p.n_waves - 1) * p.tiles_per_wave < 219);
-    assert_int_equal(p.state_stride, kvm_cu_attend_state_bytes(128));
-    assert_int_equal(p.state_stride % 16, 0);
-    assert_true(p.state_stride >= (128 + 34) * 4 + 16);
-    assert_true(p.partial_bytes >= (size_t)32 * 66 * 130 * 4);
-    assert_int_equal(p.ws_bytes, p.partial_bytes + p.state_bytes);
-    s.tiles_per_wave = 1000; /* clamped to the tiles visited */
-    assert_int_equal(kvm_cu_attend_plan_make(&s, &p), KVMEM_OK);
-    assert_int_equal(p.tiles_per_wave, 219);
+    assert_int_equal(p.group, 4);
+    assert_int_equal(p.n_gchunks, 1);
+    assert_int_equal(p.vec, 4);
+    assert_int_equal(p.tiles_per_wave, (4 * 132 + 7) / 8);
+    assert_int_equal(p.n_waves, (219 + p.tiles_per_wave - 1) / p.tiles_per_wave);
+    assert_true((int64_t)p.n_waves * p.tiles_per_wave >= a.n_visit); /* every tile has a wave */
+    assert_int_equal(p.probe_n, 32);
+    assert_true(p.off_rule + 8 * sizeof(kvm_cu_rule) <= p.ws_bytes);
+    /* each failure on its own */
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv - 2, kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 28, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    a.n_visit = 220;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 220 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "exceeds the 219 tiles"));
+    a.n_visit = 0; /* nothing visited: zeros out, no order needed */
+    a.order = NULL;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 0, 32 * 128 * 4, 32, 132, &p), KVMEM_OK);
+    assert_int_equal(p.n_waves, 0);
+    a.order = FAKE(5);
+    a.n_visit = 219;
+    a.dtype = KVMEM_BF16;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    a.dtype = KVMEM_F32; /* f32 KV: twice the bytes */
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, 2 * kv, 2 * kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_OK);
+    a.patience = 0;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, 2 * kv, 2 * kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    a.patience = 4;
+    a.tau_s = NAN;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, 2 * kv, 2 * kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    a.tau_s = 0;
+    /* G = 12 query heads per KV head: two chunks of up to 8; head_dim 40 -> 2 per lane */
+    a.n_q_heads = 12, a.n_kv_heads = 1, a.head_dim = 40, a.n_slots = 100, a.n_pos = 100, a.tile = 7, a.n_visit = 15;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 12 * 40 * 4, 100 * 40 * 4, 100 * 40 * 4, 400, 60, 12 * 40 * 4, 4, 132, &p),
+                     KVMEM_OK);
+    assert_int_equal(p.n_tiles, 15);
+    assert_int_equal(p.n_gchunks, 2);
+    assert_int_equal(p.vec, 2);
+    assert_int_equal(p.tiles_per_wave, 15);
     assert_int_equal(p.n_waves, 1);
-    s.n_tiles_visit = 220;
-    assert_int_equal(kvm_cu_attend_plan_make(&s, &p), KVMEM_ERR_INVALID_ARG);
-    assert_non_null(strstr(kvm_cu_last_error(), "220 tiles to visit"));
-    s.n_tiles_visit = 219;
-    s.tile = 48;
-    assert_int_equal(kvm_cu_attend_plan_make(&s, &p), KVMEM_ERR_INVALID_ARG);
-    s.tile = 64;
-    s.head_dim = 80;
-    assert_int_equal(kvm_cu_attend_plan_make(&s, &p), KVMEM_ERR_UNSUPPORTED);
-    s.head_dim = 128;
-    s.n_pos = 0;
-    assert_int_equal(kvm_cu_attend_plan_make(&s, &p), KVMEM_ERR_INVALID_ARG);
+    a.head_dim = 300;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 12 * 300 * 4, 100 * 300 * 4, 100 * 300 * 4, 400, 60, 12 * 300 * 4, 4, 132, &p),
+                     KVMEM_ERR_UNSUPPORTED);
+    a.head_dim = 2000; /* beyond the shared rule: invalid, not unsupported */
+    assert_int_equal(kvm_cu_check_dev_attend(&a, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "head_dim"));
+    a.head_dim = 40;
+    a.n_pos = 0, a.n_visit = 0, a.slot_map = NULL, a.order = NULL; /* no positions: zeros, nothing visited */
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 12 * 40 * 4, 100 * 40 * 4, 100 * 40 * 4, 0, 0, 12 * 40 * 4, 4, 132, &p),
+                     KVMEM_OK);
+    assert_int_equal(p.n_tiles, 0);
+    assert_int_equal(p.n_waves, 0);
+}
+
+static void quant_checks_match_the_cpu_backend_rules(void **state) {
+    (void)state;
+    const size_t sec = kvm_cu_qsection_layout(KVMEM_Q4, 1, 10, 100).bytes;
+    assert_int_equal(kvm_cu_check_quantize(KVMEM_Q4, 1, 4000, 0, 10, 100, sec, 0), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_quantize(KVMEM_Q4, 1, 3996, 0, 10, 100, sec, 0), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "ranges outside the buffers or misaligned"));
+    assert_int_equal(kvm_cu_check_quantize(KVMEM_Q4, 1, 4000, 0, 10, 100, sec - 1, 0), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_quantize(KVMEM_Q4, 1, 4002, 2, 10, 100, sec, 0), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_quantize(KVMEM_Q4, 2, 4000, 0, 10, 100, sec, 0), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "which must be 0"));
+    assert_int_equal(kvm_cu_check_quantize(KVMEM_F16, 1, 4000, 0, 10, 100, sec, 0), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_quantize(KVMEM_Q8, 0, 4000, 0, 10, 1025, sec, 0), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "1..1024"));
+    assert_int_equal(kvm_cu_check_dequantize(KVMEM_Q4, 1, sec, 0, 10, 100, 3, 7, 2800, 0), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dequantize(KVMEM_Q4, 1, sec, 0, 10, 100, 3, 8, 4000, 0), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dequantize(KVMEM_Q4, 1, sec, 0, 10, 100, 3, 7, 2796, 0), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dequantize(KVMEM_Q4, 1, sec, 0, 10, 100, 11, 0, 4000, 0), KVMEM_ERR_INVALID_ARG);
 }
 
 static void staging_chunks_tile_the_transfer_and_alternate(void **state) {
@@ -282,7 +682,15 @@ int main(void) {
         cmocka_unit_test(grids_cover_the_work_and_respect_caps),
         cmocka_unit_test(score_plan_pads_to_mma_tiles_and_falls_back_to_workspace),
         cmocka_unit_test(topk_plan_clamps_k_to_n),
-        cmocka_unit_test(attend_plan_waves_cover_every_tile_once),
+        cmocka_unit_test(f16_directed_rounding_matches_the_core_bit_for_bit),
+        cmocka_unit_test(q8_q4_group_encoding_matches_the_core_bit_for_bit),
+        cmocka_unit_test(section_layout_matches_the_core),
+        cmocka_unit_test(rope_pair_matches_kvm_rope_rotate),
+        cmocka_unit_test(stop_rule_and_strided_probe_follow_the_reference),
+        cmocka_unit_test(dev_score_checks_shapes_ranges_and_plans),
+        cmocka_unit_test(dev_topk_gather_qmem_check_their_ranges),
+        cmocka_unit_test(dev_attend_checks_and_plans_waves),
+        cmocka_unit_test(quant_checks_match_the_cpu_backend_rules),
         cmocka_unit_test(staging_chunks_tile_the_transfer_and_alternate),
         cmocka_unit_test(size_classes_round_up_without_overflow),
         cmocka_unit_test(allocator_reuses_released_blocks),

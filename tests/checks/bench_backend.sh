@@ -9,9 +9,13 @@ export KVMEM_BACKEND_PATH="$(dirname "$lib")"
 check() { # backend, expected lines
   out=$("$cli" bench --json --quick --backend "$1" backend)
   echo "$out"
-  out6=$(echo "$out" | grep -v '"op":"aabb_score"' || true)
-  n=$(echo "$out6" | grep -c '^{"suite":"backend","backend":"'"$1"'".*"gbps":[0-9].*}$' || true)
-  [ "$n" -eq 6 ] || { echo "FAIL: expected 6 JSON lines for backend $1, got $n"; exit 1; }
+  # convert x5, aabb_build, quantize and dequantize x (q8, q4)
+  outn=$(echo "$out" | grep -v '"op":"aabb_score"' || true)
+  n=$(echo "$outn" | grep -c '^{"suite":"backend","backend":"'"$1"'".*"gbps":[0-9].*}$' || true)
+  [ "$n" -eq 10 ] || { echo "FAIL: expected 10 JSON lines for backend $1, got $n"; exit 1; }
+  for op in quantize dequantize; do for dt in q8 q4; do
+    grep -q '"op":"'$op'","dtype":"'$dt'"' <<<"$out" || { echo "FAIL: no $op $dt line for backend $1"; exit 1; }
+  done; done
 }
 check cpu
 if grep -q '^vulkan  *available' <<<"$("$cli" backends)"; then

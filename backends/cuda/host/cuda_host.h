@@ -96,32 +96,100 @@ typedef struct kvm_cu_topk_plan {
 } kvm_cu_topk_plan;
 kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan);
 
-/* ART attention decode: logical positions cut into tiles of `tile`; tiles
- * are visited in waves of `tiles_per_wave` (all CTAs of a wave run in
- * parallel, split-K); after each wave a fold in traversal order applies the
- * stop rule, so the work spent past the stopping tile is at most one wave. */
-typedef struct kvm_cu_attend_shape {
-    int64_t n_pos;       /* logical positions in the slot map */
-    int32_t tile;        /* positions per tile, a multiple of 32 in [32, 1024] */
-    int32_t n_q_heads, n_kv_heads, head_dim;
-    int32_t n_tiles_visit; /* tiles in the traversal order (<= ceil(n_pos / tile)) */
-    int32_t tiles_per_wave; /* 0: chosen from the SM count */
-    int32_t n_sms;          /* multiprocessors of the device (for the choice) */
-} kvm_cu_attend_shape;
+/* ---- the device-kernel table entries (core/backend.h, API 3) ----
+ * Argument checks of dev_score, dev_topk, dev_gather_rope, dev_attend,
+ * dev_qmem_score, quantize and dequantize, with the byte sizes of the
+ * buffers passed in (the plugin knows them; kvmem_buffer is opaque here).
+ * Each returns KVMEM_OK, KVMEM_ERR_INVALID_ARG (shapes, ranges, offsets not
+ * multiples of 4) or KVMEM_ERR_UNSUPPORTED (a size beyond this backend's
+ * kernels), with the message in kvm_cu_last_error(), and fills the launch
+ * plan the kernels need. */
+struct kvm_dev_score_args;
+struct kvm_dev_topk_args;
+struct kvm_dev_gather_args;
+struct kvm_dev_attend_args;
+struct kvm_dev_qmem_args;
 
-typedef struct kvm_cu_attend_plan {
-    int32_t n_tiles;        /* ceil(n_pos / tile) */
-    int32_t tiles_per_wave;
-    int32_t n_waves;
-    size_t partial_bytes;   /* [Hq][tiles_per_wave][head_dim + 2] f32 partials */
-    size_t state_stride;    /* bytes of one head's running state (kvm_cu_attend_state_bytes) */
-    size_t state_bytes;     /* [Hq] running states */
-    size_t ws_bytes;        /* partial_bytes + state_bytes, 256-aligned pieces */
-} kvm_cu_attend_plan;
-/* One head's running state: o[D], m, l, the previous probe z[32], then
- * int32 streak, visited, stopped, have_prev; 16-byte aligned. */
-size_t kvm_cu_attend_state_bytes(int32_t head_dim);
-kvmem_status kvm_cu_attend_plan_make(const kvm_cu_attend_shape *s, kvm_cu_attend_plan *plan);
+#define KVM_CU_DEV_MAX_HEAD_DIM 256 /* register tiles of 8 elements per lane */
+
+/* a*b (and a*b*c) without overflow; false when it would overflow */
+bool kvm_cu_mul2(size_t a, size_t b, size_t *out);
+bool kvm_cu_mul3(size_t a, size_t b, size_t c, size_t *out);
+
+/* dev_score: scores [L][Hq][n_q][nb] f32 in the workspace (ws_scores bytes),
+ * then a normalisation pass; RR sorts (key, index) pairs of sort_len (a
+ * power of two >= nb) in shared memory when sort_in_smem, else in the
+ * workspace (ws_sort bytes). Rows of the query operand are staged in
+ * shared memory rows_chunk at a time. */
+typedef struct kvm_cu_dev_score_plan {
+    size_t ws_scores, ws_sort, ws_bytes;
+    int32_t sort_len, sort_in_smem;
+    int32_t rows_chunk;   /* query rows (head, token) per shared-memory stage */
+    int32_t blocks_per_cta;
+    int64_t score_ctas;   /* L * Hkv * ceil(nb / blocks_per_cta) */
+} kvm_cu_dev_score_plan;
+#define KVM_CU_SCORE_SMEM_FLOATS 8192 /* 32 KiB of staged query rows */
+#define KVM_CU_SORT_SMEM_PAIRS 4096   /* 32 KiB of (key, index) pairs */
+kvmem_status kvm_cu_check_dev_score(const struct kvm_dev_score_args *a, size_t q_size, size_t s_min_size,
+                                    size_t s_max_size, size_t out_size, kvm_cu_dev_score_plan *plan);
+
+kvmem_status kvm_cu_check_dev_topk(const struct kvm_dev_topk_args *a, size_t scores_size, size_t idx_size);
+
+kvmem_status kvm_cu_check_dev_gather(const struct kvm_dev_gather_args *a, size_t src_size, size_t idx_size,
+                                     size_t cs_size, size_t out_size);
+
+/* dev_attend: tiles are visited in waves of tiles_per_wave (all computed in
+ * parallel, split-K), then one fold per stream applies them in order with
+ * the stop rule, so at most one wave of work is spent past a stop. Query
+ * heads are taken group_chunk at a time per CTA (K/V read once per chunk). */
+#define KVM_CU_ATTEND_GROUP_CHUNK 8
+typedef struct kvm_cu_dev_attend_plan {
+    int64_t n_tiles;         /* ceil(n_pos / tile) */
+    int32_t group;           /* G = n_q_heads / n_kv_heads */
+    int32_t n_gchunks;       /* ceil(G / KVM_CU_ATTEND_GROUP_CHUNK) */
+    int32_t vec;             /* elements per lane: 1, 2, 4 or 8 (head_dim <= 32 * vec) */
+    int32_t tiles_per_wave, n_waves;
+    int32_t probe_n;         /* kvm_cu_probe_len(G * head_dim) */
+    /* workspace pieces, byte offsets (256-aligned) */
+    size_t off_part;         /* f32 [Hq][tpw][head_dim + 2]: o, m, l of each tile */
+    size_t off_live;         /* int32 [Hkv][tpw]: live positions of each tile */
+    size_t off_o, off_ml;    /* f32 [Hq][head_dim]; f32 [Hq][2] running m, l */
+    size_t off_z;            /* f32 [Hkv][32] previous probe */
+    size_t off_rule;         /* kvm_cu_rule [Hkv] */
+    size_t ws_bytes;
+} kvm_cu_dev_attend_plan;
+kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t q_size, size_t k_size,
+                                     size_t v_size, size_t slot_map_size, size_t order_size, size_t out_size,
+                                     size_t visited_size, int32_t n_sms, kvm_cu_dev_attend_plan *plan);
+
+kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem_size, size_t k_size,
+                                   size_t scores_size);
+
+/* Quantized sections (core/quant/quant.h): the same layout as
+ * kvm_qsection_layout, which the plugin cannot link. */
+typedef struct kvm_cu_qsection {
+    size_t codes_off, codes_bytes;
+    size_t scales_off, scales_bytes;
+    size_t biases_off, biases_bytes;
+    size_t bytes;
+    int per_channel;
+} kvm_cu_qsection;
+kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim);
+kvmem_status kvm_cu_check_quantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,
+                                   size_t dim, size_t dst_size, size_t dst_off);
+kvmem_status kvm_cu_check_dequantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,
+                                     size_t dim, size_t row0, size_t cnt, size_t dst_size, size_t dst_off);
+
+/* Host runs of the per-group rules the quantize kernels apply (rules.h),
+ * compiled without FMA contraction, for the bit-for-bit tests: one Q8 group
+ * of k <= 32 values; one Q4 group of k <= 64 values (words: ceil(k/8));
+ * one KIVI channel's parameters. */
+void kvm_cu_host_q8_group(const float *x, size_t k, int8_t *codes, uint16_t *scale);
+void kvm_cu_host_q4_group(const float *x, size_t k, uint32_t *words, uint16_t *scale, uint16_t *bias);
+void kvm_cu_host_q4_params(float mn, float mx, uint16_t *scale, uint16_t *bias);
+uint16_t kvm_cu_host_f16_up(float x);
+uint16_t kvm_cu_host_f16_down(float x);
+void kvm_cu_host_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1);
 
 /* ---- caching device allocator ----
  * Freed blocks are kept by rounded size and handed out again, so the

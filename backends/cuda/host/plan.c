@@ -139,47 +139,6 @@ kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan)
     return KVMEM_OK;
 }
 
-size_t kvm_cu_attend_state_bytes(int32_t head_dim) {
-    return round_up(((size_t)head_dim + 2 + 32) * 4 + 4 * 4, 16);
-}
-
-kvmem_status kvm_cu_attend_plan_make(const kvm_cu_attend_shape *s, kvm_cu_attend_plan *plan) {
-    if (!s || !plan) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend plan: NULL argument");
-    if (s->n_pos < 1 || s->n_pos > INT32_MAX)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: %lld positions: must be in [1, 2^31)",
-                           (long long)s->n_pos);
-    if (s->tile < 32 || s->tile > 1024 || s->tile % 32)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: tile %d: must be a multiple of 32 in [32, 1024]",
-                           s->tile);
-    if (s->n_q_heads < 1 || s->n_kv_heads < 1 || s->n_q_heads % s->n_kv_heads)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: %d query heads, %d KV heads: need a multiple",
-                           s->n_q_heads, s->n_kv_heads);
-    if (!kvm_cu_head_dim_supported(s->head_dim))
-        return kvm_cu_fail(KVMEM_ERR_UNSUPPORTED, "attend: head_dim %d has no CUDA kernel (64, 128, 256)",
-                           s->head_dim);
-    kvm_cu_attend_plan p;
-    p.n_tiles = (int32_t)((s->n_pos + s->tile - 1) / s->tile);
-    if (s->n_tiles_visit < 1 || s->n_tiles_visit > p.n_tiles)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "attend: %d tiles to visit: must be in [1, %d]",
-                           s->n_tiles_visit, p.n_tiles);
-    int32_t tpw = s->tiles_per_wave;
-    if (tpw <= 0) {
-        /* enough (KV head, tile) CTAs to fill every SM about 4 times over */
-        int32_t sms = s->n_sms > 0 ? s->n_sms : 80;
-        tpw = (4 * sms + s->n_kv_heads - 1) / s->n_kv_heads;
-        if (tpw < 1) tpw = 1;
-    }
-    if (tpw > s->n_tiles_visit) tpw = s->n_tiles_visit;
-    p.tiles_per_wave = tpw;
-    p.n_waves = (s->n_tiles_visit + tpw - 1) / tpw;
-    p.partial_bytes = round_up((size_t)s->n_q_heads * (size_t)tpw * ((size_t)s->head_dim + 2) * 4, 256);
-    p.state_stride = kvm_cu_attend_state_bytes(s->head_dim);
-    p.state_bytes = round_up((size_t)s->n_q_heads * p.state_stride, 256);
-    p.ws_bytes = p.partial_bytes + p.state_bytes;
-    *plan = p;
-    return KVMEM_OK;
-}
-
 size_t kvm_cu_staging_n_chunks(size_t bytes, size_t chunk) {
     if (bytes == 0 || chunk == 0) return 0;
     return bytes / chunk + (bytes % chunk != 0);

@@ -1,0 +1,344 @@
+/* Argument checks and launch plans of the CUDA backend's device-kernel table
+ * entries (plain C, tested on the CPU by tests/backend/test_cuda_host.c). */
+#include "cuda_host.h"
+#include "rules.h"
+
+#include "backend.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#define FAIL_ARG(...) kvm_cu_fail(KVMEM_ERR_INVALID_ARG, __VA_ARGS__)
+#define FAIL_UNSUP(...) kvm_cu_fail(KVMEM_ERR_UNSUPPORTED, __VA_ARGS__)
+
+bool kvm_cu_mul2(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return false;
+    *out = a * b;
+    return true;
+}
+
+bool kvm_cu_mul3(size_t a, size_t b, size_t c, size_t *out) {
+    size_t ab;
+    return kvm_cu_mul2(a, b, &ab) && kvm_cu_mul2(ab, c, out);
+}
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* bytes of n f32 (or int32) elements at off inside a buffer of `size`
+ * bytes, off a multiple of 4 */
+static bool f32_range(size_t size, size_t off, size_t n) {
+    size_t b;
+    return off % 4 == 0 && kvm_cu_mul2(n, 4, &b) && kvm_cu_in_range(size, off, b);
+}
+
+static int32_t pow2_at_least(int32_t n) {
+    int32_t p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+/* The rules and messages below are those of the core's shared checks
+ * (core/retrieve/dev_args.h, core/attend/attend_dev.h): every backend
+ * refuses the same input with the same words. Then come this backend's own
+ * limits (KVMEM_ERR_UNSUPPORTED). */
+
+/* [off, off + 4n) inside a buffer of `size` bytes (size 0 for NULL) */
+static bool holds(size_t size, size_t off, size_t n) {
+    size_t b;
+    return kvm_cu_mul2(n, 4, &b) && kvm_cu_in_range(size, off, b);
+}
+
+/* ---- dev_score ---- */
+
+kvmem_status kvm_cu_check_dev_score(const kvm_dev_score_args *a, size_t q_size, size_t s_min_size,
+                                    size_t s_max_size, size_t out_size, kvm_cu_dev_score_plan *plan) {
+    if (!a || !plan) return FAIL_ARG("dev_score: args is NULL");
+    if (a->n_q < 1 || a->n_blocks < 1 || a->n_layers < 1 || a->n_q_heads < 1 || a->n_kv_heads < 1 || a->head_dim < 1)
+        return FAIL_ARG("dev_score: empty or negative shape (n_q %d, n_blocks %d, n_layers %d, n_q_heads %d, "
+                        "n_kv_heads %d, head_dim %d)",
+                        a->n_q, a->n_blocks, a->n_layers, a->n_q_heads, a->n_kv_heads, a->head_dim);
+    if (a->n_q_heads % a->n_kv_heads)
+        return FAIL_ARG("dev_score: n_q_heads %d is not a multiple of n_kv_heads %d", a->n_q_heads, a->n_kv_heads);
+    if (a->norm != KVMEM_NORM_SOFTMAX && a->norm != KVMEM_NORM_RR)
+        return FAIL_ARG("dev_score: norm %d is not SOFTMAX or RR", (int)a->norm);
+    if (a->agg != KVMEM_AGG_MAX && a->agg != KVMEM_AGG_SUM)
+        return FAIL_ARG("dev_score: agg %d is not MAX or SUM", (int)a->agg);
+    if (!(a->tau > 0.0f && isfinite(a->tau)) || !(a->rr_c > 0.0f && isfinite(a->rr_c)))
+        return FAIL_ARG("dev_score: tau %g and rr_c %g must be finite and > 0", (double)a->tau, (double)a->rr_c);
+    if (!a->q || !a->s_min || !a->s_max || !a->out) return FAIL_ARG("dev_score: a buffer is NULL");
+    if (a->q_off % 4 || a->s_off % 4 || a->out_off % 4)
+        return FAIL_ARG("dev_score: offsets must be multiples of 4 bytes");
+    const size_t L = (size_t)a->n_layers, Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads;
+    const size_t D = (size_t)a->head_dim, NQ = (size_t)a->n_q, NB = (size_t)a->n_blocks;
+    size_t nq_el, s_el, out_el, t;
+    if (!kvm_cu_mul3(NQ, L, Hq, &t) || !kvm_cu_mul2(t, D, &nq_el) || !kvm_cu_mul3(NB, L, Hkv, &t) ||
+        !kvm_cu_mul2(t, D, &s_el) || !kvm_cu_mul3(L, Hq, NB, &out_el) || !holds(q_size, a->q_off, nq_el) ||
+        !holds(s_min_size, a->s_off, s_el) || !holds(s_max_size, a->s_off, s_el) || !holds(out_size, a->out_off, out_el))
+        return FAIL_ARG("dev_score: ranges outside the buffers");
+    if (a->head_dim > KVM_CU_DEV_MAX_HEAD_DIM)
+        return FAIL_UNSUP("dev_score: head_dim %d: the CUDA kernel takes at most %d", a->head_dim,
+                          KVM_CU_DEV_MAX_HEAD_DIM);
+    if (a->n_blocks > (1 << 26))
+        return FAIL_UNSUP("dev_score: %d blocks: the CUDA kernel takes at most 2^26", a->n_blocks);
+    kvm_cu_dev_score_plan p;
+    p.blocks_per_cta = 64; /* 8 warps, 8 blocks each */
+    p.rows_chunk = 32;     /* one query row per lane */
+    size_t ctas = L * Hkv * ((NB + (size_t)p.blocks_per_cta - 1) / (size_t)p.blocks_per_cta);
+    if (ctas > INT32_MAX || L * Hq > INT32_MAX)
+        return FAIL_UNSUP("dev_score: %zu thread blocks exceed the CUDA grid", ctas);
+    p.score_ctas = (int64_t)ctas;
+    size_t sc;
+    if (!kvm_cu_mul3(L * Hq, NQ, NB, &sc) || !kvm_cu_mul2(sc, 4, &p.ws_scores) || p.ws_scores > SIZE_MAX / 2)
+        return FAIL_UNSUP("dev_score: the score workspace overflows");
+    p.ws_scores = align256(p.ws_scores);
+    p.sort_len = a->norm == KVMEM_NORM_RR ? pow2_at_least(a->n_blocks) : 0;
+    p.sort_in_smem = p.sort_len <= KVM_CU_SORT_SMEM_PAIRS;
+    p.ws_sort = 0;
+    if (a->norm == KVMEM_NORM_RR && !p.sort_in_smem) {
+        if (!kvm_cu_mul3(L * Hq, (size_t)p.sort_len, 8, &p.ws_sort) || p.ws_sort > SIZE_MAX / 2)
+            return FAIL_UNSUP("dev_score: the sort workspace overflows");
+        p.ws_sort = align256(p.ws_sort);
+    }
+    p.ws_bytes = p.ws_scores + p.ws_sort;
+    *plan = p;
+    return KVMEM_OK;
+}
+
+/* ---- dev_topk ---- */
+
+kvmem_status kvm_cu_check_dev_topk(const kvm_dev_topk_args *a, size_t scores_size, size_t idx_size) {
+    if (!a) return FAIL_ARG("dev_topk: args is NULL");
+    if (!a->n_out) return FAIL_ARG("dev_topk: n_out is NULL");
+    if (a->n < 0 || a->k < 0) return FAIL_ARG("dev_topk: n %d and k %d must be >= 0", a->n, a->k);
+    if (a->n == 0 || a->k == 0) return KVMEM_OK;
+    if (!a->scores || !a->idx) return FAIL_ARG("dev_topk: a buffer is NULL");
+    if (a->scores_off % 4 || a->idx_off % 4) return FAIL_ARG("dev_topk: offsets must be multiples of 4 bytes");
+    const size_t m = (size_t)(a->k < a->n ? a->k : a->n); /* idx holds min(k, n): at most that many are written */
+    if (!holds(scores_size, a->scores_off, (size_t)a->n) || !holds(idx_size, a->idx_off, m))
+        return FAIL_ARG("dev_topk: ranges outside the buffers");
+    return KVMEM_OK;
+}
+
+/* ---- dev_gather_rope ---- */
+
+kvmem_status kvm_cu_check_dev_gather(const kvm_dev_gather_args *a, size_t src_size, size_t idx_size,
+                                     size_t cs_size, size_t out_size) {
+    if (!a) return FAIL_ARG("dev_gather_rope: args is NULL");
+    if (!a->n_out || !a->n_heads || !a->head_dim || !a->n_src)
+        return FAIL_ARG("dev_gather_rope: empty input (n_src %zu, n_out %zu, n_heads %zu, head_dim %zu)", a->n_src,
+                        a->n_out, a->n_heads, a->head_dim);
+    if (a->rotary_dim % 2 || a->rotary_dim > a->head_dim || (a->gptj != 0 && a->gptj != 1))
+        return FAIL_ARG("dev_gather_rope: rotary_dim %zu must be even and <= head_dim %zu, gptj 0 or 1", a->rotary_dim,
+                        a->head_dim);
+    if (!(a->attn_factor > 0.0f && isfinite(a->attn_factor)))
+        return FAIL_ARG("dev_gather_rope: attn_factor %g must be finite and > 0", (double)a->attn_factor);
+    if (!a->src || !a->idx || !a->out || (a->rotary_dim && !a->cs)) return FAIL_ARG("dev_gather_rope: a buffer is NULL");
+    if (a->src_off % 4 || a->idx_off % 4 || a->cs_off % 4 || a->out_off % 4)
+        return FAIL_ARG("dev_gather_rope: offsets must be multiples of 4 bytes");
+    size_t row, src_el, out_el, cs_el = 0;
+    bool ok = kvm_cu_mul2(a->n_heads, a->head_dim, &row) && a->src_rs >= row &&
+              kvm_cu_mul2(a->n_src - 1, a->src_rs, &src_el) && src_el <= SIZE_MAX - row;
+    if (ok) src_el += row;
+    ok = ok && kvm_cu_mul2(a->n_out, row, &out_el) && holds(src_size, a->src_off, src_el) &&
+         holds(out_size, a->out_off, out_el) && holds(idx_size, a->idx_off, a->n_out);
+    /* cos and sin, rotary_dim / 2 of each per output row */
+    if (ok && a->rotary_dim) ok = kvm_cu_mul2(a->n_out, a->rotary_dim, &cs_el) && holds(cs_size, a->cs_off, cs_el);
+    if (!ok) return FAIL_ARG("dev_gather_rope: ranges outside the buffers (or src_rs < n_heads * head_dim)");
+    if (a->n_out > INT32_MAX || row > INT32_MAX)
+        return FAIL_UNSUP("dev_gather_rope: %zu output rows of %zu exceed the CUDA kernel's range", a->n_out, row);
+    return KVMEM_OK;
+}
+
+/* ---- dev_attend ---- */
+
+kvmem_status kvm_cu_check_dev_attend(const kvm_dev_attend_args *a, size_t q_size, size_t k_size, size_t v_size,
+                                     size_t slot_map_size, size_t order_size, size_t out_size,
+                                     size_t visited_size, int32_t n_sms, kvm_cu_dev_attend_plan *plan) {
+    if (!a || !plan) return FAIL_ARG("dev_attend: args is NULL");
+    if (!a->q || !a->k || !a->v || !a->out || !a->visited || (a->n_pos > 0 && !a->slot_map) ||
+        (a->n_visit > 0 && !a->order))
+        return FAIL_ARG("dev_attend: a buffer is NULL (q, k, v, out, visited; slot_map when n_pos > 0, order when "
+                        "n_visit > 0)");
+    if (a->n_kv_heads < 1 || a->n_q_heads < a->n_kv_heads || a->n_q_heads % a->n_kv_heads != 0 || a->head_dim < 1 ||
+        a->head_dim > 1024)
+        return FAIL_ARG("dev_attend: n_q_heads %d must be a multiple of n_kv_heads %d >= 1, head_dim %d in [1, 1024]",
+                        a->n_q_heads, a->n_kv_heads, a->head_dim);
+    if (a->n_slots < 0 || a->n_pos < 0 || a->n_pos > INT32_MAX || a->tile < 1 || a->n_visit < 0)
+        return FAIL_ARG("dev_attend: n_slots %lld, n_pos %lld must be >= 0 (n_pos < 2^31), tile %d >= 1, n_visit %d >= 0",
+                        (long long)a->n_slots, (long long)a->n_pos, a->tile, a->n_visit);
+    const int64_t n_tiles = (a->n_pos + a->tile - 1) / a->tile;
+    if (a->n_visit > n_tiles)
+        return FAIL_ARG("dev_attend: n_visit %d exceeds the %lld tiles", a->n_visit, (long long)n_tiles);
+    if (a->dtype != KVMEM_F32 && a->dtype != KVMEM_F16)
+        return FAIL_ARG("dev_attend: k and v dtype %d must be F32 or F16", (int)a->dtype);
+    if (!(a->scale > 0.0f) || !isfinite(a->scale) || !(a->tau_s >= 0.0f) || !isfinite(a->tau_s) || !(a->tau_d >= 0.0f) ||
+        !isfinite(a->tau_d) || a->patience < 1)
+        return FAIL_ARG("dev_attend: scale %g must be > 0, tau_s %g and tau_d %g >= 0 (finite), patience %d >= 1",
+                        (double)a->scale, (double)a->tau_s, (double)a->tau_d, a->patience);
+    if ((a->q_off | a->k_off | a->v_off | a->slot_map_off | a->order_off | a->out_off | a->visited_off) % 4)
+        return FAIL_ARG("dev_attend: offsets must be multiples of 4 bytes");
+    const size_t Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads, D = (size_t)a->head_dim;
+    const size_t es = a->dtype == KVMEM_F32 ? 4 : 2;
+    size_t kv_bytes = 0, t;
+    bool ok = kvm_cu_mul3((size_t)a->n_slots, Hkv, D, &t) && kvm_cu_mul2(t, es, &kv_bytes) &&
+              (kv_bytes == 0 || (kvm_cu_in_range(k_size, a->k_off, kv_bytes) && kvm_cu_in_range(v_size, a->v_off, kv_bytes))) &&
+              holds(q_size, a->q_off, Hq * D) && holds(out_size, a->out_off, Hq * D) &&
+              (a->n_pos == 0 || holds(slot_map_size, a->slot_map_off, (size_t)a->n_pos)) &&
+              (a->n_visit == 0 || holds(order_size, a->order_off, (size_t)a->n_visit)) &&
+              holds(visited_size, a->visited_off, Hkv);
+    if (!ok)
+        return FAIL_ARG("dev_attend: ranges outside the buffers (%lld slots x %d KV heads x %d, %lld positions, %d tiles)",
+                        (long long)a->n_slots, a->n_kv_heads, a->head_dim, (long long)a->n_pos, a->n_visit);
+    if (a->head_dim > KVM_CU_DEV_MAX_HEAD_DIM)
+        return FAIL_UNSUP("dev_attend: head_dim %d: the CUDA kernel takes at most %d", a->head_dim,
+                          KVM_CU_DEV_MAX_HEAD_DIM);
+    if (a->n_slots > INT32_MAX || a->n_kv_heads > 65535)
+        return FAIL_UNSUP("dev_attend: %lld slots, %d KV heads exceed the CUDA kernel's 32-bit indices",
+                          (long long)a->n_slots, a->n_kv_heads);
+    kvm_cu_dev_attend_plan p;
+    p.n_tiles = n_tiles;
+    p.group = a->n_q_heads / a->n_kv_heads;
+    p.n_gchunks = (p.group + KVM_CU_ATTEND_GROUP_CHUNK - 1) / KVM_CU_ATTEND_GROUP_CHUNK;
+    p.vec = a->head_dim <= 32 ? 1 : a->head_dim <= 64 ? 2 : a->head_dim <= 128 ? 4 : 8;
+    if (p.n_gchunks > 65535) return FAIL_UNSUP("dev_attend: %d query heads per KV head", p.group);
+    /* enough (tile, KV head) CTAs to fill every SM about 4 times */
+    int32_t sms = n_sms > 0 ? n_sms : 80;
+    int64_t tpw = (4 * (int64_t)sms + a->n_kv_heads - 1) / a->n_kv_heads;
+    if (tpw < 1) tpw = 1;
+    if (tpw > a->n_visit) tpw = a->n_visit > 0 ? a->n_visit : 1;
+    p.tiles_per_wave = (int32_t)tpw;
+    p.n_waves = a->n_visit > 0 ? (a->n_visit + p.tiles_per_wave - 1) / p.tiles_per_wave : 0;
+    p.probe_n = kvm_cu_probe_len(p.group * a->head_dim);
+    size_t at = 0;
+    p.off_part = at;
+    at += align256(Hq * (size_t)p.tiles_per_wave * (D + 2) * 4);
+    p.off_live = at;
+    at += align256(Hkv * (size_t)p.tiles_per_wave * 4);
+    p.off_o = at;
+    at += align256(Hq * D * 4);
+    p.off_ml = at;
+    at += align256(Hq * 2 * 4);
+    p.off_z = at;
+    at += align256(Hkv * KVM_CU_PROBE * 4);
+    p.off_rule = at;
+    at += align256(Hkv * sizeof(kvm_cu_rule));
+    p.ws_bytes = at;
+    *plan = p;
+    return KVMEM_OK;
+}
+
+/* ---- dev_qmem_score ---- */
+
+kvmem_status kvm_cu_check_dev_qmem(const kvm_dev_qmem_args *a, size_t mem_size, size_t k_size, size_t scores_size) {
+    if (!a) return FAIL_ARG("dev_qmem_score: args is NULL");
+    if (a->n_layers < 1 || a->n_q_heads < 1 || a->n_kv_heads < 1 || a->n_q_heads % a->n_kv_heads ||
+        a->head_dim < 1 || a->n < 1)
+        return FAIL_ARG("dev_qmem_score: %d layers, %d/%d heads, head_dim %d, %d tokens: need >= 1 and query heads a "
+                        "multiple of KV heads",
+                        a->n_layers, a->n_q_heads, a->n_kv_heads, a->head_dim, a->n);
+    if (a->mem_off % 4 || a->k_off % 4 || a->scores_off % 4)
+        return FAIL_ARG("dev_qmem_score: offsets must be multiples of 4 bytes");
+    /* a NULL buffer has size 0: its range is outside */
+    const size_t L = (size_t)a->n_layers, D = (size_t)a->head_dim;
+    size_t mem_el, k_el, t;
+    bool ok = kvm_cu_mul3(L, (size_t)a->n_q_heads, D, &mem_el) && kvm_cu_mul3(L, (size_t)a->n, (size_t)a->n_kv_heads, &t) &&
+              kvm_cu_mul2(t, D, &k_el) && a->mem && a->k && a->scores && holds(mem_size, a->mem_off, mem_el) &&
+              holds(k_size, a->k_off, k_el) && holds(scores_size, a->scores_off, (size_t)a->n);
+    if (!ok) return FAIL_ARG("dev_qmem_score: ranges outside the buffers");
+    if (a->head_dim > KVM_CU_DEV_MAX_HEAD_DIM)
+        return FAIL_UNSUP("dev_qmem_score: head_dim %d: the CUDA kernel takes at most %d", a->head_dim,
+                          KVM_CU_DEV_MAX_HEAD_DIM);
+    if (a->n_q_heads > 65535) return FAIL_UNSUP("dev_qmem_score: %d query heads exceed the CUDA grid", a->n_q_heads);
+    return KVMEM_OK;
+}
+
+/* ---- quantize / dequantize ---- */
+
+static size_t pad4(size_t x) { return (x + 3) & ~(size_t)3; }
+
+kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
+    kvm_cu_qsection q = {0, 0, 0, 0, 0, 0, 0, 0};
+    const size_t W = (dim + 7) / 8;
+    if (dt == KVMEM_Q8) {
+        const size_t G = (dim + KVM_CU_Q8_GROUP - 1) / KVM_CU_Q8_GROUP;
+        q.scales_bytes = n * G * 2;
+        q.codes_off = pad4(q.scales_bytes);
+        q.codes_bytes = n * dim;
+        q.bytes = pad4(q.codes_off + q.codes_bytes);
+    } else if (dt == KVMEM_Q4 || dt == KVMEM_Q4_KIVI) {
+        q.per_channel = dt == KVMEM_Q4_KIVI && which == 0;
+        const size_t G = q.per_channel ? dim : n * ((dim + KVM_CU_Q4_GROUP - 1) / KVM_CU_Q4_GROUP);
+        q.codes_bytes = n * W * 4;
+        q.scales_off = q.codes_bytes;
+        q.scales_bytes = G * 2;
+        q.biases_off = pad4(q.scales_off + q.scales_bytes);
+        q.biases_bytes = G * 2;
+        q.bytes = pad4(q.biases_off + q.biases_bytes);
+    }
+    return q;
+}
+
+static kvmem_status check_quant(kvmem_dtype dt, int which, size_t n, size_t dim, const char *op) {
+    if (dt != KVMEM_Q8 && dt != KVMEM_Q4 && dt != KVMEM_Q4_KIVI)
+        return FAIL_ARG("%s: dtype %d is not Q8, Q4 or Q4_KIVI", op, (int)dt);
+    if (which != 0 && which != 1) return FAIL_ARG("%s: which must be 0 (keys) or 1 (values)", op);
+    if (n == 0 || dim == 0 || dim > 1024 || n > ((size_t)1 << 24))
+        return FAIL_ARG("%s: %zu rows of %zu: need 1..2^24 rows of 1..1024", op, n, dim);
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_cu_check_quantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n, size_t dim,
+                                   size_t dst_size, size_t dst_off) {
+    kvmem_status st = check_quant(dt, which, n, dim, "quantize");
+    if (st != KVMEM_OK) return st;
+    kvm_cu_qsection q = kvm_cu_qsection_layout(dt, which, n, dim);
+    if (!f32_range(src_size, src_off, n * dim) || dst_off % 4 || !kvm_cu_in_range(dst_size, dst_off, q.bytes))
+        return FAIL_ARG("quantize: ranges outside the buffers or misaligned");
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_cu_check_dequantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,
+                                     size_t dim, size_t row0, size_t cnt, size_t dst_size, size_t dst_off) {
+    kvmem_status st = check_quant(dt, which, n, dim, "dequantize");
+    if (st != KVMEM_OK) return st;
+    kvm_cu_qsection q = kvm_cu_qsection_layout(dt, which, n, dim);
+    if (row0 > n || cnt > n - row0 || src_off % 4 || !kvm_cu_in_range(src_size, src_off, q.bytes) ||
+        !f32_range(dst_size, dst_off, cnt * dim))
+        return FAIL_ARG("dequantize: ranges outside the buffers or misaligned");
+    return KVMEM_OK;
+}
+
+/* ---- host runs of the shared rules ---- */
+
+void kvm_cu_host_q8_group(const float *x, size_t k, int8_t *codes, uint16_t *scale) {
+    float amax = 0.0f, inv;
+    for (size_t i = 0; i < k; i++) amax = kvm_cu_max_step(amax, fabsf(x[i]));
+    *scale = kvm_cu_q8_params(amax, &inv);
+    for (size_t i = 0; i < k; i++) codes[i] = kvm_cu_q8_code(x[i], inv);
+}
+
+void kvm_cu_host_q4_group(const float *x, size_t k, uint32_t *words, uint16_t *scale, uint16_t *bias) {
+    float mn = x[0], mx = x[0], b, inv;
+    for (size_t i = 1; i < k; i++) {
+        mn = kvm_cu_min_step(mn, x[i]);
+        mx = kvm_cu_max_step(mx, x[i]);
+    }
+    kvm_cu_q4_params(mn, mx, scale, bias, &b, &inv);
+    for (size_t i = 0; i < k; i += 8) {
+        uint32_t w = 0;
+        for (size_t j = 0; j < 8 && i + j < k; j++) w |= kvm_cu_q4_code(x[i + j], b, inv) << (4 * j);
+        words[i / 8] = w;
+    }
+}
+
+void kvm_cu_host_q4_params(float mn, float mx, uint16_t *scale, uint16_t *bias) {
+    float b, inv;
+    kvm_cu_q4_params(mn, mx, scale, bias, &b, &inv);
+}
+
+uint16_t kvm_cu_host_f16_up(float x) { return kvm_cu_f16_up(x); }
+uint16_t kvm_cu_host_f16_down(float x) { return kvm_cu_f16_down(x); }
+
+void kvm_cu_host_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1) {
+    kvm_cu_rope_pair(x0, x1, c, s, af, y0, y1);
+}

@@ -1,0 +1,160 @@
+/* quantize / dequantize on Vulkan: Q8, Q4 and Q4 KIVI sections in the layout
+ * of core/quant/quant.h (recomputed here: the plugin cannot call the core's
+ * hidden symbols). Validation mirrors the CPU backend's entries; the shaders
+ * (shaders/quantize.comp, dequantize.comp) produce the CPU scalar
+ * reference's bytes and values exactly. */
+#include "vk_internal.h"
+#include "internal.h"
+
+#include <string.h>
+
+#define Q8_GROUP 32u
+#define Q4_GROUP 64u
+
+static kvm_vk *impl(kvmem_backend *be) { return be->impl; }
+
+static size_t pad4(size_t x) { return (x + 3) & ~(size_t)3; }
+
+/* Section layout (quant.h), in bytes. n <= 2^24 and dim <= 1024: no overflow. */
+typedef struct {
+    size_t codes_off, scales_off, biases_off, bytes, n_params;
+    uint32_t mode; /* 0 Q8, 1 Q4, 2 KIVI keys */
+    uint32_t G, group;
+} qlayout;
+
+static qlayout layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
+    qlayout q;
+    memset(&q, 0, sizeof q);
+    size_t W = (dim + 7) / 8;
+    if (dt == KVMEM_Q8) {
+        q.group = Q8_GROUP;
+        q.G = (uint32_t)((dim + Q8_GROUP - 1) / Q8_GROUP);
+        q.n_params = n * q.G;
+        q.codes_off = pad4(q.n_params * 2);
+        q.bytes = pad4(q.codes_off + n * dim);
+    } else {
+        q.mode = dt == KVMEM_Q4_KIVI && which == 0 ? 2 : 1;
+        q.group = Q4_GROUP;
+        q.G = (uint32_t)((dim + Q4_GROUP - 1) / Q4_GROUP);
+        q.n_params = q.mode == 2 ? dim : n * q.G;
+        q.scales_off = n * W * 4;
+        q.biases_off = pad4(q.scales_off + q.n_params * 2);
+        q.bytes = pad4(q.biases_off + q.n_params * 2);
+    }
+    return q;
+}
+
+static int in_range(const kvmem_buffer *b, size_t off, size_t n) {
+    return b && off <= b->size && n <= b->size - off;
+}
+
+static kvmem_status check(kvm_vk *v, kvmem_dtype dt, int which, size_t n, size_t dim, const char *op) {
+    if (dt != KVMEM_Q8 && dt != KVMEM_Q4 && dt != KVMEM_Q4_KIVI)
+        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "%s: dtype %d is not Q8, Q4 or Q4_KIVI", op, (int)dt);
+    if (which != 0 && which != 1)
+        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "%s: which must be 0 (keys) or 1 (values)", op);
+    if (n == 0 || dim == 0 || dim > 1024 || n > ((size_t)1 << 24))
+        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "%s: %zu rows of %zu: need 1..2^24 rows of 1..1024", op, n,
+                           dim);
+    return KVMEM_OK;
+}
+
+static kvmem_status check_limit(kvm_vk *v, const char *op, const kvmem_buffer *const *bufs, int nb) {
+    for (int i = 0; i < nb; i++)
+        if (bufs[i]->cap > v->props.limits.maxStorageBufferRange)
+            return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                               "vulkan %s: a buffer of %llu bytes exceeds this device's storage buffer range (%u)",
+                               op, (unsigned long long)bufs[i]->cap, v->props.limits.maxStorageBufferRange);
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_vk_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src,
+                                size_t src_off, size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off) {
+    static const char op[] = "quantize";
+    kvm_vk *v = impl(be);
+    kvmem_status st = check(v, dt, which, n, dim, op);
+    if (st != KVMEM_OK) return st;
+    qlayout q = layout(dt, which, n, dim);
+    if (!in_range(src, src_off, n * dim * 4) || !in_range(dst, dst_off, q.bytes) || src_off % 4 || dst_off % 4)
+        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "quantize: ranges outside the buffers or misaligned");
+    if (src_off / 4 + n * dim > UINT32_MAX || dst_off / 4 + q.bytes / 4 > UINT32_MAX || n * dim > UINT32_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "quantize: %zu x %zu exceeds the shaders' 32-bit indices", n, dim);
+    size_t pw = (q.n_params + 1) / 2;
+    size_t n_code_words = q.mode == 0 ? (n * dim + 3) / 4 : n * ((dim + 7) / 8);
+    kvmem_buffer *tmp = NULL;
+    const kvmem_buffer *bufs[3] = {src, dst, NULL};
+    if ((st = check_limit(v, op, bufs, 2)) != KVMEM_OK) return st;
+    pthread_mutex_lock(&v->mu);
+    st = kvm_vk_buffer_create(v, (1 + 2 * pw) * 4, 1, &tmp);
+    if (st != KVMEM_OK) {
+        pthread_mutex_unlock(&v->mu);
+        return st;
+    }
+    bufs[2] = tmp;
+    uint32_t push[13] = {q.mode,
+                         0,
+                         (uint32_t)n,
+                         (uint32_t)dim,
+                         q.G,
+                         (uint32_t)q.n_params,
+                         (uint32_t)(src_off / 4),
+                         (uint32_t)(dst_off / 4),
+                         (uint32_t)(q.codes_off / 4),
+                         (uint32_t)n_code_words,
+                         (uint32_t)(q.mode == 0 ? 0 : q.scales_off / 4),
+                         (uint32_t)pw,
+                         q.group};
+    uint32_t flag = 0;
+    VkResult r = kvm_vk_begin(v);
+    if (r == VK_SUCCESS) {
+        v->vk.vkCmdFillBuffer(v->cmd, tmp->buf, 0, 4, 0);
+        kvm_vk_barrier(v);
+        r = kvm_vk_record_dispatch(v, KVM_VK_QUANTIZE, bufs, 3, push, sizeof push, pw);
+    }
+    if (r == VK_SUCCESS) {
+        push[1] = 1;
+        r = kvm_vk_record_dispatch(v, KVM_VK_QUANTIZE, bufs, 3, push, sizeof push,
+                                   n_code_words + (q.mode == 0 ? pw : 2 * pw));
+    }
+    if (r == VK_SUCCESS) r = kvm_vk_submit_wait(v, 1);
+    else v->vk.vkEndCommandBuffer(v->cmd);
+    if (r == VK_SUCCESS) st = kvm_vk_download(v, tmp, 0, &flag, 4);
+    else st = kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan quantize failed (%s)", kvm_vk_result_str(r));
+    kvm_vk_buffer_destroy(v, tmp);
+    pthread_mutex_unlock(&v->mu);
+    if (st == KVMEM_OK && flag)
+        /* the shader wrote nothing to dst (it checks the flag first) */
+        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "quantize: a value is not finite within +-65504");
+    return st;
+}
+
+kvmem_status kvm_vk_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src,
+                                  size_t src_off, size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst,
+                                  size_t dst_off) {
+    static const char op[] = "dequantize";
+    kvm_vk *v = impl(be);
+    kvmem_status st = check(v, dt, which, n, dim, op);
+    if (st != KVMEM_OK) return st;
+    qlayout q = layout(dt, which, n, dim);
+    if (row0 > n || cnt > n - row0 || !in_range(src, src_off, q.bytes) || !in_range(dst, dst_off, cnt * dim * 4) ||
+        src_off % 4 || dst_off % 4)
+        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "dequantize: ranges outside the buffers or misaligned");
+    if (cnt == 0) return KVMEM_OK;
+    if (src_off / 4 + q.bytes / 4 > UINT32_MAX || dst_off / 4 + cnt * dim > UINT32_MAX || n * dim > UINT32_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dequantize: %zu x %zu exceeds the shaders' 32-bit indices", n,
+                           dim);
+    uint32_t push[12] = {q.mode,
+                         (uint32_t)n,
+                         (uint32_t)dim,
+                         q.G,
+                         q.group,
+                         (uint32_t)(src_off / 4),
+                         (uint32_t)(q.codes_off / 4),
+                         (uint32_t)(q.scales_off / 4),
+                         (uint32_t)(q.biases_off / 4),
+                         (uint32_t)row0,
+                         (uint32_t)cnt,
+                         (uint32_t)(dst_off / 4)};
+    const kvmem_buffer *bufs[2] = {src, dst};
+    return kvm_vk_run(v, op, KVM_VK_DEQUANTIZE, bufs, 2, push, sizeof push, (uint64_t)cnt * dim, NULL);
+}
