@@ -116,6 +116,7 @@ static size_t score_scratch_bytes(void) {
     unsigned long long x = e ? strtoull(e, &end, 10) : 0;
     return e && end && *end == 0 && x > 0 && x < DEV_SCORE_SCRATCH_BYTES ? (size_t)x : DEV_SCORE_SCRATCH_BYTES;
 }
+
 /* Descriptor sets per submission (vk_device.c's pool) / dispatches per chunk. */
 #define DEV_SCORE_CHUNKS_PER_SUBMIT 5
 
