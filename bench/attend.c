@@ -26,6 +26,7 @@
  * small |o|).
  * Queries are u plus noise. Real-model KV comes with the tiny-engine issue. */
 #include "bench.h"
+#include "context.h" /* the backend's device timer (get_proc_address) */
 #include "kvmem.h"
 
 #include <math.h>
@@ -37,6 +38,8 @@
 #define HKV 8
 #define HD 128
 #define KVM_BENCH_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+static const char *g_backend = "cpu"; /* the context's backend, named in every line */
 
 typedef struct attend_case {
     kvmem_context *ctx;
@@ -303,6 +306,10 @@ static void print_row(const kvm_bench_opts *o, const char *kind, const char *ord
     if (o->json) {
         kvm_json_begin(o->out, "attend");
         kvm_json_str(o->out, "kind", kind);
+        kvm_json_str(o->out, "backend", g_backend);
+        if (strcmp(g_backend, "cpu") != 0) /* see kvmem_attend's device eligibility */
+            kvm_json_str(o->out, "note", "tiles, rel_err and agreement come from compare=1 runs, which the CPU "
+                                         "runs; speedup is host CPU time of the device path, not device time");
         kvm_json_str(o->out, "order", order);
         kvm_json_int(o->out, "tokens", (long long)T);
         kvm_json_num(o->out, "tau_s", p->tau_s);
@@ -320,6 +327,28 @@ static void print_row(const kvm_bench_opts *o, const char *kind, const char *ord
                 kind, order, (long long)T, (double)p->tau_s, (double)p->tau_d, p->patience, r->visited_frac, r->speedup,
                 r->rel_err, r->agreement);
     }
+}
+
+/* Median device time (ms) of the last op of each of reps runs on a device
+ * backend with timestamps (the dev_attend dispatch: kvmem_attend's last
+ * timed op); -1 on the CPU or without timestamps. */
+static double device_ms(attend_case *c, const kvmem_attend_params *p, int reps) {
+    kvmem_backend *be = c->ctx->backend;
+    if (be == c->ctx->cpu || !be->iface->get_proc_address) return -1;
+    void *fp = be->iface->get_proc_address(be, KVM_PROC_LAST_OP_SECONDS);
+    if (!fp) return -1;
+    kvm_last_op_seconds_fn dev;
+    memcpy(&dev, &fp, sizeof dev);
+    double d[32];
+    if (reps > 32) reps = 32;
+    c->params = *p;
+    c->qi = 0;
+    for (int i = 0; i < reps; i++) {
+        timed(c);
+        d[i] = dev(be);
+        if (d[i] < 0) return -1;
+    }
+    return kvm_median(d, reps) * 1e3;
 }
 
 static kvmem_attend_params plain_params(void) {
@@ -346,9 +375,16 @@ static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
     const double t1 = time_params(&c, &plain, 0, reps);
     c.ctx = ctx;
     const int nt = kvmem_context_n_threads(ctx);
+    const double dms = device_ms(&c, &plain, reps);
     if (o->json) {
         kvm_json_begin(o->out, "attend");
         kvm_json_str(o->out, "kind", "plain");
+        kvm_json_str(o->out, "backend", g_backend);
+        if (dms >= 0) kvm_json_num(o->out, "device_ms", dms); /* the kernel alone, from GPU timestamps */
+        if (ctx->backend != ctx->cpu) /* the device path packs and uploads K/V on every call */
+            kvm_json_str(o->out, "note", ctx->backend->cpu_device ? "device is a CPU (lavapipe): no performance claim; "
+                                                                    "ms includes the K/V upload of every call"
+                                                                  : "ms includes the K/V upload of every call");
         kvm_json_int(o->out, "tokens", (long long)T);
         kvm_json_int(o->out, "n_q_heads", HQ);
         kvm_json_int(o->out, "n_kv_heads", HKV);
@@ -384,6 +420,7 @@ static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
         if (o->json) {
             kvm_json_begin(o->out, "attend");
             kvm_json_str(o->out, "kind", "detector");
+            kvm_json_str(o->out, "backend", g_backend);
             kvm_json_int(o->out, "tokens", (long long)T);
             kvm_json_num(o->out, "cpu_ms_plain", tcp);
             kvm_json_num(o->out, "cpu_ms_detector", tcd);
@@ -463,6 +500,7 @@ static int run_attend(const kvm_bench_opts *o) {
         kvmem_context_free(ctx);
         return 1;
     }
+    g_backend = kvmem_context_backend(ctx);
     double rd = kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20));
     int rc = 0;
     static const int64_t sizes_full[] = {16384, 32768}, sizes_quick[] = {2048};

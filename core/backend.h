@@ -205,7 +205,12 @@ typedef struct kvm_dev_gather_args {
  * tau_d = 0: never stops. q f32 [n_q_heads][head_dim]; out f32
  * [n_q_heads][head_dim] (zeros for a head that saw no live position);
  * visited int32 [n_kv_heads] = tiles with a live position the stream read.
- * scale > 0 is resolved by the core. kvm_attend_cpu is the reference. */
+ * scale > 0 is resolved by the core. kvm_attend_cpu is the reference.
+ * Contents only device memory holds: the CPU reference refuses a live slot
+ * >= n_slots and tile ids outside [0, ceil(n_pos / tile)) or repeated
+ * (KVMEM_ERR_INVALID_ARG); a device skips such slots like dead ones and such
+ * tile ids (never a stray read). A shape beyond a device kernel's limits:
+ * KVMEM_ERR_UNSUPPORTED with a message (kvmem_attend then runs the CPU). */
 typedef struct kvm_dev_attend_args {
     const kvmem_buffer *q, *k, *v, *slot_map, *order;
     kvmem_buffer *out, *visited;

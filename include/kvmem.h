@@ -941,6 +941,10 @@ typedef struct kvmem_attend_stats {
  * when there are fewer KV heads than threads); an AGENT source follows the
  * usual rule, one thread at a time per agent. Calls on distinct contexts or
  * with distinct outputs may run concurrently.
+ * Device backends ("vulkan", "cuda"): one-row calls on TENSORS or SLOTMAP
+ * sources with no mask, the STRIDED probe and compare 0 run on the device
+ * (K/V uploaded for the call); everything else, and shapes the device
+ * kernel does not support, runs on the CPU. Stats mean the same either way.
  * Errors: KVMEM_ERR_INVALID_ARG (NULL, shapes, dtypes, non-finite q, bad
  * order list, slot id outside [0, n_slots), bad params), KVMEM_ERR_CLOSED
  * (closed agent), KVMEM_ERR_NOMEM. Nothing is written on failure. */

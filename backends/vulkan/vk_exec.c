@@ -27,6 +27,8 @@ static const struct {
     [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 10 * 4},
 
     /* -- attention -- */
+    [KVM_VK_ATTEND] = {"attend", 7, 21 * 4},
+    [KVM_VK_ATTEND_SG] = {"attend_sg", 7, 21 * 4},
 
 };
 

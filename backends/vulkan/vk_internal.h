@@ -31,6 +31,8 @@ typedef enum kvm_vk_kernel {
     KVM_VK_QMEM_SCORE_SG,
 
     /* -- attention (dev_attend) -- */
+    KVM_VK_ATTEND,
+    KVM_VK_ATTEND_SG, /* the probe reduced with subgroup operations */
 
     KVM_VK_N_KERNELS
 } kvm_vk_kernel;
@@ -143,6 +145,7 @@ kvmem_status kvm_vk_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, con
 kvmem_status kvm_vk_dev_qmem_score(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
 
 /* -- attention (vk_attend.c) -- */
+kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const struct kvm_dev_attend_args *a);
 
 /* Free pipelines. */
 void kvm_vk_pipelines_destroy(kvm_vk *v);

@@ -209,6 +209,7 @@ static const kvmem_backend_iface vk_iface = {
     /* -- eviction -- */
     .dev_qmem_score = kvm_vk_dev_qmem_score,
     /* -- attention -- */
+    .dev_attend = kvm_vk_dev_attend,
 
     /* -- persistence -- */
     .quantize = kvm_vk_quantize,

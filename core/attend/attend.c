@@ -2,6 +2,7 @@
  * visiting order and per-row visibility (the plan), runs the backend's
  * `attend` op and writes the output only when everything succeeded. */
 #include "attend.h"
+#include "../context.h"
 #include "../tensor.h"
 
 #include <math.h>
@@ -230,6 +231,163 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     return KVMEM_OK;
 }
 
+/* ---- the device path: dev_attend on the context's backend ---- */
+
+/* Plans the buffer-level kernel covers: one row of a TENSORS or SLOTMAP
+ * source, no mask, the STRIDED probe, no ORACLE comparison. */
+static int device_eligible(const kvm_attend_plan *pl) {
+    return (pl->kind == KVMEM_ATTEND_SRC_TENSORS || pl->kind == KVMEM_ATTEND_SRC_SLOTMAP) && pl->n_rows == 1 &&
+           !pl->mask && pl->probe == KVMEM_ATTEND_PROBE_STRIDED && !pl->compare && pl->row_lo[0] == 0 &&
+           pl->row_hi[0] == pl->T;
+}
+
+/* t ([n][n_kv_heads][head_dim], any strides, F32/F16/BF16) as contiguous
+ * rows of dtype dt (F32, or F16 when t is F16). */
+static void pack_kv(const kvmem_tensor *t, kvmem_dtype dt, void *dst) {
+    const size_t H = (size_t)t->shape[1], D = (size_t)t->shape[2];
+    const size_t es = kvm_dtype_size(t->dtype);
+    for (int64_t i = 0; i < t->shape[0]; i++)
+        for (size_t h = 0; h < H; h++) {
+            const int64_t off = i * t->strides[0] + (int64_t)h * t->strides[1];
+            const size_t at = ((size_t)i * H + h) * D;
+            if (dt == KVMEM_F32) {
+                kvm_tensor_read_f32(t, off, (float *)dst + at, D);
+            } else { /* F16 to F16: the bits, element by element when strided */
+                const unsigned char *src = (const unsigned char *)t->data + (size_t)off * es;
+                uint16_t *o = (uint16_t *)dst + at;
+                for (size_t d = 0; d < D; d++) memcpy(o + d, src + (size_t)(t->strides[2] * (int64_t)d) * es, 2);
+            }
+        }
+}
+
+static int is_contiguous(const kvmem_tensor *t) {
+    return t->strides[2] == 1 && t->strides[1] == t->shape[2] && t->strides[0] == t->shape[1] * t->shape[2];
+}
+
+/* Upload, run dev_attend, download into pl->out and fill *s from the
+ * per-stream tile counts. KVMEM_ERR_UNSUPPORTED: the backend cannot run
+ * this shape (the caller then runs the plan on the CPU). */
+static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s) {
+    const char *fn = "kvmem_attend";
+    const kvmem_backend_iface *bi = be->iface;
+    const kvmem_tensor *k = pl->k, *v = pl->v;
+    const kvmem_dtype dt = k->dtype == KVMEM_F16 && v->dtype == KVMEM_F16 ? KVMEM_F16 : KVMEM_F32;
+    const int64_t n_slots = k->shape[0], T = pl->T;
+    const int32_t H = pl->n_kv_heads, D = pl->head_dim, Hq = pl->n_q_heads;
+    size_t kv_bytes;
+    if (!kvm_mul_size((size_t)n_slots, (size_t)H, &kv_bytes) ||
+        !kvm_mul_size(kv_bytes, (size_t)D * kvm_dtype_size(dt), &kv_bytes) || T > INT32_MAX)
+        return KVMEM_ERR_UNSUPPORTED;
+    const size_t q_bytes = (size_t)Hq * (size_t)D * 4;
+    kvmem_buffer *bq = NULL, *bk = NULL, *bv = NULL, *bs = NULL, *bo = NULL, *bout = NULL, *bvis = NULL;
+    int32_t *slots = malloc(((size_t)T + 1) * sizeof *slots);
+    int32_t *visited = malloc((size_t)H * sizeof *visited);
+    void *pack = NULL;
+    kvmem_status st = KVMEM_OK;
+    if (!slots || !visited) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        goto done;
+    }
+    for (int64_t j = 0; j < T; j++) /* TENSORS: the identity map; dead slots as -1 */
+        slots[j] = !pl->slots ? (int32_t)j : pl->slots[j] == pl->dead_slot ? -1 : pl->slots[j];
+    /* buffers of at least 4 bytes: empty ones are legal but pointless to bind */
+#define KVM_ALLOC(b, n) \
+    if (st == KVMEM_OK) st = bi->buffer_alloc(be, KVM_MAX((size_t)(n), (size_t)4), &(b))
+    KVM_ALLOC(bq, q_bytes);
+    KVM_ALLOC(bk, kv_bytes);
+    KVM_ALLOC(bv, kv_bytes);
+    KVM_ALLOC(bs, (size_t)T * 4);
+    KVM_ALLOC(bo, (size_t)pl->n_order * 4);
+    KVM_ALLOC(bout, q_bytes);
+    KVM_ALLOC(bvis, (size_t)H * 4);
+#undef KVM_ALLOC
+    if (st != KVMEM_OK) goto done;
+    if ((st = bi->buffer_upload(be, bq, 0, pl->q, q_bytes)) != KVMEM_OK) goto done;
+    if ((st = bi->buffer_upload(be, bs, 0, slots, (size_t)T * 4)) != KVMEM_OK) goto done;
+    if ((st = bi->buffer_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4)) != KVMEM_OK) goto done;
+    const kvmem_tensor *kv[2] = {k, v};
+    kvmem_buffer *bkv[2] = {bk, bv};
+    for (int x = 0; x < 2; x++) {
+        const void *src = kv[x]->data;
+        if (kv[x]->dtype != dt || !is_contiguous(kv[x])) {
+            if (!pack && !(pack = malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
+                st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory packing %zu bytes of K/V", fn, kv_bytes);
+                goto done;
+            }
+            pack_kv(kv[x], dt, pack);
+            src = pack;
+        }
+        if ((st = bi->buffer_upload(be, bkv[x], 0, src, kv_bytes)) != KVMEM_OK) goto done;
+    }
+    kvm_dev_attend_args a;
+    memset(&a, 0, sizeof a);
+    a.q = bq;
+    a.k = bk;
+    a.v = bv;
+    a.slot_map = bs;
+    a.order = bo;
+    a.out = bout;
+    a.visited = bvis;
+    a.n_slots = n_slots;
+    a.n_pos = T;
+    a.n_q_heads = Hq;
+    a.n_kv_heads = H;
+    a.head_dim = D;
+    a.tile = (int32_t)(pl->n_tiles > 0 ? pl->tile_start[1] - pl->tile_start[0] : 1);
+    a.n_visit = pl->n_order;
+    a.dtype = dt;
+    a.scale = pl->scale;
+    a.tau_s = pl->tau_s;
+    a.tau_d = pl->tau_d;
+    a.patience = pl->patience;
+    if ((st = bi->dev_attend(be, &a)) != KVMEM_OK) goto done;
+    if ((st = bi->buffer_download(be, bout, 0, pl->out, q_bytes)) != KVMEM_OK) goto done;
+    if ((st = bi->buffer_download(be, bvis, 0, visited, (size_t)H * 4)) != KVMEM_OK) goto done;
+    /* stats: stream g read the first visited[g] tiles with a live position
+     * of the order, all of their live positions */
+    memset(s, 0, sizeof *s);
+    int64_t n_live_tiles = 0;
+    for (int32_t i = 0; i < pl->n_order; i++) {
+        const int32_t t = pl->order[i];
+        const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
+        n_live_tiles += (pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0) > 0;
+    }
+    for (int32_t g = 0; g < H; g++) {
+        if (visited[g] < 0 || visited[g] > n_live_tiles) {
+            st = kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d of %lld", fn, bi->name,
+                          visited[g], g, (long long)n_live_tiles);
+            goto done;
+        }
+        int32_t seen = 0;
+        for (int32_t i = 0; i < pl->n_order && seen < visited[g]; i++) {
+            const int32_t t = pl->order[i];
+            const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
+            const int64_t n = pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0;
+            if (n == 0) continue;
+            seen++;
+            s->positions_read += n;
+        }
+        s->tiles_visited += visited[g];
+        s->streams_stopped += visited[g] < n_live_tiles;
+    }
+    s->n_streams = H;
+    s->tiles_total = (int64_t)H * n_live_tiles;
+    s->stopped_early = s->streams_stopped > 0;
+    if (pl->stream_visited) memcpy(pl->stream_visited, visited, (size_t)H * sizeof *visited);
+done:
+    if (bq) bi->buffer_free(be, bq);
+    if (bk) bi->buffer_free(be, bk);
+    if (bv) bi->buffer_free(be, bv);
+    if (bs) bi->buffer_free(be, bs);
+    if (bo) bi->buffer_free(be, bo);
+    if (bout) bi->buffer_free(be, bout);
+    if (bvis) bi->buffer_free(be, bvis);
+    free(slots);
+    free(visited);
+    free(pack);
+    return st;
+}
+
 kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
                           const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
     const char *fn = "kvmem_attend";
@@ -294,9 +452,18 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
         bufs_free(&b);
         return st;
     }
-    kvmem_backend *be = ctx->backend && ctx->backend->iface->attend ? ctx->backend : ctx->cpu;
     kvmem_attend_stats s;
-    if ((st = be->iface->attend(be, &pl, &s)) != KVMEM_OK) {
+    /* a device backend with the buffer-level kernel runs the plans it
+     * covers; the rest (and shapes it refuses as unsupported) run here */
+    kvmem_backend *dev = ctx->backend;
+    st = KVMEM_ERR_UNSUPPORTED;
+    if (dev && dev != ctx->cpu && dev->iface->dev_attend && device_eligible(&pl))
+        st = attend_on_device(dev, &pl, &s);
+    if (st == KVMEM_ERR_UNSUPPORTED) {
+        kvmem_backend *be = dev && dev->iface->attend ? dev : ctx->cpu;
+        st = be->iface->attend(be, &pl, &s);
+    }
+    if (st != KVMEM_OK) {
         bufs_free(&b);
         return st;
     }

@@ -41,6 +41,10 @@ typedef struct kvm_attend_plan {
     int32_t patience;
     kvmem_attend_probe probe;
     int32_t compare;
+
+    /* (optional) [n_rows][n_kv_heads]: tiles each stream read before it
+     * stopped (its tiles_visited share); NULL when not wanted */
+    int32_t *stream_visited;
 } kvm_attend_plan;
 
 /* Run the plan on the CPU (the reference for every backend). Fills

@@ -445,6 +445,7 @@ static void attend_item(attend_job *j, size_t item) {
                 for (int32_t g = 0; g < G; g++) ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
                 write_stream(p, r0 + r, h, ag, l + (size_t)si * (size_t)G);
             }
+            if (p->stream_visited) p->stream_visited[(size_t)(r0 + r) * (size_t)p->n_kv_heads + (size_t)h] = pr->visited;
             const int32_t ov = same_rules ? pr->visited : compare ? orc->visited : 0;
             st->n_streams++;
             st->tiles_total += total[r];

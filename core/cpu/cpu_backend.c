@@ -4,6 +4,7 @@
 #include "../context.h"
 #include "../internal.h"
 #include "../attend/attend.h"
+#include "../attend/attend_dev.h"
 #include "half.h"
 #include "kernels.h"
 #include "../retrieve/score.h" /* retrieval ops */
@@ -207,6 +208,7 @@ static const kvmem_backend_iface cpu_iface = {
 
     /* -- attention -- */
     .attend = kvm_attend_cpu,
+    .dev_attend = kvm_attend_dev_cpu,
 
     /* -- persistence -- */
     .quantize = cpu_quantize,

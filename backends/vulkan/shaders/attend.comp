@@ -1,0 +1,223 @@
+#version 450
+// attend: one decode row of ART attention (core/backend.h, dev_attend; the
+// rule of include/kvmem.h, "ART attention"; kvm_attend_cpu is the reference).
+// One workgroup per stream = KV head g and its G query heads. Tiles are
+// visited in `order`; each tile runs in chunks of C = 128 / G positions:
+//   1. invocation (c, h) scores position c of the chunk for query head h
+//      (dead slots: -inf, their K and V are never read);
+//   2. per-head max and sum over the chunk (tree reductions in shared
+//      memory) update the running max m_h and denominator l_h (online
+//      softmax: older terms rescaled by exp(m_old - m_new));
+//   3. each invocation updates its share of the [G][head_dim] accumulator
+//      (element i = tid + 128 k, registers) with the chunk's V rows.
+// After a tile with a live position, the STRIDED probe (32 elements of the
+// normalised output, z_i = o[i s + s/2], s = N / 32; all N when N <= 32) is
+// reduced across the workgroup -- subgroupAdd in the _sg variant, a shared
+// memory tree otherwise -- and the stop rule runs:
+//   scale:     | |z| - |z_prev| | <= tau_s |z_prev|
+//   direction: 1 - cos(z, z_prev) = |z/|z| - z_prev/|z_prev||^2 / 2 <= tau_d
+// (the difference form keeps float precision where 1 - cos is tiny; the CPU
+// computes 1 - dot/(|z||z'|) in double: the same quantity). The stream stops
+// after `patience` passing tiles in a row (never when stop_enabled is 0).
+// Limits (checked by the host): G <= 128, G * head_dim <= 4096 (ACC_PER
+// accumulator registers per invocation), 32-bit element indices.
+#extension GL_GOOGLE_include_directive : require
+#ifdef KVM_SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+#include "common.glsl"
+
+#define ACC_PER 32
+#define PROBE 32
+
+layout(local_size_x = KVM_WG) in;
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer K { uint kw[]; };
+layout(std430, binding = 2) readonly buffer V { uint vw[]; };
+layout(std430, binding = 3) readonly buffer S { int slot_map[]; };
+layout(std430, binding = 4) readonly buffer Ord { int order_[]; };
+layout(std430, binding = 5) writeonly buffer Out { float o[]; };
+layout(std430, binding = 6) writeonly buffer Vis { int visited[]; };
+layout(push_constant) uniform P {
+    uint n_slots, n_pos, n_kv, G, D, tile, n_visit, n_tiles;
+    uint f16; // K and V are f16 (halves of 32-bit words), else f32
+    float scale, tau_s, tau_d;
+    uint patience, stop_enabled;
+    // element offsets (K and V: in elements of their dtype)
+    uint q_off, k_off, v_off, s_off, ord_off, out_off, vis_off;
+} p;
+
+shared float ss[KVM_WG];  // chunk scores, then probabilities, [c][h]
+shared float red[KVM_WG]; // reductions
+shared int sslot[KVM_WG]; // slot of each chunk position, -1 when dead
+shared float sm[KVM_WG], sl[KVM_WG], scorr[KVM_WG]; // per query head: max, denominator, rescale
+shared float sz[PROBE], sprev[PROBE];
+shared uint slive;
+
+float load_kv(bool is_k, uint e) {
+    uint w = is_k ? kw[p.f16 != 0u ? e >> 1 : e] : vw[p.f16 != 0u ? e >> 1 : e];
+    if (p.f16 == 0u) return uintBitsToFloat(w);
+    return uintBitsToFloat(kvm_f16_to_f32((w >> ((e & 1u) * 16u)) & 0xffffu));
+}
+
+// Sum of x over the workgroup; every invocation gets it. Uniform control flow only.
+float wg_sum(float x) {
+    uint tid = gl_LocalInvocationID.x;
+#ifdef KVM_SUBGROUP
+    float s = subgroupAdd(x);
+    if (subgroupElect()) red[gl_SubgroupID] = s;
+    barrier();
+    float t = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; i++) t += red[i];
+    barrier();
+    return t;
+#else
+    red[tid] = x;
+    barrier();
+    for (uint st = KVM_WG / 2; st > 0u; st >>= 1) {
+        if (tid < st) red[tid] += red[tid + st];
+        barrier();
+    }
+    float t = red[0];
+    barrier();
+    return t;
+#endif
+}
+
+uint pow2_ceil(uint x) {
+    uint r = 1u;
+    while (r < x) r <<= 1;
+    return r;
+}
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x, g = gl_WorkGroupID.x;
+    const uint G = p.G, D = p.D, N = G * D;
+    const uint C = KVM_WG / G;         // positions per chunk
+    const uint c = tid / G, h = tid - (tid / G) * G;
+    const bool act = tid < C * G;
+    const uint NP = N > PROBE ? PROBE : N, stride = N / PROBE;
+    const uint qbase = p.q_off + g * G * D;
+
+    float acc[ACC_PER];
+    for (uint k = 0u; k < ACC_PER; k++) acc[k] = 0.0;
+    if (tid < G) {
+        sm[tid] = uintBitsToFloat(0xff800000u); // -inf
+        sl[tid] = 0.0;
+    }
+    int vis = 0, streak = 0;
+    bool has_prev = false, stop = false;
+    float prev_norm = 0.0;
+    const float NEG_INF = uintBitsToFloat(0xff800000u);
+
+    for (uint oi = 0u; oi < p.n_visit && !stop; oi++) {
+        int t = order_[p.ord_off + oi];
+        if (t < 0 || uint(t) >= p.n_tiles) continue; // the device cannot refuse: skip
+        const uint t0 = uint(t) * p.tile, t1 = min(t0 + p.tile, p.n_pos);
+        barrier();
+        if (tid == 0u) slive = 0u;
+        barrier();
+        for (uint c0 = t0; c0 < t1; c0 += C) {
+            // 1. slots and scores
+            if (act && h == 0u) {
+                int s = -1;
+                uint pos = c0 + c;
+                if (pos < t1) {
+                    int x = slot_map[p.s_off + pos];
+                    if (x >= 0 && uint(x) < p.n_slots) s = x;
+                }
+                sslot[c] = s;
+                if (s >= 0) atomicOr(slive, 1u);
+            }
+            barrier();
+            float sc = NEG_INF;
+            if (act && sslot[c] >= 0) {
+                uint kb = p.k_off + (uint(sslot[c]) * p.n_kv + g) * D, qb = qbase + h * D;
+                float d = 0.0;
+                for (uint i = 0u; i < D; i++) d += q[qb + i] * load_kv(true, kb + i);
+                sc = p.scale * d;
+            }
+            red[tid] = sc;
+            barrier();
+            // 2. per-head max over the chunk's positions: red[h] (c = 0)
+            for (uint st = pow2_ceil(C) / 2u; st > 0u; st >>= 1) {
+                if (act && c < st && c + st < C) red[tid] = max(red[tid], red[tid + st * G]);
+                barrier();
+            }
+            if (tid < G) {
+                float mo = sm[tid], mn = max(mo, red[tid]);
+                scorr[tid] = mo == NEG_INF ? 0.0 : exp(mo - mn);
+                sm[tid] = mn;
+            }
+            barrier();
+            float pr = (act && sc != NEG_INF) ? exp(sc - sm[h]) : 0.0;
+            ss[tid] = pr;
+            red[tid] = pr;
+            barrier();
+            for (uint st = pow2_ceil(C) / 2u; st > 0u; st >>= 1) {
+                if (act && c < st && c + st < C) red[tid] += red[tid + st * G];
+                barrier();
+            }
+            if (tid < G) sl[tid] = sl[tid] * scorr[tid] + red[tid];
+            // 3. the accumulator: acc = corr * acc + sum_c p_c v_c
+            for (uint k = 0u; k < ACC_PER; k++) {
+                uint i = tid + k * KVM_WG;
+                if (i < N) {
+                    uint hq = i / D, d = i - hq * D;
+                    float a = acc[k] * scorr[hq];
+                    for (uint cc = 0u; cc < C; cc++) {
+                        int s = sslot[cc];
+                        if (s >= 0) a += ss[cc * G + hq] * load_kv(false, p.v_off + (uint(s) * p.n_kv + g) * D + d);
+                    }
+                    acc[k] = a;
+                }
+            }
+            barrier();
+        }
+        if (slive == 0u) continue; // uniform: read after the chunk loop's barrier
+        vis++;
+        // the probe of the normalised output
+        for (uint i = 0u; i < NP; i++) {
+            uint f = N > PROBE ? i * stride + stride / 2u : i;
+            if (f % KVM_WG == tid) {
+                uint kk = f / KVM_WG;
+                float a = 0.0;
+                for (uint k = 0u; k < ACC_PER; k++)
+                    if (k == kk) a = acc[k];
+                float l = sl[f / D];
+                sz[i] = l > 0.0 ? a / l : 0.0;
+            }
+        }
+        barrier();
+        float zi = tid < NP ? sz[tid] : 0.0;
+        float nz = sqrt(wg_sum(zi * zi));
+        bool fire = false;
+        if (has_prev) {
+            bool ok;
+            if (prev_norm == 0.0 || nz == 0.0) {
+                ok = prev_norm == 0.0 && nz == 0.0;
+            } else {
+                float e = tid < NP ? zi / nz - sprev[tid] / prev_norm : 0.0;
+                float d2 = wg_sum(e * e);
+                ok = abs(nz - prev_norm) <= p.tau_s * prev_norm && 0.5 * d2 <= p.tau_d;
+            }
+            streak = ok ? streak + 1 : 0;
+            fire = p.stop_enabled != 0u && uint(streak) >= p.patience;
+        }
+        barrier();
+        if (tid < NP) sprev[tid] = zi;
+        prev_norm = nz;
+        has_prev = true;
+        stop = fire;
+    }
+    barrier();
+    for (uint k = 0u; k < ACC_PER; k++) {
+        uint i = tid + k * KVM_WG;
+        if (i < N) {
+            float l = sl[i / D];
+            o[p.out_off + g * N + i] = l > 0.0 ? acc[k] * (1.0 / l) : 0.0;
+        }
+    }
+    if (tid == 0u) visited[p.vis_off + g] = vis;
+}

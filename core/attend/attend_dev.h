@@ -1,0 +1,85 @@
+/* dev_attend (core/backend.h): the argument checks every backend applies
+ * (header-only, so plugins, which cannot link the core's hidden symbols,
+ * share them) and the CPU backend's reference entry. */
+#ifndef KVMEM_ATTEND_DEV_H
+#define KVMEM_ATTEND_DEV_H
+
+#include "../backend.h"
+#include "../internal.h"
+
+#include <math.h>
+#include <stdio.h>
+
+/* Byte sizes of the seven buffers, in this order (0 for a NULL one). */
+enum { KVM_DA_Q, KVM_DA_K, KVM_DA_V, KVM_DA_SLOTS, KVM_DA_ORDER, KVM_DA_OUT, KVM_DA_VISITED, KVM_DA_N };
+
+/* 1 when a's shapes, parameters and ranges are valid for buffers of the
+ * given sizes; else 0 with a message (without the op's name) in msg. The
+ * contents of slot_map and order are not checked here (device memory). */
+static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_t size[KVM_DA_N], char *msg,
+                                       size_t msg_size) {
+    if (!a->q || !a->k || !a->v || !a->out || !a->visited || (a->n_pos > 0 && !a->slot_map) ||
+        (a->n_visit > 0 && !a->order)) {
+        snprintf(msg, msg_size, "a buffer is NULL (q, k, v, out, visited; slot_map when n_pos > 0, order when n_visit > 0)");
+        return 0;
+    }
+    if (a->n_kv_heads < 1 || a->n_q_heads < a->n_kv_heads || a->n_q_heads % a->n_kv_heads != 0 || a->head_dim < 1 ||
+        a->head_dim > 1024) {
+        snprintf(msg, msg_size, "n_q_heads %d must be a multiple of n_kv_heads %d >= 1, head_dim %d in [1, 1024]",
+                 a->n_q_heads, a->n_kv_heads, a->head_dim);
+        return 0;
+    }
+    if (a->n_slots < 0 || a->n_pos < 0 || a->n_pos > INT32_MAX || a->tile < 1 || a->n_visit < 0) {
+        snprintf(msg, msg_size, "n_slots %lld, n_pos %lld must be >= 0 (n_pos < 2^31), tile %d >= 1, n_visit %d >= 0",
+                 (long long)a->n_slots, (long long)a->n_pos, a->tile, a->n_visit);
+        return 0;
+    }
+    const int64_t n_tiles = (a->n_pos + a->tile - 1) / a->tile;
+    if (a->n_visit > n_tiles) {
+        snprintf(msg, msg_size, "n_visit %d exceeds the %lld tiles", a->n_visit, (long long)n_tiles);
+        return 0;
+    }
+    if (a->dtype != KVMEM_F32 && a->dtype != KVMEM_F16) {
+        snprintf(msg, msg_size, "k and v dtype %d must be F32 or F16", (int)a->dtype);
+        return 0;
+    }
+    if (!(a->scale > 0.0f) || !isfinite(a->scale) || !(a->tau_s >= 0.0f) || !isfinite(a->tau_s) ||
+        !(a->tau_d >= 0.0f) || !isfinite(a->tau_d) || a->patience < 1) {
+        snprintf(msg, msg_size, "scale %g must be > 0, tau_s %g and tau_d %g >= 0 (finite), patience %d >= 1",
+                 (double)a->scale, (double)a->tau_s, (double)a->tau_d, a->patience);
+        return 0;
+    }
+    if ((a->q_off | a->k_off | a->v_off | a->slot_map_off | a->order_off | a->out_off | a->visited_off) % 4) {
+        snprintf(msg, msg_size, "offsets must be multiples of 4 bytes");
+        return 0;
+    }
+    const size_t es = a->dtype == KVMEM_F32 ? 4 : 2;
+    size_t row, kv, need[KVM_DA_N];
+    const size_t off[KVM_DA_N] = {a->q_off, a->k_off, a->v_off, a->slot_map_off, a->order_off, a->out_off, a->visited_off};
+    int ok = kvm_mul_size((size_t)a->n_q_heads, (size_t)a->head_dim, &row) && kvm_mul_size(row, 4, &need[KVM_DA_Q]) &&
+             kvm_mul_size((size_t)a->n_slots, (size_t)a->n_kv_heads, &kv) && kvm_mul_size(kv, (size_t)a->head_dim, &kv) &&
+             kvm_mul_size(kv, es, &need[KVM_DA_K]);
+    need[KVM_DA_V] = ok ? need[KVM_DA_K] : 0;
+    need[KVM_DA_SLOTS] = (size_t)a->n_pos * 4;
+    need[KVM_DA_ORDER] = (size_t)a->n_visit * 4;
+    need[KVM_DA_OUT] = ok ? need[KVM_DA_Q] : 0;
+    need[KVM_DA_VISITED] = (size_t)a->n_kv_heads * 4;
+    for (int i = 0; ok && i < KVM_DA_N; i++)
+        ok = need[i] == 0 || (off[i] <= size[i] && need[i] <= size[i] - off[i]);
+    if (!ok) {
+        snprintf(msg, msg_size, "ranges outside the buffers (%lld slots x %d KV heads x %d, %lld positions, %d tiles)",
+                 (long long)a->n_slots, a->n_kv_heads, a->head_dim, (long long)a->n_pos, a->n_visit);
+        return 0;
+    }
+    return 1;
+}
+
+/* The CPU backend's entry: runs kvm_attend_cpu on a plan built from the
+ * host buffers. Also rejects what a device cannot check: a live slot
+ * >= n_slots, tile ids outside [0, n_tiles) or repeated. */
+kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a);
+
+/* The CPU backend's buffers (cpu_backend.c): host address and byte size. */
+void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
+
+#endif

@@ -1,0 +1,617 @@
+/* Backend conformance of dev_attend (core/backend.h): one decode row of ART
+ * attention on a slot-mapped K/V, run on the backend under test and on the
+ * CPU backend's entry (kvm_attend_cpu on a one-row SLOTMAP plan), both
+ * checked against a double-precision reference written here (scores, a
+ * softmax over the live positions of the visited tiles, and the stop rule of
+ * include/kvmem.h replayed in double).
+ *
+ * Tolerances (per query head; n = live positions read, D = head_dim,
+ * u = 2^-24, A = scale * max over read rows of sum_d |q_d k_d|, Vm = the
+ * largest |v| read):
+ *   logits: |s - s_ref| <= e_s = 2 D u A (dot product of D terms, f32)
+ *   weights: relative error <= e_w = 2 e_s + (3 + 4 A) 2u (exp within
+ *            3 + 2|x| ulp, as Vulkan's precision rules allow; |x| <= 2A)
+ *   output:  |o - o_ref| <= (2 e_w + 2 (n + 8) u) Vm (numerator and
+ *            denominator, f32 accumulation of n terms)
+ * Shapes: G 1/2/3/4/8/32, head_dim 1/16/32/33/64/80/128/256, tiles of 1 to
+ * 500 positions with a partial last tile, dead slots (negative ids), orders
+ * (sink then newest first, shuffled, a shuffled half), F32 and F16 K/V,
+ * byte offsets on every buffer.
+ * the same bound against the CPU entry (both are within it of the double
+ * result: the bound is doubled). F16 K/V: both sides read the same f16
+ * values exactly, so the bound is the same.
+ *
+ * Visited tiles: equal to the double-precision replay of the rule, for the
+ * CPU entry and the backend, for every stream whose verdicts (up to where
+ * the replay stops) are clear: each metric at least 2% of its threshold
+ * (plus 1e-5 |z_prev| for scale, 1e-7 for direction) away from it, or the
+ * other metric clearly failing. f32 evaluation of the metrics errs by about
+ * 1e-6 relative, far inside that margin; a stream within it could flip on
+ * rounding, so only its output is checked (against attention over exactly
+ * the tiles it reports). Tests with the rule active assert that most
+ * streams are clear and that some of them stop early, so the comparison is
+ * never vacuous. tau_s = tau_d = 0: every live tile is visited, exactly.
+ *
+ * Device-only contract (a device cannot read its memory to refuse): slot
+ * ids >= n_slots are skipped like dead slots and tile ids outside
+ * [0, n_tiles) are skipped; the CPU reference rejects both.
+ *
+ * Harness: conformance.h. */
+#include "conformance.h"
+#include "cpu/half.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct acase {
+    int32_t H, G, D, tile, n_visit, patience;
+    int64_t n_pos, n_slots;
+    kvmem_dtype dt;
+    float scale, tau_s, tau_d;
+    float *q;          /* [H*G][D] */
+    float *k, *v;      /* [n_slots][H][D] as read (f16-rounded when dt is F16) */
+    uint16_t *kh, *vh; /* F16 bits */
+    int32_t *slots;    /* n_pos */
+    int32_t *order;    /* n_visit */
+    size_t off;        /* byte offset used for every buffer */
+} acase;
+
+static void case_free(acase *c) {
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->kh);
+    free(c->vh);
+    free(c->slots);
+    free(c->order);
+    memset(c, 0, sizeof *c);
+}
+
+/* order kinds */
+enum { ORD_RECENT, ORD_SHUFFLE, ORD_SUBSET };
+
+/* A random case: ~dead_pct% of positions dead (-1 or another negative id),
+ * live positions mapped to distinct random slots of a larger slot space. */
+static void case_make(acase *c, uint64_t seed, int32_t H, int32_t G, int32_t D, int64_t n_pos, int32_t tile,
+                      kvmem_dtype dt, int dead_pct, int ord) {
+    memset(c, 0, sizeof *c);
+    uint64_t rng = seed;
+    c->H = H, c->G = G, c->D = D, c->n_pos = n_pos, c->tile = tile, c->dt = dt;
+    c->n_slots = n_pos + n_pos / 3 + 1;
+    c->scale = 1.0f / sqrtf((float)D);
+    c->patience = 1;
+    c->off = 8;
+    const size_t nq = (size_t)H * G * D, nkv = (size_t)c->n_slots * H * D;
+    c->q = malloc(nq * sizeof(float));
+    c->k = malloc(nkv * sizeof(float));
+    c->v = malloc(nkv * sizeof(float));
+    c->kh = malloc(nkv * 2);
+    c->vh = malloc(nkv * 2);
+    c->slots = malloc(((size_t)n_pos + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < nq; i++) c->q[i] = 1.5f * tu_normal(&rng);
+    for (size_t i = 0; i < nkv; i++) {
+        float a = tu_normal(&rng), b = tu_normal(&rng);
+        c->kh[i] = kvm_f32_to_f16(a);
+        c->vh[i] = kvm_f32_to_f16(b);
+        c->k[i] = dt == KVMEM_F16 ? kvm_f16_to_f32(c->kh[i]) : a;
+        c->v[i] = dt == KVMEM_F16 ? kvm_f16_to_f32(c->vh[i]) : b;
+    }
+    /* a random injection of positions into slots: a shuffled slot list */
+    int32_t *perm = malloc((size_t)c->n_slots * sizeof(int32_t));
+    for (int64_t i = 0; i < c->n_slots; i++) perm[i] = (int32_t)i;
+    for (int64_t i = c->n_slots - 1; i > 0; i--) {
+        int64_t j = (int64_t)(tu_next(&rng) % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t j = 0; j < n_pos; j++) {
+        int dead = (int)(tu_next(&rng) % 100) < dead_pct;
+        c->slots[j] = dead ? ((j & 1) ? -1 : -7) : perm[j];
+    }
+    free(perm);
+    const int32_t n_tiles = (int32_t)((n_pos + tile - 1) / tile);
+    c->order = malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
+    int32_t n = 0;
+    if (ord == ORD_RECENT) { /* the sink tile, then newest to oldest */
+        if (n_tiles > 0) c->order[n++] = 0;
+        for (int32_t t = n_tiles - 1; t >= 1; t--) c->order[n++] = t;
+    } else {
+        for (int32_t t = 0; t < n_tiles; t++) c->order[n++] = t;
+        for (int32_t i = n - 1; i > 0; i--) {
+            int32_t j = (int32_t)(tu_next(&rng) % (uint64_t)(i + 1)), t = c->order[i];
+            c->order[i] = c->order[j];
+            c->order[j] = t;
+        }
+        if (ord == ORD_SUBSET) n = (n + 1) / 2;
+    }
+    c->n_visit = n;
+}
+
+static int is_live(const acase *c, int64_t j) { return c->slots[j] >= 0 && c->slots[j] < c->n_slots; }
+
+/* Live tiles of the order, in order. */
+static int32_t live_tiles(const acase *c, int32_t *out) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < c->n_visit; i++) {
+        const int32_t t = c->order[i];
+        int any = 0;
+        for (int64_t j = (int64_t)t * c->tile; j < KVM_MIN(((int64_t)t + 1) * c->tile, c->n_pos); j++) any |= is_live(c, j);
+        if (any) out[n++] = t;
+    }
+    return n;
+}
+
+/* The stream of KV head g in double: runs the rule over the live tiles in
+ * order (the rule decides when limit < 0, else exactly `limit` tiles),
+ * writes the output [G][D] and the tolerance per head, returns the tiles
+ * visited; *clear says whether every verdict was clear of the thresholds. */
+static int32_t ref_stream(const acase *c, int32_t g, int32_t limit, double *out, double *tol, int *clear) {
+    const int32_t G = c->G, D = c->D, N = G * D;
+    int32_t *lt = malloc(((size_t)c->n_visit + 1) * sizeof(int32_t));
+    const int32_t n_live = live_tiles(c, lt);
+    double *num = calloc((size_t)N, sizeof(double)), *den = calloc((size_t)G, sizeof(double));
+    double *mx = malloc((size_t)G * sizeof(double)), *z = malloc(32 * sizeof(double)), *zp = malloc(32 * sizeof(double));
+    double *amax = calloc((size_t)G, sizeof(double));
+    double vmax = 0;
+    int64_t n_read = 0;
+    /* the largest logit over all live positions: a fixed shift, exact in double */
+    for (int32_t h = 0; h < G; h++) mx[h] = -INFINITY;
+    for (int64_t j = 0; j < c->n_pos; j++) {
+        if (!is_live(c, j)) continue;
+        const float *kr = c->k + ((size_t)c->slots[j] * c->H + g) * D;
+        for (int32_t h = 0; h < G; h++) {
+            const float *qr = c->q + ((size_t)g * G + h) * D;
+            double s = 0;
+            for (int32_t d = 0; d < D; d++) s += (double)qr[d] * kr[d];
+            s *= c->scale;
+            mx[h] = fmax(mx[h], s);
+        }
+    }
+    const int32_t np = N > 32 ? 32 : N, stride = N / 32;
+    int has_prev = 0, streak = 0;
+    double prev_norm = 0;
+    int32_t visited = 0;
+    *clear = 1;
+    const int stop_enabled = c->tau_s > 0 || c->tau_d > 0;
+    for (int32_t i = 0; i < n_live; i++) {
+        if (limit >= 0 && visited == limit) break;
+        const int32_t t = lt[i];
+        for (int64_t j = (int64_t)t * c->tile; j < KVM_MIN(((int64_t)t + 1) * c->tile, c->n_pos); j++) {
+            if (!is_live(c, j)) continue;
+            n_read++;
+            const float *kr = c->k + ((size_t)c->slots[j] * c->H + g) * D;
+            const float *vr = c->v + ((size_t)c->slots[j] * c->H + g) * D;
+            for (int32_t d = 0; d < D; d++) vmax = fmax(vmax, fabs(vr[d]));
+            for (int32_t h = 0; h < G; h++) {
+                const float *qr = c->q + ((size_t)g * G + h) * D;
+                double s = 0, sa = 0;
+                for (int32_t d = 0; d < D; d++) {
+                    s += (double)qr[d] * kr[d];
+                    sa += fabs((double)qr[d] * kr[d]);
+                }
+                amax[h] = fmax(amax[h], sa * c->scale);
+                const double w = exp(s * c->scale - mx[h]);
+                den[h] += w;
+                for (int32_t d = 0; d < D; d++) num[h * D + d] += w * vr[d];
+            }
+        }
+        visited++;
+        /* the probe and the rule */
+        double nz = 0;
+        for (int32_t p = 0; p < np; p++) {
+            const int32_t f = N > 32 ? p * stride + stride / 2 : p;
+            z[p] = num[f] / den[f / D];
+            nz += z[p] * z[p];
+        }
+        nz = sqrt(nz);
+        int fire = 0;
+        if (has_prev) {
+            int ok;
+            if (prev_norm == 0 || nz == 0) {
+                ok = prev_norm == 0 && nz == 0;
+            } else {
+                double e2 = 0;
+                for (int32_t p = 0; p < np; p++) {
+                    const double e = z[p] / nz - zp[p] / prev_norm;
+                    e2 += e * e;
+                }
+                const double ms = fabs(nz - prev_norm), ts = (double)c->tau_s * prev_norm;
+                const double md = 0.5 * e2, td = c->tau_d;
+                const int s_ok = ms <= ts, d_ok = md <= td;
+                const int s_clear = fabs(ms - ts) > 0.02 * ts + 1e-5 * prev_norm;
+                const int d_clear = fabs(md - td) > 0.02 * td + 1e-7;
+                if (stop_enabled && limit < 0 && !((s_clear && d_clear) || (s_clear && !s_ok) || (d_clear && !d_ok)))
+                    *clear = 0;
+                ok = s_ok && d_ok;
+            }
+            streak = ok ? streak + 1 : 0;
+            fire = stop_enabled && streak >= c->patience;
+        }
+        memcpy(zp, z, 32 * sizeof(double));
+        prev_norm = nz;
+        has_prev = 1;
+        if (fire && limit < 0) break;
+    }
+    const double u = ldexp(1.0, -24);
+    for (int32_t h = 0; h < G; h++) {
+        for (int32_t d = 0; d < D; d++) out[h * D + d] = den[h] > 0 ? num[h * D + d] / den[h] : 0.0;
+        const double es = 2.0 * D * u * amax[h], ew = 2.0 * es + (3.0 + 4.0 * amax[h]) * 2.0 * u;
+        tol[h] = (2.0 * ew + 2.0 * ((double)n_read + 8.0) * u) * vmax + 1e-30;
+    }
+    free(lt);
+    free(num);
+    free(den);
+    free(mx);
+    free(z);
+    free(zp);
+    free(amax);
+    return visited;
+}
+
+/* Buffers of one case on one backend. */
+typedef struct abufs {
+    kvmem_buffer *q, *k, *v, *s, *o, *out, *vis;
+} abufs;
+
+static kvmem_buffer *bnew_at(kvmem_backend *be, const void *src, size_t n, size_t off) {
+    kvmem_buffer *b = balloc(be, off + n + 4);
+    unsigned char fill[64];
+    memset(fill, 0x5c, sizeof fill);
+    bput(be, b, 0, fill, off); /* bytes before the data: garbage to be skipped */
+    if (n) bput(be, b, off, src, n);
+    return b;
+}
+
+static void abufs_make(kvmem_backend *be, const acase *c, abufs *b) {
+    const size_t es = c->dt == KVMEM_F32 ? 4 : 2, nq = (size_t)c->H * c->G * c->D * 4;
+    const size_t nkv = (size_t)c->n_slots * c->H * c->D * es;
+    b->q = bnew_at(be, c->q, nq, c->off);
+    b->k = bnew_at(be, c->dt == KVMEM_F32 ? (const void *)c->k : (const void *)c->kh, nkv, c->off);
+    b->v = bnew_at(be, c->dt == KVMEM_F32 ? (const void *)c->v : (const void *)c->vh, nkv, c->off);
+    b->s = bnew_at(be, c->slots, (size_t)c->n_pos * 4, c->off);
+    b->o = bnew_at(be, c->order, (size_t)c->n_visit * 4, c->off);
+    float *sent = malloc(nq);
+    for (size_t i = 0; i < nq / 4; i++) sent[i] = 12345.0f;
+    b->out = bnew_at(be, sent, nq, c->off);
+    int32_t vs[1024];
+    for (int i = 0; i < 1024; i++) vs[i] = -99;
+    b->vis = bnew_at(be, vs, (size_t)c->H * 4, c->off);
+    free(sent);
+}
+
+static void abufs_free(kvmem_backend *be, abufs *b) {
+    kvmem_buffer *all[7] = {b->q, b->k, b->v, b->s, b->o, b->out, b->vis};
+    for (int i = 0; i < 7; i++) be->iface->buffer_free(be, all[i]);
+}
+
+static kvm_dev_attend_args args_of(const acase *c, const abufs *b) {
+    kvm_dev_attend_args a;
+    memset(&a, 0, sizeof a);
+    a.q = b->q, a.k = b->k, a.v = b->v, a.slot_map = b->s, a.order = b->o, a.out = b->out, a.visited = b->vis;
+    a.q_off = a.k_off = a.v_off = a.slot_map_off = a.order_off = a.out_off = a.visited_off = c->off;
+    a.n_slots = c->n_slots, a.n_pos = c->n_pos;
+    a.n_q_heads = c->H * c->G, a.n_kv_heads = c->H, a.head_dim = c->D, a.tile = c->tile, a.n_visit = c->n_visit;
+    a.dtype = c->dt, a.scale = c->scale, a.tau_s = c->tau_s, a.tau_d = c->tau_d, a.patience = c->patience;
+    return a;
+}
+
+/* Run on one backend: outputs and visited counts into out / vis. */
+static kvmem_status run_on(kvmem_backend *be, const acase *c, float *out, int32_t *vis) {
+    abufs b;
+    abufs_make(be, c, &b);
+    kvm_dev_attend_args a = args_of(c, &b);
+    kvmem_status st = be->iface->dev_attend(be, &a);
+    if (st == KVMEM_OK) {
+        bget(be, b.out, c->off, out, (size_t)c->H * c->G * c->D * 4);
+        bget(be, b.vis, c->off, vis, (size_t)c->H * 4);
+    }
+    abufs_free(be, &b);
+    return st;
+}
+
+typedef struct outcome {
+    int32_t clear, stopped, ambiguous;
+} outcome;
+
+/* The case on the backend under test and on the CPU entry, each against the
+ * double-precision reference; returns counts over streams. */
+static outcome check_case_on(const acase *c, int with_cpu) {
+    outcome r = {0, 0, 0};
+    const size_t nq = (size_t)c->H * c->G * c->D;
+    float *ob = malloc(nq * 4), *oc = malloc(nq * 4);
+    int32_t *vb = malloc((size_t)c->H * 4), *vc = malloc((size_t)c->H * 4);
+    assert_ok(run_on(g_be, c, ob, vb));
+    if (with_cpu) {
+        assert_ok(run_on(g_cpu, c, oc, vc));
+    } else { /* inputs only a device accepts: the replay alone */
+        memcpy(oc, ob, nq * 4);
+        memcpy(vc, vb, (size_t)c->H * 4);
+    }
+    int32_t *lt = malloc(((size_t)c->n_visit + 1) * sizeof(int32_t));
+    const int32_t n_live = live_tiles(c, lt);
+    double *ref = malloc(nq / c->H * sizeof(double)), *tol = malloc((size_t)c->G * sizeof(double));
+    for (int32_t g = 0; g < c->H; g++) {
+        int clear;
+        const int32_t rv = ref_stream(c, g, -1, ref, tol, &clear);
+        if (!(c->tau_s > 0 || c->tau_d > 0)) assert_int_equal(rv, n_live);
+        if (clear) {
+            r.clear++;
+            r.stopped += rv < n_live;
+            if (vb[g] != rv || vc[g] != rv)
+                fail_msg("KV head %d: visited %d (%s), %d (cpu), reference %d of %d live tiles", g, vb[g], g_name, vc[g],
+                         rv, n_live);
+        } else {
+            r.ambiguous++;
+        }
+        assert_true(vb[g] >= 0 && vb[g] <= n_live && vc[g] >= 0 && vc[g] <= n_live);
+        const float *outs[2] = {ob, oc};
+        const int32_t vis[2] = {vb[g], vc[g]};
+        for (int x = 0; x < 2; x++) {
+            int cl;
+            ref_stream(c, g, vis[x], ref, tol, &cl);
+            for (int32_t h = 0; h < c->G; h++)
+                for (int32_t d = 0; d < c->D; d++) {
+                    const size_t i = ((size_t)g * c->G + h) * c->D + d;
+                    const double e = fabs((double)outs[x][i] - ref[h * c->D + d]);
+                    if (!(e <= tol[h]))
+                        fail_msg("%s: head %d dim %d: %.9g vs reference %.9g (tolerance %.3g, %d tiles)",
+                                 x ? "cpu" : g_name, g * c->G + h, d, (double)outs[x][i], ref[h * c->D + d], tol[h],
+                                 vis[x]);
+                    if (x == 0 && vb[g] == vc[g] && !(fabs((double)ob[i] - oc[i]) <= 2 * tol[h]))
+                        fail_msg("head %d dim %d: %s %.9g vs cpu %.9g", g * c->G + h, d, g_name, (double)ob[i],
+                                 (double)oc[i]);
+                }
+        }
+    }
+    free(ob);
+    free(oc);
+    free(vb);
+    free(vc);
+    free(lt);
+    free(ref);
+    free(tol);
+    return r;
+}
+
+static outcome check_case(const acase *c) { return check_case_on(c, 1); }
+
+/* ---- full attention: tau 0 ---- */
+
+static void test_full_attention_shapes_orders_dtypes(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    const int32_t Gs[] = {1, 4, 8}, Ds[] = {64, 128, 80};
+    uint64_t seed = 100;
+    for (int gi = 0; gi < 3; gi++)
+        for (int di = 0; di < 3; di++)
+            for (int ord = 0; ord < 3; ord++) {
+                acase c;
+                /* 301 positions in tiles of 32: the last tile is partial */
+                case_make(&c, seed++, 2, Gs[gi], Ds[di], 301, 32, (gi + di + ord) % 2 ? KVMEM_F16 : KVMEM_F32, 20, ord);
+                check_case(&c);
+                case_free(&c);
+            }
+}
+
+static void test_full_attention_large_head_dim_and_tiles(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    /* head_dim 256 with G = 8 (2048 outputs per stream), one big tile */
+    acase c;
+    case_make(&c, 7, 2, 8, 256, 200, 64, KVMEM_F32, 10, ORD_SHUFFLE);
+    check_case(&c);
+    case_free(&c);
+    /* tiles longer than a workgroup's chunk, mostly dead */
+    case_make(&c, 8, 3, 1, 64, 1000, 500, KVMEM_F16, 70, ORD_RECENT);
+    check_case(&c);
+    case_free(&c);
+    /* tile 1 */
+    case_make(&c, 9, 1, 2, 32, 40, 1, KVMEM_F32, 30, ORD_SHUFFLE);
+    check_case(&c);
+    case_free(&c);
+    /* odd head_dim in f16: rows start in either half of a 32-bit word */
+    case_make(&c, 10, 3, 3, 33, 150, 16, KVMEM_F16, 20, ORD_SHUFFLE);
+    c.tau_s = 0.01f, c.tau_d = 0.001f;
+    check_case(&c);
+    case_free(&c);
+    /* head_dim 1, one KV head with 8 query heads (the probe is the whole output) */
+    case_make(&c, 15, 1, 8, 1, 64, 4, KVMEM_F16, 10, ORD_RECENT);
+    check_case(&c);
+    case_free(&c);
+}
+
+/* ---- the stop rule ---- */
+
+static void test_stop_rule_matches_replay(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    const struct {
+        float tau_s, tau_d;
+        int32_t patience;
+    } rules[] = {{0.01f, 0.001f, 1}, {0.003f, 0.0003f, 2}, {0.05f, 0.0005f, 3}, {0.02f, 0.002f, 1}, {0.001f, 0.0001f, 4}};
+    const int32_t Gs[] = {1, 4, 8}, Ds[] = {64, 128, 80};
+    outcome tot = {0, 0, 0};
+    uint64_t seed = 500;
+    for (size_t ri = 0; ri < sizeof rules / sizeof rules[0]; ri++)
+        for (int si = 0; si < 3; si++) {
+            acase c;
+            case_make(&c, seed++, 4, Gs[si], Ds[(si + ri) % 3], 1500, 16, (ri + si) % 2 ? KVMEM_F16 : KVMEM_F32, 15,
+                      (int)(ri + si) % 3);
+            c.tau_s = rules[ri].tau_s;
+            c.tau_d = rules[ri].tau_d;
+            c.patience = rules[ri].patience;
+            outcome o = check_case(&c);
+            tot.clear += o.clear;
+            tot.stopped += o.stopped;
+            tot.ambiguous += o.ambiguous;
+            case_free(&c);
+        }
+    print_message("stop rule: %d streams compared (%d stopped early), %d within rounding of a threshold\n", tot.clear,
+                  tot.stopped, tot.ambiguous);
+    assert_true(tot.clear >= 4 * tot.ambiguous);
+    assert_true(tot.stopped >= tot.clear / 4);
+}
+
+/* ---- edges ---- */
+
+static void test_empty_and_dead_streams(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    acase c;
+    /* no positions: zeros, no tile visited */
+    case_make(&c, 11, 2, 2, 16, 0, 8, KVMEM_F32, 0, ORD_RECENT);
+    check_case(&c);
+    case_free(&c);
+    /* positions but an empty order */
+    case_make(&c, 12, 2, 2, 16, 50, 8, KVMEM_F32, 0, ORD_RECENT);
+    c.n_visit = 0;
+    check_case(&c);
+    case_free(&c);
+    /* every position dead: zeros, nothing read */
+    case_make(&c, 13, 2, 4, 32, 77, 8, KVMEM_F16, 100, ORD_SHUFFLE);
+    check_case(&c);
+    case_free(&c);
+    /* whole dead tiles between live ones (not counted as visited) */
+    case_make(&c, 14, 2, 4, 32, 96, 8, KVMEM_F32, 0, ORD_SHUFFLE);
+    for (int64_t j = 16; j < 48; j++) c.slots[j] = -1;
+    c.tau_s = 0.05f, c.tau_d = 0.01f, c.patience = 1;
+    check_case(&c);
+    case_free(&c);
+}
+
+/* Slot ids >= n_slots and tile ids out of range: the CPU reference refuses
+ * them; a device skips them (a CPU run with them removed is the reference). */
+static void test_out_of_range_ids(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    acase c;
+    case_make(&c, 21, 2, 4, 64, 120, 16, KVMEM_F32, 10, ORD_SHUFFLE);
+    c.slots[5] = (int32_t)c.n_slots;
+    c.slots[70] = (int32_t)c.n_slots + 1000;
+    float *out = malloc(2 * 4 * 64 * 4);
+    int32_t vis[2];
+    assert_status(run_on(g_cpu, &c, out, vis), KVMEM_ERR_INVALID_ARG, "slot_map[5]");
+    if (g_be != g_cpu) check_case_on(&c, 0); /* the replay treats them as dead */
+    c.slots[5] = c.slots[70] = 0;
+    int32_t keep = c.order[0];
+    c.order[0] = 100; /* tile id outside [0, 8) */
+    assert_status(run_on(g_cpu, &c, out, vis), KVMEM_ERR_INVALID_ARG, "order[0]");
+    c.order[0] = c.order[1]; /* repeated */
+    assert_status(run_on(g_cpu, &c, out, vis), KVMEM_ERR_INVALID_ARG, "repeated");
+    if (g_be != g_cpu) {
+        c.order[0] = -3;
+        float *o2 = malloc(2 * 4 * 64 * 4);
+        int32_t v2[2];
+        assert_ok(run_on(g_be, &c, out, vis));
+        c.order[0] = keep;
+        c.order++; /* the same order without the bad id */
+        c.n_visit--;
+        assert_ok(run_on(g_cpu, &c, o2, v2));
+        c.order--;
+        c.n_visit++;
+        assert_int_equal(vis[0], v2[0]);
+        assert_int_equal(vis[1], v2[1]);
+        for (int i = 0; i < 2 * 4 * 64; i++) assert_true(fabsf(out[i] - o2[i]) <= 1e-4f * (1.0f + fabsf(o2[i])));
+        free(o2);
+    }
+    free(out);
+    case_free(&c);
+}
+
+/* A shape beyond a device's limits: computed, or refused as unsupported
+ * with a message and nothing written. */
+static void test_large_group_supported_or_refused(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    acase c;
+    case_make(&c, 31, 1, 32, 256, 70, 32, KVMEM_F32, 0, ORD_RECENT); /* 8192 outputs per stream */
+    abufs b;
+    abufs_make(g_be, &c, &b);
+    kvm_dev_attend_args a = args_of(&c, &b);
+    kvmem_status st = g_be->iface->dev_attend(g_be, &a);
+    abufs_free(g_be, &b);
+    if (st == KVMEM_OK) {
+        check_case(&c);
+    } else {
+        assert_int_equal(st, KVMEM_ERR_UNSUPPORTED);
+        assert_non_null(strstr(kvmem_last_error(), "dev_attend")); /* a message naming the op and the limit */
+        assert_true(g_be != g_cpu);
+    }
+    case_free(&c);
+}
+
+/* ---- bad input: a status, a message, nothing written ---- */
+
+static void test_bad_input(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    acase c;
+    case_make(&c, 41, 2, 2, 16, 40, 8, KVMEM_F32, 0, ORD_RECENT);
+    abufs b;
+    abufs_make(g_be, &c, &b);
+    const kvm_dev_attend_args good = args_of(&c, &b);
+    kvm_dev_attend_args a;
+    const kvmem_status INV = KVMEM_ERR_INVALID_ARG;
+#define BAD(mod, needle)                                              \
+    do {                                                              \
+        a = good;                                                     \
+        mod;                                                          \
+        assert_status(g_be->iface->dev_attend(g_be, &a), INV, needle); \
+    } while (0)
+    assert_status(g_be->iface->dev_attend(g_be, NULL), INV, "args is NULL");
+    BAD(a.q = NULL, "NULL");
+    BAD(a.out = NULL, "NULL");
+    BAD(a.visited = NULL, "NULL");
+    BAD(a.slot_map = NULL, "NULL");
+    BAD(a.order = NULL, "NULL");
+    BAD(a.n_q_heads = 3, "multiple of n_kv_heads");
+    BAD(a.n_kv_heads = 0, "multiple of n_kv_heads");
+    BAD(a.head_dim = 0, "head_dim");
+    BAD(a.head_dim = 2000, "head_dim");
+    BAD(a.tile = 0, "tile");
+    BAD(a.n_pos = -1, "n_pos");
+    BAD(a.n_slots = -1, "n_slots");
+    BAD(a.n_visit = 6, "exceeds the 5 tiles");
+    BAD(a.n_visit = -1, "n_visit");
+    BAD(a.dtype = KVMEM_BF16, "F32 or F16");
+    BAD(a.scale = 0.0f, "scale");
+    BAD(a.scale = NAN, "scale");
+    BAD(a.tau_s = -1.0f, "tau_s");
+    BAD(a.tau_d = INFINITY, "tau_d");
+    BAD(a.patience = 0, "patience");
+    BAD(a.q_off = 2, "multiples of 4");
+    BAD(a.k_off = 6, "multiples of 4");
+    BAD(a.n_slots = c.n_slots + 1, "outside the buffers");
+    BAD(a.n_pos = 200, "outside the buffers");
+    BAD(a.out_off = 64, "outside the buffers");
+    BAD(a.visited_off = 4096, "outside the buffers");
+    BAD(a.head_dim = 32, "outside the buffers");
+#undef BAD
+    /* nothing written */
+    float out[2 * 2 * 16];
+    int32_t vis[2];
+    bget(g_be, b.out, c.off, out, sizeof out);
+    bget(g_be, b.vis, c.off, vis, sizeof vis);
+    for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) assert_true(out[i] == 12345.0f);
+    assert_int_equal(vis[0], -99);
+    assert_int_equal(vis[1], -99);
+    /* and the good arguments still run */
+    assert_ok(g_be->iface->dev_attend(g_be, &good));
+    abufs_free(g_be, &b);
+    case_free(&c);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_full_attention_shapes_orders_dtypes),
+    cmocka_unit_test(test_full_attention_large_head_dim_and_tiles),
+    cmocka_unit_test(test_stop_rule_matches_replay),
+    cmocka_unit_test(test_empty_and_dead_streams),
+    cmocka_unit_test(test_out_of_range_ids),
+    cmocka_unit_test(test_large_group_supported_or_refused),
+    cmocka_unit_test(test_bad_input),
+};
+
+CONF_MAIN(tests)
