@@ -4,6 +4,10 @@
  * selected blocks, at Llama-3.1-8B geometry (32 layers, 32/8 heads,
  * head_dim 128, block size 16, f16 storage), single thread and all threads.
  *
+ * --backend NAME (e.g. vulkan): AABB scoring and the gather run on that
+ * backend's device kernels, with "backend" added to each line; the default
+ * (cpu) output is unchanged.
+ *
  * Keys per line (one line per tokens x threads):
  *   read_bw_gbps, peak_gflops, memcpy_gbps  this machine, measured in the run (read/peak right
  *                       before each line; read_bw_same_bytes_gbps: a buffer of aabb_bytes)
@@ -87,8 +91,11 @@ static int run_retrieval(const kvm_bench_opts *o) {
     size_t big = quick ? ((size_t)32 << 20) : ((size_t)256 << 20);
     double memcpy_bw = kvm_measure_memcpy_gbps(big);
 
+    /* --backend: AABB scoring and the gather run on that backend's device
+     * kernels when it has them (core/retrieve/dev_route.c); EXACT scoring,
+     * top-k and the agent's data stay on the host. */
     kvmem_context_params cp = kvmem_context_default_params();
-    cp.backend = "cpu";
+    cp.backend = o->backend ? o->backend : "cpu";
     cp.n_threads = o->n_threads;
     kvmem_context *ctx_all = NULL, *ctx_one = NULL;
     if (kvmem_context_create(&cp, &ctx_all) != KVMEM_OK) return 1;
@@ -98,6 +105,9 @@ static int run_retrieval(const kvm_bench_opts *o) {
         return 1;
     }
     const int all_threads = kvmem_context_n_threads(ctx_all);
+    /* named in the output only when not the CPU (the CPU lines stay as they were) */
+    const char *be_name = kvmem_context_backend(ctx_all);
+    const int on_device = strcmp(be_name, "cpu") != 0;
     kvm_synth syn;
     /* one topic per 256-token segment: a question's topic then has exactly
      * chunk / BS = 16 = top_k relevant blocks, so recall@k asks whether AABB
@@ -225,6 +235,7 @@ static int run_retrieval(const kvm_bench_opts *o) {
             double g_gbps = 2.0 * 2.0 * (double)gel * 2.0 / t_g / 1e9; /* K+V, read f16 + write f16 */
             if (o->json) {
                 kvm_json_begin(o->out, "retrieval");
+                if (on_device) kvm_json_str(o->out, "backend", be_name);
                 kvm_json_str(o->out, "model", spec.model_id);
                 kvm_json_int(o->out, "layers", L);
                 kvm_json_int(o->out, "q_heads", NQ);
@@ -259,6 +270,7 @@ static int run_retrieval(const kvm_bench_opts *o) {
                 kvm_json_num(o->out, "gather_gbps", g_gbps);
                 kvm_json_end(o->out);
             } else {
+                if (on_device) fprintf(o->out, "[backend %s] ", be_name);
                 fprintf(o->out,
                         "retrieval %6lld tokens %d thr: decode %.2f ms (%.1f GB/s, %.2f x read bw), prefill %.1f ms (%.1f GFLOP/s, "
                         "%.2f x peak), exact %.1f ms (x%.1f), recall@%d %.2f/%.2f/%.2f/%.2f, gather %.2f ms (%.1f GB/s)\n",

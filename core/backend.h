@@ -165,7 +165,9 @@ typedef struct kvm_dev_score_args {
 /* dev_topk: the min(k, #non-NaN) indices of the largest scores (NaN never
  * selected; ties: the lower index wins), written to idx in ascending index
  * order (chronological: what retrieval returns); *n_out (host) gets the
- * count. */
+ * count. idx needs only min(k, n) entries (k > n is allowed); n = 0 or
+ * k = 0 writes nothing and sets *n_out = 0. Argument checks shared by the
+ * CPU and Vulkan entries: core/retrieve/dev_args.h. */
 typedef struct kvm_dev_topk_args {
     const kvmem_buffer *scores;  /* f32 [n] */
     kvmem_buffer *idx;           /* int32 [k] */

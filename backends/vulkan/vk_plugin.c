@@ -202,6 +202,9 @@ static const kvmem_backend_iface vk_iface = {
     .convert = vk_convert,
     .aabb_build = vk_aabb_build,
     /* -- retrieval -- */
+    .dev_score = kvm_vk_dev_score,
+    .dev_topk = kvm_vk_dev_topk,
+    .dev_gather_rope = kvm_vk_dev_gather_rope,
 
     /* -- eviction -- */
     .dev_qmem_score = kvm_vk_dev_qmem_score,

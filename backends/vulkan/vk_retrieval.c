@@ -1,10 +1,15 @@
-/* Retrieval kernels ahead of their table entries (vk_ops.h): aabb_score in
- * its GEMM form and gather with RoPE. Validation mirrors the table ops: bad
- * input gets a status and a message and nothing runs. */
+/* Retrieval kernels: the table's device kernels dev_score (aabb_score's GEMM
+ * then score_reduce), dev_topk (radix select) and dev_gather_rope, and the
+ * standalone aabb_score / gather_rope still reached by name (vk_ops.h).
+ * Arguments are checked by the same code as the CPU reference
+ * (core/retrieve/dev_args.h): bad input gets a status and a message and
+ * nothing runs. */
 #include "vk_internal.h"
 #include "vk_ops.h"
 #include "internal.h"
+#include "retrieve/dev_args.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* base + (c1-1)*s1 + (c2-1)*s2 + tail elements, overflow-checked (c1, c2 >= 1). */
@@ -51,25 +56,30 @@ static kvmem_status vk_aabb_score(kvmem_backend *be, const kvm_vk_aabb_score_arg
     return kvm_vk_run(v, "aabb_score", KVM_VK_AABB_SCORE, bufs, 4, push, sizeof push, 0, g);
 }
 
-static kvmem_status vk_gather_rope(kvmem_backend *be, const kvm_vk_gather_rope_args *a) {
+static size_t vk_size(const kvmem_buffer *b) { return b->size; }
+
+/* Buffers bound whole must fit the device's storage buffer range. */
+static kvmem_status check_bind(kvm_vk *v, const char *op, const kvmem_buffer *const *bufs, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (bufs[i]->cap > v->props.limits.maxStorageBufferRange)
+            return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                               "vulkan %s: a buffer of %llu bytes exceeds this device's storage buffer range (%u)", op,
+                               (unsigned long long)bufs[i]->cap, v->props.limits.maxStorageBufferRange);
+    return KVMEM_OK;
+}
+
+/* dev_gather_rope: the gather_rope shader. */
+kvmem_status kvm_vk_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a) {
     kvm_vk *v = impl(be);
-    if (!a) return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "gather_rope: args is NULL");
-    if (!a->n_out || !a->n_heads || !a->head_dim || !a->n_src)
-        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "gather_rope: empty input");
-    if (a->rotary_dim % 2 || a->rotary_dim > a->head_dim || (a->gptj != 0 && a->gptj != 1))
-        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG,
-                           "gather_rope: rotary_dim %zu must be even and <= head_dim %zu, gptj 0 or 1", a->rotary_dim,
-                           a->head_dim);
-    if (a->src_off % 4 || a->idx_off % 4 || a->cs_off % 4 || a->out_off % 4)
-        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "gather_rope: offsets must be multiples of 4 bytes");
-    size_t row, se, oe, ce, pairs;
-    if (!kvm_mul_size(a->n_heads, a->head_dim, &row) || a->src_rs < row ||
-        !extent(&se, a->src_off / 4, a->n_src, a->src_rs, 1, 0, row) ||
-        !extent(&oe, a->out_off / 4, a->n_out, row, 1, 0, row) ||
-        !kvm_mul_size(a->n_out, a->rotary_dim, &pairs) || !kvm_add_size(a->cs_off / 4, pairs, &ce) ||
-        !holds(a->src, se) || !holds(a->out, oe) || !holds(a->idx, a->idx_off / 4 + a->n_out) ||
-        (a->rotary_dim && !holds(a->cs, ce)) || (!a->rotary_dim && !a->cs))
-        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "gather_rope: ranges outside the buffers");
+    char msg[256];
+    kvmem_status st = kvm_dev_gather_check(a, vk_size, msg, sizeof msg);
+    if (st != KVMEM_OK) return kvm_vk_fail(v, st, "%s", msg);
+    size_t row = a->n_heads * a->head_dim, se, oe; /* products checked above */
+    if (!extent(&se, a->src_off / 4, a->n_src, a->src_rs, 1, 0, row) ||
+        !extent(&oe, a->out_off / 4, a->n_out, row, 1, 0, row) || se > UINT32_MAX ||
+        oe > UINT32_MAX - ((size_t)1 << 20) /* grid-stride loop headroom */ || a->idx_off / 4 + a->n_out > UINT32_MAX ||
+        a->cs_off / 4 + a->n_out * a->rotary_dim > UINT32_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_gather_rope: sizes exceed the shaders' 32-bit indices");
     float af = a->attn_factor;
     uint32_t afb;
     memcpy(&afb, &af, 4);
@@ -77,8 +87,165 @@ static kvmem_status vk_gather_rope(kvmem_backend *be, const kvm_vk_gather_rope_a
                          (uint32_t)a->gptj,   afb,                   (uint32_t)(a->src_off / 4), (uint32_t)a->src_rs,
                          (uint32_t)(a->out_off / 4), (uint32_t)a->n_src, (uint32_t)(a->idx_off / 4),
                          (uint32_t)(a->cs_off / 4)};
-    const kvmem_buffer *bufs[4] = {a->src, a->idx, a->cs, a->out};
-    return kvm_vk_run(v, "gather_rope", KVM_VK_GATHER_ROPE, bufs, 4, push, sizeof push, (uint64_t)a->n_out * row, NULL);
+    /* rotary_dim 0 reads no cos/sin: any buffer fills the binding */
+    const kvmem_buffer *bufs[4] = {a->src, a->idx, a->rotary_dim ? a->cs : a->src, a->out};
+    return kvm_vk_run(v, "dev_gather_rope", KVM_VK_GATHER_ROPE, bufs, 4, push, sizeof push, (uint64_t)a->n_out * row,
+                      NULL);
+}
+
+/* The kernel's earlier name and argument struct (same fields). */
+static kvmem_status vk_gather_rope(kvmem_backend *be, const kvm_vk_gather_rope_args *a) {
+    if (!a) return kvm_vk_fail(impl(be), KVMEM_ERR_INVALID_ARG, "gather_rope: args is NULL");
+    kvm_dev_gather_args d = {a->src,     a->idx,     a->cs,        a->out,     a->src_off,     a->idx_off,
+                             a->cs_off,  a->out_off, a->n_src,     a->src_rs,  a->n_out,       a->n_heads,
+                             a->head_dim, a->rotary_dim, a->gptj, a->attn_factor};
+    return kvm_vk_dev_gather_rope(be, &d);
+}
+
+/* ---- dev_score: aabb_score into a scratch buffer, then score_reduce ---- */
+
+/* Scratch per chunk of query tokens: scores [L*Hq][tokens][n_blocks] and
+ * softmax stats [rows][2], at most this many bytes (or the device's storage
+ * buffer range) unless one token needs more. KVMEM_VULKAN_SCORE_SCRATCH_BYTES
+ * lowers it (tests use it to reach several chunks and submissions). */
+#define DEV_SCORE_SCRATCH_BYTES ((size_t)64 << 20)
+
+static size_t score_scratch_bytes(void) {
+    const char *e = getenv("KVMEM_VULKAN_SCORE_SCRATCH_BYTES");
+    char *end = NULL;
+    unsigned long long x = e ? strtoull(e, &end, 10) : 0;
+    return e && end && *end == 0 && x > 0 && x < DEV_SCORE_SCRATCH_BYTES ? (size_t)x : DEV_SCORE_SCRATCH_BYTES;
+}
+
+/* Descriptor sets per submission (vk_device.c's pool) / dispatches per chunk. */
+#define DEV_SCORE_CHUNKS_PER_SUBMIT 5
+
+kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
+    kvm_vk *v = impl(be);
+    char msg[256];
+    kvmem_status st = kvm_dev_score_check(a, vk_size, msg, sizeof msg);
+    if (st != KVMEM_OK) return kvm_vk_fail(v, st, "%s", msg);
+    const size_t L = (size_t)a->n_layers, Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads;
+    const size_t D = (size_t)a->head_dim, NB = (size_t)a->n_blocks, NQ = (size_t)a->n_q, batch = L * Hq;
+    /* element extents (their byte sizes were checked against the buffers) */
+    if (a->q_off / 4 + NQ * batch * D > UINT32_MAX || a->s_off / 4 + NB * L * Hkv * D > UINT32_MAX ||
+        a->out_off / 4 + batch * NB > UINT32_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: sizes exceed the shaders' 32-bit indices");
+    const kvmem_buffer *in[4] = {a->q, a->s_min, a->s_max, a->out};
+    if ((st = check_bind(v, "dev_score", in, 4)) != KVMEM_OK) return st;
+    size_t cap = KVM_MIN(score_scratch_bytes(), (size_t)v->props.limits.maxStorageBufferRange);
+    size_t per_tok, t;
+    if (!kvm_mul_size(batch, NB + 2, &t) || !kvm_mul_size(t, 4, &per_tok) ||
+        per_tok > (size_t)v->props.limits.maxStorageBufferRange || t > UINT32_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                           "dev_score: %zu blocks x %zu query-head slices exceed this device's storage buffer range (%u bytes)",
+                           NB, batch, v->props.limits.maxStorageBufferRange);
+    const size_t tn = KVM_MAX((size_t)1, KVM_MIN(NQ, cap / per_tok));
+    const uint32_t *lim = v->props.limits.maxComputeWorkGroupCount;
+    if ((NB + 15) / 16 > lim[0] || (tn + 15) / 16 > lim[1] || batch > lim[2])
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: %zu tokens x %zu blocks x %zu slices exceed this device's dispatch limits",
+                           tn, NB, batch);
+    kvmem_buffer *scratch = NULL;
+    if ((st = kvm_vk_buffer_create(v, tn * per_tok, 1, &scratch)) != KVMEM_OK) return st;
+    const kvm_vk_kernel reduce = v->subgroup_ops ? KVM_VK_SCORE_REDUCE_SG : KVM_VK_SCORE_REDUCE;
+    const uint32_t lim_x = KVM_MIN(lim[0], 65535u);
+    float tau = a->tau, rr_c = a->rr_c;
+    uint32_t taub, rrb;
+    memcpy(&taub, &tau, 4);
+    memcpy(&rrb, &rr_c, 4);
+    VkResult r = VK_SUCCESS;
+    pthread_mutex_lock(&v->mu);
+    for (size_t t0 = 0; t0 < NQ && r == VK_SUCCESS;) {
+        if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;
+        for (int c = 0; c < DEV_SCORE_CHUNKS_PER_SUBMIT && t0 < NQ && r == VK_SUCCESS; c++) {
+            const size_t tc = KVM_MIN(tn, NQ - t0), rows = batch * tc;
+            uint32_t gemm[14] = {(uint32_t)tc, (uint32_t)NB, (uint32_t)D, (uint32_t)batch, (uint32_t)(Hq / Hkv),
+                                 (uint32_t)(a->q_off / 4 + t0 * batch * D), (uint32_t)D, (uint32_t)(batch * D),
+                                 (uint32_t)(a->s_off / 4), (uint32_t)D, (uint32_t)(L * Hkv * D), 0u,
+                                 (uint32_t)(tc * NB), (uint32_t)NB};
+            const kvmem_buffer *gb[4] = {a->q, a->s_min, a->s_max, scratch};
+            r = kvm_vk_record_dispatch3(v, KVM_VK_AABB_SCORE, gb, 4, gemm, sizeof gemm, (uint32_t)((NB + 15) / 16),
+                                        (uint32_t)((tc + 15) / 16), (uint32_t)batch);
+            uint32_t red[11] = {0u, (uint32_t)NB, (uint32_t)batch, (uint32_t)tc, a->norm == KVMEM_NORM_RR,
+                                a->agg == KVMEM_AGG_SUM, taub, rrb, (uint32_t)(a->out_off / 4), t0 == 0,
+                                (uint32_t)(rows * NB)};
+            const kvmem_buffer *rb[2] = {scratch, a->out};
+            if (r == VK_SUCCESS && a->norm == KVMEM_NORM_SOFTMAX)
+                r = kvm_vk_record_dispatch3(v, reduce, rb, 2, red, sizeof red, (uint32_t)KVM_MIN(rows, lim_x), 1, 1);
+            red[0] = 1u;
+            size_t tiles = batch * ((NB + KVM_VK_WG - 1) / KVM_VK_WG);
+            if (r == VK_SUCCESS)
+                r = kvm_vk_record_dispatch3(v, reduce, rb, 2, red, sizeof red, (uint32_t)KVM_MIN(tiles, lim_x), 1, 1);
+            t0 += tc;
+        }
+        if (r == VK_SUCCESS) r = kvm_vk_submit_wait(v, 1);
+        else v->vk.vkEndCommandBuffer(v->cmd);
+    }
+    kvm_vk_buffer_destroy(v, scratch);
+    pthread_mutex_unlock(&v->mu);
+    return r == VK_SUCCESS ? KVMEM_OK : kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_score failed (%s)", kvm_vk_result_str(r));
+}
+
+/* ---- dev_topk: radix select and compaction (shaders/topk.comp) ---- */
+
+enum { TOPK_INIT, TOPK_HIST, TOPK_SELECT, TOPK_COUNT, TOPK_SCAN, TOPK_WRITE };
+#define TOPK_STATE_WORDS (8u + 256u) /* then 2 words per chunk */
+#define TOPK_CHUNK 1024u
+
+kvmem_status kvm_vk_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {
+    kvm_vk *v = impl(be);
+    char msg[256];
+    kvmem_status st = kvm_dev_topk_check(a, vk_size, msg, sizeof msg);
+    if (st != KVMEM_OK) return kvm_vk_fail(v, st, "%s", msg);
+    if (a->n == 0 || a->k == 0) {
+        *a->n_out = 0;
+        return KVMEM_OK;
+    }
+    const size_t n = (size_t)a->n, k = (size_t)a->k;
+    if (a->scores_off / 4 + n > UINT32_MAX || a->idx_off / 4 + KVM_MIN(k, n) > UINT32_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_topk: sizes exceed the shaders' 32-bit indices");
+    const kvmem_buffer *in[2] = {a->scores, a->idx};
+    if ((st = check_bind(v, "dev_topk", in, 2)) != KVMEM_OK) return st;
+    const uint32_t n_chunks = (uint32_t)((n + TOPK_CHUNK - 1) / TOPK_CHUNK);
+    kvmem_buffer *state = NULL;
+    if ((st = kvm_vk_buffer_create(v, ((size_t)TOPK_STATE_WORDS + 2 * (size_t)n_chunks) * 4, 1, &state)) != KVMEM_OK)
+        return st;
+    const uint32_t chunk_groups = KVM_MIN(n_chunks, KVM_MIN(v->props.limits.maxComputeWorkGroupCount[0], 65535u));
+    const kvmem_buffer *bufs[3] = {a->scores, state, a->idx};
+    uint32_t push[7] = {0, 0, (uint32_t)n, (uint32_t)k, (uint32_t)(a->scores_off / 4), (uint32_t)(a->idx_off / 4),
+                        n_chunks};
+    uint32_t res[5] = {0};
+    pthread_mutex_lock(&v->mu);
+    VkResult r = kvm_vk_begin(v);
+#define TOPK_STEP(ph, rnd, ...)                                                                    \
+    do {                                                                                           \
+        push[0] = (ph);                                                                            \
+        push[1] = (rnd);                                                                           \
+        if (r == VK_SUCCESS) r = __VA_ARGS__;                                                      \
+    } while (0)
+    TOPK_STEP(TOPK_INIT, 0, kvm_vk_record_dispatch3(v, KVM_VK_TOPK, bufs, 3, push, sizeof push, 1, 1, 1));
+    for (uint32_t rd = 0; rd < 4; rd++) {
+        TOPK_STEP(TOPK_HIST, rd, kvm_vk_record_dispatch(v, KVM_VK_TOPK, bufs, 3, push, sizeof push, n));
+        TOPK_STEP(TOPK_SELECT, rd, kvm_vk_record_dispatch3(v, KVM_VK_TOPK, bufs, 3, push, sizeof push, 1, 1, 1));
+    }
+    TOPK_STEP(TOPK_COUNT, 0, kvm_vk_record_dispatch3(v, KVM_VK_TOPK, bufs, 3, push, sizeof push, chunk_groups, 1, 1));
+    TOPK_STEP(TOPK_SCAN, 0, kvm_vk_record_dispatch3(v, KVM_VK_TOPK, bufs, 3, push, sizeof push, 1, 1, 1));
+    TOPK_STEP(TOPK_WRITE, 0, kvm_vk_record_dispatch3(v, KVM_VK_TOPK, bufs, 3, push, sizeof push, chunk_groups, 1, 1));
+#undef TOPK_STEP
+    if (r == VK_SUCCESS) r = kvm_vk_submit_wait(v, 1);
+    else v->vk.vkEndCommandBuffer(v->cmd);
+    if (r == VK_SUCCESS) st = kvm_vk_download(v, state, 0, res, sizeof res);
+    kvm_vk_buffer_destroy(v, state);
+    pthread_mutex_unlock(&v->mu);
+    if (r != VK_SUCCESS)
+        return kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_topk failed (%s)", kvm_vk_result_str(r));
+    if (st != KVMEM_OK) return st;
+    /* res: prefix, rem, non-NaN total, take_all, selected */
+    if (res[4] != KVM_MIN(k, (size_t)res[2]))
+        return kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_topk: selected %u of min(k %zu, %u non-NaN): a device fault",
+                           res[4], k, res[2]);
+    *a->n_out = (int32_t)res[4];
+    return KVMEM_OK;
 }
 
 void *kvm_vk_retrieval_proc(const char *name) {

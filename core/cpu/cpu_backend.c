@@ -198,6 +198,9 @@ static const kvmem_backend_iface cpu_iface = {
     .aabb_score = kvm_cpu_aabb_score,
     .topk = kvm_cpu_topk,
     .gather = kvm_cpu_gather,
+    .dev_score = kvm_cpu_dev_score,
+    .dev_topk = kvm_cpu_dev_topk,
+    .dev_gather_rope = kvm_cpu_dev_gather_rope,
 
     /* -- eviction -- */
     .qmem_score = kvm_cpu_qmem_score,

@@ -149,8 +149,9 @@ kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_b
         return st;
     }
     kvm_gather_desc d = {p, m, blocks, n_blocks, first, base, k_out, v_out};
-    kvmem_backend *be = p->ctx->cpu;
-    st = be->iface->gather(be, &d);
+    kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
+    if (dev && dev != be && dev->iface->dev_gather_rope) st = kvm_dev_gather(dev, &d);
+    else st = be->iface->gather(be, &d);
     free(first);
     return st;
 }

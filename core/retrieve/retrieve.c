@@ -268,8 +268,14 @@ kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const
         d.tau = prm.tau > 0 ? prm.tau : 1.0f / sqrtf((float)p->spec.head_dim);
         d.rr_c = prm.rr_c > 0 ? prm.rr_c : 60.0f;
         d.out = out;
-        kvmem_backend *be = p->ctx->cpu;
-        if ((st = be->iface->aabb_score(be, &d)) != KVMEM_OK) goto done;
+        /* AABB scoring runs on a device backend that has the kernel; EXACT
+         * reads every key and stays on the CPU. */
+        kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
+        if (dev && dev != be && dev->iface->dev_score && d.mode == KVMEM_RETRIEVE_AABB)
+            st = kvm_dev_aabb_score(dev, &d);
+        else
+            st = be->iface->aabb_score(be, &d);
+        if (st != KVMEM_OK) goto done;
     }
     for (int32_t s = 0; s < n_sets; s++) {
         float *all = nr.all + (size_t)s * (size_t)nb;

@@ -1,0 +1,120 @@
+/* Validation of the retrieval device kernels' arguments (dev_score, dev_topk,
+ * dev_gather_rope: contracts in core/backend.h), shared by the CPU reference
+ * entries (core/retrieve/score_dev.c) and the device plugins, which cannot
+ * link the core's hidden symbols: header-only, so every backend rejects the
+ * same inputs with the same messages. Each check writes a message into msg
+ * and returns the status (KVMEM_OK: valid, msg untouched). `size` gives a
+ * buffer's size in bytes (the backend knows its own buffer type). */
+#ifndef KVMEM_RETRIEVE_DEV_ARGS_H
+#define KVMEM_RETRIEVE_DEV_ARGS_H
+
+#include "../backend.h"
+#include "../internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+typedef size_t (*kvm_dev_size_fn)(const kvmem_buffer *b);
+
+/* Write the message, return KVMEM_ERR_INVALID_ARG. */
+static inline kvmem_status kvm_dev_bad(char *msg, size_t msg_size, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static inline kvmem_status kvm_dev_bad(char *msg, size_t msg_size, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msg_size, fmt, ap);
+    va_end(ap);
+    return KVMEM_ERR_INVALID_ARG;
+}
+
+/* Elements [off/4, off/4 + n) of f32/int32 buffer b exist; off a multiple of 4. */
+static inline int kvm_dev_holds(kvm_dev_size_fn size, const kvmem_buffer *b, size_t off, size_t n) {
+    size_t bytes, end;
+    return b && off % 4 == 0 && kvm_mul_size(n, 4, &bytes) && kvm_add_size(off, bytes, &end) && end <= size(b);
+}
+
+/* a * b * c * d without overflow. */
+static inline int kvm_dev_prod(size_t *out, size_t a, size_t b, size_t c, size_t d) {
+    return kvm_mul_size(a, b, out) && kvm_mul_size(*out, c, out) && kvm_mul_size(*out, d, out);
+}
+
+static inline kvmem_status kvm_dev_score_check(const kvm_dev_score_args *a, kvm_dev_size_fn size, char *msg,
+                                               size_t msg_size) {
+    if (!a) return kvm_dev_bad(msg, msg_size, "dev_score: args is NULL");
+    if (a->n_q < 1 || a->n_blocks < 1 || a->n_layers < 1 || a->n_q_heads < 1 || a->n_kv_heads < 1 || a->head_dim < 1)
+        return kvm_dev_bad(msg, msg_size,
+                           "dev_score: empty or negative shape (n_q %d, n_blocks %d, n_layers %d, n_q_heads %d, "
+                           "n_kv_heads %d, head_dim %d)",
+                           a->n_q, a->n_blocks, a->n_layers, a->n_q_heads, a->n_kv_heads, a->head_dim);
+    if (a->n_q_heads % a->n_kv_heads)
+        return kvm_dev_bad(msg, msg_size, "dev_score: n_q_heads %d is not a multiple of n_kv_heads %d", a->n_q_heads,
+                           a->n_kv_heads);
+    if (a->norm != KVMEM_NORM_SOFTMAX && a->norm != KVMEM_NORM_RR)
+        return kvm_dev_bad(msg, msg_size, "dev_score: norm %d is not SOFTMAX or RR", (int)a->norm);
+    if (a->agg != KVMEM_AGG_MAX && a->agg != KVMEM_AGG_SUM)
+        return kvm_dev_bad(msg, msg_size, "dev_score: agg %d is not MAX or SUM", (int)a->agg);
+    if (!(a->tau > 0 && isfinite(a->tau)) || !(a->rr_c > 0 && isfinite(a->rr_c)))
+        return kvm_dev_bad(msg, msg_size, "dev_score: tau %g and rr_c %g must be finite and > 0", (double)a->tau,
+                           (double)a->rr_c);
+    if (!a->q || !a->s_min || !a->s_max || !a->out)
+        return kvm_dev_bad(msg, msg_size, "dev_score: a buffer is NULL");
+    if (a->q_off % 4 || a->s_off % 4 || a->out_off % 4)
+        return kvm_dev_bad(msg, msg_size, "dev_score: offsets must be multiples of 4 bytes");
+    size_t nq, ns, no;
+    size_t L = (size_t)a->n_layers, D = (size_t)a->head_dim, NB = (size_t)a->n_blocks;
+    if (!kvm_dev_prod(&nq, (size_t)a->n_q, L, (size_t)a->n_q_heads, D) ||
+        !kvm_dev_prod(&ns, NB, L, (size_t)a->n_kv_heads, D) || !kvm_dev_prod(&no, L, (size_t)a->n_q_heads, NB, 1) ||
+        !kvm_dev_holds(size, a->q, a->q_off, nq) || !kvm_dev_holds(size, a->s_min, a->s_off, ns) ||
+        !kvm_dev_holds(size, a->s_max, a->s_off, ns) || !kvm_dev_holds(size, a->out, a->out_off, no))
+        return kvm_dev_bad(msg, msg_size, "dev_score: ranges outside the buffers");
+    return KVMEM_OK;
+}
+
+/* dev_topk: idx must hold min(k, n) entries (at most that many are written). */
+static inline kvmem_status kvm_dev_topk_check(const kvm_dev_topk_args *a, kvm_dev_size_fn size, char *msg,
+                                              size_t msg_size) {
+    if (!a) return kvm_dev_bad(msg, msg_size, "dev_topk: args is NULL");
+    if (!a->n_out) return kvm_dev_bad(msg, msg_size, "dev_topk: n_out is NULL");
+    if (a->n < 0 || a->k < 0)
+        return kvm_dev_bad(msg, msg_size, "dev_topk: n %d and k %d must be >= 0", a->n, a->k);
+    if (a->n == 0 || a->k == 0) return KVMEM_OK;
+    if (!a->scores || !a->idx) return kvm_dev_bad(msg, msg_size, "dev_topk: a buffer is NULL");
+    if (a->scores_off % 4 || a->idx_off % 4)
+        return kvm_dev_bad(msg, msg_size, "dev_topk: offsets must be multiples of 4 bytes");
+    if (!kvm_dev_holds(size, a->scores, a->scores_off, (size_t)a->n) ||
+        !kvm_dev_holds(size, a->idx, a->idx_off, (size_t)KVM_MIN(a->k, a->n)))
+        return kvm_dev_bad(msg, msg_size, "dev_topk: ranges outside the buffers");
+    return KVMEM_OK;
+}
+
+static inline kvmem_status kvm_dev_gather_check(const kvm_dev_gather_args *a, kvm_dev_size_fn size, char *msg,
+                                                size_t msg_size) {
+    if (!a) return kvm_dev_bad(msg, msg_size, "dev_gather_rope: args is NULL");
+    if (!a->n_out || !a->n_heads || !a->head_dim || !a->n_src)
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: empty input (n_src %zu, n_out %zu, n_heads %zu, head_dim %zu)",
+                           a->n_src, a->n_out, a->n_heads, a->head_dim);
+    if (a->rotary_dim % 2 || a->rotary_dim > a->head_dim || (a->gptj != 0 && a->gptj != 1))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: rotary_dim %zu must be even and <= head_dim %zu, gptj 0 or 1",
+                           a->rotary_dim, a->head_dim);
+    if (!(a->attn_factor > 0 && isfinite(a->attn_factor)))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: attn_factor %g must be finite and > 0", (double)a->attn_factor);
+    if (!a->src || !a->idx || !a->out || (a->rotary_dim && !a->cs))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: a buffer is NULL");
+    if (a->src_off % 4 || a->idx_off % 4 || a->cs_off % 4 || a->out_off % 4)
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: offsets must be multiples of 4 bytes");
+    size_t row, se, oe;
+    if (!kvm_mul_size(a->n_heads, a->head_dim, &row) || a->src_rs < row ||
+        !kvm_mul_size(a->n_src - 1, a->src_rs, &se) || !kvm_add_size(se, row, &se) ||
+        !kvm_mul_size(a->n_out, row, &oe) || !kvm_dev_holds(size, a->src, a->src_off, se) ||
+        !kvm_dev_holds(size, a->out, a->out_off, oe) || !kvm_dev_holds(size, a->idx, a->idx_off, a->n_out) ||
+        (a->rotary_dim && !kvm_dev_prod(&se, a->n_out, a->rotary_dim, 1, 1)) ||
+        (a->rotary_dim && !kvm_dev_holds(size, a->cs, a->cs_off, se)))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: ranges outside the buffers (or src_rs < n_heads * head_dim)");
+    return KVMEM_OK;
+}
+
+#endif

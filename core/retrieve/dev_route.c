@@ -1,0 +1,189 @@
+/* Retrieval on a device backend (the context's backend is not the CPU one
+ * and has the device kernels): the host packs what the pool keeps in host
+ * memory into the backend's buffers, runs dev_score / dev_gather_rope there
+ * and reads the results back into the host ops' layouts. The pool is host
+ * memory today, so every call uploads its inputs; device-resident blocks are
+ * later work. A device failure returns its status with the backend's
+ * message: no silent fallback to the CPU. */
+#include "score.h"
+#include "../tensor.h"
+#include "../rope/rope.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Prefix the backend's message with the op and backend names. */
+static kvmem_status dev_failed(kvmem_backend *be, const char *op, kvmem_status st) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvmem_last_error());
+    return kvm_fail(st, "%s on backend %s: %s", op, be->iface->name, msg);
+}
+
+static kvmem_status dev_alloc(kvmem_backend *be, const char *op, size_t n, kvmem_buffer **out) {
+    kvmem_status st = be->iface->buffer_alloc(be, n ? n : 4, out);
+    return st == KVMEM_OK ? KVMEM_OK : dev_failed(be, op, st);
+}
+
+kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
+    static const char *op = "kvmem_retrieve";
+    const kvmem_pool *p = d->pool;
+    const size_t L = (size_t)p->spec.n_layers, Hq = (size_t)p->spec.n_q_heads, H = (size_t)p->spec.n_kv_heads;
+    const size_t D = (size_t)p->spec.head_dim, G = Hq / H, nc = (size_t)d->n_cand, nq = (size_t)d->n_q;
+    if (nc == 0 || nq == 0) return KVMEM_OK;
+    size_t qb, sb, ob;
+    if (!kvm_mul_size(nq * L * Hq, D * 4, &qb) || !kvm_mul_size(nc * L * H, D * 4, &sb) ||
+        !kvm_mul_size(L * Hq, nc * 4, &ob) || nc > INT32_MAX)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: problem too large for backend %s", op, be->iface->name);
+    float *mn = malloc(sb), *mx = malloc(sb), *hq = malloc(ob);
+    kvmem_buffer *bq = NULL, *bmn = NULL, *bmx = NULL, *bo = NULL;
+    kvmem_status st = KVMEM_OK;
+    if (!mn || !mx || !hq) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu candidate AABBs", op, nc);
+        goto done;
+    }
+    /* The agent keeps [block][layer][KV head][s_max; s_min]; the kernel
+     * takes s_min and s_max as two [block][layer][KV head][head_dim] arrays. */
+    for (size_t j = 0; j < nc; j++)
+        for (size_t l = 0; l < L; l++)
+            for (size_t g = 0; g < H; g++) {
+                const float *box = kvm_block_aabb(p, d->mem, d->cand[j], (int32_t)l, (int32_t)g);
+                memcpy(mx + ((j * L + l) * H + g) * D, box, D * sizeof(float));
+                memcpy(mn + ((j * L + l) * H + g) * D, box + D, D * sizeof(float));
+            }
+    if ((st = dev_alloc(be, op, qb, &bq)) != KVMEM_OK || (st = dev_alloc(be, op, sb, &bmn)) != KVMEM_OK ||
+        (st = dev_alloc(be, op, sb, &bmx)) != KVMEM_OK || (st = dev_alloc(be, op, ob, &bo)) != KVMEM_OK)
+        goto done;
+    if ((st = be->iface->buffer_upload(be, bq, 0, d->q, qb)) != KVMEM_OK ||
+        (st = be->iface->buffer_upload(be, bmn, 0, mn, sb)) != KVMEM_OK ||
+        (st = be->iface->buffer_upload(be, bmx, 0, mx, sb)) != KVMEM_OK) {
+        st = dev_failed(be, op, st);
+        goto done;
+    }
+    kvm_dev_score_args a = {bq,        bmn,         bmx,        bo,        0,      0,      0,
+                            d->n_q,    (int32_t)nc, p->spec.n_layers, p->spec.n_q_heads, p->spec.n_kv_heads,
+                            p->spec.head_dim, d->norm, d->agg, d->tau, d->rr_c};
+    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->buffer_download(be, bo, 0, hq, ob)) != KVMEM_OK) {
+        st = dev_failed(be, op, st);
+        goto done;
+    }
+    /* [layer][query head][cand] -> [layer][KV head][cand], summed over the
+     * group in head order (as the CPU op sums). */
+    for (size_t l = 0; l < L; l++)
+        for (size_t g = 0; g < H; g++) {
+            float *o = d->out + (l * H + g) * nc;
+            for (size_t j = 0; j < nc; j++) {
+                float total = 0.0f;
+                for (size_t gi = 0; gi < G; gi++) total += hq[(l * Hq + g * G + gi) * nc + j];
+                o[j] = total;
+            }
+        }
+done:
+    be->iface->buffer_free(be, bq);
+    be->iface->buffer_free(be, bmn);
+    be->iface->buffer_free(be, bmx);
+    be->iface->buffer_free(be, bo);
+    free(mn);
+    free(mx);
+    free(hq);
+    return st;
+}
+
+/* Write rows [M][H][D] of layer l into a [L][M][H][D] tensor view. */
+static void write_layer(const kvmem_tensor *t, int64_t l, const float *rows, size_t M, size_t H, size_t D) {
+    const int heads_contig = t->strides[3] == 1 && t->strides[2] == (int64_t)D;
+    for (size_t r = 0; r < M; r++) {
+        if (heads_contig) {
+            int64_t idx[3] = {l, (int64_t)r, 0};
+            kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + r * H * D, H * D);
+        } else {
+            for (size_t h = 0; h < H; h++) {
+                int64_t idx[3] = {l, (int64_t)r, (int64_t)h};
+                kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + (r * H + h) * D, D);
+            }
+        }
+    }
+}
+
+kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
+    static const char *op = "kvmem_gather";
+    const kvmem_pool *p = d->pool;
+    const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
+    const size_t M = (size_t)d->first[d->n_blocks], np = (size_t)p->rope.n_pairs, row = H * D;
+    if (M == 0) return KVMEM_OK;
+    size_t lb;
+    if (!kvm_mul_size(M, row * sizeof(float), &lb))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large for backend %s", op, M, be->iface->name);
+    /* Results of every layer are held until all succeeded: a failed call
+     * leaves the caller's tensors unchanged. */
+    const size_t n_outs = (d->k_out != NULL) + (d->v_out != NULL);
+    size_t rb;
+    if (!kvm_mul_size(lb, L * n_outs, &rb))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large for backend %s", op, M, be->iface->name);
+    float *stage = malloc(lb), *res = malloc(rb), *tmp = malloc((size_t)p->params.block_size * D * sizeof(float));
+    float *cs = d->k_out ? malloc(2 * M * np * sizeof(float)) : NULL;
+    uint32_t *idx = malloc(M * sizeof *idx);
+    kvmem_buffer *bsrc = NULL, *bidx = NULL, *bcs = NULL, *bout = NULL;
+    kvmem_status st = KVMEM_OK;
+    if (!stage || !res || !tmp || !idx || (d->k_out && !cs)) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu rows", op, M);
+        goto done;
+    }
+    /* Rows arrive in output order, so the device gather is the identity
+     * permutation; its work is the rotation at the new positions. */
+    for (size_t i = 0; i < M; i++) idx[i] = (uint32_t)i;
+    if (cs) {
+        float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
+        for (size_t i = 0; i < M; i++) {
+            kvm_rope_cos_sin(&p->rope, (double)(d->base + (int64_t)i), c, s);
+            memcpy(cs + i * np, c, np * sizeof(float));
+            memcpy(cs + (M + i) * np, s, np * sizeof(float));
+        }
+    }
+    if ((st = dev_alloc(be, op, lb, &bsrc)) != KVMEM_OK || (st = dev_alloc(be, op, lb, &bout)) != KVMEM_OK ||
+        (st = dev_alloc(be, op, M * 4, &bidx)) != KVMEM_OK || (cs && (st = dev_alloc(be, op, 2 * M * np * 4, &bcs)) != KVMEM_OK))
+        goto done;
+    if ((st = be->iface->buffer_upload(be, bidx, 0, idx, M * 4)) != KVMEM_OK ||
+        (cs && (st = be->iface->buffer_upload(be, bcs, 0, cs, 2 * M * np * 4)) != KVMEM_OK)) {
+        st = dev_failed(be, op, st);
+        goto done;
+    }
+    for (size_t l = 0; l < L; l++)
+        for (int which = 0; which < 2; which++) {
+            const kvmem_tensor *t = which ? d->v_out : d->k_out;
+            if (!t) continue;
+            float *dst = res + ((which && d->k_out ? L : 0) + l) * M * row;
+            for (int32_t i = 0; i < d->n_blocks; i++) {
+                const kvm_block *blk = &d->mem->blocks[d->blocks[i]];
+                const size_t n = (size_t)blk->n_tokens, r0 = (size_t)d->first[i];
+                for (size_t h = 0; h < H; h++) {
+                    kvm_block_read_f32(p, blk, which, (int32_t)l, (int32_t)h, 0, blk->n_tokens, tmp);
+                    for (size_t r = 0; r < n; r++) memcpy(stage + ((r0 + r) * H + h) * D, tmp + r * D, D * sizeof(float));
+                }
+            }
+            kvm_dev_gather_args a = {bsrc, bidx, which ? NULL : bcs, bout, 0, 0, 0, 0, M, row, M, H, D,
+                                     which ? 0 : (size_t)p->rope.rotary_dim, p->rope.style == KVMEM_ROPE_GPTJ,
+                                     which ? 1.0f : (float)p->rope.attn_factor};
+            if ((st = be->iface->buffer_upload(be, bsrc, 0, stage, lb)) != KVMEM_OK ||
+                (st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK ||
+                (st = be->iface->buffer_download(be, bout, 0, dst, lb)) != KVMEM_OK) {
+                st = dev_failed(be, op, st);
+                goto done;
+            }
+        }
+    for (size_t l = 0; l < L; l++) {
+        if (d->k_out) write_layer(d->k_out, (int64_t)l, res + l * M * row, M, H, D);
+        if (d->v_out) write_layer(d->v_out, (int64_t)l, res + ((d->k_out ? L : 0) + l) * M * row, M, H, D);
+    }
+done:
+    be->iface->buffer_free(be, bsrc);
+    be->iface->buffer_free(be, bidx);
+    be->iface->buffer_free(be, bcs);
+    be->iface->buffer_free(be, bout);
+    free(stage);
+    free(res);
+    free(tmp);
+    free(cs);
+    free(idx);
+    return st;
+}
