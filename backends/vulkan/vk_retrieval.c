@@ -93,15 +93,6 @@ kvmem_status kvm_vk_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args
                       NULL);
 }
 
-/* The kernel's earlier name and argument struct (same fields). */
-static kvmem_status vk_gather_rope(kvmem_backend *be, const kvm_vk_gather_rope_args *a) {
-    if (!a) return kvm_vk_fail(impl(be), KVMEM_ERR_INVALID_ARG, "gather_rope: args is NULL");
-    kvm_dev_gather_args d = {a->src,     a->idx,     a->cs,        a->out,     a->src_off,     a->idx_off,
-                             a->cs_off,  a->out_off, a->n_src,     a->src_rs,  a->n_out,       a->n_heads,
-                             a->head_dim, a->rotary_dim, a->gptj, a->attn_factor};
-    return kvm_vk_dev_gather_rope(be, &d);
-}
-
 /* ---- dev_score: aabb_score into a scratch buffer, then score_reduce ---- */
 
 /* Scratch per chunk of query tokens: scores [L*Hq][tokens][n_blocks] and
@@ -252,9 +243,6 @@ void *kvm_vk_retrieval_proc(const char *name) {
     void *p = NULL;
     if (strcmp(name, KVM_VK_PROC_AABB_SCORE) == 0) {
         kvm_vk_aabb_score_fn f = vk_aabb_score;
-        memcpy(&p, &f, sizeof p);
-    } else if (strcmp(name, KVM_VK_PROC_GATHER_ROPE) == 0) {
-        kvm_vk_gather_rope_fn f = vk_gather_rope;
         memcpy(&p, &f, sizeof p);
     }
     return p;

@@ -9,12 +9,11 @@
  *   convert     exact bits (both backends do integer RNE conversions;
  *               NaNs: same bits as the CPU backend, and NaN in the reference)
  *   aabb_build  exact values (min/max pick input values)
- *   aabb_score  (Vulkan kernel ahead of its table entry) |I - I_ref| <=
+ *   aabb_score  (Vulkan GEMM kernel by name) |I - I_ref| <=
  *               dim * 2^-23 * sum_d |q_d| max(|smax_d|, |smin_d|): the f32
  *               accumulation bound; and I >= max_i q.k_i (the AABB bound)
- *   gather_rope (idem) within 2^-21 (|x0| + |x1|) of the CPU rotation
- *               (kvm_rope_rotate; FMA contraction may differ), within 1e-5
- *               (|x0| + |x1|) of a double-precision rotation
+ * The device kernels (dev_*) and quantize/dequantize have their own
+ * programs: test_backend_{retrieve,attend,qmem,quant}.c.
  *
  * Harness: conformance.h. */
 #include "conformance.h"
@@ -568,102 +567,6 @@ static void test_vulkan_aabb_score_gemm_form_matches_reference(void **state) {
     g_be->iface->buffer_free(g_be, bo);
 }
 
-static void gather_case(kvm_vk_gather_rope_fn fn, kvmem_rope_style style, int32_t D, int32_t rot, double af,
-                        size_t n_src, size_t n_out, size_t H, int64_t pos_base, uint64_t *rng) {
-    kvmem_model_spec spec = tu_spec(1, D);
-    spec.rotary_dim = rot;
-    spec.rope_style = style;
-    kvm_rope *r = malloc(sizeof *r);
-    kvm_rope_init(r, &spec);
-    r->attn_factor = af;
-    size_t row = H * (size_t)D, np = (size_t)rot / 2, src_rs = row + 3;
-    float *src = malloc(n_src * src_rs * 4), *cs = malloc((2 * n_out * np + 1) * 4), *out = malloc(n_out * row * 4);
-    float *cpu = malloc(n_out * row * 4);
-    uint32_t *idx = malloc(n_out * 4);
-    for (size_t i = 0; i < n_src * src_rs; i++) src[i] = tu_normal(rng);
-    for (size_t i = 0; i < n_out; i++) idx[i] = (uint32_t)(tu_next(rng) % n_src);
-    float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
-    for (size_t i = 0; i < n_out; i++) {
-        kvm_rope_cos_sin(r, (double)(pos_base + (int64_t)i), c, s);
-        for (size_t j = 0; j < np; j++) {
-            cs[i * np + j] = c[j];
-            cs[n_out * np + i * np + j] = s[j];
-        }
-        for (size_t h = 0; h < H; h++) { /* the CPU rotation of the core */
-            memcpy(cpu + i * row + h * (size_t)D, src + idx[i] * src_rs + h * (size_t)D, (size_t)D * 4);
-            if (rot) kvm_rope_rotate(r, cpu + i * row + h * (size_t)D, c, s, 0);
-        }
-    }
-    kvmem_buffer *bs = bfloat(src, n_src * src_rs), *bi = balloc(g_be, n_out * 4), *bc = bfloat(cs, 2 * n_out * np + 1),
-                 *bo = bfloat(NULL, n_out * row);
-    bput(g_be, bi, 0, idx, n_out * 4);
-    kvm_vk_gather_rope_args a = {bs, bi, bc, bo, 0, 0, 0, 0, n_src, src_rs, n_out, H, (size_t)D, (size_t)rot,
-                                 style == KVMEM_ROPE_GPTJ, (float)af};
-    assert_ok(fn(g_be, &a));
-    bget(g_be, bo, 0, out, n_out * row * 4);
-    size_t step = style == KVMEM_ROPE_NEOX ? 1 : 2, off = style == KVMEM_ROPE_NEOX ? np : 1;
-    for (size_t i = 0; i < n_out; i++)
-        for (size_t h = 0; h < H; h++) {
-            const float *x = src + idx[i] * src_rs + h * (size_t)D;
-            const float *g = out + i * row + h * (size_t)D, *cp = cpu + i * row + h * (size_t)D;
-            for (size_t d = (size_t)rot; d < (size_t)D; d++) assert_true(g[d] == x[d]); /* unrotated dims copied */
-            for (size_t j = 0; j < np; j++) {
-                size_t d0 = j * step, d1 = d0 + off;
-                double ang = (double)(pos_base + (int64_t)i) * r->inv_freq[j];
-                double y0 = af * ((double)x[d0] * cos(ang) - (double)x[d1] * sin(ang));
-                double y1 = af * ((double)x[d0] * sin(ang) + (double)x[d1] * cos(ang));
-                double m = fabs((double)x[d0]) + fabs((double)x[d1]);
-                double tc = ldexp(1, -21) * m * af + 1e-30, td = 1e-5 * m * af + 1e-30;
-                if (fabs(g[d0] - cp[d0]) > tc || fabs(g[d1] - cp[d1]) > tc || fabs(g[d0] - y0) > td ||
-                    fabs(g[d1] - y1) > td)
-                    fail_msg("gather_rope row %zu head %zu pair %zu: got (%.9g, %.9g), cpu (%.9g, %.9g), double (%.9g, %.9g)",
-                             i, h, j, (double)g[d0], (double)g[d1], (double)cp[d0], (double)cp[d1], y0, y1);
-            }
-        }
-    g_be->iface->buffer_free(g_be, bs);
-    g_be->iface->buffer_free(g_be, bi);
-    g_be->iface->buffer_free(g_be, bc);
-    g_be->iface->buffer_free(g_be, bo);
-    free(r);
-    free(src);
-    free(cs);
-    free(out);
-    free(cpu);
-    free(idx);
-}
-
-static void test_vulkan_gather_rope_matches_cpu_rotation(void **state) {
-    (void)state;
-    NEED_BACKEND();
-    kvm_vk_gather_rope_fn fn;
-    void *p = proc(KVM_VK_PROC_GATHER_ROPE);
-    if (!p) skip(); /* only the Vulkan plugin has it before the retrieval entries land */
-    memcpy(&fn, &p, sizeof fn);
-    uint64_t rng = 31;
-    gather_case(fn, KVMEM_ROPE_NEOX, 64, 64, 1.0, 50, 37, 2, 0, &rng);
-    gather_case(fn, KVMEM_ROPE_GPTJ, 64, 64, 1.0, 50, 37, 2, 5, &rng);
-    gather_case(fn, KVMEM_ROPE_NEOX, 128, 32, 1.0, 10, 20, 3, 100000, &rng); /* partial rotary, far positions */
-    gather_case(fn, KVMEM_ROPE_GPTJ, 32, 16, 1.25, 9, 5, 1, 4095, &rng);     /* YaRN-style attention factor */
-    gather_case(fn, KVMEM_ROPE_NEOX, 16, 0, 1.0, 9, 5, 4, 0, &rng);          /* values: plain gather */
-    /* bad input */
-    float z[64] = {0};
-    kvmem_buffer *b = bfloat(z, 64);
-    kvm_vk_gather_rope_args a = {b, b, b, b, 0, 0, 0, 0, 1, 8, 1, 1, 8, 8, 0, 1.0f};
-    assert_ok(fn(g_be, &a));
-    a.rotary_dim = 7;
-    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "even");
-    a.rotary_dim = 10;
-    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "head_dim");
-    a.rotary_dim = 8;
-    a.n_out = 0;
-    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "empty");
-    a.n_out = 9;
-    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
-    a.n_out = 1;
-    a.src_rs = 4;
-    assert_status(fn(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
-    g_be->iface->buffer_free(g_be, b);
-}
 
 /* ---- threads: ops on one backend from several threads, and contexts
  * created and freed concurrently (the plugin's shared instance) ---- */
@@ -729,7 +632,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_registry_reports_backend_and_auto_prefers_native_cpu),
     cmocka_unit_test(test_vulkan_device_choice_and_reasons),
     cmocka_unit_test(test_vulkan_aabb_score_gemm_form_matches_reference),
-    cmocka_unit_test(test_vulkan_gather_rope_matches_cpu_rotation),
     cmocka_unit_test(test_threads_share_a_backend_and_create_contexts),
 };
 CONF_MAIN(tests)
