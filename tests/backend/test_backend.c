@@ -17,7 +17,6 @@
  *
  * Harness: conformance.h. */
 #include "conformance.h"
-#include "rope/rope.h"
 #include "vk_ops.h"
 
 #include <math.h>
