@@ -248,5 +248,11 @@ typedef kvmem_status (*kvmem_backend_plugin_init_fn)(uint32_t api_version, kvmem
 
 /* The CPU backend (always built). */
 kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out);
+/* Its buffers are host memory; for the CPU reference entries of the device
+ * kernels in their modules (cpu_backend.c): the host address and byte size
+ * of a buffer, and the address of bytes [off, off + n), NULL when outside
+ * the buffer or off is not a multiple of 4. */
+void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
+void *kvm_cpu_buf_at(const kvmem_buffer *b, size_t off, size_t n);
 
 #endif

@@ -79,7 +79,5 @@ static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_
  * >= n_slots, tile ids outside [0, n_tiles) or repeated. */
 kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a);
 
-/* The CPU backend's buffers (cpu_backend.c): host address and byte size. */
-void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
 
 #endif

@@ -67,7 +67,7 @@ static kvmem_status cpu_download(kvmem_backend *be, const kvmem_buffer *src, siz
     return KVMEM_OK;
 }
 
-/* For the CPU backend's buffer-level entries in their modules. */
+/* backend.h: for the CPU reference entries of the device kernels. */
 void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size) {
     *size = b->size;
     return b->data;
@@ -128,9 +128,7 @@ static kvmem_status cpu_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, 
 
 /* -- persistence -- */
 
-/* Host address of bytes [off, off + n) of a CPU buffer; NULL when outside or
- * when off is not a multiple of 4 (device-kernel reference entries:
- * core/qmem/qmem_dev.c). */
+/* backend.h: bytes [off, off + n) of a CPU buffer, NULL outside or unaligned. */
 void *kvm_cpu_buf_at(const kvmem_buffer *b, size_t off, size_t n) {
     return in_range(b, off, n) && off % 4 == 0 ? b->data + off : NULL;
 }

@@ -27,9 +27,6 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
 /* The CPU backend's dev_qmem_score (core/backend.h): the reference the
  * device backends are compared with (qmem_dev.c). */
 kvmem_status kvm_cpu_dev_qmem_score(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
-/* Host address of bytes [off, off + n) of a CPU-backend buffer, NULL when
- * outside it or off is not a multiple of 4 (core/cpu/cpu_backend.c). */
-void *kvm_cpu_buf_at(const kvmem_buffer *b, size_t off, size_t n);
 
 /* Key rows per tile when K has to be converted. */
 #define KVM_QMEM_TILE 256

@@ -102,7 +102,5 @@ kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_arg
  * descriptors' outputs (AABB mode only for scoring). */
 kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
 kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d);
-/* Host address and size (bytes) of a CPU backend buffer (cpu_backend.c). */
-void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
 
 #endif
