@@ -3,8 +3,9 @@
  * entries (core/retrieve/score_dev.c) and the device plugins, which cannot
  * link the core's hidden symbols: header-only, so every backend rejects the
  * same inputs with the same messages. Each check writes a message into msg
- * and returns the status (KVMEM_OK: valid, msg untouched). `size` gives a
- * buffer's size in bytes (the backend knows its own buffer type). */
+ * and returns the status (KVMEM_OK: valid, msg untouched). The *_sizes forms
+ * take the buffers' byte sizes in argument order (0 for a NULL buffer); the
+ * plain forms get them from `size` (the backend knows its own buffer type). */
 #ifndef KVMEM_RETRIEVE_DEV_ARGS_H
 #define KVMEM_RETRIEVE_DEV_ARGS_H
 
@@ -31,19 +32,22 @@ static inline kvmem_status kvm_dev_bad(char *msg, size_t msg_size, const char *f
     return KVMEM_ERR_INVALID_ARG;
 }
 
-/* Elements [off/4, off/4 + n) of f32/int32 buffer b exist; off a multiple of 4. */
-static inline int kvm_dev_holds(kvm_dev_size_fn size, const kvmem_buffer *b, size_t off, size_t n) {
+/* Elements [off/4, off/4 + n) of f32/int32 buffer b (of `size` bytes) exist; off a multiple of 4. */
+static inline int kvm_dev_holds(size_t size, const kvmem_buffer *b, size_t off, size_t n) {
     size_t bytes, end;
-    return b && off % 4 == 0 && kvm_mul_size(n, 4, &bytes) && kvm_add_size(off, bytes, &end) && end <= size(b);
+    return b && off % 4 == 0 && kvm_mul_size(n, 4, &bytes) && kvm_add_size(off, bytes, &end) && end <= size;
 }
+
+static inline size_t kvm_dev_size_of(kvm_dev_size_fn size, const kvmem_buffer *b) { return b ? size(b) : 0; }
 
 /* a * b * c * d without overflow. */
 static inline int kvm_dev_prod(size_t *out, size_t a, size_t b, size_t c, size_t d) {
     return kvm_mul_size(a, b, out) && kvm_mul_size(*out, c, out) && kvm_mul_size(*out, d, out);
 }
 
-static inline kvmem_status kvm_dev_score_check(const kvm_dev_score_args *a, kvm_dev_size_fn size, char *msg,
-                                               size_t msg_size) {
+/* size: q, s_min, s_max, out */
+static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a, const size_t size[4], char *msg,
+                                                     size_t msg_size) {
     if (!a) return kvm_dev_bad(msg, msg_size, "dev_score: args is NULL");
     if (a->n_q < 1 || a->n_blocks < 1 || a->n_layers < 1 || a->n_q_heads < 1 || a->n_kv_heads < 1 || a->head_dim < 1)
         return kvm_dev_bad(msg, msg_size,
@@ -68,15 +72,16 @@ static inline kvmem_status kvm_dev_score_check(const kvm_dev_score_args *a, kvm_
     size_t L = (size_t)a->n_layers, D = (size_t)a->head_dim, NB = (size_t)a->n_blocks;
     if (!kvm_dev_prod(&nq, (size_t)a->n_q, L, (size_t)a->n_q_heads, D) ||
         !kvm_dev_prod(&ns, NB, L, (size_t)a->n_kv_heads, D) || !kvm_dev_prod(&no, L, (size_t)a->n_q_heads, NB, 1) ||
-        !kvm_dev_holds(size, a->q, a->q_off, nq) || !kvm_dev_holds(size, a->s_min, a->s_off, ns) ||
-        !kvm_dev_holds(size, a->s_max, a->s_off, ns) || !kvm_dev_holds(size, a->out, a->out_off, no))
+        !kvm_dev_holds(size[0], a->q, a->q_off, nq) || !kvm_dev_holds(size[1], a->s_min, a->s_off, ns) ||
+        !kvm_dev_holds(size[2], a->s_max, a->s_off, ns) || !kvm_dev_holds(size[3], a->out, a->out_off, no))
         return kvm_dev_bad(msg, msg_size, "dev_score: ranges outside the buffers");
     return KVMEM_OK;
 }
 
-/* dev_topk: idx must hold min(k, n) entries (at most that many are written). */
-static inline kvmem_status kvm_dev_topk_check(const kvm_dev_topk_args *a, kvm_dev_size_fn size, char *msg,
-                                              size_t msg_size) {
+/* dev_topk: idx must hold min(k, n) entries (at most that many are written).
+ * size: scores, idx */
+static inline kvmem_status kvm_dev_topk_check_sizes(const kvm_dev_topk_args *a, const size_t size[2], char *msg,
+                                                    size_t msg_size) {
     if (!a) return kvm_dev_bad(msg, msg_size, "dev_topk: args is NULL");
     if (!a->n_out) return kvm_dev_bad(msg, msg_size, "dev_topk: n_out is NULL");
     if (a->n < 0 || a->k < 0)
@@ -85,14 +90,15 @@ static inline kvmem_status kvm_dev_topk_check(const kvm_dev_topk_args *a, kvm_de
     if (!a->scores || !a->idx) return kvm_dev_bad(msg, msg_size, "dev_topk: a buffer is NULL");
     if (a->scores_off % 4 || a->idx_off % 4)
         return kvm_dev_bad(msg, msg_size, "dev_topk: offsets must be multiples of 4 bytes");
-    if (!kvm_dev_holds(size, a->scores, a->scores_off, (size_t)a->n) ||
-        !kvm_dev_holds(size, a->idx, a->idx_off, (size_t)KVM_MIN(a->k, a->n)))
+    if (!kvm_dev_holds(size[0], a->scores, a->scores_off, (size_t)a->n) ||
+        !kvm_dev_holds(size[1], a->idx, a->idx_off, (size_t)KVM_MIN(a->k, a->n)))
         return kvm_dev_bad(msg, msg_size, "dev_topk: ranges outside the buffers");
     return KVMEM_OK;
 }
 
-static inline kvmem_status kvm_dev_gather_check(const kvm_dev_gather_args *a, kvm_dev_size_fn size, char *msg,
-                                                size_t msg_size) {
+/* size: src, idx, cs, out */
+static inline kvmem_status kvm_dev_gather_check_sizes(const kvm_dev_gather_args *a, const size_t size[4], char *msg,
+                                                      size_t msg_size) {
     if (!a) return kvm_dev_bad(msg, msg_size, "dev_gather_rope: args is NULL");
     if (!a->n_out || !a->n_heads || !a->head_dim || !a->n_src)
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: empty input (n_src %zu, n_out %zu, n_heads %zu, head_dim %zu)",
@@ -109,12 +115,47 @@ static inline kvmem_status kvm_dev_gather_check(const kvm_dev_gather_args *a, kv
     size_t row, se, oe;
     if (!kvm_mul_size(a->n_heads, a->head_dim, &row) || a->src_rs < row ||
         !kvm_mul_size(a->n_src - 1, a->src_rs, &se) || !kvm_add_size(se, row, &se) ||
-        !kvm_mul_size(a->n_out, row, &oe) || !kvm_dev_holds(size, a->src, a->src_off, se) ||
-        !kvm_dev_holds(size, a->out, a->out_off, oe) || !kvm_dev_holds(size, a->idx, a->idx_off, a->n_out) ||
+        !kvm_mul_size(a->n_out, row, &oe) || !kvm_dev_holds(size[0], a->src, a->src_off, se) ||
+        !kvm_dev_holds(size[3], a->out, a->out_off, oe) || !kvm_dev_holds(size[1], a->idx, a->idx_off, a->n_out) ||
         (a->rotary_dim && !kvm_dev_prod(&se, a->n_out, a->rotary_dim, 1, 1)) ||
-        (a->rotary_dim && !kvm_dev_holds(size, a->cs, a->cs_off, se)))
+        (a->rotary_dim && !kvm_dev_holds(size[2], a->cs, a->cs_off, se)))
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: ranges outside the buffers (or src_rs < n_heads * head_dim)");
     return KVMEM_OK;
+}
+
+/* The same checks with sizes from the backend's own size function. */
+static inline kvmem_status kvm_dev_score_check(const kvm_dev_score_args *a, kvm_dev_size_fn size, char *msg,
+                                               size_t msg_size) {
+    size_t sz[4] = {0, 0, 0, 0};
+    if (a) {
+        sz[0] = kvm_dev_size_of(size, a->q);
+        sz[1] = kvm_dev_size_of(size, a->s_min);
+        sz[2] = kvm_dev_size_of(size, a->s_max);
+        sz[3] = kvm_dev_size_of(size, a->out);
+    }
+    return kvm_dev_score_check_sizes(a, sz, msg, msg_size);
+}
+
+static inline kvmem_status kvm_dev_topk_check(const kvm_dev_topk_args *a, kvm_dev_size_fn size, char *msg,
+                                              size_t msg_size) {
+    size_t sz[2] = {0, 0};
+    if (a) {
+        sz[0] = kvm_dev_size_of(size, a->scores);
+        sz[1] = kvm_dev_size_of(size, a->idx);
+    }
+    return kvm_dev_topk_check_sizes(a, sz, msg, msg_size);
+}
+
+static inline kvmem_status kvm_dev_gather_check(const kvm_dev_gather_args *a, kvm_dev_size_fn size, char *msg,
+                                                size_t msg_size) {
+    size_t sz[4] = {0, 0, 0, 0};
+    if (a) {
+        sz[0] = kvm_dev_size_of(size, a->src);
+        sz[1] = kvm_dev_size_of(size, a->idx);
+        sz[2] = kvm_dev_size_of(size, a->cs);
+        sz[3] = kvm_dev_size_of(size, a->out);
+    }
+    return kvm_dev_gather_check_sizes(a, sz, msg, msg_size);
 }
 
 #endif

@@ -4,6 +4,8 @@
 #include "rules.h"
 
 #include "backend.h"
+#include "attend/attend_dev.h"
+#include "retrieve/dev_args.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -37,10 +39,12 @@ static int32_t pow2_at_least(int32_t n) {
     return p;
 }
 
-/* The rules and messages below are those of the core's shared checks
- * (core/retrieve/dev_args.h, core/attend/attend_dev.h): every backend
- * refuses the same input with the same words. Then come this backend's own
- * limits (KVMEM_ERR_UNSUPPORTED). */
+/* Each check runs the core's shared checks first (core/retrieve/dev_args.h,
+ * core/attend/attend_dev.h: every backend refuses the same input with the
+ * same words), then this backend's own limits (KVMEM_ERR_UNSUPPORTED). */
+
+/* A shared check's failure as this backend's error. */
+static kvmem_status shared_fail(kvmem_status st, const char *msg) { return kvm_cu_fail(st, "%s", msg); }
 
 /* [off, off + 4n) inside a buffer of `size` bytes (size 0 for NULL) */
 static bool holds(size_t size, size_t off, size_t n) {
@@ -53,28 +57,12 @@ static bool holds(size_t size, size_t off, size_t n) {
 kvmem_status kvm_cu_check_dev_score(const kvm_dev_score_args *a, size_t q_size, size_t s_min_size,
                                     size_t s_max_size, size_t out_size, kvm_cu_dev_score_plan *plan) {
     if (!a || !plan) return FAIL_ARG("dev_score: args is NULL");
-    if (a->n_q < 1 || a->n_blocks < 1 || a->n_layers < 1 || a->n_q_heads < 1 || a->n_kv_heads < 1 || a->head_dim < 1)
-        return FAIL_ARG("dev_score: empty or negative shape (n_q %d, n_blocks %d, n_layers %d, n_q_heads %d, "
-                        "n_kv_heads %d, head_dim %d)",
-                        a->n_q, a->n_blocks, a->n_layers, a->n_q_heads, a->n_kv_heads, a->head_dim);
-    if (a->n_q_heads % a->n_kv_heads)
-        return FAIL_ARG("dev_score: n_q_heads %d is not a multiple of n_kv_heads %d", a->n_q_heads, a->n_kv_heads);
-    if (a->norm != KVMEM_NORM_SOFTMAX && a->norm != KVMEM_NORM_RR)
-        return FAIL_ARG("dev_score: norm %d is not SOFTMAX or RR", (int)a->norm);
-    if (a->agg != KVMEM_AGG_MAX && a->agg != KVMEM_AGG_SUM)
-        return FAIL_ARG("dev_score: agg %d is not MAX or SUM", (int)a->agg);
-    if (!(a->tau > 0.0f && isfinite(a->tau)) || !(a->rr_c > 0.0f && isfinite(a->rr_c)))
-        return FAIL_ARG("dev_score: tau %g and rr_c %g must be finite and > 0", (double)a->tau, (double)a->rr_c);
-    if (!a->q || !a->s_min || !a->s_max || !a->out) return FAIL_ARG("dev_score: a buffer is NULL");
-    if (a->q_off % 4 || a->s_off % 4 || a->out_off % 4)
-        return FAIL_ARG("dev_score: offsets must be multiples of 4 bytes");
+    char msg[256];
+    const size_t sz[4] = {q_size, s_min_size, s_max_size, out_size};
+    kvmem_status st = kvm_dev_score_check_sizes(a, sz, msg, sizeof msg);
+    if (st != KVMEM_OK) return shared_fail(st, msg);
     const size_t L = (size_t)a->n_layers, Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads;
-    const size_t D = (size_t)a->head_dim, NQ = (size_t)a->n_q, NB = (size_t)a->n_blocks;
-    size_t nq_el, s_el, out_el, t;
-    if (!kvm_cu_mul3(NQ, L, Hq, &t) || !kvm_cu_mul2(t, D, &nq_el) || !kvm_cu_mul3(NB, L, Hkv, &t) ||
-        !kvm_cu_mul2(t, D, &s_el) || !kvm_cu_mul3(L, Hq, NB, &out_el) || !holds(q_size, a->q_off, nq_el) ||
-        !holds(s_min_size, a->s_off, s_el) || !holds(s_max_size, a->s_off, s_el) || !holds(out_size, a->out_off, out_el))
-        return FAIL_ARG("dev_score: ranges outside the buffers");
+    const size_t NQ = (size_t)a->n_q, NB = (size_t)a->n_blocks;
     if (a->head_dim > KVM_CU_DEV_MAX_HEAD_DIM)
         return FAIL_UNSUP("dev_score: head_dim %d: the CUDA kernel takes at most %d", a->head_dim,
                           KVM_CU_DEV_MAX_HEAD_DIM);
@@ -107,43 +95,21 @@ kvmem_status kvm_cu_check_dev_score(const kvm_dev_score_args *a, size_t q_size, 
 /* ---- dev_topk ---- */
 
 kvmem_status kvm_cu_check_dev_topk(const kvm_dev_topk_args *a, size_t scores_size, size_t idx_size) {
-    if (!a) return FAIL_ARG("dev_topk: args is NULL");
-    if (!a->n_out) return FAIL_ARG("dev_topk: n_out is NULL");
-    if (a->n < 0 || a->k < 0) return FAIL_ARG("dev_topk: n %d and k %d must be >= 0", a->n, a->k);
-    if (a->n == 0 || a->k == 0) return KVMEM_OK;
-    if (!a->scores || !a->idx) return FAIL_ARG("dev_topk: a buffer is NULL");
-    if (a->scores_off % 4 || a->idx_off % 4) return FAIL_ARG("dev_topk: offsets must be multiples of 4 bytes");
-    const size_t m = (size_t)(a->k < a->n ? a->k : a->n); /* idx holds min(k, n): at most that many are written */
-    if (!holds(scores_size, a->scores_off, (size_t)a->n) || !holds(idx_size, a->idx_off, m))
-        return FAIL_ARG("dev_topk: ranges outside the buffers");
-    return KVMEM_OK;
+    char msg[256];
+    const size_t sz[2] = {scores_size, idx_size};
+    kvmem_status st = kvm_dev_topk_check_sizes(a, sz, msg, sizeof msg);
+    return st == KVMEM_OK ? KVMEM_OK : shared_fail(st, msg);
 }
 
 /* ---- dev_gather_rope ---- */
 
 kvmem_status kvm_cu_check_dev_gather(const kvm_dev_gather_args *a, size_t src_size, size_t idx_size,
                                      size_t cs_size, size_t out_size) {
-    if (!a) return FAIL_ARG("dev_gather_rope: args is NULL");
-    if (!a->n_out || !a->n_heads || !a->head_dim || !a->n_src)
-        return FAIL_ARG("dev_gather_rope: empty input (n_src %zu, n_out %zu, n_heads %zu, head_dim %zu)", a->n_src,
-                        a->n_out, a->n_heads, a->head_dim);
-    if (a->rotary_dim % 2 || a->rotary_dim > a->head_dim || (a->gptj != 0 && a->gptj != 1))
-        return FAIL_ARG("dev_gather_rope: rotary_dim %zu must be even and <= head_dim %zu, gptj 0 or 1", a->rotary_dim,
-                        a->head_dim);
-    if (!(a->attn_factor > 0.0f && isfinite(a->attn_factor)))
-        return FAIL_ARG("dev_gather_rope: attn_factor %g must be finite and > 0", (double)a->attn_factor);
-    if (!a->src || !a->idx || !a->out || (a->rotary_dim && !a->cs)) return FAIL_ARG("dev_gather_rope: a buffer is NULL");
-    if (a->src_off % 4 || a->idx_off % 4 || a->cs_off % 4 || a->out_off % 4)
-        return FAIL_ARG("dev_gather_rope: offsets must be multiples of 4 bytes");
-    size_t row, src_el, out_el, cs_el = 0;
-    bool ok = kvm_cu_mul2(a->n_heads, a->head_dim, &row) && a->src_rs >= row &&
-              kvm_cu_mul2(a->n_src - 1, a->src_rs, &src_el) && src_el <= SIZE_MAX - row;
-    if (ok) src_el += row;
-    ok = ok && kvm_cu_mul2(a->n_out, row, &out_el) && holds(src_size, a->src_off, src_el) &&
-         holds(out_size, a->out_off, out_el) && holds(idx_size, a->idx_off, a->n_out);
-    /* cos and sin, rotary_dim / 2 of each per output row */
-    if (ok && a->rotary_dim) ok = kvm_cu_mul2(a->n_out, a->rotary_dim, &cs_el) && holds(cs_size, a->cs_off, cs_el);
-    if (!ok) return FAIL_ARG("dev_gather_rope: ranges outside the buffers (or src_rs < n_heads * head_dim)");
+    char msg[256];
+    const size_t sz[4] = {src_size, idx_size, cs_size, out_size};
+    kvmem_status st = kvm_dev_gather_check_sizes(a, sz, msg, sizeof msg);
+    if (st != KVMEM_OK) return shared_fail(st, msg);
+    const size_t row = a->n_heads * a->head_dim; /* checked by the shared rules */
     if (a->n_out > INT32_MAX || row > INT32_MAX)
         return FAIL_UNSUP("dev_gather_rope: %zu output rows of %zu exceed the CUDA kernel's range", a->n_out, row);
     return KVMEM_OK;
@@ -155,40 +121,11 @@ kvmem_status kvm_cu_check_dev_attend(const kvm_dev_attend_args *a, size_t q_size
                                      size_t slot_map_size, size_t order_size, size_t out_size,
                                      size_t visited_size, int32_t n_sms, kvm_cu_dev_attend_plan *plan) {
     if (!a || !plan) return FAIL_ARG("dev_attend: args is NULL");
-    if (!a->q || !a->k || !a->v || !a->out || !a->visited || (a->n_pos > 0 && !a->slot_map) ||
-        (a->n_visit > 0 && !a->order))
-        return FAIL_ARG("dev_attend: a buffer is NULL (q, k, v, out, visited; slot_map when n_pos > 0, order when "
-                        "n_visit > 0)");
-    if (a->n_kv_heads < 1 || a->n_q_heads < a->n_kv_heads || a->n_q_heads % a->n_kv_heads != 0 || a->head_dim < 1 ||
-        a->head_dim > 1024)
-        return FAIL_ARG("dev_attend: n_q_heads %d must be a multiple of n_kv_heads %d >= 1, head_dim %d in [1, 1024]",
-                        a->n_q_heads, a->n_kv_heads, a->head_dim);
-    if (a->n_slots < 0 || a->n_pos < 0 || a->n_pos > INT32_MAX || a->tile < 1 || a->n_visit < 0)
-        return FAIL_ARG("dev_attend: n_slots %lld, n_pos %lld must be >= 0 (n_pos < 2^31), tile %d >= 1, n_visit %d >= 0",
-                        (long long)a->n_slots, (long long)a->n_pos, a->tile, a->n_visit);
+    char msg[256];
+    const size_t sz[KVM_DA_N] = {q_size, k_size, v_size, slot_map_size, order_size, out_size, visited_size};
+    if (!kvm_dev_attend_check(a, sz, msg, sizeof msg)) return FAIL_ARG("dev_attend: %s", msg);
     const int64_t n_tiles = (a->n_pos + a->tile - 1) / a->tile;
-    if (a->n_visit > n_tiles)
-        return FAIL_ARG("dev_attend: n_visit %d exceeds the %lld tiles", a->n_visit, (long long)n_tiles);
-    if (a->dtype != KVMEM_F32 && a->dtype != KVMEM_F16)
-        return FAIL_ARG("dev_attend: k and v dtype %d must be F32 or F16", (int)a->dtype);
-    if (!(a->scale > 0.0f) || !isfinite(a->scale) || !(a->tau_s >= 0.0f) || !isfinite(a->tau_s) || !(a->tau_d >= 0.0f) ||
-        !isfinite(a->tau_d) || a->patience < 1)
-        return FAIL_ARG("dev_attend: scale %g must be > 0, tau_s %g and tau_d %g >= 0 (finite), patience %d >= 1",
-                        (double)a->scale, (double)a->tau_s, (double)a->tau_d, a->patience);
-    if ((a->q_off | a->k_off | a->v_off | a->slot_map_off | a->order_off | a->out_off | a->visited_off) % 4)
-        return FAIL_ARG("dev_attend: offsets must be multiples of 4 bytes");
     const size_t Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads, D = (size_t)a->head_dim;
-    const size_t es = a->dtype == KVMEM_F32 ? 4 : 2;
-    size_t kv_bytes = 0, t;
-    bool ok = kvm_cu_mul3((size_t)a->n_slots, Hkv, D, &t) && kvm_cu_mul2(t, es, &kv_bytes) &&
-              (kv_bytes == 0 || (kvm_cu_in_range(k_size, a->k_off, kv_bytes) && kvm_cu_in_range(v_size, a->v_off, kv_bytes))) &&
-              holds(q_size, a->q_off, Hq * D) && holds(out_size, a->out_off, Hq * D) &&
-              (a->n_pos == 0 || holds(slot_map_size, a->slot_map_off, (size_t)a->n_pos)) &&
-              (a->n_visit == 0 || holds(order_size, a->order_off, (size_t)a->n_visit)) &&
-              holds(visited_size, a->visited_off, Hkv);
-    if (!ok)
-        return FAIL_ARG("dev_attend: ranges outside the buffers (%lld slots x %d KV heads x %d, %lld positions, %d tiles)",
-                        (long long)a->n_slots, a->n_kv_heads, a->head_dim, (long long)a->n_pos, a->n_visit);
     if (a->head_dim > KVM_CU_DEV_MAX_HEAD_DIM)
         return FAIL_UNSUP("dev_attend: head_dim %d: the CUDA kernel takes at most %d", a->head_dim,
                           KVM_CU_DEV_MAX_HEAD_DIM);
