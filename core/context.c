@@ -1,18 +1,13 @@
 /* Contexts and the backend registry. */
-#define _GNU_SOURCE /* dladdr */
 #include "context.h"
 #include "internal.h"
 #include "cpu/kernels.h"
+#include "registry/plugin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#if defined(__unix__) && !defined(__EMSCRIPTEN__)
-#  define KVM_HAVE_DLOPEN 1
-#  include <dlfcn.h>
-#endif
 
 #ifndef KVMEM_PLUGIN_CUDA_BUILT
 #  define KVMEM_PLUGIN_CUDA_BUILT 0
@@ -23,76 +18,30 @@
 
 static const char *const k_plugins[] = {"cuda", "vulkan"};
 
-#ifdef KVM_HAVE_DLOPEN
-/* Any object inside libkvmem: dladdr on it finds the library's own path.
- * (Inside the #ifdef: builds without dlopen, e.g. WebAssembly, never use it.) */
-static const char k_anchor = 0;
-
-/* Plugins are looked up beside libkvmem itself first, then in
- * KVMEM_BACKEND_PATH, then by the dynamic loader's own search. */
-static void *open_plugin(const char *name, char *why, size_t why_size) {
-    char file[64], path[4096];
-    snprintf(file, sizeof file, "libkvmem-%s.so", name);
-    const char *env = getenv("KVMEM_BACKEND_PATH");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s/%s", env, file);
-        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (h) return h;
-    }
-    Dl_info info;
-    if (dladdr(&k_anchor, &info) && info.dli_fname) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        if (slash) {
-            int dir = (int)(slash - info.dli_fname);
-            snprintf(path, sizeof path, "%.*s/%s", dir, info.dli_fname, file);
-            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-            if (h) return h;
-        }
-    }
-    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
+kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend **out, char *why,
+                             size_t why_size) {
+    *out = NULL;
+    char reason[256] = "";
+    kvmem_backend_plugin_init_fn init;
+    *(void **)(&init) = kvm_plugin_symbol(name, KVMEM_BACKEND_PLUGIN_INIT, reason, sizeof reason);
+    if (!init) {
         int built = strcmp(name, "cuda") == 0 ? KVMEM_PLUGIN_CUDA_BUILT : KVMEM_PLUGIN_VULKAN_BUILT;
         if (!built)
-            snprintf(why, why_size, "not built: configure with -DKVMEM_%s=ON (%s not found)",
-                     strcmp(name, "cuda") == 0 ? "CUDA" : "VULKAN", file);
+            snprintf(why, why_size, "not built: configure with -DKVMEM_%s=ON (libkvmem-%s.so not found)",
+                     strcmp(name, "cuda") == 0 ? "CUDA" : "VULKAN", name);
         else
-            snprintf(why, why_size, "plugin %s not loadable: %s", file, e ? e : "not found");
-    }
-    return h;
-}
-#endif
-
-kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend **out,
-                             void **handle, char *why, size_t why_size) {
-    *out = NULL;
-    *handle = NULL;
-#ifdef KVM_HAVE_DLOPEN
-    void *h = open_plugin(name, why, why_size);
-    if (!h) return KVMEM_ERR_UNSUPPORTED;
-    kvmem_backend_plugin_init_fn init;
-    *(void **)(&init) = dlsym(h, KVMEM_BACKEND_PLUGIN_INIT);
-    if (!init) {
-        snprintf(why, why_size, "libkvmem-%s.so has no %s symbol", name, KVMEM_BACKEND_PLUGIN_INIT);
-        dlclose(h);
+            snprintf(why, why_size, "plugin libkvmem-%s.so not loadable: %s", name, reason);
         return KVMEM_ERR_UNSUPPORTED;
     }
     why[0] = '\0';
     kvmem_status st = init(KVMEM_BACKEND_API_VERSION, ctx, out, why, why_size);
     if (st != KVMEM_OK || !*out) {
         if (!why[0]) snprintf(why, why_size, "libkvmem-%s.so failed to initialise", name);
-        dlclose(h);
         *out = NULL;
         return st != KVMEM_OK ? st : KVMEM_ERR_BACKEND;
     }
     (*out)->fail = kvm_fail; /* plugins report op errors through the core's kvm_fail */
-    *handle = h;
     return KVMEM_OK;
-#else
-    (void)ctx;
-    snprintf(why, why_size, "%s: this build cannot load plugins", name);
-    return KVMEM_ERR_UNSUPPORTED;
-#endif
 }
 
 /* ---- kvmem_backends ---- */
@@ -129,20 +78,16 @@ kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *co
         bi->name = k_plugins[i];
         char why[256] = {0};
         kvmem_backend *be = NULL;
-        void *h = NULL;
         /* Probing means initialising: a plugin can only say it has a device
          * by looking for one. The probe context is minimal and discarded. */
         kvmem_context probe;
         memset(&probe, 0, sizeof probe);
         probe.n_threads = 1;
-        if (kvm_plugin_load(&probe, k_plugins[i], &be, &h, why, sizeof why) == KVMEM_OK) {
+        if (kvm_plugin_load(&probe, k_plugins[i], &be, why, sizeof why) == KVMEM_OK) {
             bi->available = 1;
             snprintf(g_plugin_detail[i], sizeof g_plugin_detail[i], "%s",
                      be->detail ? be->detail : be->iface->name);
             be->iface->free(be);
-#ifdef KVM_HAVE_DLOPEN
-            dlclose(h);
-#endif
         } else {
             bi->available = 0;
             snprintf(g_plugin_detail[i], sizeof g_plugin_detail[i], "%s", why);
@@ -202,19 +147,14 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
         for (size_t i = 0; i < sizeof k_plugins / sizeof k_plugins[0]; i++) {
             if (!is_auto && strcmp(name, k_plugins[i]) != 0) continue;
             kvmem_backend *be = NULL;
-            void *h = NULL;
-            if (kvm_plugin_load(ctx, k_plugins[i], &be, &h, why, sizeof why) == KVMEM_OK) {
+            if (kvm_plugin_load(ctx, k_plugins[i], &be, why, sizeof why) == KVMEM_OK) {
                 /* "auto" wants speed: a plugin whose device is a CPU (lavapipe)
                  * loses to the native CPU backend, so it is put back. */
                 if (is_auto && be->cpu_device) {
                     be->iface->free(be);
-#ifdef KVM_HAVE_DLOPEN
-                    dlclose(h);
-#endif
                     continue;
                 }
                 ctx->backend = be;
-                ctx->plugin = h;
                 snprintf(ctx->backend_name, sizeof ctx->backend_name, "%s", k_plugins[i]);
                 break;
             }
@@ -231,9 +171,6 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
 void kvmem_context_free(kvmem_context *ctx) {
     if (!ctx) return;
     if (ctx->backend && ctx->backend != ctx->cpu) ctx->backend->iface->free(ctx->backend);
-#ifdef KVM_HAVE_DLOPEN
-    if (ctx->plugin) dlclose(ctx->plugin);
-#endif
     if (ctx->cpu) ctx->cpu->iface->free(ctx->cpu);
     kvm_threadpool_free(ctx->tp);
     free(ctx);

@@ -11,12 +11,11 @@ struct kvmem_context {
     kvm_threadpool *tp;
     kvmem_backend *cpu;     /* always present: host work and the reference */
     kvmem_backend *backend; /* the chosen one (== cpu for "cpu") */
-    void *plugin;           /* dlopen handle of the chosen plugin, or NULL */
 };
 
 /* Try to load the plugin for `name` ("cuda", "vulkan"); on failure write the
- * reason into why. */
-kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend **out,
-                             void **handle, char *why, size_t why_size);
+ * reason into why. Plugins stay loaded once opened (registry/plugin.h). */
+kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend **out, char *why,
+                             size_t why_size);
 
 #endif

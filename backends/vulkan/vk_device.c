@@ -10,8 +10,6 @@
 #include <string.h>
 
 static pthread_mutex_t g_inst_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_inst_refs;
-static void *g_loader;
 static VkInstance g_inst;
 
 const char *kvm_vk_result_str(VkResult r) {
@@ -33,25 +31,31 @@ const char *kvm_vk_result_str(VkResult r) {
     }
 }
 
+/* The loader and one instance are created on first use and kept for the
+ * life of the process: destroying the instance makes the loader unload the
+ * driver, and drivers do not all unload cleanly (Debian 12's Mesa lavapipe
+ * loses a block held by a driver global, which LeakSanitizer then reports
+ * from an unloaded module). Keeping them also spares every later context
+ * the driver's start. The plugin itself
+ * is never unmapped (core/registry/plugin.h), so g_inst stays reachable. */
 kvmem_status kvm_vk_instance_acquire(VkInstance *out, char *why, size_t why_size) {
     kvmem_status st = KVMEM_OK;
     pthread_mutex_lock(&g_inst_mu);
-    if (g_inst_refs == 0) {
-        /* Our own dlopen (not volkInitialize) so the loader is closed again
-         * with the last reference and the reason for a failure is known. */
-        g_loader = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
-        if (!g_loader) {
+    if (g_inst == VK_NULL_HANDLE) {
+        /* Our own dlopen (not volkInitialize) so the reason for a failure is
+         * known; RTLD_NODELETE because the instance outlives every handle. */
+        void *loader = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+        if (!loader) {
             const char *e = dlerror();
             snprintf(why, why_size, "no Vulkan loader (libvulkan.so.1): %s", e ? e : "not found");
             st = KVMEM_ERR_UNSUPPORTED;
             goto out;
         }
         PFN_vkGetInstanceProcAddr gipa;
-        *(void **)(&gipa) = dlsym(g_loader, "vkGetInstanceProcAddr");
+        *(void **)(&gipa) = dlsym(loader, "vkGetInstanceProcAddr");
+        dlclose(loader); /* NODELETE: only the reference is dropped */
         if (!gipa) {
             snprintf(why, why_size, "no Vulkan loader: libvulkan.so.1 lacks vkGetInstanceProcAddr");
-            dlclose(g_loader);
-            g_loader = NULL;
             st = KVMEM_ERR_UNSUPPORTED;
             goto out;
         }
@@ -60,8 +64,6 @@ kvmem_status kvm_vk_instance_acquire(VkInstance *out, char *why, size_t why_size
         if (api < VK_API_VERSION_1_1) {
             snprintf(why, why_size, "Vulkan loader too old: %u.%u, need 1.1", VK_VERSION_MAJOR(api),
                      VK_VERSION_MINOR(api));
-            dlclose(g_loader);
-            g_loader = NULL;
             st = KVMEM_ERR_UNSUPPORTED;
             goto out;
         }
@@ -70,32 +72,19 @@ kvmem_status kvm_vk_instance_acquire(VkInstance *out, char *why, size_t why_size
         VkInstanceCreateInfo ci = {VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, NULL, 0, &app, 0, NULL, 0, NULL};
         VkResult r = vkCreateInstance(&ci, NULL, &g_inst);
         if (r != VK_SUCCESS) {
+            g_inst = VK_NULL_HANDLE;
             snprintf(why, why_size, "no device: %s (vkCreateInstance: %s)",
                      r == VK_ERROR_INCOMPATIBLE_DRIVER ? "no Vulkan driver (ICD) installed" : "Vulkan failed to start",
                      kvm_vk_result_str(r));
-            dlclose(g_loader);
-            g_loader = NULL;
             st = r == VK_ERROR_INCOMPATIBLE_DRIVER ? KVMEM_ERR_UNSUPPORTED : KVMEM_ERR_BACKEND;
             goto out;
         }
         volkLoadInstanceOnly(g_inst);
     }
-    g_inst_refs++;
     *out = g_inst;
 out:
     pthread_mutex_unlock(&g_inst_mu);
     return st;
-}
-
-void kvm_vk_instance_release(void) {
-    pthread_mutex_lock(&g_inst_mu);
-    if (g_inst_refs > 0 && --g_inst_refs == 0) {
-        vkDestroyInstance(g_inst, NULL);
-        g_inst = VK_NULL_HANDLE;
-        dlclose(g_loader);
-        g_loader = NULL;
-    }
-    pthread_mutex_unlock(&g_inst_mu);
 }
 
 static const char *type_name(VkPhysicalDeviceType t) {

@@ -94,10 +94,9 @@ kvmem_status kvm_vk_fail(const kvm_vk *v, kvmem_status status, const char *fmt, 
     ;
 
 /* ---- vk_device.c ---- */
-/* Take a reference on the process-wide loader and VkInstance (created on the
- * first reference). Writes a plain reason on failure. */
+/* The process-wide VkInstance, created on first use and kept for the life of
+ * the process (see vk_device.c). Writes a plain reason on failure. */
 kvmem_status kvm_vk_instance_acquire(VkInstance *out, char *why, size_t why_size);
-void kvm_vk_instance_release(void);
 /* Choose the physical device (KVMEM_VULKAN_DEVICE: index or name substring),
  * create the logical device, queue, pools. */
 kvmem_status kvm_vk_device_open(kvm_vk *v, VkInstance inst, char *why, size_t why_size);

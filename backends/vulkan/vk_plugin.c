@@ -43,7 +43,6 @@ static void vk_free(kvmem_backend *be) {
         kvm_vk_device_close(v);
         pthread_mutex_destroy(&v->mu);
         free(v);
-        kvm_vk_instance_release();
     }
     free(be);
 }
@@ -237,7 +236,6 @@ KVM_VK_EXPORT kvmem_status kvmem_backend_plugin_init(uint32_t api_version, kvmem
     if (!be || !v) {
         free(be);
         free(v);
-        kvm_vk_instance_release();
         snprintf(why, why_size, "vulkan: out of host memory");
         return KVMEM_ERR_NOMEM;
     }
