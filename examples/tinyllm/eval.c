@@ -1,57 +1,99 @@
 /* tinyllm eval: the fidelity harness. How well does each kvmem method keep
- * a real model's outputs at an equal KV budget?
+ * a real model's outputs at an equal KV budget, over all positions and over
+ * the positions that depend on memory?
  *
  * Protocol. Sequences are sampled from the model itself (temperature 1, fixed
- * seeds) and split into turns of turn_len tokens; the first prompt_len tokens
- * of a turn are its "prompt" (prefilled as one chunk), the rest are decoded
- * one token at a time (teacher-forced, so every method sees the same tokens).
- * The reference is full context: the engine's own exact attention over every
- * earlier token. Past turns live in a kvmem agent (appended post-RoPE with
- * their positions, exactly as the full-context pass computed them). For turn
- * t >= 1 each method builds its memory from the agent, at most `budget`
- * history tokens, then runs the turn on it. Per position we compare the
- * method's next-token distribution with the reference: top-1 agreement and
- * KL(full || method) in nats. Also reported: tokens run through the model per
- * turn (prefill; MemArt's probe counted) and KV bytes read per decoded token
- * (f32 working set; ART counts only the rows it read).
+ * seeds; BOS first, up to the model's trained length) and split into turns of
+ * turn_len tokens; the first prompt_len tokens of a turn are its "prompt"
+ * (prefilled as one chunk), the rest are decoded one token at a time
+ * (teacher-forced, so every method sees the same tokens). The reference is
+ * full context: the engine's own exact attention over every earlier token.
+ * Past turns live in a kvmem agent (appended post-RoPE with their positions,
+ * exactly as the full-context pass computed them). For each evaluated turn t
+ * each method builds its memory from the agent, at most `budget` history
+ * tokens (a count, or a share of the history), then runs the turn on it. Per
+ * position: top-1 agreement with full context and KL(full || method) in nats.
+ *
+ * Memory-dependent positions (LongPPL's key tokens, Fang et al. 2024): the
+ * next token's log-probability under full context exceeds its
+ * log-probability under a recent-window-only context by >= memdep_nats. The
+ * recent-window context is what an agent without memory would see: the
+ * current turn and the last W history tokens before it (after BOS), as text,
+ * recomputed from scratch so it knows nothing older. Every method is also
+ * scored on those positions alone.
+ *
+ * Also reported: tokens run through the model per turn (prefill; MemArt's
+ * probe counted), KV bytes read per decoded token (f32 working set; ART
+ * counts only the rows it read), and the recall suite (recall.c).
  */
+#include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "app.h"
+#include "eval.h"
 #include "internal.h"
-
-typedef struct ev_cfg {
-    int32_t n_seqs, n_turns, turn_len, prompt_len, probe_window;
-    int32_t budgets[8], n_budgets;
-    uint64_t seed;
-    kvmem_dtype storage;
-} ev_cfg;
 
 typedef struct ev_ref {
     int32_t n;
     int32_t *tok;
-    float *logits;     /* [n][V] */
-    float *k_rot, *v;  /* [L][n][kvd] */
-    float *q_rot;      /* [n][L][d] */
-    float *acc;        /* [n_turns][n] H2O accumulator after each turn */
+    float *logits;    /* [n][V] */
+    float *k_rot, *v; /* [L][n][kvd] */
+    float *q_rot;     /* [n][L][d] */
+    float *acc;       /* [n_turns][n] H2O accumulator after each turn */
+    float *lp_full;   /* [n] log p(tok[i+1] | full context up to i) */
+    float *lp_short;  /* [n] the same under the recent-window-only context */
+    uint8_t *memdep;  /* [n] 1 where lp_full - lp_short >= memdep_nats */
 } ev_ref;
 
-typedef struct ev_acc {
-    double agree, kl, kl_max;
-    int64_t n_pos;
-    int64_t prefill, turns;
-    int64_t rows_read, decoded;
-    int64_t mem_rows;
-} ev_acc;
-
-static double now_s(void) {
+double tl_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double tl_log_softmax_at(const float *logits, int32_t n, int32_t at) {
+    float mx = logits[0];
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double z = 0;
+    for (int32_t i = 0; i < n; i++) z += exp((double)logits[i] - mx);
+    return (double)logits[at] - mx - log(z);
+}
+
+int32_t tl_rank_of(const float *logits, int32_t n, int32_t at) {
+    int32_t r = 1;
+    for (int32_t i = 0; i < n; i++) r += logits[i] > logits[at] || (logits[i] == logits[at] && i < at);
+    return r;
+}
+
+int64_t tl_budget_tokens(const tl_budget *b, int64_t history, int32_t block) {
+    if (b->frac <= 0) return b->tokens;
+    int64_t t = (int64_t)llround(b->frac * (double)history / block) * block;
+    return t < block ? block : t;
+}
+
+void tl_budget_name(const tl_budget *b, char *buf, size_t size) {
+    if (b->frac > 0) snprintf(buf, size, "%g%%", 100.0 * b->frac);
+    else snprintf(buf, size, "%lld", (long long)b->tokens);
+}
+
+void tl_progress(const tl_eval_cfg *c, const char *fmt, ...) {
+    if (!c->progress) return;
+    char line[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    /* a terminal gets one line rewritten in place; a log gets every line */
+    if (c->progress == 2) fprintf(stderr, "\r\033[K%s", line);
+    else fprintf(stderr, "%s\n", line);
+    fflush(stderr);
 }
 
 static void ref_free(ev_ref *r) {
@@ -61,11 +103,52 @@ static void ref_free(ev_ref *r) {
     free(r->v);
     free(r->q_rot);
     free(r->acc);
+    free(r->lp_full);
+    free(r->lp_short);
+    free(r->memdep);
     memset(r, 0, sizeof *r);
 }
 
-/* Full-context pass over the whole sequence, turn by turn. */
-static int ref_build(const tl_model *m, const ev_cfg *c, uint64_t seed, ev_ref *r) {
+/* The recent-window-only context of turn t: BOS, the last W history tokens
+ * before the turn (positions 1..W), then the turn itself, recomputed from
+ * scratch so it knows nothing older. One chunk per turn gives
+ * log p(next | that context) for every position of the turn. The first turns
+ * (history <= W) see everything: no position there is memory-dependent. */
+static int short_context_logprobs(const tl_model *m, const tl_eval_cfg *c, ev_ref *r) {
+    const tl_config *mc = &m->cfg;
+    int32_t W = c->window, T = c->turn_len, V = mc->vocab_size, n = 1 + W + T;
+    tl_state *s = tl_state_create(mc, n);
+    tl_kv kv;
+    float *logits = malloc((size_t)n * (size_t)V * sizeof(float));
+    int32_t *tok = malloc((size_t)n * sizeof(int32_t)), *pos = malloc((size_t)n * sizeof(int32_t));
+    int rc = -1;
+    memset(&kv, 0, sizeof kv);
+    if (!s || !logits || !tok || !pos || tl_kv_init(&kv, mc, n)) goto out;
+    for (int32_t i = 0; i < n; i++) pos[i] = i;
+    for (int32_t i = 0; i + 1 < r->n; i++) r->lp_short[i] = r->lp_full[i];
+    for (int32_t t = 1; t < c->n_turns; t++) {
+        int32_t N = t * T;
+        if (N - 1 <= W) continue; /* BOS plus the whole history: the same context */
+        tok[0] = 1;
+        memcpy(tok + 1, r->tok + N - W, (size_t)(W + T) * sizeof(int32_t));
+        kv.n = 0;
+        if (tl_forward(m, s, &kv, tok, n, pos, logits, NULL, NULL, NULL)) goto out;
+        for (int32_t i = 0; i < T && N + i + 1 < r->n; i++)
+            r->lp_short[N + i] = (float)tl_log_softmax_at(logits + (size_t)(1 + W + i) * V, V, r->tok[N + i + 1]);
+    }
+    rc = 0;
+out:
+    tl_kv_free(&kv);
+    tl_state_free(s);
+    free(logits);
+    free(tok);
+    free(pos);
+    return rc;
+}
+
+/* Full-context pass over the whole sequence, turn by turn, then the
+ * memory-dependent positions. */
+static int ref_build(const tl_model *m, const tl_eval_cfg *c, uint64_t seed, ev_ref *r) {
     const tl_config *mc = &m->cfg;
     int32_t n = c->n_turns * c->turn_len, L = mc->n_layers, d = mc->dim;
     size_t kvd = (size_t)mc->n_kv_heads * (size_t)mc->head_dim, V = (size_t)mc->vocab_size;
@@ -77,6 +160,9 @@ static int ref_build(const tl_model *m, const ev_cfg *c, uint64_t seed, ev_ref *
     r->v = malloc((size_t)L * (size_t)n * kvd * sizeof(float));
     r->q_rot = malloc((size_t)n * (size_t)L * (size_t)d * sizeof(float));
     r->acc = calloc((size_t)c->n_turns * (size_t)n, sizeof(float));
+    r->lp_full = calloc((size_t)n, sizeof(float));
+    r->lp_short = calloc((size_t)n, sizeof(float));
+    r->memdep = calloc((size_t)n, 1);
     float *kc = malloc((size_t)L * (size_t)c->turn_len * kvd * sizeof(float));
     float *vc = malloc((size_t)L * (size_t)c->turn_len * kvd * sizeof(float));
     float *acc = calloc((size_t)n, sizeof(float));
@@ -85,8 +171,8 @@ static int ref_build(const tl_model *m, const ev_cfg *c, uint64_t seed, ev_ref *
     tl_kv kv;
     int rc = -1;
     memset(&kv, 0, sizeof kv);
-    if (!r->tok || !r->logits || !r->k_rot || !r->v || !r->q_rot || !r->acc || !kc || !vc || !acc ||
-        !pos || !s || tl_kv_init(&kv, mc, n))
+    if (!r->tok || !r->logits || !r->k_rot || !r->v || !r->q_rot || !r->acc || !r->lp_full || !r->lp_short ||
+        !r->memdep || !kc || !vc || !acc || !pos || !s || tl_kv_init(&kv, mc, n))
         goto out;
     if (tl_sample_sequence(m, seed, 1.0f, n, r->tok)) goto out;
     for (int32_t i = 0; i < n; i++) pos[i] = i;
@@ -100,11 +186,17 @@ static int ref_build(const tl_model *m, const ev_cfg *c, uint64_t seed, ev_ref *
         if (tl_forward(m, s, &kv, r->tok + p0, T, pos + p0, r->logits + (size_t)p0 * V, &tr, NULL, NULL))
             goto out;
         for (int32_t l = 0; l < L; l++) {
-            memcpy(r->k_rot + ((size_t)l * (size_t)n + (size_t)p0) * kvd, kc + (size_t)l * (size_t)T * kvd, (size_t)T * kvd * sizeof(float));
-            memcpy(r->v + ((size_t)l * (size_t)n + (size_t)p0) * kvd, vc + (size_t)l * (size_t)T * kvd, (size_t)T * kvd * sizeof(float));
+            memcpy(r->k_rot + ((size_t)l * (size_t)n + (size_t)p0) * kvd, kc + (size_t)l * (size_t)T * kvd,
+                   (size_t)T * kvd * sizeof(float));
+            memcpy(r->v + ((size_t)l * (size_t)n + (size_t)p0) * kvd, vc + (size_t)l * (size_t)T * kvd,
+                   (size_t)T * kvd * sizeof(float));
         }
         memcpy(r->acc + (size_t)t * (size_t)n, acc, (size_t)n * sizeof(float));
     }
+    for (int32_t i = 0; i + 1 < n; i++)
+        r->lp_full[i] = (float)tl_log_softmax_at(r->logits + (size_t)i * V, (int32_t)V, r->tok[i + 1]);
+    if (short_context_logprobs(m, c, r)) goto out;
+    for (int32_t i = 0; i + 1 < n; i++) r->memdep[i] = r->lp_full[i] - r->lp_short[i] >= c->memdep_nats;
     rc = 0;
 out:
     tl_kv_free(&kv);
@@ -118,7 +210,7 @@ out:
 }
 
 /* Append turn t of the reference to the history (a [L][T][kvd] slice). */
-static int history_add_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, tl_history *h,
+static int history_add_turn(const tl_model *m, const tl_eval_cfg *c, const ev_ref *r, tl_history *h,
                             int32_t t, char *err, size_t err_size) {
     int32_t L = m->cfg.n_layers, T = c->turn_len, p0 = t * T;
     size_t kvd = (size_t)h->kv_dim;
@@ -128,13 +220,17 @@ static int history_add_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r,
     int rc = -1;
     if (k && v && pos) {
         for (int32_t l = 0; l < L; l++) {
-            memcpy(k + (size_t)l * (size_t)T * kvd, r->k_rot + ((size_t)l * (size_t)r->n + (size_t)p0) * kvd, (size_t)T * kvd * sizeof(float));
-            memcpy(v + (size_t)l * (size_t)T * kvd, r->v + ((size_t)l * (size_t)r->n + (size_t)p0) * kvd, (size_t)T * kvd * sizeof(float));
+            memcpy(k + (size_t)l * (size_t)T * kvd, r->k_rot + ((size_t)l * (size_t)r->n + (size_t)p0) * kvd,
+                   (size_t)T * kvd * sizeof(float));
+            memcpy(v + (size_t)l * (size_t)T * kvd, r->v + ((size_t)l * (size_t)r->n + (size_t)p0) * kvd,
+                   (size_t)T * kvd * sizeof(float));
         }
         for (int32_t i = 0; i < T; i++) pos[i] = p0 + i;
         rc = tl_history_append(h, k, v, T, pos, r->tok + p0,
                                r->q_rot + (size_t)p0 * (size_t)L * (size_t)m->cfg.dim,
                                r->acc + (size_t)t * (size_t)r->n, c->prompt_len, err, err_size);
+    } else {
+        rc = tl_errf(err, err_size, "out of memory");
     }
     free(k);
     free(v);
@@ -142,21 +238,76 @@ static int history_add_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r,
     return rc;
 }
 
-/* Run turn t with method `me` at `budget`; accumulate into a. */
-static int eval_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, tl_history *h,
-                     const tl_method *me, int64_t budget, int32_t t, kvmem_context *ctx,
-                     ev_acc *a, char *err, size_t err_size) {
+void tl_art_setup(tl_art *art, const tl_method *me, kvmem_context *ctx) {
+    memset(art, 0, sizeof *art);
+#ifdef TINYLLM_HAVE_ATTEND
+    art->ctx = ctx;
+    art->params = kvmem_attend_default_params();
+    if (me->art_tile) art->params.tile_size = me->art_tile;
+    if (me->art_tau_scale > 0) {
+        art->params.tau_s *= me->art_tau_scale;
+        art->params.tau_d *= me->art_tau_scale;
+    }
+#else
+    (void)me;
+    (void)ctx;
+#endif
+}
+
+/* MemArt asked again mid-turn: the memory part of kv (its first mem_rows
+ * rows) is rebuilt from the queries q_raw [n][L][d] of the newest turn
+ * tokens; the turn's own rows stay, moved behind the new memory. */
+static int rebuild_memory(tl_history *h, const tl_method *me, int64_t budget, const float *q_raw, int32_t n,
+                          int32_t turn_pos, tl_kv *kv, int32_t *mem_rows, tl_build_info *info, char *err,
+                          size_t err_size) {
+    int32_t turn_rows = kv->n - *mem_rows, L = kv->n_layers;
+    size_t kvd = (size_t)kv->kv_dim;
+    float *k = malloc((size_t)L * (size_t)turn_rows * kvd * sizeof(float) + 1);
+    float *v = malloc((size_t)L * (size_t)turn_rows * kvd * sizeof(float) + 1);
+    int32_t *pos = malloc((size_t)turn_rows * sizeof(int32_t) + 1);
+    int rc = -1;
+    if (!k || !v || !pos) {
+        tl_errf(err, err_size, "out of memory");
+        goto out;
+    }
+    for (int32_t l = 0; l < L; l++) {
+        size_t src = ((size_t)l * (size_t)kv->cap + (size_t)*mem_rows) * kvd;
+        memcpy(k + (size_t)l * (size_t)turn_rows * kvd, kv->k + src, (size_t)turn_rows * kvd * sizeof(float));
+        memcpy(v + (size_t)l * (size_t)turn_rows * kvd, kv->v + src, (size_t)turn_rows * kvd * sizeof(float));
+    }
+    memcpy(pos, kv->pos + *mem_rows, (size_t)turn_rows * sizeof(int32_t));
+    if (tl_memory_build_info(h, me, budget, q_raw, n, turn_pos, kv, info, err, err_size)) goto out;
+    *mem_rows = kv->n;
+    if (tl_kv_append(kv, k, v, turn_rows, pos)) {
+        tl_errf(err, err_size, "working set full");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(k);
+    free(v);
+    free(pos);
+    return rc;
+}
+
+/* Run turn t with method `me` at `budget` history tokens; accumulate into a. */
+static int eval_turn(const tl_model *m, const tl_eval_cfg *c, const ev_ref *r, int32_t sq, tl_history *h,
+                     const tl_method *me, int64_t budget, int32_t t, kvmem_context *ctx, tl_score *a,
+                     char *err, size_t err_size) {
     const tl_config *mc = &m->cfg;
     int32_t N = t * c->turn_len, P = c->prompt_len, T = c->turn_len, V = mc->vocab_size;
     int32_t L = mc->n_layers, d = mc->dim;
+    size_t qrow = (size_t)L * (size_t)d;
     tl_state *s = tl_state_create(mc, T);
     tl_kv kv;
     float *logits = malloc((size_t)T * (size_t)V * sizeof(float));
-    float *probe = malloc((size_t)P * (size_t)L * (size_t)d * sizeof(float));
+    float *probe = malloc((size_t)P * qrow * sizeof(float));
+    float *q_turn = me->reprobe ? malloc((size_t)T * qrow * sizeof(float)) : NULL; /* the turn's own queries */
     int32_t *pos = malloc((size_t)T * sizeof(int32_t));
     int rc = -1;
     memset(&kv, 0, sizeof kv);
-    if (!s || !logits || !probe || !pos || tl_kv_init(&kv, mc, N + T + c->probe_window)) {
+    if (!s || !logits || !probe || !pos || (me->reprobe && !q_turn) ||
+        tl_kv_init(&kv, mc, N + T + c->probe_window)) {
         tl_errf(err, err_size, "out of memory");
         goto out;
     }
@@ -174,34 +325,34 @@ static int eval_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, tl_his
         }
         prefill += P;
     }
-    if (tl_memory_build(h, me, budget, probe, P, N, &kv, err, err_size)) goto out;
+    tl_build_info info;
+    if (tl_memory_build_info(h, me, budget, probe, P, N, &kv, &info, err, err_size)) goto out;
+    int32_t mem_rows = kv.n;
     a->mem_rows += kv.n;
-    if (tl_forward(m, s, &kv, r->tok + N, P, pos, logits, NULL, NULL, NULL)) {
+    a->local_rows += info.local_rows;
+    a->retrieved_rows += info.retrieved_rows;
+    tl_trace tr = {0};
+    tr.q_raw = q_turn;
+    if (tl_forward(m, s, &kv, r->tok + N, P, pos, logits, &tr, NULL, NULL)) {
         tl_errf(err, err_size, "prefill failed");
         goto out;
     }
     prefill += P;
-    tl_art art, *artp = NULL;
-#ifdef TINYLLM_HAVE_ATTEND
-    if (me->art) {
-        memset(&art, 0, sizeof art);
-        art.ctx = ctx;
-        art.params = kvmem_attend_default_params();
-        art.params.tile_size = me->art_tile;
-        if (me->art_tau_scale > 0) {
-            art.params.tau_s *= me->art_tau_scale;
-            art.params.tau_d *= me->art_tau_scale;
-        }
-        artp = &art;
-    }
-#else
-    (void)art;
-    (void)ctx;
-#endif
+    tl_art art;
+    tl_art_setup(&art, me, ctx);
     for (int32_t i = P; i < T; i++) {
+        if (me->reprobe && i > P && (i - P) % me->reprobe == 0) {
+            int32_t n = me->reprobe < i ? me->reprobe : i;
+            if (rebuild_memory(h, me, budget, q_turn + (size_t)(i - n) * qrow, n, N, &kv, &mem_rows, &info, err,
+                               err_size))
+                goto out;
+            a->retrievals++;
+        }
         int64_t rows = 0;
-        if (tl_forward(m, s, &kv, r->tok + N + i, 1, pos + i, logits + (size_t)i * V, NULL, artp, &rows)) {
-            tl_errf(err, err_size, "decode failed%s%s", artp ? ": " : "", artp ? kvmem_last_error() : "");
+        tr.q_raw = q_turn ? q_turn + (size_t)i * qrow : NULL;
+        if (tl_forward(m, s, &kv, r->tok + N + i, 1, pos + i, logits + (size_t)i * V, &tr, me->art ? &art : NULL,
+                       &rows)) {
+            tl_errf(err, err_size, "decode failed%s%s", me->art ? ": " : "", me->art ? kvmem_last_error() : "");
             goto out;
         }
         a->rows_read += rows;
@@ -210,138 +361,233 @@ static int eval_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, tl_his
     for (int32_t i = 0; i < T; i++) {
         const float *ref = r->logits + (size_t)(N + i) * (size_t)V, *got = logits + (size_t)i * V;
         double kl = tl_kl_logits(ref, got, V);
+        int agree = tl_argmax(ref, V) == tl_argmax(got, V);
         a->kl += kl;
-        if (kl > a->kl_max) a->kl_max = kl;
-        a->agree += tl_argmax(ref, V) == tl_argmax(got, V);
+        if (kl > a->kl_max) {
+            a->kl_max = kl;
+            a->kl_max_seq = sq;
+            a->kl_max_pos = N + i;
+        }
+        a->agree += agree;
         a->n_pos++;
+        if (r->memdep[N + i]) {
+            a->agree_md += agree;
+            a->kl_md += kl;
+            a->lp_md += tl_log_softmax_at(got, V, r->tok[N + i + 1]);
+            a->n_md++;
+        }
     }
     a->prefill += prefill;
     a->turns++;
+    a->retrievals += me->kind == TL_M_MEMART;
+    a->art_tiles += art.tiles_total;
+    a->art_visited += art.tiles_visited;
     rc = 0;
 out:
     tl_kv_free(&kv);
     tl_state_free(s);
     free(logits);
     free(probe);
+    free(q_turn);
     free(pos);
     return rc;
 }
 
-/* Calibration, without kvmem: how much does this model's output move when
- * history rows are simply left out? Rows [d0, d1) of the history are dropped
- * from the engine's own full-context cache (all other rows kept in place). */
-static int drop_turn(const tl_model *m, const ev_cfg *c, const ev_ref *r, int32_t t, int32_t d0, int32_t d1,
-                     ev_acc *a) {
-    const tl_config *mc = &m->cfg;
-    int32_t N = t * c->turn_len, T = c->turn_len, V = mc->vocab_size, L = mc->n_layers;
-    size_t kvd = (size_t)mc->n_kv_heads * (size_t)mc->head_dim;
-    tl_state *s = tl_state_create(mc, T);
-    tl_kv kv;
-    float *logits = malloc((size_t)T * (size_t)V * sizeof(float));
-    float *row = malloc(2 * (size_t)L * kvd * sizeof(float));
-    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
-    int rc = -1;
-    memset(&kv, 0, sizeof kv);
-    if (s && logits && row && pos && !tl_kv_init(&kv, mc, N + T)) {
-        rc = 0;
-        for (int32_t j = 0; j < N && !rc; j++) {
-            if (j >= d0 && j < d1) continue;
-            for (int32_t l = 0; l < L; l++) {
-                memcpy(row + (size_t)l * kvd, r->k_rot + ((size_t)l * (size_t)r->n + (size_t)j) * kvd, kvd * sizeof(float));
-                memcpy(row + ((size_t)L + (size_t)l) * kvd, r->v + ((size_t)l * (size_t)r->n + (size_t)j) * kvd, kvd * sizeof(float));
-            }
-            rc = tl_kv_append(&kv, row, row + (size_t)L * kvd, 1, &j);
+static int parse_budgets(const char *arg, tl_eval_cfg *c) {
+    const char *e = arg;
+    c->n_budgets = 0;
+    while (*e) {
+        if (c->n_budgets == TL_MAX_BUDGETS) return -1;
+        char *end;
+        double v = strtod(e, &end);
+        if (end == e || !(v > 0)) return -1;
+        tl_budget *b = &c->budgets[c->n_budgets++];
+        if (*end == '%') {
+            if (v > 100) return -1;
+            b->frac = v / 100.0;
+            b->tokens = 0;
+            end++;
+        } else {
+            if (v != floor(v) || v > 1e9) return -1;
+            b->frac = 0;
+            b->tokens = (int64_t)v;
         }
-        for (int32_t i = 0; i < T; i++) pos[i] = N + i;
-        if (!rc) rc = tl_forward(m, s, &kv, r->tok + N, T, pos, logits, NULL, NULL, NULL);
-        for (int32_t i = 0; i < T && !rc; i++) {
-            const float *ref = r->logits + (size_t)(N + i) * (size_t)V, *got = logits + (size_t)i * V;
-            a->kl += tl_kl_logits(ref, got, V);
-            a->agree += tl_argmax(ref, V) == tl_argmax(got, V);
-            a->n_pos++;
-        }
+        if (*end == ',') end++;
+        else if (*end) return -1;
+        e = end;
     }
-    tl_kv_free(&kv);
-    tl_state_free(s);
-    free(logits);
-    free(row);
-    free(pos);
-    return rc;
+    return c->n_budgets ? 0 : -1;
 }
 
-static int budget_free(const tl_method *me) { return me->kind == TL_M_FULL; }
+static int parse_int(const char *arg, const char *name, int32_t lo, int32_t hi, int32_t *out) {
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (end == arg || *end || v < lo || v > hi) {
+        fprintf(stderr, "tinyllm eval: %s %s: expected an integer in [%d, %d]\n", name, arg, lo, hi);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
 
-int tl_eval_main(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: tinyllm eval MODEL [--quick] [--seqs N] [--json FILE] [--md FILE]\n");
+static const char k_usage[] =
+    "usage: tinyllm eval MODEL [options]\n"
+    "  --quick              a small run (one sequence, short histories; seconds)\n"
+    "  --seqs N             sampled sequences (default 8)\n"
+    "  --turns N            turns per sequence (default: as many as fit the model's length)\n"
+    "  --turn-len N         tokens per turn (default 64)\n"
+    "  --prompt-len N       prefilled prompt tokens per turn (default 16)\n"
+    "  --first-turn N       first evaluated turn (default 2: histories of 128 tokens and more)\n"
+    "  --budgets LIST       history tokens kept: counts or shares, e.g. 32,64,128,256,25%%\n"
+    "  --window W           history tokens the memory-dependence test keeps (default 32)\n"
+    "  --memdep-nats X      log-probability gain that marks a position (default 2)\n"
+    "  --storage f32|f16|bf16  the pool's storage dtype (default f32)\n"
+    "  --recall FILE        the text recall suite (needs the tokenizer)\n"
+    "  --tokenizer FILE     tokenizer (default: tok512.bin beside the model)\n"
+    "  --json FILE, --md FILE  write results (markdown goes to stdout without --md)\n"
+    "  --quiet              no progress on stderr\n";
+
+int tl_eval_main(int argc_in, char **argv_in) {
+    /* getopt wants a program name first; the caller passes the arguments after "eval" */
+    char *argv[256];
+    int argc = argc_in + 1;
+    if (argc > 255) {
+        fprintf(stderr, "tinyllm eval: too many arguments\n");
         return 2;
     }
-    ev_cfg c = {.n_seqs = 4, .n_turns = 6, .turn_len = 64, .prompt_len = 16, .probe_window = 32,
-                .budgets = {32, 64, 128, 256}, .n_budgets = 4, .seed = 1000, .storage = KVMEM_F32};
-    const char *json_path = NULL, *md_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) {
-            c.n_seqs = 1;
-            c.n_turns = 3;
-            c.budgets[0] = 32;
-            c.budgets[1] = 64;
-            c.n_budgets = 2;
-        } else if (!strcmp(argv[i], "--budgets") && i + 1 < argc) {
-            char *e = argv[++i];
-            c.n_budgets = 0;
-            while (*e && c.n_budgets < 8) {
-                c.budgets[c.n_budgets++] = (int32_t)strtol(e, &e, 10);
-                if (*e == ',') e++;
-                else break;
+    argv[0] = (char *)"tinyllm eval";
+    memcpy(argv + 1, argv_in, (size_t)argc_in * sizeof *argv);
+    argv[argc] = NULL;
+    tl_eval_cfg c = {.n_seqs = 8, .n_turns = 0, .turn_len = 64, .prompt_len = 16, .first_turn = 2,
+                     .probe_window = 32, .window = 32, .memdep_nats = 2.0, .seed = 1000, .storage = KVMEM_F32,
+                     .progress = isatty(2) ? 2 : 1};
+    parse_budgets("32,64,128,256,25%", &c);
+    const char *json_path = NULL, *md_path = NULL, *recall_path = NULL, *tok_path = NULL;
+    int quick = 0;
+    static const struct option opts[] = {
+        {"quick", no_argument, NULL, 'q'},       {"seqs", required_argument, NULL, 's'},
+        {"turns", required_argument, NULL, 't'}, {"turn-len", required_argument, NULL, 'T'},
+        {"prompt-len", required_argument, NULL, 'P'}, {"first-turn", required_argument, NULL, 'F'},
+        {"budgets", required_argument, NULL, 'b'}, {"window", required_argument, NULL, 'W'},
+        {"memdep-nats", required_argument, NULL, 'N'}, {"storage", required_argument, NULL, 'S'},
+        {"recall", required_argument, NULL, 'r'}, {"tokenizer", required_argument, NULL, 'k'},
+        {"json", required_argument, NULL, 'j'},  {"md", required_argument, NULL, 'm'},
+        {"quiet", no_argument, NULL, 'Q'},       {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    optind = 1;
+    opterr = 0;
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'q': quick = 1; break;
+        case 's': if (parse_int(optarg, "--seqs", 1, 1000, &c.n_seqs)) return 2; break;
+        case 't': if (parse_int(optarg, "--turns", 2, 4096, &c.n_turns)) return 2; break;
+        case 'T': if (parse_int(optarg, "--turn-len", 2, 4096, &c.turn_len)) return 2; break;
+        case 'P': if (parse_int(optarg, "--prompt-len", 1, 4096, &c.prompt_len)) return 2; break;
+        case 'F': if (parse_int(optarg, "--first-turn", 1, 4096, &c.first_turn)) return 2; break;
+        case 'W': if (parse_int(optarg, "--window", 1, 1 << 20, &c.window)) return 2; break;
+        case 'b':
+            if (parse_budgets(optarg, &c)) {
+                fprintf(stderr, "tinyllm eval: --budgets %s: expected up to %d comma-separated token counts "
+                        "or shares (25%%)\n", optarg, TL_MAX_BUDGETS);
+                return 2;
             }
-        } else if (!strcmp(argv[i], "--turns") && i + 1 < argc) {
-            c.n_turns = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) {
-            c.n_seqs = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
-            json_path = argv[++i];
-        } else if (!strcmp(argv[i], "--md") && i + 1 < argc) {
-            md_path = argv[++i];
-        } else if (!strcmp(argv[i], "--storage") && i + 1 < argc) {
-            i++;
-            c.storage = !strcmp(argv[i], "f16") ? KVMEM_F16 : !strcmp(argv[i], "bf16") ? KVMEM_BF16 : KVMEM_F32;
-        } else {
-            fprintf(stderr, "tinyllm eval: unknown argument %s\n", argv[i]);
+            break;
+        case 'N': {
+            char *end;
+            c.memdep_nats = strtod(optarg, &end);
+            if (end == optarg || *end || !(c.memdep_nats > 0) || c.memdep_nats > 100) {
+                fprintf(stderr, "tinyllm eval: --memdep-nats %s: expected a number in (0, 100]\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'S':
+            if (!strcmp(optarg, "f32")) c.storage = KVMEM_F32;
+            else if (!strcmp(optarg, "f16")) c.storage = KVMEM_F16;
+            else if (!strcmp(optarg, "bf16")) c.storage = KVMEM_BF16;
+            else {
+                fprintf(stderr, "tinyllm eval: --storage %s: expected f32, f16 or bf16\n", optarg);
+                return 2;
+            }
+            break;
+        case 'r': recall_path = optarg; break;
+        case 'k': tok_path = optarg; break;
+        case 'j': json_path = optarg; break;
+        case 'm': md_path = optarg; break;
+        case 'Q': c.progress = 0; break;
+        case 'h': fputs(k_usage, stdout); return 0;
+        default:
+            if (optopt) fprintf(stderr, "tinyllm eval: option -%c needs a value or is unknown\n%s", optopt, k_usage);
+            else fprintf(stderr, "tinyllm eval: unknown option %s\n%s", argv[optind - 1], k_usage);
             return 2;
         }
     }
-    if (c.n_seqs < 1 || c.n_seqs > 1000) {
-        fprintf(stderr, "tinyllm eval: --seqs must be in [1, 1000]\n");
+    if (optind != argc - 1) {
+        fprintf(stderr, optind >= argc ? "tinyllm eval: no MODEL given\n%s"
+                                       : "tinyllm eval: one MODEL expected, extra argument %s\n%s",
+                optind >= argc ? k_usage : argv[optind + 1], k_usage);
         return 2;
+    }
+    const char *model_path = argv[optind];
+    if (quick) {
+        c.n_seqs = 1;
+        c.n_turns = 4;
+        c.first_turn = 2;
+        parse_budgets("32,64,25%", &c);
+    }
+    if (c.prompt_len >= c.turn_len) {
+        fprintf(stderr, "tinyllm eval: --prompt-len %d must be below --turn-len %d\n", c.prompt_len, c.turn_len);
+        return 2;
+    }
+    /* Files are checked before the run, not after it. */
+    FILE *md = stdout, *js = NULL;
+    if (md_path && !(md = fopen(md_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
+        return 1;
+    }
+    if (json_path && !(js = fopen(json_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
+        if (md != stdout) fclose(md);
+        return 1;
     }
     tl_model m;
     char err[TL_ERR_SIZE];
-    if (tl_model_load(argv[0], &m, err, sizeof err)) {
-        fprintf(stderr, "tinyllm: %s\n", err);
-        return 1;
+    int rc = 1;
+    kvmem_context *ctx = NULL;
+    tl_eval_results res;
+    memset(&res, 0, sizeof res);
+    tl_recall_suite suite;
+    memset(&suite, 0, sizeof suite);
+    if (tl_model_load(model_path, &m, err, sizeof err)) {
+        fprintf(stderr, "tinyllm eval: %s\n", err);
+        goto close_files;
     }
-    if (c.n_turns * c.turn_len > m.cfg.seq_len) c.n_turns = m.cfg.seq_len / c.turn_len;
-    tl_method methods[32];
-    char missing[512];
-    int32_t n_methods = tl_method_list(methods, 32, missing, sizeof missing);
+    int32_t max_turns = m.cfg.seq_len / c.turn_len;
+    if (c.n_turns == 0 || c.n_turns > max_turns) c.n_turns = max_turns;
+    if (c.first_turn >= c.n_turns) {
+        fprintf(stderr, "tinyllm eval: --first-turn %d: only %d turns of %d tokens fit the model's %d\n",
+                c.first_turn, c.n_turns, c.turn_len, m.cfg.seq_len);
+        goto free_model;
+    }
+    if (recall_path && tl_recall_load(&suite, recall_path, tok_path, model_path, &m, err, sizeof err)) {
+        fprintf(stderr, "tinyllm eval: %s\n", err);
+        goto free_model;
+    }
+    res.n_methods = tl_method_list(res.methods, TL_MAX_METHODS, res.missing, sizeof res.missing);
+    if (res.n_methods > TL_MAX_METHODS) res.n_methods = TL_MAX_METHODS;
     kvmem_context_params cp = kvmem_context_default_params();
     cp.backend = "cpu";
     cp.n_threads = 1; /* the engine is single-threaded; keep kvmem's calls comparable */
-    kvmem_context *ctx = NULL;
     if (kvmem_context_create(&cp, &ctx) != KVMEM_OK) {
-        fprintf(stderr, "tinyllm: context: %s\n", kvmem_last_error());
-        tl_model_free(&m);
-        return 1;
+        fprintf(stderr, "tinyllm eval: context: %s\n", kvmem_last_error());
+        goto free_model;
     }
-    int32_t n_cells = n_methods * c.n_budgets;
-    ev_acc cal[3];
-    memset(cal, 0, sizeof cal);
-    ev_acc *acc = calloc((size_t)n_cells, sizeof *acc);
-    int rc = acc ? 0 : 1;
-    double t0 = now_s(), hist_sum = 0;
-    int64_t hist_turns = 0;
+    double t0 = tl_now_s();
+    rc = 0;
     for (int32_t sq = 0; sq < c.n_seqs && !rc; sq++) {
         ev_ref r;
+        tl_progress(&c, "eval: sequence %d/%d: full context and the %d-token window", sq + 1, c.n_seqs, c.window);
         if (ref_build(&m, &c, c.seed + (uint64_t)sq, &r)) {
             fprintf(stderr, "tinyllm eval: reference pass failed\n");
             rc = 1;
@@ -360,115 +606,48 @@ int tl_eval_main(int argc, char **argv) {
                 rc = 1;
                 break;
             }
-            hist_sum += (double)h.n;
-            hist_turns++;
-            for (int32_t mi = 0; mi < n_methods && !rc; mi++)
+            if (t < c.first_turn) continue;
+            res.hist_sum += (double)h.n;
+            res.hist_turns++;
+            for (int32_t i = t * c.turn_len; i < (t + 1) * c.turn_len && i + 1 < r.n; i++) {
+                res.n_pos++;
+                res.n_memdep += r.memdep[i];
+                res.lp_full_md += r.memdep[i] ? r.lp_full[i] : 0;
+                res.lp_short_md += r.memdep[i] ? r.lp_short[i] : 0;
+            }
+            for (int32_t mi = 0; mi < res.n_methods && !rc; mi++) {
+                const tl_method *me = &res.methods[mi];
                 for (int32_t bi = 0; bi < c.n_budgets && !rc; bi++) {
-                    if (budget_free(&methods[mi]) && bi > 0) continue;
-                    int64_t budget = budget_free(&methods[mi]) ? 0 : c.budgets[bi];
-                    if (eval_turn(&m, &c, &r, &h, &methods[mi], budget, t, ctx,
-                                  &acc[mi * c.n_budgets + bi], err, sizeof err)) {
-                        fprintf(stderr, "tinyllm eval: %s at budget %lld: %s\n", methods[mi].name,
-                                (long long)budget, err);
+                    if (tl_method_budget_free(me) && bi > 0) continue;
+                    int64_t budget = tl_method_budget_free(me) ? 0 : tl_budget_tokens(&c.budgets[bi], h.n, 16);
+                    char bn[32];
+                    tl_budget_name(&c.budgets[bi], bn, sizeof bn);
+                    tl_progress(&c, "eval: sequence %d/%d, turn %d/%d: %s, budget %s", sq + 1, c.n_seqs, t,
+                                c.n_turns - 1, me->name, tl_method_budget_free(me) ? "all" : bn);
+                    if (eval_turn(&m, &c, &r, sq, &h, me, budget, t, ctx, &res.fid[mi][bi], err, sizeof err)) {
+                        fprintf(stderr, "tinyllm eval: %s at budget %lld: %s\n", me->name, (long long)budget, err);
                         rc = 1;
                     }
                 }
-        }
-        for (int32_t t = 1; t < c.n_turns && !rc; t++) {
-            int32_t N = t * c.turn_len;
-            rc = drop_turn(&m, &c, &r, t, 0, 1, &cal[0]) || drop_turn(&m, &c, &r, t, N / 2, N / 2 + 4, &cal[1]) ||
-                 drop_turn(&m, &c, &r, t, N - 4, N, &cal[2]);
+            }
         }
         tl_history_free(&h);
         ref_free(&r);
     }
-    double secs = now_s() - t0;
+    if (!rc && suite.n_cases)
+        rc = tl_recall_run(&suite, &m, &c, ctx, &res, err, sizeof err);
+    if (c.progress == 2) fprintf(stderr, "\r\033[K");
+    res.seconds = tl_now_s() - t0;
     if (!rc) {
-        size_t row_bytes = (size_t)m.cfg.head_dim * 2 * sizeof(float); /* K and V of one (pos, kv head) */
-        FILE *md = md_path ? fopen(md_path, "w") : stdout;
-        FILE *js = json_path ? fopen(json_path, "w") : NULL;
-        if (!md || (json_path && !js)) {
-            fprintf(stderr, "tinyllm eval: cannot write output\n");
-            rc = 1;
-        } else {
-            fprintf(md, "Model %s (%s): dim %d, %d layers, %d q heads, %d kv heads, vocab %d. "
-                    "%d sequences sampled at temperature 1 (seeds %llu..), %d turns of %d tokens "
-                    "(%d-token prompt prefilled, the rest decoded teacher-forced), turns 1..%d "
-                    "evaluated; mean history %.0f tokens. Storage %s, block 16. %.1f s.\n\n",
-                    argv[0], m.format, m.cfg.dim, m.cfg.n_layers, m.cfg.n_heads, m.cfg.n_kv_heads,
-                    m.cfg.vocab_size, c.n_seqs, (unsigned long long)c.seed, c.n_turns, c.turn_len,
-                    c.prompt_len, c.n_turns - 1, hist_turns ? hist_sum / (double)hist_turns : 0.0,
-                    kvmem_dtype_name(c.storage), secs);
-            fprintf(md, "Top-1 agreement with full context / KL(full || method) in nats, by KV budget "
-                    "(history tokens kept):\n\n| method |");
-            for (int32_t bi = 0; bi < c.n_budgets; bi++) fprintf(md, " budget %d |", c.budgets[bi]);
-            fprintf(md, "\n|---|");
-            for (int32_t bi = 0; bi < c.n_budgets; bi++) fprintf(md, "---|");
-            fprintf(md, "\n");
-            for (int32_t mi = 0; mi < n_methods; mi++) {
-                fprintf(md, "| %s |", methods[mi].name);
-                for (int32_t bi = 0; bi < c.n_budgets; bi++) {
-                    const ev_acc *a = &acc[mi * c.n_budgets + (budget_free(&methods[mi]) ? 0 : bi)];
-                    fprintf(md, " %.1f%% / %.4f |", 100.0 * a->agree / (double)a->n_pos, a->kl / (double)a->n_pos);
-                }
-                fprintf(md, "\n");
-            }
-            fprintf(md, "\nCost per turn, by budget: tokens run through the model (prefill, probe included) "
-                    "and KV bytes read per decoded token (f32 working set, all layers):\n\n"
-                    "| method | budget | memory rows | prefill tokens/turn | KV bytes/decoded token | max KL |\n"
-                    "|---|---|---|---|---|---|\n");
-            if (js) fprintf(js, "{\"model\":\"%s\",\"format\":\"%s\",\"sequences\":%d,\"turns\":%d,"
-                            "\"turn_len\":%d,\"prompt_len\":%d,\"storage\":\"%s\",\"seconds\":%.2f,"
-                            "\"text_reprefill_tokens_per_turn\":%.1f,\"missing\":\"%s\",\"results\":[",
-                            argv[0], m.format, c.n_seqs, c.n_turns, c.turn_len, c.prompt_len,
-                            kvmem_dtype_name(c.storage), secs,
-                            hist_turns ? hist_sum / (double)hist_turns + c.prompt_len : 0.0, missing);
-            int first = 1;
-            for (int32_t mi = 0; mi < n_methods; mi++)
-                for (int32_t bi = 0; bi < c.n_budgets; bi++) {
-                    if (budget_free(&methods[mi]) && bi > 0) continue;
-                    const ev_acc *a = &acc[mi * c.n_budgets + bi];
-                    double bytes = a->decoded ? (double)a->rows_read * (double)row_bytes / (double)a->decoded : 0.0;
-                    char bud[32];
-                    if (budget_free(&methods[mi])) snprintf(bud, sizeof bud, "all");
-                    else snprintf(bud, sizeof bud, "%d", c.budgets[bi]);
-                    fprintf(md, "| %s | %s | %.0f | %.1f | %.0f | %.3f |\n", methods[mi].name, bud,
-                            (double)a->mem_rows / (double)a->turns, (double)a->prefill / (double)a->turns,
-                            bytes, a->kl_max);
-                    if (js) {
-                        fprintf(js, "%s{\"method\":\"%s\",\"budget\":%d,\"top1\":%.5f,\"kl\":%.6f,"
-                                "\"kl_max\":%.6f,\"positions\":%lld,\"memory_rows\":%.1f,"
-                                "\"prefill_per_turn\":%.1f,\"kv_bytes_per_decoded_token\":%.1f}",
-                                first ? "" : ",", methods[mi].name,
-                                budget_free(&methods[mi]) ? 0 : c.budgets[bi],
-                                a->agree / (double)a->n_pos, a->kl / (double)a->n_pos, a->kl_max,
-                                (long long)a->n_pos, (double)a->mem_rows / (double)a->turns,
-                                (double)a->prefill / (double)a->turns, bytes);
-                        first = 0;
-                    }
-                }
-            fprintf(md, "\nA text agent that re-prefills its history instead would run %.0f tokens "
-                    "through the model per turn.\n",
-                    hist_turns ? hist_sum / (double)hist_turns + c.prompt_len : 0.0);
-            fprintf(md, "\nCalibration without kvmem (the engine's own cache, rows simply left out): "
-                    "dropping the first token -> top-1 %.1f%%, KL %.4f; 4 tokens in the middle of the history -> "
-                    "%.1f%%, KL %.4f; the 4 newest history tokens -> %.1f%%, KL %.4f.\n",
-                    100.0 * cal[0].agree / (double)cal[0].n_pos, cal[0].kl / (double)cal[0].n_pos,
-                    100.0 * cal[1].agree / (double)cal[1].n_pos, cal[1].kl / (double)cal[1].n_pos,
-                    100.0 * cal[2].agree / (double)cal[2].n_pos, cal[2].kl / (double)cal[2].n_pos);
-            if (missing[0]) fprintf(md, "\nNot in this build: %s\n", missing);
-            if (js)
-                fprintf(js, "],\"calibration\":{\"drop_first\":{\"top1\":%.5f,\"kl\":%.6f},"
-                        "\"drop_middle4\":{\"top1\":%.5f,\"kl\":%.6f},\"drop_newest4\":{\"top1\":%.5f,\"kl\":%.6f}}}\n",
-                        cal[0].agree / (double)cal[0].n_pos, cal[0].kl / (double)cal[0].n_pos,
-                        cal[1].agree / (double)cal[1].n_pos, cal[1].kl / (double)cal[1].n_pos,
-                        cal[2].agree / (double)cal[2].n_pos, cal[2].kl / (double)cal[2].n_pos);
-        }
-        if (md && md != stdout) fclose(md);
-        if (js) fclose(js);
+        tl_eval_write_md(md, &c, &res, &m, model_path, suite.n_cases ? &suite : NULL);
+        if (js) tl_eval_write_json(js, &c, &res, &m, model_path, suite.n_cases ? &suite : NULL);
     }
-    free(acc);
     kvmem_context_free(ctx);
+free_model:
+    tl_recall_free(&suite);
     tl_model_free(&m);
+close_files:
+    if (md != stdout && fclose(md) != 0) rc = 1;
+    if (js && fclose(js) != 0) rc = 1;
     return rc;
 }

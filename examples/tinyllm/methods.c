@@ -149,7 +149,7 @@ done:
 }
 
 int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missing_size) {
-    tl_method all[24];
+    tl_method all[32];
     int32_t n = 0;
     char miss[256] = "";
 #define ADD(nm, k, md, nr, ag, a, pr)                                          \
@@ -175,15 +175,23 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
     strcat(miss, "StreamingLLM, H2O, SnapKV, IntentKV (eviction API not in this build); ");
 #endif
 #ifdef TINYLLM_HAVE_RETRIEVE
-    ADD("memart-aabb-softmax-max", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0, 1);
-    ADD("memart-aabb-softmax-sum", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_SUM, 0, 1);
-    ADD("memart-aabb-rr-max", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_RR, KVMEM_AGG_MAX, 0, 1);
-    ADD("memart-aabb-rr-sum", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_RR, KVMEM_AGG_SUM, 0, 1);
-    ADD("memart-exact-softmax-max", TL_M_MEMART, KVMEM_RETRIEVE_EXACT, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0, 1);
-    ADD("memart-aabb-origpos", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0, 1);
+    /* MemArt as deployed: the live context (newest blocks) plus retrieved
+     * blocks, re-encoded contiguously before it; variants change one thing. */
+#define MEMART(nm, md, nr, ag, lf)                                                                   \
+    do {                                                                                             \
+        ADD(nm, TL_M_MEMART, md, nr, ag, 0, 1);                                                      \
+        all[n - 1].local_frac = lf;                                                                  \
+    } while (0)
+    MEMART("memart", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
+    MEMART("memart-sum", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_SUM, TL_MEMART_LOCAL_FRAC);
+    MEMART("memart-rr", KVMEM_RETRIEVE_AABB, KVMEM_NORM_RR, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
+    MEMART("memart-rr-sum", KVMEM_RETRIEVE_AABB, KVMEM_NORM_RR, KVMEM_AGG_SUM, TL_MEMART_LOCAL_FRAC);
+    MEMART("memart-exact", KVMEM_RETRIEVE_EXACT, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
+    MEMART("memart-origpos", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
     all[n - 1].orig_pos = 1;
-    ADD("memart-aabb+recent2", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0, 1);
-    all[n - 1].keep_recent = 2;
+    MEMART("memart-nolocal", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0.0f);
+    MEMART("memart-reprobe16", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
+    all[n - 1].reprobe = 16;
 #else
     strcat(miss, "MemArt (retrieval API not in this build); ");
 #endif
@@ -198,7 +206,8 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
     all[n - 1].art_tile = 16;
     all[n - 1].art_tau_scale = 100.0f;
 #ifdef TINYLLM_HAVE_RETRIEVE
-    ADD("memart-aabb+art16", TL_M_MEMART, KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 1, 1);
+    MEMART("memart+art16", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
+    all[n - 1].art = 1;
     all[n - 1].art_tile = 16;
 #endif
 #ifdef TINYLLM_HAVE_EVICT
@@ -208,6 +217,7 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
 #else
     strcat(miss, "ART (attend API not in this build); ");
 #endif
+#undef MEMART
 #undef ADD
     if (missing && missing_size) snprintf(missing, missing_size, "%s", miss);
     int32_t k = n < cap ? n : cap;
@@ -270,38 +280,66 @@ out:
     return rc;
 }
 
-int tl_memory_recent(tl_history *h, int64_t n, tl_kv *kv, char *err, size_t err_size) {
-    if (n > h->n) n = h->n;
+/* History tokens [first, first + n) at their own positions, appended to kv. */
+static int put_range(tl_history *h, int64_t first, int64_t n, tl_kv *kv, char *err, size_t err_size) {
     if (n <= 0) return 0;
-    int64_t N = h->n;
-    int32_t *kept = malloc((size_t)n * sizeof(int32_t));
-    float *k = malloc((size_t)h->n_layers * (size_t)N * (size_t)h->kv_dim * sizeof(float));
-    float *v = malloc((size_t)h->n_layers * (size_t)N * (size_t)h->kv_dim * sizeof(float));
+    size_t sz = (size_t)h->n_layers * (size_t)n * (size_t)h->kv_dim;
+    float *k = malloc(sz * sizeof(float)), *v = malloc(sz * sizeof(float));
+    int32_t *pos = malloc((size_t)n * sizeof(int32_t));
     int rc = 0;
-    if (!kept || !k || !v) {
+    if (!k || !v || !pos) {
         rc = tl_errf(err, err_size, "out of memory");
         goto out;
     }
-    for (int64_t i = 0; i < n; i++) kept[i] = (int32_t)(N - n + i);
-    if ((rc = read_raw(h, 0, N, k, v, err, err_size)) == 0)
-        rc = put_kept(h, k, v, kept, n, kv, err, err_size);
+    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(first + i);
+    if ((rc = read_raw(h, first, n, k, v, err, err_size)) != 0) goto out;
+    if ((rc = rotate(h, k, n, pos, err, err_size)) != 0) goto out;
+    if (tl_kv_append(kv, k, v, (int32_t)n, pos)) rc = tl_errf(err, err_size, "working set full");
 out:
-    free(kept);
     free(k);
     free(v);
+    free(pos);
     return rc;
+}
+
+int tl_memory_recent(tl_history *h, int64_t n, tl_kv *kv, char *err, size_t err_size) {
+    if (n > h->n) n = h->n;
+    return put_range(h, h->n - n, n, kv, err, err_size);
+}
+
+int32_t tl_memart_local_blocks(tl_history *h, const tl_method *m, int64_t budget, int64_t *tokens) {
+    *tokens = 0;
+    kvmem_agent_info ai;
+    if (m->local_frac <= 0 || budget <= 0 || kvmem_agent_get_info(h->agent, &ai) != KVMEM_OK) return 0;
+    /* at least one block is left to retrieval */
+    int64_t room = (int64_t)((double)budget * (double)m->local_frac);
+    if (room > budget - h->block_size) room = budget - h->block_size;
+    int32_t nl = 0;
+    for (int32_t b = ai.n_sealed - 1; b >= 0; b--) {
+        kvmem_block_info bi;
+        if (kvmem_agent_block_info(h->agent, b, &bi) != KVMEM_OK || *tokens + bi.n_tokens > room) break;
+        *tokens += bi.n_tokens;
+        nl++;
+    }
+    return nl;
 }
 
 #ifdef TINYLLM_HAVE_RETRIEVE
 static int build_memart(tl_history *h, const tl_method *m, int64_t budget, const float *probe_q_raw,
-                        int32_t n_probe, int32_t turn_pos, tl_kv *kv, char *err, size_t err_size) {
+                        int32_t n_probe, int32_t turn_pos, tl_kv *kv, tl_build_info *info, char *err,
+                        size_t err_size) {
     int rc = 0;
     kvmem_retrieval *r = NULL;
     float *k = NULL, *v = NULL;
     int32_t *pos = NULL;
     if (!probe_q_raw || n_probe < 1) return tl_errf(err, err_size, "MemArt needs the prompt's queries");
+    /* The live context: the newest blocks stay, at their own positions, and
+     * are not retrieval candidates; the rest of the budget is retrieved. */
+    int64_t local = 0;
+    int32_t n_local = tl_memart_local_blocks(h, m, budget, &local);
     kvmem_retrieve_params p = kvmem_retrieve_default_params();
-    p.top_k = budget > 0 ? (int32_t)(budget / h->block_size) : INT32_MAX / 2;
+    p.top_k = budget > 0 ? (int32_t)((budget - local) / h->block_size) : INT32_MAX / 2;
+    p.skip_recent = n_local;
     p.mode = (kvmem_retrieve_mode)m->mode;
     p.norm = (kvmem_retrieve_norm)m->norm;
     p.agg = (kvmem_retrieve_agg)m->agg;
@@ -326,8 +364,15 @@ static int build_memart(tl_history *h, const tl_method *m, int64_t budget, const
     int64_t M;
     KCHECK(kvmem_retrieval_get(r, 0, &blocks, NULL, &nb), "retrieval get");
     KCHECK(kvmem_retrieval_n_tokens(r, 0, &M), "retrieval tokens");
-    if (M == 0) goto done;
-    int64_t base = turn_pos - M; /* the memory ends where the turn starts */
+    if (info) {
+        info->local_rows = local;
+        info->retrieved_rows = M;
+        info->n_blocks = nb < TL_MAX_BLOCKS ? nb : TL_MAX_BLOCKS;
+        memcpy(info->blocks, blocks, (size_t)info->n_blocks * sizeof(int32_t));
+    }
+    if (M == 0) goto local_window;
+    /* the retrieved memory ends where the local window (or the turn) starts */
+    int64_t base = turn_pos - local - M;
     if (base < 0) base = 0;
     size_t n = (size_t)h->n_layers * (size_t)M * (size_t)h->kv_dim;
     k = malloc(n * sizeof(float));
@@ -359,7 +404,12 @@ static int build_memart(tl_history *h, const tl_method *m, int64_t budget, const
         KCHECK(kvmem_gather(h->agent, blocks, nb, base, &kt, &vt), "gather");
         for (int64_t i = 0; i < M; i++) pos[i] = (int32_t)(base + i);
     }
-    if (tl_kv_append(kv, k, v, (int32_t)M, pos)) rc = tl_errf(err, err_size, "working set full");
+    if (tl_kv_append(kv, k, v, (int32_t)M, pos)) {
+        rc = tl_errf(err, err_size, "working set full");
+        goto done;
+    }
+local_window:
+    rc = put_range(h, h->n - local, local, kv, err, err_size);
 done:
     kvmem_retrieval_free(r);
     free(k);
@@ -371,13 +421,21 @@ done:
 
 int tl_memory_build(tl_history *h, const tl_method *m, int64_t budget, const float *probe_q_raw,
                     int32_t n_probe, int32_t turn_pos, tl_kv *kv, char *err, size_t err_size) {
+    return tl_memory_build_info(h, m, budget, probe_q_raw, n_probe, turn_pos, kv, NULL, err, err_size);
+}
+
+int tl_memory_build_info(tl_history *h, const tl_method *m, int64_t budget, const float *probe_q_raw,
+                         int32_t n_probe, int32_t turn_pos, tl_kv *kv, tl_build_info *info, char *err,
+                         size_t err_size) {
     kv->n = 0;
+    if (info) memset(info, 0, sizeof *info);
     int64_t N = h->n;
     if (N == 0) return 0;
     if (budget <= 0 || budget > N) budget = N;
     if (m->kind == TL_M_MEMART) {
 #ifdef TINYLLM_HAVE_RETRIEVE
-        return build_memart(h, m, budget >= N ? 0 : budget, probe_q_raw, n_probe, turn_pos, kv, err, err_size);
+        return build_memart(h, m, budget >= N ? 0 : budget, probe_q_raw, n_probe, turn_pos, kv, info, err,
+                            err_size);
 #else
         return tl_errf(err, err_size, "MemArt is not in this build");
 #endif

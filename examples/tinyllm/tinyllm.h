@@ -193,6 +193,9 @@ typedef enum tl_method_kind {
     TL_M_MEMART         /* MemArt retrieval by the new prompt's queries, gathered, re-encoded */
 } tl_method_kind;
 
+/* MemArt's default split of a budget: this share is the live context. */
+#define TL_MEMART_LOCAL_FRAC 0.75f
+
 typedef struct tl_method {
     char name[48];
     tl_method_kind kind;
@@ -202,6 +205,11 @@ typedef struct tl_method {
     int32_t needs_probe;     /* needs the new prompt's queries (a probe prefill) */
     int32_t orig_pos;        /* MemArt: keep each block at its original positions (no re-encoding) */
     int32_t keep_recent;     /* MemArt: always include the newest keep_recent blocks */
+    float local_frac;        /* MemArt as deployed: this share of the budget goes to the newest
+                                history blocks (the live context, at their own positions), the
+                                rest to retrieved blocks; 0 = retrieval only */
+    int32_t reprobe;         /* MemArt: retrieve again every `reprobe` decoded tokens, asked
+                                with the queries of the last `reprobe` tokens (0 = once per turn) */
     float art_tau_scale;     /* ART: multiply the default tau_s, tau_d (0 = 1) */
 } tl_method;
 
@@ -217,8 +225,38 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
 int tl_memory_build(tl_history *h, const tl_method *m, int64_t budget, const float *probe_q_raw,
                     int32_t n_probe, int32_t turn_pos, tl_kv *kv, char *err, size_t err_size);
 
+/* What a build chose (MemArt): the local window and the retrieved blocks. */
+#define TL_MAX_BLOCKS 256
+typedef struct tl_build_info {
+    int64_t local_rows;     /* newest history rows kept at their own positions */
+    int64_t retrieved_rows; /* rows of retrieved blocks */
+    int32_t n_blocks;       /* retrieved block ids, chronological (at most TL_MAX_BLOCKS kept) */
+    int32_t blocks[TL_MAX_BLOCKS];
+} tl_build_info;
+
+/* tl_memory_build that also reports its choice (info may be NULL). */
+int tl_memory_build_info(tl_history *h, const tl_method *m, int64_t budget, const float *probe_q_raw,
+                         int32_t n_probe, int32_t turn_pos, tl_kv *kv, tl_build_info *info, char *err,
+                         size_t err_size);
+
+/* The number of newest sealed blocks MemArt keeps as its local window for a
+ * budget (what tl_memory_build_info would keep), and their tokens. */
+int32_t tl_memart_local_blocks(tl_history *h, const tl_method *m, int64_t budget, int64_t *tokens);
+
 /* The last `n` history tokens at their original positions (MemArt's local
  * window for the probe), appended to kv. */
 int tl_memory_recent(tl_history *h, int64_t n, tl_kv *kv, char *err, size_t err_size);
+
+/* ---- Tokenizer (llama2.c's format; GGUF models carry their own vocab) ---- */
+typedef struct tl_tokenizer tl_tokenizer;
+int tl_tokenizer_load(const char *path, int32_t vocab_size, tl_tokenizer **out, char *err, size_t err_size);
+int tl_tokenizer_from_model(const tl_model *m, tl_tokenizer **out, char *err, size_t err_size);
+void tl_tokenizer_free(tl_tokenizer *t);
+int32_t tl_tokenizer_vocab(const tl_tokenizer *t);
+int tl_encode(const tl_tokenizer *t, const char *text, size_t len, int bos, int32_t *out, int32_t cap,
+              int32_t *n_out, char *err, size_t err_size);
+const char *tl_token_piece(const tl_tokenizer *t, int32_t prev, int32_t id, size_t *len);
+char *tl_decode(const tl_tokenizer *t, const int32_t *ids, int32_t n);
+const char *tl_find_tokenizer(const char *model_path, char *buf, size_t buf_size);
 
 #endif

@@ -252,6 +252,25 @@ static void test_methods_keep_at_most_the_budget_and_rows_of_the_history(void **
             /* retrieval re-encodes whole blocks at contiguous positions ending at the turn */
             assert_int_equal(rows % 16, 0);
             assert_int_equal(mem.pos[rows - 1], 2 * TURN - 1);
+            for (int32_t r = 1; r < rows; r++) assert_int_equal(mem.pos[r], mem.pos[r - 1] + 1);
+            /* MemArt as deployed: the newest blocks (the live context) are the
+             * history's own rows at their own positions, and a retrieved block
+             * fills the rest of the budget */
+            int64_t local = 0;
+            int32_t nl = tl_memart_local_blocks(&h, &ms[i], 32, &local);
+            if (ms[i].local_frac > 0) {
+                assert_int_equal(nl, 1);
+                assert_int_equal(local, 16);
+                assert_int_equal(rows, 32);
+            } else {
+                assert_int_equal(nl, 0);
+            }
+            for (int32_t r = rows - (int32_t)local; r < rows; r++)
+                for (int32_t l = 0; l < h.n_layers; l++) {
+                    const float *a = mem.k + ((size_t)l * (size_t)mem.cap + (size_t)r) * kvd;
+                    const float *b = f->k + ((size_t)l * 2 * TURN + (size_t)mem.pos[r]) * kvd;
+                    assert_true(max_diff(a, b, kvd) < 1e-4);
+                }
         }
         tl_kv_free(&mem);
     }
