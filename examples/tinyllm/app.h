@@ -6,5 +6,6 @@
 
 int tl_eval_main(int argc, char **argv);
 int tl_demo_main(int argc, char **argv);
+int tl_tour_main(int argc, char **argv);
 
 #endif

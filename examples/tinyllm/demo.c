@@ -1,4 +1,5 @@
-/* tinyllm demo: a real model using kvmem end to end.
+/* tinyllm tour: every kvmem method on a real model, in token ids (the
+ * readable story agent is `tinyllm demo`, story.c).
  *
  * Phase 1 (one process): a multi-turn session whose history lives in a kvmem
  * agent. Each new turn retrieves memory blocks with MemArt (the prompt's
@@ -635,9 +636,9 @@ out:
 #endif
 }
 
-int tl_demo_main(int argc, char **argv) {
+int tl_tour_main(int argc, char **argv) {
     if (argc < 1) {
-        fprintf(stderr, "usage: tinyllm demo MODEL [--state DIR] [--phase 1|2|all]\n");
+        fprintf(stderr, "usage: tinyllm tour MODEL [--state DIR] [--phase 1|2|all]\n");
         return 2;
     }
     const char *dir = "/tmp", *phase = "all";
@@ -645,7 +646,7 @@ int tl_demo_main(int argc, char **argv) {
         if (!strcmp(argv[i], "--state") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--phase") && i + 1 < argc) phase = argv[++i];
         else {
-            fprintf(stderr, "tinyllm demo: unknown argument %s\n", argv[i]);
+            fprintf(stderr, "tinyllm tour: unknown argument %s\n", argv[i]);
             return 2;
         }
     }

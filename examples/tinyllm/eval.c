@@ -609,7 +609,7 @@ int tl_eval_main(int argc_in, char **argv_in) {
             if (t < c.first_turn) continue;
             res.hist_sum += (double)h.n;
             res.hist_turns++;
-            for (int32_t i = t * c.turn_len; i < (t + 1) * c.turn_len && i + 1 < r.n; i++) {
+            for (int32_t i = t * c.turn_len; i < (t + 1) * c.turn_len; i++) { /* memdep[i] is 0 at the last */
                 res.n_pos++;
                 res.n_memdep += r.memdep[i];
                 res.lp_full_md += r.memdep[i] ? r.lp_full[i] : 0;

@@ -48,10 +48,12 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "generate")) return generate(argc - 2, argv + 2);
     if (argc >= 2 && !strcmp(argv[1], "eval")) return tl_eval_main(argc - 2, argv + 2);
     if (argc >= 2 && !strcmp(argv[1], "demo")) return tl_demo_main(argc - 2, argv + 2);
+    if (argc >= 2 && !strcmp(argv[1], "tour")) return tl_tour_main(argc - 2, argv + 2);
     fprintf(stderr,
             "usage: tinyllm generate MODEL [-n N] [--seed S] [--temp T]\n"
             "       tinyllm eval MODEL [--quick] [--seqs N] [--json FILE] [--md FILE]\n"
-            "       tinyllm demo MODEL [--state DIR] [--phase 1|2|all]\n"
+            "       tinyllm demo MODEL [--tokenizer FILE] [--state DIR] [--phase 1|2|all]\n"
+            "       tinyllm tour MODEL [--state DIR] [--phase 1|2|all]\n"
             "MODEL: a llama2.c checkpoint or a GGUF file (llama, F32/F16)\n");
     return 2;
 }
