@@ -10,12 +10,14 @@
  * Phase 2 (a new process): load the agent from the file and run the next
  * turn again: the logits must equal phase 1's.
  */
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "app.h"
+#include "cli.h"
 #include "internal.h"
 
 enum { FIRST = 64, PROMPT = 16, GEN = 32, TURNS = 4, TOPK = 8, WINDOW = 32, IKV_BUDGET = 128 };
@@ -635,22 +637,35 @@ out:
 #endif
 }
 
+#define DEMO_USAGE "usage: tinyllm demo MODEL [--state DIR] [--phase 1|2|all]\n"
+
 int tl_demo_main(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: tinyllm demo MODEL [--state DIR] [--phase 1|2|all]\n");
-        return 2;
-    }
-    const char *dir = "/tmp", *phase = "all";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--state") && i + 1 < argc) dir = argv[++i];
-        else if (!strcmp(argv[i], "--phase") && i + 1 < argc) phase = argv[++i];
-        else {
-            fprintf(stderr, "tinyllm demo: unknown argument %s\n", argv[i]);
-            return 2;
+    static const struct option opts[] = {{"state", required_argument, NULL, 's'},
+                                         {"phase", required_argument, NULL, 'p'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *dir = "/tmp", *phase = "all", *model;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': dir = optarg; break;
+        case 'p': phase = optarg; break;
+        case 'h': fputs(DEMO_USAGE, stdout); return 0;
+        default: return tl_cli_bad_option("demo", argc, argv, c, DEMO_USAGE);
         }
     }
+    int p1 = !strcmp(phase, "1") || !strcmp(phase, "all"), p2 = !strcmp(phase, "2") || !strcmp(phase, "all");
+    if (!p1 && !p2) {
+        fprintf(stderr, "tinyllm demo: --phase '%s': expected 1, 2 or all\n" DEMO_USAGE, phase);
+        return 2;
+    }
+    if (tl_cli_one_positional("demo", argc, argv, "MODEL", DEMO_USAGE, &model)) return 2;
+    /* phase 1 saves into the directory and phase 2 reads from it: say so now, not after the run */
+    if (tl_cli_dir("demo", "--state", dir, p1)) return 2;
     int rc = 0;
-    if (!strcmp(phase, "1") || !strcmp(phase, "all")) rc = phase1(argv[0], dir);
-    if (!rc && (!strcmp(phase, "2") || !strcmp(phase, "all"))) rc = phase2(argv[0], dir);
+    if (p1) rc = phase1(model, dir);
+    if (!rc && p2) rc = phase2(model, dir);
     return rc;
 }
