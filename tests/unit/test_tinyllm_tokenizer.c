@@ -338,10 +338,22 @@ static void test_random_strings_round_trip(void **state) {
 
 /* ---- hostile files ---- */
 
+/* Parse a copy of exactly n bytes, so that ASan sees any read past the end. */
+static int parse_exact(const void *p, size_t n, int32_t vocab, tl_tokenizer **t, char *err, size_t err_size) {
+    uint8_t *c = p ? malloc(n ? n : 1) : NULL;
+    if (p) {
+        assert_non_null(c);
+        memcpy(c, p, n);
+    }
+    int rc = tl_tokenizer_parse(c, n, vocab, t, err, err_size);
+    free(c);
+    return rc;
+}
+
 static void expect_refused(const void *p, size_t n, int32_t vocab, const char *needle) {
     tl_tokenizer *t = (tl_tokenizer *)(uintptr_t)1;
     char err[TL_ERR_SIZE] = "";
-    if (tl_tokenizer_parse(p, n, vocab, &t, err, sizeof err) != -1) fail_msg("a bad tokenizer (%s) was accepted", needle);
+    if (parse_exact(p, n, vocab, &t, err, sizeof err) != -1) fail_msg("a bad tokenizer (%s) was accepted", needle);
     assert_null(t);
     if (!strstr(err, needle)) fail_msg("message '%s' does not say '%s'", err, needle);
 }
@@ -365,7 +377,7 @@ static void test_hostile_tokenizer_files_are_refused(void **state) {
     for (size_t n = 0; n < b.n; n++) {
         tl_tokenizer *t = NULL;
         char err[TL_ERR_SIZE] = "";
-        if (tl_tokenizer_parse(b.p, n, TINY_N, &t, err, sizeof err) != -1)
+        if (parse_exact(b.p, n, TINY_N, &t, err, sizeof err) != -1)
             fail_msg("a tokenizer cut to %zu of %zu bytes was accepted", n, b.n);
         assert_null(t);
         assert_true(strlen(err) > 10);
@@ -602,8 +614,13 @@ static void test_gguf_vocabulary_is_used_when_present(void **state) {
     }
     /* every truncation of the vocabulary metadata: refused or loaded, never a crash */
     buf b = tiny_gguf(G_PLAIN);
-    for (size_t n = 0; n < b.n; n += n < 8000 ? 7 : 997)
-        if (tl_model_load_gguf_buffer(b.p, n, &m, err, sizeof err) == 0) tl_model_free(&m);
+    for (size_t n = 0; n < b.n; n += n < 8000 ? 7 : 997) {
+        uint8_t *c = malloc(n ? n : 1);
+        assert_non_null(c);
+        memcpy(c, b.p, n);
+        if (tl_model_load_gguf_buffer(c, n, &m, err, sizeof err) == 0) tl_model_free(&m);
+        free(c);
+    }
     free(b.p);
     tl_tokenizer_free(ref);
     assert_int_equal(tl_tokenizer_from_model(NULL, &t, err, sizeof err), -1);
@@ -663,6 +680,18 @@ static void test_model_format_is_told_by_content(void **state) {
     assert_non_null(strstr(err, strerror(ENOENT)));
     assert_int_equal(tl_model_load("/tmp", &m, err, sizeof err), -1);
     assert_non_null(strstr(err, "directory"));
+    /* a FIFO is refused at once (opening it to read would wait for a writer) */
+    char fifo_dir[] = "/tmp/tinyllm_fifo_XXXXXX", fifo[64];
+    assert_non_null(mkdtemp(fifo_dir));
+    snprintf(fifo, sizeof fifo, "%s/model.bin", fifo_dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(tl_model_load(fifo, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not a regular file"));
+    tl_tokenizer *t = NULL;
+    assert_int_equal(tl_tokenizer_load(fifo, 512, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not a regular file"));
+    remove(fifo);
+    rmdir(fifo_dir);
     /* a safetensors file (a kvmem agent's memory): its JSON length read as a llama2.c header
      * used to give "layers 1600070267" */
     buf st = {0};
