@@ -5,6 +5,7 @@
 #include "tinyllm.h"
 
 int tl_eval_main(int argc, char **argv);
+/* argv[0] is "demo": the options are parsed with getopt_long. */
 int tl_demo_main(int argc, char **argv);
 int tl_tour_main(int argc, char **argv);
 

@@ -11,12 +11,14 @@
  * Phase 2 (a new process): load the agent from the file and run the next
  * turn again: the logits must equal phase 1's.
  */
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "app.h"
+#include "cli.h"
 #include "internal.h"
 
 enum { FIRST = 64, PROMPT = 16, GEN = 32, TURNS = 4, TOPK = 8, WINDOW = 32, IKV_BUDGET = 128 };
@@ -518,11 +520,11 @@ static int write_expect(const char *path, const int32_t *prompt, const float *lo
 static int phase1(const char *model, const char *dir) {
     demo D;
     if (demo_open(&D, model, KVMEM_F16)) {
-        fprintf(stderr, "tinyllm demo: %s\n", D.err);
+        fprintf(stderr, "tinyllm tour: %s\n", D.err);
         demo_close(&D);
         return 1;
     }
-    printf("tinyllm demo on %s (%s: dim %d, %d layers, %d/%d heads, vocab %d): KV in kvmem (f16 blocks of 16)\n",
+    printf("tinyllm tour on %s (%s: dim %d, %d layers, %d/%d heads, vocab %d): KV in kvmem (f16 blocks of 16)\n",
            model, D.m.format, D.m.cfg.dim, D.L, D.m.cfg.n_heads, D.m.cfg.n_kv_heads, D.V);
     int rc = 1;
     int32_t first[FIRST], turn[PROMPT + GEN], prompt[PROMPT];
@@ -579,7 +581,7 @@ static int phase1(const char *model, const char *dir) {
 #endif
     rc = 0;
 out:
-    if (rc) fprintf(stderr, "tinyllm demo: %s\n", D.err[0] ? D.err : kvmem_last_error());
+    if (rc) fprintf(stderr, "tinyllm tour: %s\n", D.err[0] ? D.err : kvmem_last_error());
 #ifdef TINYLLM_HAVE_EVICT
     kvmem_slotmap_free(map);
     kvmem_kvstore_free(store);
@@ -600,7 +602,7 @@ static int phase2(const char *model, const char *dir) {
     snprintf(path, sizeof path, "%s/demo-agent.safetensors", dir);
     snprintf(expect, sizeof expect, "%s/demo-expect.bin", dir);
     if (demo_open(&D, model, KVMEM_F16)) {
-        fprintf(stderr, "tinyllm demo: %s\n", D.err);
+        fprintf(stderr, "tinyllm tour: %s\n", D.err);
         demo_close(&D);
         return 1;
     }
@@ -623,7 +625,7 @@ static int phase2(const char *model, const char *dir) {
            D.h.agent_id, (long long)D.h.n, path, worst == 0 ? "identical" : "DIFFER", worst);
     rc = worst == 0 ? 0 : 1;
 out:
-    if (rc && D.err[0]) fprintf(stderr, "tinyllm demo: %s\n", D.err);
+    if (rc && D.err[0]) fprintf(stderr, "tinyllm tour: %s\n", D.err);
     free(want);
     free(got);
     demo_close(&D);
@@ -636,22 +638,35 @@ out:
 #endif
 }
 
+#define TOUR_USAGE "usage: tinyllm tour MODEL [--state DIR] [--phase 1|2|all]\n"
+
 int tl_tour_main(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: tinyllm tour MODEL [--state DIR] [--phase 1|2|all]\n");
-        return 2;
-    }
-    const char *dir = "/tmp", *phase = "all";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--state") && i + 1 < argc) dir = argv[++i];
-        else if (!strcmp(argv[i], "--phase") && i + 1 < argc) phase = argv[++i];
-        else {
-            fprintf(stderr, "tinyllm tour: unknown argument %s\n", argv[i]);
-            return 2;
+    static const struct option opts[] = {{"state", required_argument, NULL, 's'},
+                                         {"phase", required_argument, NULL, 'p'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *dir = "/tmp", *phase = "all", *model;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': dir = optarg; break;
+        case 'p': phase = optarg; break;
+        case 'h': fputs(TOUR_USAGE, stdout); return 0;
+        default: return tl_cli_bad_option("tour", argc, argv, c, TOUR_USAGE);
         }
     }
+    int p1 = !strcmp(phase, "1") || !strcmp(phase, "all"), p2 = !strcmp(phase, "2") || !strcmp(phase, "all");
+    if (!p1 && !p2) {
+        fprintf(stderr, "tinyllm tour: --phase '%s': expected 1, 2 or all\n" TOUR_USAGE, phase);
+        return 2;
+    }
+    if (tl_cli_one_positional("tour", argc, argv, "MODEL", TOUR_USAGE, &model)) return 2;
+    /* phase 1 saves into the directory and phase 2 reads from it: say so now, not after the run */
+    if (tl_cli_dir("tour", "--state", dir, p1)) return 2;
     int rc = 0;
-    if (!strcmp(phase, "1") || !strcmp(phase, "all")) rc = phase1(argv[0], dir);
-    if (!rc && (!strcmp(phase, "2") || !strcmp(phase, "all"))) rc = phase2(argv[0], dir);
+    if (p1) rc = phase1(model, dir);
+    if (!rc && p2) rc = phase2(model, dir);
     return rc;
 }

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "app.h"
+#include "cli.h"
 #include "eval.h"
 #include "internal.h"
 
@@ -419,13 +420,9 @@ static int parse_budgets(const char *arg, tl_eval_cfg *c) {
     return c->n_budgets ? 0 : -1;
 }
 
-static int parse_int(const char *arg, const char *name, int32_t lo, int32_t hi, int32_t *out) {
-    char *end;
-    long v = strtol(arg, &end, 10);
-    if (end == arg || *end || v < lo || v > hi) {
-        fprintf(stderr, "tinyllm eval: %s %s: expected an integer in [%d, %d]\n", name, arg, lo, hi);
-        return -1;
-    }
+static int int_opt(const char *opt, const char *arg, int32_t lo, int32_t hi, int32_t *out) {
+    int64_t v;
+    if (tl_cli_int("eval", opt, arg, lo, hi, &v)) return -1;
     *out = (int32_t)v;
     return 0;
 }
@@ -438,7 +435,7 @@ static const char k_usage[] =
     "  --turn-len N         tokens per turn (default 64)\n"
     "  --prompt-len N       prefilled prompt tokens per turn (default 16)\n"
     "  --first-turn N       first evaluated turn (default 2: histories of 128 tokens and more)\n"
-    "  --budgets LIST       history tokens kept: counts or shares, e.g. 32,64,128,256,25%%\n"
+    "  --budgets LIST       history tokens kept: counts or shares, e.g. 32,64,128,256,25%\n"
     "  --window W           history tokens the memory-dependence test keeps (default 32)\n"
     "  --memdep-nats X      log-probability gain that marks a position (default 2)\n"
     "  --storage f32|f16|bf16  the pool's storage dtype (default f32)\n"
@@ -447,17 +444,7 @@ static const char k_usage[] =
     "  --json FILE, --md FILE  write results (markdown goes to stdout without --md)\n"
     "  --quiet              no progress on stderr\n";
 
-int tl_eval_main(int argc_in, char **argv_in) {
-    /* getopt wants a program name first; the caller passes the arguments after "eval" */
-    char *argv[256];
-    int argc = argc_in + 1;
-    if (argc > 255) {
-        fprintf(stderr, "tinyllm eval: too many arguments\n");
-        return 2;
-    }
-    argv[0] = (char *)"tinyllm eval";
-    memcpy(argv + 1, argv_in, (size_t)argc_in * sizeof *argv);
-    argv[argc] = NULL;
+int tl_eval_main(int argc, char **argv) {
     tl_eval_cfg c = {.n_seqs = 8, .n_turns = 0, .turn_len = 64, .prompt_len = 16, .first_turn = 2,
                      .probe_window = 32, .window = 32, .memdep_nats = 2.0, .seed = 1000, .storage = KVMEM_F32,
                      .progress = isatty(2) ? 2 : 1};
@@ -476,30 +463,28 @@ int tl_eval_main(int argc_in, char **argv_in) {
         {NULL, 0, NULL, 0}};
     optind = 1;
     opterr = 0;
-    int o;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    int o, budgets_given = 0, seqs_given = 0, turns_given = 0;
+    while ((o = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (o) {
         case 'q': quick = 1; break;
-        case 's': if (parse_int(optarg, "--seqs", 1, 1000, &c.n_seqs)) return 2; break;
-        case 't': if (parse_int(optarg, "--turns", 2, 4096, &c.n_turns)) return 2; break;
-        case 'T': if (parse_int(optarg, "--turn-len", 2, 4096, &c.turn_len)) return 2; break;
-        case 'P': if (parse_int(optarg, "--prompt-len", 1, 4096, &c.prompt_len)) return 2; break;
-        case 'F': if (parse_int(optarg, "--first-turn", 1, 4096, &c.first_turn)) return 2; break;
-        case 'W': if (parse_int(optarg, "--window", 1, 1 << 20, &c.window)) return 2; break;
+        case 's': if (int_opt("--seqs", optarg, 1, 1000, &c.n_seqs)) return 2; seqs_given = 1; break;
+        case 't': if (int_opt("--turns", optarg, 2, 4096, &c.n_turns)) return 2; turns_given = 1; break;
+        case 'T': if (int_opt("--turn-len", optarg, 2, 4096, &c.turn_len)) return 2; break;
+        case 'P': if (int_opt("--prompt-len", optarg, 1, 4096, &c.prompt_len)) return 2; break;
+        case 'F': if (int_opt("--first-turn", optarg, 1, 4096, &c.first_turn)) return 2; break;
+        case 'W': if (int_opt("--window", optarg, 1, 1 << 20, &c.window)) return 2; break;
         case 'b':
             if (parse_budgets(optarg, &c)) {
-                fprintf(stderr, "tinyllm eval: --budgets %s: expected up to %d comma-separated token counts "
+                fprintf(stderr, "tinyllm eval: --budgets '%s': expected up to %d comma-separated token counts "
                         "or shares (25%%)\n", optarg, TL_MAX_BUDGETS);
                 return 2;
             }
+            budgets_given = 1;
             break;
         case 'N': {
-            char *end;
-            c.memdep_nats = strtod(optarg, &end);
-            if (end == optarg || *end || !(c.memdep_nats > 0) || c.memdep_nats > 100) {
-                fprintf(stderr, "tinyllm eval: --memdep-nats %s: expected a number in (0, 100]\n", optarg);
-                return 2;
-            }
+            float v;
+            if (tl_cli_float("eval", "--memdep-nats", optarg, 1e-3f, 100.0f, &v)) return 2;
+            c.memdep_nats = v;
             break;
         }
         case 'S':
@@ -507,7 +492,7 @@ int tl_eval_main(int argc_in, char **argv_in) {
             else if (!strcmp(optarg, "f16")) c.storage = KVMEM_F16;
             else if (!strcmp(optarg, "bf16")) c.storage = KVMEM_BF16;
             else {
-                fprintf(stderr, "tinyllm eval: --storage %s: expected f32, f16 or bf16\n", optarg);
+                fprintf(stderr, "tinyllm eval: --storage '%s': expected f32, f16 or bf16\n", optarg);
                 return 2;
             }
             break;
@@ -517,24 +502,15 @@ int tl_eval_main(int argc_in, char **argv_in) {
         case 'm': md_path = optarg; break;
         case 'Q': c.progress = 0; break;
         case 'h': fputs(k_usage, stdout); return 0;
-        default:
-            if (optopt) fprintf(stderr, "tinyllm eval: option -%c needs a value or is unknown\n%s", optopt, k_usage);
-            else fprintf(stderr, "tinyllm eval: unknown option %s\n%s", argv[optind - 1], k_usage);
-            return 2;
+        default: return tl_cli_bad_option("eval", argc, argv, o, k_usage);
         }
     }
-    if (optind != argc - 1) {
-        fprintf(stderr, optind >= argc ? "tinyllm eval: no MODEL given\n%s"
-                                       : "tinyllm eval: one MODEL expected, extra argument %s\n%s",
-                optind >= argc ? k_usage : argv[optind + 1], k_usage);
-        return 2;
-    }
-    const char *model_path = argv[optind];
-    if (quick) {
-        c.n_seqs = 1;
-        c.n_turns = 4;
-        c.first_turn = 2;
-        parse_budgets("32,64,25%", &c);
+    const char *model_path;
+    if (tl_cli_one_positional("eval", argc, argv, "MODEL", k_usage, &model_path)) return 2;
+    if (quick) { /* a small run; what was given explicitly stays */
+        if (!seqs_given) c.n_seqs = 1;
+        if (!turns_given) c.n_turns = 4;
+        if (!budgets_given) parse_budgets("32,64,25%", &c);
     }
     if (c.prompt_len >= c.turn_len) {
         fprintf(stderr, "tinyllm eval: --prompt-len %d must be below --turn-len %d\n", c.prompt_len, c.turn_len);

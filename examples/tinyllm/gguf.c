@@ -197,6 +197,141 @@ static int load_tensor(rd *r, const tinfo *ts, uint64_t nt, size_t data_start, c
     return 0;
 }
 
+/* Where the tokenizer's metadata values start (0: absent). */
+typedef struct gguf_vocab_at {
+    size_t model, tokens, scores, types, add_prefix, bos, eos, unk;
+    uint32_t bos_type, eos_type, unk_type;
+} gguf_vocab_at;
+
+/* An array value at `at`: element type and count, r positioned at the first element. */
+static int vocab_array(rd *r, size_t at, uint32_t want_type, uint64_t want_n, const char *what) {
+    r->off = at;
+    uint32_t et = (uint32_t)rd_uint(r, 4, what);
+    uint64_t n = rd_uint(r, 8, what);
+    if (r->failed) return -1;
+    if (et != want_type)
+        return tl_errf(r->err, r->err_size, "tokenizer.ggml.%s holds values of type %u, expected %u",
+                       what, et, want_type);
+    if (n != want_n)
+        return tl_errf(r->err, r->err_size, "tokenizer.ggml.%s has %llu entries, the vocabulary %llu",
+                       what, (unsigned long long)n, (unsigned long long)want_n);
+    return 0;
+}
+
+static int vocab_id(rd *r, size_t at, uint32_t type, int32_t dflt, int32_t *out) {
+    double v = dflt;
+    if (at) {
+        r->off = at;
+        if (rd_number(r, type, &v)) return -1;
+    }
+    /* -1 is how some converters say "none" */
+    *out = v >= -1 && v < (double)INT32_MAX && v == floor(v) ? (int32_t)v : INT32_MAX;
+    return 0;
+}
+
+/* Build m->vocab from the tokenizer a GGUF file carries (sentencepiece
+ * "llama" vocabularies). A vocabulary that cannot be used leaves the model
+ * loaded and says why in m->vocab_note, for tl_tokenizer_from_model. */
+static void gguf_vocab(const uint8_t *buf, size_t size, const gguf_vocab_at *at, tl_model *m) {
+    char *note = m->vocab_note;
+    size_t ns = sizeof m->vocab_note;
+    rd r = {buf, size, 0, note, ns, 0};
+    if (!at->tokens) {
+        tl_errf(note, ns, "the GGUF file carries no vocabulary (no tokenizer.ggml.tokens): give a "
+                "tokenizer file");
+        return;
+    }
+    if (at->model) {
+        const char *s;
+        size_t n;
+        r.off = at->model;
+        if (rd_str(&r, &s, &n, 64, "tokenizer model")) return;
+        if (n != 5 || memcmp(s, "llama", 5) != 0) {
+            tl_errf(note, ns, "tokenizer.ggml.model is '%.*s': only 'llama' (sentencepiece BPE) is "
+                    "supported", (int)n, s);
+            return;
+        }
+    }
+    if (!at->scores) {
+        tl_errf(note, ns, "the GGUF vocabulary has no tokenizer.ggml.scores: cannot merge pieces");
+        return;
+    }
+    uint64_t V = (uint64_t)m->cfg.vocab_size;
+    int32_t bos, eos, unk;
+    if (vocab_id(&r, at->bos, at->bos_type, 1, &bos) || vocab_id(&r, at->eos, at->eos_type, 2, &eos) ||
+        vocab_id(&r, at->unk, at->unk_type, 0, &unk))
+        return;
+    int add_prefix = 1;
+    if (at->add_prefix) {
+        r.off = at->add_prefix;
+        add_prefix = rd_uint(&r, 1, "add_space_prefix") != 0;
+    }
+    /* the pieces' total size, then the pieces */
+    if (vocab_array(&r, at->tokens, GT_STR, V, "tokens")) return;
+    size_t bytes = 0;
+    for (uint64_t i = 0; i < V; i++) {
+        const char *s;
+        size_t n;
+        if (rd_str(&r, &s, &n, GGUF_MAX_NAME, "token")) return;
+        bytes += n;
+    }
+    tl_tokenizer *t = tl_tok_alloc((int32_t)V, bytes);
+    if (!t) {
+        tl_errf(note, ns, "tokenizer: out of memory");
+        return;
+    }
+    size_t p_tok = 0, p_score = 0, p_type = 0;
+    if (vocab_array(&r, at->scores, GT_F32, V, "scores")) goto fail;
+    p_score = r.off;
+    if (at->types) {
+        if (vocab_array(&r, at->types, GT_I32, V, "token_type")) goto fail;
+        p_type = r.off;
+    }
+    vocab_array(&r, at->tokens, GT_STR, V, "tokens");
+    p_tok = r.off;
+    for (uint64_t i = 0; i < V; i++) {
+        const char *s;
+        size_t n;
+        r.off = p_tok;
+        rd_str(&r, &s, &n, GGUF_MAX_NAME, "token");
+        p_tok = r.off;
+        r.off = p_score + 4 * i;
+        uint32_t b = (uint32_t)rd_uint(&r, 4, "score");
+        float score;
+        memcpy(&score, &b, 4);
+        int type;
+        if (p_type) {
+            r.off = p_type + 4 * i;
+            int32_t tt = (int32_t)(uint32_t)rd_uint(&r, 4, "token type");
+            if (tt < TL_TOKEN_NORMAL || tt > TL_TOKEN_BYTE) {
+                tl_errf(note, ns, "token %llu has token type %d (1..6)", (unsigned long long)i, tt);
+                goto fail;
+            }
+            type = tt;
+        } else {
+            int32_t id = (int32_t)i;
+            type = id == unk ? TL_TOKEN_UNKNOWN : id == bos || id == eos ? TL_TOKEN_CONTROL
+                 : tl_tok_byte_value(s, n) >= 0 ? TL_TOKEN_BYTE : TL_TOKEN_NORMAL;
+        }
+        if (r.failed || tl_tok_set(t, (int32_t)i, s, n, score, type, 1)) goto fail;
+    }
+    if (bos == INT32_MAX || eos == INT32_MAX || unk == INT32_MAX) {
+        tl_errf(note, ns, "tokenizer.ggml special token ids are out of range");
+        goto fail;
+    }
+    tl_tok_specials(t, bos, eos, unk, add_prefix);
+    char why[TL_ERR_SIZE];
+    if (tl_tok_finish(t, why, sizeof why)) {
+        tl_errf(note, ns, "the GGUF vocabulary: %s", why);
+        goto fail;
+    }
+    m->vocab = t;
+    return;
+fail:
+    if (!note[0]) tl_errf(note, ns, "the GGUF vocabulary is malformed");
+    tl_tokenizer_free(t);
+}
+
 int tl_model_load_gguf_buffer(const uint8_t *buf, size_t size, tl_model *m, char *err,
                               size_t err_size) {
     memset(m, 0, sizeof *m);
@@ -213,6 +348,7 @@ int tl_model_load_gguf_buffer(const uint8_t *buf, size_t size, tl_model *m, char
                        (unsigned long long)n_tensors, (unsigned long long)n_kv);
 
     /* metadata */
+    gguf_vocab_at tv = {0};
     char arch[64] = "";
     double dim = -1, hidden = -1, layers = -1, heads = -1, kv_heads = -1, ctx = 2048,
            theta = 10000.0, eps = 1e-5, rot = -1, align = 32, vocab = -1;
@@ -247,7 +383,21 @@ int tl_model_load_gguf_buffer(const uint8_t *buf, size_t size, tl_model *m, char
             if (r.failed) return -1;
             (void)et;
             vocab = (double)n;
+            tv.tokens = save;
             r.off = save;
+            if (skip_value(&r, type, 0)) return -1;
+            continue;
+        }
+        if (strncmp(k, "tokenizer.ggml.", 15) == 0) { /* the rest of the vocabulary: read after the model */
+            const char *tk = k + 15;
+            size_t save = r.off;
+            if (!strcmp(tk, "model") && type == GT_STR) tv.model = save;
+            else if (!strcmp(tk, "scores") && type == GT_ARR) tv.scores = save;
+            else if (!strcmp(tk, "token_type") && type == GT_ARR) tv.types = save;
+            else if (!strcmp(tk, "add_space_prefix") && type == GT_BOOL) tv.add_prefix = save;
+            else if (!strcmp(tk, "bos_token_id") && type != GT_ARR && type != GT_STR) tv.bos = save, tv.bos_type = type;
+            else if (!strcmp(tk, "eos_token_id") && type != GT_ARR && type != GT_STR) tv.eos = save, tv.eos_type = type;
+            else if (!strcmp(tk, "unknown_token_id") && type != GT_ARR && type != GT_STR) tv.unk = save, tv.unk_type = type;
             if (skip_value(&r, type, 0)) return -1;
             continue;
         }
@@ -390,6 +540,7 @@ int tl_model_load_gguf_buffer(const uint8_t *buf, size_t size, tl_model *m, char
     }
     free(ts);
     snprintf(m->format, sizeof m->format, "gguf");
+    gguf_vocab(buf, size, &tv, m);
     return 0;
 fail:
     free(ts);

@@ -19,4 +19,17 @@ size_t tl_n_weights(const tl_config *c, int shared_cls);
 /* Point m->w into m->data, laid out as llama2.c does. */
 void tl_set_pointers(tl_model *m, int shared_cls);
 
+/* Building a tokenizer (tokenizer.c): allocate n tokens with arena_size
+ * bytes for their pieces, set each (sp_space: U+2581 stands for a space, as
+ * in sentencepiece vocabularies), set the special ids, then finish (checks
+ * scores and byte pieces, builds the lookup table). */
+tl_tokenizer *tl_tok_alloc(int32_t n, size_t arena_size);
+int tl_tok_set(tl_tokenizer *t, int32_t id, const char *bytes, size_t len, float score, int type,
+               int sp_space);
+void tl_tok_specials(tl_tokenizer *t, int32_t bos, int32_t eos, int32_t unk, int add_prefix);
+int tl_tok_finish(tl_tokenizer *t, char *err, size_t err_size);
+tl_tokenizer *tl_tok_clone(const tl_tokenizer *t);
+/* The byte a "<0xNN>" piece stands for, or -1 for any other piece. */
+int tl_tok_byte_value(const char *p, size_t n);
+
 #endif

@@ -1,11 +1,15 @@
 /* tinyllm: model loading (llama2.c checkpoints), shared helpers. */
 #include "tinyllm.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -20,30 +24,49 @@ int tl_errf(char *err, size_t size, const char *fmt, ...) {
 }
 
 int tl_read_file(const char *path, uint8_t **out, size_t *size, char *err, size_t err_size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tl_errf(err, err_size, "%s: cannot open", path);
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return tl_errf(err, err_size, "%s: cannot seek", path);
+    *out = NULL;
+    *size = 0;
+    if (!path) return tl_errf(err, err_size, "no file name");
+    /* O_NONBLOCK: a FIFO must not block the open; it is refused just below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return tl_errf(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return tl_errf(err, err_size, "%s: cannot stat: %s", path, strerror(e));
     }
-    long len = ftell(f);
-    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return tl_errf(err, err_size, "%s: cannot size", path);
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return tl_errf(err, err_size, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory, not a file"
+                       : "not a regular file (a FIFO, device or socket)");
     }
-    uint8_t *buf = malloc(len ? (size_t)len : 1);
+    if ((uintmax_t)st.st_size > (uintmax_t)SIZE_MAX - 1) {
+        close(fd);
+        return tl_errf(err, err_size, "%s: too large to read", path);
+    }
+    size_t len = (size_t)st.st_size;
+    uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
-        fclose(f);
-        return tl_errf(err, err_size, "%s: out of memory (%ld bytes)", path, len);
+        close(fd);
+        return tl_errf(err, err_size, "%s: out of memory (%zu bytes)", path, len);
     }
-    if (len && fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        free(buf);
-        fclose(f);
-        return tl_errf(err, err_size, "%s: short read", path);
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = read(fd, buf + got, len - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : 0;
+            free(buf);
+            close(fd);
+            return tl_errf(err, err_size, "%s: read failed after %zu of %zu bytes%s%s", path, got,
+                           len, e ? ": " : " (the file shrank)", e ? strerror(e) : "");
+        }
+        got += (size_t)r;
     }
-    fclose(f);
+    close(fd);
     *out = buf;
-    *size = (size_t)len;
+    *size = len;
     return 0;
 }
 
@@ -93,15 +116,12 @@ void tl_set_pointers(tl_model *m, int shared_cls) {
     m->w.wcls = shared_cls ? m->w.tok_emb : p;
 }
 
-int tl_model_load_llama2c(const char *path, tl_model *m, char *err, size_t err_size) {
-    memset(m, 0, sizeof *m);
-    uint8_t *buf;
-    size_t size;
-    if (tl_read_file(path, &buf, &size, err, err_size)) return -1;
-    if (size < 28) {
-        free(buf);
-        return tl_errf(err, err_size, "%s: %zu bytes, too short for a llama2.c header", path, size);
-    }
+/* Read a llama2.c header and say whether the file is one: sizes in range
+ * and exactly the bytes they describe (a legacy export: weights, then the
+ * freq_cis tables, then the classifier when not shared). 0, or -1 with why. */
+static int llama2c_probe(const uint8_t *buf, size_t size, tl_config *out, int *shared, size_t *n_main,
+                         size_t *n_freq, size_t *n_cls, char *err, size_t err_size) {
+    if (size < 28) return tl_errf(err, err_size, "%zu bytes, too short for a llama2.c header", size);
     int32_t h[7];
     memcpy(h, buf, sizeof h);
     tl_config c = {0};
@@ -110,36 +130,62 @@ int tl_model_load_llama2c(const char *path, tl_model *m, char *err, size_t err_s
     c.n_layers = h[2];
     c.n_heads = h[3];
     c.n_kv_heads = h[4];
-    int shared = h[5] > 0; /* llama2.c: a negative vocab size means a separate classifier */
+    *shared = h[5] > 0; /* llama2.c: a negative vocab size means a separate classifier */
     c.vocab_size = h[5] > 0 ? h[5] : (h[5] == INT32_MIN ? 0 : -h[5]);
     c.seq_len = h[6];
     c.rope_theta = 10000.0f;
     c.norm_eps = 1e-5f;
     c.rope_style = KVMEM_ROPE_GPTJ;
-    if (tl_config_check(&c, err, err_size)) {
-        free(buf);
-        return -1;
-    }
+    if (c.seq_len > 1 << 24)
+        return tl_errf(err, err_size, "llama2.c header: seq_len %d out of range", c.seq_len);
+    if (tl_config_check(&c, err, err_size)) return -1;
     c.head_dim = c.dim / c.n_heads;
-    size_t n = tl_n_weights(&c, 1);
-    size_t n_cls = shared ? 0 : (size_t)c.vocab_size * (size_t)c.dim;
-    /* after rms_final come the legacy freq_cis tables [seq_len][head_dim/2] x 2 */
-    size_t n_freq = (size_t)c.seq_len * (size_t)c.head_dim;
-    size_t need = 28 + 4 * (n + n_freq + n_cls);
-    if (size < need) {
-        free(buf);
-        return tl_errf(err, err_size, "%s: %zu bytes, the header needs %zu: truncated or not "
-                       "a llama2.c checkpoint", path, size, need);
+    *n_main = tl_n_weights(&c, 1);
+    *n_cls = *shared ? 0 : (size_t)c.vocab_size * (size_t)c.dim;
+    *n_freq = (size_t)c.seq_len * (size_t)c.head_dim; /* freq_cis real + imag [seq_len][head_dim/2] */
+    size_t need = 28 + 4 * (*n_main + *n_freq + *n_cls);
+    if (size != need)
+        return tl_errf(err, err_size, "its llama2.c header (dim %d, hidden %d, %d layers, %d/%d heads, "
+                       "vocab %d, seq %d) describes a file of %zu bytes, the file has %zu: %s", c.dim,
+                       c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len, need,
+                       size, size < need ? "truncated" : "extra bytes at the end");
+    *out = c;
+    return 0;
+}
+
+/* The reason a buffer that is neither GGUF nor a llama2.c checkpoint is not,
+ * for the formats people mistake for one. NULL when nothing is recognised. */
+static const char *known_other_format(const uint8_t *buf, size_t size) {
+    if (size >= 10) {
+        uint64_t hl = 0;
+        for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
+        if (hl >= 2 && hl <= size - 8 && buf[8] == '{')
+            return "it is a safetensors file (8-byte length, JSON header), e.g. a kvmem agent's memory";
+    }
+    if (size >= 4 && memcmp(buf, "24ka", 4) == 0)
+        return "it is a llama2.c version 1/2 export (magic \"ak42\"): tinyllm reads the legacy "
+               "format (llama2.c export.py --version 0)";
+    return NULL;
+}
+
+static int llama2c_from_buffer(const char *path, uint8_t *buf, size_t size, tl_model *m, char *err,
+                               size_t err_size) {
+    tl_config c = {0};
+    int shared = 0;
+    size_t n = 0, n_freq = 0, n_cls = 0;
+    char why[TL_ERR_SIZE];
+    if (llama2c_probe(buf, size, &c, &shared, &n, &n_freq, &n_cls, why, sizeof why)) {
+        const char *other = known_other_format(buf, size);
+        return tl_errf(err, err_size, "%s: not a llama2.c or GGUF file: %s", path, other ? other : why);
     }
     m->n_data = n + n_cls;
     m->data = malloc(m->n_data * sizeof(float));
     if (!m->data) {
-        free(buf);
-        return tl_errf(err, err_size, "out of memory");
+        m->n_data = 0;
+        return tl_errf(err, err_size, "%s: out of memory (%zu weights)", path, n + n_cls);
     }
     memcpy(m->data, buf + 28, n * sizeof(float));
     if (n_cls) memcpy(m->data + n, buf + 28 + 4 * (n + n_freq), n_cls * sizeof(float));
-    free(buf);
     for (size_t i = 0; i < m->n_data; i++)
         if (!isfinite(m->data[i])) {
             tl_model_free(m);
@@ -152,22 +198,37 @@ int tl_model_load_llama2c(const char *path, tl_model *m, char *err, size_t err_s
     return 0;
 }
 
+int tl_model_load_llama2c(const char *path, tl_model *m, char *err, size_t err_size) {
+    memset(m, 0, sizeof *m);
+    uint8_t *buf;
+    size_t size;
+    if (tl_read_file(path, &buf, &size, err, err_size)) return -1;
+    int rc = llama2c_from_buffer(path, buf, size, m, err, err_size);
+    free(buf);
+    return rc;
+}
+
 int tl_model_load(const char *path, tl_model *m, char *err, size_t err_size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        memset(m, 0, sizeof *m);
-        return tl_errf(err, err_size, "%s: cannot open", path);
+    memset(m, 0, sizeof *m);
+    uint8_t *buf;
+    size_t size;
+    if (tl_read_file(path, &buf, &size, err, err_size)) return -1;
+    int rc;
+    if (size >= 4 && memcmp(buf, "GGUF", 4) == 0) {
+        char why[TL_ERR_SIZE];
+        rc = tl_model_load_gguf_buffer(buf, size, m, why, sizeof why);
+        if (rc) tl_errf(err, err_size, "%s: %s", path, why);
+    } else {
+        rc = llama2c_from_buffer(path, buf, size, m, err, err_size);
     }
-    char magic[4] = {0};
-    size_t got = fread(magic, 1, 4, f);
-    fclose(f);
-    if (got == 4 && memcmp(magic, "GGUF", 4) == 0) return tl_model_load_gguf(path, m, err, err_size);
-    return tl_model_load_llama2c(path, m, err, err_size);
+    free(buf);
+    return rc;
 }
 
 void tl_model_free(tl_model *m) {
     if (!m) return;
     free(m->data);
+    tl_tokenizer_free(m->vocab);
     memset(m, 0, sizeof *m);
 }
 

@@ -15,9 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "app.h"
+#include "cli.h"
 #include "internal.h"
 
 enum { GEN = 20, PROBE_WINDOW = 32, MIN_BUDGET = 32, MAX_PROMPT = 128 };
@@ -171,11 +171,12 @@ static int session(story *S, int no, const char *text, float *prompt_logits) {
              continue_text(S, &other, prompt, np, N, fgen, &nfg, NULL) ||
              tl_memory_build(&S->h, &S->recent, budget, NULL, 0, (int32_t)N, &other, S->err, sizeof S->err) ||
              continue_text(S, &other, prompt, np, N, rgen, &nrg, NULL);
-    if (!rc) rc = print_ids(S, N > 0 ? "  continued with kvmem memory:  " : "  continued: ", gen, ng);
+    if (!rc) rc = print_ids(S, N > 0 ? "  continued with kvmem memory: " : "  continued: ", gen, ng);
     if (!rc && N > 0) {
-        char label[64];
-        rc = print_ids(S, "  with full context:            ", fgen, nfg);
-        snprintf(label, sizeof label, "  with the last %lld tokens:     ", (long long)budget);
+        char what[48], label[64];
+        rc = print_ids(S, "  with full context:           ", fgen, nfg);
+        snprintf(what, sizeof what, "with the last %lld tokens:", (long long)budget);
+        snprintf(label, sizeof label, "  %-29s", what);
         if (!rc) rc = print_ids(S, label, rgen, nrg);
     }
     /* the agent keeps the session and its own continuation, as its engine computed them */
@@ -342,57 +343,40 @@ static int phase2(const char *model, const char *tok, const char *dir) {
     return rc ? 1 : 0;
 }
 
-static const char k_demo_usage[] =
-    "usage: tinyllm demo MODEL [--tokenizer FILE] [--state DIR] [--phase 1|2|all]\n"
-    "  a story agent: phase 1 runs sessions and saves the agent in DIR, phase 2 (a new process) loads it\n";
+#define DEMO_USAGE                                                                                  \
+    "usage: tinyllm demo MODEL [--tokenizer FILE] [--state DIR] [--phase 1|2|all]\n"                \
+    "  a story agent: phase 1 runs sessions and saves the agent in DIR, phase 2 (a new process) "    \
+    "loads it\n"
 
-int tl_demo_main(int argc_in, char **argv_in) {
-    char *argv[64];
-    int argc = argc_in + 1;
-    if (argc > 63) {
-        fprintf(stderr, "tinyllm demo: too many arguments\n%s", k_demo_usage);
-        return 2;
-    }
-    argv[0] = (char *)"tinyllm demo";
-    memcpy(argv + 1, argv_in, (size_t)argc_in * sizeof *argv);
-    argv[argc] = NULL;
+int tl_demo_main(int argc, char **argv) {
     static const struct option opts[] = {{"tokenizer", required_argument, NULL, 'k'},
                                          {"state", required_argument, NULL, 's'},
                                          {"phase", required_argument, NULL, 'p'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *dir = "/tmp", *phase = "all", *tok = NULL;
-    optind = 1;
+    const char *dir = "/tmp", *phase = "all", *tok = NULL, *model;
+    int c;
     opterr = 0;
-    int o;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
         case 'k': tok = optarg; break;
         case 's': dir = optarg; break;
         case 'p': phase = optarg; break;
-        case 'h': fputs(k_demo_usage, stdout); return 0;
-        default:
-            fprintf(stderr, "tinyllm demo: %s %s\n%s", optopt ? "option needs a value:" : "unknown option",
-                    argv[optind - 1], k_demo_usage);
-            return 2;
+        case 'h': fputs(DEMO_USAGE, stdout); return 0;
+        default: return tl_cli_bad_option("demo", argc, argv, c, DEMO_USAGE);
         }
     }
-    if (optind != argc - 1) {
-        fprintf(stderr, "tinyllm demo: %s\n%s", optind >= argc ? "no MODEL given" : "one MODEL expected", k_demo_usage);
+    int p1 = !strcmp(phase, "1") || !strcmp(phase, "all"), p2 = !strcmp(phase, "2") || !strcmp(phase, "all");
+    if (!p1 && !p2) {
+        fprintf(stderr, "tinyllm demo: --phase '%s': expected 1, 2 or all\n" DEMO_USAGE, phase);
         return 2;
     }
-    if (strcmp(phase, "1") && strcmp(phase, "2") && strcmp(phase, "all")) {
-        fprintf(stderr, "tinyllm demo: --phase %s: expected 1, 2 or all\n", phase);
-        return 2;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "tinyllm demo: --state %s: not an existing directory\n", dir);
-        return 2;
-    }
-    const char *model = argv[optind];
+    if (tl_cli_one_positional("demo", argc, argv, "MODEL", DEMO_USAGE, &model)) return 2;
+    /* phase 1 saves into the directory and phase 2 reads from it: say so now, not after the run */
+    if (tl_cli_dir("demo", "--state", dir, p1)) return 2;
     int rc = 0;
-    if (!strcmp(phase, "1") || !strcmp(phase, "all")) rc = phase1(model, tok, dir);
-    if (!rc && (!strcmp(phase, "2") || !strcmp(phase, "all"))) rc = phase2(model, tok, dir);
+    if (p1) rc = phase1(model, tok, dir);
+    if (!rc && p2) rc = phase2(model, tok, dir);
     return rc;
 }

@@ -20,6 +20,8 @@
 
 #define TL_ERR_SIZE 256
 
+typedef struct tl_tokenizer tl_tokenizer;
+
 typedef struct tl_config {
     int32_t dim;        /* model width */
     int32_t hidden_dim; /* feed-forward width */
@@ -56,10 +58,15 @@ typedef struct tl_model {
     float *data; /* owned: every weight, f32 */
     size_t n_data;
     char format[16]; /* "llama2c" or "gguf" */
+    tl_tokenizer *vocab;  /* owned: the vocabulary a GGUF file carries (NULL: none) */
+    char vocab_note[160]; /* why vocab is NULL when the file has one we cannot use */
 } tl_model;
 
 /* Load a llama2.c checkpoint (.bin) or a GGUF file (magic "GGUF"; llama
  * architecture, F32/F16 tensors). Returns 0, or -1 with a message in err.
+ * The format is told by content: GGUF's magic, else a llama2.c header whose
+ * sizes are plausible and describe exactly the file's size; anything else
+ * (a safetensors file, a tokenizer, text) is "not a llama2.c or GGUF file".
  * The file is validated: sizes, shapes, offsets in bounds, finite weights. */
 int tl_model_load(const char *path, tl_model *m, char *err, size_t err_size);
 int tl_model_load_llama2c(const char *path, tl_model *m, char *err, size_t err_size);
@@ -68,6 +75,52 @@ int tl_model_load_gguf(const char *path, tl_model *m, char *err, size_t err_size
 int tl_model_load_gguf_buffer(const uint8_t *buf, size_t size, tl_model *m, char *err,
                               size_t err_size);
 void tl_model_free(tl_model *m);
+
+/* ---- Tokenizer: llama2.c's (sentencepiece BPE with byte fallback). ----
+ * A tokenizer is immutable once made: any number of threads may encode and
+ * decode with one. Every function refuses bad input with -1/NULL and a
+ * message (where it takes err); none prints or aborts. */
+
+/* Token types (GGUF's tokenizer.ggml.token_type values). */
+enum { TL_TOKEN_NORMAL = 1, TL_TOKEN_UNKNOWN = 2, TL_TOKEN_CONTROL = 3, TL_TOKEN_USER = 4,
+       TL_TOKEN_UNUSED = 5, TL_TOKEN_BYTE = 6 };
+#define TL_TOKENIZER_MAX_VOCAB (1 << 22)
+
+/* llama2.c tokenizer file (int32 max_token_length, then per token: float32
+ * score, int32 length, bytes); vocab_size must equal the model's. 0, or -1
+ * with the reason in err (truncated, lengths past the end, negative or
+ * over-long lengths, non-finite scores, another vocabulary size). */
+int tl_tokenizer_load(const char *path, int32_t vocab_size, tl_tokenizer **out, char *err,
+                      size_t err_size);
+/* The same over a file image in memory (not kept). */
+int tl_tokenizer_parse(const uint8_t *buf, size_t size, int32_t vocab_size, tl_tokenizer **out,
+                       char *err, size_t err_size);
+/* The vocab a GGUF model carries (m loaded from GGUF; a copy the caller
+ * frees), or -1 with a reason when it has none. */
+int tl_tokenizer_from_model(const tl_model *m, tl_tokenizer **out, char *err, size_t err_size);
+void tl_tokenizer_free(tl_tokenizer *t); /* NULL: no-op */
+int32_t tl_tokenizer_vocab(const tl_tokenizer *t);
+int32_t tl_tokenizer_bos(const tl_tokenizer *t); /* -1: none */
+int32_t tl_tokenizer_eos(const tl_tokenizer *t); /* -1: none */
+/* Encode UTF-8 text (len bytes; any bytes: invalid UTF-8 goes by byte
+ * fallback) with the dummy prefix; bos: prepend BOS. Writes at most cap ids;
+ * *n_out = ids needed. 0, or -1 (cap too small, out of memory, bad
+ * arguments). out == NULL with cap == 0 asks for the size only (0). */
+int tl_encode(const tl_tokenizer *t, const char *text, size_t len, int bos, int32_t *out,
+              int32_t cap, int32_t *n_out, char *err, size_t err_size);
+/* The bytes token id stands for when it follows prev (prev == BOS: the
+ * dummy prefix's leading space stripped; prev < 0: none). BOS, EOS and other
+ * control tokens stand for no bytes; <0xNN> for the byte NN. The pointer
+ * lives as long as the tokenizer; NULL (and *len 0) for an id out of range. */
+const char *tl_token_piece(const tl_tokenizer *t, int32_t prev, int32_t id, size_t *len);
+/* Decode ids into a malloc'd NUL-terminated string (caller frees), BOS/EOS
+ * dropped; NULL on failure (an id out of range, no memory). */
+char *tl_decode(const tl_tokenizer *t, const int32_t *ids, int32_t n);
+/* The same, with the length (the text may hold NUL bytes). */
+char *tl_decode_len(const tl_tokenizer *t, const int32_t *ids, int32_t n, size_t *len);
+/* The tokenizer beside a model: $KVMEM_TEST_TOKENIZER, else tok512.bin in
+ * the model's directory (written into buf); NULL if absent. */
+const char *tl_find_tokenizer(const char *model_path, char *buf, size_t buf_size);
 
 /* kvmem's description of the model's KV geometry and RoPE. */
 kvmem_model_spec tl_model_spec(const tl_model *m);
