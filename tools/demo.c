@@ -6,6 +6,7 @@
  * tokens an engine would prefill with kvmem versus re-reading the history.
  * Deterministic for a seed (the generator is tools/synth.c); --json prints
  * the same as JSON lines. */
+#include "args.h"
 #include "commands.h"
 #include "kvmem.h"
 #include "demo_script.h"
@@ -212,44 +213,103 @@ int demo_run(int json, uint64_t seed) {
 int demo_view(uint64_t seed, const char *agent_id, int turn, int norm, int agg, int top_k, int block_size,
               float tau_s, float tau_d);
 
-static int demo_usage(void) {
-    fprintf(stderr, "usage: kvmem demo [--json] [--seed N]\n"
-                    "       kvmem demo --json --agent ID --turn N [--mode softmax-max|softmax-sum|rr-max|rr-sum]\n"
-                    "                  [--k K] [--block-size BS] [--tau-s X] [--tau-d Y] [--seed N]\n"
-                    "  (the second form prints what the browser demo shows for one question)\n");
-    return 2;
+static int demo_usage(FILE *f) {
+    fprintf(f, "usage: kvmem demo [--json] [--seed N]\n"
+               "       kvmem demo --json --agent ID --turn N [--mode softmax-max|softmax-sum|rr-max|rr-sum]\n"
+               "                  [--k K] [--block-size BS] [--tau-s X] [--tau-d Y] [--seed N]\n"
+               "  (the second form prints what the browser demo shows for one question)\n");
+    return f == stdout ? 0 : KVM_EXIT_USAGE;
+}
+
+/* The demo agent called `id`, or NULL. */
+static const kvm_demo_agent *demo_agent(const char *id) {
+    for (int a = 0; a < kvm_demo_n_agents; a++)
+        if (strcmp(kvm_demo_agents[a].id, id) == 0) return &kvm_demo_agents[a];
+    return NULL;
+}
+
+static void list_questions(void) {
+    for (int a = 0; a < kvm_demo_n_agents; a++)
+        for (int i = 0; i < kvm_demo_agents[a].n_steps; i++)
+            if (kvm_demo_agents[a].steps[i].ask) fprintf(stderr, " %s %d", kvm_demo_agents[a].id, i + 1);
 }
 
 static int cmd_demo(int argc, char **argv) {
+    enum { O_SEED = 256, O_AGENT, O_TURN, O_K, O_BLOCK_SIZE, O_TAU_S, O_TAU_D, O_MODE };
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'},         {"seed", required_argument, NULL, O_SEED},
+        {"agent", required_argument, NULL, O_AGENT}, {"turn", required_argument, NULL, O_TURN},
+        {"k", required_argument, NULL, O_K},       {"block-size", required_argument, NULL, O_BLOCK_SIZE},
+        {"tau-s", required_argument, NULL, O_TAU_S}, {"tau-d", required_argument, NULL, O_TAU_D},
+        {"mode", required_argument, NULL, O_MODE}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     int json = 0, turn = 0, norm = 0, agg = 0, k = KVM_DEMO_TOP_K, bs = 16;
-    const char *agent = NULL;
+    const char *agent = NULL, *view_opt = NULL; /* view_opt: an option only the one-question view takes */
     uint64_t seed = 42;
     kvmem_attend_params art = kvmem_attend_default_params();
     float tau_s = art.tau_s, tau_d = art.tau_d;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--json") == 0) json = 1;
-        else if (strcmp(a, "--seed") == 0 && val) seed = strtoull(argv[++i], NULL, 10);
-        else if (strcmp(a, "--agent") == 0 && val) agent = argv[++i];
-        else if (strcmp(a, "--turn") == 0 && val) turn = atoi(argv[++i]);
-        else if (strcmp(a, "--k") == 0 && val) k = atoi(argv[++i]);
-        else if (strcmp(a, "--block-size") == 0 && val) bs = atoi(argv[++i]);
-        else if (strcmp(a, "--tau-s") == 0 && val) tau_s = strtof(argv[++i], NULL);
-        else if (strcmp(a, "--tau-d") == 0 && val) tau_d = strtof(argv[++i], NULL);
-        else if (strcmp(a, "--mode") == 0 && val) {
-            const char *m = argv[++i];
-            if (strcmp(m, "softmax-max") == 0) norm = 0, agg = 0;
-            else if (strcmp(m, "softmax-sum") == 0) norm = 0, agg = 1;
-            else if (strcmp(m, "rr-max") == 0) norm = 1, agg = 0;
-            else if (strcmp(m, "rr-sum") == 0) norm = 1, agg = 1;
-            else return demo_usage();
-        } else return demo_usage();
+    for (int c; (c = kvm_getopt("demo", argc, argv, opts)) != -1;) {
+        int ok = 1;
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'h': return demo_usage(stdout);
+        case O_SEED: ok = kvm_arg_u64("demo", "--seed", optarg, &seed); break;
+        case O_AGENT: agent = optarg; break;
+        case O_TURN: ok = kvm_arg_int("demo", "--turn", optarg, 1, KVM_DEMO_MAX_STEPS, &turn); break;
+        case O_K: ok = kvm_arg_int("demo", "--k", optarg, 1, 64, &k), view_opt = "--k"; break;
+        case O_BLOCK_SIZE:
+            /* the pool's rule (kvmem.h): a power of two in [1, 4096] */
+            ok = kvm_arg_int("demo", "--block-size", optarg, 1, 4096, &bs), view_opt = "--block-size";
+            if (ok && (bs & (bs - 1))) {
+                fprintf(stderr, "kvmem demo: --block-size: %d is not a power of two\n", bs);
+                ok = 0;
+            }
+            break;
+        case O_TAU_S: ok = kvm_arg_float("demo", "--tau-s", optarg, 0, 1e30, &tau_s), view_opt = "--tau-s"; break;
+        case O_TAU_D: ok = kvm_arg_float("demo", "--tau-d", optarg, 0, 1e30, &tau_d), view_opt = "--tau-d"; break;
+        case O_MODE:
+            view_opt = "--mode";
+            if (strcmp(optarg, "softmax-max") == 0) norm = 0, agg = 0;
+            else if (strcmp(optarg, "softmax-sum") == 0) norm = 0, agg = 1;
+            else if (strcmp(optarg, "rr-max") == 0) norm = 1, agg = 0;
+            else if (strcmp(optarg, "rr-sum") == 0) norm = 1, agg = 1;
+            else {
+                fprintf(stderr, "kvmem demo: --mode: '%s' is not one of softmax-max, softmax-sum, rr-max, rr-sum\n", optarg);
+                ok = 0;
+            }
+            break;
+        default: ok = 0;
+        }
+        if (!ok) return KVM_EXIT_USAGE;
     }
-    if (agent || turn) {
-        if (!json || !agent || turn < 1 || k < 1 || k > 64) return demo_usage();
-        return demo_view(seed, agent, turn, norm, agg, k, bs, tau_s, tau_d);
+    if (!kvm_args_at_most("demo", argc, argv, optind, 0)) return KVM_EXIT_USAGE;
+    if (!agent && !turn) {
+        if (view_opt) {
+            fprintf(stderr, "kvmem demo: %s applies to the one-question view only (--json --agent ID --turn N)\n", view_opt);
+            return KVM_EXIT_USAGE;
+        }
+        return demo_run(json, seed);
     }
-    return demo_run(json, seed);
+    /* the one-question view: every setting checked before any work */
+    const char *missing = !json ? "--json" : !agent ? "--agent" : !turn ? "--turn" : NULL;
+    if (missing) {
+        fprintf(stderr, "kvmem demo: the one-question view needs %s (kvmem demo --json --agent ID --turn N)\n", missing);
+        return KVM_EXIT_USAGE;
+    }
+    const kvm_demo_agent *da = demo_agent(agent);
+    if (!da) {
+        fprintf(stderr, "kvmem demo: --agent: '%s' is not an agent of the demo (", agent);
+        for (int a = 0; a < kvm_demo_n_agents; a++) fprintf(stderr, "%s%s", a ? ", " : "", kvm_demo_agents[a].id);
+        fprintf(stderr, ")\n");
+        return KVM_EXIT_USAGE;
+    }
+    if (turn > da->n_steps || !da->steps[turn - 1].ask) {
+        fprintf(stderr, "kvmem demo: --turn: agent '%s' asks no question at turn %d (questions:", agent, turn);
+        list_questions();
+        fprintf(stderr, ")\n");
+        return KVM_EXIT_USAGE;
+    }
+    return demo_view(seed, agent, turn, norm, agg, k, bs, tau_s, tau_d);
 }
 
 const kvm_command kvm_cmd_demo = {"demo", "retrieval on a synthetic multi-agent, multi-turn session (--json, --seed N)",

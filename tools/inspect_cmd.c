@@ -1,21 +1,25 @@
-/* kvmem inspect FILE [--json]: what an agent file holds (spec, dtype,
+/* kvmem inspect [--json] FILE: what an agent file holds (spec, dtype,
  * blocks, tensors, sizes, tokens, a text preview), whether its checksum
  * matches, and whether kvmem's strict loader accepts it (by loading it into a
  * pool built from the file's own spec). */
+#include "args.h"
 #include "commands.h"
 #include "kvmem.h"
 #include "store/hash.h"
 #include "store/json.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-static const char *meta_get(const kvm_json_doc *d, const kvm_json *meta, const char *key) {
-    const kvm_json *v = kvm_json_get(d, meta, key);
-    return v && v->type == KVM_JSON_STRING ? v->str : NULL;
+static const kvm_json *meta_get(const kvm_json_doc *d, const kvm_json *meta, const char *key) {
+    const kvm_json *v = meta ? kvm_json_get(d, meta, key) : NULL;
+    return v && v->type == KVM_JSON_STRING ? v : NULL;
 }
 
 /* Build a spec from the file's canonical "key=value;..." string. */
@@ -77,52 +81,153 @@ static void json_escape(FILE *f, const char *s, size_t n) {
     fputc('"', f);
 }
 
+/* A metadata value for the human-readable output: as is, or escaped when it
+ * holds control characters (a NUL would otherwise cut it short). */
+static void show(const kvm_json *v, const char *none) {
+    if (!v) {
+        fputs(none, stdout);
+        return;
+    }
+    for (size_t i = 0; i < v->len; i++)
+        if ((unsigned char)v->str[i] < 0x20) {
+            json_escape(stdout, v->str, v->len);
+            return;
+        }
+    fwrite(v->str, 1, v->len, stdout);
+}
+
+static void json_str(const kvm_json *v) {
+    if (v) json_escape(stdout, v->str, v->len);
+    else printf("null");
+}
+
+/* A failure before the file could be described: to stderr, and with --json
+ * also as one object on stdout, so a script reading stdout always gets one. */
+static int inspect_fail(int json, const char *path, const char *why) {
+    fprintf(stderr, "kvmem inspect: '%s' %s\n", path, why);
+    if (json) {
+        printf("{\"file\":");
+        json_escape(stdout, path, strlen(path));
+        printf(",\"valid\":false,\"error\":");
+        json_escape(stdout, why, strlen(why));
+        printf("}\n");
+    }
+    return 1;
+}
+
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+/* Read a whole regular file. O_NONBLOCK: opening a FIFO (or some devices)
+ * would otherwise block until a writer appears; fstat on the open
+ * descriptor then refuses anything but a regular file before a byte is read
+ * (regular files ignore O_NONBLOCK). */
+static int read_regular(const char *path, unsigned char **out, size_t *size, struct stat *st, char *why, size_t why_size) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_size, "cannot be opened: %s", strerror(errno));
+        return 0;
+    }
+    if (fstat(fd, st) != 0) {
+        snprintf(why, why_size, "cannot be examined (fstat): %s", strerror(errno));
+        close(fd);
+        return 0;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        snprintf(why, why_size, "is %s, not a regular file: refused", file_kind(st->st_mode));
+        close(fd);
+        return 0;
+    }
+    if (st->st_size < 8) {
+        snprintf(why, why_size, "is %lld bytes, shorter than the 8-byte header length that starts a safetensors file",
+                 (long long)st->st_size);
+        close(fd);
+        return 0;
+    }
+    if ((uint64_t)st->st_size > SIZE_MAX) {
+        snprintf(why, why_size, "is %lld bytes, more than this process can hold", (long long)st->st_size);
+        close(fd);
+        return 0;
+    }
+    size_t n = (size_t)st->st_size, got = 0;
+    unsigned char *blob = malloc(n);
+    if (!blob) {
+        snprintf(why, why_size, "is %zu bytes: out of memory reading it", n);
+        close(fd);
+        return 0;
+    }
+    while (got < n) {
+        ssize_t r = read(fd, blob + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r < 0) snprintf(why, why_size, "cannot be read: %s", strerror(errno));
+            else snprintf(why, why_size, "shrank while being read (%zu of %zu bytes)", got, n);
+            free(blob);
+            close(fd);
+            return 0;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    *out = blob;
+    *size = n;
+    return 1;
+}
+
+static int inspect_usage(FILE *f) {
+    fprintf(f, "usage: kvmem inspect [--json] FILE\n"
+               "  what an agent file holds, whether its checksum matches and whether kvmem's loader accepts it\n");
+    return f == stdout ? 0 : KVM_EXIT_USAGE;
+}
+
 static int cmd_inspect(int argc, char **argv) {
-    const char *path = NULL;
+    static const struct option opts[] = {{"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!path) path = argv[i];
-        else path = NULL, i = argc;
+    for (int c; (c = kvm_getopt("inspect", argc, argv, opts)) != -1;) {
+        if (c == 'h') return inspect_usage(stdout);
+        if (c != 'j') return KVM_EXIT_USAGE;
+        json = 1;
     }
-    if (!path) {
-        fprintf(stderr, "usage: kvmem inspect FILE [--json]\n");
-        return 2;
+    if (optind == argc) {
+        fprintf(stderr, "kvmem inspect: no FILE given\n");
+        return inspect_usage(stderr);
     }
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        fprintf(stderr, "kvmem inspect: cannot open '%s': %s\n", path, strerror(errno));
-        return 1;
-    }
-    fseek(fp, 0, SEEK_END);
-    long sz = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *blob = sz > 0 ? malloc((size_t)sz) : NULL;
-    if (!blob || fread(blob, 1, (size_t)sz, fp) != (size_t)sz) {
-        fclose(fp);
-        free(blob);
-        fprintf(stderr, "kvmem inspect: cannot read '%s'\n", path);
-        return 1;
-    }
-    fclose(fp);
+    if (!kvm_args_at_most("inspect", argc, argv, optind, 1)) return KVM_EXIT_USAGE;
+    const char *path = argv[optind];
+
+    unsigned char *blob;
+    size_t sz;
+    struct stat st;
+    char why[512];
+    if (!read_regular(path, &blob, &sz, &st, why, sizeof why)) return inspect_fail(json, path, why);
     uint64_t hl = 0;
-    if (sz >= 8)
-        for (int i = 7; i >= 0; i--) hl = (hl << 8) | blob[i];
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | blob[i];
+    if (hl > (uint64_t)sz - 8) {
+        /* the value itself is 8 bytes of the file: not repeated here */
+        snprintf(why, sizeof why,
+                 "is not a safetensors file: its header length (the first 8 bytes, little-endian) points past the "
+                 "end of the file (%zu bytes)",
+                 sz);
+        free(blob);
+        return inspect_fail(json, path, why);
+    }
     kvm_json_doc doc;
     char err[256];
-    if (sz < 8 || hl > (uint64_t)sz - 8 || kvm_json_parse((const char *)blob + 8, (size_t)hl, &doc, err, sizeof err) != 0) {
-        fprintf(stderr, "kvmem inspect: '%s' is not a readable safetensors file%s%s\n", path, sz >= 8 && hl <= (uint64_t)sz - 8 ? ": " : "",
-                sz >= 8 && hl <= (uint64_t)sz - 8 ? err : "");
+    if (kvm_json_parse((const char *)blob + 8, (size_t)hl, &doc, err, sizeof err) != 0) {
+        snprintf(why, sizeof why, "is not a safetensors file: its JSON header is malformed: %s", err);
         free(blob);
-        return 1;
+        return inspect_fail(json, path, why);
     }
     const kvm_json *root = &doc.nodes[0];
     const kvm_json *meta = kvm_json_get(&doc, root, "__metadata__");
-    const char *fmt = meta_get(&doc, meta, "format"), *ver = meta_get(&doc, meta, "format_version");
-    const char *id = meta_get(&doc, meta, "agent_id"), *model = meta_get(&doc, meta, "model_id");
-    const char *specs = meta_get(&doc, meta, "model_spec"), *dt = meta_get(&doc, meta, "storage_dtype");
-    const char *bs = meta_get(&doc, meta, "block_size"), *nt = meta_get(&doc, meta, "n_tokens");
-    const char *blocks = meta_get(&doc, meta, "block_tokens"), *sum = meta_get(&doc, meta, "checksum");
+    const kvm_json *fmt = meta_get(&doc, meta, "format"), *ver = meta_get(&doc, meta, "format_version");
+    const kvm_json *id = meta_get(&doc, meta, "agent_id"), *model = meta_get(&doc, meta, "model_id");
+    const kvm_json *specs = meta_get(&doc, meta, "model_spec"), *dt = meta_get(&doc, meta, "storage_dtype");
+    const kvm_json *bs = meta_get(&doc, meta, "block_size"), *nt = meta_get(&doc, meta, "n_tokens");
+    const kvm_json *blocks = meta_get(&doc, meta, "block_tokens"), *sum = meta_get(&doc, meta, "checksum");
     const kvm_json *textv = kvm_json_get(&doc, meta, "text");
     uint64_t data = (uint64_t)sz - 8 - hl;
     char computed[32];
@@ -137,43 +242,68 @@ static int cmd_inspect(int argc, char **argv) {
         }
         snprintf(computed, sizeof computed, "acc64-1m:%016" PRIx64, kvm_xxh64_final(&h));
     }
-    int sum_ok = sum && !strcmp(sum, computed);
-    int n_blocks = blocks && *blocks ? 1 : 0;
-    for (const char *c = blocks ? blocks : ""; *c; c++) n_blocks += *c == ',';
+    int sum_ok = sum && !strcmp(sum->str, computed);
+    int n_blocks = blocks && *blocks->str ? 1 : 0;
+    for (const char *c = blocks ? blocks->str : ""; *c; c++) n_blocks += *c == ',';
 
-    /* full validation: load into a pool made from the file's own spec */
     kvmem_status vst = KVMEM_ERR_FORMAT;
-    char vmsg[512] = "not a kvmem agent file";
-    int32_t window[4096];
-    kvmem_model_spec spec;
-    if (fmt && specs && dt && bs && id && model && spec_from(specs, &spec, window, 4096)) {
-        snprintf(spec.model_id, sizeof spec.model_id, "%s", model);
-        kvmem_context *ctx = NULL;
-        kvmem_pool *pool = NULL;
-        kvmem_agent *a = NULL;
-        kvmem_pool_params pp = kvmem_pool_default_params();
-        pp.block_size = atoi(bs);
-        for (int d = 0; d <= 5; d++)
-            if (!strcmp(kvmem_dtype_name((kvmem_dtype)d), dt)) pp.storage_dtype = (kvmem_dtype)d;
-        if ((vst = kvmem_context_create(NULL, &ctx)) == KVMEM_OK && (vst = kvmem_pool_create(ctx, &spec, &pp, &pool)) == KVMEM_OK &&
-            (vst = kvmem_agent_open(pool, id, &a)) == KVMEM_OK)
-            vst = kvmem_agent_load(a, path);
-        snprintf(vmsg, sizeof vmsg, "%s", vst == KVMEM_OK ? "ok" : kvmem_last_error());
-        kvmem_agent_close(a);
-        kvmem_pool_free(pool);
-        kvmem_context_free(ctx);
+    char vmsg[640] = "not a kvmem agent file";
+    /* A NUL inside a name or a metadata string would be cut short by every C
+     * reader (agent "alice\u0000-evil" would load as "alice"): refused here,
+     * whatever the loader does. The agent's text is bytes with a length (an
+     * appended text may hold NUL): the loader judges it. */
+    const char *nul_in = NULL; /* what holds a NUL */
+    for (const kvm_json *c = kvm_json_child(&doc, root); c && !nul_in; c = kvm_json_next(&doc, c))
+        if (memchr(c->key, 0, c->key_len)) nul_in = "a tensor name";
+    if (meta && meta->type == KVM_JSON_OBJECT)
+        for (const kvm_json *c = kvm_json_child(&doc, meta); c && !nul_in; c = kvm_json_next(&doc, c)) {
+            if (memchr(c->key, 0, c->key_len)) {
+                nul_in = "a metadata key";
+            } else if (c->type == KVM_JSON_STRING && strcmp(c->key, "text") != 0 && memchr(c->str, 0, c->len)) {
+                snprintf(why, sizeof why, "metadata '%s'", c->key);
+                nul_in = why;
+            }
+        }
+    if (nul_in) {
+        snprintf(vmsg, sizeof vmsg, "%s contains a NUL character (\\u0000): refused", nul_in);
+    } else if (fmt && specs && dt && bs && id && model) {
+        /* full validation: load into a pool made from the file's own spec */
+        int32_t window[4096];
+        kvmem_model_spec spec;
+        struct stat now;
+        if (!spec_from(specs->str, &spec, window, 4096)) {
+            snprintf(vmsg, sizeof vmsg, "its model_spec cannot be read");
+        } else if (stat(path, &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
+            /* the loader opens the path again: it must still be this file */
+            snprintf(vmsg, sizeof vmsg, "the file was replaced while being inspected");
+        } else {
+            snprintf(spec.model_id, sizeof spec.model_id, "%s", model->str);
+            kvmem_context *ctx = NULL;
+            kvmem_pool *pool = NULL;
+            kvmem_agent *a = NULL;
+            kvmem_pool_params pp = kvmem_pool_default_params();
+            pp.block_size = atoi(bs->str);
+            for (int d = 0; d <= 5; d++)
+                if (!strcmp(kvmem_dtype_name((kvmem_dtype)d), dt->str)) pp.storage_dtype = (kvmem_dtype)d;
+            if ((vst = kvmem_context_create(NULL, &ctx)) == KVMEM_OK && (vst = kvmem_pool_create(ctx, &spec, &pp, &pool)) == KVMEM_OK &&
+                (vst = kvmem_agent_open(pool, id->str, &a)) == KVMEM_OK)
+                vst = kvmem_agent_load(a, path);
+            snprintf(vmsg, sizeof vmsg, "%s", vst == KVMEM_OK ? "ok" : kvmem_last_error());
+            kvmem_agent_close(a);
+            kvmem_pool_free(pool);
+            kvmem_context_free(ctx);
+        }
     }
     size_t preview = textv ? (textv->len < 160 ? textv->len : 160) : 0;
     if (json) {
         printf("{\"file\":");
         json_escape(stdout, path, strlen(path));
-        printf(",\"bytes\":%ld,\"header_bytes\":%" PRIu64 ",\"data_bytes\":%" PRIu64, sz, hl, data);
+        printf(",\"bytes\":%zu,\"header_bytes\":%" PRIu64 ",\"data_bytes\":%" PRIu64, sz, hl, data);
         const char *keys[] = {"format", "format_version", "agent_id", "model_id", "model_spec", "storage_dtype", "block_size", "n_tokens", "checksum"};
-        const char *vals[] = {fmt, ver, id, model, specs, dt, bs, nt, sum};
+        const kvm_json *vals[] = {fmt, ver, id, model, specs, dt, bs, nt, sum};
         for (int i = 0; i < 9; i++) {
             printf(",\"%s\":", keys[i]);
-            if (vals[i]) json_escape(stdout, vals[i], strlen(vals[i]));
-            else printf("null");
+            json_str(vals[i]);
         }
         printf(",\"n_blocks\":%d,\"checksum_ok\":%s,\"valid\":%s,\"validation\":", n_blocks, sum_ok ? "true" : "false",
                vst == KVMEM_OK ? "true" : "false");
@@ -202,11 +332,27 @@ static int cmd_inspect(int argc, char **argv) {
         }
         printf("]}\n");
     } else {
-        printf("file:       %s (%ld bytes: header %" PRIu64 ", data %" PRIu64 ")\n", path, sz, hl, data);
-        printf("format:     %s version %s\n", fmt ? fmt : "(none: not a kvmem agent file)", ver ? ver : "?");
-        printf("agent:      %s\nmodel:      %s\nspec:       %s\n", id ? id : "?", model ? model : "?", specs ? specs : "?");
-        printf("storage:    %s, block size %s, %s tokens, %d sealed blocks\n", dt ? dt : "?", bs ? bs : "?", nt ? nt : "?", n_blocks);
-        printf("checksum:   %s (%s)\n", sum ? sum : "(none)", sum_ok ? "matches the data" : "MISMATCH");
+        printf("file:       %s (%zu bytes: header %" PRIu64 ", data %" PRIu64 ")\n", path, sz, hl, data);
+        printf("format:     ");
+        show(fmt, "(none: not a kvmem agent file)");
+        printf(" version ");
+        show(ver, "?");
+        printf("\nagent:      ");
+        show(id, "?");
+        printf("\nmodel:      ");
+        show(model, "?");
+        printf("\nspec:       ");
+        show(specs, "?");
+        printf("\nstorage:    ");
+        show(dt, "?");
+        printf(", block size ");
+        show(bs, "?");
+        printf(", ");
+        show(nt, "?");
+        printf(" tokens, %d sealed blocks\n", n_blocks);
+        printf("checksum:   ");
+        show(sum, "(none)");
+        printf(" (%s)\n", sum_ok ? "matches the data" : "MISMATCH");
         printf("validation: %s\n", vmsg);
         if (textv) {
             printf("text:       ");
@@ -229,4 +375,4 @@ static int cmd_inspect(int argc, char **argv) {
     return vst == KVMEM_OK ? 0 : 1;
 }
 
-const kvm_command kvm_cmd_inspect = {"inspect", "FILE [--json]: what an agent file holds, checksum and validation", cmd_inspect};
+const kvm_command kvm_cmd_inspect = {"inspect", "[--json] FILE: what an agent file holds, checksum and validation", cmd_inspect};

@@ -1,4 +1,5 @@
-/* kvmem — command-line tool: demo, bench, backends, version. */
+/* kvmem — command-line tool: demo, inspect, bench, backends, version. */
+#include "args.h"
 #include "commands.h"
 #include "kvmem.h"
 
@@ -27,17 +28,28 @@ int main(int argc, char **argv) {
     return 2;
 }
 
+/* A command that takes nothing: only --help. */
+static int no_arguments(const char *cmd, const char *help, int argc, char **argv) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    for (int c; (c = kvm_getopt(cmd, argc, argv, opts)) != -1;) {
+        if (c != 'h') return KVM_EXIT_USAGE;
+        printf("usage: kvmem %s\n  %s\n", cmd, help);
+        return 0;
+    }
+    return kvm_args_at_most(cmd, argc, argv, optind, 0) ? -1 : KVM_EXIT_USAGE;
+}
+
 static int cmd_version(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    int rc = no_arguments("version", "print the library version", argc, argv);
+    if (rc >= 0) return rc;
     printf("kvmem %s (header %s)\n", kvmem_version(), KVMEM_VERSION_STRING);
     return 0;
 }
 const kvm_command kvm_cmd_version = {"version", "print the library version", cmd_version};
 
 static int cmd_backends(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    int rc = no_arguments("backends", "list backends and why any is unusable", argc, argv);
+    if (rc >= 0) return rc;
     kvmem_backend_info info[8];
     size_t n = 0;
     kvmem_status st = kvmem_backends(info, 8, &n);

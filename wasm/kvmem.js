@@ -45,6 +45,14 @@ function badArg(message) {
   return new KvmemError(Status.INVALID_ARG, 'KVMEM_ERR_INVALID_ARG', message);
 }
 
+// An id for C: a string without NUL. C reads up to the first NUL, so
+// 'alice\0-evil' would be agent 'alice'; cwrap would turn a number into "42".
+function cId(v, what) {
+  if (typeof v !== 'string') throw new TypeError(`kvmem: ${what} must be a string, not ${v === null ? 'null' : typeof v}`);
+  if (v.includes('\0')) throw badArg(`${what} ${JSON.stringify(v)} contains a NUL character`);
+  return v;
+}
+
 // The C side reads exactly this many floats: a shorter array must never
 // reach it (it would read past the copy).
 function needLength(arr, n, what) {
@@ -190,7 +198,7 @@ export class Context extends Handle {
     km.check(km.fn('kvmw_pool_create', 'number',
       ['number', 'number', 'number', 'number', 'number', 'number', 'number', 'number', 'number', 'number', 'number', 'string', 'number'])(
       this.live(), s.nLayers, s.nQHeads, s.nKvHeads, s.headDim, s.rotaryDim, enumValue(ROPE, s.ropeStyle, 'ropeStyle'),
-      s.ropeTheta, blockSize, enumValue(DTYPE, storage, 'storage'), capacityBytes, s.modelId, km._scratch));
+      s.ropeTheta, blockSize, enumValue(DTYPE, storage, 'storage'), capacityBytes, cId(s.modelId, 'modelId'), km._scratch));
     const pool = new Pool(km, km.readPtr(), this, s, blockSize);
     this.pools.add(pool);
     return pool;
@@ -239,14 +247,14 @@ export class Pool extends Handle {
   /** Open (creating if needed) the agent `id`. */
   openAgent(id) {
     const km = this.km;
-    km.check(km.fn('kvmem_agent_open', 'number', ['number', 'string', 'number'])(this.live(), id, km._scratch));
+    km.check(km.fn('kvmem_agent_open', 'number', ['number', 'string', 'number'])(this.live(), cId(id, 'agent id'), km._scratch));
     const a = new Agent(km, km.readPtr(), this, id);
     this.agents.add(a);
     return a;
   }
 
   removeAgent(id) {
-    this.km.check(this.km.fn('kvmem_pool_remove_agent', 'number', ['number', 'string'])(this.live(), id));
+    this.km.check(this.km.fn('kvmem_pool_remove_agent', 'number', ['number', 'string'])(this.live(), cId(id, 'agent id')));
   }
 
   /** Rotate rows of headDim floats (stride floats apart) to `positions`, or undo it. */

@@ -166,7 +166,9 @@ func (s *QmemStore) SessionKey(src SessionSource) (SessionKey, error) {
 	}
 	var sid *C.char
 	if src.SessionID != "" {
-		sid = C.CString(src.SessionID)
+		if sid, err = cString(src.SessionID, "session id"); err != nil {
+			return SessionKey{}, err
+		}
 		defer C.free(unsafe.Pointer(sid))
 	}
 	var out C.kvmem_session_key
@@ -276,7 +278,10 @@ func newQmemHead(out *C.kvmem_qmem_head) *QmemHead {
 
 // QmemHeadLoad is kvmem_qmem_head_load.
 func QmemHeadLoad(path string) (*QmemHead, error) {
-	cs := C.CString(path)
+	cs, err := cString(path, "path")
+	if err != nil {
+		return nil, err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	var out *C.kvmem_qmem_head
 	if err := call(func() C.kvmem_status { return C.kvmem_qmem_head_load(cs, &out) }); err != nil {

@@ -81,6 +81,7 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -168,6 +169,16 @@ func argErr(format string, a ...any) error {
 	return &Error{Code: StatusInvalidArg, Msg: fmt.Sprintf(format, a...)}
 }
 
+// cString is C.CString for an id or a path, refusing a NUL byte: C reads up
+// to the first NUL, so "alice\x00-evil" would be agent "alice" and
+// "a.kvm\x00.bak" the file "a.kvm". The caller frees the result.
+func cString(s, what string) (*C.char, error) {
+	if strings.IndexByte(s, 0) >= 0 {
+		return nil, argErr("%s %q contains a NUL byte", what, s)
+	}
+	return C.CString(s), nil
+}
+
 // ---------------------------------------------------------------------------
 // Free functions
 // ---------------------------------------------------------------------------
@@ -204,7 +215,10 @@ func (d DType) String() string { return DTypeName(d) }
 
 // AgentIDValid is kvmem_agent_id_valid.
 func AgentIDValid(id string) bool {
-	cs := C.CString(id)
+	cs, err := cString(id, "agent id")
+	if err != nil {
+		return false // C would judge only the part before the NUL
+	}
 	defer C.free(unsafe.Pointer(cs))
 	return C.kvmem_agent_id_valid(cs) == 1
 }
@@ -322,6 +336,9 @@ func (s *ModelSpec) toC() (c C.kvmem_model_spec, window *C.int32_t, err error) {
 	c.rope_low_freq_factor, c.rope_high_freq_factor = C.double(s.RopeLowFreqFactor), C.double(s.RopeHighFreqFactor)
 	c.rope_original_max_pos = C.int32_t(s.RopeOriginalMaxPos)
 	c.yarn_beta_fast, c.yarn_beta_slow, c.yarn_attn_factor = C.double(s.YarnBetaFast), C.double(s.YarnBetaSlow), C.double(s.YarnAttnFactor)
+	if strings.IndexByte(s.ModelID, 0) >= 0 {
+		return c, nil, argErr("model id %q contains a NUL byte", s.ModelID)
+	}
 	if len(s.ModelID) >= C.KVMEM_MAX_MODEL_ID {
 		return c, nil, argErr("model id of %d bytes: at most %d", len(s.ModelID), C.KVMEM_MAX_MODEL_ID-1)
 	}
@@ -626,7 +643,10 @@ type Context struct{ n *node }
 func NewContext(p ContextParams) (*Context, error) {
 	cp := C.kvmem_context_default_params()
 	if p.Backend != "" {
-		cs := C.CString(p.Backend)
+		cs, err := cString(p.Backend, "backend")
+		if err != nil {
+			return nil, err
+		}
 		defer C.free(unsafe.Pointer(cs))
 		cp.backend = cs
 	}
@@ -714,7 +734,9 @@ func (c *Context) PoolCreate(spec ModelSpec, params PoolParams) (*Pool, error) {
 		max_tokens_per_agent: C.int32_t(params.MaxTokensPerAgent), host_budget_bytes: C.uint64_t(params.HostBudgetBytes),
 	}
 	if params.StoreDir != "" {
-		pp.store_dir = C.CString(params.StoreDir) // copied by kvmem_pool_create
+		if pp.store_dir, err = cString(params.StoreDir, "store dir"); err != nil { // copied by kvmem_pool_create
+			return nil, err
+		}
 		defer C.free(unsafe.Pointer(pp.store_dir))
 	}
 	var out *C.kvmem_pool
@@ -801,7 +823,10 @@ func (p *Pool) RemoveAgent(id string) error {
 	if err != nil {
 		return err
 	}
-	cs := C.CString(id)
+	cs, err := cString(id, "agent id")
+	if err != nil {
+		return err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	return call(func() C.kvmem_status { return C.kvmem_pool_remove_agent(h, cs) })
 }
@@ -822,7 +847,10 @@ func (p *Pool) AgentOpen(id string) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	cs := C.CString(id)
+	cs, err := cString(id, "agent id")
+	if err != nil {
+		return nil, err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	var out *C.kvmem_agent
 	if err := call(func() C.kvmem_status { return C.kvmem_agent_open(h, cs, &out) }); err != nil {

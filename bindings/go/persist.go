@@ -42,11 +42,12 @@ const (
 	PrefixDiverge = 2
 )
 
-func cpath(path string) *C.char {
+// cpath: "" is NULL (the pool's store).
+func cpath(path string) (*C.char, error) {
 	if path == "" {
-		return nil
+		return nil, nil
 	}
-	return C.CString(path)
+	return cString(path, "path")
 }
 
 // Save is kvmem_agent_save: a crash-safe safetensors file ("" = the pool's store).
@@ -55,7 +56,10 @@ func (a *Agent) Save(path string) error {
 	if err != nil {
 		return err
 	}
-	cs := cpath(path)
+	cs, err := cpath(path)
+	if err != nil {
+		return err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	return call(func() C.kvmem_status { return C.kvmem_agent_save(h, cs) })
 }
@@ -66,7 +70,10 @@ func (a *Agent) Load(path string) error {
 	if err != nil {
 		return err
 	}
-	cs := cpath(path)
+	cs, err := cpath(path)
+	if err != nil {
+		return err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	return call(func() C.kvmem_status { return C.kvmem_agent_load(h, cs) })
 }

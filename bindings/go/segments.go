@@ -72,7 +72,10 @@ func (p *Pool) SegmentsCreate(owner string, params SegmentsParams) (*Segments, e
 	if err != nil {
 		return nil, err
 	}
-	cs := C.CString(owner)
+	cs, err := cString(owner, "owner")
+	if err != nil {
+		return nil, err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	sp := C.kvmem_segments_params{static_after_steps: C.int32_t(params.StaticAfterSteps), max_segments: C.int32_t(params.MaxSegments)}
 	var out *C.kvmem_segments
@@ -102,10 +105,13 @@ func (s *Segments) simple(f func(h *C.kvmem_segments) C.kvmem_status) error {
 
 // Add is kvmem_segments_add: the new segment's index.
 func (s *Segments) Add(name string, group int32) (int32, error) {
-	cs := C.CString(name)
+	cs, err := cString(name, "segment name")
+	if err != nil {
+		return -1, err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	var i C.int32_t
-	err := s.simple(func(h *C.kvmem_segments) C.kvmem_status { return C.kvmem_segments_add(h, cs, C.int32_t(group), &i) })
+	err = s.simple(func(h *C.kvmem_segments) C.kvmem_status { return C.kvmem_segments_add(h, cs, C.int32_t(group), &i) })
 	return int32(i), err
 }
 
@@ -259,10 +265,13 @@ func (s *Segments) GroupInfo(group int32) (GroupInfo, error) {
 
 // Find is kvmem_segments_find: the index of a live segment by name.
 func (s *Segments) Find(name string) (int32, error) {
-	cs := C.CString(name)
+	cs, err := cString(name, "segment name")
+	if err != nil {
+		return -1, err
+	}
 	defer C.free(unsafe.Pointer(cs))
 	var i C.int32_t
-	err := s.simple(func(h *C.kvmem_segments) C.kvmem_status { return C.kvmem_segments_find(h, cs, &i) })
+	err = s.simple(func(h *C.kvmem_segments) C.kvmem_status { return C.kvmem_segments_find(h, cs, &i) })
 	return int32(i), err
 }
 

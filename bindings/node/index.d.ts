@@ -104,10 +104,10 @@ export class Agent extends Handle {
   tokens(first?: number, n?: number): Int32Array;
   textBytes(): Buffer;
   text(): string;
-  save(path?: string | null): void;
-  saveAsync(path?: string | null): Promise<void>;
-  load(path?: string | null): void;
-  loadAsync(path?: string | null): Promise<void>;
+  save(path?: string | URL | null): void;
+  saveAsync(path?: string | URL | null): Promise<void>;
+  load(path?: string | URL | null): void;
+  loadAsync(path?: string | URL | null): Promise<void>;
   truncate(nTokens: number): void;
   prefixMatch(newText: string | Buffer, opts?: { minRatio?: number }): { kind: number; reuse_tokens: number; common_bytes: number; process_from: number };
   /** kvmem_retrieve: query [n_q][n_layers][n_q_heads][head_dim], raw (pre-RoPE). */
@@ -210,7 +210,7 @@ export class QmemStore extends Handle {
   readonly count: number;
 }
 export class QmemHead extends Handle {
-  static load(path: string): QmemHead;
+  static load(path: string | URL): QmemHead;
   static fromBuffer(data: ArrayBufferView | ArrayBuffer): QmemHead;
   readonly headDim: number;
   readonly alpha: number;

@@ -15,6 +15,7 @@
 // (koffi async), so a service's event loop keeps running.
 const L = require('./lib');
 const errors = require('./errors');
+const { cId, cPath } = require('./cstr');
 
 const { fns: C, koffi } = L;
 const F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q4_KIVI = 5;
@@ -179,7 +180,7 @@ class Context extends Handle {
   constructor({ backend = 'auto', nThreads = 0 } = {}) {
     super();
     const out = [null];
-    C.kvmem_context_create({ ...C.kvmem_context_default_params(), backend, n_threads: nThreads }, out);
+    C.kvmem_context_create({ ...C.kvmem_context_default_params(), backend: cId(backend, 'backend'), n_threads: nThreads }, out);
     this._own(out[0], C.kvmem_context_free, 'Context');
     this._pools = new Set();
   }
@@ -197,6 +198,7 @@ class Context extends Handle {
 // (snake_case C names; layerWindow/model_id accepted too).
 function modelSpec(fields = {}) {
   const s = { ...C.kvmem_model_spec_default(), ...fields };
+  if (fields.model_id !== undefined) s.model_id = cId(fields.model_id, 'model_id');
   if (fields.layerWindow) s.layer_window = fields.layerWindow;
   delete s.layerWindow;
   if (s.layer_window && !(s.layer_window instanceof Int32Array) && Array.isArray(s.layer_window))
@@ -220,7 +222,8 @@ class Pool extends Handle {
       if (f === 'storage_dtype' && typeof v === 'string') {
         if (!(v.toLowerCase() in STORAGE)) throw new TypeError(`kvmem: storageDtype ${v} is not one of ${Object.keys(STORAGE)}`);
         pp[f] = STORAGE[v.toLowerCase()];
-      } else pp[f] = v;
+      } else if (f === 'store_dir') pp[f] = cPath(v, 'storeDir');
+      else pp[f] = v;
     }
     const out = [null];
     C.kvmem_pool_create(ctx.handle, modelSpec(spec), pp, out);
@@ -261,14 +264,14 @@ class Pool extends Handle {
   sync() { C.kvmem_pool_sync(this.handle); }
   syncAsync() { return this._async(C.kvmem_pool_sync, this.handle).then(() => undefined); }
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
-  removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, id); }
+  removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, cId(id, 'agent id')); }
 }
 
 class Agent extends Handle {
   constructor(pool, id) {
     super();
     const out = [null];
-    C.kvmem_agent_open(pool.handle, id, out);
+    C.kvmem_agent_open(pool.handle, cId(id, 'agent id'), out);
     this._own(out[0], C.kvmem_agent_close, `Agent '${id}'`);
     this.pool = pool;
     const ref = new WeakRef(this);
@@ -330,10 +333,10 @@ class Agent extends Handle {
   text() { return this.textBytes().toString('utf8'); }
 
   // kvmem_agent_save / kvmem_agent_load: a crash-safe safetensors file (path null: the pool's store)
-  save(path = null) { C.kvmem_agent_save(this.handle, path); }
-  saveAsync(path = null) { return this._async(C.kvmem_agent_save, this.handle, path).then(() => undefined); }
-  load(path = null) { C.kvmem_agent_load(this.handle, path); }
-  loadAsync(path = null) { return this._async(C.kvmem_agent_load, this.handle, path).then(() => undefined); }
+  save(path = null) { C.kvmem_agent_save(this.handle, cPath(path)); }
+  saveAsync(path = null) { return this._async(C.kvmem_agent_save, this.handle, cPath(path)).then(() => undefined); }
+  load(path = null) { C.kvmem_agent_load(this.handle, cPath(path)); }
+  loadAsync(path = null) { return this._async(C.kvmem_agent_load, this.handle, cPath(path)).then(() => undefined); }
   truncate(nTokens) { C.kvmem_agent_truncate(this.handle, nTokens); }
   // kvmem_prefix_match: {kind, reuse_tokens, common_bytes, process_from (a byte offset into the UTF-8 text)}
   prefixMatch(newText, { minRatio } = {}) {
@@ -448,7 +451,7 @@ class Segments extends Handle {
   constructor(pool, owner, params) {
     super();
     const out = [null];
-    C.kvmem_segments_create(pool.handle, owner, withParams(C.kvmem_segments_default_params(), params, 'Segments'), out);
+    C.kvmem_segments_create(pool.handle, cId(owner, 'owner'), withParams(C.kvmem_segments_default_params(), params, 'Segments'), out);
     this._own(out[0], C.kvmem_segments_free, 'Segments');
     this.pool = pool;
     this._ref = new WeakRef(this);
@@ -458,7 +461,7 @@ class Segments extends Handle {
     if (this._h !== null) this.pool._segments.delete(this._ref);
     super.close();
   }
-  add(name, group) { const i = [0]; C.kvmem_segments_add(this.handle, name, group, i); return i[0]; }
+  add(name, group) { const i = [0]; C.kvmem_segments_add(this.handle, cId(name, 'segment name'), group, i); return i[0]; }
   update(index) { C.kvmem_segments_update(this.handle, index); }
   remove(index) { C.kvmem_segments_remove(this.handle, index); }
   assign(index, group) { C.kvmem_segments_assign(this.handle, index, group); }
@@ -482,7 +485,7 @@ class Segments extends Handle {
   getInfo() { const o = {}; C.kvmem_segments_get_info(this.handle, o); return strip(o); }
   segmentInfo(index) { const o = {}; C.kvmem_segments_segment_info(this.handle, index, o); return strip(o); }
   groupInfo(group) { const o = {}; C.kvmem_segments_group_info(this.handle, group, o); return strip(o); }
-  find(name) { const i = [0]; C.kvmem_segments_find(this.handle, name, i); return i[0]; }
+  find(name) { const i = [0]; C.kvmem_segments_find(this.handle, cId(name, 'segment name'), i); return i[0]; }
   name(index) {
     const len = [0];
     C.kvmem_segments_name(this.handle, index, null, 0, len);
@@ -570,7 +573,7 @@ class QmemStore extends Handle {
   // kvmem_session_key_derive: {sessionId} | {tokenIds, mark: [begin, end]} | {tokenIds} | {}
   sessionKey({ sessionId = null, tokenIds = null, mark = null } = {}) {
     const ids = int32s(tokenIds, 'tokenIds');
-    const src = { session_id: sessionId, token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
+    const src = { session_id: sessionId === null ? null : cId(sessionId, 'sessionId'), token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
                   mark_begin: mark ? mark[0] : 0, mark_end: mark ? mark[1] : 0 };
     const key = {};
     C.kvmem_session_key_derive(this.handle, src, key);
@@ -606,7 +609,7 @@ function qmemScore(ctx, spec, memory, k, dtype) {
 // kvmem_qmem_head: QmemHead.load(path) or QmemHead.fromBuffer(bytes)
 class QmemHead extends Handle {
   constructor(handle) { super(); this._own(handle, C.kvmem_qmem_head_free, 'QmemHead'); }
-  static load(path) { const out = [null]; C.kvmem_qmem_head_load(path, out); return new QmemHead(out[0]); }
+  static load(path) { const out = [null]; C.kvmem_qmem_head_load(cPath(path), out); return new QmemHead(out[0]); }
   static fromBuffer(data) {
     const b = ArrayBuffer.isView(data) || data instanceof ArrayBuffer ? data : Buffer.from(data);
     const out = [null];
@@ -852,7 +855,8 @@ module.exports = {
   statusStr: (s) => C.kvmem_status_str(s),
   lastError: () => C.kvmem_last_error(),
   dtypeName: (d) => C.kvmem_dtype_name(d),
-  agentIdValid: (id) => C.kvmem_agent_id_valid(id) === 1,
+  // a NUL-containing id is not valid (C would judge only the part before it)
+  agentIdValid: (id) => (typeof id === 'string' && id.includes('\0') ? false : C.kvmem_agent_id_valid(cId(id, 'agent id')) === 1),
   F32, F16, BF16, Q8, Q4, Q4_KIVI,
   ROPE_NEOX: 0, ROPE_GPTJ: 1,
   ROPE_SCALING_NONE: 0, ROPE_SCALING_LINEAR: 1, ROPE_SCALING_LLAMA3: 2, ROPE_SCALING_YARN: 3,

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -286,6 +287,31 @@ typedef struct manifest {
     uint64_t size, chunks, chunk_bytes;
 } manifest;
 
+/* A manifest number as the store writes it: decimal digits, no sign, no
+ * leading zero, at most `max`. strtoull alone would take " 5", "+5", "-1"
+ * (as 2^64 - 1) and clamp "99999999999999999999". */
+static int dec_parse(const char *str, size_t len, unsigned long long max, unsigned long long *out) {
+    if (len == 0 || len > 20 || (str[0] == '0' && len > 1)) return 0;
+    for (size_t i = 0; i < len; i++)
+        if (str[i] < '0' || str[i] > '9') return 0;
+    errno = 0;
+    unsigned long long v = strtoull(str, NULL, 10);
+    if (errno == ERANGE || v > max) return 0;
+    *out = v;
+    return 1;
+}
+
+/* The version is in [1, LLONG_MAX] and never passes through a Lua number (a
+ * double: 2^53 + 1 does not exist there, and Redis writes a number of more
+ * than 14 digits back as "9.007199254741e+15"): the commit script compares
+ * and stores it as a string, and the next one is computed here. */
+static int version_parse(const char *str, size_t len, long long *out) {
+    unsigned long long v;
+    if (!dec_parse(str, len, LLONG_MAX, &v) || v == 0) return 0;
+    *out = (long long)v;
+    return 1;
+}
+
 /* Read the manifest of `id`. NOT_FOUND when absent; FORMAT for a value kvmem
  * did not write; CORRUPT for an inconsistent one. */
 static kvmem_status read_manifest(rs_store *s, redisContext **c, const char *id, manifest *m) {
@@ -307,22 +333,26 @@ static kvmem_status read_manifest(rs_store *s, redisContext **c, const char *id,
         return FAIL(KVMEM_ERR_NOT_FOUND, "no stored agent '%s' in %s (pool '%s')", id, s->where, s->pool);
     }
     memset(m, 0, sizeof *m);
-    int have_magic = 0, have = 0;
+    int have_magic = 0, have = 0, bad_version = 0;
     for (size_t i = 0; i + 1 < r->elements; i += 2) {
         redisReply *k = r->element[i], *v = r->element[i + 1];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
-        char *end = NULL;
+        unsigned long long u = 0;
         if (strcmp(k->str, "magic") == 0) have_magic = strcmp(v->str, RS_MAGIC) == 0;
         else if (strcmp(k->str, "gen") == 0 && v->len < sizeof m->gen) snprintf(m->gen, sizeof m->gen, "%s", v->str), have |= 1;
-        else if (strcmp(k->str, "version") == 0) m->version = strtoll(v->str, &end, 10), have |= 2 * (end && !*end);
-        else if (strcmp(k->str, "size") == 0) m->size = strtoull(v->str, &end, 10), have |= 4 * (end && !*end);
-        else if (strcmp(k->str, "chunks") == 0) m->chunks = strtoull(v->str, &end, 10), have |= 8 * (end && !*end);
-        else if (strcmp(k->str, "chunk_bytes") == 0) m->chunk_bytes = strtoull(v->str, &end, 10), have |= 16 * (end && !*end);
+        else if (strcmp(k->str, "version") == 0) {
+            bad_version = !version_parse(v->str, v->len, &m->version);
+            have |= 2 * !bad_version;
+        } else if (strcmp(k->str, "size") == 0) have |= 4 * dec_parse(v->str, v->len, UINT64_MAX, &u), m->size = u;
+        else if (strcmp(k->str, "chunks") == 0) have |= 8 * dec_parse(v->str, v->len, UINT64_MAX, &u), m->chunks = u;
+        else if (strcmp(k->str, "chunk_bytes") == 0) have |= 16 * dec_parse(v->str, v->len, UINT64_MAX, &u), m->chunk_bytes = u;
     }
     freeReplyObject(r);
     if (!have_magic)
         return FAIL(KVMEM_ERR_FORMAT, "%s: key '%s' holds a value kvmem did not write (no '%s' magic)", s->where, key, RS_MAGIC);
-    if (have != 31 || m->version < 1 || m->chunk_bytes == 0 || m->chunks != (m->size + m->chunk_bytes - 1) / m->chunk_bytes)
+    if (bad_version)
+        return FAIL(KVMEM_ERR_CORRUPT, "%s: manifest '%s': its version is not an integer in [1, %lld]", s->where, key, LLONG_MAX);
+    if (have != 31 || m->version < 1 || m->chunk_bytes == 0 || m->chunks != m->size / m->chunk_bytes + (m->size % m->chunk_bytes != 0))
         return FAIL(KVMEM_ERR_CORRUPT, "%s: manifest '%s' is inconsistent (fields missing or chunk count does not match the size)",
                     s->where, key);
     return KVMEM_OK;
@@ -636,18 +666,20 @@ static void rw_abort(kvm_store_writer *wb) {
     rw_free(w, w->failed == KVMEM_OK);
 }
 
-/* Check-and-set of the manifest, atomic on the server. Replies:
- * {1, new_version} | {-1, stored_version} conflict | {-2} foreign value |
+/* Check-and-set of the manifest, atomic on the server. ARGV[1] is the
+ * version the save is based on ("0": none), ARGV[9] the next one; both are
+ * strings, compared and stored as strings (version_parse says why). Replies:
+ * {1} | {-1, stored_version (a string)} conflict | {-2} foreign value |
  * {-3, i} chunk i of the new generation is missing. */
 static const char k_commit_lua[] =
     "local t = redis.call('TYPE', KEYS[1]).ok\n"
-    "local cur, og, on = 0, nil, 0\n"
+    "local cur, og, on = '0', nil, 0\n"
     "if t == 'hash' then\n"
     "  local f = redis.call('HMGET', KEYS[1], 'magic', 'version', 'gen', 'chunks')\n"
-    "  if f[1] ~= ARGV[8] or not tonumber(f[2]) then return {-2} end\n"
-    "  cur = tonumber(f[2]); og = f[3]; on = tonumber(f[4]) or 0\n"
+    "  if f[1] ~= ARGV[8] or type(f[2]) ~= 'string' or not string.match(f[2], '^[1-9][0-9]*$') then return {-2} end\n"
+    "  cur = f[2]; og = f[3]; on = tonumber(f[4]) or 0\n"
     "elseif t ~= 'none' then return {-2} end\n"
-    "if cur ~= tonumber(ARGV[1]) then return {-1, cur} end\n"
+    "if cur ~= ARGV[1] then return {-1, cur} end\n"
     "local n = tonumber(ARGV[4])\n"
     "local ttl = tonumber(ARGV[6])\n"
     "for i = 0, n - 1 do\n"
@@ -655,15 +687,14 @@ static const char k_commit_lua[] =
     "  if redis.call('EXISTS', k) == 0 then return {-3, i} end\n"
     "  if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('PERSIST', k) end\n"
     "end\n"
-    "local v = cur + 1\n"
     "redis.call('DEL', KEYS[1])\n"
-    "redis.call('HSET', KEYS[1], 'magic', ARGV[8], 'version', v, 'gen', ARGV[2], 'size', ARGV[3], 'chunks', n,"
+    "redis.call('HSET', KEYS[1], 'magic', ARGV[8], 'version', ARGV[9], 'gen', ARGV[2], 'size', ARGV[3], 'chunks', n,"
     " 'chunk_bytes', ARGV[5])\n"
     "if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end\n"
     "if og and og ~= ARGV[2] then\n"
     "  for i = 0, on - 1 do redis.call('UNLINK', ARGV[7] .. og .. ':' .. i) end\n"
     "end\n"
-    "return {1, v}\n";
+    "return {1}\n";
 
 static kvmem_status rw_commit(kvm_store_writer *wb) {
     rs_writer *w = (rs_writer *)wb;
@@ -676,16 +707,17 @@ static kvmem_status rw_commit(kvm_store_writer *wb) {
         rw_free(w, 0);
         return st;
     }
-    char key[320], prefix[320], exp[32], size[32], n[32], cb[32], ttl[32];
+    char key[320], prefix[320], exp[32], next[32], size[32], n[32], cb[32], ttl[32];
     key_of(s, w->id, "m", key, sizeof key);
     key_of(s, w->id, "d:", prefix, sizeof prefix);
     snprintf(exp, sizeof exp, "%lld", w->based_on);
+    snprintf(next, sizeof next, "%lld", w->based_on + 1); /* rs_open_write refused LLONG_MAX */
     snprintf(size, sizeof size, "%" PRIu64, w->size);
     snprintf(n, sizeof n, "%" PRIu64, w->chunks);
     snprintf(cb, sizeof cb, "%" PRIu64, s->chunk_bytes);
     snprintf(ttl, sizeof ttl, "%lld", s->ttl_ms);
-    const char *av[12] = {"EVAL", k_commit_lua, "1", key, exp, w->gen, size, n, cb, ttl, prefix, RS_MAGIC};
-    redisReply *r = agent_cmd(s, &w->c, 12, av, NULL, "committing the manifest", &st);
+    const char *av[13] = {"EVAL", k_commit_lua, "1", key, exp, w->gen, size, n, cb, ttl, prefix, RS_MAGIC, next};
+    redisReply *r = agent_cmd(s, &w->c, 13, av, NULL, "committing the manifest", &st);
     if (!r) {
         /* the server went away: whether the script ran is unknown, so the
          * version this pool knows is no longer trusted either way */
@@ -693,16 +725,21 @@ static kvmem_status rw_commit(kvm_store_writer *wb) {
         return st;
     }
     long long code = 0, val = 0;
+    const char *stored = "?"; /* -1: the stored version, as the server holds it */
+    int stored_len = 1;
     if (r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && r->element[0]->type == REDIS_REPLY_INTEGER) {
         code = r->element[0]->integer;
         if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_INTEGER) val = r->element[1]->integer;
+        if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_STRING)
+            stored = r->element[1]->str, stored_len = r->element[1]->len > 20 ? 20 : (int)r->element[1]->len;
     }
     if (r->type == REDIS_REPLY_ERROR) st = FAIL(KVMEM_ERR_IO, "%s: committing agent '%s': %s", s->where, w->id, r->str);
-    else if (code == 1) known_set(s, w->id, val);
+    else if (code == 1) known_set(s, w->id, w->based_on + 1);
     else if (code == -1)
         st = FAIL(KVMEM_ERR_CONFLICT,
-                  "%s: agent '%s' was saved elsewhere: the store holds version %lld, this pool's copy is based on %s%lld; "
-                  "nothing was written (load it again, then save)", s->where, w->id, val, w->based_on ? "version " : "", w->based_on);
+                  "%s: agent '%s' was saved elsewhere: the store holds version %.*s, this pool's copy is based on %s%lld; "
+                  "nothing was written (load it again, then save)", s->where, w->id, stored_len, stored,
+                  w->based_on ? "version " : "", w->based_on);
     else if (code == -2)
         st = FAIL(KVMEM_ERR_FORMAT, "%s: key '%s' holds a value kvmem did not write: not overwritten (remove it first)", s->where, key);
     else if (code == -3)
@@ -729,6 +766,10 @@ static void new_gen(rs_store *s, char *gen, size_t size) {
 static kvmem_status rs_open_write(kvm_store *st_, const char *id, kvm_store_writer **out) {
     rs_store *s = st_->impl;
     if (!id_valid(id)) return FAIL(KVMEM_ERR_INVALID_ARG, "store key '%.40s' is not a valid agent id", id ? id : "(null)");
+    const long long based_on = known_get(s, id);
+    if (based_on == LLONG_MAX)
+        return FAIL(KVMEM_ERR_CAPACITY, "%s: agent '%s' is at version %lld, the last one: it cannot be saved again (remove it, then save)",
+                    s->where, id, LLONG_MAX);
     rs_writer *w = calloc(1, sizeof *w);
     if (w) w->buf = malloc((size_t)s->chunk_bytes);
     if (!w || !w->buf) {
@@ -745,7 +786,7 @@ static kvmem_status rs_open_write(kvm_store *st_, const char *id, kvm_store_writ
     w->s = s;
     snprintf(w->id, sizeof w->id, "%s", id);
     new_gen(s, w->gen, sizeof w->gen);
-    w->based_on = known_get(s, id);
+    w->based_on = based_on;
     w->failed = KVMEM_OK;
     w->base.write = rw_write;
     w->base.commit = rw_commit;

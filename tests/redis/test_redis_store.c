@@ -690,6 +690,103 @@ static void damaged_and_foreign_values_are_refused(void **state) {
     kvmem_context_free(ctx);
 }
 
+static void hset_version(redisContext *c, const char *key, const char *v) {
+    const char *av[4] = {"HSET", key, "version", v};
+    size_t lens[4] = {4, strlen(key), 7, strlen(v)};
+    freeReplyObject(rcmd(c, 4, av, lens));
+}
+
+/* HGET as the exact string the server holds. */
+static void hget_str(redisContext *c, const char *key, const char *field, char *out, size_t n) {
+    const char *av[3] = {"HGET", key, field};
+    redisReply *r = rcmd(c, 3, av, NULL);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    snprintf(out, n, "%s", r->str);
+    freeReplyObject(r);
+}
+
+/* The manifest's version is an exact integer end to end. A version that is
+ * not a canonical decimal in [1, INT64_MAX] is refused (strtoll used to
+ * clamp "99999999999999999999" to INT64_MAX and accept it); one beyond 2^53,
+ * where doubles skip integers, is saved as exactly the next integer (the
+ * commit script used to compute it as a Lua number and write back
+ * "9.007199254741e+15", after which the agent never loaded again); at
+ * INT64_MAX a save is refused and the manifest stays as it was. */
+static void manifest_version_stays_an_exact_integer(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(1);
+    redisContext *rc = direct();
+    char url[256], got[64];
+    url_of(url, sizeof url, "version", NULL);
+    const int32_t L = 1, D = 64;
+    const char *mkey = "kvmem:{version:counted}:m";
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, url);
+    kvmem_agent *a;
+    assert_ok(kvmem_agent_open(p, "counted", &a));
+    fill_agent(a, L, D, 10, 7);
+    assert_ok(kvmem_agent_save(a, NULL));
+    snap good = take(a, L, D);
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    hget_str(rc, mkey, "version", got, sizeof got);
+    assert_string_equal(got, "1");
+
+    static const char *const bad[] = {"0", "-1", "+5", " 5", "5 ", "05", "", "1e3", "1.0", "0x10", "5\n",
+                                      "9223372036854775808", "99999999999999999999", "18446744073709551617"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hset_version(rc, mkey, bad[i]);
+        p = make_pool(ctx, L, D, KVMEM_F16, url);
+        kvmem_agent *b = NULL;
+        kvmem_status st = kvmem_agent_open(p, "counted", &b);
+        if (st != KVMEM_ERR_CORRUPT || !strstr(kvmem_last_error(), "version is not an integer in [1, 9223372036854775807]"))
+            fail_msg("version '%s': got %s (%s), expected KVMEM_ERR_CORRUPT naming the version", bad[i], kvmem_status_str(st),
+                     kvmem_last_error());
+        assert_null(b);
+        kvmem_pool_info pi;
+        assert_ok(kvmem_pool_get_info(p, &pi));
+        assert_int_equal(pi.n_agents, 0);
+        kvmem_pool_free(p);
+    }
+
+    /* 2^53 + 1 (no double holds it) and INT64_MAX - 1: load, save, and the
+     * next version is the exact next integer, which loads again */
+    static const char *const from[] = {"9007199254740993", "9223372036854775806"};
+    static const char *const next[] = {"9007199254740994", "9223372036854775807"};
+    for (int i = 0; i < 2; i++) {
+        hset_version(rc, mkey, from[i]);
+        p = make_pool(ctx, L, D, KVMEM_F16, url);
+        assert_ok(kvmem_agent_open(p, "counted", &a));
+        snap loaded = take(a, L, D);
+        snap_equal(&good, &loaded, L, D);
+        fill_agent(a, L, D, 3, 11 + (uint64_t)i);
+        snap_free(&good);
+        good = take(a, L, D);
+        assert_ok(kvmem_agent_save(a, NULL));
+        hget_str(rc, mkey, "version", got, sizeof got);
+        if (strcmp(got, next[i]) != 0) fail_msg("saved on top of version %s: the manifest says '%s', want '%s'", from[i], got, next[i]);
+        kvmem_agent_close(a);
+        kvmem_pool_free(p);
+        snap_free(&loaded);
+        fresh_pool_sees(ctx, url, "counted", KVMEM_F16, L, D, &good);
+    }
+
+    /* at INT64_MAX: it loads, a save is refused, nothing changes */
+    p = make_pool(ctx, L, D, KVMEM_F16, url);
+    assert_ok(kvmem_agent_open(p, "counted", &a));
+    fill_agent(a, L, D, 2, 13);
+    assert_status(kvmem_agent_save(a, NULL), KVMEM_ERR_CAPACITY, "is at version 9223372036854775807, the last one");
+    hget_str(rc, mkey, "version", got, sizeof got);
+    assert_string_equal(got, "9223372036854775807");
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    fresh_pool_sees(ctx, url, "counted", KVMEM_F16, L, D, &good);
+    assert_int_equal(count_keys(rc, "kvmem:{version:counted}:d:*"), (size_t)hget_ll(rc, mkey, "chunks"));
+
+    snap_free(&good);
+    redisFree(rc);
+    kvmem_context_free(ctx);
+}
+
 static void server_killed_mid_save_keeps_the_old_version(void **state) {
     (void)state;
     const char *kill_cmd = getenv("KVMEM_TEST_REDIS_KILL"), *start_cmd = getenv("KVMEM_TEST_REDIS_START");
@@ -810,6 +907,7 @@ int main(void) {
         cmocka_unit_test(one_store_from_several_threads),
         cmocka_unit_test(connection_failures_and_bad_urls_are_clear),
         cmocka_unit_test(damaged_and_foreign_values_are_refused),
+        cmocka_unit_test(manifest_version_stays_an_exact_integer),
         cmocka_unit_test(server_killed_mid_save_keeps_the_old_version),
         cmocka_unit_test(cluster_keeps_each_agent_in_one_slot),
     };

@@ -69,6 +69,19 @@ const pool = ctx.createPool(spec, { blockSize: BS, storage: 'f32' });
 throwsStatus(() => pool.openAgent('.hidden'), Status.INVALID_ARG, 'id', 'a bad agent id is refused with the C message');
 const ag = pool.openAgent('a');
 throwsStatus(() => pool.openAgent('a'), Status.EXISTS, '', 'an agent open twice is refused');
+// C reads an id up to its first NUL: 'z\0-evil' used to open agent 'z'
+throwsStatus(() => pool.openAgent('z\0-evil'), Status.INVALID_ARG, 'agent id "z\\u0000-evil" contains a NUL', 'an agent id with a NUL is refused');
+{
+  const z = pool.openAgent('z'); // 'z' is not open: the refused call opened nothing
+  z.close();
+  throwsStatus(() => pool.removeAgent('z\0-evil'), Status.INVALID_ARG, 'contains a NUL', 'a remove with a NUL in the id is refused');
+  pool.removeAgent('z'); // still there after the refused remove
+  throwsStatus(() => pool.removeAgent('z'), Status.NOT_FOUND, '', 'and removed now');
+  throwsStatus(() => ctx.createPool({ ...spec, modelId: 'llama\0-other' }), Status.INVALID_ARG, 'modelId', 'a model id with a NUL is refused');
+  let te = null;
+  try { pool.openAgent(42); } catch (e) { te = e; }
+  check(te instanceof TypeError && /agent id must be a string/.test(te.message), 'an agent id that is not a string is a TypeError', String(te));
+}
 
 // keys: block j leans on channel j % D, so blocks differ
 const k = randArray(L * T * NKV * D), v = randArray(L * T * NKV * D);

@@ -11,6 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from . import _buffers as B
 from . import _lib as L
+from ._cstr import c_id_or_none, c_path
 from ._objects import Context, _Handle, _in_array, _params, _to_result
 
 SESSION_EXPLICIT, SESSION_MARKED, SESSION_PREFIX, SESSION_LOCAL = 1, 2, 3, 4
@@ -44,7 +45,7 @@ class QmemStore(_Handle):
                     mark: Optional[Tuple[int, int]] = None) -> L.kvmem_session_key:
         """kvmem_session_key_derive: explicit id, else marked span, else prefix, else local."""
         src = L.kvmem_session_source()
-        sid = session_id.encode() if session_id is not None else None
+        sid = c_id_or_none(session_id, "session_id")
         src.session_id = sid
         ptr, keep = B.int32s(token_ids, "token_ids")
         try:
@@ -115,7 +116,7 @@ class QmemHead(_Handle):
         if (path is None) == (data is None):
             raise TypeError("kvmem: QmemHead(path) or QmemHead(data=bytes)")
         if path is not None:
-            L.kvmem_qmem_head_load(path.encode(), byref(h))
+            L.kvmem_qmem_head_load(c_path(path), byref(h))
         else:
             with B.View(data, False, "data") as v:
                 L.kvmem_qmem_head_load_buffer(v.address, v.count() * v.itemsize, byref(h))

@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _buffers as B
 from . import _lib as L
-from ._errors import ClosedError
+from ._cstr import c_id, c_path
+from ._errors import ClosedError, InvalidArgumentError
 
 F32, F16, BF16 = B.F32, B.F16, B.BF16
 Q8, Q4, Q4_KIVI = 3, 4, 5
@@ -66,7 +67,9 @@ def dtype_name(dtype: int) -> str:
 
 
 def agent_id_valid(agent_id: str) -> bool:
-    return bool(L.kvmem_agent_id_valid(agent_id.encode()))
+    if isinstance(agent_id, str) and "\x00" in agent_id:
+        return False  # C would judge only the part before the NUL
+    return bool(L.kvmem_agent_id_valid(c_id(agent_id, "agent id")))
 
 
 _log_keep: List[Any] = []
@@ -114,7 +117,9 @@ class ModelSpec(L.kvmem_model_spec):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "model_id" and isinstance(value, str):
-            value = value.encode()
+            value = c_id(value, "model_id")
+        elif name == "model_id" and isinstance(value, (bytes, bytearray)) and b"\x00" in value:
+            raise InvalidArgumentError(f"model_id {bytes(value)!r} contains a NUL character")
         elif name == "layer_window" and value is not None and not isinstance(value, ctypes._Pointer):
             arr = (ctypes.c_int32 * len(value))(*value)
             object.__setattr__(self, "_layer_window_keep", arr)
@@ -241,7 +246,7 @@ class Context(_Handle):
 
     def __init__(self, backend: str = "auto", n_threads: int = 0):
         p = L.kvmem_context_default_params()
-        p.backend = backend.encode()
+        p.backend = c_id(backend, "backend")
         p.n_threads = n_threads
         h = c_void_p()
         L.kvmem_context_create(byref(p), byref(h))
@@ -279,8 +284,8 @@ class Pool(_Handle):
                 val = _STORAGE[val.lower()]
             if k not in dict(L.kvmem_pool_params._fields_):
                 raise TypeError(f"kvmem: Pool() got an unknown parameter {k!r}")
-            if k == "store_dir" and isinstance(val, str):
-                val = val.encode()  # C copies it at create
+            if k == "store_dir":
+                val = c_path(val, "store_dir")  # C copies it at create
             setattr(pp, k, val)
         h = c_void_p()
         L.kvmem_pool_create(ctx.handle, byref(spec), byref(pp), byref(h))
@@ -330,7 +335,7 @@ class Pool(_Handle):
         return Agent(self, agent_id)
 
     def remove_agent(self, agent_id: str) -> None:
-        L.kvmem_pool_remove_agent(self.handle, agent_id.encode())
+        L.kvmem_pool_remove_agent(self.handle, c_id(agent_id, "agent id"))
 
 
 class Agent(_Handle):
@@ -339,7 +344,7 @@ class Agent(_Handle):
 
     def __init__(self, pool: Pool, agent_id: str):
         h = c_void_p()
-        L.kvmem_agent_open(pool.handle, agent_id.encode(), byref(h))
+        L.kvmem_agent_open(pool.handle, c_id(agent_id, "agent id"), byref(h))
         self._init_handle(h.value, L.kvmem_agent_close)
         self.pool = pool
         pool._agents.add(self)
@@ -427,11 +432,11 @@ class Agent(_Handle):
 
     def save(self, path: Optional[str] = None) -> None:
         """kvmem_agent_save: crash-safe safetensors file (None: the pool's store)."""
-        L.kvmem_agent_save(self.handle, path.encode() if path is not None else None)
+        L.kvmem_agent_save(self.handle, c_path(path))
 
     def load(self, path: Optional[str] = None) -> None:
         """kvmem_agent_load: replace this agent's memory with a saved file (all or nothing)."""
-        L.kvmem_agent_load(self.handle, path.encode() if path is not None else None)
+        L.kvmem_agent_load(self.handle, c_path(path))
 
     def truncate(self, n_tokens: int) -> None:
         L.kvmem_agent_truncate(self.handle, n_tokens)
@@ -596,14 +601,14 @@ class Segments(_Handle):
     def __init__(self, pool: Pool, owner: str, **params: Any):
         sp = _params(L.kvmem_segments_default_params(), "Segments()", params)
         h = c_void_p()
-        L.kvmem_segments_create(pool.handle, owner.encode(), byref(sp), byref(h))
+        L.kvmem_segments_create(pool.handle, c_id(owner, "owner"), byref(sp), byref(h))
         self._init_handle(h.value, L.kvmem_segments_free)
         self.pool = pool
         pool._segments.add(self)
 
     def add(self, name: str, group: int) -> int:
         i = ctypes.c_int32()
-        L.kvmem_segments_add(self.handle, name.encode(), group, byref(i))
+        L.kvmem_segments_add(self.handle, c_id(name, "segment name"), group, byref(i))
         return i.value
 
     def update(self, index: int) -> None:
@@ -662,7 +667,7 @@ class Segments(_Handle):
 
     def find(self, name: str) -> int:
         i = ctypes.c_int32()
-        L.kvmem_segments_find(self.handle, name.encode(), byref(i))
+        L.kvmem_segments_find(self.handle, c_id(name, "segment name"), byref(i))
         return i.value
 
     def name(self, index: int) -> str:

@@ -7,15 +7,23 @@
 //	POST   /agents/{id}/append       {k, v, token_ids?, text?, token_text_offsets?, positions?, flush?}
 //	POST   /agents/{id}/flush        agent info
 //	POST   /agents/{id}/retrieve     {query, top_k?, gather?, base_position?}
-//	POST   /agents/{id}/save, /load  {path}
+//	POST   /agents/{id}/save, /load  no body: the agent's file in the store (501 without one)
 //	DELETE /agents/{id}              close and remove the agent
 //
 // Errors come back as {error, status, message} with kvmem's own message.
 //
+// Persistence goes through the pool's store: a directory chosen when the
+// service starts (KVMEM_STORE_DIR), one AGENT_ID.safetensors file per agent,
+// the id already checked by kvmem ([A-Za-z0-9._-], no leading '.'). A client
+// never names a file: a body with a path (or any field) is refused, so no
+// request can write or read outside the store; messages name the store
+// <store>, and what is wrong inside a damaged file goes to the log only.
+//
 // Run (from a checkout, after make build):
 //
 //	CGO_CFLAGS=-I$PWD/include CGO_LDFLAGS="-L$PWD/build/default/core -Wl,-rpath,$PWD/build/default/core" \
-//	  go run ./examples/go/memsvc      (HOST, PORT; PORT=0 picks a free port)
+//	  KVMEM_STORE_DIR=/var/lib/kvmem go run ./examples/go/memsvc
+//	(HOST, PORT; PORT=0 picks a free port; without KVMEM_STORE_DIR, save/load answer 501)
 package main
 
 import (
@@ -23,10 +31,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,13 +52,27 @@ type agentEntry struct {
 }
 
 type service struct {
-	ctx    *kvmem.Context
-	pool   *kvmem.Pool
-	mu     sync.Mutex
-	agents map[string]*agentEntry
+	ctx      *kvmem.Context
+	pool     *kvmem.Pool
+	storeDir string      // the pool's store, absolute; "" = no persistence
+	log      *log.Logger // the service's log (stderr)
+	mu       sync.Mutex
+	agents   map[string]*agentEntry
 }
 
-func newService(spec kvmem.ModelSpec, params kvmem.PoolParams) (*service, error) {
+// newService: storeDir is an existing directory, the only place agents are
+// saved to and loaded from (the pool's store); "" = no persistence.
+func newService(spec kvmem.ModelSpec, params kvmem.PoolParams, storeDir string) (*service, error) {
+	if storeDir != "" {
+		abs, err := filepath.Abs(storeDir)
+		if err != nil {
+			return nil, err
+		}
+		if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("store directory %s does not exist or is not a directory", abs)
+		}
+		storeDir, params.StoreDir = abs, abs
+	}
 	ctx, err := kvmem.NewContext(kvmem.ContextParams{Backend: "cpu"})
 	if err != nil {
 		return nil, err
@@ -57,7 +82,7 @@ func newService(spec kvmem.ModelSpec, params kvmem.PoolParams) (*service, error)
 		ctx.Close()
 		return nil, err
 	}
-	return &service{ctx: ctx, pool: pool, agents: map[string]*agentEntry{}}, nil
+	return &service{ctx: ctx, pool: pool, storeDir: storeDir, log: log.New(os.Stderr, "memsvc: ", 0), agents: map[string]*agentEntry{}}, nil
 }
 
 func (s *service) Close() {
@@ -134,7 +159,15 @@ func (s *service) route(r *http.Request) (any, error) {
 			"n_layers": s.pool.Spec.NLayers, "n_q_heads": s.pool.Spec.NQHeads, "n_kv_heads": s.pool.Spec.NKVHeads,
 			"head_dim": s.pool.Spec.HeadDim, "model_id": s.pool.Spec.ModelID}}, nil
 	}
-	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	// split before unescaping, so an id holding %2F is one (invalid) id, as in the Node service
+	parts := strings.Split(strings.Trim(r.URL.EscapedPath(), "/"), "/")
+	for i, p := range parts {
+		u, err := url.PathUnescape(p)
+		if err != nil {
+			return nil, badRequest("bad escape in path segment %q", p)
+		}
+		parts[i] = u
+	}
 	if parts[0] != "agents" {
 		return nil, &httpError{404, "not_found", "no route " + r.Method + " " + r.URL.Path}
 	}
@@ -224,6 +257,10 @@ func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			code, out = 500, map[string]any{"error": "internal", "message": err.Error()}
 		}
 	}
+	if m, ok := out.(map[string]any); ok && err != nil && s.storeDir != "" && s.storeDir != filepath.VolumeName(s.storeDir)+string(filepath.Separator) {
+		// kvmem's messages may name the store's files: clients see <store>, not the server's directories
+		m["message"] = strings.ReplaceAll(fmt.Sprint(m["message"]), s.storeDir, "<store>")
+	}
 	w.Header().Set("content-type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(out)
@@ -257,7 +294,7 @@ func main() {
 	spec.NKVHeads, spec.HeadDim, spec.ModelID = envInt("KVMEM_KV_HEADS", 2), envInt("KVMEM_HEAD_DIM", 64), "memsvc"
 	params := kvmem.PoolDefaultParams()
 	params.BlockSize = 16
-	svc, err := newService(spec, params)
+	svc, err := newService(spec, params, os.Getenv("KVMEM_STORE_DIR"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "memsvc:", err)
 		os.Exit(1)

@@ -7,8 +7,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -34,16 +36,23 @@ func wordKV(words []string) []float32 {
 	return k
 }
 
-func TestMemsvc(t *testing.T) {
+type caller func(method, path string, body any) (int, map[string]any)
+
+// startSvc runs the service on a free loopback port with this store
+// directory ("" = none) until the test ends; its log goes to logBuf.
+func startSvc(t *testing.T, storeDir string, logBuf *bytes.Buffer) caller {
+	t.Helper()
 	spec := kvmem.ModelSpecDefault()
 	spec.NLayers, spec.NQHeads, spec.NKVHeads, spec.HeadDim = tL, tHQ, tHKV, tD
 	params := kvmem.PoolDefaultParams()
 	params.BlockSize = 16
-	svc, err := newService(spec, params)
+	svc, err := newService(spec, params, storeDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer svc.Close()
+	if logBuf != nil {
+		svc.log = log.New(logBuf, "memsvc: ", 0)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +61,7 @@ func TestMemsvc(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, ln, svc) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatalf("serve: %v", err)
@@ -60,9 +69,9 @@ func TestMemsvc(t *testing.T) {
 		if _, err := http.Get(base + "/health"); err == nil {
 			t.Fatal("the service still answers after it was stopped")
 		}
-	}()
-
-	call := func(method, path string, body any) (int, map[string]any) {
+		svc.Close()
+	})
+	return func(method, path string, body any) (int, map[string]any) {
 		t.Helper()
 		var rd *bytes.Reader
 		if body != nil {
@@ -83,7 +92,11 @@ func TestMemsvc(t *testing.T) {
 		}
 		return resp.StatusCode, out
 	}
+}
 
+func TestMemsvc(t *testing.T) {
+	store := t.TempDir()
+	call := startSvc(t, store, nil)
 	code, out := call("GET", "/health", nil)
 	if code != 200 || out["version"] != kvmem.Version() {
 		t.Fatalf("health %d %v", code, out)
@@ -143,15 +156,106 @@ func TestMemsvc(t *testing.T) {
 	}
 	code, out = call("POST", "/agents/alice/retrieve", map[string]any{"query": q, "top_k": 1, "gather": true, "base_position": 5})
 	checkRetrieve(t, code, out)
-	file := t.TempDir() + "/alice.kvm"
+	// save and load go to the store directory, one file per agent
 	for _, op := range []string{"save", "load"} {
-		code, out = call("POST", "/agents/alice/"+op, map[string]any{"path": file})
+		code, out = call("POST", "/agents/alice/"+op, nil)
 		checkPersist(t, op, code, out)
+	}
+	if ents, _ := os.ReadDir(store); len(ents) != 1 || ents[0].Name() != "alice.safetensors" || out["n_tokens"] != float64(12) {
+		t.Fatalf("the store holds %v after save/load (%v)", ents, out)
 	}
 	if code, _ = call("DELETE", "/agents/bob", nil); code != 200 {
 		t.Fatalf("delete %d", code)
 	}
 	if _, out = call("GET", "/agents", nil); !reflect.DeepEqual(out["agents"], []any{"alice"}) {
 		t.Fatalf("agents after delete %v", out)
+	}
+}
+
+// A client names an agent, never a file: requests that tried to write or
+// read files anywhere (an absolute path, ../, /etc/passwd, an id that walks
+// out of the store, a NUL) are refused, write nothing, and no message
+// repeats a file's bytes or the store's path.
+func TestMemsvcSaveLoadCannotReachFilesOutsideTheStore(t *testing.T) {
+	store, outside := t.TempDir(), t.TempDir()
+	var logBuf bytes.Buffer
+	call := startSvc(t, store, &logBuf)
+	if code, out := call("POST", "/agents/alice/append", map[string]any{"k": wordKV([]string{"a", "b"}), "v": wordKV([]string{"a", "b"}), "flush": true}); code != 200 {
+		t.Fatalf("append %d %v", code, out)
+	}
+	// the first 8 bytes of /etc/passwd as the loader's old "header length", or
+	// the server's store path (the client's own input may be quoted back)
+	leaks := func(out map[string]any) bool {
+		b, _ := json.Marshal(out)
+		m := string(b)
+		return strings.Contains(m, "3475222254926655346") || strings.Contains(m, "root:x:0") || strings.Contains(m, store)
+	}
+	attacks := []struct {
+		route string
+		body  any
+		msg   string
+	}{
+		{"/agents/alice/save", map[string]any{"path": outside + "/evil.kvm"}, `takes no body fields (got "path")`},
+		{"/agents/alice/save", map[string]any{"path": "../../../../tmp/evil.kvm"}, "takes no body fields"},
+		{"/agents/alice/save", map[string]any{"path": nil}, "takes no body fields"},
+		{"/agents/alice/save", map[string]any{"file": outside + "/evil.kvm"}, `takes no body fields (got "file")`},
+		{"/agents/alice/save", []string{outside + "/evil.kvm"}, "takes no body fields"},
+		{"/agents/alice/save", "evil.kvm", "takes no body fields"},
+		{"/agents/alice/load", map[string]any{"path": "/etc/passwd"}, "takes no body fields"},
+		{"/agents/alice/load", map[string]any{"path": "../alice.safetensors"}, "takes no body fields"},
+		{"/agents/" + strings.ReplaceAll(outside+"/evil", "/", "%2F") + "/save", nil, "is invalid"},
+		{"/agents/..%2F..%2F..%2Ftmp%2Fevil/save", nil, "is invalid"},
+		{"/agents/..%2F..%2F..%2F..%2Fetc%2Fpasswd/load", nil, "is invalid"},
+		{"/agents/.hidden/load", nil, "is invalid"},
+		{"/agents/alice%00-evil/save", nil, "contains a NUL"},
+		{"/agents/alice%00.safetensors/load", nil, "contains a NUL"},
+	}
+	for _, a := range attacks {
+		code, out := call("POST", a.route, a.body)
+		if code != 400 || !strings.Contains(fmt.Sprint(out["message"]), a.msg) || leaks(out) {
+			t.Fatalf("%s %v: %d %v (want 400 and %q, no file bytes or store path)", a.route, a.body, code, out, a.msg)
+		}
+	}
+	for _, dir := range []string{outside, store} {
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("a refused request wrote %v in %s", ents, dir)
+		}
+	}
+	if _, out := call("GET", "/agents", nil); !reflect.DeepEqual(out["agents"], []any{"alice"}) {
+		t.Fatalf("a refused request created an agent: %v", out)
+	}
+	// the honest requests still work, and a damaged store file is reported
+	// without its bytes or the store's path (the details go to the log)
+	if code, out := call("POST", "/agents/alice/save", nil); code != 200 {
+		t.Fatalf("save %d %v", code, out)
+	}
+	if err := os.WriteFile(store+"/alice.safetensors", []byte("root:x:0:0:root:/root:/bin/bash\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out := call("POST", "/agents/alice/load", map[string]any{})
+	if code != 400 || out["error"] != "KVMEM_ERR_FORMAT" || leaks(out) ||
+		!strings.Contains(fmt.Sprint(out["message"]), "agent 'alice': the stored file is not a valid kvmem agent file") {
+		t.Fatalf("damaged store file: %d %v", code, out)
+	}
+	if !strings.Contains(logBuf.String(), "memsvc: load 'alice': ") {
+		t.Fatalf("the details are not in the log: %q", logBuf.String())
+	}
+	if _, out = call("GET", "/agents/alice", nil); out["n_tokens"] != float64(2) {
+		t.Fatalf("a failed load changed the agent: %v", out)
+	}
+}
+
+func TestMemsvcWithoutAStore(t *testing.T) {
+	call := startSvc(t, "", nil)
+	for _, op := range []string{"save", "load"} {
+		if code, out := call("POST", "/agents/alice/"+op, nil); code != 501 || out["error"] != "no_store" {
+			t.Fatalf("%s without a store: %d %v", op, code, out)
+		}
+	}
+	spec := kvmem.ModelSpecDefault()
+	spec.NLayers, spec.NQHeads, spec.NKVHeads, spec.HeadDim = tL, tHQ, tHKV, tD
+	if _, err := newService(spec, kvmem.PoolDefaultParams(), "/nonexistent/kvmem-store"); err == nil ||
+		!strings.Contains(err.Error(), "store directory /nonexistent/kvmem-store does not exist") {
+		t.Fatalf("a missing store directory: %v", err)
 	}
 }

@@ -7,8 +7,15 @@
 //   POST   /agents/:id/append           {k, v, token_ids?, text?, token_text_offsets?, positions?, flush?}
 //   POST   /agents/:id/flush            agent info
 //   POST   /agents/:id/retrieve         {query, top_k?, gather?, base_position?}
-//   POST   /agents/:id/save, /load      {path}   (501 when the loaded libkvmem lacks the function)
+//   POST   /agents/:id/save, /load      no body: the agent's file in the store (501 without one)
 //   DELETE /agents/:id                  close and remove the agent
+//
+// Persistence goes through the pool's store: a directory chosen when the
+// service starts (KVMEM_STORE_DIR), one AGENT_ID.safetensors file per agent,
+// the id already checked by kvmem ([A-Za-z0-9._-], no leading '.'). A client
+// never names a file: a body with a path (or any field) is refused, so no
+// request can write or read outside the store, and error messages name the
+// store as <store>, not the server's directories.
 //
 // K and V are flat arrays [n_layers][T][n_kv_heads][head_dim] and the query
 // [n_q][n_layers][n_q_heads][head_dim], as an engine hands them over. The work
@@ -17,7 +24,9 @@
 // agent at a time. Errors come back as {error, status, message} with the
 // kvmem message, and an HTTP code from the kvmem status.
 //
-// Run: node examples/node/memory-service/server.js   (HOST, PORT; PORT=0 picks a free port)
+// Run: KVMEM_STORE_DIR=/var/lib/kvmem node examples/node/memory-service/server.js
+//      (HOST, PORT; PORT=0 picks a free port; without KVMEM_STORE_DIR, save/load answer 501)
+const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
 const kvmem = require(path.join(__dirname, '..', '..', '..', 'bindings', 'node'));
@@ -38,9 +47,17 @@ function defaultSpec() {
            head_dim: n('KVMEM_HEAD_DIM', 64), model_id: 'memory-service' };
 }
 
-function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 16 }, backend = 'cpu' } = {}) {
+// storeDir: an existing directory, the only place agents are saved to and
+// loaded from (the pool's store); null: no persistence.
+function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 16 }, backend = 'cpu',
+                         storeDir = process.env.KVMEM_STORE_DIR || null } = {}) {
+  if (storeDir !== null) {
+    storeDir = path.resolve(storeDir);
+    if (!fs.statSync(storeDir, { throwIfNoEntry: false })?.isDirectory())
+      throw new Error(`memory-service: store directory ${storeDir} does not exist or is not a directory`);
+  }
   const ctx = new kvmem.Context({ backend });
-  const pool = ctx.poolCreate(spec, poolParams);
+  const pool = ctx.poolCreate(spec, storeDir === null ? poolParams : { ...poolParams, storeDir });
   const agents = new Map(); // id -> {agent, queue}
 
   function agentFor(id) {
@@ -64,6 +81,19 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
     if (!Array.isArray(x)) throw new HttpError(400, `${what} must be an array of numbers`);
     return Float32Array.from(x);
   };
+
+  // save and load use the pool's store only: the client names the agent, never a file
+  function persistable(op, body) {
+    if (!has(`kvmem_agent_${op}`)) throw new HttpError(501, `this libkvmem has no kvmem_agent_${op}`, 'not_implemented');
+    if (body === null || typeof body !== 'object' || Array.isArray(body) || Object.keys(body).length)
+      throw new HttpError(400, `${op} takes no body fields${body && typeof body === 'object' && Object.keys(body).length
+        ? ` (got ${Object.keys(body).map((k) => JSON.stringify(k)).join(', ')})` : ''}: agents are kept in the store directory set when the service started`);
+    if (storeDir === null)
+      throw new HttpError(501, `${op}: this service has no store (start it with KVMEM_STORE_DIR=DIR)`, 'no_store');
+  }
+  // kvmem's messages may name the store's files: clients see <store>, not the server's directories
+  const hidden = storeDir !== null && storeDir !== path.parse(storeDir).root ? storeDir : null;
+  const hideStore = (msg) => (hidden === null ? msg : msg.split(hidden).join('<store>'));
 
   const routes = {
     async append(id, body) {
@@ -96,12 +126,24 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
       });
     },
     async save(id, body) {
-      if (!has('kvmem_agent_save')) throw new HttpError(501, 'this libkvmem has no kvmem_agent_save', 'not_implemented');
-      return withAgent(id, async (a) => { await a.saveAsync(body.path); return { saved: body.path }; });
+      persistable('save', body);
+      return withAgent(id, async (a) => { await a.saveAsync(null); return { saved: a.id, ...a.getInfo() }; });
     },
     async load(id, body) {
-      if (!has('kvmem_agent_load')) throw new HttpError(501, 'this libkvmem has no kvmem_agent_load', 'not_implemented');
-      return withAgent(id, async (a) => { await a.loadAsync(body.path); return infoOf(a); });
+      persistable('load', body);
+      return withAgent(id, async (a) => {
+        try {
+          await a.loadAsync(null);
+        } catch (e) {
+          // what is wrong inside a damaged file stays in the service's log:
+          // the client learns the kind of failure, not the file's content
+          if (!(e instanceof kvmem.FormatError || e instanceof kvmem.CorruptError)) throw e;
+          console.error(`memory-service: load '${id}': ${e.message}`);
+          throw new e.constructor(`agent '${id}': the stored file is ${e instanceof kvmem.FormatError
+            ? 'not a valid kvmem agent file' : 'damaged'} (details in the service log)`);
+        }
+        return infoOf(a);
+      });
     },
   };
 
@@ -144,6 +186,7 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
         else if (e instanceof kvmem.KvmemError) { code = HTTP_FOR_STATUS[e.code] ?? 500; out = { error: e.code, status: e.status, message: e.message }; }
         else if (e instanceof TypeError || e instanceof RangeError) { code = 400; out = { error: 'bad_request', message: e.message }; }
         else { code = 500; out = { error: 'internal', message: String(e && e.message) }; }
+        out.message = hideStore(out.message);
       }
       const data = JSON.stringify(out);
       res.writeHead(code, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(data) });
@@ -162,7 +205,13 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
 module.exports = { createService };
 
 if (require.main === module) {
-  const server = createService();
+  let server;
+  try {
+    server = createService();
+  } catch (e) {
+    console.error(e.message);
+    process.exit(1);
+  }
   const host = process.env.HOST ?? '127.0.0.1';
   server.listen(Number(process.env.PORT ?? 8080), host, () => {
     console.log(`kvmem memory-service listening on http://${host}:${server.address().port}`);

@@ -3,16 +3,22 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 const kvmem = require(path.join(__dirname, '..', '..', '..', '..', 'bindings', 'node'));
 
 const L = 2, HQ = 4, HKV = 2, D = 8;
 
-function startService() {
-  const child = spawn(process.execPath, [path.join(__dirname, '..', 'server.js')], {
-    env: { ...process.env, HOST: '127.0.0.1', PORT: '0', KVMEM_LAYERS: L, KVMEM_Q_HEADS: HQ, KVMEM_KV_HEADS: HKV, KVMEM_HEAD_DIM: D },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
+// storeDir: KVMEM_STORE_DIR for the service (undefined: none)
+function startService(storeDir) {
+  const env = { ...process.env, HOST: '127.0.0.1', PORT: '0', KVMEM_LAYERS: L, KVMEM_Q_HEADS: HQ, KVMEM_KV_HEADS: HKV, KVMEM_HEAD_DIM: D };
+  delete env.KVMEM_STORE_DIR;
+  if (storeDir !== undefined) env.KVMEM_STORE_DIR = storeDir;
+  // stderr: the service's log (a refused load logs the loader's message there)
+  const child = spawn(process.execPath, [path.join(__dirname, '..', 'server.js')], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  child.log = '';
+  child.stderr.on('data', (d) => { child.log += d; });
   return new Promise((resolve, reject) => {
     let out = '';
     child.stdout.on('data', (d) => {
@@ -20,7 +26,7 @@ function startService() {
       const m = out.match(/listening on (http:\/\/127\.0\.0\.1:\d+)/);
       if (m) resolve({ child, base: m[1] });
     });
-    child.on('exit', (code) => reject(new Error(`service exited (${code}) before listening: ${out}`)));
+    child.on('exit', (code) => reject(new Error(`service exited (${code}) before listening: ${out} ${child.log}`)));
   });
 }
 
@@ -34,12 +40,21 @@ function wordKV(words) {
   return k;
 }
 
+const caller = (base) => async (method, p, body) => {
+  const r = await fetch(base + p, { method, headers: { 'content-type': 'application/json' }, body: body && JSON.stringify(body) });
+  return { code: r.status, body: await r.json() };
+};
+
+async function stop(child) {
+  child.kill('SIGTERM');
+  const code = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? sig)));
+  assert.equal(code, 0, 'the service stops cleanly on SIGTERM');
+}
+
 test('memory service: append, flush, info, retrieve, save/load, errors', async () => {
-  const { child, base } = await startService();
-  const call = async (method, p, body) => {
-    const r = await fetch(base + p, { method, headers: { 'content-type': 'application/json' }, body: body && JSON.stringify(body) });
-    return { code: r.status, body: await r.json() };
-  };
+  const store = fs.mkdtempSync(path.join(os.tmpdir(), 'kvmem-svc-store-'));
+  const { child, base } = await startService(store);
+  const call = caller(base);
   try {
     let r = await call('GET', '/health');
     assert.equal(r.code, 200);
@@ -95,11 +110,15 @@ test('memory service: append, flush, info, retrieve, save/load, errors', async (
       assert.deepEqual(r.body.blocks[0].token_ids, [4, 5, 6]);
       assert.deepEqual(r.body.gathered.shape, [L, 3, HKV, D]);
     }
-    const file = path.join(require('node:fs').mkdtempSync(path.join(require('node:os').tmpdir(), 'kvmem-svc-')), 'alice.kvm');
+    // save and load go to the store directory, one file per agent
     for (const op of ['save', 'load']) {
-      r = await call('POST', `/agents/alice/${op}`, { path: file });
+      r = await call('POST', `/agents/alice/${op}`);
       if (!kvmem.hasFunction(`kvmem_agent_${op}`)) assert.equal(r.code, 501);
       else assert.equal(r.code, 200, JSON.stringify(r.body));
+    }
+    if (kvmem.hasFunction('kvmem_agent_save')) {
+      assert.deepEqual(fs.readdirSync(store), ['alice.safetensors']);
+      assert.equal(r.body.n_tokens, 12);
     }
 
     r = await call('DELETE', '/agents/bob');
@@ -107,8 +126,92 @@ test('memory service: append, flush, info, retrieve, save/load, errors', async (
     r = await call('GET', '/agents');
     assert.deepEqual(r.body.agents, ['alice']);
   } finally {
-    child.kill('SIGTERM');
-    const code = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? sig)));
-    assert.equal(code, 0, 'the service stops cleanly on SIGTERM');
+    await stop(child);
+    fs.rmSync(store, { recursive: true });
   }
+});
+
+// A client names an agent, never a file: requests that tried to write or
+// read files anywhere (an absolute path, ../, /etc/passwd, an id that walks
+// out of the store) are refused, write nothing, and no message repeats a
+// file's bytes or the server's directories.
+test('memory service: save/load cannot reach files outside the store', { skip: !kvmem.hasFunction('kvmem_agent_save') }, async () => {
+  const store = fs.mkdtempSync(path.join(os.tmpdir(), 'kvmem-svc-store-'));
+  const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'kvmem-svc-outside-'));
+  const { child, base } = await startService(store);
+  const call = caller(base);
+  try {
+    let r = await call('POST', '/agents/alice/append', { k: wordKV(['a', 'b']), v: wordKV(['a', 'b']), flush: true });
+    assert.equal(r.code, 200, JSON.stringify(r.body));
+    // the first 8 bytes of /etc/passwd as the loader's old "header length", or the server's store path
+    // (the client's own input may be quoted back)
+    const leaks = (body) => {
+      const m = JSON.stringify(body);
+      return /3475222254926655346|root:x:0/.test(m) || m.includes(store);
+    };
+    const attacks = [
+      ['save', '/agents/alice/save', { path: path.join(outside, 'evil.kvm') }, 400, /takes no body fields \(got "path"\)/],
+      ['save', '/agents/alice/save', { path: '../../../../tmp/evil.kvm' }, 400, /takes no body fields/],
+      ['save', '/agents/alice/save', { path: null }, 400, /takes no body fields/],
+      ['save', '/agents/alice/save', { file: path.join(outside, 'evil.kvm') }, 400, /takes no body fields \(got "file"\)/],
+      ['save', '/agents/alice/save', [path.join(outside, 'evil.kvm')], 400, /takes no body fields/],
+      ['save', '/agents/alice/save', 'evil.kvm', 400, /takes no body fields/],
+      ['load', '/agents/alice/load', { path: '/etc/passwd' }, 400, /takes no body fields/],
+      ['load', '/agents/alice/load', { path: '../alice.safetensors' }, 400, /takes no body fields/],
+      ['save', `/agents/${encodeURIComponent(path.join(outside, 'evil'))}/save`, undefined, 400, /agent id .* is invalid/],
+      ['save', '/agents/..%2F..%2F..%2Ftmp%2Fevil/save', undefined, 400, /agent id .* is invalid/],
+      ['load', '/agents/..%2F..%2F..%2F..%2Fetc%2Fpasswd/load', undefined, 400, /agent id .* is invalid/],
+      ['load', '/agents/.hidden/load', undefined, 400, /agent id .* is invalid/],
+      ['save', '/agents/alice%00-evil/save', undefined, 400, /contains a NUL/],
+      ['load', '/agents/alice%00.safetensors/load', undefined, 400, /contains a NUL/],
+    ];
+    for (const [, route, body, code, msg] of attacks) {
+      r = await call('POST', route, body);
+      assert.equal(r.code, code, `${route} ${JSON.stringify(body)}: ${JSON.stringify(r.body)}`);
+      assert.match(r.body.message, msg, route);
+      assert.ok(!leaks(r.body), `${route}: the answer repeats file bytes or server paths: ${JSON.stringify(r.body)}`);
+    }
+    assert.deepEqual(fs.readdirSync(outside), [], 'nothing was written outside the store');
+    assert.deepEqual(fs.readdirSync(store), [], 'and nothing in it either');
+    r = await call('GET', '/agents');
+    assert.deepEqual(r.body.agents, ['alice'], 'no agent was created by a refused request');
+    // the honest requests still work, and a store file that is damaged is
+    // reported without its bytes or the store's path
+    r = await call('POST', '/agents/alice/save');
+    assert.equal(r.code, 200, JSON.stringify(r.body));
+    fs.writeFileSync(path.join(store, 'alice.safetensors'), 'root:x:0:0:root:/root:/bin/bash\n');
+    r = await call('POST', '/agents/alice/load');
+    assert.equal(r.code, 400, JSON.stringify(r.body));
+    assert.equal(r.body.error, 'KVMEM_ERR_FORMAT');
+    assert.match(r.body.message, /agent 'alice': the stored file is not a valid kvmem agent file/);
+    assert.ok(!leaks(r.body), `a damaged store file: the answer repeats its bytes or the store path: ${JSON.stringify(r.body)}`);
+    assert.match(child.log, /memory-service: load 'alice': /, 'the details go to the service log');
+    r = await call('GET', '/agents/alice');
+    assert.equal(r.body.n_tokens, 2, 'a failed load changes nothing');
+  } finally {
+    await stop(child);
+    fs.rmSync(store, { recursive: true });
+    fs.rmSync(outside, { recursive: true });
+  }
+});
+
+test('memory service: without a store, save/load say so; a missing store directory stops it at startup', async () => {
+  const { child, base } = await startService();
+  const call = caller(base);
+  try {
+    for (const op of ['save', 'load']) {
+      const r = await call('POST', `/agents/alice/${op}`);
+      assert.equal(r.code, 501, JSON.stringify(r.body));
+      if (kvmem.hasFunction(`kvmem_agent_${op}`)) assert.equal(r.body.error, 'no_store');
+    }
+  } finally {
+    await stop(child);
+  }
+  const bad = spawn(process.execPath, [path.join(__dirname, '..', 'server.js')],
+    { env: { ...process.env, PORT: '0', KVMEM_STORE_DIR: '/nonexistent/kvmem-store' }, stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  bad.stderr.on('data', (d) => { err += d; });
+  const code = await new Promise((resolve) => bad.on('exit', resolve));
+  assert.equal(code, 1);
+  assert.match(err, /store directory \/nonexistent\/kvmem-store does not exist/);
 });
