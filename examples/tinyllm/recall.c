@@ -169,7 +169,7 @@ int tl_recall_load(tl_recall_suite *s, const char *path, const char *tok_path, c
     for (int32_t i = 0; i < f.n_intro && !rc; i++) {
         tl_recall_case *c = &s->cases[i];
         int32_t k = f.counts[i % f.n_counts], cap = 0, n = 0, *ids = NULL;
-        snprintf(c->id, sizeof c->id, "%s-%d", f.intro[i].name, k);
+        snprintf(c->id, sizeof c->id, "%.32s-%d", f.intro[i].name, k);
         snprintf(c->name, sizeof c->name, "%s", f.intro[i].name);
         c->session_start = malloc((size_t)(k + 1) * sizeof(int32_t));
         if (!c->session_start) {
