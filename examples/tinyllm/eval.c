@@ -440,6 +440,7 @@ static const char k_usage[] =
     "  --memdep-nats X      log-probability gain that marks a position (default 2)\n"
     "  --storage f32|f16|bf16  the pool's storage dtype (default f32)\n"
     "  --recall FILE        the text recall suite (needs the tokenizer)\n"
+    "  --recall-cases N     only its first N cases\n"
     "  --tokenizer FILE     tokenizer (default: tok512.bin beside the model)\n"
     "  --json FILE, --md FILE  write results (markdown goes to stdout without --md)\n"
     "  --quiet              no progress on stderr\n";
@@ -451,6 +452,7 @@ int tl_eval_main(int argc, char **argv) {
     parse_budgets("32,64,128,256,25%", &c);
     const char *json_path = NULL, *md_path = NULL, *recall_path = NULL, *tok_path = NULL;
     int quick = 0;
+    int32_t recall_cases = 0; /* 0 = all */
     static const struct option opts[] = {
         {"quick", no_argument, NULL, 'q'},       {"seqs", required_argument, NULL, 's'},
         {"turns", required_argument, NULL, 't'}, {"turn-len", required_argument, NULL, 'T'},
@@ -460,6 +462,7 @@ int tl_eval_main(int argc, char **argv) {
         {"recall", required_argument, NULL, 'r'}, {"tokenizer", required_argument, NULL, 'k'},
         {"json", required_argument, NULL, 'j'},  {"md", required_argument, NULL, 'm'},
         {"quiet", no_argument, NULL, 'Q'},       {"help", no_argument, NULL, 'h'},
+        {"recall-cases", required_argument, NULL, 'R'},
         {NULL, 0, NULL, 0}};
     optind = 1;
     opterr = 0;
@@ -497,6 +500,7 @@ int tl_eval_main(int argc, char **argv) {
             }
             break;
         case 'r': recall_path = optarg; break;
+        case 'R': if (int_opt("--recall-cases", optarg, 1, 1 << 20, &recall_cases)) return 2; break;
         case 'k': tok_path = optarg; break;
         case 'j': json_path = optarg; break;
         case 'm': md_path = optarg; break;
@@ -550,6 +554,7 @@ int tl_eval_main(int argc, char **argv) {
         fprintf(stderr, "tinyllm eval: %s\n", err);
         goto free_model;
     }
+    if (recall_cases && recall_cases < suite.n_cases) suite.n_cases = recall_cases;
     res.n_methods = tl_method_list(res.methods, TL_MAX_METHODS, res.missing, sizeof res.missing);
     if (res.n_methods > TL_MAX_METHODS) res.n_methods = TL_MAX_METHODS;
     kvmem_context_params cp = kvmem_context_default_params();

@@ -75,7 +75,8 @@ typedef struct tl_recall_case {
 typedef struct tl_recall_suite {
     char path[512];
     tl_recall_case *cases;
-    int32_t n_cases;
+    int32_t n_cases;  /* run (may be fewer than loaded) */
+    int32_t n_loaded;
     tl_tokenizer *tok;
 } tl_recall_suite;
 

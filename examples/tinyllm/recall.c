@@ -136,7 +136,7 @@ static int32_t last_mention(const int32_t *ids, int32_t n, const int32_t *name, 
 }
 
 void tl_recall_free(tl_recall_suite *s) {
-    for (int32_t i = 0; i < s->n_cases; i++) {
+    for (int32_t i = 0; i < s->n_loaded; i++) {
         free(s->cases[i].tok);
         free(s->cases[i].session_start);
     }
@@ -171,6 +171,7 @@ int tl_recall_load(tl_recall_suite *s, const char *path, const char *tok_path, c
         int32_t k = f.counts[i % f.n_counts], cap = 0, n = 0, *ids = NULL;
         snprintf(c->id, sizeof c->id, "%.32s-%d", f.intro[i].name, k);
         snprintf(c->name, sizeof c->name, "%s", f.intro[i].name);
+        s->n_loaded = i + 1; /* freed from here on, even if it fails half-built */
         c->session_start = malloc((size_t)(k + 1) * sizeof(int32_t));
         if (!c->session_start) {
             rc = tl_errf(err, err_size, "out of memory");
@@ -200,7 +201,7 @@ int tl_recall_load(tl_recall_suite *s, const char *path, const char *tok_path, c
             break;
         }
         c->distance = c->n_hist + c->n_prompt - at;
-        s->n_cases = i + 1;
+        s->n_cases = s->n_loaded = i + 1;
     }
     rc_file_free(&f);
     if (rc) tl_recall_free(s);

@@ -217,13 +217,14 @@ if grep -q "saved the agent" "$tmp/t1.txt"; then
 fi
 # sanitizer builds ($6) run one budget: the same code, a fraction of the time
 extra=()
-if [ -n "${6:-}" ]; then extra=(--budgets 32); fi
+min_cases=40
+if [ -n "${6:-}" ]; then extra=(--budgets 32 --turns 3 --recall-cases 6); min_cases=6; fi
 recall=()
 if [ -f "$tok" ]; then recall=(--recall "$src/examples/tinyllm/recall-stories.txt" --tokenizer "$tok"); fi
 "$exe" eval "$model" --quick "${extra[@]}" ${recall[@]+"${recall[@]}"} \
   --json "$tmp/eval.json" --md "$tmp/eval.md" --quiet
 cat "$tmp/eval.md"
-python3 - "$tmp/eval.json" <<'PY'
+python3 - "$tmp/eval.json" "$min_cases" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = {(r["method"], r["budget"], r["budget_share"]): r for r in d["results"]}
@@ -246,7 +247,7 @@ for r in d["results"]:
 rec = d.get("recall")
 if rec is None:
     print("note: no tokenizer, the recall suite was not run"); sys.exit(0)
-assert rec["cases"] >= 40, rec["cases"]
+assert rec["cases"] >= int(sys.argv[2]), rec["cases"]
 methods = {r["method"] for r in d["results"]}
 assert methods == {r["method"] for r in rec["rows"]}, "every method runs the recall suite"
 for r in rec["rows"]:
