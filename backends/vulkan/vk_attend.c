@@ -138,8 +138,10 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     for (uint64_t sent = 0; st == KVMEM_OK && r == VK_SUCCESS && sent < n_dispatch;) {
         const uint32_t n = (uint32_t)(n_dispatch - sent < ATTEND_PER_SUBMIT ? n_dispatch - sent : ATTEND_PER_SUBMIT);
         if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;
-        r = kvm_vk_record_repeat(v, kern, bind, KVM_DA_N + 1, sent == 0 ? push_first : NULL, push, sizeof push,
-                                 groups, n);
+        r = kvm_vk_bind(v, kern, bind, KVM_DA_N + 1, sizeof push);
+        for (uint32_t i = 0; r == VK_SUCCESS && i < n; i++)
+            r = kvm_vk_dispatch(v, kern, sent + i == 0 ? push_first : push, sizeof push, groups[0], groups[1],
+                                groups[2]);
         if (r != VK_SUCCESS) {
             v->vk.vkEndCommandBuffer(v->cmd);
             break;

@@ -24,8 +24,8 @@ static const struct {
     /* -- persistence and eviction -- */
     [KVM_VK_QUANTIZE] = {"quantize", 3, 13 * 4},
     [KVM_VK_DEQUANTIZE] = {"dequantize", 2, 12 * 4},
-    [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 10 * 4},
-    [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 10 * 4},
+    [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 16 * 4},
+    [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 16 * 4},
 
     /* -- attention -- */
     [KVM_VK_ATTEND] = {"attend", 8, 23 * 4},
@@ -125,8 +125,7 @@ VkResult kvm_vk_submit_wait(kvm_vk *v, int timed) {
     return r;
 }
 
-/* Bind kernel k's pipeline and one descriptor set holding bufs (in order). */
-static VkResult bind(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+VkResult kvm_vk_bind(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
                      uint32_t push_size) {
     kvm_vk_pipeline *p = &v->pipes[k];
     VkResult r;
@@ -151,33 +150,25 @@ static VkResult bind(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs
     return VK_SUCCESS;
 }
 
-static void dispatch(kvm_vk *v, kvm_vk_kernel k, const void *push, uint32_t push_size, uint32_t gx, uint32_t gy,
-                     uint32_t gz) {
+static int groups_ok(const kvm_vk *v, uint32_t gx, uint32_t gy, uint32_t gz) {
+    const uint32_t *lim = v->props.limits.maxComputeWorkGroupCount;
+    return gx && gy && gz && gx <= lim[0] && gy <= lim[1] && gz <= lim[2];
+}
+
+VkResult kvm_vk_dispatch(kvm_vk *v, kvm_vk_kernel k, const void *push, uint32_t push_size, uint32_t gx, uint32_t gy,
+                         uint32_t gz) {
+    if (!groups_ok(v, gx, gy, gz)) return VK_ERROR_TOO_MANY_OBJECTS;
     v->vk.vkCmdPushConstants(v->cmd, v->pipes[k].layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
     v->vk.vkCmdDispatch(v->cmd, gx, gy, gz);
     kvm_vk_barrier(v);
+    return VK_SUCCESS;
 }
 
 static VkResult record(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
                        const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
-    VkResult r = bind(v, k, bufs, n_bufs, push_size);
-    if (r == VK_SUCCESS) dispatch(v, k, push, push_size, gx, gy, gz);
-    return r;
-}
-
-static int groups_ok(const kvm_vk *v, const uint32_t g[3]) {
-    const uint32_t *lim = v->props.limits.maxComputeWorkGroupCount;
-    return g[0] && g[1] && g[2] && g[0] <= lim[0] && g[1] <= lim[1] && g[2] <= lim[2];
-}
-
-VkResult kvm_vk_record_repeat(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
-                              const void *push_first, const void *push, uint32_t push_size, const uint32_t groups[3],
-                              uint32_t n) {
-    if (!groups_ok(v, groups)) return VK_ERROR_TOO_MANY_OBJECTS;
-    VkResult r = bind(v, k, bufs, n_bufs, push_size);
-    for (uint32_t i = 0; r == VK_SUCCESS && i < n; i++)
-        dispatch(v, k, i == 0 && push_first ? push_first : push, push_size, groups[0], groups[1], groups[2]);
-    return r;
+    if (!groups_ok(v, gx, gy, gz)) return VK_ERROR_TOO_MANY_OBJECTS;
+    VkResult r = kvm_vk_bind(v, k, bufs, n_bufs, push_size);
+    return r == VK_SUCCESS ? kvm_vk_dispatch(v, k, push, push_size, gx, gy, gz) : r;
 }
 
 uint32_t kvm_vk_loop_budget(void) {
@@ -189,8 +180,6 @@ uint32_t kvm_vk_loop_budget(void) {
 
 VkResult kvm_vk_record_dispatch3(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
                                  const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
-    const uint32_t g[3] = {gx, gy, gz};
-    if (!groups_ok(v, g)) return VK_ERROR_TOO_MANY_OBJECTS;
     return record(v, k, bufs, n_bufs, push, push_size, gx, gy, gz);
 }
 

@@ -135,13 +135,15 @@ VkResult kvm_vk_record_dispatch(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *
 /* The same with an explicit 3-D group count (tiled kernels). */
 VkResult kvm_vk_record_dispatch3(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
                                  const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
-/* Record kernel k n times over groups[3] on one descriptor set, a barrier
- * after each: the first dispatch gets push_first (when not NULL), the others
- * push. For kernels that carry their state in a buffer from one dispatch to
- * the next, to stay within the loop budget. */
-VkResult kvm_vk_record_repeat(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
-                              const void *push_first, const void *push, uint32_t push_size, const uint32_t groups[3],
-                              uint32_t n);
+/* Bind kernel k's pipeline and one descriptor set holding bufs, in order
+ * (one of the pool's sets until the submission is waited for). */
+VkResult kvm_vk_bind(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                     uint32_t push_size);
+/* Record one dispatch of the bound kernel k with these push constants, then
+ * a barrier: a kernel that runs many dispatches on one set (to stay within
+ * the loop budget) binds once and dispatches many times. */
+VkResult kvm_vk_dispatch(kvm_vk *v, kvm_vk_kernel k, const void *push, uint32_t push_size, uint32_t gx, uint32_t gy,
+                         uint32_t gz);
 /* KVM_VK_LOOP_BUDGET, or KVMEM_VULKAN_LOOP_BUDGET when set lower. */
 uint32_t kvm_vk_loop_budget(void);
 /* Run one recorded dispatch as a timed submission: takes v->mu, checks
