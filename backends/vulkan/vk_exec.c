@@ -17,8 +17,8 @@ static const struct {
     [KVM_VK_AABB_SCORE] = {"aabb_score", 4, 14 * 4},
     [KVM_VK_GATHER_ROPE] = {"gather_rope", 4, 12 * 4},
     /* -- retrieval -- */
-    [KVM_VK_SCORE_REDUCE] = {"score_reduce", 2, 11 * 4},
-    [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 11 * 4},
+    [KVM_VK_SCORE_REDUCE] = {"score_reduce", 2, 16 * 4},
+    [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 16 * 4},
     [KVM_VK_TOPK] = {"topk", 3, 7 * 4},
 
     /* -- persistence and eviction -- */
