@@ -1,17 +1,46 @@
-/* dev_attend on Vulkan (shaders/attend.comp): one workgroup per KV head,
- * the probe reduced with subgroup operations where the device has them.
+/* dev_attend on Vulkan (shaders/attend.comp): one workgroup per KV head, the
+ * probe reduced with subgroup operations where the device has them.
  * Arguments are checked exactly like the CPU reference (attend/attend_dev.h);
  * what only device memory holds (slot ids >= n_slots, tile ids outside
- * [0, n_tiles)) is skipped by the shader, never read. */
+ * [0, n_tiles)) is skipped by the shader, never read.
+ *
+ * A visit is a series of dispatches of at most max_steps chunks each, so
+ * that no invocation runs more than the loop budget (vk_internal.h) in one
+ * dispatch: the streams' state goes from one dispatch to the next through a
+ * buffer. Dispatches are submitted ATTEND_PER_SUBMIT at a time, and the
+ * series ends early once every stream has stopped. */
 #include "vk_internal.h"
 #include "attend/attend_dev.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-/* The shader keeps G * head_dim accumulator elements in 32 registers per
- * invocation of a 128-wide workgroup. */
-#define KVM_VK_ATTEND_MAX_N 4096
+/* The shader keeps G * head_dim accumulator elements in ACC_PER registers
+ * per invocation of a 128-wide workgroup. */
+#define ACC_PER 32u
+#define KVM_VK_ATTEND_MAX_N (ACC_PER * KVM_VK_WG)
 #define KVM_VK_ATTEND_MAX_G 128
+#define ATTEND_STATE_HEAD 8u /* words before m in a stream's state record (attend.comp's S_M) */
+#define ATTEND_PROBE 32u
+#define ATTEND_PER_SUBMIT 64u
+
+/* Loop iterations one invocation of attend.comp runs in one step (one chunk
+ * of a tile, then the probe and the rule when the chunk ends the tile):
+ * every loop at its largest trip count plus one for the exit test, a loop
+ * whose lanes are all masked off as one iteration. The shader's loops, in
+ * order; wg_sum: the iterations of one workgroup sum. */
+static uint64_t step_iters(uint64_t G, uint64_t D, uint64_t wg_sum) {
+    const uint64_t C = KVM_VK_WG / G, used = (G * D + KVM_VK_WG - 1) / KVM_VK_WG; /* accumulator slots in use */
+    return 1                                /* the step loop */
+           + 8                              /* pow2_ceil of a chunk of at most 128 */
+           + (D + 1)                        /* the dot product */
+           + 2 * 8                          /* the max and sum trees, 7 levels each */
+           + (ACC_PER + 1) + used * (C + 1) /* the accumulator: the chunk's positions per slot in use */
+           + (ACC_PER + 1)                  /* the probe's gather */
+           + 2 * wg_sum;                    /* two workgroup sums */
+}
+/* Per dispatch, outside the steps: the state loaded and saved, the output. */
+#define ATTEND_FIXED_ITERS (3u * (ACC_PER + 1u))
 
 kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) {
     kvm_vk *v = be->impl;
@@ -25,7 +54,7 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     const int64_t G = a->n_q_heads / a->n_kv_heads, N = G * a->head_dim;
     if (G > KVM_VK_ATTEND_MAX_G || N > KVM_VK_ATTEND_MAX_N)
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
-                           "dev_attend: vulkan runs up to %d query heads per KV head and G * head_dim <= %d "
+                           "dev_attend: vulkan runs up to %d query heads per KV head and G * head_dim <= %u "
                            "(head_dim <= 256 with G <= 16); got G %lld, head_dim %d",
                            KVM_VK_ATTEND_MAX_G, KVM_VK_ATTEND_MAX_N, (long long)G, a->head_dim);
     const size_t es = a->dtype == KVMEM_F32 ? 4 : 2;
@@ -36,8 +65,36 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     if ((uint64_t)a->n_kv_heads > v->props.limits.maxComputeWorkGroupCount[0])
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_attend: %d KV heads exceed this device's dispatch limit",
                            a->n_kv_heads);
+    /* the state: [n_kv] done flags, then per stream a record of
+     * ATTEND_STATE_HEAD words, m [G], l [G], the previous probe, acc [N] */
+    const uint64_t H = (uint64_t)a->n_kv_heads;
+    const uint64_t state_bytes = H * (1 + ATTEND_STATE_HEAD + 2 * (uint64_t)G + ATTEND_PROBE + (uint64_t)N) * 4;
+    if (state_bytes > v->props.limits.maxStorageBufferRange)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_attend: %d KV heads x %lld outputs exceed this device's "
+                           "storage buffer range (%u bytes)", a->n_kv_heads, (long long)N,
+                           v->props.limits.maxStorageBufferRange);
+    for (int i = 0; i < KVM_DA_N; i++)
+        if (bufs[i] && bufs[i]->cap > v->props.limits.maxStorageBufferRange)
+            return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                               "vulkan dev_attend: a buffer of %llu bytes exceeds this device's storage buffer range (%u)",
+                               (unsigned long long)bufs[i]->cap, v->props.limits.maxStorageBufferRange);
+
+    /* steps: every entry of the order is at most ceil(min(tile, n_pos) / C)
+     * chunks (an id the shader skips is one step) */
     const int64_t n_tiles = (a->n_pos + a->tile - 1) / a->tile;
-    uint32_t push[21];
+    const uint64_t C = KVM_VK_WG / (uint64_t)G;
+    const uint64_t tile_len = (uint64_t)(a->tile < a->n_pos ? a->tile : a->n_pos);
+    const uint64_t steps = (uint64_t)a->n_visit * ((tile_len + C - 1) / C);
+    const kvm_vk_kernel kern = v->subgroup_ops ? KVM_VK_ATTEND_SG : KVM_VK_ATTEND;
+    const uint64_t wg_sum = v->subgroup_ops ? KVM_VK_WG / v->subgroup_size + 1 : 8;
+    const uint64_t per_step = step_iters((uint64_t)G, (uint64_t)a->head_dim, wg_sum);
+    const uint32_t budget = kvm_vk_loop_budget();
+    uint64_t max_steps = budget > ATTEND_FIXED_ITERS ? (budget - ATTEND_FIXED_ITERS) / per_step : 0;
+    if (max_steps < 1) max_steps = 1;
+    if (max_steps > steps) max_steps = steps > 0 ? steps : 1;
+    const uint64_t n_dispatch = steps > 0 ? (steps + max_steps - 1) / max_steps : 1;
+
+    uint32_t push[23];
     push[0] = (uint32_t)a->n_slots;
     push[1] = (uint32_t)a->n_pos;
     push[2] = (uint32_t)a->n_kv_heads;
@@ -59,10 +116,51 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     push[18] = (uint32_t)(a->order_off / 4);
     push[19] = (uint32_t)(a->out_off / 4);
     push[20] = (uint32_t)(a->visited_off / 4);
+    push[21] = 0; /* first */
+    push[22] = (uint32_t)max_steps;
+    uint32_t push_first[23];
+    memcpy(push_first, push, sizeof push);
+    push_first[21] = 1;
+
+    uint32_t *done = malloc((size_t)H * sizeof *done);
+    if (!done) return kvm_vk_fail(v, KVMEM_ERR_NOMEM, "dev_attend: out of host memory");
+    pthread_mutex_lock(&v->mu);
+    kvmem_buffer *state = NULL;
+    kvmem_status st = kvm_vk_buffer_create(v, (size_t)state_bytes, 1, &state);
     /* NULL slot_map / order (nothing to read): bind q in their place */
-    const kvmem_buffer *bind[KVM_DA_N];
+    const kvmem_buffer *bind[KVM_DA_N + 1];
     for (int i = 0; i < KVM_DA_N; i++) bind[i] = bufs[i] ? bufs[i] : a->q;
+    bind[KVM_DA_N] = state;
     const uint32_t groups[3] = {(uint32_t)a->n_kv_heads, 1, 1};
-    const kvm_vk_kernel k = v->subgroup_ops ? KVM_VK_ATTEND_SG : KVM_VK_ATTEND;
-    return kvm_vk_run(v, "dev_attend", k, bind, KVM_DA_N, push, sizeof push, 0, groups);
+    VkResult r = VK_SUCCESS;
+    double seconds = 0;
+    int timed = 1;
+    for (uint64_t sent = 0; st == KVMEM_OK && r == VK_SUCCESS && sent < n_dispatch;) {
+        const uint32_t n = (uint32_t)(n_dispatch - sent < ATTEND_PER_SUBMIT ? n_dispatch - sent : ATTEND_PER_SUBMIT);
+        if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;
+        r = kvm_vk_bind(v, kern, bind, KVM_DA_N + 1, sizeof push);
+        for (uint32_t i = 0; r == VK_SUCCESS && i < n; i++)
+            r = kvm_vk_dispatch(v, kern, sent + i == 0 ? push_first : push, sizeof push, groups[0], groups[1],
+                                groups[2]);
+        if (r != VK_SUCCESS) {
+            v->vk.vkEndCommandBuffer(v->cmd);
+            break;
+        }
+        if ((r = kvm_vk_submit_wait(v, 1)) != VK_SUCCESS) break;
+        if (v->last_op_seconds >= 0) seconds += v->last_op_seconds;
+        else timed = 0;
+        sent += n;
+        if (sent < n_dispatch && (st = kvm_vk_download(v, state, 0, done, (size_t)H * 4)) == KVMEM_OK) {
+            uint64_t g = 0;
+            while (g < H && done[g]) g++;
+            if (g == H) break; /* every stream stopped: the rest would do nothing */
+        }
+    }
+    v->last_op_seconds = timed ? seconds : -1;
+    kvm_vk_buffer_destroy(v, state);
+    pthread_mutex_unlock(&v->mu);
+    free(done);
+    if (st != KVMEM_OK) return st;
+    return r == VK_SUCCESS ? KVMEM_OK
+                           : kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_attend failed (%s)", kvm_vk_result_str(r));
 }

@@ -4,6 +4,7 @@
 #include "vk_internal.h"
 #include "vk_shaders.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static const struct {
@@ -16,19 +17,19 @@ static const struct {
     [KVM_VK_AABB_SCORE] = {"aabb_score", 4, 14 * 4},
     [KVM_VK_GATHER_ROPE] = {"gather_rope", 4, 12 * 4},
     /* -- retrieval -- */
-    [KVM_VK_SCORE_REDUCE] = {"score_reduce", 2, 11 * 4},
-    [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 11 * 4},
+    [KVM_VK_SCORE_REDUCE] = {"score_reduce", 2, 16 * 4},
+    [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 16 * 4},
     [KVM_VK_TOPK] = {"topk", 3, 7 * 4},
 
     /* -- persistence and eviction -- */
     [KVM_VK_QUANTIZE] = {"quantize", 3, 13 * 4},
     [KVM_VK_DEQUANTIZE] = {"dequantize", 2, 12 * 4},
-    [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 10 * 4},
-    [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 10 * 4},
+    [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 16 * 4},
+    [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 16 * 4},
 
     /* -- attention -- */
-    [KVM_VK_ATTEND] = {"attend", 7, 21 * 4},
-    [KVM_VK_ATTEND_SG] = {"attend_sg", 7, 21 * 4},
+    [KVM_VK_ATTEND] = {"attend", 8, 23 * 4},
+    [KVM_VK_ATTEND_SG] = {"attend_sg", 8, 23 * 4},
 
 };
 
@@ -124,8 +125,8 @@ VkResult kvm_vk_submit_wait(kvm_vk *v, int timed) {
     return r;
 }
 
-static VkResult record(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
-                       const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+VkResult kvm_vk_bind(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                     uint32_t push_size) {
     kvm_vk_pipeline *p = &v->pipes[k];
     VkResult r;
     if (!p->pipe && (r = pipeline_create(v, k)) != VK_SUCCESS) {
@@ -146,16 +147,39 @@ static VkResult record(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bu
     v->vk.vkUpdateDescriptorSets(v->dev, n_bufs, w, 0, NULL);
     v->vk.vkCmdBindPipeline(v->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipe);
     v->vk.vkCmdBindDescriptorSets(v->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, NULL);
-    v->vk.vkCmdPushConstants(v->cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
+    return VK_SUCCESS;
+}
+
+static int groups_ok(const kvm_vk *v, uint32_t gx, uint32_t gy, uint32_t gz) {
+    const uint32_t *lim = v->props.limits.maxComputeWorkGroupCount;
+    return gx && gy && gz && gx <= lim[0] && gy <= lim[1] && gz <= lim[2];
+}
+
+VkResult kvm_vk_dispatch(kvm_vk *v, kvm_vk_kernel k, const void *push, uint32_t push_size, uint32_t gx, uint32_t gy,
+                         uint32_t gz) {
+    if (!groups_ok(v, gx, gy, gz)) return VK_ERROR_TOO_MANY_OBJECTS;
+    v->vk.vkCmdPushConstants(v->cmd, v->pipes[k].layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
     v->vk.vkCmdDispatch(v->cmd, gx, gy, gz);
     kvm_vk_barrier(v);
     return VK_SUCCESS;
 }
 
+static VkResult record(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                       const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+    if (!groups_ok(v, gx, gy, gz)) return VK_ERROR_TOO_MANY_OBJECTS;
+    VkResult r = kvm_vk_bind(v, k, bufs, n_bufs, push_size);
+    return r == VK_SUCCESS ? kvm_vk_dispatch(v, k, push, push_size, gx, gy, gz) : r;
+}
+
+uint32_t kvm_vk_loop_budget(void) {
+    const char *e = getenv("KVMEM_VULKAN_LOOP_BUDGET");
+    char *end = NULL;
+    unsigned long x = e ? strtoul(e, &end, 10) : 0;
+    return e && end && *end == 0 && x > 0 && x < KVM_VK_LOOP_BUDGET ? (uint32_t)x : KVM_VK_LOOP_BUDGET;
+}
+
 VkResult kvm_vk_record_dispatch3(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
                                  const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
-    const uint32_t *lim = v->props.limits.maxComputeWorkGroupCount;
-    if (gx == 0 || gy == 0 || gz == 0 || gx > lim[0] || gy > lim[1] || gz > lim[2]) return VK_ERROR_TOO_MANY_OBJECTS;
     return record(v, k, bufs, n_bufs, push, push_size, gx, gy, gz);
 }
 

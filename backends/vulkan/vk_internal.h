@@ -13,6 +13,19 @@
 
 #define KVM_VK_WG 128u /* workgroup size of every shader (common.glsl) */
 
+/* Loop iterations one shader invocation may run in one dispatch. Mesa's
+ * llvmpipe (lavapipe, which the tests run on) counts the iterations of all
+ * the loops of an invocation against one shared limit of 65535
+ * (LP_MAX_TGSI_LOOP_ITERATIONS) and, past it, ends every loop after one
+ * iteration, with no error; and as soon as the first SIMD batch of a
+ * workgroup returns, it abandons the others, which never write. A kernel
+ * whose loops grow with the input (attention over a long history) splits
+ * its work into dispatches that stay within this budget, a quarter of that
+ * limit; short dispatches also keep a GPU's watchdog away.
+ * KVMEM_VULKAN_LOOP_BUDGET lowers it (tests use it to reach many dispatches
+ * on small inputs). */
+#define KVM_VK_LOOP_BUDGET 16384u
+
 /* Pipelines, one per shader; created on first use. */
 typedef enum kvm_vk_kernel {
     KVM_VK_CONVERT,
@@ -122,6 +135,17 @@ VkResult kvm_vk_record_dispatch(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *
 /* The same with an explicit 3-D group count (tiled kernels). */
 VkResult kvm_vk_record_dispatch3(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
                                  const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
+/* Bind kernel k's pipeline and one descriptor set holding bufs, in order
+ * (one of the pool's sets until the submission is waited for). */
+VkResult kvm_vk_bind(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs, uint32_t n_bufs,
+                     uint32_t push_size);
+/* Record one dispatch of the bound kernel k with these push constants, then
+ * a barrier: a kernel that runs many dispatches on one set (to stay within
+ * the loop budget) binds once and dispatches many times. */
+VkResult kvm_vk_dispatch(kvm_vk *v, kvm_vk_kernel k, const void *push, uint32_t push_size, uint32_t gx, uint32_t gy,
+                         uint32_t gz);
+/* KVM_VK_LOOP_BUDGET, or KVMEM_VULKAN_LOOP_BUDGET when set lower. */
+uint32_t kvm_vk_loop_budget(void);
 /* Run one recorded dispatch as a timed submission: takes v->mu, checks
  * buffer ranges against the device limit; op names the op in messages. */
 kvmem_status kvm_vk_run(kvm_vk *v, const char *op, kvm_vk_kernel k, const kvmem_buffer *const *bufs,

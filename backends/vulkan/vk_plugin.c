@@ -162,6 +162,13 @@ static kvmem_status vk_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, s
         return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "aabb_build: vulkan needs offsets that are multiples of 4 bytes");
     if (!fits_u32(keys_off / 4 + in_el) || !fits_u32(out_off / 4 + n_groups * dim))
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "aabb_build: sizes exceed the shaders' 32-bit indices");
+    /* one invocation reduces ceil(items / (4096 groups x 128)) columns of n_rows
+     * rows: past the loop budget (vk_internal.h) lavapipe would cut it short */
+    const uint64_t per_inv = ((uint64_t)n_groups * dim + 4096 * KVM_VK_WG - 1) / (4096 * KVM_VK_WG);
+    if (per_inv * ((uint64_t)n_rows + 2) > KVM_VK_LOOP_BUDGET)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                           "aabb_build: %zu groups of %zu rows x %zu take one vulkan invocation past its loop budget",
+                           n_groups, n_rows, dim);
     uint32_t push[6] = {(uint32_t)n_groups, (uint32_t)group_stride, (uint32_t)n_rows, (uint32_t)dim,
                         (uint32_t)(keys_off / 4), (uint32_t)(out_off / 4)};
     const kvmem_buffer *bufs[3] = {keys, out_min, out_max};

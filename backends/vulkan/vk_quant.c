@@ -71,6 +71,16 @@ kvmem_status kvm_vk_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "quantize: %zu x %zu exceeds the shaders' 32-bit indices", n, dim);
     size_t pw = (q.n_params + 1) / 2;
     size_t n_code_words = q.mode == 0 ? (n * dim + 3) / 4 : n * ((dim + 7) / 8);
+    /* One invocation's loops (grid-stride over at most 4096 groups): pass 0
+     * reads each of its parameter pairs' values (a group, or a KIVI key
+     * channel's n rows), pass 1 packs words of up to 8 codes. Past the loop
+     * budget (vk_internal.h) lavapipe would cut it short: refused. */
+    const uint64_t cnt = q.mode == 2 ? n : q.group, per_inv0 = (pw + 4096 * KVM_VK_WG - 1) / (4096 * KVM_VK_WG);
+    const uint64_t words = n_code_words + (q.mode == 0 ? pw : 2 * pw);
+    const uint64_t per_inv1 = (words + 4096 * KVM_VK_WG - 1) / (4096 * KVM_VK_WG);
+    if (per_inv0 * 2 * (cnt + 64) > KVM_VK_LOOP_BUDGET || per_inv1 * 10 > KVM_VK_LOOP_BUDGET)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                           "quantize: %zu rows x %zu take one vulkan invocation past its loop budget", n, dim);
     kvmem_buffer *tmp = NULL;
     const kvmem_buffer *bufs[3] = {src, dst, NULL};
     if ((st = check_limit(v, op, bufs, 2)) != KVMEM_OK) return st;

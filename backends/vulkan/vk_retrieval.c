@@ -108,8 +108,18 @@ static size_t score_scratch_bytes(void) {
     return e && end && *end == 0 && x > 0 && x < DEV_SCORE_SCRATCH_BYTES ? (size_t)x : DEV_SCORE_SCRATCH_BYTES;
 }
 
-/* Descriptor sets per submission (vk_device.c's pool) / dispatches per chunk. */
+/* Descriptor sets per submission (vk_device.c's pool) / sets per chunk (the
+ * GEMM's, score_reduce's). */
 #define DEV_SCORE_CHUNKS_PER_SUBMIT 5
+
+/* Loop iterations of score_reduce.comp per invocation, each loop at its
+ * largest trip count plus one for the exit test: phase 0 per row (the row
+ * loop, two passes over the row's 128-block tiles, two workgroup
+ * reductions); phase 2 per 128-block tile of a rank range (the tile loop,
+ * 128 comparisons); phase 1 per token (the aggregation loop). */
+static uint64_t score_row_iters(uint64_t jt, uint64_t wg_red) { return 1 + 2 * (jt + 1) + 2 * wg_red + 4; }
+#define SCORE_RANK_TILE_ITERS (2u + KVM_VK_WG)
+#define SCORE_ITEM_FIXED 4u /* per work item of phases 1 and 2, outside their loops */
 
 kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     kvm_vk *v = impl(be);
@@ -118,6 +128,7 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     if (st != KVMEM_OK) return kvm_vk_fail(v, st, "%s", msg);
     const size_t L = (size_t)a->n_layers, Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads;
     const size_t D = (size_t)a->head_dim, NB = (size_t)a->n_blocks, NQ = (size_t)a->n_q, batch = L * Hq;
+    const int rr = a->norm == KVMEM_NORM_RR;
     /* element extents (their byte sizes were checked against the buffers) */
     if (a->q_off / 4 + NQ * batch * D > UINT32_MAX || a->s_off / 4 + NB * L * Hkv * D > UINT32_MAX ||
         a->out_off / 4 + batch * NB > UINT32_MAX)
@@ -125,26 +136,46 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     const kvmem_buffer *in[4] = {a->q, a->s_min, a->s_max, a->out};
     if ((st = check_bind(v, "dev_score", in, 4)) != KVMEM_OK) return st;
     size_t cap = KVM_MIN(score_scratch_bytes(), (size_t)v->props.limits.maxStorageBufferRange);
+    /* scratch per token: scores [batch][NB], stats [batch][2], RR ranks [batch][NB] */
     size_t per_tok, t;
-    if (!kvm_mul_size(batch, NB + 2, &t) || !kvm_mul_size(t, 4, &per_tok) ||
+    if (!kvm_mul_size(batch, (rr ? 2 * NB : NB) + 2, &t) || !kvm_mul_size(t, 4, &per_tok) ||
         per_tok > (size_t)v->props.limits.maxStorageBufferRange || t > UINT32_MAX)
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
                            "dev_score: %zu blocks x %zu query-head slices exceed this device's storage buffer range (%u bytes)",
                            NB, batch, v->props.limits.maxStorageBufferRange);
-    const size_t tn = KVM_MAX((size_t)1, KVM_MIN(NQ, cap / per_tok));
     const uint32_t *lim = v->props.limits.maxComputeWorkGroupCount;
+    const uint64_t lim_x = KVM_MIN(lim[0], 65535u), jt = (NB + KVM_VK_WG - 1) / KVM_VK_WG;
+    /* the loop budget bounds the rows of a chunk: phase 0 takes
+     * ceil(rows / lim_x) rows per workgroup, phase 2 ceil(rows jt / lim_x)
+     * (row, tile) items, each counting at least one tile per dispatch.
+     * Only the full budget can refuse (a lowered one is a test's). */
+    const uint32_t budget = kvm_vk_loop_budget();
+    const uint64_t wg_red = v->subgroup_ops ? KVM_VK_WG / v->subgroup_size + 1 : 8;
+    const uint64_t item_iters = rr ? SCORE_ITEM_FIXED + SCORE_RANK_TILE_ITERS : score_row_iters(jt, wg_red);
+    const uint64_t per_group = KVM_MAX((uint64_t)1, (budget - 1) / item_iters);
+    const uint64_t rows_max = rr ? per_group * lim_x / jt : per_group * lim_x;
+    if ((KVM_VK_LOOP_BUDGET - 1) / item_iters == 0 || batch > KVM_MAX(rows_max, (uint64_t)1))
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                           "dev_score: %zu blocks x %zu query-head slices exceed what vulkan dispatches may loop over",
+                           NB, batch);
+    size_t tn = KVM_MAX((size_t)1, KVM_MIN(NQ, cap / per_tok));
+    tn = KVM_MAX((size_t)1, KVM_MIN(tn, (size_t)(rows_max / batch)));
     if ((NB + 15) / 16 > lim[0] || (tn + 15) / 16 > lim[1] || batch > lim[2])
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: %zu tokens x %zu blocks x %zu slices exceed this device's dispatch limits",
                            tn, NB, batch);
+    /* phase 1: tokens per dispatch */
+    const uint64_t g1 = KVM_MIN(batch * jt, lim_x), per_g1 = (batch * jt + g1 - 1) / g1;
+    const uint64_t nt1 = budget / per_g1 > SCORE_ITEM_FIXED + 1 ? budget / per_g1 - SCORE_ITEM_FIXED : 1;
     kvmem_buffer *scratch = NULL;
     if ((st = kvm_vk_buffer_create(v, tn * per_tok, 1, &scratch)) != KVMEM_OK) return st;
     const kvm_vk_kernel reduce = v->subgroup_ops ? KVM_VK_SCORE_REDUCE_SG : KVM_VK_SCORE_REDUCE;
-    const uint32_t lim_x = KVM_MIN(lim[0], 65535u);
     float tau = a->tau, rr_c = a->rr_c;
     uint32_t taub, rrb;
     memcpy(&taub, &tau, 4);
     memcpy(&rrb, &rr_c, 4);
     VkResult r = VK_SUCCESS;
+    double seconds = 0;
+    int timed = 1;
     pthread_mutex_lock(&v->mu);
     for (size_t t0 = 0; t0 < NQ && r == VK_SUCCESS;) {
         if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;
@@ -157,21 +188,45 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
             const kvmem_buffer *gb[4] = {a->q, a->s_min, a->s_max, scratch};
             r = kvm_vk_record_dispatch3(v, KVM_VK_AABB_SCORE, gb, 4, gemm, sizeof gemm, (uint32_t)((NB + 15) / 16),
                                         (uint32_t)((tc + 15) / 16), (uint32_t)batch);
-            uint32_t red[11] = {0u, (uint32_t)NB, (uint32_t)batch, (uint32_t)tc, a->norm == KVMEM_NORM_RR,
-                                a->agg == KVMEM_AGG_SUM, taub, rrb, (uint32_t)(a->out_off / 4), t0 == 0,
-                                (uint32_t)(rows * NB)};
+            uint32_t red[16] = {0u, (uint32_t)NB, (uint32_t)batch, (uint32_t)tc, (uint32_t)rr,
+                                a->agg == KVMEM_AGG_SUM, taub, rrb, (uint32_t)(a->out_off / 4), 0u,
+                                (uint32_t)(rows * NB), 0u, 0u, 0u, 0u, (uint32_t)(rows * NB + 2 * rows)};
             const kvmem_buffer *rb[2] = {scratch, a->out};
-            if (r == VK_SUCCESS && a->norm == KVMEM_NORM_SOFTMAX)
-                r = kvm_vk_record_dispatch3(v, reduce, rb, 2, red, sizeof red, (uint32_t)KVM_MIN(rows, lim_x), 1, 1);
+            if (r == VK_SUCCESS) r = kvm_vk_bind(v, reduce, rb, 2, sizeof red);
+            if (r == VK_SUCCESS && !rr)
+                r = kvm_vk_dispatch(v, reduce, red, sizeof red, (uint32_t)KVM_MIN(rows, lim_x), 1, 1);
+            if (rr) { /* ranks over ranges of blocks */
+                const uint64_t g2 = KVM_MIN(rows * jt, lim_x), per_g2 = (rows * jt + g2 - 1) / g2;
+                const uint64_t room = (budget - 1) / per_g2;
+                const uint64_t tiles = room > SCORE_ITEM_FIXED + SCORE_RANK_TILE_ITERS
+                                           ? (room - SCORE_ITEM_FIXED) / SCORE_RANK_TILE_ITERS
+                                           : 1;
+                red[0] = 2u;
+                for (uint64_t i0 = 0; r == VK_SUCCESS && i0 < NB; i0 += tiles * KVM_VK_WG) {
+                    red[13] = (uint32_t)i0;
+                    red[14] = (uint32_t)KVM_MIN((uint64_t)NB, i0 + tiles * KVM_VK_WG);
+                    r = kvm_vk_dispatch(v, reduce, red, sizeof red, (uint32_t)g2, 1, 1);
+                }
+            }
             red[0] = 1u;
-            size_t tiles = batch * ((NB + KVM_VK_WG - 1) / KVM_VK_WG);
-            if (r == VK_SUCCESS)
-                r = kvm_vk_record_dispatch3(v, reduce, rb, 2, red, sizeof red, (uint32_t)KVM_MIN(tiles, lim_x), 1, 1);
+            for (uint64_t u0 = 0; r == VK_SUCCESS && u0 < tc; u0 += nt1) {
+                red[9] = t0 == 0 && u0 == 0;
+                red[11] = (uint32_t)u0;
+                red[12] = (uint32_t)KVM_MIN((uint64_t)tc, u0 + nt1);
+                r = kvm_vk_dispatch(v, reduce, red, sizeof red, (uint32_t)g1, 1, 1);
+            }
             t0 += tc;
         }
-        if (r == VK_SUCCESS) r = kvm_vk_submit_wait(v, 1);
-        else v->vk.vkEndCommandBuffer(v->cmd);
+        if (r == VK_SUCCESS) {
+            if ((r = kvm_vk_submit_wait(v, 1)) == VK_SUCCESS) {
+                if (v->last_op_seconds >= 0) seconds += v->last_op_seconds;
+                else timed = 0;
+            }
+        } else {
+            v->vk.vkEndCommandBuffer(v->cmd);
+        }
     }
+    if (r == VK_SUCCESS) v->last_op_seconds = timed ? seconds : -1;
     kvm_vk_buffer_destroy(v, scratch);
     pthread_mutex_unlock(&v->mu);
     return r == VK_SUCCESS ? KVMEM_OK : kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_score failed (%s)", kvm_vk_result_str(r));

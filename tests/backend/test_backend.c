@@ -8,7 +8,10 @@
  *   buffers     exact bytes
  *   convert     exact bits (both backends do integer RNE conversions;
  *               NaNs: same bits as the CPU backend, and NaN in the reference)
- *   aabb_build  exact values (min/max pick input values)
+ *   aabb_build  exact values (min/max pick input values); a group of 200000
+ *               rows (one Vulkan invocation per column would loop past its
+ *               budget, which lavapipe once cut short silently): exact, or
+ *               refused as unsupported with a message
  *   aabb_score  (Vulkan GEMM kernel by name) |I - I_ref| <=
  *               dim * 2^-23 * sum_d |q_d| max(|smax_d|, |smin_d|): the f32
  *               accumulation bound; and I >= max_i q.k_i (the AABB bound)
@@ -355,6 +358,30 @@ static void test_aabb_build_matches_reference_exactly(void **state) {
     aabb_case(70000, 2, 1, 2, 1, 1, &rng);             /* more groups than one dispatch row */
 }
 
+static void test_aabb_build_long_group_exact_or_refused(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    const size_t n_rows = 200000, dim = 2;
+    float z[4] = {0};
+    kvmem_buffer *bk = balloc(g_be, n_rows * dim * 4), *bmn = bnew(g_be, z, sizeof z), *bmx = bnew(g_be, z, sizeof z);
+    kvmem_status st = g_be->iface->aabb_build(g_be, bk, 0, 1, 0, n_rows, dim, bmn, bmx, 0);
+    float back[4];
+    bget(g_be, bmn, 0, back, sizeof back);
+    g_be->iface->buffer_free(g_be, bk);
+    g_be->iface->buffer_free(g_be, bmn);
+    g_be->iface->buffer_free(g_be, bmx);
+    uint64_t rng = 12;
+    if (st == KVMEM_OK) {
+        aabb_case(1, 0, n_rows, dim, 3, 1, &rng);
+        aabb_case(3, n_rows * dim + 5, n_rows, dim, 0, 0, &rng);
+    } else {
+        assert_int_equal(st, KVMEM_ERR_UNSUPPORTED);
+        assert_non_null(strstr(kvmem_last_error(), "aabb_build")); /* a message naming the op */
+        assert_memory_equal(back, z, sizeof z);                    /* nothing written */
+        assert_true(g_be != g_cpu);
+    }
+}
+
 static void test_aabb_build_rejects_bad_input_and_changes_nothing(void **state) {
     (void)state;
     NEED_BACKEND();
@@ -627,6 +654,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_convert_every_f16_and_bf16_pattern),
     cmocka_unit_test(test_convert_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_aabb_build_matches_reference_exactly),
+    cmocka_unit_test(test_aabb_build_long_group_exact_or_refused),
     cmocka_unit_test(test_aabb_build_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_registry_reports_backend_and_auto_prefers_native_cpu),
     cmocka_unit_test(test_vulkan_device_choice_and_reasons),

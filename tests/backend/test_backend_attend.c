@@ -32,6 +32,18 @@
  * streams are clear and that some of them stop early, so the comparison is
  * never vacuous. tau_s = tau_d = 0: every live tile is visited, exactly.
  *
+ * Long histories (a device kernel that goes wrong only past some length:
+ * Vulkan on lavapipe once ran out of loop iterations past ~150 tiles):
+ * tau 0 over thousands of positions and hundreds to thousands of tiles
+ * (tiles of 1, 16, 64, 128, head_dim 32 to 256, GQA) must equal full
+ * attention within the bound above and visit every live tile, at the
+ * buffer level and through kvmem_attend on the backend's context (stats:
+ * tiles_visited == tiles_total, stopped_early == 0). Vulkan runs a long
+ * visit as many dispatches carrying the streams' state; a run with
+ * KVMEM_VULKAN_LOOP_BUDGET=1 (one chunk per dispatch: tiles resumed
+ * mid-way, the stop rule's state carried across) checks that machinery on
+ * small cases too.
+ *
  * Device-only contract (a device cannot read its memory to refuse): slot
  * ids >= n_slots are skipped like dead slots and tile ids outside
  * [0, n_tiles) are skipped; the CPU reference rejects both.
@@ -335,7 +347,7 @@ static outcome check_case_on(const acase *c, int with_cpu) {
     double *ref = malloc(nq / c->H * sizeof(double)), *tol = malloc((size_t)c->G * sizeof(double));
     for (int32_t g = 0; g < c->H; g++) {
         int clear;
-        const int32_t rv = ref_stream(c, g, -1, ref, tol, &clear);
+        const int32_t rv = ref_stream(c, g, -1, ref, tol, &clear); /* ref, tol: the output after rv tiles */
         if (!(c->tau_s > 0 || c->tau_d > 0)) assert_int_equal(rv, n_live);
         if (clear) {
             r.clear++;
@@ -351,7 +363,7 @@ static outcome check_case_on(const acase *c, int with_cpu) {
         const int32_t vis[2] = {vb[g], vc[g]};
         for (int x = 0; x < 2; x++) {
             int cl;
-            ref_stream(c, g, vis[x], ref, tol, &cl);
+            if (vis[x] != (x ? vis[0] : rv)) ref_stream(c, g, vis[x], ref, tol, &cl); /* else ref holds it */
             for (int32_t h = 0; h < c->G; h++)
                 for (int32_t d = 0; d < c->D; d++) {
                     const size_t i = ((size_t)g * c->G + h) * c->D + d;
@@ -423,6 +435,116 @@ static void test_full_attention_large_head_dim_and_tiles(void **state) {
     case_free(&c);
 }
 
+/* ---- long histories ---- */
+
+typedef struct long_shape {
+    int32_t H, G, D;
+    int64_t T;
+    int32_t tile;
+    kvmem_dtype dt;
+    int dead_pct, ord;
+} long_shape;
+
+/* Every case visits hundreds to thousands of tiles: far past the ~150 where
+ * the single-dispatch Vulkan kernel went wrong. */
+static void test_full_attention_long_histories(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    const long_shape shapes[] = {
+        {2, 1, 128, 1200, 1, KVMEM_F32, 10, ORD_SHUFFLE},  /* 1200 tiles of one position */
+        {2, 4, 64, 8000, 16, KVMEM_F16, 10, ORD_RECENT},   /* GQA 4:1, 500 tiles */
+        {1, 8, 32, 16000, 64, KVMEM_F32, 20, ORD_SHUFFLE}, /* GQA 8:1, 250 tiles */
+        {1, 2, 256, 6400, 16, KVMEM_F16, 10, ORD_SHUFFLE}, /* head_dim 256, 400 tiles */
+        {1, 1, 32, 64000, 128, KVMEM_F16, 10, ORD_RECENT}, /* 500 tiles of 128 */
+        {1, 16, 64, 6400, 32, KVMEM_F32, 5, ORD_SHUFFLE},  /* 16 heads per stream: 4 chunks per tile */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const long_shape *x = &shapes[i];
+        acase c;
+        case_make(&c, 900 + i, x->H, x->G, x->D, x->T, x->tile, x->dt, x->dead_pct, x->ord);
+        print_message("H %d G %d head_dim %d: %lld positions in %d tiles of %d, %d visited\n", x->H, x->G, x->D,
+                      (long long)x->T, (int)((x->T + x->tile - 1) / x->tile), x->tile, c.n_visit);
+        check_case(&c); /* tau 0: every live tile visited, full attention within the bound */
+        case_free(&c);
+    }
+}
+
+/* kvmem_attend on the backend's context (the device path: one row, a
+ * TENSORS source, tau 0): the shapes of the report, and GQA in f16. */
+static void test_attend_api_long_histories(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    const long_shape shapes[] = {
+        {1, 1, 128, 200, 1, KVMEM_F32, 0, ORD_RECENT},  {1, 1, 128, 12800, 64, KVMEM_F32, 0, ORD_RECENT},
+        {1, 1, 64, 400, 1, KVMEM_F32, 0, ORD_RECENT},   {1, 1, 32, 2000, 1, KVMEM_F32, 0, ORD_RECENT},
+        {2, 4, 128, 4096, 16, KVMEM_F16, 0, ORD_RECENT},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const long_shape *x = &shapes[i];
+        acase c;
+        case_make(&c, 950 + i, x->H, x->G, x->D, x->T, x->tile, x->dt, 0, x->ord);
+        /* a TENSORS source: K and V rows in position order (the reference
+         * then reads slot j for position j) */
+        const size_t row = (size_t)x->H * x->D, es = x->dt == KVMEM_F32 ? 4 : 2;
+        float *k = malloc((size_t)x->T * row * 4), *v = malloc((size_t)x->T * row * 4);
+        uint16_t *kh = malloc((size_t)x->T * row * 2), *vh = malloc((size_t)x->T * row * 2);
+        for (int64_t j = 0; j < x->T; j++) {
+            const size_t from = (size_t)c.slots[j] * row, to = (size_t)j * row;
+            memcpy(k + to, c.k + from, row * 4);
+            memcpy(v + to, c.v + from, row * 4);
+            memcpy(kh + to, c.kh + from, row * 2);
+            memcpy(vh + to, c.vh + from, row * 2);
+            c.slots[j] = (int32_t)j;
+        }
+        free(c.k), free(c.v), free(c.kh), free(c.vh);
+        c.k = k, c.v = v, c.kh = kh, c.vh = vh, c.n_slots = x->T;
+        const int64_t qs[3] = {1, (int64_t)x->H * x->G, x->D}, kvs[3] = {x->T, x->H, x->D};
+        float *out = malloc((size_t)x->H * x->G * x->D * 4);
+        kvmem_tensor tq, tk, tv, to;
+        assert_ok(kvmem_tensor_init(&tq, c.q, KVMEM_F32, 3, qs));
+        assert_ok(kvmem_tensor_init(&to, out, KVMEM_F32, 3, qs));
+        assert_ok(kvmem_tensor_init(&tk, es == 4 ? (void *)c.k : (void *)c.kh, x->dt, 3, kvs));
+        assert_ok(kvmem_tensor_init(&tv, es == 4 ? (void *)c.v : (void *)c.vh, x->dt, 3, kvs));
+        kvmem_attend_source src;
+        memset(&src, 0, sizeof src);
+        src.kind = KVMEM_ATTEND_SRC_TENSORS;
+        src.k = &tk;
+        src.v = &tv;
+        kvmem_attend_params prm = kvmem_attend_default_params();
+        prm.tile_size = x->tile;
+        prm.tau_s = prm.tau_d = 0.0f;
+        prm.scale = c.scale;
+        kvmem_attend_stats st;
+        assert_ok(kvmem_attend(g_ctx, &tq, &src, &prm, &to, &st));
+        const int64_t n_tiles = (x->T + x->tile - 1) / x->tile;
+        if (st.stopped_early || st.streams_stopped || st.tiles_visited != st.tiles_total ||
+            st.tiles_total != x->H * n_tiles || st.positions_read != x->H * x->T)
+            fail_msg("kvmem_attend on %s, head_dim %d, T %lld, tile %d: stopped_early %d, %lld streams stopped, "
+                     "%lld of %lld tiles visited (%lld expected), %lld positions read",
+                     g_name, x->D, (long long)x->T, x->tile, st.stopped_early, (long long)st.streams_stopped,
+                     (long long)st.tiles_visited, (long long)st.tiles_total, (long long)(x->H * n_tiles),
+                     (long long)st.positions_read);
+        double *ref = malloc((size_t)x->G * x->D * sizeof(double)), *tol = malloc((size_t)x->G * sizeof(double));
+        for (int32_t g = 0; g < x->H; g++) {
+            int clear;
+            assert_int_equal(ref_stream(&c, g, -1, ref, tol, &clear), n_tiles);
+            for (int32_t h = 0; h < x->G; h++)
+                for (int32_t d = 0; d < x->D; d++) {
+                    const double got = out[((size_t)g * x->G + h) * x->D + d], e = fabs(got - ref[h * x->D + d]);
+                    if (!(e <= tol[h]))
+                        fail_msg("kvmem_attend on %s, head_dim %d, T %lld, tile %d: head %d dim %d: %.9g vs "
+                                 "reference %.9g (tolerance %.3g)",
+                                 g_name, x->D, (long long)x->T, x->tile, g * x->G + h, d, got, ref[h * x->D + d],
+                                 tol[h]);
+                }
+        }
+        free(ref);
+        free(tol);
+        free(out);
+        case_free(&c);
+    }
+}
+
 /* ---- the stop rule ---- */
 
 static void test_stop_rule_matches_replay(void **state) {
@@ -453,6 +575,46 @@ static void test_stop_rule_matches_replay(void **state) {
                   tot.stopped, tot.ambiguous);
     assert_true(tot.clear >= 4 * tot.ambiguous);
     assert_true(tot.stopped >= tot.clear / 4);
+}
+
+/* One chunk per dispatch on Vulkan (the env is read by each call; other
+ * backends ignore it): tiles longer than a chunk resumed mid-way, the stop
+ * rule's streak and previous probe carried from dispatch to dispatch, and
+ * streams that stop while others go on. */
+static void test_state_across_dispatches(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    setenv("KVMEM_VULKAN_LOOP_BUDGET", "1", 1);
+    outcome tot = {0, 0, 0};
+    acase c;
+    /* tiles of 200 and 500 positions: 7 and 4 chunks each */
+    case_make(&c, 61, 2, 4, 64, 1000, 200, KVMEM_F32, 10, ORD_SHUFFLE);
+    check_case(&c);
+    case_free(&c);
+    case_make(&c, 62, 3, 1, 32, 1800, 500, KVMEM_F16, 30, ORD_RECENT);
+    check_case(&c);
+    case_free(&c);
+    const struct {
+        float tau_s, tau_d;
+        int32_t patience;
+    } rules[] = {{0.01f, 0.001f, 1}, {0.003f, 0.0003f, 2}, {0.02f, 0.002f, 3}};
+    for (int ri = 0; ri < 3; ri++) {
+        case_make(&c, 63 + (uint64_t)ri, 4, ri == 1 ? 8 : 2, 64, 400, ri == 2 ? 40 : 8,
+                  ri % 2 ? KVMEM_F16 : KVMEM_F32, 15, ri);
+        c.tau_s = rules[ri].tau_s;
+        c.tau_d = rules[ri].tau_d;
+        c.patience = rules[ri].patience;
+        outcome o = check_case(&c);
+        tot.clear += o.clear;
+        tot.stopped += o.stopped;
+        tot.ambiguous += o.ambiguous;
+        case_free(&c);
+    }
+    unsetenv("KVMEM_VULKAN_LOOP_BUDGET");
+    print_message("one chunk per dispatch: %d streams compared (%d stopped early), %d within rounding of a "
+                  "threshold\n", tot.clear, tot.stopped, tot.ambiguous);
+    assert_true(tot.clear >= 4 * tot.ambiguous);
+    assert_true(tot.stopped >= 1 && tot.stopped < tot.clear); /* some stop, some run to the end */
 }
 
 /* ---- edges ---- */
@@ -607,7 +769,10 @@ static void test_bad_input(void **state) {
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_full_attention_shapes_orders_dtypes),
     cmocka_unit_test(test_full_attention_large_head_dim_and_tiles),
+    cmocka_unit_test(test_full_attention_long_histories),
+    cmocka_unit_test(test_attend_api_long_histories),
     cmocka_unit_test(test_stop_rule_matches_replay),
+    cmocka_unit_test(test_state_across_dispatches),
     cmocka_unit_test(test_empty_and_dead_streams),
     cmocka_unit_test(test_out_of_range_ids),
     cmocka_unit_test(test_large_group_supported_or_refused),

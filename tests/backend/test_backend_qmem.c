@@ -15,6 +15,12 @@
  * the sum over L Hq layers and heads. The leading 2: both directions of
  * rounding in every bound. Results must also be bit-identical across two
  * runs on the same backend (a fixed reduction order).
+ * Long contexts and big models: the Vulkan kernel once looped over a whole
+ * (layer, head)'s tokens, or a token's layers and heads, in one invocation
+ * and lavapipe cut such loops short past 65535 iterations; tens of
+ * thousands of tokens and 24 layers x 32 heads x 128 reach well past that,
+ * and a run with KVMEM_VULKAN_LOOP_BUDGET lowered splits small cases into
+ * many dispatches.
  * Bad input (NULL args or buffers, zero sizes, Hq not a multiple of Hkv,
  * misaligned offsets, ranges outside the buffers): KVMEM_ERR_INVALID_ARG
  * with a message, scores unchanged.
@@ -146,6 +152,22 @@ static void test_qmem_score_matches_cpu_and_reference(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) one(&cases[i], 100 + i);
 }
 
+static void test_qmem_score_long_contexts_and_many_heads(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_qmem_score);
+    const qcase cases[] = {
+        {1, 1, 1, 256, 49000, 1.0f, 0, 0, 0}, /* 49000 tokens x head_dim 256 for one (layer, head) */
+        {24, 32, 8, 128, 64, 1.0f, 0, 0, 0},  /* 768 (layer, head) slices of 128 per token */
+        {2, 4, 2, 96, 8000, 3.0f, 4, 8, 0},   /* GQA, a longer context, offsets */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) one(&cases[i], 200 + i);
+    /* many small dispatches: token ranges of 128, one or two slices each */
+    setenv("KVMEM_VULKAN_LOOP_BUDGET", "300", 1);
+    const qcase small[] = {{3, 8, 2, 64, 1000, 2.0f, 0, 0, 0}, {2, 4, 4, 33, 300, 1.0f, 4, 4, 4}};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) one(&small[i], 210 + i);
+    unsetenv("KVMEM_VULKAN_LOOP_BUDGET");
+}
+
 static void test_qmem_score_rejects_bad_input_and_changes_nothing(void **state) {
     (void)state;
     NEED_ENTRY(dev_qmem_score);
@@ -201,6 +223,7 @@ static void test_qmem_score_rejects_bad_input_and_changes_nothing(void **state) 
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_qmem_score_matches_cpu_and_reference),
+    cmocka_unit_test(test_qmem_score_long_contexts_and_many_heads),
     cmocka_unit_test(test_qmem_score_rejects_bad_input_and_changes_nothing),
 };
 CONF_MAIN(tests)

@@ -24,6 +24,10 @@
  *               The 2^-24 term is the smallest f16 step: groups whose scale
  *               is an f16 subnormal need it (quant.h states it since this
  *               test found them above absmax/254 (1 + 2^-10)).
+ *   long blocks KIVI keys read each channel over all n rows: 40000 rows are
+ *               quantized as above, or refused as unsupported with a message
+ *               (Vulkan: one invocation would loop past its budget, which
+ *               lavapipe once cut short silently)
  *   bad input   wrong dtype, which, n, dim, ranges, misaligned offsets,
  *               values not finite within +-65504: KVMEM_ERR_INVALID_ARG with
  *               a message, destination bytes unchanged.
@@ -369,6 +373,28 @@ static void test_quant_kivi_keys_per_channel_and_values(void **state) {
     run_format(KVMEM_Q4_KIVI, 1, 32);
 }
 
+static void test_quant_kivi_keys_long_block_or_refused(void **state) {
+    (void)state;
+    NEED_ENTRY(quantize);
+    const size_t n = 40000, dim = 8;
+    uint64_t rng = 33;
+    float *x = malloc(n * dim * 4);
+    fill(x, n, dim, D_NORMAL, &rng);
+    const size_t bytes = kvm_qsection_layout(KVMEM_Q4_KIVI, 0, n, dim).bytes;
+    kvmem_buffer *src = bnew(g_be, x, n * dim * 4), *dst = balloc(g_be, bytes);
+    kvmem_status st = g_be->iface->quantize(g_be, KVMEM_Q4_KIVI, 0, src, 0, n, dim, dst, 0);
+    g_be->iface->buffer_free(g_be, src);
+    g_be->iface->buffer_free(g_be, dst);
+    free(x);
+    if (st == KVMEM_OK) {
+        one_case(KVMEM_Q4_KIVI, 0, n, dim, D_NORMAL, &rng, 0, 4);
+    } else {
+        assert_int_equal(st, KVMEM_ERR_UNSUPPORTED);
+        assert_non_null(strstr(kvmem_last_error(), "quantize")); /* a message naming the op */
+        assert_true(g_be != g_cpu);
+    }
+}
+
 /* Every code of every scale: a group built so each value sits exactly on a
  * code or exactly on a tie between two codes (ties go to even on the CPU). */
 static void test_quant_exact_ties_round_to_even(void **state) {
@@ -480,6 +506,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_quant_q8_matches_cpu_and_reference),
     cmocka_unit_test(test_quant_q4_matches_cpu_and_reference),
     cmocka_unit_test(test_quant_kivi_keys_per_channel_and_values),
+    cmocka_unit_test(test_quant_kivi_keys_long_block_or_refused),
     cmocka_unit_test(test_quant_exact_ties_round_to_even),
     cmocka_unit_test(test_quant_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_dequant_rejects_bad_input_and_changes_nothing),

@@ -33,6 +33,12 @@
  *   dev_gather_rope  within 2^-21 (|x0| + |x1|) af of the CPU entry (FMA
  *               contraction may differ) and 1e-5 (|x0| + |x1|) af of a
  *               double-precision rotation; copied dims and zero rows exact.
+ * Length: dev_score over thousands of blocks, and RR over many tokens x
+ * blocks (the Vulkan kernel once ranked every block for every token of a
+ * chunk in one invocation, which lavapipe cut short past 65535 loop
+ * iterations), also split into many dispatches by a lowered
+ * KVMEM_VULKAN_LOOP_BUDGET; dev_topk over a million scores; dev_gather_rope
+ * of thousands of rows at far positions.
  * Bad input: a status and a message, output buffers and *n_out unchanged.
  *
  * Harness: conformance.h. */
@@ -315,6 +321,26 @@ static void test_dev_score_many_tokens_in_chunks(void **state) {
     setenv("KVMEM_VULKAN_SCORE_SCRATCH_BYTES", "4096", 1);
     score_case(&s, DATA_TWINS, 0, 0.25f, &rng);
     unsetenv("KVMEM_VULKAN_SCORE_SCRATCH_BYTES");
+}
+
+/* Thousands of blocks, and RR's tokens x blocks well past what one
+ * invocation may loop over (800 tokens x 128 blocks; the reference's RR is
+ * tokens x blocks^2, so the long cases keep one of the two small). */
+static void test_dev_score_many_blocks_and_tokens(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_score);
+    uint64_t rng = 14;
+    const shape shapes[] = {
+        {1, 1, 1, 16, 800, 128}, /* 800 tokens x 128 blocks */
+        {1, 1, 1, 32, 1, 2000},  /* decode over 2000 blocks */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        score_case(&shapes[i], i == 1 ? DATA_TWINS : DATA_RANDOM, i % 2 ? 8 : 0, 0.25f, &rng);
+    /* one 128-block rank range and one token per dispatch */
+    setenv("KVMEM_VULKAN_LOOP_BUDGET", "1", 1);
+    shape s = {1, 2, 1, 16, 5, 700};
+    score_case(&s, DATA_TWINS, 4, 0.25f, &rng);
+    unsetenv("KVMEM_VULKAN_LOOP_BUDGET");
 }
 
 static void test_dev_score_rejects_bad_input_and_changes_nothing(void **state) {
@@ -667,6 +693,7 @@ static void test_dev_gather_rope_matches_cpu_and_double(void **state) {
     gather_case(KVMEM_ROPE_GPTJ, 32, 16, 1.25, 9, 5, 1, 4095, 0, 1, &rng);     /* YaRN-style attention factor */
     gather_case(KVMEM_ROPE_NEOX, 16, 0, 1.0, 9, 5, 4, 0, 12, 1, &rng);         /* values: plain gather, no cs */
     gather_case(KVMEM_ROPE_NEOX, 128, 128, 1.0, 300, 1000, 8, 7, 0, 0, &rng);  /* a long gather */
+    gather_case(KVMEM_ROPE_GPTJ, 64, 64, 1.0, 6000, 5000, 2, 120000, 8, 0, &rng); /* thousands of rows, far */
 }
 
 static void test_dev_gather_rope_rejects_bad_input_and_changes_nothing(void **state) {
@@ -729,6 +756,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_dev_score_matches_reference),
     cmocka_unit_test(test_dev_score_ties_rank_by_index),
     cmocka_unit_test(test_dev_score_many_tokens_in_chunks),
+    cmocka_unit_test(test_dev_score_many_blocks_and_tokens),
     cmocka_unit_test(test_dev_score_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_dev_topk_matches_reference_exactly),
     cmocka_unit_test(test_dev_topk_edges),

@@ -2,7 +2,7 @@
 // attend: one decode row of ART attention (core/backend.h, dev_attend; the
 // rule of include/kvmem.h, "ART attention"; kvm_attend_cpu is the reference).
 // One workgroup per stream = KV head g and its G query heads. Tiles are
-// visited in `order`; each tile runs in chunks of C = 128 / G positions:
+// visited in `order`, one step per chunk of C = 128 / G positions of a tile:
 //   1. invocation (c, h) scores position c of the chunk for query head h
 //      (dead slots: -inf, their K and V are never read);
 //   2. per-head max and sum over the chunk (tree reductions in shared
@@ -10,15 +10,24 @@
 //      softmax: older terms rescaled by exp(m_old - m_new));
 //   3. each invocation updates its share of the [G][head_dim] accumulator
 //      (element i = tid + 128 k, registers) with the chunk's V rows.
-// After a tile with a live position, the STRIDED probe (32 elements of the
-// normalised output, z_i = o[i s + s/2], s = N / 32; all N when N <= 32) is
-// reduced across the workgroup -- subgroupAdd in the _sg variant, a shared
-// memory tree otherwise -- and the stop rule runs:
+// After the last chunk of a tile with a live position, the STRIDED probe
+// (32 elements of the normalised output, z_i = o[i s + s/2], s = N / 32; all
+// N when N <= 32) is reduced across the workgroup -- subgroupAdd in the _sg
+// variant, a shared memory tree otherwise -- and the stop rule runs:
 //   scale:     | |z| - |z_prev| | <= tau_s |z_prev|
 //   direction: 1 - cos(z, z_prev) = |z/|z| - z_prev/|z_prev||^2 / 2 <= tau_d
 // (the difference form keeps float precision where 1 - cos is tiny; the CPU
 // computes 1 - dot/(|z||z'|) in double: the same quantity). The stream stops
 // after `patience` passing tiles in a row (never when stop_enabled is 0).
+//
+// Bounded dispatches: a dispatch runs at most max_steps steps, then saves the
+// stream's state (cursors in the order and in the tile, the rule's state, m,
+// l, the previous probe, the accumulator) to `st`, and the next dispatch of
+// the submission goes on from there (first = 1: from scratch). A long history
+// is many dispatches, each within KVM_VK_LOOP_BUDGET loop iterations per
+// invocation (vk_internal.h: lavapipe silently cuts longer runs short);
+// vk_attend.c's attend_step_iters counts the loops below, so a loop added
+// here is added there. Every dispatch that runs writes out and visited.
 // Limits (checked by the host): G <= 128, G * head_dim <= 4096 (ACC_PER
 // accumulator registers per invocation), 32-bit element indices.
 #extension GL_GOOGLE_include_directive : require
@@ -39,6 +48,9 @@ layout(std430, binding = 3) readonly buffer S { int slot_map[]; };
 layout(std430, binding = 4) readonly buffer Ord { int order_[]; };
 layout(std430, binding = 5) writeonly buffer Out { float o[]; };
 layout(std430, binding = 6) writeonly buffer Vis { int visited[]; };
+// [n_kv] done flags, then per stream: S_M words of cursors and rule state,
+// m [G], l [G], the previous probe [PROBE], the accumulator [G * D]
+layout(std430, binding = 7) buffer St { uint st[]; };
 layout(push_constant) uniform P {
     uint n_slots, n_pos, n_kv, G, D, tile, n_visit, n_tiles;
     uint f16; // K and V are f16 (halves of 32-bit words), else f32
@@ -46,7 +58,21 @@ layout(push_constant) uniform P {
     uint patience, stop_enabled;
     // element offsets (K and V: in elements of their dtype)
     uint q_off, k_off, v_off, s_off, ord_off, out_off, vis_off;
+    uint first;     // 1: the first dispatch of the visit (no state to load)
+    uint max_steps; // steps (chunks) this dispatch may run
 } p;
+
+// a stream's record in st: words S_ORD .. S_PREV_NORM, then m at S_M
+#define S_ORD 0u       // next entry of the order
+#define S_CUR 1u       // positions of that entry's tile already read
+#define S_VIS 2u
+#define S_STREAK 3u
+#define S_FLAGS 4u
+#define S_PREV_NORM 5u
+#define S_M 8u
+#define F_HAS_PREV 1u
+#define F_STOP 2u
+#define F_TILE_LIVE 4u // the tile being read has a live position so far
 
 shared float ss[KVM_WG];  // chunk scores, then probabilities, [c][h]
 shared float red[KVM_WG]; // reductions
@@ -99,94 +125,128 @@ void main() {
     const bool act = tid < C * G;
     const uint NP = N > PROBE ? PROBE : N, stride = N / PROBE;
     const uint qbase = p.q_off + g * G * D;
-
-    float acc[ACC_PER];
-    for (uint k = 0u; k < ACC_PER; k++) acc[k] = 0.0;
-    if (tid < G) {
-        sm[tid] = uintBitsToFloat(0xff800000u); // -inf
-        sl[tid] = 0.0;
-    }
-    int vis = 0, streak = 0;
-    bool has_prev = false, stop = false;
-    float prev_norm = 0.0;
+    const uint sb = p.n_kv + g * (S_M + 2u * G + PROBE + N); // this stream's record
+    const uint s_l = sb + S_M + G, s_prev = s_l + G, s_acc = s_prev + PROBE;
     const float NEG_INF = uintBitsToFloat(0xff800000u);
 
-    for (uint oi = 0u; oi < p.n_visit && !stop; oi++) {
+    float acc[ACC_PER];
+    uint oi = 0u, cur = 0u, flags = 0u;
+    int vis = 0, streak = 0;
+    float prev_norm = 0.0;
+    if (p.first != 0u) {
+        for (uint k = 0u; k < ACC_PER; k++) acc[k] = 0.0;
+        if (tid < G) {
+            sm[tid] = NEG_INF;
+            sl[tid] = 0.0;
+        }
+    } else {
+        if (st[g] != 0u) return; // finished in an earlier dispatch, which wrote out and visited (uniform)
+        oi = st[sb + S_ORD];
+        cur = st[sb + S_CUR];
+        vis = int(st[sb + S_VIS]);
+        streak = int(st[sb + S_STREAK]);
+        flags = st[sb + S_FLAGS];
+        prev_norm = uintBitsToFloat(st[sb + S_PREV_NORM]);
+        for (uint k = 0u; k < ACC_PER; k++) {
+            uint i = tid + k * KVM_WG;
+            acc[k] = 0.0;
+            if (i < N) acc[k] = uintBitsToFloat(st[s_acc + i]);
+        }
+        if (tid < G) {
+            sm[tid] = uintBitsToFloat(st[sb + S_M + tid]);
+            sl[tid] = uintBitsToFloat(st[s_l + tid]);
+        }
+        if (tid < NP) sprev[tid] = uintBitsToFloat(st[s_prev + tid]);
+    }
+    bool has_prev = (flags & F_HAS_PREV) != 0u, stop = (flags & F_STOP) != 0u;
+    bool tile_live = (flags & F_TILE_LIVE) != 0u;
+
+    for (uint step = 0u; step < p.max_steps && oi < p.n_visit && !stop; step++) {
         int t = order_[p.ord_off + oi];
-        if (t < 0 || uint(t) >= p.n_tiles) continue; // the device cannot refuse: skip
+        if (t < 0 || uint(t) >= p.n_tiles) { // the device cannot refuse: skip
+            oi++;
+            continue;
+        }
         const uint t0 = uint(t) * p.tile, t1 = min(t0 + p.tile, p.n_pos);
-        barrier();
+        const uint c0 = t0 + cur, cn = min(C, t1 - c0); // this chunk: [c0, c0 + cn)
+        const uint half0 = pow2_ceil(cn) / 2u;
+        barrier(); // the last step's reads of shared memory are done
+        // 1. slots and scores
         if (tid == 0u) slive = 0u;
+        if (act && h == 0u) {
+            int s = -1;
+            if (c < cn) {
+                int x = slot_map[p.s_off + c0 + c];
+                if (x >= 0 && uint(x) < p.n_slots) s = x;
+            }
+            sslot[c] = s;
+        }
         barrier();
-        for (uint c0 = t0; c0 < t1; c0 += C) {
-            // 1. slots and scores
-            if (act && h == 0u) {
-                int s = -1;
-                uint pos = c0 + c;
-                if (pos < t1) {
-                    int x = slot_map[p.s_off + pos];
-                    if (x >= 0 && uint(x) < p.n_slots) s = x;
-                }
-                sslot[c] = s;
-                if (s >= 0) atomicOr(slive, 1u);
-            }
-            barrier();
-            float sc = NEG_INF;
-            if (act && sslot[c] >= 0) {
-                uint kb = p.k_off + (uint(sslot[c]) * p.n_kv + g) * D, qb = qbase + h * D;
-                float d = 0.0;
-                for (uint i = 0u; i < D; i++) d += q[qb + i] * load_kv(true, kb + i);
-                sc = p.scale * d;
-            }
-            red[tid] = sc;
-            barrier();
-            // 2. per-head max over the chunk's positions: red[h] (c = 0)
-            for (uint st = pow2_ceil(C) / 2u; st > 0u; st >>= 1) {
-                if (act && c < st && c + st < C) red[tid] = max(red[tid], red[tid + st * G]);
-                barrier();
-            }
-            if (tid < G) {
-                float mo = sm[tid], mn = max(mo, red[tid]);
-                scorr[tid] = mo == NEG_INF ? 0.0 : exp(mo - mn);
-                sm[tid] = mn;
-            }
-            barrier();
-            float pr = (act && sc != NEG_INF) ? exp(sc - sm[h]) : 0.0;
-            ss[tid] = pr;
-            red[tid] = pr;
-            barrier();
-            for (uint st = pow2_ceil(C) / 2u; st > 0u; st >>= 1) {
-                if (act && c < st && c + st < C) red[tid] += red[tid + st * G];
-                barrier();
-            }
-            if (tid < G) sl[tid] = sl[tid] * scorr[tid] + red[tid];
-            // 3. the accumulator: acc = corr * acc + sum_c p_c v_c
-            for (uint k = 0u; k < ACC_PER; k++) {
-                uint i = tid + k * KVM_WG;
-                if (i < N) {
-                    uint hq = i / D, d = i - hq * D;
-                    float a = acc[k] * scorr[hq];
-                    for (uint cc = 0u; cc < C; cc++) {
-                        int s = sslot[cc];
-                        if (s >= 0) a += ss[cc * G + hq] * load_kv(false, p.v_off + (uint(s) * p.n_kv + g) * D + d);
-                    }
-                    acc[k] = a;
-                }
-            }
+        if (act && h == 0u && sslot[c] >= 0) atomicOr(slive, 1u);
+        float sc = NEG_INF;
+        if (act && sslot[c] >= 0) {
+            uint kb = p.k_off + (uint(sslot[c]) * p.n_kv + g) * D, qb = qbase + h * D;
+            float d = 0.0;
+            for (uint i = 0u; i < D; i++) d += q[qb + i] * load_kv(true, kb + i);
+            sc = p.scale * d;
+        }
+        red[tid] = sc;
+        barrier();
+        // 2. per-head max over the chunk's positions: red[h] (c = 0)
+        for (uint w = half0; w > 0u; w >>= 1) {
+            if (act && c < w && c + w < cn) red[tid] = max(red[tid], red[tid + w * G]);
             barrier();
         }
-        if (slive == 0u) continue; // uniform: read after the chunk loop's barrier
+        if (tid < G) {
+            float mo = sm[tid], mn = max(mo, red[tid]);
+            scorr[tid] = mo == NEG_INF ? 0.0 : exp(mo - mn);
+            sm[tid] = mn;
+        }
+        barrier();
+        float pr = (act && sc != NEG_INF) ? exp(sc - sm[h]) : 0.0;
+        ss[tid] = pr;
+        red[tid] = pr;
+        barrier();
+        for (uint w = half0; w > 0u; w >>= 1) {
+            if (act && c < w && c + w < cn) red[tid] += red[tid + w * G];
+            barrier();
+        }
+        if (tid < G) sl[tid] = sl[tid] * scorr[tid] + red[tid];
+        // 3. the accumulator: acc = corr * acc + sum_c p_c v_c
+        for (uint k = 0u; k < ACC_PER; k++) {
+            uint i = tid + k * KVM_WG;
+            if (i < N) {
+                uint hq = i / D, d = i - hq * D;
+                float a = acc[k] * scorr[hq];
+                for (uint cc = 0u; cc < cn; cc++) {
+                    int s = sslot[cc];
+                    if (s >= 0) a += ss[cc * G + hq] * load_kv(false, p.v_off + (uint(s) * p.n_kv + g) * D + d);
+                }
+                acc[k] = a;
+            }
+        }
+        barrier();
+        tile_live = tile_live || slive != 0u; // uniform: read after the barrier
+        cur += cn;
+        if (c0 + cn < t1) continue; // the tile goes on in the next step
+        oi++;
+        cur = 0u;
+        if (!tile_live) continue;
+        tile_live = false;
         vis++;
-        // the probe of the normalised output
-        for (uint i = 0u; i < NP; i++) {
-            uint f = N > PROBE ? i * stride + stride / 2u : i;
-            if (f % KVM_WG == tid) {
-                uint kk = f / KVM_WG;
-                float a = 0.0;
-                for (uint k = 0u; k < ACC_PER; k++)
-                    if (k == kk) a = acc[k];
-                float l = sl[f / D];
-                sz[i] = l > 0.0 ? a / l : 0.0;
+        // the probe of the normalised output: element i is entry j
+        for (uint k = 0u; k < ACC_PER; k++) {
+            uint i = tid + k * KVM_WG;
+            if (i < N) {
+                uint j = i;
+                if (N > PROBE) {
+                    uint lo = stride / 2u;
+                    j = i >= lo && (i - lo) % stride == 0u ? (i - lo) / stride : PROBE;
+                }
+                if (j < NP) {
+                    float l = sl[i / D];
+                    sz[j] = l > 0.0 ? acc[k] / l : 0.0;
+                }
             }
         }
         barrier();
@@ -212,9 +272,29 @@ void main() {
         stop = fire;
     }
     barrier();
+    // the state for the next dispatch
+    const bool done = stop || oi >= p.n_visit;
+    if (tid == 0u) {
+        st[g] = done ? 1u : 0u;
+        st[sb + S_ORD] = oi;
+        st[sb + S_CUR] = cur;
+        st[sb + S_VIS] = uint(vis);
+        st[sb + S_STREAK] = uint(streak);
+        st[sb + S_FLAGS] = (has_prev ? F_HAS_PREV : 0u) | (stop ? F_STOP : 0u) | (tile_live ? F_TILE_LIVE : 0u);
+        st[sb + S_PREV_NORM] = floatBitsToUint(prev_norm);
+    }
+    if (!done) {
+        if (tid < G) {
+            st[sb + S_M + tid] = floatBitsToUint(sm[tid]);
+            st[s_l + tid] = floatBitsToUint(sl[tid]);
+        }
+        if (tid < NP) st[s_prev + tid] = floatBitsToUint(sprev[tid]);
+    }
+    // the output as it stands (and the accumulator when the visit goes on)
     for (uint k = 0u; k < ACC_PER; k++) {
         uint i = tid + k * KVM_WG;
         if (i < N) {
+            if (!done) st[s_acc + i] = floatBitsToUint(acc[k]);
             float l = sl[i / D];
             o[p.out_off + g * N + i] = l > 0.0 ? acc[k] * (1.0 / l) : 0.0;
         }

@@ -3,13 +3,18 @@
 //   a[l,h,j] = softmax over j of (scale * mem[l,h] . k[l,j,h/G]),
 //   scores[j] = sum over l, h of a[l,h,j].
 // pass 0: one workgroup per (l, h) (group id x = h, y = l): online softmax
-//   over j (running max and sum of exp), reduced across the workgroup with
-//   subgroup operations (KVM_SUBGROUP) or in shared memory; writes the max
-//   and 1/sum to stats[l][h].
-// pass 1: one invocation per token j: sum over l, then h, in order, of
-//   exp(logit - max) / sum. The order is fixed, so results are deterministic
-//   on a device, and no scratch of N x layers x heads is needed (logits are
+//   over the tokens [j0, j1) (running max and sum of exp), reduced across the
+//   workgroup with subgroup operations (KVM_SUBGROUP) or in shared memory,
+//   and combined with the statistics of the earlier ranges in stats[l][h]
+//   (max, then the sum; 1/sum after the last range).
+// pass 1: one invocation per token j: adds, for the slices s = l * Hq + h in
+//   [s0, s1) in order, exp(logit - max) / sum to scores[j] (0 before the
+//   first slice). The order is fixed, so results are deterministic on a
+//   device, and no scratch of N x layers x heads is needed (logits are
 //   recomputed: two reads of K in all).
+// The host splits both passes into dispatches (token ranges, slice ranges)
+// that stay within the loop budget (vk_internal.h; vk_qmem.c counts the
+// loops here).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 #ifdef KVM_SUBGROUP
@@ -21,12 +26,15 @@ layout(local_size_x = KVM_WG) in;
 layout(std430, binding = 0) readonly buffer Mem { float mem[]; };
 layout(std430, binding = 1) readonly buffer K { float kk[]; };
 layout(std430, binding = 2) buffer Stats { float stats[]; }; // [L][Hq][2]: max, 1/sum
-layout(std430, binding = 3) writeonly buffer Scores { float scores[]; };
+layout(std430, binding = 3) buffer Scores { float scores[]; };
 layout(push_constant) uniform P {
     uint L, Hq, Hkv, D, n;
     uint mem_off, k_off, scores_off; // floats
     float scale;
     uint pass;
+    uint j0, j1;      // pass 0: the tokens of this dispatch
+    uint first, last; // pass 0: the first and the last token range
+    uint s0, s1;      // pass 1: the slices of this dispatch
 } p;
 
 const float NEG = -3.402823466e38; // empty state: exp(NEG - m) == 0
@@ -49,10 +57,19 @@ void combine(inout float m, inout float s, float m2, float s2) {
 
 shared float sh_m[KVM_WG], sh_s[KVM_WG]; // per invocation, or per subgroup (KVM_SUBGROUP)
 
+// This range's (M, S) combined with the earlier ranges' and stored: the sum
+// until the last range, then its inverse.
+void store_stats(uint l, uint h, float M, float S) {
+    uint si = 2u * (l * p.Hq + h);
+    if (p.first == 0u) combine(M, S, stats[si], stats[si + 1u]);
+    stats[si] = M;
+    stats[si + 1u] = p.last != 0u ? 1.0 / S : S;
+}
+
 void pass0() {
     uint h = gl_WorkGroupID.x, l = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     float m = NEG, s = 0.0;
-    for (uint j = tid; j < p.n; j += KVM_WG) {
+    for (uint j = p.j0 + tid; j < p.j1; j += KVM_WG) {
         float x = logit(l, h, j);
         if (x > m) {
             s = s * exp(m - x) + 1.0;
@@ -72,8 +89,7 @@ void pass0() {
     if (tid == 0u) {
         float M = sh_m[0], S = sh_s[0];
         for (uint i = 1u; i < gl_NumSubgroups; i++) combine(M, S, sh_m[i], sh_s[i]);
-        stats[2u * (l * p.Hq + h)] = M;
-        stats[2u * (l * p.Hq + h) + 1u] = 1.0 / S;
+        store_stats(l, h, M, S);
     }
 #else
     sh_m[tid] = m;
@@ -88,22 +104,18 @@ void pass0() {
         }
         barrier();
     }
-    if (tid == 0u) {
-        stats[2u * (l * p.Hq + h)] = sh_m[0];
-        stats[2u * (l * p.Hq + h) + 1u] = 1.0 / sh_s[0];
-    }
+    if (tid == 0u) store_stats(l, h, sh_m[0], sh_s[0]);
 #endif
 }
 
 void pass1() {
     uint stride = gl_NumWorkGroups.x * KVM_WG;
     for (uint j = gl_GlobalInvocationID.x; j < p.n; j += stride) {
-        float acc = 0.0;
-        for (uint l = 0u; l < p.L; l++)
-            for (uint h = 0u; h < p.Hq; h++) {
-                uint si = 2u * (l * p.Hq + h);
-                acc += exp(logit(l, h, j) - stats[si]) * stats[si + 1u];
-            }
+        float acc = p.s0 == 0u ? 0.0 : scores[p.scores_off + j];
+        for (uint x = p.s0; x < p.s1; x++) { // slice x = (l, h), l-major as the reference sums
+            uint l = x / p.Hq, h = x - l * p.Hq;
+            acc += exp(logit(l, h, j) - stats[2u * x]) * stats[2u * x + 1u];
+        }
         scores[p.scores_off + j] = acc;
     }
 }

@@ -2,17 +2,25 @@
 // dev_score's second half (core/backend.h): normalise the block scores
 // I[b][t][j] of a chunk of query tokens (written by aabb_score, b = layer x
 // query head slice) over the blocks j of each (b, t), and aggregate over the
-// tokens into out[b][j]. Two phases (two dispatches of this pipeline):
+// tokens into out[b][j]. Three phases (dispatches of this pipeline):
 //   phase 0 (SOFTMAX only): one workgroup per row (b, t) reduces the row's
 //     max m and 1 / sum_j exp(tau (I_j - m)) into stats[row] (after the
 //     scores in the scratch buffer); the scores are not rewritten.
+//   phase 2 (RR only): one workgroup per (row, 128 blocks); invocation j
+//     counts the blocks i in [i0, i1) that rank before it (I_i > I_j, or
+//     equal with i < j: ties to the lower index), staged through shared
+//     memory in tiles, and adds the count to rank[row][j] (after the stats;
+//     i0 = 0 starts it). The host splits the blocks into such ranges.
 //   phase 1: one workgroup per (b, 128 blocks); invocation j takes, for each
-//     token t of the chunk, p = exp(tau (I_j - m)) / sum (SOFTMAX) or
-//     1 / (rank_j + rr_c) (RR: rank from 1 by I descending, ties to the lower
-//     j, counted against the row staged through shared memory in tiles), and
-//     folds it into out[b][j] with MAX or SUM (starting from 0 on the first
-//     chunk: every p >= 0, so MAX from 0 is the max).
-// As the CPU reference: p = exp(tau * (I - m)) * (1 / sum).
+//     token t in [t0, t1) of the chunk, p = exp(tau (I_j - m)) / sum
+//     (SOFTMAX) or 1 / (rank_j + 1 + rr_c) (RR), and folds it into out[b][j]
+//     with MAX or SUM (starting from 0 when `first`: every p >= 0, so MAX
+//     from 0 is the max).
+// As the CPU reference: p = exp(tau * (I - m)) * (1 / sum). Ranks are
+// counts below 2^24, exact in f32.
+// Every phase's loops are bounded per dispatch by the host (token ranges,
+// block ranges, the chunk size) to stay within the loop budget
+// (vk_internal.h); vk_retrieval.c counts the loops here.
 // KVM_SUBGROUP: phase 0's reductions use subgroup operations.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -29,8 +37,11 @@ layout(push_constant) uniform P {
     uint norm;                 // 0 SOFTMAX, 1 RR
     uint agg;                  // 0 MAX, 1 SUM
     float tau, rr_c;
-    uint out_off, first;       // first: this chunk starts the aggregate
+    uint out_off, first;       // first: this dispatch starts the aggregate
     uint stats_off;            // = rows * nb
+    uint t0, t1;               // phase 1: the tokens of this dispatch
+    uint i0, i1;               // phase 2: the blocks counted by this dispatch
+    uint rank_off;             // = stats_off + 2 * rows
 } p;
 
 shared float red[KVM_WG];
@@ -104,29 +115,43 @@ void main() {
         return;
     }
     uint jt = (p.nb + KVM_WG - 1u) / KVM_WG; // block tiles per slice
+    if (p.phase == 2u) {
+        uint rows = p.batch * p.tn;
+        for (uint w = gid; w < rows * jt; w += ngroups) { // uniform per workgroup
+            uint row = w / jt, j = (w - row * jt) * KVM_WG + tid, base = row * p.nb;
+            bool live = j < p.nb;
+            float x = live ? s[base + j] : 0.0;
+            uint rank = 0u;
+            for (uint j0 = p.i0; j0 < p.i1; j0 += KVM_WG) {
+                tile[tid] = j0 + tid < p.i1 ? s[base + j0 + tid] : 0.0;
+                barrier();
+                uint n = min(KVM_WG, p.i1 - j0);
+                for (uint i = 0u; i < n; i++) {
+                    float y = tile[i];
+                    rank += (y > x || (y == x && j0 + i < j)) ? 1u : 0u;
+                }
+                barrier();
+            }
+            if (live) {
+                uint ri = p.rank_off + base + j;
+                s[ri] = (p.i0 == 0u ? 0.0 : s[ri]) + float(rank);
+            }
+        }
+        return;
+    }
     for (uint w = gid; w < p.batch * jt; w += ngroups) { // uniform per workgroup
         uint b = w / jt, j = (w - b * jt) * KVM_WG + tid;
         bool live = j < p.nb;
         uint oi = p.out_off + b * p.nb + j;
         float acc = (p.first != 0u || !live) ? 0.0 : o[oi];
-        for (uint t = 0u; t < p.tn; t++) {
+        for (uint t = p.t0; t < p.t1; t++) {
             uint row = b * p.tn + t, base = row * p.nb;
-            float x = live ? s[base + j] : 0.0, pr;
+            float pr;
             if (p.norm == 0u) {
+                float x = live ? s[base + j] : 0.0;
                 pr = exp(p.tau * (x - s[p.stats_off + 2u * row])) * s[p.stats_off + 2u * row + 1u];
             } else {
-                uint rank = 1u;
-                for (uint j0 = 0u; j0 < p.nb; j0 += KVM_WG) {
-                    tile[tid] = j0 + tid < p.nb ? s[base + j0 + tid] : 0.0;
-                    barrier();
-                    uint n = min(KVM_WG, p.nb - j0);
-                    for (uint i = 0u; i < n; i++) {
-                        float y = tile[i];
-                        rank += (y > x || (y == x && j0 + i < j)) ? 1u : 0u;
-                    }
-                    barrier();
-                }
-                pr = 1.0 / (float(rank) + p.rr_c);
+                pr = 1.0 / ((live ? s[p.rank_off + base + j] : 0.0) + 1.0 + p.rr_c);
             }
             acc = p.agg == 0u ? max(acc, pr) : acc + pr;
         }
