@@ -35,7 +35,7 @@ function memoryView(r) {
 
 // Where ART stopped while decoding: tiles read of the tiles there were, summed
 // over the decode steps, layers and KV heads (kvmem_attend's stats).
-function artView(r, model) {
+function artView(r, model, patience) {
   const a = r.art;
   if (!a) return el('p', { class: 'art off' }, 'ART off: the engine\'s exact attention read every position.');
   const d = a.decode, steps = r.kvmem.ids.length;
@@ -52,7 +52,10 @@ function artView(r, model) {
     plural(steps, 'token'), ' (tiles of ', a.tileSize, ' positions): read ',
     el('strong', { class: 'art-visited' }, d.tilesVisited), ' of ', el('strong', { class: 'art-total' }, d.tilesTotal),
     ` tiles (${pct.toFixed(1)}%), ${(d.tilesVisited / streams).toFixed(2)} of ${(d.tilesTotal / streams).toFixed(2)} per step and KV-head stream; `,
-    skipped ? `${plural(skipped, 'tile')} never read.` : 'no stream stopped early (too few tiles for the stop rule).'), bar);
+    skipped ? `${plural(skipped, 'tile')} never read.`
+      : d.tilesTotal / streams <= patience + 1
+        ? `every tile read: too few tiles per stream for the stop rule, which waits for ${patience} stable tiles in a row (try a smaller tile).`
+        : 'every tile read: no stream\'s output settled before its last tile.'), bar);
   box.append(el('p', { class: 'note' }, `prefill of the new text: ${a.prefill.tilesVisited} of ${a.prefill.tilesTotal} tiles read`));
   return box;
 }
@@ -62,14 +65,14 @@ function continuationRow(kind, label, c, same) {
     el('td', {}, quoted(c.text, 'text continuation'), same ? el('span', { class: 'same', title: 'the same tokens as with full context' }, ' = full') : ''));
 }
 
-function sessionView(r, model) {
+function sessionView(r, model, patience) {
   const card = el('article', { class: 'session', 'data-session': r.session, 'data-history': r.history,
     'data-budget': r.budget });
   card.append(el('h3', {}, `Session ${r.session} `,
     el('span', { class: 'note' }, `history ${r.history} tokens · memory budget ${r.budget} · ${r.ms.toFixed(1)} ms in this page`)));
   card.append(el('p', { class: 'newtext' }, el('span', { class: 'label' }, 'new text'), ' ', quoted(r.text)));
   if (r.memory) card.append(memoryView(r));
-  card.append(artView(r, model));
+  card.append(artView(r, model, patience));
   const t = el('table', { class: 'continuations' });
   const sameIds = (a, b) => a.ids.length === b.ids.length && a.ids.every((x, i) => x === b.ids[i]);
   if (r.full) {
@@ -95,7 +98,7 @@ export function initStoryMode(km) {
   const results = $('story-results'), list = $('story-sessions');
 
   PRESETS.forEach((p, i) => $('story-preset').append(el('option', { value: i }, p.name)));
-  const tile = km.attendDefaults().tileSize || 64;
+  const { tileSize, patience } = km.attendDefaults(), tile = tileSize || 64;
   for (const [v, label] of [[0, `kvmem's default (${tile})`], [32, '32'], [16, '16'], [8, '8']])
     $('story-art-tile').append(el('option', { value: v }, label));
 
@@ -153,7 +156,7 @@ export function initStoryMode(km) {
         await new Promise((r) => setTimeout(r, 0));
         try {
           const [r] = runSessions(story, [text], opts);
-          results.append(sessionView(r, story.model));
+          results.append(sessionView(r, story.model, patience));
           window.kvmemStory.push(r);
         } catch (e) {
           results.append(errorView(window.kvmemStory.length, e));

@@ -14,6 +14,8 @@
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --kvmem build/default/tools/kvmem [--screenshot out.png]
 //        [--model M --tokenizer T --tinyllm DIR]   (DIR holds tinyllm and tinyllm-story)
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --bench out.json   (bench.html only; no checks)
+//   node wasm/tests/browser_test.mjs --www build/wasm/www --bench-story out.json [--repeat R]
+//        (the real-model story R times in the page, ART on: the median time of each session; no checks)
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -293,6 +295,27 @@ try {
       writeFileSync(args.bench, JSON.stringify(r) + '\n');
       console.log(JSON.stringify(r));
     }
+    throw new Done();
+  }
+  if (args['bench-story']) {
+    const R = Number(args.repeat || 15);
+    const runs = () => page.evaluate(() => window.kvmemStoryRuns || 0);
+    await page.goto(url + '#story');
+    await page.waitForFunction(() => window.kvmemStoryRuns > 0, null, { timeout: 120000 });
+    const ms = [];
+    for (let r = 0; r < R; r++) {
+      const before = await runs();
+      await page.click('#story-run');
+      await page.waitForFunction((b) => (window.kvmemStoryRuns || 0) > b, before, { timeout: 120000 });
+      ms.push(await page.evaluate(() => window.kvmemStory.map((x) => x.ms)));
+    }
+    const median = (x) => { const y = [...x].sort((a, b) => a - b), n = y.length; return n % 2 ? y[n >> 1] : (y[n / 2 - 1] + y[n / 2]) / 2; };
+    const r = { suite: 'story-browser', repeat: R, session_ms: ms[0].map((_, i) => +median(ms.map((m) => m[i])).toFixed(3)),
+      story_ms: +median(ms.map((m) => m.reduce((a, b) => a + b, 0))).toFixed(3),
+      user_agent: await page.evaluate(() => navigator.userAgent) };
+    check(ms.every((m) => m.length === ms[0].length && m.length > 0), 'every run showed every session');
+    writeFileSync(args['bench-story'], JSON.stringify(r) + '\n');
+    console.log(JSON.stringify(r));
     throw new Done();
   }
   const errors = [];
