@@ -163,6 +163,7 @@ function setupTabs(km) {
   tabs.synthetic.addEventListener('click', () => show('synthetic'));
   tabs.story.addEventListener('click', () => show('story'));
   if (location.hash === '#story' && km.hasStory) show('story');
+  window.addEventListener('hashchange', () => show(location.hash === '#story' && km.hasStory ? 'story' : 'synthetic'));
 }
 
 async function main() {

@@ -223,6 +223,23 @@ function compareDemo(label, ui, demo) {
   });
 }
 
+const storyStatus = (page) => page.evaluate(() => document.getElementById('story-model').textContent);
+
+// Served without a model, the story mode asks for the files (models.json answered 404).
+async function noModelChecks(page, errors) {
+  const n0 = errors.length;
+  await page.route('**/models/models.json', (r) => r.fulfill({ status: 404, body: '' }));
+  await page.goto(url + 'index.html#story'); // another URL than the page's, so a fresh load
+  await page.waitForSelector('body[data-story="no-model"]', { timeout: 30000 });
+  const st = await storyStatus(page);
+  check(/No model is served/.test(st) && /Pick a model file/.test(st), 'without a served model the story mode asks for files', st);
+  check(await page.evaluate(() => document.getElementById('story-run').disabled), 'without a model there is nothing to run');
+  await page.unroute('**/models/models.json');
+  // the browser logs the 404 it was given; anything else is an error
+  const logged = errors.splice(n0);
+  check(logged.every((e) => /404/.test(e)), 'no page errors without a served model', logged.join(' | '));
+}
+
 async function storyChecks(page, errors, model, tok) {
   const runs = () => page.evaluate(() => window.kvmemStoryRuns || 0);
   const act = async (fn) => {
@@ -231,12 +248,21 @@ async function storyChecks(page, errors, model, tok) {
     await page.waitForFunction((b) => (window.kvmemStoryRuns || 0) > b, before, { timeout: 60000 });
   };
   const texts = () => page.evaluate(() => Array.from(document.querySelectorAll('#story-sessions textarea')).map((t) => t.value.trim()));
-  const status = () => page.evaluate(() => document.getElementById('story-model').textContent);
+  const status = () => storyStatus(page);
+
+  // no model served: the visitor picks the files from disk (the page is where noModelChecks left it)
+  await page.setInputFiles('#story-model-file', model);
+  await page.setInputFiles('#story-tok-file', tok);
+  await act(() => page.click('#story-load-files'));
+  check(/from disk/.test(await status()), 'the story mode loads a model picked from disk', await status());
+  compareStory('story from files picked on disk', await shownStory(page), nativeStory(model, tok, await texts(), { art: true }));
 
   // the model the page is served with is the one compared against
   const served = JSON.parse(readFileSync(path.join(www, 'models', 'models.json'), 'utf8'));
   check(readFileSync(path.join(www, 'models', served.model)).equals(readFileSync(model)), 'the page serves the model under test');
 
+  await page.goto(url);
+  await page.waitForSelector('body[data-state="ready"]', { timeout: 30000 });
   await act(() => page.click('#tab-story'));
   check(/served with the page/.test(await status()), 'the story mode loads the served model', await status());
   const preset = await texts();
@@ -261,12 +287,12 @@ async function storyChecks(page, errors, model, tok) {
   const v = nat16.reduce((a, n) => a + n.art.decode.tiles_visited, 0), t = nat16.reduce((a, n) => a + n.art.decode.tiles_total, 0);
   check(v < t, 'with tiles of 16 ART stops early somewhere in the story (the stop point is not trivial)', `${v} of ${t}`);
 
-  // a visitor without a served model picks the files from disk
+  // files picked from disk replace the served model; the settings stay
   await page.setInputFiles('#story-model-file', model);
   await page.setInputFiles('#story-tok-file', tok);
   await act(() => page.click('#story-load-files'));
-  check(/from disk/.test(await status()), 'the story mode loads a model picked from disk', await status());
-  compareStory('story from files picked on disk', await shownStory(page), nat16);
+  check(/from disk/.test(await status()), 'files picked on disk replace the served model', await status());
+  compareStory('story from disk, ART tiles of 16', await shownStory(page), nat16);
 
   // and types the next session
   await page.fill('#story-next', 'The next day,');
@@ -382,6 +408,7 @@ try {
     : !tok || !existsSync(tok) ? `no tokenizer at ${args.tokenizer}`
       : !tinyllmDir || !existsSync(path.join(tinyllmDir, 'tinyllm-story')) ? `the native tinyllm-story is not built in ${tinyllmDir}`
         : !existsSync(path.join(www, 'models', 'models.json')) ? 'no model served in www/models (scripts/wasm-build.sh copies it)' : '';
+  await noModelChecks(page, errors);
   if (why) console.log(`real-model browser checks skipped: ${why}`);
   else await storyChecks(page, errors, model, tok);
 
