@@ -371,8 +371,9 @@ static int session_json(tl_story *s, jbuf *j, const char *text, size_t len, cons
     if (!o->art) {
         jputs(j, "null");
     } else {
+        jputs(j, "{");
 #ifdef TINYLLM_HAVE_ATTEND
-        jf(j, "{\"tile_size\":%d,", art->params.tile_size ? art->params.tile_size : 64);
+        jf(j, "\"tile_size\":%d,", art->params.tile_size ? art->params.tile_size : 64);
 #endif
         jart(j, "prefill", pre->tiles_visited, pre->tiles_total, pre->positions_read);
         jputs(j, ",");

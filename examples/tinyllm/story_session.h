@@ -58,7 +58,7 @@ char *tl_story_describe(const tl_story *s);
 /* Run one session on `len` bytes of UTF-8 text (opts NULL: exact attention).
  * On success *json gets the session (caller frees with free()):
  *   session, history, budget, text, prompt (ids), memory (null in the first
- *   session, else rows, budget, local_rows, retrieved_rows, blocks [{id,
+ *   session, else rows, local_rows, retrieved_rows, blocks [{id,
  *   first, n, ids, text}], live {first, n, ids, text}), art (null, or
  *   tile_size and prefill / decode {tiles_visited, tiles_total,
  *   positions_read}), kvmem / full / recent continuations {ids, text}
