@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The WebAssembly checks of `make test`: the SIMD128 kernels against the
-# scalar reference and the JavaScript API (Node), then the demo page in
-# headless Chromium against `kvmem demo --json` (same seed and settings).
-# Prints "skipped: <why>" when a tool is missing, never a silent pass.
+# scalar reference and the JavaScript API (Node), the tinyllm engine in the
+# module on the real model (Node), then the demo page in headless Chromium
+# against `kvmem demo --json` (same seed and settings) and, in its
+# real-model mode, against the native engine (tinyllm-story, tinyllm demo)
+# on the same sessions. Prints "skipped: <why>" when a tool or the model
+# is missing, never a silent pass.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tool=${KVMEM_TOOL:-$root/build/default/tools/kvmem}
+tinyllm=${KVMEM_TINYLLM_DIR:-$root/build/default/examples/tinyllm}
+model=${KVMEM_TEST_MODEL:-$root/../shared/models/stories260K.bin}
+tok=${KVMEM_TEST_TOKENIZER:-$(dirname "$model")/tok512.bin}
 skip() { echo "test-web skipped: $*"; exit 0; }
 
 command -v emcmake >/dev/null || skip "emcc/emcmake not installed (apt-get install emscripten node-acorn)"
@@ -23,6 +29,12 @@ if [ ! -d "$root/core/retrieve" ] || [ ! -d "$root/core/attend" ]; then
 fi
 echo "== JavaScript API (Node)"
 node "$root/wasm/tests/api_test.mjs" "$www" || fail=1
+echo "== the tinyllm engine in the module, on the real model (Node)"
+if [ ! -f "$model" ] || [ ! -f "$tok" ]; then
+  echo "real-model test skipped: no model at $model or tokenizer at $tok (set KVMEM_TEST_MODEL)"
+else
+  node "$root/wasm/tests/story_test.mjs" "$www" "$model" "$tok" || fail=1
+fi
 echo "== demo page in Chromium vs the native kvmem demo --json"
 if [ ! -x /usr/bin/chromium ]; then
   echo "browser test skipped: /usr/bin/chromium not installed (apt-get install chromium)"
@@ -30,6 +42,7 @@ elif [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
   echo "browser test skipped: playwright-core not installed (cd wasm && npm ci)"
 else
   node "$root/wasm/tests/browser_test.mjs" --www "$www" --kvmem "$tool" \
+    --model "$model" --tokenizer "$tok" --tinyllm "$tinyllm" \
     --screenshot "$root/build/wasm/demo.png" || fail=1
 fi
 exit $fail

@@ -130,6 +130,84 @@ export interface DemoScript {
   agents: { id: string; rotated: boolean; steps: { topic: number; tokens: number; ask: boolean }[] }[];
 }
 
+/** The model a Story runs (story.model). */
+export interface StoryModel {
+  /** 'llama2c' or 'gguf' */
+  format: string;
+  dim: number;
+  hiddenDim: number;
+  nLayers: number;
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+  vocab: number;
+  /** the model's context length: a story ends there */
+  seqLen: number;
+  /** the kvmem agent's block size (16) and storage ('f16') */
+  blockSize: number;
+  storage: string;
+  /** tokens generated per continuation (20) */
+  gen: number;
+  /** the longest session text, in tokens (128) */
+  maxPrompt: number;
+  /** history tokens the retrieval probe sees (32) */
+  probeWindow: number;
+  /** whether the build has ART (kvmem_attend), and its default tile size */
+  art: boolean;
+  artDefaultTile: number;
+}
+
+/** Token ids and their text (decoded by the model's tokenizer). */
+export interface StoryText { ids: number[]; text: string; }
+
+/** History tokens [first, first + n): ids and text. */
+export interface StoryRange extends StoryText { first: number; n: number; }
+
+/** ART stats summed over layers, KV heads and rows (kvmem_attend's). */
+export interface StoryArtStats { tilesVisited: number; tilesTotal: number; positionsRead: number; }
+
+/** One session of a Story (story.session(text)). */
+export interface StorySession {
+  /** 1, 2, ... since the story began (or was reset) */
+  session: number;
+  /** tokens in the agent's history before this session */
+  history: number;
+  /** the memory budget: a quarter of the history in whole blocks, at least 32 */
+  budget: number;
+  text: string;
+  /** the text's token ids (BOS first in the first session) */
+  prompt: number[];
+  /** what kvmem gave the prompt (null in the first session): the live context (the newest
+   *  history, at its own positions) and the retrieved blocks (chronological, re-encoded
+   *  just before the live context) */
+  memory: null | { rows: number; localRows: number; retrievedRows: number;
+    blocks: (StoryRange & { id: number })[]; live: StoryRange };
+  /** null unless the session ran with { art: true }: where ART stopped */
+  art: null | { tileSize: number; prefill: StoryArtStats; decode: StoryArtStats };
+  /** the continuation on kvmem's memory (appended to the agent with the text) */
+  kvmem: StoryText;
+  /** the same session on the full history and on the last `budget` tokens (null in the first) */
+  full: StoryText | null;
+  recent: (StoryText & { window: number }) | null;
+  /** tokens through the model: the text, the retrieval probe, and what a text agent re-reads */
+  tokens: { prefilled: number; probed: number; reread: number };
+}
+
+/** A story agent on a real model: the tinyllm engine in the module, its KV memory a kvmem agent. */
+export declare class Story {
+  readonly model: Readonly<StoryModel>;
+  /** tokens in the agent's history */
+  readonly historyTokens: number;
+  /** One session: retrieve, prefill, continue greedily, append. Throws KvmemError(INVALID_ARG)
+   *  for empty text, more than model.maxPrompt tokens or a story past model.seqLen (unchanged). */
+  session(text: string, options?: { art?: boolean; artTile?: number }): StorySession;
+  /** forget the history */
+  reset(): void;
+  encode(text: string, options?: { bos?: boolean }): Int32Array;
+  decode(ids: ArrayLike<number>): string;
+  close(): void;
+}
+
 /** The loaded module. */
 export declare class Kvmem {
   /** kvmem_version() */
@@ -138,6 +216,12 @@ export declare class Kvmem {
   readonly kernels: string;
   /** the Emscripten module */
   readonly M: any;
+  /** whether the module holds the tinyllm engine (openStory) */
+  readonly hasStory: boolean;
+  /** The tinyllm engine on a real model: a llama2.c checkpoint or GGUF file, and llama2.c's
+   *  tokenizer file (null: the GGUF's own vocabulary). Throws KvmemError(FORMAT) with the
+   *  loader's message. */
+  openStory(model: ArrayBuffer | ArrayBufferView, tokenizer?: ArrayBuffer | ArrayBufferView | null): Story;
   createContext(options?: { nThreads?: number }): Context;
   createRng(seed: bigint | number): Rng;
   createRetrieval(): Retrieval;

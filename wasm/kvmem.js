@@ -16,6 +16,10 @@
 //   agent.append(k, v, nTokens); agent.flush();
 //   const r = agent.retrieve(query, nQ, { topK: 8, norm: 'rr', agg: 'sum' });
 //   agent.close(); pool.close(); ctx.close();
+//
+// A real model runs in the module too (the tinyllm engine): km.openStory(modelBytes,
+// tokenizerBytes) is a story agent whose memory is kvmem; story.session(text)
+// retrieves, prefills, continues and reports what it did.
 
 export const Status = Object.freeze({
   OK: 0, INVALID_ARG: -1, NOMEM: -2, CAPACITY: -3, NOT_FOUND: -4, EXISTS: -5, CLOSED: -6,
@@ -92,6 +96,8 @@ export class Kvmem {
     this._scratch = M._malloc(256);
     this.version = this.fn('kvmem_version', 'string', [])();
     this.kernels = this.fn('kvmw_cpu_kernels', 'string', [])();
+    /** whether the module holds the tinyllm engine (openStory) */
+    this.hasStory = typeof M._kvmw_story_open === 'function';
   }
 
   // cwrap once, reuse: the wrappers are cached by name.
@@ -162,6 +168,30 @@ export class Kvmem {
 
   /** The scripted session of `kvmem demo` (agents, turns, questions, model). */
   demoScript() { return JSON.parse(this.fn('kvmw_demo_script', 'string', [])()); }
+
+  /** The tinyllm engine on a real model, its KV memory a kvmem agent: model is a
+   *  llama2.c checkpoint or a GGUF file (llama, F32/F16), tokenizer llama2.c's
+   *  tokenizer file (null: the GGUF's own vocabulary); bytes as ArrayBuffer or a
+   *  typed array, copied. Throws KvmemError(FORMAT) with the loader's message. */
+  openStory(model, tokenizer = null) {
+    const open = this.fn('kvmw_story_open', 'number', Array(5).fill('number')); // UNSUPPORTED without the engine
+    const mb = asBytes(model, 'model'), tb = tokenizer == null ? null : asBytes(tokenizer, 'tokenizer');
+    if (!mb.length) throw badArg('the model file is empty');
+    return this.withHeap([this.copyIn(mb), this.copyIn(tb && tb.length ? tb : null)], ([m, t]) => {
+      this.check(open(m.ptr, mb.length, t.ptr, t.ptr ? tb.length : 0, this._scratch));
+      return new Story(this, this.readPtr());
+    });
+  }
+
+  /** A C string the call malloc'd, at the scratch slot: read and freed. */
+  takeString(slot = 0) {
+    const p = this.readPtr(slot);
+    try {
+      return this.M.UTF8ToString(p);
+    } finally {
+      this._free(p);
+    }
+  }
 
   /** Free the module's own scratch memory (after every object is closed). */
   close() {
@@ -493,6 +523,89 @@ export class Synth extends Handle {
     if (this.ptr) this.km.fn('kvmw_synth_free', null, ['number'])(this.ptr);
     this.ptr = 0;
     this.pool.synths.delete(this);
+  }
+}
+
+function asBytes(x, what) {
+  if (x instanceof Uint8Array) return x;
+  if (x instanceof ArrayBuffer) return new Uint8Array(x);
+  if (ArrayBuffer.isView(x)) return new Uint8Array(x.buffer, x.byteOffset, x.byteLength);
+  throw new TypeError(`${what}: expected an ArrayBuffer or a typed array`);
+}
+
+const utf8 = new TextEncoder();
+
+// The C side writes JSON with snake_case keys; JavaScript gets camelCase.
+function camel(x) {
+  if (Array.isArray(x)) return x.map(camel);
+  if (x === null || typeof x !== 'object') return x;
+  const out = {};
+  for (const [k, v] of Object.entries(x)) out[k.replace(/_([a-z])/g, (_, c) => c.toUpperCase())] = camel(v);
+  return out;
+}
+
+/** A story agent on a real model (examples/tinyllm/story_session.c): each session
+ *  asks kvmem for memory (MemArt as deployed: the live context plus the blocks the
+ *  new text's queries retrieve, a quarter of the history), prefills the text on it,
+ *  continues greedily and appends both to the agent; beside it the same session
+ *  runs on full context and on a recent window of the same budget. close() it. */
+export class Story extends Handle {
+  constructor(km, ptr) {
+    super(km, ptr, 'story');
+    km.check(km.fn('kvmw_story_describe', 'number', ['number', 'number'])(ptr, km._scratch));
+    /** { format, dim, hiddenDim, nLayers, nHeads, nKvHeads, headDim, vocab, seqLen, blockSize,
+     *  storage, gen, maxPrompt, probeWindow, art, artDefaultTile } */
+    this.model = Object.freeze(camel(JSON.parse(km.takeString())));
+  }
+
+  /** Tokens in the agent's history. */
+  get historyTokens() { return this.km.fn('kvmw_story_history', 'number', ['number'])(this.live()); }
+
+  /** One session of text. options: { art = false (kvmem's run attends with ART and
+   *  reports where it stopped), artTile = 0 (ART tile size; 0 = kvmem's default) }.
+   *  Returns { session, history, budget, text, prompt, memory, art, kvmem, full, recent,
+   *  tokens } (kvmem.d.ts: StorySession). Refused (KvmemError, the story unchanged):
+   *  empty text, more than model.maxPrompt tokens, a story past the model's context. */
+  session(text, { art = false, artTile = 0 } = {}) {
+    const km = this.km;
+    if (typeof text !== 'string') throw new TypeError('text must be a string');
+    if (!Number.isInteger(artTile) || artTile < 0) throw badArg(`artTile ${artTile}: expected an integer >= 0`);
+    const bytes = utf8.encode(text);
+    return km.withHeap([km.copyIn(bytes)], ([tb]) => {
+      km.check(km.fn('kvmw_story_session', 'number', Array(6).fill('number'))(
+        this.live(), tb.ptr, bytes.length, art ? 1 : 0, artTile, km._scratch));
+      return camel(JSON.parse(km.takeString()));
+    });
+  }
+
+  /** Forget the history: the next session is the first again. */
+  reset() { this.km.check(this.km.fn('kvmw_story_reset', 'number', ['number'])(this.live())); }
+
+  /** The tokenizer: text to ids (bos: prepend BOS, id 1). */
+  encode(text, { bos = false } = {}) {
+    const km = this.km, bytes = utf8.encode(String(text)), cap = bytes.length + 3;
+    return km.withHeap([km.copyIn(bytes), new HeapBlock(km, 4 * cap)], ([tb, ob]) => {
+      km.check(km.fn('kvmw_story_encode', 'number', Array(7).fill('number'))(
+        this.live(), tb.ptr, bytes.length, bos ? 1 : 0, ob.ptr, cap, km._scratch));
+      const n = km.i32[km._scratch >> 2];
+      return km.i32.slice(ob.ptr >> 2, (ob.ptr >> 2) + n);
+    });
+  }
+
+  /** Ids to text (the tokenizer's decoding: no space after BOS, <0xNN> as bytes). */
+  decode(ids) {
+    const km = this.km, a = Int32Array.from(ids);
+    for (const id of a)
+      if (id < 0 || id >= this.model.vocab) throw badArg(`token id ${id} outside the vocabulary [0, ${this.model.vocab})`);
+    return km.withHeap([km.copyIn(a)], ([ib]) => {
+      km.check(km.fn('kvmw_story_decode', 'number', Array(4).fill('number'))(this.live(), ib.ptr, a.length, km._scratch));
+      return km.takeString();
+    });
+  }
+
+  close() {
+    if (this.ptr) this.km.fn('kvmw_story_free', null, ['number'])(this.ptr);
+    this.ptr = 0;
   }
 }
 

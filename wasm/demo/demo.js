@@ -1,6 +1,8 @@
-// The demo page: controls in, the view from session.js out. Plain DOM.
+// The demo page: controls in, the view from session.js out (synthetic
+// mode), or the real-model story (story-view.js). Plain DOM.
 import { load } from './kvmem.js';
 import { computeView, questions } from './session.js';
+import { initStoryMode } from './story-view.js';
 
 const TOPIC_COLORS = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#b07aa1', '#76b7b2', '#edc948', '#9c755f', '#bab0ac'];
 const SVG = 'http://www.w3.org/2000/svg';
@@ -142,14 +144,44 @@ function render(view) {
   $('view').hidden = false;
 }
 
+// Two modes, one module: the story mode loads its model when first shown.
+function setupTabs(km) {
+  let story = null;
+  const tabs = { synthetic: $('tab-synthetic'), story: $('tab-story') };
+  function show(mode) {
+    for (const [m, tab] of Object.entries(tabs)) {
+      tab.setAttribute('aria-selected', String(m === mode));
+      $(`mode-${m}`).hidden = m !== mode;
+    }
+    if (mode === 'story' && !story) story = initStoryMode(km);
+    if (location.hash !== (mode === 'story' ? '#story' : '')) history.replaceState(null, '', mode === 'story' ? '#story' : location.pathname);
+  }
+  if (!km.hasStory) {
+    tabs.story.disabled = true;
+    tabs.story.title = 'this build of the module has no tinyllm engine';
+  }
+  tabs.synthetic.addEventListener('click', () => show('synthetic'));
+  tabs.story.addEventListener('click', () => show('story'));
+  if (location.hash === '#story' && km.hasStory) show('story');
+  window.addEventListener('hashchange', () => show(location.hash === '#story' && km.hasStory ? 'story' : 'synthetic'));
+}
+
 async function main() {
-  const km = await load();
+  let km;
+  try {
+    km = await load();
+  } catch (e) {
+    // the module's fetch failed (not served, or not built): say how to serve it
+    if (window.kvmemServeHint) window.kvmemServeHint(`the WebAssembly module did not load: ${e.message}`);
+    throw e;
+  }
   const script = km.demoScript();
   const qs = questions(script);
   const qsel = $('question');
   qs.forEach((q, i) => qsel.append(el('option', { value: i }, `${q.agent} · turn ${q.turn} · asks about ${script.topics[q.topic]}`)));
-  $('meta').textContent = `kvmem ${km.version} · WebAssembly, ${km.kernels} kernels · model ${script.model.id} ` +
-    `(${script.model.nLayers} layers, ${script.model.nQHeads}/${script.model.nKvHeads} heads, head_dim ${script.model.headDim}) · seed 42`;
+  $('meta').textContent = `kvmem ${km.version} · WebAssembly, ${km.kernels} kernels${km.hasStory ? ' · tinyllm engine' : ''} · ` +
+    `synthetic model ${script.model.id} (${script.model.nLayers} layers, ${script.model.nQHeads}/${script.model.nKvHeads} heads, ` +
+    `head_dim ${script.model.headDim}) · seed 42`;
 
   function update() {
     const q = qs[Number(qsel.value)];
@@ -172,9 +204,11 @@ async function main() {
   }
   for (const id of ['question', 'mode', 'topk', 'blocksize', 'tau']) $(id).addEventListener('change', update);
   update();
+  setupTabs(km);
 }
 
 main().catch((e) => {
+  if (document.body.dataset.state === 'not-served') return;
   $('meta').textContent = `could not start: ${e.message}`;
   document.body.dataset.state = 'error';
 });

@@ -63,4 +63,20 @@ kvmem_status kvmw_attend_tensors(kvmem_context *ctx, const float *q, int32_t n_r
                                  double *stats);
 #endif
 
+#if defined(KVMEM_WASM_HAVE_STORY)
+/* story.c (the real-model story: examples/tinyllm/story_session.c) */
+typedef struct tl_story tl_story;
+kvmem_status kvmw_story_open(const uint8_t *model, double model_size, const uint8_t *tok, double tok_size,
+                             tl_story **out);
+void kvmw_story_free(tl_story *s);
+kvmem_status kvmw_story_reset(tl_story *s);
+double kvmw_story_history(tl_story *s);
+kvmem_status kvmw_story_describe(tl_story *s, char **out);
+kvmem_status kvmw_story_session(tl_story *s, const char *text, int32_t len, int32_t art, int32_t art_tile,
+                                char **json);
+kvmem_status kvmw_story_encode(tl_story *s, const char *text, int32_t len, int32_t bos, int32_t *out, int32_t cap,
+                               int32_t *n_out);
+kvmem_status kvmw_story_decode(tl_story *s, const int32_t *ids, int32_t n, char **out);
+#endif
+
 #endif

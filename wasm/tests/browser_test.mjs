@@ -2,16 +2,26 @@
 // serve build/wasm/www on 127.0.0.1, load the page, change its controls,
 // read the numbers it shows and compare them with
 // `kvmem demo --json --agent A --turn N --mode M --k K --block-size BS --tau-s X --tau-d Y`
-// for the same seed and settings. Saves a screenshot. Prints
-// "N passed, N failed"; exits 1 on any failure.
+// for the same seed and settings. Then the real-model mode (the tinyllm
+// engine in the page, the model served beside it and then picked from disk
+// with the file inputs) against the native engine on the same sessions:
+// `tinyllm-story --art` (the page's own code, natively: every token id and
+// ART stat) and, with ART off, `tinyllm demo` (story.c, its printed text:
+// retrieved blocks, live context, the three continuations). Then the page
+// opened from disk (file://) must say how to serve it. Saves screenshots.
+// Prints "N passed, N failed"; exits 1 on any failure.
 //
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --kvmem build/default/tools/kvmem [--screenshot out.png]
+//        [--model M --tokenizer T --tinyllm DIR]   (DIR holds tinyllm and tinyllm-story)
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --bench out.json   (bench.html only; no checks)
+//   node wasm/tests/browser_test.mjs --www build/wasm/www --bench-story out.json [--repeat R]
+//        (the real-model story R times in the page, ART on: the median time of each session; no checks)
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { chromium } from 'playwright-core';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
@@ -20,6 +30,7 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
 }, []));
 const www = path.resolve(args.www);
 const kvmem = args.kvmem ? path.resolve(args.kvmem) : null;
+const tinyllmDir = args.tinyllm ? path.resolve(args.tinyllm) : null;
 
 class Done extends Error {}
 let passed = 0, failed = 0;
@@ -104,6 +115,192 @@ function compare(label, ui, nat) {
   check(close(ui.directionChange, art.direction_change.slice(1), sig3), `${label}: ART direction change per block`);
 }
 
+// ---- the real-model mode ----
+
+// The native engine on the same sessions: the page's code (story_session.c) as JSON.
+function nativeStory(model, tok, texts, { art = true, artTile = 0 } = {}) {
+  const a = [model, '--tokenizer', tok, ...(art ? ['--art'] : []), ...(artTile ? ['--art-tile', String(artTile)] : []), ...texts];
+  return JSON.parse(execFileSync(path.join(tinyllmDir, 'tinyllm-story'), a, { encoding: 'utf8' })).sessions;
+}
+
+// `tinyllm demo`'s printed story (story.c, both processes), parsed.
+function demoStory(model, tok) {
+  const dir = mkdtempSync(path.join(tmpdir(), 'kvmem-story-'));
+  try {
+    const out = execFileSync(path.join(tinyllmDir, 'tinyllm'), ['demo', model, '--tokenizer', tok, '--state', dir], { encoding: 'utf8' });
+    const sessions = [];
+    let s = null, m;
+    for (const line of out.split('\n')) {
+      if ((m = /^session (\d+) \(history (\d+) tokens; memory budget (\d+)\):$/.exec(line)))
+        sessions.push(s = { session: +m[1], history: +m[2], budget: +m[3], blocks: [], live: null, kvmem: null, full: null, recent: null });
+      else if (!s) continue;
+      else if ((m = /^ {2}new text: "(.*)"$/.exec(line))) s.newText = m[1];
+      else if ((m = /^ {2}kvmem memory, (\d+) of \d+ history tokens: the live context \((\d+) tokens?\)/.exec(line))) {
+        s.rows = +m[1];
+        s.localRows = +m[2];
+      } else if ((m = /^ {4}retrieved block (\d+) \(tokens (\d+)-(\d+)\): "(.*)"$/.exec(line)))
+        s.blocks.push({ id: +m[1], first: +m[2], n: +m[3] - +m[2] + 1, text: m[4] });
+      else if ((m = /^ {4}live context: "(.*)"$/.exec(line))) s.live = m[1];
+      else if ((m = /^ {2}continued(?: with kvmem memory)?: +"(.*)"$/.exec(line))) s.kvmem = m[1];
+      else if ((m = /^ {2}with full context: +"(.*)"$/.exec(line))) s.full = m[1];
+      else if ((m = /^ {2}with the last (\d+) tokens: +"(.*)"$/.exec(line))) s.recent = { window: +m[1], text: m[2] };
+    }
+    return sessions;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+// What the story mode shows, read from the DOM.
+async function shownStory(page) {
+  return page.evaluate(() => Array.from(document.querySelectorAll('#story-results article')).map((a) => {
+    const q = (sel) => a.querySelector(sel);
+    const ids = (e) => e.dataset.ids.split(' ').filter(Boolean).map(Number);
+    const text = (e) => e.querySelector('q').textContent;
+    const row = (kind) => { const r = q(`tr[data-kind="${kind}"]`); return r && { ids: ids(r), text: text(r) }; };
+    const live = q('p.live'), art = q('.art[data-visited]');
+    return {
+      error: a.classList.contains('error') ? a.textContent : null,
+      session: Number(a.dataset.session), history: Number(a.dataset.history), budget: Number(a.dataset.budget),
+      newText: q('.newtext') && text(q('.newtext')),
+      blocks: Array.from(a.querySelectorAll('li.block')).map((b) => ({ id: Number(b.dataset.block), first: Number(b.dataset.first),
+        n: Number(b.dataset.n), ids: ids(b), text: text(b) })),
+      live: live && { first: Number(live.dataset.first), n: Number(live.dataset.n), ids: ids(live), text: text(live) },
+      art: art && { visited: Number(art.dataset.visited), total: Number(art.dataset.total), positions: Number(art.dataset.positions),
+        tile: Number(art.dataset.tile) },
+      kvmem: row('kvmem'), full: row('full'), recent: row('recent'),
+    };
+  }));
+}
+
+const flat = (t) => t.replace(/\n/g, ' '); // the page and `tinyllm demo` show line breaks as spaces
+
+// The page against tinyllm-story's JSON: every id, every ART stat.
+function compareStory(label, ui, nat) {
+  check(ui.length === nat.length && ui.every((u) => !u.error), `${label}: ${nat.length} sessions shown, no error`,
+    `${ui.length} shown; ${ui.filter((u) => u.error).map((u) => u.error).join(' | ')}`);
+  ui.forEach((u, i) => {
+    const n = nat[i], L = `${label}, session ${i + 1}`;
+    if (!n) return;
+    check(u.history === n.history && u.budget === n.budget, `${L}: history and budget`, `${u.history}/${u.budget} vs ${n.history}/${n.budget}`);
+    check(u.newText === flat(n.text), `${L}: the new text`);
+    const nb = n.memory ? n.memory.blocks : [];
+    check(sameList(u.blocks.map((b) => b.id), nb.map((b) => b.id)), `${L}: the same retrieved blocks`,
+      `${u.blocks.map((b) => b.id)} vs ${nb.map((b) => b.id)}`);
+    check(u.blocks.every((b, j) => nb[j] && b.first === nb[j].first && b.n === nb[j].n && sameList(b.ids, nb[j].ids) && b.text === flat(nb[j].text)),
+      `${L}: the retrieved blocks' tokens and text`);
+    if (n.memory)
+      check(u.live && u.live.first === n.memory.live.first && sameList(u.live.ids, n.memory.live.ids) && u.live.text === flat(n.memory.live.text),
+        `${L}: the live context`);
+    if (n.art)
+      check(u.art && u.art.visited === n.art.decode.tiles_visited && u.art.total === n.art.decode.tiles_total &&
+        u.art.positions === n.art.decode.positions_read && u.art.tile === n.art.tile_size, `${L}: the ART stop point`,
+      `${JSON.stringify(u.art)} vs ${JSON.stringify(n.art.decode)}`);
+    for (const kind of ['kvmem', 'full', 'recent']) {
+      if (!n[kind]) continue;
+      check(u[kind] && sameList(u[kind].ids, n[kind].ids) && u[kind].text === flat(n[kind].text), `${L}: the ${kind} continuation's tokens`,
+        `${u[kind] && u[kind].ids} vs ${n[kind].ids}`);
+    }
+  });
+}
+
+// The page (ART off) against `tinyllm demo`'s printed text: another program, story.c.
+function compareDemo(label, ui, demo) {
+  check(ui.length === demo.length, `${label}: as many sessions as tinyllm demo`, `${ui.length} vs ${demo.length}`);
+  ui.forEach((u, i) => {
+    const d = demo[i], L = `${label}, session ${i + 1}`;
+    if (!d) return;
+    check(u.history === d.history && u.budget === d.budget && u.newText === d.newText, `${L}: history, budget and text`,
+      `${u.history}/${u.budget}/${u.newText} vs ${d.history}/${d.budget}/${d.newText}`);
+    check(JSON.stringify(u.blocks.map((b) => [b.id, b.first, b.n, b.text])) === JSON.stringify(d.blocks.map((b) => [b.id, b.first, b.n, b.text])),
+      `${L}: the same retrieved blocks, tokens and text`,
+      `${JSON.stringify(u.blocks.map((b) => [b.id, b.first]))} vs ${JSON.stringify(d.blocks.map((b) => [b.id, b.first]))}`);
+    check((u.live ? u.live.text : null) === d.live, `${L}: the live context`, `${u.live && u.live.text} vs ${d.live}`);
+    check(u.kvmem && u.kvmem.text === d.kvmem, `${L}: continued with kvmem memory`, `${u.kvmem && u.kvmem.text} vs ${d.kvmem}`);
+    check((u.full ? u.full.text : null) === d.full, `${L}: with full context`, `${u.full && u.full.text} vs ${d.full}`);
+    check(JSON.stringify(u.recent ? [u.budget, u.recent.text] : null) === JSON.stringify(d.recent ? [d.recent.window, d.recent.text] : null),
+      `${L}: with the recent window`, `${u.recent && u.recent.text} vs ${d.recent && d.recent.text}`);
+  });
+}
+
+const storyStatus = (page) => page.evaluate(() => document.getElementById('story-model').textContent);
+
+// Served without a model, the story mode asks for the files (models.json answered 404).
+async function noModelChecks(page, errors) {
+  const n0 = errors.length;
+  await page.route('**/models/models.json', (r) => r.fulfill({ status: 404, body: '' }));
+  await page.goto(url + 'index.html#story'); // another URL than the page's, so a fresh load
+  await page.waitForSelector('body[data-story="no-model"]', { timeout: 30000 });
+  const st = await storyStatus(page);
+  check(/No model is served/.test(st) && /Pick a model file/.test(st), 'without a served model the story mode asks for files', st);
+  check(await page.evaluate(() => document.getElementById('story-run').disabled), 'without a model there is nothing to run');
+  await page.unroute('**/models/models.json');
+  // the browser logs the 404 it was given; anything else is an error
+  const logged = errors.splice(n0);
+  check(logged.every((e) => /404/.test(e)), 'no page errors without a served model', logged.join(' | '));
+}
+
+async function storyChecks(page, errors, model, tok) {
+  const runs = () => page.evaluate(() => window.kvmemStoryRuns || 0);
+  const act = async (fn) => {
+    const before = await runs();
+    await fn();
+    await page.waitForFunction((b) => (window.kvmemStoryRuns || 0) > b, before, { timeout: 60000 });
+  };
+  const texts = () => page.evaluate(() => Array.from(document.querySelectorAll('#story-sessions textarea')).map((t) => t.value.trim()));
+  const status = () => storyStatus(page);
+
+  // no model served: the visitor picks the files from disk (the page is where noModelChecks left it)
+  await page.setInputFiles('#story-model-file', model);
+  await page.setInputFiles('#story-tok-file', tok);
+  await act(() => page.click('#story-load-files'));
+  check(/from disk/.test(await status()), 'the story mode loads a model picked from disk', await status());
+  compareStory('story from files picked on disk', await shownStory(page), nativeStory(model, tok, await texts(), { art: true }));
+
+  // the model the page is served with is the one compared against
+  const served = JSON.parse(readFileSync(path.join(www, 'models', 'models.json'), 'utf8'));
+  check(readFileSync(path.join(www, 'models', served.model)).equals(readFileSync(model)), 'the page serves the model under test');
+
+  await page.goto(url);
+  await page.waitForSelector('body[data-state="ready"]', { timeout: 30000 });
+  await act(() => page.click('#tab-story'));
+  check(/served with the page/.test(await status()), 'the story mode loads the served model', await status());
+  const preset = await texts();
+  const demo = demoStory(model, tok);
+  check(sameList(preset, demo.map((d) => d.newText)), 'the page\'s default sessions are tinyllm demo\'s', JSON.stringify(preset));
+  compareStory('story, ART at kvmem\'s default tile', await shownStory(page), nativeStory(model, tok, preset, { art: true }));
+  if (args.screenshot) {
+    const shot = args.screenshot.replace(/(\.\w+)$/, '-story$1');
+    const jpeg = /\.jpe?g$/.test(shot);
+    await page.screenshot({ path: shot, fullPage: true, ...(jpeg ? { quality: 45 } : {}) });
+    console.log(`screenshot: ${shot}`);
+  }
+
+  await act(() => page.uncheck('#story-art'));
+  compareDemo('story, exact attention vs tinyllm demo', await shownStory(page), demo);
+
+  await act(() => page.selectOption('#story-art-tile', '16'));
+  await act(() => page.check('#story-art'));
+  const ui16 = await shownStory(page);
+  const nat16 = nativeStory(model, tok, preset, { art: true, artTile: 16 });
+  compareStory('story, ART tiles of 16', ui16, nat16);
+  const v = nat16.reduce((a, n) => a + n.art.decode.tiles_visited, 0), t = nat16.reduce((a, n) => a + n.art.decode.tiles_total, 0);
+  check(v < t, 'with tiles of 16 ART stops early somewhere in the story (the stop point is not trivial)', `${v} of ${t}`);
+
+  // files picked from disk replace the served model; the settings stay
+  await page.setInputFiles('#story-model-file', model);
+  await page.setInputFiles('#story-tok-file', tok);
+  await act(() => page.click('#story-load-files'));
+  check(/from disk/.test(await status()), 'files picked on disk replace the served model', await status());
+  compareStory('story from disk, ART tiles of 16', await shownStory(page), nat16);
+
+  // and types the next session
+  await page.fill('#story-next', 'The next day,');
+  await act(() => page.click('#story-continue'));
+  compareStory('story with a typed sixth session', await shownStory(page), nativeStory(model, tok, [...preset, 'The next day,'], { art: true, artTile: 16 }));
+  check(errors.length === 0, 'no page errors in the story mode', errors.join(' | '));
+}
+
 const profile = mkdtempSync(path.join(tmpdir(), 'kvmem-chromium-'));
 let context;
 try {
@@ -126,11 +323,34 @@ try {
     }
     throw new Done();
   }
+  if (args['bench-story']) {
+    const R = Number(args.repeat || 15);
+    const runs = () => page.evaluate(() => window.kvmemStoryRuns || 0);
+    await page.goto(url + '#story');
+    await page.waitForFunction(() => window.kvmemStoryRuns > 0, null, { timeout: 120000 });
+    const ms = [];
+    for (let r = 0; r < R; r++) {
+      const before = await runs();
+      await page.click('#story-run');
+      await page.waitForFunction((b) => (window.kvmemStoryRuns || 0) > b, before, { timeout: 120000 });
+      ms.push(await page.evaluate(() => window.kvmemStory.map((x) => x.ms)));
+    }
+    const median = (x) => { const y = [...x].sort((a, b) => a - b), n = y.length; return n % 2 ? y[n >> 1] : (y[n / 2 - 1] + y[n / 2]) / 2; };
+    const r = { suite: 'story-browser', repeat: R, session_ms: ms[0].map((_, i) => +median(ms.map((m) => m[i])).toFixed(3)),
+      story_ms: +median(ms.map((m) => m.reduce((a, b) => a + b, 0))).toFixed(3),
+      user_agent: await page.evaluate(() => navigator.userAgent) };
+    check(ms.every((m) => m.length === ms[0].length && m.length > 0), 'every run showed every session');
+    writeFileSync(args['bench-story'], JSON.stringify(r) + '\n');
+    console.log(JSON.stringify(r));
+    throw new Done();
+  }
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
   // every request must stay on the loopback server
-  page.on('request', (r) => check(r.url().startsWith(url) || r.url().startsWith('data:'), 'request stays on 127.0.0.1', r.url()));
+  let fromDisk = false; // the last check opens the page from file://
+  page.on('request', (r) => check(r.url().startsWith(url) || r.url().startsWith('data:') || (fromDisk && r.url().startsWith('file:')),
+    'request stays on 127.0.0.1', r.url()));
 
   await page.goto(url);
   await page.waitForSelector('body[data-state="ready"]', { timeout: 30000 });
@@ -182,6 +402,23 @@ try {
     await page.screenshot({ path: args.screenshot, fullPage: true, ...(jpeg ? { quality: 45 } : {}) });
     console.log(`screenshot: ${args.screenshot}`);
   }
+
+  const model = args.model && path.resolve(args.model), tok = args.tokenizer && path.resolve(args.tokenizer);
+  const why = !model || !existsSync(model) ? `no model at ${args.model} (set KVMEM_TEST_MODEL)`
+    : !tok || !existsSync(tok) ? `no tokenizer at ${args.tokenizer}`
+      : !tinyllmDir || !existsSync(path.join(tinyllmDir, 'tinyllm-story')) ? `the native tinyllm-story is not built in ${tinyllmDir}`
+        : !existsSync(path.join(www, 'models', 'models.json')) ? 'no model served in www/models (scripts/wasm-build.sh copies it)' : '';
+  await noModelChecks(page, errors);
+  if (why) console.log(`real-model browser checks skipped: ${why}`);
+  else await storyChecks(page, errors, model, tok);
+
+  // opened from disk the page cannot load its module: it must say how to serve it
+  fromDisk = true;
+  await page.goto(pathToFileURL(path.join(www, 'index.html')).href);
+  await page.waitForSelector('body[data-state="not-served"]', { timeout: 15000 });
+  const hint = await page.evaluate(() => document.getElementById('meta').textContent);
+  check(/file:\/\//.test(hint) && /make demo-web/.test(hint) && /127\.0\.0\.1:8765/.test(hint),
+    'opened from file:// the page says how to serve it', hint);
 } catch (e) {
   if (!(e instanceof Done)) throw e;
 } finally {

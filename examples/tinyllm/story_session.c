@@ -1,0 +1,501 @@
+/* A story agent one session at a time (story_session.h): story.c's session,
+ * with ART as an option and the result as JSON, for the browser page and
+ * its native reference. */
+#include "story_session.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+enum { GEN = TL_STORY_GEN, PROBE_WINDOW = TL_STORY_PROBE_WINDOW, MAX_PROMPT = TL_STORY_MAX_PROMPT };
+
+struct tl_story {
+    tl_model m;
+    tl_tokenizer *tok;
+    kvmem_context *ctx;
+    tl_history h;
+    tl_state *st;
+    tl_method memart, recent, full;
+    int32_t V, L, d, kvd, sessions;
+    float *logits; /* [MAX_PROMPT][V] the prompt's logits */
+    float *next;   /* [V] one decode step's */
+    float *q;      /* [MAX_PROMPT][L][d] the probe's raw queries */
+};
+
+int64_t tl_story_budget(int64_t n) {
+    int64_t b = (n / 4 + 8) / 16 * 16;
+    return b < TL_STORY_MIN_BUDGET ? TL_STORY_MIN_BUDGET : b;
+}
+
+/* ---- JSON out: a growing buffer; text as valid UTF-8 ---- */
+
+typedef struct jbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} jbuf;
+
+static void jput(jbuf *j, const char *s, size_t n) {
+    if (j->oom) return;
+    if (j->n + n + 1 > j->cap) {
+        size_t cap = j->cap ? j->cap : 1024;
+        while (cap < j->n + n + 1) cap *= 2;
+        char *p = realloc(j->p, cap);
+        if (!p) {
+            j->oom = 1;
+            return;
+        }
+        j->p = p;
+        j->cap = cap;
+    }
+    memcpy(j->p + j->n, s, n);
+    j->n += n;
+    j->p[j->n] = '\0';
+}
+
+static void jputs(jbuf *j, const char *s) { jput(j, s, strlen(s)); }
+
+static void jf(jbuf *j, const char *fmt, ...) TL_PRINTF(2, 3);
+static void jf(jbuf *j, const char *fmt, ...) {
+    char b[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof b) j->oom = 1; /* never: the formats here are short */
+    else jput(j, b, (size_t)n);
+}
+
+/* A JSON string of len bytes. Decoded token pieces can split a UTF-8
+ * character (byte fallback), so ill-formed sequences become U+FFFD, one per
+ * maximal subpart, as a browser's TextDecoder does: the page and the native
+ * reference then show the same text. */
+static void jstr(jbuf *j, const char *s, size_t len) {
+    const unsigned char *u = (const unsigned char *)s;
+    jputs(j, "\"");
+    for (size_t i = 0; i < len;) {
+        unsigned c = u[i];
+        if (c < 0x80) {
+            char e[8];
+            if (c == '"') jputs(j, "\\\"");
+            else if (c == '\\') jputs(j, "\\\\");
+            else if (c == '\n') jputs(j, "\\n");
+            else if (c < 0x20) jput(j, e, (size_t)snprintf(e, sizeof e, "\\u%04x", c));
+            else jput(j, (const char *)u + i, 1);
+            i++;
+            continue;
+        }
+        /* continuation bytes needed, and the range of the first one (Unicode Table 3-7) */
+        size_t need = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+        unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        size_t k = 1;
+        while (need && k <= need && i + k < len && u[i + k] >= lo && u[i + k] <= hi) {
+            k++;
+            lo = 0x80;
+            hi = 0xBF;
+        }
+        if (need && k == need + 1) jput(j, (const char *)u + i, k);
+        else jputs(j, "\\ufffd");
+        i += k;
+    }
+    jputs(j, "\"");
+}
+
+static void jids(jbuf *j, const int32_t *ids, int32_t n) {
+    jputs(j, "[");
+    for (int32_t i = 0; i < n; i++) jf(j, i ? ",%d" : "%d", ids[i]);
+    jputs(j, "]");
+}
+
+/* "ids":[...],"text":"..." of n ids (the fields, inside an object the caller opened). */
+static void jtext_fields(jbuf *j, const tl_story *s, const int32_t *ids, int32_t n) {
+    char *t = tl_decode(s->tok, ids, n);
+    if (!t) {
+        j->oom = 1;
+        return;
+    }
+    jputs(j, "\"ids\":");
+    jids(j, ids, n);
+    jputs(j, ",\"text\":");
+    jstr(j, t, strlen(t));
+    free(t);
+}
+
+/* The history's tokens [first, first + n) as the fields "first", "n", "ids", "text". */
+static int jrange_fields(jbuf *j, tl_story *s, int64_t first, int64_t n, char *err, size_t err_size) {
+    int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!ids) return tl_errf(err, err_size, "out of memory");
+    if (n > 0 && kvmem_agent_tokens(s->h.agent, first, n, ids) != KVMEM_OK) {
+        free(ids);
+        return tl_errf(err, err_size, "agent tokens: %s", kvmem_last_error());
+    }
+    jf(j, "\"first\":%lld,\"n\":%lld,", (long long)first, (long long)n);
+    jtext_fields(j, s, ids, (int32_t)n);
+    free(ids);
+    return 0;
+}
+
+/* ---- opening ---- */
+
+static int story_finish_open(tl_story *s, char *err, size_t err_size) {
+    const tl_config *c = &s->m.cfg;
+    s->V = c->vocab_size;
+    s->L = c->n_layers;
+    s->d = c->dim;
+    s->kvd = c->n_kv_heads * c->head_dim;
+    if (tl_tokenizer_vocab(s->tok) != s->V)
+        return tl_errf(err, err_size, "the tokenizer has %d tokens, the model %d: not this model's tokenizer",
+                       tl_tokenizer_vocab(s->tok), s->V);
+    if (c->seq_len < GEN + 2) return tl_errf(err, err_size, "the model's context (%d) is too short", c->seq_len);
+    tl_method ms[32];
+    int32_t n = tl_method_list(ms, 32, NULL, 0), found = 0;
+    for (int32_t i = 0; i < n && i < 32; i++) {
+        if (!strcmp(ms[i].name, "memart")) s->memart = ms[i], found |= 1;
+        if (!strcmp(ms[i].name, "recent")) s->recent = ms[i], found |= 2;
+        if (!strcmp(ms[i].name, "full")) s->full = ms[i], found |= 4;
+    }
+    if (found != 7) return tl_errf(err, err_size, "this build has no MemArt retrieval");
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = "cpu";
+    cp.n_threads = 1;
+    if (kvmem_context_create(&cp, &s->ctx) != KVMEM_OK)
+        return tl_errf(err, err_size, "context: %s", kvmem_last_error());
+    s->st = tl_state_create(c, MAX_PROMPT + GEN);
+    s->logits = malloc((size_t)MAX_PROMPT * (size_t)s->V * sizeof(float));
+    s->next = malloc((size_t)s->V * sizeof(float));
+    s->q = malloc((size_t)MAX_PROMPT * (size_t)s->L * (size_t)s->d * sizeof(float));
+    if (!s->st || !s->logits || !s->next || !s->q) return tl_errf(err, err_size, "out of memory");
+    return tl_history_init(&s->h, s->ctx, &s->m, c->seq_len, KVMEM_F16, 16, "story-agent", err, err_size);
+}
+
+int tl_story_open(const char *model_path, const char *tokenizer_path, tl_story **out, char *err, size_t err_size) {
+    if (!model_path || !out) return tl_errf(err, err_size, "model path and out must not be NULL");
+    *out = NULL;
+    tl_story *s = calloc(1, sizeof *s);
+    if (!s) return tl_errf(err, err_size, "out of memory");
+    int rc = tl_model_load(model_path, &s->m, err, err_size);
+    if (!rc) {
+        if (tokenizer_path) rc = tl_tokenizer_load(tokenizer_path, s->m.cfg.vocab_size, &s->tok, err, err_size);
+        else if (tl_tokenizer_from_model(&s->m, &s->tok, NULL, 0))
+            rc = tl_errf(err, err_size, "the model has no vocabulary of its own: give a tokenizer file");
+    }
+    if (!rc && !s->tok) rc = tl_errf(err, err_size, "the tokenizer did not load");
+    if (!rc) rc = story_finish_open(s, err, err_size);
+    if (rc) {
+        tl_story_free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+/* The loaders read files: a file image in memory goes through a temporary
+ * file (in the browser, Emscripten's in-memory file system). */
+static int temp_file(const uint8_t *data, size_t size, char *path, size_t path_size, char *err, size_t err_size) {
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, path_size, "%s/tinyllm-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0) return tl_errf(err, err_size, "cannot create a temporary file in %s", dir && *dir ? dir : "/tmp");
+    for (size_t at = 0; at < size;) {
+        ssize_t w = write(fd, data + at, size - at);
+        if (w <= 0) {
+            close(fd);
+            unlink(path);
+            return tl_errf(err, err_size, "cannot write a temporary file");
+        }
+        at += (size_t)w;
+    }
+    if (close(fd) != 0) {
+        unlink(path);
+        return tl_errf(err, err_size, "cannot write a temporary file");
+    }
+    return 0;
+}
+
+/* A loader's message names the temporary file: name the input instead. */
+static void rename_in_message(char *err, size_t err_size, const char *path, const char *what) {
+    size_t n = strlen(path);
+    if (!err || !err_size || strncmp(err, path, n)) return;
+    char tail[TL_ERR_SIZE];
+    snprintf(tail, sizeof tail, "%s", err + n);
+    snprintf(err, err_size, "%s%s", what, tail);
+}
+
+int tl_story_open_bytes(const uint8_t *model, size_t model_size, const uint8_t *tok, size_t tok_size,
+                        tl_story **out, char *err, size_t err_size) {
+    if (!model || !model_size || !out || (!tok && tok_size))
+        return tl_errf(err, err_size, "no model given (%zu bytes)", model_size);
+    *out = NULL;
+    char mpath[512], tpath[512] = "";
+    if (temp_file(model, model_size, mpath, sizeof mpath, err, err_size)) return -1;
+    if (tok && tok_size && temp_file(tok, tok_size, tpath, sizeof tpath, err, err_size)) {
+        unlink(mpath);
+        return -1;
+    }
+    int rc = tl_story_open(mpath, tpath[0] ? tpath : NULL, out, err, err_size);
+    unlink(mpath);
+    if (tpath[0]) unlink(tpath);
+    if (rc) {
+        rename_in_message(err, err_size, mpath, "the model file");
+        if (tpath[0]) rename_in_message(err, err_size, tpath, "the tokenizer file");
+    }
+    return rc;
+}
+
+void tl_story_free(tl_story *s) {
+    if (!s) return;
+    tl_history_free(&s->h);
+    tl_state_free(s->st);
+    kvmem_context_free(s->ctx);
+    tl_tokenizer_free(s->tok);
+    tl_model_free(&s->m);
+    free(s->logits);
+    free(s->next);
+    free(s->q);
+    free(s);
+}
+
+int tl_story_reset(tl_story *s, char *err, size_t err_size) {
+    if (!s) return tl_errf(err, err_size, "story is NULL");
+    tl_history h;
+    if (tl_history_init(&h, s->ctx, &s->m, s->m.cfg.seq_len, KVMEM_F16, 16, "story-agent", err, err_size))
+        return -1;
+    tl_history_free(&s->h);
+    s->h = h;
+    s->sessions = 0;
+    return 0;
+}
+
+int64_t tl_story_history(const tl_story *s) { return s ? s->h.n : 0; }
+
+char *tl_story_describe(const tl_story *s) {
+    if (!s) return NULL;
+    const tl_config *c = &s->m.cfg;
+    jbuf j = {0};
+    int32_t tile = 0;
+#ifdef TINYLLM_HAVE_ATTEND
+    tile = kvmem_attend_default_params().tile_size;
+    if (tile == 0) tile = 64; /* kvmem_attend: 0 = its default, 64 */
+#endif
+    jf(&j, "{\"format\":\"%s\",\"dim\":%d,\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,",
+       s->m.format, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads);
+    jf(&j, "\"head_dim\":%d,\"vocab\":%d,\"seq_len\":%d,\"block_size\":%d,\"storage\":\"f16\",", c->head_dim,
+       c->vocab_size, c->seq_len, s->h.block_size);
+    jf(&j, "\"gen\":%d,\"max_prompt\":%d,\"probe_window\":%d,\"art\":%s,\"art_default_tile\":%d}", GEN, MAX_PROMPT,
+       PROBE_WINDOW, tile ? "true" : "false", tile);
+    if (j.oom) {
+        free(j.p);
+        return NULL;
+    }
+    return j.p;
+}
+
+/* ---- one session (story.c's, with ART as an option) ---- */
+
+/* Prefill the prompt on the memory in kv, then continue greedily for up to
+ * GEN tokens, stopping at a story boundary. The continuation's last token
+ * is run too, so every token of prompt + continuation has its row in kv.
+ * art (may be NULL): attend with ART; *pre gets its stats after the prefill. */
+static int continue_text(tl_story *s, tl_kv *kv, const int32_t *prompt, int32_t np, int64_t N, int32_t *gen,
+                         int32_t *n_gen, tl_art *art, tl_art *pre, char *err, size_t err_size) {
+    int32_t pos[MAX_PROMPT + GEN];
+    for (int32_t i = 0; i < np + GEN; i++) pos[i] = (int32_t)N + i;
+    if (tl_forward(&s->m, s->st, kv, prompt, np, pos, s->logits, NULL, art, NULL))
+        return tl_errf(err, err_size, "prefill failed%s%s", art ? ": " : "", art ? kvmem_last_error() : "");
+    if (art) *pre = *art;
+    int32_t t = tl_argmax(s->logits + (size_t)(np - 1) * (size_t)s->V, s->V);
+    *n_gen = 0;
+    while (*n_gen < GEN && t > 2) { /* 0 unk, 1 BOS, 2 EOS: the story ends */
+        gen[(*n_gen)++] = t;
+        if (tl_forward(&s->m, s->st, kv, &t, 1, pos + np + *n_gen - 1, s->next, NULL, art, NULL))
+            return tl_errf(err, err_size, "decode failed%s%s", art ? ": " : "", art ? kvmem_last_error() : "");
+        t = tl_argmax(s->next, s->V);
+    }
+    return 0;
+}
+
+/* The prompt's raw queries over the newest history: what retrieval is asked with. */
+static int probe(tl_story *s, const int32_t *prompt, int32_t np, int64_t N, char *err, size_t err_size) {
+    tl_kv kv;
+    int32_t pos[MAX_PROMPT];
+    for (int32_t i = 0; i < np; i++) pos[i] = (int32_t)N + i;
+    if (tl_kv_init(&kv, &s->m.cfg, PROBE_WINDOW + np)) return tl_errf(err, err_size, "out of memory");
+    int rc = tl_memory_recent(&s->h, PROBE_WINDOW, &kv, err, err_size);
+    tl_trace tr = {0};
+    tr.q_raw = s->q;
+    if (!rc && tl_forward(&s->m, s->st, &kv, prompt, np, pos, NULL, &tr, NULL, NULL))
+        rc = tl_errf(err, err_size, "probe failed");
+    tl_kv_free(&kv);
+    return rc;
+}
+
+static void jart(jbuf *j, const char *name, int64_t visited, int64_t total, int64_t read) {
+    jf(j, "\"%s\":{\"tiles_visited\":%lld,\"tiles_total\":%lld,\"positions_read\":%lld}", name, (long long)visited,
+       (long long)total, (long long)read);
+}
+
+/* The session's JSON; the memory's blocks and live context read from the agent as it stands. */
+static int session_json(tl_story *s, jbuf *j, const char *text, size_t len, const int32_t *prompt, int32_t np,
+                        int64_t N, int64_t budget, int32_t mem_rows, const tl_build_info *info, const tl_story_opts *o,
+                        const tl_art *art, const tl_art *pre, const int32_t *gen, int32_t ng, const int32_t *fgen,
+                        int32_t nfg, const int32_t *rgen, int32_t nrg, char *err, size_t err_size) {
+    jf(j, "{\"session\":%d,\"history\":%lld,\"budget\":%lld,\"text\":", s->sessions + 1, (long long)N,
+       (long long)budget);
+    jstr(j, text, len);
+    jputs(j, ",\"prompt\":");
+    jids(j, prompt, np);
+    jputs(j, ",\"memory\":");
+    if (N == 0) {
+        jputs(j, "null");
+    } else {
+        jf(j, "{\"rows\":%d,\"local_rows\":%lld,\"retrieved_rows\":%lld,\"blocks\":[", mem_rows,
+           (long long)info->local_rows, (long long)info->retrieved_rows);
+        for (int32_t b = 0; b < info->n_blocks; b++) {
+            kvmem_block_info bi;
+            if (kvmem_agent_block_info(s->h.agent, info->blocks[b], &bi) != KVMEM_OK)
+                return tl_errf(err, err_size, "block info: %s", kvmem_last_error());
+            jf(j, "%s{\"id\":%d,", b ? "," : "", info->blocks[b]);
+            if (jrange_fields(j, s, bi.first_token, bi.n_tokens, err, err_size)) return -1;
+            jputs(j, "}");
+        }
+        jputs(j, "],\"live\":{");
+        if (jrange_fields(j, s, N - info->local_rows, info->local_rows, err, err_size)) return -1;
+        jputs(j, "}}");
+    }
+    jputs(j, ",\"art\":");
+    if (!o->art) {
+        jputs(j, "null");
+    } else {
+        jputs(j, "{");
+#ifdef TINYLLM_HAVE_ATTEND
+        jf(j, "\"tile_size\":%d,", art->params.tile_size ? art->params.tile_size : 64);
+#endif
+        jart(j, "prefill", pre->tiles_visited, pre->tiles_total, pre->positions_read);
+        jputs(j, ",");
+        jart(j, "decode", art->tiles_visited - pre->tiles_visited, art->tiles_total - pre->tiles_total,
+             art->positions_read - pre->positions_read);
+        jputs(j, "}");
+    }
+    jputs(j, ",\"kvmem\":{");
+    jtext_fields(j, s, gen, ng);
+    if (N == 0) {
+        jputs(j, "},\"full\":null,\"recent\":null");
+    } else {
+        jputs(j, "},\"full\":{");
+        jtext_fields(j, s, fgen, nfg);
+        jputs(j, "},\"recent\":{");
+        jtext_fields(j, s, rgen, nrg);
+        jf(j, ",\"window\":%lld}", (long long)budget);
+    }
+    jf(j, ",\"tokens\":{\"prefilled\":%d,\"probed\":%d,\"reread\":%lld}}", np, N > 0 ? np : 0, (long long)(N + np));
+    return j->oom ? tl_errf(err, err_size, "out of memory") : 0;
+}
+
+/* Append kvmem's run (prompt + continuation, rows mem_rows.. of kv) to the agent. */
+static int append_run(tl_story *s, const tl_kv *kv, int32_t mem_rows, const int32_t *prompt, int32_t np,
+                      const int32_t *gen, int32_t ng, char *err, size_t err_size) {
+    int32_t T = np + ng;
+    size_t row = (size_t)T * (size_t)s->kvd;
+    float *k = malloc((size_t)s->L * row * sizeof(float)), *v = malloc((size_t)s->L * row * sizeof(float));
+    int32_t ids[MAX_PROMPT + GEN];
+    int rc = 0;
+    if (!k || !v) rc = tl_errf(err, err_size, "out of memory");
+    memcpy(ids, prompt, (size_t)np * sizeof(int32_t));
+    memcpy(ids + np, gen, (size_t)ng * sizeof(int32_t));
+    for (int32_t l = 0; !rc && l < s->L; l++) {
+        size_t src = ((size_t)l * (size_t)kv->cap + (size_t)mem_rows) * (size_t)s->kvd;
+        memcpy(k + (size_t)l * row, kv->k + src, row * sizeof(float));
+        memcpy(v + (size_t)l * row, kv->v + src, row * sizeof(float));
+    }
+    if (!rc) rc = tl_history_append(&s->h, k, v, T, kv->pos + mem_rows, ids, NULL, NULL, 0, err, err_size);
+    free(k);
+    free(v);
+    return rc;
+}
+
+int tl_story_session(tl_story *s, const char *text, size_t len, const tl_story_opts *opts, char **json, char *err,
+                     size_t err_size) {
+    if (!s || !json || (!text && len)) return tl_errf(err, err_size, "story, text and json must not be NULL");
+    *json = NULL;
+    tl_story_opts o = {0};
+    if (opts) o = *opts;
+#ifndef TINYLLM_HAVE_ATTEND
+    if (o.art) return tl_errf(err, err_size, "ART (kvmem_attend) is not in this build");
+#endif
+    if (o.art_tile < 0 || o.art_tile > 4096)
+        return tl_errf(err, err_size, "ART tile size %d: expected 0 (kvmem's default) to 4096", o.art_tile);
+    if (len == 0) return tl_errf(err, err_size, "the session's text is empty");
+    int64_t N = s->h.n;
+    int32_t prompt[MAX_PROMPT], np = 0;
+    char e[TL_ERR_SIZE] = "";
+    if (tl_encode(s->tok, text, len, N == 0, prompt, MAX_PROMPT, &np, e, sizeof e))
+        return tl_errf(err, err_size, "the session's text: %s (at most %d tokens)", e, MAX_PROMPT);
+    if (np < 1 || np > MAX_PROMPT)
+        return tl_errf(err, err_size, "the session's text is %d tokens: expected 1 to %d", np, MAX_PROMPT);
+    if (N + np + GEN > s->m.cfg.seq_len)
+        return tl_errf(err, err_size,
+                       "the story is full: %lld history tokens + %d new + %d to generate pass the model's "
+                       "context of %d tokens (start the story over)",
+                       (long long)N, np, GEN, s->m.cfg.seq_len);
+    int64_t budget = tl_story_budget(N);
+    int32_t cap = (int32_t)N + np + GEN + 1;
+    tl_kv kv, other;
+    int have_kv = !tl_kv_init(&kv, &s->m.cfg, cap), have_other = N > 0 && !tl_kv_init(&other, &s->m.cfg, cap);
+    int32_t gen[GEN], ng = 0, rgen[GEN], nrg = 0, fgen[GEN], nfg = 0;
+    tl_build_info info;
+    memset(&info, 0, sizeof info);
+    tl_art art, pre;
+    memset(&art, 0, sizeof art);
+    memset(&pre, 0, sizeof pre);
+#ifdef TINYLLM_HAVE_ATTEND
+    art.ctx = s->ctx;
+    art.params = kvmem_attend_default_params();
+    if (o.art_tile) art.params.tile_size = o.art_tile;
+#endif
+    jbuf j = {0};
+    int rc = !have_kv || (N > 0 && !have_other) ? tl_errf(err, err_size, "out of memory") : 0;
+    if (!rc && N > 0) rc = probe(s, prompt, np, N, err, err_size);
+    if (!rc && N > 0)
+        rc = tl_memory_build_info(&s->h, &s->memart, budget, s->q, np, (int32_t)N, &kv, &info, err, err_size);
+    int32_t mem_rows = have_kv ? kv.n : 0;
+    if (!rc) rc = continue_text(s, &kv, prompt, np, N, gen, &ng, o.art ? &art : NULL, &pre, err, err_size);
+    if (!rc && N > 0)
+        rc = tl_memory_build(&s->h, &s->full, 0, NULL, 0, (int32_t)N, &other, err, err_size) ||
+                     continue_text(s, &other, prompt, np, N, fgen, &nfg, NULL, NULL, err, err_size) ||
+                     tl_memory_build(&s->h, &s->recent, budget, NULL, 0, (int32_t)N, &other, err, err_size) ||
+                     continue_text(s, &other, prompt, np, N, rgen, &nrg, NULL, NULL, err, err_size)
+                 ? -1
+                 : 0;
+    if (!rc)
+        rc = session_json(s, &j, text, len, prompt, np, N, budget, mem_rows, &info, &o, &art, &pre, gen, ng, fgen,
+                          nfg, rgen, nrg, err, err_size);
+    /* last: a failure before it leaves the story as it was */
+    if (!rc) rc = append_run(s, &kv, mem_rows, prompt, np, gen, ng, err, err_size);
+    if (have_other) tl_kv_free(&other);
+    if (have_kv) tl_kv_free(&kv);
+    if (rc) {
+        free(j.p);
+        return -1;
+    }
+    s->sessions++;
+    *json = j.p;
+    return 0;
+}
+
+int tl_story_encode(const tl_story *s, const char *text, size_t len, int bos, int32_t *out, int32_t cap,
+                    int32_t *n_out, char *err, size_t err_size) {
+    if (!s || (!text && len) || !out || !n_out) return tl_errf(err, err_size, "NULL argument");
+    return tl_encode(s->tok, text ? text : "", len, bos, out, cap, n_out, err, err_size);
+}
+
+char *tl_story_decode(const tl_story *s, const int32_t *ids, int32_t n) {
+    if (!s || (!ids && n) || n < 0) return NULL;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->V) return NULL;
+    return tl_decode(s->tok, ids, n);
+}

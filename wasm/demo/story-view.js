@@ -1,0 +1,225 @@
+// The real-model mode of the demo page: the model (served, or picked from
+// disk), the story's sessions, and per session what kvmem did. Plain DOM.
+import { PRESETS, runSessions, servedModel } from './story.js';
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+// Line breaks shown as spaces, as `tinyllm demo` prints them.
+const quoted = (text, cls = 'text') => el('q', { class: cls }, text.replace(/\n/g, ' '));
+const plural = (n, one, many = one + 's') => `${n} ${n === 1 ? one : many}`;
+
+function memoryView(r) {
+  const m = r.memory;
+  const box = el('div', { class: 'memory', 'data-rows': m.rows });
+  box.append(el('p', {}, `kvmem memory: ${m.rows} of ${r.history} history tokens — the live context ` +
+    `(${plural(m.localRows, 'token')}) and ${plural(m.blocks.length, 'retrieved block')} ` +
+    `(${plural(m.retrievedRows, 'token')}, re-encoded just before it):`));
+  const ul = el('ul', { class: 'blocks' });
+  for (const b of m.blocks)
+    ul.append(el('li', { class: 'block', 'data-block': b.id, 'data-first': b.first, 'data-n': b.n, 'data-ids': b.ids.join(' ') },
+      el('span', { class: 'label' }, `retrieved block ${b.id} · tokens ${b.first}–${b.first + b.n - 1}`), ' ', quoted(b.text)));
+  if (!m.blocks.length) ul.append(el('li', { class: 'none' }, 'no block retrieved (the budget is the live context)'));
+  box.append(ul);
+  box.append(el('p', { class: 'live', 'data-first': m.live.first, 'data-n': m.live.n, 'data-ids': m.live.ids.join(' ') },
+    el('span', { class: 'label' }, `live context · tokens ${m.live.first}–${m.live.first + m.live.n - 1}`), ' ',
+    quoted(m.live.text)));
+  return box;
+}
+
+// Where ART stopped while decoding: tiles read of the tiles there were, summed
+// over the decode steps, layers and KV heads (kvmem_attend's stats).
+function artView(r, model, patience) {
+  const a = r.art;
+  if (!a) return el('p', { class: 'art off' }, 'ART off: the engine\'s exact attention read every position.');
+  const d = a.decode, steps = r.kvmem.ids.length;
+  const streams = Math.max(1, steps * model.nLayers * model.nKvHeads);
+  const pct = d.tilesTotal ? (100 * d.tilesVisited) / d.tilesTotal : 100;
+  const box = el('div', { class: 'art', 'data-visited': d.tilesVisited, 'data-total': d.tilesTotal,
+    'data-positions': d.positionsRead, 'data-tile': a.tileSize });
+  const bar = el('div', { class: 'art-bar', title: `${d.tilesVisited} of ${d.tilesTotal} tiles read` });
+  const fill = el('div', { class: 'art-fill' });
+  fill.style.width = `${pct.toFixed(1)}%`;
+  bar.append(fill);
+  const skipped = d.tilesTotal - d.tilesVisited;
+  box.append(el('p', {}, el('span', { class: 'label' }, 'ART stop point'), ' decoding ',
+    plural(steps, 'token'), ' (tiles of ', a.tileSize, ' positions): read ',
+    el('strong', { class: 'art-visited' }, d.tilesVisited), ' of ', el('strong', { class: 'art-total' }, d.tilesTotal),
+    ` tiles (${pct.toFixed(1)}%), ${(d.tilesVisited / streams).toFixed(2)} of ${(d.tilesTotal / streams).toFixed(2)} per step and KV-head stream; `,
+    skipped ? `${plural(skipped, 'tile')} never read.`
+      : d.tilesTotal / streams <= patience + 1
+        ? `every tile read: too few tiles per stream for the stop rule, which waits for ${patience} stable tiles in a row (try a smaller tile).`
+        : 'every tile read: no stream\'s output settled before its last tile.'), bar);
+  box.append(el('p', { class: 'note' }, `prefill of the new text: ${a.prefill.tilesVisited} of ${a.prefill.tilesTotal} tiles read`));
+  return box;
+}
+
+function continuationRow(kind, label, c, same) {
+  return el('tr', { 'data-kind': kind, 'data-ids': c.ids.join(' ') }, el('th', {}, label),
+    el('td', {}, quoted(c.text, 'text continuation'), same ? el('span', { class: 'same', title: 'the same tokens as with full context' }, ' = full') : ''));
+}
+
+function sessionView(r, model, patience) {
+  const card = el('article', { class: 'session', 'data-session': r.session, 'data-history': r.history,
+    'data-budget': r.budget });
+  card.append(el('h3', {}, `Session ${r.session} `,
+    el('span', { class: 'note' }, `history ${r.history} tokens · memory budget ${r.budget} · ${r.ms.toFixed(1)} ms in this page`)));
+  card.append(el('p', { class: 'newtext' }, el('span', { class: 'label' }, 'new text'), ' ', quoted(r.text)));
+  if (r.memory) card.append(memoryView(r));
+  card.append(artView(r, model, patience));
+  const t = el('table', { class: 'continuations' });
+  const sameIds = (a, b) => a.ids.length === b.ids.length && a.ids.every((x, i) => x === b.ids[i]);
+  if (r.full) {
+    t.append(continuationRow('kvmem', 'continued with kvmem memory', r.kvmem, sameIds(r.kvmem, r.full)));
+    t.append(continuationRow('full', 'with full context', r.full, false));
+    t.append(continuationRow('recent', `with the last ${r.recent.window} tokens`, r.recent, sameIds(r.recent, r.full)));
+  } else {
+    t.append(continuationRow('kvmem', 'continued', r.kvmem, false));
+  }
+  card.append(t);
+  card.append(el('p', { class: 'note tokens' }, `tokens through the model: ${r.tokens.prefilled} new + ${r.tokens.probed} ` +
+    `probe (a text agent re-reading its history: ${r.tokens.reread})`));
+  return card;
+}
+
+function errorView(i, e) {
+  return el('article', { class: 'session error', 'data-error': i + 1 }, el('h3', {}, `Session ${i + 1}`),
+    el('p', {}, e.message));
+}
+
+export function initStoryMode(km) {
+  let story = null, inSync = false, busy = false;
+  const results = $('story-results'), list = $('story-sessions');
+
+  PRESETS.forEach((p, i) => $('story-preset').append(el('option', { value: i }, p.name)));
+  const { tileSize, patience } = km.attendDefaults(), tile = tileSize || 64;
+  for (const [v, label] of [[0, `kvmem's default (${tile})`], [32, '32'], [16, '16'], [8, '8']])
+    $('story-art-tile').append(el('option', { value: v }, label));
+
+  function addSession(text) {
+    const ta = el('textarea', { rows: 2, class: 'story-text' });
+    ta.value = text;
+    ta.addEventListener('input', () => { inSync = false; });
+    const rm = el('button', { type: 'button', class: 'remove', title: 'remove this session' }, '×');
+    rm.addEventListener('click', () => { li.remove(); inSync = false; });
+    const li = el('li', {}, el('div', {}, ta, rm));
+    list.append(li);
+  }
+  function setSessions(texts) {
+    list.replaceChildren();
+    texts.forEach(addSession);
+    inSync = false;
+  }
+  const texts = () => Array.from(list.querySelectorAll('textarea')).map((t) => t.value.trim()).filter((t) => t);
+  const options = () => ({ art: $('story-art').checked, artTile: Number($('story-art-tile').value) });
+
+  function status(parts, cls = '') {
+    const s = $('story-model');
+    s.className = 'model-status ' + cls;
+    s.replaceChildren(...parts.map((p) => (p instanceof Node ? p : document.createTextNode(p))));
+  }
+  function describe(name, tokName) {
+    const m = story.model;
+    status([el('strong', {}, name), ` · ${m.format}, dim ${m.dim}, ${m.nLayers} layers, ${m.nHeads}/${m.nKvHeads} heads, ` +
+      `vocab ${m.vocab}, context ${m.seqLen} · ${tokName ? 'tokenizer ' + tokName : 'its own vocabulary'} · ` +
+      `kvmem agent: f16, blocks of ${m.blockSize}`]);
+  }
+  function open(model, tokenizer, name, tokName) {
+    const s = km.openStory(model, tokenizer);
+    if (story) story.close();
+    story = s;
+    inSync = false;
+    describe(name, tokName);
+    $('story-run').disabled = false;
+    $('story-continue').disabled = false;
+  }
+
+  // One session at a time, yielding between them so the page paints as it goes.
+  async function run(textsToRun, fresh) {
+    if (!story || busy) return;
+    busy = true;
+    document.body.dataset.story = 'running';
+    const opts = options();
+    try {
+      if (fresh) {
+        story.reset();
+        results.replaceChildren();
+        window.kvmemStory = []; // the sessions' results, for the curious (and the console)
+      }
+      for (const text of textsToRun) {
+        await new Promise((r) => setTimeout(r, 0));
+        try {
+          const [r] = runSessions(story, [text], opts);
+          results.append(sessionView(r, story.model, patience));
+          window.kvmemStory.push(r);
+        } catch (e) {
+          results.append(errorView(window.kvmemStory.length, e));
+          break;
+        }
+      }
+      inSync = true;
+    } finally {
+      busy = false;
+      window.kvmemStoryRuns = (window.kvmemStoryRuns || 0) + 1; // the browser test waits on this
+      document.body.dataset.story = 'ready';
+    }
+  }
+  const runAll = () => run(texts(), true);
+
+  $('story-run').addEventListener('click', runAll);
+  $('story-continue').addEventListener('click', async () => {
+    const text = $('story-next').value.trim();
+    if (!text) return;
+    addSession(text);
+    $('story-next').value = '';
+    if (inSync) {
+      await run([text], false);
+    } else {
+      await runAll();
+    }
+  });
+  $('story-preset').addEventListener('change', () => {
+    setSessions(PRESETS[Number($('story-preset').value)].sessions);
+    runAll();
+  });
+  for (const id of ['story-art', 'story-art-tile']) $(id).addEventListener('change', runAll);
+  $('story-load-files').addEventListener('click', async () => {
+    const mf = $('story-model-file').files[0], tf = $('story-tok-file').files[0];
+    if (!mf) {
+      status(['pick a model file first (stories260K.bin), and its tokenizer (tok512.bin)'], 'error');
+      return;
+    }
+    try {
+      const [m, t] = await Promise.all([mf.arrayBuffer(), tf ? tf.arrayBuffer() : null]);
+      open(m, t, `${mf.name} (from disk)`, tf ? tf.name : null);
+      await runAll();
+    } catch (e) {
+      status([`could not load ${mf.name}${tf ? ' with ' + tf.name : ''}: ${e.message}`], 'error');
+      document.body.dataset.story = 'error';
+    }
+  });
+
+  setSessions(PRESETS[0].sessions);
+  status(['looking for a model served with the page…']);
+  return (async () => {
+    try {
+      const served = await servedModel();
+      if (served) {
+        open(served.model, served.tokenizer, `${served.name} (served with the page)`, served.tokenizerFile);
+        await runAll();
+        return;
+      }
+      status(['No model is served with this page (scripts/wasm-build.sh copies ../shared/models/stories260K.bin ' +
+        'and tok512.bin, or $KVMEM_TEST_MODEL, when it finds them). Pick a model file and its tokenizer above.']);
+    } catch (e) {
+      status([`the served model did not load: ${e.message}. Pick a model file and its tokenizer above.`], 'error');
+    }
+    document.body.dataset.story = 'no-model';
+  })();
+}
