@@ -339,21 +339,20 @@ static void jart(jbuf *j, const char *name, int64_t visited, int64_t total, int6
        (long long)total, (long long)read);
 }
 
-/* The session's JSON; the memory's blocks and live context read from the agent as it stands. */
-static int session_json(tl_story *s, jbuf *j, const char *text, size_t len, const int32_t *prompt, int32_t np,
-                        int64_t N, int64_t budget, int32_t mem_rows, const tl_build_info *info, const tl_story_opts *o,
-                        const tl_art *art, const tl_art *pre, const int32_t *gen, int32_t ng, const int32_t *fgen,
-                        int32_t nfg, const int32_t *rgen, int32_t nrg, char *err, size_t err_size) {
-    jf(j, "{\"session\":%d,\"history\":%lld,\"budget\":%lld,\"text\":", s->sessions + 1, (long long)N,
-       (long long)budget);
+/* The session's JSON; the memory's blocks and live context read from the agent. */
+static int session_json(tl_story *s, jbuf *j, const char *text, size_t len, const tl_story_run *r, char *err,
+                        size_t err_size) {
+    const tl_build_info *info = &r->info;
+    jf(j, "{\"session\":%d,\"history\":%lld,\"budget\":%lld,\"text\":", r->session, (long long)r->history,
+       (long long)r->budget);
     jstr(j, text, len);
     jputs(j, ",\"prompt\":");
-    jids(j, prompt, np);
+    jids(j, r->prompt, r->n_prompt);
     jputs(j, ",\"memory\":");
-    if (N == 0) {
+    if (!r->has_memory) {
         jputs(j, "null");
     } else {
-        jf(j, "{\"rows\":%d,\"local_rows\":%lld,\"retrieved_rows\":%lld,\"blocks\":[", mem_rows,
+        jf(j, "{\"rows\":%d,\"local_rows\":%lld,\"retrieved_rows\":%lld,\"blocks\":[", r->mem_rows,
            (long long)info->local_rows, (long long)info->retrieved_rows);
         for (int32_t b = 0; b < info->n_blocks; b++) {
             kvmem_block_info bi;
@@ -364,13 +363,14 @@ static int session_json(tl_story *s, jbuf *j, const char *text, size_t len, cons
             jputs(j, "}");
         }
         jputs(j, "],\"live\":{");
-        if (jrange_fields(j, s, N - info->local_rows, info->local_rows, err, err_size)) return -1;
+        if (jrange_fields(j, s, r->history - info->local_rows, info->local_rows, err, err_size)) return -1;
         jputs(j, "}}");
     }
     jputs(j, ",\"art\":");
-    if (!o->art) {
+    if (!r->art_on) {
         jputs(j, "null");
     } else {
+        const tl_art *art = &r->art, *pre = &r->art_prefill;
         jputs(j, "{");
 #ifdef TINYLLM_HAVE_ATTEND
         jf(j, "\"tile_size\":%d,", art->params.tile_size ? art->params.tile_size : 64);
@@ -382,17 +382,18 @@ static int session_json(tl_story *s, jbuf *j, const char *text, size_t len, cons
         jputs(j, "}");
     }
     jputs(j, ",\"kvmem\":{");
-    jtext_fields(j, s, gen, ng);
-    if (N == 0) {
+    jtext_fields(j, s, r->gen, r->n_gen);
+    if (!r->has_memory) {
         jputs(j, "},\"full\":null,\"recent\":null");
     } else {
         jputs(j, "},\"full\":{");
-        jtext_fields(j, s, fgen, nfg);
+        jtext_fields(j, s, r->full, r->n_full);
         jputs(j, "},\"recent\":{");
-        jtext_fields(j, s, rgen, nrg);
-        jf(j, ",\"window\":%lld}", (long long)budget);
+        jtext_fields(j, s, r->recent, r->n_recent);
+        jf(j, ",\"window\":%lld}", (long long)r->budget);
     }
-    jf(j, ",\"tokens\":{\"prefilled\":%d,\"probed\":%d,\"reread\":%lld}}", np, N > 0 ? np : 0, (long long)(N + np));
+    jf(j, ",\"tokens\":{\"prefilled\":%d,\"probed\":%d,\"reread\":%lld}}", r->n_prompt,
+       r->has_memory ? r->n_prompt : 0, (long long)(r->history + r->n_prompt));
     return j->oom ? tl_errf(err, err_size, "out of memory") : 0;
 }
 
@@ -418,10 +419,43 @@ static int append_run(tl_story *s, const tl_kv *kv, int32_t mem_rows, const int3
     return rc;
 }
 
-int tl_story_session(tl_story *s, const char *text, size_t len, const tl_story_opts *opts, char **json, char *err,
-                     size_t err_size) {
-    if (!s || !json || (!text && len)) return tl_errf(err, err_size, "story, text and json must not be NULL");
-    *json = NULL;
+/* The session's prompt ids, checked against the story's limits. */
+static int encode_prompt(tl_story *s, const char *text, size_t len, int32_t *prompt, int32_t *np, char *err,
+                         size_t err_size) {
+    if (!text || len == 0) return tl_errf(err, err_size, "the session's text is empty");
+    int64_t N = s->h.n;
+    char e[TL_ERR_SIZE] = "";
+    if (tl_encode(s->tok, text, len, N == 0, prompt, MAX_PROMPT, np, e, sizeof e))
+        return tl_errf(err, err_size, "the session's text: %s (at most %d tokens)", e, MAX_PROMPT);
+    if (*np < 1 || *np > MAX_PROMPT)
+        return tl_errf(err, err_size, "the session's text is %d tokens: expected 1 to %d", *np, MAX_PROMPT);
+    if (N + *np + GEN > s->m.cfg.seq_len)
+        return tl_errf(err, err_size,
+                       "the story is full: %lld history tokens + %d new + %d to generate pass the model's "
+                       "context of %d tokens (start the story over)",
+                       (long long)N, *np, GEN, s->m.cfg.seq_len);
+    return 0;
+}
+
+/* kvmem's memory for the prompt into kv (reset first): the live context plus
+ * the blocks the prompt's queries retrieve. */
+static int kvmem_memory(tl_story *s, const int32_t *prompt, int32_t np, int64_t budget, tl_kv *kv,
+                        tl_build_info *info, char *err, size_t err_size) {
+    int64_t N = s->h.n;
+    kv->n = 0;
+    if (N == 0) return 0;
+    if (probe(s, prompt, np, N, err, err_size)) return -1;
+    return tl_memory_build_info(&s->h, &s->memart, budget, s->q, np, (int32_t)N, kv, info, err, err_size);
+}
+
+void tl_story_run_free(tl_story_run *run) {
+    if (run) tl_kv_free(&run->kv);
+}
+
+int tl_story_step(tl_story *s, const char *text, size_t len, const tl_story_opts *opts, tl_story_run *r,
+                  char *err, size_t err_size) {
+    if (!s || !r || (!text && len)) return tl_errf(err, err_size, "story, text and run must not be NULL");
+    memset(r, 0, sizeof *r);
     tl_story_opts o = {0};
     if (opts) o = *opts;
 #ifndef TINYLLM_HAVE_ATTEND
@@ -429,63 +463,125 @@ int tl_story_session(tl_story *s, const char *text, size_t len, const tl_story_o
 #endif
     if (o.art_tile < 0 || o.art_tile > 4096)
         return tl_errf(err, err_size, "ART tile size %d: expected 0 (kvmem's default) to 4096", o.art_tile);
-    if (len == 0) return tl_errf(err, err_size, "the session's text is empty");
+    if (encode_prompt(s, text, len, r->prompt, &r->n_prompt, err, err_size)) return -1;
     int64_t N = s->h.n;
-    int32_t prompt[MAX_PROMPT], np = 0;
-    char e[TL_ERR_SIZE] = "";
-    if (tl_encode(s->tok, text, len, N == 0, prompt, MAX_PROMPT, &np, e, sizeof e))
-        return tl_errf(err, err_size, "the session's text: %s (at most %d tokens)", e, MAX_PROMPT);
-    if (np < 1 || np > MAX_PROMPT)
-        return tl_errf(err, err_size, "the session's text is %d tokens: expected 1 to %d", np, MAX_PROMPT);
-    if (N + np + GEN > s->m.cfg.seq_len)
-        return tl_errf(err, err_size,
-                       "the story is full: %lld history tokens + %d new + %d to generate pass the model's "
-                       "context of %d tokens (start the story over)",
-                       (long long)N, np, GEN, s->m.cfg.seq_len);
-    int64_t budget = tl_story_budget(N);
-    int32_t cap = (int32_t)N + np + GEN + 1;
-    tl_kv kv, other;
-    int have_kv = !tl_kv_init(&kv, &s->m.cfg, cap), have_other = N > 0 && !tl_kv_init(&other, &s->m.cfg, cap);
-    int32_t gen[GEN], ng = 0, rgen[GEN], nrg = 0, fgen[GEN], nfg = 0;
-    tl_build_info info;
-    memset(&info, 0, sizeof info);
-    tl_art art, pre;
-    memset(&art, 0, sizeof art);
-    memset(&pre, 0, sizeof pre);
+    int32_t np = r->n_prompt, cap = (int32_t)N + np + GEN + 1;
+    r->session = s->sessions + 1;
+    r->history = N;
+    r->budget = tl_story_budget(N);
+    r->has_memory = N > 0;
+    r->art_on = o.art;
 #ifdef TINYLLM_HAVE_ATTEND
-    art.ctx = s->ctx;
-    art.params = kvmem_attend_default_params();
-    if (o.art_tile) art.params.tile_size = o.art_tile;
+    r->art.ctx = s->ctx;
+    r->art.params = kvmem_attend_default_params();
+    if (o.art_tile) r->art.params.tile_size = o.art_tile;
 #endif
-    jbuf j = {0};
-    int rc = !have_kv || (N > 0 && !have_other) ? tl_errf(err, err_size, "out of memory") : 0;
-    if (!rc && N > 0) rc = probe(s, prompt, np, N, err, err_size);
-    if (!rc && N > 0)
-        rc = tl_memory_build_info(&s->h, &s->memart, budget, s->q, np, (int32_t)N, &kv, &info, err, err_size);
-    int32_t mem_rows = have_kv ? kv.n : 0;
-    if (!rc) rc = continue_text(s, &kv, prompt, np, N, gen, &ng, o.art ? &art : NULL, &pre, err, err_size);
+    tl_kv other;
+    int have_other = N > 0 && !tl_kv_init(&other, &s->m.cfg, cap);
+    int rc = tl_kv_init(&r->kv, &s->m.cfg, cap) || (N > 0 && !have_other) ? tl_errf(err, err_size, "out of memory")
+                                                                          : 0;
+    if (!rc) rc = kvmem_memory(s, r->prompt, np, r->budget, &r->kv, &r->info, err, err_size);
+    r->mem_rows = r->kv.n;
+    if (!rc)
+        rc = continue_text(s, &r->kv, r->prompt, np, N, r->gen, &r->n_gen, o.art ? &r->art : NULL, &r->art_prefill,
+                           err, err_size);
     if (!rc && N > 0)
         rc = tl_memory_build(&s->h, &s->full, 0, NULL, 0, (int32_t)N, &other, err, err_size) ||
-                     continue_text(s, &other, prompt, np, N, fgen, &nfg, NULL, NULL, err, err_size) ||
-                     tl_memory_build(&s->h, &s->recent, budget, NULL, 0, (int32_t)N, &other, err, err_size) ||
-                     continue_text(s, &other, prompt, np, N, rgen, &nrg, NULL, NULL, err, err_size)
+                     continue_text(s, &other, r->prompt, np, N, r->full, &r->n_full, NULL, NULL, err, err_size) ||
+                     tl_memory_build(&s->h, &s->recent, r->budget, NULL, 0, (int32_t)N, &other, err, err_size) ||
+                     continue_text(s, &other, r->prompt, np, N, r->recent, &r->n_recent, NULL, NULL, err, err_size)
                  ? -1
                  : 0;
-    if (!rc)
-        rc = session_json(s, &j, text, len, prompt, np, N, budget, mem_rows, &info, &o, &art, &pre, gen, ng, fgen,
-                          nfg, rgen, nrg, err, err_size);
-    /* last: a failure before it leaves the story as it was */
-    if (!rc) rc = append_run(s, &kv, mem_rows, prompt, np, gen, ng, err, err_size);
     if (have_other) tl_kv_free(&other);
-    if (have_kv) tl_kv_free(&kv);
+    if (rc) tl_story_run_free(r);
+    return rc;
+}
+
+int tl_story_commit(tl_story *s, tl_story_run *r, char *err, size_t err_size) {
+    if (!s || !r || r->history != s->h.n) return tl_errf(err, err_size, "the run is not of this story's history");
+    if (append_run(s, &r->kv, r->mem_rows, r->prompt, r->n_prompt, r->gen, r->n_gen, err, err_size)) return -1;
+    s->sessions++;
+    return 0;
+}
+
+char *tl_story_run_json(tl_story *s, const char *text, size_t len, const tl_story_run *r) {
+    jbuf j = {0};
+    char err[TL_ERR_SIZE];
+    if (!s || !r || session_json(s, &j, text ? text : "", text ? len : 0, r, err, sizeof err)) {
+        free(j.p);
+        return NULL;
+    }
+    return j.p;
+}
+
+int tl_story_session(tl_story *s, const char *text, size_t len, const tl_story_opts *opts, char **json, char *err,
+                     size_t err_size) {
+    if (!s || !json || (!text && len)) return tl_errf(err, err_size, "story, text and json must not be NULL");
+    *json = NULL;
+    tl_story_run r;
+    if (tl_story_step(s, text, len, opts, &r, err, err_size)) return -1;
+    jbuf j = {0};
+    int rc = session_json(s, &j, text, len, &r, err, err_size);
+    /* last: a failure before it leaves the story as it was */
+    if (!rc) rc = tl_story_commit(s, &r, err, err_size);
+    tl_story_run_free(&r);
     if (rc) {
         free(j.p);
         return -1;
     }
-    s->sessions++;
     *json = j.p;
     return 0;
 }
+
+char *tl_story_text(tl_story *s, int64_t first, int64_t n) {
+    if (!s || first < 0 || n < 0 || first + n > s->h.n) return NULL;
+    int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    char *t = ids && (n == 0 || kvmem_agent_tokens(s->h.agent, first, n, ids) == KVMEM_OK)
+                  ? tl_decode(s->tok, ids, (int32_t)n)
+                  : NULL;
+    free(ids);
+    return t;
+}
+
+int tl_story_prompt_logits(tl_story *s, const char *text, size_t len, float *logits, int32_t cap_rows,
+                           int32_t *n_prompt, char *err, size_t err_size) {
+    if (!s || !logits || !n_prompt) return tl_errf(err, err_size, "story, logits and n_prompt must not be NULL");
+    int32_t prompt[MAX_PROMPT], np = 0;
+    if (encode_prompt(s, text, len, prompt, &np, err, err_size)) return -1;
+    if (np > cap_rows) return tl_errf(err, err_size, "the prompt is %d tokens, room for %d", np, cap_rows);
+    int64_t N = s->h.n;
+    tl_kv kv;
+    if (tl_kv_init(&kv, &s->m.cfg, (int32_t)N + np)) return tl_errf(err, err_size, "out of memory");
+    tl_build_info info;
+    int32_t pos[MAX_PROMPT];
+    for (int32_t i = 0; i < np; i++) pos[i] = (int32_t)N + i;
+    int rc = kvmem_memory(s, prompt, np, tl_story_budget(N), &kv, &info, err, err_size);
+    if (!rc && tl_forward(&s->m, s->st, &kv, prompt, np, pos, logits, NULL, NULL, NULL))
+        rc = tl_errf(err, err_size, "prefill failed");
+    tl_kv_free(&kv);
+    if (!rc) *n_prompt = np;
+    return rc;
+}
+
+int tl_story_save(tl_story *s, const char *path, char *err, size_t err_size) {
+    if (!s || !path) return tl_errf(err, err_size, "story and path must not be NULL");
+    return tl_history_save(&s->h, path, err, err_size);
+}
+
+int tl_story_load(tl_story *s, const char *path, char *err, size_t err_size) {
+    if (!s || !path) return tl_errf(err, err_size, "story and path must not be NULL");
+    if (tl_history_load(&s->h, path, err, err_size)) return -1;
+    s->sessions = 0; /* numbering of what this process runs */
+    return 0;
+}
+
+int tl_story_block_info(tl_story *s, int32_t block, kvmem_block_info *out) {
+    return s && kvmem_agent_block_info(s->h.agent, block, out) == KVMEM_OK ? 0 : -1;
+}
+
+const tl_model *tl_story_model(const tl_story *s) { return s ? &s->m : NULL; }
+
+const char *tl_story_agent_id(const tl_story *s) { return s ? s->h.agent_id : ""; }
 
 int tl_story_encode(const tl_story *s, const char *text, size_t len, int bos, int32_t *out, int32_t cap,
                     int32_t *n_out, char *err, size_t err_size) {

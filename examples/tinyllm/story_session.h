@@ -55,6 +55,50 @@ int64_t tl_story_history(const tl_story *s);
  * ART defaults. NULL when out of memory. */
 char *tl_story_describe(const tl_story *s);
 
+/* One session in steps, for a caller that shows it its own way (story.c):
+ * tl_story_step runs it (encode, memory, the three continuations) without
+ * changing the story; tl_story_commit appends kvmem's run to the agent;
+ * tl_story_run_free releases the run (committed or not). */
+typedef struct tl_story_run {
+    int32_t session;              /* 1-based */
+    int64_t history, budget;      /* tokens before the session, the memory budget */
+    int32_t prompt[TL_STORY_MAX_PROMPT], n_prompt;
+    int32_t has_memory;           /* 0 in the first session */
+    int32_t mem_rows;             /* memory rows kvmem's run attended to */
+    tl_build_info info;           /* the live context and the retrieved blocks */
+    int32_t gen[TL_STORY_GEN], n_gen;       /* kvmem's continuation */
+    int32_t full[TL_STORY_GEN], n_full;     /* on full context */
+    int32_t recent[TL_STORY_GEN], n_recent; /* on the newest `budget` tokens */
+    int32_t art_on;
+    tl_art art, art_prefill;      /* ART stats, all and after the prefill */
+    tl_kv kv;                     /* kvmem's working set (what commit appends from) */
+} tl_story_run;
+
+int tl_story_step(tl_story *s, const char *text, size_t len, const tl_story_opts *opts, tl_story_run *run,
+                  char *err, size_t err_size);
+int tl_story_commit(tl_story *s, tl_story_run *run, char *err, size_t err_size);
+void tl_story_run_free(tl_story_run *run);
+/* The run as the JSON tl_story_session returns (caller frees); NULL when out of memory. */
+char *tl_story_run_json(tl_story *s, const char *text, size_t len, const tl_story_run *run);
+
+/* The text of history tokens [first, first + n) (caller frees); NULL on failure. */
+char *tl_story_text(tl_story *s, int64_t first, int64_t n);
+
+/* kvmem's logits for a session's prompt over the memory as it stands, without
+ * running the session: [n_prompt][vocab] into logits (room for cap_rows rows). */
+int tl_story_prompt_logits(tl_story *s, const char *text, size_t len, float *logits, int32_t cap_rows,
+                           int32_t *n_prompt, char *err, size_t err_size);
+
+/* Persistence: the agent to one safetensors file, and back (the history is replaced). */
+int tl_story_save(tl_story *s, const char *path, char *err, size_t err_size);
+int tl_story_load(tl_story *s, const char *path, char *err, size_t err_size);
+
+/* A block of the agent (kvmem_agent_block_info); -1 with kvmem_last_error() set. */
+int tl_story_block_info(tl_story *s, int32_t block, kvmem_block_info *out);
+
+const tl_model *tl_story_model(const tl_story *s);
+const char *tl_story_agent_id(const tl_story *s);
+
 /* Run one session on `len` bytes of UTF-8 text (opts NULL: exact attention).
  * On success *json gets the session (caller frees with free()):
  *   session, history, budget, text, prompt (ids), memory (null in the first

@@ -162,10 +162,14 @@ check(M.format === 'llama2c' && M.dim === ref.dim && M.nLayers === ref.L && M.nH
   M.vocab === ref.vocab && M.seqLen === ref.seqLen && M.hiddenDim === ref.hidden, 'the model is described as its header says',
 JSON.stringify(M));
 for (const s of ['Once upon a time, there was a little girl named Sue.', 'Hello "world"!\tTab, 2+2=4', 'ünïcödé ✓ 日本']) {
-  const ids = story.encode(s);
-  check(story.decode(ids) === s, `encode then decode gives the text back: ${JSON.stringify(s)}`, story.decode(ids));
-  const withBos = story.encode(s, { bos: true });
-  check(withBos[0] === 1 && same(withBos.subarray(1), ids), 'bos prepends id 1');
+  // llama2.c's rules: the dummy-prefix space stays unless BOS precedes it
+  const ids = story.encode(s, { bos: true });
+  check(story.decode(ids) === s, `encode (after BOS) then decode gives the text back: ${JSON.stringify(s)}`,
+    story.decode(ids));
+  check(story.decode(story.encode(s)) === ' ' + s, `without BOS the dummy-prefix space stays: ${JSON.stringify(s)}`,
+    story.decode(story.encode(s)));
+  const noBos = story.encode(s);
+  check(ids[0] === 1 && same(ids.subarray(1), noBos), 'bos prepends id 1');
 }
 throwsStatus(() => story.decode([0, M.vocab]), Status.INVALID_ARG, 'outside', 'decoding an id outside the vocabulary is refused');
 
