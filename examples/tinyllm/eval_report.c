@@ -35,6 +35,18 @@ static int32_t full_index(const tl_eval_results *r) {
     return -1;
 }
 
+/* " budget B |" per budget, then the markdown rule (after "| method |"). */
+static void budget_header(FILE *f, const tl_eval_cfg *c) {
+    char bn[32];
+    for (int32_t bi = 0; bi < c->n_budgets; bi++) {
+        tl_budget_name(&c->budgets[bi], bn, sizeof bn);
+        fprintf(f, " budget %s |", bn);
+    }
+    fprintf(f, "\n|---|");
+    for (int32_t bi = 0; bi < c->n_budgets; bi++) fprintf(f, "---|");
+    fprintf(f, "\n");
+}
+
 static const char *const k_bucket[TL_RECALL_BUCKETS] = {"< 128", "128-255", "256-383", ">= 384"};
 
 void tl_eval_write_md(FILE *f, const tl_eval_cfg *c, const tl_eval_results *r, const tl_model *m,
@@ -58,13 +70,7 @@ void tl_eval_write_md(FILE *f, const tl_eval_cfg *c, const tl_eval_results *r, c
 
     fprintf(f, "Top-1 agreement with full context / KL(full || method) in nats, all positions, by KV budget "
             "(history tokens kept; a share is of each turn's history):\n\n| method |");
-    for (int32_t bi = 0; bi < nb; bi++) {
-        tl_budget_name(&c->budgets[bi], bn, sizeof bn);
-        fprintf(f, " budget %s |", bn);
-    }
-    fprintf(f, "\n|---|");
-    for (int32_t bi = 0; bi < nb; bi++) fprintf(f, "---|");
-    fprintf(f, "\n");
+    budget_header(f, c);
     for (int32_t mi = 0; mi < r->n_methods; mi++) {
         fprintf(f, "| %s |", r->methods[mi].name);
         for (int32_t bi = 0; bi < nb; bi++) {
@@ -77,13 +83,7 @@ void tl_eval_write_md(FILE *f, const tl_eval_cfg *c, const tl_eval_results *r, c
     fprintf(f, "\nThe same on the memory-dependent positions only: top-1 / KL, and the share of full context's "
             "top-1 advantage over the recent window at that budget that the method keeps, "
             "(method - recent) / (1 - recent):\n\n| method |");
-    for (int32_t bi = 0; bi < nb; bi++) {
-        tl_budget_name(&c->budgets[bi], bn, sizeof bn);
-        fprintf(f, " budget %s |", bn);
-    }
-    fprintf(f, "\n|---|");
-    for (int32_t bi = 0; bi < nb; bi++) fprintf(f, "---|");
-    fprintf(f, "\n");
+    budget_header(f, c);
     for (int32_t mi = 0; mi < r->n_methods; mi++) {
         fprintf(f, "| %s |", r->methods[mi].name);
         for (int32_t bi = 0; bi < nb; bi++) {

@@ -138,10 +138,15 @@ static int open_story(const char *model, const char *tok, tl_story **s, char *er
     return 0;
 }
 
+/* The agent's file and phase 1's logits for phase 2, in the state directory. */
+static void state_paths(const char *dir, char *path, char *expect, size_t size) {
+    snprintf(path, size, "%s/story-agent.safetensors", dir);
+    snprintf(expect, size, "%s/story-expect.bin", dir);
+}
+
 static int phase1(const char *model, const char *tok, const char *dir) {
     char err[TL_ERR_SIZE] = "", path[4200], expect[4200];
-    snprintf(path, sizeof path, "%s/story-agent.safetensors", dir);
-    snprintf(expect, sizeof expect, "%s/story-expect.bin", dir);
+    state_paths(dir, path, expect, sizeof path);
     tl_story *s = NULL;
     totals tot = {0, 0, 0};
     int rc = open_story(model, tok, &s, err, sizeof err);
@@ -173,8 +178,7 @@ static int phase1(const char *model, const char *tok, const char *dir) {
 
 static int phase2(const char *model, const char *tok, const char *dir) {
     char err[TL_ERR_SIZE] = "", path[4200], expect[4200];
-    snprintf(path, sizeof path, "%s/story-agent.safetensors", dir);
-    snprintf(expect, sizeof expect, "%s/story-expect.bin", dir);
+    state_paths(dir, path, expect, sizeof path);
     tl_story *s = NULL;
     totals tot = {0, 0, 0};
     int rc = open_story(model, tok, &s, err, sizeof err);
