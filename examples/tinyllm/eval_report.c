@@ -127,13 +127,7 @@ void tl_eval_write_md(FILE *f, const tl_eval_cfg *c, const tl_eval_results *r, c
                 "sessions about other things, then a prompt whose next word is the name. Top-1 hit rate of the "
                 "name's first token / mean rank / share of full context's hit rate (%.1f s):\n\n| method |",
                 suite->path, suite->n_cases, r->recall_seconds);
-        for (int32_t bi = 0; bi < nb; bi++) {
-            tl_budget_name(&c->budgets[bi], bn, sizeof bn);
-            fprintf(f, " budget %s |", bn);
-        }
-        fprintf(f, "\n|---|");
-        for (int32_t bi = 0; bi < nb; bi++) fprintf(f, "---|");
-        fprintf(f, "\n");
+        budget_header(f, c);
         for (int32_t mi = 0; mi < r->n_methods; mi++) {
             fprintf(f, "| %s |", r->methods[mi].name);
             for (int32_t bi = 0; bi < nb; bi++) {
