@@ -4,16 +4,24 @@
  * kind "plain":    kv_gbps of the kernel with the stop rule off, next to
  *                  read_bw_gbps (one thread's streaming read, measured here).
  * kind "detector": detector_overhead, the rule running on every tile but
- *                  never firing (patience larger than the tile count) vs plain.
- * kind "sweep":    one line per (tau_s, tau_d, patience) on synthetic KV:
- *                  tiles_visited_frac, speedup (plain time / ART time),
+ *                  never firing (patience larger than the tile count) vs plain,
+ *                  both in RECENT order (no SCORED pass).
+ * kind "sweep":    one line per (tau_s, tau_d, patience) on synthetic KV, at
+ *                  the default tile size: tiles_visited_frac, kv_read_frac
+ *                  (KV bytes read over full attention's, SCORED's pass over K
+ *                  included), speedup (one thread's CPU time, plain / ART),
  *                  rel_err = |o - o_full| / |o_full|, probe_oracle_agreement
  *                  (streams where the 32-element probe stops at the same tile
  *                  as the whole-vector oracle).
+ * kind "tiles":    the same per tile size (8..128) at the default thresholds,
+ *                  at tau x 10 and at half the patience.
  * kind "defaults": the same metrics for kvmem_attend_default_params().
- * Sweep and defaults lines run in two orders ("order"): "importance", tiles
- * by their exact largest logit (what retrieval hands ART: the regime the
- * rule is meant for, mass decaying along the traversal), and "recent".
+ * kind "agent":    the same history in an agent (blocks of 16): the defaults,
+ *                  tau x 10, half the patience, RECENT.
+ * Sweep and tiles lines run in three orders ("order"): "importance", tiles by
+ * their exact largest logit summed over KV heads, one list (what retrieval
+ * hands ART; free to the attention), "scored" (KVMEM_ATTEND_SCORED: per KV
+ * head, found by kvmem) and "recent".
  *
  * Synthetic KV: per KV head a direction u; keys are Gaussian noise (sd 0.5) plus u
  * times a boost, so a token's logit is about its boost: 10 exp(-age / lambda)
@@ -24,7 +32,7 @@
  * Values: a per-head mean plus N(0,1) per token (values of real heads share a
  * common component; without it every truncation looks large relative to a
  * small |o|).
- * Queries are u plus noise. Real-model KV comes with the tiny-engine issue. */
+ * Queries are u plus noise. Real-model numbers: `tinyllm eval` (examples/). */
 #include "bench.h"
 #include "attend/attend.h" /* KVM_ATTEND_DEFAULT_TILE */
 #include "context.h"        /* the backend's device timer (get_proc_address) */
@@ -364,6 +372,7 @@ static double device_ms(attend_case *c, const kvmem_attend_params *p, int reps) 
 
 static kvmem_attend_params plain_params(void) {
     kvmem_attend_params p = kvmem_attend_default_params();
+    p.order = KVMEM_ATTEND_RECENT;
     p.tau_s = p.tau_d = 0; /* the rule off: full attention */
     return p;
 }
@@ -377,6 +386,7 @@ static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
     }
     const int reps = o->quick ? 5 : 11;
     kvmem_attend_params plain = plain_params(), det = kvmem_attend_default_params();
+    det.order = KVMEM_ATTEND_RECENT; /* the rule's own cost: SCORED would add its pass over K */
     det.tau_s = 1e-30f; /* runs the rule on every tile ... */
     det.tau_d = 1e-30f;
     det.patience = INT32_MAX; /* ... that can never fire */
