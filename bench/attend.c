@@ -4,16 +4,24 @@
  * kind "plain":    kv_gbps of the kernel with the stop rule off, next to
  *                  read_bw_gbps (one thread's streaming read, measured here).
  * kind "detector": detector_overhead, the rule running on every tile but
- *                  never firing (patience larger than the tile count) vs plain.
- * kind "sweep":    one line per (tau_s, tau_d, patience) on synthetic KV:
- *                  tiles_visited_frac, speedup (plain time / ART time),
+ *                  never firing (patience larger than the tile count) vs plain,
+ *                  both in RECENT order (no SCORED pass).
+ * kind "sweep":    one line per (tau_s, tau_d, patience) on synthetic KV, at
+ *                  the default tile size: tiles_visited_frac, kv_read_frac
+ *                  (KV bytes read over full attention's, SCORED's pass over K
+ *                  included), speedup (one thread's CPU time, plain / ART),
  *                  rel_err = |o - o_full| / |o_full|, probe_oracle_agreement
  *                  (streams where the 32-element probe stops at the same tile
  *                  as the whole-vector oracle).
+ * kind "tiles":    the same per tile size (8..128) at the default thresholds,
+ *                  at tau x 10 and at half the patience.
  * kind "defaults": the same metrics for kvmem_attend_default_params().
- * Sweep and defaults lines run in two orders ("order"): "importance", tiles
- * by their exact largest logit (what retrieval hands ART: the regime the
- * rule is meant for, mass decaying along the traversal), and "recent".
+ * kind "agent":    the same history in an agent (blocks of 16): the defaults,
+ *                  tau x 10, half the patience, RECENT.
+ * Sweep and tiles lines run in three orders ("order"): "importance", tiles by
+ * their exact largest logit summed over KV heads, one list (what retrieval
+ * hands ART; free to the attention), "scored" (KVMEM_ATTEND_SCORED: per KV
+ * head, found by kvmem) and "recent".
  *
  * Synthetic KV: per KV head a direction u; keys are Gaussian noise (sd 0.5) plus u
  * times a boost, so a token's logit is about its boost: 10 exp(-age / lambda)
@@ -24,9 +32,10 @@
  * Values: a per-head mean plus N(0,1) per token (values of real heads share a
  * common component; without it every truncation looks large relative to a
  * small |o|).
- * Queries are u plus noise. Real-model KV comes with the tiny-engine issue. */
+ * Queries are u plus noise. Real-model numbers: `tinyllm eval` (examples/). */
 #include "bench.h"
-#include "context.h" /* the backend's device timer (get_proc_address) */
+#include "attend/attend.h" /* KVM_ATTEND_DEFAULT_TILE */
+#include "context.h"        /* the backend's device timer (get_proc_address) */
 #include "kvmem.h"
 
 #include <math.h>
@@ -264,20 +273,26 @@ static int32_t *importance_order(const attend_case *c, int qi, int32_t tile) {
 }
 
 typedef struct sweep_row {
-    double visited_frac, speedup, rel_err, agreement, oracle_frac;
+    double visited_frac, speedup, rel_err, agreement, oracle_frac, read_frac;
 } sweep_row;
 
-/* Metrics of params p averaged over the case's queries. */
+/* The orders the sweep compares. */
+enum { ORD_IMPORTANCE, ORD_SCORED, ORD_RECENT, N_ORD };
+static const char *const ord_name[N_ORD] = {"importance", "scored", "recent"};
+
+/* Metrics of params p averaged over the case's queries; orders: the
+ * caller's importance lists (IMPORTANCE), else NULL. */
 static int measure(attend_case *c, kvmem_context *ctx1, const kvmem_attend_params *p0, int32_t *const *orders,
                    float *const *full, const double *t_full, int reps, sweep_row *r) {
     memset(r, 0, sizeof *r);
     float tmp[HQ * HD];
+    const int32_t tile = p0->tile_size ? p0->tile_size : KVM_ATTEND_DEFAULT_TILE;
     for (int qi = 0; qi < c->n_q; qi++) {
         kvmem_attend_params pq = *p0;
         if (orders) {
             pq.order = KVMEM_ATTEND_IMPORTANCE;
             pq.tile_order = orders[qi];
-            pq.n_tile_order = (int32_t)((c->T + 63) / 64);
+            pq.n_tile_order = (int32_t)((c->T + tile - 1) / tile);
         }
         const kvmem_attend_params *p = &pq;
         kvmem_attend_params pc = *p;
@@ -294,14 +309,17 @@ static int measure(attend_case *c, kvmem_context *ctx1, const kvmem_attend_param
         r->visited_frac += (double)st.tiles_visited / (double)st.tiles_total;
         r->oracle_frac += (double)st.oracle_tiles / (double)st.tiles_total;
         r->agreement += (double)st.oracle_agree / (double)st.n_streams;
+        /* compare = 1 reads on to the oracle's stop: KV read from a plain run */
+        if (run_q(c, qi, p, tmp, &st) != KVMEM_OK) return -1;
+        r->read_frac += (double)st.positions_read / ((double)c->T * HKV);
         r->speedup += t_full[qi] / cpu_time_params(c, ctx1, p, qi, reps);
     }
     r->visited_frac /= c->n_q, r->rel_err /= c->n_q, r->agreement /= c->n_q, r->oracle_frac /= c->n_q;
-    r->speedup /= c->n_q;
+    r->read_frac /= c->n_q, r->speedup /= c->n_q;
     return 0;
 }
 
-static void print_row(const kvm_bench_opts *o, const char *kind, const char *order, int64_t T,
+static void print_row(const kvm_bench_opts *o, const char *kind, const char *order, int64_t T, int32_t tile,
                       const kvmem_attend_params *p, const sweep_row *r) {
     if (o->json) {
         kvm_json_begin(o->out, "attend");
@@ -315,17 +333,18 @@ static void print_row(const kvm_bench_opts *o, const char *kind, const char *ord
         kvm_json_num(o->out, "tau_s", p->tau_s);
         kvm_json_num(o->out, "tau_d", p->tau_d);
         kvm_json_int(o->out, "patience", p->patience);
-        kvm_json_int(o->out, "tile_size", p->tile_size ? p->tile_size : 64);
+        kvm_json_int(o->out, "tile_size", tile);
         kvm_json_num(o->out, "tiles_visited_frac", r->visited_frac);
+        kvm_json_num(o->out, "kv_read_frac", r->read_frac);
         kvm_json_num(o->out, "speedup", r->speedup);
         kvm_json_num(o->out, "rel_err", r->rel_err);
         kvm_json_num(o->out, "probe_oracle_agreement", r->agreement);
         kvm_json_num(o->out, "oracle_tiles_frac", r->oracle_frac);
         kvm_json_end(o->out);
     } else {
-        fprintf(o->out, "attend %-8s %-10s T=%lld tau_s=%-6g tau_d=%-6g p=%d: visited %.3f  speedup %.2fx  rel_err %.2e  agree %.2f\n",
-                kind, order, (long long)T, (double)p->tau_s, (double)p->tau_d, p->patience, r->visited_frac, r->speedup,
-                r->rel_err, r->agreement);
+        fprintf(o->out, "attend %-8s %-10s T=%lld tile=%d tau_s=%-6g tau_d=%-6g p=%d: visited %.3f  read %.3f  speedup %.2fx  rel_err %.2e  agree %.2f\n",
+                kind, order, (long long)T, tile, (double)p->tau_s, (double)p->tau_d,
+                p->patience, r->visited_frac, r->read_frac, r->speedup, r->rel_err, r->agreement);
     }
 }
 
@@ -353,6 +372,7 @@ static double device_ms(attend_case *c, const kvmem_attend_params *p, int reps) 
 
 static kvmem_attend_params plain_params(void) {
     kvmem_attend_params p = kvmem_attend_default_params();
+    p.order = KVMEM_ATTEND_RECENT;
     p.tau_s = p.tau_d = 0; /* the rule off: full attention */
     return p;
 }
@@ -366,6 +386,7 @@ static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
     }
     const int reps = o->quick ? 5 : 11;
     kvmem_attend_params plain = plain_params(), det = kvmem_attend_default_params();
+    det.order = KVMEM_ATTEND_RECENT; /* the rule's own cost: SCORED would add its pass over K */
     det.tau_s = 1e-30f; /* runs the rule on every tile ... */
     det.tau_d = 1e-30f;
     det.patience = INT32_MAX; /* ... that can never fire */
@@ -439,6 +460,86 @@ static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
     return 0;
 }
 
+/* One sweep or defaults line per (order, params): the caller's exact
+ * importance lists are built for the tile size in use. */
+static int sweep_line(const kvm_bench_opts *o, attend_case *c, kvmem_context *ctx1, const char *kind, int ord,
+                      const kvmem_attend_params *p0, float *const *full, const double *t_full, int reps) {
+    kvmem_attend_params p = *p0;
+    int32_t *orders[8] = {NULL};
+    int rc = 0;
+    if (ord == ORD_IMPORTANCE)
+        for (int qi = 0; qi < c->n_q && !rc; qi++)
+            if (!(orders[qi] = importance_order(c, qi, p.tile_size ? p.tile_size : KVM_ATTEND_DEFAULT_TILE))) rc = -1;
+    if (ord == ORD_SCORED) p.order = KVMEM_ATTEND_SCORED;
+    if (ord == ORD_RECENT) p.order = KVMEM_ATTEND_RECENT;
+    sweep_row r;
+    if (!rc && (rc = measure(c, ctx1, &p, ord == ORD_IMPORTANCE ? orders : NULL, full, t_full, reps, &r)) == 0)
+        print_row(o, kind, ord_name[ord], c->T, p.tile_size ? p.tile_size : KVM_ATTEND_DEFAULT_TILE, &p, &r);
+    for (int qi = 0; qi < c->n_q; qi++) free(orders[qi]);
+    return rc;
+}
+
+/* kind "agent": the same history in an agent (Llama 3's RoPE, theta 500000;
+ * keys stored raw, rotated back from the case's post-RoPE keys; f16 blocks
+ * of 16), so SCORED orders the blocks from their AABBs, reading no K to do
+ * it. Errors are against the agent's own full attention (tau = 0), speedup
+ * against its CPU time. */
+static int bench_agent(const kvm_bench_opts *o, attend_case *c, kvmem_context *ctx1, int reps) {
+    const int32_t BS = 16;
+    kvmem_model_spec spec = kvmem_model_spec_default();
+    spec.n_layers = 1, spec.n_q_heads = HQ, spec.n_kv_heads = HKV, spec.head_dim = HD;
+    spec.rope_theta = 500000.0;
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BS;
+    pp.storage_dtype = KVMEM_F16;
+    kvmem_pool *pool = NULL;
+    kvmem_agent *ag = NULL;
+    const size_t n = (size_t)c->T * HKV * HD;
+    float *kr = malloc(n * sizeof(float)), *vr = malloc(n * sizeof(float));
+    int32_t *pos = malloc((size_t)c->T * HKV * sizeof(int32_t));
+    float *full[8] = {NULL};
+    double t_full[8];
+    int rc = -1;
+    if (!kr || !vr || !pos) goto done;
+    for (size_t i = 0; i < n; i++) kr[i] = from_f16(c->k[i]), vr[i] = from_f16(c->v[i]);
+    for (int64_t t = 0; t < c->T; t++)
+        for (int h = 0; h < HKV; h++) pos[t * HKV + h] = (int32_t)t;
+    if (kvmem_rope_apply(&spec, kr, (size_t)c->T * HKV, HD, pos, 1) != KVMEM_OK) goto done;
+    if (kvmem_pool_create(c->ctx, &spec, &pp, &pool) != KVMEM_OK || kvmem_agent_open(pool, "bench", &ag) != KVMEM_OK)
+        goto done;
+    int64_t sh[4] = {1, c->T, HKV, HD};
+    kvmem_tensor tk, tv;
+    kvmem_tensor_init(&tk, kr, KVMEM_F32, 4, sh);
+    kvmem_tensor_init(&tv, vr, KVMEM_F32, 4, sh);
+    if (kvmem_agent_append(ag, &tk, &tv, NULL) != KVMEM_OK) goto done;
+    attend_case a = *c; /* the same queries, the agent as source */
+    memset(&a.src, 0, sizeof a.src);
+    a.src.kind = KVMEM_ATTEND_SRC_AGENT;
+    a.src.agent = ag;
+    kvmem_attend_params plain = plain_params();
+    rc = 0;
+    for (int qi = 0; qi < a.n_q && !rc; qi++) {
+        full[qi] = malloc(sizeof(float) * HQ * HD);
+        if (!full[qi] || run_q(&a, qi, &plain, full[qi], NULL) != KVMEM_OK) rc = -1;
+        else t_full[qi] = cpu_time_params(&a, ctx1, &plain, qi, reps);
+    }
+    for (int v = 0; v < 4 && !rc; v++) { /* the defaults, tau x 10, patience halved, RECENT */
+        kvmem_attend_params p = kvmem_attend_default_params();
+        if (v == 1) p.tau_s *= 10.0f, p.tau_d *= 10.0f;
+        if (v == 2) p.patience /= 2;
+        if (v == 3) p.order = KVMEM_ATTEND_RECENT;
+        sweep_row r;
+        if ((rc = measure(&a, ctx1, &p, NULL, full, t_full, reps, &r)) == 0)
+            print_row(o, "agent", v == 3 ? "recent" : "scored", c->T, BS, &p, &r);
+    }
+done:
+    for (int qi = 0; qi < 8; qi++) free(full[qi]);
+    kvmem_agent_close(ag);
+    kvmem_pool_free(pool);
+    free(kr), free(vr), free(pos);
+    return rc;
+}
+
 static int bench_sweep(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_context *ctx1, int64_t T) {
     attend_case c;
     const int n_q = o->quick ? 1 : 4, reps = o->quick ? 3 : 9;
@@ -446,44 +547,51 @@ static int bench_sweep(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
         case_free(&c);
         return -1;
     }
-    float *full[8];
+    float *full[8] = {NULL};
     double t_full[8];
     kvmem_attend_params plain = plain_params();
-    for (int qi = 0; qi < n_q; qi++) {
-        full[qi] = malloc(sizeof(float) * HQ * HD);
-        if (!full[qi] || run_q(&c, qi, &plain, full[qi], NULL) != KVMEM_OK) return -1;
-        t_full[qi] = cpu_time_params(&c, ctx1, &plain, qi, reps);
-    }
-    int32_t *orders[8];
-    for (int qi = 0; qi < n_q; qi++)
-        if (!(orders[qi] = importance_order(&c, qi, 64))) return -1;
-    static const float ts_q[] = {0.01f, 0.05f}, td_q[] = {0.001f, 0.01f};
-    static const int p_q[] = {1, 2};
-    static const float ts_f[] = {0.001f, 0.002f, 0.005f, 0.01f, 0.02f, 0.05f}, td_f[] = {0.0001f, 0.001f, 0.01f};
-    static const int p_f[] = {1, 2, 4};
-    const float *ts = o->quick ? ts_q : ts_f, *td = o->quick ? td_q : td_f;
-    const int *pp = o->quick ? p_q : p_f;
-    const int nts = o->quick ? 2 : 6, ntd = o->quick ? 2 : 3, np = o->quick ? 2 : 3;
     int rc = 0;
-    for (int imp = 1; imp >= 0 && !rc; imp--) {
-        const char *oname = imp ? "importance" : "recent";
+    for (int qi = 0; qi < n_q && !rc; qi++) {
+        full[qi] = malloc(sizeof(float) * HQ * HD);
+        if (!full[qi] || run_q(&c, qi, &plain, full[qi], NULL) != KVMEM_OK) rc = -1;
+        else t_full[qi] = cpu_time_params(&c, ctx1, &plain, qi, reps);
+    }
+    /* thresholds at the default tile size, then tile sizes at the default
+     * thresholds, at tau x 10 and at half the patience, in every order */
+    static const float ts_q[] = {0.01f, 0.05f}, td_q[] = {0.001f, 0.01f};
+    static const int p_q[] = {1, 2}, tile_q[] = {16, 64};
+    static const float ts_f[] = {0.001f, 0.002f, 0.005f, 0.01f, 0.02f, 0.05f}, td_f[] = {0.0001f, 0.001f, 0.01f};
+    static const int p_f[] = {2, 4, 8}, tile_f[] = {8, 16, 32, 64, 128};
+    const float *ts = o->quick ? ts_q : ts_f, *td = o->quick ? td_q : td_f;
+    const int *pp = o->quick ? p_q : p_f, *tiles = o->quick ? tile_q : tile_f;
+    const int nts = o->quick ? 2 : 6, ntd = o->quick ? 2 : 3, np = o->quick ? 2 : 3, ntile = o->quick ? 2 : 5;
+    for (int ord = 0; ord < N_ORD && !rc; ord++) {
         for (int a = 0; a < nts && !rc; a++)
             for (int b = 0; b < ntd && !rc; b++)
                 for (int e = 0; e < np && !rc; e++) {
                     kvmem_attend_params p = kvmem_attend_default_params();
                     p.tau_s = ts[a], p.tau_d = td[b], p.patience = pp[e];
-                    sweep_row r;
-                    if ((rc = measure(&c, ctx1, &p, imp ? orders : NULL, full, t_full, reps, &r)) == 0)
-                        print_row(o, "sweep", oname, T, &p, &r);
+                    rc = sweep_line(o, &c, ctx1, "sweep", ord, &p, full, t_full, reps);
                 }
-        if (!rc) {
-            kvmem_attend_params p = kvmem_attend_default_params();
-            sweep_row r;
-            if ((rc = measure(&c, ctx1, &p, imp ? orders : NULL, full, t_full, reps, &r)) == 0)
-                print_row(o, "defaults", oname, T, &p, &r);
-        }
+        for (int t = 0; t < ntile && !rc; t++)
+            for (int x = 0; x < 3 && !rc; x++) { /* the defaults, tau x 10, patience halved */
+                kvmem_attend_params p = kvmem_attend_default_params();
+                p.tile_size = tiles[t];
+                p.tau_s *= x == 1 ? 10.0f : 1.0f;
+                p.tau_d *= x == 1 ? 10.0f : 1.0f;
+                if (x == 2) p.patience /= 2;
+                rc = sweep_line(o, &c, ctx1, "tiles", ord, &p, full, t_full, reps);
+            }
     }
-    for (int qi = 0; qi < n_q; qi++) free(orders[qi]);
+    /* the defaults as they are, and with the other orders */
+    kvmem_attend_params d = kvmem_attend_default_params();
+    if (!rc) {
+        sweep_row r;
+        if ((rc = measure(&c, ctx1, &d, NULL, full, t_full, reps, &r)) == 0)
+            print_row(o, "defaults", d.order == KVMEM_ATTEND_SCORED ? "scored" : "other", T, KVM_ATTEND_DEFAULT_TILE,
+                      &d, &r);
+    }
+    if (!rc) rc = bench_agent(o, &c, ctx1, reps);
     for (int qi = 0; qi < n_q; qi++) free(full[qi]);
     case_free(&c);
     return rc;

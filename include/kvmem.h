@@ -851,7 +851,36 @@ KVMEM_API kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvme
  * stream's KV head is shared by its G heads, so stopping per stream saves
  * exactly the reads it stops; streams are independent, so they run on
  * different threads without a barrier per tile. tau_s = tau_d = 0 never
- * stops: the result is full attention up to float rounding, in any order. */
+ * stops: the result is full attention up to float rounding, in any order.
+ *
+ * Orders. The rule is safe only if the tiles come in falling order of
+ * attention mass: it bets that the tiles it has not reached matter less
+ * than those it has. RECENT (newest first) wins that bet where attention
+ * decays with age and loses it on far tokens that matter: on the
+ * recall-heavy history of bench/attend.c (16k tokens) it stops with ~20%
+ * relative error at every threshold. SCORED, the default, needs no caller
+ * input: each KV head visits the tiles by their largest logit (over the
+ * rows and the head's group of query heads), highest first:
+ *  - TENSORS / SLOTMAP: exact. A first pass reads every visible K row and
+ *    keeps the logits, so the attention then reads only V of the tiles it
+ *    visits: never more than full attention reads, and at least the K half.
+ *    (Where the logits would pass 4 Mi floats, n_rows * n_q_heads * T, K is
+ *    read again where visited, and calls with at most 2 * (patience + 1)
+ *    visible tiles, which could not pay that back, read everything.)
+ *  - AGENT: an upper bound from each sealed block's AABB of raw keys and
+ *    the span of its positions, RoPE included (the unsealed tail's box from
+ *    its rows): 2 * head_dim floats per block and KV head, no K read.
+ * With tau_s = tau_d = 0 SCORED orders nothing: it reads newest first.
+ * IMPORTANCE with the caller's order (retrieval scores) costs nothing to
+ * order and is as safe as that order; RECENT suits histories whose
+ * attention decays with age.
+ *
+ * Defaults (measured, BENCHMARKS.md "attend"): SCORED, tiles of 16,
+ * tau_s 0.001, tau_d 0.0001, patience 8. On the recall-heavy bench (16k
+ * tokens): 0.5% relative error, reading 51% of full attention's KV bytes
+ * from caller tensors (the K pass, then V of 2.8% of the tiles) and 3.7%
+ * from an agent; on stories260K (histories of 128..512 tokens), 99.97% top-1
+ * agreement with full attention at 83% of its bytes. */
 
 #define KVMEM_ATTEND_MAX_ROWS 64
 #define KVMEM_ATTEND_PROBE_SIZE 32
@@ -887,8 +916,11 @@ typedef enum kvmem_attend_order {
                                     newest to oldest */
     KVMEM_ATTEND_IMPORTANCE = 1, /* tile_order first (e.g. blocks by retrieval score), then
                                     the remaining tiles newest to oldest */
-    KVMEM_ATTEND_INDEX = 2       /* exactly the tiles in tile_order, in that order; other
+    KVMEM_ATTEND_INDEX = 2,      /* exactly the tiles in tile_order, in that order; other
                                     tiles are not attended */
+    KVMEM_ATTEND_SCORED = 3      /* (default) each KV head its own order: tiles by their
+                                    largest logit, highest first (ties newest first),
+                                    scored here with no caller input (see "Orders") */
 } kvmem_attend_order;
 
 typedef enum kvmem_attend_probe {
@@ -897,16 +929,16 @@ typedef enum kvmem_attend_probe {
 } kvmem_attend_probe;
 
 typedef struct kvmem_attend_params {
-    kvmem_attend_order order;   /* default RECENT */
+    kvmem_attend_order order;   /* default SCORED */
     int32_t n_sink;             /* RECENT: leading positions always visited first; default 4 */
     const int32_t *tile_order;  /* IMPORTANCE / INDEX: tile indices, distinct, in [0, n_tiles) */
     int32_t n_tile_order;
-    int32_t tile_size;          /* positions per tile, in [1, 4096]; 0 = default (64);
+    int32_t tile_size;          /* positions per tile, in [1, 4096]; 0 = default (16);
                                    must be 0 for AGENT sources (tiles are blocks) */
     float scale;                /* logit scale; 0 = 1/sqrt(head_dim) */
     float tau_s;                /* scale threshold, >= 0; default 0.001 */
     float tau_d;                /* direction threshold, >= 0; default 0.0001 (both 0: never stop) */
-    int32_t patience;           /* consecutive stable tiles before stopping, >= 1; default 4 */
+    int32_t patience;           /* consecutive stable tiles before stopping, >= 1; default 8 */
     kvmem_attend_probe probe;   /* default STRIDED */
     int32_t causal;             /* 1 (default): row r sees positions <= T - n_rows + r */
     int32_t compare;            /* 1: also run the ORACLE rule and report where it stops
@@ -923,7 +955,9 @@ typedef struct kvmem_attend_stats {
     int64_t oracle_tiles;    /* compare: sum over streams of where the ORACLE rule stops
                                 (its tiles_visited); 0 otherwise */
     int64_t oracle_agree;    /* compare: streams where both rules stop at the same tile */
-    int64_t positions_read;  /* (position, KV head) rows of K and V read */
+    int64_t positions_read;  /* (position, KV head) rows of K and V read; a K row alone
+                                (SCORED's first pass) or a V row alone (its attention
+                                after that pass) counts half (each count rounded up) */
     int32_t stopped_early;   /* 1 if any stream stopped early */
     int32_t reserved;
 } kvmem_attend_stats;
@@ -942,8 +976,10 @@ typedef struct kvmem_attend_stats {
  * usual rule, one thread at a time per agent. Calls on distinct contexts or
  * with distinct outputs may run concurrently.
  * Device backends ("vulkan", "cuda"): one-row calls on TENSORS or SLOTMAP
- * sources with no mask, the STRIDED probe and compare 0 run on the device
- * (K/V uploaded for the call); everything else, and shapes the device
+ * sources with no mask, the STRIDED probe, compare 0 and one order for all
+ * KV heads (RECENT, IMPORTANCE, INDEX; SCORED only where it reads
+ * everything, see "Orders") run on the device (K/V uploaded for the call);
+ * everything else, the default SCORED included, and shapes the device
  * kernel does not support, runs on the CPU. Stats mean the same either way.
  * Errors: KVMEM_ERR_INVALID_ARG (NULL, shapes, dtypes, non-finite q, bad
  * order list, slot id outside [0, n_slots), bad params), KVMEM_ERR_CLOSED

@@ -9,18 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KVM_ATTEND_DEFAULT_TILE 64
-
 kvmem_attend_params kvmem_attend_default_params(void) {
     kvmem_attend_params p;
     memset(&p, 0, sizeof p);
-    p.order = KVMEM_ATTEND_RECENT;
+    p.order = KVMEM_ATTEND_SCORED; /* BENCHMARKS.md, "attend": safe on recall-heavy histories */
     p.n_sink = 4;
     p.tile_size = 0;
     p.scale = 0.0f;
     p.tau_s = 0.001f;
     p.tau_d = 0.0001f;
-    p.patience = 4;
+    p.patience = 8;
     p.probe = KVMEM_ATTEND_PROBE_STRIDED;
     p.causal = 1;
     p.compare = 0;
@@ -29,8 +27,10 @@ kvmem_attend_params kvmem_attend_default_params(void) {
 
 static kvmem_status check_params(const kvmem_attend_params *a) {
     const char *fn = "kvmem_attend";
-    if (a->order != KVMEM_ATTEND_RECENT && a->order != KVMEM_ATTEND_IMPORTANCE && a->order != KVMEM_ATTEND_INDEX)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: order %d is not RECENT, IMPORTANCE or INDEX", fn, (int)a->order);
+    if (a->order != KVMEM_ATTEND_RECENT && a->order != KVMEM_ATTEND_IMPORTANCE && a->order != KVMEM_ATTEND_INDEX &&
+        a->order != KVMEM_ATTEND_SCORED)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: order %d is not RECENT, IMPORTANCE, INDEX or SCORED", fn,
+                        (int)a->order);
     if (a->n_sink < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: n_sink %d is negative", fn, a->n_sink);
     if (a->tile_size < 0 || a->tile_size > 4096)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: tile_size %d outside [0, 4096] (0 = default)", fn, a->tile_size);
@@ -49,7 +49,7 @@ static kvmem_status check_params(const kvmem_attend_params *a) {
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: compare must be 0 or 1, got %d", fn, a->compare);
     if (a->n_tile_order < 0)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: n_tile_order %d is negative", fn, a->n_tile_order);
-    if (a->order == KVMEM_ATTEND_RECENT && (a->tile_order || a->n_tile_order))
+    if ((a->order == KVMEM_ATTEND_RECENT || a->order == KVMEM_ATTEND_SCORED) && (a->tile_order || a->n_tile_order))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: tile_order is only used by the IMPORTANCE and INDEX orders", fn);
     if (a->n_tile_order > 0 && !a->tile_order)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: tile_order is NULL with n_tile_order %d", fn, a->n_tile_order);
@@ -60,7 +60,8 @@ static kvmem_status check_params(const kvmem_attend_params *a) {
 typedef struct attend_bufs {
     float *q, *out;
     int64_t *tile_start, *live_prefix, *rows;
-    int32_t *order;
+    int32_t *order, *head_order;
+    float *logits;
     uint8_t *seen;
 } attend_bufs;
 
@@ -71,6 +72,8 @@ static void bufs_free(attend_bufs *b) {
     free(b->live_prefix);
     free(b->rows);
     free(b->order);
+    free(b->head_order);
+    free(b->logits);
     free(b->seen);
 }
 
@@ -166,7 +169,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     }
     pl->n_tiles = (int32_t)n_tiles;
     /* the order list is checked before anything is allocated for it */
-    if (a->order != KVMEM_ATTEND_RECENT) {
+    if (a->order == KVMEM_ATTEND_IMPORTANCE || a->order == KVMEM_ATTEND_INDEX) {
         b->seen = calloc((size_t)n_tiles + 1, 1);
         if (!b->seen) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
         for (int32_t i = 0; i < a->n_tile_order; i++) {
@@ -198,6 +201,8 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
         while (n_sink_tiles < n_tiles && b->tile_start[n_sink_tiles] < a->n_sink) n_sink_tiles++;
         for (int32_t t = 0; t < n_sink_tiles; t++) b->order[n++] = t;
         for (int64_t t = n_tiles - 1; t >= n_sink_tiles; t--) b->order[n++] = (int32_t)t;
+    } else if (a->order == KVMEM_ATTEND_SCORED) { /* every tile: the per-head orders come later */
+        for (int64_t t = n_tiles - 1; t >= 0; t--) b->order[n++] = (int32_t)t;
     } else {
         for (int32_t i = 0; i < a->n_tile_order; i++) b->order[n++] = a->tile_order[i];
         if (a->order == KVMEM_ATTEND_IMPORTANCE)
@@ -234,9 +239,11 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
 /* ---- the device path: dev_attend on the context's backend ---- */
 
 /* Plans the buffer-level kernel covers: one row of a TENSORS or SLOTMAP
- * source, no mask, the STRIDED probe, no ORACLE comparison. */
+ * source, no mask, the STRIDED probe, no ORACLE comparison, one order for
+ * every KV head (the kernel takes one list: SCORED runs on the CPU). */
 static int device_eligible(const kvm_attend_plan *pl) {
     return (pl->kind == KVMEM_ATTEND_SRC_TENSORS || pl->kind == KVMEM_ATTEND_SRC_SLOTMAP) && pl->n_rows == 1 &&
+           !pl->head_order &&
            !pl->mask && pl->probe == KVMEM_ATTEND_PROBE_STRIDED && !pl->compare && pl->row_lo[0] == 0 &&
            pl->row_hi[0] == pl->T;
 }
@@ -423,6 +430,7 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
     pl.patience = a.patience;
     pl.probe = a.probe;
     pl.compare = a.compare;
+    pl.causal = a.causal;
     pl.kind = source->kind;
 
     attend_bufs b;
@@ -452,6 +460,33 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
         bufs_free(&b);
         return st;
     }
+    /* SCORED on caller K reads every K row for its order and keeps the
+     * logits, so the attention then reads V alone: never more than full
+     * attention reads. Where the logits would take more than
+     * KVM_ATTEND_MAX_LOGITS floats they are computed again (K read twice
+     * where visited), which pays only if the rule can stop before half the
+     * tiles: it reads at least patience + 1. With the rule off there is
+     * nothing to order: newest first to the end, as the plan stands. */
+    int64_t scan_rows = 0; /* K rows the SCORED scan read */
+    const int keep_logits = !agent && (double)R * (double)Hq * (double)pl.T <= KVM_ATTEND_MAX_LOGITS;
+    if (a.order == KVMEM_ATTEND_SCORED &&
+        (!pl.stop_enabled ||
+         (!agent && !keep_logits && kvm_attend_tiles_seen(&pl) <= 2 * ((int64_t)a.patience + 1))))
+        pl.stop_enabled = 0;
+    else if (a.order == KVMEM_ATTEND_SCORED) {
+        b.head_order = malloc(((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
+        if (keep_logits) b.logits = malloc(((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
+        if (!b.head_order || (keep_logits && !b.logits)) {
+            bufs_free(&b);
+            return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        }
+        if ((st = kvm_attend_scored_order(ctx, &pl, b.head_order, NULL, b.logits, &scan_rows)) != KVMEM_OK) {
+            bufs_free(&b);
+            return st;
+        }
+        pl.head_order = b.head_order;
+        pl.logits = b.logits;
+    }
     kvmem_attend_stats s;
     /* a device backend with the buffer-level kernel runs the plans it
      * covers; the rest (and shapes it refuses as unsupported) run here */
@@ -472,6 +507,7 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
             int64_t idx[2] = {r, h};
             kvm_tensor_write_f32(out, kvm_tensor_row_offset(out, idx), b.out + ((size_t)r * (size_t)Hq + (size_t)h) * D, D);
         }
+    s.positions_read += (scan_rows + 1) / 2; /* a K row alone is half a (K, V) row */
     if (stats) *stats = s;
     bufs_free(&b);
     return KVMEM_OK;

@@ -7,6 +7,12 @@
 #include "../internal.h"
 #include "../pool/pool.h"
 
+/* tile_size 0: positions per tile of TENSORS and SLOTMAP sources */
+#define KVM_ATTEND_DEFAULT_TILE 16
+/* SCORED keeps the scan's logits up to this many floats (16 MiB: decode
+ * with 32 query heads up to 128k positions) */
+#define KVM_ATTEND_MAX_LOGITS (4.0 * 1024 * 1024)
+
 /* Everything a backend needs, resolved and checked: no field is invalid. */
 typedef struct kvm_attend_plan {
     int32_t n_rows, n_q_heads, n_kv_heads, head_dim, group; /* group = n_q_heads / n_kv_heads */
@@ -31,9 +37,15 @@ typedef struct kvm_attend_plan {
     const int64_t *tile_start;  /* n_tiles + 1 */
     const int32_t *order;       /* visiting order, n_order tile ids */
     int32_t n_order;
+    const int32_t *head_order;  /* (optional) SCORED: [n_kv_heads][n_order], KV head h
+                                   visits head_order[h * n_order ..]; NULL: `order` for all */
+    const float *logits;        /* (optional) SCORED on caller K: [n_rows][n_q_heads][T]
+                                   scale * q.k of every position a row sees, from the scan;
+                                   the attention reads these instead of K */
     const int64_t *live_prefix; /* T + 1 counts of live positions, or NULL (all live) */
     const int64_t *row_lo;      /* n_rows: first visible position */
     const int64_t *row_hi;      /* n_rows: one past the last visible position */
+    int32_t causal;
 
     /* the stop rule */
     int32_t stop_enabled;       /* 0 when tau_s = tau_d = 0 */
@@ -46,6 +58,23 @@ typedef struct kvm_attend_plan {
      * stopped (its tiles_visited share); NULL when not wanted */
     int32_t *stream_visited;
 } kvm_attend_plan;
+
+/* SCORED: fill head_order [n_kv_heads][n_tiles] from each tile's score per
+ * KV head, its largest logit over the rows and the group's query heads (the
+ * plan's tiles, rows and source already resolved; the plan's q, scale and,
+ * for agents, pool / mem / layer / positions are read). TENSORS / SLOTMAP:
+ * exact, one pass over the visible keys on ctx's workers (*k_rows_read = the
+ * (position, KV head) K rows it read); AGENT: an upper bound from each
+ * block's AABB of raw keys and its span of positions, RoPE included (the
+ * unsealed tail's box from its rows; *k_rows_read = 0). Tiles no row sees
+ * score -inf. scores (optional): [n_kv_heads][n_tiles] out. logits
+ * (optional, caller K only): [n_rows][n_q_heads][T] out, every logit the
+ * scan computed (positions a row does not see are left as they were). */
+kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *plan, int32_t *head_order,
+                                     float *scores, float *logits, int64_t *k_rows_read);
+
+/* Tiles with a live position some row sees. */
+int32_t kvm_attend_tiles_seen(const kvm_attend_plan *plan);
 
 /* Run the plan on the CPU (the reference for every backend). Fills
  * plan->out and *stats. Allocation failure: KVMEM_ERR_NOMEM. */

@@ -156,7 +156,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
             float *kb = kbuf + (size_t)i * nh * D, *vb = vbuf + (size_t)i * nh * D;
             const int64_t ko = row * k->strides[0] + ha * k->strides[1];
             const int64_t vo = row * v->strides[0] + ha * v->strides[1];
-            if (!kdirect && kspan)
+            if (!kdirect && kspan && !p->logits)
                 kvm_convert_host(kb, KVMEM_F32, (const unsigned char *)k->data + (size_t)ko * kes, k->dtype, nh * D);
             if (!vdirect && vspan)
                 kvm_convert_host(vb, KVMEM_F32, (const unsigned char *)v->data + (size_t)vo * ves, v->dtype, nh * D);
@@ -166,7 +166,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
                 if (kdirect) {
                     krow[at] = (const unsigned char *)k->data + (size_t)kho * kes;
                 } else {
-                    if (!kspan) kvm_tensor_read_f32(k, kho, kb + hh * D, D);
+                    if (!kspan && !p->logits) kvm_tensor_read_f32(k, kho, kb + hh * D, D);
                     krow[at] = kb + hh * D;
                 }
                 if (vdirect) {
@@ -227,7 +227,7 @@ static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t hi, in
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) return;
     const int64_t t0 = p->tile_start[tile], t1 = KVM_MIN(p->tile_start[tile + 1], KVM_MAX(hi, t0));
     const kvmem_tensor *ts[2] = {p->k, p->v};
-    for (int x = 0; x < 2; x++) {
+    for (int x = p->logits ? 1 : 0; x < 2; x++) { /* K too, unless the scan's logits stand in for it */
         const kvmem_tensor *t = ts[x];
         const size_t es = kvm_dtype_size(t->dtype);
         const size_t span = (size_t)((h1 - h0 - 1) * t->strides[1] + (int64_t)p->head_dim) * es;
@@ -351,8 +351,10 @@ static void attend_item(attend_job *j, size_t item) {
         }
     }
 
+    /* SCORED: an item is one KV head, visiting in its own order */
+    const int32_t *order = p->head_order ? p->head_order + (size_t)h0 * (size_t)p->n_order : p->order;
     for (int32_t oi = 0; oi < p->n_order; oi++) {
-        const int32_t tile = p->order[oi];
+        const int32_t tile = order[oi];
         const int64_t t0 = p->tile_start[tile], t1 = p->tile_start[tile + 1];
         int64_t lo = INT64_MAX, hi = INT64_MIN;
         uint64_t vis = 0; /* rows that see this tile */
@@ -380,7 +382,7 @@ static void attend_item(attend_job *j, size_t item) {
         for (int64_t q = lo; q < hi; q++)
             if (is_live(p, q)) pos[n++] = q;
         /* the next tile's KV travels to the cache while this one computes */
-        if (j->prefetch && oi + 1 < p->n_order) prefetch_tile(p, p->order[oi + 1], hi, h0, h1);
+        if (j->prefetch && oi + 1 < p->n_order) prefetch_tile(p, order[oi + 1], hi, h0, h1);
         fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
@@ -398,7 +400,13 @@ static void attend_item(attend_job *j, size_t item) {
                     ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
                 }
                 const int32_t nk = b - a;
-                if (kh16)
+                if (p->logits) /* SCORED's scan kept every logit: K is not read again */
+                    for (int32_t g = 0; g < G; g++) {
+                        const size_t hq = (size_t)row * (size_t)p->n_q_heads + (size_t)(h * G + g);
+                        const float *lg = p->logits + hq * (size_t)p->T;
+                        for (int32_t i = 0; i < nk; i++) s[(size_t)g * (size_t)MT + (size_t)i] = lg[pos[a + i]];
+                    }
+                else if (kh16)
                     kern->qk_f16(qg, (size_t)G, (const uint16_t *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
                                  (size_t)MT);
                 else
@@ -471,8 +479,9 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     const int32_t nt = tp ? kvm_threadpool_size(tp) : 1;
     /* each item takes a run of KV heads (read together, so the KV of one
      * position streams from memory) and, when there are fewer KV heads than
-     * threads, a chunk of the rows */
-    j.n_head_chunks = KVM_MIN(p->n_kv_heads, nt);
+     * threads, a chunk of the rows; SCORED: one KV head per item, each head
+     * with its own order */
+    j.n_head_chunks = p->head_order ? p->n_kv_heads : KVM_MIN(p->n_kv_heads, nt);
     j.heads_per_item = (p->n_kv_heads + j.n_head_chunks - 1) / j.n_head_chunks;
     j.n_head_chunks = (p->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
     int32_t chunks = 1;
@@ -525,6 +534,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
         stats->oracle_agree += s->oracle_agree;
         stats->positions_read += s->positions_read;
     }
+    if (p->logits) stats->positions_read = (stats->positions_read + 1) / 2; /* V rows alone: half a row each */
     stats->stopped_early = stats->streams_stopped > 0;
     kvm_aligned_free(j.scratch);
     free(j.item_stats);

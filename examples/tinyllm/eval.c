@@ -245,6 +245,8 @@ void tl_art_setup(tl_art *art, const tl_method *me, kvmem_context *ctx) {
     art->ctx = ctx;
     art->params = kvmem_attend_default_params();
     if (me->art_tile) art->params.tile_size = me->art_tile;
+    if (me->art_order) art->params.order = (kvmem_attend_order)(me->art_order - 1);
+    if (me->art_patience) art->params.patience = me->art_patience;
     if (me->art_tau_scale > 0) {
         art->params.tau_s *= me->art_tau_scale;
         art->params.tau_d *= me->art_tau_scale;

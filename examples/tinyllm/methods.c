@@ -196,23 +196,21 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
     strcat(miss, "MemArt (retrieval API not in this build); ");
 #endif
 #ifdef TINYLLM_HAVE_ATTEND
+    /* ART at kvmem's defaults (SCORED order, tiles of 16, patience 8), then
+     * one change each: smaller tiles, half the patience, the RECENT order */
     ADD("art", TL_M_FULL, 0, 0, 0, 1, 0);
-    ADD("art-tile16", TL_M_FULL, 0, 0, 0, 1, 0);
-    all[n - 1].art_tile = 16;
-    ADD("art-tile16-tau*10", TL_M_FULL, 0, 0, 0, 1, 0);
-    all[n - 1].art_tile = 16;
-    all[n - 1].art_tau_scale = 10.0f;
-    ADD("art-tile16-tau*100", TL_M_FULL, 0, 0, 0, 1, 0);
-    all[n - 1].art_tile = 16;
-    all[n - 1].art_tau_scale = 100.0f;
+    ADD("art-tile8", TL_M_FULL, 0, 0, 0, 1, 0);
+    all[n - 1].art_tile = 8;
+    ADD("art-patience4", TL_M_FULL, 0, 0, 0, 1, 0);
+    all[n - 1].art_patience = 4;
+    ADD("art-recent", TL_M_FULL, 0, 0, 0, 1, 0);
+    all[n - 1].art_order = KVMEM_ATTEND_RECENT + 1;
 #ifdef TINYLLM_HAVE_RETRIEVE
-    MEMART("memart+art16", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
+    MEMART("memart+art", KVMEM_RETRIEVE_AABB, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, TL_MEMART_LOCAL_FRAC);
     all[n - 1].art = 1;
-    all[n - 1].art_tile = 16;
 #endif
 #ifdef TINYLLM_HAVE_EVICT
-    ADD("intentkv-rule+art16", TL_M_INTENTKV, 0, 0, 0, 1, 0);
-    all[n - 1].art_tile = 16;
+    ADD("intentkv-rule+art", TL_M_INTENTKV, 0, 0, 0, 1, 0);
 #endif
 #else
     strcat(miss, "ART (attend API not in this build); ");

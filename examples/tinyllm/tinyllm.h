@@ -254,7 +254,7 @@ typedef struct tl_method {
     tl_method_kind kind;
     int32_t mode, norm, agg; /* MemArt: kvmem_retrieve_mode / _norm / _agg */
     int32_t art;             /* decode with ART (kvmem_attend) at its default tau */
-    int32_t art_tile;        /* ART tile size (0 = kvmem's default, 64) */
+    int32_t art_tile;        /* ART tile size (0 = kvmem's default) */
     int32_t needs_probe;     /* needs the new prompt's queries (a probe prefill) */
     int32_t orig_pos;        /* MemArt: keep each block at its original positions (no re-encoding) */
     int32_t keep_recent;     /* MemArt: always include the newest keep_recent blocks */
@@ -264,6 +264,8 @@ typedef struct tl_method {
     int32_t reprobe;         /* MemArt: retrieve again every `reprobe` decoded tokens, asked
                                 with the queries of the last `reprobe` tokens (0 = once per turn) */
     float art_tau_scale;     /* ART: multiply the default tau_s, tau_d (0 = 1) */
+    int32_t art_order;       /* ART: kvmem_attend_order + 1 (0 = kvmem's default) */
+    int32_t art_patience;    /* ART: patience (0 = kvmem's default) */
 } tl_method;
 
 /* The methods this build supports, in table order. Returns the count

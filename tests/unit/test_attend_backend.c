@@ -1,6 +1,7 @@
 /* kvmem_attend on a device backend ("vulkan": lavapipe here, any GPU
  * elsewhere) against the same call on the CPU backend: plans the device
- * kernel covers (one row, TENSORS or SLOTMAP, no mask, STRIDED probe) run
+ * kernel covers (one row, TENSORS or SLOTMAP, no mask, STRIDED probe, one
+ * order for every KV head: not SCORED, the default) run
  * through dev_attend -- counted by wrapping the backend's entry -- and give
  * the CPU's stats exactly and its outputs within the attention bound
  * below; other plans, and shapes the device refuses as unsupported, run on
@@ -167,6 +168,7 @@ static void test_tensors_match_cpu_and_reference(void **state) {
             src.k = &kt;
             src.v = &vt;
             kvmem_attend_params pr = kvmem_attend_default_params();
+            pr.order = KVMEM_ATTEND_RECENT; /* the default, SCORED, runs on the CPU */
             pr.tau_s = pr.tau_d = 0.0f;
             pr.tile_size = 32;
             kvmem_attend_stats sd, sc;
@@ -317,9 +319,10 @@ static void test_other_plans_run_on_cpu(void **state) {
     uint8_t mask[100];
     for (int j = 0; j < T; j++) mask[j] = j % 3 != 0;
     float *od = malloc((size_t)4 * 64 * 256 * 4), *oc = malloc((size_t)4 * 64 * 256 * 4);
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < 6; c++) {
         int R = 1;
         kvmem_attend_params pr = kvmem_attend_default_params();
+        pr.order = KVMEM_ATTEND_RECENT; /* one order for all heads: what the kernel takes */
         kvmem_attend_source src;
         memset(&src, 0, sizeof src);
         src.kind = KVMEM_ATTEND_SRC_TENSORS;
@@ -329,6 +332,7 @@ static void test_other_plans_run_on_cpu(void **state) {
         if (c == 2) pr.probe = KVMEM_ATTEND_PROBE_ORACLE;
         if (c == 3) pr.compare = 1;
         if (c == 4) D = 256, G = 32; /* beyond the Vulkan kernel: refused as unsupported, run here */
+        if (c == 5) pr.order = KVMEM_ATTEND_SCORED; /* an order per KV head */
         kvmem_tensor qt, kt, vt;
         const int64_t qs[3] = {R, H * G, D}, ks[3] = {T, H, D};
         assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 3, qs));

@@ -93,7 +93,10 @@ static void bad_params(void **state) {
     CASE(f.ap.causal = 2, "causal must be 0 or 1");
     CASE(f.ap.compare = 3, "compare must be 0 or 1");
     CASE((f.ap.order = KVMEM_ATTEND_INDEX, f.ap.n_tile_order = -1), "n_tile_order -1");
-    CASE((f.ap.tile_order = order, f.ap.n_tile_order = 1), "only used by the IMPORTANCE and INDEX");
+    CASE(f.ap.order = (kvmem_attend_order)4, "order 4 is not RECENT, IMPORTANCE, INDEX or SCORED");
+    CASE((f.ap.tile_order = order, f.ap.n_tile_order = 1), "only used by the IMPORTANCE and INDEX"); /* SCORED */
+    CASE((f.ap.order = KVMEM_ATTEND_RECENT, f.ap.tile_order = order, f.ap.n_tile_order = 1),
+         "only used by the IMPORTANCE and INDEX");
     CASE((f.ap.order = KVMEM_ATTEND_INDEX, f.ap.n_tile_order = 2), "tile_order is NULL");
     CASE((f.ap.order = KVMEM_ATTEND_INDEX, f.ap.tile_size = 16, f.ap.tile_order = order, f.ap.n_tile_order = 3),
          "tile_order[2] = 0 appears twice");

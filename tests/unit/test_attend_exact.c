@@ -58,8 +58,10 @@ static void tensors(problem *p, kvmem_tensor *q, kvmem_tensor *k, kvmem_tensor *
     assert_ok(kvmem_tensor_init(o, out, KVMEM_F32, 3, qs));
 }
 
-/* Run kvmem_attend with tau = 0 in `order` and compare with the reference. */
-static void run_exact(kvmem_context *ctx, problem *p, kvmem_attend_params *ap, const char *what) {
+/* Run kvmem_attend reading every tile (tau = 0, or with never_stop a rule
+ * that runs but cannot fire: SCORED then scans K for its order) and compare
+ * with the reference. */
+static void run_full(kvmem_context *ctx, problem *p, kvmem_attend_params *ap, const char *what, int never_stop) {
     kvmem_tensor q, k, v, o;
     float *out = malloc(sizeof(float) * (size_t)(p->R * p->Hq * p->D));
     tensors(p, &q, &k, &v, &o, out);
@@ -68,8 +70,9 @@ static void run_exact(kvmem_context *ctx, problem *p, kvmem_attend_params *ap, c
     src.kind = KVMEM_ATTEND_SRC_TENSORS;
     src.k = &k;
     src.v = &v;
-    ap->tau_s = 0;
-    ap->tau_d = 0;
+    ap->tau_s = never_stop ? 1e-30f : 0.0f; /* consecutive outputs never agree that closely */
+    ap->tau_d = ap->tau_s;
+    if (never_stop) ap->patience = 1;
     kvmem_attend_stats st;
     assert_ok(kvmem_attend(ctx, &q, &src, ap, &o, &st));
     double e = ref_max_err(out, p->ref, (size_t)(p->R * p->Hq * p->D));
@@ -77,6 +80,10 @@ static void run_exact(kvmem_context *ctx, problem *p, kvmem_attend_params *ap, c
     assert_int_equal(st.stopped_early, 0);
     assert_int_equal(st.tiles_visited, st.tiles_total);
     free(out);
+}
+
+static void run_exact(kvmem_context *ctx, problem *p, kvmem_attend_params *ap, const char *what) {
+    run_full(ctx, p, ap, what, 0);
 }
 
 static void tau_zero_equals_reference_in_every_order(void **state) {
@@ -91,7 +98,10 @@ static void tau_zero_equals_reference_in_every_order(void **state) {
         for (int ti = 0; ti < 3; ti++) {
             kvmem_attend_params ap = kvmem_attend_default_params();
             ap.tile_size = tiles[ti];
-            int ts = tiles[ti] ? tiles[ti] : 64, nt = (int)((p.T + ts - 1) / ts);
+            int ts = tiles[ti] ? tiles[ti] : 16, nt = (int)((p.T + ts - 1) / ts); /* 0: tiles of 16 */
+            ap.order = KVMEM_ATTEND_SCORED;
+            run_exact(ctx, &p, &ap, "scored");
+            run_full(ctx, &p, &ap, "scored, the rule on", 1);
             ap.order = KVMEM_ATTEND_RECENT;
             run_exact(ctx, &p, &ap, "recent");
             ap.n_sink = 100;
@@ -169,6 +179,9 @@ static void causal_prefill_rows_see_only_their_past(void **state) {
     ref_attend(p.q, R, 4, 2, 32, p.k, p.v, p.T, NULL, 1.0 / sqrt(32.0), causal_vis, &cc, p.ref);
     kvmem_attend_params ap = kvmem_attend_default_params();
     ap.tile_size = 16;
+    run_exact(ctx, &p, &ap, "causal prefill, scored (the default)");
+    run_full(ctx, &p, &ap, "causal prefill, scored, the rule on", 1);
+    ap.order = KVMEM_ATTEND_RECENT;
     run_exact(ctx, &p, &ap, "causal prefill, recent");
     int32_t order[10] = {3, 9, 0, 5, 1, 8, 2, 7, 4, 6};
     ap.order = KVMEM_ATTEND_INDEX;
@@ -179,6 +192,9 @@ static void causal_prefill_rows_see_only_their_past(void **state) {
     ref_attend(p.q, R, 4, 2, 32, p.k, p.v, p.T, NULL, 1.0 / sqrt(32.0), ref_all_visible, NULL, p.ref);
     ap.causal = 0;
     run_exact(ctx, &p, &ap, "prefill, not causal");
+    ap = kvmem_attend_default_params();
+    ap.causal = 0;
+    run_exact(ctx, &p, &ap, "prefill, not causal, scored");
     /* more rows than positions: the first rows see nothing and get zeros */
     problem s;
     make_problem(&s, 6, 4, 2, 32, 4, 10);
@@ -188,6 +204,39 @@ static void causal_prefill_rows_see_only_their_past(void **state) {
     kvmem_attend_params a2 = kvmem_attend_default_params();
     run_exact(ctx, &s, &a2, "rows before the first position");
     free_problem(&s);
+    free_problem(&p);
+    kvmem_context_free(ctx);
+}
+
+/* A prefill chunk whose logits would outgrow what SCORED keeps (64 rows x
+ * 8 heads x 8200 positions > 4 Mi floats): its attention reads K again
+ * instead, (K, V) rows in full after the scan's K rows (half a row each). */
+static void scored_without_room_for_logits_reads_k_again(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(2);
+    problem p;
+    const int R = 64;
+    make_problem(&p, R, 8, 2, 8, 8200, 12);
+    causal_ctx cc = {p.T, R};
+    ref_attend(p.q, R, 8, 2, 8, p.k, p.v, p.T, NULL, 1.0 / sqrt(8.0), causal_vis, &cc, p.ref);
+    kvmem_tensor q, k, v, o;
+    float *out = malloc(sizeof(float) * (size_t)(R * 8 * 8));
+    tensors(&p, &q, &k, &v, &o, out);
+    kvmem_attend_source src;
+    memset(&src, 0, sizeof src);
+    src.kind = KVMEM_ATTEND_SRC_TENSORS;
+    src.k = &k;
+    src.v = &v;
+    kvmem_attend_params ap = kvmem_attend_default_params();
+    ap.tau_s = ap.tau_d = 1e-30f; /* the rule runs, never fires */
+    ap.patience = 1;
+    kvmem_attend_stats st;
+    assert_ok(kvmem_attend(ctx, &q, &src, &ap, &o, &st));
+    double e = ref_max_err(out, p.ref, (size_t)(R * 8 * 8));
+    if (!(e <= TOL)) fail_msg("max error %g > %g", e, TOL);
+    assert_int_equal(st.stopped_early, 0);
+    assert_int_equal(st.positions_read, p.T * 2 + (p.T * 2 + 1) / 2);
+    free(out);
     free_problem(&p);
     kvmem_context_free(ctx);
 }
@@ -261,6 +310,7 @@ int main(void) {
         cmocka_unit_test(tau_zero_equals_reference_in_every_order),
         cmocka_unit_test(full_result_is_invariant_to_order_and_dtype),
         cmocka_unit_test(causal_prefill_rows_see_only_their_past),
+        cmocka_unit_test(scored_without_room_for_logits_reads_k_again),
         cmocka_unit_test(gqa_maps_query_heads_to_kv_heads),
         cmocka_unit_test(scale_and_dtypes),
     };

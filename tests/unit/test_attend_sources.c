@@ -72,14 +72,15 @@ static void agent_source_equals_rotating_its_keys_yourself(void **state) {
         for (int t = 0; t < T; t++) positions[t] = 3 * t + 7 - (t % 5 == 0 ? 2 : 0); /* jumps */
         uint8_t mask[70];
         for (int t = 0; t < T; t++) mask[t] = (uint8_t)(t % 7 != 3);
-        for (int variant = 0; variant < 4; variant++) {
-            /* 0: default positions; 1: base offset; 2: positions array; 3: mask + index order */
+        for (int variant = 0; variant < 5; variant++) {
+            /* 0: default positions; 1: base offset; 2: positions array (0-2 in the default
+             * order, SCORED); 3: mask + index order; 4: positions array, RECENT order */
             const int64_t base = variant == 1 ? 1000 : 0;
             for (int t = 0; t < T; t++)
                 for (int h = 0; h < H; h++) {
                     float *x = lk + ((size_t)t * H + h) * D;
                     memcpy(x, rk + (((size_t)layer * T + t) * H + h) * D, D * sizeof(float));
-                    rope_neox(x, D, variant == 2 ? positions[t] : (double)(t + base), spec.rope_theta);
+                    rope_neox(x, D, variant == 2 || variant == 4 ? positions[t] : (double)(t + base), spec.rope_theta);
                 }
             vis_ctx vc = {variant == 3 ? mask : NULL, T, R, 1};
             ref_attend(q, R, Hq, H, D, lk, rv + (size_t)layer * T * H * D, T, NULL, 1.0 / sqrt(D), vis, &vc, ref);
@@ -89,7 +90,7 @@ static void agent_source_equals_rotating_its_keys_yourself(void **state) {
             src.agent = ag;
             src.layer = layer;
             src.base_position = base;
-            src.positions = variant == 2 ? positions : NULL;
+            src.positions = variant == 2 || variant == 4 ? positions : NULL;
             src.mask = variant == 3 ? mask : NULL;
             kvmem_attend_params ap = kvmem_attend_default_params();
             ap.tau_s = ap.tau_d = 0;
@@ -99,6 +100,7 @@ static void agent_source_equals_rotating_its_keys_yourself(void **state) {
                 ap.tile_order = order;
                 ap.n_tile_order = 5;
             }
+            if (variant == 4) ap.order = KVMEM_ATTEND_RECENT;
             kvmem_attend_stats st;
             assert_ok(kvmem_attend(ctx, &tq, &src, &ap, &to, &st));
             assert_int_equal(st.n_streams, R * H);
@@ -172,22 +174,29 @@ static void poisoned_dead_and_masked_slots_never_reach_the_output(void **state) 
     src.mask = mask;
     int64_t n_live = 0;
     for (int t = 0; t < T; t++) n_live += live[t];
-    for (int oi = 0; oi < 2; oi++) {
-        kvmem_attend_params ap = kvmem_attend_default_params();
+    for (int oi = 0; oi < 4; oi++) {
+        kvmem_attend_params ap = kvmem_attend_default_params(); /* oi 0, 3: SCORED */
         ap.tau_s = ap.tau_d = 0;
+        if (oi == 3) { /* the rule on, never firing: SCORED scans K, then reads V alone */
+            ap.tau_s = ap.tau_d = 1e-30f;
+            ap.patience = 1;
+        }
         ap.tile_size = 8;
         int32_t order[12] = {11, 0, 5, 3, 9, 1, 7, 2, 10, 4, 8, 6};
-        if (oi) {
+        if (oi == 1) {
             ap.order = KVMEM_ATTEND_IMPORTANCE;
             ap.tile_order = order;
             ap.n_tile_order = 12;
         }
+        if (oi == 2) ap.order = KVMEM_ATTEND_RECENT;
         kvmem_attend_stats st;
         assert_ok(kvmem_attend(ctx, &tq, &src, &ap, &to, &st));
         for (int i = 0; i < Hq * D; i++) assert_true(isfinite(out[i]));
         double e = ref_max_err(out, ref, (size_t)(Hq * D));
         if (!(e <= 2e-5)) fail_msg("slot map, order %d: error %g", oi, e);
-        assert_int_equal(st.positions_read, n_live * H);
+        /* SCORED's scan: each live K row once, then each live V row, half a row each */
+        assert_int_equal(st.positions_read, oi == 3 ? 2 * ((n_live * H + 1) / 2) : n_live * H);
+        assert_int_equal(st.stopped_early, 0);
     }
     /* with the stop rule on, poison still never shows */
     kvmem_attend_params ap = kvmem_attend_default_params();

@@ -63,35 +63,48 @@ static void stops_exactly_when_the_rest_carries_no_value(void **state) {
     build_zero_tail(&s, 1);
     double ref[64];
     ref_attend(s.q, 1, 2, 1, 32, s.k, s.v, s.T, NULL, 1.0 / sqrt(32.0), ref_all_visible, NULL, ref);
-    kvmem_attend_params ap = kvmem_attend_default_params();
-    ap.n_sink = 0;
-    ap.patience = 2;
-    ap.compare = 1;
-    kvmem_attend_stats st;
-    assert_ok(kvmem_attend(ctx, &s.tq, &s.src, &ap, &s.to, &st));
-    assert_int_equal(st.n_streams, 1);
-    assert_int_equal(st.tiles_total, 10);
-    assert_int_equal(st.stopped_early, 1);
-    assert_int_equal(st.streams_stopped, 1);
-    /* two real tiles, then at most one changing and `patience` stable ones */
-    assert_true(st.tiles_visited >= 3 && st.tiles_visited <= 5);
-    assert_true(st.positions_read == st.tiles_visited * 64);
-    assert_true(st.oracle_tiles >= 3 && st.oracle_tiles <= 5);
-    double e = ref_max_err(s.out, ref, 64);
-    if (!(e <= 2e-5)) fail_msg("early stop changed the result: %g", e);
+    /* RECENT reaches the two real tiles first by position; SCORED by their
+     * logits (the old tiles score lowest), after reading every K row once */
+    const kvmem_attend_order orders[2] = {KVMEM_ATTEND_RECENT, KVMEM_ATTEND_SCORED};
+    for (int oi = 0; oi < 2; oi++) {
+        kvmem_attend_params ap = kvmem_attend_default_params();
+        ap.order = orders[oi];
+        ap.n_sink = 0;
+        ap.tile_size = 64;
+        ap.patience = 2;
+        ap.compare = 1;
+        kvmem_attend_stats st;
+        assert_ok(kvmem_attend(ctx, &s.tq, &s.src, &ap, &s.to, &st));
+        assert_int_equal(st.n_streams, 1);
+        assert_int_equal(st.tiles_total, 10);
+        assert_int_equal(st.stopped_early, 1);
+        assert_int_equal(st.streams_stopped, 1);
+        /* two real tiles, then at most one changing and `patience` stable ones */
+        assert_true(st.tiles_visited >= 3 && st.tiles_visited <= 5);
+        assert_true(st.oracle_tiles >= 3 && st.oracle_tiles <= 5);
+        /* compare = 1 reads on to the later of the two stops; a plain run reads its own */
+        ap.compare = 0;
+        assert_ok(kvmem_attend(ctx, &s.tq, &s.src, &ap, &s.to, &st));
+        /* SCORED: K once in the scan, then V of the tiles it visits: half a row each */
+        assert_true(st.positions_read == (oi ? st.tiles_visited * 64 / 2 + 640 / 2 : st.tiles_visited * 64));
+        double e = ref_max_err(s.out, ref, 64);
+        if (!(e <= 2e-5)) fail_msg("order %d: early stop changed the result: %g", oi, e);
 
-    /* tau = 0: the same data is read to the end */
-    ap.tau_s = ap.tau_d = 0;
-    assert_ok(kvmem_attend(ctx, &s.tq, &s.src, &ap, &s.to, &st));
-    assert_int_equal(st.stopped_early, 0);
-    assert_int_equal(st.tiles_visited, 10);
-    /* a patience longer than the tiles never stops either */
-    ap = kvmem_attend_default_params();
-    ap.n_sink = 0;
-    ap.patience = 10;
-    assert_ok(kvmem_attend(ctx, &s.tq, &s.src, &ap, &s.to, &st));
-    assert_int_equal(st.tiles_visited, 10);
-    assert_int_equal(st.stopped_early, 0);
+        /* tau = 0: the same data is read to the end */
+        ap.tau_s = ap.tau_d = 0;
+        assert_ok(kvmem_attend(ctx, &s.tq, &s.src, &ap, &s.to, &st));
+        assert_int_equal(st.stopped_early, 0);
+        assert_int_equal(st.tiles_visited, 10);
+        /* a patience longer than the tiles never stops either */
+        ap = kvmem_attend_default_params();
+        ap.order = orders[oi];
+        ap.n_sink = 0;
+        ap.tile_size = 64;
+        ap.patience = 10;
+        assert_ok(kvmem_attend(ctx, &s.tq, &s.src, &ap, &s.to, &st));
+        assert_int_equal(st.tiles_visited, 10);
+        assert_int_equal(st.stopped_early, 0);
+    }
     setup_free(&s);
     kvmem_context_free(ctx);
 }
@@ -104,7 +117,7 @@ static void stops_exactly_when_the_rest_carries_no_value(void **state) {
 static void truncation_error_obeys_the_mass_decay_bound(void **state) {
     (void)state;
     kvmem_context *ctx = tu_context(1);
-    const int D = 32, n_tiles = 20, TS = 64;
+    const int D = 32, n_tiles = 40, TS = 64;
     const double lambdas[3] = {0.5, 1.0, 2.0};
     for (int li = 0; li < 3; li++) {
         setup s;
@@ -129,6 +142,7 @@ static void truncation_error_obeys_the_mass_decay_bound(void **state) {
         double ref[32];
         ref_attend(s.q, 1, 1, 1, D, s.k, s.v, s.T, NULL, 1.0 / sqrt(D), ref_all_visible, NULL, ref);
         kvmem_attend_params ap = kvmem_attend_default_params();
+        ap.order = KVMEM_ATTEND_RECENT; /* the traversal the bound below assumes */
         ap.n_sink = 0;
         ap.tile_size = TS;
         kvmem_attend_stats st;

@@ -158,6 +158,8 @@ static void run_turn(fixture *f, tl_history *h, const tl_method *me, int64_t bud
         art.ctx = f->ctx;
         art.params = kvmem_attend_default_params();
         art.params.tile_size = me->art_tile;
+        if (me->art_order) art.params.order = (kvmem_attend_order)(me->art_order - 1);
+        if (me->art_patience) art.params.patience = me->art_patience;
         if (me->art_tau_scale > 0) {
             art.params.tau_s *= me->art_tau_scale;
             art.params.tau_d *= me->art_tau_scale;
