@@ -123,7 +123,7 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
                         "unknown backend '%.32s': expected \"cpu\", \"cuda\", \"vulkan\" or \"auto\"",
                         name);
 
-    kvmem_context *ctx = calloc(1, sizeof *ctx);
+    kvmem_context *ctx = kvm_calloc(1, sizeof *ctx);
     if (!ctx) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory");
     int n = p.n_threads;
     if (n == 0) {
@@ -173,7 +173,7 @@ void kvmem_context_free(kvmem_context *ctx) {
     if (ctx->backend && ctx->backend != ctx->cpu) ctx->backend->iface->free(ctx->backend);
     if (ctx->cpu) ctx->cpu->iface->free(ctx->cpu);
     kvm_threadpool_free(ctx->tp);
-    free(ctx);
+    kvm_free(ctx);
 }
 
 const char *kvmem_context_backend(const kvmem_context *ctx) { return ctx ? ctx->backend_name : ""; }

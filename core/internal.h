@@ -4,6 +4,7 @@
 #define KVMEM_INTERNAL_H
 
 #include "kvmem.h"
+#include "alloc.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -37,11 +38,6 @@ static inline bool kvm_add_size(size_t a, size_t b, size_t *out) {
     *out = a + b;
     return true;
 }
-
-/* 64-byte aligned allocation (cache line, AVX-512 vector). Sizes are rounded
- * up internally. kvm_aligned_free(NULL) is a no-op. */
-void *kvm_aligned_alloc(size_t size);
-void kvm_aligned_free(void *p);
 
 /* Element size of a tensor dtype (F32/F16/BF16), 0 otherwise. */
 size_t kvm_dtype_size(kvmem_dtype dt);

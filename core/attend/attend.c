@@ -65,13 +65,13 @@ typedef struct attend_bufs {
 } attend_bufs;
 
 static void bufs_free(attend_bufs *b) {
-    free(b->q);
-    free(b->out);
-    free(b->tile_start);
-    free(b->live_prefix);
-    free(b->rows);
-    free(b->order);
-    free(b->seen);
+    kvm_free(b->q);
+    kvm_free(b->out);
+    kvm_free(b->tile_start);
+    kvm_free(b->live_prefix);
+    kvm_free(b->rows);
+    kvm_free(b->order);
+    kvm_free(b->seen);
 }
 
 /* Geometry and T of the source; checks the source's own fields. */
@@ -167,7 +167,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     pl->n_tiles = (int32_t)n_tiles;
     /* the order list is checked before anything is allocated for it */
     if (a->order != KVMEM_ATTEND_RECENT) {
-        b->seen = calloc((size_t)n_tiles + 1, 1);
+        b->seen = kvm_calloc((size_t)n_tiles + 1, 1);
         if (!b->seen) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
         for (int32_t i = 0; i < a->n_tile_order; i++) {
             int32_t t = a->tile_order[i];
@@ -179,9 +179,9 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
             b->seen[t] = 1;
         }
     }
-    b->tile_start = malloc(((size_t)n_tiles + 1) * sizeof(int64_t));
-    b->order = malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
-    b->rows = malloc(2 * (size_t)pl->n_rows * sizeof(int64_t));
+    b->tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof(int64_t));
+    b->order = kvm_malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
+    b->rows = kvm_malloc(2 * (size_t)pl->n_rows * sizeof(int64_t));
     if (!b->tile_start || !b->order || !b->rows) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
     if (agent) {
         for (int32_t t = 0; t < pl->mem->n_sealed; t++) b->tile_start[t] = pl->mem->blocks[t].first_token;
@@ -209,7 +209,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     pl->n_order = n;
     pl->mask = src->mask;
     if (src->mask || pl->slots) {
-        b->live_prefix = malloc(((size_t)T + 1) * sizeof(int64_t));
+        b->live_prefix = kvm_malloc(((size_t)T + 1) * sizeof(int64_t));
         if (!b->live_prefix) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
         b->live_prefix[0] = 0;
         for (int64_t j = 0; j < T; j++) {
@@ -280,8 +280,8 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
         return KVMEM_ERR_UNSUPPORTED;
     const size_t q_bytes = (size_t)Hq * (size_t)D * 4;
     kvmem_buffer *bq = NULL, *bk = NULL, *bv = NULL, *bs = NULL, *bo = NULL, *bout = NULL, *bvis = NULL;
-    int32_t *slots = malloc(((size_t)T + 1) * sizeof *slots);
-    int32_t *visited = malloc((size_t)H * sizeof *visited);
+    int32_t *slots = kvm_malloc(((size_t)T + 1) * sizeof *slots);
+    int32_t *visited = kvm_malloc((size_t)H * sizeof *visited);
     void *pack = NULL;
     kvmem_status st = KVMEM_OK;
     if (!slots || !visited) {
@@ -310,7 +310,7 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     for (int x = 0; x < 2; x++) {
         const void *src = kv[x]->data;
         if (kv[x]->dtype != dt || !is_contiguous(kv[x])) {
-            if (!pack && !(pack = malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
+            if (!pack && !(pack = kvm_malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
                 st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory packing %zu bytes of K/V", fn, kv_bytes);
                 goto done;
             }
@@ -382,9 +382,9 @@ done:
     if (bo) bi->buffer_free(be, bo);
     if (bout) bi->buffer_free(be, bout);
     if (bvis) bi->buffer_free(be, bvis);
-    free(slots);
-    free(visited);
-    free(pack);
+    kvm_free(slots);
+    kvm_free(visited);
+    kvm_free(pack);
     return st;
 }
 
@@ -428,8 +428,8 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
     attend_bufs b;
     memset(&b, 0, sizeof b);
     const size_t D = (size_t)pl.head_dim, n_out = (size_t)R * (size_t)Hq * D;
-    b.q = malloc(n_out * sizeof(float));
-    b.out = malloc(n_out * sizeof(float));
+    b.q = kvm_malloc(n_out * sizeof(float));
+    b.out = kvm_malloc(n_out * sizeof(float));
     if (!b.q || !b.out) {
         bufs_free(&b);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);

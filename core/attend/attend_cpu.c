@@ -487,10 +487,10 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     size_t items = (size_t)j.n_head_chunks * (size_t)j.n_row_chunks;
     j.scratch_floats = per;
     j.scratch = kvm_aligned_alloc(items * per * sizeof(float));
-    j.item_stats = calloc(items, sizeof *j.item_stats);
+    j.item_stats = kvm_calloc(items, sizeof *j.item_stats);
     if (!j.scratch || !j.item_stats) {
         kvm_aligned_free(j.scratch);
-        free(j.item_stats);
+        kvm_free(j.item_stats);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_attend: out of memory for %zu work items", items);
     }
     /* the strided probe: element i at i*s + s/2 of the stream's G*D outputs */
@@ -527,6 +527,6 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     }
     stats->stopped_early = stats->streams_stopped > 0;
     kvm_aligned_free(j.scratch);
-    free(j.item_stats);
+    kvm_free(j.item_stats);
     return KVMEM_OK;
 }

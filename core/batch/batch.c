@@ -34,11 +34,11 @@ kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t la
     int64_t shape[4] = {B, H, max_len, D};
     if (k_out && (st = kvm_tensor_expect(k_out, "k_out", dims, 4, shape)) != KVMEM_OK) return st;
     if (v_out && (st = kvm_tensor_expect(v_out, "v_out", dims, 4, shape)) != KVMEM_OK) return st;
-    float *rows = malloc((size_t)p->params.block_size * (size_t)D * sizeof(float));
-    float *zero = calloc((size_t)D, sizeof(float));
+    float *rows = kvm_malloc((size_t)p->params.block_size * (size_t)D * sizeof(float));
+    float *zero = kvm_calloc((size_t)D, sizeof(float));
     if (!rows || !zero) {
-        free(rows);
-        free(zero);
+        kvm_free(rows);
+        kvm_free(zero);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_batch_merge: out of memory");
     }
     for (int32_t b = 0; b < B; b++) {
@@ -73,8 +73,8 @@ kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t la
         }
         lengths[b] = m->n_tokens;
     }
-    free(rows);
-    free(zero);
+    kvm_free(rows);
+    kvm_free(zero);
     return KVMEM_OK;
 }
 

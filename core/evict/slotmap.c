@@ -59,15 +59,15 @@ static kvmem_status grow(kvmem_kvstore *s, int64_t need) {
         return kvm_fail(KVMEM_ERR_CAPACITY, "kv store: more than INT32_MAX slots");
     if (s->n_pages + add_pages > s->cap_pages) {
         int64_t cap = KVM_MAX((int64_t)s->cap_pages * 2, (int64_t)s->n_pages + add_pages);
-        float **p = realloc(s->pages, (size_t)cap * sizeof *p);
+        float **p = kvm_realloc(s->pages, (size_t)cap * sizeof *p);
         if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
         s->pages = p;
         s->cap_pages = (int32_t)cap;
     }
-    int32_t *r = realloc(s->refs, (size_t)new_slots * sizeof *r);
+    int32_t *r = kvm_realloc(s->refs, (size_t)new_slots * sizeof *r);
     if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
     s->refs = r;
-    int32_t *f = realloc(s->free_list, (size_t)new_slots * sizeof *f);
+    int32_t *f = kvm_realloc(s->free_list, (size_t)new_slots * sizeof *f);
     if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
     s->free_list = f;
     size_t page_bytes = (size_t)s->page_slots * 2 * s->row_elems * sizeof(float);
@@ -130,9 +130,9 @@ kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvst
         return kvm_fail(KVMEM_ERR_INVALID_ARG,
                         "kv store max_slots %lld: must be 0 (unlimited) or in [2, INT32_MAX] (the sentinel takes one)",
                         (long long)p.max_slots);
-    kvmem_kvstore *s = calloc(1, sizeof *s);
+    kvmem_kvstore *s = kvm_calloc(1, sizeof *s);
     if (!s || pthread_mutex_init(&s->mu, NULL) != 0) {
-        free(s);
+        kvm_free(s);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_kvstore_create: out of memory");
     }
     s->spec = *spec;
@@ -159,11 +159,11 @@ kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvst
 void kvmem_kvstore_free(kvmem_kvstore *s) {
     if (!s) return;
     for (int32_t i = 0; i < s->n_pages; i++) kvm_aligned_free(s->pages[i]);
-    free(s->pages);
-    free(s->refs);
-    free(s->free_list);
+    kvm_free(s->pages);
+    kvm_free(s->refs);
+    kvm_free(s->free_list);
     pthread_mutex_destroy(&s->mu);
-    free(s);
+    kvm_free(s);
 }
 
 kvmem_status kvmem_kvstore_get_info(kvmem_kvstore *s, kvmem_kvstore_info *out) {
@@ -211,7 +211,7 @@ static kvmem_status reserve_i32(int32_t **a, int64_t *cap, int64_t need) {
     if (need <= *cap) return KVMEM_OK;
     int64_t c = KVM_MAX(need, *cap * 2);
     c = KVM_MAX(c, (int64_t)16);
-    int32_t *p = realloc(*a, (size_t)c * sizeof *p);
+    int32_t *p = kvm_realloc(*a, (size_t)c * sizeof *p);
     if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "slot map: out of memory");
     *a = p;
     *cap = c;
@@ -220,7 +220,7 @@ static kvmem_status reserve_i32(int32_t **a, int64_t *cap, int64_t need) {
 
 kvmem_status kvmem_slotmap_create(kvmem_kvstore *store, kvmem_slotmap **out) {
     if (!store || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_slotmap_create: store or out is NULL");
-    kvmem_slotmap *m = calloc(1, sizeof *m);
+    kvmem_slotmap *m = kvm_calloc(1, sizeof *m);
     if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_create: out of memory");
     m->store = store;
     *out = m;
@@ -232,11 +232,11 @@ kvmem_status kvmem_slotmap_fork(kvmem_slotmap *parent, int64_t prefix_len, kvmem
     if (prefix_len < 0 || prefix_len > parent->len)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_slotmap_fork: prefix %lld outside [0, %lld]",
                         (long long)prefix_len, (long long)parent->len);
-    kvmem_slotmap *m = calloc(1, sizeof *m);
+    kvmem_slotmap *m = kvm_calloc(1, sizeof *m);
     if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_fork: out of memory");
     m->store = parent->store;
     if (reserve_i32(&m->slots, &m->cap, prefix_len) != KVMEM_OK) {
-        free(m);
+        kvm_free(m);
         return KVMEM_ERR_NOMEM;
     }
     kvmem_kvstore *s = parent->store;
@@ -263,9 +263,9 @@ void kvmem_slotmap_free(kvmem_slotmap *m) {
     for (int64_t j = 0; j < m->len; j++) release(s, m->slots[j]);
     for (int64_t i = 0; i < m->n_parked; i++) release(s, m->parked[i]);
     pthread_mutex_unlock(&s->mu);
-    free(m->slots);
-    free(m->parked);
-    free(m);
+    kvm_free(m->slots);
+    kvm_free(m->parked);
+    kvm_free(m);
 }
 
 kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const kvmem_tensor *v) {
@@ -284,11 +284,11 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
     if (T == 0) return KVMEM_OK;
     if (T > INT32_MAX - m->len) return kvm_fail(KVMEM_ERR_CAPACITY, "%s: map length would exceed INT32_MAX", fn);
     const size_t L = (size_t)sp->n_layers, H = (size_t)sp->n_kv_heads, D = (size_t)sp->head_dim;
-    float *row = malloc(D * sizeof *row);
-    int32_t *fresh = malloc((size_t)T * sizeof *fresh);
+    float *row = kvm_malloc(D * sizeof *row);
+    int32_t *fresh = kvm_malloc((size_t)T * sizeof *fresh);
     if (!row || !fresh || reserve_i32(&m->slots, &m->cap, m->len + T) != KVMEM_OK) {
-        free(row);
-        free(fresh);
+        kvm_free(row);
+        kvm_free(fresh);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
     }
     /* validate every value before taking slots: all or nothing */
@@ -301,8 +301,8 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
                     kvm_tensor_read_f32(x, kvm_tensor_row_offset(x, idx), row, D);
                     for (size_t d = 0; d < D; d++)
                         if (!isfinite(row[d])) {
-                            free(row);
-                            free(fresh);
+                            kvm_free(row);
+                            kvm_free(fresh);
                             return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s[%zu][%lld][%zu][%zu] is not finite", fn,
                                             w ? "V" : "K", l, (long long)t, h, d);
                         }
@@ -312,8 +312,8 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
     st = take(s, T, fresh);
     if (st != KVMEM_OK) {
         pthread_mutex_unlock(&s->mu);
-        free(row);
-        free(fresh);
+        kvm_free(row);
+        kvm_free(fresh);
         return st;
     }
     /* Rows are written under the lock: a page array realloc by another
@@ -333,8 +333,8 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
     memcpy(m->slots + m->len, fresh, (size_t)T * sizeof *fresh);
     m->len += T;
     m->n_live += T;
-    free(row);
-    free(fresh);
+    kvm_free(row);
+    kvm_free(fresh);
     return KVMEM_OK;
 }
 
@@ -434,23 +434,23 @@ kvmem_status kvmem_slotmap_compact(kvmem_slotmap *m, const int32_t *kept, int64_
             if (kept[i] != n_new) n_moved++;
             n_new++;
         }
-    int32_t *nslots = malloc((size_t)KVM_MAX(n_new, (int64_t)1) * sizeof *nslots);
-    int32_t *fresh = malloc((size_t)KVM_MAX(n_moved, (int64_t)1) * sizeof *fresh);
-    int32_t *old = malloc((size_t)KVM_MAX(m->len, (int64_t)1) * sizeof *old);
+    int32_t *nslots = kvm_malloc((size_t)KVM_MAX(n_new, (int64_t)1) * sizeof *nslots);
+    int32_t *fresh = kvm_malloc((size_t)KVM_MAX(n_moved, (int64_t)1) * sizeof *fresh);
+    int32_t *old = kvm_malloc((size_t)KVM_MAX(m->len, (int64_t)1) * sizeof *old);
     /* every live protected position may be parked: dropped, or moved */
     if (!nslots || !fresh || !old || reserve_i32(&m->parked, &m->cap_parked, m->n_parked + m->protect) != KVMEM_OK) {
-        free(nslots);
-        free(fresh);
-        free(old);
+        kvm_free(nslots);
+        kvm_free(fresh);
+        kvm_free(old);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
     }
     pthread_mutex_lock(&s->mu);
     st = take(s, n_moved, fresh);
     if (st != KVMEM_OK) {
         pthread_mutex_unlock(&s->mu);
-        free(nslots);
-        free(fresh);
-        free(old);
+        kvm_free(nslots);
+        kvm_free(fresh);
+        kvm_free(old);
         return st;
     }
     const size_t L = (size_t)s->spec.n_layers, H = (size_t)s->spec.n_kv_heads, D = (size_t)s->spec.head_dim;
@@ -497,9 +497,9 @@ kvmem_status kvmem_slotmap_compact(kvmem_slotmap *m, const int32_t *kept, int64_
     m->len = n_new;
     m->n_live = n_new;
     m->protect = KVM_MIN(m->protect, n_new);
-    free(nslots);
-    free(fresh);
-    free(old);
+    kvm_free(nslots);
+    kvm_free(fresh);
+    kvm_free(old);
     if (n_freed) *n_freed = freed;
     return KVMEM_OK;
 }

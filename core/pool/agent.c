@@ -131,7 +131,7 @@ int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
     if (need <= m->cap_blocks) return 1;
     int32_t nc = m->cap_blocks ? m->cap_blocks : 16;
     while (nc < need) nc *= 2;
-    kvm_block *nb = realloc(m->blocks, (size_t)nc * sizeof *nb);
+    kvm_block *nb = kvm_realloc(m->blocks, (size_t)nc * sizeof *nb);
     if (!nb) return 0;
     m->blocks = nb;
     size_t per = 2 * (size_t)p->spec.n_layers * p->row_elems;
@@ -148,10 +148,10 @@ int kvm_agent_grow_tokens(kvm_agent_mem *m, int64_t need) {
     if (need <= m->cap_tokens) return 1;
     int64_t nc = m->cap_tokens ? m->cap_tokens : 256;
     while (nc < need) nc *= 2;
-    int32_t *ni = realloc(m->token_ids, (size_t)nc * sizeof *ni);
+    int32_t *ni = kvm_realloc(m->token_ids, (size_t)nc * sizeof *ni);
     if (!ni) return 0;
     m->token_ids = ni;
-    int64_t *no = realloc(m->token_text_off, (size_t)nc * sizeof *no);
+    int64_t *no = kvm_realloc(m->token_text_off, (size_t)nc * sizeof *no);
     if (!no) return 0;
     m->token_text_off = no;
     m->cap_tokens = nc;
@@ -162,7 +162,7 @@ int kvm_agent_grow_text(kvm_agent_mem *m, size_t need) {
     if (need <= m->text_cap) return 1;
     size_t nc = m->text_cap ? m->text_cap : 1024;
     while (nc < need) nc *= 2;
-    char *nt = realloc(m->text, nc);
+    char *nt = kvm_realloc(m->text, nc);
     if (!nt) return 0;
     m->text = nt;
     m->text_cap = nc;
@@ -214,11 +214,11 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
         return kvm_fail(KVMEM_ERR_CAPACITY, "agent '%s': more than 2^31-1 tokens", m->id);
 
     const int32_t np = p->rope.n_pairs;
-    int32_t *bad_tok = malloc((size_t)L * sizeof(int32_t) * 2 + (size_t)L * sizeof(float));
-    float *cs = malloc((size_t)BS * 2 * (size_t)(np ? np : 1) * sizeof(float));
+    int32_t *bad_tok = kvm_malloc((size_t)L * sizeof(int32_t) * 2 + (size_t)L * sizeof(float));
+    float *cs = kvm_malloc((size_t)BS * 2 * (size_t)(np ? np : 1) * sizeof(float));
     if (!bad_tok || !cs) {
-        free(bad_tok);
-        free(cs);
+        kvm_free(bad_tok);
+        kvm_free(cs);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory");
     }
     append_job job = {p, k, v, 0, 0, NULL, m->tail, 0, bad_tok, bad_tok + L, (float *)(bad_tok + 2 * L),
@@ -238,8 +238,8 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
             if (job.bad_layer_token[l] >= 0) {
                 float bv = job.bad_value[l];
                 int tok = job.bad_layer_token[l], isv = job.bad_is_v[l];
-                free(bad_tok);
-                free(cs);
+                kvm_free(bad_tok);
+                kvm_free(cs);
                 if (isfinite(bv))
                     return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s at layer %d, token %d: value %g exceeds the %s storage range",
                                     isv ? "V" : "K", l, tok, bv, kvmem_dtype_name(p->params.storage_dtype));
@@ -256,11 +256,11 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     int need_tail = m->tail == NULL && T > 0;
     if (need_tail) need += kvm_tail_bytes(p);
     if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) {
-        free(bad_tok);
-        free(cs);
+        kvm_free(bad_tok);
+        kvm_free(cs);
         return st;
     }
-    void **kvs = calloc((size_t)(n_new ? n_new : 1), sizeof *kvs);
+    void **kvs = kvm_calloc((size_t)(n_new ? n_new : 1), sizeof *kvs);
     float *new_tail = need_tail ? kvm_aligned_alloc(kvm_tail_bytes(p)) : NULL;
     int ok = kvs != NULL && (!need_tail || new_tail) && kvm_agent_grow_blocks(p, m, m->n_sealed + n_new) &&
              kvm_agent_grow_tokens(m, m->n_tokens + T) && kvm_agent_grow_text(m, m->text_len + ap.text_len);
@@ -269,10 +269,10 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     if (!ok) {
         if (kvs)
             for (int32_t i = 0; i < n_new; i++) kvm_aligned_free(kvs[i]);
-        free(kvs);
+        kvm_free(kvs);
         kvm_aligned_free(new_tail);
-        free(bad_tok);
-        free(cs);
+        kvm_free(bad_tok);
+        kvm_free(cs);
         kvm_pool_unreserve(p, need);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens", (long long)T);
     }
@@ -317,9 +317,9 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     m->n_tokens += T;
     m->bytes += need;
     if (T > 0) m->dirty = 1;
-    free(kvs);
-    free(bad_tok);
-    free(cs);
+    kvm_free(kvs);
+    kvm_free(bad_tok);
+    kvm_free(cs);
     return KVMEM_OK;
 }
 

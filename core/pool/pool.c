@@ -47,15 +47,15 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     if (spec->rotary_dim / 2 > KVM_ROPE_MAX_PAIRS || spec->head_dim / 2 > KVM_ROPE_MAX_PAIRS)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "head_dim %d too large", spec->head_dim);
 
-    kvmem_pool *p = calloc(1, sizeof *p);
+    kvmem_pool *p = kvm_calloc(1, sizeof *p);
     if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
     p->ctx = ctx;
     p->spec = *spec;
     p->params = pp;
     if (spec->layer_window) {
-        p->layer_window = malloc((size_t)spec->n_layers * sizeof(int32_t));
+        p->layer_window = kvm_malloc((size_t)spec->n_layers * sizeof(int32_t));
         if (!p->layer_window) {
-            free(p);
+            kvm_free(p);
             return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
         }
         memcpy(p->layer_window, spec->layer_window, (size_t)spec->n_layers * sizeof(int32_t));
@@ -65,8 +65,8 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
         /* a directory, or a store URL (redis://, unix://) opened by its plugin */
         st = kvm_store_open(pp.store_dir, &p->store);
         if (st != KVMEM_OK) {
-            free(p->layer_window);
-            free(p);
+            kvm_free(p->layer_window);
+            kvm_free(p);
             return st;
         }
         p->params.store_dir = NULL; /* not kept: the store holds its own copy */
@@ -81,12 +81,12 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
 
 void kvm_agent_mem_clear(kvm_agent_mem *m) {
     for (int32_t i = 0; i < m->n_sealed; i++) kvm_aligned_free(m->blocks[i].kv);
-    free(m->blocks);
+    kvm_free(m->blocks);
     kvm_aligned_free(m->aabb);
     kvm_aligned_free(m->tail);
-    free(m->token_ids);
-    free(m->token_text_off);
-    free(m->text);
+    kvm_free(m->token_ids);
+    kvm_free(m->token_text_off);
+    kvm_free(m->text);
     m->blocks = NULL;
     m->aabb = m->tail = NULL;
     m->token_ids = NULL;
@@ -101,7 +101,7 @@ void kvm_agent_mem_clear(kvm_agent_mem *m) {
 static void agent_mem_free(kvm_agent_mem *m) {
     if (!m) return;
     kvm_agent_mem_clear(m);
-    free(m);
+    kvm_free(m);
 }
 
 void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh) {
@@ -123,7 +123,7 @@ void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh
     m->text_len = fresh->text_len;
     m->text_cap = fresh->text_cap;
     m->bytes = fresh->bytes;
-    free(fresh);
+    kvm_free(fresh);
 }
 
 /* Spill the least recently used closed agent to the store. Called with the
@@ -173,15 +173,15 @@ void kvm_pool_unreserve(kvmem_pool *p, uint64_t bytes) {
 void kvmem_pool_free(kvmem_pool *p) {
     if (!p) return;
     for (int32_t i = 0; i < p->n_agents; i++) {
-        free(p->agents[i]->handle);
+        kvm_free(p->agents[i]->handle);
         agent_mem_free(p->agents[i]);
     }
-    for (int32_t i = 0; i < KVM_GRAVEYARD; i++) free(p->graveyard[i]);
+    for (int32_t i = 0; i < KVM_GRAVEYARD; i++) kvm_free(p->graveyard[i]);
     kvm_store_free(p->store);
-    free(p->agents);
-    free(p->layer_window);
+    kvm_free(p->agents);
+    kvm_free(p->layer_window);
     pthread_mutex_destroy(&p->mu);
-    free(p);
+    kvm_free(p);
 }
 
 kvmem_status kvmem_pool_get_info(kvmem_pool *p, kvmem_pool_info *out) {
@@ -265,7 +265,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_open: pool is NULL");
     kvmem_status st = check_id(id, "kvmem_agent_open");
     if (st != KVMEM_OK) return st;
-    kvmem_agent *h = calloc(1, sizeof *h);
+    kvmem_agent *h = kvm_calloc(1, sizeof *h);
     if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
     pthread_mutex_lock(&p->mu);
     int32_t at = find_agent(p, id);
@@ -275,7 +275,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
         m = p->agents[at];
         if (m->handle) {
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return kvm_fail(KVMEM_ERR_EXISTS, "agent '%s' is already open: one handle per agent", id);
         }
         load = m->spilled;
@@ -283,24 +283,24 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
         int in_store = 0;
         if (p->store && (st = p->store->iface->exists(p->store, id, &in_store)) != KVMEM_OK) {
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return st;
         }
         load = created = in_store;
         if (p->params.max_agents > 0 && p->n_agents >= p->params.max_agents) {
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return kvm_fail(KVMEM_ERR_CAPACITY, "pool holds %d agents, its max_agents", p->n_agents);
         }
         int32_t ins = -at - 1;
         if (p->n_agents == p->cap_agents) {
             int32_t nc = p->cap_agents ? p->cap_agents * 2 : 8;
-            kvm_agent_mem **na = realloc(p->agents, (size_t)nc * sizeof *na);
+            kvm_agent_mem **na = kvm_realloc(p->agents, (size_t)nc * sizeof *na);
             if (!na) goto nomem;
             p->agents = na;
             p->cap_agents = nc;
         }
-        m = calloc(1, sizeof *m);
+        m = kvm_calloc(1, sizeof *m);
         if (!m) goto nomem;
         snprintf(m->id, sizeof m->id, "%s", id);
         memmove(p->agents + ins + 1, p->agents + ins, (size_t)(p->n_agents - ins) * sizeof *p->agents);
@@ -323,10 +323,10 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
                 int32_t i = find_agent(p, id);
                 memmove(p->agents + i, p->agents + i + 1, (size_t)(p->n_agents - i - 1) * sizeof *p->agents);
                 p->n_agents--;
-                free(m);
+                kvm_free(m);
             }
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return st;
         }
         m->spilled = 0;
@@ -337,7 +337,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     return KVMEM_OK;
 nomem:
     pthread_mutex_unlock(&p->mu);
-    free(h);
+    kvm_free(h);
     return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
 }
 
@@ -362,7 +362,7 @@ void kvmem_agent_close(kvmem_agent *a) {
     while (p->store && budget && p->used_bytes > budget && spill_one(p)) {
     }
     /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED */
-    free(p->graveyard[p->grave_next]);
+    kvm_free(p->graveyard[p->grave_next]);
     p->graveyard[p->grave_next] = a;
     p->grave_next = (p->grave_next + 1) % KVM_GRAVEYARD;
     pthread_mutex_unlock(&p->mu);

@@ -117,7 +117,7 @@ kvmem_status kvm_st_parse(const unsigned char *buf, size_t size, kvm_st_tensor *
             return kvm_fail(KVMEM_ERR_CORRUPT, "safetensors: tensor '%s' has %zu data bytes for %llu %s elements",
                             t->name, t->end - t->begin, (unsigned long long)ne, kvmem_dtype_name(t->dtype));
     }
-    kvm_st_tensor *sorted = malloc((size_t)(n ? n : 1) * sizeof *sorted);
+    kvm_st_tensor *sorted = kvm_malloc((size_t)(n ? n : 1) * sizeof *sorted);
     if (!sorted) return kvm_fail(KVMEM_ERR_NOMEM, "safetensors: out of memory");
     memcpy(sorted, out, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, by_begin);
@@ -127,12 +127,12 @@ kvmem_status kvm_st_parse(const unsigned char *buf, size_t size, kvm_st_tensor *
         if (prev >= 0 && sorted[i].begin < sorted[prev].end) {
             kvmem_status st = kvm_fail(KVMEM_ERR_CORRUPT, "safetensors: tensors '%s' and '%s' overlap",
                                        sorted[prev].name, sorted[i].name);
-            free(sorted);
+            kvm_free(sorted);
             return st;
         }
         prev = i;
     }
-    free(sorted);
+    kvm_free(sorted);
     *n_out = n;
     *data_off = doff;
     return KVMEM_OK;

@@ -100,7 +100,7 @@ kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_r
                         spec->head_dim);
     if (inverse != 0 && inverse != 1)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_rope_apply: inverse must be 0 or 1, got %d", inverse);
-    kvm_rope *r = malloc(sizeof *r);
+    kvm_rope *r = kvm_malloc(sizeof *r);
     if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_rope_apply: out of memory");
     kvm_rope_init(r, spec);
     float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
@@ -112,6 +112,6 @@ kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_r
         }
         kvm_rope_rotate(r, x + i * stride, c, s, inverse);
     }
-    free(r);
+    kvm_free(r);
     return KVMEM_OK;
 }

@@ -178,7 +178,7 @@ kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kv
         return kvm_fail(KVMEM_ERR_EXISTS,
                         "kvmem_segments_create: the pool holds agents named '%s*', reserved for the segment store of '%s'",
                         prefix, owner);
-    kvmem_segments *s = calloc(1, sizeof *s);
+    kvmem_segments *s = kvm_calloc(1, sizeof *s);
     if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_create: out of memory");
     s->magic = SEGS_MAGIC;
     s->pool = pool;
@@ -192,15 +192,15 @@ void kvmem_segments_free(kvmem_segments *s) {
     if (!s || s->magic != SEGS_MAGIC) return;
     for (int32_t i = 0; i < s->n_segs; i++) {
         drop_agent(s, s->segs[i].agent);
-        free(s->segs[i].name);
+        kvm_free(s->segs[i].name);
     }
     for (int32_t g = 0; g < s->cap_groups; g++) drop_agent(s, s->groups[g].agent);
-    free(s->segs);
-    free(s->by_name);
-    free(s->groups);
-    free(s->q);
+    kvm_free(s->segs);
+    kvm_free(s->by_name);
+    kvm_free(s->groups);
+    kvm_free(s->q);
     s->magic = 0;
-    free(s);
+    kvm_free(s);
 }
 
 /* ---- events --------------------------------------------------------------- */
@@ -210,10 +210,10 @@ static int q_reserve(kvmem_segments *s, size_t extra) {
     if (s->q_len + extra <= s->q_cap) return 1;
     size_t nc = s->q_cap ? s->q_cap : 64;
     while (nc < s->q_len + extra) nc *= 2;
-    kvmem_segment_event *nq = malloc(nc * sizeof *nq);
+    kvmem_segment_event *nq = kvm_malloc(nc * sizeof *nq);
     if (!nq) return 0;
     for (size_t i = 0; i < s->q_len; i++) nq[i] = s->q[(s->q_head + i) % s->q_cap];
-    free(s->q);
+    kvm_free(s->q);
     s->q = nq;
     s->q_head = 0;
     s->q_cap = nc;
@@ -255,7 +255,7 @@ static int grow_groups(kvmem_segments *s, int32_t group) {
     int32_t nc = s->cap_groups ? s->cap_groups : 16;
     while (nc <= group) nc *= 2;
     if (nc > KVMEM_SEGMENTS_MAX_GROUP + 1) nc = KVMEM_SEGMENTS_MAX_GROUP + 1;
-    grp_rec *ng = realloc(s->groups, (size_t)nc * sizeof *ng);
+    grp_rec *ng = kvm_realloc(s->groups, (size_t)nc * sizeof *ng);
     if (!ng) return 0;
     memset(ng + s->cap_groups, 0, (size_t)(nc - s->cap_groups) * sizeof *ng);
     s->groups = ng;
@@ -316,14 +316,14 @@ kvmem_status kvmem_segments_add(kvmem_segments *s, const char *name, int32_t gro
     if (s->n_segs >= max_segments(s))
         return kvm_fail(KVMEM_ERR_CAPACITY, "%s: %d segments were added, the max_segments limit", fn, s->n_segs);
     /* allocate everything first: a failure changes nothing */
-    char *copy = malloc(len + 1);
+    char *copy = kvm_malloc(len + 1);
     if (!copy) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
     memcpy(copy, name, len + 1);
     int ok = grow_groups(s, group) && q_reserve(s, 2);
     if (ok && s->n_segs == s->cap_segs) {
         int32_t nc = s->cap_segs ? s->cap_segs * 2 : 32;
-        seg_rec *ns = realloc(s->segs, (size_t)nc * sizeof *ns);
-        int32_t *nb = ns ? realloc(s->by_name, (size_t)nc * sizeof *nb) : NULL;
+        seg_rec *ns = kvm_realloc(s->segs, (size_t)nc * sizeof *ns);
+        int32_t *nb = ns ? kvm_realloc(s->by_name, (size_t)nc * sizeof *nb) : NULL;
         if (ns) s->segs = ns;
         if (nb) {
             s->by_name = nb;
@@ -332,7 +332,7 @@ kvmem_status kvmem_segments_add(kvmem_segments *s, const char *name, int32_t gro
         ok = ns && nb;
     }
     if (!ok) {
-        free(copy);
+        kvm_free(copy);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
     }
     int32_t idx = s->n_segs++;
@@ -377,7 +377,7 @@ kvmem_status kvmem_segments_remove(kvmem_segments *s, int32_t index) {
     memmove(s->by_name + at, s->by_name + at + 1, (size_t)(s->n_live - at - 1) * sizeof *s->by_name);
     s->n_live--;
     drop_agent(s, r->agent);
-    free(r->name);
+    kvm_free(r->name);
     r->name = NULL;
     r->has_kv = 0;
     r->n_tokens = 0;
@@ -590,11 +590,11 @@ kvmem_status kvmem_segments_plan(kvmem_segments *s, const float *scores, size_t 
     } else if (n_scores != 0) {
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: scores is NULL with n_scores %zu", fn, n_scores);
     }
-    plan_cand *c = malloc((size_t)(s->n_live ? s->n_live : 1) * sizeof *c);
-    int32_t *gslot = s->cap_groups ? malloc((size_t)s->cap_groups * sizeof *gslot) : NULL;
+    plan_cand *c = kvm_malloc((size_t)(s->n_live ? s->n_live : 1) * sizeof *c);
+    int32_t *gslot = s->cap_groups ? kvm_malloc((size_t)s->cap_groups * sizeof *gslot) : NULL;
     if (!c || (s->cap_groups && !gslot)) {
-        free(c);
-        free(gslot);
+        kvm_free(c);
+        kvm_free(gslot);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
     }
     for (int32_t g = 0; g < s->cap_groups; g++) gslot[g] = -1;
@@ -640,7 +640,7 @@ kvmem_status kvmem_segments_plan(kvmem_segments *s, const float *scores, size_t 
         }
     }
     *n_units = n;
-    free(c);
-    free(gslot);
+    kvm_free(c);
+    kvm_free(gslot);
     return KVMEM_OK;
 }

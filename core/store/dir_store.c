@@ -57,7 +57,7 @@ static kvmem_status fr_readv(kvm_store_reader *r, uint64_t off, const struct iov
 static void fr_close(kvm_store_reader *r) {
     file_reader *f = (file_reader *)r;
     close(f->fd);
-    free(f);
+    kvm_free(f);
 }
 
 kvmem_status kvm_file_open_read(const char *path, kvm_store_reader **out, uint64_t *size) {
@@ -71,7 +71,7 @@ kvmem_status kvm_file_open_read(const char *path, kvm_store_reader **out, uint64
         close(fd);
         return kvm_fail(KVMEM_ERR_IO, "'%s' is not a regular file", path);
     }
-    file_reader *f = malloc(sizeof *f);
+    file_reader *f = kvm_malloc(sizeof *f);
     if (!f) {
         close(fd);
         return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
@@ -127,11 +127,11 @@ static kvmem_status fw_write(kvm_store_writer *w, const void *buf, size_t n) {
 }
 
 static void fw_free(file_writer *f) {
-    free(f->path);
-    free(f->tmp);
-    free(f->dir);
-    free(f->buf);
-    free(f);
+    kvm_free(f->path);
+    kvm_free(f->tmp);
+    kvm_free(f->dir);
+    kvm_free(f->buf);
+    kvm_free(f);
 }
 
 static void fw_abort(kvm_store_writer *w) {
@@ -178,13 +178,13 @@ kvmem_status kvm_file_open_write(const char *path, kvm_store_writer **out) {
     const char *base = slash ? slash + 1 : path;
     if (!*base) return kvm_fail(KVMEM_ERR_INVALID_ARG, "path '%s' names a directory", path);
     size_t dlen = slash ? (size_t)(slash - path) : 0;
-    file_writer *f = calloc(1, sizeof *f);
+    file_writer *f = kvm_calloc(1, sizeof *f);
     size_t tl = strlen(path) + 64;
     if (f) {
-        f->path = strdup(path);
-        f->tmp = malloc(tl);
-        f->dir = malloc(dlen + 2);
-        f->buf = malloc(KVM_WBUF);
+        f->path = kvm_strdup(path);
+        f->tmp = kvm_malloc(tl);
+        f->dir = kvm_malloc(dlen + 2);
+        f->buf = kvm_malloc(KVM_WBUF);
     }
     if (!f || !f->path || !f->tmp || !f->dir || !f->buf) {
         if (f) fw_free(f);
@@ -224,7 +224,7 @@ static char *key_path(const dir_store *d, const char *key) {
         return NULL;
     }
     size_t n = strlen(d->dir) + strlen(key) + sizeof KVM_STORE_EXT + 2;
-    char *p = malloc(n);
+    char *p = kvm_malloc(n);
     if (!p) {
         kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
         return NULL;
@@ -236,16 +236,16 @@ static char *key_path(const dir_store *d, const char *key) {
 static void ds_free(kvm_store *s) {
     if (!s) return;
     dir_store *d = s->impl;
-    free(d->dir);
-    free(d);
-    free(s);
+    kvm_free(d->dir);
+    kvm_free(d);
+    kvm_free(s);
 }
 
 static kvmem_status ds_open_read(kvm_store *s, const char *key, kvm_store_reader **out, uint64_t *size) {
     char *p = key_path(s->impl, key);
     if (!p) return KVMEM_ERR_INVALID_ARG;
     kvmem_status st = kvm_file_open_read(p, out, size);
-    free(p);
+    kvm_free(p);
     return st;
 }
 
@@ -253,7 +253,7 @@ static kvmem_status ds_open_write(kvm_store *s, const char *key, kvm_store_write
     char *p = key_path(s->impl, key);
     if (!p) return KVMEM_ERR_INVALID_ARG;
     kvmem_status st = kvm_file_open_write(p, out);
-    free(p);
+    kvm_free(p);
     return st;
 }
 
@@ -262,7 +262,7 @@ static kvmem_status ds_exists(kvm_store *s, const char *key, int *exists) {
     if (!p) return KVMEM_ERR_INVALID_ARG;
     struct stat st;
     *exists = stat(p, &st) == 0 && S_ISREG(st.st_mode);
-    free(p);
+    kvm_free(p);
     return KVMEM_OK;
 }
 
@@ -280,20 +280,20 @@ static kvmem_status ds_list(kvm_store *s, int (*fn)(const char *, void *), void 
     while ((e = readdir(dh)) != NULL) {
         size_t l = strlen(e->d_name);
         if (l <= el || strcmp(e->d_name + l - el, KVM_STORE_EXT) != 0) continue;
-        char *k = strndup(e->d_name, l - el);
+        char *k = kvm_strndup(e->d_name, l - el);
         if (!k) {
             st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
             break;
         }
         if (!kvmem_agent_id_valid(k)) {
-            free(k);
+            kvm_free(k);
             continue;
         }
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 16;
-            char **nk = realloc(keys, nc * sizeof *nk);
+            char **nk = kvm_realloc(keys, nc * sizeof *nk);
             if (!nk) {
-                free(k);
+                kvm_free(k);
                 st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
                 break;
             }
@@ -307,9 +307,9 @@ static kvmem_status ds_list(kvm_store *s, int (*fn)(const char *, void *), void 
     int stop = 0;
     for (size_t i = 0; i < n; i++) {
         if (!stop && st == KVMEM_OK) stop = fn(keys[i], user);
-        free(keys[i]);
+        kvm_free(keys[i]);
     }
-    free(keys);
+    kvm_free(keys);
     return st;
 }
 
@@ -320,7 +320,7 @@ static kvmem_status ds_remove(kvm_store *s, const char *key) {
     if (unlink(p) != 0)
         st = errno == ENOENT ? kvm_fail(KVMEM_ERR_NOT_FOUND, "no stored agent '%s'", key)
                              : kvm_fail(KVMEM_ERR_IO, "cannot remove '%s': %s", p, strerror(errno));
-    free(p);
+    kvm_free(p);
     return st;
 }
 
@@ -332,13 +332,13 @@ kvmem_status kvm_dir_store_create(const char *dir, kvm_store **out) {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return kvm_fail(KVMEM_ERR_NOT_FOUND, "store directory '%s' does not exist", dir);
-    kvm_store *s = calloc(1, sizeof *s);
-    dir_store *d = calloc(1, sizeof *d);
-    char *copy = strdup(dir);
+    kvm_store *s = kvm_calloc(1, sizeof *s);
+    dir_store *d = kvm_calloc(1, sizeof *d);
+    char *copy = kvm_strdup(dir);
     if (!s || !d || !copy) {
-        free(s);
-        free(d);
-        free(copy);
+        kvm_free(s);
+        kvm_free(d);
+        kvm_free(copy);
         return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
     }
     d->dir = copy;

@@ -1,6 +1,7 @@
 /* Strict JSON reader: recursive descent over a byte range, every access
  * bounds-checked, depth-limited, duplicate keys refused. */
 #include "json.h"
+#include "../alloc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,7 +43,7 @@ static int32_t new_node(parser *p, kvm_json_type t) {
     if (d->n_nodes == d->cap_nodes) {
         int32_t nc = d->cap_nodes ? d->cap_nodes * 2 : 64;
         if (nc < 0 || (size_t)nc > SIZE_MAX / sizeof(kvm_json)) return fail(p, "too many values");
-        kvm_json *nn = realloc(d->nodes, (size_t)nc * sizeof *nn);
+        kvm_json *nn = kvm_realloc(d->nodes, (size_t)nc * sizeof *nn);
         if (!nn) return fail(p, "out of memory");
         d->nodes = nn;
         d->cap_nodes = nc;
@@ -306,8 +307,8 @@ static int parse_value(parser *p, int32_t *out, int depth) {
 
 void kvm_json_free(kvm_json_doc *doc) {
     if (!doc) return;
-    free(doc->nodes);
-    free(doc->strings);
+    kvm_free(doc->nodes);
+    kvm_free(doc->strings);
     memset(doc, 0, sizeof *doc);
 }
 
@@ -317,7 +318,7 @@ int kvm_json_parse(const char *s, size_t n, kvm_json_doc *doc, char *err, size_t
     /* decoded strings never outgrow their source (plus one NUL per value) */
     if (n > (SIZE_MAX - 2) / 2) return fail(&p, "too large");
     doc->cap_str = 2 * n + 2;
-    doc->strings = malloc(doc->cap_str);
+    doc->strings = kvm_malloc(doc->cap_str);
     if (!doc->strings) {
         fail(&p, "out of memory");
         kvm_json_free(doc);

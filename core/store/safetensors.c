@@ -35,7 +35,7 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 4096;
         while (nc < b->n + n + 1) nc *= 2;
-        char *ns = realloc(b->s, nc);
+        char *ns = kvm_realloc(b->s, nc);
         if (!ns) {
             b->oom = 1;
             return;
@@ -159,7 +159,7 @@ static kvmem_status build_plan(const kvmem_pool *p, uint64_t n_sealed, uint64_t 
     const int L = p->spec.n_layers;
     const uint64_t H = (uint64_t)p->spec.n_kv_heads, D = (uint64_t)p->spec.head_dim;
     const kvmem_dtype dt = p->params.storage_dtype;
-    pl->t = calloc((size_t)L * 10, sizeof *pl->t);
+    pl->t = kvm_calloc((size_t)L * 10, sizeof *pl->t);
     pl->n = 0;
     if (!pl->t) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
     const uint64_t W = (D + 7) / 8, G8 = (D + 31) / 32, G4 = (D + 63) / 64;
@@ -183,7 +183,7 @@ static kvmem_status build_plan(const kvmem_pool *p, uint64_t n_sealed, uint64_t 
         ok &= add_t(pl, "F32", 4, n_sealed, H, D, T_AABB, 1, l, 0, "max");
     }
     if (!ok) {
-        free(pl->t);
+        kvm_free(pl->t);
         pl->t = NULL;
         return kvm_fail(KVMEM_ERR_FORMAT, "tensor sizes overflow: %" PRIu64 " tokens is not a real agent", ts);
     }
@@ -255,7 +255,7 @@ static kvmem_status collect(void *arg, unsigned char *ptr, size_t len) {
     if (!len) return KVMEM_OK;
     if (ps->n == ps->cap) {
         size_t nc = ps->cap ? ps->cap * 2 : 1024;
-        piece *nv = realloc(ps->v, nc * sizeof *nv);
+        piece *nv = kvm_realloc(ps->v, nc * sizeof *nv);
         if (!nv) {
             ps->oom = 1;
             return KVMEM_ERR_NOMEM;
@@ -290,7 +290,7 @@ typedef struct chunk_job {
 static void chunk_task(void *arg, size_t cb, size_t ce) {
     chunk_job *j = arg;
     const pieces *ps = j->ps;
-    unsigned char *buf = j->r ? malloc(KVM_SUB) : NULL;
+    unsigned char *buf = j->r ? kvm_malloc(KVM_SUB) : NULL;
     for (size_t c = cb; c < ce; c++) {
         uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total);
         kvm_acc64_state h;
@@ -362,18 +362,18 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
         }
         j->digest[c] = kvm_acc64_final(&h);
     }
-    free(buf);
+    kvm_free(buf);
 }
 
 /* Checksum of the data section described by ps; with a reader, also read it
  * into the pieces. Returns the combined digest in *sum. */
 static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, uint64_t *sum) {
     size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
-    uint64_t *dig = malloc((n ? n : 1) * sizeof *dig);
-    kvmem_status *sts = malloc((n ? n : 1) * sizeof *sts);
+    uint64_t *dig = kvm_malloc((n ? n : 1) * sizeof *dig);
+    kvmem_status *sts = kvm_malloc((n ? n : 1) * sizeof *sts);
     if (!dig || !sts) {
-        free(dig);
-        free(sts);
+        kvm_free(dig);
+        kvm_free(sts);
         return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
     }
     chunk_job j = {ps, r, data_off, dig, sts};
@@ -392,8 +392,8 @@ static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader
         kvm_xxh64_update(&h, le, 8);
     }
     *sum = kvm_xxh64_final(&h);
-    free(dig);
-    free(sts);
+    kvm_free(dig);
+    kvm_free(sts);
     return st;
 }
 
@@ -446,9 +446,9 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
         for_pieces(p, m, &pl.t[i], collect, &ps);
     }
     st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, NULL, 0, &sum);
-    free(ps.v);
+    kvm_free(ps.v);
     if (st != KVMEM_OK) {
-        free(pl.t);
+        kvm_free(pl.t);
         w->abort(w);
         return st;
     }
@@ -463,7 +463,7 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     spec_string(&p->spec, &sp);
     sb_str(&b, ",\"model_spec\":");
     sb_json_str(&b, sp.s ? sp.s : "", sp.n);
-    free(sp.s);
+    kvm_free(sp.s);
     sb_fmt(&b, ",\"storage_dtype\":\"%s\",\"block_size\":\"%d\",\"n_tokens\":\"%" PRId64 "\",\"block_tokens\":\"",
            kvmem_dtype_name(p->params.storage_dtype), p->params.block_size, m->n_tokens);
     for (int32_t i = 0; i < m->n_sealed; i++) sb_fmt(&b, i ? ",%d" : "%d", m->blocks[i].n_tokens);
@@ -490,8 +490,8 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     sb_str(&b, "}");
     while (b.n % 8) sb_str(&b, " "); /* data starts 8-byte aligned */
     if (b.oom) {
-        free(b.s);
-        free(pl.t);
+        kvm_free(b.s);
+        kvm_free(pl.t);
         w->abort(w);
         return kvm_fail(KVMEM_ERR_NOMEM, "out of memory building the file header");
     }
@@ -500,8 +500,8 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     st = w->write(w, len8, 8);
     if (st == KVMEM_OK) st = w->write(w, b.s, b.n);
     for (int i = 0; i < pl.n && st == KVMEM_OK; i++) st = for_pieces(p, m, &pl.t[i], write_piece, &c);
-    free(b.s);
-    free(pl.t);
+    kvm_free(b.s);
+    kvm_free(pl.t);
     if (st != KVMEM_OK) {
         w->abort(w);
         return st;
@@ -574,7 +574,7 @@ static int cmp_begin(const void *a, const void *b) {
 static void fresh_free(kvm_agent_mem *f) {
     if (!f) return;
     kvm_agent_mem_clear(f);
-    free(f);
+    kvm_free(f);
 }
 
 typedef struct loadstate {
@@ -589,10 +589,10 @@ typedef struct loadstate {
 
 static void ls_free(kvmem_pool *p, loadstate *s) {
     kvm_json_free(&s->doc);
-    free(s->header);
-    free(s->pl.t);
-    free(s->order);
-    free(s->block_n);
+    kvm_free(s->header);
+    kvm_free(s->pl.t);
+    kvm_free(s->order);
+    kvm_free(s->block_n);
     fresh_free(s->fresh);
     if (s->reserved) kvm_pool_unreserve(p, s->reserved);
 }
@@ -648,10 +648,10 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
         kvmem_status st = kvm_fail(KVMEM_ERR_MISMATCH, "model spec differs: file has %.*s, the pool %.*s",
                                    (int)KVM_MIN(fe - KVM_MIN(f, fe), (size_t)80), v + KVM_MIN(f, n), (int)KVM_MIN(e - f, (size_t)80),
                                    sp.s + f);
-        free(sp.s);
+        kvm_free(sp.s);
         return st;
     }
-    free(sp.s);
+    kvm_free(sp.s);
     META("storage_dtype");
     if (strcmp(v, kvmem_dtype_name(p->params.storage_dtype)) != 0)
         return kvm_fail(KVMEM_ERR_MISMATCH, "the file stores %.20s, the pool stores %s", v,
@@ -737,7 +737,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     if (hl > size - 8)
         return kvm_fail(KVMEM_ERR_CORRUPT, "header length %" PRIu64 " runs past the end of the %" PRIu64 "-byte file (truncated?)",
                         hl, size);
-    s.header = malloc((size_t)hl);
+    s.header = kvm_malloc((size_t)hl);
     if (!s.header) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", hl);
     if ((st = read_exact(r, 8, s.header, (size_t)hl, "header")) != KVMEM_OK) goto done;
     char jerr[256];
@@ -773,7 +773,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         st = kvm_fail(KVMEM_ERR_CORRUPT, "%lld blocks for %lld tokens", (long long)n_sealed, (long long)n_tokens);
         goto done;
     }
-    s.block_n = malloc((size_t)(n_sealed ? n_sealed : 1) * sizeof *s.block_n);
+    s.block_n = kvm_malloc((size_t)(n_sealed ? n_sealed : 1) * sizeof *s.block_n);
     if (!s.block_n) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
         goto done;
@@ -795,7 +795,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         if (c == meta) continue;
         if ((st = match_tensor(&s, c)) != KVMEM_OK) goto done;
     }
-    s.order = malloc((size_t)s.pl.n * sizeof *s.order);
+    s.order = kvm_malloc((size_t)s.pl.n * sizeof *s.order);
     if (!s.order) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
         goto done;
@@ -832,7 +832,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     for (int64_t i = 0; i < n_sealed; i++) need += kvm_block_bytes(p, s.block_n[i]);
     if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
     s.reserved = need;
-    kvm_agent_mem *f = s.fresh = calloc(1, sizeof *f);
+    kvm_agent_mem *f = s.fresh = kvm_calloc(1, sizeof *f);
     size_t text_cap = 0;
     const char *text = meta_str(&s.doc, meta, "text", &n);
     const char *hex = NULL;
@@ -912,7 +912,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.order[i], collect, &ps);
     uint64_t got_sum = 0;
     st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, r, 8 + hl, &got_sum);
-    free(ps.v);
+    kvm_free(ps.v);
     if (st != KVMEM_OK) goto done;
     if (got_sum != checksum) {
         st = kvm_fail(KVMEM_ERR_CORRUPT, "checksum mismatch: the data section is corrupt (stored %016" PRIx64 ", computed %016" PRIx64 ")",
