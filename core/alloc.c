@@ -16,6 +16,7 @@ static atomic_int_fast64_t g_live;
 static pthread_mutex_t g_sites_mu = PTHREAD_MUTEX_INITIALIZER;
 static const char *g_sites[KVM_MAX_SITES];
 static size_t g_n_sites;
+static _Atomic(const char *) g_last_site;
 
 static void note_site(const char *site) {
     pthread_mutex_lock(&g_sites_mu);
@@ -31,6 +32,7 @@ static int must_fail(const char *site) {
     uint_fast64_t at = atomic_load(&g_fail_at);
     if (at == 0 || n < at || (n > at && !atomic_load(&g_from_on))) return 0;
     atomic_fetch_add(&g_failed, 1);
+    atomic_store(&g_last_site, site);
     note_site(site);
     return 1;
 }
@@ -94,6 +96,7 @@ void kvm_alloc_fail_at(uint64_t n, int from_on) {
     atomic_store(&g_fail_at, 0);
     atomic_store(&g_calls, 0);
     atomic_store(&g_failed, 0);
+    atomic_store(&g_last_site, NULL);
     atomic_store(&g_from_on, from_on ? 1 : 0);
     atomic_store(&g_fail_at, n);
 }
@@ -101,6 +104,8 @@ void kvm_alloc_fail_at(uint64_t n, int from_on) {
 uint64_t kvm_alloc_calls(void) { return atomic_load(&g_calls); }
 uint64_t kvm_alloc_failed(void) { return atomic_load(&g_failed); }
 int64_t kvm_alloc_live(void) { return atomic_load(&g_live); }
+
+const char *kvm_alloc_last_failed_site(void) { return atomic_load(&g_last_site); }
 
 size_t kvm_alloc_failed_sites(const char **out, size_t cap) {
     pthread_mutex_lock(&g_sites_mu);

@@ -82,6 +82,8 @@ void kvm_alloc_fail_at(uint64_t n, int from_on);
 uint64_t kvm_alloc_calls(void);  /* allocations attempted since kvm_alloc_fail_at */
 uint64_t kvm_alloc_failed(void); /* of which were failed on purpose */
 int64_t kvm_alloc_live(void);    /* blocks allocated and not yet freed */
+/* The site of the last allocation failed on purpose, or NULL. */
+const char *kvm_alloc_last_failed_site(void);
 /* Distinct sites failed on purpose so far (up to cap of them into out);
  * returns how many there are. */
 size_t kvm_alloc_failed_sites(const char **out, size_t cap);

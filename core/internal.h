@@ -39,6 +39,22 @@ static inline bool kvm_add_size(size_t a, size_t b, size_t *out) {
     return true;
 }
 
+/* The capacity (in elements of elem_size bytes) to grow an array of `cap`
+ * elements to so it holds `need`: doubling from cap (or `first` when empty),
+ * at most `max` elements and never more bytes than size_t counts. False
+ * when need itself is beyond that (the caller reports out of memory).
+ * Every growable array goes through this: a doubling loop that wraps to 0
+ * would spin forever. */
+static inline bool kvm_grow_cap(size_t cap, size_t need, size_t first, size_t max, size_t elem_size, size_t *out) {
+    if (elem_size && max > SIZE_MAX / elem_size) max = SIZE_MAX / elem_size;
+    if (need > max) return false;
+    size_t nc = cap ? cap : first;
+    if (nc > max) nc = max;
+    while (nc < need) nc = nc > max / 2 ? need : nc * 2;
+    *out = nc;
+    return true;
+}
+
 /* Element size of a tensor dtype (F32/F16/BF16), 0 otherwise. */
 size_t kvm_dtype_size(kvmem_dtype dt);
 static inline bool kvm_is_tensor_dtype(kvmem_dtype dt) {

@@ -168,7 +168,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     /* the order list is checked before anything is allocated for it */
     if (a->order != KVMEM_ATTEND_RECENT) {
         b->seen = kvm_calloc((size_t)n_tiles + 1, 1);
-        if (!b->seen) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        if (!b->seen) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the flags of %lld tiles", fn, (long long)n_tiles);
         for (int32_t i = 0; i < a->n_tile_order; i++) {
             int32_t t = a->tile_order[i];
             if (t < 0 || t >= n_tiles)
@@ -182,7 +182,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     b->tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof(int64_t));
     b->order = kvm_malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
     b->rows = kvm_malloc(2 * (size_t)pl->n_rows * sizeof(int64_t));
-    if (!b->tile_start || !b->order || !b->rows) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!b->tile_start || !b->order || !b->rows) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the plan of %lld tiles", fn, (long long)n_tiles);
     if (agent) {
         for (int32_t t = 0; t < pl->mem->n_sealed; t++) b->tile_start[t] = pl->mem->blocks[t].first_token;
         b->tile_start[pl->mem->n_sealed] = T - pl->mem->tail_n;
@@ -285,7 +285,7 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     void *pack = NULL;
     kvmem_status st = KVMEM_OK;
     if (!slots || !visited) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the slots of %lld positions", fn, (long long)T);
         goto done;
     }
     for (int64_t j = 0; j < T; j++) /* TENSORS: the identity map; dead slots as -1 */
@@ -432,7 +432,7 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
     b.out = kvm_malloc(n_out * sizeof(float));
     if (!b.q || !b.out) {
         bufs_free(&b);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu query and output values", fn, n_out);
     }
     for (int64_t r = 0; r < R; r++)
         for (int64_t h = 0; h < Hq; h++) {

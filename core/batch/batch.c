@@ -39,7 +39,7 @@ kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t la
     if (!rows || !zero) {
         kvm_free(rows);
         kvm_free(zero);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_batch_merge: out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_batch_merge: out of memory for %d rows of staging", p->params.block_size);
     }
     for (int32_t b = 0; b < B; b++) {
         const kvm_agent_mem *m = agents[b]->mem;

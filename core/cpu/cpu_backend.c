@@ -30,7 +30,7 @@ static kvmem_status cpu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffe
     if (!b || !d) {
         kvm_free(b);
         kvm_aligned_free(d);
-        return kvm_fail(KVMEM_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", size);
+        return kvm_fail(KVMEM_ERR_NOMEM, "cpu backend: out of memory for a %zu-byte buffer", size);
     }
     b->size = size;
     b->data = d;

@@ -47,7 +47,7 @@ kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget, i
     if (!keep || !c) {
         kvm_free(keep);
         kvm_free(c);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld candidates", fn, (long long)n);
     }
     int64_t forced = 0, nc = 0;
     for (int64_t j = 0; j < n; j++) {

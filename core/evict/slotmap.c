@@ -58,24 +58,24 @@ static kvmem_status grow(kvmem_kvstore *s, int64_t need) {
     if (new_slots > INT32_MAX)
         return kvm_fail(KVMEM_ERR_CAPACITY, "kv store: more than INT32_MAX slots");
     if (s->n_pages + add_pages > s->cap_pages) {
-        int64_t cap = KVM_MAX((int64_t)s->cap_pages * 2, (int64_t)s->n_pages + add_pages);
+        int64_t cap = KVM_MIN(KVM_MAX((int64_t)s->cap_pages * 2, (int64_t)s->n_pages + add_pages), (int64_t)INT32_MAX);
         float **p = kvm_realloc(s->pages, (size_t)cap * sizeof *p);
-        if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
+        if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for the page table (%lld pages)", (long long)cap);
         s->pages = p;
         s->cap_pages = (int32_t)cap;
     }
     int32_t *r = kvm_realloc(s->refs, (size_t)new_slots * sizeof *r);
-    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
+    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for the reference counts of %lld slots", (long long)new_slots);
     s->refs = r;
     int32_t *f = kvm_realloc(s->free_list, (size_t)new_slots * sizeof *f);
-    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
+    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for the free list of %lld slots", (long long)new_slots);
     s->free_list = f;
     size_t page_bytes = (size_t)s->page_slots * 2 * s->row_elems * sizeof(float);
     for (int64_t i = 0; i < add_pages; i++) {
         float *pg = kvm_aligned_alloc(page_bytes);
         if (!pg) { /* undo the pages added in this call */
             for (int64_t u = 0; u < i; u++) kvm_aligned_free(s->pages[s->n_pages + u]);
-            return kvm_fail(KVMEM_ERR_NOMEM, "kv store: cannot allocate a page of %zu bytes", page_bytes);
+            return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for a page of %zu bytes", page_bytes);
         }
         s->pages[s->n_pages + i] = pg;
     }
@@ -133,7 +133,7 @@ kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvst
     kvmem_kvstore *s = kvm_calloc(1, sizeof *s);
     if (!s || pthread_mutex_init(&s->mu, NULL) != 0) {
         kvm_free(s);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_kvstore_create: out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_kvstore_create: out of memory for the store");
     }
     s->spec = *spec;
     s->spec.layer_window = NULL;
@@ -209,10 +209,12 @@ kvmem_status kvmem_kvstore_read_slot(kvmem_kvstore *s, int32_t slot, float *k_ou
 
 static kvmem_status reserve_i32(int32_t **a, int64_t *cap, int64_t need) {
     if (need <= *cap) return KVMEM_OK;
-    int64_t c = KVM_MAX(need, *cap * 2);
-    c = KVM_MAX(c, (int64_t)16);
+    size_t cs;
+    if (need < 0 || !kvm_grow_cap((size_t)*cap, (size_t)need, 16, INT32_MAX, sizeof(int32_t), &cs))
+        return kvm_fail(KVMEM_ERR_NOMEM, "slot map: out of memory for %lld entries", (long long)need);
+    int64_t c = (int64_t)cs;
     int32_t *p = kvm_realloc(*a, (size_t)c * sizeof *p);
-    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "slot map: out of memory");
+    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "slot map: out of memory for %lld entries", (long long)c);
     *a = p;
     *cap = c;
     return KVMEM_OK;
@@ -221,7 +223,7 @@ static kvmem_status reserve_i32(int32_t **a, int64_t *cap, int64_t need) {
 kvmem_status kvmem_slotmap_create(kvmem_kvstore *store, kvmem_slotmap **out) {
     if (!store || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_slotmap_create: store or out is NULL");
     kvmem_slotmap *m = kvm_calloc(1, sizeof *m);
-    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_create: out of memory");
+    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_create: out of memory for the map");
     m->store = store;
     *out = m;
     return KVMEM_OK;
@@ -233,7 +235,7 @@ kvmem_status kvmem_slotmap_fork(kvmem_slotmap *parent, int64_t prefix_len, kvmem
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_slotmap_fork: prefix %lld outside [0, %lld]",
                         (long long)prefix_len, (long long)parent->len);
     kvmem_slotmap *m = kvm_calloc(1, sizeof *m);
-    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_fork: out of memory");
+    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_fork: out of memory for the map");
     m->store = parent->store;
     if (reserve_i32(&m->slots, &m->cap, prefix_len) != KVMEM_OK) {
         kvm_free(m);
@@ -289,7 +291,7 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
     if (!row || !fresh || reserve_i32(&m->slots, &m->cap, m->len + T) != KVMEM_OK) {
         kvm_free(row);
         kvm_free(fresh);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld new positions", fn, (long long)T);
     }
     /* validate every value before taking slots: all or nothing */
     for (int w = 0; w < 2; w++) {
@@ -442,7 +444,7 @@ kvmem_status kvmem_slotmap_compact(kvmem_slotmap *m, const int32_t *kept, int64_
         kvm_free(nslots);
         kvm_free(fresh);
         kvm_free(old);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the compacted map (%lld positions)", fn, (long long)m->len);
     }
     pthread_mutex_lock(&s->mu);
     st = take(s, n_moved, fresh);

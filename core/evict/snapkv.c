@@ -100,7 +100,7 @@ kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec
     s.scale = (float)(1.0 / sqrt((double)s.D));
     size_t nl;
     if (!kvm_mul_size(s.n_chunks * s.W, s.N, &nl) || nl > SIZE_MAX / 8)
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: scratch size overflows", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %lld positions (its size overflows)", fn, (long long)N);
     s.qrows = kvm_aligned_alloc(s.n_chunks * s.W * s.D * sizeof(float));
     s.logits = kvm_aligned_alloc(nl * sizeof(float));
     s.vote = kvm_aligned_alloc(s.n_chunks * s.N * sizeof(float));
@@ -112,7 +112,7 @@ kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec
         kvm_aligned_free(s.vote);
         kvm_aligned_free(s.partial);
         kvm_aligned_free(s.tile);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: cannot allocate scratch for N = %lld", fn, (long long)N);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %lld positions", fn, (long long)N);
     }
     kvm_parallel_for(ctx->tp, s.n_chunks, 1, sk_task, &s);
     for (size_t j = 0; j < s.N; j++) {

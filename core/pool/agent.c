@@ -129,39 +129,40 @@ size_t kvm_tail_bytes(const kvmem_pool *p) {
 /* Grow the block table and AABB array to hold `need` sealed blocks. */
 int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
     if (need <= m->cap_blocks) return 1;
-    int32_t nc = m->cap_blocks ? m->cap_blocks : 16;
-    while (nc < need) nc *= 2;
-    kvm_block *nb = kvm_realloc(m->blocks, (size_t)nc * sizeof *nb);
+    size_t per = 2 * (size_t)p->spec.n_layers * p->row_elems, nc, ab;
+    if (need < 0 || !kvm_grow_cap((size_t)m->cap_blocks, (size_t)need, 16, INT32_MAX, sizeof(kvm_block), &nc) ||
+        !kvm_mul_size(nc, per * sizeof(float), &ab))
+        return 0;
+    kvm_block *nb = kvm_realloc(m->blocks, nc * sizeof *nb);
     if (!nb) return 0;
     m->blocks = nb;
-    size_t per = 2 * (size_t)p->spec.n_layers * p->row_elems;
-    float *na = kvm_aligned_alloc((size_t)nc * per * sizeof(float));
+    float *na = kvm_aligned_alloc(ab);
     if (!na) return 0;
     if (m->n_sealed) memcpy(na, m->aabb, (size_t)m->n_sealed * per * sizeof(float));
     kvm_aligned_free(m->aabb);
     m->aabb = na;
-    m->cap_blocks = nc;
+    m->cap_blocks = (int32_t)nc;
     return 1;
 }
 
 int kvm_agent_grow_tokens(kvm_agent_mem *m, int64_t need) {
     if (need <= m->cap_tokens) return 1;
-    int64_t nc = m->cap_tokens ? m->cap_tokens : 256;
-    while (nc < need) nc *= 2;
-    int32_t *ni = kvm_realloc(m->token_ids, (size_t)nc * sizeof *ni);
+    size_t nc;
+    if (need < 0 || !kvm_grow_cap((size_t)m->cap_tokens, (size_t)need, 256, INT32_MAX, sizeof(int64_t), &nc)) return 0;
+    int32_t *ni = kvm_realloc(m->token_ids, nc * sizeof *ni);
     if (!ni) return 0;
     m->token_ids = ni;
-    int64_t *no = kvm_realloc(m->token_text_off, (size_t)nc * sizeof *no);
+    int64_t *no = kvm_realloc(m->token_text_off, nc * sizeof *no);
     if (!no) return 0;
     m->token_text_off = no;
-    m->cap_tokens = nc;
+    m->cap_tokens = (int64_t)nc;
     return 1;
 }
 
 int kvm_agent_grow_text(kvm_agent_mem *m, size_t need) {
     if (need <= m->text_cap) return 1;
-    size_t nc = m->text_cap ? m->text_cap : 1024;
-    while (nc < need) nc *= 2;
+    size_t nc;
+    if (!kvm_grow_cap(m->text_cap, need, 1024, PTRDIFF_MAX, 1, &nc)) return 0;
     char *nt = kvm_realloc(m->text, nc);
     if (!nt) return 0;
     m->text = nt;
@@ -194,6 +195,8 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     if (!ap.keys_rotated && ap.positions)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "positions given but keys_rotated is 0: say whether K is post-RoPE");
     if (ap.text_len > 0 && !ap.text) return kvm_fail(KVMEM_ERR_INVALID_ARG, "text is NULL with text_len %zu", ap.text_len);
+    if (ap.text_len > (size_t)PTRDIFF_MAX)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "text_len %zu is larger than any object can be", ap.text_len);
     if (ap.token_text_offsets) {
         if (!ap.text && ap.text_len == 0 && T > 0)
             for (int64_t i = 0; i < T; i++)
@@ -219,7 +222,7 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     if (!bad_tok || !cs) {
         kvm_free(bad_tok);
         kvm_free(cs);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for the validation scratch");
     }
     append_job job = {p, k, v, 0, 0, NULL, m->tail, 0, bad_tok, bad_tok + L, (float *)(bad_tok + 2 * L),
                       storage_limit(p->params.storage_dtype), 0};
@@ -249,32 +252,31 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
         }
     }
 
-    /* Reserve memory and allocate everything that can fail. */
+    /* Allocate everything that can fail, then reserve the bytes (which may
+     * spill closed agents to the store: only once nothing else can fail). */
     int64_t total = (int64_t)m->tail_n + T;
     int32_t n_new = (int32_t)(total / BS);
     uint64_t need = (uint64_t)n_new * kvm_block_bytes(p, BS);
     int need_tail = m->tail == NULL && T > 0;
     if (need_tail) need += kvm_tail_bytes(p);
-    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) {
-        kvm_free(bad_tok);
-        kvm_free(cs);
-        return st;
-    }
     void **kvs = kvm_calloc((size_t)(n_new ? n_new : 1), sizeof *kvs);
     float *new_tail = need_tail ? kvm_aligned_alloc(kvm_tail_bytes(p)) : NULL;
-    int ok = kvs != NULL && (!need_tail || new_tail) && kvm_agent_grow_blocks(p, m, m->n_sealed + n_new) &&
-             kvm_agent_grow_tokens(m, m->n_tokens + T) && kvm_agent_grow_text(m, m->text_len + ap.text_len);
+    size_t text_need;
+    int ok = kvs != NULL && (!need_tail || new_tail) && kvm_add_size(m->text_len, ap.text_len, &text_need) &&
+             kvm_agent_grow_blocks(p, m, m->n_sealed + n_new) && kvm_agent_grow_tokens(m, m->n_tokens + T) &&
+             kvm_agent_grow_text(m, text_need);
     size_t kv_bytes = kvm_block_kv_bytes(p, BS);
     for (int32_t i = 0; ok && i < n_new; i++) ok = (kvs[i] = kvm_aligned_alloc(kv_bytes)) != NULL;
-    if (!ok) {
+    st = ok ? kvm_pool_reserve(p, need)
+            : kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens (%d new blocks)", (long long)T, n_new);
+    if (st != KVMEM_OK) {
         if (kvs)
             for (int32_t i = 0; i < n_new; i++) kvm_aligned_free(kvs[i]);
         kvm_free(kvs);
         kvm_aligned_free(new_tail);
         kvm_free(bad_tok);
         kvm_free(cs);
-        kvm_pool_unreserve(p, need);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens", (long long)T);
+        return st;
     }
     if (need_tail) m->tail = new_tail;
 
@@ -330,13 +332,15 @@ kvmem_status kvmem_agent_flush(kvmem_agent *a) {
     kvm_agent_mem *m = a->mem;
     if (m->tail_n == 0) return KVMEM_OK;
     uint64_t need = kvm_block_bytes(p, m->tail_n);
-    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) return st;
     size_t kv_bytes = kvm_block_kv_bytes(p, m->tail_n);
     void *kv = kvm_aligned_alloc(kv_bytes);
     if (!kv || !kvm_agent_grow_blocks(p, m, m->n_sealed + 1)) {
         kvm_aligned_free(kv);
-        kvm_pool_unreserve(p, need);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_flush: out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_flush: out of memory for a block of %d tokens", m->tail_n);
+    }
+    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) { /* after allocating: a spill is the last thing done */
+        kvm_aligned_free(kv);
+        return st;
     }
     int32_t b = m->n_sealed;
     seal_into(p, m->tail, m->tail_n, kv, kvm_block_aabb(p, m, b, 0, 0));
@@ -527,12 +531,15 @@ kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
     /* the only allocation: a tail buffer for a re-opened block */
     int alloc_tail = reopen >= 0 && !m->tail;
     if (alloc_tail) {
-        if ((st = kvm_pool_reserve(p, kvm_tail_bytes(p))) != KVMEM_OK) return st;
-        m->tail = kvm_aligned_alloc(kvm_tail_bytes(p));
-        if (!m->tail) {
-            kvm_pool_unreserve(p, kvm_tail_bytes(p));
-            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_truncate: out of memory");
+        float *tail = kvm_aligned_alloc(kvm_tail_bytes(p));
+        if (!tail)
+            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_truncate: out of memory for the unsealed block (%zu bytes)",
+                            kvm_tail_bytes(p));
+        if ((st = kvm_pool_reserve(p, kvm_tail_bytes(p))) != KVMEM_OK) {
+            kvm_aligned_free(tail);
+            return st;
         }
+        m->tail = tail;
         m->bytes += kvm_tail_bytes(p);
     }
     if (reopen >= 0) {

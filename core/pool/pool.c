@@ -48,7 +48,7 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "head_dim %d too large", spec->head_dim);
 
     kvmem_pool *p = kvm_calloc(1, sizeof *p);
-    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
+    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory for the pool");
     p->ctx = ctx;
     p->spec = *spec;
     p->params = pp;
@@ -56,7 +56,7 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
         p->layer_window = kvm_malloc((size_t)spec->n_layers * sizeof(int32_t));
         if (!p->layer_window) {
             kvm_free(p);
-            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
+            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory for the layer windows");
         }
         memcpy(p->layer_window, spec->layer_window, (size_t)spec->n_layers * sizeof(int32_t));
         p->spec.layer_window = p->layer_window;
@@ -127,31 +127,40 @@ void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh
 }
 
 /* Spill the least recently used closed agent to the store. Called with the
- * mutex held; returns 0 when there is none or the write failed. */
-static int spill_one(kvmem_pool *p) {
+ * mutex held. KVMEM_OK: one was spilled; KVMEM_ERR_NOT_FOUND: none is left;
+ * else the write failed (the message names the agent; it stays in memory). */
+static kvmem_status spill_one(kvmem_pool *p) {
     kvm_agent_mem *best = NULL;
     for (int32_t i = 0; i < p->n_agents; i++) {
         kvm_agent_mem *m = p->agents[i];
         if (m->handle || m->spilled || m->bytes == 0) continue; /* open agents are never spilled */
         if (!best || m->lru_tick < best->lru_tick) best = m;
     }
-    if (!best) return 0;
-    if (best->dirty && kvm_store_save_mem(p, best) != KVMEM_OK) {
-        kvm_log(KVMEM_LOG_WARN, "cannot spill agent '%s': %s", best->id, kvmem_last_error());
-        return 0;
+    if (!best) return KVMEM_ERR_NOT_FOUND;
+    kvmem_status st;
+    if (best->dirty && (st = kvm_store_save_mem(p, best)) != KVMEM_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", kvmem_last_error());
+        kvm_log(KVMEM_LOG_WARN, "cannot spill agent '%s': %s", best->id, why);
+        return kvm_fail(st, "spilling agent '%s' to the store failed: %s", best->id, why);
     }
     p->used_bytes -= best->bytes;
     kvm_agent_mem_clear(best);
     best->spilled = 1;
     best->dirty = 0;
-    return 1;
+    return KVMEM_OK;
 }
 
 kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
     pthread_mutex_lock(&p->mu);
     uint64_t cap = p->params.capacity_bytes;
     while (cap && (p->used_bytes > cap || bytes > cap - p->used_bytes)) {
-        if (p->store && spill_one(p)) continue;
+        kvmem_status st = p->store ? spill_one(p) : KVMEM_ERR_NOT_FOUND;
+        if (st == KVMEM_OK) continue;
+        if (st != KVMEM_ERR_NOT_FOUND) { /* a spill that failed says why: not a capacity problem */
+            pthread_mutex_unlock(&p->mu);
+            return st;
+        }
         uint64_t used = p->used_bytes;
         pthread_mutex_unlock(&p->mu);
         return kvm_fail(KVMEM_ERR_CAPACITY,
@@ -266,7 +275,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     kvmem_status st = check_id(id, "kvmem_agent_open");
     if (st != KVMEM_OK) return st;
     kvmem_agent *h = kvm_calloc(1, sizeof *h);
-    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
+    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the handle");
     pthread_mutex_lock(&p->mu);
     int32_t at = find_agent(p, id);
     kvm_agent_mem *m = NULL;
@@ -294,11 +303,13 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
         }
         int32_t ins = -at - 1;
         if (p->n_agents == p->cap_agents) {
-            int32_t nc = p->cap_agents ? p->cap_agents * 2 : 8;
-            kvm_agent_mem **na = kvm_realloc(p->agents, (size_t)nc * sizeof *na);
+            size_t nc;
+            kvm_agent_mem **na = kvm_grow_cap((size_t)p->cap_agents, (size_t)p->n_agents + 1, 8, INT32_MAX, sizeof *na, &nc)
+                                     ? kvm_realloc(p->agents, nc * sizeof *na)
+                                     : NULL;
             if (!na) goto nomem;
             p->agents = na;
-            p->cap_agents = nc;
+            p->cap_agents = (int32_t)nc;
         }
         m = kvm_calloc(1, sizeof *m);
         if (!m) goto nomem;
@@ -338,7 +349,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
 nomem:
     pthread_mutex_unlock(&p->mu);
     kvm_free(h);
-    return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
+    return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the agent table");
 }
 
 kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn) {
@@ -359,7 +370,7 @@ void kvmem_agent_close(kvmem_agent *a) {
     a->magic = KVM_AGENT_DEAD;
     /* the soft host budget: spill cold agents once the pool is over it */
     uint64_t budget = p->params.host_budget_bytes;
-    while (p->store && budget && p->used_bytes > budget && spill_one(p)) {
+    while (p->store && budget && p->used_bytes > budget && spill_one(p) == KVMEM_OK) {
     }
     /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED */
     kvm_free(p->graveyard[p->grave_next]);

@@ -66,13 +66,13 @@ static kvmem_status take_t(const unsigned char *data, const kvm_st_tensor *t, in
         return kvm_fail(KVMEM_ERR_FORMAT, "qmem head: tensor '%s' has shape %s, expected %s", t->name, got, want_s);
     }
     float *f = kvm_malloc(KVM_MAX(ne, (size_t)1) * sizeof *f);
-    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory");
+    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for tensor '%s' (%zu floats)", t->name, ne);
     /* the data may be unaligned: convert from a byte copy */
     size_t es = kvm_dtype_size(t->dtype);
     unsigned char *tmp = kvm_malloc(KVM_MAX(ne * es, (size_t)1));
     if (!tmp) {
         kvm_free(f);
-        return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for a copy of tensor '%s' (%zu bytes)", t->name, ne * es);
     }
     memcpy(tmp, data + t->begin, ne * es);
     kvm_convert_host(f, KVMEM_F32, tmp, t->dtype, ne);
@@ -113,7 +113,7 @@ kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qm
     const int64_t s_alpha[1] = {1}, s_q[2] = {HEAD_XW, F}, s_kv[2] = {HEAD_XW, D}, s_w1[2] = {HEAD_HID, F + HEAD_XW},
                   s_b1[1] = {HEAD_HID}, s_w2[2] = {1, HEAD_HID}, s_b2[1] = {1};
     kvmem_qmem_head *h = kvm_calloc(1, sizeof *h);
-    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory");
+    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for the head");
     const unsigned char *d0 = (const unsigned char *)data + doff;
     float *alpha = NULL, *b2 = NULL;
     st = take_t(d0, tt[0], 1, s_alpha, &alpha);
@@ -158,7 +158,7 @@ kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out) {
             if (!p) {
                 fclose(f);
                 kvm_free(buf);
-                return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_head_load: out of memory");
+                return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_head_load: out of memory for a %zu-byte read buffer", cap);
             }
             buf = p;
         }
@@ -207,7 +207,7 @@ kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *h, const kvmem_model_s
     float *kk = kvm_malloc(S * HEAD_XW * sizeof *kk), *vv = kvm_malloc(S * HEAD_XW * sizeof *vv);
     float *att = kvm_malloc(S * sizeof *att), *mbar = kvm_calloc(D, sizeof *mbar), *x = kvm_malloc(X * sizeof *x);
     if (!kbar || !row || !kk || !vv || !att || !mbar || !x) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of %zu candidates", fn, n);
         goto done;
     }
     /* Means over layers and expanded query heads: each KV head stands for

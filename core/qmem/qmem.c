@@ -49,12 +49,12 @@ kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_q
     if (!(p.lambda >= 0.0) || !isfinite(p.lambda))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "qmem lambda %g: must be finite and >= 0", p.lambda);
     kvmem_qmem_store *s = kvm_calloc(1, sizeof *s);
-    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory");
+    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory for the store");
     s->e = kvm_calloc((size_t)p.capacity, sizeof *s->e);
     if (!s->e || pthread_mutex_init(&s->mu, NULL) != 0) {
         kvm_free(s->e);
         kvm_free(s);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory for %d memories", p.capacity);
     }
     s->spec = *spec;
     s->spec.layer_window = NULL;
@@ -211,7 +211,7 @@ kvmem_status kvmem_qmem_update(kvmem_qmem_store *s, const kvmem_session_key *key
         kvm_free(acc);
         kvm_free(row);
         kvm_free(m);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the new memory (%zu floats)", fn, E);
     }
     /* Enc: the mean of the span's rows, in double so long spans do not drift. */
     for (int64_t t = span_begin; t < span_end; t++)
@@ -305,7 +305,7 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
     if (!kh || !out) {
         kvm_free(kh);
         kvm_free(out);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: cannot allocate %zu bytes to stage K", fn, kb);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu bytes to stage K", fn, kb);
     }
     for (size_t l = 0; l < L; l++)
         for (size_t j = 0; j < N; j++)

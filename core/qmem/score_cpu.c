@@ -135,7 +135,7 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     size_t np, nl, nt;
     if (!kvm_mul_size(q.n_chunks, q.N, &np) || !kvm_mul_size(np, q.Hq, &nl) ||
         !kvm_mul_size(q.n_chunks * KVM_QMEM_TILE, q.D, &nt) || nl > SIZE_MAX / 8)
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: scratch size overflows");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: out of memory for scratch of N = %zu candidates (its size overflows)", q.N);
     q.partial = kvm_aligned_alloc(np * sizeof(float));
     q.logits = kvm_aligned_alloc(nl * sizeof(float));
     q.tile = kvm_aligned_alloc(nt * sizeof(float));
@@ -143,7 +143,7 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
         kvm_aligned_free(q.partial);
         kvm_aligned_free(q.logits);
         kvm_aligned_free(q.tile);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: cannot allocate scratch for N = %zu", q.N);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: out of memory for scratch of N = %zu candidates", q.N);
     }
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
     kvm_parallel_for(tp, q.n_chunks, 1, qs_task, &q);

@@ -98,7 +98,7 @@ kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     job.cs = cs;
     kvm_parallel_for(tp, (size_t)d->n_blocks * (size_t)p->spec.n_layers, 1, gather_task, &job);
     kvm_aligned_free(cs);
-    if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory");
+    if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for per-thread staging rows");
     return KVMEM_OK;
 }
 
@@ -123,7 +123,7 @@ kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_b
     if (n_blocks > 0 && !blocks) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_gather: blocks is NULL");
     if (base < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_gather: base_position %lld < 0", (long long)base);
     int64_t *first = kvm_malloc(((size_t)n_blocks + 1) * sizeof *first);
-    if (!first) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory");
+    if (!first) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for the offsets of %d blocks", n_blocks);
     first[0] = 0;
     for (int32_t i = 0; i < n_blocks; i++) {
         if (blocks[i] < 0 || blocks[i] >= m->n_sealed) {

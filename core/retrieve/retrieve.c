@@ -42,7 +42,7 @@ static void release(kvmem_retrieval *r) {
 kvmem_status kvmem_retrieval_create(kvmem_retrieval **out) {
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_retrieval_create: out is NULL");
     kvmem_retrieval *r = kvm_calloc(1, sizeof *r);
-    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieval_create: out of memory");
+    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieval_create: out of memory for the result object");
     r->magic = KVM_RETRIEVAL_MAGIC;
     *out = r;
     return KVMEM_OK;
@@ -228,7 +228,7 @@ kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const
     nr.tokens = kvm_calloc((size_t)n_sets, sizeof *nr.tokens);
     nr.all = kvm_malloc(((size_t)n_sets * (size_t)nb + 1) * sizeof *nr.all);
     if (!flag || !cand || !idx || !set_s || !nr.count || !nr.tokens || !nr.all) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory");
+        st = kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for the candidate lists of %d blocks", nb);
         goto done;
     }
     {

@@ -322,7 +322,7 @@ kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int3
     *n_out = 0;
     if (n <= 0 || k <= 0) return KVMEM_OK;
     rank_item *it = kvm_malloc((size_t)n * sizeof *it);
-    if (!it) return kvm_fail(KVMEM_ERR_NOMEM, "topk: out of memory");
+    if (!it) return kvm_fail(KVMEM_ERR_NOMEM, "topk: out of memory for ranking %d candidates", n);
     int32_t m = 0;
     for (int32_t i = 0; i < n; i++)
         if (!isnan(score[i])) {

@@ -177,7 +177,7 @@ kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {
     /* kvm_cpu_topk writes in descending score order into a private array:
      * on failure the caller's buffer is unchanged. */
     int32_t *tmp = kvm_malloc((size_t)KVM_MIN(a->k, a->n) * sizeof *tmp);
-    if (!tmp) return kvm_fail(KVMEM_ERR_NOMEM, "dev_topk: out of memory");
+    if (!tmp) return kvm_fail(KVMEM_ERR_NOMEM, "dev_topk: out of memory for %d candidates", KVM_MIN(a->k, a->n));
     st = kvm_cpu_topk(be, (const float *)at(a->scores, a->scores_off), a->n, a->k, tmp, &c);
     if (st == KVMEM_OK) {
         qsort(tmp, (size_t)c, sizeof *tmp, cmp_i32);
@@ -224,7 +224,7 @@ kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_arg
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "dev_gather_rope: rotary_dim %zu > %d", a->rotary_dim,
                         2 * KVM_ROPE_MAX_PAIRS);
     kvm_rope *rope = kvm_calloc(1, sizeof *rope);
-    if (!rope) return kvm_fail(KVMEM_ERR_NOMEM, "dev_gather_rope: out of memory");
+    if (!rope) return kvm_fail(KVMEM_ERR_NOMEM, "dev_gather_rope: out of memory for the RoPE tables");
     rope->head_dim = (int32_t)a->head_dim;
     rope->rotary_dim = (int32_t)a->rotary_dim;
     rope->n_pairs = (int32_t)(a->rotary_dim / 2);

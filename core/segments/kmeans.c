@@ -86,7 +86,7 @@ kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const 
     int32_t *cnt = kvm_malloc((size_t)k * sizeof *cnt);
     if (!x || !cent || !acc || !dist || !lab || !cnt) {
         kvm_free(x), kvm_free(cent), kvm_free(acc), kvm_free(dist), kvm_free(lab), kvm_free(cnt);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of %zu points", fn, n);
     }
     memcpy(x, emb, total * sizeof *x);
     for (size_t i = 0; i < n; i++) normalise(x + i * dim, dim);

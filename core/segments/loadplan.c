@@ -179,9 +179,10 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
                                 fn, j, i, i - 1);
             n_loads += !r;
         }
-    *n_items = n_loads;
-    if (capacity > 0 && capacity < n_loads)
+    if (capacity > 0 && capacity < n_loads) {
+        *n_items = n_loads; /* the size the caller needs */
         return kvm_fail(KVMEM_ERR_CAPACITY, "%s: items holds %zu, the plan has %zu loads", fn, capacity, n_loads);
+    }
 
     lp_sim s;
     memset(&s, 0, sizeof s);
@@ -200,7 +201,7 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
     if (!dur || !first || !head || !ord || !rank || !bucket || !bn || !cnt || !ready || !cst || !cen) {
         kvm_free(dur), kvm_free(first), kvm_free(head), kvm_free(ord), kvm_free(rank), kvm_free(bucket), kvm_free(bn), kvm_free(cnt);
         kvm_free(ready), kvm_free(cst), kvm_free(cen);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the schedule of %zu loads", fn, nn);
     }
     double lsum = 0;
     for (int32_t j = 0; j < n; j++) {
@@ -260,5 +261,6 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
     }
     kvm_free(dur), kvm_free(first), kvm_free(head), kvm_free(ord), kvm_free(rank), kvm_free(bucket), kvm_free(bn), kvm_free(cnt);
     kvm_free(ready), kvm_free(cst), kvm_free(cen);
+    *n_items = n_loads;
     return KVMEM_OK;
 }

@@ -84,7 +84,7 @@ kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const fl
     uint8_t *cur = kvm_malloc((size_t)n), *next = kvm_malloc((size_t)n);
     if (!imp || !cand || !tmp || !cur || !next) {
         kvm_free(imp), kvm_free(cand), kvm_free(tmp), kvm_free(cur), kvm_free(next);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of %d segments", fn, n);
     }
     nc = 0;
     for (int32_t j = 0; j < n; j++)

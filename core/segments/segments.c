@@ -179,7 +179,7 @@ kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kv
                         "kvmem_segments_create: the pool holds agents named '%s*', reserved for the segment store of '%s'",
                         prefix, owner);
     kvmem_segments *s = kvm_calloc(1, sizeof *s);
-    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_create: out of memory");
+    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_create: out of memory for the store");
     s->magic = SEGS_MAGIC;
     s->pool = pool;
     snprintf(s->owner, sizeof s->owner, "%s", owner);
@@ -207,9 +207,10 @@ void kvmem_segments_free(kvmem_segments *s) {
 
 /* Make room for `extra` more events, so a mutation can queue without failing. */
 static int q_reserve(kvmem_segments *s, size_t extra) {
-    if (s->q_len + extra <= s->q_cap) return 1;
-    size_t nc = s->q_cap ? s->q_cap : 64;
-    while (nc < s->q_len + extra) nc *= 2;
+    if (extra <= s->q_cap - s->q_len) return 1;
+    size_t nc;
+    if (extra > SIZE_MAX - s->q_len || !kvm_grow_cap(s->q_cap, s->q_len + extra, 64, SIZE_MAX, sizeof(kvmem_segment_event), &nc))
+        return 0;
     kvmem_segment_event *nq = kvm_malloc(nc * sizeof *nq);
     if (!nq) return 0;
     for (size_t i = 0; i < s->q_len; i++) nq[i] = s->q[(s->q_head + i) % s->q_cap];
@@ -317,12 +318,14 @@ kvmem_status kvmem_segments_add(kvmem_segments *s, const char *name, int32_t gro
         return kvm_fail(KVMEM_ERR_CAPACITY, "%s: %d segments were added, the max_segments limit", fn, s->n_segs);
     /* allocate everything first: a failure changes nothing */
     char *copy = kvm_malloc(len + 1);
-    if (!copy) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!copy) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for a copy of the name", fn);
     memcpy(copy, name, len + 1);
     int ok = grow_groups(s, group) && q_reserve(s, 2);
     if (ok && s->n_segs == s->cap_segs) {
-        int32_t nc = s->cap_segs ? s->cap_segs * 2 : 32;
-        seg_rec *ns = kvm_realloc(s->segs, (size_t)nc * sizeof *ns);
+        size_t ncs = 0;
+        int grow = kvm_grow_cap((size_t)s->cap_segs, (size_t)s->n_segs + 1, 32, SEGS_HARD_MAX, sizeof(seg_rec), &ncs);
+        int32_t nc = (int32_t)ncs;
+        seg_rec *ns = grow ? kvm_realloc(s->segs, (size_t)nc * sizeof *ns) : NULL;
         int32_t *nb = ns ? kvm_realloc(s->by_name, (size_t)nc * sizeof *nb) : NULL;
         if (ns) s->segs = ns;
         if (nb) {
@@ -333,7 +336,7 @@ kvmem_status kvmem_segments_add(kvmem_segments *s, const char *name, int32_t gro
     }
     if (!ok) {
         kvm_free(copy);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the segment and event tables", fn);
     }
     int32_t idx = s->n_segs++;
     seg_rec *r = &s->segs[idx];
@@ -357,7 +360,7 @@ kvmem_status kvmem_segments_update(kvmem_segments *s, int32_t index) {
     kvmem_status st = check_segs(s, fn);
     if (st != KVMEM_OK) return st;
     if ((st = check_live(s, index, fn)) != KVMEM_OK) return st;
-    if (!q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the event queue", fn);
     seg_rec *r = &s->segs[index];
     r->last_update = s->step;
     r->has_kv = 0; /* the stale agent stays until new KV replaces it */
@@ -371,7 +374,7 @@ kvmem_status kvmem_segments_remove(kvmem_segments *s, int32_t index) {
     kvmem_status st = check_segs(s, fn);
     if (st != KVMEM_OK) return st;
     if ((st = check_live(s, index, fn)) != KVMEM_OK) return st;
-    if (!q_reserve(s, 1)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!q_reserve(s, 1)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the event queue", fn);
     seg_rec *r = &s->segs[index];
     int32_t at = name_find(s, r->name);
     memmove(s->by_name + at, s->by_name + at + 1, (size_t)(s->n_live - at - 1) * sizeof *s->by_name);
@@ -394,7 +397,7 @@ kvmem_status kvmem_segments_assign(kvmem_segments *s, int32_t index, int32_t gro
     if ((st = check_group_id(group, fn)) != KVMEM_OK) return st;
     seg_rec *r = &s->segs[index];
     if (r->group == group) return KVMEM_OK;
-    if (!grow_groups(s, group) || !q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!grow_groups(s, group) || !q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the group table and event queue", fn);
     int32_t old = r->group;
     s->groups[old].n_members--;
     group_changed(s, old);
@@ -414,7 +417,7 @@ kvmem_status kvmem_segments_step(kvmem_segments *s) {
         if (r->n_members > 0 && r->state == KVMEM_GROUP_DYNAMIC && now - r->last_change >= s->params.static_after_steps)
             turning++;
     }
-    if (!q_reserve(s, turning)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_step: out of memory");
+    if (!q_reserve(s, turning)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_step: out of memory for the event queue");
     s->step = now;
     for (int32_t g = 0; g < s->cap_groups; g++) {
         grp_rec *r = &s->groups[g];
@@ -595,7 +598,7 @@ kvmem_status kvmem_segments_plan(kvmem_segments *s, const float *scores, size_t 
     if (!c || (s->cap_groups && !gslot)) {
         kvm_free(c);
         kvm_free(gslot);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for ranking %d segments", fn, s->n_live);
     }
     for (int32_t g = 0; g < s->cap_groups; g++) gslot[g] = -1;
     size_t n = 0;
