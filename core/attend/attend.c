@@ -264,6 +264,29 @@ static int is_contiguous(const kvmem_tensor *t) {
     return t->strides[2] == 1 && t->strides[1] == t->shape[2] && t->strides[0] == t->shape[1] * t->shape[2];
 }
 
+/* The first live position whose K row (some KV head) is not finite, or -1.
+ * The device path uploads every live row, so it checks them all on the
+ * host first: a device's exp may clamp a NaN logit to a plausible weight. */
+static int64_t first_nonfinite_k(const kvm_attend_plan *pl, int32_t *head) {
+    float row[1024];
+    const size_t D = (size_t)pl->head_dim;
+    for (int64_t j = 0; j < pl->T; j++) {
+        if (pl->slots && pl->slots[j] == pl->dead_slot) continue;
+        const int64_t at = pl->slots ? pl->slots[j] : j;
+        for (int32_t h = 0; h < pl->n_kv_heads; h++) {
+            int64_t idx[2] = {at, h};
+            kvm_tensor_read_f32(pl->k, kvm_tensor_row_offset(pl->k, idx), row, D);
+            float z = 0.0f;
+            for (size_t d = 0; d < D; d++) z += row[d] * 0.0f; /* NaN for any non-finite value */
+            if (z != 0.0f) {
+                *head = h;
+                return j;
+            }
+        }
+    }
+    return -1;
+}
+
 /* Upload, run dev_attend, download into pl->out and fill *s from the
  * per-stream tile counts. KVMEM_ERR_UNSUPPORTED: the backend cannot run
  * this shape (the caller then runs the plan on the CPU). */
@@ -286,6 +309,12 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     kvmem_status st = KVMEM_OK;
     if (!slots || !visited) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the slots of %lld positions", fn, (long long)T);
+        goto done;
+    }
+    int32_t bad_head = 0;
+    const int64_t bad = first_nonfinite_k(pl, &bad_head);
+    if (bad >= 0) {
+        st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K at position %lld, KV head %d is not finite", fn, (long long)bad, bad_head);
         goto done;
     }
     for (int64_t j = 0; j < T; j++) /* TENSORS: the identity map; dead slots as -1 */
@@ -467,6 +496,16 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
         bufs_free(&b);
         return st;
     }
+    /* K was checked where it was read; a non-finite V (or an overflowing
+     * sum) at a position read shows in the output, which is cheap to scan */
+    for (size_t i = 0; i < n_out; i++)
+        if (!isfinite(b.out[i])) {
+            const size_t r = i / ((size_t)Hq * D), h = i / D % (size_t)Hq;
+            bufs_free(&b);
+            return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                            "%s: V holds a non-finite value at a position read: output row %zu, query head %zu is not finite",
+                            fn, r, h);
+        }
     for (int64_t r = 0; r < R; r++)
         for (int64_t h = 0; h < Hq; h++) {
             int64_t idx[2] = {r, h};

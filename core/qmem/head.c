@@ -226,6 +226,23 @@ kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *h, const kvmem_model_s
             }
         for (size_t d = 0; d < D; d++) kb[d] /= (float)(L * Hkv);
     }
+    /* every K value went into a mean: a non-finite one shows there (and the
+     * inputs are checked before anything is written to scores_out) */
+    for (size_t i = 0; i < n * D; i++)
+        if (!isfinite(kbar[i])) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K of candidate %zu holds a non-finite value", fn, i / D);
+            goto done;
+        }
+    for (size_t j = 0; j < n; j++)
+        if (!isfinite(rule[j])) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: rule[%zu] is not finite", fn, j);
+            goto done;
+        }
+    for (size_t i = 0; i < L * Hq * D; i++)
+        if (!isfinite(memory[i])) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: memory[%zu] is not finite", fn, i);
+            goto done;
+        }
     for (size_t i = 0; i < S; i++)
         for (size_t o = 0; o < HEAD_XW; o++) {
             kk[i * HEAD_XW + o] = dotf(h->w_k + o * D, kbar + ((size_t)span_begin + i) * D, D);

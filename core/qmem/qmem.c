@@ -3,6 +3,7 @@
 #include "qmem_internal.h"
 
 #include "../context.h"
+#include "../cpu/kernels.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -313,6 +314,13 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
                 int64_t idx[3] = {(int64_t)l, (int64_t)j, (int64_t)g};
                 kvm_tensor_read_f32(k, kvm_tensor_row_offset(k, idx), kh + ((l * N + j) * Hkv + g) * D, D);
             }
+    /* the staged copy is scanned (a pass over what is uploaded anyway): a
+     * device's exp may turn a NaN logit into a plausible score */
+    if (kvm_cpu_kernels_get()->count_nonfinite(kh, rows * D)) {
+        kvm_free(kh);
+        kvm_free(out);
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K holds a non-finite value", fn);
+    }
     const kvmem_backend_iface *f = be->iface;
     kvmem_buffer *bm = NULL, *bk = NULL, *bs = NULL;
     kvmem_status st = f->buffer_alloc(be, mb, &bm);
