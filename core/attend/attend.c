@@ -417,7 +417,7 @@ done:
     return st;
 }
 
-kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
+static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
                           const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
     const char *fn = "kvmem_attend";
     kvmem_status st;
@@ -514,4 +514,15 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
     if (stats) *stats = s;
     bufs_free(&b);
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
+                          const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
+    /* an AGENT source is taken for the call, like every call on an agent */
+    kvmem_agent *a = source && source->kind == KVMEM_ATTEND_SRC_AGENT ? source->agent : NULL;
+    kvmem_status st;
+    if (a && (st = kvm_agent_enter(a, "kvmem_attend")) != KVMEM_OK) return st;
+    st = attend_call(ctx, q, source, params, out, stats);
+    if (a) kvm_agent_leave(a);
+    return st;
 }

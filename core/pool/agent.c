@@ -170,7 +170,7 @@ int kvm_agent_grow_text(kvm_agent_mem *m, size_t need) {
     return 1;
 }
 
-kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
+static kvmem_status agent_append_taken(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
                                 const kvmem_append_params *params) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_append");
     if (st != KVMEM_OK) return st;
@@ -325,7 +325,16 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_flush(kvmem_agent *a) {
+kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
+                                const kvmem_append_params *params) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_append");
+    if (st != KVMEM_OK) return st;
+    st = agent_append_taken(a, k, v, params);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_flush_taken(kvmem_agent *a) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_flush");
     if (st != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
@@ -355,7 +364,15 @@ kvmem_status kvmem_agent_flush(kvmem_agent *a) {
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_get_info(kvmem_agent *a, kvmem_agent_info *out) {
+kvmem_status kvmem_agent_flush(kvmem_agent *a) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_flush");
+    if (st != KVMEM_OK) return st;
+    st = agent_flush_taken(a);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_get_info_taken(kvmem_agent *a, kvmem_agent_info *out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_get_info");
     if (st != KVMEM_OK) return st;
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_get_info: out is NULL");
@@ -369,7 +386,15 @@ kvmem_status kvmem_agent_get_info(kvmem_agent *a, kvmem_agent_info *out) {
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_info *out) {
+kvmem_status kvmem_agent_get_info(kvmem_agent *a, kvmem_agent_info *out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_get_info");
+    if (st != KVMEM_OK) return st;
+    st = agent_get_info_taken(a, out);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_block_info_taken(kvmem_agent *a, int32_t block, kvmem_block_info *out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_block_info");
     if (st != KVMEM_OK) return st;
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_block_info: out is NULL");
@@ -388,6 +413,14 @@ kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_i
         out->sealed = 0;
     }
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_info *out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_block_info");
+    if (st != KVMEM_OK) return st;
+    st = agent_block_info_taken(a, block, out);
+    kvm_agent_leave(a);
+    return st;
 }
 
 void kvm_block_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h,
@@ -417,7 +450,7 @@ static int32_t block_of(const kvm_agent_mem *m, int64_t t) {
     return ans;
 }
 
-kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
+static kvmem_status agent_read_taken(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
                               const kvmem_tensor *v_out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_read");
     if (st != KVMEM_OK) return st;
@@ -460,7 +493,16 @@ kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kv
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_block_aabb(kvmem_agent *a, int32_t block, float *out_min, float *out_max) {
+kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
+                              const kvmem_tensor *v_out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_read");
+    if (st != KVMEM_OK) return st;
+    st = agent_read_taken(a, first, T, k_out, v_out);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_block_aabb_taken(kvmem_agent *a, int32_t block, float *out_min, float *out_max) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_block_aabb");
     if (st != KVMEM_OK) return st;
     const kvmem_pool *p = a->pool;
@@ -481,7 +523,15 @@ kvmem_status kvmem_agent_block_aabb(kvmem_agent *a, int32_t block, float *out_mi
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_tokens(kvmem_agent *a, int64_t first, int64_t n, int32_t *out) {
+kvmem_status kvmem_agent_block_aabb(kvmem_agent *a, int32_t block, float *out_min, float *out_max) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_block_aabb");
+    if (st != KVMEM_OK) return st;
+    st = agent_block_aabb_taken(a, block, out_min, out_max);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_tokens_taken(kvmem_agent *a, int64_t first, int64_t n, int32_t *out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_tokens");
     if (st != KVMEM_OK) return st;
     const kvm_agent_mem *m = a->mem;
@@ -493,7 +543,15 @@ kvmem_status kvmem_agent_tokens(kvmem_agent *a, int64_t first, int64_t n, int32_
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
+kvmem_status kvmem_agent_tokens(kvmem_agent *a, int64_t first, int64_t n, int32_t *out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_tokens");
+    if (st != KVMEM_OK) return st;
+    st = agent_tokens_taken(a, first, n, out);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_text_taken(kvmem_agent *a, const char **text, size_t *len) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_text");
     if (st != KVMEM_OK) return st;
     if (!text || !len) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_text: %s is NULL", text ? "len" : "text");
@@ -502,7 +560,15 @@ kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
+kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_text");
+    if (st != KVMEM_OK) return st;
+    st = agent_text_taken(a, text, len);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_truncate_taken(kvmem_agent *a, int64_t n) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_truncate");
     if (st != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
@@ -568,4 +634,12 @@ kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
     m->dirty = 1;
     kvm_pool_unreserve(p, freed);
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_truncate");
+    if (st != KVMEM_OK) return st;
+    st = agent_truncate_taken(a, n);
+    kvm_agent_leave(a);
+    return st;
 }

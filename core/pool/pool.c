@@ -2,6 +2,7 @@
 #include "pool.h"
 #include "../store/persist.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,9 +319,11 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
         p->agents[ins] = m;
         p->n_agents++;
     }
-    h->magic = KVM_AGENT_MAGIC;
     h->pool = p;
     h->mem = m;
+    snprintf(h->id, sizeof h->id, "%s", id);
+    atomic_init(&h->busy, 0);
+    h->magic = KVM_AGENT_MAGIC;
     m->handle = h; /* from here on no spill touches m */
     m->lru_tick = ++p->tick;
     pthread_mutex_unlock(&p->mu);
@@ -352,27 +355,54 @@ nomem:
     return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the agent table");
 }
 
-kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn) {
+/* The handle's magic alone (an atomic load: safe while a close runs). */
+static kvmem_status check_magic(const kvmem_agent *a, const char *fn) {
     if (!a) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: agent is NULL", fn);
-    if (a->magic == KVM_AGENT_DEAD) return kvm_fail(KVMEM_ERR_CLOSED, "%s: agent handle is closed", fn);
-    if (a->magic != KVM_AGENT_MAGIC || !a->mem)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: not an agent handle", fn);
+    uint32_t mg = atomic_load_explicit(&a->magic, memory_order_acquire);
+    if (mg == KVM_AGENT_DEAD) return kvm_fail(KVMEM_ERR_CLOSED, "%s: agent handle is closed", fn);
+    if (mg != KVM_AGENT_MAGIC) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: not an agent handle", fn);
     return KVMEM_OK;
 }
 
+kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn) {
+    kvmem_status st = check_magic(a, fn);
+    if (st != KVMEM_OK) return st;
+    if (!a->mem) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: not an agent handle", fn);
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_agent_enter(kvmem_agent *a, const char *fn) {
+    kvmem_status st = check_magic(a, fn);
+    if (st != KVMEM_OK) return st;
+    if (atomic_exchange_explicit(&a->busy, 1, memory_order_acquire))
+        return kvm_fail(KVMEM_ERR_BUSY, "%s: agent '%s' is in use by a call on another thread: use one agent from one thread at a time",
+                        fn, a->id);
+    if ((st = kvm_agent_check(a, fn)) != KVMEM_OK) kvm_agent_leave(a); /* closed before it was taken */
+    return st;
+}
+
 void kvmem_agent_close(kvmem_agent *a) {
-    if (!a || a->magic != KVM_AGENT_MAGIC) return;
+    if (!a || atomic_load(&a->magic) != KVM_AGENT_MAGIC) return;
+    /* a call still running on another thread (against the contract) is
+     * waited for: freeing state under it would crash it */
+    while (atomic_exchange_explicit(&a->busy, 1, memory_order_acquire)) sched_yield();
+    if (atomic_load(&a->magic) != KVM_AGENT_MAGIC) { /* a racing close won */
+        kvm_agent_leave(a);
+        return;
+    }
     kvmem_pool *p = a->pool;
     pthread_mutex_lock(&p->mu);
     a->mem->handle = NULL;
     a->mem->lru_tick = ++p->tick;
     a->mem = NULL;
-    a->magic = KVM_AGENT_DEAD;
+    atomic_store_explicit(&a->magic, KVM_AGENT_DEAD, memory_order_release);
     /* the soft host budget: spill cold agents once the pool is over it */
     uint64_t budget = p->params.host_budget_bytes;
     while (p->store && budget && p->used_bytes > budget && spill_one(p) == KVMEM_OK) {
     }
-    /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED */
+    /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED
+     * (released first: once in the graveyard another close may free it) */
+    kvm_agent_leave(a);
     kvm_free(p->graveyard[p->grave_next]);
     p->graveyard[p->grave_next] = a;
     p->grave_next = (p->grave_next + 1) % KVM_GRAVEYARD;
@@ -380,7 +410,7 @@ void kvmem_agent_close(kvmem_agent *a) {
 }
 
 const char *kvmem_agent_get_id(const kvmem_agent *a) {
-    return (a && a->magic == KVM_AGENT_MAGIC && a->mem) ? a->mem->id : "";
+    return (a && atomic_load(&a->magic) == KVM_AGENT_MAGIC) ? a->id : "";
 }
 
 kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {

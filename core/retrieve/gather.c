@@ -113,7 +113,7 @@ static kvmem_status check_out(const kvmem_tensor *t, const char *what, const kvm
     return kvm_tensor_expect(t, what, dims, 4, shape);
 }
 
-kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
+static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
                           const kvmem_tensor *k_out, const kvmem_tensor *v_out) {
     kvmem_status st = kvm_agent_check(agent, "kvmem_gather");
     if (st != KVMEM_OK) return st;
@@ -153,5 +153,14 @@ kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_b
     if (dev && dev != be && dev->iface->dev_gather_rope) st = kvm_dev_gather(dev, &d);
     else st = be->iface->gather(be, &d);
     kvm_free(first);
+    return st;
+}
+
+kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
+                          const kvmem_tensor *k_out, const kvmem_tensor *v_out) {
+    kvmem_status st = kvm_agent_enter(agent, "kvmem_gather");
+    if (st != KVMEM_OK) return st;
+    st = gather_taken(agent, blocks, n_blocks, base, k_out, v_out);
+    kvm_agent_leave(agent);
     return st;
 }

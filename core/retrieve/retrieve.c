@@ -202,7 +202,7 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
+static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
                             kvmem_retrieval *result) {
     kvmem_status st = kvm_agent_check(agent, "kvmem_retrieve");
     if (st != KVMEM_OK) return st;
@@ -322,5 +322,14 @@ done:
     kvm_free(out);
     kvm_free(set_s);
     kvm_aligned_free(q);
+    return st;
+}
+
+kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
+                            kvmem_retrieval *result) {
+    kvmem_status st = kvm_agent_enter(agent, "kvmem_retrieve");
+    if (st != KVMEM_OK) return st;
+    st = retrieve_taken(agent, query, params, result);
+    kvm_agent_leave(agent);
     return st;
 }

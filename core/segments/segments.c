@@ -102,11 +102,21 @@ static int pool_has_prefix(kvmem_pool *p, const char *prefix) {
 }
 
 /* Best effort: a unit agent left open by a caller stays (and is retried
- * when it is replaced or the store is freed). Preserves the last error. */
+ * when it is replaced or the store is freed); so does one whose removal
+ * failed (its store could not delete the file: logged, never forgotten
+ * silently). Preserves the last error. */
 static void drop_agent(kvmem_segments *s, char *agent) {
     if (!agent[0]) return;
     if (pool_agent_state(s->pool, agent) == 2) return;
-    kvmem_pool_remove_agent(s->pool, agent);
+    char last[512];
+    snprintf(last, sizeof last, "%s", kvmem_last_error());
+    kvmem_status st = kvmem_pool_remove_agent(s->pool, agent);
+    if (st != KVMEM_OK && st != KVMEM_ERR_NOT_FOUND) {
+        kvm_log(KVMEM_LOG_WARN, "segments of '%s': cannot remove unit agent '%s' (%s): it stays in the pool", s->owner,
+                agent, kvmem_last_error());
+        kvm_fail(st, "%s", last);
+        return;
+    }
     agent[0] = '\0';
 }
 
