@@ -11,7 +11,10 @@
  *    belongs to the object that returned it, valid until the next mutating call
  *    on that object, unless documented as caller-owned.
  *  - Distinct objects may be used from distinct threads. One agent is used by
- *    one thread at a time; the pool serialises what agents share.
+ *    one thread at a time; the pool serialises what agents share. Breaking
+ *    that rule is detected, not undefined: a call on an agent handle that a
+ *    call on another thread is using fails with KVMEM_ERR_BUSY (one atomic
+ *    operation per call), and kvmem_agent_close waits for that call.
  *
  * C99 and C++ safe. Define KVMEM_API before including to override the export
  * decoration (e.g. when linking statically on Windows).
@@ -79,7 +82,8 @@ typedef enum kvmem_status {
     KVMEM_ERR_MISMATCH = -12,   /* model spec or shape does not match the pool's */
     KVMEM_ERR_CONFLICT = -13,   /* a newer version exists (optimistic concurrency) */
     KVMEM_ERR_INTERNAL = -14,   /* a bug in kvmem: please report */
-    KVMEM_ERR_BUSY = -15        /* the object is in use (e.g. an agent that is open) */
+    KVMEM_ERR_BUSY = -15        /* the object is in use (an agent that is open, or a handle
+                                   a call on another thread is using) */
 } kvmem_status;
 
 /* Static name of a status code ("KVMEM_ERR_INVALID_ARG"); never NULL. */
@@ -308,7 +312,8 @@ KVMEM_API kvmem_status kvmem_agent_open(kvmem_pool *pool, const char *id, kvmem_
 
 /* Close a handle; the agent's memory stays in the pool. Later calls on the
  * closed handle fail with KVMEM_ERR_CLOSED (the pool keeps recently closed
- * handles inert for that; a stale handle is still a bug to avoid). */
+ * handles inert for that; a stale handle is still a bug to avoid). A call
+ * running on the handle in another thread is waited for. */
 KVMEM_API void kvmem_agent_close(kvmem_agent *agent);
 
 /* Remove an agent and its memory. Errors: KVMEM_ERR_INVALID_ARG,
