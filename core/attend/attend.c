@@ -340,7 +340,7 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
         const void *src = kv[x]->data;
         if (kv[x]->dtype != dt || !is_contiguous(kv[x])) {
             if (!pack && !(pack = kvm_malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
-                st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory packing %zu bytes of K/V", fn, kv_bytes);
+                st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for packing %zu bytes of K/V", fn, kv_bytes);
                 goto done;
             }
             pack_kv(kv[x], dt, pack);

@@ -3,8 +3,8 @@
  * program fails the Nth of them for every N a call makes, and again with
  * every allocation from the Nth on failing, for each call of a compact
  * scenario that touches every allocating public function. For every N:
- *  - the call returns KVMEM_ERR_NOMEM and its message says "out of memory"
- *    and what for, or it returns KVMEM_OK with exactly the result of a run
+ *  - the call returns KVMEM_ERR_NOMEM and its message says "out of memory
+ *    for <what>", or it returns KVMEM_OK with exactly the result of a run
  *    without failures (a fallback that did not need the memory);
  *  - on failure the objects are unchanged: a digest of everything the API
  *    can observe (pool and agent info, every agent's KV, tokens, text and
@@ -1185,7 +1185,8 @@ static void run_once(const op *o, uint64_t n, int from_on, uint64_t *ok_digest, 
         if (st != KVMEM_ERR_NOMEM)
             fail_msg("%s, allocation %llu%s failed (%s): %s, expected KVMEM_ERR_NOMEM (%s)", o->name,
                      (unsigned long long)n, from_on ? " on" : "", site, kvmem_status_str(st), msg);
-        if (!strstr(msg, "out of memory") || strlen(msg) < strlen("out of memory") + 8)
+        const char *om = strstr(msg, "out of memory for ");
+        if (!om || strlen(om) < strlen("out of memory for ") + 3)
             fail_msg("%s, allocation %llu (%s): the message does not say what could not be allocated: '%s'", o->name,
                      (unsigned long long)n, site, msg);
         if (digest() != before)
