@@ -123,8 +123,8 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
                         "unknown backend '%.32s': expected \"cpu\", \"cuda\", \"vulkan\" or \"auto\"",
                         name);
 
-    kvmem_context *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory");
+    kvmem_context *ctx = kvm_calloc(1, sizeof *ctx);
+    if (!ctx) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory for the context");
     int n = p.n_threads;
     if (n == 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -135,7 +135,7 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
     kvmem_status st = ctx->tp ? kvm_cpu_backend_create(ctx, &ctx->cpu) : KVMEM_ERR_NOMEM;
     if (st != KVMEM_OK) {
         kvmem_context_free(ctx);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: cannot start %d threads", n);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory for the worker pool (%d threads) and CPU backend", n);
     }
     ctx->n_threads = kvm_threadpool_size(ctx->tp);
     ctx->backend = ctx->cpu;
@@ -173,7 +173,7 @@ void kvmem_context_free(kvmem_context *ctx) {
     if (ctx->backend && ctx->backend != ctx->cpu) ctx->backend->iface->free(ctx->backend);
     if (ctx->cpu) ctx->cpu->iface->free(ctx->cpu);
     kvm_threadpool_free(ctx->tp);
-    free(ctx);
+    kvm_free(ctx);
 }
 
 const char *kvmem_context_backend(const kvmem_context *ctx) { return ctx ? ctx->backend_name : ""; }

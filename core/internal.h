@@ -4,6 +4,7 @@
 #define KVMEM_INTERNAL_H
 
 #include "kvmem.h"
+#include "alloc.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,10 +39,21 @@ static inline bool kvm_add_size(size_t a, size_t b, size_t *out) {
     return true;
 }
 
-/* 64-byte aligned allocation (cache line, AVX-512 vector). Sizes are rounded
- * up internally. kvm_aligned_free(NULL) is a no-op. */
-void *kvm_aligned_alloc(size_t size);
-void kvm_aligned_free(void *p);
+/* The capacity (in elements of elem_size bytes) to grow an array of `cap`
+ * elements to so it holds `need`: doubling from cap (or `first` when empty),
+ * at most `max` elements and never more bytes than size_t counts. False
+ * when need itself is beyond that (the caller reports out of memory).
+ * Every growable array goes through this: a doubling loop that wraps to 0
+ * would spin forever. */
+static inline bool kvm_grow_cap(size_t cap, size_t need, size_t first, size_t max, size_t elem_size, size_t *out) {
+    if (elem_size && max > SIZE_MAX / elem_size) max = SIZE_MAX / elem_size;
+    if (need > max) return false;
+    size_t nc = cap ? cap : first;
+    if (nc > max) nc = max;
+    while (nc < need) nc = nc > max / 2 ? need : nc * 2;
+    *out = nc;
+    return true;
+}
 
 /* Element size of a tensor dtype (F32/F16/BF16), 0 otherwise. */
 size_t kvm_dtype_size(kvmem_dtype dt);

@@ -84,16 +84,7 @@ void kvm_log(kvmem_log_level level, const char *fmt, ...) {
     s->cb(level, buf, s->user);
 }
 
-void kvmem_free(void *ptr) { free(ptr); }
-
-void *kvm_aligned_alloc(size_t size) {
-    size_t rounded;
-    if (!kvm_add_size(size ? size : 1, 63, &rounded)) return NULL;
-    rounded &= ~(size_t)63;
-    return aligned_alloc(64, rounded);
-}
-
-void kvm_aligned_free(void *p) { free(p); }
+void kvmem_free(void *ptr) { kvm_free(ptr); }
 
 size_t kvm_dtype_size(kvmem_dtype dt) {
     switch (dt) {

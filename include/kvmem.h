@@ -11,7 +11,10 @@
  *    belongs to the object that returned it, valid until the next mutating call
  *    on that object, unless documented as caller-owned.
  *  - Distinct objects may be used from distinct threads. One agent is used by
- *    one thread at a time; the pool serialises what agents share.
+ *    one thread at a time; the pool serialises what agents share. Breaking
+ *    that rule is detected, not undefined: a call on an agent handle that a
+ *    call on another thread is using fails with KVMEM_ERR_BUSY (one atomic
+ *    operation per call), and kvmem_agent_close waits for that call.
  *
  * C99 and C++ safe. Define KVMEM_API before including to override the export
  * decoration (e.g. when linking statically on Windows).
@@ -79,7 +82,8 @@ typedef enum kvmem_status {
     KVMEM_ERR_MISMATCH = -12,   /* model spec or shape does not match the pool's */
     KVMEM_ERR_CONFLICT = -13,   /* a newer version exists (optimistic concurrency) */
     KVMEM_ERR_INTERNAL = -14,   /* a bug in kvmem: please report */
-    KVMEM_ERR_BUSY = -15        /* the object is in use (e.g. an agent that is open) */
+    KVMEM_ERR_BUSY = -15        /* the object is in use (an agent that is open, or a handle
+                                   a call on another thread is using) */
 } kvmem_status;
 
 /* Static name of a status code ("KVMEM_ERR_INVALID_ARG"); never NULL. */
@@ -226,7 +230,10 @@ KVMEM_API kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec);
 /* Rotate vectors in place to position(s), or undo that rotation.
  * x: n_rows rows of `stride` floats, each row one head vector of head_dim.
  * positions: n_rows entries. inverse = 1 undoes the rotation (R_{-p}).
- * The angle p * inv_freq_j is computed in double precision. */
+ * The angle p * inv_freq_j is computed in double precision.
+ * Errors: KVMEM_ERR_INVALID_ARG (bad spec, NULL x or positions, stride <
+ * head_dim, rows that could not fit in memory: (n_rows - 1) * stride +
+ * head_dim floats beyond PTRDIFF_MAX bytes), KVMEM_ERR_NOMEM. */
 KVMEM_API kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_rows,
                                         size_t stride, const int32_t *positions, int32_t inverse);
 
@@ -305,7 +312,8 @@ KVMEM_API kvmem_status kvmem_agent_open(kvmem_pool *pool, const char *id, kvmem_
 
 /* Close a handle; the agent's memory stays in the pool. Later calls on the
  * closed handle fail with KVMEM_ERR_CLOSED (the pool keeps recently closed
- * handles inert for that; a stale handle is still a bug to avoid). */
+ * handles inert for that; a stale handle is still a bug to avoid). A call
+ * running on the handle in another thread is waited for. */
 KVMEM_API void kvmem_agent_close(kvmem_agent *agent);
 
 /* Remove an agent and its memory. Errors: KVMEM_ERR_INVALID_ARG,
@@ -600,7 +608,10 @@ KVMEM_API int32_t kvmem_qmem_count(const kvmem_qmem_store *store);
  * staged as contiguous f32 and uploaded for the call. Scratch:
  * min(16, n_layers) * (n_q_heads + 1) * N floats for the call.
  * Errors: KVMEM_ERR_INVALID_ARG (NULLs, spec, shape, N = 0, non-finite
- * memory), KVMEM_ERR_NOMEM. */
+ * memory, non-finite K: found through the logits, which cost 1/head_dim of
+ * reading K, or on a device through the staged copy; a logit that
+ * overflows is refused the same way), KVMEM_ERR_NOMEM. scores is written
+ * only on success. */
 KVMEM_API kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec,
                                         const float *memory, const kvmem_tensor *k,
                                         float *scores);
@@ -643,7 +654,8 @@ KVMEM_API float kvmem_qmem_head_alpha(const kvmem_qmem_head *head);
  * that function's output. scores_out may equal rule. The head is read-only
  * here: several threads may apply one head at once.
  * Errors: KVMEM_ERR_INVALID_ARG (NULLs, shapes, empty or out-of-range
- * span), KVMEM_ERR_MISMATCH (spec head_dim differs from the head's),
+ * span, a non-finite value in K, rule or memory: checked before anything is
+ * written), KVMEM_ERR_MISMATCH (spec head_dim differs from the head's),
  * KVMEM_ERR_NOMEM. Runs on the calling thread. */
 KVMEM_API kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec,
                                              const float *memory, const kvmem_tensor *k,
@@ -689,7 +701,8 @@ KVMEM_API kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budge
  * stride 1, same padding); scores[j] = sum over (l, h). Select with
  * kvmem_select_keep(scores, N, C, 0, N - W, N, ...) so the window is kept,
  * as SnapKV does. Scratch: min(16, n_layers * n_q_heads) * (W + 2) * N
- * floats. Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
+ * floats. Errors: KVMEM_ERR_INVALID_ARG (also a non-finite value in K or
+ * q_obs, found through the logits), KVMEM_ERR_NOMEM. */
 KVMEM_API kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec,
                                           const kvmem_tensor *q_obs, const kvmem_tensor *k,
                                           int32_t pool_kernel, float *scores);
@@ -981,9 +994,21 @@ typedef struct kvmem_attend_stats {
  * everything, see "Orders") run on the device (K/V uploaded for the call);
  * everything else, the default SCORED included, and shapes the device
  * kernel does not support, runs on the CPU. Stats mean the same either way.
- * Errors: KVMEM_ERR_INVALID_ARG (NULL, shapes, dtypes, non-finite q, bad
- * order list, slot id outside [0, n_slots), bad params), KVMEM_ERR_CLOSED
- * (closed agent), KVMEM_ERR_NOMEM. Nothing is written on failure. */
+ * Non-finite K and V (TENSORS and SLOTMAP sources) are refused where they
+ * are read, never clamped into a plausible output: on the CPU a position's
+ * logits are checked as they are computed (1/head_dim of the work) and the
+ * output is checked for what V contributed; on a device every live K row
+ * is checked on the host before the upload (which reads it anyway) and the
+ * output likewise. Positions the call never reads are NOT scanned: masked
+ * and dead positions, and on the CPU the tiles after every stream stopped,
+ * since not reading them is what early termination is for. So a NaN in an
+ * unread tile leaves the call OK, and whether a NaN is found can depend on
+ * where the streams stop. AGENT sources hold only finite values (append
+ * refuses the rest).
+ * Errors: KVMEM_ERR_INVALID_ARG (NULL, shapes, dtypes, non-finite q, K or V
+ * at a position read, bad order list, slot id outside [0, n_slots), bad
+ * params), KVMEM_ERR_CLOSED (closed agent), KVMEM_ERR_NOMEM. Nothing is
+ * written on failure. */
 KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
                                     const kvmem_attend_source *source,
                                     const kvmem_attend_params *params, const kvmem_tensor *out,
@@ -1019,6 +1044,9 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
  * version, agent id, model id and spec, dtype, block size, block lengths,
  * token count, token ids, text, token offsets and a checksum of the data
  * section (XXH64 over the acc64 digests of its 1 MiB chunks, see core/store/hash.h).
+ * Only a regular file is ever replaced: a path naming a directory, FIFO,
+ * socket, device or symbolic link fails with KVMEM_ERR_INVALID_ARG and is
+ * left as it is.
  * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_CLOSED, KVMEM_ERR_NOT_FOUND (no
  * store and no path, or the directory is missing), KVMEM_ERR_IO, KVMEM_ERR_NOMEM. */
 KVMEM_API kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path);
@@ -1027,7 +1055,10 @@ KVMEM_API kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path);
  * kvmem_agent_save (path NULL = the pool's store). The loader validates
  * everything before changing anything: header length, strict JSON, dtypes,
  * shapes, offsets inside the file, contiguous and non-overlapping, the
- * metadata, the data checksum. All or nothing.
+ * metadata (no string may hold a NUL), the data checksum. All or nothing.
+ * A path that is not a regular file (a FIFO, a device) fails with
+ * KVMEM_ERR_IO without being read or waited on. Messages never quote bytes
+ * of a file that has not shown itself to be a kvmem agent file.
  * Errors: KVMEM_ERR_FORMAT (not a kvmem safetensors file, or a malformed
  * one: the message names what), KVMEM_ERR_CORRUPT (well-formed but
  * inconsistent: checksum, sizes, truncated data), KVMEM_ERR_MISMATCH (model

@@ -66,15 +66,15 @@ typedef struct attend_bufs {
 } attend_bufs;
 
 static void bufs_free(attend_bufs *b) {
-    free(b->q);
-    free(b->out);
-    free(b->tile_start);
-    free(b->live_prefix);
-    free(b->rows);
-    free(b->order);
-    free(b->head_order);
-    free(b->logits);
-    free(b->seen);
+    kvm_free(b->q);
+    kvm_free(b->out);
+    kvm_free(b->tile_start);
+    kvm_free(b->live_prefix);
+    kvm_free(b->rows);
+    kvm_free(b->order);
+    kvm_free(b->head_order);
+    kvm_free(b->logits);
+    kvm_free(b->seen);
 }
 
 /* Geometry and T of the source; checks the source's own fields. */
@@ -170,8 +170,8 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     pl->n_tiles = (int32_t)n_tiles;
     /* the order list is checked before anything is allocated for it */
     if (a->order == KVMEM_ATTEND_IMPORTANCE || a->order == KVMEM_ATTEND_INDEX) {
-        b->seen = calloc((size_t)n_tiles + 1, 1);
-        if (!b->seen) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        b->seen = kvm_calloc((size_t)n_tiles + 1, 1);
+        if (!b->seen) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the flags of %lld tiles", fn, (long long)n_tiles);
         for (int32_t i = 0; i < a->n_tile_order; i++) {
             int32_t t = a->tile_order[i];
             if (t < 0 || t >= n_tiles)
@@ -182,10 +182,10 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
             b->seen[t] = 1;
         }
     }
-    b->tile_start = malloc(((size_t)n_tiles + 1) * sizeof(int64_t));
-    b->order = malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
-    b->rows = malloc(2 * (size_t)pl->n_rows * sizeof(int64_t));
-    if (!b->tile_start || !b->order || !b->rows) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    b->tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof(int64_t));
+    b->order = kvm_malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
+    b->rows = kvm_malloc(2 * (size_t)pl->n_rows * sizeof(int64_t));
+    if (!b->tile_start || !b->order || !b->rows) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the plan of %lld tiles", fn, (long long)n_tiles);
     if (agent) {
         for (int32_t t = 0; t < pl->mem->n_sealed; t++) b->tile_start[t] = pl->mem->blocks[t].first_token;
         b->tile_start[pl->mem->n_sealed] = T - pl->mem->tail_n;
@@ -214,7 +214,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     pl->n_order = n;
     pl->mask = src->mask;
     if (src->mask || pl->slots) {
-        b->live_prefix = malloc(((size_t)T + 1) * sizeof(int64_t));
+        b->live_prefix = kvm_malloc(((size_t)T + 1) * sizeof(int64_t));
         if (!b->live_prefix) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
         b->live_prefix[0] = 0;
         for (int64_t j = 0; j < T; j++) {
@@ -271,6 +271,29 @@ static int is_contiguous(const kvmem_tensor *t) {
     return t->strides[2] == 1 && t->strides[1] == t->shape[2] && t->strides[0] == t->shape[1] * t->shape[2];
 }
 
+/* The first live position whose K row (some KV head) is not finite, or -1.
+ * The device path uploads every live row, so it checks them all on the
+ * host first: a device's exp may clamp a NaN logit to a plausible weight. */
+static int64_t first_nonfinite_k(const kvm_attend_plan *pl, int32_t *head) {
+    float row[1024];
+    const size_t D = (size_t)pl->head_dim;
+    for (int64_t j = 0; j < pl->T; j++) {
+        if (pl->slots && pl->slots[j] == pl->dead_slot) continue;
+        const int64_t at = pl->slots ? pl->slots[j] : j;
+        for (int32_t h = 0; h < pl->n_kv_heads; h++) {
+            int64_t idx[2] = {at, h};
+            kvm_tensor_read_f32(pl->k, kvm_tensor_row_offset(pl->k, idx), row, D);
+            float z = 0.0f;
+            for (size_t d = 0; d < D; d++) z += row[d] * 0.0f; /* NaN for any non-finite value */
+            if (z != 0.0f) {
+                *head = h;
+                return j;
+            }
+        }
+    }
+    return -1;
+}
+
 /* Upload, run dev_attend, download into pl->out and fill *s from the
  * per-stream tile counts. KVMEM_ERR_UNSUPPORTED: the backend cannot run
  * this shape (the caller then runs the plan on the CPU). */
@@ -287,12 +310,18 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
         return KVMEM_ERR_UNSUPPORTED;
     const size_t q_bytes = (size_t)Hq * (size_t)D * 4;
     kvmem_buffer *bq = NULL, *bk = NULL, *bv = NULL, *bs = NULL, *bo = NULL, *bout = NULL, *bvis = NULL;
-    int32_t *slots = malloc(((size_t)T + 1) * sizeof *slots);
-    int32_t *visited = malloc((size_t)H * sizeof *visited);
+    int32_t *slots = kvm_malloc(((size_t)T + 1) * sizeof *slots);
+    int32_t *visited = kvm_malloc((size_t)H * sizeof *visited);
     void *pack = NULL;
     kvmem_status st = KVMEM_OK;
     if (!slots || !visited) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the slots of %lld positions", fn, (long long)T);
+        goto done;
+    }
+    int32_t bad_head = 0;
+    const int64_t bad = first_nonfinite_k(pl, &bad_head);
+    if (bad >= 0) {
+        st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K at position %lld, KV head %d is not finite", fn, (long long)bad, bad_head);
         goto done;
     }
     for (int64_t j = 0; j < T; j++) /* TENSORS: the identity map; dead slots as -1 */
@@ -317,8 +346,8 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     for (int x = 0; x < 2; x++) {
         const void *src = kv[x]->data;
         if (kv[x]->dtype != dt || !is_contiguous(kv[x])) {
-            if (!pack && !(pack = malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
-                st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory packing %zu bytes of K/V", fn, kv_bytes);
+            if (!pack && !(pack = kvm_malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
+                st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for packing %zu bytes of K/V", fn, kv_bytes);
                 goto done;
             }
             pack_kv(kv[x], dt, pack);
@@ -389,13 +418,13 @@ done:
     if (bo) bi->buffer_free(be, bo);
     if (bout) bi->buffer_free(be, bout);
     if (bvis) bi->buffer_free(be, bvis);
-    free(slots);
-    free(visited);
-    free(pack);
+    kvm_free(slots);
+    kvm_free(visited);
+    kvm_free(pack);
     return st;
 }
 
-kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
+static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
                           const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
     const char *fn = "kvmem_attend";
     kvmem_status st;
@@ -436,11 +465,11 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
     attend_bufs b;
     memset(&b, 0, sizeof b);
     const size_t D = (size_t)pl.head_dim, n_out = (size_t)R * (size_t)Hq * D;
-    b.q = malloc(n_out * sizeof(float));
-    b.out = malloc(n_out * sizeof(float));
+    b.q = kvm_malloc(n_out * sizeof(float));
+    b.out = kvm_malloc(n_out * sizeof(float));
     if (!b.q || !b.out) {
         bufs_free(&b);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu query and output values", fn, n_out);
     }
     for (int64_t r = 0; r < R; r++)
         for (int64_t h = 0; h < Hq; h++) {
@@ -474,11 +503,12 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
          (!agent && !keep_logits && kvm_attend_tiles_seen(&pl) <= 2 * ((int64_t)a.patience + 1))))
         pl.stop_enabled = 0;
     else if (a.order == KVMEM_ATTEND_SCORED) {
-        b.head_order = malloc(((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
-        if (keep_logits) b.logits = malloc(((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
+        b.head_order = kvm_malloc(((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
+        if (keep_logits) b.logits = kvm_malloc(((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
         if (!b.head_order || (keep_logits && !b.logits)) {
             bufs_free(&b);
-            return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+            return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the SCORED order of %d tiles%s", fn,
+                            pl.n_tiles, keep_logits ? " and the kept logits" : "");
         }
         if ((st = kvm_attend_scored_order(ctx, &pl, b.head_order, NULL, b.logits, &scan_rows)) != KVMEM_OK) {
             bufs_free(&b);
@@ -502,6 +532,16 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
         bufs_free(&b);
         return st;
     }
+    /* K was checked where it was read; a non-finite V (or an overflowing
+     * sum) at a position read shows in the output, which is cheap to scan */
+    for (size_t i = 0; i < n_out; i++)
+        if (!isfinite(b.out[i])) {
+            const size_t r = i / ((size_t)Hq * D), h = i / D % (size_t)Hq;
+            bufs_free(&b);
+            return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                            "%s: V holds a non-finite value at a position read: output row %zu, query head %zu is not finite",
+                            fn, r, h);
+        }
     for (int64_t r = 0; r < R; r++)
         for (int64_t h = 0; h < Hq; h++) {
             int64_t idx[2] = {r, h};
@@ -511,4 +551,15 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
     if (stats) *stats = s;
     bufs_free(&b);
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
+                          const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
+    /* an AGENT source is taken for the call, like every call on an agent */
+    kvmem_agent *a = source && source->kind == KVMEM_ATTEND_SRC_AGENT ? source->agent : NULL;
+    kvmem_status st;
+    if (a && (st = kvm_agent_enter(a, "kvmem_attend")) != KVMEM_OK) return st;
+    st = attend_call(ctx, q, source, params, out, stats);
+    if (a) kvm_agent_leave(a);
+    return st;
 }

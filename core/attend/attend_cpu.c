@@ -54,6 +54,14 @@ static void rope_at(rope_cursor *rc, int64_t pos) {
     rc->pos = pos;
 }
 
+/* What one work item returns: its stats, and the first position whose
+ * logit was not finite (K non-finite there, or so large the logit overflows). */
+typedef struct item_result {
+    kvmem_attend_stats s;
+    int64_t bad_pos;
+    int32_t bad_head, bad;
+} item_result;
+
 typedef struct attend_job {
     const kvm_attend_plan *p;
     const kvm_attend_kernels *kern;
@@ -61,7 +69,7 @@ typedef struct attend_job {
     int32_t max_tile;
     size_t scratch_floats; /* per item */
     float *scratch;
-    kvmem_attend_stats *item_stats;
+    item_result *item_stats;
     int32_t probe_g[KVMEM_ATTEND_PROBE_SIZE], probe_d[KVMEM_ATTEND_PROBE_SIZE]; /* head, dim */
     int32_t probe_n;
     int32_t prefetch; /* software prefetch of the next tile: only when KV outgrows the caches */
@@ -242,6 +250,20 @@ static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t hi, in
 
 /* Largest of n scores (NaN ignored, -inf when n = 0), in eight independent
  * chains: one chain is bound by the latency of max. */
+/* 1 if every x[i] is finite: x * 0 is +-0 for finite x and NaN otherwise.
+ * Lane-wise like row_max, so it vectorizes; a pass over the logits costs
+ * 1/head_dim of computing them. */
+static int row_finite(const float *x, int32_t n) {
+    float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) z[u] += x[i + u] * 0.0f;
+    for (; i < n; i++) z[0] += x[i] * 0.0f;
+    float t = 0.0f;
+    for (int u = 0; u < 8; u++) t += z[u];
+    return t == 0.0f;
+}
+
 static float row_max(const float *x, int32_t n) {
     float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     int32_t i = 0;
@@ -298,8 +320,9 @@ static void attend_item(attend_job *j, size_t item) {
     const int32_t r1 = KVM_MIN(r0 + j->rows_per_item, p->n_rows);
     const int32_t nr = r1 - r0, nh = h1 - h0, G = p->group, D = p->head_dim, MT = j->max_tile;
     const size_t N = (size_t)G * (size_t)D;
-    kvmem_attend_stats *st = &j->item_stats[item];
-    memset(st, 0, sizeof *st);
+    item_result *res = &j->item_stats[item];
+    memset(res, 0, sizeof *res);
+    kvmem_attend_stats *st = &res->s;
     if (nr <= 0 || nh <= 0) return;
     const int32_t ns = nr * nh;
 
@@ -414,6 +437,14 @@ static void attend_item(attend_job *j, size_t item) {
                              (size_t)MT);
                 for (int32_t g = 0; g < G; g++) {
                     float *sg = s + (size_t)g * (size_t)MT;
+                    if (!row_finite(sg, nk)) { /* a NaN would be ignored by max and clamped by SIMD exp */
+                        int32_t i = 0;
+                        while (i < nk && isfinite(sg[i])) i++;
+                        res->bad = 1;
+                        res->bad_pos = pos[a + KVM_MIN(i, nk - 1)];
+                        res->bad_head = h;
+                        return;
+                    }
                     const float tmax = row_max(sg, nk);
                     float *m = &mx[(size_t)si * (size_t)G + (size_t)g];
                     float *lg = &l[(size_t)si * (size_t)G + (size_t)g];
@@ -496,10 +527,10 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     size_t items = (size_t)j.n_head_chunks * (size_t)j.n_row_chunks;
     j.scratch_floats = per;
     j.scratch = kvm_aligned_alloc(items * per * sizeof(float));
-    j.item_stats = calloc(items, sizeof *j.item_stats);
+    j.item_stats = kvm_calloc(items, sizeof *j.item_stats);
     if (!j.scratch || !j.item_stats) {
         kvm_aligned_free(j.scratch);
-        free(j.item_stats);
+        kvm_free(j.item_stats);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_attend: out of memory for %zu work items", items);
     }
     /* the strided probe: element i at i*s + s/2 of the stream's G*D outputs */
@@ -523,9 +554,18 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
         j.prefetch = kv_bytes > 8.0 * 1024 * 1024;
     }
     kvm_parallel_for(tp, items, 1, attend_task, &j);
+    for (size_t i = 0; i < items; i++) /* the first in item order: the same message on any thread count */
+        if (j.item_stats[i].bad) {
+            kvmem_status bad = kvm_fail(KVMEM_ERR_INVALID_ARG,
+                                        "kvmem_attend: K at position %lld, KV head %d is not finite (or its logit overflows)",
+                                        (long long)j.item_stats[i].bad_pos, j.item_stats[i].bad_head);
+            kvm_aligned_free(j.scratch);
+            kvm_free(j.item_stats);
+            return bad;
+        }
     memset(stats, 0, sizeof *stats);
     for (size_t i = 0; i < items; i++) {
-        const kvmem_attend_stats *s = &j.item_stats[i];
+        const kvmem_attend_stats *s = &j.item_stats[i].s;
         stats->n_streams += s->n_streams;
         stats->tiles_total += s->tiles_total;
         stats->tiles_visited += s->tiles_visited;
@@ -537,6 +577,6 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     if (p->logits) stats->positions_read = (stats->positions_read + 1) / 2; /* V rows alone: half a row each */
     stats->stopped_early = stats->streams_stopped > 0;
     kvm_aligned_free(j.scratch);
-    free(j.item_stats);
+    kvm_free(j.item_stats);
     return KVMEM_OK;
 }

@@ -21,11 +21,11 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     if (!kvm_dev_attend_check(a, size, msg, sizeof msg)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s", fn, msg);
 
     const int64_t T = a->n_pos, ts = a->tile, n_tiles = (T + ts - 1) / ts;
-    int32_t *slots = malloc(((size_t)T + 1) * sizeof *slots);
-    int32_t *order = malloc(((size_t)a->n_visit + 1) * sizeof *order);
-    int64_t *tile_start = malloc(((size_t)n_tiles + 1) * sizeof *tile_start);
-    int64_t *live = malloc(((size_t)T + 1) * sizeof *live);
-    int32_t *seen = calloc((size_t)n_tiles + 1, sizeof *seen);
+    int32_t *slots = kvm_malloc(((size_t)T + 1) * sizeof *slots);
+    int32_t *order = kvm_malloc(((size_t)a->n_visit + 1) * sizeof *order);
+    int64_t *tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof *tile_start);
+    int64_t *live = kvm_malloc(((size_t)T + 1) * sizeof *live);
+    int32_t *seen = kvm_calloc((size_t)n_tiles + 1, sizeof *seen);
     kvmem_status st = KVMEM_OK;
     if (!slots || !order || !tile_start || !live || !seen) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
@@ -94,10 +94,10 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     kvmem_attend_stats stats;
     st = kvm_attend_cpu(be, &pl, &stats);
 done:
-    free(slots);
-    free(order);
-    free(tile_start);
-    free(live);
-    free(seen);
+    kvm_free(slots);
+    kvm_free(order);
+    kvm_free(tile_start);
+    kvm_free(live);
+    kvm_free(seen);
     return st;
 }

@@ -13,6 +13,7 @@
  * floats per block and head instead of the block's rows), RoPE included:
  * see agent_bound. */
 #include "attend.h"
+#include "../alloc.h"
 #include "../context.h"
 #include "../cpu/threadpool.h"
 #include "../tensor.h"
@@ -282,11 +283,11 @@ static void scan_chunk(scan_job *j, size_t item) {
      * converted caller keys (not f32 / f16 rows) */
     const int convert = !agent && !(p->k->strides[2] == 1 && (p->k->dtype == KVMEM_F32 || p->k->dtype == KVMEM_F16));
     const size_t buf_floats = agent ? 2 * D + 5 * (size_t)j->np4 : SCAN_KEYS * D;
-    float *buf = NULL, *best = malloc((size_t)p->n_kv_heads * sizeof(float));
+    float *buf = NULL, *best = kvm_malloc((size_t)p->n_kv_heads * sizeof(float));
     tile_rotation *tr = NULL;
-    if (!best || ((agent || convert) && !(buf = malloc(buf_floats * sizeof(float)))) ||
-        (agent && !(tr = calloc(1, sizeof *tr)))) {
-        free(best), free(buf);
+    if (!best || ((agent || convert) && !(buf = kvm_malloc(buf_floats * sizeof(float)))) ||
+        (agent && !(tr = kvm_calloc(1, sizeof *tr)))) {
+        kvm_free(best), kvm_free(buf);
         o->failed = 1;
         return;
     }
@@ -307,9 +308,9 @@ static void scan_chunk(scan_job *j, size_t item) {
             j->score[(size_t)h * (size_t)p->n_tiles + (size_t)t] =
                 !seen ? -INFINITY : agent ? agent_bound(j, tr, t, h, a, b, buf) : best[h];
     }
-    free(buf);
-    free(best);
-    free(tr);
+    kvm_free(buf);
+    kvm_free(best);
+    kvm_free(tr);
 }
 
 static void scan_task(void *arg, size_t b, size_t e) {
@@ -334,7 +335,7 @@ static float *query_pairs(const kvm_attend_plan *p, int32_t n4) {
     const int32_t np = rope->n_pairs, D = p->head_dim;
     const int32_t step = rope->style == KVMEM_ROPE_NEOX ? 1 : 2, off = rope->style == KVMEM_ROPE_NEOX ? np : 1;
     const size_t nq = (size_t)p->n_rows * (size_t)p->n_q_heads;
-    float *qp = calloc(nq * 3 * (size_t)n4 + 1, sizeof(float));
+    float *qp = kvm_calloc(nq * 3 * (size_t)n4 + 1, sizeof(float));
     if (!qp) return NULL;
     for (size_t x = 0; x < nq; x++)
         for (int32_t i = 0; i < np; i++) {
@@ -366,20 +367,20 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
     j.tiles_per_item = (NT + j.n_chunks - 1) / j.n_chunks;
     j.n_chunks = (NT + j.tiles_per_item - 1) / j.tiles_per_item;
     const size_t items = (size_t)j.n_chunks;
-    j.score = malloc((size_t)H * (size_t)NT * sizeof(float));
-    j.out = calloc(items, sizeof *j.out);
-    scored_tile *st = malloc((size_t)NT * sizeof *st);
+    j.score = kvm_malloc((size_t)H * (size_t)NT * sizeof(float));
+    j.out = kvm_calloc(items, sizeof *j.out);
+    scored_tile *st = kvm_malloc((size_t)NT * sizeof *st);
     float *qn = NULL;
     kvmem_status rc = KVMEM_OK;
     if (!j.score || !j.out || !st || (p->kind == KVMEM_ATTEND_SRC_AGENT && !(qn = query_pairs(p, j.np4)))) {
-        rc = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory scoring %d tiles", fn, NT);
+        rc = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the scores of %d tiles", fn, NT);
         goto done;
     }
     j.qpairs = qn;
     kvm_parallel_for(tp, items, 1, scan_task, &j);
     for (size_t i = 0; i < items; i++) {
         if (j.out[i].failed) {
-            rc = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory scoring %d tiles", fn, NT);
+            rc = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for a worker's scratch while scoring tiles", fn);
             goto done;
         }
         *k_rows_read += j.out[i].rows_read;
@@ -394,9 +395,9 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
         for (int32_t t = 0; t < NT; t++) head_order[(size_t)h * (size_t)NT + (size_t)t] = st[t].tile;
     }
 done:
-    free(j.score);
-    free(j.out);
-    free(st);
-    free(qn);
+    kvm_free(j.score);
+    kvm_free(j.out);
+    kvm_free(st);
+    kvm_free(qn);
     return rc;
 }

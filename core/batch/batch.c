@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t layer, const kvmem_tensor *k_out,
+static kvmem_status batch_merge(kvmem_agent *const *agents, int32_t B, int32_t layer, const kvmem_tensor *k_out,
                                const kvmem_tensor *v_out, int64_t *lengths) {
     if (!agents || !lengths) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_batch_merge: %s is NULL", agents ? "lengths" : "agents");
     if (B < 1) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_batch_merge: %d agents: need at least 1", B);
@@ -34,12 +34,12 @@ kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t la
     int64_t shape[4] = {B, H, max_len, D};
     if (k_out && (st = kvm_tensor_expect(k_out, "k_out", dims, 4, shape)) != KVMEM_OK) return st;
     if (v_out && (st = kvm_tensor_expect(v_out, "v_out", dims, 4, shape)) != KVMEM_OK) return st;
-    float *rows = malloc((size_t)p->params.block_size * (size_t)D * sizeof(float));
-    float *zero = calloc((size_t)D, sizeof(float));
+    float *rows = kvm_malloc((size_t)p->params.block_size * (size_t)D * sizeof(float));
+    float *zero = kvm_calloc((size_t)D, sizeof(float));
     if (!rows || !zero) {
-        free(rows);
-        free(zero);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_batch_merge: out of memory");
+        kvm_free(rows);
+        kvm_free(zero);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_batch_merge: out of memory for %d rows of staging", p->params.block_size);
     }
     for (int32_t b = 0; b < B; b++) {
         const kvm_agent_mem *m = agents[b]->mem;
@@ -73,9 +73,29 @@ kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t la
         }
         lengths[b] = m->n_tokens;
     }
-    free(rows);
-    free(zero);
+    kvm_free(rows);
+    kvm_free(zero);
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t layer, const kvmem_tensor *k_out,
+                               const kvmem_tensor *v_out, int64_t *lengths) {
+    /* every agent is taken for the call; one given twice is taken once (and
+     * refused by the checks inside) */
+    int32_t taken = 0;
+    kvmem_status st = KVMEM_OK;
+    for (; agents && taken < B; taken++) {
+        int dup = 0;
+        for (int32_t c = 0; c < taken; c++) dup |= agents[c] == agents[taken];
+        if (!dup && (st = kvm_agent_enter(agents[taken], "kvmem_batch_merge")) != KVMEM_OK) break;
+    }
+    if (st == KVMEM_OK) st = batch_merge(agents, B, layer, k_out, v_out, lengths);
+    for (int32_t b = 0; b < taken; b++) {
+        int dup = 0;
+        for (int32_t c = 0; c < b; c++) dup |= agents[c] == agents[b];
+        if (!dup) kvm_agent_leave(agents[b]);
+    }
+    return st;
 }
 
 kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, int64_t n,

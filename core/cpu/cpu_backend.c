@@ -21,16 +21,16 @@ struct kvmem_buffer {
     unsigned char *data;
 };
 
-static void cpu_free(kvmem_backend *be) { free(be); }
+static void cpu_free(kvmem_backend *be) { kvm_free(be); }
 
 static kvmem_status cpu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
     (void)be;
-    kvmem_buffer *b = malloc(sizeof *b);
+    kvmem_buffer *b = kvm_malloc(sizeof *b);
     void *d = kvm_aligned_alloc(size);
     if (!b || !d) {
-        free(b);
+        kvm_free(b);
         kvm_aligned_free(d);
-        return kvm_fail(KVMEM_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", size);
+        return kvm_fail(KVMEM_ERR_NOMEM, "cpu backend: out of memory for a %zu-byte buffer", size);
     }
     b->size = size;
     b->data = d;
@@ -42,7 +42,7 @@ static void cpu_buffer_free(kvmem_backend *be, kvmem_buffer *b) {
     (void)be;
     if (!b) return;
     kvm_aligned_free(b->data);
-    free(b);
+    kvm_free(b);
 }
 
 static int in_range(const kvmem_buffer *b, size_t off, size_t n) {
@@ -216,7 +216,7 @@ static const kvmem_backend_iface cpu_iface = {
 };
 
 kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out) {
-    kvmem_backend *be = calloc(1, sizeof *be);
+    kvmem_backend *be = kvm_calloc(1, sizeof *be);
     if (!be) return KVMEM_ERR_NOMEM;
     be->iface = &cpu_iface;
     be->ctx = ctx;

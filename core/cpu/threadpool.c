@@ -1,4 +1,5 @@
 #include "threadpool.h"
+#include "../alloc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -49,7 +50,7 @@ static void *worker(void *p) {
 
 kvm_threadpool *kvm_threadpool_create(int n_threads) {
     if (n_threads < 1) n_threads = 1;
-    kvm_threadpool *tp = calloc(1, sizeof *tp);
+    kvm_threadpool *tp = kvm_calloc(1, sizeof *tp);
     if (!tp) return NULL;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_mutex_init(&tp->submit, NULL);
@@ -58,7 +59,7 @@ kvm_threadpool *kvm_threadpool_create(int n_threads) {
     atomic_init(&tp->next, 0);
     int want = n_threads - 1;
     if (want > 0) {
-        tp->threads = calloc((size_t)want, sizeof *tp->threads);
+        tp->threads = kvm_calloc((size_t)want, sizeof *tp->threads);
         if (!tp->threads) {
             kvm_threadpool_free(tp);
             return NULL;
@@ -79,12 +80,12 @@ void kvm_threadpool_free(kvm_threadpool *tp) {
     pthread_cond_broadcast(&tp->cv_work);
     pthread_mutex_unlock(&tp->mu);
     for (int i = 0; i < tp->n_workers; i++) pthread_join(tp->threads[i], NULL);
-    free(tp->threads);
+    kvm_free(tp->threads);
     pthread_cond_destroy(&tp->cv_work);
     pthread_cond_destroy(&tp->cv_done);
     pthread_mutex_destroy(&tp->mu);
     pthread_mutex_destroy(&tp->submit);
-    free(tp);
+    kvm_free(tp);
 }
 
 int kvm_threadpool_size(const kvm_threadpool *tp) { return tp ? tp->n_workers + 1 : 1; }

@@ -42,12 +42,12 @@ kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget, i
         *n_kept = n;
         return KVMEM_OK;
     }
-    unsigned char *keep = calloc((size_t)n, 1);
-    cand *c = malloc((size_t)n * sizeof *c);
+    unsigned char *keep = kvm_calloc((size_t)n, 1);
+    cand *c = kvm_malloc((size_t)n * sizeof *c);
     if (!keep || !c) {
-        free(keep);
-        free(c);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(keep);
+        kvm_free(c);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld candidates", fn, (long long)n);
     }
     int64_t forced = 0, nc = 0;
     for (int64_t j = 0; j < n; j++) {
@@ -67,8 +67,8 @@ kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget, i
     for (int64_t j = 0; j < n; j++)
         if (keep[j]) kept[m++] = (int32_t)j;
     *n_kept = m;
-    free(keep);
-    free(c);
+    kvm_free(keep);
+    kvm_free(c);
     return KVMEM_OK;
 }
 

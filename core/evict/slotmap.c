@@ -58,24 +58,24 @@ static kvmem_status grow(kvmem_kvstore *s, int64_t need) {
     if (new_slots > INT32_MAX)
         return kvm_fail(KVMEM_ERR_CAPACITY, "kv store: more than INT32_MAX slots");
     if (s->n_pages + add_pages > s->cap_pages) {
-        int64_t cap = KVM_MAX((int64_t)s->cap_pages * 2, (int64_t)s->n_pages + add_pages);
-        float **p = realloc(s->pages, (size_t)cap * sizeof *p);
-        if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
+        int64_t cap = KVM_MIN(KVM_MAX((int64_t)s->cap_pages * 2, (int64_t)s->n_pages + add_pages), (int64_t)INT32_MAX);
+        float **p = kvm_realloc(s->pages, (size_t)cap * sizeof *p);
+        if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for the page table (%lld pages)", (long long)cap);
         s->pages = p;
         s->cap_pages = (int32_t)cap;
     }
-    int32_t *r = realloc(s->refs, (size_t)new_slots * sizeof *r);
-    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
+    int32_t *r = kvm_realloc(s->refs, (size_t)new_slots * sizeof *r);
+    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for the reference counts of %lld slots", (long long)new_slots);
     s->refs = r;
-    int32_t *f = realloc(s->free_list, (size_t)new_slots * sizeof *f);
-    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory");
+    int32_t *f = kvm_realloc(s->free_list, (size_t)new_slots * sizeof *f);
+    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for the free list of %lld slots", (long long)new_slots);
     s->free_list = f;
     size_t page_bytes = (size_t)s->page_slots * 2 * s->row_elems * sizeof(float);
     for (int64_t i = 0; i < add_pages; i++) {
         float *pg = kvm_aligned_alloc(page_bytes);
         if (!pg) { /* undo the pages added in this call */
             for (int64_t u = 0; u < i; u++) kvm_aligned_free(s->pages[s->n_pages + u]);
-            return kvm_fail(KVMEM_ERR_NOMEM, "kv store: cannot allocate a page of %zu bytes", page_bytes);
+            return kvm_fail(KVMEM_ERR_NOMEM, "kv store: out of memory for a page of %zu bytes", page_bytes);
         }
         s->pages[s->n_pages + i] = pg;
     }
@@ -130,10 +130,10 @@ kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvst
         return kvm_fail(KVMEM_ERR_INVALID_ARG,
                         "kv store max_slots %lld: must be 0 (unlimited) or in [2, INT32_MAX] (the sentinel takes one)",
                         (long long)p.max_slots);
-    kvmem_kvstore *s = calloc(1, sizeof *s);
+    kvmem_kvstore *s = kvm_calloc(1, sizeof *s);
     if (!s || pthread_mutex_init(&s->mu, NULL) != 0) {
-        free(s);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_kvstore_create: out of memory");
+        kvm_free(s);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_kvstore_create: out of memory for the store");
     }
     s->spec = *spec;
     s->spec.layer_window = NULL;
@@ -159,11 +159,11 @@ kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvst
 void kvmem_kvstore_free(kvmem_kvstore *s) {
     if (!s) return;
     for (int32_t i = 0; i < s->n_pages; i++) kvm_aligned_free(s->pages[i]);
-    free(s->pages);
-    free(s->refs);
-    free(s->free_list);
+    kvm_free(s->pages);
+    kvm_free(s->refs);
+    kvm_free(s->free_list);
     pthread_mutex_destroy(&s->mu);
-    free(s);
+    kvm_free(s);
 }
 
 kvmem_status kvmem_kvstore_get_info(kvmem_kvstore *s, kvmem_kvstore_info *out) {
@@ -209,10 +209,12 @@ kvmem_status kvmem_kvstore_read_slot(kvmem_kvstore *s, int32_t slot, float *k_ou
 
 static kvmem_status reserve_i32(int32_t **a, int64_t *cap, int64_t need) {
     if (need <= *cap) return KVMEM_OK;
-    int64_t c = KVM_MAX(need, *cap * 2);
-    c = KVM_MAX(c, (int64_t)16);
-    int32_t *p = realloc(*a, (size_t)c * sizeof *p);
-    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "slot map: out of memory");
+    size_t cs;
+    if (need < 0 || !kvm_grow_cap((size_t)*cap, (size_t)need, 16, INT32_MAX, sizeof(int32_t), &cs))
+        return kvm_fail(KVMEM_ERR_NOMEM, "slot map: out of memory for %lld entries", (long long)need);
+    int64_t c = (int64_t)cs;
+    int32_t *p = kvm_realloc(*a, (size_t)c * sizeof *p);
+    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "slot map: out of memory for %lld entries", (long long)c);
     *a = p;
     *cap = c;
     return KVMEM_OK;
@@ -220,8 +222,8 @@ static kvmem_status reserve_i32(int32_t **a, int64_t *cap, int64_t need) {
 
 kvmem_status kvmem_slotmap_create(kvmem_kvstore *store, kvmem_slotmap **out) {
     if (!store || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_slotmap_create: store or out is NULL");
-    kvmem_slotmap *m = calloc(1, sizeof *m);
-    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_create: out of memory");
+    kvmem_slotmap *m = kvm_calloc(1, sizeof *m);
+    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_create: out of memory for the map");
     m->store = store;
     *out = m;
     return KVMEM_OK;
@@ -232,11 +234,11 @@ kvmem_status kvmem_slotmap_fork(kvmem_slotmap *parent, int64_t prefix_len, kvmem
     if (prefix_len < 0 || prefix_len > parent->len)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_slotmap_fork: prefix %lld outside [0, %lld]",
                         (long long)prefix_len, (long long)parent->len);
-    kvmem_slotmap *m = calloc(1, sizeof *m);
-    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_fork: out of memory");
+    kvmem_slotmap *m = kvm_calloc(1, sizeof *m);
+    if (!m) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_slotmap_fork: out of memory for the map");
     m->store = parent->store;
     if (reserve_i32(&m->slots, &m->cap, prefix_len) != KVMEM_OK) {
-        free(m);
+        kvm_free(m);
         return KVMEM_ERR_NOMEM;
     }
     kvmem_kvstore *s = parent->store;
@@ -263,9 +265,9 @@ void kvmem_slotmap_free(kvmem_slotmap *m) {
     for (int64_t j = 0; j < m->len; j++) release(s, m->slots[j]);
     for (int64_t i = 0; i < m->n_parked; i++) release(s, m->parked[i]);
     pthread_mutex_unlock(&s->mu);
-    free(m->slots);
-    free(m->parked);
-    free(m);
+    kvm_free(m->slots);
+    kvm_free(m->parked);
+    kvm_free(m);
 }
 
 kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const kvmem_tensor *v) {
@@ -284,12 +286,12 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
     if (T == 0) return KVMEM_OK;
     if (T > INT32_MAX - m->len) return kvm_fail(KVMEM_ERR_CAPACITY, "%s: map length would exceed INT32_MAX", fn);
     const size_t L = (size_t)sp->n_layers, H = (size_t)sp->n_kv_heads, D = (size_t)sp->head_dim;
-    float *row = malloc(D * sizeof *row);
-    int32_t *fresh = malloc((size_t)T * sizeof *fresh);
+    float *row = kvm_malloc(D * sizeof *row);
+    int32_t *fresh = kvm_malloc((size_t)T * sizeof *fresh);
     if (!row || !fresh || reserve_i32(&m->slots, &m->cap, m->len + T) != KVMEM_OK) {
-        free(row);
-        free(fresh);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(row);
+        kvm_free(fresh);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld new positions", fn, (long long)T);
     }
     /* validate every value before taking slots: all or nothing */
     for (int w = 0; w < 2; w++) {
@@ -301,8 +303,8 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
                     kvm_tensor_read_f32(x, kvm_tensor_row_offset(x, idx), row, D);
                     for (size_t d = 0; d < D; d++)
                         if (!isfinite(row[d])) {
-                            free(row);
-                            free(fresh);
+                            kvm_free(row);
+                            kvm_free(fresh);
                             return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s[%zu][%lld][%zu][%zu] is not finite", fn,
                                             w ? "V" : "K", l, (long long)t, h, d);
                         }
@@ -312,8 +314,8 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
     st = take(s, T, fresh);
     if (st != KVMEM_OK) {
         pthread_mutex_unlock(&s->mu);
-        free(row);
-        free(fresh);
+        kvm_free(row);
+        kvm_free(fresh);
         return st;
     }
     /* Rows are written under the lock: a page array realloc by another
@@ -333,8 +335,8 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
     memcpy(m->slots + m->len, fresh, (size_t)T * sizeof *fresh);
     m->len += T;
     m->n_live += T;
-    free(row);
-    free(fresh);
+    kvm_free(row);
+    kvm_free(fresh);
     return KVMEM_OK;
 }
 
@@ -434,23 +436,23 @@ kvmem_status kvmem_slotmap_compact(kvmem_slotmap *m, const int32_t *kept, int64_
             if (kept[i] != n_new) n_moved++;
             n_new++;
         }
-    int32_t *nslots = malloc((size_t)KVM_MAX(n_new, (int64_t)1) * sizeof *nslots);
-    int32_t *fresh = malloc((size_t)KVM_MAX(n_moved, (int64_t)1) * sizeof *fresh);
-    int32_t *old = malloc((size_t)KVM_MAX(m->len, (int64_t)1) * sizeof *old);
+    int32_t *nslots = kvm_malloc((size_t)KVM_MAX(n_new, (int64_t)1) * sizeof *nslots);
+    int32_t *fresh = kvm_malloc((size_t)KVM_MAX(n_moved, (int64_t)1) * sizeof *fresh);
+    int32_t *old = kvm_malloc((size_t)KVM_MAX(m->len, (int64_t)1) * sizeof *old);
     /* every live protected position may be parked: dropped, or moved */
     if (!nslots || !fresh || !old || reserve_i32(&m->parked, &m->cap_parked, m->n_parked + m->protect) != KVMEM_OK) {
-        free(nslots);
-        free(fresh);
-        free(old);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(nslots);
+        kvm_free(fresh);
+        kvm_free(old);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the compacted map (%lld positions)", fn, (long long)m->len);
     }
     pthread_mutex_lock(&s->mu);
     st = take(s, n_moved, fresh);
     if (st != KVMEM_OK) {
         pthread_mutex_unlock(&s->mu);
-        free(nslots);
-        free(fresh);
-        free(old);
+        kvm_free(nslots);
+        kvm_free(fresh);
+        kvm_free(old);
         return st;
     }
     const size_t L = (size_t)s->spec.n_layers, H = (size_t)s->spec.n_kv_heads, D = (size_t)s->spec.head_dim;
@@ -497,9 +499,9 @@ kvmem_status kvmem_slotmap_compact(kvmem_slotmap *m, const int32_t *kept, int64_
     m->len = n_new;
     m->n_live = n_new;
     m->protect = KVM_MIN(m->protect, n_new);
-    free(nslots);
-    free(fresh);
-    free(old);
+    kvm_free(nslots);
+    kvm_free(fresh);
+    kvm_free(old);
     if (n_freed) *n_freed = freed;
     return KVMEM_OK;
 }

@@ -4,6 +4,7 @@
  * then summed over layers and heads into one score per position (one kept
  * set per request, so the slot map stays shared by all heads). */
 #include "../context.h"
+#include "../cpu/kernels.h"
 #include "../qmem/qk_kernels.h"
 #include "../qmem/qmem_internal.h"
 
@@ -24,6 +25,7 @@ typedef struct {
     float *vote;    /* [n_chunks][N] */
     float *partial; /* [n_chunks][N] */
     float *tile;    /* [n_chunks][TILE][D] */
+    int32_t bad[SK_MAX_CHUNKS]; /* per chunk: 1 if a logit was not finite */
 } sk_job;
 
 /* Max-pool v[b..e) into acc[b..e) (added), window [j - r, j + r] clipped to
@@ -39,7 +41,7 @@ static void pool_add(const float *v, size_t b, size_t e, int32_t r, float *acc) 
 }
 
 static void sk_task(void *arg, size_t b, size_t e) {
-    const sk_job *s = arg;
+    sk_job *s = arg;
     for (size_t c = b; c < e; c++) {
         float *qr = s->qrows + c * s->W * s->D, *lg = s->logits + c * s->W * s->N;
         float *vote = s->vote + c * s->N, *acc = s->partial + c * s->N;
@@ -56,6 +58,12 @@ static void sk_task(void *arg, size_t b, size_t e) {
                 size_t n = KVM_MIN(s->N - j0, (size_t)KVM_QMEM_TILE), ks;
                 const float *rows = kvm_qmem_k_rows(s->k, (int64_t)l, (int64_t)g, (int64_t)j0, n, s->D, tile, &ks);
                 s->kk->qk(qr, s->W, s->D, rows, n, ks, s->scale, lg + j0, s->N);
+            }
+            /* non-finite K or q_obs: refused, not clamped by SIMD exp into a
+             * plausible score (the logits are 1/head_dim of the reads) */
+            if (kvm_cpu_kernels_get()->count_nonfinite(lg, s->W * s->N)) {
+                s->bad[c] = 1;
+                break;
             }
             memset(vote, 0, s->N * sizeof *vote);
             /* causal: window row w sits at position N - W + w */
@@ -100,7 +108,7 @@ kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec
     s.scale = (float)(1.0 / sqrt((double)s.D));
     size_t nl;
     if (!kvm_mul_size(s.n_chunks * s.W, s.N, &nl) || nl > SIZE_MAX / 8)
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: scratch size overflows", fn);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %lld positions (its size overflows)", fn, (long long)N);
     s.qrows = kvm_aligned_alloc(s.n_chunks * s.W * s.D * sizeof(float));
     s.logits = kvm_aligned_alloc(nl * sizeof(float));
     s.vote = kvm_aligned_alloc(s.n_chunks * s.N * sizeof(float));
@@ -112,9 +120,19 @@ kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec
         kvm_aligned_free(s.vote);
         kvm_aligned_free(s.partial);
         kvm_aligned_free(s.tile);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: cannot allocate scratch for N = %lld", fn, (long long)N);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %lld positions", fn, (long long)N);
     }
+    memset(s.bad, 0, sizeof s.bad);
     kvm_parallel_for(ctx->tp, s.n_chunks, 1, sk_task, &s);
+    for (size_t c = 0; c < s.n_chunks; c++)
+        if (s.bad[c]) {
+            kvm_aligned_free(s.qrows);
+            kvm_aligned_free(s.logits);
+            kvm_aligned_free(s.vote);
+            kvm_aligned_free(s.partial);
+            kvm_aligned_free(s.tile);
+            return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K or q_obs holds a non-finite value (or a logit overflows)", fn);
+        }
     for (size_t j = 0; j < s.N; j++) {
         float v = 0.0f;
         for (size_t c = 0; c < s.n_chunks; c++) v += s.partial[c * s.N + j];

@@ -129,47 +129,48 @@ size_t kvm_tail_bytes(const kvmem_pool *p) {
 /* Grow the block table and AABB array to hold `need` sealed blocks. */
 int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
     if (need <= m->cap_blocks) return 1;
-    int32_t nc = m->cap_blocks ? m->cap_blocks : 16;
-    while (nc < need) nc *= 2;
-    kvm_block *nb = realloc(m->blocks, (size_t)nc * sizeof *nb);
+    size_t per = 2 * (size_t)p->spec.n_layers * p->row_elems, nc, ab;
+    if (need < 0 || !kvm_grow_cap((size_t)m->cap_blocks, (size_t)need, 16, INT32_MAX, sizeof(kvm_block), &nc) ||
+        !kvm_mul_size(nc, per * sizeof(float), &ab))
+        return 0;
+    kvm_block *nb = kvm_realloc(m->blocks, nc * sizeof *nb);
     if (!nb) return 0;
     m->blocks = nb;
-    size_t per = 2 * (size_t)p->spec.n_layers * p->row_elems;
-    float *na = kvm_aligned_alloc((size_t)nc * per * sizeof(float));
+    float *na = kvm_aligned_alloc(ab);
     if (!na) return 0;
     if (m->n_sealed) memcpy(na, m->aabb, (size_t)m->n_sealed * per * sizeof(float));
     kvm_aligned_free(m->aabb);
     m->aabb = na;
-    m->cap_blocks = nc;
+    m->cap_blocks = (int32_t)nc;
     return 1;
 }
 
 int kvm_agent_grow_tokens(kvm_agent_mem *m, int64_t need) {
     if (need <= m->cap_tokens) return 1;
-    int64_t nc = m->cap_tokens ? m->cap_tokens : 256;
-    while (nc < need) nc *= 2;
-    int32_t *ni = realloc(m->token_ids, (size_t)nc * sizeof *ni);
+    size_t nc;
+    if (need < 0 || !kvm_grow_cap((size_t)m->cap_tokens, (size_t)need, 256, INT32_MAX, sizeof(int64_t), &nc)) return 0;
+    int32_t *ni = kvm_realloc(m->token_ids, nc * sizeof *ni);
     if (!ni) return 0;
     m->token_ids = ni;
-    int64_t *no = realloc(m->token_text_off, (size_t)nc * sizeof *no);
+    int64_t *no = kvm_realloc(m->token_text_off, nc * sizeof *no);
     if (!no) return 0;
     m->token_text_off = no;
-    m->cap_tokens = nc;
+    m->cap_tokens = (int64_t)nc;
     return 1;
 }
 
 int kvm_agent_grow_text(kvm_agent_mem *m, size_t need) {
     if (need <= m->text_cap) return 1;
-    size_t nc = m->text_cap ? m->text_cap : 1024;
-    while (nc < need) nc *= 2;
-    char *nt = realloc(m->text, nc);
+    size_t nc;
+    if (!kvm_grow_cap(m->text_cap, need, 1024, PTRDIFF_MAX, 1, &nc)) return 0;
+    char *nt = kvm_realloc(m->text, nc);
     if (!nt) return 0;
     m->text = nt;
     m->text_cap = nc;
     return 1;
 }
 
-kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
+static kvmem_status agent_append_taken(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
                                 const kvmem_append_params *params) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_append");
     if (st != KVMEM_OK) return st;
@@ -194,6 +195,8 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     if (!ap.keys_rotated && ap.positions)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "positions given but keys_rotated is 0: say whether K is post-RoPE");
     if (ap.text_len > 0 && !ap.text) return kvm_fail(KVMEM_ERR_INVALID_ARG, "text is NULL with text_len %zu", ap.text_len);
+    if (ap.text_len > (size_t)PTRDIFF_MAX)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "text_len %zu is larger than any object can be", ap.text_len);
     if (ap.token_text_offsets) {
         if (!ap.text && ap.text_len == 0 && T > 0)
             for (int64_t i = 0; i < T; i++)
@@ -214,12 +217,12 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
         return kvm_fail(KVMEM_ERR_CAPACITY, "agent '%s': more than 2^31-1 tokens", m->id);
 
     const int32_t np = p->rope.n_pairs;
-    int32_t *bad_tok = malloc((size_t)L * sizeof(int32_t) * 2 + (size_t)L * sizeof(float));
-    float *cs = malloc((size_t)BS * 2 * (size_t)(np ? np : 1) * sizeof(float));
+    int32_t *bad_tok = kvm_malloc((size_t)L * sizeof(int32_t) * 2 + (size_t)L * sizeof(float));
+    float *cs = kvm_malloc((size_t)BS * 2 * (size_t)(np ? np : 1) * sizeof(float));
     if (!bad_tok || !cs) {
-        free(bad_tok);
-        free(cs);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory");
+        kvm_free(bad_tok);
+        kvm_free(cs);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for the validation scratch");
     }
     append_job job = {p, k, v, 0, 0, NULL, m->tail, 0, bad_tok, bad_tok + L, (float *)(bad_tok + 2 * L),
                       storage_limit(p->params.storage_dtype), 0};
@@ -238,8 +241,8 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
             if (job.bad_layer_token[l] >= 0) {
                 float bv = job.bad_value[l];
                 int tok = job.bad_layer_token[l], isv = job.bad_is_v[l];
-                free(bad_tok);
-                free(cs);
+                kvm_free(bad_tok);
+                kvm_free(cs);
                 if (isfinite(bv))
                     return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s at layer %d, token %d: value %g exceeds the %s storage range",
                                     isv ? "V" : "K", l, tok, bv, kvmem_dtype_name(p->params.storage_dtype));
@@ -249,32 +252,31 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
         }
     }
 
-    /* Reserve memory and allocate everything that can fail. */
+    /* Allocate everything that can fail, then reserve the bytes (which may
+     * spill closed agents to the store: only once nothing else can fail). */
     int64_t total = (int64_t)m->tail_n + T;
     int32_t n_new = (int32_t)(total / BS);
     uint64_t need = (uint64_t)n_new * kvm_block_bytes(p, BS);
     int need_tail = m->tail == NULL && T > 0;
     if (need_tail) need += kvm_tail_bytes(p);
-    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) {
-        free(bad_tok);
-        free(cs);
-        return st;
-    }
-    void **kvs = calloc((size_t)(n_new ? n_new : 1), sizeof *kvs);
+    void **kvs = kvm_calloc((size_t)(n_new ? n_new : 1), sizeof *kvs);
     float *new_tail = need_tail ? kvm_aligned_alloc(kvm_tail_bytes(p)) : NULL;
-    int ok = kvs != NULL && (!need_tail || new_tail) && kvm_agent_grow_blocks(p, m, m->n_sealed + n_new) &&
-             kvm_agent_grow_tokens(m, m->n_tokens + T) && kvm_agent_grow_text(m, m->text_len + ap.text_len);
+    size_t text_need;
+    int ok = kvs != NULL && (!need_tail || new_tail) && kvm_add_size(m->text_len, ap.text_len, &text_need) &&
+             kvm_agent_grow_blocks(p, m, m->n_sealed + n_new) && kvm_agent_grow_tokens(m, m->n_tokens + T) &&
+             kvm_agent_grow_text(m, text_need);
     size_t kv_bytes = kvm_block_kv_bytes(p, BS);
     for (int32_t i = 0; ok && i < n_new; i++) ok = (kvs[i] = kvm_aligned_alloc(kv_bytes)) != NULL;
-    if (!ok) {
+    st = ok ? kvm_pool_reserve(p, need)
+            : kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens (%d new blocks)", (long long)T, n_new);
+    if (st != KVMEM_OK) {
         if (kvs)
             for (int32_t i = 0; i < n_new; i++) kvm_aligned_free(kvs[i]);
-        free(kvs);
+        kvm_free(kvs);
         kvm_aligned_free(new_tail);
-        free(bad_tok);
-        free(cs);
-        kvm_pool_unreserve(p, need);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens", (long long)T);
+        kvm_free(bad_tok);
+        kvm_free(cs);
+        return st;
     }
     if (need_tail) m->tail = new_tail;
 
@@ -317,26 +319,37 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
     m->n_tokens += T;
     m->bytes += need;
     if (T > 0) m->dirty = 1;
-    free(kvs);
-    free(bad_tok);
-    free(cs);
+    kvm_free(kvs);
+    kvm_free(bad_tok);
+    kvm_free(cs);
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_flush(kvmem_agent *a) {
+kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
+                                const kvmem_append_params *params) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_append");
+    if (st != KVMEM_OK) return st;
+    st = agent_append_taken(a, k, v, params);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_flush_taken(kvmem_agent *a) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_flush");
     if (st != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
     kvm_agent_mem *m = a->mem;
     if (m->tail_n == 0) return KVMEM_OK;
     uint64_t need = kvm_block_bytes(p, m->tail_n);
-    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) return st;
     size_t kv_bytes = kvm_block_kv_bytes(p, m->tail_n);
     void *kv = kvm_aligned_alloc(kv_bytes);
     if (!kv || !kvm_agent_grow_blocks(p, m, m->n_sealed + 1)) {
         kvm_aligned_free(kv);
-        kvm_pool_unreserve(p, need);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_flush: out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_flush: out of memory for a block of %d tokens", m->tail_n);
+    }
+    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) { /* after allocating: a spill is the last thing done */
+        kvm_aligned_free(kv);
+        return st;
     }
     int32_t b = m->n_sealed;
     seal_into(p, m->tail, m->tail_n, kv, kvm_block_aabb(p, m, b, 0, 0));
@@ -351,7 +364,15 @@ kvmem_status kvmem_agent_flush(kvmem_agent *a) {
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_get_info(kvmem_agent *a, kvmem_agent_info *out) {
+kvmem_status kvmem_agent_flush(kvmem_agent *a) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_flush");
+    if (st != KVMEM_OK) return st;
+    st = agent_flush_taken(a);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_get_info_taken(kvmem_agent *a, kvmem_agent_info *out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_get_info");
     if (st != KVMEM_OK) return st;
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_get_info: out is NULL");
@@ -365,7 +386,15 @@ kvmem_status kvmem_agent_get_info(kvmem_agent *a, kvmem_agent_info *out) {
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_info *out) {
+kvmem_status kvmem_agent_get_info(kvmem_agent *a, kvmem_agent_info *out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_get_info");
+    if (st != KVMEM_OK) return st;
+    st = agent_get_info_taken(a, out);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_block_info_taken(kvmem_agent *a, int32_t block, kvmem_block_info *out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_block_info");
     if (st != KVMEM_OK) return st;
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_block_info: out is NULL");
@@ -384,6 +413,14 @@ kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_i
         out->sealed = 0;
     }
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_block_info(kvmem_agent *a, int32_t block, kvmem_block_info *out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_block_info");
+    if (st != KVMEM_OK) return st;
+    st = agent_block_info_taken(a, block, out);
+    kvm_agent_leave(a);
+    return st;
 }
 
 void kvm_block_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h,
@@ -413,7 +450,7 @@ static int32_t block_of(const kvm_agent_mem *m, int64_t t) {
     return ans;
 }
 
-kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
+static kvmem_status agent_read_taken(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
                               const kvmem_tensor *v_out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_read");
     if (st != KVMEM_OK) return st;
@@ -456,7 +493,16 @@ kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kv
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_block_aabb(kvmem_agent *a, int32_t block, float *out_min, float *out_max) {
+kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
+                              const kvmem_tensor *v_out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_read");
+    if (st != KVMEM_OK) return st;
+    st = agent_read_taken(a, first, T, k_out, v_out);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_block_aabb_taken(kvmem_agent *a, int32_t block, float *out_min, float *out_max) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_block_aabb");
     if (st != KVMEM_OK) return st;
     const kvmem_pool *p = a->pool;
@@ -477,7 +523,15 @@ kvmem_status kvmem_agent_block_aabb(kvmem_agent *a, int32_t block, float *out_mi
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_tokens(kvmem_agent *a, int64_t first, int64_t n, int32_t *out) {
+kvmem_status kvmem_agent_block_aabb(kvmem_agent *a, int32_t block, float *out_min, float *out_max) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_block_aabb");
+    if (st != KVMEM_OK) return st;
+    st = agent_block_aabb_taken(a, block, out_min, out_max);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_tokens_taken(kvmem_agent *a, int64_t first, int64_t n, int32_t *out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_tokens");
     if (st != KVMEM_OK) return st;
     const kvm_agent_mem *m = a->mem;
@@ -489,7 +543,15 @@ kvmem_status kvmem_agent_tokens(kvmem_agent *a, int64_t first, int64_t n, int32_
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
+kvmem_status kvmem_agent_tokens(kvmem_agent *a, int64_t first, int64_t n, int32_t *out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_tokens");
+    if (st != KVMEM_OK) return st;
+    st = agent_tokens_taken(a, first, n, out);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_text_taken(kvmem_agent *a, const char **text, size_t *len) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_text");
     if (st != KVMEM_OK) return st;
     if (!text || !len) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_text: %s is NULL", text ? "len" : "text");
@@ -498,7 +560,15 @@ kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
+kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_text");
+    if (st != KVMEM_OK) return st;
+    st = agent_text_taken(a, text, len);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_truncate_taken(kvmem_agent *a, int64_t n) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_truncate");
     if (st != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
@@ -527,12 +597,15 @@ kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
     /* the only allocation: a tail buffer for a re-opened block */
     int alloc_tail = reopen >= 0 && !m->tail;
     if (alloc_tail) {
-        if ((st = kvm_pool_reserve(p, kvm_tail_bytes(p))) != KVMEM_OK) return st;
-        m->tail = kvm_aligned_alloc(kvm_tail_bytes(p));
-        if (!m->tail) {
-            kvm_pool_unreserve(p, kvm_tail_bytes(p));
-            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_truncate: out of memory");
+        float *tail = kvm_aligned_alloc(kvm_tail_bytes(p));
+        if (!tail)
+            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_truncate: out of memory for the unsealed block (%zu bytes)",
+                            kvm_tail_bytes(p));
+        if ((st = kvm_pool_reserve(p, kvm_tail_bytes(p))) != KVMEM_OK) {
+            kvm_aligned_free(tail);
+            return st;
         }
+        m->tail = tail;
         m->bytes += kvm_tail_bytes(p);
     }
     if (reopen >= 0) {
@@ -561,4 +634,12 @@ kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
     m->dirty = 1;
     kvm_pool_unreserve(p, freed);
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_agent_truncate(kvmem_agent *a, int64_t n) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_truncate");
+    if (st != KVMEM_OK) return st;
+    st = agent_truncate_taken(a, n);
+    kvm_agent_leave(a);
+    return st;
 }

@@ -2,6 +2,7 @@
 #include "pool.h"
 #include "../store/persist.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,16 +48,16 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     if (spec->rotary_dim / 2 > KVM_ROPE_MAX_PAIRS || spec->head_dim / 2 > KVM_ROPE_MAX_PAIRS)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "head_dim %d too large", spec->head_dim);
 
-    kvmem_pool *p = calloc(1, sizeof *p);
-    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
+    kvmem_pool *p = kvm_calloc(1, sizeof *p);
+    if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory for the pool");
     p->ctx = ctx;
     p->spec = *spec;
     p->params = pp;
     if (spec->layer_window) {
-        p->layer_window = malloc((size_t)spec->n_layers * sizeof(int32_t));
+        p->layer_window = kvm_malloc((size_t)spec->n_layers * sizeof(int32_t));
         if (!p->layer_window) {
-            free(p);
-            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory");
+            kvm_free(p);
+            return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory for the layer windows");
         }
         memcpy(p->layer_window, spec->layer_window, (size_t)spec->n_layers * sizeof(int32_t));
         p->spec.layer_window = p->layer_window;
@@ -65,8 +66,8 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
         /* a directory, or a store URL (redis://, unix://) opened by its plugin */
         st = kvm_store_open(pp.store_dir, &p->store);
         if (st != KVMEM_OK) {
-            free(p->layer_window);
-            free(p);
+            kvm_free(p->layer_window);
+            kvm_free(p);
             return st;
         }
         p->params.store_dir = NULL; /* not kept: the store holds its own copy */
@@ -81,12 +82,12 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
 
 void kvm_agent_mem_clear(kvm_agent_mem *m) {
     for (int32_t i = 0; i < m->n_sealed; i++) kvm_aligned_free(m->blocks[i].kv);
-    free(m->blocks);
+    kvm_free(m->blocks);
     kvm_aligned_free(m->aabb);
     kvm_aligned_free(m->tail);
-    free(m->token_ids);
-    free(m->token_text_off);
-    free(m->text);
+    kvm_free(m->token_ids);
+    kvm_free(m->token_text_off);
+    kvm_free(m->text);
     m->blocks = NULL;
     m->aabb = m->tail = NULL;
     m->token_ids = NULL;
@@ -101,7 +102,7 @@ void kvm_agent_mem_clear(kvm_agent_mem *m) {
 static void agent_mem_free(kvm_agent_mem *m) {
     if (!m) return;
     kvm_agent_mem_clear(m);
-    free(m);
+    kvm_free(m);
 }
 
 void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh) {
@@ -123,35 +124,44 @@ void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh
     m->text_len = fresh->text_len;
     m->text_cap = fresh->text_cap;
     m->bytes = fresh->bytes;
-    free(fresh);
+    kvm_free(fresh);
 }
 
 /* Spill the least recently used closed agent to the store. Called with the
- * mutex held; returns 0 when there is none or the write failed. */
-static int spill_one(kvmem_pool *p) {
+ * mutex held. KVMEM_OK: one was spilled; KVMEM_ERR_NOT_FOUND: none is left;
+ * else the write failed (the message names the agent; it stays in memory). */
+static kvmem_status spill_one(kvmem_pool *p) {
     kvm_agent_mem *best = NULL;
     for (int32_t i = 0; i < p->n_agents; i++) {
         kvm_agent_mem *m = p->agents[i];
         if (m->handle || m->spilled || m->bytes == 0) continue; /* open agents are never spilled */
         if (!best || m->lru_tick < best->lru_tick) best = m;
     }
-    if (!best) return 0;
-    if (best->dirty && kvm_store_save_mem(p, best) != KVMEM_OK) {
-        kvm_log(KVMEM_LOG_WARN, "cannot spill agent '%s': %s", best->id, kvmem_last_error());
-        return 0;
+    if (!best) return KVMEM_ERR_NOT_FOUND;
+    kvmem_status st;
+    if (best->dirty && (st = kvm_store_save_mem(p, best)) != KVMEM_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", kvmem_last_error());
+        kvm_log(KVMEM_LOG_WARN, "cannot spill agent '%s': %s", best->id, why);
+        return kvm_fail(st, "spilling agent '%s' to the store failed: %s", best->id, why);
     }
     p->used_bytes -= best->bytes;
     kvm_agent_mem_clear(best);
     best->spilled = 1;
     best->dirty = 0;
-    return 1;
+    return KVMEM_OK;
 }
 
 kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
     pthread_mutex_lock(&p->mu);
     uint64_t cap = p->params.capacity_bytes;
     while (cap && (p->used_bytes > cap || bytes > cap - p->used_bytes)) {
-        if (p->store && spill_one(p)) continue;
+        kvmem_status st = p->store ? spill_one(p) : KVMEM_ERR_NOT_FOUND;
+        if (st == KVMEM_OK) continue;
+        if (st != KVMEM_ERR_NOT_FOUND) { /* a spill that failed says why: not a capacity problem */
+            pthread_mutex_unlock(&p->mu);
+            return st;
+        }
         uint64_t used = p->used_bytes;
         pthread_mutex_unlock(&p->mu);
         return kvm_fail(KVMEM_ERR_CAPACITY,
@@ -173,15 +183,15 @@ void kvm_pool_unreserve(kvmem_pool *p, uint64_t bytes) {
 void kvmem_pool_free(kvmem_pool *p) {
     if (!p) return;
     for (int32_t i = 0; i < p->n_agents; i++) {
-        free(p->agents[i]->handle);
+        kvm_free(p->agents[i]->handle);
         agent_mem_free(p->agents[i]);
     }
-    for (int32_t i = 0; i < KVM_GRAVEYARD; i++) free(p->graveyard[i]);
+    for (int32_t i = 0; i < KVM_GRAVEYARD; i++) kvm_free(p->graveyard[i]);
     kvm_store_free(p->store);
-    free(p->agents);
-    free(p->layer_window);
+    kvm_free(p->agents);
+    kvm_free(p->layer_window);
     pthread_mutex_destroy(&p->mu);
-    free(p);
+    kvm_free(p);
 }
 
 kvmem_status kvmem_pool_get_info(kvmem_pool *p, kvmem_pool_info *out) {
@@ -265,8 +275,8 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_open: pool is NULL");
     kvmem_status st = check_id(id, "kvmem_agent_open");
     if (st != KVMEM_OK) return st;
-    kvmem_agent *h = calloc(1, sizeof *h);
-    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
+    kvmem_agent *h = kvm_calloc(1, sizeof *h);
+    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the handle");
     pthread_mutex_lock(&p->mu);
     int32_t at = find_agent(p, id);
     kvm_agent_mem *m = NULL;
@@ -275,7 +285,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
         m = p->agents[at];
         if (m->handle) {
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return kvm_fail(KVMEM_ERR_EXISTS, "agent '%s' is already open: one handle per agent", id);
         }
         load = m->spilled;
@@ -283,33 +293,37 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
         int in_store = 0;
         if (p->store && (st = p->store->iface->exists(p->store, id, &in_store)) != KVMEM_OK) {
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return st;
         }
         load = created = in_store;
         if (p->params.max_agents > 0 && p->n_agents >= p->params.max_agents) {
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return kvm_fail(KVMEM_ERR_CAPACITY, "pool holds %d agents, its max_agents", p->n_agents);
         }
         int32_t ins = -at - 1;
         if (p->n_agents == p->cap_agents) {
-            int32_t nc = p->cap_agents ? p->cap_agents * 2 : 8;
-            kvm_agent_mem **na = realloc(p->agents, (size_t)nc * sizeof *na);
+            size_t nc;
+            kvm_agent_mem **na = kvm_grow_cap((size_t)p->cap_agents, (size_t)p->n_agents + 1, 8, INT32_MAX, sizeof *na, &nc)
+                                     ? kvm_realloc(p->agents, nc * sizeof *na)
+                                     : NULL;
             if (!na) goto nomem;
             p->agents = na;
-            p->cap_agents = nc;
+            p->cap_agents = (int32_t)nc;
         }
-        m = calloc(1, sizeof *m);
+        m = kvm_calloc(1, sizeof *m);
         if (!m) goto nomem;
         snprintf(m->id, sizeof m->id, "%s", id);
         memmove(p->agents + ins + 1, p->agents + ins, (size_t)(p->n_agents - ins) * sizeof *p->agents);
         p->agents[ins] = m;
         p->n_agents++;
     }
-    h->magic = KVM_AGENT_MAGIC;
     h->pool = p;
     h->mem = m;
+    snprintf(h->id, sizeof h->id, "%s", id);
+    atomic_init(&h->busy, 0);
+    h->magic = KVM_AGENT_MAGIC;
     m->handle = h; /* from here on no spill touches m */
     m->lru_tick = ++p->tick;
     pthread_mutex_unlock(&p->mu);
@@ -323,10 +337,10 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
                 int32_t i = find_agent(p, id);
                 memmove(p->agents + i, p->agents + i + 1, (size_t)(p->n_agents - i - 1) * sizeof *p->agents);
                 p->n_agents--;
-                free(m);
+                kvm_free(m);
             }
             pthread_mutex_unlock(&p->mu);
-            free(h);
+            kvm_free(h);
             return st;
         }
         m->spilled = 0;
@@ -337,39 +351,66 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     return KVMEM_OK;
 nomem:
     pthread_mutex_unlock(&p->mu);
-    free(h);
-    return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory");
+    kvm_free(h);
+    return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the agent table");
 }
 
-kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn) {
+/* The handle's magic alone (an atomic load: safe while a close runs). */
+static kvmem_status check_magic(const kvmem_agent *a, const char *fn) {
     if (!a) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: agent is NULL", fn);
-    if (a->magic == KVM_AGENT_DEAD) return kvm_fail(KVMEM_ERR_CLOSED, "%s: agent handle is closed", fn);
-    if (a->magic != KVM_AGENT_MAGIC || !a->mem)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: not an agent handle", fn);
+    uint32_t mg = atomic_load_explicit(&a->magic, memory_order_acquire);
+    if (mg == KVM_AGENT_DEAD) return kvm_fail(KVMEM_ERR_CLOSED, "%s: agent handle is closed", fn);
+    if (mg != KVM_AGENT_MAGIC) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: not an agent handle", fn);
     return KVMEM_OK;
 }
 
+kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn) {
+    kvmem_status st = check_magic(a, fn);
+    if (st != KVMEM_OK) return st;
+    if (!a->mem) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: not an agent handle", fn);
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_agent_enter(kvmem_agent *a, const char *fn) {
+    kvmem_status st = check_magic(a, fn);
+    if (st != KVMEM_OK) return st;
+    if (atomic_exchange_explicit(&a->busy, 1, memory_order_acquire))
+        return kvm_fail(KVMEM_ERR_BUSY, "%s: agent '%s' is in use by a call on another thread: use one agent from one thread at a time",
+                        fn, a->id);
+    if ((st = kvm_agent_check(a, fn)) != KVMEM_OK) kvm_agent_leave(a); /* closed before it was taken */
+    return st;
+}
+
 void kvmem_agent_close(kvmem_agent *a) {
-    if (!a || a->magic != KVM_AGENT_MAGIC) return;
+    if (!a || atomic_load(&a->magic) != KVM_AGENT_MAGIC) return;
+    /* a call still running on another thread (against the contract) is
+     * waited for: freeing state under it would crash it */
+    while (atomic_exchange_explicit(&a->busy, 1, memory_order_acquire)) sched_yield();
+    if (atomic_load(&a->magic) != KVM_AGENT_MAGIC) { /* a racing close won */
+        kvm_agent_leave(a);
+        return;
+    }
     kvmem_pool *p = a->pool;
     pthread_mutex_lock(&p->mu);
     a->mem->handle = NULL;
     a->mem->lru_tick = ++p->tick;
     a->mem = NULL;
-    a->magic = KVM_AGENT_DEAD;
+    atomic_store_explicit(&a->magic, KVM_AGENT_DEAD, memory_order_release);
     /* the soft host budget: spill cold agents once the pool is over it */
     uint64_t budget = p->params.host_budget_bytes;
-    while (p->store && budget && p->used_bytes > budget && spill_one(p)) {
+    while (p->store && budget && p->used_bytes > budget && spill_one(p) == KVMEM_OK) {
     }
-    /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED */
-    free(p->graveyard[p->grave_next]);
+    /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED
+     * (released first: once in the graveyard another close may free it) */
+    kvm_agent_leave(a);
+    kvm_free(p->graveyard[p->grave_next]);
     p->graveyard[p->grave_next] = a;
     p->grave_next = (p->grave_next + 1) % KVM_GRAVEYARD;
     pthread_mutex_unlock(&p->mu);
 }
 
 const char *kvmem_agent_get_id(const kvmem_agent *a) {
-    return (a && a->magic == KVM_AGENT_MAGIC && a->mem) ? a->mem->id : "";
+    return (a && atomic_load(&a->magic) == KVM_AGENT_MAGIC) ? a->id : "";
 }
 
 kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {

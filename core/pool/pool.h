@@ -19,6 +19,7 @@
 #include "../rope/rope.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #define KVM_AGENT_MAGIC 0x6b766167u /* "kvag" */
 #define KVM_AGENT_DEAD 0x64656164u  /* "dead" */
@@ -53,9 +54,11 @@ typedef struct kvm_agent_mem {
 } kvm_agent_mem;
 
 struct kvmem_agent {
-    uint32_t magic;
+    _Atomic uint32_t magic;
+    atomic_int busy;   /* 1 while a call runs on the handle: a second one gets KVMEM_ERR_BUSY */
     kvmem_pool *pool;
     kvm_agent_mem *mem;
+    char id[KVMEM_MAX_AGENT_ID + 1]; /* a copy, readable without taking the handle */
 };
 
 struct kvmem_pool {
@@ -79,6 +82,14 @@ struct kvmem_pool {
 /* Validate a handle: KVMEM_OK, or KVMEM_ERR_INVALID_ARG / KVMEM_ERR_CLOSED
  * with a message naming `fn`. */
 kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn);
+
+/* Take a handle for one public call (SQLite's SQLITE_MISUSE idea): one
+ * atomic exchange. A handle already taken by a call on another thread (the
+ * contract says one thread at a time per agent) gives KVMEM_ERR_BUSY naming
+ * the agent instead of a crash; a closed one KVMEM_ERR_CLOSED. Every
+ * KVMEM_OK is paired with kvm_agent_leave. */
+kvmem_status kvm_agent_enter(kvmem_agent *a, const char *fn);
+static inline void kvm_agent_leave(kvmem_agent *a) { atomic_store_explicit(&a->busy, 0, memory_order_release); }
 
 /* Bytes of one sealed block holding n tokens, AABB included. */
 size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens);

@@ -27,7 +27,7 @@ static int64_t whole_tokens(const kvm_agent_mem *m, size_t c) {
     return k;
 }
 
-kvmem_status kvmem_prefix_match(kvmem_agent *a, const char *new_text, size_t new_len, const kvmem_prefix_params *params,
+static kvmem_status prefix_match_taken(kvmem_agent *a, const char *new_text, size_t new_len, const kvmem_prefix_params *params,
                                 kvmem_prefix_result *out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_prefix_match");
     if (st != KVMEM_OK) return st;
@@ -67,4 +67,13 @@ kvmem_status kvmem_prefix_match(kvmem_agent *a, const char *new_text, size_t new
         }
     }
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_prefix_match(kvmem_agent *a, const char *new_text, size_t new_len, const kvmem_prefix_params *params,
+                                kvmem_prefix_result *out) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_prefix_match");
+    if (st != KVMEM_OK) return st;
+    st = prefix_match_taken(a, new_text, new_len, params, out);
+    kvm_agent_leave(a);
+    return st;
 }

@@ -23,13 +23,13 @@ struct kvmem_qmem_head {
 
 void kvmem_qmem_head_free(kvmem_qmem_head *h) {
     if (!h) return;
-    free(h->w_q);
-    free(h->w_k);
-    free(h->w_v);
-    free(h->w1);
-    free(h->b1);
-    free(h->w2);
-    free(h);
+    kvm_free(h->w_q);
+    kvm_free(h->w_k);
+    kvm_free(h->w_v);
+    kvm_free(h->w1);
+    kvm_free(h->b1);
+    kvm_free(h->w2);
+    kvm_free(h);
 }
 
 int32_t kvmem_qmem_head_dim(const kvmem_qmem_head *h) { return h ? h->D : 0; }
@@ -65,21 +65,21 @@ static kvmem_status take_t(const unsigned char *data, const kvm_st_tensor *t, in
             b += (size_t)snprintf(got + b, sizeof got - b, "[%lld]", (long long)t->shape[d]);
         return kvm_fail(KVMEM_ERR_FORMAT, "qmem head: tensor '%s' has shape %s, expected %s", t->name, got, want_s);
     }
-    float *f = malloc(KVM_MAX(ne, (size_t)1) * sizeof *f);
-    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory");
+    float *f = kvm_malloc(KVM_MAX(ne, (size_t)1) * sizeof *f);
+    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for tensor '%s' (%zu floats)", t->name, ne);
     /* the data may be unaligned: convert from a byte copy */
     size_t es = kvm_dtype_size(t->dtype);
-    unsigned char *tmp = malloc(KVM_MAX(ne * es, (size_t)1));
+    unsigned char *tmp = kvm_malloc(KVM_MAX(ne * es, (size_t)1));
     if (!tmp) {
-        free(f);
-        return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory");
+        kvm_free(f);
+        return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for a copy of tensor '%s' (%zu bytes)", t->name, ne * es);
     }
     memcpy(tmp, data + t->begin, ne * es);
     kvm_convert_host(f, KVMEM_F32, tmp, t->dtype, ne);
-    free(tmp);
+    kvm_free(tmp);
     for (size_t i = 0; i < ne; i++)
         if (!isfinite(f[i])) {
-            free(f);
+            kvm_free(f);
             return kvm_fail(KVMEM_ERR_FORMAT, "qmem head: tensor '%s' has a non-finite value at %zu", t->name, i);
         }
     *out = f;
@@ -112,8 +112,8 @@ kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qm
     const int64_t D = tt[2]->shape[1], F = 3 * D + 1;
     const int64_t s_alpha[1] = {1}, s_q[2] = {HEAD_XW, F}, s_kv[2] = {HEAD_XW, D}, s_w1[2] = {HEAD_HID, F + HEAD_XW},
                   s_b1[1] = {HEAD_HID}, s_w2[2] = {1, HEAD_HID}, s_b2[1] = {1};
-    kvmem_qmem_head *h = calloc(1, sizeof *h);
-    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory");
+    kvmem_qmem_head *h = kvm_calloc(1, sizeof *h);
+    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for the head");
     const unsigned char *d0 = (const unsigned char *)data + doff;
     float *alpha = NULL, *b2 = NULL;
     st = take_t(d0, tt[0], 1, s_alpha, &alpha);
@@ -125,8 +125,8 @@ kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qm
     if (st == KVMEM_OK) st = take_t(d0, tt[6], 2, s_w2, &h->w2);
     if (st == KVMEM_OK) st = take_t(d0, tt[7], 1, s_b2, &b2);
     if (st != KVMEM_OK) {
-        free(alpha);
-        free(b2);
+        kvm_free(alpha);
+        kvm_free(b2);
         kvmem_qmem_head_free(h);
         return st;
     }
@@ -134,8 +134,8 @@ kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qm
     h->F = (int32_t)F;
     h->alpha = alpha[0] > HEAD_ALPHA_MAX ? HEAD_ALPHA_MAX : alpha[0] < -HEAD_ALPHA_MAX ? -HEAD_ALPHA_MAX : alpha[0];
     h->b2 = b2[0];
-    free(alpha);
-    free(b2);
+    kvm_free(alpha);
+    kvm_free(b2);
     *out = h;
     return KVMEM_OK;
 }
@@ -150,15 +150,15 @@ kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out) {
         if (n == cap) {
             if (cap >= ((size_t)1 << 30)) {
                 fclose(f);
-                free(buf);
+                kvm_free(buf);
                 return kvm_fail(KVMEM_ERR_FORMAT, "kvmem_qmem_head_load: '%s' is larger than 1 GiB", path);
             }
             cap = cap ? cap * 2 : 1 << 16;
-            unsigned char *p = realloc(buf, cap);
+            unsigned char *p = kvm_realloc(buf, cap);
             if (!p) {
                 fclose(f);
-                free(buf);
-                return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_head_load: out of memory");
+                kvm_free(buf);
+                return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_head_load: out of memory for a %zu-byte read buffer", cap);
             }
             buf = p;
         }
@@ -169,11 +169,11 @@ kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out) {
     int err = ferror(f);
     fclose(f);
     if (err) {
-        free(buf);
+        kvm_free(buf);
         return kvm_fail(KVMEM_ERR_IO, "kvmem_qmem_head_load: read error on '%s'", path);
     }
     kvmem_status st = kvmem_qmem_head_load_buffer(buf, n, out);
-    free(buf);
+    kvm_free(buf);
     return st;
 }
 
@@ -203,11 +203,11 @@ kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *h, const kvmem_model_s
     const size_t L = (size_t)spec->n_layers, Hq = (size_t)spec->n_q_heads, Hkv = (size_t)spec->n_kv_heads;
     const size_t D = (size_t)h->D, F = (size_t)h->F, X = F + HEAD_XW, S = (size_t)(span_end - span_begin);
     const size_t n = (size_t)N;
-    float *kbar = malloc(n * D * sizeof *kbar), *row = malloc(D * sizeof *row);
-    float *kk = malloc(S * HEAD_XW * sizeof *kk), *vv = malloc(S * HEAD_XW * sizeof *vv);
-    float *att = malloc(S * sizeof *att), *mbar = calloc(D, sizeof *mbar), *x = malloc(X * sizeof *x);
+    float *kbar = kvm_malloc(n * D * sizeof *kbar), *row = kvm_malloc(D * sizeof *row);
+    float *kk = kvm_malloc(S * HEAD_XW * sizeof *kk), *vv = kvm_malloc(S * HEAD_XW * sizeof *vv);
+    float *att = kvm_malloc(S * sizeof *att), *mbar = kvm_calloc(D, sizeof *mbar), *x = kvm_malloc(X * sizeof *x);
     if (!kbar || !row || !kk || !vv || !att || !mbar || !x) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of %zu candidates", fn, n);
         goto done;
     }
     /* Means over layers and expanded query heads: each KV head stands for
@@ -226,6 +226,23 @@ kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *h, const kvmem_model_s
             }
         for (size_t d = 0; d < D; d++) kb[d] /= (float)(L * Hkv);
     }
+    /* every K value went into a mean: a non-finite one shows there (and the
+     * inputs are checked before anything is written to scores_out) */
+    for (size_t i = 0; i < n * D; i++)
+        if (!isfinite(kbar[i])) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K of candidate %zu holds a non-finite value", fn, i / D);
+            goto done;
+        }
+    for (size_t j = 0; j < n; j++)
+        if (!isfinite(rule[j])) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: rule[%zu] is not finite", fn, j);
+            goto done;
+        }
+    for (size_t i = 0; i < L * Hq * D; i++)
+        if (!isfinite(memory[i])) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: memory[%zu] is not finite", fn, i);
+            goto done;
+        }
     for (size_t i = 0; i < S; i++)
         for (size_t o = 0; o < HEAD_XW; o++) {
             kk[i * HEAD_XW + o] = dotf(h->w_k + o * D, kbar + ((size_t)span_begin + i) * D, D);
@@ -266,12 +283,12 @@ kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *h, const kvmem_model_s
     }
     st = KVMEM_OK;
 done:
-    free(kbar);
-    free(row);
-    free(kk);
-    free(vv);
-    free(att);
-    free(mbar);
-    free(x);
+    kvm_free(kbar);
+    kvm_free(row);
+    kvm_free(kk);
+    kvm_free(vv);
+    kvm_free(att);
+    kvm_free(mbar);
+    kvm_free(x);
     return st;
 }

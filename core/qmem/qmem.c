@@ -3,6 +3,7 @@
 #include "qmem_internal.h"
 
 #include "../context.h"
+#include "../cpu/kernels.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -48,13 +49,13 @@ kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_q
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "qmem prefix_tokens %d: must be >= 1", p.prefix_tokens);
     if (!(p.lambda >= 0.0) || !isfinite(p.lambda))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "qmem lambda %g: must be finite and >= 0", p.lambda);
-    kvmem_qmem_store *s = calloc(1, sizeof *s);
-    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory");
-    s->e = calloc((size_t)p.capacity, sizeof *s->e);
+    kvmem_qmem_store *s = kvm_calloc(1, sizeof *s);
+    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory for the store");
+    s->e = kvm_calloc((size_t)p.capacity, sizeof *s->e);
     if (!s->e || pthread_mutex_init(&s->mu, NULL) != 0) {
-        free(s->e);
-        free(s);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory");
+        kvm_free(s->e);
+        kvm_free(s);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_store_create: out of memory for %d memories", p.capacity);
     }
     s->spec = *spec;
     s->spec.layer_window = NULL;
@@ -66,10 +67,10 @@ kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_q
 
 void kvmem_qmem_store_free(kvmem_qmem_store *s) {
     if (!s) return;
-    for (int32_t i = 0; i < s->n; i++) free(s->e[i].m);
-    free(s->e);
+    for (int32_t i = 0; i < s->n; i++) kvm_free(s->e[i].m);
+    kvm_free(s->e);
     pthread_mutex_destroy(&s->mu);
-    free(s);
+    kvm_free(s);
 }
 
 int32_t kvmem_qmem_count(const kvmem_qmem_store *s) {
@@ -205,13 +206,13 @@ kvmem_status kvmem_qmem_update(kvmem_qmem_store *s, const kvmem_session_key *key
 
     const size_t L = (size_t)sp->n_layers, H = (size_t)sp->n_q_heads, D = (size_t)sp->head_dim;
     const size_t E = s->mem_elems;
-    double *acc = calloc(E, sizeof *acc);
-    float *row = malloc(D * sizeof *row), *m = malloc(E * sizeof *m);
+    double *acc = kvm_calloc(E, sizeof *acc);
+    float *row = kvm_malloc(D * sizeof *row), *m = kvm_malloc(E * sizeof *m);
     if (!acc || !row || !m) {
-        free(acc);
-        free(row);
-        free(m);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(acc);
+        kvm_free(row);
+        kvm_free(m);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the new memory (%zu floats)", fn, E);
     }
     /* Enc: the mean of the span's rows, in double so long spans do not drift. */
     for (int64_t t = span_begin; t < span_end; t++)
@@ -222,9 +223,9 @@ kvmem_status kvmem_qmem_update(kvmem_qmem_store *s, const kvmem_session_key *key
                 double *a = acc + (l * H + h) * D;
                 for (size_t d = 0; d < D; d++) {
                     if (!isfinite(row[d])) {
-                        free(acc);
-                        free(row);
-                        free(m);
+                        kvm_free(acc);
+                        kvm_free(row);
+                        kvm_free(m);
                         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: q[%lld][%zu][%zu][%zu] is not finite", fn,
                                         (long long)t, l, h, d);
                     }
@@ -233,7 +234,7 @@ kvmem_status kvmem_qmem_update(kvmem_qmem_store *s, const kvmem_session_key *key
             }
     const double inv_n = 1.0 / (double)(span_end - span_begin);
     const double decay = exp(-s->params.lambda);
-    free(row);
+    kvm_free(row);
 
     pthread_mutex_lock(&s->mu);
     int32_t i = find(s, key);
@@ -247,22 +248,22 @@ kvmem_status kvmem_qmem_update(kvmem_qmem_store *s, const kvmem_session_key *key
         nrm = sqrt(nrm);
         for (size_t d = 0; d < D; d++) m[r * D + d] = (float)(nrm > 0.0 ? a[d] / nrm : 0.0);
     }
-    free(acc);
+    kvm_free(acc);
     if (memory_out) memcpy(memory_out, m, E * sizeof *m);
     if (key->kind == KVMEM_SESSION_LOCAL) {
         pthread_mutex_unlock(&s->mu);
-        free(m);
+        kvm_free(m);
         return KVMEM_OK;
     }
     if (i >= 0) {
-        free(s->e[i].m);
+        kvm_free(s->e[i].m);
     } else if (s->n < s->params.capacity) {
         i = s->n++;
     } else { /* evict the least recently used */
         i = 0;
         for (int32_t j = 1; j < s->n; j++)
             if (s->e[j].stamp < s->e[i].stamp) i = j;
-        free(s->e[i].m);
+        kvm_free(s->e[i].m);
     }
     s->e[i].key = *key;
     s->e[i].m = m;
@@ -301,11 +302,11 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
     size_t mb = L * Hq * D * sizeof(float), kb, rows;
     if (!kvm_mul_size(L * N, Hkv, &rows) || !kvm_mul_size(rows, D * sizeof(float), &kb) || N > INT32_MAX)
         return kvm_fail(KVMEM_ERR_UNSUPPORTED, "%s: K too large for the device path", fn);
-    float *kh = malloc(kb), *out = malloc(N * sizeof *out);
+    float *kh = kvm_malloc(kb), *out = kvm_malloc(N * sizeof *out);
     if (!kh || !out) {
-        free(kh);
-        free(out);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: cannot allocate %zu bytes to stage K", fn, kb);
+        kvm_free(kh);
+        kvm_free(out);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu bytes to stage K", fn, kb);
     }
     for (size_t l = 0; l < L; l++)
         for (size_t j = 0; j < N; j++)
@@ -313,6 +314,13 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
                 int64_t idx[3] = {(int64_t)l, (int64_t)j, (int64_t)g};
                 kvm_tensor_read_f32(k, kvm_tensor_row_offset(k, idx), kh + ((l * N + j) * Hkv + g) * D, D);
             }
+    /* the staged copy is scanned (a pass over what is uploaded anyway): a
+     * device's exp may turn a NaN logit into a plausible score */
+    if (kvm_cpu_kernels_get()->count_nonfinite(kh, rows * D)) {
+        kvm_free(kh);
+        kvm_free(out);
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K holds a non-finite value", fn);
+    }
     const kvmem_backend_iface *f = be->iface;
     kvmem_buffer *bm = NULL, *bk = NULL, *bs = NULL;
     kvmem_status st = f->buffer_alloc(be, mb, &bm);
@@ -330,8 +338,8 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
     f->buffer_free(be, bm);
     f->buffer_free(be, bk);
     f->buffer_free(be, bs);
-    free(kh);
-    free(out);
+    kvm_free(kh);
+    kvm_free(out);
     return st;
 }
 

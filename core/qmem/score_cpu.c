@@ -8,6 +8,7 @@
 #include "qmem_internal.h"
 
 #include "../context.h"
+#include "../cpu/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -73,6 +74,7 @@ typedef struct {
     float *partial; /* [n_chunks][N] */
     float *logits;  /* [n_chunks][Hq][N] */
     float *tile;    /* [n_chunks][TILE][D] */
+    int32_t bad[QS_MAX_CHUNKS]; /* per chunk: 1 + the first layer with a non-finite logit, or 0 */
 } qs_job;
 
 /* A chunk is a range of layers. Within a layer, key rows are swept once in
@@ -81,7 +83,7 @@ typedef struct {
  * sweep reads memory in order (per-head sweeps jump a page per row and ran
  * at a tenth of the bandwidth). */
 static void qs_task(void *arg, size_t b, size_t e) {
-    const qs_job *q = arg;
+    qs_job *q = arg;
     for (size_t c = b; c < e; c++) {
         float *acc = q->partial + c * q->N, *lg = q->logits + c * q->Hq * q->N;
         float *tile = q->tile + c * KVM_QMEM_TILE * q->D;
@@ -97,6 +99,13 @@ static void qs_task(void *arg, size_t b, size_t e) {
                     q->kk->qk(q->mem + (l * q->Hq + g * q->G) * q->D, q->G, q->D, rows, n, ks, q->scale,
                               lg + g * q->G * q->N + j0, q->N);
                 }
+            }
+            /* a non-finite K (or an overflowing logit) would be ignored by
+             * the max and clamped by SIMD exp into a plausible score: refuse
+             * it; the logits are 1/head_dim of K, so the check is cheap */
+            if (kvm_cpu_kernels_get()->count_nonfinite(lg, q->Hq * q->N)) {
+                q->bad[c] = (int32_t)l + 1;
+                break;
             }
             for (size_t h = 0; h < q->Hq; h++) q->kk->softmax_acc(lg + h * q->N, q->N, acc);
         }
@@ -135,7 +144,7 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     size_t np, nl, nt;
     if (!kvm_mul_size(q.n_chunks, q.N, &np) || !kvm_mul_size(np, q.Hq, &nl) ||
         !kvm_mul_size(q.n_chunks * KVM_QMEM_TILE, q.D, &nt) || nl > SIZE_MAX / 8)
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: scratch size overflows");
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: out of memory for scratch of N = %zu candidates (its size overflows)", q.N);
     q.partial = kvm_aligned_alloc(np * sizeof(float));
     q.logits = kvm_aligned_alloc(nl * sizeof(float));
     q.tile = kvm_aligned_alloc(nt * sizeof(float));
@@ -143,10 +152,19 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
         kvm_aligned_free(q.partial);
         kvm_aligned_free(q.logits);
         kvm_aligned_free(q.tile);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: cannot allocate scratch for N = %zu", q.N);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: out of memory for scratch of N = %zu candidates", q.N);
     }
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
+    memset(q.bad, 0, sizeof q.bad);
     kvm_parallel_for(tp, q.n_chunks, 1, qs_task, &q);
+    for (size_t c = 0; c < q.n_chunks; c++)
+        if (q.bad[c]) { /* scores are untouched */
+            kvm_aligned_free(q.partial);
+            kvm_aligned_free(q.logits);
+            kvm_aligned_free(q.tile);
+            return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_score: K at layer %d holds a non-finite value (or a logit overflows)",
+                            q.bad[c] - 1);
+        }
     qs_reduce r = {q.partial, q.n_chunks, q.N, scores};
     kvm_parallel_for(tp, q.N, 4096, qs_reduce_task, &r);
     kvm_aligned_free(q.partial);

@@ -63,15 +63,17 @@ kvmem_status kvm_st_parse(const unsigned char *buf, size_t size, kvm_st_tensor *
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | buf[i];
     if (hl < 2 || hl > size - 8 || hl > ((uint64_t)100 << 20))
-        return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header length %llu does not fit the %zu-byte file",
-                        (unsigned long long)hl, size);
+        return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: the first 8 bytes are not a header length that fits the %zu-byte file",
+                        size); /* the bytes themselves are not quoted: the file may be anything */
     /* A header is one JSON object; say so before any JSON detail. */
     const unsigned char *h0 = buf + 8, *h1 = buf + 8 + hl;
     while (h0 < h1 && (*h0 == ' ' || *h0 == '\t' || *h0 == '\n' || *h0 == '\r')) h0++;
     if (h0 == h1 || *h0 != '{') return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header is not a JSON object");
     kvm_json_doc doc;
     char jerr[160];
-    if (kvm_json_parse((const char *)buf + 8, (size_t)hl, &doc, jerr, sizeof jerr) != 0) {
+    int jr = kvm_json_parse((const char *)buf + 8, (size_t)hl, &doc, jerr, sizeof jerr);
+    if (jr != 0) {
+        if (jr == KVM_JSON_NOMEM) return kvm_fail(KVMEM_ERR_NOMEM, "safetensors: out of memory for the parsed JSON header");
         if (strstr(jerr, "duplicate"))
             return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: a name appears twice in the header (%s)", jerr);
         return kvm_fail(KVMEM_ERR_FORMAT, "safetensors: header JSON is malformed: %s", jerr);
@@ -117,8 +119,8 @@ kvmem_status kvm_st_parse(const unsigned char *buf, size_t size, kvm_st_tensor *
             return kvm_fail(KVMEM_ERR_CORRUPT, "safetensors: tensor '%s' has %zu data bytes for %llu %s elements",
                             t->name, t->end - t->begin, (unsigned long long)ne, kvmem_dtype_name(t->dtype));
     }
-    kvm_st_tensor *sorted = malloc((size_t)(n ? n : 1) * sizeof *sorted);
-    if (!sorted) return kvm_fail(KVMEM_ERR_NOMEM, "safetensors: out of memory");
+    kvm_st_tensor *sorted = kvm_malloc((size_t)(n ? n : 1) * sizeof *sorted);
+    if (!sorted) return kvm_fail(KVMEM_ERR_NOMEM, "safetensors: out of memory for the tensor table (%d tensors)", n);
     memcpy(sorted, out, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, by_begin);
     int prev = -1; /* the last non-empty tensor: empty ones overlap nothing */
@@ -127,12 +129,12 @@ kvmem_status kvm_st_parse(const unsigned char *buf, size_t size, kvm_st_tensor *
         if (prev >= 0 && sorted[i].begin < sorted[prev].end) {
             kvmem_status st = kvm_fail(KVMEM_ERR_CORRUPT, "safetensors: tensors '%s' and '%s' overlap",
                                        sorted[prev].name, sorted[i].name);
-            free(sorted);
+            kvm_free(sorted);
             return st;
         }
         prev = i;
     }
-    free(sorted);
+    kvm_free(sorted);
     *n_out = n;
     *data_off = doff;
     return KVMEM_OK;

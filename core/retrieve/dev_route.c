@@ -35,7 +35,7 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     if (!kvm_mul_size(nq * L * Hq, D * 4, &qb) || !kvm_mul_size(nc * L * H, D * 4, &sb) ||
         !kvm_mul_size(L * Hq, nc * 4, &ob) || nc > INT32_MAX)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: problem too large for backend %s", op, be->iface->name);
-    float *mn = malloc(sb), *mx = malloc(sb), *hq = malloc(ob);
+    float *mn = kvm_malloc(sb), *mx = kvm_malloc(sb), *hq = kvm_malloc(ob);
     kvmem_buffer *bq = NULL, *bmn = NULL, *bmx = NULL, *bo = NULL;
     kvmem_status st = KVMEM_OK;
     if (!mn || !mx || !hq) {
@@ -83,9 +83,9 @@ done:
     be->iface->buffer_free(be, bmn);
     be->iface->buffer_free(be, bmx);
     be->iface->buffer_free(be, bo);
-    free(mn);
-    free(mx);
-    free(hq);
+    kvm_free(mn);
+    kvm_free(mx);
+    kvm_free(hq);
     return st;
 }
 
@@ -120,9 +120,9 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     size_t rb;
     if (!kvm_mul_size(lb, L * n_outs, &rb))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large for backend %s", op, M, be->iface->name);
-    float *stage = malloc(lb), *res = malloc(rb), *tmp = malloc((size_t)p->params.block_size * D * sizeof(float));
-    float *cs = d->k_out ? malloc(2 * M * np * sizeof(float)) : NULL;
-    uint32_t *idx = malloc(M * sizeof *idx);
+    float *stage = kvm_malloc(lb), *res = kvm_malloc(rb), *tmp = kvm_malloc((size_t)p->params.block_size * D * sizeof(float));
+    float *cs = d->k_out ? kvm_malloc(2 * M * np * sizeof(float)) : NULL;
+    uint32_t *idx = kvm_malloc(M * sizeof *idx);
     kvmem_buffer *bsrc = NULL, *bidx = NULL, *bcs = NULL, *bout = NULL;
     kvmem_status st = KVMEM_OK;
     if (!stage || !res || !tmp || !idx || (d->k_out && !cs)) {
@@ -180,10 +180,10 @@ done:
     be->iface->buffer_free(be, bidx);
     be->iface->buffer_free(be, bcs);
     be->iface->buffer_free(be, bout);
-    free(stage);
-    free(res);
-    free(tmp);
-    free(cs);
-    free(idx);
+    kvm_free(stage);
+    kvm_free(res);
+    kvm_free(tmp);
+    kvm_free(cs);
+    kvm_free(idx);
     return st;
 }

@@ -98,7 +98,7 @@ kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     job.cs = cs;
     kvm_parallel_for(tp, (size_t)d->n_blocks * (size_t)p->spec.n_layers, 1, gather_task, &job);
     kvm_aligned_free(cs);
-    if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory");
+    if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for per-thread staging rows");
     return KVMEM_OK;
 }
 
@@ -113,7 +113,7 @@ static kvmem_status check_out(const kvmem_tensor *t, const char *what, const kvm
     return kvm_tensor_expect(t, what, dims, 4, shape);
 }
 
-kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
+static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
                           const kvmem_tensor *k_out, const kvmem_tensor *v_out) {
     kvmem_status st = kvm_agent_check(agent, "kvmem_gather");
     if (st != KVMEM_OK) return st;
@@ -122,12 +122,12 @@ kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_b
     if (n_blocks < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_gather: n_blocks %d < 0", n_blocks);
     if (n_blocks > 0 && !blocks) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_gather: blocks is NULL");
     if (base < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_gather: base_position %lld < 0", (long long)base);
-    int64_t *first = malloc(((size_t)n_blocks + 1) * sizeof *first);
-    if (!first) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory");
+    int64_t *first = kvm_malloc(((size_t)n_blocks + 1) * sizeof *first);
+    if (!first) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for the offsets of %d blocks", n_blocks);
     first[0] = 0;
     for (int32_t i = 0; i < n_blocks; i++) {
         if (blocks[i] < 0 || blocks[i] >= m->n_sealed) {
-            free(first);
+            kvm_free(first);
             if (blocks[i] == m->n_sealed && m->tail_n > 0)
                 return kvm_fail(KVMEM_ERR_NOT_FOUND,
                                 "kvmem_gather: blocks[%d] = %d is the unsealed tail of agent '%s': call kvmem_agent_flush first",
@@ -139,19 +139,28 @@ kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_b
     }
     const int64_t M = first[n_blocks];
     if (base > INT32_MAX - M) {
-        free(first);
+        kvm_free(first);
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_gather: positions %lld + %lld tokens exceed 2^31 - 1", (long long)base,
                         (long long)M);
     }
     if ((k_out && (st = check_out(k_out, "k_out", &p->spec, M)) != KVMEM_OK) ||
         (v_out && (st = check_out(v_out, "v_out", &p->spec, M)) != KVMEM_OK)) {
-        free(first);
+        kvm_free(first);
         return st;
     }
     kvm_gather_desc d = {p, m, blocks, n_blocks, first, base, k_out, v_out};
     kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
     if (dev && dev != be && dev->iface->dev_gather_rope) st = kvm_dev_gather(dev, &d);
     else st = be->iface->gather(be, &d);
-    free(first);
+    kvm_free(first);
+    return st;
+}
+
+kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
+                          const kvmem_tensor *k_out, const kvmem_tensor *v_out) {
+    kvmem_status st = kvm_agent_enter(agent, "kvmem_gather");
+    if (st != KVMEM_OK) return st;
+    st = gather_taken(agent, blocks, n_blocks, base, k_out, v_out);
+    kvm_agent_leave(agent);
     return st;
 }

@@ -32,17 +32,17 @@ kvmem_retrieve_params kvmem_retrieve_default_params(void) {
 }
 
 static void release(kvmem_retrieval *r) {
-    free(r->count);
-    free(r->blocks);
-    free(r->scores);
-    free(r->tokens);
-    free(r->all);
+    kvm_free(r->count);
+    kvm_free(r->blocks);
+    kvm_free(r->scores);
+    kvm_free(r->tokens);
+    kvm_free(r->all);
 }
 
 kvmem_status kvmem_retrieval_create(kvmem_retrieval **out) {
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_retrieval_create: out is NULL");
-    kvmem_retrieval *r = calloc(1, sizeof *r);
-    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieval_create: out of memory");
+    kvmem_retrieval *r = kvm_calloc(1, sizeof *r);
+    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieval_create: out of memory for the result object");
     r->magic = KVM_RETRIEVAL_MAGIC;
     *out = r;
     return KVMEM_OK;
@@ -52,7 +52,7 @@ void kvmem_retrieval_free(kvmem_retrieval *r) {
     if (!r || r->magic != KVM_RETRIEVAL_MAGIC) return;
     release(r);
     r->magic = 0;
-    free(r);
+    kvm_free(r);
 }
 
 static kvmem_status check_result(const kvmem_retrieval *r, const char *fn) {
@@ -202,7 +202,7 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
+static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
                             kvmem_retrieval *result) {
     kvmem_status st = kvm_agent_check(agent, "kvmem_retrieve");
     if (st != KVMEM_OK) return st;
@@ -218,17 +218,17 @@ kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const
 
     const int32_t n_sets = prm.scope == KVMEM_SCOPE_GLOBAL ? 1 : L;
     /* Candidate flags: 1 candidate, 2 always included (scored too). */
-    unsigned char *flag = calloc((size_t)nb + 1, 1);
-    int32_t *cand = malloc(((size_t)nb + 1) * sizeof *cand);
-    int32_t *idx = malloc(((size_t)nb + 1) * sizeof *idx);
-    float *out = NULL, *set_s = malloc(((size_t)nb + 1) * sizeof *set_s);
+    unsigned char *flag = kvm_calloc((size_t)nb + 1, 1);
+    int32_t *cand = kvm_malloc(((size_t)nb + 1) * sizeof *cand);
+    int32_t *idx = kvm_malloc(((size_t)nb + 1) * sizeof *idx);
+    float *out = NULL, *set_s = kvm_malloc(((size_t)nb + 1) * sizeof *set_s);
     kvmem_retrieval nr;
     memset(&nr, 0, sizeof nr);
-    nr.count = calloc((size_t)n_sets, sizeof *nr.count);
-    nr.tokens = calloc((size_t)n_sets, sizeof *nr.tokens);
-    nr.all = malloc(((size_t)n_sets * (size_t)nb + 1) * sizeof *nr.all);
+    nr.count = kvm_calloc((size_t)n_sets, sizeof *nr.count);
+    nr.tokens = kvm_calloc((size_t)n_sets, sizeof *nr.tokens);
+    nr.all = kvm_malloc(((size_t)n_sets * (size_t)nb + 1) * sizeof *nr.all);
     if (!flag || !cand || !idx || !set_s || !nr.count || !nr.tokens || !nr.all) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory");
+        st = kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for the candidate lists of %d blocks", nb);
         goto done;
     }
     {
@@ -245,10 +245,10 @@ kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const
             n_forced += flag[b] == 2;
         }
     const size_t n_out = (size_t)L * (size_t)H * (size_t)nc;
-    out = malloc((n_out + 1) * sizeof *out);
+    out = kvm_malloc((n_out + 1) * sizeof *out);
     nr.cap = KVM_MAX(1, KVM_MIN(nc, KVM_MAX(prm.top_k, n_forced)));
-    nr.blocks = malloc((size_t)n_sets * (size_t)nr.cap * sizeof *nr.blocks);
-    nr.scores = malloc((size_t)n_sets * (size_t)nr.cap * sizeof *nr.scores);
+    nr.blocks = kvm_malloc((size_t)n_sets * (size_t)nr.cap * sizeof *nr.blocks);
+    nr.scores = kvm_malloc((size_t)n_sets * (size_t)nr.cap * sizeof *nr.scores);
     if (!out || !nr.blocks || !nr.scores) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for %d candidate blocks", nc);
         goto done;
@@ -316,11 +316,20 @@ kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const
     st = KVMEM_OK;
 done:
     release(&nr);
-    free(flag);
-    free(cand);
-    free(idx);
-    free(out);
-    free(set_s);
+    kvm_free(flag);
+    kvm_free(cand);
+    kvm_free(idx);
+    kvm_free(out);
+    kvm_free(set_s);
     kvm_aligned_free(q);
+    return st;
+}
+
+kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
+                            kvmem_retrieval *result) {
+    kvmem_status st = kvm_agent_enter(agent, "kvmem_retrieve");
+    if (st != KVMEM_OK) return st;
+    st = retrieve_taken(agent, query, params, result);
+    kvm_agent_leave(agent);
     return st;
 }

@@ -172,11 +172,11 @@ static void score_task(void *arg, size_t ib, size_t ie) {
     const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
     float *qbuf = kvm_aligned_alloc(K * ldo * sizeof(float));
     float *sc = job->big ? NULL : kvm_aligned_alloc(nc * ldo * sizeof(float));
-    const float **bp = malloc((exact ? kr : nc) * sizeof *bp);
+    const float **bp = kvm_malloc((exact ? kr : nc) * sizeof *bp);
     float *kbuf = exact ? kvm_aligned_alloc(kr * D * sizeof(float)) : NULL;
     float *tmp = exact ? kvm_aligned_alloc(kr * ldo * sizeof(float)) : NULL;
-    float *colm = malloc(2 * ldo * sizeof(float));
-    rank_item *ranks = d->norm == KVMEM_NORM_RR ? malloc(nc * sizeof *ranks) : NULL;
+    float *colm = kvm_malloc(2 * ldo * sizeof(float));
+    rank_item *ranks = d->norm == KVMEM_NORM_RR ? kvm_malloc(nc * sizeof *ranks) : NULL;
     if (!qbuf || (!sc && !job->big) || !bp || !colm || (exact && (!kbuf || !tmp)) || (d->norm == KVMEM_NORM_RR && !ranks)) {
         atomic_store(&job->failed, 1);
     } else {
@@ -188,11 +188,11 @@ static void score_task(void *arg, size_t ib, size_t ie) {
     }
     kvm_aligned_free(qbuf);
     kvm_aligned_free(sc);
-    free((void *)bp);
+    kvm_free((void *)bp);
     kvm_aligned_free(kbuf);
     kvm_aligned_free(tmp);
-    free(colm);
-    free(ranks);
+    kvm_free(colm);
+    kvm_free(ranks);
 }
 
 /* Decode-sized scoring in block-major order: a task takes a few consecutive
@@ -213,7 +213,7 @@ static void block_major_task(void *arg, size_t cb, size_t ce) {
     const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
     float *kbuf = exact ? kvm_aligned_alloc(kr * D * sizeof(float)) : NULL;
     float *tmp = exact ? kvm_aligned_alloc(kr * R * sizeof(float)) : NULL;
-    const float **kp = exact ? malloc(kr * sizeof *kp) : NULL;
+    const float **kp = exact ? kvm_malloc(kr * sizeof *kp) : NULL;
     if (exact && (!kbuf || !tmp || !kp)) {
         atomic_store(&job->failed, 1);
         ce = cb;
@@ -245,7 +245,7 @@ static void block_major_task(void *arg, size_t cb, size_t ce) {
     }
     kvm_aligned_free(kbuf);
     kvm_aligned_free(tmp);
-    free((void *)kp);
+    kvm_free((void *)kp);
 }
 
 /* Query rows of every item, [item][R][K]: [q+ || q-] (AABB) or q (EXACT),
@@ -321,8 +321,8 @@ kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int3
     (void)be;
     *n_out = 0;
     if (n <= 0 || k <= 0) return KVMEM_OK;
-    rank_item *it = malloc((size_t)n * sizeof *it);
-    if (!it) return kvm_fail(KVMEM_ERR_NOMEM, "topk: out of memory");
+    rank_item *it = kvm_malloc((size_t)n * sizeof *it);
+    if (!it) return kvm_fail(KVMEM_ERR_NOMEM, "topk: out of memory for ranking %d candidates", n);
     int32_t m = 0;
     for (int32_t i = 0; i < n; i++)
         if (!isnan(score[i])) {
@@ -334,6 +334,6 @@ kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int3
     int32_t c = KVM_MIN(k, m);
     for (int32_t i = 0; i < c; i++) out_idx[i] = it[i].j;
     *n_out = c;
-    free(it);
+    kvm_free(it);
     return KVMEM_OK;
 }

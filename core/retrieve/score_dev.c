@@ -118,22 +118,22 @@ static void dev_score_item(const dev_score_job *job, size_t item, float *qp, flo
 static void dev_score_task(void *arg, size_t ib, size_t ie) {
     dev_score_job *job = arg;
     const size_t D = (size_t)job->a->head_dim, NB = (size_t)job->a->n_blocks, R = job->tc * job->G;
-    float *qp = malloc(R * D * sizeof(float)), *qn = malloc(R * D * sizeof(float));
-    float *sc = malloc(NB * R * sizeof(float)), *tmp = malloc(NB * R * sizeof(float)), *colm = malloc(R * sizeof(float));
-    const float **bx = malloc(NB * sizeof *bx), **bn = malloc(NB * sizeof *bn);
-    dev_rank *rk = job->a->norm == KVMEM_NORM_RR ? malloc(NB * sizeof *rk) : NULL;
+    float *qp = kvm_malloc(R * D * sizeof(float)), *qn = kvm_malloc(R * D * sizeof(float));
+    float *sc = kvm_malloc(NB * R * sizeof(float)), *tmp = kvm_malloc(NB * R * sizeof(float)), *colm = kvm_malloc(R * sizeof(float));
+    const float **bx = kvm_malloc(NB * sizeof *bx), **bn = kvm_malloc(NB * sizeof *bn);
+    dev_rank *rk = job->a->norm == KVMEM_NORM_RR ? kvm_malloc(NB * sizeof *rk) : NULL;
     if (!qp || !qn || !sc || !tmp || !colm || !bx || !bn || (job->a->norm == KVMEM_NORM_RR && !rk))
         atomic_store(&job->failed, 1);
     else
         for (size_t it = ib; it < ie; it++) dev_score_item(job, it, qp, qn, sc, tmp, bx, bn, rk, colm);
-    free(qp);
-    free(qn);
-    free(sc);
-    free(tmp);
-    free(colm);
-    free((void *)bx);
-    free((void *)bn);
-    free(rk);
+    kvm_free(qp);
+    kvm_free(qn);
+    kvm_free(sc);
+    kvm_free(tmp);
+    kvm_free(colm);
+    kvm_free((void *)bx);
+    kvm_free((void *)bn);
+    kvm_free(rk);
 }
 
 kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
@@ -176,15 +176,15 @@ kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {
     int32_t c = 0, *idx = at(a->idx, a->idx_off);
     /* kvm_cpu_topk writes in descending score order into a private array:
      * on failure the caller's buffer is unchanged. */
-    int32_t *tmp = malloc((size_t)KVM_MIN(a->k, a->n) * sizeof *tmp);
-    if (!tmp) return kvm_fail(KVMEM_ERR_NOMEM, "dev_topk: out of memory");
+    int32_t *tmp = kvm_malloc((size_t)KVM_MIN(a->k, a->n) * sizeof *tmp);
+    if (!tmp) return kvm_fail(KVMEM_ERR_NOMEM, "dev_topk: out of memory for %d candidates", KVM_MIN(a->k, a->n));
     st = kvm_cpu_topk(be, (const float *)at(a->scores, a->scores_off), a->n, a->k, tmp, &c);
     if (st == KVMEM_OK) {
         qsort(tmp, (size_t)c, sizeof *tmp, cmp_i32);
         memcpy(idx, tmp, (size_t)c * sizeof *tmp);
         *a->n_out = c;
     }
-    free(tmp);
+    kvm_free(tmp);
     return st;
 }
 
@@ -223,8 +223,8 @@ kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_arg
     if (a->rotary_dim / 2 > KVM_ROPE_MAX_PAIRS)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "dev_gather_rope: rotary_dim %zu > %d", a->rotary_dim,
                         2 * KVM_ROPE_MAX_PAIRS);
-    kvm_rope *rope = calloc(1, sizeof *rope);
-    if (!rope) return kvm_fail(KVMEM_ERR_NOMEM, "dev_gather_rope: out of memory");
+    kvm_rope *rope = kvm_calloc(1, sizeof *rope);
+    if (!rope) return kvm_fail(KVMEM_ERR_NOMEM, "dev_gather_rope: out of memory for the RoPE tables");
     rope->head_dim = (int32_t)a->head_dim;
     rope->rotary_dim = (int32_t)a->rotary_dim;
     rope->n_pairs = (int32_t)(a->rotary_dim / 2);
@@ -233,6 +233,6 @@ kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_arg
     dev_gather_job job = {a, at(a->src, a->src_off), a->rotary_dim ? at(a->cs, a->cs_off) : NULL,
                           at(a->idx, a->idx_off), at(a->out, a->out_off), rope};
     kvm_parallel_for(be && be->ctx ? be->ctx->tp : NULL, a->n_out, 64, dev_gather_task, &job);
-    free(rope);
+    kvm_free(rope);
     return KVMEM_OK;
 }

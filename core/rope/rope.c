@@ -100,8 +100,15 @@ kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_r
                         spec->head_dim);
     if (inverse != 0 && inverse != 1)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_rope_apply: inverse must be 0 or 1, got %d", inverse);
-    kvm_rope *r = malloc(sizeof *r);
-    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_rope_apply: out of memory");
+    /* the last row ends at (n_rows - 1) * stride + head_dim floats: that must
+     * be addressable, or a wrapped offset would land one row on another */
+    size_t span;
+    if (!kvm_mul_size(n_rows - 1, stride, &span) || !kvm_add_size(span, (size_t)spec->head_dim, &span) ||
+        span > (size_t)PTRDIFF_MAX / sizeof(float))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_rope_apply: %zu rows of stride %zu floats are larger than any array can be",
+                        n_rows, stride);
+    kvm_rope *r = kvm_malloc(sizeof *r);
+    if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_rope_apply: out of memory for the RoPE tables");
     kvm_rope_init(r, spec);
     float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
     int64_t last = INT64_MIN;
@@ -112,6 +119,6 @@ kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_r
         }
         kvm_rope_rotate(r, x + i * stride, c, s, inverse);
     }
-    free(r);
+    kvm_free(r);
     return KVMEM_OK;
 }

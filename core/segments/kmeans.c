@@ -78,15 +78,15 @@ kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const 
         if (!(ss > 0)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: row %zu is all zeros: cosine is undefined", fn, i);
     }
     const int32_t k = p.k;
-    float *x = malloc(total * sizeof *x);
-    float *cent = malloc(kd * sizeof *cent);
-    double *acc = malloc(kd * sizeof *acc);
-    double *dist = malloc(n * sizeof *dist);
-    int32_t *lab = malloc(n * sizeof *lab);
-    int32_t *cnt = malloc((size_t)k * sizeof *cnt);
+    float *x = kvm_malloc(total * sizeof *x);
+    float *cent = kvm_malloc(kd * sizeof *cent);
+    double *acc = kvm_malloc(kd * sizeof *acc);
+    double *dist = kvm_malloc(n * sizeof *dist);
+    int32_t *lab = kvm_malloc(n * sizeof *lab);
+    int32_t *cnt = kvm_malloc((size_t)k * sizeof *cnt);
     if (!x || !cent || !acc || !dist || !lab || !cnt) {
-        free(x), free(cent), free(acc), free(dist), free(lab), free(cnt);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(x), kvm_free(cent), kvm_free(acc), kvm_free(dist), kvm_free(lab), kvm_free(cnt);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of %zu points", fn, n);
     }
     memcpy(x, emb, total * sizeof *x);
     for (size_t i = 0; i < n; i++) normalise(x + i * dim, dim);
@@ -173,6 +173,6 @@ kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const 
     memcpy(labels, lab, n * sizeof *labels);
     if (centroids) memcpy(centroids, cent, kd * sizeof *centroids);
     if (iters) *iters = it;
-    free(x), free(cent), free(acc), free(dist), free(lab), free(cnt);
+    kvm_free(x), kvm_free(cent), kvm_free(acc), kvm_free(dist), kvm_free(lab), kvm_free(cnt);
     return KVMEM_OK;
 }

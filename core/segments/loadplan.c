@@ -179,9 +179,10 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
                                 fn, j, i, i - 1);
             n_loads += !r;
         }
-    *n_items = n_loads;
-    if (capacity > 0 && capacity < n_loads)
+    if (capacity > 0 && capacity < n_loads) {
+        *n_items = n_loads; /* the size the caller needs */
         return kvm_fail(KVMEM_ERR_CAPACITY, "%s: items holds %zu, the plan has %zu loads", fn, capacity, n_loads);
+    }
 
     lp_sim s;
     memset(&s, 0, sizeof s);
@@ -191,16 +192,16 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
     size_t nn = (size_t)(n ? n : 1), nl = (size_t)L, nb;
     if (!kvm_mul_size(nn, nl, &nb) || nb > SIZE_MAX / sizeof(int32_t))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: n_layers x n_segments too large", fn);
-    double *dur = malloc(nn * sizeof *dur);
-    int32_t *first = malloc(nn * sizeof *first), *head = malloc(nn * sizeof *head);
-    int32_t *ord = malloc(nn * sizeof *ord), *rank = malloc(nn * sizeof *rank);
-    int32_t *bucket = malloc(nb * sizeof *bucket), *bn = malloc(nl * sizeof *bn);
-    int32_t *cnt = calloc(nl + 2, sizeof *cnt);
-    double *ready = malloc(nl * sizeof *ready), *cst = malloc(nl * sizeof *cst), *cen = malloc(nl * sizeof *cen);
+    double *dur = kvm_malloc(nn * sizeof *dur);
+    int32_t *first = kvm_malloc(nn * sizeof *first), *head = kvm_malloc(nn * sizeof *head);
+    int32_t *ord = kvm_malloc(nn * sizeof *ord), *rank = kvm_malloc(nn * sizeof *rank);
+    int32_t *bucket = kvm_malloc(nb * sizeof *bucket), *bn = kvm_malloc(nl * sizeof *bn);
+    int32_t *cnt = kvm_calloc(nl + 2, sizeof *cnt);
+    double *ready = kvm_malloc(nl * sizeof *ready), *cst = kvm_malloc(nl * sizeof *cst), *cen = kvm_malloc(nl * sizeof *cen);
     if (!dur || !first || !head || !ord || !rank || !bucket || !bn || !cnt || !ready || !cst || !cen) {
-        free(dur), free(first), free(head), free(ord), free(rank), free(bucket), free(bn), free(cnt);
-        free(ready), free(cst), free(cen);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(dur), kvm_free(first), kvm_free(head), kvm_free(ord), kvm_free(rank), kvm_free(bucket), kvm_free(bn), kvm_free(cnt);
+        kvm_free(ready), kvm_free(cst), kvm_free(cen);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the schedule of %zu loads", fn, nn);
     }
     double lsum = 0;
     for (int32_t j = 0; j < n; j++) {
@@ -258,7 +259,8 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
         stats->load_ms = lsum;
         stats->n_loads = n_loads;
     }
-    free(dur), free(first), free(head), free(ord), free(rank), free(bucket), free(bn), free(cnt);
-    free(ready), free(cst), free(cen);
+    kvm_free(dur), kvm_free(first), kvm_free(head), kvm_free(ord), kvm_free(rank), kvm_free(bucket), kvm_free(bn), kvm_free(cnt);
+    kvm_free(ready), kvm_free(cst), kvm_free(cen);
+    *n_items = n_loads;
     return KVMEM_OK;
 }

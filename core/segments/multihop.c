@@ -78,13 +78,13 @@ kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const fl
     int32_t m = want < 0 ? 0 : (int32_t)want;
     if (m > nc) m = nc;
 
-    double *imp = malloc((size_t)n * sizeof *imp);
-    int32_t *cand = malloc((size_t)n * sizeof *cand);
-    mh_item *tmp = malloc((size_t)n * sizeof *tmp);
-    uint8_t *cur = malloc((size_t)n), *next = malloc((size_t)n);
+    double *imp = kvm_malloc((size_t)n * sizeof *imp);
+    int32_t *cand = kvm_malloc((size_t)n * sizeof *cand);
+    mh_item *tmp = kvm_malloc((size_t)n * sizeof *tmp);
+    uint8_t *cur = kvm_malloc((size_t)n), *next = kvm_malloc((size_t)n);
     if (!imp || !cand || !tmp || !cur || !next) {
-        free(imp), free(cand), free(tmp), free(cur), free(next);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(imp), kvm_free(cand), kvm_free(tmp), kvm_free(cur), kvm_free(next);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of %d segments", fn, n);
     }
     nc = 0;
     for (int32_t j = 0; j < n; j++)
@@ -129,7 +129,7 @@ kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const fl
         result->iters = it;
         result->converged = converged;
     }
-    free(imp), free(cand), free(tmp), free(cur), free(next);
+    kvm_free(imp), kvm_free(cand), kvm_free(tmp), kvm_free(cur), kvm_free(next);
     return KVMEM_OK;
 }
 

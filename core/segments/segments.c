@@ -102,11 +102,21 @@ static int pool_has_prefix(kvmem_pool *p, const char *prefix) {
 }
 
 /* Best effort: a unit agent left open by a caller stays (and is retried
- * when it is replaced or the store is freed). Preserves the last error. */
+ * when it is replaced or the store is freed); so does one whose removal
+ * failed (its store could not delete the file: logged, never forgotten
+ * silently). Preserves the last error. */
 static void drop_agent(kvmem_segments *s, char *agent) {
     if (!agent[0]) return;
     if (pool_agent_state(s->pool, agent) == 2) return;
-    kvmem_pool_remove_agent(s->pool, agent);
+    char last[512];
+    snprintf(last, sizeof last, "%s", kvmem_last_error());
+    kvmem_status st = kvmem_pool_remove_agent(s->pool, agent);
+    if (st != KVMEM_OK && st != KVMEM_ERR_NOT_FOUND) {
+        kvm_log(KVMEM_LOG_WARN, "segments of '%s': cannot remove unit agent '%s' (%s): it stays in the pool", s->owner,
+                agent, kvmem_last_error());
+        kvm_fail(st, "%s", last);
+        return;
+    }
     agent[0] = '\0';
 }
 
@@ -178,8 +188,8 @@ kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kv
         return kvm_fail(KVMEM_ERR_EXISTS,
                         "kvmem_segments_create: the pool holds agents named '%s*', reserved for the segment store of '%s'",
                         prefix, owner);
-    kvmem_segments *s = calloc(1, sizeof *s);
-    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_create: out of memory");
+    kvmem_segments *s = kvm_calloc(1, sizeof *s);
+    if (!s) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_create: out of memory for the store");
     s->magic = SEGS_MAGIC;
     s->pool = pool;
     snprintf(s->owner, sizeof s->owner, "%s", owner);
@@ -192,28 +202,29 @@ void kvmem_segments_free(kvmem_segments *s) {
     if (!s || s->magic != SEGS_MAGIC) return;
     for (int32_t i = 0; i < s->n_segs; i++) {
         drop_agent(s, s->segs[i].agent);
-        free(s->segs[i].name);
+        kvm_free(s->segs[i].name);
     }
     for (int32_t g = 0; g < s->cap_groups; g++) drop_agent(s, s->groups[g].agent);
-    free(s->segs);
-    free(s->by_name);
-    free(s->groups);
-    free(s->q);
+    kvm_free(s->segs);
+    kvm_free(s->by_name);
+    kvm_free(s->groups);
+    kvm_free(s->q);
     s->magic = 0;
-    free(s);
+    kvm_free(s);
 }
 
 /* ---- events --------------------------------------------------------------- */
 
 /* Make room for `extra` more events, so a mutation can queue without failing. */
 static int q_reserve(kvmem_segments *s, size_t extra) {
-    if (s->q_len + extra <= s->q_cap) return 1;
-    size_t nc = s->q_cap ? s->q_cap : 64;
-    while (nc < s->q_len + extra) nc *= 2;
-    kvmem_segment_event *nq = malloc(nc * sizeof *nq);
+    if (extra <= s->q_cap - s->q_len) return 1;
+    size_t nc;
+    if (extra > SIZE_MAX - s->q_len || !kvm_grow_cap(s->q_cap, s->q_len + extra, 64, SIZE_MAX, sizeof(kvmem_segment_event), &nc))
+        return 0;
+    kvmem_segment_event *nq = kvm_malloc(nc * sizeof *nq);
     if (!nq) return 0;
     for (size_t i = 0; i < s->q_len; i++) nq[i] = s->q[(s->q_head + i) % s->q_cap];
-    free(s->q);
+    kvm_free(s->q);
     s->q = nq;
     s->q_head = 0;
     s->q_cap = nc;
@@ -255,7 +266,7 @@ static int grow_groups(kvmem_segments *s, int32_t group) {
     int32_t nc = s->cap_groups ? s->cap_groups : 16;
     while (nc <= group) nc *= 2;
     if (nc > KVMEM_SEGMENTS_MAX_GROUP + 1) nc = KVMEM_SEGMENTS_MAX_GROUP + 1;
-    grp_rec *ng = realloc(s->groups, (size_t)nc * sizeof *ng);
+    grp_rec *ng = kvm_realloc(s->groups, (size_t)nc * sizeof *ng);
     if (!ng) return 0;
     memset(ng + s->cap_groups, 0, (size_t)(nc - s->cap_groups) * sizeof *ng);
     s->groups = ng;
@@ -316,14 +327,16 @@ kvmem_status kvmem_segments_add(kvmem_segments *s, const char *name, int32_t gro
     if (s->n_segs >= max_segments(s))
         return kvm_fail(KVMEM_ERR_CAPACITY, "%s: %d segments were added, the max_segments limit", fn, s->n_segs);
     /* allocate everything first: a failure changes nothing */
-    char *copy = malloc(len + 1);
-    if (!copy) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    char *copy = kvm_malloc(len + 1);
+    if (!copy) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for a copy of the name", fn);
     memcpy(copy, name, len + 1);
     int ok = grow_groups(s, group) && q_reserve(s, 2);
     if (ok && s->n_segs == s->cap_segs) {
-        int32_t nc = s->cap_segs ? s->cap_segs * 2 : 32;
-        seg_rec *ns = realloc(s->segs, (size_t)nc * sizeof *ns);
-        int32_t *nb = ns ? realloc(s->by_name, (size_t)nc * sizeof *nb) : NULL;
+        size_t ncs = 0;
+        int grow = kvm_grow_cap((size_t)s->cap_segs, (size_t)s->n_segs + 1, 32, SEGS_HARD_MAX, sizeof(seg_rec), &ncs);
+        int32_t nc = (int32_t)ncs;
+        seg_rec *ns = grow ? kvm_realloc(s->segs, (size_t)nc * sizeof *ns) : NULL;
+        int32_t *nb = ns ? kvm_realloc(s->by_name, (size_t)nc * sizeof *nb) : NULL;
         if (ns) s->segs = ns;
         if (nb) {
             s->by_name = nb;
@@ -332,8 +345,8 @@ kvmem_status kvmem_segments_add(kvmem_segments *s, const char *name, int32_t gro
         ok = ns && nb;
     }
     if (!ok) {
-        free(copy);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(copy);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the segment and event tables", fn);
     }
     int32_t idx = s->n_segs++;
     seg_rec *r = &s->segs[idx];
@@ -357,7 +370,7 @@ kvmem_status kvmem_segments_update(kvmem_segments *s, int32_t index) {
     kvmem_status st = check_segs(s, fn);
     if (st != KVMEM_OK) return st;
     if ((st = check_live(s, index, fn)) != KVMEM_OK) return st;
-    if (!q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the event queue", fn);
     seg_rec *r = &s->segs[index];
     r->last_update = s->step;
     r->has_kv = 0; /* the stale agent stays until new KV replaces it */
@@ -371,13 +384,13 @@ kvmem_status kvmem_segments_remove(kvmem_segments *s, int32_t index) {
     kvmem_status st = check_segs(s, fn);
     if (st != KVMEM_OK) return st;
     if ((st = check_live(s, index, fn)) != KVMEM_OK) return st;
-    if (!q_reserve(s, 1)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!q_reserve(s, 1)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the event queue", fn);
     seg_rec *r = &s->segs[index];
     int32_t at = name_find(s, r->name);
     memmove(s->by_name + at, s->by_name + at + 1, (size_t)(s->n_live - at - 1) * sizeof *s->by_name);
     s->n_live--;
     drop_agent(s, r->agent);
-    free(r->name);
+    kvm_free(r->name);
     r->name = NULL;
     r->has_kv = 0;
     r->n_tokens = 0;
@@ -394,7 +407,7 @@ kvmem_status kvmem_segments_assign(kvmem_segments *s, int32_t index, int32_t gro
     if ((st = check_group_id(group, fn)) != KVMEM_OK) return st;
     seg_rec *r = &s->segs[index];
     if (r->group == group) return KVMEM_OK;
-    if (!grow_groups(s, group) || !q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+    if (!grow_groups(s, group) || !q_reserve(s, 2)) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the group table and event queue", fn);
     int32_t old = r->group;
     s->groups[old].n_members--;
     group_changed(s, old);
@@ -414,7 +427,7 @@ kvmem_status kvmem_segments_step(kvmem_segments *s) {
         if (r->n_members > 0 && r->state == KVMEM_GROUP_DYNAMIC && now - r->last_change >= s->params.static_after_steps)
             turning++;
     }
-    if (!q_reserve(s, turning)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_step: out of memory");
+    if (!q_reserve(s, turning)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_segments_step: out of memory for the event queue");
     s->step = now;
     for (int32_t g = 0; g < s->cap_groups; g++) {
         grp_rec *r = &s->groups[g];
@@ -590,12 +603,12 @@ kvmem_status kvmem_segments_plan(kvmem_segments *s, const float *scores, size_t 
     } else if (n_scores != 0) {
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: scores is NULL with n_scores %zu", fn, n_scores);
     }
-    plan_cand *c = malloc((size_t)(s->n_live ? s->n_live : 1) * sizeof *c);
-    int32_t *gslot = s->cap_groups ? malloc((size_t)s->cap_groups * sizeof *gslot) : NULL;
+    plan_cand *c = kvm_malloc((size_t)(s->n_live ? s->n_live : 1) * sizeof *c);
+    int32_t *gslot = s->cap_groups ? kvm_malloc((size_t)s->cap_groups * sizeof *gslot) : NULL;
     if (!c || (s->cap_groups && !gslot)) {
-        free(c);
-        free(gslot);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory", fn);
+        kvm_free(c);
+        kvm_free(gslot);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for ranking %d segments", fn, s->n_live);
     }
     for (int32_t g = 0; g < s->cap_groups; g++) gslot[g] = -1;
     size_t n = 0;
@@ -640,7 +653,7 @@ kvmem_status kvmem_segments_plan(kvmem_segments *s, const float *scores, size_t 
         }
     }
     *n_units = n;
-    free(c);
-    free(gslot);
+    kvm_free(c);
+    kvm_free(gslot);
     return KVMEM_OK;
 }

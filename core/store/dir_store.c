@@ -57,24 +57,47 @@ static kvmem_status fr_readv(kvm_store_reader *r, uint64_t off, const struct iov
 static void fr_close(kvm_store_reader *r) {
     file_reader *f = (file_reader *)r;
     close(f->fd);
-    free(f);
+    kvm_free(f);
+}
+
+/* What a non-regular file is, for messages. */
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a regular file";
 }
 
 kvmem_status kvm_file_open_read(const char *path, kvm_store_reader **out, uint64_t *size) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Refuse what is not a regular file before opening it (opening a FIFO
+     * waits for a writer, a device may act on open), and again after, with
+     * O_NONBLOCK so a FIFO swapped in between cannot block either. */
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return kvm_fail(KVMEM_ERR_IO, "'%s' is %s, not a regular file", path, file_kind(st.st_mode));
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         if (errno == ENOENT) return kvm_fail(KVMEM_ERR_NOT_FOUND, "no file '%s'", path);
         return kvm_fail(KVMEM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return kvm_fail(KVMEM_ERR_IO, "'%s' is not a regular file", path);
+        return kvm_fail(KVMEM_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
     }
-    file_reader *f = malloc(sizeof *f);
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kvm_fail(KVMEM_ERR_IO, "'%s' is %s, not a regular file", path, file_kind(st.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* plain blocking reads from here on */
+    file_reader *f = kvm_malloc(sizeof *f);
     if (!f) {
         close(fd);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a reader of '%s'", path);
     }
     f->base.read_at = fr_read;
 #if defined(__linux__)
@@ -127,11 +150,11 @@ static kvmem_status fw_write(kvm_store_writer *w, const void *buf, size_t n) {
 }
 
 static void fw_free(file_writer *f) {
-    free(f->path);
-    free(f->tmp);
-    free(f->dir);
-    free(f->buf);
-    free(f);
+    kvm_free(f->path);
+    kvm_free(f->tmp);
+    kvm_free(f->dir);
+    kvm_free(f->buf);
+    kvm_free(f);
 }
 
 static void fw_abort(kvm_store_writer *w) {
@@ -177,18 +200,23 @@ kvmem_status kvm_file_open_write(const char *path, kvm_store_writer **out) {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
     if (!*base) return kvm_fail(KVMEM_ERR_INVALID_ARG, "path '%s' names a directory", path);
+    /* the rename at commit replaces whatever has the name: only ever a
+     * regular file (not a device node, FIFO, directory or symbolic link) */
+    struct stat ls;
+    if (lstat(path, &ls) == 0 && !S_ISREG(ls.st_mode))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "'%s' is %s: kvmem replaces only regular files", path, file_kind(ls.st_mode));
     size_t dlen = slash ? (size_t)(slash - path) : 0;
-    file_writer *f = calloc(1, sizeof *f);
+    file_writer *f = kvm_calloc(1, sizeof *f);
     size_t tl = strlen(path) + 64;
     if (f) {
-        f->path = strdup(path);
-        f->tmp = malloc(tl);
-        f->dir = malloc(dlen + 2);
-        f->buf = malloc(KVM_WBUF);
+        f->path = kvm_strdup(path);
+        f->tmp = kvm_malloc(tl);
+        f->dir = kvm_malloc(dlen + 2);
+        f->buf = kvm_malloc(KVM_WBUF);
     }
     if (!f || !f->path || !f->tmp || !f->dir || !f->buf) {
         if (f) fw_free(f);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a writer of '%s' and its %u-byte buffer", path, KVM_WBUF);
     }
     if (slash) {
         memcpy(f->dir, path, dlen ? dlen : 1); /* "/x" -> "/" */
@@ -218,51 +246,47 @@ typedef struct dir_store {
     char *dir;
 } dir_store;
 
-static char *key_path(const dir_store *d, const char *key) {
-    if (!kvmem_agent_id_valid(key)) {
-        kvm_fail(KVMEM_ERR_INVALID_ARG, "store key '%.40s' is not a valid agent id", key);
-        return NULL;
-    }
-    size_t n = strlen(d->dir) + strlen(key) + sizeof KVM_STORE_EXT + 2;
-    char *p = malloc(n);
-    if (!p) {
-        kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
-        return NULL;
-    }
-    snprintf(p, n, "%s/%s%s", d->dir, key, KVM_STORE_EXT);
-    return p;
+/* Directory, '/', an agent id (at most KVMEM_MAX_AGENT_ID bytes), the
+ * extension: a key's path fits a buffer of this size when the directory
+ * name is shorter than KVM_DIR_MAX (checked at create). */
+#define KVM_DIR_MAX 4096
+#define KVM_KEY_PATH (KVM_DIR_MAX + KVMEM_MAX_AGENT_ID + sizeof KVM_STORE_EXT + 2)
+
+/* The file of `key`, into a caller buffer: no allocation, so removing a
+ * stored agent can never fail for lack of memory. */
+static kvmem_status key_path(const dir_store *d, const char *key, char path[KVM_KEY_PATH]) {
+    if (!kvmem_agent_id_valid(key))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "store key '%.40s' is not a valid agent id", key);
+    snprintf(path, KVM_KEY_PATH, "%s/%s%s", d->dir, key, KVM_STORE_EXT);
+    return KVMEM_OK;
 }
 
 static void ds_free(kvm_store *s) {
     if (!s) return;
     dir_store *d = s->impl;
-    free(d->dir);
-    free(d);
-    free(s);
+    kvm_free(d->dir);
+    kvm_free(d);
+    kvm_free(s);
 }
 
 static kvmem_status ds_open_read(kvm_store *s, const char *key, kvm_store_reader **out, uint64_t *size) {
-    char *p = key_path(s->impl, key);
-    if (!p) return KVMEM_ERR_INVALID_ARG;
-    kvmem_status st = kvm_file_open_read(p, out, size);
-    free(p);
-    return st;
+    char p[KVM_KEY_PATH];
+    kvmem_status st = key_path(s->impl, key, p);
+    return st != KVMEM_OK ? st : kvm_file_open_read(p, out, size);
 }
 
 static kvmem_status ds_open_write(kvm_store *s, const char *key, kvm_store_writer **out) {
-    char *p = key_path(s->impl, key);
-    if (!p) return KVMEM_ERR_INVALID_ARG;
-    kvmem_status st = kvm_file_open_write(p, out);
-    free(p);
-    return st;
+    char p[KVM_KEY_PATH];
+    kvmem_status st = key_path(s->impl, key, p);
+    return st != KVMEM_OK ? st : kvm_file_open_write(p, out);
 }
 
 static kvmem_status ds_exists(kvm_store *s, const char *key, int *exists) {
-    char *p = key_path(s->impl, key);
-    if (!p) return KVMEM_ERR_INVALID_ARG;
+    char p[KVM_KEY_PATH];
+    kvmem_status rc = key_path(s->impl, key, p);
+    if (rc != KVMEM_OK) return rc;
     struct stat st;
     *exists = stat(p, &st) == 0 && S_ISREG(st.st_mode);
-    free(p);
     return KVMEM_OK;
 }
 
@@ -280,21 +304,21 @@ static kvmem_status ds_list(kvm_store *s, int (*fn)(const char *, void *), void 
     while ((e = readdir(dh)) != NULL) {
         size_t l = strlen(e->d_name);
         if (l <= el || strcmp(e->d_name + l - el, KVM_STORE_EXT) != 0) continue;
-        char *k = strndup(e->d_name, l - el);
+        char *k = kvm_strndup(e->d_name, l - el);
         if (!k) {
-            st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+            st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the names of '%s'", d->dir);
             break;
         }
         if (!kvmem_agent_id_valid(k)) {
-            free(k);
+            kvm_free(k);
             continue;
         }
         if (n == cap) {
-            size_t nc = cap ? cap * 2 : 16;
-            char **nk = realloc(keys, nc * sizeof *nk);
+            size_t nc;
+            char **nk = kvm_grow_cap(cap, n + 1, 16, SIZE_MAX, sizeof *nk, &nc) ? kvm_realloc(keys, nc * sizeof *nk) : NULL;
             if (!nk) {
-                free(k);
-                st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+                kvm_free(k);
+                st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the names of '%s'", d->dir);
                 break;
             }
             keys = nk;
@@ -307,20 +331,19 @@ static kvmem_status ds_list(kvm_store *s, int (*fn)(const char *, void *), void 
     int stop = 0;
     for (size_t i = 0; i < n; i++) {
         if (!stop && st == KVMEM_OK) stop = fn(keys[i], user);
-        free(keys[i]);
+        kvm_free(keys[i]);
     }
-    free(keys);
+    kvm_free(keys);
     return st;
 }
 
 static kvmem_status ds_remove(kvm_store *s, const char *key) {
-    char *p = key_path(s->impl, key);
-    if (!p) return KVMEM_ERR_INVALID_ARG;
-    kvmem_status st = KVMEM_OK;
+    char p[KVM_KEY_PATH];
+    kvmem_status st = key_path(s->impl, key, p);
+    if (st != KVMEM_OK) return st;
     if (unlink(p) != 0)
         st = errno == ENOENT ? kvm_fail(KVMEM_ERR_NOT_FOUND, "no stored agent '%s'", key)
                              : kvm_fail(KVMEM_ERR_IO, "cannot remove '%s': %s", p, strerror(errno));
-    free(p);
     return st;
 }
 
@@ -330,16 +353,18 @@ static const kvm_store_iface dir_iface = {
 
 kvmem_status kvm_dir_store_create(const char *dir, kvm_store **out) {
     struct stat st;
+    if (strlen(dir) >= KVM_DIR_MAX)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "store directory name of %zu bytes: at most %d", strlen(dir), KVM_DIR_MAX - 1);
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return kvm_fail(KVMEM_ERR_NOT_FOUND, "store directory '%s' does not exist", dir);
-    kvm_store *s = calloc(1, sizeof *s);
-    dir_store *d = calloc(1, sizeof *d);
-    char *copy = strdup(dir);
+    kvm_store *s = kvm_calloc(1, sizeof *s);
+    dir_store *d = kvm_calloc(1, sizeof *d);
+    char *copy = kvm_strdup(dir);
     if (!s || !d || !copy) {
-        free(s);
-        free(d);
-        free(copy);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        kvm_free(s);
+        kvm_free(d);
+        kvm_free(copy);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the store of '%s'", dir);
     }
     d->dir = copy;
     s->iface = &dir_iface;

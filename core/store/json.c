@@ -1,6 +1,7 @@
 /* Strict JSON reader: recursive descent over a byte range, every access
  * bounds-checked, depth-limited, duplicate keys refused. */
 #include "json.h"
+#include "../internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@ typedef struct parser {
     char *err;
     size_t err_size;
     int failed;
+    int oom;
 } parser;
 
 static int fail(parser *p, const char *fmt, ...) {
@@ -40,12 +42,16 @@ static void skip_ws(parser *p) {
 static int32_t new_node(parser *p, kvm_json_type t) {
     kvm_json_doc *d = p->doc;
     if (d->n_nodes == d->cap_nodes) {
-        int32_t nc = d->cap_nodes ? d->cap_nodes * 2 : 64;
-        if (nc < 0 || (size_t)nc > SIZE_MAX / sizeof(kvm_json)) return fail(p, "too many values");
-        kvm_json *nn = realloc(d->nodes, (size_t)nc * sizeof *nn);
-        if (!nn) return fail(p, "out of memory");
+        size_t nc;
+        if (!kvm_grow_cap((size_t)d->cap_nodes, (size_t)d->n_nodes + 1, 64, INT32_MAX, sizeof(kvm_json), &nc))
+            return fail(p, "too many values");
+        kvm_json *nn = kvm_realloc(d->nodes, nc * sizeof *nn);
+        if (!nn) {
+            p->oom = 1;
+            return fail(p, "out of memory for %zu values", nc);
+        }
         d->nodes = nn;
-        d->cap_nodes = nc;
+        d->cap_nodes = (int32_t)nc;
     }
     kvm_json *v = &d->nodes[d->n_nodes];
     memset(v, 0, sizeof *v);
@@ -103,7 +109,7 @@ static int parse_string(parser *p, size_t *off, size_t *len) {
             p->pos++;
             break;
         }
-        if (c < 0x20) return fail(p, "control character 0x%02x in string", c);
+        if (c < 0x20) return fail(p, "control character in a string");
         if (c == '\\') {
             p->pos++;
             if (p->pos >= p->n) return fail(p, "unterminated escape");
@@ -120,14 +126,14 @@ static int parse_string(parser *p, size_t *off, size_t *len) {
             case 'u': {
                 uint32_t cp;
                 if (hex4(p, &cp)) return -1;
-                if (cp >= 0xdc00 && cp <= 0xdfff) return fail(p, "lone low surrogate \\u%04x", cp);
+                if (cp >= 0xdc00 && cp <= 0xdfff) return fail(p, "lone low surrogate");
                 if (cp >= 0xd800 && cp <= 0xdbff) {
                     uint32_t lo;
                     if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
                         return fail(p, "high surrogate without a low one");
                     p->pos += 2;
                     if (hex4(p, &lo)) return -1;
-                    if (lo < 0xdc00 || lo > 0xdfff) return fail(p, "bad low surrogate \\u%04x", lo);
+                    if (lo < 0xdc00 || lo > 0xdfff) return fail(p, "bad low surrogate");
                     cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
                 }
                 if (cp < 0x80) {
@@ -147,7 +153,7 @@ static int parse_string(parser *p, size_t *off, size_t *len) {
                 }
                 break;
             }
-            default: return fail(p, "bad escape \\%c", e >= 0x20 && e < 0x7f ? e : '?');
+            default: return fail(p, "bad escape");
             }
             continue;
         }
@@ -300,28 +306,28 @@ static int parse_value(parser *p, int32_t *out, int depth) {
             *out = node;
             return parse_number(p, node);
         }
-        return fail(p, "unexpected character 0x%02x", (unsigned char)c);
+        return fail(p, "unexpected character");
     }
 }
 
 void kvm_json_free(kvm_json_doc *doc) {
     if (!doc) return;
-    free(doc->nodes);
-    free(doc->strings);
+    kvm_free(doc->nodes);
+    kvm_free(doc->strings);
     memset(doc, 0, sizeof *doc);
 }
 
 int kvm_json_parse(const char *s, size_t n, kvm_json_doc *doc, char *err, size_t err_size) {
     memset(doc, 0, sizeof *doc);
-    parser p = {s, n, 0, doc, err, err_size, 0};
+    parser p = {s, n, 0, doc, err, err_size, 0, 0};
     /* decoded strings never outgrow their source (plus one NUL per value) */
     if (n > (SIZE_MAX - 2) / 2) return fail(&p, "too large");
     doc->cap_str = 2 * n + 2;
-    doc->strings = malloc(doc->cap_str);
+    doc->strings = kvm_malloc(doc->cap_str);
     if (!doc->strings) {
-        fail(&p, "out of memory");
+        fail(&p, "out of memory for %zu bytes of strings", doc->cap_str);
         kvm_json_free(doc);
-        return -1;
+        return KVM_JSON_NOMEM;
     }
     int32_t root;
     if (parse_value(&p, &root, 0) == 0) {
@@ -330,7 +336,7 @@ int kvm_json_parse(const char *s, size_t n, kvm_json_doc *doc, char *err, size_t
     }
     if (p.failed) {
         kvm_json_free(doc);
-        return -1;
+        return p.oom ? KVM_JSON_NOMEM : KVM_JSON_BAD;
     }
     for (int32_t i = 0; i < doc->n_nodes; i++) {
         kvm_json *v = &doc->nodes[i];

@@ -38,8 +38,12 @@ typedef struct kvm_json_doc {
     size_t n_str, cap_str;
 } kvm_json_doc;
 
-/* Parse s[0..n). On failure returns -1 and writes a message with the byte
- * offset into err; the document is freed either way on failure. */
+/* Parse s[0..n). Returns 0, or KVM_JSON_BAD (malformed) or KVM_JSON_NOMEM
+ * (out of memory: says nothing about the text) with a message into err that
+ * names the byte offset but quotes no bytes of the input. The document is
+ * freed on failure. */
+#define KVM_JSON_BAD (-1)
+#define KVM_JSON_NOMEM (-2)
 int kvm_json_parse(const char *s, size_t n, kvm_json_doc *doc, char *err, size_t err_size);
 void kvm_json_free(kvm_json_doc *doc);
 

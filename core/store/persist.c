@@ -30,7 +30,7 @@ kvmem_status kvm_store_load_mem(kvmem_pool *p, kvm_agent_mem *m) {
     return load_from(p, m, r, size);
 }
 
-kvmem_status kvmem_agent_save(kvmem_agent *a, const char *path) {
+static kvmem_status agent_save_taken(kvmem_agent *a, const char *path) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_save");
     if (st != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
@@ -45,7 +45,15 @@ kvmem_status kvmem_agent_save(kvmem_agent *a, const char *path) {
     return kvm_agent_write(p, a->mem, w);
 }
 
-kvmem_status kvmem_agent_load(kvmem_agent *a, const char *path) {
+kvmem_status kvmem_agent_save(kvmem_agent *a, const char *path) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_save");
+    if (st != KVMEM_OK) return st;
+    st = agent_save_taken(a, path);
+    kvm_agent_leave(a);
+    return st;
+}
+
+static kvmem_status agent_load_taken(kvmem_agent *a, const char *path) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_load");
     if (st != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
@@ -60,6 +68,14 @@ kvmem_status kvmem_agent_load(kvmem_agent *a, const char *path) {
     uint64_t size;
     if ((st = kvm_file_open_read(path, &r, &size)) != KVMEM_OK) return st;
     if ((st = load_from(p, a->mem, r, size)) == KVMEM_OK) a->mem->dirty = 1;
+    return st;
+}
+
+kvmem_status kvmem_agent_load(kvmem_agent *a, const char *path) {
+    kvmem_status st = kvm_agent_enter(a, "kvmem_agent_load");
+    if (st != KVMEM_OK) return st;
+    st = agent_load_taken(a, path);
+    kvm_agent_leave(a);
     return st;
 }
 

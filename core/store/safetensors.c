@@ -32,10 +32,14 @@ typedef struct sbuf {
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 4096;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *ns = realloc(b->s, nc);
+    size_t need;
+    if (!kvm_add_size(b->n, n, &need) || !kvm_add_size(need, 1, &need)) {
+        b->oom = 1;
+        return;
+    }
+    if (need > b->cap) {
+        size_t nc;
+        char *ns = kvm_grow_cap(b->cap, need, 4096, PTRDIFF_MAX, 1, &nc) ? kvm_realloc(b->s, nc) : NULL;
         if (!ns) {
             b->oom = 1;
             return;
@@ -159,9 +163,9 @@ static kvmem_status build_plan(const kvmem_pool *p, uint64_t n_sealed, uint64_t 
     const int L = p->spec.n_layers;
     const uint64_t H = (uint64_t)p->spec.n_kv_heads, D = (uint64_t)p->spec.head_dim;
     const kvmem_dtype dt = p->params.storage_dtype;
-    pl->t = calloc((size_t)L * 10, sizeof *pl->t);
+    pl->t = kvm_calloc((size_t)L * 10, sizeof *pl->t);
     pl->n = 0;
-    if (!pl->t) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    if (!pl->t) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the tensor list of %d layers", L);
     const uint64_t W = (D + 7) / 8, G8 = (D + 31) / 32, G4 = (D + 63) / 64;
     int ok = 1;
     for (int l = 0; l < L && ok; l++) {
@@ -183,7 +187,7 @@ static kvmem_status build_plan(const kvmem_pool *p, uint64_t n_sealed, uint64_t 
         ok &= add_t(pl, "F32", 4, n_sealed, H, D, T_AABB, 1, l, 0, "max");
     }
     if (!ok) {
-        free(pl->t);
+        kvm_free(pl->t);
         pl->t = NULL;
         return kvm_fail(KVMEM_ERR_FORMAT, "tensor sizes overflow: %" PRIu64 " tokens is not a real agent", ts);
     }
@@ -254,8 +258,8 @@ static kvmem_status collect(void *arg, unsigned char *ptr, size_t len) {
     pieces *ps = arg;
     if (!len) return KVMEM_OK;
     if (ps->n == ps->cap) {
-        size_t nc = ps->cap ? ps->cap * 2 : 1024;
-        piece *nv = realloc(ps->v, nc * sizeof *nv);
+        size_t nc;
+        piece *nv = kvm_grow_cap(ps->cap, ps->n + 1, 1024, SIZE_MAX, sizeof *nv, &nc) ? kvm_realloc(ps->v, nc * sizeof *nv) : NULL;
         if (!nv) {
             ps->oom = 1;
             return KVMEM_ERR_NOMEM;
@@ -290,7 +294,7 @@ typedef struct chunk_job {
 static void chunk_task(void *arg, size_t cb, size_t ce) {
     chunk_job *j = arg;
     const pieces *ps = j->ps;
-    unsigned char *buf = j->r ? malloc(KVM_SUB) : NULL;
+    unsigned char *buf = j->r ? kvm_malloc(KVM_SUB) : NULL;
     for (size_t c = cb; c < ce; c++) {
         uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total);
         kvm_acc64_state h;
@@ -362,26 +366,26 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
         }
         j->digest[c] = kvm_acc64_final(&h);
     }
-    free(buf);
+    kvm_free(buf);
 }
 
 /* Checksum of the data section described by ps; with a reader, also read it
  * into the pieces. Returns the combined digest in *sum. */
 static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, uint64_t *sum) {
     size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
-    uint64_t *dig = malloc((n ? n : 1) * sizeof *dig);
-    kvmem_status *sts = malloc((n ? n : 1) * sizeof *sts);
+    uint64_t *dig = kvm_malloc((n ? n : 1) * sizeof *dig);
+    kvmem_status *sts = kvm_malloc((n ? n : 1) * sizeof *sts);
     if (!dig || !sts) {
-        free(dig);
-        free(sts);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        kvm_free(dig);
+        kvm_free(sts);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the digests of %zu data chunks", n);
     }
     chunk_job j = {ps, r, data_off, dig, sts};
     kvm_parallel_for(p->ctx->tp, n, 1, chunk_task, &j);
     kvmem_status st = KVMEM_OK;
     for (size_t c = 0; r && c < n && st == KVMEM_OK; c++) {
         if (sts[c] == KVMEM_ERR_CORRUPT) st = kvm_fail(KVMEM_ERR_CORRUPT, "file ends inside the data section (truncated)");
-        else if (sts[c] == KVMEM_ERR_NOMEM) st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        else if (sts[c] == KVMEM_ERR_NOMEM) st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a %zu-byte read buffer", KVM_SUB);
         else if (sts[c] != KVMEM_OK) st = kvm_fail(sts[c], "reading the data section failed");
     }
     unsigned char le[8];
@@ -392,8 +396,8 @@ static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader
         kvm_xxh64_update(&h, le, 8);
     }
     *sum = kvm_xxh64_final(&h);
-    free(dig);
-    free(sts);
+    kvm_free(dig);
+    kvm_free(sts);
     return st;
 }
 
@@ -445,10 +449,11 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
         pl.t[i].end = off;
         for_pieces(p, m, &pl.t[i], collect, &ps);
     }
-    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, NULL, 0, &sum);
-    free(ps.v);
+    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
+                : run_chunks(p, &ps, NULL, 0, &sum);
+    kvm_free(ps.v);
     if (st != KVMEM_OK) {
-        free(pl.t);
+        kvm_free(pl.t);
         w->abort(w);
         return st;
     }
@@ -461,9 +466,10 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     sb_json_str(&b, p->spec.model_id, strnlen(p->spec.model_id, KVMEM_MAX_MODEL_ID));
     sbuf sp = {0};
     spec_string(&p->spec, &sp);
+    if (sp.oom) b.oom = 1; /* an empty spec would write a file no pool loads */
     sb_str(&b, ",\"model_spec\":");
     sb_json_str(&b, sp.s ? sp.s : "", sp.n);
-    free(sp.s);
+    kvm_free(sp.s);
     sb_fmt(&b, ",\"storage_dtype\":\"%s\",\"block_size\":\"%d\",\"n_tokens\":\"%" PRId64 "\",\"block_tokens\":\"",
            kvmem_dtype_name(p->params.storage_dtype), p->params.block_size, m->n_tokens);
     for (int32_t i = 0; i < m->n_sealed; i++) sb_fmt(&b, i ? ",%d" : "%d", m->blocks[i].n_tokens);
@@ -488,20 +494,20 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
                t->name, t->dtype, t->shape[0], t->shape[1], t->shape[2], t->begin, t->end);
     }
     sb_str(&b, "}");
-    while (b.n % 8) sb_str(&b, " "); /* data starts 8-byte aligned */
+    while (!b.oom && b.n % 8) sb_str(&b, " "); /* data starts 8-byte aligned */
     if (b.oom) {
-        free(b.s);
-        free(pl.t);
+        kvm_free(b.s);
+        kvm_free(pl.t);
         w->abort(w);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory building the file header");
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the file header (%zu bytes so far)", b.cap);
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
     st = w->write(w, len8, 8);
     if (st == KVMEM_OK) st = w->write(w, b.s, b.n);
     for (int i = 0; i < pl.n && st == KVMEM_OK; i++) st = for_pieces(p, m, &pl.t[i], write_piece, &c);
-    free(b.s);
-    free(pl.t);
+    kvm_free(b.s);
+    kvm_free(pl.t);
     if (st != KVMEM_OK) {
         w->abort(w);
         return st;
@@ -574,7 +580,7 @@ static int cmp_begin(const void *a, const void *b) {
 static void fresh_free(kvm_agent_mem *f) {
     if (!f) return;
     kvm_agent_mem_clear(f);
-    free(f);
+    kvm_free(f);
 }
 
 typedef struct loadstate {
@@ -584,17 +590,15 @@ typedef struct loadstate {
     tplan **order;
     int32_t *block_n;
     kvm_agent_mem *fresh;
-    uint64_t reserved;
 } loadstate;
 
-static void ls_free(kvmem_pool *p, loadstate *s) {
+static void ls_free(loadstate *s) {
     kvm_json_free(&s->doc);
-    free(s->header);
-    free(s->pl.t);
-    free(s->order);
-    free(s->block_n);
+    kvm_free(s->header);
+    kvm_free(s->pl.t);
+    kvm_free(s->order);
+    kvm_free(s->block_n);
     fresh_free(s->fresh);
-    if (s->reserved) kvm_pool_unreserve(p, s->reserved);
 }
 
 static const char *meta_str(const kvm_json_doc *d, const kvm_json *meta, const char *key, size_t *len) {
@@ -620,10 +624,17 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
         if (!(v = meta_str(d, meta, key, &n)))                                                       \
             return kvm_fail(KVMEM_ERR_FORMAT, "metadata '%s' is missing: not a kvmem agent file", key); \
     } while (0)
+    /* A NUL inside a string would cut it short for every C reader (agent id
+     * "alice\u0000x" read as "alice"): refused anywhere in the header. */
+    for (int32_t i = 0; i < d->n_nodes; i++) {
+        const kvm_json *x = &d->nodes[i];
+        if ((x->type == KVM_JSON_STRING && memchr(x->str, '\0', x->len)) || (x->key && memchr(x->key, '\0', x->key_len)))
+            return kvm_fail(KVMEM_ERR_FORMAT, "the header holds a string with a NUL character (\\u0000)");
+    }
     META("format");
-    if (strcmp(v, "kvmem-agent") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata format '%.40s' is not 'kvmem-agent'", v);
+    if (strcmp(v, "kvmem-agent") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata format is not 'kvmem-agent'");
     META("format_version");
-    if (strcmp(v, "1") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "format version '%.20s' is not supported (this build reads 1)", v);
+    if (strcmp(v, "1") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "this format version is not supported (this build reads 1)");
     META("agent_id");
     if (!kvmem_agent_id_valid(v)) return kvm_fail(KVMEM_ERR_FORMAT, "metadata agent_id is not a valid agent id");
     if (expect_id && strcmp(v, expect_id) != 0)
@@ -634,7 +645,10 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
     META("model_spec");
     sbuf sp = {0};
     spec_string(&p->spec, &sp);
-    if (sp.oom) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+    if (sp.oom) {
+        kvm_free(sp.s);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the pool's model spec string");
+    }
     if (n != sp.n || memcmp(v, sp.s, n) != 0) {
         /* name the first field that differs */
         size_t i = 0;
@@ -648,10 +662,10 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
         kvmem_status st = kvm_fail(KVMEM_ERR_MISMATCH, "model spec differs: file has %.*s, the pool %.*s",
                                    (int)KVM_MIN(fe - KVM_MIN(f, fe), (size_t)80), v + KVM_MIN(f, n), (int)KVM_MIN(e - f, (size_t)80),
                                    sp.s + f);
-        free(sp.s);
+        kvm_free(sp.s);
         return st;
     }
-    free(sp.s);
+    kvm_free(sp.s);
     META("storage_dtype");
     if (strcmp(v, kvmem_dtype_name(p->params.storage_dtype)) != 0)
         return kvm_fail(KVMEM_ERR_MISMATCH, "the file stores %.20s, the pool stores %s", v,
@@ -731,18 +745,24 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     if ((st = read_exact(r, 0, len8, 8, "header length")) != KVMEM_OK) return st;
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | len8[i];
+    /* Nothing read from a file is quoted in a message until the file has
+     * shown itself to be a kvmem agent file: a caller may pass any path and
+     * show the message to someone who should not read that file. */
     if (hl < 2 || hl > KVM_MAX_HEADER)
-        return kvm_fail(KVMEM_ERR_FORMAT, "header length %" PRIu64 " is outside [2, %" PRIu64 "]: not a kvmem safetensors file",
-                        hl, KVM_MAX_HEADER);
+        return kvm_fail(KVMEM_ERR_FORMAT,
+                        "the first 8 bytes are not a header length in [2, %" PRIu64 "]: not a kvmem safetensors file",
+                        KVM_MAX_HEADER);
     if (hl > size - 8)
-        return kvm_fail(KVMEM_ERR_CORRUPT, "header length %" PRIu64 " runs past the end of the %" PRIu64 "-byte file (truncated?)",
-                        hl, size);
-    s.header = malloc((size_t)hl);
-    if (!s.header) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", hl);
+        return kvm_fail(KVMEM_ERR_CORRUPT, "the header length runs past the end of the %" PRIu64 "-byte file (truncated?)",
+                        size);
+    s.header = kvm_malloc((size_t)hl);
+    if (!s.header) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the file's JSON header");
     if ((st = read_exact(r, 8, s.header, (size_t)hl, "header")) != KVMEM_OK) goto done;
     char jerr[256];
-    if (kvm_json_parse(s.header, (size_t)hl, &s.doc, jerr, sizeof jerr) != 0) {
-        st = kvm_fail(KVMEM_ERR_FORMAT, "%s", jerr);
+    int jr = kvm_json_parse(s.header, (size_t)hl, &s.doc, jerr, sizeof jerr);
+    if (jr != 0) {
+        st = jr == KVM_JSON_NOMEM ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the parsed JSON header")
+                                  : kvm_fail(KVMEM_ERR_FORMAT, "%s", jerr);
         goto done;
     }
     const kvm_json *root = &s.doc.nodes[0];
@@ -773,9 +793,9 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         st = kvm_fail(KVMEM_ERR_CORRUPT, "%lld blocks for %lld tokens", (long long)n_sealed, (long long)n_tokens);
         goto done;
     }
-    s.block_n = malloc((size_t)(n_sealed ? n_sealed : 1) * sizeof *s.block_n);
+    s.block_n = kvm_malloc((size_t)(n_sealed ? n_sealed : 1) * sizeof *s.block_n);
     if (!s.block_n) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the lengths of %lld blocks", (long long)n_sealed);
         goto done;
     }
     if (parse_list(v, n, 1, BS, n_sealed, s.block_n, 0) != 0) {
@@ -795,9 +815,9 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         if (c == meta) continue;
         if ((st = match_tensor(&s, c)) != KVMEM_OK) goto done;
     }
-    s.order = malloc((size_t)s.pl.n * sizeof *s.order);
+    s.order = kvm_malloc((size_t)s.pl.n * sizeof *s.order);
     if (!s.order) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory");
+        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the order of %d tensors", s.pl.n);
         goto done;
     }
     for (int i = 0; i < s.pl.n; i++) {
@@ -827,12 +847,12 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         goto done;
     }
 
-    /* everything checks out on paper: reserve, allocate, read */
+    /* everything checks out on paper: allocate, read, check, and reserve the
+     * bytes last (a reservation may spill closed agents: never for a load
+     * that then fails) */
     uint64_t need = (n_tokens > ts) ? kvm_tail_bytes(p) : 0;
     for (int64_t i = 0; i < n_sealed; i++) need += kvm_block_bytes(p, s.block_n[i]);
-    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
-    s.reserved = need;
-    kvm_agent_mem *f = s.fresh = calloc(1, sizeof *f);
+    kvm_agent_mem *f = s.fresh = kvm_calloc(1, sizeof *f);
     size_t text_cap = 0;
     const char *text = meta_str(&s.doc, meta, "text", &n);
     const char *hex = NULL;
@@ -863,7 +883,8 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         first += s.block_n[i];
     }
     if (!ok) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory loading %lld tokens", (long long)n_tokens);
+        st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the %lld tokens of the file (%lld blocks)", (long long)n_tokens,
+                      (long long)n_sealed);
         goto done;
     }
     f->n_tokens = n_tokens;
@@ -911,8 +932,9 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     pieces ps = {0};
     for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.order[i], collect, &ps);
     uint64_t got_sum = 0;
-    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory") : run_chunks(p, &ps, r, 8 + hl, &got_sum);
-    free(ps.v);
+    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
+                : run_chunks(p, &ps, r, 8 + hl, &got_sum);
+    kvm_free(ps.v);
     if (st != KVMEM_OK) goto done;
     if (got_sum != checksum) {
         st = kvm_fail(KVMEM_ERR_CORRUPT, "checksum mismatch: the data section is corrupt (stored %016" PRIx64 ", computed %016" PRIx64 ")",
@@ -943,11 +965,11 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
             goto done;
         }
     }
+    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
     *out = f;
     s.fresh = NULL;
-    s.reserved = 0;
     st = KVMEM_OK;
 done:
-    ls_free(p, &s);
+    ls_free(&s);
     return st;
 }
