@@ -69,9 +69,14 @@ if ! command -v go >/dev/null; then
   skip go "go not found (apt-get install golang-go)"
 elif ! command -v "${CC:-cc}" >/dev/null; then
   skip go "no C compiler for cgo"
+elif ! command -v pkg-config >/dev/null; then
+  skip go "pkg-config not found (apt-get install pkgconf): the binding finds kvmem with it"
+elif [ ! -f "$build/kvmem-uninstalled.pc" ]; then
+  skip go "$build has no kvmem-uninstalled.pc (configured before it existed: re-run cmake)"
 else
-  export CGO_ENABLED=1 CGO_CFLAGS="-I$root/include" \
-         CGO_LDFLAGS="-L$build/core -Wl,-rpath,$build/core" GOFLAGS=-count=1
+  # `#cgo pkg-config: kvmem` finds the build tree's kvmem-uninstalled.pc
+  export CGO_ENABLED=1 PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+         CGO_LDFLAGS="-Wl,-rpath,$build/core" GOFLAGS=-count=1
   export GOCACHE=${GOCACHE:-$build/bindings/gocache} GOPATH=${GOPATH:-$build/bindings/gopath} GOPROXY=off
   run go 'lines:^--- PASS' bash -c "cd '$root/bindings/go' && go vet ./... && go test -v ./... && cd '$root/examples/go/memsvc' && go vet ./... && go test -v ./..."
 fi

@@ -9,7 +9,7 @@ const path = require('node:path');
 const kvmem = require('..');
 
 const L = 2, H = 2, D = 8;
-const spec = { n_layers: L, n_q_heads: 4, n_kv_heads: H, head_dim: D };
+const spec = { nLayers: L, nQHeads: 4, nKvHeads: H, headDim: D };
 
 function agentWith(T) {
   const ctx = new kvmem.Context({ backend: 'cpu' });
