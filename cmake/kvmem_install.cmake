@@ -17,6 +17,7 @@ install(FILES ${PROJECT_BINARY_DIR}/kvmemConfig.cmake ${PROJECT_BINARY_DIR}/kvme
 # kvmem.pc finds its prefix relative to itself, so `cmake --install --prefix X`
 # gives a working file wherever X is.
 file(RELATIVE_PATH KVMEM_PC_TO_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+string(REGEX REPLACE "/$" "" KVMEM_PC_TO_PREFIX "${KVMEM_PC_TO_PREFIX}")  # no "..//lib"
 # kvmem-static.pc names libkvmem.a itself (cgo's `#cgo pkg-config` cannot ask
 # for --static, and -lkvmem would pick the shared library).
 foreach(pc kvmem kvmem-static)

@@ -16,7 +16,10 @@ const SONAMES = process.platform === 'darwin' ? ['libkvmem.0.dylib', 'libkvmem.d
 function candidates() {
   const out = [];
   if (process.env.KVMEM_LIBRARY) out.push(process.env.KVMEM_LIBRARY);
-  for (const n of SONAMES) out.push(path.join(__dirname, n)); // shipped beside the package
+  // built for this machine by scripts/build.js, then the package's prebuilt one
+  for (const n of SONAMES) out.push(path.join(__dirname, 'build', n));
+  for (const n of SONAMES) out.push(path.join(__dirname, 'prebuilds', `${process.platform}-${process.arch}`, n));
+  for (const n of SONAMES) out.push(path.join(__dirname, n));
   const root = path.resolve(__dirname, '..', '..');            // a source checkout
   for (const preset of ['default', 'release', 'debug', 'dev'])
     for (const n of SONAMES) out.push(path.join(root, 'build', preset, 'core', n));
@@ -38,8 +41,13 @@ function load() {
     }
     if (env && c === env) break; // an explicit KVMEM_LIBRARY that fails is an error, not a hint
   }
-  throw new Error('kvmem: cannot load libkvmem. Set KVMEM_LIBRARY to its path, or build it ' +
-                  '(make build) / install it. Looked in:\n  ' + tried.join('\n  '));
+  // an installed package without a prebuilt library for this platform carries the sources
+  const hint = fs.existsSync(path.join(__dirname, 'csrc'))
+    ? `No prebuilt library fits ${process.platform}-${process.arch}: build it from the package's sources ` +
+      `(cmake and a C compiler) with \`node ${path.join(__dirname, 'scripts', 'build.js')}\`, or let npm run ` +
+      'the install step: npm install-scripts approve kvmem && npm rebuild kvmem. Or set KVMEM_LIBRARY. '
+    : 'Set KVMEM_LIBRARY to its path, or build it (make build) / install it. ';
+  throw new Error(`kvmem: cannot load libkvmem. ${hint}Looked in:\n  ` + tried.join('\n  '));
 }
 
 const { lib, path: libraryPath } = load();

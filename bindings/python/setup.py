@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.dist import Distribution
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
@@ -83,16 +84,19 @@ class SdistWithSources(sdist):
                 shutil.copyfile(src, dst)
 
 
+class BinaryDistribution(Distribution):
+    """The package carries a native library: wheels go to platlib, tagged for the platform."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
 cmdclass = {"build_py": BuildPyWithLibrary, "sdist": SdistWithSources}
 
-try:  # a platform wheel: the Python code runs anywhere, libkvmem does not
+try:  # py3-none-<platform>: the Python code runs on any Python 3, libkvmem only here
     from wheel.bdist_wheel import bdist_wheel
 
     class PlatformWheel(bdist_wheel):
-        def finalize_options(self) -> None:
-            super().finalize_options()
-            self.root_is_pure = False
-
         def get_tag(self) -> tuple:
             return ("py3", "none", super().get_tag()[2])
 
@@ -100,4 +104,4 @@ try:  # a platform wheel: the Python code runs anywhere, libkvmem does not
 except ImportError:  # no wheel package: pip reports what it needs
     pass
 
-setup(cmdclass=cmdclass)
+setup(cmdclass=cmdclass, distclass=BinaryDistribution)
