@@ -70,6 +70,8 @@ function byteLength(data) { return data.byteLength; }
 // call expects, -1 entries inferred (at most one).
 function tensor(x, what, shape, dtype) {
   let data = x, strides, given;
+  if (Array.isArray(x))
+    throw new TypeError(`kvmem: ${what} must be a Float32Array (or Uint16Array with dtype, or a {data, shape} view), not an array`);
   if (x && typeof x === 'object' && !ArrayBuffer.isView(x) && !(x instanceof ArrayBuffer)) {
     const o = readKeys(x, ['data', 'shape', 'strides', 'dtype'], `${what} view`);
     data = o.data; given = o.shape; strides = o.strides;
