@@ -17,8 +17,17 @@ install(FILES ${PROJECT_BINARY_DIR}/kvmemConfig.cmake ${PROJECT_BINARY_DIR}/kvme
 # kvmem.pc finds its prefix relative to itself, so `cmake --install --prefix X`
 # gives a working file wherever X is.
 file(RELATIVE_PATH KVMEM_PC_TO_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
-configure_file(${PROJECT_SOURCE_DIR}/cmake/kvmem.pc.in ${PROJECT_BINARY_DIR}/kvmem.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/kvmem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+string(REGEX REPLACE "/$" "" KVMEM_PC_TO_PREFIX "${KVMEM_PC_TO_PREFIX}")  # no "..//lib"
+# kvmem-static.pc names libkvmem.a itself (cgo's `#cgo pkg-config` cannot ask
+# for --static, and -lkvmem would pick the shared library).
+foreach(pc kvmem kvmem-static)
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/pc/${pc}.pc @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/pc/${pc}.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+  # the build tree's own: PKG_CONFIG_PATH=<build dir> before any install
+  set(KVMEM_PC_BUILD_LIBDIR $<TARGET_FILE_DIR:kvmem>)
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}-uninstalled.pc.in ${PROJECT_BINARY_DIR}/${pc}-uninstalled.pc.gen @ONLY)
+  file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/${pc}-uninstalled.pc INPUT ${PROJECT_BINARY_DIR}/${pc}-uninstalled.pc.gen)
+endforeach()
 if(TARGET kvmem_cli)
   install(TARGETS kvmem_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()

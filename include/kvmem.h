@@ -1459,6 +1459,41 @@ KVMEM_API kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, con
                                        kvmem_load_item *items, size_t capacity, size_t *n_items,
                                        double *layer_start_ms, kvmem_load_plan_stats *stats);
 
+/* ------------------------------------------------------------------------- */
+/* The failure message in a caller buffer                                     */
+/* ------------------------------------------------------------------------- */
+
+/* kvmem_last_error() is per thread. A binding whose asynchronous calls run
+ * on worker threads it cannot run its own code on (koffi's `.async`, N-API
+ * async work) would never see the message of a call that failed there. Each
+ * function below is the call named without the `_errbuf` suffix, plus: when
+ * it fails, the message kvmem_last_error() gives on that thread right after
+ * it is copied into errbuf (NUL-terminated, cut to errbuf_size - 1 bytes);
+ * when it succeeds errbuf becomes "". errbuf may be NULL (or errbuf_size 0):
+ * then nothing is written. Statuses, threading and ownership are those of
+ * the plain call, which runs exactly once. */
+KVMEM_API kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k,
+                                                 const kvmem_tensor *v, const kvmem_append_params *params,
+                                                 char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens,
+                                               const kvmem_tensor *k_out, const kvmem_tensor *v_out,
+                                               char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_save_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
+                                               size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_load_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
+                                               size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_retrieve_errbuf(kvmem_agent *agent, const kvmem_tensor *query,
+                                             const kvmem_retrieve_params *params, kvmem_retrieval *result,
+                                             char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_gather_errbuf(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
+                                           int64_t base_position, const kvmem_tensor *k_out,
+                                           const kvmem_tensor *v_out, char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tensor *q,
+                                           const kvmem_attend_source *source, const kvmem_attend_params *params,
+                                           const kvmem_tensor *out, kvmem_attend_stats *stats, char *errbuf,
+                                           size_t errbuf_size);
+
 #ifdef __cplusplus
 }
 #endif

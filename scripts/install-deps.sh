@@ -8,9 +8,10 @@
 # the nodejs package where that comes from NodeSource: Debian's own `npm`
 # package is installed only when no npm is present). The web group is
 # optional: without root it is reported and `make test-web` skips with the
-# reason. The Python, Node and Go bindings' toolchains are a third optional
+# reason. The Python, Node and Go bindings' toolchains (and what packaging
+# them needs: Debian's setuptools, wheel, build, venv) are a third optional
 # group (`make test-bindings` skips a language without its toolchain), then
-# koffi from bindings/node/package-lock.json.
+# koffi and TypeScript from bindings/node/package-lock.json.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
@@ -67,6 +68,13 @@ fi
 bind_missing=()
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || bind_missing+=(python3-pytest)
 /usr/bin/python3 -c 'import numpy' 2>/dev/null || bind_missing+=(python3-numpy)
+# the Python package's build and its install test in a fresh venv, offline:
+# setuptools and wheel (pip install --no-build-isolation), build (python3 -m
+# build --no-isolation --wheel), venv (with Debian's pip inside)
+/usr/bin/python3 -c 'import setuptools' 2>/dev/null || bind_missing+=(python3-setuptools)
+/usr/bin/python3 -c 'import wheel' 2>/dev/null || bind_missing+=(python3-wheel)
+/usr/bin/python3 -c 'import build' 2>/dev/null || bind_missing+=(python3-build)
+/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || bind_missing+=(python3-venv)
 command -v node >/dev/null || bind_missing+=(nodejs)
 command -v npm >/dev/null || bind_missing+=(npm)
 command -v go >/dev/null || bind_missing+=(golang-go)
@@ -75,8 +83,10 @@ if [ ${#bind_missing[@]} -gt 0 ]; then
   install "${bind_missing[@]}" || echo "(optional: make test-bindings skips a language without them)" >&2
 fi
 
-# koffi, the Node binding's FFI, pinned by bindings/node/package-lock.json
-if command -v npm >/dev/null && [ ! -d "$root/bindings/node/node_modules/koffi" ]; then
+# koffi, the Node binding's FFI, and TypeScript with Node's types (the check of
+# index.d.ts), pinned by bindings/node/package-lock.json
+if command -v npm >/dev/null && { [ ! -d "$root/bindings/node/node_modules/koffi" ] ||
+                                  [ ! -d "$root/bindings/node/node_modules/typescript" ]; }; then
   (cd "$root/bindings/node" && npm ci --no-audit --no-fund --loglevel=error) ||
     echo "npm ci in bindings/node failed (optional: the Node binding's tests skip without koffi)" >&2
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the Python, Node and Go binding suites (and their examples' tests)
-# against a built tree: scripts/test-bindings.sh [BUILD_DIR]   (default build/default)
+# against a built tree, then installs each binding as a user would and runs
+# its README example (scripts/test-packages.sh):
+#   scripts/test-bindings.sh [BUILD_DIR]   (default build/default)
 #
 # A missing toolchain prints "skipped: <why>" and does not fail; a suite that
 # ran zero tests fails. Each runner's own summary line is printed.
@@ -43,6 +45,48 @@ run() {
 }
 skip() { echo "=== bindings: $1: skipped: $2"; skipped+=("$1: $2"); }
 
+# The packages (scripts/test-packages.sh): installed as a user would, outside
+# the repository. They share one Release build of the library alone, kept in
+# the build tree so a later run rebuilds only what changed; pip, npm pack and
+# cmake --install reuse it through KVMEM_BUILD_DIR (same configuration as
+# bindings/python/setup.py and bindings/node/scripts/build.js).
+pkglib="$build/packages/libkvmem"
+pkglib_state=""
+pkglib_build() {
+  if [ -z "$pkglib_state" ]; then
+    echo "=== bindings: packages: libkvmem (Release, KVMEM_LIBRARY_ONLY) in $pkglib"
+    if cmake -S "$root" -B "$pkglib" -DCMAKE_BUILD_TYPE=Release -DKVMEM_LIBRARY_ONLY=ON -DKVMEM_CUDA=OFF \
+         -DKVMEM_VULKAN=OFF -DKVMEM_BUILD_TESTS=OFF -DKVMEM_BUILD_TOOLS=OFF -DKVMEM_BUILD_BENCH=OFF >"$log/pkglib.out" 2>&1 &&
+       cmake --build "$pkglib" --target kvmem kvmem_static -j "$(nproc 2>/dev/null || echo 2)" >>"$log/pkglib.out" 2>&1; then
+      pkglib_state=ok
+    else
+      cat "$log/pkglib.out"
+      pkglib_state=failed
+      failed+=("packages: the library build in $pkglib")
+    fi
+  fi
+  [ "$pkglib_state" = ok ]
+}
+# package NAME LANG: scripts/test-packages.sh LANG, its "ok:" lines counted
+package() {
+  local name=$1 lang=$2
+  pkglib_build || return 0
+  echo "=== bindings: $name: scripts/test-packages.sh $lang"
+  "$root/scripts/test-packages.sh" "$lang" "$pkglib" 2>&1 | tee "$log/$name.out"
+  local rc=${PIPESTATUS[0]}
+  local n
+  n=$(grep -c '^ok: ' "$log/$name.out" || true)
+  if [ "$rc" -eq 77 ]; then
+    skipped+=("$name: $(sed -n 's/^skipped: //p' "$log/$name.out" | head -1)")
+  elif [ "$rc" -ne 0 ]; then
+    failed+=("$name (exit $rc)")
+  elif [ "$n" -eq 0 ]; then
+    failed+=("$name (ran zero checks)")
+  else
+    ran+=("$name ($n checks)")
+  fi
+}
+
 # ---- Python: Debian's interpreter, which has python3-pytest and python3-numpy
 py=${KVMEM_PYTHON:-/usr/bin/python3}
 if [ ! -x "$py" ]; then
@@ -51,6 +95,7 @@ elif ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
   skip python "$py cannot import pytest and numpy (apt-get install python3-pytest python3-numpy)"
 else
   run python '[0-9]+ passed' "$py" -m pytest -p no:cacheprovider -q "$root/bindings/python/tests" "$root/examples/python"
+  KVMEM_PYTHON=$py package python-package python
 fi
 
 # ---- Node: node >= 18 (node:test) and koffi from bindings/node/node_modules
@@ -62,6 +107,7 @@ elif [ ! -d "$root/bindings/node/node_modules/koffi" ]; then
   skip node "koffi is not installed (scripts/install-deps.sh, or: cd bindings/node && npm ci)"
 else
   run node '^# pass [0-9]+' node --test "$root/bindings/node/test/" "$root/examples/node/"
+  package node-package node
 fi
 
 # ---- Go: cgo against the build tree
@@ -69,11 +115,17 @@ if ! command -v go >/dev/null; then
   skip go "go not found (apt-get install golang-go)"
 elif ! command -v "${CC:-cc}" >/dev/null; then
   skip go "no C compiler for cgo"
+elif ! command -v pkg-config >/dev/null; then
+  skip go "pkg-config not found (apt-get install pkgconf): the binding finds kvmem with it"
+elif [ ! -f "$build/kvmem-uninstalled.pc" ]; then
+  skip go "$build has no kvmem-uninstalled.pc (configured before it existed: re-run cmake)"
 else
-  export CGO_ENABLED=1 CGO_CFLAGS="-I$root/include" \
-         CGO_LDFLAGS="-L$build/core -Wl,-rpath,$build/core" GOFLAGS=-count=1
+  # `#cgo pkg-config: kvmem` finds the build tree's kvmem-uninstalled.pc
+  export CGO_ENABLED=1 PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+         CGO_LDFLAGS="-Wl,-rpath,$build/core" GOFLAGS=-count=1
   export GOCACHE=${GOCACHE:-$build/bindings/gocache} GOPATH=${GOPATH:-$build/bindings/gopath} GOPROXY=off
-  run go 'lines:^--- PASS' bash -c "cd '$root/bindings/go' && go vet ./... && go test -v ./... && cd '$root/examples/go/memsvc' && go vet ./... && go test -v ./..."
+  run go 'lines:^--- PASS' bash -c "cd '$root/bindings/go' && go vet ./... && go test -v ./... && go vet -tags kvmem_static ./... && cd '$root/examples/go/memsvc' && go vet ./... && go test -v ./..."
+  package go-package go
 fi
 
 echo "=== bindings summary"

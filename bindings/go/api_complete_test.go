@@ -41,6 +41,12 @@ func TestEveryPublicFunctionIsBound(t *testing.T) {
 	s := src.String()
 	var missing []string
 	for _, n := range headerFunctions(t) {
+		// The *_errbuf forms serve bindings whose async calls run on threads
+		// they cannot run code on; Go reads kvmem_last_error() on the calling
+		// OS thread (call() keeps the goroutine locked to it).
+		if strings.HasSuffix(n, "_errbuf") {
+			continue
+		}
 		// C.name( from Go, or name( called inside a kvgo_ helper
 		if !regexp.MustCompile(`\bC\.` + n + `\(|[^\w.]` + n + `\(`).MatchString(s) {
 			missing = append(missing, n)

@@ -3,9 +3,10 @@
 // objects (Context, Pool, Agent) and names, slices handed to C without copies,
 // errors as *Error values carrying the C status and kvmem_last_error().
 //
-// Build: the header and library are found through the usual cgo variables,
-// e.g. CGO_CFLAGS="$(pkg-config --cflags kvmem)" CGO_LDFLAGS="$(pkg-config --libs kvmem)",
-// or a build tree: CGO_CFLAGS=-I$REPO/include CGO_LDFLAGS="-L$REPO/build/default/core -Wl,-rpath,$REPO/build/default/core".
+// Build: `#cgo pkg-config: kvmem` finds the header and library of an installed
+// kvmem (or of a build tree: PKG_CONFIG_PATH=$REPO/build/default); -tags
+// kvmem_static links libkvmem.a instead (link_shared.go, link_static.go,
+// README.md).
 //
 // Ownership: Close() frees the C object and is idempotent; a finalizer frees
 // objects that were never closed. Closing a Pool closes its Agents (C frees
@@ -14,7 +15,6 @@
 package kvmem
 
 /*
-#cgo LDFLAGS: -lkvmem
 #include <stdlib.h>
 #include <string.h>
 #include <kvmem.h>

@@ -1,4 +1,8 @@
-// Type declarations for the kvmem Node.js binding (hand-written; keep in step with index.js).
+// Type declarations for the kvmem Node.js binding (hand-written; keep in step with
+// index.js; test/types/example.ts compiles against them with tsc --strict).
+//
+// Every key of a spec, an options object or a result is the camelCase form of
+// its C field (n_kv_heads -> nKvHeads); unknown keys are refused at run time.
 
 export type DType = 'f32' | 'f16' | 'bf16' | 0 | 1 | 2;
 export type StorageDType = DType | 'q8' | 'q4' | 'q4_kivi' | 3 | 4 | 5;
@@ -31,23 +35,28 @@ export class ConflictError extends KvmemError {}
 export class InternalError extends KvmemError {}
 export class BusyError extends KvmemError {}
 
-/** kvmem_model_spec (C field names). */
+/** kvmem_model_spec: optional fields left out keep kvmem_model_spec_default()'s values. */
 export interface ModelSpec {
-  n_layers: number; n_q_heads: number; n_kv_heads: number; head_dim: number;
-  rotary_dim?: number; rope_style?: number; rope_theta?: number; rope_scaling?: number;
-  rope_factor?: number; rope_low_freq_factor?: number; rope_high_freq_factor?: number;
-  rope_original_max_pos?: number; yarn_beta_fast?: number; yarn_beta_slow?: number;
-  yarn_attn_factor?: number; layer_window?: Int32Like | null; model_id?: string;
+  nLayers: number; nQHeads: number; nKvHeads: number; headDim: number;
+  /** 0: head_dim */
+  rotaryDim?: number; ropeStyle?: number; ropeTheta?: number; ropeScaling?: number;
+  ropeFactor?: number; ropeLowFreqFactor?: number; ropeHighFreqFactor?: number;
+  ropeOriginalMaxPos?: number; yarnBetaFast?: number; yarnBetaSlow?: number;
+  yarnAttnFactor?: number;
+  /** per-layer sliding window (0: full attention), nLayers entries, or null */
+  layerWindow?: Int32Like | null; modelId?: string;
 }
+/** A spec as kvmem returns it: every field present. */
+export interface FullModelSpec extends Required<Omit<ModelSpec, 'layerWindow'>> { layerWindow: number[] | null; }
 export interface PoolParams {
   blockSize?: number; storageDtype?: StorageDType; capacityBytes?: number;
   maxAgents?: number; maxTokensPerAgent?: number;
   /** a directory where agents persist (AGENT_ID.safetensors) */
   storeDir?: string; hostBudgetBytes?: number;
 }
-export interface PoolInfo { used_bytes: number; capacity_bytes: number; n_agents: number; block_size: number; storage_dtype: number; }
-export interface AgentInfo { n_tokens: number; n_blocks: number; n_sealed: number; bytes: number; text_bytes: number; }
-export interface BlockInfo { first_token: number; n_tokens: number; sealed: number; }
+export interface PoolInfo { usedBytes: number; capacityBytes: number; nAgents: number; blockSize: number; storageDtype: number; }
+export interface AgentInfo { nTokens: number; nBlocks: number; nSealed: number; bytes: number; textBytes: number; }
+export interface BlockInfo { firstToken: number; nTokens: number; sealed: boolean; }
 export interface BackendInfo { name: string; available: boolean; detail: string; }
 export interface AppendOptions {
   tokenIds?: Int32Like; text?: string | Buffer; tokenTextOffsets?: Int32Like;
@@ -76,16 +85,16 @@ export class Context extends Handle {
 export class Pool extends Handle {
   constructor(ctx: Context, spec: ModelSpec, params?: PoolParams);
   readonly context: Context;
-  readonly spec: Required<ModelSpec>;
+  readonly spec: FullModelSpec;
   getInfo(): PoolInfo;
-  getSpec(): Required<ModelSpec>;
+  getSpec(): FullModelSpec;
   agentId(index: number): string;
   agentIds(): string[];
   agentOpen(id: string): Agent;
   removeAgent(id: string): void;
   sync(): void;
   syncAsync(): Promise<void>;
-  segmentsCreate(owner: string, params?: { static_after_steps?: number; max_segments?: number }): Segments;
+  segmentsCreate(owner: string, params?: SegmentsParams): Segments;
 }
 
 export class Agent extends Handle {
@@ -109,7 +118,7 @@ export class Agent extends Handle {
   load(path?: string | URL | null): void;
   loadAsync(path?: string | URL | null): Promise<void>;
   truncate(nTokens: number): void;
-  prefixMatch(newText: string | Buffer, opts?: { minRatio?: number }): { kind: number; reuse_tokens: number; common_bytes: number; process_from: number };
+  prefixMatch(newText: string | Buffer, opts?: { minRatio?: number }): PrefixMatch;
   /** kvmem_retrieve: query [n_q][n_layers][n_q_heads][head_dim], raw (pre-RoPE). */
   retrieve(query: TensorLike, opts?: RetrieveOptions): Retrieval;
   retrieveAsync(query: TensorLike, opts?: RetrieveOptions): Promise<Retrieval>;
@@ -117,6 +126,9 @@ export class Agent extends Handle {
   gather(blocks: Int32Like, basePosition?: number, opts?: ReadOptions): ReadResult;
   gatherAsync(blocks: Int32Like, basePosition?: number, opts?: ReadOptions): Promise<ReadResult>;
 }
+
+/** kvmem_prefix_match; processFrom is a byte offset into the UTF-8 text */
+export interface PrefixMatch { kind: number; reuseTokens: number; commonBytes: number; processFrom: number; }
 
 export interface RetrieveOptions {
   topK?: number; mode?: number; norm?: number; agg?: number; scope?: number; tau?: number; rrC?: number;
@@ -137,15 +149,16 @@ export class Retrieval extends Handle {
   nTokens(set?: number): number;
 }
 
+export interface SegmentsParams { staticAfterSteps?: number; maxSegments?: number; }
 export interface SegmentEvent { kind: number; group: number; segment: number; step: number; }
-export interface SegmentsInfo { step: number; n_segments: number; n_indices: number; n_groups: number; n_static: number; n_events: number; }
-export interface SegmentInfo { group: number; alive: number; has_kv: number; last_update: number; n_tokens: number; }
-export interface GroupInfo { state: number; n_members: number; has_kv: number; last_change: number; n_tokens: number; }
-export interface SegmentUnit { kind: number; group: number; segment: number; needs_compute: number; score: number; first_token: number; n_tokens: number; agent_id: string; }
+export interface SegmentsInfo { step: number; nSegments: number; nIndices: number; nGroups: number; nStatic: number; nEvents: number; }
+export interface SegmentInfo { group: number; alive: boolean; hasKv: boolean; lastUpdate: number; nTokens: number; }
+export interface GroupInfo { state: number; nMembers: number; hasKv: boolean; lastChange: number; nTokens: number; }
+export interface SegmentUnit { kind: number; group: number; segment: number; needsCompute: boolean; score: number; firstToken: number; nTokens: number; agentId: string; }
 
 /** kvmem_segments: a KEEP segment store whose KV lives in a Pool. */
 export class Segments extends Handle {
-  constructor(pool: Pool, owner: string, params?: { static_after_steps?: number; max_segments?: number });
+  constructor(pool: Pool, owner: string, params?: SegmentsParams);
   readonly pool: Pool;
   add(name: string, group: number): number;
   update(index: number): void;
@@ -164,21 +177,26 @@ export class Segments extends Handle {
   plan(scores?: ArrayLike<number> | null, maxUnits?: number): SegmentUnit[];
 }
 
-export function clusterKmeans(emb: ArrayLike<number>, n: number, dim: number, params?: { k?: number; max_iters?: number; seed?: number | bigint }):
+export function clusterKmeans(emb: ArrayLike<number>, n: number, dim: number, params?: { k?: number; maxIters?: number; seed?: number | bigint }):
   { labels: Int32Array; centroids: Float32Array; iters: number };
 export function multihopSelect(q2s: ArrayLike<number>, nQuery: number, s2s: ArrayLike<number>, nSegments: number,
-  candidates?: ArrayLike<number> | null, params?: { ratio?: number; max_iters?: number }):
-  { selected: Uint8Array; importance: Float32Array; result: { n_selected: number; iters: number; converged: number } };
+  candidates?: ArrayLike<number> | null, params?: { ratio?: number; maxIters?: number }):
+  { selected: Uint8Array; importance: Float32Array; result: { nSelected: number; iters: number; converged: boolean } };
 export function multihopSchedule(nLayers: number, avg: number): Float32Array;
 export function loadPlan(computeMs: ArrayLike<number>, nLayers: number, loadBytes: ArrayLike<number | bigint>, nSegments: number,
-  recompute: ArrayLike<number>, params?: { bandwidth_gbps?: number; max_ahead?: number }):
-  { items: { segment: number; layer: number; issue_layer: number; start_ms: number; end_ms: number }[]; layerStartMs: Float64Array; stats: Record<string, number> };
+  recompute: ArrayLike<number>, params?: { bandwidthGbps?: number; maxAhead?: number }):
+  { items: { segment: number; layer: number; issueLayer: number; startMs: number; endMs: number }[]; layerStartMs: Float64Array; stats: LoadPlanStats };
+export interface LoadPlanStats {
+  naiveMakespanMs: number; naiveComputeIdleMs: number; naiveLoadIdleMs: number;
+  balancedMakespanMs: number; balancedComputeIdleMs: number; balancedLoadIdleMs: number;
+  computeMs: number; loadMs: number; nLoads: number | bigint;
+}
 export const GROUP_DYNAMIC: 0, GROUP_STATIC: 1;
 export const SEG_EVENT_SEGMENT_STALE: 1, SEG_EVENT_GROUP_STATIC: 2, SEG_EVENT_GROUP_DYNAMIC: 3;
 export const SEG_UNIT_SEGMENT: 0, SEG_UNIT_GROUP: 1;
 export const RETRIEVE_AABB: 0, RETRIEVE_EXACT: 1, NORM_SOFTMAX: 0, NORM_RR: 1, AGG_MAX: 0, AGG_SUM: 1, SCOPE_GLOBAL: 0, SCOPE_PER_LAYER: 1;
 
-export function modelSpec(fields?: Partial<ModelSpec> & { layerWindow?: Int32Like }): Required<ModelSpec>;
+export function modelSpec(fields?: Partial<ModelSpec>): FullModelSpec;
 export function specValidate(spec: ModelSpec): void;
 /** Rotate rows (head vectors) of x in place, one position per row. */
 export function ropeApply(spec: ModelSpec, x: Float32Array, positions: Int32Like, opts?: { inverse?: boolean; stride?: number }): void;
@@ -202,7 +220,7 @@ export function hasFunction(name: string): boolean;
 // ---- IntentKV ----
 export interface SessionKey { hi: bigint | number; lo: bigint | number; kind: number; }
 export class QmemStore extends Handle {
-  constructor(spec: ModelSpec, params?: { capacity?: number; prefix_tokens?: number; lambda?: number });
+  constructor(spec: ModelSpec, params?: { capacity?: number; prefixTokens?: number; lambda?: number });
   sessionKey(src?: { sessionId?: string | null; tokenIds?: Int32Like | null; mark?: [number, number] | null }): SessionKey;
   /** q: [n_q][n_layers][n_q_heads][head_dim] post-RoPE; returns the new memory [n_layers][n_q_heads][head_dim] */
   update(key: SessionKey, q: TensorLike, spanBegin: number, spanEnd: number, dtype?: DType): Float32Array;
@@ -223,8 +241,8 @@ export function h2oAccumulate(probs: ArrayLike<number>, nRows: number, n: number
 export function h2oKeep(acc: ArrayLike<number>, budget: number, recent: number): Int32Array;
 export function snapkvScore(ctx: Context, spec: ModelSpec, qObs: TensorLike, k: TensorLike, poolKernel?: number, dtype?: DType): Float32Array;
 export class KVStore extends Handle {
-  constructor(spec: ModelSpec, params?: { page_slots?: number; max_slots?: number });
-  getInfo(): { n_slots: number; n_used: number; n_free: number; page_slots: number; dead_slot: number };
+  constructor(spec: ModelSpec, params?: { pageSlots?: number; maxSlots?: number });
+  getInfo(): { nSlots: number; nUsed: number; nFree: number; pageSlots: number; deadSlot: number };
   slotRefs(slot: number): number;
   readSlot(slot: number): { k: Float32Array; v: Float32Array };
   slotmapCreate(): SlotMap;
@@ -237,7 +255,7 @@ export class SlotMap extends Handle {
   evict(kept: Int32Like): number;
   compact(kept: Int32Like): number;
   slots(): { slots: Int32Array; deadSlot: number };
-  getInfo(): { length: number; n_live: number; protect: number; n_parked: number };
+  getInfo(): { length: number; nLive: number; protect: number; nParked: number };
   gather(dtype?: DType): { k: Float32Array | Uint16Array; v: Float32Array | Uint16Array; positions: Int32Array; shape: number[] };
 }
 export const SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: number;
@@ -247,12 +265,12 @@ export interface AttendOptions {
   agent?: Agent; layer?: number; positions?: Int32Like; basePosition?: number;
   k?: TensorLike; v?: TensorLike; slots?: Int32Like; deadSlot?: number;
   mask?: ArrayLike<number>; out?: TensorLike; dtype?: DType; tileOrder?: Int32Like;
-  order?: number; n_sink?: number; tile_size?: number; scale?: number; tau_s?: number; tau_d?: number;
-  patience?: number; probe?: number; causal?: number; compare?: number;
+  order?: number; nSink?: number; tileSize?: number; scale?: number; tauS?: number; tauD?: number;
+  patience?: number; probe?: number; causal?: number | boolean; compare?: number | boolean;
 }
 export interface AttendStats {
-  n_streams: number; tiles_total: number; tiles_visited: number; streams_stopped: number;
-  oracle_tiles: number; oracle_agree: number; positions_read: number; stopped_early: number;
+  nStreams: number; tilesTotal: number; tilesVisited: number; streamsStopped: number;
+  oracleTiles: number; oracleAgree: number; positionsRead: number; stoppedEarly: boolean;
 }
 /** kvmem_attend: q [n_rows][n_q_heads][head_dim] post-RoPE over an agent layer, tensors or a slot map. */
 export function attend(ctx: Context, q: TensorLike, opts: AttendOptions): { out: TensorData; stats: AttendStats };

@@ -13,9 +13,13 @@
 // handles); closing a Context closes its Pools. Closed objects throw ClosedError.
 // Calls that do real work have an `...Async` form running on a worker thread
 // (koffi async), so a service's event loop keeps running.
+//
+// Names: every key of a spec, an options object or a result is the camelCase
+// form of its C field (n_kv_heads -> nKvHeads); unknown keys throw (names.js).
 const L = require('./lib');
 const errors = require('./errors');
 const { cId, cPath } = require('./cstr');
+const { camel, readKeys, fromC, toC } = require('./names');
 
 const { fns: C, koffi } = L;
 const F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q4_KIVI = 5;
@@ -66,9 +70,12 @@ function byteLength(data) { return data.byteLength; }
 // call expects, -1 entries inferred (at most one).
 function tensor(x, what, shape, dtype) {
   let data = x, strides, given;
+  if (Array.isArray(x))
+    throw new TypeError(`kvmem: ${what} must be a Float32Array (or Uint16Array with dtype, or a {data, shape} view), not an array`);
   if (x && typeof x === 'object' && !ArrayBuffer.isView(x) && !(x instanceof ArrayBuffer)) {
-    data = x.data; given = x.shape; strides = x.strides;
-    if (x.dtype !== undefined) dtype = x.dtype;
+    const o = readKeys(x, ['data', 'shape', 'strides', 'dtype'], `${what} view`);
+    data = o.data; given = o.shape; strides = o.strides;
+    if (o.dtype !== undefined) dtype = o.dtype;
   }
   const code = elemDtype(data, dtype, what);
   const isz = ITEMSIZE[code];
@@ -155,9 +162,12 @@ class Handle {
 }
 if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
 
+const APPEND_KEYS = ['tokenIds', 'text', 'tokenTextOffsets', 'positions', 'keysRotated', 'dtype'];
+
 // K, V [n_layers][T][n_kv_heads][head_dim] and kvmem_append_params from opts
-function kvArgs(spec, k, v, opts = {}) {
-  const shape = [spec.n_layers, -1, spec.n_kv_heads, spec.head_dim];
+function kvArgs(spec, k, v, options, what) {
+  const opts = readKeys(options, APPEND_KEYS, `${what} options`);
+  const shape = [spec.nLayers, -1, spec.nKvHeads, spec.headDim];
   const kt = tensor(k, 'k', shape, opts.dtype);
   const vt = tensor(v, 'v', shape, opts.dtype);
   const T = kt.shape[1];
@@ -177,8 +187,9 @@ function kvArgs(spec, k, v, opts = {}) {
 
 class Context extends Handle {
   // backend: 'cpu', 'cuda', 'vulkan' or 'auto'; nThreads 0 = online cores
-  constructor({ backend = 'auto', nThreads = 0 } = {}) {
+  constructor(options) {
     super();
+    const { backend = 'auto', nThreads = 0 } = readKeys(options, ['backend', 'nThreads'], 'Context options');
     const out = [null];
     C.kvmem_context_create({ ...C.kvmem_context_default_params(), backend: cId(backend, 'backend'), n_threads: nThreads }, out);
     this._own(out[0], C.kvmem_context_free, 'Context');
@@ -194,39 +205,54 @@ class Context extends Handle {
   }
 }
 
-// kvmem_model_spec from kvmem_model_spec_default() with fields overridden
-// (snake_case C names; layerWindow/model_id accepted too).
-function modelSpec(fields = {}) {
-  const s = { ...C.kvmem_model_spec_default(), ...fields };
-  if (fields.model_id !== undefined) s.model_id = cId(fields.model_id, 'model_id');
-  if (fields.layerWindow) s.layer_window = fields.layerWindow;
-  delete s.layerWindow;
-  if (s.layer_window && !(s.layer_window instanceof Int32Array) && Array.isArray(s.layer_window))
-    s.layer_window = Int32Array.from(s.layer_window);
+// Model specs: camelCase objects in JavaScript (nLayers, nQHeads, nKvHeads,
+// headDim, rotaryDim, ropeStyle, ropeTheta, ..., layerWindow, modelId);
+// kvmem_model_spec (snake_case, koffi) only on the way to C.
+const SPEC_FIELDS = Object.keys(C.kvmem_model_spec_default());
+const SPEC_KEYS = SPEC_FIELDS.map(camel);
+
+// kvmem_model_spec for C: kvmem_model_spec_default() with the given keys set
+function cSpec(spec, what = 'model spec') {
+  const f = readKeys(spec, SPEC_KEYS, what);
+  const s = C.kvmem_model_spec_default();
+  SPEC_FIELDS.forEach((field, i) => { if (f[SPEC_KEYS[i]] !== undefined) s[field] = f[SPEC_KEYS[i]]; });
+  if (f.modelId !== undefined) s.model_id = cId(f.modelId, 'modelId');
+  const w = f.layerWindow;
+  s.layer_window = w === undefined || w === null ? null : (w instanceof Int32Array ? w : Int32Array.from(w));
   return s;
 }
 
-function specValidate(spec) { C.kvmem_model_spec_validate(modelSpec(spec)); }
+// a C spec (kvmem_pool_get_spec, or cSpec's) as a JavaScript one
+function specFromC(s) {
+  const r = fromC(s);
+  const w = s.layer_window;
+  r.layerWindow = !w ? null : (w instanceof Int32Array ? Array.from(w) : Array.from(koffi.decode(w, 'int32_t', s.n_layers)));
+  return r;
+}
+
+// The full spec (defaults filled in) of the given keys, camelCase.
+function modelSpec(fields = {}) { return specFromC(cSpec(fields)); }
+
+function specValidate(spec) { C.kvmem_model_spec_validate(cSpec(spec)); }
+
+const POOL_KEYS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'storeDir', 'hostBudgetBytes'];
 
 class Pool extends Handle {
-  // params: blockSize, storageDtype ('f16', 'f32', 'bf16'), capacityBytes, maxAgents, maxTokensPerAgent
-  constructor(ctx, spec, params = {}) {
+  // params: blockSize, storageDtype ('f16', 'f32', 'bf16', 'q8', 'q4', 'q4_kivi'), capacityBytes,
+  // maxAgents, maxTokensPerAgent, storeDir, hostBudgetBytes
+  constructor(ctx, spec, params) {
     super();
-    const pp = C.kvmem_pool_default_params();
-    const names = { blockSize: 'block_size', storageDtype: 'storage_dtype', capacityBytes: 'capacity_bytes',
-                    maxAgents: 'max_agents', maxTokensPerAgent: 'max_tokens_per_agent', storeDir: 'store_dir',
-                    hostBudgetBytes: 'host_budget_bytes' };
-    for (const [k, v] of Object.entries(params)) {
-      const f = names[k] ?? (Object.values(names).includes(k) ? k : undefined);
-      if (!f) throw new TypeError(`kvmem: Pool: unknown parameter ${k}`);
-      if (f === 'storage_dtype' && typeof v === 'string') {
-        if (!(v.toLowerCase() in STORAGE)) throw new TypeError(`kvmem: storageDtype ${v} is not one of ${Object.keys(STORAGE)}`);
-        pp[f] = STORAGE[v.toLowerCase()];
-      } else if (f === 'store_dir') pp[f] = cPath(v, 'storeDir');
-      else pp[f] = v;
+    const o = readKeys(params, POOL_KEYS, 'Pool params');
+    if (typeof o.storageDtype === 'string') {
+      const d = o.storageDtype.toLowerCase();
+      if (!(d in STORAGE)) throw new TypeError(`kvmem: storageDtype ${o.storageDtype} is not one of ${Object.keys(STORAGE)}`);
+      o.storageDtype = STORAGE[d];
     }
+    if (o.storeDir !== undefined) o.storeDir = cPath(o.storeDir, 'storeDir');
+    const pp = toC(C.kvmem_pool_default_params(), o, 'Pool params');
+    const cs = cSpec(spec);
     const out = [null];
-    C.kvmem_pool_create(ctx.handle, modelSpec(spec), pp, out);
+    C.kvmem_pool_create(ctx.handle, cs, pp, out);
     this._own(out[0], C.kvmem_pool_free, 'Pool');
     this.context = ctx;
     this._agents = new Set(); // WeakRefs: agents may be collected before the pool
@@ -249,8 +275,8 @@ class Pool extends Handle {
     this.context._pools.delete(this);
     super.close();
   }
-  getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return o; }
-  getSpec() { const o = {}; C.kvmem_pool_get_spec(this.handle, o); return o; }
+  getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return fromC(o); }
+  getSpec() { const o = {}; C.kvmem_pool_get_spec(this.handle, o); return specFromC(o); }
   agentId(index) {
     const len = [0];
     C.kvmem_pool_agent_id(this.handle, index, null, 0, len);
@@ -258,7 +284,7 @@ class Pool extends Handle {
     C.kvmem_pool_agent_id(this.handle, index, buf, buf.length, len);
     return buf.toString('utf8', 0, len[0]);
   }
-  agentIds() { return Array.from({ length: this.getInfo().n_agents }, (_, i) => this.agentId(i)); }
+  agentIds() { return Array.from({ length: this.getInfo().nAgents }, (_, i) => this.agentId(i)); }
   agentOpen(id) { return new Agent(this, id); }
   // kvmem_pool_sync: write changed agents to the pool's store
   sync() { C.kvmem_pool_sync(this.handle); }
@@ -266,6 +292,8 @@ class Pool extends Handle {
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, cId(id, 'agent id')); }
 }
+
+const OUT_KEYS = ['kOut', 'vOut', 'dtype', 'keys', 'values'];
 
 class Agent extends Handle {
   constructor(pool, id) {
@@ -283,20 +311,21 @@ class Agent extends Handle {
     super.close();
   }
   get id() { return C.kvmem_agent_get_id(this.handle); }
-  _kvShape(n = -1) { const s = this.pool.spec; return [s.n_layers, n, s.n_kv_heads, s.head_dim]; }
+  _kvShape(n = -1) { const s = this.pool.spec; return [s.nLayers, n, s.nKvHeads, s.headDim]; }
 
-  _appendArgs(k, v, opts = {}) { return [this.handle, ...kvArgs(this.pool.spec, k, v, opts)]; }
+  _appendArgs(k, v, opts) { return [this.handle, ...kvArgs(this.pool.spec, k, v, opts, 'append')]; }
 
   // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
   // positions (post-RoPE keys), keysRotated, dtype
   append(k, v, opts) { C.kvmem_agent_append(...this._appendArgs(k, v, opts)); }
   appendAsync(k, v, opts) { return this._async(C.kvmem_agent_append, ...this._appendArgs(k, v, opts)).then(() => undefined); }
   flush() { C.kvmem_agent_flush(this.handle); }
-  getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return o; }
-  blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return o; }
+  getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return fromC(o); }
+  blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return fromC(o, ['sealed']); }
 
-  _readArgs(first = 0, n, opts = {}) {
-    if (n === undefined || n === null) n = this.getInfo().n_tokens - first;
+  _readArgs(first = 0, n, options) {
+    const opts = readKeys(options, OUT_KEYS, 'read options');
+    if (n === undefined || n === null) n = this.getInfo().nTokens - first;
     const shape = this._kvShape(n);
     const count = shape.reduce((a, b) => a * b, 1);
     const dtype = opts.dtype ?? 'f32';
@@ -313,13 +342,13 @@ class Agent extends Handle {
 
   blockAabb(block) {
     const s = this.pool.spec;
-    const n = s.n_layers * s.n_kv_heads * s.head_dim;
+    const n = s.nLayers * s.nKvHeads * s.headDim;
     const min = new Float32Array(n), max = new Float32Array(n);
     C.kvmem_agent_block_aabb(this.handle, block, min, max);
     return { min, max };
   }
   tokens(first = 0, n) {
-    if (n === undefined) n = this.getInfo().n_tokens - first;
+    if (n === undefined) n = this.getInfo().nTokens - first;
     const out = new Int32Array(n);
     C.kvmem_agent_tokens(this.handle, first, n, n ? out : null);
     return out;
@@ -338,36 +367,27 @@ class Agent extends Handle {
   load(path = null) { C.kvmem_agent_load(this.handle, cPath(path)); }
   loadAsync(path = null) { return this._async(C.kvmem_agent_load, this.handle, cPath(path)).then(() => undefined); }
   truncate(nTokens) { C.kvmem_agent_truncate(this.handle, nTokens); }
-  // kvmem_prefix_match: {kind, reuse_tokens, common_bytes, process_from (a byte offset into the UTF-8 text)}
-  prefixMatch(newText, { minRatio } = {}) {
+  // kvmem_prefix_match: {kind, reuseTokens, commonBytes, processFrom (a byte offset into the UTF-8 text)}
+  prefixMatch(newText, opts) {
     const tb = Buffer.isBuffer(newText) ? newText : Buffer.from(String(newText), 'utf8');
-    const pp = C.kvmem_prefix_default_params();
-    if (minRatio !== undefined) pp.min_ratio = minRatio;
+    const pp = toC(C.kvmem_prefix_default_params(), opts, 'prefixMatch options');
     const out = {};
     C.kvmem_prefix_match(this.handle, tb.length ? tb : null, tb.length, pp, out);
-    delete out.reserved;
-    return out;
+    return fromC(out);
   }
 
-  _retrieveArgs(query, opts = {}) {
+  _retrieveArgs(query, options) {
     const s = this.pool.spec;
-    const rp = C.kvmem_retrieve_default_params();
-    const names = { topK: 'top_k', recentWindow: 'recent_window', skipRecent: 'skip_recent', rrC: 'rr_c' };
-    for (const [k, v] of Object.entries(opts)) {
-      if (k === 'result' || k === 'dtype') continue;
-      if (k === 'exclude' || k === 'alwaysInclude' || k === 'always_include') {
-        const f = k === 'exclude' ? 'exclude' : 'always_include';
-        rp[f] = int32s(v, k);
-        rp['n_' + f] = rp[f] ? rp[f].length : 0;
-        continue;
-      }
-      const f = names[k] ?? k;
-      if (!(f in rp) || f.startsWith('n_')) throw new TypeError(`kvmem: retrieve: unknown parameter ${k}`);
-      rp[f] = v;
-    }
-    const qt = tensor(query, 'query', [-1, s.n_layers, s.n_q_heads, s.head_dim], opts.dtype);
-    const result = opts.result ?? new Retrieval();
-    return { args: [this.handle, qt, rp, result.handle], result };
+    const { result, dtype, exclude, alwaysInclude, ...params } =
+      readKeys(options, RETRIEVE_KEYS, 'retrieve options');
+    const rp = toC(C.kvmem_retrieve_default_params(), params, 'retrieve options', RETRIEVE_SET_APART);
+    rp.exclude = int32s(exclude, 'exclude');
+    rp.n_exclude = rp.exclude ? rp.exclude.length : 0;
+    rp.always_include = int32s(alwaysInclude, 'alwaysInclude');
+    rp.n_always_include = rp.always_include ? rp.always_include.length : 0;
+    const qt = tensor(query, 'query', [-1, s.nLayers, s.nQHeads, s.headDim], dtype);
+    const r = result ?? new Retrieval();
+    return { args: [this.handle, qt, rp, r.handle], result: r };
   }
   // kvmem_retrieve: query rows [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE).
   // opts: topK, mode, norm, agg, scope, tau, rrC, exclude, alwaysInclude, recentWindow,
@@ -380,10 +400,11 @@ class Agent extends Handle {
     return r.result;
   }
 
-  _gatherArgs(blocks, basePosition = 0, opts = {}) {
+  _gatherArgs(blocks, basePosition = 0, options) {
+    const opts = readKeys(options, OUT_KEYS, 'gather options');
     const ids = int32s(Array.from(blocks), 'blocks');
     let m = 0;
-    for (const b of ids) m += this.blockInfo(b).n_tokens;
+    for (const b of ids) m += this.blockInfo(b).nTokens;
     const shape = this._kvShape(m);
     const count = shape.reduce((a, b) => a * b, 1);
     const dtype = opts.dtype ?? 'f32';
@@ -398,6 +419,13 @@ class Agent extends Handle {
   gather(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); C.kvmem_gather(...r.args); return r.out; }
   async gatherAsync(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); await this._async(C.kvmem_gather, ...r.args); return r.out; }
 }
+
+// retrieve options: the kvmem_retrieve_params fields (camelCase) but the
+// arrays and their counts, which come from exclude / alwaysInclude
+const RETRIEVE_SET_APART = ['exclude', 'n_exclude', 'always_include', 'n_always_include'];
+const RETRIEVE_KEYS = Object.keys(C.kvmem_retrieve_default_params())
+  .filter((f) => !RETRIEVE_SET_APART.includes(f)).map(camel)
+  .concat(['exclude', 'alwaysInclude', 'result', 'dtype']);
 
 // kvmem_retrieval: the reusable result of Agent.retrieve.
 class Retrieval extends Handle {
@@ -436,22 +464,13 @@ class Retrieval extends Handle {
 // KEEP segments
 // ---------------------------------------------------------------------------
 
-const strip = (o) => { const r = { ...o }; delete r.reserved; return r; };
-function withParams(defaults, params = {}, what) {
-  for (const [k, v] of Object.entries(params)) {
-    if (!(k in defaults) || k === 'reserved') throw new TypeError(`kvmem: ${what}: unknown parameter ${k}`);
-    defaults[k] = v;
-  }
-  return defaults;
-}
-
 // kvmem_segments: a KEEP segment store whose KV lives in a Pool (params:
-// static_after_steps, max_segments). close() frees it and removes its agents.
+// staticAfterSteps, maxSegments). close() frees it and removes its agents.
 class Segments extends Handle {
   constructor(pool, owner, params) {
     super();
     const out = [null];
-    C.kvmem_segments_create(pool.handle, cId(owner, 'owner'), withParams(C.kvmem_segments_default_params(), params, 'Segments'), out);
+    C.kvmem_segments_create(pool.handle, cId(owner, 'owner'), toC(C.kvmem_segments_default_params(), params, 'Segments params'), out);
     this._own(out[0], C.kvmem_segments_free, 'Segments');
     this.pool = pool;
     this._ref = new WeakRef(this);
@@ -474,17 +493,17 @@ class Segments extends Handle {
       const buf = Array.from({ length: cap }, () => ({}));
       const n = [0], left = [0];
       C.kvmem_segments_drain_events(this.handle, buf, cap, n, left);
-      for (let i = 0; i < n[0]; i++) out.push(strip(buf[i]));
+      for (let i = 0; i < n[0]; i++) out.push(fromC(buf[i]));
       if (!left[0] || !n[0]) break;
     }
     return out;
   }
   // the KV of one segment / of a STATIC group, [n_layers][T][n_kv_heads][head_dim] (opts as Agent.append)
-  storeSegment(index, k, v, opts) { C.kvmem_segments_store_segment(this.handle, index, ...kvArgs(this.pool.spec, k, v, opts)); }
-  storeGroup(group, k, v, opts) { C.kvmem_segments_store_group(this.handle, group, ...kvArgs(this.pool.spec, k, v, opts)); }
-  getInfo() { const o = {}; C.kvmem_segments_get_info(this.handle, o); return strip(o); }
-  segmentInfo(index) { const o = {}; C.kvmem_segments_segment_info(this.handle, index, o); return strip(o); }
-  groupInfo(group) { const o = {}; C.kvmem_segments_group_info(this.handle, group, o); return strip(o); }
+  storeSegment(index, k, v, opts) { C.kvmem_segments_store_segment(this.handle, index, ...kvArgs(this.pool.spec, k, v, opts, 'storeSegment')); }
+  storeGroup(group, k, v, opts) { C.kvmem_segments_store_group(this.handle, group, ...kvArgs(this.pool.spec, k, v, opts, 'storeGroup')); }
+  getInfo() { const o = {}; C.kvmem_segments_get_info(this.handle, o); return fromC(o); }
+  segmentInfo(index) { const o = {}; C.kvmem_segments_segment_info(this.handle, index, o); return fromC(o, ['alive', 'has_kv']); }
+  groupInfo(group) { const o = {}; C.kvmem_segments_group_info(this.handle, group, o); return fromC(o, ['has_kv']); }
   find(name) { const i = [0]; C.kvmem_segments_find(this.handle, cId(name, 'segment name'), i); return i[0]; }
   name(index) {
     const len = [0];
@@ -509,16 +528,16 @@ class Segments extends Handle {
     if (!n[0]) return [];
     const out = Array.from({ length: n[0] }, () => ({}));
     C.kvmem_segments_plan(this.handle, sc, ns, maxUnits, out, out.length, n);
-    return out.slice(0, n[0]).map(strip);
+    return out.slice(0, n[0]).map((u) => fromC(u, ['needs_compute']));
   }
 }
 
 const asF32 = (x, n, what) => { const a = x instanceof Float32Array ? x : Float32Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
 const asU8 = (x, n, what) => { const a = x instanceof Uint8Array ? x : Uint8Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
 
-// kvmem_cluster_kmeans over emb [n][dim] f32: {labels, centroids, iters}; params: k, max_iters, seed
+// kvmem_cluster_kmeans over emb [n][dim] f32: {labels, centroids, iters}; params: k, maxIters, seed
 function clusterKmeans(emb, n, dim, params) {
-  const kp = withParams(C.kvmem_kmeans_default_params(), params, 'clusterKmeans');
+  const kp = toC(C.kvmem_kmeans_default_params(), params, 'clusterKmeans params');
   const e = asF32(emb, n * dim, 'emb');
   const labels = new Int32Array(n), centroids = new Float32Array(Math.max(kp.k, 0) * dim), iters = [0];
   C.kvmem_cluster_kmeans(e, n, dim, kp, labels, centroids, iters);
@@ -527,11 +546,11 @@ function clusterKmeans(emb, n, dim, params) {
 
 // kvmem_multihop_select: q2s [nQuery][nSegments], s2s [nSegments][nSegments]; {selected, importance, result}
 function multihopSelect(q2s, nQuery, s2s, nSegments, candidates = null, params) {
-  const mp = withParams(C.kvmem_multihop_default_params(), params, 'multihopSelect');
+  const mp = toC(C.kvmem_multihop_default_params(), params, 'multihopSelect params');
   const selected = new Uint8Array(nSegments), importance = new Float32Array(nSegments), result = {};
   C.kvmem_multihop_select(mp, asF32(q2s, nQuery * nSegments, 'q2s'), nQuery, asF32(s2s, nSegments * nSegments, 's2s'), nSegments,
                           candidates == null ? null : asU8(candidates, nSegments, 'candidates'), selected, importance, result);
-  return { selected, importance, result: strip(result) };
+  return { selected, importance, result: fromC(result, ['converged']) };
 }
 
 function multihopSchedule(nLayers, avg) {
@@ -540,9 +559,9 @@ function multihopSchedule(nLayers, avg) {
   return r;
 }
 
-// kvmem_load_plan: {items, layerStartMs, stats}; params: bandwidth_gbps, max_ahead
+// kvmem_load_plan: {items, layerStartMs, stats}; params: bandwidthGbps, maxAhead
 function loadPlan(computeMs, nLayers, loadBytes, nSegments, recompute, params) {
-  const lp = withParams(C.kvmem_load_plan_default_params(), params, 'loadPlan');
+  const lp = toC(C.kvmem_load_plan_default_params(), params, 'loadPlan params');
   const cm = computeMs instanceof Float64Array ? computeMs : Float64Array.from(computeMs);
   const lb = loadBytes instanceof BigUint64Array ? loadBytes : BigUint64Array.from(loadBytes, BigInt);
   if (cm.length !== nLayers || lb.length !== nSegments) throw new RangeError('kvmem: loadPlan: computeMs needs nLayers values, loadBytes nSegments');
@@ -552,42 +571,45 @@ function loadPlan(computeMs, nLayers, loadBytes, nSegments, recompute, params) {
   const items = Array.from({ length: Math.max(n[0], 1) }, () => ({}));
   const starts = new Float64Array(nLayers), stats = {};
   C.kvmem_load_plan(lp, cm, nLayers, lb, nSegments, rc, items, items.length, n, starts, stats);
-  return { items: items.slice(0, n[0]).map(strip), layerStartMs: starts, stats };
+  return { items: items.slice(0, n[0]).map((i) => fromC(i)), layerStartMs: starts, stats: fromC(stats) };
 }
 
 // ---------------------------------------------------------------------------
 // IntentKV
 // ---------------------------------------------------------------------------
 
-const memLen = (s) => s.n_layers * s.n_q_heads * s.head_dim;
+const memLen = (s) => s.nLayers * s.nQHeads * s.headDim;
+// a session key (a result) on its way back to C
+const cKey = (key) => { const o = readKeys(key, ['hi', 'lo', 'kind'], 'session key'); return { ...o, reserved: 0 }; };
 
-// kvmem_qmem_store: per-session query memories; params: capacity, prefix_tokens, lambda
+// kvmem_qmem_store: per-session query memories; params: capacity, prefixTokens, lambda
 class QmemStore extends Handle {
   constructor(spec, params) {
     super();
     this.spec = modelSpec(spec);
     const out = [null];
-    C.kvmem_qmem_store_create(this.spec, withParams(C.kvmem_qmem_default_params(), params, 'QmemStore'), out);
+    C.kvmem_qmem_store_create(cSpec(this.spec), toC(C.kvmem_qmem_default_params(), params, 'QmemStore params'), out);
     this._own(out[0], C.kvmem_qmem_store_free, 'QmemStore');
   }
   // kvmem_session_key_derive: {sessionId} | {tokenIds, mark: [begin, end]} | {tokenIds} | {}
-  sessionKey({ sessionId = null, tokenIds = null, mark = null } = {}) {
+  sessionKey(source) {
+    const { sessionId = null, tokenIds = null, mark = null } = readKeys(source, ['sessionId', 'tokenIds', 'mark'], 'sessionKey source');
     const ids = int32s(tokenIds, 'tokenIds');
     const src = { session_id: sessionId === null ? null : cId(sessionId, 'sessionId'), token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
                   mark_begin: mark ? mark[0] : 0, mark_end: mark ? mark[1] : 0 };
     const key = {};
     C.kvmem_session_key_derive(this.handle, src, key);
-    return key;
+    return fromC(key);
   }
   // fold q [n_q][n_layers][n_q_heads][head_dim] rows [spanBegin, spanEnd) into key's memory; the new memory
   update(key, q, spanBegin, spanEnd, dtype) {
     const s = this.spec;
-    const qt = tensor(q, 'q', [-1, s.n_layers, s.n_q_heads, s.head_dim], dtype);
+    const qt = tensor(q, 'q', [-1, s.nLayers, s.nQHeads, s.headDim], dtype);
     const mem = new Float32Array(memLen(s));
-    C.kvmem_qmem_update(this.handle, key, qt, spanBegin, spanEnd, mem);
+    C.kvmem_qmem_update(this.handle, cKey(key), qt, spanBegin, spanEnd, mem);
     return mem;
   }
-  get(key) { const mem = new Float32Array(memLen(this.spec)); C.kvmem_qmem_get(this.handle, key, mem); return mem; }
+  get(key) { const mem = new Float32Array(memLen(this.spec)); C.kvmem_qmem_get(this.handle, cKey(key), mem); return mem; }
   get count() { return C.kvmem_qmem_count(this.handle); }
 }
 
@@ -599,10 +621,10 @@ function f32In(x, n, what) {
 
 // kvmem_qmem_score: rule scores of the N positions of k [n_layers][N][n_kv_heads][head_dim] (post-RoPE)
 function qmemScore(ctx, spec, memory, k, dtype) {
-  const s = modelSpec(spec);
-  const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+  const cs = cSpec(spec), s = specFromC(cs);
+  const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
   const scores = new Float32Array(kt.shape[1]);
-  C.kvmem_qmem_score(ctx.handle, s, f32In(memory, memLen(s), 'memory'), kt, scores);
+  C.kvmem_qmem_score(ctx.handle, cs, f32In(memory, memLen(s), 'memory'), kt, scores);
   return scores;
 }
 
@@ -619,11 +641,11 @@ class QmemHead extends Handle {
   get headDim() { return C.kvmem_qmem_head_dim(this.handle); }
   get alpha() { return C.kvmem_qmem_head_alpha(this.handle); }
   apply(spec, memory, k, rule, spanBegin, spanEnd, dtype) {
-    const s = modelSpec(spec);
-    const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+    const cs = cSpec(spec), s = specFromC(cs);
+    const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
     const n = kt.shape[1];
     const out = new Float32Array(n);
-    C.kvmem_qmem_head_apply(this.handle, s, f32In(memory, memLen(s), 'memory'), kt, f32In(rule, n, 'rule'), spanBegin, spanEnd, out);
+    C.kvmem_qmem_head_apply(this.handle, cs, f32In(memory, memLen(s), 'memory'), kt, f32In(rule, n, 'rule'), spanBegin, spanEnd, out);
     return out;
   }
 }
@@ -650,22 +672,22 @@ function h2oKeep(acc, budget, recent) {
   return keptOf(a.length, (kept, nk) => C.kvmem_h2o_keep(a, a.length, budget, recent, kept, nk));
 }
 function snapkvScore(ctx, spec, qObs, k, poolKernel = 7, dtype) {
-  const s = modelSpec(spec);
-  const qt = tensor(qObs, 'qObs', [-1, s.n_layers, s.n_q_heads, s.head_dim], dtype);
-  const kt = tensor(k, 'k', [s.n_layers, -1, s.n_kv_heads, s.head_dim], dtype);
+  const cs = cSpec(spec), s = specFromC(cs);
+  const qt = tensor(qObs, 'qObs', [-1, s.nLayers, s.nQHeads, s.headDim], dtype);
+  const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
   const scores = new Float32Array(kt.shape[1]);
-  C.kvmem_snapkv_score(ctx.handle, s, qt, kt, poolKernel, scores);
+  C.kvmem_snapkv_score(ctx.handle, cs, qt, kt, poolKernel, scores);
   return scores;
 }
 
-// kvmem_kvstore: paged KV that slot maps point into; params: page_slots, max_slots.
+// kvmem_kvstore: paged KV that slot maps point into; params: pageSlots, maxSlots.
 // close() closes its slot maps first.
 class KVStore extends Handle {
   constructor(spec, params) {
     super();
     this.spec = modelSpec(spec);
     const out = [null];
-    C.kvmem_kvstore_create(this.spec, withParams(C.kvmem_kvstore_default_params(), params, 'KVStore'), out);
+    C.kvmem_kvstore_create(cSpec(this.spec), toC(C.kvmem_kvstore_default_params(), params, 'KVStore params'), out);
     this._own(out[0], C.kvmem_kvstore_free, 'KVStore');
     this._maps = new Set();
   }
@@ -675,10 +697,10 @@ class KVStore extends Handle {
     this._maps.clear();
     super.close();
   }
-  getInfo() { const o = {}; C.kvmem_kvstore_get_info(this.handle, o); return o; }
+  getInfo() { const o = {}; C.kvmem_kvstore_get_info(this.handle, o); return fromC(o); }
   slotRefs(slot) { const r = [0]; C.kvmem_kvstore_slot_refs(this.handle, slot, r); return r[0]; }
   readSlot(slot) {
-    const n = this.spec.n_layers * this.spec.n_kv_heads * this.spec.head_dim;
+    const n = this.spec.nLayers * this.spec.nKvHeads * this.spec.headDim;
     const k = new Float32Array(n), v = new Float32Array(n);
     C.kvmem_kvstore_read_slot(this.handle, slot, k, v);
     return { k, v };
@@ -698,7 +720,7 @@ class SlotMap extends Handle {
   fork(prefixLen) { const out = [null]; C.kvmem_slotmap_fork(this.handle, prefixLen, out); return new SlotMap(this.store, out[0]); }
   append(k, v, dtype) {
     const s = this.store.spec;
-    const shape = [s.n_layers, -1, s.n_kv_heads, s.head_dim];
+    const shape = [s.nLayers, -1, s.nKvHeads, s.headDim];
     C.kvmem_slotmap_append(this.handle, tensor(k, 'k', shape, dtype), tensor(v, 'v', shape, dtype));
   }
   setProtected(p) { C.kvmem_slotmap_set_protected(this.handle, p); }
@@ -711,12 +733,12 @@ class SlotMap extends Handle {
     const len = Number(n[0]);
     return { slots: len ? Int32Array.from(koffi.decode(p[0], 'int32_t', len)) : new Int32Array(0), deadSlot: dead[0] };
   }
-  getInfo() { const o = {}; C.kvmem_slotmap_get_info(this.handle, o); return o; }
+  getInfo() { const o = {}; C.kvmem_slotmap_get_info(this.handle, o); return fromC(o); }
   // the live rows in position order: {k, v, positions, shape}
   gather(dtype = 'f32') {
     const s = this.store.spec;
-    const n = Number(this.getInfo().n_live);
-    const shape = [s.n_layers, n, s.n_kv_heads, s.head_dim];
+    const n = Number(this.getInfo().nLive);
+    const shape = [s.nLayers, n, s.nKvHeads, s.headDim];
     const count = shape.reduce((a, b) => a * b, 1);
     const k = newArray(count, dtype), v = newArray(count, dtype), positions = new Int32Array(Math.max(n, 1));
     C.kvmem_slotmap_gather(this.handle, tensor(k, 'k', shape, dtype), tensor(v, 'v', shape, dtype), positions);
@@ -728,22 +750,32 @@ class SlotMap extends Handle {
 // ART attention
 // ---------------------------------------------------------------------------
 
+// attend options: the source, the output, and the kvmem_attend_params fields
+// (camelCase) but the tile order, which comes from tileOrder
+const ATTEND_OWN_KEYS = ['agent', 'layer', 'positions', 'basePosition', 'k', 'v', 'slots', 'deadSlot', 'mask', 'out',
+                         'dtype', 'tileOrder'];
+const ATTEND_SET_APART = ['tile_order', 'n_tile_order'];
+const ATTEND_KEYS = ATTEND_OWN_KEYS.concat(Object.keys(C.kvmem_attend_default_params())
+  .filter((f) => !ATTEND_SET_APART.includes(f)).map(camel));
+
 // Arguments of kvmem_attend. q: [n_rows][n_q_heads][head_dim] post-RoPE (a
 // {data, shape} view, or flat with an agent source). Source: {agent, layer,
 // positions | basePosition}, or {k, v} ([T][n_kv_heads][head_dim] views, keys
 // post-RoPE), plus {slots, deadSlot} for a slot map. opts: mask, out, dtype,
-// tileOrder, and the params (order, n_sink, tile_size, scale, tau_s, tau_d,
+// tileOrder, and the params (order, nSink, tileSize, scale, tauS, tauD,
 // patience, probe, causal, compare).
-function attendArgs(ctx, q, opts = {}) {
-  const { agent, layer = 0, positions, basePosition = 0, k, v, slots, deadSlot = 0, mask, out, dtype, tileOrder, ...params } = opts;
-  const ap = withParams(C.kvmem_attend_default_params(), params, 'attend');
+function attendArgs(ctx, q, options) {
+  const opts = readKeys(options, ATTEND_KEYS, 'attend options');
+  const { agent, layer = 0, positions, basePosition = 0, k, v, slots, deadSlot = 0, mask, out, dtype, tileOrder } = opts;
+  for (const key of ATTEND_OWN_KEYS) delete opts[key];
+  const ap = toC(C.kvmem_attend_default_params(), opts, 'attend options', ATTEND_SET_APART);
   const src = { kind: 0, layer: 0, k: null, v: null, slots: null, n_positions: 0, dead_slot: 0, reserved: 0,
                 agent: null, positions: null, base_position: 0, mask: null };
   let qt;
   const holders = [agent];
   if (agent) {
     const s = agent.pool.spec;
-    qt = tensor(q, 'q', [-1, s.n_q_heads, s.head_dim], dtype);
+    qt = tensor(q, 'q', [-1, s.nQHeads, s.headDim], dtype);
     Object.assign(src, { kind: 1, agent: agent.handle, layer, base_position: basePosition, positions: int32s(positions, 'positions') });
   } else {
     if (!k || !v) throw new TypeError('kvmem: attend needs {agent} or {k, v}');
@@ -767,22 +799,23 @@ function attendArgs(ctx, q, opts = {}) {
 function attend(ctx, q, opts) {
   const a = attendArgs(ctx, q, opts);
   C.kvmem_attend(...a.args);
-  return { out: a.out, stats: a.stats };
+  return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
 }
 async function attendAsync(ctx, q, opts) {
   const a = attendArgs(ctx, q, opts);
   const agent = opts && opts.agent;
   if (agent) agent._busy++;
   try { await ctx._async(C.kvmem_attend, ...a.args); } finally { if (agent) agent._busy--; }
-  return { out: a.out, stats: a.stats };
+  return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
 }
 
 // kvmem_batch_merge: one layer of several agents, left-padded: {k, v, lengths, shape}
-function batchMerge(agents, layer, { maxLen, dtype = 'f32', kOut, vOut } = {}) {
+function batchMerge(agents, layer, opts) {
+  const { maxLen, dtype = 'f32', kOut, vOut } = readKeys(opts, ['maxLen', 'dtype', 'kOut', 'vOut'], 'batchMerge options');
   if (!agents.length) throw new RangeError('kvmem: batchMerge needs at least one agent');
   const s = agents[0].pool.spec;
-  const ml = maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().n_tokens)));
-  const shape = [agents.length, s.n_kv_heads, ml, s.head_dim];
+  const ml = maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().nTokens)));
+  const shape = [agents.length, s.nKvHeads, ml, s.headDim];
   const count = shape.reduce((a, b) => a * b, 1);
   const k = kOut ?? newArray(count, dtype), v = vOut ?? newArray(count, dtype);
   const lengths = new BigInt64Array(agents.length);
@@ -791,7 +824,8 @@ function batchMerge(agents, layer, { maxLen, dtype = 'f32', kOut, vOut } = {}) {
   return { k, v, lengths: Array.from(lengths, Number), shape };
 }
 // kvmem_batch_extract: n tokens of row `row` of batch {data, shape: [B][H][max_len][D]} as [n][H][D]
-function batchExtract(batch, row, length, first, n, { out, dtype } = {}) {
+function batchExtract(batch, row, length, first, n, opts) {
+  const { out, dtype } = readKeys(opts, ['out', 'dtype'], 'batchExtract options');
   const bt = tensor(batch, 'batch', null, dtype);
   if (bt.ndim !== 4) throw new TypeError('kvmem: batch must be a {data, shape: [B, H, max_len, D]} view');
   const shape = [n, bt.shape[1], bt.shape[3]];
@@ -813,15 +847,16 @@ function backends() {
 }
 
 // Rotate rows of x (head vectors, contiguous rows of head_dim f32) in place to positions (one per row).
-function ropeApply(spec, x, positions, { inverse = false, stride } = {}) {
-  const s = modelSpec(spec);
+function ropeApply(spec, x, positions, opts) {
+  const { inverse = false, stride } = readKeys(opts, ['inverse', 'stride'], 'ropeApply options');
+  const cs = cSpec(spec);
   if (!(x instanceof Float32Array)) throw new TypeError('kvmem: ropeApply: x must be a Float32Array');
-  const st = stride ?? s.head_dim;
+  const st = stride ?? cs.head_dim;
   const pos = int32s(positions, 'positions');
   const nRows = pos.length;
-  if (nRows && (nRows - 1) * st + s.head_dim > x.length)
+  if (nRows && (nRows - 1) * st + cs.head_dim > x.length)
     throw new RangeError(`kvmem: ropeApply: ${nRows} rows of stride ${st} exceed x (${x.length} floats)`);
-  C.kvmem_rope_apply(s, x, nRows, st, pos, inverse ? 1 : 0);
+  C.kvmem_rope_apply(cs, x, nRows, st, pos, inverse ? 1 : 0);
 }
 
 let logCallback = null;

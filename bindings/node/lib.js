@@ -16,7 +16,10 @@ const SONAMES = process.platform === 'darwin' ? ['libkvmem.0.dylib', 'libkvmem.d
 function candidates() {
   const out = [];
   if (process.env.KVMEM_LIBRARY) out.push(process.env.KVMEM_LIBRARY);
-  for (const n of SONAMES) out.push(path.join(__dirname, n)); // shipped beside the package
+  // built for this machine by scripts/build.js, then the package's prebuilt one
+  for (const n of SONAMES) out.push(path.join(__dirname, 'build', n));
+  for (const n of SONAMES) out.push(path.join(__dirname, 'prebuilds', `${process.platform}-${process.arch}`, n));
+  for (const n of SONAMES) out.push(path.join(__dirname, n));
   const root = path.resolve(__dirname, '..', '..');            // a source checkout
   for (const preset of ['default', 'release', 'debug', 'dev'])
     for (const n of SONAMES) out.push(path.join(root, 'build', preset, 'core', n));
@@ -38,8 +41,13 @@ function load() {
     }
     if (env && c === env) break; // an explicit KVMEM_LIBRARY that fails is an error, not a hint
   }
-  throw new Error('kvmem: cannot load libkvmem. Set KVMEM_LIBRARY to its path, or build it ' +
-                  '(make build) / install it. Looked in:\n  ' + tried.join('\n  '));
+  // an installed package without a prebuilt library for this platform carries the sources
+  const hint = fs.existsSync(path.join(__dirname, 'csrc'))
+    ? `No prebuilt library fits ${process.platform}-${process.arch}: build it from the package's sources ` +
+      `(cmake and a C compiler) with \`node ${path.join(__dirname, 'scripts', 'build.js')}\`, or let npm run ` +
+      'the install step: npm install-scripts approve kvmem && npm rebuild kvmem. Or set KVMEM_LIBRARY. '
+    : 'Set KVMEM_LIBRARY to its path, or build it (make build) / install it. ';
+  throw new Error(`kvmem: cannot load libkvmem. ${hint}Looked in:\n  ` + tried.join('\n  '));
 }
 
 const { lib, path: libraryPath } = load();
@@ -286,6 +294,15 @@ const DECLARATIONS = [
   'kvmem_status kvmem_prefix_match(kvmem_agent *agent, const char *new_text, size_t new_len, const kvmem_prefix_params *params, _Out_ kvmem_prefix_result *out)',
   'kvmem_status kvmem_batch_merge(kvmem_agent **agents, int32_t n_agents, int32_t layer, const kvmem_tensor *k_out, const kvmem_tensor *v_out, int64_t *lengths)',
   'kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, int64_t n, const kvmem_tensor *out)',
+  // The failure message in a caller buffer: what `.async` calls run (see asyncForm)
+  'kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, void *errbuf, size_t errbuf_size)',
+  'kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, const kvmem_append_params *params, void *errbuf, size_t errbuf_size)',
+  'kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens, const kvmem_tensor *k_out, const kvmem_tensor *v_out, void *errbuf, size_t errbuf_size)',
+  'kvmem_status kvmem_agent_save_errbuf(kvmem_agent *agent, const char *path, void *errbuf, size_t errbuf_size)',
+  'kvmem_status kvmem_agent_load_errbuf(kvmem_agent *agent, const char *path, void *errbuf, size_t errbuf_size)',
+  'kvmem_status kvmem_retrieve_errbuf(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params, kvmem_retrieval *result, void *errbuf, size_t errbuf_size)',
+  'kvmem_status kvmem_gather_errbuf(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base_position, const kvmem_tensor *k_out, const kvmem_tensor *v_out, void *errbuf, size_t errbuf_size)',
+  'kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats, void *errbuf, size_t errbuf_size)',
 ];
 
 const fns = {};       // name -> wrapped function (throws on a failing status)
@@ -298,6 +315,35 @@ function statusStr(s) { return raw.kvmem_status_str(s) || `kvmem status ${s}`; }
 function check(st) {
   if (st !== 0) throw errors.errorFor(st, lastError(), statusStr(st));
   return st;
+}
+
+// kvmem_last_error()'s buffer size in the core: no message is longer
+const ERRBUF_SIZE = 512;
+
+// The `.async` form of a status function: a koffi async call runs on a worker
+// thread, where kvmem_last_error() stays, so it calls NAME_errbuf, which copies
+// the message into a buffer on that thread right after the call. The call runs
+// once; a failure rejects with its own message. Resolves with the status.
+function asyncForm(name, f) {
+  return (...args) => new Promise((resolve, reject) => {
+    const eb = raw[name + '_errbuf'];
+    if (!eb) { // a library older than the _errbuf forms: the status, and why there is no message
+      f.async(...args, (err, st) => {
+        if (err) return reject(err);
+        if (st === 0) return resolve(st);
+        reject(errors.errorFor(st, `${name} failed on a worker thread (${statusStr(st)}); ${libraryPath} has no ` +
+                                   `${name}_errbuf to say why: use the synchronous call or a newer libkvmem`, statusStr(st)));
+      });
+      return;
+    }
+    const buf = Buffer.alloc(ERRBUF_SIZE);
+    eb.async(...args, buf, buf.length, (err, st) => {
+      if (err) return reject(err);
+      if (st === 0) return resolve(st);
+      const end = buf.indexOf(0);
+      reject(errors.errorFor(st, buf.toString('utf8', 0, end < 0 ? buf.length : end), statusStr(st)));
+    });
+  });
 }
 
 for (const proto of DECLARATIONS) {
@@ -315,26 +361,13 @@ for (const proto of DECLARATIONS) {
     continue;
   }
   raw[name] = f;
-  if (/^kvmem_status\s/.test(proto)) {
-    const w = (...args) => check(f(...args));
-    // The async form runs on a koffi worker thread; kvmem_last_error() is
-    // thread-local there, so on failure the call is replayed synchronously on
-    // this thread (a failed kvmem call changes nothing: the replay meets the
-    // same state) to recover the message. Resolves with the status.
-    w.async = (...args) => new Promise((resolve, reject) => {
-      f.async(...args, (err, st) => {
-        if (err) return reject(err);
-        if (st === 0) return resolve(st);
-        let again;
-        try { again = f(...args); } catch (e) { return reject(e); }
-        if (again === 0) return resolve(again); // the condition cleared: it succeeded once
-        reject(errors.errorFor(again, lastError(), statusStr(again)));
-      });
-    });
-    fns[name] = w;
-  } else {
-    fns[name] = f;
-  }
+  fns[name] = /^kvmem_status\s/.test(proto) ? (...args) => check(f(...args)) : f;
+}
+// `.async` for the calls that have an _errbuf form (those that do real work);
+// asyncForm copes with a library that lacks the _errbuf symbol
+for (const name of Object.keys(declared)) {
+  const plain = name.endsWith('_errbuf') ? name.slice(0, -'_errbuf'.length) : null;
+  if (plain && raw[plain]) fns[plain].async = asyncForm(plain, raw[plain]);
 }
 
 // Names of the KVMEM_API functions declared in a kvmem.h text.

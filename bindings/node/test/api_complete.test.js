@@ -25,7 +25,14 @@ test('every declared public function is in the loaded library', () => {
 test('every public function is used by the high-level API', () => {
   const src = fs.readFileSync(path.join(__dirname, '..', 'index.js'), 'utf8');
   const used = new Set([...src.matchAll(/\bC\.(kvmem_\w+)/g)].map(m => m[1]));
-  assert.deepEqual(names.filter(n => !used.has(n) && !LOW_LEVEL_ONLY.has(n)), []);
+  // an *_errbuf form is what the plain call's `.async` runs (lib.js asyncForm)
+  assert.deepEqual(names.filter(n => !used.has(n) && !LOW_LEVEL_ONLY.has(n) && !n.endsWith('_errbuf')), []);
+});
+
+test('every *_errbuf form backs the .async of its plain call', () => {
+  const forms = names.filter(n => n.endsWith('_errbuf'));
+  assert.ok(forms.length >= 8);
+  for (const n of forms) assert.equal(typeof L.fns[n.slice(0, -'_errbuf'.length)].async, 'function', n);
 });
 
 test('every public struct is mirrored with the size the C compiler gives it', () => {

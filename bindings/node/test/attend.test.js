@@ -30,26 +30,26 @@ test('tensors and slot-map sources equal full attention at tau 0', { skip }, asy
   const q = rnd(HQ * D), k = rnd(T * H * D), v = rnd(T * H * D);
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
   const qv = { data: q, shape: [1, HQ, D] }, kv = { data: k, shape: [T, H, D] }, vv = { data: v, shape: [T, H, D] };
-  const { out, stats } = kvmem.attend(ctx, qv, { k: kv, v: vv, tau_s: 0, tau_d: 0, tile_size: 8 });
+  const { out, stats } = kvmem.attend(ctx, qv, { k: kv, v: vv, tauS: 0, tauD: 0, tileSize: 8 });
   assert.ok(close(out, reference(q, k, v, T, [...Array(T).keys()])));
-  assert.equal(Number(stats.tiles_visited), 10);
+  assert.equal(Number(stats.tilesVisited), 10);
   const rev = [...Array(T).keys()].reverse();
-  const r2 = await kvmem.attendAsync(ctx, qv, { k: kv, v: vv, slots: rev, deadSlot: -1, tau_s: 0, tau_d: 0, causal: 0 });
+  const r2 = await kvmem.attendAsync(ctx, qv, { k: kv, v: vv, slots: rev, deadSlot: -1, tauS: 0, tauD: 0, causal: 0 });
   assert.ok(close(r2.out, reference(q, k, v, T, rev)));
-  assert.throws(() => kvmem.attend(ctx, qv, { k: kv, v: vv, tile_size: 5000 }), (e) => e instanceof kvmem.InvalidArgumentError && e.message.length > 0);
+  assert.throws(() => kvmem.attend(ctx, qv, { k: kv, v: vv, tileSize: 5000 }), (e) => e instanceof kvmem.InvalidArgumentError && e.message.length > 0);
   ctx.close();
 });
 
 test('agent source', { skip }, () => {
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
-  const pool = ctx.poolCreate({ n_layers: 2, n_q_heads: HQ, n_kv_heads: H, head_dim: D }, { blockSize: 4, storageDtype: 'f32' });
+  const pool = ctx.poolCreate({ nLayers: 2, nQHeads: HQ, nKvHeads: H, headDim: D }, { blockSize: 4, storageDtype: 'f32' });
   const agent = pool.agentOpen('a');
   const k = rnd(2 * 12 * H * D);
   agent.append(k, k);
-  const { out, stats } = kvmem.attend(ctx, rnd(HQ * D), { agent, layer: 1, tau_s: 0, tau_d: 0 });
+  const { out, stats } = kvmem.attend(ctx, rnd(HQ * D), { agent, layer: 1, tauS: 0, tauD: 0 });
   assert.equal(out.length, HQ * D);
   assert.ok(out.every(Number.isFinite));
-  assert.equal(Number(stats.tiles_total), H * 3);
+  assert.equal(Number(stats.tilesTotal), H * 3);
   agent.close();
   assert.throws(() => kvmem.attend(ctx, rnd(HQ * D), { agent }), kvmem.ClosedError);
   ctx.close();

@@ -5,7 +5,7 @@ const assert = require('node:assert/strict');
 const kvmem = require('..');
 
 const L = 2, HQ = 4, H = 2, D = 8;
-const spec = { n_layers: L, n_q_heads: HQ, n_kv_heads: H, head_dim: D };
+const spec = { nLayers: L, nQHeads: HQ, nKvHeads: H, headDim: D };
 const skip = kvmem.hasFunction('kvmem_qmem_store_create') ? false : 'this libkvmem has no IntentKV functions yet';
 let seed = 1;
 const rnd = (n) => Float32Array.from({ length: n }, () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 * 2 - 1; });
@@ -54,7 +54,7 @@ test('keep sets', { skip }, () => {
 });
 
 test('slot maps: evict, gather, fork, compact', { skip }, () => {
-  const store = new kvmem.KVStore(spec, { page_slots: 4 });
+  const store = new kvmem.KVStore(spec, { pageSlots: 4 });
   const m = store.slotmapCreate();
   const k = rnd(L * 5 * H * D), v = rnd(L * 5 * H * D);
   m.append(k, v);

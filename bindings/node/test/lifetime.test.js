@@ -6,7 +6,7 @@ const { spawnSync } = require('node:child_process');
 const path = require('node:path');
 const kvmem = require('..');
 
-const spec = { n_layers: 1, n_q_heads: 2, n_kv_heads: 1, head_dim: 4 };
+const spec = { nLayers: 1, nQHeads: 2, nKvHeads: 1, headDim: 4 };
 
 test('close is idempotent; owners close what they own; closed handles throw', () => {
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
@@ -32,13 +32,13 @@ test('close while an async call runs is refused, then works', async () => {
   assert.throws(() => a.close(), kvmem.BusyError);
   assert.throws(() => ctx.close(), kvmem.BusyError);
   await p;
-  assert.equal(a.getInfo().n_tokens, 64);
+  assert.equal(a.getInfo().nTokens, 64);
   ctx.close();
 });
 
 test('async calls let the event loop run', async () => {
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
-  const pool = ctx.poolCreate({ n_layers: 8, n_q_heads: 8, n_kv_heads: 8, head_dim: 128 }, { storageDtype: 'f32' });
+  const pool = ctx.poolCreate({ nLayers: 8, nQHeads: 8, nKvHeads: 8, headDim: 128 }, { storageDtype: 'f32' });
   const a = pool.agentOpen('big');
   const T = 256;
   const k = new Float32Array(8 * T * 8 * 128).fill(0.25);
@@ -55,14 +55,14 @@ test('async calls let the event loop run', async () => {
 });
 
 test('spec validation, pool parameters, unknown backends', () => {
-  assert.throws(() => kvmem.specValidate({ n_layers: 1, n_q_heads: 3, n_kv_heads: 2, head_dim: 4 }),
+  assert.throws(() => kvmem.specValidate({ nLayers: 1, nQHeads: 3, nKvHeads: 2, headDim: 4 }),
                 (e) => e instanceof kvmem.InvalidArgumentError && /n_q_heads/.test(e.message));
   assert.throws(() => new kvmem.Context({ backend: 'nonsense' }), (e) => e.status === -4 && /nonsense/.test(e.message));
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
   assert.throws(() => ctx.poolCreate(spec, { blockSize: 3 }), kvmem.InvalidArgumentError);
   assert.throws(() => ctx.poolCreate(spec, { blocksize: 4 }), TypeError);
-  const pool = ctx.poolCreate({ ...spec, n_layers: 2, layer_window: [0, 8] });
-  assert.equal(pool.spec.n_layers, 2);
+  const pool = ctx.poolCreate({ ...spec, nLayers: 2, layerWindow: [0, 8] });
+  assert.equal(pool.spec.nLayers, 2);
   ctx.close();
 });
 

@@ -13,7 +13,7 @@ const skip = kvmem.hasFunction('kvmem_agent_save') ? false : 'this libkvmem has 
 const tmp = () => fs.mkdtempSync(path.join(os.tmpdir(), 'kvmem-node-'));
 const setup = (params = {}) => {
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
-  return { ctx, pool: ctx.poolCreate({ n_layers: L, n_q_heads: 4, n_kv_heads: H, head_dim: D }, { blockSize: 4, ...params }) };
+  return { ctx, pool: ctx.poolCreate({ nLayers: L, nQHeads: 4, nKvHeads: H, headDim: D }, { blockSize: 4, ...params }) };
 };
 
 test('save, load, truncate, prefix match', { skip }, async () => {
@@ -36,7 +36,7 @@ test('save, load, truncate, prefix match', { skip }, async () => {
   bytes[bytes.length - 3] ^= 0xff;
   fs.writeFileSync(file, bytes);
   await assert.rejects(a.loadAsync(file), (e) => (e.status === -10 || e.status === -11) && e.message.length > 0);
-  assert.equal(Number(a.getInfo().n_tokens), 7);
+  assert.equal(Number(a.getInfo().nTokens), 7);
   ctx.close();
 });
 

@@ -27,7 +27,7 @@ for (const mode of ['sync', 'async']) {
   test(`scenario matches the C fixture (${mode})`, async () => {
     const fx = fixture();
     const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
-    const spec = kvmem.modelSpec({ n_layers: L, n_q_heads: HQ, n_kv_heads: HKV, head_dim: D, model_id: 'scenario' });
+    const spec = kvmem.modelSpec({ nLayers: L, nQHeads: HQ, nKvHeads: HKV, headDim: D, modelId: 'scenario' });
     const pool = ctx.poolCreate(spec, { blockSize: BS, storageDtype: 'f16' });
     const agents = {};
     const done = {};
@@ -42,14 +42,14 @@ for (const mode of ['sync', 'async']) {
     for (const a of Object.values(agents)) a.flush();
 
     const info = pool.getInfo();
-    assert.equal(info.n_agents, fx.pool.n_agents);
-    assert.equal(info.used_bytes, fx.pool.used_bytes);
+    assert.equal(info.nAgents, fx.pool.n_agents);
+    assert.equal(info.usedBytes, fx.pool.used_bytes);
     assert.deepEqual(pool.agentIds(), fx.pool.agent_ids);
 
     for (const [id, a] of Object.entries(agents)) {
       const want = fx.agents[id];
       const ai = a.getInfo();
-      assert.deepEqual([ai.n_tokens, ai.n_blocks, ai.n_sealed, ai.bytes, ai.text_bytes],
+      assert.deepEqual([ai.nTokens, ai.nBlocks, ai.nSealed, ai.bytes, ai.textBytes],
                        [want.n_tokens, want.n_blocks, want.n_sealed, want.bytes, want.text_bytes]);
       const r = mode === 'async' ? await a.readAsync() : a.read();
       assert.deepEqual(r.shape, [L, want.n_tokens, HKV, D]);
@@ -59,7 +59,7 @@ for (const mode of ['sync', 'async']) {
       assert.equal(a.text(), want.text);
       want.blocks.forEach((wb, b) => {
         const bi = a.blockInfo(b);
-        assert.deepEqual([bi.first_token, bi.n_tokens, bi.sealed], [wb.first_token, wb.n_tokens, wb.sealed]);
+        assert.deepEqual([bi.firstToken, bi.nTokens, bi.sealed], [wb.first_token, wb.n_tokens, wb.sealed === 1]);
         if (wb.sealed) {
           const { min, max } = a.blockAabb(b);
           assert.deepEqual(min, f32(wb.aabb_min));
@@ -95,7 +95,7 @@ for (const mode of ['sync', 'async']) {
     // bad input: the C status and message reach the caller, nothing changes
     const errs = fx.errors;
     const alice = agents.alice;
-    const before = alice.getInfo().n_tokens;
+    const before = alice.getInfo().nTokens;
     const { k, v } = kv(9, 0, 3);
     v[((1 * 3 + 2) * HKV + 0) * D + 0] = NaN;
     const expectErr = (e, want, cls) => {
@@ -108,7 +108,7 @@ for (const mode of ['sync', 'async']) {
     };
     if (mode === 'async') await assert.rejects(alice.appendAsync(k, v), (e) => expectErr(e, errs.append_nan, kvmem.InvalidArgumentError));
     else assert.throws(() => alice.append(k, v), (e) => expectErr(e, errs.append_nan, kvmem.InvalidArgumentError));
-    assert.equal(alice.getInfo().n_tokens, before);
+    assert.equal(alice.getInfo().nTokens, before);
     assert.throws(() => pool.agentOpen('bad id!'), (e) => expectErr(e, errs.open_bad_id, kvmem.InvalidArgumentError));
     assert.throws(() => pool.removeAgent('bob'), (e) => expectErr(e, errs.remove_open, kvmem.BusyError));
     if (mode === 'async') await assert.rejects(alice.readAsync(13, 2, { values: false }), (e) => expectErr(e, errs.read_past_end, kvmem.InvalidArgumentError));
@@ -118,7 +118,7 @@ for (const mode of ['sync', 'async']) {
     agents.bob.close(); // idempotent
     pool.removeAgent('bob');
     const after = pool.getInfo();
-    assert.deepEqual([after.n_agents, after.used_bytes], [fx.after_remove.n_agents, fx.after_remove.used_bytes]);
+    assert.deepEqual([after.nAgents, after.usedBytes], [fx.after_remove.n_agents, fx.after_remove.used_bytes]);
     assert.throws(() => agents.bob.getInfo(), kvmem.ClosedError);
     ctx.close(); // closes the pool, which closes alice
     assert.ok(alice.closed && pool.closed && ctx.closed);

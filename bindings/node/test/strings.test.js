@@ -15,7 +15,7 @@ const kvmem = require('..');
 const L = 1, H = 1, D = 8;
 const setup = (params = {}) => {
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
-  return { ctx, pool: ctx.poolCreate({ n_layers: L, n_q_heads: 2, n_kv_heads: H, head_dim: D }, { blockSize: 4, ...params }) };
+  return { ctx, pool: ctx.poolCreate({ nLayers: L, nQHeads: 2, nKvHeads: H, headDim: D }, { blockSize: 4, ...params }) };
 };
 const refused = (fn, what) =>
   assert.throws(fn, (e) => e instanceof kvmem.InvalidArgumentError && e instanceof Error && e.code === 'KVMEM_ERR_INVALID_ARG' &&
@@ -68,8 +68,8 @@ test('paths with a NUL are refused and nothing is written', { skip: !kvmem.hasFu
 test('other names with a NUL are refused', () => {
   refused(() => new kvmem.Context({ backend: 'cpu\0cuda' }), 'backend');
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
-  refused(() => ctx.poolCreate({ n_layers: L, n_q_heads: 2, n_kv_heads: H, head_dim: D, model_id: 'llama\0-other' }), 'model_id');
-  const pool = ctx.poolCreate({ n_layers: L, n_q_heads: 2, n_kv_heads: H, head_dim: D });
+  refused(() => ctx.poolCreate({ nLayers: L, nQHeads: 2, nKvHeads: H, headDim: D, modelId: 'llama\0-other' }), 'modelId');
+  const pool = ctx.poolCreate({ nLayers: L, nQHeads: 2, nKvHeads: H, headDim: D });
   refused(() => pool.segmentsCreate('robot\0x'), 'owner');
   assert.deepEqual(pool.agentIds(), []);
   const segs = pool.segmentsCreate('robot');
@@ -80,7 +80,7 @@ test('other names with a NUL are refused', () => {
   segs.close();
   if (kvmem.hasFunction('kvmem_qmem_store_create')) {
     refused(() => kvmem.QmemHead.load('/tmp/head\0.safetensors'), 'path');
-    const store = new kvmem.QmemStore({ n_layers: L, n_q_heads: 2, n_kv_heads: H, head_dim: D }, { capacity: 2 });
+    const store = new kvmem.QmemStore({ nLayers: L, nQHeads: 2, nKvHeads: H, headDim: D }, { capacity: 2 });
     refused(() => store.sessionKey({ sessionId: 'chat-1\0x' }), 'sessionId');
     assert.equal(store.sessionKey({ sessionId: 'chat-1' }).kind, kvmem.SESSION_EXPLICIT);
     store.close();

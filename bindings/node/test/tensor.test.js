@@ -7,7 +7,7 @@ const kvmem = require('..');
 const L = 2, H = 2, D = 8;
 function setup(storage = 'f32') {
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
-  const pool = ctx.poolCreate({ n_layers: L, n_q_heads: 4, n_kv_heads: H, head_dim: D }, { blockSize: 4, storageDtype: storage });
+  const pool = ctx.poolCreate({ nLayers: L, nQHeads: 4, nKvHeads: H, headDim: D }, { blockSize: 4, storageDtype: storage });
   return { ctx, pool, a: pool.agentOpen('t') };
 }
 const seq = (n, s = 1) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37 + s));
@@ -70,6 +70,6 @@ test('wrong types, shapes and strides are refused before C', () => {
   assert.throws(() => a.append({ data: small, shape: [L, 2, H, D] }, small), RangeError);
   assert.throws(() => a.append({ data: small, shape: [L, 1, H, D], strides: [H * D, 0, D, -1] }, small), TypeError);
   assert.throws(() => a.append({ data: small, shape: [L, 1, H, D], strides: [H * D, 0, D, 2] }, small), { message: /reaches element/ });
-  assert.equal(a.getInfo().n_tokens, 0);
+  assert.equal(a.getInfo().nTokens, 0);
   ctx.close();
 });

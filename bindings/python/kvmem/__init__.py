@@ -13,6 +13,8 @@ from ._errors import (BusyError, CapacityError, ClosedError, ConflictError, Corr
                       IOFailedError, KvmemError, MismatchError, NoMemoryError, NotFoundError,
                       UnsupportedError, BackendError)
 from ._lib import LIBRARY_PATH, has_function
+from ._info import (AgentInfo, BlockInfo, GroupInfo, KVStoreInfo, PoolInfo, SegmentInfo, SegmentsInfo,
+                    SlotMapInfo)
 from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN, Q4, Q4_KIVI, Q8,
                        ROPE_GPTJ, ROPE_NEOX, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3,
                        ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, ModelSpec, Pool, Retrieval,
@@ -26,7 +28,7 @@ from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN,
                        status_str, version, version_number)
 
 from ._intentkv import (DEAD_SLOT, SENTINEL_K, SESSION_EXPLICIT, SESSION_LOCAL, SESSION_MARKED,
-                        SESSION_PREFIX, KVStore, QmemHead, QmemStore, SlotMap, h2o_accumulate, h2o_keep,
+                        SESSION_PREFIX, KVStore, QmemHead, QmemStore, SessionKey, SlotMap, h2o_accumulate, h2o_keep,
                         qmem_score, select_keep, snapkv_score, streaming_keep)
 
 from ._attend import (ATTEND_IMPORTANCE, ATTEND_INDEX, ATTEND_MAX_ROWS, ATTEND_PROBE_ORACLE,

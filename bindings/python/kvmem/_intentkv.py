@@ -12,7 +12,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 from . import _buffers as B
 from . import _lib as L
 from ._cstr import c_id_or_none, c_path
-from ._objects import Context, _Handle, _in_array, _params, _to_result
+from ._info import KVStoreInfo, SlotMapInfo, from_struct
+from ._objects import Context, ModelSpec, _Handle, _in_array, _params, _to_result
 
 SESSION_EXPLICIT, SESSION_MARKED, SESSION_PREFIX, SESSION_LOCAL = 1, 2, 3, 4
 DEAD_SLOT = 0
@@ -27,12 +28,31 @@ def _out_f32(shape: Sequence[int]) -> Any:
     return B.new_array(shape, "f32")
 
 
+_KIND = {1: "SESSION_EXPLICIT", 2: "SESSION_MARKED", 3: "SESSION_PREFIX", 4: "SESSION_LOCAL"}
+
+
+class SessionKey(L.kvmem_session_key):
+    """kvmem_session_key: which session a turn belongs to (hand it back to update/get)."""
+
+    def __repr__(self) -> str:
+        return f"SessionKey({_KIND.get(self.kind, self.kind)}, {self.hi:016x}{self.lo:016x})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, L.kvmem_session_key):
+            return NotImplemented
+        return (self.hi, self.lo, self.kind) == (other.hi, other.lo, other.kind)
+
+    def __hash__(self) -> int:
+        return hash((self.hi, self.lo, self.kind))
+
+
 class QmemStore(_Handle):
     """kvmem_qmem_store: per-session query memories. params: capacity,
     prefix_tokens, lambda_ (the C field `lambda`)."""
     _kind = "QmemStore"
 
-    def __init__(self, spec: L.kvmem_model_spec, **params: Any):
+    def __init__(self, spec: Any, **params: Any):
+        spec = ModelSpec.of(spec)
         if "lambda_" in params:
             params["lambda"] = params.pop("lambda_")
         qp = _params(L.kvmem_qmem_default_params(), "QmemStore()", params)
@@ -42,7 +62,7 @@ class QmemStore(_Handle):
         self.spec = spec
 
     def session_key(self, session_id: Optional[str] = None, token_ids: Any = None,
-                    mark: Optional[Tuple[int, int]] = None) -> L.kvmem_session_key:
+                    mark: Optional[Tuple[int, int]] = None) -> "SessionKey":
         """kvmem_session_key_derive: explicit id, else marked span, else prefix, else local."""
         src = L.kvmem_session_source()
         sid = c_id_or_none(session_id, "session_id")
@@ -54,7 +74,7 @@ class QmemStore(_Handle):
                 src.n_tokens = len(token_ids) if not isinstance(keep, B.View) else keep.count()
             if mark is not None:
                 src.mark_begin, src.mark_end = mark
-            key = L.kvmem_session_key()
+            key = SessionKey()
             L.kvmem_session_key_derive(self.handle, byref(src), byref(key))
             return key
         finally:
@@ -90,9 +110,10 @@ def _f32_in(obj: Any, n: int, what: str) -> Tuple[Any, Any]:
     return _in_array(obj, ctypes.c_float, n, what)
 
 
-def qmem_score(ctx: Context, spec: L.kvmem_model_spec, memory: Any, k: Any, dtype: Any = None) -> Any:
+def qmem_score(ctx: Context, spec: Any, memory: Any, k: Any, dtype: Any = None) -> Any:
     """kvmem_qmem_score: the rule score of each of the N positions of k
     [n_layers][N][n_kv_heads][head_dim] (post-RoPE) under memory."""
+    spec = ModelSpec.of(spec)
     kt, kv = B.tensor(k, "k", (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim), dtype)
     held: List[Any] = [kv]
     try:
@@ -130,9 +151,10 @@ class QmemHead(_Handle):
     def alpha(self) -> float:
         return float(L.kvmem_qmem_head_alpha(self.handle))
 
-    def apply(self, spec: L.kvmem_model_spec, memory: Any, k: Any, rule: Any, span_begin: int,
+    def apply(self, spec: Any, memory: Any, k: Any, rule: Any, span_begin: int,
               span_end: int, dtype: Any = None) -> Any:
         """scores = rule + alpha * MLP(...) for the N positions of k."""
+        spec = ModelSpec.of(spec)
         kt, kv = B.tensor(k, "k", (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim), dtype)
         held: List[Any] = [kv]
         try:
@@ -194,10 +216,11 @@ def h2o_keep(acc: Any, budget: int, recent: int) -> Any:
         B.release(keep)
 
 
-def snapkv_score(ctx: Context, spec: L.kvmem_model_spec, q_obs: Any, k: Any, pool_kernel: int = 7,
+def snapkv_score(ctx: Context, spec: Any, q_obs: Any, k: Any, pool_kernel: int = 7,
                  dtype: Any = None) -> Any:
     """kvmem_snapkv_score: q_obs [W][n_layers][n_q_heads][head_dim], k
     [n_layers][N][n_kv_heads][head_dim], both post-RoPE; N scores."""
+    spec = ModelSpec.of(spec)
     qt, qv = B.tensor(q_obs, "q_obs", (-1, spec.n_layers, spec.n_q_heads, spec.head_dim), dtype)
     held: List[Any] = [qv]
     try:
@@ -216,7 +239,8 @@ class KVStore(_Handle):
     page_slots, max_slots. Closing it closes its slot maps first."""
     _kind = "KVStore"
 
-    def __init__(self, spec: L.kvmem_model_spec, **params: Any):
+    def __init__(self, spec: Any, **params: Any):
+        spec = ModelSpec.of(spec)
         kp = _params(L.kvmem_kvstore_default_params(), "KVStore()", params)
         h = c_void_p()
         L.kvmem_kvstore_create(byref(spec), byref(kp), byref(h))
@@ -229,10 +253,10 @@ class KVStore(_Handle):
             m.close()
         super().close()
 
-    def get_info(self) -> L.kvmem_kvstore_info:
+    def get_info(self) -> KVStoreInfo:
         x = L.kvmem_kvstore_info()
         L.kvmem_kvstore_get_info(self.handle, byref(x))
-        return x
+        return from_struct(KVStoreInfo, x)
 
     def slot_refs(self, slot: int) -> int:
         r = c_int32()
@@ -310,10 +334,10 @@ class SlotMap(_Handle):
         arr = (c_int32 * n.value).from_address(p.value) if n.value else (c_int32 * 1)()
         return _to_result(arr, n.value, "int32"), dead.value
 
-    def get_info(self) -> L.kvmem_slotmap_info:
+    def get_info(self) -> SlotMapInfo:
         x = L.kvmem_slotmap_info()
         L.kvmem_slotmap_get_info(self.handle, byref(x))
-        return x
+        return from_struct(SlotMapInfo, x)
 
     def gather(self, dtype: Any = "f32") -> Tuple[Any, Any, Any]:
         """The live rows in position order: (k, v, positions)."""

@@ -503,6 +503,31 @@ _d("kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t n_agents,
    STATUS, POINTER(c_void_p), c_int32, c_int32, T_p, T_p, c_void_p)
 _d("kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, "
    "int64_t n, const kvmem_tensor *out)", STATUS, T_p, c_int32, c_int64, c_int64, c_int64, T_p)
+# The failure message in a caller buffer: for bindings whose async calls run on
+# worker threads they cannot run code on (Node's koffi). Python calls on its own
+# thread and reads kvmem_last_error(), so these are declared, not used.
+_d("kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size)",
+   STATUS, pool_p, c_void_p, c_size_t)
+_d("kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, "
+   "const kvmem_append_params *params, char *errbuf, size_t errbuf_size)",
+   STATUS, agent_p, T_p, T_p, POINTER(kvmem_append_params), c_void_p, c_size_t)
+_d("kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens, "
+   "const kvmem_tensor *k_out, const kvmem_tensor *v_out, char *errbuf, size_t errbuf_size)",
+   STATUS, agent_p, c_int64, c_int64, T_p, T_p, c_void_p, c_size_t)
+_d("kvmem_status kvmem_agent_save_errbuf(kvmem_agent *agent, const char *path, char *errbuf, size_t errbuf_size)",
+   STATUS, agent_p, c_char_p, c_void_p, c_size_t)
+_d("kvmem_status kvmem_agent_load_errbuf(kvmem_agent *agent, const char *path, char *errbuf, size_t errbuf_size)",
+   STATUS, agent_p, c_char_p, c_void_p, c_size_t)
+_d("kvmem_status kvmem_retrieve_errbuf(kvmem_agent *agent, const kvmem_tensor *query, "
+   "const kvmem_retrieve_params *params, kvmem_retrieval *result, char *errbuf, size_t errbuf_size)",
+   STATUS, agent_p, T_p, POINTER(kvmem_retrieve_params), retrieval_p, c_void_p, c_size_t)
+_d("kvmem_status kvmem_gather_errbuf(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, "
+   "int64_t base_position, const kvmem_tensor *k_out, const kvmem_tensor *v_out, char *errbuf, size_t errbuf_size)",
+   STATUS, agent_p, c_void_p, c_int32, c_int64, T_p, T_p, c_void_p, c_size_t)
+_d("kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, "
+   "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats, char *errbuf, "
+   "size_t errbuf_size)", STATUS, ctx_p, T_p, POINTER(kvmem_attend_source), POINTER(kvmem_attend_params), T_p,
+   POINTER(kvmem_attend_stats), c_void_p, c_size_t)
 del _d
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import ctypes
 import weakref
 from ctypes import byref, c_size_t, c_void_p
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import _buffers as B
 from . import _lib as L
 from ._cstr import c_id, c_path
+from ._info import AgentInfo, BlockInfo, GroupInfo, PoolInfo, SegmentInfo, SegmentsInfo, from_struct
 from ._errors import ClosedError, InvalidArgumentError
 
 F32, F16, BF16 = B.F32, B.F16, B.BF16
@@ -106,14 +107,28 @@ def backends() -> List[Dict[str, Any]]:
 
 class ModelSpec(L.kvmem_model_spec):
     """kvmem_model_spec, starting from kvmem_model_spec_default(); keyword
-    arguments set fields. model_id takes a str, layer_window a sequence of
-    ints (kept alive by the spec; pools copy it)."""
+    arguments set fields (an unknown one is a TypeError naming it). model_id
+    takes a str, layer_window a sequence of ints (kept alive by the spec;
+    pools copy it)."""
 
     def __init__(self, **fields: Any):
         super().__init__()
         ctypes.memmove(byref(self), byref(L.kvmem_model_spec_default()), ctypes.sizeof(self))
+        known = dict(L.kvmem_model_spec._fields_)
         for k, val in fields.items():
+            if k not in known:
+                raise TypeError(f"kvmem: ModelSpec() got an unknown field {k!r}")
             setattr(self, k, val)
+
+    @classmethod
+    def of(cls, spec: Any) -> "L.kvmem_model_spec":
+        """A spec from a ModelSpec / kvmem_model_spec (as is) or a mapping of fields."""
+        if isinstance(spec, L.kvmem_model_spec):
+            return spec
+        if isinstance(spec, Mapping):
+            return cls(**spec)
+        raise TypeError(f"kvmem: a model spec must be a ModelSpec or a mapping of its fields, "
+                        f"not {type(spec).__name__}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "model_id" and isinstance(value, str):
@@ -134,11 +149,11 @@ class ModelSpec(L.kvmem_model_spec):
 
     def __repr__(self) -> str:
         return (f"ModelSpec(n_layers={self.n_layers}, n_q_heads={self.n_q_heads}, "
-                f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-                f"model_id={_s(self.model_id)!r})")
+                f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
+                f"rope_theta={self.rope_theta:g}, model_id={_s(self.model_id)!r})")
 
 
-def rope_apply(spec: L.kvmem_model_spec, x: Any, positions: Any, *, inverse: bool = False) -> None:
+def rope_apply(spec: Any, x: Any, positions: Any, *, inverse: bool = False) -> None:
     """Rotate x in place: rows of head_dim f32 values (x is [..., head_dim],
     contiguous rows, row stride in elements taken from x), one position per row."""
     t, v = B.tensor(x, "x", dtype="f32", writable=True)
@@ -153,7 +168,7 @@ def rope_apply(spec: L.kvmem_model_spec, x: Any, positions: Any, *, inverse: boo
             raise TypeError("kvmem: rope_apply: each row of x must be contiguous")
         pp, pk = B.int32s(positions, "positions", n_rows)
         try:
-            L.kvmem_rope_apply(byref(spec), t.data, n_rows, stride, pp, int(bool(inverse)))
+            L.kvmem_rope_apply(byref(ModelSpec.of(spec)), t.data, n_rows, stride, pp, int(bool(inverse)))
         finally:
             B.release(pk)
     finally:
@@ -261,7 +276,8 @@ class Context(_Handle):
     def n_threads(self) -> int:
         return int(L.kvmem_context_n_threads(self.handle))
 
-    def pool_create(self, spec: L.kvmem_model_spec, **params: Any) -> "Pool":
+    def pool_create(self, spec: Any, **params: Any) -> "Pool":
+        """A Pool for spec (a ModelSpec or a dict of its fields); params as Pool()."""
         return Pool(self, spec, **params)
 
     def close(self) -> None:
@@ -275,7 +291,8 @@ class Pool(_Handle):
     "f32", "bf16" or a code), capacity_bytes, max_agents, max_tokens_per_agent."""
     _kind = "Pool"
 
-    def __init__(self, ctx: Context, spec: L.kvmem_model_spec, **params: Any):
+    def __init__(self, ctx: Context, spec: Any, **params: Any):
+        spec = ModelSpec.of(spec)
         pp = L.kvmem_pool_default_params()
         for k, val in params.items():
             if k == "storage_dtype" and isinstance(val, str):
@@ -307,14 +324,19 @@ class Pool(_Handle):
     def segments_create(self, owner: str, **params: Any) -> "Segments":
         return Segments(self, owner, **params)
 
-    def get_info(self) -> L.kvmem_pool_info:
+    def get_info(self) -> PoolInfo:
         info = L.kvmem_pool_info()
         L.kvmem_pool_get_info(self.handle, byref(info))
-        return info
+        return from_struct(PoolInfo, info)
 
-    def get_spec(self) -> L.kvmem_model_spec:
-        spec = L.kvmem_model_spec()
-        L.kvmem_pool_get_spec(self.handle, byref(spec))
+    def get_spec(self) -> "ModelSpec":
+        """The pool's spec (a copy: layer_window, if any, is copied too)."""
+        raw = L.kvmem_model_spec()
+        L.kvmem_pool_get_spec(self.handle, byref(raw))
+        spec = ModelSpec()
+        ctypes.memmove(byref(spec), byref(raw), ctypes.sizeof(raw))
+        if raw.layer_window:
+            spec.layer_window = list(raw.layer_window[:raw.n_layers])
         return spec
 
     def agent_id(self, index: int) -> str:
@@ -370,15 +392,15 @@ class Agent(_Handle):
     def flush(self) -> None:
         L.kvmem_agent_flush(self.handle)
 
-    def get_info(self) -> L.kvmem_agent_info:
+    def get_info(self) -> AgentInfo:
         info = L.kvmem_agent_info()
         L.kvmem_agent_get_info(self.handle, byref(info))
-        return info
+        return from_struct(AgentInfo, info)
 
-    def block_info(self, block: int) -> L.kvmem_block_info:
+    def block_info(self, block: int) -> BlockInfo:
         bi = L.kvmem_block_info()
         L.kvmem_agent_block_info(self.handle, block, byref(bi))
-        return bi
+        return from_struct(BlockInfo, bi)
 
     def read(self, first: int = 0, n: Optional[int] = None, *, k_out: Any = None, v_out: Any = None,
              dtype: Any = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
@@ -574,13 +596,17 @@ SEG_EVENT_SEGMENT_STALE, SEG_EVENT_GROUP_STATIC, SEG_EVENT_GROUP_DYNAMIC = 1, 2,
 SEG_UNIT_SEGMENT, SEG_UNIT_GROUP = 0, 1
 
 
+# 0/1 fields of the structs returned as dicts: bools, as in the info dataclasses
+_FLAGS = {"needs_compute", "converged", "stopped_early"}
+
+
 def _struct_dict(x: Any) -> Dict[str, Any]:
-    out = {}
+    out: Dict[str, Any] = {}
     for name, _t in x._fields_:
         if name == "reserved":
             continue
         val = getattr(x, name)
-        out[name] = _s(val) if isinstance(val, bytes) else val
+        out[name] = _s(val) if isinstance(val, bytes) else bool(val) if name in _FLAGS else val
     return out
 
 
@@ -650,20 +676,20 @@ class Segments(_Handle):
         _call_kv(self.pool.spec, L.kvmem_segments_store_group, (self.handle, group), k, v, token_ids,
                  text, token_text_offsets, positions, keys_rotated, dtype)
 
-    def get_info(self) -> L.kvmem_segments_info:
+    def get_info(self) -> SegmentsInfo:
         x = L.kvmem_segments_info()
         L.kvmem_segments_get_info(self.handle, byref(x))
-        return x
+        return from_struct(SegmentsInfo, x)
 
-    def segment_info(self, index: int) -> L.kvmem_segment_info:
+    def segment_info(self, index: int) -> SegmentInfo:
         x = L.kvmem_segment_info()
         L.kvmem_segments_segment_info(self.handle, index, byref(x))
-        return x
+        return from_struct(SegmentInfo, x)
 
-    def group_info(self, group: int) -> L.kvmem_group_info:
+    def group_info(self, group: int) -> GroupInfo:
         x = L.kvmem_group_info()
         L.kvmem_segments_group_info(self.handle, group, byref(x))
-        return x
+        return from_struct(GroupInfo, x)
 
     def find(self, name: str) -> int:
         i = ctypes.c_int32()

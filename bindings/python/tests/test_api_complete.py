@@ -10,8 +10,10 @@ from kvmem import _lib
 from scenario import REPO
 
 # Functions a Python caller never needs directly: the binding builds tensor
-# views itself, and nothing returns caller-owned memory yet.
-LOW_LEVEL_ONLY = {"kvmem_tensor_init", "kvmem_free"}
+# views itself, nothing returns caller-owned memory yet, and the *_errbuf
+# forms serve bindings whose async calls run on threads they cannot run code
+# on (Python calls on its own thread and reads kvmem_last_error()).
+LOW_LEVEL_ONLY = {"kvmem_tensor_init", "kvmem_free"} | {n for n in _lib.DECLARED if n.endswith("_errbuf")}
 
 
 def header_names():

@@ -60,7 +60,7 @@ def test_pool_params_and_spec_validation():
         with pytest.raises(kvmem.InvalidArgumentError) as ei:
             bad.validate()
         assert ei.value.message and "n_q_heads" in ei.value.message
-        with pytest.raises(AttributeError):
+        with pytest.raises(TypeError, match="'n_layer'"):
             kvmem.ModelSpec(n_layer=1)
         w = kvmem.ModelSpec(n_layers=2, n_q_heads=2, n_kv_heads=1, head_dim=4, layer_window=[0, 8])
         with ctx.pool_create(w) as pool:

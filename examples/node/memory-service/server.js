@@ -43,9 +43,13 @@ class HttpError extends Error {
 
 function defaultSpec() {
   const n = (k, d) => Number(process.env[k] ?? d);
-  return { n_layers: n('KVMEM_LAYERS', 2), n_q_heads: n('KVMEM_Q_HEADS', 4), n_kv_heads: n('KVMEM_KV_HEADS', 2),
-           head_dim: n('KVMEM_HEAD_DIM', 64), model_id: 'memory-service' };
+  return { nLayers: n('KVMEM_LAYERS', 2), nQHeads: n('KVMEM_Q_HEADS', 4), nKvHeads: n('KVMEM_KV_HEADS', 2),
+           headDim: n('KVMEM_HEAD_DIM', 64), modelId: 'memory-service' };
 }
+
+// The HTTP API speaks snake_case JSON (as the Go and Python services do); the
+// binding's objects are camelCase.
+const snake = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => '_' + c.toLowerCase()), v]));
 
 // storeDir: an existing directory, the only place agents are saved to and
 // loaded from (the pool's store); null: no persistence.
@@ -75,7 +79,7 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
     e.queue = run.catch(() => {});
     return run;
   }
-  const infoOf = (a) => ({ id: a.id, ...a.getInfo() });
+  const infoOf = (a) => ({ id: a.id, ...snake(a.getInfo()) });
   const has = kvmem.hasFunction;
   const f32 = (x, what) => {
     if (!Array.isArray(x)) throw new HttpError(400, `${what} must be an array of numbers`);
@@ -114,8 +118,8 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
           const { blocks, scores } = r.get(0);
           const out = { blocks: Array.from(blocks, (b, i) => {
             const bi = a.blockInfo(b);
-            return { block: b, score: scores[i], first_token: bi.first_token, n_tokens: bi.n_tokens,
-                     token_ids: Array.from(a.tokens(bi.first_token, bi.n_tokens)) };
+            return { block: b, score: scores[i], first_token: bi.firstToken, n_tokens: bi.nTokens,
+                     token_ids: Array.from(a.tokens(bi.firstToken, bi.nTokens)) };
           }), n_tokens: r.nTokens(0) };
           if (body.gather) {
             const g = await a.gatherAsync(blocks, body.base_position ?? 0);
@@ -127,7 +131,7 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
     },
     async save(id, body) {
       persistable('save', body);
-      return withAgent(id, async (a) => { await a.saveAsync(null); return { saved: a.id, ...a.getInfo() }; });
+      return withAgent(id, async (a) => { await a.saveAsync(null); return { saved: a.id, ...snake(a.getInfo()) }; });
     },
     async load(id, body) {
       persistable('load', body);
@@ -150,7 +154,7 @@ function createService({ spec = defaultSpec(), pool: poolParams = { blockSize: 1
   async function handle(req, body) {
     const url = new URL(req.url, 'http://x');
     const parts = url.pathname.split('/').filter(Boolean).map(decodeURIComponent);
-    if (req.method === 'GET' && url.pathname === '/health') return { version: kvmem.version(), spec: pool.spec };
+    if (req.method === 'GET' && url.pathname === '/health') return { version: kvmem.version(), spec: snake(pool.spec) };
     if (parts[0] !== 'agents') throw new HttpError(404, `no route ${req.method} ${url.pathname}`, 'not_found');
     if (parts.length === 1 && req.method === 'GET') return { agents: pool.agentIds() };
     const id = parts[1];

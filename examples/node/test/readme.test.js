@@ -23,7 +23,7 @@ test('README Node lines run', async () => {
   const fn = new Function('require', 'env', `return (async () => { const { k, v, tokenIds, text, q } = env;\n${code}\nreturn { ctx, agent, hits: typeof hits === 'undefined' ? null : hits }; })();`);
   if (kvmem.hasFunction('kvmem_retrieve')) {
     const r = await fn(req, env);
-    assert.equal(r.agent.getInfo().n_tokens, T);
+    assert.equal(r.agent.getInfo().nTokens, T);
     assert.equal(r.hits.nSets, 1);
     r.ctx.close();
   } else {

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The bindings as a user installs them, outside the repository, each
+# language's README example run with no environment variable at all:
+#   scripts/test-packages.sh python|node|go LIBBUILD
+# LIBBUILD is a CMake build of the library alone (KVMEM_LIBRARY_ONLY, Release,
+# targets kvmem and kvmem_static) that the packagers reuse through
+# KVMEM_BUILD_DIR (scripts/test-bindings.sh makes it once per build tree).
+#   python: pip install --no-build-isolation --no-index into a fresh venv; a
+#           wheel (python3 -m build --no-isolation) into a venv without
+#           system packages; KVMEM_LIBRARY still overrides
+#   node:   npm pack, npm install of the tarball into a fresh project (offline:
+#           koffi is packed from bindings/node/node_modules)
+#   go:     cmake --install into a prefix, its pkg-config files, a fresh module
+#           importing the binding built shared (rpath) and -tags kvmem_static
+#           (the prefix and Go's caches sit beside LIBBUILD, reused)
+# Prints "ok: ..." per check; exit 77 with "skipped: <why>" without a tool.
+set -euo pipefail
+lang=$1
+libbuild=$(cd "$2" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+skip() { echo "skipped: $*"; exit 77; }
+ok() { echo "ok: $lang package: $*"; }
+fail() { echo "FAILED: $lang package: $*" >&2; exit 1; }
+# the first ```LANG block of a README
+example() { python3 - "$1" "$2" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"```" + sys.argv[2] + r"\n(.*?)```", text, re.S)
+sys.exit(f"no {sys.argv[2]} block in {sys.argv[1]}") if not m else sys.stdout.write(m.group(1))
+EOF
+}
+# a clean environment: no KVMEM_*, no PYTHONPATH, no NODE_PATH, no CGO flags
+clean() { env -i PATH="$1" HOME="$tmp" "${@:2}"; }
+export KVMEM_BUILD_DIR=$libbuild
+unset KVMEM_LIBRARY KVMEM_FIXTURE
+
+python_package() {
+  local py=${KVMEM_PYTHON:-/usr/bin/python3}
+  "$py" -c 'import setuptools, wheel' 2>/dev/null ||
+    skip "python: $py lacks setuptools or wheel (apt-get install python3-setuptools python3-wheel)"
+  "$py" -c 'import ensurepip' 2>/dev/null || skip "python: no venv with pip (apt-get install python3-venv)"
+  # 1) pip install from the source folder, offline, in a fresh venv (Debian's
+  #    setuptools and wheel seen through --system-site-packages; numpy too)
+  "$py" -m venv --system-site-packages "$tmp/venv"
+  "$tmp/venv/bin/pip" install -q --no-build-isolation --no-index "$root/bindings/python" >"$tmp/pip.log" 2>&1 ||
+    { cat "$tmp/pip.log"; fail "pip install --no-build-isolation --no-index ./bindings/python"; }
+  ok "pip install --no-build-isolation --no-index ./bindings/python into a fresh venv"
+  mkdir "$tmp/run" && cd "$tmp/run"
+  example "$root/bindings/python/README.md" python >example.py
+  clean /usr/bin:/bin "$tmp/venv/bin/python" example.py >out.txt 2>&1 || { cat out.txt; fail "README example"; }
+  cat out.txt
+  grep -q '^AgentInfo(n_tokens=96, ' out.txt && grep -q '^96 tokens back$' out.txt || fail "README example printed the wrong memory"
+  local where
+  where=$(clean /usr/bin:/bin "$tmp/venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)')
+  [[ $where == "$tmp/venv/lib/"*"/site-packages/kvmem/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
+  ok "the README example runs with no environment variable, on the packaged $where"
+  # KVMEM_LIBRARY still overrides, and a wrong one is an error naming it
+  where=$(clean /usr/bin:/bin env KVMEM_LIBRARY="$libbuild/core/libkvmem.so.0" "$tmp/venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)')
+  [ "$where" = "$libbuild/core/libkvmem.so.0" ] || fail "KVMEM_LIBRARY did not override: $where"
+  if clean /usr/bin:/bin env KVMEM_LIBRARY="$tmp/none.so" "$tmp/venv/bin/python" -c 'import kvmem' >err.txt 2>&1 ||
+     ! grep -q "$tmp/none.so (no such file)" err.txt; then
+    cat err.txt; fail "a missing KVMEM_LIBRARY should fail the import, naming it"
+  fi
+  ok "KVMEM_LIBRARY overrides the packaged library"
+  # 2) a wheel, installed where there is nothing else (no numpy, no setuptools)
+  if ! "$py" -c 'import build' 2>/dev/null; then
+    echo "skipped: python wheel: $py has no build module (apt-get install python3-build)"
+    return 0
+  fi
+  "$py" -m build --no-isolation --wheel --outdir "$tmp/dist" "$root/bindings/python" >"$tmp/wheel.log" 2>&1 ||
+    { cat "$tmp/wheel.log"; fail "python3 -m build --no-isolation --wheel"; }
+  local whl
+  whl=$(ls "$tmp"/dist/kvmem-*.whl)
+  [[ $whl == *-py3-none-linux_* ]] || [[ $(uname) != Linux ]] || fail "$whl is not a platform wheel"
+  "$py" -m zipfile -l "$whl" >"$tmp/whl.txt"  # (listed first: grep -q would cut the pipe)
+  grep -q '^kvmem/libkvmem.so.0 ' "$tmp/whl.txt" || fail "$whl does not carry kvmem/libkvmem.so.0"
+  "$py" -m venv "$tmp/bare"
+  "$tmp/bare/bin/pip" install -q --no-index "$whl"
+  clean /usr/bin:/bin "$tmp/bare/bin/python" -m kvmem >self.txt 2>&1 || { cat self.txt; fail "python -m kvmem from the wheel"; }
+  grep -q "^library: $tmp/bare/lib/.*/site-packages/kvmem/libkvmem.so.0$" self.txt && grep -q '^self-check ok$' self.txt ||
+    { cat self.txt; fail "the wheel's library"; }
+  ok "$(basename "$whl") installs into a bare venv (no numpy) and passes python -m kvmem"
+}
+
+node_package() {
+  command -v npm >/dev/null || skip "node: npm not found (apt-get install npm)"
+  [ -d "$root/bindings/node/node_modules/koffi" ] || skip "node: koffi is not installed (cd bindings/node && npm ci)"
+  local npmq=(--no-audit --no-fund --loglevel=error)
+  # npm pack runs prepack: the library (from KVMEM_BUILD_DIR) and the C sources go in
+  (cd "$root/bindings/node" && npm pack "${npmq[@]}" --pack-destination "$tmp" >"$tmp/pack.log" 2>&1) ||
+    { cat "$tmp/pack.log"; fail "npm pack"; }
+  local tgz
+  tgz=$(ls "$tmp"/kvmem-*.tgz)
+  tar tzf "$tgz" >"$tmp/tgz.txt"
+  grep -q '^package/prebuilds/.*/libkvmem.so.0$' "$tmp/tgz.txt" || fail "$tgz has no prebuilt library"
+  grep -q '^package/csrc/core/CMakeLists.txt$' "$tmp/tgz.txt" || fail "$tgz has no C sources for other platforms"
+  [ ! -e "$root/bindings/node/csrc" ] || fail "npm pack left bindings/node/csrc behind"
+  ok "npm pack: $(basename "$tgz") with a prebuilt library and the C sources"
+  # offline: koffi comes from bindings/node/node_modules, packed
+  (cd "$tmp" && npm pack "${npmq[@]}" "$root/bindings/node/node_modules/koffi" >/dev/null 2>&1) || fail "npm pack koffi"
+  mkdir "$tmp/proj" && cd "$tmp/proj"
+  npm init -y >/dev/null
+  npm install --offline "${npmq[@]}" "$tmp"/koffi-*.tgz "$tgz" >"$tmp/install.log" 2>&1 ||
+    { cat "$tmp/install.log"; fail "npm install $tgz into a fresh project"; }
+  ok "npm install of the tarball into a fresh project (offline)"
+  example "$root/bindings/node/README.md" js >example.js
+  local nodebin
+  nodebin=$(dirname "$(command -v node)")
+  clean "$nodebin:/usr/bin:/bin" node example.js >out.txt 2>&1 || { cat out.txt; fail "README example"; }
+  cat out.txt
+  grep -q "nTokens: 96, nBlocks: 6, nSealed: 6" out.txt && [ -s alice.safetensors ] || fail "README example printed the wrong memory"
+  local where
+  where=$(clean "$nodebin:/usr/bin:/bin" node -p "require('kvmem').libraryPath")
+  [[ $where == "$tmp/proj/node_modules/kvmem/prebuilds/"*"/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
+  ok "the README example runs with no environment variable, on the packaged $where"
+}
+
+go_package() {
+  command -v go >/dev/null || skip "go: go not found (apt-get install golang-go)"
+  command -v "${CC:-cc}" >/dev/null || skip "go: no C compiler for cgo"
+  command -v pkg-config >/dev/null || skip "go: pkg-config not found (apt-get install pkgconf)"
+  # A prefix and a Go build cache of their own, at fixed places beside the
+  # library build: Go 1.19 caches the binding's cgo link flags without the
+  # pkg-config output they came from, so a prefix at a new path each run (or
+  # the build tree's flags from the in-repo suite) would be linked stale.
+  local prefix=$libbuild/../prefix
+  rm -rf "$prefix"
+  cmake --install "$libbuild" --prefix "$prefix" >/dev/null
+  prefix=$(cd "$prefix" && pwd)
+  export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+  local want
+  want=$(sed -n 's/^#define KVMEM_VERSION_STRING "\(.*\)"/\1/p' "$root/include/kvmem.h")
+  [ "$(pkg-config --modversion kvmem)" = "$want" ] || fail "kvmem.pc says $(pkg-config --modversion kvmem), the header $want"
+  local libdir inc
+  libdir=$(cd "$(pkg-config --variable=libdir kvmem)" && pwd)
+  inc=$(pkg-config --cflags-only-I kvmem | sed 's/^-I//; s/ *$//')
+  [ "$libdir" = "$prefix/lib" ] && [ -f "$inc/kvmem.h" ] && [ -f "$libdir/libkvmem.so.0" ] || fail "kvmem.pc points at $libdir and $inc"
+  pkg-config --libs kvmem | grep -q -- '-lkvmem' || fail "pkg-config --libs kvmem: $(pkg-config --libs kvmem)"
+  pkg-config --static --libs kvmem | grep -q -- '-ldl' || fail "pkg-config --static --libs kvmem lacks -ldl"
+  [ -f "$(pkg-config --libs kvmem-static | awk '{print $1}')" ] || fail "kvmem-static.pc: $(pkg-config --libs kvmem-static)"
+  ok "cmake --install: kvmem.pc and kvmem-static.pc name the prefix's header and libraries (version $want)"
+  # a module of its own outside the repository: go.mod, the README's program
+  mkdir "$tmp/mod" && cd "$tmp/mod"
+  printf 'module example.com/kvmemuser\n\ngo 1.19\n\nrequire github.com/kvmem/kvmem/bindings/go v0.0.0\n\nreplace github.com/kvmem/kvmem/bindings/go => %s\n' \
+    "$root/bindings/go" >go.mod
+  example "$root/bindings/go/README.md" go >main.go
+  unset CGO_CFLAGS CGO_LDFLAGS
+  export GOFLAGS=-mod=mod GOPROXY=off CGO_ENABLED=1
+  export GOCACHE=$libbuild/../gocache GOPATH=$libbuild/../gopath
+  CGO_LDFLAGS="-Wl,-rpath,$libdir" go build -o app-shared . || fail "go build against the installed prefix"
+  go build -tags kvmem_static -o app-static . || fail "go build -tags kvmem_static"
+  local app
+  for app in app-shared app-static; do
+    rm -f alice.safetensors
+    clean /usr/bin:/bin "./$app" >out.txt 2>&1 || { cat out.txt; fail "$app"; }
+    grep -q '{NTokens:96 NBlocks:6 NSealed:6 ' out.txt && [ -s alice.safetensors ] || { cat out.txt; fail "$app printed the wrong memory"; }
+  done
+  cat out.txt
+  if command -v readelf >/dev/null; then
+    readelf -d app-shared >shared.txt
+    readelf -d app-static >static.txt
+    grep -q 'NEEDED.*\[libkvmem.so.0\]' shared.txt || fail "app-shared does not link libkvmem.so.0"
+    grep -Eq "(RUNPATH|RPATH).*\[$libdir\]" shared.txt || fail "app-shared has no rpath to $libdir"
+    ! grep -q 'NEEDED.*libkvmem' static.txt || fail "app-static still needs libkvmem.so"
+  fi
+  ok "a fresh module's README program runs with no environment variable, shared (rpath) and -tags kvmem_static"
+}
+
+case $lang in
+  python) python_package ;;
+  node) node_package ;;
+  go) go_package ;;
+  *) echo "usage: $0 python|node|go LIBBUILD" >&2; exit 2 ;;
+esac
