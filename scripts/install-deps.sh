@@ -67,6 +67,7 @@ fi
 bind_missing=()
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || bind_missing+=(python3-pytest)
 /usr/bin/python3 -c 'import numpy' 2>/dev/null || bind_missing+=(python3-numpy)
+/usr/bin/python3 -c 'import torch' 2>/dev/null || bind_missing+=(python3-torch)  # kvmem.torch, examples/python/torch_agent.py
 command -v node >/dev/null || bind_missing+=(nodejs)
 command -v npm >/dev/null || bind_missing+=(npm)
 command -v go >/dev/null || bind_missing+=(golang-go)
