@@ -35,6 +35,7 @@ kvmem's C ABI takes host memory until device tensors are part of it.
 from __future__ import annotations
 
 import ctypes
+import operator
 from ctypes import byref, c_void_p
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
@@ -205,8 +206,14 @@ def append(agent: Agent, cache: Any, *, batch_index: int = 0, start: int = 0, st
     the rows went to C in place, False when they were stacked first."""
     kv, vv = kv_views(cache, batch_index=batch_index, start=start, stop=stop)
     T = kv.shape[1]
-    if isinstance(positions, int) and not isinstance(positions, bool):
-        positions = range(positions, positions + T)
+    if isinstance(positions, bool):
+        raise TypeError("kvmem.torch: positions must be the first position (an int) or T of them, not a bool")
+    try:  # one integer (int, numpy or 0-d tensor): the first position, the rest follow on
+        first = operator.index(positions) if positions is not None else None
+    except TypeError:
+        first = None
+    if first is not None:
+        positions = range(first, first + T)
     ap = L.kvmem_append_default_params()
     held: List[Any] = []
     for name, val in (("token_ids", token_ids), ("positions", positions),

@@ -128,6 +128,10 @@ def test_post_rope_keys_are_derotated_with_their_positions(agent):
     np.testing.assert_allclose(rk, kvmem_order(raw), atol=2e-5)
     np.testing.assert_array_equal(rv, kvmem_order(raw))
     assert agent.tokens() == list(range(6))
+    for given in (np.int64(40), torch.tensor(pos), pos):  # the first position, or each one
+        agent.truncate(0)
+        kt.append(agent, cache, positions=given)
+        np.testing.assert_array_equal(agent.read()[0], rk)
     # read(rotate=True) re-applies RoPE at the tokens' own positions: the engine's keys again
     agent.truncate(0)
     kt.append(agent, tuple((raw[i], raw[i]) for i in range(L)))  # pre-RoPE keys: no positions
@@ -270,10 +274,15 @@ def test_query_capture_records_pre_rope_queries_per_layer():
         assert torch.equal(q[:, i], want)
     assert out.logits.shape == (1, 2, 64)
     m(torch.tensor([[7]]), torch.arange(1))  # hooks are off after the with block
-    assert sum(len(r) for r in cap._rows) == 2 * L
+    geo = SimpleNamespace(n_q_heads=HQ, head_dim=D)
+    assert torch.equal(cap.queries(geo), q)
     cap.clear()
     with pytest.raises(ValueError, match="layer 0 has seen no forward pass"):
-        cap.queries(SimpleNamespace(n_q_heads=HQ, head_dim=D))
+        cap.queries(geo)
+    with pytest.raises(ValueError, match="gives 64 values per token, the model spec n_q_heads \\* head_dim = 32"):
+        with kt.QueryCapture(m) as c2:
+            m(torch.tensor([[1]]), torch.arange(1))
+            c2.queries(SimpleNamespace(n_q_heads=2, head_dim=D))
     with pytest.raises(ValueError, match="no module named 'wq'"):
         kt.QueryCapture(m, name="wq")
 
