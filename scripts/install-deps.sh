@@ -75,6 +75,7 @@ bind_missing=()
 /usr/bin/python3 -c 'import wheel' 2>/dev/null || bind_missing+=(python3-wheel)
 /usr/bin/python3 -c 'import build' 2>/dev/null || bind_missing+=(python3-build)
 /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || bind_missing+=(python3-venv)
+/usr/bin/python3 -c 'import torch' 2>/dev/null || bind_missing+=(python3-torch)  # kvmem.torch, examples/python/torch_agent.py
 command -v node >/dev/null || bind_missing+=(nodejs)
 command -v npm >/dev/null || bind_missing+=(npm)
 command -v go >/dev/null || bind_missing+=(golang-go)

@@ -94,7 +94,8 @@ if [ ! -x "$py" ]; then
 elif ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
   skip python "$py cannot import pytest and numpy (apt-get install python3-pytest python3-numpy)"
 else
-  run python '[0-9]+ passed' "$py" -m pytest -p no:cacheprovider -q "$root/bindings/python/tests" "$root/examples/python"
+  # -rs: a skipped test says why (kvmem.torch's without torch, the model's without the model)
+  run python '[0-9]+ passed' "$py" -m pytest -p no:cacheprovider -q -rs "$root/bindings/python/tests" "$root/examples/python"
   KVMEM_PYTHON=$py package python-package python
 fi
 
