@@ -99,7 +99,7 @@ export function initStoryMode(km) {
 
   PRESETS.forEach((p, i) => $('story-preset').append(el('option', { value: i }, p.name)));
   const { tileSize, patience } = km.attendDefaults(), tile = tileSize || 64;
-  for (const [v, label] of [[0, `kvmem's default (${tile})`], [32, '32'], [16, '16'], [8, '8']])
+  for (const [v, label] of [[0, `kvmem's default (${tile})`], [64, '64'], [32, '32'], [8, '8'], [4, '4']])
     $('story-art-tile').append(el('option', { value: v }, label));
 
   function addSession(text) {
