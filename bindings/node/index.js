@@ -154,10 +154,16 @@ class Handle {
     this._forget();
     this._free(h);
   }
-  // run a koffi async call, keeping this object (and `keep`) alive and open until it settles
-  async _async(fn, ...args) {
+  // Run a koffi async call, keeping this object alive and open until it settles. The
+  // library takes one call per object at a time (a second concurrent one fails with
+  // KVMEM_ERR_BUSY), and koffi runs async calls on a pool of worker threads: so the
+  // async calls on one object wait for each other, in the order they were made.
+  _async(fn, ...args) {
     this._busy++;
-    try { return await fn.async(...args); } finally { this._busy--; }
+    const run = () => fn.async(...args);
+    const p = (this._tail || Promise.resolve()).then(run, run);
+    this._tail = p.then(() => undefined, () => undefined);
+    return p.finally(() => { this._busy--; });
   }
 }
 if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
