@@ -98,7 +98,7 @@ export function initStoryMode(km) {
   const results = $('story-results'), list = $('story-sessions');
 
   PRESETS.forEach((p, i) => $('story-preset').append(el('option', { value: i }, p.name)));
-  const { tileSize, patience } = km.attendDefaults(), tile = tileSize || 64;
+  const { tileSize, patience } = km.attendDefaultParams(), tile = tileSize || 64;
   for (const [v, label] of [[0, `kvmem's default (${tile})`], [32, '32'], [16, '16'], [8, '8']])
     $('story-art-tile').append(el('option', { value: v }, label));
 
@@ -131,7 +131,7 @@ export function initStoryMode(km) {
       `kvmem agent: f16, blocks of ${m.blockSize}`]);
   }
   function open(model, tokenizer, name, tokName) {
-    const s = km.openStory(model, tokenizer);
+    const s = km.storyOpen(model, tokenizer);
     if (story) story.close();
     story = s;
     inSync = false;

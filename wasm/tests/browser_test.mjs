@@ -346,7 +346,8 @@ try {
   }
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  // errors, and the deprecation warnings of kvmem.js: the page uses no old name
+  page.on('console', (m) => { if (m.type() === 'error' || (m.type() === 'warning' && /^kvmem: .* is deprecated/.test(m.text()))) errors.push(m.text()); });
   // every request must stay on the loopback server
   let fromDisk = false; // the last check opens the page from file://
   page.on('request', (r) => check(r.url().startsWith(url) || r.url().startsWith('data:') || (fromDisk && r.url().startsWith('file:')),
