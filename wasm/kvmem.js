@@ -933,14 +933,14 @@ export class Agent extends Handle {
     const wantK = o.keys !== false || kv, wantV = o.values !== false || vv;
     return km._withHeap([new HeapBlock(km, wantK ? 4 * count : 0), new HeapBlock(km, wantV ? 4 * count : 0)], ([kb, vb]) => {
       call(kb.ptr, vb.ptr);
-      const take = (b, view) => {
-        if (!b.ptr) return null;
-        const got = km._f32.subarray(b.ptr >> 2, (b.ptr >> 2) + count);
+      const take = (b, want, view, given) => {
+        if (!want) return null;
+        const got = b.ptr ? km._f32.subarray(b.ptr >> 2, (b.ptr >> 2) + count) : new Float32Array(0); // no block: 0 tokens
         if (!view) return got.slice();
         unpack(got, view);
-        return view === kv ? o.kOut : o.vOut;
+        return given;
       };
-      return { k: take(kb, kv), v: take(vb, vv), shape };
+      return { k: take(kb, wantK, kv, o.kOut), v: take(vb, wantV, vv, o.vOut), shape };
     });
   }
 

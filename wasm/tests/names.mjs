@@ -400,6 +400,10 @@ export async function nameChecks({ km, api, check, throwsType, root, www }) {
       check(ok, `retrieve ${json(opts)}: the blocks and (to f32 rounding) the scores Node gets`);
       y.close();
     }
+    const empty = (r) => json({ k: r.k && Array.from(r.k), v: r.v && Array.from(r.v), shape: r.shape });
+    check(empty(a.read(3, 0)) === empty(na.read(3, 0)) && empty(a.gather([])) === empty(na.gather([])) &&
+      empty(a.read(0, 2, { keys: false })) === empty(na.read(0, 2, { keys: false })), 'empty reads and gathers, and skipped keys: as in Node',
+    `${empty(a.gather([]))} vs ${empty(na.gather([]))}`);
     const gw = a.gather([1, 0], 10), gn = na.gather([1, 0], 10);
     check(json(gw.shape) === json(gn.shape) && same(gw.v, gn.v) && close(gw.k, gn.k), 'gather: as in Node');
     for (const layer of [0, 1]) {
