@@ -596,7 +596,8 @@ export class Kvmem {
    *  kvmem_attend_params (order, nSink, tileSize, scale, tauS, tauD, patience,
    *  probe, causal, compare). Returns { out, stats }. */
   attend(ctx, q, options) {
-    if (!(ctx instanceof Context)) throw new TypeError('kvmem: attend: ctx must be a Context');
+    // handles of another instance point into another heap
+    if (!(ctx instanceof Context) || ctx._km !== this) throw new TypeError('kvmem: attend: ctx must be a Context of this module');
     const o = readKeys(options, ATTEND_OWN_KEYS.concat(ATTEND_PARAM_KEYS), 'attend options', { unsupported: ATTEND_UNSUPPORTED });
     const { agent, layer = 0, positions, basePosition = 0, k, v, mask, out, dtype } = o;
     const p = attendParams(this, Object.fromEntries(ATTEND_PARAM_KEYS.concat(['tileOrder']).map((key) => [key, o[key]])));
@@ -604,7 +605,7 @@ export class Kvmem {
     try {
       let qt, run;
       if (agent !== undefined && agent !== null) {
-        if (!(agent instanceof Agent)) throw new TypeError('kvmem: attend: agent must be an Agent');
+        if (!(agent instanceof Agent) || agent._km !== this) throw new TypeError('kvmem: attend: agent must be an Agent of this module');
         if (k != null || v != null) throw new TypeError('kvmem: attend: give {agent} or {k, v}, not both');
         const s = agent.pool.spec;
         qt = tensorView(q, 'q', [-1, s.nQHeads, s.headDim], dtype);

@@ -266,6 +266,9 @@ throwsType(() => ag.retrieve(q, { result: {} }), TypeError, 'result must be a Re
   check(ks.kernels === 'scalar', 'KVMEM_CPU=scalar forces the scalar tables', ks.kernels);
   const c2 = new ks.Context(), p2 = c2.poolCreate(spec, { blockSize: BS, storageDtype: 'f32' }), a2 = p2.agentOpen('a');
   a2.append(k, v);
+  // a handle of one instance points into that instance's heap: another refuses it
+  throwsType(() => km.attend(ctx, q.subarray(0, NQ * D), { agent: a2 }), TypeError, 'an Agent of this module', 'an agent of another instance is refused');
+  throwsType(() => ag.retrieve(q, { result: ks.retrievalCreate() }), TypeError, 'a Retrieval of this module', 'a Retrieval of another instance is refused');
   for (const mode of ['aabb', 'exact']) {
     const x = a2.retrieve(q, { topK: 3, mode }), y = ag.retrieve(q, { topK: 3, mode });
     check(maxRel(y.blockScores(0), x.blockScores(0)) < 1e-5 && x.get(0).blocks.join() === y.get(0).blocks.join(),
