@@ -8,21 +8,22 @@ import { load } from './kvmem.js';
 
 export function runBench(km, { tokens = 8192, reps = 15 } = {}) {
   const script = km.demoScript(), m = script.model, turn = 256;
-  const ctx = km.createContext({ nThreads: 1 });
-  const rng = km.createRng(42n ^ 0x5eedn);
-  const into = km.createRetrieval();
+  const ctx = new km.Context({ nThreads: 1 });
+  const rng = km.rngCreate(42n ^ 0x5eedn);
+  const into = km.retrievalCreate();
   try {
-    const pool = ctx.createPool({ nLayers: m.nLayers, nQHeads: m.nQHeads, nKvHeads: m.nKvHeads, headDim: m.headDim,
+    const pool = ctx.poolCreate({ nLayers: m.nLayers, nQHeads: m.nQHeads, nKvHeads: m.nKvHeads, headDim: m.headDim,
       ropeTheta: m.ropeTheta, modelId: m.id }, { blockSize: 16 });
-    const syn = pool.createSynth(script.topics.length, 42);
-    const ag = pool.openAgent('bench');
+    const syn = pool.synthCreate(script.topics.length, 42);
+    const ag = pool.agentOpen('bench');
     for (let c = 0; c < tokens / turn; c++) {
       const { k, v } = syn.tokens(c % script.topics.length, turn, rng);
-      ag.append(k, v, turn);
+      ag.append(k, v);
     }
     const q = syn.query(3, 32, rng), row = m.nLayers * m.nQHeads * m.headDim;
     const time = (nq, mode) => {
-      const qq = q.subarray(0, nq * row), call = () => ag.retrieve(qq, nq, { topK: 16, mode }, into);
+      // into a reused Retrieval, the results copied out (.sets), as before
+      const qq = q.subarray(0, nq * row), call = () => ag.retrieve(qq, { topK: 16, mode, result: into }).sets;
       for (let i = 0; i < 3; i++) call();
       let batch = 1;
       for (let t0 = performance.now(); performance.now() - t0 < 5 && batch < 64;) {
@@ -40,12 +41,12 @@ export function runBench(km, { tokens = 8192, reps = 15 } = {}) {
       samples.sort((a, b) => a - b);
       return samples[Math.floor(samples.length / 2)];
     };
-    const info = ag.info();
+    const info = ag.getInfo();
     return { suite: 'webref-browser', model: m.id, tokens: info.nTokens, blocks: info.nSealed, threads: 1,
       kernels: km.kernels, aabb_decode_ms: time(1, 'aabb'), aabb_prefill_ms: time(32, 'aabb'), exact_decode_ms: time(1, 'exact') };
   } finally {
-    into.free();
-    rng.free();
+    into.close();
+    rng.close();
     ctx.close();
   }
 }

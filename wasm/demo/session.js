@@ -24,21 +24,18 @@ export function questions(script) {
 
 // One turn appended as the engine would: rotated agents hand post-RoPE keys
 // with their positions (kvmem de-rotates them); every turn ends in a flush.
-function addTurn(pool, agent, syn, rng, topic, T, rotated, at) {
+function addTurn(km, pool, agent, syn, rng, topic, T, rotated, at) {
   const s = pool.spec, HD = s.nKvHeads * s.headDim;
   const { k, v } = syn.tokens(topic, T, rng);
   let positions = null;
   if (rotated) {
     const rowPos = new Int32Array(T * s.nKvHeads);
     for (let i = 0; i < rowPos.length; i++) rowPos[i] = at + Math.floor(i / s.nKvHeads);
-    for (let l = 0; l < s.nLayers; l++) {
-      const slice = k.subarray(l * T * HD, (l + 1) * T * HD);
-      slice.set(pool.ropeApply(slice, T * s.nKvHeads, s.headDim, rowPos));
-    }
+    for (let l = 0; l < s.nLayers; l++) km.ropeApply(s, k.subarray(l * T * HD, (l + 1) * T * HD), rowPos); // in place
     positions = new Int32Array(T);
     for (let i = 0; i < T; i++) positions[i] = at + i;
   }
-  agent.append(k, v, T, { positions });
+  agent.append(k, v, { positions });
   agent.flush();
 }
 
@@ -58,15 +55,15 @@ function importanceOrder(scores) {
 export function computeView(km, script, { seed = 42, agent: agentId, turn, mode = 'softmax-max', topK = 8, blockSize = 16,
   tauS, tauD }) {
   const { norm, agg } = MODES[mode];
-  const ctx = km.createContext({ nThreads: 1 });
-  const rng = km.createRng(BigInt(seed) ^ 0x5eedn);
+  const ctx = new km.Context({ nThreads: 1 });
+  const rng = km.rngCreate(BigInt(seed) ^ 0x5eedn);
   try {
     const m = script.model;
-    const pool = ctx.createPool({ nLayers: m.nLayers, nQHeads: m.nQHeads, nKvHeads: m.nKvHeads, headDim: m.headDim,
+    const pool = ctx.poolCreate({ nLayers: m.nLayers, nQHeads: m.nQHeads, nKvHeads: m.nKvHeads, headDim: m.headDim,
       ropeTheta: m.ropeTheta, modelId: m.id }, { blockSize });
-    const syn = pool.createSynth(script.topics.length, seed);
+    const syn = pool.synthCreate(script.topics.length, seed);
     for (const a of script.agents) {
-      const ag = pool.openAgent(a.id);
+      const ag = pool.agentOpen(a.id);
       const blockTopic = [];
       let at = 0;
       for (let i = 0; i < a.steps.length; i++) {
@@ -76,8 +73,8 @@ export function computeView(km, script, { seed = 42, agent: agentId, turn, mode 
           const q = syn.query(step.topic, step.tokens, rng);
           if (a.id === agentId && i + 1 === turn) {
             const t0 = performance.now();
-            const view = question(ag, pool, q, step, { agg, norm, topK, tauS, tauD });
-            view.art.patience = km.attendDefaults().patience;
+            const view = question(km, ag, pool, q, step, { agg, norm, topK, tauS, tauD });
+            view.art.patience = km.attendDefaultParams().patience;
             view.ms = performance.now() - t0;
             Object.assign(view, { seed, agent: a.id, turn, topic: step.topic, topicName: script.topics[step.topic],
               queryTokens: step.tokens, mode, topK, blockSize, blockTopic });
@@ -85,27 +82,27 @@ export function computeView(km, script, { seed = 42, agent: agentId, turn, mode 
           }
           T += script.answerTokens;
         }
-        const before = ag.info().nSealed;
-        addTurn(pool, ag, syn, rng, step.topic, T, a.rotated, at);
+        const before = ag.getInfo().nSealed;
+        addTurn(km, pool, ag, syn, rng, step.topic, T, a.rotated, at);
         at += T;
-        const after = ag.info().nSealed;
+        const after = ag.getInfo().nSealed;
         for (let b = before; b < after; b++) blockTopic[b] = step.topic;
       }
       ag.close();
     }
     throw new Error(`agent ${agentId} asks no question at turn ${turn}`);
   } finally {
-    rng.free();
+    rng.close();
     ctx.close(); // frees the pool, its agents and the generator
   }
 }
 
-function question(ag, pool, q, step, { agg, norm, topK, tauS, tauD }) {
+function question(km, ag, pool, q, step, { agg, norm, topK, tauS, tauD }) {
   const s = pool.spec, nq = step.tokens;
-  const info = ag.info();
+  const info = ag.getInfo();
   const params = { topK, norm, agg, alwaysInclude: [0] };
-  const aabb = ag.retrieve(q, nq, { ...params, mode: 'aabb' }).sets[0];
-  const exact = ag.retrieve(q, nq, { ...params, mode: 'exact' }).sets[0];
+  const aabb = ag.retrieve(q, { ...params, mode: 'aabb' }).sets[0]; // nq query rows
+  const exact = ag.retrieve(q, { ...params, mode: 'exact' }).sets[0];
   const exactSet = new Set(exact.blocks);
   const hits = Array.from(aabb.blocks).filter((b) => exactSet.has(b)).length;
   const blocks = [];
@@ -123,13 +120,14 @@ function question(ag, pool, q, step, { agg, norm, topK, tauS, tauD }) {
   // after the history, over the agent's blocks in retrieval-score order.
   const NQD = s.nQHeads * s.headDim, P = info.nTokens + nq - 1;
   const row = q.subarray(((nq - 1) * s.nLayers + ART_LAYER) * NQD, ((nq - 1) * s.nLayers + ART_LAYER + 1) * NQD);
-  const qrot = pool.ropeApply(row, s.nQHeads, s.headDim, new Int32Array(s.nQHeads).fill(P));
+  const qrot = Float32Array.from(row);
+  km.ropeApply(s, qrot, new Int32Array(s.nQHeads).fill(P));
   const order = importanceOrder(aabb.blockScores);
-  const run = ag.attend(ART_LAYER, qrot, 1, { order: 'importance', tileOrder: order, tauS, tauD });
+  const run = km.attend(pool.context, qrot, { agent: ag, layer: ART_LAYER, order: 'importance', tileOrder: order, tauS, tauD });
   const scaleChange = [null], directionChange = [null];
   let prev = null;
   for (let t = 1; t <= order.length; t++) {
-    const o = ag.attend(ART_LAYER, qrot, 1, { order: 'index', tileOrder: order.slice(0, t), tauS: 0, tauD: 0 }).out;
+    const o = km.attend(pool.context, qrot, { agent: ag, layer: ART_LAYER, order: 'index', tileOrder: order.slice(0, t), tauS: 0, tauD: 0 }).out;
     if (prev) {
       let on = 0, pn = 0, dot = 0;
       for (let i = 0; i < o.length; i++) { on += o[i] * o[i]; pn += prev[i] * prev[i]; dot += o[i] * prev[i]; }
@@ -143,7 +141,7 @@ function question(ag, pool, q, step, { agg, norm, topK, tauS, tauD }) {
     historyTokens: info.nTokens, historyBlocks: info.nSealed, blocks,
     aabbScores: aabb.blockScores, exactScores: exact.blockScores,
     aabbSelected: Array.from(aabb.blocks), exactSelected: Array.from(exact.blocks), aabbSelectedScores: Array.from(aabb.scores),
-    hits, recall: exact.blocks.length ? hits / exact.blocks.length : 1, memoryTokens: gathered.nTokens, newPositions,
+    hits, recall: exact.blocks.length ? hits / exact.blocks.length : 1, memoryTokens: gathered.shape[1], newPositions,
     art: { layer: ART_LAYER, position: P, tauS, tauD, order, scaleChange, directionChange, ...run.stats },
   };
 }

@@ -98,8 +98,9 @@ export function initStoryMode(km) {
   const results = $('story-results'), list = $('story-sessions');
 
   PRESETS.forEach((p, i) => $('story-preset').append(el('option', { value: i }, p.name)));
-  const { tileSize, patience } = km.attendDefaults(), tile = tileSize || 64;
-  for (const [v, label] of [[0, `kvmem's default (${tile})`], [64, '64'], [32, '32'], [8, '8'], [4, '4']])
+  const { patience } = km.attendDefaultParams();
+  // ART's tile size: 0 is kvmem_attend's own default (tile_size 0 in its params)
+  for (const [v, label] of [[0, "kvmem's default"], [64, '64'], [32, '32'], [16, '16'], [8, '8']])
     $('story-art-tile').append(el('option', { value: v }, label));
 
   function addSession(text) {
@@ -131,7 +132,7 @@ export function initStoryMode(km) {
       `kvmem agent: f16, blocks of ${m.blockSize}`]);
   }
   function open(model, tokenizer, name, tokName) {
-    const s = km.openStory(model, tokenizer);
+    const s = km.storyOpen(model, tokenizer);
     if (story) story.close();
     story = s;
     inSync = false;

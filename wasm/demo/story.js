@@ -1,6 +1,6 @@
 // The real-model mode's data and computation, apart from the DOM: the story
 // presets, where the page finds a served model, and a story run through the
-// JavaScript API (km.openStory, story.session).
+// JavaScript API (km.storyOpen, story.session).
 
 // The first preset is `tinyllm demo`'s story (examples/tinyllm/story.c,
 // k_sessions): the browser test checks the page against that program. The

@@ -55,12 +55,13 @@ static void stats_out(const kvmem_attend_stats *s, double *out) {
 /* q, out: [n_rows][n_q_heads][head_dim] f32 of one layer, post-RoPE. */
 kvmem_status kvmw_attend_agent(kvmem_context *ctx, kvmem_pool *pool, kvmem_agent *agent, int32_t layer, const float *q,
                                int32_t n_rows, const int32_t *positions, double base_position, int32_t order,
-                               int32_t n_sink, const int32_t *tile_order, int32_t n_tile_order, float scale,
-                               float tau_s, float tau_d, int32_t patience, int32_t probe, int32_t causal,
-                               int32_t compare, float *out, double *stats) {
+                               int32_t n_sink, const int32_t *tile_order, int32_t n_tile_order, int32_t tile_size,
+                               float scale, float tau_s, float tau_d, int32_t patience, int32_t probe,
+                               int32_t causal, int32_t compare, float *out, double *stats) {
     kvmem_model_spec spec;
+    int64_t base;
     kvmem_status st = kvmw_spec(pool, &spec);
-    if (st != KVMEM_OK) return st;
+    if (st != KVMEM_OK || (st = kvmw_int64_of(base_position, "base_position", &base)) != KVMEM_OK) return st;
     int64_t shape[3] = {n_rows, spec.n_q_heads, spec.head_dim};
     kvmem_tensor qt, ot;
     if ((st = kvmem_tensor_init(&qt, (void *)(uintptr_t)q, KVMEM_F32, 3, shape)) != KVMEM_OK) return st;
@@ -71,8 +72,8 @@ kvmem_status kvmw_attend_agent(kvmem_context *ctx, kvmem_pool *pool, kvmem_agent
     src.layer = layer;
     src.agent = agent;
     src.positions = positions;
-    src.base_position = (int64_t)base_position;
-    kvmem_attend_params p = params_of(order, n_sink, tile_order, n_tile_order, 0, scale, tau_s, tau_d, patience,
+    src.base_position = base;
+    kvmem_attend_params p = params_of(order, n_sink, tile_order, n_tile_order, tile_size, scale, tau_s, tau_d, patience,
                                       probe, causal, compare);
     kvmem_attend_stats s;
     if ((st = kvmem_attend(ctx, &qt, &src, &p, &ot, &s)) != KVMEM_OK) return st;

@@ -12,18 +12,33 @@ struct kvm_synth;
 
 const char *kvmw_cpu_kernels(void);
 double kvmw_now_ms(void);
-kvmem_status kvmw_context_create(int32_t n_threads, kvmem_context **out);
-kvmem_status kvmw_pool_create(kvmem_context *ctx, int32_t n_layers, int32_t n_q_heads, int32_t n_kv_heads,
-                              int32_t head_dim, int32_t rotary_dim, int32_t rope_style, double rope_theta,
-                              int32_t block_size, int32_t storage_dtype, double capacity_bytes,
-                              const char *model_id, kvmem_pool **out);
+kvmem_status kvmw_context_create(const char *backend, int32_t n_threads, kvmem_context **out);
+/* Numbers from JavaScript as integer C fields, refused unless whole and in range. */
+kvmem_status kvmw_int32_of(double v, const char *name, int32_t *out);
+kvmem_status kvmw_int64_of(double v, const char *name, int64_t *out);
+/* A kvmem_model_spec crosses as KVMW_SPEC_N doubles (core.c: spec_in). */
+#define KVMW_SPEC_N 15
+kvmem_status kvmw_spec_defaults(double *f);
+kvmem_status kvmw_spec_validate(const double *f, const int32_t *layer_window, const char *model_id);
+kvmem_status kvmw_pool_defaults(double *pp);
+kvmem_status kvmw_pool_create(kvmem_context *ctx, const double *spec, const int32_t *layer_window,
+                              const char *model_id, const double *pp, kvmem_pool **out);
 kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec);
+kvmem_status kvmw_pool_spec(kvmem_pool *pool, double *f, int32_t *layer_window, int32_t cap, int32_t *has_window,
+                            char *model_id);
+kvmem_status kvmw_pool_info(kvmem_pool *pool, double *out);
 kvmem_status kvmw_agent_append(kvmem_pool *pool, kvmem_agent *agent, float *k, float *v, int32_t n_tokens,
-                               const int32_t *positions);
+                               const int32_t *token_ids, const char *text, int32_t text_len,
+                               const int32_t *token_text_offsets, const int32_t *positions, int32_t keys_rotated);
+kvmem_status kvmw_agent_read(kvmem_pool *pool, kvmem_agent *agent, double first, double n, float *k, float *v);
+kvmem_status kvmw_agent_tokens(kvmem_agent *agent, double first, double n, int32_t *out);
+kvmem_status kvmw_agent_truncate(kvmem_agent *agent, double n_tokens);
+kvmem_status kvmw_prefix_match(kvmem_agent *agent, const char *text, int32_t len, int32_t has_min_ratio,
+                               double min_ratio, double *out);
 kvmem_status kvmw_agent_info(kvmem_agent *agent, double *out);
 kvmem_status kvmw_block_info(kvmem_agent *agent, int32_t block, double *out);
-kvmem_status kvmw_rope_apply(kvmem_pool *pool, float *x, int32_t n_rows, int32_t stride, const int32_t *positions,
-                             int32_t inverse);
+kvmem_status kvmw_rope_apply(const double *spec, const int32_t *layer_window, const char *model_id, float *x,
+                             int32_t n_rows, int32_t stride, const int32_t *positions, int32_t inverse);
 kvmem_status kvmw_synth_create(kvmem_pool *pool, int32_t n_topics, uint32_t seed_lo, uint32_t seed_hi,
                                struct kvm_synth **out);
 void kvmw_synth_free(struct kvm_synth *s);
@@ -52,7 +67,8 @@ kvmem_status kvmw_gather(kvmem_pool *pool, kvmem_agent *agent, const int32_t *bl
 kvmem_status kvmw_attend_defaults(double *out);
 kvmem_status kvmw_attend_agent(kvmem_context *ctx, kvmem_pool *pool, kvmem_agent *agent, int32_t layer, const float *q,
                                int32_t n_rows, const int32_t *positions, double base_position, int32_t order,
-                               int32_t n_sink, const int32_t *tile_order, int32_t n_tile_order, float scale,
+                               int32_t n_sink, const int32_t *tile_order, int32_t n_tile_order, int32_t tile_size,
+                               float scale,
                                float tau_s, float tau_d, int32_t patience, int32_t probe, int32_t causal,
                                int32_t compare, float *out, double *stats);
 kvmem_status kvmw_attend_tensors(kvmem_context *ctx, const float *q, int32_t n_rows, int32_t n_q_heads,

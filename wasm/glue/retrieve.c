@@ -60,11 +60,12 @@ kvmem_status kvmw_retrieve(kvmem_pool *pool, kvmem_agent *agent, const float *q,
 kvmem_status kvmw_gather(kvmem_pool *pool, kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
                          double base_position, float *k_out, float *v_out, int32_t n_tokens) {
     kvmem_model_spec spec;
+    int64_t base;
     kvmem_status st = kvmw_spec(pool, &spec);
-    if (st != KVMEM_OK) return st;
+    if (st != KVMEM_OK || (st = kvmw_int64_of(base_position, "base_position", &base)) != KVMEM_OK) return st;
     int64_t shape[4] = {spec.n_layers, n_tokens, spec.n_kv_heads, spec.head_dim};
     kvmem_tensor kt, vt;
     if ((st = kvmem_tensor_init(&kt, k_out, KVMEM_F32, 4, shape)) != KVMEM_OK) return st;
     if ((st = kvmem_tensor_init(&vt, v_out, KVMEM_F32, 4, shape)) != KVMEM_OK) return st;
-    return kvmem_gather(agent, blocks, n_blocks, (int64_t)base_position, k_out ? &kt : NULL, v_out ? &vt : NULL);
+    return kvmem_gather(agent, blocks, n_blocks, base, k_out ? &kt : NULL, v_out ? &vt : NULL);
 }

@@ -1,12 +1,14 @@
 // The real-model entry points of the WebAssembly module under Node
-// (km.openStory, story.session/encode/decode/reset), on the real model.
+// (km.storyOpen, story.session/encode/decode/reset), on the real model.
 // Checked against references written here: a llama2.c forward pass in
 // plain double-precision JavaScript (the first session's continuation is
 // its greedy decoding), the story's own token history (every retrieved
 // block and the live context are the history's tokens at their places),
 // story.c's budget rule, block alignment. Also: bad files and bad sessions
 // are refused with the C status and message and leave the story unchanged,
-// a reset story repeats itself exactly, closed stories are refused.
+// a reset story repeats itself exactly, closed stories are refused; the
+// names follow the API's rule (unknown option keys refused naming the key,
+// camelCase results, kvmem.d.ts declares what a Story has).
 // Prints "N passed, N failed", or "skipped: <why>" without the model.
 //
 //   node wasm/tests/story_test.mjs build/wasm/www MODEL TOKENIZER
@@ -14,6 +16,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { declaredMembers, publicNames } from './names.mjs';
 
 const www = path.resolve(process.argv[2] || 'build/wasm/www');
 const modelPath = process.argv[3], tokPath = process.argv[4];
@@ -139,23 +142,23 @@ const km = await load({ factory });
 check(km.hasStory, 'the module holds the tinyllm engine');
 
 // ---- bad files are refused with the loader's message ----
-throwsStatus(() => km.openStory(new Uint8Array(0), tokBytes), Status.INVALID_ARG, 'empty', 'an empty model is refused');
-throwsStatus(() => km.openStory(modelBytes.subarray(0, 1000), tokBytes), Status.FORMAT, 'the model file',
+throwsStatus(() => km.storyOpen(new Uint8Array(0), tokBytes), Status.INVALID_ARG, 'empty', 'an empty model is refused');
+throwsStatus(() => km.storyOpen(modelBytes.subarray(0, 1000), tokBytes), Status.FORMAT, 'the model file',
   'a truncated model is refused, the message naming the model file');
-throwsStatus(() => km.openStory(new Uint8Array(64).fill(7), tokBytes), Status.FORMAT, '', 'a model of garbage is refused');
-throwsStatus(() => km.openStory(modelBytes, tokBytes.subarray(0, tokBytes.length >> 1)), Status.FORMAT, '',
+throwsStatus(() => km.storyOpen(new Uint8Array(64).fill(7), tokBytes), Status.FORMAT, '', 'a model of garbage is refused');
+throwsStatus(() => km.storyOpen(modelBytes, tokBytes.subarray(0, tokBytes.length >> 1)), Status.FORMAT, '',
   'a truncated tokenizer is refused');
-throwsStatus(() => km.openStory(modelBytes, null), Status.FORMAT, 'tokenizer',
+throwsStatus(() => km.storyOpen(modelBytes, null), Status.FORMAT, 'tokenizer',
   'a llama2.c model without a tokenizer is refused (it has no vocabulary of its own)');
 try {
-  km.openStory('stories260K.bin', tokBytes);
+  km.storyOpen('stories260K.bin', tokBytes);
   check(false, 'a file name instead of bytes is refused');
 } catch (e) {
   check(e instanceof TypeError, 'a file name instead of bytes is refused', e.message);
 }
 
 // ---- the model and the tokenizer ----
-const story = km.openStory(modelBytes.buffer.slice(modelBytes.byteOffset, modelBytes.byteOffset + modelBytes.length), tokBytes);
+const story = km.storyOpen(modelBytes.buffer.slice(modelBytes.byteOffset, modelBytes.byteOffset + modelBytes.length), tokBytes);
 const ref = readLlama2c(modelBytes);
 const M = story.model;
 check(M.format === 'llama2c' && M.dim === ref.dim && M.nLayers === ref.L && M.nHeads === ref.H && M.nKvHeads === ref.KVH &&
@@ -253,6 +256,33 @@ check(story.historyTokens === before, 'refused sessions leave the history unchan
   }
   check(full instanceof KvmemError && /story is full/.test(full.message) && story.historyTokens + M.gen <= M.seqLen,
     'a story past the model\'s context is refused', full && full.message);
+}
+
+// ---- names: unknown option keys are refused naming the key, results are camelCase ----
+const h0 = story.historyTokens;
+for (const [what, call] of [['session', () => story.session('x', { arts: true })], ['session (case)', () => story.session('x', { arttile: 8 })],
+  ['encode', () => story.encode('x', { BOS: true })]]) {
+  let e = null;
+  try { call(); } catch (x) { e = x; }
+  check(e instanceof TypeError && /unknown key '(arts|arttile|BOS)'/.test(e.message), `${what}: an unknown option key is a TypeError naming it`, String(e));
+}
+check(story.historyTokens === h0, 'refused options leave the history unchanged');
+{
+  const bad = [];
+  const walk = (x, where) => {
+    if (x === null || typeof x !== 'object') return;
+    for (const [key, val] of Object.entries(x)) {
+      if (!Array.isArray(x) && !/^[a-z][a-zA-Z0-9]*$/.test(key)) bad.push(`${where}.${key}`);
+      walk(val, `${where}.${key}`);
+    }
+  };
+  walk(M, 'model');
+  results.forEach((r, i) => walk(r, `session ${i + 1}`));
+  check(bad.length === 0, 'story.model and every session result have camelCase keys only', bad.join(', '));
+  const dts = declaredMembers(readFileSync(path.join(www, 'kvmem.d.ts'), 'utf8'));
+  const run = [...publicNames(story)], dec = dts.all('Story');
+  check(run.every((n) => dec.has(n)) && [...dec].every((n) => run.includes(n)), 'kvmem.d.ts declares what a Story has',
+    `${run.sort().join(' ')} vs ${[...dec].sort().join(' ')}`);
 }
 
 story.close();
