@@ -941,12 +941,16 @@ typedef enum kvmem_attend_probe {
     KVMEM_ATTEND_PROBE_ORACLE = 1   /* the whole stream output */
 } kvmem_attend_probe;
 
+/* The tile size kvmem_attend uses for TENSORS and SLOTMAP sources when
+ * params.tile_size is 0. */
+#define KVMEM_ATTEND_DEFAULT_TILE 16
+
 typedef struct kvmem_attend_params {
     kvmem_attend_order order;   /* default SCORED */
     int32_t n_sink;             /* RECENT: leading positions always visited first; default 4 */
     const int32_t *tile_order;  /* IMPORTANCE / INDEX: tile indices, distinct, in [0, n_tiles) */
     int32_t n_tile_order;
-    int32_t tile_size;          /* positions per tile, in [1, 4096]; 0 = default (16);
+    int32_t tile_size;          /* positions per tile, in [1, 4096]; 0 = KVMEM_ATTEND_DEFAULT_TILE;
                                    must be 0 for AGENT sources (tiles are blocks) */
     float scale;                /* logit scale; 0 = 1/sqrt(head_dim) */
     float tau_s;                /* scale threshold, >= 0; default 0.001 */

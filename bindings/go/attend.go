@@ -54,6 +54,7 @@ const (
 	AttendRecent       = 0
 	AttendImportance   = 1
 	AttendIndex        = 2
+	AttendScored       = 3
 	AttendProbeStrided = 0
 	AttendProbeOracle  = 1
 	AttendMaxRows      = 64

@@ -276,7 +276,7 @@ export interface AttendStats {
 export function attend(ctx: Context, q: TensorLike, opts: AttendOptions): { out: TensorData; stats: AttendStats };
 export function attendAsync(ctx: Context, q: TensorLike, opts: AttendOptions): Promise<{ out: TensorData; stats: AttendStats }>;
 export const ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2;
-export const ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1;
+export const ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_SCORED: 3, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1;
 export const ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32;
 
 // ---- Persistence, prefix, batch ----

@@ -225,6 +225,9 @@ function cSpec(spec, what = 'model spec') {
   if (f.modelId !== undefined) s.model_id = cId(f.modelId, 'modelId');
   const w = f.layerWindow;
   s.layer_window = w === undefined || w === null ? null : (w instanceof Int32Array ? w : Int32Array.from(w));
+  // C reads n_layers entries: a shorter array would be read past its end
+  if (s.layer_window && s.layer_window.length !== s.n_layers)
+    throw new RangeError(`kvmem: ${what}: layerWindow has ${s.layer_window.length} entries, nLayers is ${s.n_layers}`);
   return s;
 }
 
@@ -882,7 +885,7 @@ module.exports = {
   clusterKmeans, multihopSelect, multihopSchedule, loadPlan, batchMerge, batchExtract,
   PREFIX_EXACT: 0, PREFIX_EXTEND: 1, PREFIX_DIVERGE: 2,
   attend, attendAsync, ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2,
-  ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1,
+  ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_SCORED: 3, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1,
   ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32,
   QmemStore, QmemHead, KVStore, SlotMap, qmemScore, selectKeep, streamingKeep, h2oAccumulate, h2oKeep, snapkvScore,
   SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: -1.0e4,

@@ -8,7 +8,7 @@
 #include "../pool/pool.h"
 
 /* tile_size 0: positions per tile of TENSORS and SLOTMAP sources */
-#define KVM_ATTEND_DEFAULT_TILE 16
+#define KVM_ATTEND_DEFAULT_TILE KVMEM_ATTEND_DEFAULT_TILE
 /* SCORED keeps the scan's logits up to this many floats (16 MiB: decode
  * with 32 query heads up to 128k positions) */
 #define KVM_ATTEND_MAX_LOGITS (4.0 * 1024 * 1024)

@@ -280,7 +280,7 @@ char *tl_story_describe(const tl_story *s) {
     int32_t tile = 0;
 #ifdef TINYLLM_HAVE_ATTEND
     tile = kvmem_attend_default_params().tile_size;
-    if (tile == 0) tile = 64; /* kvmem_attend: 0 = its default, 64 */
+    if (tile == 0) tile = KVMEM_ATTEND_DEFAULT_TILE;
 #endif
     jf(&j, "{\"format\":\"%s\",\"dim\":%d,\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,",
        s->m.format, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads);
@@ -373,7 +373,7 @@ static int session_json(tl_story *s, jbuf *j, const char *text, size_t len, cons
         const tl_art *art = &r->art, *pre = &r->art_prefill;
         jputs(j, "{");
 #ifdef TINYLLM_HAVE_ATTEND
-        jf(j, "\"tile_size\":%d,", art->params.tile_size ? art->params.tile_size : 64);
+        jf(j, "\"tile_size\":%d,", art->params.tile_size ? art->params.tile_size : KVMEM_ATTEND_DEFAULT_TILE);
 #endif
         jart(j, "prefill", pre->tiles_visited, pre->tiles_total, pre->positions_read);
         jputs(j, ",");

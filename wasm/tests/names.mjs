@@ -52,7 +52,6 @@ const ONLY = {
       contextCreate: 'the factory form of new km.Context() (a class needs the instance)',
       retrievalCreate: 'the factory form of new km.Retrieval()', rngCreate: 'the generator\'s state (the demo page)',
       attendDefaultParams: 'kvmem_attend_default_params(), for the page\'s controls',
-      ATTEND_SCORED: 'KVMEM_ATTEND_SCORED (the Node binding lacks the constant)',
     },
     node: Object.fromEntries([
       ['errorFor', 'the Node binding\'s own helper'], ['tensor', 'the Node binding\'s koffi tensor helper'],

@@ -61,6 +61,8 @@ test('spec validation, pool parameters, unknown backends', () => {
   const ctx = new kvmem.Context({ backend: 'cpu', nThreads: 1 });
   assert.throws(() => ctx.poolCreate(spec, { blockSize: 3 }), kvmem.InvalidArgumentError);
   assert.throws(() => ctx.poolCreate(spec, { blocksize: 4 }), TypeError);
+  // a window shorter than nLayers would be read past its end by C: refused
+  assert.throws(() => ctx.poolCreate({ ...spec, nLayers: 4, layerWindow: [0] }), /layerWindow has 1 entries, nLayers is 4/);
   const pool = ctx.poolCreate({ ...spec, nLayers: 2, layerWindow: [0, 8] });
   assert.equal(pool.spec.nLayers, 2);
   ctx.close();

@@ -31,7 +31,7 @@ from ._intentkv import (DEAD_SLOT, SENTINEL_K, SESSION_EXPLICIT, SESSION_LOCAL, 
                         SESSION_PREFIX, KVStore, QmemHead, QmemStore, SessionKey, SlotMap, h2o_accumulate, h2o_keep,
                         qmem_score, select_keep, snapkv_score, streaming_keep)
 
-from ._attend import (ATTEND_IMPORTANCE, ATTEND_INDEX, ATTEND_MAX_ROWS, ATTEND_PROBE_ORACLE,
+from ._attend import (ATTEND_IMPORTANCE, ATTEND_INDEX, ATTEND_SCORED, ATTEND_MAX_ROWS, ATTEND_PROBE_ORACLE,
                       ATTEND_PROBE_SIZE, ATTEND_PROBE_STRIDED, ATTEND_RECENT, ATTEND_SRC_AGENT,
                       ATTEND_SRC_SLOTMAP, ATTEND_SRC_TENSORS, attend)
 
