@@ -259,10 +259,12 @@ static void pack_kv(const kvmem_tensor *t, kvmem_dtype dt, void *dst) {
             const size_t at = ((size_t)i * H + h) * D;
             if (dt == KVMEM_F32) {
                 kvm_tensor_read_f32(t, off, (float *)dst + at, D);
-            } else { /* F16 to F16: the bits, element by element when strided */
+            } else { /* F16 to F16: the bits, a row at a time (head-major caches too), element by element when strided */
                 const unsigned char *src = (const unsigned char *)t->data + (size_t)off * es;
                 uint16_t *o = (uint16_t *)dst + at;
-                for (size_t d = 0; d < D; d++) memcpy(o + d, src + (size_t)(t->strides[2] * (int64_t)d) * es, 2);
+                if (t->strides[2] == 1) memcpy(o, src, D * 2);
+                else
+                    for (size_t d = 0; d < D; d++) memcpy(o + d, src + (size_t)(t->strides[2] * (int64_t)d) * es, 2);
             }
         }
 }
@@ -495,7 +497,7 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
      * KVM_ATTEND_MAX_LOGITS floats they are computed again (K read twice
      * where visited), which pays only if the rule can stop before half the
      * tiles: it reads at least patience + 1. With the rule off there is
-     * nothing to order: newest first to the end, as the plan stands. */
+     * nothing to order: every tile, as the plan stands. */
     int64_t scan_rows = 0; /* K rows the SCORED scan read */
     const int keep_logits = !agent && (double)R * (double)Hq * (double)pl.T <= KVM_ATTEND_MAX_LOGITS;
     if (a.order == KVMEM_ATTEND_SCORED &&
@@ -517,6 +519,12 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
         pl.head_order = b.head_order;
         pl.logits = b.logits;
     }
+    /* With the rule off (and no oracle to compare) the order is seen only in
+     * float rounding: RECENT and SCORED then visit every tile oldest first,
+     * in ascending addresses, which this machine's memory streams at three
+     * times the speed of descending ones (BENCHMARKS.md, "attend"). */
+    if (!pl.stop_enabled && !pl.compare && (a.order == KVMEM_ATTEND_RECENT || a.order == KVMEM_ATTEND_SCORED))
+        for (int32_t t = 0; t < pl.n_order; t++) b.order[t] = t;
     kvmem_attend_stats s;
     /* a device backend with the buffer-level kernel runs the plans it
      * covers; the rest (and shapes it refuses as unsupported) run here */
