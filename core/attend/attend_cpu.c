@@ -237,7 +237,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
  * at a third of the speed). Row by row, so head-major caches (a head's rows
  * adjacent, heads far apart: HF) fetch exactly what is read, in one run.
  * Masked and dead positions are not touched. */
-static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int32_t h) {
+static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int down, int32_t h) {
     const kvmem_tensor *t = which ? p->v : p->k;
     const int64_t t0 = p->tile_start[tile], n = p->tile_start[tile + 1] - t0;
     const size_t es = kvm_dtype_size(t->dtype);
@@ -245,7 +245,11 @@ static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int
     const char *base = (const char *)t->data + (size_t)(h * t->strides[1]) * es;
     if (!p->mask && !p->slots && (size_t)t->strides[0] * es == bytes) { /* the rows make one run */
         const char *a = base + (size_t)(t0 * t->strides[0]) * es;
-        for (size_t x = 0; x < (size_t)n * bytes; x += 64) __builtin_prefetch(a + x, 0, 3);
+        const size_t run = (size_t)n * bytes;
+        if (down) /* the tiles go down (RECENT): so does the run */
+            for (size_t x = run; x > 0; x -= KVM_MIN(x, (size_t)64)) __builtin_prefetch(a + x - KVM_MIN(x, (size_t)64), 0, 3);
+        else
+            for (size_t x = 0; x < run; x += 64) __builtin_prefetch(a + x, 0, 3);
         return;
     }
     for (int64_t q = t0; q < t0 + n; q++) {
@@ -390,6 +394,7 @@ static void attend_item(attend_job *j, size_t item) {
             if (is_live(p, q)) pos[n++] = q;
         /* the next tile's KV travels to the cache while this one computes */
         const int32_t next = j->prefetch && oi + 1 < p->n_order ? order[oi + 1] : -1;
+        const int down = next >= 0 && next < tile;
         fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
@@ -408,7 +413,7 @@ static void attend_item(attend_job *j, size_t item) {
                     ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
                 }
                 const int32_t nk = b - a;
-                if (pf_k) prefetch_rows(p, 0, next, h), pf_k = 0;
+                if (pf_k) prefetch_rows(p, 0, next, down, h), pf_k = 0;
                 if (p->logits) /* SCORED's scan kept every logit: K is not read again */
                     for (int32_t g = 0; g < G; g++) {
                         const size_t hq = (size_t)row * (size_t)p->n_q_heads + (size_t)(h * G + g);
@@ -435,7 +440,7 @@ static void attend_item(attend_job *j, size_t item) {
                     res->bad_head = h;
                     return;
                 }
-                if (pf_v) prefetch_rows(p, 1, next, h), pf_v = 0;
+                if (pf_v) prefetch_rows(p, 1, next, down, h), pf_v = 0;
                 if (vdt == KVMEM_F16)
                     kern->pv_f16(ag, (size_t)G, c, s, (size_t)MT, (const uint16_t *const *)(vr + a), (size_t)nk,
                                  (size_t)D);
