@@ -4,6 +4,7 @@
 #include "attend.h"
 #include "../context.h"
 #include "../tensor.h"
+#include "../cpu/scratch.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -56,8 +57,11 @@ static kvmem_status check_params(const kvmem_attend_params *a) {
     return KVMEM_OK;
 }
 
-/* Heap state of one call, freed in one place. */
+/* Heap state of one call, freed in one place. The buffers that grow with
+ * the history (live counts, the SCORED order and logits) come from the
+ * context's cache of work memory (cpu/scratch.h). */
 typedef struct attend_bufs {
+    kvm_scratch *sc;
     float *q, *out;
     int64_t *tile_start, *live_prefix, *rows;
     int32_t *order, *head_order;
@@ -69,11 +73,11 @@ static void bufs_free(attend_bufs *b) {
     kvm_free(b->q);
     kvm_free(b->out);
     kvm_free(b->tile_start);
-    kvm_free(b->live_prefix);
+    kvm_scratch_give(b->sc, b->live_prefix);
     kvm_free(b->rows);
     kvm_free(b->order);
-    kvm_free(b->head_order);
-    kvm_free(b->logits);
+    kvm_scratch_give(b->sc, b->head_order);
+    kvm_scratch_give(b->sc, b->logits);
     kvm_free(b->seen);
 }
 
@@ -214,7 +218,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     pl->n_order = n;
     pl->mask = src->mask;
     if (src->mask || pl->slots) {
-        b->live_prefix = kvm_malloc(((size_t)T + 1) * sizeof(int64_t));
+        b->live_prefix = kvm_scratch_take(b->sc, ((size_t)T + 1) * sizeof(int64_t));
         if (!b->live_prefix) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
         b->live_prefix[0] = 0;
         for (int64_t j = 0; j < T; j++) {
@@ -466,6 +470,7 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
 
     attend_bufs b;
     memset(&b, 0, sizeof b);
+    b.sc = kvm_ctx_scratch(ctx);
     const size_t D = (size_t)pl.head_dim, n_out = (size_t)R * (size_t)Hq * D;
     b.q = kvm_malloc(n_out * sizeof(float));
     b.out = kvm_malloc(n_out * sizeof(float));
@@ -505,8 +510,8 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
          (!agent && !keep_logits && kvm_attend_tiles_seen(&pl) <= 2 * ((int64_t)a.patience + 1))))
         pl.stop_enabled = 0;
     else if (a.order == KVMEM_ATTEND_SCORED) {
-        b.head_order = kvm_malloc(((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
-        if (keep_logits) b.logits = kvm_malloc(((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
+        b.head_order = kvm_scratch_take(b.sc, ((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
+        if (keep_logits) b.logits = kvm_scratch_take(b.sc, ((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
         if (!b.head_order || (keep_logits && !b.logits)) {
             bufs_free(&b);
             return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the SCORED order of %d tiles%s", fn,

@@ -5,6 +5,7 @@
  * accumulators per tile: a constant cost and no extra memory traffic. */
 #include "attend.h"
 #include "../context.h"
+#include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
 #include "../tensor.h"
 
@@ -528,10 +529,11 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     const size_t per = item_layout(&j, &o);
     size_t items = (size_t)j.n_head_chunks * (size_t)j.n_row_chunks;
     j.scratch_floats = per;
-    j.scratch = kvm_aligned_alloc(items * per * sizeof(float));
+    kvm_scratch *sc = kvm_ctx_scratch(be ? be->ctx : NULL);
+    j.scratch = kvm_scratch_take(sc, items * per * sizeof(float));
     j.item_stats = kvm_calloc(items, sizeof *j.item_stats);
     if (!j.scratch || !j.item_stats) {
-        kvm_aligned_free(j.scratch);
+        kvm_scratch_give(sc, j.scratch);
         kvm_free(j.item_stats);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_attend: out of memory for %zu work items", items);
     }
@@ -561,7 +563,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
             kvmem_status bad = kvm_fail(KVMEM_ERR_INVALID_ARG,
                                         "kvmem_attend: K at position %lld, KV head %d is not finite (or its logit overflows)",
                                         (long long)j.item_stats[i].bad_pos, j.item_stats[i].bad_head);
-            kvm_aligned_free(j.scratch);
+            kvm_scratch_give(sc, j.scratch);
             kvm_free(j.item_stats);
             return bad;
         }
@@ -578,7 +580,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     }
     if (p->logits) stats->positions_read = (stats->positions_read + 1) / 2; /* V rows alone: half a row each */
     stats->stopped_early = stats->streams_stopped > 0;
-    kvm_aligned_free(j.scratch);
+    kvm_scratch_give(sc, j.scratch);
     kvm_free(j.item_stats);
     return KVMEM_OK;
 }

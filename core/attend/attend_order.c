@@ -15,6 +15,7 @@
 #include "attend.h"
 #include "../alloc.h"
 #include "../context.h"
+#include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
 #include "../tensor.h"
 
@@ -412,9 +413,10 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
     j.tiles_per_item = (NT + j.n_chunks - 1) / j.n_chunks;
     j.n_chunks = (NT + j.tiles_per_item - 1) / j.tiles_per_item;
     const size_t items = (size_t)j.n_chunks;
-    j.score = kvm_malloc((size_t)H * (size_t)NT * sizeof(float));
+    kvm_scratch *sc = kvm_ctx_scratch(ctx);
+    j.score = kvm_scratch_take(sc, (size_t)H * (size_t)NT * sizeof(float));
     j.out = kvm_calloc(items, sizeof *j.out);
-    scored_tile *st = kvm_malloc((size_t)NT * sizeof *st);
+    scored_tile *st = kvm_scratch_take(sc, (size_t)NT * sizeof *st);
     float *qn = NULL;
     kvmem_status rc = KVMEM_OK;
     if (!j.score || !j.out || !st || (p->kind == KVMEM_ATTEND_SRC_AGENT && !(qn = query_pairs(p, j.np4)))) {
@@ -440,9 +442,9 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
         for (int32_t t = 0; t < NT; t++) head_order[(size_t)h * (size_t)NT + (size_t)t] = st[t].tile;
     }
 done:
-    kvm_free(j.score);
+    kvm_scratch_give(sc, j.score);
     kvm_free(j.out);
-    kvm_free(st);
+    kvm_scratch_give(sc, st);
     kvm_free(qn);
     return rc;
 }

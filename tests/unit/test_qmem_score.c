@@ -202,6 +202,70 @@ static void simd_tables_match_scalar(void **state) {
     if (!ran) skip();
 }
 
+/* K as HF caches hold it ([n_layers][n_kv_heads][N][head_dim], viewed
+ * through strides as [n_layers][N][n_kv_heads][head_dim]), position-major,
+ * and with an element stride of 2, in f32, f16 and bf16 (values on a 1/64
+ * grid in [-4, 4]: exact in all three), 8 KV heads under 32 query heads,
+ * 2500 candidates: every layout and dtype matches the reference, on one and
+ * three threads; one layout's result does not depend on the thread count. */
+static void head_major_and_half_keys_match_reference(void **state) {
+    (void)state;
+    const int L = 3, HQ = 32, HKV = 8, D = 128;
+    const int64_t N = 2500;
+    kvmem_model_spec s = tu_spec(L, D);
+    s.n_q_heads = HQ, s.n_kv_heads = HKV;
+    uint64_t rng = 31;
+    const size_t E = (size_t)L * HQ * D, KE = (size_t)L * N * HKV * D;
+    float *m = malloc(E * 4), *k = malloc(KE * 4), *a = malloc((size_t)N * 4), *b = malloc((size_t)N * 4);
+    unsigned char *buf = malloc(KE * 4 * 2);
+    double *ref = malloc((size_t)N * sizeof *ref);
+    unit_rows(m, (size_t)L * HQ, D, &rng);
+    for (size_t i = 0; i < KE; i++) k[i] = roundf(fmaxf(-4.f, fminf(4.f, 1.5f * tu_normal(&rng))) * 64.f) / 64.f;
+    ref_score(&s, m, k, N, ref);
+    kvmem_context *c1 = tu_context(1), *c3 = tu_context(3);
+    for (int layout = 0; layout < 3; layout++)
+        for (int x = 0; x < 3; x++) {
+            const kvmem_dtype dt = x == 0 ? KVMEM_F32 : x == 1 ? KVMEM_F16 : KVMEM_BF16;
+            const size_t es = dt == KVMEM_F32 ? 4 : 2;
+            kvmem_tensor kt;
+            int64_t shape[4] = {L, N, HKV, D};
+            assert_ok(kvmem_tensor_init(&kt, buf, dt, 4, shape));
+            if (layout == 1) kt.strides[1] = D, kt.strides[2] = N * D; /* head-major */
+            if (layout == 2) kt.strides[0] *= 2, kt.strides[1] *= 2, kt.strides[2] *= 2, kt.strides[3] = 2;
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t j = 0; j < N; j++)
+                    for (int64_t g = 0; g < HKV; g++)
+                        for (int64_t d = 0; d < D; d++) {
+                            const float f = k[(((size_t)l * (size_t)N + (size_t)j) * HKV + (size_t)g) * D + (size_t)d];
+                            unsigned char *at = buf + (size_t)(l * kt.strides[0] + j * kt.strides[1] + g * kt.strides[2] +
+                                                               d * kt.strides[3]) * es;
+                            uint32_t u;
+                            memcpy(&u, &f, 4);
+                            if (dt == KVMEM_F32) {
+                                memcpy(at, &f, 4);
+                            } else if (dt == KVMEM_BF16) {
+                                uint16_t h = (uint16_t)(u >> 16);
+                                memcpy(at, &h, 2);
+                            } else { /* f16: exact for this grid (zero stays zero) */
+                                uint32_t ex = (u >> 23) & 0xffu;
+                                uint16_t h = (uint16_t)(((u >> 16) & 0x8000u) |
+                                                        (ex ? ((ex - 112u) << 10) | ((u >> 13) & 0x3ffu) : 0u));
+                                memcpy(at, &h, 2);
+                            }
+                        }
+            assert_ok(kvmem_qmem_score(c1, &s, m, &kt, a));
+            assert_ok(kvmem_qmem_score(c3, &s, m, &kt, b));
+            assert_memory_equal(a, b, (size_t)N * 4); /* bit-identical across thread counts */
+            for (int64_t j = 0; j < N; j++)
+                if (!(fabs(a[j] - ref[j]) < 1e-5 * (1 + fabs(ref[j]))))
+                    fail_msg("layout %d dtype %d j=%lld: %.9g vs reference %.9g", layout, (int)dt, (long long)j, a[j],
+                             ref[j]);
+        }
+    kvmem_context_free(c1);
+    kvmem_context_free(c3);
+    free(m), free(k), free(a), free(b), free(buf), free(ref);
+}
+
 static void bad_input(void **state) {
     (void)state;
     kvmem_model_spec s = tu_spec(2, 8);
@@ -249,6 +313,7 @@ int main(void) {
         cmocka_unit_test(gqa_expands_kv_heads),
         cmocka_unit_test(independent_of_threads_and_f16_keys_match),
         cmocka_unit_test(simd_tables_match_scalar),
+        cmocka_unit_test(head_major_and_half_keys_match_reference),
         cmocka_unit_test(bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
