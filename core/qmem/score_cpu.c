@@ -20,34 +20,6 @@
 #define QS_TILE 32      /* key rows per kernel call, and the prefetch distance */
 #define QS_MAX_GROUP 64 /* query heads per kernel call */
 
-const float *kvm_qmem_k_rows(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n,
-                             size_t D, float *scratch, size_t *kstride) {
-    int64_t base = l * k->strides[0] + j0 * k->strides[1] + g * k->strides[2];
-    if (k->dtype == KVMEM_F32 && (k->strides[3] == 1 || D == 1)) {
-        *kstride = (size_t)k->strides[1];
-        return (const float *)k->data + base;
-    }
-    for (size_t i = 0; i < n; i++)
-        kvm_tensor_read_f32(k, base + (int64_t)i * k->strides[1], scratch + i * D, D);
-    *kstride = D;
-    return scratch;
-}
-
-void kvm_qmem_k_prefetch(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n, size_t D) {
-#if defined(__GNUC__) || defined(__clang__)
-    /* Key rows of one KV head sit n_kv_heads * head_dim floats apart, often a
-     * page each: the hardware prefetcher does not follow that, so ask. */
-    if (k->dtype != KVMEM_F32 || (k->strides[3] != 1 && D != 1)) return;
-    const float *base = (const float *)k->data + l * k->strides[0] + g * k->strides[2];
-    for (size_t i = 0; i < n; i++) {
-        const char *r = (const char *)(base + (j0 + (int64_t)i) * k->strides[1]);
-        for (size_t b = 0; b < D * sizeof(float); b += 64) __builtin_prefetch(r + b, 0, 0);
-    }
-#else
-    (void)k; (void)l; (void)g; (void)j0; (void)n; (void)D;
-#endif
-}
-
 kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
                               int64_t *n) {
     if (!spec) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: spec is NULL", fn);

@@ -185,6 +185,33 @@ static void simd_tables_match_scalar(void **state) {
                     free(o1);
                     free(o2);
                 }
+        /* qk16: 16 packed query rows against 1..16 keys, checked in both
+         * directions (a transposed store would pass a symmetric test) */
+        for (size_t D = 1; D <= 131; D += 26)
+            for (size_t nk = 1; nk <= 16; nk += 5) {
+                float *qp = aligned_alloc(64, ((D * 16 * 4 + 63) / 64) * 64), *kr = malloc(16 * D * 4);
+                float o1[16 * 20], o2[16 * 20];
+                for (size_t i = 0; i < D * 16; i++) qp[i] = tu_normal(&rng);
+                for (size_t i = 0; i < 16 * D; i++) kr[i] = tu_normal(&rng);
+                const float *kp[16];
+                for (size_t j = 0; j < 16; j++) kp[j] = kr + (15 - j) * D;
+                for (size_t i = 0; i < 16 * 20; i++) o1[i] = o2[i] = -99.0f;
+                sc->qk16(qp, kp, nk, D, 0.25f, o1, 20);
+                t[ti]->qk16(qp, kp, nk, D, 0.25f, o2, 20);
+                for (size_t r = 0; r < 16; r++)
+                    for (size_t j = 0; j < 20; j++) {
+                        if (j >= nk) {
+                            assert_true(o1[r * 20 + j] == -99.0f && o2[r * 20 + j] == -99.0f); /* nothing past nk */
+                            continue;
+                        }
+                        double ref = 0;
+                        for (size_t d = 0; d < D; d++) ref += (double)qp[d * 16 + r] * kp[j][d];
+                        ref *= 0.25;
+                        assert_true(fabs(o1[r * 20 + j] - ref) < 1e-5 * (1.0 + fabs(ref)) * sqrt((double)D));
+                        assert_true(fabs(o2[r * 20 + j] - ref) < 1e-5 * (1.0 + fabs(ref)) * sqrt((double)D));
+                    }
+                free(qp), free(kr);
+            }
         size_t lens[5] = {1, 8, 15, 17, 1000};
         for (int c = 0; c < 5; c++) {
             size_t n = lens[c];
