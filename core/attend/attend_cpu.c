@@ -512,10 +512,20 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     /* each item takes a run of KV heads (read together, so the KV of one
      * position streams from memory) and, when there are fewer KV heads than
      * threads, a chunk of the rows; SCORED: one KV head per item, each head
-     * with its own order; head-major K or V (a head's rows adjacent): one KV
-     * head per item too, so an item streams two runs of memory, not two per
-     * head (16 interleaved streams ran at 0.6 of the speed of 2) */
-    j.n_head_chunks = p->head_order || head_major(p) ? p->n_kv_heads : KVM_MIN(p->n_kv_heads, nt);
+     * with its own order; head-major K or V (a head's rows adjacent) out of
+     * cache: one KV head per item too, so an item streams two runs of
+     * memory, not two per head (16 interleaved streams ran at 0.6 of the
+     * speed of 2).
+     * KV that fits in one core's L2 stays there from call to call and
+     * prefetch instructions only cost issue slots; the shared L3 does not
+     * keep 8 MiB between calls on a busy machine (2048 tokens of Llama-8B
+     * heads ran at a third of the speed without them) */
+    if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
+        const double kv_bytes = (double)p->T * (double)p->n_kv_heads * (double)p->head_dim *
+                                (double)(kvm_dtype_size(p->k->dtype) + kvm_dtype_size(p->v->dtype));
+        j.prefetch = kv_bytes > 1.0 * 1024 * 1024;
+    }
+    j.n_head_chunks = p->head_order || (j.prefetch && head_major(p)) ? p->n_kv_heads : KVM_MIN(p->n_kv_heads, nt);
     j.heads_per_item = (p->n_kv_heads + j.n_head_chunks - 1) / j.n_head_chunks;
     j.n_head_chunks = (p->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
     int32_t chunks = 1;
@@ -549,13 +559,6 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
         j.probe_n = KVMEM_ATTEND_PROBE_SIZE;
     } else {
         j.probe_n = (int32_t)N;
-    }
-    /* below a few MiB the KV stays in cache from call to call and prefetch
-     * instructions only cost issue slots */
-    if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
-        const double kv_bytes = (double)p->T * (double)p->n_kv_heads * (double)p->head_dim *
-                                (double)(kvm_dtype_size(p->k->dtype) + kvm_dtype_size(p->v->dtype));
-        j.prefetch = kv_bytes > 8.0 * 1024 * 1024;
     }
     kvm_parallel_for(tp, items, 1, attend_task, &j);
     for (size_t i = 0; i < items; i++) /* the first in item order: the same message on any thread count */

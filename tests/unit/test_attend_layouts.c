@@ -239,11 +239,11 @@ static void stop_rule_sees_the_same_tiles_in_every_layout(void **state) {
 }
 
 /* Slot maps over head-major slot storage, with dead slots and a mask that
- * skip positions whose rows hold NaN. */
+ * skip positions whose rows hold NaN (the prefetch skips them too). */
 static void slot_map_over_head_major_storage(void **state) {
     (void)state;
-    const int Hq = 4, H = 2, D = 32, n_slots = 700;
-    const int64_t T = 600;
+    const int Hq = 4, H = 2, D = 64, n_slots = 2400; /* over 1 MiB of K/V: the attention prefetches */
+    const int64_t T = 2000;
     uint64_t rng = 23;
     float *q = malloc(sizeof(float) * (size_t)(2 * Hq * D)), *ks = malloc(sizeof(float) * (size_t)(n_slots * H * D));
     float *vs = malloc(sizeof(float) * (size_t)(n_slots * H * D)), *out = malloc(sizeof(float) * (size_t)(2 * Hq * D));
@@ -253,7 +253,7 @@ static void slot_map_over_head_major_storage(void **state) {
     for (int i = 0; i < 2 * Hq * D; i++) q[i] = tu_normal(&rng);
     for (int64_t i = 0; i < (int64_t)n_slots * H * D; i++) ks[i] = grid(&rng), vs[i] = grid(&rng);
     for (int64_t j = 0; j < T; j++) {
-        slots[j] = (int32_t)((j * 3 + 1) % n_slots); /* distinct slots */
+        slots[j] = (int32_t)((j * 7 + 1) % n_slots); /* distinct slots: 7 is prime to n_slots */
         mask[j] = j % 11 != 5;
         if (j % 13 == 4) slots[j] = -1; /* dead */
     }
