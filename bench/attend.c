@@ -703,7 +703,10 @@ static int run_attend(const kvm_bench_opts *o) {
         return 1;
     }
     g_backend = kvmem_context_backend(ctx);
-    double rd = kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20));
+    /* the limit, best of three medians: other processes on a shared machine
+     * only ever lower it, and a lowered denominator inflates every ratio */
+    double rd = 0;
+    for (int i = 0; i < 3; i++) rd = fmax(rd, kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20)));
     int rc = 0;
     static const int64_t sizes_full[] = {16384, 32768}, sizes_quick[] = {2048};
     const int64_t *sizes = o->quick ? sizes_quick : sizes_full;
