@@ -73,6 +73,7 @@ typedef struct attend_job {
     item_result *item_stats;
     int32_t probe_g[KVMEM_ATTEND_PROBE_SIZE], probe_d[KVMEM_ATTEND_PROBE_SIZE]; /* head, dim */
     int32_t probe_n;
+    int32_t row_total[KVMEM_ATTEND_MAX_ROWS]; /* tiles with a live position each row sees */
     int32_t prefetch; /* software prefetch of the next tile: only when KV outgrows the caches */
 } attend_job;
 
@@ -337,8 +338,8 @@ static void attend_item(attend_job *j, size_t item) {
             memset(rs, 0, sizeof *rs);
             rs->prev = prev + ((size_t)i * 2 + (size_t)x) * N;
         }
-    int32_t total[KVMEM_ATTEND_MAX_ROWS];
-    for (int32_t r = 0; r < nr; r++) total[r] = 0;
+    const int32_t *total = j->row_total + r0; /* tiles each row sees */
+    int32_t reading = ns;                      /* streams still reading */
     const int same_rules = p->probe == KVMEM_ATTEND_PROBE_ORACLE;
     const int compare = p->compare && !same_rules;
     const int agent = p->kind == KVMEM_ATTEND_SRC_AGENT;
@@ -365,7 +366,7 @@ static void attend_item(attend_job *j, size_t item) {
 
     /* SCORED: an item is one KV head, visiting in its own order */
     const int32_t *order = p->head_order ? p->head_order + (size_t)h0 * (size_t)p->n_order : p->order;
-    for (int32_t oi = 0; oi < p->n_order; oi++) {
+    for (int32_t oi = 0; oi < p->n_order && reading > 0; oi++) { /* every stream stopped: the rest is skipped */
         const int32_t tile = order[oi];
         const int64_t t0 = p->tile_start[tile], t1 = p->tile_start[tile + 1];
         int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -373,7 +374,6 @@ static void attend_item(attend_job *j, size_t item) {
         for (int32_t r = 0; r < nr; r++) {
             int64_t a = KVM_MAX(t0, p->row_lo[r0 + r]), b = KVM_MIN(t1, p->row_hi[r0 + r]);
             if (live_count(p, a, b) == 0) continue;
-            total[r]++;
             vis |= (uint64_t)1 << r;
             lo = KVM_MIN(lo, a);
             hi = KVM_MAX(hi, b);
@@ -454,7 +454,10 @@ static void attend_item(attend_job *j, size_t item) {
                 const float *lr = l + (size_t)si * (size_t)G;
                 if (!rules) {
                     pr->visited++;
-                } else if (!pr->done) {
+                    continue;
+                }
+                const int was_reading = !pr->done || (compare && !orc->done);
+                if (!pr->done) {
                     pr->visited++;
                     size_t zn = probe_fill(j, same_rules, ag, lr, z);
                     if (rule_step(p, pr, z, zn)) {
@@ -467,6 +470,7 @@ static void attend_item(attend_job *j, size_t item) {
                     size_t zn = probe_fill(j, 1, ag, lr, z);
                     if (rule_step(p, orc, z, zn)) orc->done = 1;
                 }
+                reading -= was_reading && pr->done && (!compare || orc->done);
             }
         }
     }
@@ -560,6 +564,11 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     } else {
         j.probe_n = (int32_t)N;
     }
+    for (int32_t oi = 0; oi < p->n_order; oi++) /* the same for every item, whatever its order */
+        for (int32_t r = 0; r < p->n_rows; r++) {
+            const int64_t t0 = p->tile_start[p->order[oi]], t1 = p->tile_start[p->order[oi] + 1];
+            j.row_total[r] += live_count(p, KVM_MAX(t0, p->row_lo[r]), KVM_MIN(t1, p->row_hi[r])) > 0;
+        }
     kvm_parallel_for(tp, items, 1, attend_task, &j);
     for (size_t i = 0; i < items; i++) /* the first in item order: the same message on any thread count */
         if (j.item_stats[i].bad) {
