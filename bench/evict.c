@@ -15,11 +15,12 @@
  *                 the two layouts alternating: qmem_ms_1thread (one thread's
  *                 CPU time, median), qmem_gbps_1thread and
  *                 qmem_to_read_bw_1thread (K bytes over the time, over the
- *                 one-thread read bandwidth of this run), qmem_ms (the
+ *                 one-thread read bandwidth of this run on the CPU clock,
+ *                 read_bw_cpu_gbps; _wall: over read_bw_gbps), qmem_ms (the
  *                 context's threads, wall), qmem_threads_speedup,
  *                 snapkv_ms_1thread, snapkv_gflops_1thread and
  *                 snapkv_to_peak_1thread (over one core's FMA peak of this
- *                 run), vs_contiguous (qmem and snapkv times over the
+ *                 run on the CPU clock, peak_cpu_gflops), vs_contiguous (qmem and snapkv times over the
  *                 contiguous layout's), f16 lines: qmem_f16_over_f32_per_byte.
  *  case "apply":  evict_positions_per_s (positions of the map processed per
  *                 second by kvmem_slotmap_evict, half of them dropped;
@@ -154,14 +155,9 @@ static int bench_score(const kvm_bench_opts *o, kvmem_context *ctx, int64_t N, d
     return failed;
 }
 
-static double thread_cpu(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* case "layout" (see the top of the file). */
-static int bench_layout(const kvm_bench_opts *o, kvmem_context *ctx, int64_t N, double read_bw, double peak) {
+static int bench_layout(const kvm_bench_opts *o, kvmem_context *ctx, int64_t N, double read_bw, double peak,
+                        double read_cpu, double peak_cpu) {
     kvmem_context_params cp = kvmem_context_default_params();
     cp.backend = o->backend;
     cp.n_threads = 1;
@@ -202,18 +198,18 @@ static int bench_layout(const kvm_bench_opts *o, kvmem_context *ctx, int64_t N, 
         double tq1[2][16], tqn[2][16], ts1[2][16];
         for (int r = -1; r < reps && !rc; r++)
             for (int l = 0; l < 2 && !rc; l++) { /* layouts alternate: load changes hit both alike */
-                double a = thread_cpu();
+                double a = kvm_thread_cpu_now();
                 rc |= kvmem_qmem_score(ctx1, &spec, mem, &kt[l], sc) != KVMEM_OK;
-                double b = thread_cpu(), c = kvm_now();
+                double b = kvm_thread_cpu_now(), c = kvm_now();
                 rc |= kvmem_qmem_score(ctx, &spec, mem, &kt[l], sc) != KVMEM_OK;
                 double e = kvm_now();
                 if (r >= 0) tq1[l][r] = b - a, tqn[l][r] = e - c;
             }
         for (int r = 0; r < sreps && !rc; r++)
             for (int l = 0; l < 2 && !rc; l++) {
-                double a = thread_cpu();
+                double a = kvm_thread_cpu_now();
                 rc |= kvmem_snapkv_score(ctx1, &spec, &tq, &kt[l], 7, sc) != KVMEM_OK;
-                ts1[l][r] = thread_cpu() - a;
+                ts1[l][r] = kvm_thread_cpu_now() - a;
             }
         if (rc) break;
         const double bytes = (double)KE * (x ? 2 : 4), flops = 2.0 * 36 * 32 * (double)W * (double)N * 128;
@@ -232,22 +228,25 @@ static int bench_layout(const kvm_bench_opts *o, kvmem_context *ctx, int64_t N, 
                 kvm_json_str(o->out, "kernels", kvm_cpu_kernels_get()->name);
                 kvm_json_num(o->out, "qmem_ms_1thread", m1 * 1e3);
                 kvm_json_num(o->out, "qmem_gbps_1thread", bytes / m1 / 1e9);
-                kvm_json_num(o->out, "qmem_to_read_bw_1thread", read_bw > 0 ? bytes / m1 / 1e9 / read_bw : NAN);
+                kvm_json_num(o->out, "qmem_to_read_bw_1thread", read_cpu > 0 ? bytes / m1 / 1e9 / read_cpu : NAN);
+                kvm_json_num(o->out, "qmem_to_read_bw_wall_1thread", read_bw > 0 ? bytes / m1 / 1e9 / read_bw : NAN);
                 kvm_json_num(o->out, "qmem_ms", mn * 1e3);
                 kvm_json_num(o->out, "qmem_threads_speedup", m1 / mn);
                 kvm_json_num(o->out, "snapkv_ms_1thread", s1 * 1e3);
                 kvm_json_num(o->out, "snapkv_gflops_1thread", flops / s1 / 1e9);
-                kvm_json_num(o->out, "snapkv_to_peak_1thread", peak > 0 ? flops / s1 / 1e9 / peak : NAN);
+                kvm_json_num(o->out, "snapkv_to_peak_1thread", peak_cpu > 0 ? flops / s1 / 1e9 / peak_cpu : NAN);
                 kvm_json_num(o->out, "qmem_vs_contiguous", m1 / q0);
                 kvm_json_num(o->out, "snapkv_vs_contiguous", s1 / s0);
                 if (x) kvm_json_num(o->out, "qmem_f16_over_f32_per_byte", (bytes / m1 / 1e9) / gbps_f32[l]);
+                kvm_json_num(o->out, "read_bw_cpu_gbps", read_cpu);
+                kvm_json_num(o->out, "peak_cpu_gflops", peak_cpu);
                 kvm_json_num(o->out, "read_bw_gbps", read_bw);
                 kvm_json_num(o->out, "peak_gflops", peak);
                 kvm_json_end(o->out);
             } else {
                 fprintf(o->out, "evict layout %-10s %s N=%lld: qmem %.2f ms one thread (%.2f of read bw, %.2fx contiguous), snapkv %.1f ms (%.2f of peak, %.2fx contiguous)\n",
                         l ? "head_major" : "contiguous", x ? "f16" : "f32", (long long)N, m1 * 1e3,
-                        bytes / m1 / 1e9 / read_bw, m1 / q0, s1 * 1e3, flops / s1 / 1e9 / peak, s1 / s0);
+                        bytes / m1 / 1e9 / read_cpu, m1 / q0, s1 * 1e3, flops / s1 / 1e9 / peak_cpu, s1 / s0);
             }
         }
     }
@@ -418,16 +417,18 @@ static int run_evict(const kvm_bench_opts *o) {
         read_bw = fmax(read_bw, kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20)));
         peak = fmax(peak, kvm_measure_peak_gflops());
     }
+    const double read_cpu = kvm_measure_read_bw_gbps_cpu(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20), 3);
+    const double peak_cpu = kvm_measure_peak_gflops_cpu(3);
     int rc = 0;
     if (o->quick) {
         rc |= bench_score(o, ctx, 512, read_bw, peak);
-        rc |= bench_layout(o, ctx, 512, read_bw, peak);
+        rc |= bench_layout(o, ctx, 512, read_bw, peak, read_cpu, peak_cpu);
         rc |= bench_apply(o, 1 << 16);
         rc |= bench_prefix(o, 8192);
     } else {
         rc |= bench_score(o, ctx, 8192, read_bw, peak);
         rc |= bench_score(o, ctx, 32768, read_bw, peak);
-        rc |= bench_layout(o, ctx, 8192, read_bw, peak);
+        rc |= bench_layout(o, ctx, 8192, read_bw, peak, read_cpu, peak_cpu);
         rc |= bench_apply(o, 32768);
         rc |= bench_apply(o, 1 << 20);
         rc |= bench_prefix(o, 32768);
