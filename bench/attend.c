@@ -18,6 +18,18 @@
  * kind "defaults": the same metrics for kvmem_attend_default_params().
  * kind "agent":    the same history in an agent (blocks of 16): the defaults,
  *                  tau x 10, half the patience, RECENT.
+ * kind "layout":   the same K/V (same values) as contiguous [T][8][128] and as
+ *                  HF/PyTorch caches hold them (head-major [8][T][128] viewed
+ *                  through strides), per order ("full": RECENT with the rule
+ *                  off; "recent": RECENT, the rule on; "scored": the
+ *                  defaults), calls of the two layouts alternating: ms_1thread
+ *                  (one thread's CPU time, median), ms (the context's threads,
+ *                  wall clock, median), vs_contiguous (this layout's
+ *                  ms_1thread over the contiguous one's), for "full"
+ *                  kv_gbps_1thread and kv_to_read_bw_1thread (over the
+ *                  one-thread read bandwidth measured in the same run on the
+ *                  CPU clock, read_bw_cpu_gbps; _wall: over read_bw_gbps), and
+ *                  max_abs_diff (output against the contiguous layout's).
  * Sweep and tiles lines run in three orders ("order"): "importance", tiles by
  * their exact largest logit summed over KV heads, one list (what retrieval
  * hands ART; free to the attention), "scored" (KVMEM_ATTEND_SCORED: per KV
@@ -597,6 +609,92 @@ static int bench_sweep(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
     return rc;
 }
 
+/* kind "layout" (see the top of the file). */
+static int bench_layout(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_context *ctx1, int64_t T, double rd,
+                        double rd_cpu) {
+    attend_case c;
+    if (case_init(&c, ctx, T, 1, 13) != 0) {
+        case_free(&c);
+        return -1;
+    }
+    const size_t n = (size_t)T * HKV * HD;
+    uint16_t *hk = malloc(n * 2), *hv = malloc(n * 2);
+    float *o0 = malloc(sizeof(float) * HQ * HD), *o1 = malloc(sizeof(float) * HQ * HD);
+    int rc = 0;
+    if (!hk || !hv || !o0 || !o1) rc = -1;
+    for (int64_t t = 0; !rc && t < T; t++) /* the same values, head-major */
+        for (int h = 0; h < HKV; h++) {
+            memcpy(hk + ((size_t)h * (size_t)T + (size_t)t) * HD, c.k + ((size_t)t * HKV + (size_t)h) * HD, HD * 2);
+            memcpy(hv + ((size_t)h * (size_t)T + (size_t)t) * HD, c.v + ((size_t)t * HKV + (size_t)h) * HD, HD * 2);
+        }
+    kvmem_tensor tk = c.tk, tv = c.tv;
+    tk.data = hk, tv.data = hv;
+    tk.strides[0] = tv.strides[0] = HD;
+    tk.strides[1] = tv.strides[1] = T * HD;
+    kvmem_attend_source src[2] = {c.src, c.src};
+    src[1].k = &tk, src[1].v = &tv;
+    static const char *const lname[2] = {"contiguous", "head_major"};
+    static const char *const oname[3] = {"full", "recent", "scored"};
+    const int reps = o->quick ? 5 : 15;
+    const double bytes = (double)T * HKV * HD * 2 * 2;
+    for (int oi = 0; oi < 3 && !rc; oi++) {
+        kvmem_attend_params p = oi == 0 ? plain_params() : kvmem_attend_default_params();
+        if (oi == 1) p.order = KVMEM_ATTEND_RECENT;
+        double t1[2][64], tw[2][64];
+        kvmem_attend_stats st[2];
+        for (int r = -1; r < reps && !rc; r++)
+            for (int x = 0; x < 2 && !rc; x++) { /* layouts alternate: load changes hit both alike */
+                kvmem_tensor to = c.to;
+                to.data = x ? o1 : o0;
+                double a = thread_cpu_now();
+                if (kvmem_attend(ctx1, &c.tq, &src[x], &p, &to, &st[x]) != KVMEM_OK) rc = -1;
+                double b = thread_cpu_now();
+                if (!rc && kvmem_attend(ctx, &c.tq, &src[x], &p, &to, NULL) != KVMEM_OK) rc = -1;
+                double e = kvm_now();
+                if (!rc && kvmem_attend(ctx, &c.tq, &src[x], &p, &to, NULL) != KVMEM_OK) rc = -1;
+                e = kvm_now() - e;
+                if (r >= 0) t1[x][r] = b - a, tw[x][r] = e;
+            }
+        if (rc) break;
+        double diff = 0;
+        for (int i = 0; i < HQ * HD; i++) diff = fmax(diff, fabs((double)o0[i] - o1[i]));
+        const double m0 = kvm_median(t1[0], reps);
+        for (int x = 0; x < 2; x++) {
+            const double m1 = x ? kvm_median(t1[1], reps) : m0, mw = kvm_median(tw[x], reps);
+            if (o->json) {
+                kvm_json_begin(o->out, "attend");
+                kvm_json_str(o->out, "kind", "layout");
+                kvm_json_str(o->out, "backend", g_backend);
+                kvm_json_str(o->out, "layout", lname[x]);
+                kvm_json_str(o->out, "order", oname[oi]);
+                kvm_json_int(o->out, "tokens", (long long)T);
+                kvm_json_str(o->out, "kv_dtype", "f16");
+                kvm_json_int(o->out, "threads", kvmem_context_n_threads(ctx));
+                kvm_json_num(o->out, "ms_1thread", m1 * 1e3);
+                kvm_json_num(o->out, "ms", mw * 1e3);
+                kvm_json_num(o->out, "vs_contiguous", m1 / m0);
+                kvm_json_num(o->out, "tiles_visited_frac", (double)st[x].tiles_visited / (double)st[x].tiles_total);
+                kvm_json_num(o->out, "read_bw_gbps", rd);
+                kvm_json_num(o->out, "read_bw_cpu_gbps", rd_cpu);
+                if (oi == 0) {
+                    kvm_json_num(o->out, "kv_gbps_1thread", bytes / m1 / 1e9);
+                    kvm_json_num(o->out, "kv_to_read_bw_1thread", bytes / m1 / 1e9 / rd_cpu);
+                    kvm_json_num(o->out, "kv_to_read_bw_wall_1thread", bytes / m1 / 1e9 / rd);
+                    kvm_json_num(o->out, "kv_gbps", bytes / mw / 1e9);
+                }
+                kvm_json_num(o->out, "max_abs_diff", x ? diff : 0.0);
+                kvm_json_end(o->out);
+            } else {
+                fprintf(o->out, "attend layout %-10s %-6s T=%lld: %.3f ms one thread (%.2fx contiguous), %.3f ms wall\n",
+                        lname[x], oname[oi], (long long)T, m1 * 1e3, m1 / m0, mw * 1e3);
+            }
+        }
+    }
+    free(hk), free(hv), free(o0), free(o1);
+    case_free(&c);
+    return rc;
+}
+
 static int run_attend(const kvm_bench_opts *o) {
     kvmem_context_params cp = kvmem_context_default_params();
     cp.backend = o->backend;
@@ -609,12 +707,19 @@ static int run_attend(const kvm_bench_opts *o) {
         return 1;
     }
     g_backend = kvmem_context_backend(ctx);
-    double rd = kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20));
+    /* the limit, best of three medians: other processes on a shared machine
+     * only ever lower it, and a lowered denominator inflates every ratio */
+    double rd = 0;
+    for (int i = 0; i < 3; i++) rd = fmax(rd, kvm_measure_read_bw_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20)));
+    const double rd_cpu = kvm_measure_read_bw_gbps_cpu(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20), 3);
     int rc = 0;
     static const int64_t sizes_full[] = {16384, 32768}, sizes_quick[] = {2048};
     const int64_t *sizes = o->quick ? sizes_quick : sizes_full;
     const int n_sizes = o->quick ? 1 : 2;
     for (int i = 0; i < n_sizes && !rc; i++) rc = bench_plain(o, ctx, ctx1, sizes[i], rd, i == 0);
+    static const int64_t layout_full[] = {4096, 16384}, layout_quick[] = {2048};
+    for (int i = 0; i < (o->quick ? 1 : 2) && !rc; i++)
+        rc = bench_layout(o, ctx, ctx1, o->quick ? layout_quick[i] : layout_full[i], rd, rd_cpu);
     if (!rc) rc = bench_sweep(o, ctx, ctx1, o->quick ? 2048 : 16384);
     kvmem_context_free(ctx1);
     kvmem_context_free(ctx);

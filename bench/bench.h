@@ -40,6 +40,14 @@ double kvm_measure_read_bw_gbps(size_t bytes);  /* streaming read, one thread */
 double kvm_measure_memcpy_gbps(size_t bytes);   /* memcpy, one thread (bytes copied / s) */
 double kvm_measure_peak_gflops(void);           /* one core's f32 FMA throughput */
 
+/* The same limits on the calling thread's CPU clock (bench/limits_cpu.c),
+ * best of `rounds` medians: the denominators of results timed on the CPU
+ * clock, which a shared machine's scheduling does not distort. The read
+ * uses 64-byte loads where the CPU has them. */
+double kvm_thread_cpu_now(void);
+double kvm_measure_read_bw_gbps_cpu(size_t bytes, int rounds);
+double kvm_measure_peak_gflops_cpu(int rounds);
+
 /* JSON line helpers: begin, add keys, end (prints "}\n"). */
 void kvm_json_begin(FILE *f, const char *suite);
 void kvm_json_str(FILE *f, const char *key, const char *val);

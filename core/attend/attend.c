@@ -4,6 +4,7 @@
 #include "attend.h"
 #include "../context.h"
 #include "../tensor.h"
+#include "../cpu/scratch.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -56,8 +57,11 @@ static kvmem_status check_params(const kvmem_attend_params *a) {
     return KVMEM_OK;
 }
 
-/* Heap state of one call, freed in one place. */
+/* Heap state of one call, freed in one place. The buffers that grow with
+ * the history (live counts, the SCORED order and logits) come from the
+ * context's cache of work memory (cpu/scratch.h). */
 typedef struct attend_bufs {
+    kvm_scratch *sc;
     float *q, *out;
     int64_t *tile_start, *live_prefix, *rows;
     int32_t *order, *head_order;
@@ -69,11 +73,11 @@ static void bufs_free(attend_bufs *b) {
     kvm_free(b->q);
     kvm_free(b->out);
     kvm_free(b->tile_start);
-    kvm_free(b->live_prefix);
+    kvm_scratch_give(b->sc, b->live_prefix);
     kvm_free(b->rows);
     kvm_free(b->order);
-    kvm_free(b->head_order);
-    kvm_free(b->logits);
+    kvm_scratch_give(b->sc, b->head_order);
+    kvm_scratch_give(b->sc, b->logits);
     kvm_free(b->seen);
 }
 
@@ -214,7 +218,7 @@ static kvmem_status build_plan(const kvmem_attend_source *src, const kvmem_atten
     pl->n_order = n;
     pl->mask = src->mask;
     if (src->mask || pl->slots) {
-        b->live_prefix = kvm_malloc(((size_t)T + 1) * sizeof(int64_t));
+        b->live_prefix = kvm_scratch_take(b->sc, ((size_t)T + 1) * sizeof(int64_t));
         if (!b->live_prefix) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
         b->live_prefix[0] = 0;
         for (int64_t j = 0; j < T; j++) {
@@ -259,10 +263,12 @@ static void pack_kv(const kvmem_tensor *t, kvmem_dtype dt, void *dst) {
             const size_t at = ((size_t)i * H + h) * D;
             if (dt == KVMEM_F32) {
                 kvm_tensor_read_f32(t, off, (float *)dst + at, D);
-            } else { /* F16 to F16: the bits, element by element when strided */
+            } else { /* F16 to F16: the bits, a row at a time (head-major caches too), element by element when strided */
                 const unsigned char *src = (const unsigned char *)t->data + (size_t)off * es;
                 uint16_t *o = (uint16_t *)dst + at;
-                for (size_t d = 0; d < D; d++) memcpy(o + d, src + (size_t)(t->strides[2] * (int64_t)d) * es, 2);
+                if (t->strides[2] == 1) memcpy(o, src, D * 2);
+                else
+                    for (size_t d = 0; d < D; d++) memcpy(o + d, src + (size_t)(t->strides[2] * (int64_t)d) * es, 2);
             }
         }
 }
@@ -464,6 +470,7 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
 
     attend_bufs b;
     memset(&b, 0, sizeof b);
+    b.sc = kvm_ctx_scratch(ctx);
     const size_t D = (size_t)pl.head_dim, n_out = (size_t)R * (size_t)Hq * D;
     b.q = kvm_malloc(n_out * sizeof(float));
     b.out = kvm_malloc(n_out * sizeof(float));
@@ -495,7 +502,7 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
      * KVM_ATTEND_MAX_LOGITS floats they are computed again (K read twice
      * where visited), which pays only if the rule can stop before half the
      * tiles: it reads at least patience + 1. With the rule off there is
-     * nothing to order: newest first to the end, as the plan stands. */
+     * nothing to order: every tile, as the plan stands. */
     int64_t scan_rows = 0; /* K rows the SCORED scan read */
     const int keep_logits = !agent && (double)R * (double)Hq * (double)pl.T <= KVM_ATTEND_MAX_LOGITS;
     if (a.order == KVMEM_ATTEND_SCORED &&
@@ -503,8 +510,8 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
          (!agent && !keep_logits && kvm_attend_tiles_seen(&pl) <= 2 * ((int64_t)a.patience + 1))))
         pl.stop_enabled = 0;
     else if (a.order == KVMEM_ATTEND_SCORED) {
-        b.head_order = kvm_malloc(((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
-        if (keep_logits) b.logits = kvm_malloc(((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
+        b.head_order = kvm_scratch_take(b.sc, ((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
+        if (keep_logits) b.logits = kvm_scratch_take(b.sc, ((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
         if (!b.head_order || (keep_logits && !b.logits)) {
             bufs_free(&b);
             return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the SCORED order of %d tiles%s", fn,
@@ -517,6 +524,12 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
         pl.head_order = b.head_order;
         pl.logits = b.logits;
     }
+    /* With the rule off (and no oracle to compare) the order is seen only in
+     * float rounding: RECENT and SCORED then visit every tile oldest first,
+     * in ascending addresses, which this machine's memory streams at three
+     * times the speed of descending ones (BENCHMARKS.md, "attend"). */
+    if (!pl.stop_enabled && !pl.compare && (a.order == KVMEM_ATTEND_RECENT || a.order == KVMEM_ATTEND_SCORED))
+        for (int32_t t = 0; t < pl.n_order; t++) b.order[t] = t;
     kvmem_attend_stats s;
     /* a device backend with the buffer-level kernel runs the plans it
      * covers; the rest (and shapes it refuses as unsupported) run here */

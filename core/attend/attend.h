@@ -97,6 +97,18 @@ typedef struct kvm_attend_kernels {
                    float scale, float *s, size_t lds);
     void (*pv_f16)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                    const uint16_t *const *v, size_t nk, size_t dim);
+    /* the same over bf16 rows (HF caches are often bf16) */
+    void (*qk_bf16)(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
+                    float scale, float *s, size_t lds);
+    void (*pv_bf16)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                    const uint16_t *const *v, size_t nk, size_t dim);
+    /* One online-softmax step over nq rows of nk >= 1 scores s[g * lds + i]:
+     * with mn = max(m[g], max_i s[g][i]), c[g] = exp(m[g] - mn) (0 while
+     * m[g] = -inf), s[g][i] = exp(s[g][i] - mn), l[g] = l[g] * c[g] +
+     * sum_i s[g][i], m[g] = mn. Returns the first row holding a score that
+     * is not finite (rows from it on are left in any state), else -1: a NaN
+     * would be skipped by max and clamped by a vector exp. */
+    int (*softmax_step)(float *s, size_t lds, size_t nq, size_t nk, float *m, float *l, float *c);
 } kvm_attend_kernels;
 
 const kvm_attend_kernels *kvm_attend_kernels_scalar(void);

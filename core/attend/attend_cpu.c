@@ -5,6 +5,7 @@
  * accumulators per tile: a constant cost and no extra memory traffic. */
 #include "attend.h"
 #include "../context.h"
+#include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
 #include "../tensor.h"
 
@@ -72,6 +73,7 @@ typedef struct attend_job {
     item_result *item_stats;
     int32_t probe_g[KVMEM_ATTEND_PROBE_SIZE], probe_d[KVMEM_ATTEND_PROBE_SIZE]; /* head, dim */
     int32_t probe_n;
+    int32_t row_total[KVMEM_ATTEND_MAX_ROWS]; /* tiles with a live position each row sees */
     int32_t prefetch; /* software prefetch of the next tile: only when KV outgrows the caches */
 } attend_job;
 
@@ -145,9 +147,9 @@ static void write_stream(const kvm_attend_plan *p, int32_t r, int32_t h, float *
  * for the KV heads [ha, hb) of an item whose first head is h0. Row i of head
  * h lands at krow[(h - h0) * mt + i]. Only these positions are read, all
  * heads of one position at once, so the reads stream through memory. */
-/* f32 rows, or f16 rows the kernels convert in registers, read in place. */
-static int direct_f32(const kvmem_tensor *t) { return t->dtype == KVMEM_F32 && t->strides[2] == 1; }
-static int direct_f16(const kvmem_tensor *t) { return t->dtype == KVMEM_F16 && t->strides[2] == 1; }
+/* Rows with a unit last stride are read in place, f16 and bf16 converted in
+ * registers by the kernels: caller caches are read once, with no f32 copy. */
+static int direct(const kvmem_tensor *t) { return t->strides[2] == 1; }
 
 static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t hb, int32_t tile, const int64_t *pos,
                        int32_t n, int32_t mt, float *kbuf, float *vbuf, const void **krow, const void **vrow,
@@ -155,7 +157,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
     const size_t D = (size_t)p->head_dim, nh = (size_t)(hb - ha);
     if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
         const kvmem_tensor *k = p->k, *v = p->v;
-        const int kdirect = direct_f32(k) || direct_f16(k), vdirect = direct_f32(v) || direct_f16(v);
+        const int kdirect = direct(k), vdirect = direct(v);
         const int kspan = k->strides[2] == 1 && k->strides[1] == (int64_t)D;
         const int vspan = v->strides[2] == 1 && v->strides[1] == (int64_t)D;
         const size_t kes = kvm_dtype_size(k->dtype), ves = kvm_dtype_size(v->dtype);
@@ -227,51 +229,36 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
     }
 }
 
-/* Prefetch the K/V rows of tile `tile` for heads [h0, h1) towards L2 while
- * the current tile computes (caller tensors and slot maps; agent blocks go
- * through kvm_block_read_f32). Masked and dead positions are not touched,
- * nor positions at or past `hi`, the end of what the current rows see. */
-static void prefetch_tile(const kvm_attend_plan *p, int32_t tile, int64_t hi, int32_t h0, int32_t h1) {
-    if (p->kind == KVMEM_ATTEND_SRC_AGENT) return;
-    const int64_t t0 = p->tile_start[tile], t1 = KVM_MIN(p->tile_start[tile + 1], KVM_MAX(hi, t0));
-    const kvmem_tensor *ts[2] = {p->k, p->v};
-    for (int x = p->logits ? 1 : 0; x < 2; x++) { /* K too, unless the scan's logits stand in for it */
-        const kvmem_tensor *t = ts[x];
-        const size_t es = kvm_dtype_size(t->dtype);
-        const size_t span = (size_t)((h1 - h0 - 1) * t->strides[1] + (int64_t)p->head_dim) * es;
-        for (int64_t q = t0; q < t1; q++) {
-            if (!is_live(p, q)) continue;
-            const int64_t row = p->slots ? p->slots[q] : q;
-            const char *a = (const char *)t->data + (size_t)(row * t->strides[0] + h0 * t->strides[1]) * es;
-            for (size_t off = 0; off < span; off += 64) __builtin_prefetch(a + off, 0, 2);
-        }
+/* Prefetch the K (which 0) or V (which 1) rows of KV head h in tile
+ * `tile` towards L1 while the current tile computes (caller tensors and slot
+ * maps; agent blocks go through kvm_block_read_f32). The hardware
+ * prefetcher of the machine measured does not follow these reads, and a
+ * whole tile asked for at once queues up (BENCHMARKS.md, "attend"): each
+ * head's rows are asked for just before the kernel that reads the current
+ * tile's rows of that head, in ascending addresses (descending requests ran
+ * at a third of the speed). Row by row, so head-major caches (a head's rows
+ * adjacent, heads far apart: HF) fetch exactly what is read, in one run.
+ * Masked and dead positions are not touched. */
+static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int down, int32_t h) {
+    const kvmem_tensor *t = which ? p->v : p->k;
+    const int64_t t0 = p->tile_start[tile], n = p->tile_start[tile + 1] - t0;
+    const size_t es = kvm_dtype_size(t->dtype);
+    const size_t bytes = (size_t)((int64_t)(p->head_dim - 1) * t->strides[2] + 1) * es;
+    const char *base = (const char *)t->data + (size_t)(h * t->strides[1]) * es;
+    if (!p->mask && !p->slots && (size_t)t->strides[0] * es == bytes) { /* the rows make one run */
+        const char *a = base + (size_t)(t0 * t->strides[0]) * es;
+        const size_t run = (size_t)n * bytes;
+        if (down) /* the tiles go down (RECENT): so does the run */
+            for (size_t x = run; x > 0; x -= KVM_MIN(x, (size_t)64)) __builtin_prefetch(a + x - KVM_MIN(x, (size_t)64), 0, 3);
+        else
+            for (size_t x = 0; x < run; x += 64) __builtin_prefetch(a + x, 0, 3);
+        return;
     }
-}
-
-/* Largest of n scores (NaN ignored, -inf when n = 0), in eight independent
- * chains: one chain is bound by the latency of max. */
-/* 1 if every x[i] is finite: x * 0 is +-0 for finite x and NaN otherwise.
- * Lane-wise like row_max, so it vectorizes; a pass over the logits costs
- * 1/head_dim of computing them. */
-static int row_finite(const float *x, int32_t n) {
-    float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int u = 0; u < 8; u++) z[u] += x[i + u] * 0.0f;
-    for (; i < n; i++) z[0] += x[i] * 0.0f;
-    float t = 0.0f;
-    for (int u = 0; u < 8; u++) t += z[u];
-    return t == 0.0f;
-}
-
-static float row_max(const float *x, int32_t n) {
-    float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int u = 0; u < 8; u++) m[u] = x[i + u] > m[u] ? x[i + u] : m[u];
-    for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
-    for (int u = 1; u < 8; u++) m[0] = m[u] > m[0] ? m[u] : m[0];
-    return m[0];
+    for (int64_t q = t0; q < t0 + n; q++) {
+        if (!is_live(p, q)) continue;
+        const char *a = base + (size_t)((p->slots ? p->slots[q] : q) * t->strides[0]) * es;
+        for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(a + x, 0, 3);
+    }
 }
 
 /* Float offsets of an item's scratch arrays, each 64-byte aligned. */
@@ -351,12 +338,15 @@ static void attend_item(attend_job *j, size_t item) {
             memset(rs, 0, sizeof *rs);
             rs->prev = prev + ((size_t)i * 2 + (size_t)x) * N;
         }
-    int32_t total[KVMEM_ATTEND_MAX_ROWS];
-    for (int32_t r = 0; r < nr; r++) total[r] = 0;
+    const int32_t *total = j->row_total + r0; /* tiles each row sees */
+    int32_t reading = ns;                      /* streams still reading */
     const int same_rules = p->probe == KVMEM_ATTEND_PROBE_ORACLE;
     const int compare = p->compare && !same_rules;
     const int agent = p->kind == KVMEM_ATTEND_SRC_AGENT;
-    const int kh16 = !agent && direct_f16(p->k), vh16 = !agent && direct_f16(p->v);
+    /* the kernels for the rows as they are read: agent rows are f32 copies */
+    const kvmem_dtype kdt = agent || !direct(p->k) ? KVMEM_F32 : p->k->dtype;
+    const kvmem_dtype vdt = agent || !direct(p->v) ? KVMEM_F32 : p->v->dtype;
+    const int rules = p->stop_enabled || compare; /* the rule off: nothing to watch but the count */
     rope_cursor rc;
     memset(&rc, 0, sizeof rc);
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) {
@@ -376,7 +366,7 @@ static void attend_item(attend_job *j, size_t item) {
 
     /* SCORED: an item is one KV head, visiting in its own order */
     const int32_t *order = p->head_order ? p->head_order + (size_t)h0 * (size_t)p->n_order : p->order;
-    for (int32_t oi = 0; oi < p->n_order; oi++) {
+    for (int32_t oi = 0; oi < p->n_order && reading > 0; oi++) { /* every stream stopped: the rest is skipped */
         const int32_t tile = order[oi];
         const int64_t t0 = p->tile_start[tile], t1 = p->tile_start[tile + 1];
         int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -384,7 +374,6 @@ static void attend_item(attend_job *j, size_t item) {
         for (int32_t r = 0; r < nr; r++) {
             int64_t a = KVM_MAX(t0, p->row_lo[r0 + r]), b = KVM_MIN(t1, p->row_hi[r0 + r]);
             if (live_count(p, a, b) == 0) continue;
-            total[r]++;
             vis |= (uint64_t)1 << r;
             lo = KVM_MIN(lo, a);
             hi = KVM_MAX(hi, b);
@@ -405,10 +394,12 @@ static void attend_item(attend_job *j, size_t item) {
         for (int64_t q = lo; q < hi; q++)
             if (is_live(p, q)) pos[n++] = q;
         /* the next tile's KV travels to the cache while this one computes */
-        if (j->prefetch && oi + 1 < p->n_order) prefetch_tile(p, order[oi + 1], hi, h0, h1);
+        const int32_t next = j->prefetch && oi + 1 < p->n_order ? order[oi + 1] : -1;
+        const int down = next >= 0 && next < tile;
         fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
+            int pf_k = next >= 0 && !p->logits, pf_v = next >= 0; /* once per head, before its first kernel */
             const void *const *kr = krow + (size_t)(h - h0) * (size_t)MT;
             const void *const *vr = vrow + (size_t)(h - h0) * (size_t)MT;
             for (int32_t r = 0; r < nr; r++) {
@@ -423,43 +414,49 @@ static void attend_item(attend_job *j, size_t item) {
                     ag[g] = acc + (size_t)si * N + (size_t)g * (size_t)D;
                 }
                 const int32_t nk = b - a;
+                if (pf_k) prefetch_rows(p, 0, next, down, h), pf_k = 0;
                 if (p->logits) /* SCORED's scan kept every logit: K is not read again */
                     for (int32_t g = 0; g < G; g++) {
                         const size_t hq = (size_t)row * (size_t)p->n_q_heads + (size_t)(h * G + g);
                         const float *lg = p->logits + hq * (size_t)p->T;
                         for (int32_t i = 0; i < nk; i++) s[(size_t)g * (size_t)MT + (size_t)i] = lg[pos[a + i]];
                     }
-                else if (kh16)
+                else if (kdt == KVMEM_F16)
                     kern->qk_f16(qg, (size_t)G, (const uint16_t *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
                                  (size_t)MT);
+                else if (kdt == KVMEM_BF16)
+                    kern->qk_bf16(qg, (size_t)G, (const uint16_t *const *)(kr + a), (size_t)nk, (size_t)D, p->scale,
+                                  s, (size_t)MT);
                 else
                     kern->qk(qg, (size_t)G, (const float *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
                              (size_t)MT);
-                for (int32_t g = 0; g < G; g++) {
-                    float *sg = s + (size_t)g * (size_t)MT;
-                    if (!row_finite(sg, nk)) { /* a NaN would be ignored by max and clamped by SIMD exp */
-                        int32_t i = 0;
-                        while (i < nk && isfinite(sg[i])) i++;
-                        res->bad = 1;
-                        res->bad_pos = pos[a + KVM_MIN(i, nk - 1)];
-                        res->bad_head = h;
-                        return;
-                    }
-                    const float tmax = row_max(sg, nk);
-                    float *m = &mx[(size_t)si * (size_t)G + (size_t)g];
-                    float *lg = &l[(size_t)si * (size_t)G + (size_t)g];
-                    const float mnew = tmax > *m ? tmax : *m;
-                    c[g] = *m == -INFINITY ? 0.0f : expf(*m - mnew);
-                    *lg = *lg * c[g] + kern->exp_sum(sg, (size_t)nk, mnew);
-                    *m = mnew;
+                const int bad_g = kern->softmax_step(s, (size_t)MT, (size_t)G, (size_t)nk, mx + (size_t)si * (size_t)G,
+                                                     l + (size_t)si * (size_t)G, c);
+                if (bad_g >= 0) { /* K not finite there, or a logit overflows */
+                    const float *sg = s + (size_t)bad_g * (size_t)MT;
+                    int32_t i = 0;
+                    while (i < nk && isfinite(sg[i])) i++;
+                    res->bad = 1;
+                    res->bad_pos = pos[a + KVM_MIN(i, nk - 1)];
+                    res->bad_head = h;
+                    return;
                 }
-                if (vh16)
+                if (pf_v) prefetch_rows(p, 1, next, down, h), pf_v = 0;
+                if (vdt == KVMEM_F16)
                     kern->pv_f16(ag, (size_t)G, c, s, (size_t)MT, (const uint16_t *const *)(vr + a), (size_t)nk,
                                  (size_t)D);
+                else if (vdt == KVMEM_BF16)
+                    kern->pv_bf16(ag, (size_t)G, c, s, (size_t)MT, (const uint16_t *const *)(vr + a), (size_t)nk,
+                                  (size_t)D);
                 else
                     kern->pv(ag, (size_t)G, c, s, (size_t)MT, (const float *const *)(vr + a), (size_t)nk, (size_t)D);
                 /* the stop rules on this stream's running output */
                 const float *lr = l + (size_t)si * (size_t)G;
+                if (!rules) {
+                    pr->visited++;
+                    continue;
+                }
+                const int was_reading = !pr->done || (compare && !orc->done);
                 if (!pr->done) {
                     pr->visited++;
                     size_t zn = probe_fill(j, same_rules, ag, lr, z);
@@ -473,6 +470,7 @@ static void attend_item(attend_job *j, size_t item) {
                     size_t zn = probe_fill(j, 1, ag, lr, z);
                     if (rule_step(p, orc, z, zn)) orc->done = 1;
                 }
+                reading -= was_reading && pr->done && (!compare || orc->done);
             }
         }
     }
@@ -497,6 +495,13 @@ static void attend_item(attend_job *j, size_t item) {
         }
 }
 
+/* Caller K or V whose rows of one head lie closer together than the rows
+ * of one position ([H][T][D] viewed as [T][H][D]: HF caches). */
+static int head_major(const kvm_attend_plan *p) {
+    if (p->kind == KVMEM_ATTEND_SRC_AGENT || p->n_kv_heads < 2) return 0;
+    return p->k->strides[1] > p->k->strides[0] || p->v->strides[1] > p->v->strides[0];
+}
+
 static void attend_task(void *arg, size_t b, size_t e) {
     for (size_t i = b; i < e; i++) attend_item(arg, i);
 }
@@ -511,8 +516,20 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     /* each item takes a run of KV heads (read together, so the KV of one
      * position streams from memory) and, when there are fewer KV heads than
      * threads, a chunk of the rows; SCORED: one KV head per item, each head
-     * with its own order */
-    j.n_head_chunks = p->head_order ? p->n_kv_heads : KVM_MIN(p->n_kv_heads, nt);
+     * with its own order; head-major K or V (a head's rows adjacent) out of
+     * cache: one KV head per item too, so an item streams two runs of
+     * memory, not two per head (16 interleaved streams ran at 0.6 of the
+     * speed of 2).
+     * KV that fits in one core's L2 stays there from call to call and
+     * prefetch instructions only cost issue slots; the shared L3 does not
+     * keep 8 MiB between calls on a busy machine (2048 tokens of Llama-8B
+     * heads ran at a third of the speed without them) */
+    if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
+        const double kv_bytes = (double)p->T * (double)p->n_kv_heads * (double)p->head_dim *
+                                (double)(kvm_dtype_size(p->k->dtype) + kvm_dtype_size(p->v->dtype));
+        j.prefetch = kv_bytes > 1.0 * 1024 * 1024;
+    }
+    j.n_head_chunks = p->head_order || (j.prefetch && head_major(p)) ? p->n_kv_heads : KVM_MIN(p->n_kv_heads, nt);
     j.heads_per_item = (p->n_kv_heads + j.n_head_chunks - 1) / j.n_head_chunks;
     j.n_head_chunks = (p->n_kv_heads + j.heads_per_item - 1) / j.heads_per_item;
     int32_t chunks = 1;
@@ -526,10 +543,11 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     const size_t per = item_layout(&j, &o);
     size_t items = (size_t)j.n_head_chunks * (size_t)j.n_row_chunks;
     j.scratch_floats = per;
-    j.scratch = kvm_aligned_alloc(items * per * sizeof(float));
+    kvm_scratch *sc = kvm_ctx_scratch(be ? be->ctx : NULL);
+    j.scratch = kvm_scratch_take(sc, items * per * sizeof(float));
     j.item_stats = kvm_calloc(items, sizeof *j.item_stats);
     if (!j.scratch || !j.item_stats) {
-        kvm_aligned_free(j.scratch);
+        kvm_scratch_give(sc, j.scratch);
         kvm_free(j.item_stats);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_attend: out of memory for %zu work items", items);
     }
@@ -546,20 +564,18 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     } else {
         j.probe_n = (int32_t)N;
     }
-    /* below a few MiB the KV stays in cache from call to call and prefetch
-     * instructions only cost issue slots */
-    if (p->kind != KVMEM_ATTEND_SRC_AGENT) {
-        const double kv_bytes = (double)p->T * (double)p->n_kv_heads * (double)p->head_dim *
-                                (double)(kvm_dtype_size(p->k->dtype) + kvm_dtype_size(p->v->dtype));
-        j.prefetch = kv_bytes > 8.0 * 1024 * 1024;
-    }
+    for (int32_t oi = 0; oi < p->n_order; oi++) /* the same for every item, whatever its order */
+        for (int32_t r = 0; r < p->n_rows; r++) {
+            const int64_t t0 = p->tile_start[p->order[oi]], t1 = p->tile_start[p->order[oi] + 1];
+            j.row_total[r] += live_count(p, KVM_MAX(t0, p->row_lo[r]), KVM_MIN(t1, p->row_hi[r])) > 0;
+        }
     kvm_parallel_for(tp, items, 1, attend_task, &j);
     for (size_t i = 0; i < items; i++) /* the first in item order: the same message on any thread count */
         if (j.item_stats[i].bad) {
             kvmem_status bad = kvm_fail(KVMEM_ERR_INVALID_ARG,
                                         "kvmem_attend: K at position %lld, KV head %d is not finite (or its logit overflows)",
                                         (long long)j.item_stats[i].bad_pos, j.item_stats[i].bad_head);
-            kvm_aligned_free(j.scratch);
+            kvm_scratch_give(sc, j.scratch);
             kvm_free(j.item_stats);
             return bad;
         }
@@ -576,7 +592,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     }
     if (p->logits) stats->positions_read = (stats->positions_read + 1) / 2; /* V rows alone: half a row each */
     stats->stopped_early = stats->streams_stopped > 0;
-    kvm_aligned_free(j.scratch);
+    kvm_scratch_give(sc, j.scratch);
     kvm_free(j.item_stats);
     return KVMEM_OK;
 }

@@ -14,13 +14,19 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Row loads of f32 or f16 (converted in registers), vector and scalar. */
-static inline __attribute__((always_inline)) __m256 ld8(const void *row, size_t d, int f16) {
-    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
+/* Row loads of f32 (dt 0), f16 (1) or bf16 (2), converted in registers,
+ * vector and scalar. */
+static inline __attribute__((always_inline)) __m256 ld8(const void *row, size_t d, int dt) {
+    if (dt == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
+    if (dt == 2)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d))), 16));
     return _mm256_loadu_ps((const float *)row + d);
 }
-static inline __attribute__((always_inline)) float ld1(const void *row, size_t d, int f16) {
-    return f16 ? kvm_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+static inline __attribute__((always_inline)) float ld1(const void *row, size_t d, int dt) {
+    if (dt == 1) return kvm_f16_to_f32(((const uint16_t *)row)[d]);
+    if (dt == 2) return kvm_bf16_to_f32(((const uint16_t *)row)[d]);
+    return ((const float *)row)[d];
 }
 
 static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
@@ -58,6 +64,11 @@ static void a_qk(const float *const *q, size_t nq, const float *const *k, size_t
 static void a_qk_f16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
                      float scale, float *s, size_t lds) {
     qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1);
+}
+
+static void a_qk_bf16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
+                      float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 2);
 }
 
 /* exp(x) for x <= 0; see the AVX-512 version. 2^n built in the exponent bits. */
@@ -143,6 +154,39 @@ static void a_pv_f16(float *const *acc, size_t nq, const float *c, const float *
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
 }
 
-static const kvm_attend_kernels avx2_table = {"avx2", a_qk, a_exp_sum, a_pv, a_qk_f16, a_pv_f16};
+static void a_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                      const uint16_t *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2);
+}
+
+/* Per row: the maximum and finiteness in one pass, then the exps. */
+static int a_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, float *l, float *c) {
+    for (size_t g = 0; g < nq; g++) {
+        float *x = s + g * lds;
+        __m256 mx = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
+        size_t i = 0;
+        for (; i + 8 <= nk; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+            mx = _mm256_max_ps(mx, v);
+        }
+        float lanes[8], t = -INFINITY;
+        if (_mm256_movemask_ps(bad)) return (int)g;
+        _mm256_storeu_ps(lanes, mx);
+        for (int u = 0; u < 8; u++) t = lanes[u] > t ? lanes[u] : t;
+        for (; i < nk; i++) {
+            if (!isfinite(x[i])) return (int)g;
+            t = x[i] > t ? x[i] : t;
+        }
+        const float mn = t > m[g] ? t : m[g];
+        c[g] = m[g] == -INFINITY ? 0.0f : expf(m[g] - mn);
+        l[g] = l[g] * c[g] + a_exp_sum(x, nk, mn);
+        m[g] = mn;
+    }
+    return -1;
+}
+
+static const kvm_attend_kernels avx2_table = {"avx2",   a_qk,      a_exp_sum, a_pv,          a_qk_f16,
+                                              a_pv_f16, a_qk_bf16, a_pv_bf16, a_softmax_step};
 
 const kvm_attend_kernels *kvm_attend_kernels_avx2(void) { return &avx2_table; }

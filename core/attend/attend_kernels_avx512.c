@@ -4,8 +4,9 @@
 #include "attend.h"
 
 #include <immintrin.h>
+#include <math.h>
 
-static inline __mmask16 tail_mask(size_t n) { return (__mmask16)((1u << n) - 1u); }
+static inline __mmask16 tail_mask(size_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 
 /* Lane sums of 16 vectors in one vector: lane i = sum of the lanes of v[i].
  * Three halving steps (256-bit, 128-bit, then in-lane pairs) leave lane
@@ -29,9 +30,12 @@ static inline __m512 hsum16(const __m512 *v) {
 
 /* Four queries against four keys per step: sixteen independent FMA chains,
  * reduced together by hsum16. */
-/* Row loads of f32 or f16 (converted in registers). */
-static inline __attribute__((always_inline)) __m512 ld(const void *row, size_t d, __mmask16 m, int f16) {
-    if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d));
+/* Row loads of f32 (dt 0), f16 (1) or bf16 (2), converted in registers. */
+static inline __attribute__((always_inline)) __m512 ld(const void *row, size_t d, __mmask16 m, int dt) {
+    if (dt == 1) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d));
+    if (dt == 2) /* bf16 is the top half of an f32 */
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d)), 16));
     return _mm512_maskz_loadu_ps(m, (const float *)row + d);
 }
 
@@ -103,6 +107,11 @@ static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t
 static void x_qk_f16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
                      float scale, float *s, size_t lds) {
     qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1);
+}
+
+static void x_qk_bf16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
+                      float scale, float *s, size_t lds) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 2);
 }
 
 /* exp(x) for x <= 0 (x >= -87.3 is exact to ~2 ulp; below, a tiny positive
@@ -205,6 +214,54 @@ static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
 }
 
-static const kvm_attend_kernels avx512_table = {"avx512", x_qk, x_exp_sum, x_pv, x_qk_f16, x_pv_f16};
+static void x_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                      const uint16_t *const *v, size_t nk, size_t dim) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2);
+}
+
+/* Rows of scores: the maxima and finiteness in one pass, then the exps and
+ * sums; the rescale factors of 16 rows at a time in one vector exp. */
+static int x_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, float *l, float *c) {
+    const __m512 zero = _mm512_setzero_ps();
+    for (size_t g0 = 0; g0 < nq; g0 += 16) {
+        const size_t ng = nq - g0 < 16 ? nq - g0 : 16;
+        float mn[16], sums[16];
+        for (size_t g = 0; g < ng; g++) {
+            float *x = s + (g0 + g) * lds;
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            __mmask16 bad = 0;
+            for (size_t i = 0; i < nk; i += 16) {
+                const __mmask16 msk = nk - i >= 16 ? (__mmask16)0xffff : tail_mask(nk - i);
+                const __m512 v = _mm512_maskz_loadu_ps(msk, x + i);
+                bad |= _mm512_mask_cmp_ps_mask(msk, _mm512_sub_ps(v, v), zero, _CMP_NEQ_UQ); /* Inf - Inf, NaN */
+                mx = _mm512_mask_max_ps(mx, msk, mx, v);
+            }
+            if (bad) return (int)(g0 + g);
+            const float t = _mm512_reduce_max_ps(mx), mo = m[g0 + g];
+            mn[g] = t > mo ? t : mo;
+            const __m512 vm = _mm512_set1_ps(mn[g]);
+            __m512 sum = zero;
+            for (size_t i = 0; i < nk; i += 16) {
+                const __mmask16 msk = nk - i >= 16 ? (__mmask16)0xffff : tail_mask(nk - i);
+                const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, x + i), vm));
+                _mm512_mask_storeu_ps(x + i, msk, e);
+                sum = _mm512_mask_add_ps(sum, msk, sum, e);
+            }
+            sums[g] = _mm512_reduce_add_ps(sum);
+        }
+        const __mmask16 gm = tail_mask(ng);
+        const __m512 mo = _mm512_maskz_loadu_ps(gm, m + g0), mv = _mm512_maskz_loadu_ps(gm, mn);
+        const __mmask16 live = _mm512_mask_cmp_ps_mask(gm, mo, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m512 cv = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_mask_mov_ps(mv, live, mo), mv)));
+        const __m512 lv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(gm, l + g0), cv, _mm512_maskz_loadu_ps(gm, sums));
+        _mm512_mask_storeu_ps(l + g0, gm, lv);
+        _mm512_mask_storeu_ps(c + g0, gm, cv);
+        _mm512_mask_storeu_ps(m + g0, gm, mv);
+    }
+    return -1;
+}
+
+static const kvm_attend_kernels avx512_table = {"avx512", x_qk,      x_exp_sum, x_pv,          x_qk_f16,
+                                                x_pv_f16, x_qk_bf16, x_pv_bf16, x_softmax_step};
 
 const kvm_attend_kernels *kvm_attend_kernels_avx512(void) { return &avx512_table; }

@@ -15,6 +15,7 @@
 #include "attend.h"
 #include "../alloc.h"
 #include "../context.h"
+#include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
 #include "../tensor.h"
 
@@ -82,8 +83,8 @@ int32_t kvm_attend_tiles_seen(const kvm_attend_plan *p) {
 /* Largest logit of the n keys of a run (krow, at ascending positions pos)
  * against the query heads of KV head h in every row, each row counting the
  * keys it sees; NaN scores are ignored. */
-static float keys_max(const scan_job *j, int32_t h, const void *const *krow, const int64_t *pos, int32_t n, int f16,
-                      float *s) {
+static float keys_max(const scan_job *j, int32_t h, const void *const *krow, const int64_t *pos, int32_t n,
+                      kvmem_dtype dt, float *s) {
     const kvm_attend_plan *p = j->p;
     const int32_t G = p->group, D = p->head_dim;
     const float *qv[SCAN_QS];
@@ -97,9 +98,12 @@ static float keys_max(const scan_job *j, int32_t h, const void *const *krow, con
             const int32_t nq = KVM_MIN(SCAN_QS, G - g0);
             for (int32_t i = 0; i < nq; i++)
                 qv[i] = p->q + ((size_t)r * (size_t)p->n_q_heads + (size_t)(h * G + g0 + i)) * (size_t)D;
-            if (f16)
+            if (dt == KVMEM_F16)
                 j->kern->qk_f16(qv, (size_t)nq, (const uint16_t *const *)(krow + a), (size_t)(b - a), (size_t)D,
                                 p->scale, s, SCAN_KEYS);
+            else if (dt == KVMEM_BF16)
+                j->kern->qk_bf16(qv, (size_t)nq, (const uint16_t *const *)(krow + a), (size_t)(b - a), (size_t)D,
+                                 p->scale, s, SCAN_KEYS);
             else
                 j->kern->qk(qv, (size_t)nq, (const float *const *)(krow + a), (size_t)(b - a), (size_t)D, p->scale, s,
                             SCAN_KEYS);
@@ -118,27 +122,46 @@ static float keys_max(const scan_job *j, int32_t h, const void *const *krow, con
     return best;
 }
 
-/* Caller tensors / slot maps: the exact largest logit of every KV head over
- * the live positions [a, b) of a tile, into best[n_kv_heads]. Positions go
- * SCAN_KEYS at a time, all heads of a run before the next run, so K streams
- * from memory once (its rows of one position are adjacent). Keys in f32 or
- * f16 rows are read in place; others are converted into kbuf. */
-static void tile_exact(scan_job *j, int64_t a, int64_t b, float *kbuf, float *best, scan_item_out *o) {
+/* Prefetch K's rows of KV head h at the live positions [a, b) (a tile the
+ * scan reads next) while the current one computes: the hardware prefetcher
+ * of the machine measured does not follow these reads (see attend_cpu.c). */
+static void prefetch_k(const kvm_attend_plan *p, int64_t a, int64_t b, int32_t h) {
+    const kvmem_tensor *k = p->k;
+    const size_t es = kvm_dtype_size(k->dtype);
+    const size_t bytes = (size_t)((int64_t)(p->head_dim - 1) * k->strides[2] + 1) * es;
+    const char *base = (const char *)k->data + (size_t)(h * k->strides[1]) * es;
+    for (int64_t x = a; x < b; x++) {
+        if (!is_live(p, x)) continue;
+        const char *r = base + (size_t)((p->slots ? p->slots[x] : x) * k->strides[0]) * es;
+        for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(r + o, 0, 3);
+    }
+}
+
+/* Caller tensors / slot maps: the exact largest logit of the KV heads
+ * [ha, hb) over the live positions [a, b) of a tile, into best[h]. Positions
+ * go SCAN_KEYS at a time, all heads of a run before the next run, so K
+ * streams from memory once (its rows of one position are adjacent). Keys in
+ * rows with a unit last stride are read in place (f16 and bf16 converted in
+ * registers); others are converted into kbuf. [na, nb): the positions the
+ * caller reads next, prefetched head by head (none when na = nb). */
+static void tile_exact(scan_job *j, int64_t a, int64_t b, int32_t ha, int32_t hb, int64_t na, int64_t nb, float *kbuf,
+                       float *best, scan_item_out *o) {
     const kvm_attend_plan *p = j->p;
     const kvmem_tensor *k = p->k;
     const size_t D = (size_t)p->head_dim, es = kvm_dtype_size(k->dtype);
-    const int f16 = k->dtype == KVMEM_F16 && k->strides[2] == 1;
+    const kvmem_dtype dt = kbuf ? KVMEM_F32 : k->dtype;
     float s[SCAN_QS * SCAN_KEYS];
     const void *krow[SCAN_KEYS];
     int64_t row[SCAN_KEYS], pos[SCAN_KEYS];
-    for (int32_t h = 0; h < p->n_kv_heads; h++) best[h] = -INFINITY;
+    for (int32_t h = ha; h < hb; h++) best[h] = -INFINITY;
     for (int64_t x = a; x < b;) {
         int32_t n = 0;
         for (; x < b && n < SCAN_KEYS; x++)
             if (is_live(p, x)) pos[n] = x, row[n++] = p->slots ? p->slots[x] : x;
         if (n == 0) continue;
-        o->rows_read += (int64_t)n * p->n_kv_heads;
-        for (int32_t h = 0; h < p->n_kv_heads; h++) {
+        o->rows_read += (int64_t)n * (hb - ha);
+        for (int32_t h = ha; h < hb; h++) {
+            if (x >= b && na < nb) prefetch_k(p, na, nb, h); /* the last run: the next tile's rows of this head */
             for (int32_t i = 0; i < n; i++) {
                 const int64_t off = row[i] * k->strides[0] + (int64_t)h * k->strides[1];
                 if (!kbuf) {
@@ -148,7 +171,7 @@ static void tile_exact(scan_job *j, int64_t a, int64_t b, float *kbuf, float *be
                     krow[i] = kbuf + (size_t)i * D;
                 }
             }
-            const float m = keys_max(j, h, krow, pos, n, f16, s);
+            const float m = keys_max(j, h, krow, pos, n, dt, s);
             best[h] = m > best[h] ? m : best[h];
         }
     }
@@ -276,14 +299,15 @@ static float agent_bound(const scan_job *j, const tile_rotation *tr, int32_t t, 
 static void scan_chunk(scan_job *j, size_t item) {
     const kvm_attend_plan *p = j->p;
     const int32_t t0 = (int32_t)item * j->tiles_per_item, t1 = KVM_MIN(t0 + j->tiles_per_item, p->n_tiles);
+    const int32_t H = p->n_kv_heads;
     const size_t D = (size_t)p->head_dim;
     const int agent = p->kind == KVMEM_ATTEND_SRC_AGENT;
     scan_item_out *o = &j->out[item];
     /* scratch: an agent's tile rotation and a tail's box (and pair norms);
-     * converted caller keys (not f32 / f16 rows) */
-    const int convert = !agent && !(p->k->strides[2] == 1 && (p->k->dtype == KVMEM_F32 || p->k->dtype == KVMEM_F16));
+     * converted caller keys (rows with a non-unit last stride) */
+    const int convert = !agent && p->k->strides[2] != 1;
     const size_t buf_floats = agent ? 2 * D + 5 * (size_t)j->np4 : SCAN_KEYS * D;
-    float *buf = NULL, *best = kvm_malloc((size_t)p->n_kv_heads * sizeof(float));
+    float *buf = NULL, *best = kvm_malloc((size_t)H * sizeof(float));
     tile_rotation *tr = NULL;
     if (!best || ((agent || convert) && !(buf = kvm_malloc(buf_floats * sizeof(float)))) ||
         (agent && !(tr = kvm_calloc(1, sizeof *tr)))) {
@@ -291,22 +315,44 @@ static void scan_chunk(scan_job *j, size_t item) {
         o->failed = 1;
         return;
     }
-    for (int32_t t = t0; t < t1; t++) {
-        int64_t a, b;
-        const int seen = tile_seen(p, t, &a, &b);
-        if (seen && !agent) tile_exact(j, a, b, convert ? buf : NULL, best, o);
-        if (seen && agent) { /* the tile's span of positions (all of it: wider only loosens the bound) */
-            double p0 = INFINITY, p1 = -INFINITY;
-            for (int64_t x = p->tile_start[t]; x < p->tile_start[t + 1]; x++) {
-                const double pos = p->positions ? (double)p->positions[x] : (double)(p->base_position + x);
-                p0 = pos < p0 ? pos : p0;
-                p1 = pos > p1 ? pos : p1;
+    if (!agent) {
+        /* head-major K (a head's rows adjacent: HF caches): one head at a
+         * time through the chunk, one run of memory; otherwise every head of
+         * a tile while its rows are in cache, so K streams once, position by
+         * position, as in the attention itself */
+        const int per_head = H > 1 && p->k->strides[1] > p->k->strides[0];
+        for (int32_t t = t0; t < t1; t++) /* tiles no row sees stay at -inf */
+            for (int32_t h = 0; h < H; h++) j->score[(size_t)h * (size_t)p->n_tiles + (size_t)t] = -INFINITY;
+        for (int32_t ha = 0; ha < H; ha = per_head ? ha + 1 : H) {
+            const int32_t hb = per_head ? ha + 1 : H;
+            int64_t a = 0, b = 0, na = 0, nb = 0;
+            int32_t t = t0;
+            while (t < t1 && !tile_seen(p, t, &a, &b)) t++;
+            while (t < t1) { /* tile t is seen ([a, b)); the next seen one's rows are prefetched */
+                int32_t u = t + 1;
+                while (u < t1 && !tile_seen(p, u, &na, &nb)) u++;
+                if (u == t1) na = nb = 0;
+                tile_exact(j, a, b, ha, hb, na, nb, convert ? buf : NULL, best, o);
+                for (int32_t h = ha; h < hb; h++) j->score[(size_t)h * (size_t)p->n_tiles + (size_t)t] = best[h];
+                t = u, a = na, b = nb;
             }
-            rotation_at(tr, &p->pool->rope, 0.5 * (p0 + p1), 0.5 * (p1 - p0));
         }
-        for (int32_t h = 0; h < p->n_kv_heads; h++)
-            j->score[(size_t)h * (size_t)p->n_tiles + (size_t)t] =
-                !seen ? -INFINITY : agent ? agent_bound(j, tr, t, h, a, b, buf) : best[h];
+    } else {
+        for (int32_t t = t0; t < t1; t++) {
+            int64_t a, b;
+            const int seen = tile_seen(p, t, &a, &b);
+            if (seen) { /* the tile's span of positions (all of it: wider only loosens the bound) */
+                double p0 = INFINITY, p1 = -INFINITY;
+                for (int64_t x = p->tile_start[t]; x < p->tile_start[t + 1]; x++) {
+                    const double pos = p->positions ? (double)p->positions[x] : (double)(p->base_position + x);
+                    p0 = pos < p0 ? pos : p0;
+                    p1 = pos > p1 ? pos : p1;
+                }
+                rotation_at(tr, &p->pool->rope, 0.5 * (p0 + p1), 0.5 * (p1 - p0));
+            }
+            for (int32_t h = 0; h < H; h++)
+                j->score[(size_t)h * (size_t)p->n_tiles + (size_t)t] = !seen ? -INFINITY : agent_bound(j, tr, t, h, a, b, buf);
+        }
     }
     kvm_free(buf);
     kvm_free(best);
@@ -367,9 +413,10 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
     j.tiles_per_item = (NT + j.n_chunks - 1) / j.n_chunks;
     j.n_chunks = (NT + j.tiles_per_item - 1) / j.tiles_per_item;
     const size_t items = (size_t)j.n_chunks;
-    j.score = kvm_malloc((size_t)H * (size_t)NT * sizeof(float));
+    kvm_scratch *sc = kvm_ctx_scratch(ctx);
+    j.score = kvm_scratch_take(sc, (size_t)H * (size_t)NT * sizeof(float));
     j.out = kvm_calloc(items, sizeof *j.out);
-    scored_tile *st = kvm_malloc((size_t)NT * sizeof *st);
+    scored_tile *st = kvm_scratch_take(sc, (size_t)NT * sizeof *st);
     float *qn = NULL;
     kvmem_status rc = KVMEM_OK;
     if (!j.score || !j.out || !st || (p->kind == KVMEM_ATTEND_SRC_AGENT && !(qn = query_pairs(p, j.np4)))) {
@@ -395,9 +442,9 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
         for (int32_t t = 0; t < NT; t++) head_order[(size_t)h * (size_t)NT + (size_t)t] = st[t].tile;
     }
 done:
-    kvm_free(j.score);
+    kvm_scratch_give(sc, j.score);
     kvm_free(j.out);
-    kvm_free(st);
+    kvm_scratch_give(sc, st);
     kvm_free(qn);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include "../attend/attend_dev.h"
 #include "half.h"
 #include "kernels.h"
+#include "scratch.h"
 #include "../retrieve/score.h" /* retrieval ops */
 #include "../qmem/qmem_internal.h" /* eviction: qmem_score */
 #include "../quant/quant.h"
@@ -21,7 +22,11 @@ struct kvmem_buffer {
     unsigned char *data;
 };
 
-static void cpu_free(kvmem_backend *be) { kvm_free(be); }
+static void cpu_free(kvmem_backend *be) {
+    if (!be) return;
+    kvm_scratch_free(be->impl);
+    kvm_free(be);
+}
 
 static kvmem_status cpu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
     (void)be;
@@ -217,7 +222,13 @@ static const kvmem_backend_iface cpu_iface = {
 
 kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out) {
     kvmem_backend *be = kvm_calloc(1, sizeof *be);
-    if (!be) return KVMEM_ERR_NOMEM;
+    kvm_scratch *sc = kvm_scratch_create(); /* impl: the cache of per-call work memory */
+    if (!be || !sc) {
+        kvm_free(be);
+        kvm_scratch_free(sc);
+        return KVMEM_ERR_NOMEM;
+    }
+    be->impl = sc;
     be->iface = &cpu_iface;
     be->ctx = ctx;
     *out = be;

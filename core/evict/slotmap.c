@@ -3,11 +3,14 @@
  * reference counts, and compaction for comparison. */
 #include "../rope/rope.h"
 #include "../tensor.h"
+#include "../cpu/kernels.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define SM_BLOCK 8 /* positions per block when K/V are head-major: 32 ran slower (the block's slots outgrow the caches) */
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define KVM_PREFETCH_W(p) __builtin_prefetch((p), 1, 1)
@@ -293,21 +296,26 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
         kvm_free(fresh);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld new positions", fn, (long long)T);
     }
-    /* validate every value before taking slots: all or nothing */
+    const kvm_cpu_kernels *ck = kvm_cpu_kernels_get();
+    /* validate every value before taking slots: all or nothing. Rows in the
+     * order they lie in memory: head-major input (HF caches, a head's rows
+     * adjacent) a head at a time, position-major a position at a time */
     for (int w = 0; w < 2; w++) {
         const kvmem_tensor *x = w ? v : k;
+        const int hm = H > 1 && x->strides[2] > x->strides[1];
         for (size_t l = 0; l < L; l++)
-            for (int64_t t = 0; t < T; t++)
-                for (size_t h = 0; h < H; h++) {
-                    int64_t idx[3] = {(int64_t)l, t, (int64_t)h};
+            for (size_t a = 0; a < (hm ? H : (size_t)T); a++)
+                for (size_t b = 0; b < (hm ? (size_t)T : H); b++) {
+                    const size_t t = hm ? b : a, h = hm ? a : b;
+                    int64_t idx[3] = {(int64_t)l, (int64_t)t, (int64_t)h};
                     kvm_tensor_read_f32(x, kvm_tensor_row_offset(x, idx), row, D);
-                    for (size_t d = 0; d < D; d++)
-                        if (!isfinite(row[d])) {
-                            kvm_free(row);
-                            kvm_free(fresh);
-                            return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s[%zu][%lld][%zu][%zu] is not finite", fn,
-                                            w ? "V" : "K", l, (long long)t, h, d);
-                        }
+                    if (!ck->count_nonfinite(row, D)) continue;
+                    size_t d = 0;
+                    while (d + 1 < D && isfinite(row[d])) d++;
+                    kvm_free(row);
+                    kvm_free(fresh);
+                    return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s[%zu][%zu][%zu][%zu] is not finite", fn, w ? "V" : "K",
+                                    l, t, h, d);
                 }
     }
     pthread_mutex_lock(&s->mu);
@@ -319,16 +327,21 @@ kvmem_status kvmem_slotmap_append(kvmem_slotmap *m, const kvmem_tensor *k, const
         return st;
     }
     /* Rows are written under the lock: a page array realloc by another
-     * thread's grow() must not race with our slot pointers. */
-    for (int64_t t = 0; t < T; t++) {
-        float *dst = slot_k(s, fresh[t]);
-        for (int w = 0; w < 2; w++) {
-            const kvmem_tensor *x = w ? v : k;
+     * thread's grow() must not race with our slot pointers. Head-major input
+     * goes in blocks of SM_BLOCK positions, each (layer, head) run of the
+     * block read in one sweep; position-major input a position at a time */
+    for (int w = 0; w < 2; w++) {
+        const kvmem_tensor *x = w ? v : k;
+        const int hm = H > 1 && x->strides[2] > x->strides[1];
+        for (int64_t t0 = 0; t0 < T; t0 += hm ? SM_BLOCK : 1) {
+            const int64_t t1 = hm ? KVM_MIN(T, t0 + SM_BLOCK) : t0 + 1;
             for (size_t l = 0; l < L; l++)
-                for (size_t h = 0; h < H; h++) {
-                    int64_t idx[3] = {(int64_t)l, t, (int64_t)h};
-                    kvm_tensor_read_f32(x, kvm_tensor_row_offset(x, idx), dst + (size_t)w * s->row_elems + (l * H + h) * D, D);
-                }
+                for (size_t h = 0; h < H; h++)
+                    for (int64_t t = t0; t < t1; t++) {
+                        int64_t idx[3] = {(int64_t)l, t, (int64_t)h};
+                        float *dst = slot_k(s, fresh[t]) + (size_t)w * s->row_elems + (l * H + h) * D;
+                        kvm_tensor_read_f32(x, kvm_tensor_row_offset(x, idx), dst, D);
+                    }
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -535,23 +548,34 @@ kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *m, const kvmem_tensor *k_
     if (st == KVMEM_OK && v_out) st = kvm_tensor_expect(v_out, "V out", "[n_layers][n_live][n_kv_heads][head_dim]", 4, shape);
     if (st != KVMEM_OK) return st;
     const size_t H = (size_t)sp->n_kv_heads, D = (size_t)sp->head_dim, L = (size_t)sp->n_layers;
-    int64_t i = 0;
     pthread_mutex_lock(&s->mu); /* page table stability against other maps' growth */
-    for (int64_t j = 0; j < m->len; j++) {
-        int32_t sl = m->slots[j];
-        if (sl == KVMEM_DEAD_SLOT) continue; /* a mask, never a value */
-        const float *src = slot_k(s, sl);
+    /* head-major outputs (a head's rows adjacent) are written in blocks of
+     * SM_BLOCK live positions, each (layer, head) run of a block in one
+     * sweep; position-major ones a position at a time */
+    int32_t blk[SM_BLOCK];
+    int64_t i = 0;
+    for (int64_t j = 0; j < m->len;) {
+        int32_t n = 0;
+        const int64_t i0 = i;
+        for (; j < m->len && n < SM_BLOCK; j++) {
+            const int32_t sl = m->slots[j];
+            if (sl == KVMEM_DEAD_SLOT) continue; /* a mask, never a value */
+            if (positions_out) positions_out[i] = (int32_t)j;
+            blk[n++] = sl, i++;
+        }
         for (int w = 0; w < 2; w++) {
             const kvmem_tensor *x = w ? v_out : k_out;
             if (!x) continue;
-            for (size_t l = 0; l < L; l++)
-                for (size_t h = 0; h < H; h++) {
-                    int64_t idx[3] = {(int64_t)l, i, (int64_t)h};
-                    kvm_tensor_write_f32(x, kvm_tensor_row_offset(x, idx), src + (size_t)w * s->row_elems + (l * H + h) * D, D);
-                }
+            const int hm = H > 1 && x->strides[2] > x->strides[1];
+            for (int32_t a = 0; a < (hm ? 1 : n); a++) /* position-major: one position per pass */
+                for (size_t l = 0; l < L; l++)
+                    for (size_t h = 0; h < H; h++)
+                        for (int32_t b = hm ? 0 : a; b < (hm ? n : a + 1); b++) {
+                            int64_t idx[3] = {(int64_t)l, i0 + b, (int64_t)h};
+                            kvm_tensor_write_f32(x, kvm_tensor_row_offset(x, idx),
+                                                 slot_k(s, blk[b]) + (size_t)w * s->row_elems + (l * H + h) * D, D);
+                        }
         }
-        if (positions_out) positions_out[i] = (int32_t)j;
-        i++;
     }
     pthread_mutex_unlock(&s->mu);
     return KVMEM_OK;

@@ -2,9 +2,12 @@
  * observation rows attend causally over the request's keys, the
  * probabilities are summed over the window and max-pooled along positions,
  * then summed over layers and heads into one score per position (one kept
- * set per request, so the slot map stays shared by all heads). */
+ * set per request, so the slot map stays shared by all heads). The logits
+ * of a KV head's whole group come from one pass over its keys (GQA-aware),
+ * as a GEMM of 16-row blocks (the qk16 kernel). */
 #include "../context.h"
 #include "../cpu/kernels.h"
+#include "../cpu/scratch.h"
 #include "../qmem/qk_kernels.h"
 #include "../qmem/qmem_internal.h"
 
@@ -13,18 +16,25 @@
 #include <string.h>
 
 #define SK_MAX_CHUNKS 16
+#define SK_KEYS 16 /* key rows per block: the qk16 kernel's width, and the prefetch distance */
 
+/* A task is one (layer, KV head): the G query heads of its group read the
+ * group's keys once for all of their W observation rows (GQA-aware: K
+ * streams from memory once per KV head, not once per query head). Tasks
+ * go in a fixed number of chunks, each with its own partial sum, reduced in
+ * chunk order (the result does not depend on the thread count); worker w
+ * takes chunks w, w + n_workers, ... with its own buffers. */
 typedef struct {
     const kvmem_tensor *q, *k;
     const kvm_qk_kernels *kk;
-    size_t Hq, G, D, N, W, n_tasks, n_chunks;
+    size_t L, Hq, Hkv, G, D, N, W, R, RB, n_tasks, n_chunks, n_workers;
     int32_t radius;
     float scale;
-    float *qrows;   /* [n_chunks][W][D] */
-    float *logits;  /* [n_chunks][W][N] */
-    float *vote;    /* [n_chunks][N] */
-    float *partial; /* [n_chunks][N] */
-    float *tile;    /* [n_chunks][TILE][D] */
+    float *partial;  /* [n_chunks][N] */
+    float *logits;   /* [n_workers][RB * 16][N]: row r = g * W + w */
+    float *qp;       /* [n_workers][RB][D][16]: the task's query rows packed by dimension */
+    float *kconv;    /* [n_workers][SK_KEYS][D]: key rows as f32 (K not f32 rows) */
+    float *vote;     /* [n_workers][N] */
     int32_t bad[SK_MAX_CHUNKS]; /* per chunk: 1 if a logit was not finite */
 } sk_job;
 
@@ -40,36 +50,75 @@ static void pool_add(const float *v, size_t b, size_t e, int32_t r, float *acc) 
     }
 }
 
+/* Prefetch the rows of KV head g at positions [j0, j0 + n) of layer l,
+ * ascending: the hardware prefetcher of the machine measured does not
+ * follow a head's rows (see attend_cpu.c). */
+static void k_prefetch(const kvmem_tensor *k, size_t l, size_t g, size_t j0, size_t n, size_t D) {
+    const size_t es = kvm_dtype_size(k->dtype);
+    const size_t bytes = (size_t)((int64_t)(D - 1) * k->strides[3] + 1) * es;
+    const char *base = (const char *)k->data +
+                       (size_t)((int64_t)l * k->strides[0] + (int64_t)j0 * k->strides[1] + (int64_t)g * k->strides[2]) * es;
+    for (size_t i = 0; i < n; i++)
+        for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(base + i * (size_t)k->strides[1] * es + x, 0, 3);
+}
+
+static void sk_one(sk_job *s, size_t t, float *lg, float *qp, float *kconv, float *vote, float *acc, int32_t *bad) {
+    const size_t l = t / s->Hkv, g = t % s->Hkv, D = s->D, N = s->N, W = s->W;
+    const kvmem_tensor *k = s->k;
+    /* the group's W * G query rows, packed by dimension in blocks of 16
+     * (rows past R are zero and their logits unused) */
+    memset(qp, 0, s->RB * D * 16 * sizeof *qp);
+    for (size_t r = 0; r < s->R; r++) {
+        float row[1024];
+        const size_t h = g * s->G + r / W, w = r % W;
+        int64_t idx[3] = {(int64_t)w, (int64_t)l, (int64_t)h};
+        kvm_tensor_read_f32(s->q, kvm_tensor_row_offset(s->q, idx), row, D);
+        float *blk = qp + (r / 16) * D * 16;
+        for (size_t d = 0; d < D; d++) blk[d * 16 + r % 16] = row[d];
+    }
+    const int direct = k->dtype == KVMEM_F32 && (k->strides[3] == 1 || D == 1);
+    const size_t es = kvm_dtype_size(k->dtype);
+    const float *rows[SK_KEYS];
+    for (size_t j0 = 0; j0 < N; j0 += SK_KEYS) {
+        const size_t n = KVM_MIN(N - j0, (size_t)SK_KEYS);
+        k_prefetch(k, l, g, j0 + n, KVM_MIN(N - j0 - n, (size_t)SK_KEYS), D);
+        for (size_t i = 0; i < n; i++) {
+            const int64_t off = (int64_t)l * k->strides[0] + (int64_t)(j0 + i) * k->strides[1] + (int64_t)g * k->strides[2];
+            if (direct) {
+                rows[i] = (const float *)((const unsigned char *)k->data + (size_t)off * es);
+            } else { /* f16 / bf16 rows: converted once here, reused by every query row */
+                kvm_tensor_read_f32(k, off, kconv + i * D, D);
+                rows[i] = kconv + i * D;
+            }
+        }
+        for (size_t rb = 0; rb < s->RB; rb++)
+            s->kk->qk16(qp + rb * D * 16, rows, n, D, s->scale, lg + rb * 16 * N + j0, N);
+    }
+    /* non-finite K or q_obs: refused, not clamped by SIMD exp into a
+     * plausible score (the logits are 1/head_dim of the work) */
+    if (kvm_cpu_kernels_get()->count_nonfinite(lg, s->R * N)) {
+        *bad = 1;
+        return;
+    }
+    for (size_t gi = 0; gi < s->G; gi++) { /* one query head: its W rows' votes, pooled */
+        memset(vote, 0, N * sizeof *vote);
+        /* causal: window row w sits at position N - W + w */
+        for (size_t w = 0; w < W; w++) s->kk->softmax_acc(lg + (gi * W + w) * N, N - W + w + 1, vote);
+        pool_add(vote, 0, N - W, s->radius, acc);
+        pool_add(vote, N - W, N, s->radius, acc);
+    }
+}
+
 static void sk_task(void *arg, size_t b, size_t e) {
     sk_job *s = arg;
-    for (size_t c = b; c < e; c++) {
-        float *qr = s->qrows + c * s->W * s->D, *lg = s->logits + c * s->W * s->N;
-        float *vote = s->vote + c * s->N, *acc = s->partial + c * s->N;
-        float *tile = s->tile + c * KVM_QMEM_TILE * s->D;
-        memset(acc, 0, s->N * sizeof *acc);
-        size_t t0 = c * s->n_tasks / s->n_chunks, t1 = (c + 1) * s->n_tasks / s->n_chunks;
-        for (size_t t = t0; t < t1; t++) {
-            size_t l = t / s->Hq, h = t % s->Hq, g = h / s->G;
-            for (size_t w = 0; w < s->W; w++) {
-                int64_t idx[3] = {(int64_t)w, (int64_t)l, (int64_t)h};
-                kvm_tensor_read_f32(s->q, kvm_tensor_row_offset(s->q, idx), qr + w * s->D, s->D);
-            }
-            for (size_t j0 = 0; j0 < s->N; j0 += KVM_QMEM_TILE) {
-                size_t n = KVM_MIN(s->N - j0, (size_t)KVM_QMEM_TILE), ks;
-                const float *rows = kvm_qmem_k_rows(s->k, (int64_t)l, (int64_t)g, (int64_t)j0, n, s->D, tile, &ks);
-                s->kk->qk(qr, s->W, s->D, rows, n, ks, s->scale, lg + j0, s->N);
-            }
-            /* non-finite K or q_obs: refused, not clamped by SIMD exp into a
-             * plausible score (the logits are 1/head_dim of the reads) */
-            if (kvm_cpu_kernels_get()->count_nonfinite(lg, s->W * s->N)) {
-                s->bad[c] = 1;
-                break;
-            }
-            memset(vote, 0, s->N * sizeof *vote);
-            /* causal: window row w sits at position N - W + w */
-            for (size_t w = 0; w < s->W; w++) s->kk->softmax_acc(lg + w * s->N, s->N - s->W + w + 1, vote);
-            pool_add(vote, 0, s->N - s->W, s->radius, acc);
-            pool_add(vote, s->N - s->W, s->N, s->radius, acc);
+    for (size_t wk = b; wk < e; wk++) {
+        float *lg = s->logits + wk * s->RB * 16 * s->N, *qp = s->qp + wk * s->RB * s->D * 16;
+        float *kconv = s->kconv + wk * SK_KEYS * s->D, *vote = s->vote + wk * s->N;
+        for (size_t c = wk; c < s->n_chunks; c += s->n_workers) {
+            float *acc = s->partial + c * s->N;
+            memset(acc, 0, s->N * sizeof *acc);
+            const size_t t0 = c * s->n_tasks / s->n_chunks, t1 = (c + 1) * s->n_tasks / s->n_chunks;
+            for (size_t t = t0; t < t1 && !s->bad[c]; t++) sk_one(s, t, lg, qp, kconv, vote, acc, &s->bad[c]);
         }
     }
 }
@@ -94,54 +143,54 @@ kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec
     if (!scores) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: scores is NULL", fn);
 
     sk_job s;
+    memset(&s, 0, sizeof s);
     s.q = q_obs;
     s.k = k;
     s.kk = kvm_qk_kernels_get();
     s.Hq = (size_t)spec->n_q_heads;
-    s.G = s.Hq / (size_t)spec->n_kv_heads;
+    s.Hkv = (size_t)spec->n_kv_heads;
+    s.G = s.Hq / s.Hkv;
     s.D = (size_t)spec->head_dim;
     s.N = (size_t)N;
     s.W = (size_t)q_obs->shape[0];
-    s.n_tasks = (size_t)spec->n_layers * s.Hq;
+    s.R = s.G * s.W;
+    s.RB = (s.R + 15) / 16;
+    s.n_tasks = (size_t)spec->n_layers * s.Hkv;
     s.n_chunks = KVM_MIN(s.n_tasks, (size_t)SK_MAX_CHUNKS);
+    s.n_workers = KVM_MIN(s.n_chunks, (size_t)kvm_threadpool_size(ctx->tp));
     s.radius = pool_kernel / 2;
     s.scale = (float)(1.0 / sqrt((double)s.D));
-    size_t nl;
-    if (!kvm_mul_size(s.n_chunks * s.W, s.N, &nl) || nl > SIZE_MAX / 8)
+    size_t nl, np;
+    if (!kvm_mul_size(s.n_workers * s.RB * 16, s.N, &nl) || nl > SIZE_MAX / 8 || !kvm_mul_size(s.n_chunks, s.N, &np) ||
+        np > SIZE_MAX / 8)
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %lld positions (its size overflows)", fn, (long long)N);
-    s.qrows = kvm_aligned_alloc(s.n_chunks * s.W * s.D * sizeof(float));
-    s.logits = kvm_aligned_alloc(nl * sizeof(float));
-    s.vote = kvm_aligned_alloc(s.n_chunks * s.N * sizeof(float));
-    s.partial = kvm_aligned_alloc(s.n_chunks * s.N * sizeof(float));
-    s.tile = kvm_aligned_alloc(s.n_chunks * KVM_QMEM_TILE * s.D * sizeof(float));
-    if (!s.qrows || !s.logits || !s.vote || !s.partial || !s.tile) {
-        kvm_aligned_free(s.qrows);
-        kvm_aligned_free(s.logits);
-        kvm_aligned_free(s.vote);
-        kvm_aligned_free(s.partial);
-        kvm_aligned_free(s.tile);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %lld positions", fn, (long long)N);
+    /* work memory from the context's cache: nothing allocated per call once warm */
+    kvm_scratch *sc = kvm_ctx_scratch(ctx);
+    s.partial = kvm_scratch_take(sc, np * sizeof(float));
+    s.logits = kvm_scratch_take(sc, nl * sizeof(float));
+    s.qp = kvm_scratch_take(sc, s.n_workers * s.RB * s.D * 16 * sizeof(float));
+    s.kconv = kvm_scratch_take(sc, s.n_workers * SK_KEYS * s.D * sizeof(float));
+    s.vote = kvm_scratch_take(sc, s.n_workers * s.N * sizeof(float));
+    if (!s.partial || !s.logits || !s.qp || !s.kconv || !s.vote) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %lld positions", fn, (long long)N);
+        goto done;
     }
-    memset(s.bad, 0, sizeof s.bad);
-    kvm_parallel_for(ctx->tp, s.n_chunks, 1, sk_task, &s);
+    kvm_parallel_for(ctx->tp, s.n_workers, 1, sk_task, &s);
     for (size_t c = 0; c < s.n_chunks; c++)
         if (s.bad[c]) {
-            kvm_aligned_free(s.qrows);
-            kvm_aligned_free(s.logits);
-            kvm_aligned_free(s.vote);
-            kvm_aligned_free(s.partial);
-            kvm_aligned_free(s.tile);
-            return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K or q_obs holds a non-finite value (or a logit overflows)", fn);
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K or q_obs holds a non-finite value (or a logit overflows)", fn);
+            goto done;
         }
     for (size_t j = 0; j < s.N; j++) {
         float v = 0.0f;
         for (size_t c = 0; c < s.n_chunks; c++) v += s.partial[c * s.N + j];
         scores[j] = v;
     }
-    kvm_aligned_free(s.qrows);
-    kvm_aligned_free(s.logits);
-    kvm_aligned_free(s.vote);
-    kvm_aligned_free(s.partial);
-    kvm_aligned_free(s.tile);
-    return KVMEM_OK;
+done:
+    kvm_scratch_give(sc, s.partial);
+    kvm_scratch_give(sc, s.logits);
+    kvm_scratch_give(sc, s.qp);
+    kvm_scratch_give(sc, s.kconv);
+    kvm_scratch_give(sc, s.vote);
+    return st;
 }

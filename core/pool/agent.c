@@ -465,30 +465,38 @@ static kvmem_status agent_read_taken(kvmem_agent *a, int64_t first, int64_t T, c
     int64_t shape[4] = {L, T, H, D};
     if (k_out && (st = kvm_tensor_expect(k_out, "k_out", dims, 4, shape)) != KVMEM_OK) return st;
     if (v_out && (st = kvm_tensor_expect(v_out, "v_out", dims, 4, shape)) != KVMEM_OK) return st;
-    float row[1024];
-    for (int64_t i = 0; i < T; i++) {
-        int64_t t = first + i;
-        int32_t b = block_of(m, t);
+    /* block by block, each (K/V, layer, head) a run of rows read (and
+     * converted) at once: the outputs' rows of one head are adjacent in
+     * head-major tensors (HF caches), a position's heads in position-major
+     * ones; a block's rows stay in cache either way */
+    float rows[8192];
+    const int64_t chunk = KVM_MAX((int64_t)1, (int64_t)(sizeof rows / sizeof rows[0]) / D);
+    for (int64_t t = first; t < first + T;) {
+        const int32_t b = block_of(m, t);
+        const int64_t bt0 = b < m->n_sealed ? m->blocks[b].first_token : m->n_tokens - m->tail_n;
+        const int64_t bt1 = b < m->n_sealed ? bt0 + m->blocks[b].n_tokens : m->n_tokens;
+        const int64_t e = KVM_MIN(KVM_MIN(bt1, first + T), t + chunk);
+        const int32_t n = (int32_t)(e - t);
         for (int32_t which = 0; which < 2; which++) {
             const kvmem_tensor *dst = which ? v_out : k_out;
             if (!dst) continue;
-            for (int32_t l = 0; l < L; l++) {
+            for (int32_t l = 0; l < L; l++)
                 for (int32_t h = 0; h < H; h++) {
                     const float *src;
                     if (b < m->n_sealed) {
-                        const kvm_block *blk = &m->blocks[b];
-                        kvm_block_read_f32(p, blk, which, l, h, (int32_t)(t - blk->first_token), 1, row);
-                        src = row;
+                        kvm_block_read_f32(p, &m->blocks[b], which, l, h, (int32_t)(t - bt0), n, rows);
+                        src = rows;
                     } else {
-                        int64_t slot = t - (m->n_tokens - m->tail_n);
                         src = m->tail + ((((size_t)which * (size_t)L + (size_t)l) * (size_t)H + (size_t)h) * (size_t)BS +
-                                         (size_t)slot) * (size_t)D;
+                                         (size_t)(t - bt0)) * (size_t)D;
                     }
-                    int64_t idx[3] = {l, i, h};
-                    kvm_tensor_write_f32(dst, kvm_tensor_row_offset(dst, idx), src, (size_t)D);
+                    for (int32_t i = 0; i < n; i++) {
+                        int64_t idx[3] = {l, t - first + i, h};
+                        kvm_tensor_write_f32(dst, kvm_tensor_row_offset(dst, idx), src + (size_t)i * (size_t)D, (size_t)D);
+                    }
                 }
-            }
         }
+        t = e;
     }
     return KVMEM_OK;
 }

@@ -112,5 +112,31 @@ static void x_softmax_acc(float *x, size_t n, float *acc) {
     for (size_t j = n8; j < n; j++) acc[j] += x[j] * inv;
 }
 
-static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc};
+/* One key at a time: its 16 logits in two vectors (a broadcast element
+ * times a packed dimension row), written down a column. */
+static void x_qk16(const float *qp, const float *const *k, size_t nk, size_t D, float scale, float *out, size_t ldo) {
+    for (size_t j = 0; j < nk; j++) {
+        const float *kr = k[j];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0; /* two chains per half: the FMA latency */
+        size_t d = 0;
+        for (; d + 2 <= D; d += 2) {
+            const __m256 x = _mm256_set1_ps(kr[d]), y = _mm256_set1_ps(kr[d + 1]);
+            a0 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16 + 8), a1);
+            b0 = _mm256_fmadd_ps(y, _mm256_load_ps(qp + d * 16 + 16), b0);
+            b1 = _mm256_fmadd_ps(y, _mm256_load_ps(qp + d * 16 + 24), b1);
+        }
+        for (; d < D; d++) {
+            const __m256 x = _mm256_set1_ps(kr[d]);
+            a0 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16 + 8), a1);
+        }
+        float col[16];
+        _mm256_storeu_ps(col, _mm256_mul_ps(_mm256_add_ps(a0, b0), _mm256_set1_ps(scale)));
+        _mm256_storeu_ps(col + 8, _mm256_mul_ps(_mm256_add_ps(a1, b1), _mm256_set1_ps(scale)));
+        for (size_t r = 0; r < 16; r++) out[r * ldo + j] = col[r];
+    }
+}
+
+static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, x_qk16};
 const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return &k_avx2; }

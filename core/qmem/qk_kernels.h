@@ -16,6 +16,11 @@ typedef struct kvm_qk_kernels {
     /* Softmax of x[0..n) accumulated: acc[j] += exp(x_j - max) / sum.
      * x is overwritten (scratch). n >= 1. */
     void (*softmax_acc)(float *x, size_t n, float *acc);
+    /* out[r * ldo + j] = scale * sum_d qp[d * 16 + r] * k[j][d] for r < 16,
+     * j < nk <= 16: 16 query rows packed by dimension (qp [D][16], 64-byte
+     * aligned) against nk f32 key rows, a GEMM block (SnapKV: every query
+     * row of a KV head's group and window against its keys read once). */
+    void (*qk16)(const float *qp, const float *const *k, size_t nk, size_t D, float scale, float *out, size_t ldo);
 } kvm_qk_kernels;
 
 const kvm_qk_kernels *kvm_qk_kernels_get(void);

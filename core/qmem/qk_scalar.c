@@ -38,7 +38,16 @@ static void s_softmax_acc(float *x, size_t n, float *acc) {
     for (size_t j = 0; j < n; j++) acc[j] += x[j] * inv;
 }
 
-static const kvm_qk_kernels k_scalar = {"scalar", s_qk, s_softmax_acc};
+static void s_qk16(const float *qp, const float *const *k, size_t nk, size_t D, float scale, float *out, size_t ldo) {
+    for (size_t r = 0; r < 16; r++)
+        for (size_t j = 0; j < nk; j++) {
+            float s = 0.0f;
+            for (size_t d = 0; d < D; d++) s += qp[d * 16 + r] * k[j][d];
+            out[r * ldo + j] = s * scale;
+        }
+}
+
+static const kvm_qk_kernels k_scalar = {"scalar", s_qk, s_softmax_acc, s_qk16};
 
 const kvm_qk_kernels *kvm_qk_kernels_scalar(void) { return &k_scalar; }
 

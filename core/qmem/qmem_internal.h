@@ -6,15 +6,6 @@
 #include "../internal.h"
 #include "../tensor.h"
 
-/* Rows [j0, j0 + n) of K[l][.][g][.] as f32: in place when K is F32 with a
- * unit last stride (*kstride = strides[1]), else converted into scratch
- * (n * D floats, *kstride = D). */
-const float *kvm_qmem_k_rows(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n,
-                             size_t D, float *scratch, size_t *kstride);
-
-/* Prefetch rows [j0, j0 + n) of K[l][.][g][.] (F32 in place only). */
-void kvm_qmem_k_prefetch(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n, size_t D);
-
 /* Validate spec and K = [n_layers][N][n_kv_heads][head_dim] with N >= 1;
  * *n gets N. `fn` names the caller in messages. */
 kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
@@ -27,8 +18,5 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
 /* The CPU backend's dev_qmem_score (core/backend.h): the reference the
  * device backends are compared with (qmem_dev.c). */
 kvmem_status kvm_cpu_dev_qmem_score(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
-
-/* Key rows per tile when K has to be converted. */
-#define KVM_QMEM_TILE 256
 
 #endif

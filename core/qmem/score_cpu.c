@@ -7,44 +7,18 @@
 #include "qk_kernels.h"
 #include "qmem_internal.h"
 
+#include "../attend/attend.h"
 #include "../context.h"
 #include "../cpu/kernels.h"
+#include "../cpu/scratch.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define QS_MAX_CHUNKS 16
-#undef KVM_QMEM_TILE
-#define KVM_QMEM_TILE 32 /* rows per step: prefetch distance */
-
-const float *kvm_qmem_k_rows(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n,
-                             size_t D, float *scratch, size_t *kstride) {
-    int64_t base = l * k->strides[0] + j0 * k->strides[1] + g * k->strides[2];
-    if (k->dtype == KVMEM_F32 && (k->strides[3] == 1 || D == 1)) {
-        *kstride = (size_t)k->strides[1];
-        return (const float *)k->data + base;
-    }
-    for (size_t i = 0; i < n; i++)
-        kvm_tensor_read_f32(k, base + (int64_t)i * k->strides[1], scratch + i * D, D);
-    *kstride = D;
-    return scratch;
-}
-
-void kvm_qmem_k_prefetch(const kvmem_tensor *k, int64_t l, int64_t g, int64_t j0, size_t n, size_t D) {
-#if defined(__GNUC__) || defined(__clang__)
-    /* Key rows of one KV head sit n_kv_heads * head_dim floats apart, often a
-     * page each: the hardware prefetcher does not follow that, so ask. */
-    if (k->dtype != KVMEM_F32 || (k->strides[3] != 1 && D != 1)) return;
-    const float *base = (const float *)k->data + l * k->strides[0] + g * k->strides[2];
-    for (size_t i = 0; i < n; i++) {
-        const char *r = (const char *)(base + (j0 + (int64_t)i) * k->strides[1]);
-        for (size_t b = 0; b < D * sizeof(float); b += 64) __builtin_prefetch(r + b, 0, 0);
-    }
-#else
-    (void)k; (void)l; (void)g; (void)j0; (void)n; (void)D;
-#endif
-}
+#define QS_TILE 32      /* key rows per kernel call, and the prefetch distance */
+#define QS_MAX_GROUP 64 /* query heads per kernel call */
 
 kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
                               int64_t *n) {
@@ -68,48 +42,112 @@ kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, cons
 typedef struct {
     const kvmem_tensor *k;
     const float *mem;
-    const kvm_qk_kernels *kk;
-    size_t L, Hq, Hkv, G, D, N, n_chunks;
+    const kvm_attend_kernels *ak; /* the q.k kernels over f32 / f16 / bf16 rows (attend/attend.h) */
+    const kvm_qk_kernels *kk;     /* softmax_acc */
+    size_t L, Hq, Hkv, G, D, N, n_chunks, n_workers;
     float scale;
-    float *partial; /* [n_chunks][N] */
-    float *logits;  /* [n_chunks][Hq][N] */
-    float *tile;    /* [n_chunks][TILE][D] */
+    kvmem_dtype rows_dt; /* the rows as the kernel reads them: K's dtype, or F32 when converted */
+    int head_major;      /* a head's rows adjacent ([L][Hkv][N][D] viewed as [L][N][Hkv][D]: HF caches) */
+    size_t pm_tile;      /* position-major K: positions per tile, all heads of a tile about 16 KiB */
+    float *partial;      /* [n_chunks][N] */
+    float *logits;       /* [n_workers][Hq][N] */
+    float *conv;         /* [n_workers][QS_TILE][D]: rows converted (K's last stride is not 1), or NULL */
     int32_t bad[QS_MAX_CHUNKS]; /* per chunk: 1 + the first layer with a non-finite logit, or 0 */
 } qs_job;
 
-/* A chunk is a range of layers. Within a layer, key rows are swept once in
- * tiles of TILE positions, every KV head of a tile before the next tile:
- * one token's keys of all heads are contiguous in the usual layout, so the
- * sweep reads memory in order (per-head sweeps jump a page per row and ran
- * at a tenth of the bandwidth). */
-static void qs_task(void *arg, size_t b, size_t e) {
-    qs_job *q = arg;
-    for (size_t c = b; c < e; c++) {
-        float *acc = q->partial + c * q->N, *lg = q->logits + c * q->Hq * q->N;
-        float *tile = q->tile + c * KVM_QMEM_TILE * q->D;
-        memset(acc, 0, q->N * sizeof *acc);
-        size_t l0 = c * q->L / q->n_chunks, l1 = (c + 1) * q->L / q->n_chunks;
-        for (size_t l = l0; l < l1; l++) {
-            for (size_t j0 = 0; j0 < q->N; j0 += KVM_QMEM_TILE) {
-                size_t n = KVM_MIN(q->N - j0, (size_t)KVM_QMEM_TILE), ks;
-                size_t nn = KVM_MIN(q->N - j0 - n, (size_t)KVM_QMEM_TILE);
-                for (size_t g = 0; g < q->Hkv; g++) {
-                    kvm_qmem_k_prefetch(q->k, (int64_t)l, (int64_t)g, (int64_t)(j0 + n), nn, q->D);
-                    const float *rows = kvm_qmem_k_rows(q->k, (int64_t)l, (int64_t)g, (int64_t)j0, n, q->D, tile, &ks);
-                    q->kk->qk(q->mem + (l * q->Hq + g * q->G) * q->D, q->G, q->D, rows, n, ks, q->scale,
-                              lg + g * q->G * q->N + j0, q->N);
-                }
-            }
-            /* a non-finite K (or an overflowing logit) would be ignored by
-             * the max and clamped by SIMD exp into a plausible score: refuse
-             * it; the logits are 1/head_dim of K, so the check is cheap */
-            if (kvm_cpu_kernels_get()->count_nonfinite(lg, q->Hq * q->N)) {
-                q->bad[c] = (int32_t)l + 1;
-                break;
-            }
-            for (size_t h = 0; h < q->Hq; h++) q->kk->softmax_acc(lg + h * q->N, q->N, acc);
+/* Prefetch K[l][j0 .. j0 + n)[g] while the current rows compute: the
+ * hardware prefetcher of the machine measured does not follow these reads
+ * (a head's rows are a page apart in the usual layout), so ask, in
+ * ascending addresses (BENCHMARKS.md, "evict"). */
+static void k_prefetch(const kvmem_tensor *k, size_t l, size_t g, size_t j0, size_t n, size_t D) {
+    const size_t es = kvm_dtype_size(k->dtype);
+    const size_t bytes = (size_t)((int64_t)(D - 1) * k->strides[3] + 1) * es;
+    const char *base = (const char *)k->data +
+                       (size_t)((int64_t)l * k->strides[0] + (int64_t)j0 * k->strides[1] + (int64_t)g * k->strides[2]) * es;
+    if ((size_t)k->strides[1] * es == bytes) { /* the rows make one run */
+        for (size_t x = 0; x < n * bytes; x += 64) __builtin_prefetch(base + x, 0, 3);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(base + i * (size_t)k->strides[1] * es + x, 0, 3);
+}
+
+/* logits[g * G + i][j0 .. j0 + n) of layer l: the G query rows of KV head g
+ * against its key rows at positions [j0, j0 + n), read in place (f16 and
+ * bf16 converted in registers) or converted into conv. */
+static void qk_rows(const qs_job *q, size_t l, size_t g, size_t j0, size_t n, float *conv, float *lg) {
+    const kvmem_tensor *k = q->k;
+    const size_t es = kvm_dtype_size(k->dtype);
+    const void *rows[QS_TILE];
+    const float *qv[QS_MAX_GROUP];
+    for (size_t i = 0; i < n; i++) {
+        const int64_t off = (int64_t)l * k->strides[0] + (int64_t)(j0 + i) * k->strides[1] + (int64_t)g * k->strides[2];
+        if (conv) {
+            kvm_tensor_read_f32(k, off, conv + i * q->D, q->D);
+            rows[i] = conv + i * q->D;
+        } else {
+            rows[i] = (const unsigned char *)k->data + (size_t)off * es;
         }
     }
+    for (size_t g0 = 0; g0 < q->G; g0 += QS_MAX_GROUP) {
+        const size_t ng = KVM_MIN(q->G - g0, (size_t)QS_MAX_GROUP);
+        for (size_t i = 0; i < ng; i++) qv[i] = q->mem + (l * q->Hq + g * q->G + g0 + i) * q->D;
+        float *out = lg + (g * q->G + g0) * q->N + j0;
+        if (q->rows_dt == KVMEM_F16)
+            q->ak->qk_f16(qv, ng, (const uint16_t *const *)rows, n, q->D, q->scale, out, q->N);
+        else if (q->rows_dt == KVMEM_BF16)
+            q->ak->qk_bf16(qv, ng, (const uint16_t *const *)rows, n, q->D, q->scale, out, q->N);
+        else
+            q->ak->qk(qv, ng, (const float *const *)rows, n, q->D, q->scale, out, q->N);
+    }
+}
+
+/* One chunk (a range of layers) into its partial sum, with one worker's
+ * logits buffer. Within a layer the key rows are swept once: position-major
+ * K in tiles of pm_tile positions, every KV head of a tile before the next
+ * tile (one token's keys of all heads are contiguous, so memory is read in
+ * order; a tile and the next one prefetched stay in L1: tiles of 128 KiB
+ * ran at half the speed), head-major K one head at a time (its rows are one
+ * run), QS_TILE rows per step. */
+static void qs_chunk(qs_job *q, size_t c, float *lg, float *conv) {
+    float *acc = q->partial + c * q->N;
+    memset(acc, 0, q->N * sizeof *acc);
+    const size_t l0 = c * q->L / q->n_chunks, l1 = (c + 1) * q->L / q->n_chunks;
+    for (size_t l = l0; l < l1; l++) {
+        if (q->head_major) {
+            for (size_t g = 0; g < q->Hkv; g++)
+                for (size_t j0 = 0; j0 < q->N; j0 += QS_TILE) {
+                    const size_t n = KVM_MIN(q->N - j0, (size_t)QS_TILE), nn = KVM_MIN(q->N - j0 - n, (size_t)QS_TILE);
+                    k_prefetch(q->k, l, g, j0 + n, nn, q->D);
+                    qk_rows(q, l, g, j0, n, conv, lg);
+                }
+        } else {
+            for (size_t j0 = 0; j0 < q->N; j0 += q->pm_tile) {
+                const size_t n = KVM_MIN(q->N - j0, q->pm_tile), nn = KVM_MIN(q->N - j0 - n, q->pm_tile);
+                for (size_t g = 0; g < q->Hkv; g++) {
+                    k_prefetch(q->k, l, g, j0 + n, nn, q->D);
+                    qk_rows(q, l, g, j0, n, conv, lg);
+                }
+            }
+        }
+        /* a non-finite K (or an overflowing logit) would be ignored by
+         * the max and clamped by SIMD exp into a plausible score: refuse
+         * it; the logits are 1/head_dim of K, so the check is cheap */
+        if (kvm_cpu_kernels_get()->count_nonfinite(lg, q->Hq * q->N)) {
+            q->bad[c] = (int32_t)l + 1;
+            return;
+        }
+        for (size_t h = 0; h < q->Hq; h++) q->kk->softmax_acc(lg + h * q->N, q->N, acc);
+    }
+}
+
+/* Worker w takes chunks w, w + n_workers, ...: the chunks (and so the
+ * result) do not depend on the thread count, the buffers are per worker. */
+static void qs_task(void *arg, size_t b, size_t e) {
+    qs_job *q = arg;
+    for (size_t w = b; w < e; w++)
+        for (size_t c = w; c < q->n_chunks; c += q->n_workers)
+            qs_chunk(q, c, q->logits + w * q->Hq * q->N, q->conv ? q->conv + w * QS_TILE * q->D : NULL);
 }
 
 typedef struct {
@@ -129,9 +167,12 @@ static void qs_reduce_task(void *arg, size_t b, size_t e) {
 
 kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
                                 const kvmem_tensor *k, float *scores) {
+    static const char fn[] = "kvmem_qmem_score";
     qs_job q;
+    memset(&q, 0, sizeof q);
     q.k = k;
     q.mem = memory;
+    q.ak = kvm_attend_kernels_get();
     q.kk = kvm_qk_kernels_get();
     q.Hq = (size_t)spec->n_q_heads;
     q.Hkv = (size_t)spec->n_kv_heads;
@@ -141,34 +182,38 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     q.L = (size_t)spec->n_layers;
     q.n_chunks = KVM_MIN(q.L, (size_t)QS_MAX_CHUNKS);
     q.scale = (float)(1.0 / sqrt((double)q.D));
-    size_t np, nl, nt;
-    if (!kvm_mul_size(q.n_chunks, q.N, &np) || !kvm_mul_size(np, q.Hq, &nl) ||
-        !kvm_mul_size(q.n_chunks * KVM_QMEM_TILE, q.D, &nt) || nl > SIZE_MAX / 8)
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: out of memory for scratch of N = %zu candidates (its size overflows)", q.N);
-    q.partial = kvm_aligned_alloc(np * sizeof(float));
-    q.logits = kvm_aligned_alloc(nl * sizeof(float));
-    q.tile = kvm_aligned_alloc(nt * sizeof(float));
-    if (!q.partial || !q.logits || !q.tile) {
-        kvm_aligned_free(q.partial);
-        kvm_aligned_free(q.logits);
-        kvm_aligned_free(q.tile);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_qmem_score: out of memory for scratch of N = %zu candidates", q.N);
-    }
+    q.rows_dt = k->strides[3] == 1 || q.D == 1 ? k->dtype : KVMEM_F32;
+    q.head_major = q.Hkv > 1 && k->strides[2] > k->strides[1];
+    q.pm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, ((size_t)16384 / (q.Hkv * q.D * kvm_dtype_size(q.rows_dt))) & ~(size_t)3));
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
-    memset(q.bad, 0, sizeof q.bad);
-    kvm_parallel_for(tp, q.n_chunks, 1, qs_task, &q);
+    q.n_workers = KVM_MIN(q.n_chunks, (size_t)kvm_threadpool_size(tp));
+    size_t np, nl, nc = 0;
+    if (!kvm_mul_size(q.n_chunks, q.N, &np) || !kvm_mul_size(q.n_workers * q.Hq, q.N, &nl) || nl > SIZE_MAX / 8 ||
+        np > SIZE_MAX / 8)
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %zu candidates (its size overflows)", fn, q.N);
+    if (k->strides[3] != 1 && q.D > 1) nc = q.n_workers * QS_TILE * q.D; /* rows converted */
+    /* work memory from the context's cache: nothing allocated per call once warm */
+    kvm_scratch *sc = kvm_ctx_scratch(be ? be->ctx : NULL);
+    q.partial = kvm_scratch_take(sc, np * sizeof(float));
+    q.logits = kvm_scratch_take(sc, nl * sizeof(float));
+    if (nc) q.conv = kvm_scratch_take(sc, nc * sizeof(float));
+    kvmem_status st = KVMEM_OK;
+    if (!q.partial || !q.logits || (nc && !q.conv)) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %zu candidates", fn, q.N);
+        goto done;
+    }
+    kvm_parallel_for(tp, q.n_workers, 1, qs_task, &q);
     for (size_t c = 0; c < q.n_chunks; c++)
         if (q.bad[c]) { /* scores are untouched */
-            kvm_aligned_free(q.partial);
-            kvm_aligned_free(q.logits);
-            kvm_aligned_free(q.tile);
-            return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_score: K at layer %d holds a non-finite value (or a logit overflows)",
-                            q.bad[c] - 1);
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K at layer %d holds a non-finite value (or a logit overflows)", fn,
+                          q.bad[c] - 1);
+            goto done;
         }
     qs_reduce r = {q.partial, q.n_chunks, q.N, scores};
     kvm_parallel_for(tp, q.N, 4096, qs_reduce_task, &r);
-    kvm_aligned_free(q.partial);
-    kvm_aligned_free(q.logits);
-    kvm_aligned_free(q.tile);
-    return KVMEM_OK;
+done:
+    kvm_scratch_give(sc, q.partial);
+    kvm_scratch_give(sc, q.logits);
+    kvm_scratch_give(sc, q.conv);
+    return st;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Smoke check of `kvmem bench --quick --json attend`: it runs and prints the
-# documented keys (plain, detector, sweep and defaults lines).
+# documented keys (plain, detector, sweep, defaults and layout lines).
 # Args: $1 source dir, $2 build dir, $3 libkvmem.so, $4 kvmem tool, $5 C compiler,
 # $6 sanitizer list. Exit 77 = skipped.
 set -u
@@ -30,6 +30,18 @@ need plain read_bw_gbps kv_gbps kv_to_read_bw kv_gbps_1thread tokens n_q_heads n
 need detector detector_overhead detector_overhead_wall detector_overhead_hot
 need sweep tau_s tau_d patience tiles_visited_frac speedup rel_err probe_oracle_agreement
 need defaults tau_s tau_d patience tiles_visited_frac speedup rel_err probe_oracle_agreement
+need layout layout order tokens ms_1thread ms vs_contiguous read_bw_gbps max_abs_diff
+# both layouts, every order; head-major gives the contiguous layout's output (the same values)
+for l in contiguous head_major; do for ord in full recent scored; do
+    if ! printf '%s\n' "$out" | grep '"kind":"layout"' | grep "\"layout\":\"$l\"" | grep -q "\"order\":\"$ord\""; then
+        echo "FAIL: no layout line for $l, $ord"; fail=1
+    fi
+done; done
+if ! printf '%s\n' "$out" | grep '"kind":"layout"' | grep '"order":"full"' | grep -q '"kv_to_read_bw_1thread":'; then
+    echo "FAIL: full-attention layout lines lack kv_to_read_bw_1thread"; fail=1
+fi
+bad=$(printf '%s\n' "$out" | grep '"kind":"layout"' | grep -Eo '"max_abs_diff":[^,}]*' | awk -F: '$2 > 1e-5' | head -1)
+if [ -n "$bad" ]; then echo "FAIL: head-major output differs from contiguous: $bad"; fail=1; fi
 # every line is one flat JSON object of suite attend
 if printf '%s\n' "$out" | grep -v '^{"suite":"attend".*}$' | grep -q .; then
     echo "FAIL: a line is not a JSON object of suite attend"; fail=1

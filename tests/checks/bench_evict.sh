@@ -25,6 +25,7 @@ need() { # $1 case, $2 key
 for k in qmem_score_ms snapkv_score_ms ratio qmem_read_gbps snapkv_gflops n_tokens; do need score "$k"; done
 for k in evict_positions_per_s compact_positions_per_s n_positions; do need apply "$k"; done
 need prefix prefix_slots_shared_after_evict
+for k in layout k_dtype qmem_ms_1thread qmem_to_read_bw_1thread snapkv_to_peak_1thread qmem_vs_contiguous snapkv_vs_contiguous; do need layout "$k"; done
 # every line is one flat JSON object
 if command -v python3 >/dev/null 2>&1; then
   echo "$out" | python3 -c '
@@ -41,6 +42,10 @@ dead = [r for r in rows if r["case"] == "prefix" and r["path"] == "dead_slot"]
 comp = [r for r in rows if r["case"] == "prefix" and r["path"] == "compact"]
 assert dead and dead[0]["prefix_slots_shared_after_evict"] == 1.0, dead
 assert comp and comp[0]["prefix_slots_shared_after_evict"] < 0.5, comp
+lay = [r for r in rows if r["case"] == "layout"]
+assert sorted((r["layout"], r["k_dtype"]) for r in lay) == [("contiguous", "f16"), ("contiguous", "f32"), ("head_major", "f16"), ("head_major", "f32")], lay
+assert all(r["qmem_vs_contiguous"] == 1 for r in lay if r["layout"] == "contiguous"), lay
+assert all("qmem_f16_over_f32_per_byte" in r for r in lay if r["k_dtype"] == "f16"), lay
 ' || { echo "FAIL: JSON structure or values"; fail=1; }
 fi
 exit $fail

@@ -1,6 +1,7 @@
 /* The ART micro-kernels: every SIMD table equals the scalar reference (and
  * the scalar reference equals plain double loops written here), over head
- * dimensions that exercise the vector tails. Also: KVMEM_CPU picks the table. */
+ * dimensions that exercise the vector tails, for f32, f16 and bf16 rows and
+ * the online-softmax step. Also: KVMEM_CPU picks the table. */
 #include "testutil.h"
 #include "attend_ref.h"
 #include "attend/attend.h"
@@ -123,6 +124,98 @@ static void check_f16(const kvm_attend_kernels *kt, size_t nq, size_t nk, size_t
     free(q), free(kf), free(vf), free(s), free(kh), free(vh), free(acc), free(acc0);
 }
 
+/* bf16 rows: values on a 1/16 grid in [-4, 4] (8 significant bits), exact
+ * in bf16: the top half of the f32 bits. */
+static void check_bf16(const kvm_attend_kernels *kt, size_t nq, size_t nk, size_t dim, uint64_t *rng) {
+    float *q = malloc(nq * dim * 4), *kf = malloc(nk * dim * 4), *vf = malloc(nk * dim * 4), *s = malloc(nq * 64 * 4);
+    uint16_t *kb = malloc(nk * dim * 2), *vb = malloc(nk * dim * 2);
+    float *acc = malloc(nq * dim * 4), *acc0 = malloc(nq * dim * 4);
+    fill(q, nq * dim, rng);
+    fill(acc, nq * dim, rng);
+    memcpy(acc0, acc, nq * dim * 4);
+    for (size_t i = 0; i < nk * dim; i++) {
+        kf[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(rng))) * 16.f) / 16.f;
+        vf[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(rng))) * 16.f) / 16.f;
+        uint32_t u;
+        memcpy(&u, &kf[i], 4);
+        kb[i] = (uint16_t)(u >> 16);
+        memcpy(&u, &vf[i], 4);
+        vb[i] = (uint16_t)(u >> 16);
+    }
+    const float *qp[16];
+    const uint16_t *kp[64], *vp[64];
+    float *ap[16], c[16];
+    for (size_t g = 0; g < nq; g++) qp[g] = q + g * dim, ap[g] = acc + g * dim, c[g] = 0.25f;
+    for (size_t i = 0; i < nk; i++) kp[i] = kb + (nk - 1 - i) * dim, vp[i] = vb + (nk - 1 - i) * dim;
+    kt->qk_bf16(qp, nq, kp, nk, dim, 0.5f, s, 64);
+    for (size_t g = 0; g < nq; g++)
+        for (size_t i = 0; i < nk; i++) {
+            const float *kr = kf + (nk - 1 - i) * dim;
+            double ref = 0, mag = 0;
+            for (size_t d = 0; d < dim; d++) ref += (double)qp[g][d] * kr[d], mag += fabs((double)qp[g][d] * kr[d]);
+            if (!(fabs(s[g * 64 + i] - 0.5 * ref) <= 1e-6 * mag + 1e-6))
+                fail_msg("%s qk_bf16 dim=%zu: %g vs %g", kt->name, dim, (double)s[g * 64 + i], 0.5 * ref);
+        }
+    for (size_t i = 0; i < nq * 64; i++) s[i] = fabsf(s[i]);
+    kt->pv_bf16(ap, nq, c, s, 64, vp, nk, dim);
+    for (size_t g = 0; g < nq; g++)
+        for (size_t d = 0; d < dim; d++) {
+            double ref = 0.25 * acc0[g * dim + d], mag = fabs(ref);
+            for (size_t i = 0; i < nk; i++) {
+                const double x = (double)s[g * 64 + i] * vf[(nk - 1 - i) * dim + d];
+                ref += x, mag += fabs(x);
+            }
+            if (!(fabs(acc[g * dim + d] - ref) <= 1e-6 * mag + 1e-6))
+                fail_msg("%s pv_bf16 dim=%zu: %g vs %g", kt->name, dim, (double)acc[g * dim + d], ref);
+        }
+    free(q), free(kf), free(vf), free(s), free(kb), free(vb), free(acc), free(acc0);
+}
+
+/* One online-softmax step against double loops, from a fresh state (m =
+ * -inf: c = 0) and from a running one, on rows where the new scores raise
+ * the maximum and where they do not; a NaN or Inf score names its row. */
+static void check_softmax_step(const kvm_attend_kernels *kt, size_t nq, size_t nk, uint64_t *rng) {
+    enum { LDS = 80 };
+    float s[20 * LDS], x[20 * LDS], m[20], l[20], c[20], m0[20], l0[20];
+    for (size_t g = 0; g < nq; g++) {
+        m0[g] = g == 0 ? -INFINITY : 3.0f * tu_normal(rng);
+        l0[g] = g == 0 ? 0.0f : tu_uniform(rng, 0.5f, 4.0f);
+        m[g] = m0[g], l[g] = l0[g];
+        for (size_t i = 0; i < LDS; i++) x[g * LDS + i] = s[g * LDS + i] = 4.0f * tu_normal(rng);
+    }
+    if (nq > 2) x[2 * LDS] = s[2 * LDS] = -200.0f; /* exp underflows */
+    assert_int_equal(kt->softmax_step(s, LDS, nq, nk, m, l, c), -1);
+    for (size_t g = 0; g < nq; g++) {
+        double t = -INFINITY, sum = 0;
+        for (size_t i = 0; i < nk; i++) t = fmax(t, x[g * LDS + i]);
+        const double mn = fmax(t, m0[g]), cr = m0[g] == -INFINITY ? 0.0 : exp(m0[g] - mn);
+        for (size_t i = 0; i < nk; i++) {
+            const double e = exp(x[g * LDS + i] - mn);
+            sum += e;
+            /* the f32 difference x - mn rounds by up to half an ulp of |x - mn| */
+            if (!(fabs(s[g * LDS + i] - e) <= (4e-7 + 6e-8 * fabs(x[g * LDS + i] - mn)) * e + 1e-30))
+                fail_msg("%s softmax_step nq=%zu nk=%zu: s[%zu][%zu] = %g, expected %g", kt->name, nq, nk, g, i,
+                         (double)s[g * LDS + i], e);
+        }
+        for (size_t i = nk; i < LDS; i++) assert_true(s[g * LDS + i] == x[g * LDS + i]); /* nothing past nk */
+        assert_true(m[g] == (float)mn);
+        const double dm = m0[g] == -INFINITY ? 0.0 : fabs(m0[g] - mn);
+        if (!(fabs(c[g] - cr) <= (4e-7 + 6e-8 * dm) * cr))
+            fail_msg("%s softmax_step nq=%zu nk=%zu: c[%zu] = %g, expected %g (m %g -> %g)", kt->name, nq, nk, g, (double)c[g], cr, (double)m0[g], mn);
+        const double lr = l0[g] * cr + sum;
+        if (!(fabs(l[g] - lr) <= (2e-6 + 6e-8 * dm) * lr + 1e-30)) fail_msg("%s softmax_step: l[%zu] = %g, expected %g", kt->name, g, (double)l[g], lr);
+    }
+    /* a non-finite score in row r (r = nq - 1): -1 is not returned */
+    for (int bad = 0; bad < 2; bad++) {
+        for (size_t g = 0; g < nq; g++) {
+            m[g] = 0.0f, l[g] = 1.0f;
+            for (size_t i = 0; i < nk; i++) s[g * LDS + i] = 1.0f;
+        }
+        s[(nq - 1) * LDS + nk - 1] = bad ? NAN : INFINITY;
+        assert_int_equal(kt->softmax_step(s, LDS, nq, nk, m, l, c), (int)(nq - 1));
+    }
+}
+
 static void every_table_matches_double_loops(void **state) {
     (void)state;
     const kvm_attend_kernels *tables[3] = {kvm_attend_kernels_scalar(), kvm_attend_kernels_named("avx2"),
@@ -143,7 +236,13 @@ static void every_table_matches_double_loops(void **state) {
             check_f16(tables[t], 4, 64, dims[di], &rng);
             check_f16(tables[t], 3, 5, dims[di], &rng);
             check_f16(tables[t], 9, 17, dims[di], &rng);
+            check_bf16(tables[t], 4, 64, dims[di], &rng);
+            check_bf16(tables[t], 3, 5, dims[di], &rng);
+            check_bf16(tables[t], 9, 17, dims[di], &rng);
         }
+        const size_t sq[5] = {1, 3, 4, 16, 19}, sk[6] = {1, 7, 8, 16, 17, 64};
+        for (int a = 0; a < 5; a++)
+            for (int b = 0; b < 6; b++) check_softmax_step(tables[t], sq[a], sk[b], &rng);
         const size_t ns[6] = {1, 7, 8, 16, 33, 200};
         for (int i = 0; i < 6; i++) check_exp_sum(tables[t], ns[i], &rng);
     }

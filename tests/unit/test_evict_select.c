@@ -236,6 +236,76 @@ static void snapkv_matches_reference(void **state) {
     }
 }
 
+/* GQA-aware SnapKV on the layouts engines hand over: 32 query heads over
+ * 8 KV heads, head_dim 72 (vector tails), 1100 positions; K position-major, head-major
+ * ([L][n_kv_heads][N][D] viewed through strides) and with an element
+ * stride of 2, in f32, f16 and bf16 (values on a 1/64 grid in [-4, 4]:
+ * exact in all three); q_obs head-major ([L][n_q_heads][W][D] viewed as
+ * [W][L][n_q_heads][D]). Every case matches the reference; one and three
+ * threads agree to the bit. */
+static void snapkv_gqa_layouts_match_reference(void **state) {
+    (void)state;
+    const int L = 1, HQ = 32, HKV = 8, D = 72; /* 72: the vector tails */
+    const int64_t N = 1100, W = 20;
+    kvmem_model_spec s = tu_spec(L, D);
+    s.n_q_heads = HQ, s.n_kv_heads = HKV;
+    uint64_t rng = 404;
+    const size_t QE = (size_t)W * L * HQ * D, KE = (size_t)L * N * HKV * D;
+    float *q = malloc(QE * 4), *qh = malloc(QE * 4), *k = malloc(KE * 4), *a = malloc((size_t)N * 4), *b = malloc((size_t)N * 4);
+    unsigned char *buf = malloc(KE * 8);
+    double *ref = malloc((size_t)N * sizeof *ref);
+    for (size_t i = 0; i < QE; i++) q[i] = 0.3f * tu_normal(&rng);
+    for (size_t i = 0; i < KE; i++) k[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(&rng))) * 64.f) / 64.f;
+    ref_snapkv(L, HQ, HKV, D, N, W, q, k, 7, ref);
+    /* q_obs head-major: qh[l][h][w][d] */
+    for (int64_t w = 0; w < W; w++)
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < HQ; h++)
+                memcpy(qh + (((size_t)l * HQ + (size_t)h) * (size_t)W + (size_t)w) * D,
+                       q + (((size_t)w * L + (size_t)l) * HQ + (size_t)h) * D, D * 4);
+    kvmem_tensor qt;
+    int64_t qs[4] = {W, L, HQ, D};
+    assert_ok(kvmem_tensor_init(&qt, qh, KVMEM_F32, 4, qs));
+    qt.strides[0] = D, qt.strides[1] = (int64_t)HQ * W * D, qt.strides[2] = W * D;
+    kvmem_context *c1 = tu_context(1), *c3 = tu_context(3);
+    for (int layout = 0; layout < 3; layout++)
+        for (int x = 0; x < 3; x++) {
+            const kvmem_dtype dt = x == 0 ? KVMEM_F32 : x == 1 ? KVMEM_F16 : KVMEM_BF16;
+            const size_t es = dt == KVMEM_F32 ? 4 : 2;
+            kvmem_tensor kt;
+            int64_t ks[4] = {L, N, HKV, D};
+            assert_ok(kvmem_tensor_init(&kt, buf, dt, 4, ks));
+            if (layout == 1) kt.strides[1] = D, kt.strides[2] = N * D;
+            if (layout == 2) kt.strides[0] *= 2, kt.strides[1] *= 2, kt.strides[2] *= 2, kt.strides[3] = 2;
+            for (size_t i = 0; i < KE; i++) {
+                const size_t d = i % D, g = i / D % HKV, j = i / D / HKV % (size_t)N, l = i / D / HKV / (size_t)N;
+                unsigned char *at = buf + (size_t)((int64_t)l * kt.strides[0] + (int64_t)j * kt.strides[1] +
+                                                   (int64_t)g * kt.strides[2] + (int64_t)d * kt.strides[3]) * es;
+                uint32_t u;
+                memcpy(&u, &k[i], 4);
+                if (dt == KVMEM_F32) {
+                    memcpy(at, &k[i], 4);
+                } else if (dt == KVMEM_BF16) {
+                    uint16_t h = (uint16_t)(u >> 16);
+                    memcpy(at, &h, 2);
+                } else { /* exact for this grid (zero stays zero) */
+                    uint32_t ex = (u >> 23) & 0xffu;
+                    uint16_t h = (uint16_t)(((u >> 16) & 0x8000u) | (ex ? ((ex - 112u) << 10) | ((u >> 13) & 0x3ffu) : 0u));
+                    memcpy(at, &h, 2);
+                }
+            }
+            assert_ok(kvmem_snapkv_score(c1, &s, &qt, &kt, 7, a));
+            assert_ok(kvmem_snapkv_score(c3, &s, &qt, &kt, 7, b));
+            assert_memory_equal(a, b, (size_t)N * 4);
+            for (int64_t j = 0; j < N; j++)
+                if (!(fabs(a[j] - ref[j]) <= 1e-4 * (1 + fabs(ref[j]))))
+                    fail_msg("layout %d dtype %d j=%lld: %.8g vs %.8g", layout, (int)dt, (long long)j, a[j], ref[j]);
+        }
+    kvmem_context_free(c1);
+    kvmem_context_free(c3);
+    free(q), free(qh), free(k), free(a), free(b), free(buf), free(ref);
+}
+
 static void snapkv_bad_input(void **state) {
     (void)state;
     kvmem_model_spec s = tu_spec(1, 8);
@@ -269,6 +339,7 @@ int main(void) {
         cmocka_unit_test(streaming_keeps_sinks_and_window),
         cmocka_unit_test(h2o_accumulates_and_keeps_heavy_hitters),
         cmocka_unit_test(snapkv_matches_reference),
+        cmocka_unit_test(snapkv_gqa_layouts_match_reference),
         cmocka_unit_test(snapkv_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -185,6 +185,33 @@ static void simd_tables_match_scalar(void **state) {
                     free(o1);
                     free(o2);
                 }
+        /* qk16: 16 packed query rows against 1..16 keys, checked in both
+         * directions (a transposed store would pass a symmetric test) */
+        for (size_t D = 1; D <= 131; D += 26)
+            for (size_t nk = 1; nk <= 16; nk += 5) {
+                float *qp = aligned_alloc(64, ((D * 16 * 4 + 63) / 64) * 64), *kr = malloc(16 * D * 4);
+                float o1[16 * 20], o2[16 * 20];
+                for (size_t i = 0; i < D * 16; i++) qp[i] = tu_normal(&rng);
+                for (size_t i = 0; i < 16 * D; i++) kr[i] = tu_normal(&rng);
+                const float *kp[16];
+                for (size_t j = 0; j < 16; j++) kp[j] = kr + (15 - j) * D;
+                for (size_t i = 0; i < 16 * 20; i++) o1[i] = o2[i] = -99.0f;
+                sc->qk16(qp, kp, nk, D, 0.25f, o1, 20);
+                t[ti]->qk16(qp, kp, nk, D, 0.25f, o2, 20);
+                for (size_t r = 0; r < 16; r++)
+                    for (size_t j = 0; j < 20; j++) {
+                        if (j >= nk) {
+                            assert_true(o1[r * 20 + j] == -99.0f && o2[r * 20 + j] == -99.0f); /* nothing past nk */
+                            continue;
+                        }
+                        double ref = 0;
+                        for (size_t d = 0; d < D; d++) ref += (double)qp[d * 16 + r] * kp[j][d];
+                        ref *= 0.25;
+                        assert_true(fabs(o1[r * 20 + j] - ref) < 1e-5 * (1.0 + fabs(ref)) * sqrt((double)D));
+                        assert_true(fabs(o2[r * 20 + j] - ref) < 1e-5 * (1.0 + fabs(ref)) * sqrt((double)D));
+                    }
+                free(qp), free(kr);
+            }
         size_t lens[5] = {1, 8, 15, 17, 1000};
         for (int c = 0; c < 5; c++) {
             size_t n = lens[c];
@@ -200,6 +227,70 @@ static void simd_tables_match_scalar(void **state) {
         }
     }
     if (!ran) skip();
+}
+
+/* K as HF caches hold it ([n_layers][n_kv_heads][N][head_dim], viewed
+ * through strides as [n_layers][N][n_kv_heads][head_dim]), position-major,
+ * and with an element stride of 2, in f32, f16 and bf16 (values on a 1/64
+ * grid in [-4, 4]: exact in all three), 8 KV heads under 32 query heads,
+ * 2500 candidates: every layout and dtype matches the reference, on one and
+ * three threads; one layout's result does not depend on the thread count. */
+static void head_major_and_half_keys_match_reference(void **state) {
+    (void)state;
+    const int L = 3, HQ = 32, HKV = 8, D = 128;
+    const int64_t N = 2500;
+    kvmem_model_spec s = tu_spec(L, D);
+    s.n_q_heads = HQ, s.n_kv_heads = HKV;
+    uint64_t rng = 31;
+    const size_t E = (size_t)L * HQ * D, KE = (size_t)L * N * HKV * D;
+    float *m = malloc(E * 4), *k = malloc(KE * 4), *a = malloc((size_t)N * 4), *b = malloc((size_t)N * 4);
+    unsigned char *buf = malloc(KE * 4 * 2);
+    double *ref = malloc((size_t)N * sizeof *ref);
+    unit_rows(m, (size_t)L * HQ, D, &rng);
+    for (size_t i = 0; i < KE; i++) k[i] = roundf(fmaxf(-4.f, fminf(4.f, 1.5f * tu_normal(&rng))) * 64.f) / 64.f;
+    ref_score(&s, m, k, N, ref);
+    kvmem_context *c1 = tu_context(1), *c3 = tu_context(3);
+    for (int layout = 0; layout < 3; layout++)
+        for (int x = 0; x < 3; x++) {
+            const kvmem_dtype dt = x == 0 ? KVMEM_F32 : x == 1 ? KVMEM_F16 : KVMEM_BF16;
+            const size_t es = dt == KVMEM_F32 ? 4 : 2;
+            kvmem_tensor kt;
+            int64_t shape[4] = {L, N, HKV, D};
+            assert_ok(kvmem_tensor_init(&kt, buf, dt, 4, shape));
+            if (layout == 1) kt.strides[1] = D, kt.strides[2] = N * D; /* head-major */
+            if (layout == 2) kt.strides[0] *= 2, kt.strides[1] *= 2, kt.strides[2] *= 2, kt.strides[3] = 2;
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t j = 0; j < N; j++)
+                    for (int64_t g = 0; g < HKV; g++)
+                        for (int64_t d = 0; d < D; d++) {
+                            const float f = k[(((size_t)l * (size_t)N + (size_t)j) * HKV + (size_t)g) * D + (size_t)d];
+                            unsigned char *at = buf + (size_t)(l * kt.strides[0] + j * kt.strides[1] + g * kt.strides[2] +
+                                                               d * kt.strides[3]) * es;
+                            uint32_t u;
+                            memcpy(&u, &f, 4);
+                            if (dt == KVMEM_F32) {
+                                memcpy(at, &f, 4);
+                            } else if (dt == KVMEM_BF16) {
+                                uint16_t h = (uint16_t)(u >> 16);
+                                memcpy(at, &h, 2);
+                            } else { /* f16: exact for this grid (zero stays zero) */
+                                uint32_t ex = (u >> 23) & 0xffu;
+                                uint16_t h = (uint16_t)(((u >> 16) & 0x8000u) |
+                                                        (ex ? ((ex - 112u) << 10) | ((u >> 13) & 0x3ffu) : 0u));
+                                memcpy(at, &h, 2);
+                            }
+                        }
+            assert_ok(kvmem_qmem_score(c1, &s, m, &kt, a));
+            assert_ok(kvmem_qmem_score(c3, &s, m, &kt, b));
+            assert_memory_equal(a, b, (size_t)N * 4); /* bit-identical across thread counts */
+            for (int64_t j = 0; j < N; j++)
+                if (!(fabs(a[j] - ref[j]) < 1e-5 * (1 + fabs(ref[j]))))
+                    fail_msg("layout %d dtype %d j=%lld: %.9g vs reference %.9g", layout, (int)dt, (long long)j, a[j],
+                             ref[j]);
+        }
+    kvmem_context_free(c1);
+    kvmem_context_free(c3);
+    free(m), free(k), free(a), free(b), free(buf), free(ref);
 }
 
 static void bad_input(void **state) {
@@ -249,6 +340,7 @@ int main(void) {
         cmocka_unit_test(gqa_expands_kv_heads),
         cmocka_unit_test(independent_of_threads_and_f16_keys_match),
         cmocka_unit_test(simd_tables_match_scalar),
+        cmocka_unit_test(head_major_and_half_keys_match_reference),
         cmocka_unit_test(bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
