@@ -377,7 +377,10 @@ KVMEM_API kvmem_status kvmem_agent_read(kvmem_agent *agent, int64_t first_token,
                                         const kvmem_tensor *k_out, const kvmem_tensor *v_out);
 
 /* The AABB of a sealed block: out_min, out_max are
- * [n_layers][n_kv_heads][head_dim] F32 contiguous (n_layers*n_kv_heads*head_dim floats). */
+ * [n_layers][n_kv_heads][head_dim] F32 contiguous (n_layers*n_kv_heads*head_dim floats).
+ * min <= every key of the block <= max. Pools storing F16, Q8, Q4 or Q4 KIVI
+ * keep boxes in f16 rounded outward (the exact f32 min rounded down, max
+ * rounded up); F32 and BF16 pools keep the exact f32 min and max. */
 KVMEM_API kvmem_status kvmem_agent_block_aabb(kvmem_agent *agent, int32_t block, float *out_min,
                                               float *out_max);
 

@@ -178,8 +178,20 @@ static void q8_dequant(const uint16_t *scales, const int8_t *codes, size_t n, si
     }
 }
 
+/* F16C's directed rounding (the immediate) gives the f16 that RNE-then-step gives */
+static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
+    size_t i = 0;
+    if (up)
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(void *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_POS_INF));
+    else
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(void *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEG_INF));
+    for (; i < n; i++) out[i] = up ? kvm_f16_up_inline(x[i]) : kvm_f16_down_inline(x[i]);
+}
+
 static const kvm_quant_kernels avx2_table = {
-    "avx2", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant,
+    "avx2", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round,
 };
 
 const kvm_quant_kernels *kvm_quant_kernels_avx2(void) { return &avx2_table; }

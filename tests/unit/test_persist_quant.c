@@ -181,6 +181,42 @@ static void simd_tables_match_scalar_bit_for_bit(void **state) {
     if (!ran) skip();
 }
 
+/* The AABB corners' rounding: every table's f16 toward +inf / -inf is the
+ * nearest f16 at or above / at or below the input (an independent table of
+ * all f16 values), across subnormals, exact f16 values, signs and the top of
+ * the range; vector bodies and scalar tails alike (n = 1037). */
+static void directed_f16_rounding_brackets_its_input_on_every_table(void **state) {
+    (void)state;
+    const kvm_quant_kernels *tabs[3] = {kvm_quant_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_quant_kernels_avx2() : NULL,
+                                        kvm_cpu_has_avx512() ? kvm_quant_kernels_avx512() : NULL};
+    enum { N = 1037 };
+    float x[N];
+    uint16_t up[N], dn[N];
+    uint64_t rng = 91;
+    for (int i = 0; i < N; i++) {
+        float m = tu_uniform(&rng, -1.0f, 1.0f);
+        switch (i % 6) {
+        case 0: x[i] = m * 65504.0f; break;              /* the whole range */
+        case 1: x[i] = m * 6.1e-5f; break;               /* subnormal f16 */
+        case 2: x[i] = m * 3.0f; break;
+        case 3: x[i] = (float)tu_f16_above(m * 100.0); break; /* exactly an f16 value */
+        case 4: x[i] = i % 12 == 4 ? 0.0f : -0.0f; break;
+        default: x[i] = m * 65000.0f + (m > 0 ? 500.0f : -500.0f); break; /* near the top */
+        }
+    }
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        tabs[t]->f16_round(x, N, 1, up);
+        tabs[t]->f16_round(x, N, 0, dn);
+        for (int i = 0; i < N; i++) {
+            float u = kvm_f16_to_f32(up[i]), d = kvm_f16_to_f32(dn[i]);
+            if (!(u == (float)tu_f16_above(x[i]) && d == (float)tu_f16_below(x[i]) && d <= x[i] && x[i] <= u))
+                fail_msg("%s: %.9g rounds to [%.9g, %.9g], want [%.9g, %.9g]", tabs[t]->name, (double)x[i], (double)d,
+                         (double)u, tu_f16_below(x[i]), tu_f16_above(x[i]));
+        }
+    }
+}
+
 /* ---- pool round trips ---- */
 
 static double bound_for(kvmem_dtype dt, const float *row, size_t D, size_t i) {
@@ -246,7 +282,9 @@ static void every_storage_dtype_round_trips_within_its_bound(void **state) {
                                          v[base + d], v2[base + d], bv);
                         }
                     }
-            /* AABBs come from the unquantized keys */
+            /* AABBs come from the unquantized keys: exact in F32 and BF16 pools, in f16
+             * rounded outward (the nearest f16 below the min, above the max) otherwise */
+            const int f16box = dts[t] != KVMEM_F32 && dts[t] != KVMEM_BF16;
             float mn[2 * 2 * 80], mx[2 * 2 * 80];
             assert_ok(kvmem_agent_block_aabb(a, 1, mn, mx));
             for (int32_t l = 0; l < L; l++)
@@ -258,7 +296,11 @@ static void every_storage_dtype_round_trips_within_its_bound(void **state) {
                             lo = fminf(lo, x), hi = fmaxf(hi, x);
                         }
                         size_t o = ((size_t)l * H + (size_t)h) * D + (size_t)d;
-                        assert_true(mn[o] == lo && mx[o] == hi);
+                        if (f16box)
+                            assert_true(mn[o] == (float)tu_f16_below(lo) && mx[o] == (float)tu_f16_above(hi));
+                        else
+                            assert_true(mn[o] == lo && mx[o] == hi);
+                        assert_true(mn[o] <= lo && hi <= mx[o]);
                     }
             /* the reported size is the encoded size */
             kvmem_agent_info info;
@@ -352,6 +394,7 @@ int main(void) {
         cmocka_unit_test(q8_within_bound),
         cmocka_unit_test(kivi_keys_use_channel_groups),
         cmocka_unit_test(simd_tables_match_scalar_bit_for_bit),
+        cmocka_unit_test(directed_f16_rounding_brackets_its_input_on_every_table),
         cmocka_unit_test(every_storage_dtype_round_trips_within_its_bound),
         cmocka_unit_test(q4_blocks_are_about_3_5x_smaller_than_f16),
         cmocka_unit_test(quantize_ops_refuse_bad_input),
