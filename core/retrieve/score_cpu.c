@@ -465,11 +465,13 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     for (int32_t j = 0; j < d->n_cand; j++) maxrows = KVM_MAX(maxrows, d->mem->blocks[d->cand[j]].n_tokens);
     job.kbuf_rows = (size_t)maxrows;
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
-    const size_t n_slots = (size_t)kvm_threadpool_size(tp);
-
     size_t sc_bytes = 0;
     const int block_major = job.use_rows && kvm_mul_size(job.nc * job.cols, sizeof(float), &sc_bytes) &&
                             sc_bytes <= kvm_score_block_major_max_bytes;
+    /* a decode pass over less than 1 MiB of boxes takes microseconds: waking
+     * the other threads would cost more than it saves */
+    if (block_major && !job.exact && job.nc * kvm_aabb_block_bytes(p) < ((size_t)1 << 20)) tp = NULL;
+    const size_t n_slots = (size_t)kvm_threadpool_size(tp);
     if (block_major) {
         /* chunks of about 2 MB of boxes, at least 4 per thread when there
          * are blocks enough, a multiple of the kernel group */
