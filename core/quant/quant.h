@@ -63,6 +63,10 @@ typedef struct kvm_quant_kernels {
     /* out[i] = x[i] rounded to f16 toward +inf (up) or -inf (AABB corners:
      * a box rounded outward still holds its keys). Bit-identical across tables. */
     void (*f16_round)(const float *x, size_t n, int up, uint16_t *out);
+    /* Checks n f16 boxes of 2*dim values (s_max, then s_min) as a loader
+     * must: the number of non-finite values plus the number of boxes with
+     * some s_min > s_max (+0 and -0 equal). 0: all sane. */
+    size_t (*f16_boxes_bad)(const uint16_t *boxes, size_t n, size_t dim);
 } kvm_quant_kernels;
 
 /* The table matching the CPU kernel table in use (KVMEM_CPU forces it). */

@@ -122,8 +122,12 @@ static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
     kvm_quant_kernels_avx2()->f16_round(x + i, n - i, up, out + i);
 }
 
+static size_t f16_boxes_bad(const uint16_t *boxes, size_t n, size_t dim) {
+    return kvm_quant_kernels_avx2()->f16_boxes_bad(boxes, n, dim); /* bound by memory: 256-bit is enough */
+}
+
 static const kvm_quant_kernels avx512_table = {
-    "avx512", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round,
+    "avx512", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round, f16_boxes_bad,
 };
 
 const kvm_quant_kernels *kvm_quant_kernels_avx512(void) { return &avx512_table; }

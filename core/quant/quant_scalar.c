@@ -72,7 +72,7 @@ static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
 }
 
 static const kvm_quant_kernels scalar_table = {
-    "scalar", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round,
+    "scalar", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round, kvm_f16_boxes_bad_ref,
 };
 
 const kvm_quant_kernels *kvm_quant_kernels_scalar(void) { return &scalar_table; }

@@ -944,6 +944,10 @@ static void aabb_task(void *arg, size_t b0, size_t b1) {
             for (size_t g = 0; g < L * H && !bad; g++)
                 kvm_aabb_store(p, src + g * 2 * D, kvm_block_aabb(p, j->f, (int32_t)b, (int32_t)(g / H), (int32_t)(g % H)));
         }
+        if (kvm_aabb_esize(p) == 2) { /* checked as stored */
+            bad += kvm_quant_kernels_get()->f16_boxes_bad(kvm_block_aabb(p, j->f, (int32_t)b, 0, 0), L * H, D);
+            continue;
+        }
         for (size_t g = 0; g < L * H && !bad; g++) {
             kvm_block_aabb_f32(p, j->f, (int32_t)b, (int32_t)(g / H), (int32_t)(g % H), box);
             bad += bad_boxes(box, 1, D);

@@ -217,6 +217,49 @@ static void directed_f16_rounding_brackets_its_input_on_every_table(void **state
     }
 }
 
+/* The loader's check of f16 boxes: every table counts the non-finite values
+ * and the boxes with some min > max exactly as the decoded floats say
+ * (+0 and -0 are equal, so a box [+0, -0] is sane). */
+static void f16_box_check_counts_what_the_floats_say(void **state) {
+    (void)state;
+    const kvm_quant_kernels *tabs[3] = {kvm_quant_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_quant_kernels_avx2() : NULL,
+                                        kvm_cpu_has_avx512() ? kvm_quant_kernels_avx512() : NULL};
+    const size_t box_dims[] = {16, 48, 64, 128, 40};
+    uint64_t rng = 17;
+    for (size_t di = 0; di < sizeof box_dims / sizeof *box_dims; di++) {
+        const size_t D = box_dims[di], n = 9;
+        uint16_t *b = malloc(n * 2 * D * 2);
+        for (size_t i = 0; i < n; i++)
+            for (size_t d = 0; d < D; d++) {
+                float x = tu_normal(&rng), y = tu_normal(&rng);
+                b[i * 2 * D + d] = kvm_f32_to_f16(fmaxf(x, y));
+                b[i * 2 * D + D + d] = kvm_f32_to_f16(fminf(x, y));
+            }
+        b[1 * 2 * D + 3] = 0x7c00;           /* +Inf max: one non-finite value */
+        b[2 * 2 * D + D + 5] = 0xfe01;       /* NaN min */
+        b[3 * 2 * D + 7] = kvm_f32_to_f16(-3.0f), b[3 * 2 * D + D + 7] = kvm_f32_to_f16(2.0f); /* inverted */
+        b[4 * 2 * D + 1] = 0x8000, b[4 * 2 * D + D + 1] = 0x0000; /* max -0, min +0: equal, sane */
+        b[5 * 2 * D + D - 1] = kvm_f32_to_f16(1.0f), b[5 * 2 * D + 2 * D - 1] = kvm_f32_to_f16(1.0f); /* min == max */
+        size_t want = 0;
+        for (size_t i = 0; i < n; i++) {
+            int inv = 0;
+            for (size_t d = 0; d < D; d++) {
+                float hi = kvm_f16_to_f32(b[i * 2 * D + d]), lo = kvm_f16_to_f32(b[i * 2 * D + D + d]);
+                want += (size_t)!isfinite(hi) + (size_t)!isfinite(lo);
+                inv |= lo > hi;
+            }
+            want += (size_t)inv;
+        }
+        assert_int_equal(want, 3);
+        for (int t = 0; t < 3; t++)
+            if (tabs[t]) {
+                assert_int_equal(tabs[t]->f16_boxes_bad(b, n, D), want);
+                assert_int_equal(tabs[t]->f16_boxes_bad(b + 6 * 2 * D, 3, D), 0); /* the sane ones */
+            }
+        free(b);
+    }
+}
+
 /* ---- pool round trips ---- */
 
 static double bound_for(kvmem_dtype dt, const float *row, size_t D, size_t i) {
@@ -395,6 +438,7 @@ int main(void) {
         cmocka_unit_test(kivi_keys_use_channel_groups),
         cmocka_unit_test(simd_tables_match_scalar_bit_for_bit),
         cmocka_unit_test(directed_f16_rounding_brackets_its_input_on_every_table),
+        cmocka_unit_test(f16_box_check_counts_what_the_floats_say),
         cmocka_unit_test(every_storage_dtype_round_trips_within_its_bound),
         cmocka_unit_test(q4_blocks_are_about_3_5x_smaller_than_f16),
         cmocka_unit_test(quantize_ops_refuse_bad_input),
