@@ -267,7 +267,7 @@ static void bm_chunk(score_job *job, const slot *s, size_t c) {
 static void bm_finish(score_job *job, size_t c) {
     const kvm_score_desc *d = job->d;
     const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols;
-    const size_t per = cols / (size_t)d->n_sets, G = job->G, nq = job->nq;
+    const size_t per = cols / (size_t)d->n_sets, nq = job->nq;
     const float *w = job->cm + c * cols;
     for (size_t j = j0; j < j1; j++) {
         const float *e = job->sc + j * cols;
@@ -278,7 +278,6 @@ static void bm_finish(score_job *job, size_t c) {
             }
             float total = 0.0f;
             for (size_t gr = s * per; gr < (s + 1) * per; gr += nq) { /* one (item, query head): max over tokens */
-                (void)G;
                 float a = e[gr] * w[gr];
                 for (size_t t = 1; t < nq; t++) a = e[gr + t] * w[gr + t] > a ? e[gr + t] * w[gr + t] : a;
                 total += a;
@@ -332,8 +331,6 @@ static void combine_chunks(score_job *job, float *m, float *zsum) {
     const size_t cols = job->cols, nch = job->n_chunks;
     for (size_t k = 0; k < cols; k++) m[k] = -INFINITY, zsum[k] = 0.0f;
     job->kern->col_max(job->cm, nch, cols, cols, m);
-    float *dummy = job->cz + 0; /* col_exp_sum's sums are not needed here: z_c is weighted below */
-    (void)dummy;
     for (size_t c = 0; c < nch; c++) {
         float *f = job->cm + c * cols;
         const float *z = job->cz + c * cols;
