@@ -37,6 +37,12 @@ double kvm_time_median(void (*fn)(void *), void *arg, int warm, int reps);
 
 /* This machine's limits, measured now on the calling thread. */
 double kvm_measure_read_bw_gbps(size_t bytes);  /* streaming read, one thread */
+/* Streaming read of one buffer split among n_threads threads (all bytes / s). */
+double kvm_measure_read_bw_threads_gbps(size_t bytes, int n_threads);
+/* Write+fsync of a new file of `bytes` in dir (1 MiB writes from memory,
+ * fsync, close; the file removed afterwards, outside the timing): the
+ * disk's bandwidth as a crash-safe save meets it. 0 on failure. */
+double kvm_measure_disk_write_gbps(const char *dir, size_t bytes);
 double kvm_measure_memcpy_gbps(size_t bytes);   /* memcpy, one thread (bytes copied / s) */
 double kvm_measure_peak_gflops(void);           /* one core's f32 FMA throughput */
 

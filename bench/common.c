@@ -1,10 +1,13 @@
 /* Timing, machine limits and JSON output shared by every suite. */
 #include "bench.h"
+#include "cpu/threadpool.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #  include <immintrin.h>
@@ -84,6 +87,70 @@ double kvm_measure_read_bw_gbps(size_t bytes) {
     double t = kvm_time_median(read_once, &a, 2, 9);
     free(x);
     return (double)bytes / t / 1e9;
+}
+
+typedef struct {
+    const float *x;
+    size_t n, parts;
+} split_arg;
+
+static void read_part(void *p, size_t b, size_t e) {
+    const split_arg *a = p;
+    for (size_t i = b; i < e; i++) {
+        size_t n0 = a->n / a->parts * i, n1 = i + 1 == a->parts ? a->n : a->n / a->parts * (i + 1);
+        read_arg r = {a->x + n0, n1 - n0};
+        read_once(&r);
+    }
+}
+
+typedef struct {
+    kvm_threadpool *tp;
+    split_arg a;
+} threads_arg;
+
+static void read_threads_once(void *p) {
+    threads_arg *t = p;
+    kvm_parallel_for(t->tp, t->a.parts, 1, read_part, &t->a);
+}
+
+double kvm_measure_read_bw_threads_gbps(size_t bytes, int n_threads) {
+    if (n_threads <= 1) return kvm_measure_read_bw_gbps(bytes);
+    size_t n = bytes / sizeof(float);
+    float *x = aligned_alloc(64, n * sizeof(float));
+    kvm_threadpool *tp = kvm_threadpool_create(n_threads);
+    if (!x || !tp) {
+        free(x);
+        kvm_threadpool_free(tp);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) x[i] = (float)(i & 7);
+    threads_arg t = {tp, {x, n, (size_t)n_threads}};
+    double s = kvm_time_median(read_threads_once, &t, 2, 9);
+    free(x);
+    kvm_threadpool_free(tp);
+    return (double)bytes / s / 1e9;
+}
+
+double kvm_measure_disk_write_gbps(const char *dir, size_t bytes) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/.kvmem-bench-disk-%ld", dir, (long)getpid());
+    const size_t chunk = (size_t)1 << 20;
+    unsigned char *buf = malloc(chunk);
+    if (!buf) return 0;
+    for (size_t i = 0; i < chunk; i++) buf[i] = (unsigned char)(i * 31 + 7);
+    double t0 = kvm_now();
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int ok = fd >= 0;
+    for (size_t w = 0; ok && w < bytes; w += chunk) {
+        size_t m = bytes - w < chunk ? bytes - w : chunk;
+        ok = write(fd, buf, m) == (ssize_t)m;
+    }
+    ok = ok && fsync(fd) == 0;
+    if (fd >= 0) ok = close(fd) == 0 && ok;
+    double t = kvm_now() - t0;
+    unlink(path);
+    free(buf);
+    return ok ? (double)bytes / t / 1e9 : 0;
 }
 
 typedef struct { void *d; const void *s; size_t n; } copy_arg;

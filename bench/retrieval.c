@@ -2,18 +2,26 @@
  * against EXACT scoring on the same agent, recall of the AABB top-k against
  * the EXACT top-k for each normalisation/aggregation, and the gather of the
  * selected blocks, at Llama-3.1-8B geometry (32 layers, 32/8 heads,
- * head_dim 128, block size 16, f16 storage), single thread and all threads.
+ * head_dim 128, block size 16, f16 storage: f16 AABBs), single thread and
+ * all threads.
  *
  * --backend NAME (e.g. vulkan): AABB scoring and the gather run on that
  * backend's device kernels, with "backend" added to each line; the default
  * (cpu) output is unchanged.
  *
+ * The decode timing and the machine's read bandwidth are measured in
+ * alternation, `rounds` times (7; --quick 3), and each is the median of its
+ * rounds: on a shared machine the bandwidth moves from minute to minute.
+ *
  * Keys per line (one line per tokens x threads):
- *   read_bw_gbps, peak_gflops, memcpy_gbps  this machine, measured in the run (read/peak right
- *                       before each line; read_bw_same_bytes_gbps: a buffer of aabb_bytes)
- *   aabb_bytes          f32 AABB bytes of all (block, layer, KV head)
+ *   read_bw_gbps, peak_gflops, memcpy_gbps  this machine, measured in the run (one thread;
+ *                       read_bw_same_bytes_gbps: a buffer of aabb_bytes)
+ *   read_bw_threads_gbps  the same read split among this line's threads
+ *   aabb_dtype, aabb_bytes  the AABBs' element type and bytes of all (block, layer, KV head)
  *   aabb_ms             kvmem_retrieve, 1 query token, AABB (median)
- *   aabb_decode_gbps    aabb_bytes / aabb_ms;  aabb_decode_ratio = / read_bw_gbps
+ *   aabb_decode_gbps    aabb_bytes / aabb_ms;  aabb_decode_ratio = / read_bw_gbps (one thread's limit),
+ *                       aabb_decode_ratio_threads = / read_bw_threads_gbps (this thread count's)
+ *   speedup_vs_1_thread   aabb_ms with one thread / aabb_ms here (all-threads lines)
  *   aabb_prefill_ms     32 query tokens;  aabb_prefill_gflops = 2*n_q*q_heads*layers*blocks*2*head_dim / time
  *   aabb_prefill_ratio  / (peak_gflops * threads)
  *   exact_ms            the same call in EXACT mode (reads every key, f16)
@@ -161,7 +169,8 @@ static int run_retrieval(const kvm_bench_opts *o) {
             if (kvmem_agent_append(ag, &kt, &vt, NULL) != KVMEM_OK) rc = 1;
         }
         const int64_t nb = T / BS;
-        const double aabb_bytes = (double)nb * (double)tok_elems * 2.0 * 4.0;
+        const double aabb_bytes = (double)nb * (double)kvm_aabb_block_bytes(pool);
+        double t_dec_one = NAN; /* the one-thread decode time, for the all-threads line */
         kvmem_retrieval *ra = NULL, *re = NULL;
         kvmem_retrieval_create(&ra);
         kvmem_retrieval_create(&re);
@@ -171,12 +180,12 @@ static int run_retrieval(const kvm_bench_opts *o) {
             /* the same agent and data, scored on a context with this many
              * threads (internal access: the pool's context is swapped) */
             pool->ctx = th == 0 ? ctx_one : ctx_all;
-            const int reps = quick ? 3 : (T >= 65536 ? 5 : 9), reps_exact = quick ? 2 : 3;
-            /* The machine's limits, measured right before this line's
-             * timings: on a shared machine they move from minute to minute.
-             * read_bw_same: streaming read of a buffer as large as the AABB
-             * array (the same cache level: 4k tokens' 67 MB fit a large L3). */
-            double read_bw = kvm_measure_read_bw_gbps(big), peak = kvm_measure_peak_gflops();
+            const int reps = quick ? 3 : 5, rounds = quick ? 3 : 7, reps_exact = quick ? 2 : 3;
+            /* The machine's limits, measured in alternation with this line's
+             * decode timings: on a shared machine they move from minute to
+             * minute. read_bw_same: streaming read of a buffer as large as
+             * the AABB array (the same cache level). */
+            double peak = kvm_measure_peak_gflops();
             double read_bw_same = kvm_measure_read_bw_gbps((size_t)aabb_bytes);
             rb_call c = {ag, {0}, kvmem_retrieve_default_params(), ra, 0};
             c.p.top_k = top_k;
@@ -184,7 +193,15 @@ static int run_retrieval(const kvm_bench_opts *o) {
             int32_t qtopic = topics[kvm_synth_next(&rng) % (uint64_t)n_chunks];
             kvm_synth_query(&syn, qtopic, n_prefill, &rng, q);
             kvmem_tensor_init(&c.q, q, KVMEM_F32, 4, qs);
-            double t_dec = kvm_time_median(rb_retrieve, &c, 1, reps);
+            double rbw[16], rbw_t[16], tdec[16];
+            for (int r = 0; r < rounds; r++) {
+                rbw[r] = kvm_measure_read_bw_gbps(big);
+                rbw_t[r] = kvm_measure_read_bw_threads_gbps(big, threads);
+                tdec[r] = kvm_time_median(rb_retrieve, &c, 1, reps);
+            }
+            double read_bw = kvm_median(rbw, rounds), read_bw_t = kvm_median(rbw_t, rounds);
+            double t_dec = kvm_median(tdec, rounds);
+            if (th == 0) t_dec_one = t_dec;
             c.p.mode = KVMEM_RETRIEVE_EXACT;
             c.r = re;
             double t_exact = kvm_time_median(rb_retrieve, &c, 1, reps_exact);
@@ -248,14 +265,18 @@ static int run_retrieval(const kvm_bench_opts *o) {
                 kvm_json_int(o->out, "top_k", top_k);
                 kvm_json_str(o->out, "kernels", kvm_cpu_kernels_get()->name);
                 kvm_json_num(o->out, "read_bw_gbps", read_bw);
+                kvm_json_num(o->out, "read_bw_threads_gbps", read_bw_t);
                 kvm_json_num(o->out, "read_bw_same_bytes_gbps", read_bw_same);
                 kvm_json_num(o->out, "memcpy_gbps", memcpy_bw);
                 kvm_json_num(o->out, "peak_gflops", peak);
+                kvm_json_str(o->out, "aabb_dtype", kvm_aabb_esize(pool) == 2 ? "f16" : "f32");
                 kvm_json_num(o->out, "aabb_bytes", aabb_bytes);
                 kvm_json_num(o->out, "aabb_ms", t_dec * 1e3);
                 kvm_json_num(o->out, "aabb_decode_gbps", dec_gbps);
                 kvm_json_num(o->out, "aabb_decode_ratio", dec_gbps / read_bw);
+                kvm_json_num(o->out, "aabb_decode_ratio_threads", dec_gbps / read_bw_t);
                 kvm_json_num(o->out, "aabb_decode_ratio_same_bytes", dec_gbps / read_bw_same);
+                if (th == 1) kvm_json_num(o->out, "speedup_vs_1_thread", t_dec_one / t_dec);
                 kvm_json_int(o->out, "prefill_tokens", n_prefill);
                 kvm_json_num(o->out, "aabb_prefill_ms", t_pre * 1e3);
                 kvm_json_num(o->out, "aabb_prefill_gflops", pre_gflops);

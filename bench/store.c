@@ -1,10 +1,18 @@
-/* Suite "store": persistence throughput and Q4 kernel speed.
- *   save_gbps   file bytes / time of kvmem_agent_save (temp file, fsync, rename, dir fsync)
- *   load_gbps   file bytes / time of kvmem_agent_load with the file in the page cache
- *   memcpy_gbps this machine's single-thread memcpy, same run (target: load >= 0.5 x memcpy)
+/* Suite "store": persistence throughput and Q4 kernel speed, each figure
+ * beside the limit it is judged against, measured in the same run in
+ * alternation with it (medians of the rounds):
+ *   save_gbps    file bytes / time of kvmem_agent_save into a new file (temp file, fsync,
+ *                rename, dir fsync); the previous file is removed before each save, outside
+ *                the timing, as it is before each disk measurement
+ *   disk_write_fsync_gbps  the disk: 1 MiB writes of the same number of bytes into a new
+ *                file in the same directory, then fsync (save_over_disk: target >= 0.8)
+ *   load_gbps    file bytes / time of kvmem_agent_load with the file in the page cache
+ *   memcpy_gbps  this machine's single-thread memcpy (load_over_memcpy: target >= 0.5)
  *   q4_quant_gbps, q4_dequant_gbps  one core, in f16-equivalent bytes (2 per value) per second
- * and the file sizes of 4k tokens of Llama-3.1-8B geometry (32 layers, 8 KV
- * heads, head_dim 128) in F16 and Q4. --quick uses 2 layers and 256 tokens.
+ * and the file sizes, at Llama-3.1-8B geometry (32 layers, 8 KV heads,
+ * head_dim 128): 8k tokens (a 1.1 GB F16 file, as in issue 20's 1.2 GB
+ * agent; KVMEM_BENCH_STORE_TOKENS=N for another size), F16 and Q4.
+ * --quick uses 2 layers and 256 tokens.
  * With --store redis://...: the same agents saved to / loaded from that
  * Redis server too, in the same run ("store":"redis" lines: redis_save_gbps,
  * redis_load_gbps beside the directory store's dir_save_gbps, dir_load_gbps).
@@ -145,13 +153,32 @@ static int run_config(const kvm_bench_opts *o, kvmem_context *ctx, const char *d
     free(v);
     int reps = o->quick ? 3 : 5;
     io_arg sv = {a, 0, 0}, ld = {a, 1, 0};
-    double ts = kvm_time_median(do_io, &sv, 1, reps);
-    double tl = kvm_time_median(do_io, &ld, 1, reps); /* the save left the file in the page cache */
     char path[512];
     snprintf(path, sizeof path, "%s/bench-agent.safetensors", dir);
     struct stat st;
+    do_io(&sv); /* warm-up, and the file's size */
     long long bytes = *file_bytes; /* the same agent as the directory run: the same bytes */
     if (!url) *file_bytes = bytes = stat(path, &st) == 0 ? (long long)st.st_size : 0;
+    double tsv[16], tld[16], disk[16], mcp[16];
+    for (int r = 0; r < reps; r++) {
+        if (!url) {
+            disk[r] = kvm_measure_disk_write_gbps(dir, (size_t)bytes);
+            unlink(path); /* a new file, as the disk measurement writes */
+        }
+        double t0 = kvm_now();
+        do_io(&sv);
+        tsv[r] = kvm_now() - t0;
+    }
+    do_io(&ld); /* warm-up: the blocks' memory is recycled from here on */
+    for (int r = 0; r < reps; r++) {
+        mcp[r] = url ? 0 : kvm_measure_memcpy_gbps(o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20));
+        double t0 = kvm_now();
+        do_io(&ld); /* the save left the file in the page cache */
+        tld[r] = kvm_now() - t0;
+    }
+    double ts = kvm_median(tsv, reps), tl = kvm_median(tld, reps);
+    double disk_gbps = url ? 0 : kvm_median(disk, reps);
+    if (!url) memcpy_gbps = kvm_median(mcp, reps);
     if (sv.failed || ld.failed) fprintf(stderr, "store bench: %s\n", kvmem_last_error());
     double save = (double)bytes / ts / 1e9, load = (double)bytes / tl / 1e9;
     if (url) {
@@ -191,6 +218,8 @@ static int run_config(const kvm_bench_opts *o, kvmem_context *ctx, const char *d
         kvm_json_int(o->out, "tokens", T);
         kvm_json_int(o->out, "file_bytes", bytes);
         kvm_json_num(o->out, "save_gbps", save);
+        kvm_json_num(o->out, "disk_write_fsync_gbps", disk_gbps);
+        kvm_json_num(o->out, "save_over_disk", save / disk_gbps);
         kvm_json_num(o->out, "load_gbps", load);
         kvm_json_num(o->out, "memcpy_gbps", memcpy_gbps);
         kvm_json_num(o->out, "load_over_memcpy", load / memcpy_gbps);
@@ -200,8 +229,11 @@ static int run_config(const kvm_bench_opts *o, kvmem_context *ctx, const char *d
         kvm_json_num(o->out, "load_ms", tl * 1e3);
         kvm_json_end(o->out);
     } else {
-        fprintf(o->out, "store %-4s %d layers x %d tokens: file %.1f MB, save %.2f GB/s (fsync), load %.2f GB/s = %.2f x memcpy (%.2f GB/s)\n",
-                kvmem_dtype_name(dt), L, T, (double)bytes / 1e6, save, load, load / memcpy_gbps, memcpy_gbps);
+        fprintf(o->out,
+                "store %-4s %d layers x %d tokens: file %.1f MB, save %.2f GB/s = %.2f x disk write+fsync (%.2f GB/s), "
+                "load %.2f GB/s = %.2f x memcpy (%.2f GB/s)\n",
+                kvmem_dtype_name(dt), L, T, (double)bytes / 1e6, save, save / disk_gbps, disk_gbps, load,
+                load / memcpy_gbps, memcpy_gbps);
     }
     unlink(path);
     kvmem_agent_close(a);
@@ -221,7 +253,9 @@ static int run_store(const kvm_bench_opts *o) {
     cp.n_threads = o->n_threads;
     kvmem_context *ctx;
     if (kvmem_context_create(&cp, &ctx) != KVMEM_OK) return 1;
-    int L = o->quick ? 2 : 32, T = o->quick ? 256 : 4096;
+    int L = o->quick ? 2 : 32, T = o->quick ? 256 : 8192;
+    const char *tok = getenv("KVMEM_BENCH_STORE_TOKENS");
+    if (tok && atoi(tok) >= 256) T = atoi(tok) / 256 * 256;
     size_t mb = o->quick ? ((size_t)32 << 20) : ((size_t)256 << 20);
     double mc = kvm_measure_memcpy_gbps(mb), fresh = memcpy_fresh_gbps(mb);
     long long f16 = 0, q4 = 0;
@@ -271,7 +305,8 @@ static int run_store(const kvm_bench_opts *o) {
         kvm_json_int(o->out, "f16_file_bytes", f16);
         kvm_json_int(o->out, "q4_file_bytes", q4);
         kvm_json_num(o->out, "f16_over_q4", q4 ? (double)f16 / (double)q4 : 0);
-        /* KV alone (the f32 AABBs, identical in both, excluded): 4k tokens, 32 layers, 8 heads */
+        /* KV alone (the f16 AABBs, identical in both, excluded): per token and head, 256 bytes of f16 K+V
+         * against 2 x (64 bytes of codes + 2 x 4 bytes of scale and bias) */
         kvm_json_num(o->out, "kv_f16_over_q4", 256.0 / 72.0);
         kvm_json_end(o->out);
     } else {

@@ -377,7 +377,10 @@ KVMEM_API kvmem_status kvmem_agent_read(kvmem_agent *agent, int64_t first_token,
                                         const kvmem_tensor *k_out, const kvmem_tensor *v_out);
 
 /* The AABB of a sealed block: out_min, out_max are
- * [n_layers][n_kv_heads][head_dim] F32 contiguous (n_layers*n_kv_heads*head_dim floats). */
+ * [n_layers][n_kv_heads][head_dim] F32 contiguous (n_layers*n_kv_heads*head_dim floats).
+ * min <= every key of the block <= max. Pools storing F16, Q8, Q4 or Q4 KIVI
+ * keep boxes in f16 rounded outward (the exact f32 min rounded down, max
+ * rounded up); F32 and BF16 pools keep the exact f32 min and max. */
 KVMEM_API kvmem_status kvmem_agent_block_aabb(kvmem_agent *agent, int32_t block, float *out_min,
                                               float *out_max);
 
@@ -1038,12 +1041,15 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
  * (store_dir/ID.safetensors). The write is crash-safe: a temporary file in
  * the same directory, fsync, rename, fsync of the directory, so a crash
  * leaves the old file or the new one. The agent is not changed.
- * File layout (DESIGN.md): tensors layer_{L}_k / layer_{L}_v [n_kv_heads][T][head_dim]
- * (raw dtypes) or layer_{L}_k_weights (U32 [H][T][ceil(D/8)] for Q4, I8 [H][T][D] for Q8),
- * layer_{L}_k_scales, layer_{L}_k_biases (F16 [H][T][groups]; KIVI keys
- * [H][n_blocks][D]), the same for v; layer_{L}_aabb_min|max F32 [n_blocks][H][D];
- * the unsealed tail (fewer than block_size tokens) as layer_{L}_k_tail /
- * layer_{L}_v_tail F32 [H][tail][D], so a reload restores it exactly. T counts
+ * File layout (format version 2; DESIGN.md): tensors layer_{L}_k / layer_{L}_v
+ * [n_kv_heads][T][head_dim] (raw dtypes); for quantized dtypes k_weights,
+ * v_weights (U32 [rows][ceil(D/8)] Q4, I8 [rows][D] Q8), k_scales, v_scales,
+ * k_biases, v_biases (F16 [rows][groups]; KIVI keys [n_blocks * L * H][D]),
+ * one row per (block, layer, KV head, token) in that order, so each block
+ * loads in a few large pieces; aabb [n_blocks][L][n_kv_heads][2][D], s_max
+ * then s_min, F16 rounded outward (F32 for F32 and BF16 pools); the unsealed
+ * tail (fewer than block_size tokens) as layer_{L}_k_tail / layer_{L}_v_tail
+ * F32 [H][tail][D], so a reload restores it exactly. T counts
  * the tokens of sealed blocks. __metadata__ (strings only) holds the format
  * version, agent id, model id and spec, dtype, block size, block lengths,
  * token count, token ids, text, token offsets and a checksum of the data
@@ -1056,7 +1062,10 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
 KVMEM_API kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path);
 
 /* Replace an agent's memory with the content of a file written by
- * kvmem_agent_save (path NULL = the pool's store). The loader validates
+ * kvmem_agent_save (path NULL = the pool's store): format version 2, or
+ * version 1 (per-layer [H][T] quantized tensors, per-layer f32 AABBs
+ * layer_{L}_aabb_min|max [n_blocks][H][D], converted on load; a box beyond
+ * f16's range is refused as corrupt for pools with f16 boxes). The loader validates
  * everything before changing anything: header length, strict JSON, dtypes,
  * shapes, offsets inside the file, contiguous and non-overlapping, the
  * metadata (no string may hold a NUL), the data checksum. All or nothing.

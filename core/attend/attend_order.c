@@ -240,8 +240,8 @@ static float agent_bound(const scan_job *j, const tile_rotation *tr, int32_t t, 
     const int32_t step = rope->style == KVMEM_ROPE_NEOX ? 1 : 2, off = rope->style == KVMEM_ROPE_NEOX ? np : 1;
     const float *hi, *lo;
     if (t < m->n_sealed) {
-        const float *bb = kvm_block_aabb(p->pool, m, t, p->layer, h); /* s_max, then s_min */
-        hi = bb, lo = bb + D;
+        kvm_block_aabb_f32(p->pool, m, t, p->layer, h, box); /* s_max, then s_min (f16 boxes widened) */
+        hi = box, lo = box + D;
     } else {
         const float *kt = kvm_tail_rows(p->pool, m, 0, p->layer, h);
         const int64_t first = m->n_tokens - m->tail_n;

@@ -87,7 +87,7 @@ typedef struct seal_job {
     const float *tail;
     int32_t n;   /* rows to seal */
     void *kv;    /* destination block storage [2][L][H][n][D] */
-    float *aabb; /* [L][H][2][D] */
+    void *aabb;  /* [L][H][2][D] in the pool's AABB element type */
 } seal_job;
 
 static void seal_task(void *arg, size_t b, size_t e) {
@@ -98,17 +98,21 @@ static void seal_task(void *arg, size_t b, size_t e) {
     const size_t BS = (size_t)p->params.block_size, n = (size_t)j->n;
     const kvmem_dtype dt = p->params.storage_dtype;
     const size_t kb = kvm_block_section_bytes(p, 0, j->n), vb = kvm_block_section_bytes(p, 1, j->n);
+    const kvm_qblock qb = kvm_block_qlayout(p, j->n);
+    float f32box[2 * 2 * KVM_ROPE_MAX_PAIRS]; /* head_dim <= 2 * KVM_ROPE_MAX_PAIRS (pool_create) */
     for (size_t g = b; g < e; g++) { /* g = (which * L + l) * H + h */
         const float *rows = j->tail + g * BS * D;
         float *box = NULL;
-        if (g < L * H) { /* keys: the AABB from the unquantized rows */
-            box = j->aabb + g * 2 * D;
+        if (g < L * H) { /* keys: the AABB from the unquantized rows, exact in f32 for KIVI's scales */
+            box = f32box;
             k->minmax_rows(rows, n, D, D, box + D, box);
+            kvm_aabb_store(p, box, (unsigned char *)j->aabb + g * 2 * D * kvm_aabb_esize(p));
         }
         int which = g >= L * H;
         size_t off = which ? L * H * kb + (g - L * H) * vb : g * kb;
         if (kvm_is_quant_dtype(dt))
-            kvm_quant_section(dt, which, rows, n, D, box ? box + D : NULL, box, (unsigned char *)j->kv + off);
+            kvm_quant_parts(dt, which, rows, n, D, box ? box + D : NULL, box,
+                            kvm_qblock_parts(&qb, j->kv, which, which ? g - L * H : g));
         else
             kvm_convert_host((unsigned char *)j->kv + off, dt, rows, KVMEM_F32, n * D);
     }
@@ -116,7 +120,7 @@ static void seal_task(void *arg, size_t b, size_t e) {
 
 /* Seal the first n rows of the tail into a new block. kv and aabb are
  * pre-allocated by the caller so sealing cannot fail. */
-static void seal_into(kvmem_pool *p, const float *tail, int32_t n, void *kv, float *aabb) {
+static void seal_into(kvmem_pool *p, const float *tail, int32_t n, void *kv, void *aabb) {
     seal_job j = {p, tail, n, kv, aabb};
     size_t groups = 2 * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
     kvm_parallel_for(p->ctx->tp, groups, 4, seal_task, &j);
@@ -129,16 +133,16 @@ size_t kvm_tail_bytes(const kvmem_pool *p) {
 /* Grow the block table and AABB array to hold `need` sealed blocks. */
 int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
     if (need <= m->cap_blocks) return 1;
-    size_t per = 2 * (size_t)p->spec.n_layers * p->row_elems, nc, ab;
+    size_t per = kvm_aabb_block_bytes(p), nc, ab;
     if (need < 0 || !kvm_grow_cap((size_t)m->cap_blocks, (size_t)need, 16, INT32_MAX, sizeof(kvm_block), &nc) ||
-        !kvm_mul_size(nc, per * sizeof(float), &ab))
+        !kvm_mul_size(nc, per, &ab))
         return 0;
     kvm_block *nb = kvm_realloc(m->blocks, nc * sizeof *nb);
     if (!nb) return 0;
     m->blocks = nb;
-    float *na = kvm_aligned_alloc(ab);
+    void *na = kvm_aligned_alloc(ab);
     if (!na) return 0;
-    if (m->n_sealed) memcpy(na, m->aabb, (size_t)m->n_sealed * per * sizeof(float));
+    if (m->n_sealed) memcpy(na, m->aabb, (size_t)m->n_sealed * per);
     kvm_aligned_free(m->aabb);
     m->aabb = na;
     m->cap_blocks = (int32_t)nc;
@@ -427,11 +431,15 @@ void kvm_block_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int3
                         int32_t row0, int32_t n, float *dst) {
     const size_t D = (size_t)p->spec.head_dim;
     const kvmem_dtype dt = p->params.storage_dtype;
+    if (kvm_is_quant_dtype(dt)) {
+        const kvm_qblock qb = kvm_block_qlayout(p, b->n_tokens);
+        const size_t g = (size_t)l * (size_t)p->spec.n_kv_heads + (size_t)h;
+        kvm_dequant_parts(dt, which, kvm_qblock_parts(&qb, b->kv, which, g), (size_t)b->n_tokens, D, (size_t)row0,
+                          (size_t)n, dst);
+        return;
+    }
     const unsigned char *rows = kvm_block_rows(p, b, which, l, h);
-    if (kvm_is_quant_dtype(dt))
-        kvm_dequant_section(dt, which, rows, (size_t)b->n_tokens, D, (size_t)row0, (size_t)n, dst);
-    else
-        kvm_convert_host(dst, KVMEM_F32, rows + (size_t)row0 * D * kvm_dtype_size(dt), dt, (size_t)n * D);
+    kvm_convert_host(dst, KVMEM_F32, rows + (size_t)row0 * D * kvm_dtype_size(dt), dt, (size_t)n * D);
 }
 
 /* Index of the sealed block holding token t, or n_sealed for the tail. */
@@ -521,9 +529,10 @@ static kvmem_status agent_block_aabb_taken(kvmem_agent *a, int32_t block, float 
         return kvm_fail(KVMEM_ERR_NOT_FOUND, "block %d is not a sealed block of agent '%s' (%d sealed)", block,
                         m->id, m->n_sealed);
     const size_t D = (size_t)p->spec.head_dim;
+    float box[4 * KVM_ROPE_MAX_PAIRS];
     for (int32_t l = 0; l < p->spec.n_layers; l++)
         for (int32_t h = 0; h < p->spec.n_kv_heads; h++) {
-            const float *box = kvm_block_aabb(p, m, block, l, h);
+            kvm_block_aabb_f32(p, m, block, l, h, box);
             size_t o = ((size_t)l * (size_t)p->spec.n_kv_heads + (size_t)h) * D;
             memcpy(out_max + o, box, D * sizeof(float));
             memcpy(out_min + o, box + D, D * sizeof(float));

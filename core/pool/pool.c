@@ -1,5 +1,6 @@
 /* Pools: creation, the agent table (sorted by id), handles and accounting. */
 #include "pool.h"
+#include "../cpu/kernels.h"
 #include "../store/persist.h"
 
 #include <sched.h>
@@ -21,12 +22,31 @@ kvmem_pool_params kvmem_pool_default_params(void) {
 }
 
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens) {
+    if (kvm_is_quant_dtype(p->params.storage_dtype)) return kvm_block_qlayout(p, n_tokens).bytes;
     size_t lh = (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
     return lh * (kvm_block_section_bytes(p, 0, n_tokens) + kvm_block_section_bytes(p, 1, n_tokens));
 }
 
 size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens) {
-    return kvm_block_kv_bytes(p, n_tokens) + 2 * (size_t)p->spec.n_layers * p->row_elems * sizeof(float);
+    return kvm_block_kv_bytes(p, n_tokens) + kvm_aabb_block_bytes(p);
+}
+
+void kvm_block_aabb_f32(const kvmem_pool *p, const kvm_agent_mem *m, int32_t b, int32_t l, int32_t h, float *out) {
+    const size_t n = 2 * (size_t)p->spec.head_dim;
+    const void *box = kvm_block_aabb(p, m, b, l, h);
+    if (kvm_aabb_esize(p) == 2) kvm_cpu_kernels_get()->f16_to_f32(box, out, n);
+    else memcpy(out, box, n * sizeof(float));
+}
+
+void kvm_aabb_store(const kvmem_pool *p, const float *box, void *dst) {
+    const size_t D = (size_t)p->spec.head_dim;
+    if (kvm_aabb_esize(p) == 4) {
+        memcpy(dst, box, 2 * D * sizeof(float));
+        return;
+    }
+    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    k->f16_round(box, D, 1, dst);
+    k->f16_round(box + D, D, 0, (uint16_t *)dst + D);
 }
 
 kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,

@@ -1,15 +1,20 @@
 /* Pool and agent memory (internal layout), shared by the modules that read
  * an agent's blocks (retrieval, attention, persistence, eviction).
  *
- * Block layout: one allocation per sealed block, [2][n_layers][n_kv_heads]
+ * Block layout: one allocation per sealed block of [2][n_layers][n_kv_heads]
  * sections (K then V), head-major so one (layer, head) of a block is one
- * contiguous section of its n_tokens rows. Raw dtypes: a section is
- * [n_tokens][head_dim] in the storage dtype. Quantized dtypes: a section is
- * the encoding of core/quant/quant.h (codes, scales, biases), decoded only by
- * kvm_block_read_f32().
- * AABBs: per agent, contiguous [n_sealed][n_layers][n_kv_heads][2][head_dim]
- * f32, s_max then s_min, so scoring one (layer, head) over all blocks is a
- * strided matrix of [s_max || s_min] rows. */
+ * section of its n_tokens rows. Raw dtypes: a section is [n_tokens][head_dim]
+ * in the storage dtype, sections back to back. Quantized dtypes: each
+ * section is the encoding of core/quant/quant.h (codes, scales, biases),
+ * stored part by part (kvm_qblock_layout: all K codes, all V codes, all K
+ * scales, ...), decoded only by kvm_block_read_f32().
+ * AABBs: per agent, contiguous [n_sealed][n_layers][n_kv_heads][2][head_dim],
+ * s_max then s_min, so a decode-time scan reads the whole array as one
+ * stream. Element type: f16 rounded outward (s_max up, s_min down, so the box
+ * still holds every key and the score still bounds max_i q.k_i) when the
+ * storage dtype keeps keys within f16's range (F16, Q8, Q4, Q4 KIVI: half the
+ * bytes a decode-time scan reads); f32 for F32 and BF16 pools, whose keys
+ * may lie beyond it. */
 #ifndef KVMEM_POOL_H
 #define KVMEM_POOL_H
 
@@ -38,7 +43,7 @@ typedef struct kvm_agent_mem {
     int64_t n_tokens;
     kvm_block *blocks; /* sealed blocks, chronological */
     int32_t n_sealed, cap_blocks;
-    float *aabb;       /* [cap_blocks][L][H][2][D] */
+    void *aabb;        /* [cap_blocks][L][H][2][D], f16 or f32 (kvm_aabb_esize) */
     float *tail;       /* f32 staging of the unsealed block: [2][L][H][BS][D], or NULL */
     int32_t tail_n;    /* tokens in the tail */
     int32_t *token_ids;        /* [cap_tokens] */
@@ -94,29 +99,54 @@ static inline void kvm_agent_leave(kvmem_agent *a) { atomic_store_explicit(&a->b
 /* Bytes of one sealed block holding n tokens, AABB included. */
 size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens);
 
-/* Bytes of one (K or V, layer, head) section of a block of n tokens. */
+/* Bytes of one (K or V, layer, head) section of a block of n tokens (raw
+ * dtypes: its rows). */
 static inline size_t kvm_block_section_bytes(const kvmem_pool *p, int which, int32_t n_tokens) {
     return kvm_qsection_layout(p->params.storage_dtype, which, (size_t)n_tokens, (size_t)p->spec.head_dim).bytes;
 }
 
-/* Start of the K (which = 0) or V (1) section of layer l, head h of a block:
- * its rows for raw dtypes, its encoding for quantized ones (read through
- * kvm_block_read_f32, never directly). */
-static inline void *kvm_block_rows(const kvmem_pool *p, const kvm_block *b, int which, int32_t l,
-                                   int32_t h) {
+/* Raw dtypes: the rows of the K (which = 0) or V (1) section of layer l,
+ * head h of a block; blocks are [2][L][H][n_tokens][D]. Quantized blocks
+ * keep their sections part by part (kvm_qblock_layout) and are read through
+ * kvm_block_read_f32 only. */
+static inline void *kvm_block_rows(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h) {
     size_t H = (size_t)p->spec.n_kv_heads, L = (size_t)p->spec.n_layers;
-    size_t g = (size_t)l * H + (size_t)h;
-    size_t off = which ? L * H * kvm_block_section_bytes(p, 0, b->n_tokens) + g * kvm_block_section_bytes(p, 1, b->n_tokens)
-                       : g * kvm_block_section_bytes(p, 0, b->n_tokens);
-    return (unsigned char *)b->kv + off;
+    size_t g = (size_t)which * L * H + (size_t)l * H + (size_t)h;
+    return (unsigned char *)b->kv + g * kvm_block_section_bytes(p, 0, b->n_tokens);
 }
 
-/* The AABB of sealed block b for (l, h): 2*D floats, s_max then s_min. */
-static inline float *kvm_block_aabb(const kvmem_pool *p, const kvm_agent_mem *m, int32_t b, int32_t l,
-                                    int32_t h) {
-    size_t D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads, L = (size_t)p->spec.n_layers;
-    return m->aabb + ((((size_t)b * L + (size_t)l) * H + (size_t)h) * 2) * D;
+/* Quantized dtypes: the block layout of a block of n tokens, and the parts
+ * of its (which, l, h) section. */
+static inline kvm_qblock kvm_block_qlayout(const kvmem_pool *p, int32_t n_tokens) {
+    return kvm_qblock_layout(p->params.storage_dtype, (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads,
+                             (size_t)n_tokens, (size_t)p->spec.head_dim);
 }
+
+/* Bytes of one AABB element: 2 (f16, rounded outward) when every key the
+ * pool accepts fits f16, else 4 (f32). */
+static inline size_t kvm_aabb_esize_for(kvmem_dtype storage) {
+    return storage == KVMEM_F32 || storage == KVMEM_BF16 ? 4 : 2;
+}
+static inline size_t kvm_aabb_esize(const kvmem_pool *p) { return kvm_aabb_esize_for(p->params.storage_dtype); }
+
+/* Bytes of one block's AABBs (every layer and KV head). */
+static inline size_t kvm_aabb_block_bytes(const kvmem_pool *p) {
+    return 2 * (size_t)p->spec.n_layers * p->row_elems * kvm_aabb_esize(p);
+}
+
+/* The AABB of sealed block b for (l, h): 2*D elements (kvm_aabb_esize),
+ * s_max then s_min. */
+static inline void *kvm_block_aabb(const kvmem_pool *p, const kvm_agent_mem *m, int32_t b, int32_t l, int32_t h) {
+    size_t D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads, L = (size_t)p->spec.n_layers;
+    return (unsigned char *)m->aabb + ((((size_t)b * L + (size_t)l) * H + (size_t)h) * 2) * D * kvm_aabb_esize(p);
+}
+
+/* The AABB of sealed block b for (l, h) as 2*D floats: s_max, then s_min. */
+void kvm_block_aabb_f32(const kvmem_pool *p, const kvm_agent_mem *m, int32_t b, int32_t l, int32_t h, float *out);
+
+/* Store an f32 box (s_max then s_min, 2*D floats) at dst in the pool's AABB
+ * element type: f16 with s_max rounded up and s_min rounded down. */
+void kvm_aabb_store(const kvmem_pool *p, const float *box, void *dst);
 
 /* Read rows [row0, row0 + n) of K (which = 0) or V (1) of layer l, head h
  * of sealed block b as f32 into dst (n * head_dim floats). Every module reads

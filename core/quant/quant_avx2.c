@@ -178,8 +178,46 @@ static void q8_dequant(const uint16_t *scales, const int8_t *codes, size_t n, si
     }
 }
 
+/* F16C's directed rounding (the immediate) gives the f16 that RNE-then-step gives */
+static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
+    size_t i = 0;
+    if (up)
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(void *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_POS_INF));
+    else
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(void *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEG_INF));
+    for (; i < n; i++) out[i] = up ? kvm_f16_up_inline(x[i]) : kvm_f16_down_inline(x[i]);
+}
+
+/* 16 f16 values as order keys (+-0 both 0): -magnitude for negatives. */
+static inline __m256i f16_keys(__m256i v) {
+    __m256i neg = _mm256_srai_epi16(v, 15), mag = _mm256_and_si256(v, _mm256_set1_epi16(0x7fff));
+    return _mm256_sub_epi16(_mm256_xor_si256(mag, neg), neg);
+}
+
+static size_t f16_boxes_bad(const uint16_t *boxes, size_t n, size_t dim) {
+    if (dim % 16) return kvm_f16_boxes_bad_ref(boxes, n, dim);
+    const __m256i expo = _mm256_set1_epi16(0x7c00);
+    size_t bad = 0;
+    for (size_t b = 0; b < n; b++) {
+        const uint16_t *hi = boxes + b * 2 * dim, *lo = hi + dim;
+        __m256i nf = _mm256_setzero_si256(), inv = _mm256_setzero_si256();
+        for (size_t d = 0; d < dim; d += 16) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(hi + d));
+            __m256i l = _mm256_loadu_si256((const __m256i *)(const void *)(lo + d));
+            nf = _mm256_or_si256(nf, _mm256_cmpeq_epi16(_mm256_and_si256(h, expo), expo));
+            nf = _mm256_or_si256(nf, _mm256_cmpeq_epi16(_mm256_and_si256(l, expo), expo));
+            inv = _mm256_or_si256(inv, _mm256_cmpgt_epi16(f16_keys(l), f16_keys(h)));
+        }
+        /* rare: count exactly with the reference */
+        if (!_mm256_testz_si256(nf, nf) || !_mm256_testz_si256(inv, inv)) bad += kvm_f16_boxes_bad_ref(hi, 1, dim);
+    }
+    return bad;
+}
+
 static const kvm_quant_kernels avx2_table = {
-    "avx2", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant,
+    "avx2", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round, f16_boxes_bad,
 };
 
 const kvm_quant_kernels *kvm_quant_kernels_avx2(void) { return &avx2_table; }

@@ -109,8 +109,25 @@ static void q4c_dequant(const uint32_t *words, const uint16_t *scales, const uin
     kvm_quant_kernels_avx2()->q4c_dequant(words, scales, biases, n, dim, out);
 }
 
+static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
+    size_t i = 0;
+    if (up)
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(void *)(out + i),
+                                _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+    else
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(void *)(out + i),
+                                _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    kvm_quant_kernels_avx2()->f16_round(x + i, n - i, up, out + i);
+}
+
+static size_t f16_boxes_bad(const uint16_t *boxes, size_t n, size_t dim) {
+    return kvm_quant_kernels_avx2()->f16_boxes_bad(boxes, n, dim); /* bound by memory: 256-bit is enough */
+}
+
 static const kvm_quant_kernels avx512_table = {
-    "avx512", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant,
+    "avx512", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round, f16_boxes_bad,
 };
 
 const kvm_quant_kernels *kvm_quant_kernels_avx512(void) { return &avx512_table; }

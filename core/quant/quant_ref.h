@@ -41,6 +41,27 @@ static inline uint16_t kvm_f16_up_inline(float x) {
 }
 #endif
 
+/* f16 bits to an integer of the same order as the value (+0 and -0 both 0). */
+static inline int32_t kvm_f16_order(uint16_t h) {
+    int32_t mag = h & 0x7fff;
+    return (h & 0x8000u) ? -mag : mag;
+}
+
+/* The reference of kvm_quant_kernels.f16_boxes_bad. */
+static inline size_t kvm_f16_boxes_bad_ref(const uint16_t *boxes, size_t n, size_t dim) {
+    size_t bad = 0;
+    for (size_t b = 0; b < n; b++) {
+        const uint16_t *hi = boxes + b * 2 * dim, *lo = hi + dim;
+        int inv = 0;
+        for (size_t d = 0; d < dim; d++) {
+            bad += (size_t)((hi[d] & 0x7c00u) == 0x7c00u) + (size_t)((lo[d] & 0x7c00u) == 0x7c00u);
+            inv |= kvm_f16_order(lo[d]) > kvm_f16_order(hi[d]);
+        }
+        bad += (size_t)inv;
+    }
+    return bad;
+}
+
 /* Q4 affine parameters of a group with minimum mn and maximum mx. */
 static inline void kvm_q4_params(float mn, float mx, uint16_t *sh, uint16_t *bh, float *s, float *b,
                                  float *inv) {

@@ -44,10 +44,11 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     }
     /* The agent keeps [block][layer][KV head][s_max; s_min]; the kernel
      * takes s_min and s_max as two [block][layer][KV head][head_dim] arrays. */
+    float box[4 * KVM_ROPE_MAX_PAIRS];
     for (size_t j = 0; j < nc; j++)
         for (size_t l = 0; l < L; l++)
             for (size_t g = 0; g < H; g++) {
-                const float *box = kvm_block_aabb(p, d->mem, d->cand[j], (int32_t)l, (int32_t)g);
+                kvm_block_aabb_f32(p, d->mem, d->cand[j], (int32_t)l, (int32_t)g, box);
                 memcpy(mx + ((j * L + l) * H + g) * D, box, D * sizeof(float));
                 memcpy(mn + ((j * L + l) * H + g) * D, box + D, D * sizeof(float));
             }
@@ -67,17 +68,22 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         st = dev_failed(be, op, st);
         goto done;
     }
-    /* [layer][query head][cand] -> [layer][KV head][cand], summed over the
-     * group in head order (as the CPU op sums). */
-    for (size_t l = 0; l < L; l++)
-        for (size_t g = 0; g < H; g++) {
-            float *o = d->out + (l * H + g) * nc;
-            for (size_t j = 0; j < nc; j++) {
-                float total = 0.0f;
-                for (size_t gi = 0; gi < G; gi++) total += hq[(l * Hq + g * G + gi) * nc + j];
-                o[j] = total;
-            }
+    /* [layer][query head][cand] -> [set][cand]: summed over each KV head's
+     * group in head order, then over the set's layers and KV heads in double
+     * (as the CPU op's item-major pass sums). */
+    for (size_t s = 0; s < (size_t)d->n_sets; s++) {
+        const size_t l0 = d->n_sets == 1 ? 0 : s, l1 = d->n_sets == 1 ? L : s + 1;
+        for (size_t j = 0; j < nc; j++) {
+            double acc = 0;
+            for (size_t l = l0; l < l1; l++)
+                for (size_t g = 0; g < H; g++) {
+                    float total = 0.0f;
+                    for (size_t gi = 0; gi < G; gi++) total += hq[(l * Hq + g * G + gi) * nc + j];
+                    acc += total;
+                }
+            d->out[s * nc + j] = (float)acc;
         }
+    }
 done:
     be->iface->buffer_free(be, bq);
     be->iface->buffer_free(be, bmn);

@@ -18,6 +18,11 @@ struct kvmem_retrieval {
     float *scores;    /* [n_sets][cap] */
     int64_t *tokens;  /* [n_sets] */
     float *all;       /* [n_sets][n_blocks] */
+    /* Memory kept between calls, so a retrieval in steady state allocates
+     * nothing: the current result's arrays (res), the next one's (spare,
+     * swapped in at commit), the call's query copy and candidate lists
+     * (call) and the scoring op's working memory (work). */
+    kvm_scratch res, spare, call, work;
 };
 
 kvmem_retrieve_params kvmem_retrieve_default_params(void) {
@@ -32,11 +37,10 @@ kvmem_retrieve_params kvmem_retrieve_default_params(void) {
 }
 
 static void release(kvmem_retrieval *r) {
-    kvm_free(r->count);
-    kvm_free(r->blocks);
-    kvm_free(r->scores);
-    kvm_free(r->tokens);
-    kvm_free(r->all);
+    kvm_scratch_release(&r->res);
+    kvm_scratch_release(&r->spare);
+    kvm_scratch_release(&r->call);
+    kvm_scratch_release(&r->work);
 }
 
 kvmem_status kvmem_retrieval_create(kvmem_retrieval **out) {
@@ -155,8 +159,8 @@ static kvmem_status check_params(const kvmem_retrieve_params *p, int32_t n_seale
     return KVMEM_OK;
 }
 
-/* Read the query into a contiguous f32 copy, rejecting non-finite values. */
-static kvmem_status load_query(const kvmem_tensor *q, const kvmem_model_spec *s, float **out, int32_t *n_q) {
+/* Check the query's shape: n_q rows of [n_layers][n_q_heads][head_dim]. */
+static kvmem_status check_query(const kvmem_tensor *q, const kvmem_model_spec *s, int32_t *n_q) {
     if (!q) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_retrieve: query is NULL");
     const char *dims = "[n_q][n_layers][n_q_heads][head_dim]";
     if (q->ndim != 4)
@@ -172,34 +176,77 @@ static kvmem_status load_query(const kvmem_tensor *q, const kvmem_model_spec *s,
     int64_t shape[4] = {q->shape[0], s->n_layers, s->n_q_heads, s->head_dim};
     kvmem_status st = kvm_tensor_expect(q, "query", dims, 4, shape);
     if (st != KVMEM_OK) return st;
-    size_t rows = (size_t)shape[0] * (size_t)s->n_layers * (size_t)s->n_q_heads, D = (size_t)s->head_dim, bytes;
-    if (!kvm_mul_size(rows * D, sizeof(float), &bytes))
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_retrieve: query too large");
-    float *f = kvm_aligned_alloc(bytes);
-    if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for a %zu-byte query", bytes);
-    for (int64_t t = 0; t < shape[0]; t++)
-        for (int64_t l = 0; l < shape[1]; l++)
-            for (int64_t h = 0; h < shape[2]; h++) {
-                int64_t idx[3] = {t, l, h};
-                float *dst = f + (((size_t)t * (size_t)shape[1] + (size_t)l) * (size_t)shape[2] + (size_t)h) * D;
-                kvm_tensor_read_f32(q, kvm_tensor_row_offset(q, idx), dst, D);
-                for (size_t d = 0; d < D; d++)
-                    if (!isfinite(dst[d])) {
-                        float bad = dst[d];
-                        kvm_aligned_free(f);
-                        return kvm_fail(KVMEM_ERR_INVALID_ARG,
-                                        "kvmem_retrieve: query[%lld][%lld][%lld][%zu] = %g is not finite", (long long)t,
-                                        (long long)l, (long long)h, d, (double)bad);
-                    }
-            }
-    *out = f;
     *n_q = (int32_t)shape[0];
     return KVMEM_OK;
+}
+
+/* Read the query into a contiguous f32 copy f (n_q * n_layers * n_q_heads *
+ * head_dim floats), rejecting non-finite values. */
+static kvmem_status load_query(const kvmem_tensor *q, const kvmem_model_spec *s, int32_t n_q, float *f) {
+    const size_t D = (size_t)s->head_dim;
+    for (int64_t t = 0; t < n_q; t++)
+        for (int64_t l = 0; l < s->n_layers; l++)
+            for (int64_t h = 0; h < s->n_q_heads; h++) {
+                int64_t idx[3] = {t, l, h};
+                float *dst = f + (((size_t)t * (size_t)s->n_layers + (size_t)l) * (size_t)s->n_q_heads + (size_t)h) * D;
+                kvm_tensor_read_f32(q, kvm_tensor_row_offset(q, idx), dst, D);
+                for (size_t d = 0; d < D; d++)
+                    if (!isfinite(dst[d]))
+                        return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                                        "kvmem_retrieve: query[%lld][%lld][%lld][%zu] = %g is not finite", (long long)t,
+                                        (long long)l, (long long)h, d, (double)dst[d]);
+            }
+    return KVMEM_OK;
+}
+
+/* Regions of one scratch block, 64-byte aligned: sizes first (base NULL),
+ * then pointers. */
+typedef struct regions {
+    unsigned char *base;
+    size_t off;
+    int overflow;
+} regions;
+
+static void *region(regions *g, size_t n, size_t size) {
+    size_t bytes;
+    if (!kvm_mul_size(n ? n : 1, size, &bytes) || bytes > SIZE_MAX - g->off - 64) {
+        g->overflow = 1;
+        return NULL;
+    }
+    void *p = g->base ? g->base + g->off : NULL;
+    g->off += (bytes + 63) & ~(size_t)63;
+    return p;
 }
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
+}
+
+/* The working lists of one call. */
+typedef struct call_mem {
+    float *q;            /* the query, f32 contiguous */
+    unsigned char *flag; /* per sealed block: 1 candidate, 2 always included (scored too) */
+    int32_t *cand, *idx;
+    float *set_s, *out;  /* ranking scores of one set; set scores [n_sets][nc] */
+} call_mem;
+
+static void call_layout(regions *g, call_mem *c, size_t q_floats, size_t nb, size_t n_sets) {
+    c->q = region(g, q_floats, sizeof(float));
+    c->flag = region(g, nb + 1, 1);
+    c->cand = region(g, nb + 1, sizeof(int32_t));
+    c->idx = region(g, nb + 1, sizeof(int32_t));
+    c->set_s = region(g, nb + 1, sizeof(float));
+    c->out = region(g, n_sets * nb + 1, sizeof(float));
+}
+
+/* The result's arrays in one scratch block. */
+static void result_layout(regions *g, kvmem_retrieval *r, size_t n_sets, size_t cap, size_t nb) {
+    r->count = region(g, n_sets, sizeof(int32_t));
+    r->tokens = region(g, n_sets, sizeof(int64_t));
+    r->blocks = region(g, n_sets * cap, sizeof(int32_t));
+    r->scores = region(g, n_sets * cap, sizeof(float));
+    r->all = region(g, n_sets * nb + 1, sizeof(float));
 }
 
 static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
@@ -210,64 +257,65 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
     const kvmem_pool *p = agent->pool;
     const kvm_agent_mem *m = agent->mem;
     const kvmem_retrieve_params prm = params ? *params : kvmem_retrieve_default_params();
-    const int32_t nb = m->n_sealed, L = p->spec.n_layers, H = p->spec.n_kv_heads;
+    const int32_t nb = m->n_sealed, L = p->spec.n_layers;
     if ((st = check_params(&prm, nb)) != KVMEM_OK) return st;
-    float *q = NULL;
     int32_t n_q = 0;
-    if ((st = load_query(query, &p->spec, &q, &n_q)) != KVMEM_OK) return st;
-
+    if ((st = check_query(query, &p->spec, &n_q)) != KVMEM_OK) return st;
     const int32_t n_sets = prm.scope == KVMEM_SCOPE_GLOBAL ? 1 : L;
-    /* Candidate flags: 1 candidate, 2 always included (scored too). */
-    unsigned char *flag = kvm_calloc((size_t)nb + 1, 1);
-    int32_t *cand = kvm_malloc(((size_t)nb + 1) * sizeof *cand);
-    int32_t *idx = kvm_malloc(((size_t)nb + 1) * sizeof *idx);
-    float *out = NULL, *set_s = kvm_malloc(((size_t)nb + 1) * sizeof *set_s);
-    kvmem_retrieval nr;
-    memset(&nr, 0, sizeof nr);
-    nr.count = kvm_calloc((size_t)n_sets, sizeof *nr.count);
-    nr.tokens = kvm_calloc((size_t)n_sets, sizeof *nr.tokens);
-    nr.all = kvm_malloc(((size_t)n_sets * (size_t)nb + 1) * sizeof *nr.all);
-    if (!flag || !cand || !idx || !set_s || !nr.count || !nr.tokens || !nr.all) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for the candidate lists of %d blocks", nb);
-        goto done;
-    }
+    const size_t q_floats = (size_t)n_q * (size_t)L * (size_t)p->spec.n_q_heads * (size_t)p->spec.head_dim;
+
+    call_mem c;
+    regions g = {NULL, 0, 0};
+    call_layout(&g, &c, q_floats, (size_t)nb, (size_t)n_sets);
+    void *base = g.overflow ? NULL : kvm_scratch_get(&result->call, g.off);
+    if (!base)
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for the query and the candidate lists of %d blocks", nb);
+    g = (regions){base, 0, 0};
+    call_layout(&g, &c, q_floats, (size_t)nb, (size_t)n_sets);
+    if ((st = load_query(query, &p->spec, n_q, c.q)) != KVMEM_OK) return st;
+
+    memset(c.flag, 0, (size_t)nb + 1);
     {
         int32_t lo = prm.recent_window > 0 ? KVM_MAX(0, nb - prm.recent_window) : 0;
         int32_t hi = nb - KVM_MIN(nb, prm.skip_recent);
-        for (int32_t b = lo; b < hi; b++) flag[b] = 1;
-        for (int32_t i = 0; i < prm.n_exclude; i++) flag[prm.exclude[i]] = 0;
-        for (int32_t i = 0; i < prm.n_always_include; i++) flag[prm.always_include[i]] = 2;
+        for (int32_t b = lo; b < hi; b++) c.flag[b] = 1;
+        for (int32_t i = 0; i < prm.n_exclude; i++) c.flag[prm.exclude[i]] = 0;
+        for (int32_t i = 0; i < prm.n_always_include; i++) c.flag[prm.always_include[i]] = 2;
     }
     int32_t nc = 0, n_forced = 0;
     for (int32_t b = 0; b < nb; b++)
-        if (flag[b]) {
-            cand[nc++] = b;
-            n_forced += flag[b] == 2;
+        if (c.flag[b]) {
+            c.cand[nc++] = b;
+            n_forced += c.flag[b] == 2;
         }
-    const size_t n_out = (size_t)L * (size_t)H * (size_t)nc;
-    out = kvm_malloc((n_out + 1) * sizeof *out);
+
+    kvmem_retrieval nr;
+    memset(&nr, 0, sizeof nr);
     nr.cap = KVM_MAX(1, KVM_MIN(nc, KVM_MAX(prm.top_k, n_forced)));
-    nr.blocks = kvm_malloc((size_t)n_sets * (size_t)nr.cap * sizeof *nr.blocks);
-    nr.scores = kvm_malloc((size_t)n_sets * (size_t)nr.cap * sizeof *nr.scores);
-    if (!out || !nr.blocks || !nr.scores) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for %d candidate blocks", nc);
-        goto done;
-    }
+    g = (regions){NULL, 0, 0};
+    result_layout(&g, &nr, (size_t)n_sets, (size_t)nr.cap, (size_t)nb);
+    base = g.overflow ? NULL : kvm_scratch_get(&result->spare, g.off);
+    if (!base) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for the result of %d candidate blocks", nc);
+    g = (regions){base, 0, 0};
+    result_layout(&g, &nr, (size_t)n_sets, (size_t)nr.cap, (size_t)nb);
+
     if (nc > 0) {
         kvm_score_desc d;
         memset(&d, 0, sizeof d);
         d.pool = p;
         d.mem = m;
-        d.q = q;
+        d.q = c.q;
         d.n_q = n_q;
-        d.cand = cand;
+        d.cand = c.cand;
         d.n_cand = nc;
         d.mode = prm.mode;
         d.norm = prm.norm;
         d.agg = prm.agg;
         d.tau = prm.tau > 0 ? prm.tau : 1.0f / sqrtf((float)p->spec.head_dim);
         d.rr_c = prm.rr_c > 0 ? prm.rr_c : 60.0f;
-        d.out = out;
+        d.n_sets = n_sets;
+        d.out = c.out;
+        d.scratch = &result->work;
         /* AABB scoring runs on a device backend that has the kernel; EXACT
          * reads every key and stays on the CPU. */
         kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
@@ -275,28 +323,25 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
             st = kvm_dev_aabb_score(dev, &d);
         else
             st = be->iface->aabb_score(be, &d);
-        if (st != KVMEM_OK) goto done;
+        if (st != KVMEM_OK) return st;
     }
     for (int32_t s = 0; s < n_sets; s++) {
         float *all = nr.all + (size_t)s * (size_t)nb;
+        const float *so = c.out + (size_t)s * (size_t)nc;
         for (int32_t b = 0; b < nb; b++) all[b] = NAN;
-        /* GLOBAL: sum over layers and KV heads; PER_LAYER: over the layer's heads. */
-        int32_t l0 = n_sets == 1 ? 0 : s, l1 = n_sets == 1 ? L : s + 1;
         for (int32_t j = 0; j < nc; j++) {
-            double acc = 0;
-            for (int32_t l = l0; l < l1; l++)
-                for (int32_t g = 0; g < H; g++) acc += out[((size_t)l * (size_t)H + (size_t)g) * (size_t)nc + (size_t)j];
-            all[cand[j]] = (float)acc;
-            set_s[j] = flag[cand[j]] == 2 ? NAN : (float)acc; /* forced blocks are not ranked */
+            all[c.cand[j]] = so[j];
+            c.set_s[j] = c.flag[c.cand[j]] == 2 ? NAN : so[j]; /* forced blocks are not ranked */
         }
         int32_t *sel = nr.blocks + (size_t)s * (size_t)nr.cap;
         float *ssc = nr.scores + (size_t)s * (size_t)nr.cap;
         int32_t n_sel = 0, n_top = 0;
         for (int32_t j = 0; j < nc; j++)
-            if (flag[cand[j]] == 2) sel[n_sel++] = cand[j];
+            if (c.flag[c.cand[j]] == 2) sel[n_sel++] = c.cand[j];
         kvmem_backend *be = p->ctx->cpu;
-        if ((st = be->iface->topk(be, set_s, nc, KVM_MAX(0, prm.top_k - n_forced), idx, &n_top)) != KVMEM_OK) goto done;
-        for (int32_t i = 0; i < n_top; i++) sel[n_sel++] = cand[idx[i]];
+        if ((st = be->iface->topk(be, c.set_s, nc, KVM_MAX(0, prm.top_k - n_forced), c.idx, &n_top)) != KVMEM_OK)
+            return st;
+        for (int32_t i = 0; i < n_top; i++) sel[n_sel++] = c.cand[c.idx[i]];
         qsort(sel, (size_t)n_sel, sizeof *sel, cmp_i32);
         int64_t tok = 0;
         for (int32_t i = 0; i < n_sel; i++) {
@@ -306,23 +351,20 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         nr.count[s] = n_sel;
         nr.tokens[s] = tok;
     }
-    /* Commit: only now does the result change. */
-    nr.magic = KVM_RETRIEVAL_MAGIC;
-    nr.n_sets = n_sets;
-    nr.n_blocks = nb;
-    release(result);
-    *result = nr;
-    memset(&nr, 0, sizeof nr);
-    st = KVMEM_OK;
-done:
-    release(&nr);
-    kvm_free(flag);
-    kvm_free(cand);
-    kvm_free(idx);
-    kvm_free(out);
-    kvm_free(set_s);
-    kvm_aligned_free(q);
-    return st;
+    /* Commit: only now does the result change (the arrays just filled
+     * become the result's, its old ones the spare for the next call). */
+    kvm_scratch old = result->res;
+    result->res = result->spare;
+    result->spare = old;
+    result->n_sets = n_sets;
+    result->n_blocks = nb;
+    result->cap = nr.cap;
+    result->count = nr.count;
+    result->blocks = nr.blocks;
+    result->scores = nr.scores;
+    result->tokens = nr.tokens;
+    result->all = nr.all;
+    return KVMEM_OK;
 }
 
 kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,

@@ -37,6 +37,26 @@ typedef struct kvm_score_kernels {
     void (*exp_neg)(float *x, size_t n);
     /* Below this many query rows `rows` beats `panel`. */
     size_t rows_below;
+    /* AABB row product on the stored boxes, for few query rows (decode):
+     *   out[j * ldo + r] = sum_d q_rd * (q_rd < 0 ? b[j][D + d] : b[j][d]),  j < n, r < R,
+     * q [R][D] raw query rows, b[j] a box of 2*D elements (s_max, then s_min):
+     * f16 (aabb_rows_f16) or f32 (aabb_rows_f32). This is [q+ || q-] .
+     * [s_max || s_min] with one multiply-add per (row, dimension) instead of
+     * two: the half of the products that are zero are never formed. The
+     * boxes of the following items of a block are prefetched (the pool keeps
+     * them right after b[j]). */
+    void (*aabb_rows_f16)(const float *q, size_t R, const uint16_t *const *b, size_t n, size_t D, float *out,
+                          size_t ldo);
+    void (*aabb_rows_f32)(const float *q, size_t R, const float *const *b, size_t n, size_t D, float *out,
+                          size_t ldo);
+    /* Column maxima: m[c] = max(m[c], x[j * ld + c]), j < n, c < cols. */
+    void (*col_max)(const float *x, size_t n, size_t ld, size_t cols, float *m);
+    /* Shifted exponentials and their column sums: x[j * ld + c] =
+     * exp(tau * (x[j * ld + c] - m[c])) (<= 1: m holds the column maxima),
+     * z[c] += x[j * ld + c]. Accuracy of exp_neg. */
+    void (*col_exp_sum)(float *x, size_t n, size_t ld, size_t cols, const float *m, float tau, float *z);
+    /* sum_i a[i] * b[i], f32 lanes (order differs by table). */
+    float (*dot)(const float *a, const float *b, size_t n);
 } kvm_score_kernels;
 
 const kvm_score_kernels *kvm_score_kernels_scalar(void);
@@ -48,10 +68,23 @@ const kvm_score_kernels *kvm_score_kernels_get(void);
 
 /* ---- backend op descriptors ---- */
 
-/* aabb_score: scores of every candidate block, normalised per query token,
- * aggregated over tokens and summed over the query heads of each KV head:
- *   out[(l * n_kv_heads + g) * n_cand + j] = sum_{hq in group g} agg_t p_t(l, hq, cand[j]).
- * Reads the agent's AABBs (AABB mode) or its keys through
+/* Scratch memory kept between calls (by a kvmem_retrieval), so a call in
+ * steady state allocates nothing. */
+typedef struct kvm_scratch {
+    void *p;
+    size_t cap;
+} kvm_scratch;
+/* At least n bytes, 64-byte aligned; the contents are not kept. NULL when
+ * out of memory (the old buffer stays). */
+void *kvm_scratch_get(kvm_scratch *s, size_t n);
+void kvm_scratch_release(kvm_scratch *s);
+
+/* aabb_score: the relevance of every candidate block per set, normalised per
+ * query token over the candidates, aggregated over tokens and summed over
+ * the set's (layer, query head) pairs:
+ *   out[s * n_cand + j] = sum_{l in set s} sum_{hq} agg_t p_t(l, hq, cand[j]).
+ * Sets: n_sets 1 (GLOBAL, every layer) or n_layers (PER_LAYER, set s =
+ * layer s). Reads the agent's AABBs (AABB mode) or its keys through
  * kvm_block_read_f32 (EXACT mode). */
 typedef struct kvm_score_desc {
     const kvmem_pool *pool;
@@ -64,7 +97,9 @@ typedef struct kvm_score_desc {
     kvmem_retrieve_norm norm;
     kvmem_retrieve_agg agg;
     float tau, rr_c;
-    float *out;           /* [n_layers][n_kv_heads][n_cand] */
+    int32_t n_sets;       /* 1 or n_layers */
+    float *out;           /* [n_sets][n_cand] */
+    kvm_scratch *scratch; /* reused working memory, or NULL (allocated for the call) */
     const kvm_score_kernels *kern; /* NULL: kvm_score_kernels_get() */
 } kvm_score_desc;
 
@@ -80,7 +115,9 @@ typedef struct kvm_gather_desc {
 } kvm_gather_desc;
 
 /* Largest score buffer (bytes) for which few-row (decode) scoring runs
- * block-major; larger problems go item-major. Tests lower it to reach both. */
+ * block-major (one pass over the agent's boxes, normalisation fused per
+ * chunk of blocks); larger problems go item-major. Tests lower it to reach
+ * both. */
 extern size_t kvm_score_block_major_max_bytes;
 
 /* The CPU implementations the CPU backend's table points at. */

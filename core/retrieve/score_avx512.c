@@ -11,6 +11,15 @@ typedef __m512 V;
 #define PANEL_NB 6 /* 6 blocks x 4 vectors = 24 of the 32 registers */
 #define ROWS_NB 4
 #define ROWS_NR 4
+#define AABB_NB 3 /* 3 blocks x 4 rows = 12 accumulators, 6 box vectors */
+#define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define VM __mmask16
+#define VSIGN(q) _mm512_cmplt_epi32_mask(_mm512_castps_si512(q), _mm512_setzero_si512())
+#define VSEL(s, a, b) _mm512_mask_blend_ps(s, a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
 #define SIMD_NAME "avx512"
 #define SIMD_GETTER kvm_score_kernels_avx512
 
@@ -30,6 +39,14 @@ static inline __m512 lane_fold(__m512 u, __m512 v) { /* [u.l0+l1, u.l2+l3, v.l0+
     return _mm512_add_ps(_mm512_shuffle_f32x4(u, v, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(u, v, _MM_SHUFFLE(3, 1, 3, 1)));
 }
+/* f[r] = the lane sum of ar, r < 4 */
+#define VSUM4(a0, a1, a2, a3, f)                                                                        \
+    do {                                                                                                \
+        __m512 u_ = quad_sum(a0, a1, a2, a3);                                                           \
+        __m256 h_ = _mm256_add_ps(_mm512_castps512_ps256(u_),                                           \
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u_), 1)));   \
+        _mm_storeu_ps(f, _mm_add_ps(_mm256_castps256_ps128(h_), _mm256_extractf128_ps(h_, 1)));        \
+    } while (0)
 #define VHSUM16(a, s)                                                                          \
     do {                                                                                       \
         __m512 u0_ = quad_sum(a[0][0], a[0][1], a[0][2], a[0][3]);                             \

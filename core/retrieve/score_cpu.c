@@ -1,10 +1,26 @@
 /* The CPU backend's retrieval scoring (op aabb_score) and top-k (op topk).
  *
- * Work is split by (layer, KV head): each item scores its head group's query
- * rows against every candidate block with the kernel table, then normalises
- * per query token and aggregates over tokens while the scores are still in
- * cache, so the full [tokens][layers][heads][blocks] score tensor is never
- * materialised (at 64k tokens and 32 query tokens it would be 0.5 GB). */
+ * Decode-sized problems (few query rows) run BLOCK-MAJOR: one pass over the
+ * candidates' boxes (or keys, EXACT) in chunks of consecutive blocks, each
+ * chunk scored for every (layer, KV head) item into a [block][item][row]
+ * score array, then normalised in place while it is in cache: the chunk's
+ * column maxima m_c and e = exp(tau (I - m_c)) with their column sums z_c.
+ * Once every chunk is done, the global maxima m and normalisers
+ * Z = sum_c z_c exp(tau (m_c - m)) give each chunk a column weight
+ * w_c = exp(tau (m_c - m)) / Z, and a block's set score is one dot product
+ * of its e row with w_c (aggregation over tokens folded in). The agent's
+ * boxes are read once, as a few sequential streams, and nothing is sorted
+ * (RR norm ranks per column instead).
+ *
+ * Larger problems (prefill: many rows) run ITEM-MAJOR: each (layer, KV head)
+ * item scores its query rows against every candidate with the panel kernel,
+ * then normalises and aggregates while the scores are in cache, so the full
+ * [tokens][layers][heads][blocks] tensor is never materialised (at 64k
+ * tokens and 32 query tokens it would be 0.5 GB).
+ *
+ * Working memory comes from the caller's kvm_scratch (a kvmem_retrieval
+ * keeps it between calls); threads take work by atomic counter, each with
+ * its own slot of that memory. */
 #include "score.h"
 #include "../cpu/kernels.h"
 
@@ -12,6 +28,12 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define KVM_PREFETCH(p) __builtin_prefetch(p)
+#else
+#  define KVM_PREFETCH(p) ((void)(p))
+#endif
 
 #if !defined(KVMEM_HAVE_AVX2)
 const kvm_score_kernels *kvm_score_kernels_avx2(void) { return NULL; }
@@ -32,19 +54,56 @@ const kvm_score_kernels *kvm_score_kernels_get(void) {
     return k ? k : kvm_score_kernels_scalar();
 }
 
-/* Blocks scored per kernel call: 64 AABBs of head_dim 128 are 64 KiB, kept
- * in L2 while every row panel of the prefill passes over them. */
+/* ---- scratch ---- */
+
+void *kvm_scratch_get(kvm_scratch *s, size_t n) {
+    if (n <= s->cap && s->p) return s->p;
+    size_t want = (n + ((size_t)64 << 10) - 1) & ~(((size_t)64 << 10) - 1); /* whole 64 KiB: fewer regrowths */
+    if (want < n) return NULL;
+    void *p = kvm_aligned_alloc(want);
+    if (!p) return NULL;
+    kvm_aligned_free(s->p);
+    s->p = p;
+    s->cap = want;
+    return p;
+}
+
+void kvm_scratch_release(kvm_scratch *s) {
+    kvm_aligned_free(s->p);
+    s->p = NULL;
+    s->cap = 0;
+}
+
+/* Carving one scratch block into 64-byte aligned regions: a first pass
+ * (base NULL) sums the sizes, a second hands out pointers. */
+typedef struct carve {
+    unsigned char *base;
+    size_t off;
+    int overflow;
+} carve;
+
+static void *take(carve *c, size_t n, size_t size) {
+    size_t bytes;
+    if (!kvm_mul_size(n ? n : 1, size, &bytes) || bytes > SIZE_MAX - c->off - 64) {
+        c->overflow = 1;
+        return NULL;
+    }
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += (bytes + 63) & ~(size_t)63;
+    return p;
+}
+
+/* ---- shared pieces ---- */
+
+/* Blocks scored per kernel call in the block-major pass (a multiple of
+ * every table's tile: 2 and 3). */
+#define BM_GROUP 3
+
+/* Blocks scored per item-major kernel call: 64 AABBs of head_dim 128 are 64
+ * KiB (f32), kept in L2 while every row panel of the prefill passes over them. */
 #define SCORE_CHUNK 64
 
-typedef struct score_job {
-    const kvm_score_desc *d;
-    const kvm_score_kernels *kern;
-    size_t G, R, K, ldo, kbuf_rows;
-    int use_rows;
-    float *qpack; /* block-major pass: packed query rows [item][R][K] */
-    float *big; /* block-major pass: every item's scores [item][n_cand][ldo], or NULL */
-    atomic_int failed;
-} score_job;
+size_t kvm_score_block_major_max_bytes = (size_t)64 << 20;
 
 typedef struct rank_item {
     float v;
@@ -59,83 +118,81 @@ static int rank_cmp(const void *a, const void *b) {
     return (x->j > y->j) - (x->j < y->j);
 }
 
-static void score_item(const score_job *job, size_t item, float *qbuf, float *sc, const float **bp,
-                       float *kbuf, float *tmp) {
-    const kvm_score_desc *d = job->d;
-    const kvmem_pool *p = d->pool;
-    const kvm_score_kernels *kern = job->kern;
-    const size_t L = (size_t)p->spec.n_layers, NQ = (size_t)p->spec.n_q_heads, H = (size_t)p->spec.n_kv_heads;
-    const size_t D = (size_t)p->spec.head_dim, G = job->G, R = job->R, K = job->K, ldo = job->ldo;
-    const size_t nq = (size_t)d->n_q, nc = (size_t)d->n_cand;
-    const size_t l = item / H, g = item % H;
-    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
+typedef struct slot {
+    /* EXACT: keys of one (block, layer, head) and their row scores */
+    float *kbuf, *tmp;
+    const float **kp;
+    /* item-major */
+    float *qbuf, *sc, *colm, *boxf;
+    const float **bp;
+    /* RR */
+    rank_item *ranks;
+    float *col; /* one item's scores [n_cand][R] */
+} slot;
 
-    /* Query rows of the group, r = gi * n_q + t: [q+ || q-] (AABB) or q (EXACT),
-     * transposed into a zero-padded panel for the panel kernel. */
-    if (!job->use_rows) memset(qbuf, 0, K * ldo * sizeof(float));
-    for (size_t gi = 0; gi < G; gi++)
+typedef struct score_job {
+    const kvm_score_desc *d;
+    const kvm_score_kernels *kern;
+    size_t L, H, NQ, D, G, R, K, items, cols, nc, nq, ldo, kbuf_rows, esz;
+    int exact, use_rows;
+    float *qpack; /* block-major: [item][R][D] raw query rows */
+    float *sc;    /* block-major: scores [n_cand][cols], cols = items * R */
+    size_t chunk, n_chunks;
+    float *cm, *cz; /* softmax: per chunk column maxima and sums [n_chunks][cols]; cm becomes w_c */
+    float *oi;      /* per item results [items][n_cand] (RR, item-major) */
+    slot *slots;
+    atomic_size_t next;
+    size_t n_work;
+} score_job;
+
+/* Query rows of item (l, g), r = gi * n_q + t, raw or split into [q+ || q-]. */
+static void pack_rows(const score_job *job, size_t item, float *dst, int split) {
+    const kvm_score_desc *d = job->d;
+    const size_t l = item / job->H, g = item % job->H, D = job->D, nq = job->nq;
+    for (size_t gi = 0; gi < job->G; gi++)
         for (size_t t = 0; t < nq; t++) {
-            const size_t r = gi * nq + t;
-            const float *src = d->q + ((t * L + l) * NQ + g * G + gi) * D;
+            const float *src = d->q + ((t * job->L + l) * job->NQ + g * job->G + gi) * D;
+            float *row = dst + (gi * nq + t) * (split ? 2 * D : D);
+            if (!split) {
+                memcpy(row, src, D * sizeof(float));
+                continue;
+            }
             for (size_t k = 0; k < D; k++) {
-                float x = src[k];
-                float a = exact ? x : (x > 0.0f ? x : 0.0f), b = x < 0.0f ? x : 0.0f;
-                if (job->use_rows) {
-                    qbuf[r * K + k] = a;
-                    if (!exact) qbuf[r * K + D + k] = b;
-                } else {
-                    qbuf[k * ldo + r] = a;
-                    if (!exact) qbuf[(D + k) * ldo + r] = b;
-                }
+                row[k] = src[k] > 0.0f ? src[k] : 0.0f;
+                row[D + k] = src[k] < 0.0f ? src[k] : 0.0f;
             }
         }
-
-    if (!exact) {
-        for (size_t j = 0; j < nc; j++) bp[j] = kvm_block_aabb(p, d->mem, d->cand[j], (int32_t)l, (int32_t)g);
-        for (size_t j0 = 0; j0 < nc; j0 += SCORE_CHUNK) {
-            size_t n = KVM_MIN((size_t)SCORE_CHUNK, nc - j0);
-            if (job->use_rows) kern->rows(qbuf, R, bp + j0, n, K, sc + j0 * ldo, ldo);
-            else kern->panel(qbuf, ldo, bp + j0, n, K, sc + j0 * ldo, ldo);
-        }
-    } else {
-        for (size_t j = 0; j < nc; j++) {
-            const kvm_block *blk = &d->mem->blocks[d->cand[j]];
-            const size_t n = (size_t)blk->n_tokens;
-            kvm_block_read_f32(p, blk, 0, (int32_t)l, (int32_t)g, 0, blk->n_tokens, kbuf);
-            for (size_t i = 0; i < n; i++) bp[i] = kbuf + i * D;
-            if (job->use_rows) kern->rows(qbuf, R, bp, n, K, tmp, ldo);
-            else kern->panel(qbuf, ldo, bp, n, K, tmp, ldo);
-            float *o = sc + j * ldo;
-            memcpy(o, tmp, ldo * sizeof(float));
-            for (size_t i = 1; i < n; i++)
-                for (size_t r = 0; r < ldo; r++) o[r] = tmp[i * ldo + r] > o[r] ? tmp[i * ldo + r] : o[r];
-        }
-    }
-
 }
 
-/* Normalise item's scores sc[n_cand][ldo] per query token over the
- * candidates, aggregate over tokens, sum over the group's query heads. */
-static void normalise_item(const score_job *job, size_t item, float *sc, float *colm, float *cols, rank_item *ranks) {
+/* EXACT: out[r] = max_i q_r . k_i over the keys of block cand[j], item (l, g);
+ * q rows [R][D], out R floats. */
+static void exact_block(const score_job *job, const slot *s, const float *q, size_t R, int32_t blk_id, size_t item,
+                        float *out) {
     const kvm_score_desc *d = job->d;
-    const size_t G = job->G, R = job->R, ldo = job->ldo;
-    const size_t nq = (size_t)d->n_q, nc = (size_t)d->n_cand;
-    const kvm_score_kernels *kern = job->kern;
-    /* Per-token normalisation over the candidates, column by column. */
+    const kvm_block *blk = &d->mem->blocks[blk_id];
+    const size_t n = (size_t)blk->n_tokens, D = job->D;
+    kvm_block_read_f32(d->pool, blk, 0, (int32_t)(item / job->H), (int32_t)(item % job->H), 0, blk->n_tokens, s->kbuf);
+    for (size_t i = 0; i < n; i++) s->kp[i] = s->kbuf + i * D;
+    job->kern->rows(q, R, s->kp, n, D, s->tmp, R);
+    memcpy(out, s->tmp, R * sizeof(float));
+    for (size_t i = 1; i < n; i++)
+        for (size_t r = 0; r < R; r++) out[r] = s->tmp[i * R + r] > out[r] ? s->tmp[i * R + r] : out[r];
+}
+
+/* Per-token normalisation of one item's scores sc[n_cand][ldo] (rows r < R)
+ * over the candidates, aggregation over tokens and the sum over the group:
+ * o[j] for every candidate. sc is overwritten. */
+static void normalise_item(const score_job *job, float *sc, size_t ldo, float *colm, rank_item *ranks, float *o) {
+    const kvm_score_desc *d = job->d;
+    const size_t G = job->G, R = job->R, nq = job->nq, nc = job->nc;
     if (d->norm == KVMEM_NORM_SOFTMAX) {
-        for (size_t r = 0; r < ldo; r++) colm[r] = sc[r];
-        for (size_t j = 1; j < nc; j++)
-            for (size_t r = 0; r < ldo; r++) colm[r] = sc[j * ldo + r] > colm[r] ? sc[j * ldo + r] : colm[r];
-        const float tau = d->tau;
+        float *cols = colm + ldo;
+        for (size_t r = 0; r < R; r++) colm[r] = -INFINITY, cols[r] = 0.0f;
+        job->kern->col_max(sc, nc, ldo, R, colm);
+        job->kern->col_exp_sum(sc, nc, ldo, R, colm, d->tau, cols);
+        for (size_t r = 0; r < R; r++) cols[r] = 1.0f / cols[r];
         for (size_t j = 0; j < nc; j++)
-            for (size_t r = 0; r < ldo; r++) sc[j * ldo + r] = tau * (sc[j * ldo + r] - colm[r]);
-        kern->exp_neg(sc, nc * ldo);
-        for (size_t r = 0; r < ldo; r++) cols[r] = 0.0f;
-        for (size_t j = 0; j < nc; j++)
-            for (size_t r = 0; r < ldo; r++) cols[r] += sc[j * ldo + r];
-        for (size_t r = 0; r < ldo; r++) cols[r] = 1.0f / cols[r];
-        for (size_t j = 0; j < nc; j++)
-            for (size_t r = 0; r < ldo; r++) sc[j * ldo + r] *= cols[r];
+            for (size_t r = 0; r < R; r++) sc[j * ldo + r] *= cols[r];
     } else {
         for (size_t r = 0; r < R; r++) {
             for (size_t j = 0; j < nc; j++) {
@@ -146,9 +203,6 @@ static void normalise_item(const score_job *job, size_t item, float *sc, float *
             for (size_t k = 0; k < nc; k++) sc[(size_t)ranks[k].j * ldo + r] = 1.0f / ((float)(k + 1) + d->rr_c);
         }
     }
-
-    /* Aggregate over the tokens of each query head, sum over the group. */
-    float *out = d->out + item * nc;
     for (size_t j = 0; j < nc; j++) {
         const float *s = sc + j * ldo;
         float total = 0.0f;
@@ -160,117 +214,225 @@ static void normalise_item(const score_job *job, size_t item, float *sc, float *
                 for (size_t t = 1; t < nq; t++) a += s[gi * nq + t];
             total += a;
         }
-        out[j] = total;
+        o[j] = total;
     }
 }
 
-static void score_task(void *arg, size_t ib, size_t ie) {
-    score_job *job = arg;
+/* out[s][j] = sum of oi[item][j] over the items of set s (layer order, in
+ * double: up to n_layers * n_kv_heads terms). */
+static void sum_sets(const score_job *job) {
     const kvm_score_desc *d = job->d;
-    const size_t nc = (size_t)d->n_cand, K = job->K, ldo = job->ldo;
-    const size_t D = (size_t)d->pool->spec.head_dim, kr = job->kbuf_rows;
-    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
-    float *qbuf = kvm_aligned_alloc(K * ldo * sizeof(float));
-    float *sc = job->big ? NULL : kvm_aligned_alloc(nc * ldo * sizeof(float));
-    const float **bp = kvm_malloc((exact ? kr : nc) * sizeof *bp);
-    float *kbuf = exact ? kvm_aligned_alloc(kr * D * sizeof(float)) : NULL;
-    float *tmp = exact ? kvm_aligned_alloc(kr * ldo * sizeof(float)) : NULL;
-    float *colm = kvm_malloc(2 * ldo * sizeof(float));
-    rank_item *ranks = d->norm == KVMEM_NORM_RR ? kvm_malloc(nc * sizeof *ranks) : NULL;
-    if (!qbuf || (!sc && !job->big) || !bp || !colm || (exact && (!kbuf || !tmp)) || (d->norm == KVMEM_NORM_RR && !ranks)) {
-        atomic_store(&job->failed, 1);
-    } else {
-        for (size_t it = ib; it < ie; it++) {
-            float *s = job->big ? job->big + it * nc * ldo : sc;
-            if (!job->big) score_item(job, it, qbuf, s, bp, kbuf, tmp);
-            normalise_item(job, it, s, colm, colm + ldo, ranks);
+    const size_t nc = job->nc, per = job->items / (size_t)d->n_sets;
+    for (size_t s = 0; s < (size_t)d->n_sets; s++)
+        for (size_t j = 0; j < nc; j++) {
+            double acc = 0;
+            for (size_t it = s * per; it < (s + 1) * per; it++) acc += job->oi[it * nc + j];
+            d->out[s * nc + j] = (float)acc;
+        }
+}
+
+/* ---- block-major pass (decode) ---- */
+
+static void bm_chunk(score_job *job, const slot *s, size_t c) {
+    const kvm_score_desc *d = job->d;
+    const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols, R = job->R;
+    for (size_t j = j0; j < j1; j += BM_GROUP) {
+        const size_t n = KVM_MIN((size_t)BM_GROUP, j1 - j);
+        for (size_t item = 0; item < job->items; item++) {
+            const int32_t l = (int32_t)(item / job->H), g = (int32_t)(item % job->H);
+            const float *q = job->qpack + item * R * job->D;
+            float *out = job->sc + j * cols + item * R;
+            if (job->exact) {
+                for (size_t x = 0; x < n; x++) exact_block(job, s, q, R, d->cand[j + x], item, out + x * cols);
+            } else if (job->esz == 2) {
+                const uint16_t *bp[BM_GROUP];
+                for (size_t x = 0; x < n; x++) bp[x] = kvm_block_aabb(d->pool, d->mem, d->cand[j + x], l, g);
+                job->kern->aabb_rows_f16(q, R, bp, n, job->D, out, cols);
+            } else {
+                const float *bp[BM_GROUP];
+                for (size_t x = 0; x < n; x++) bp[x] = kvm_block_aabb(d->pool, d->mem, d->cand[j + x], l, g);
+                job->kern->aabb_rows_f32(q, R, bp, n, job->D, out, cols);
+            }
         }
     }
-    kvm_aligned_free(qbuf);
-    kvm_aligned_free(sc);
-    kvm_free((void *)bp);
-    kvm_aligned_free(kbuf);
-    kvm_aligned_free(tmp);
-    kvm_free(colm);
-    kvm_free(ranks);
+    if (d->norm != KVMEM_NORM_SOFTMAX) return;
+    /* the chunk's part of the softmax, while its scores are in cache */
+    float *m = job->cm + c * cols, *z = job->cz + c * cols;
+    for (size_t k = 0; k < cols; k++) m[k] = -INFINITY, z[k] = 0.0f;
+    job->kern->col_max(job->sc + j0 * cols, j1 - j0, cols, cols, m);
+    job->kern->col_exp_sum(job->sc + j0 * cols, j1 - j0, cols, cols, m, d->tau, z);
 }
 
-/* Decode-sized scoring in block-major order: a task takes a few consecutive
- * candidates and scores every (layer, KV head) for them, so it reads the
- * agent's AABB array (or each block's keys, EXACT) as a handful of sequential
- * streams (an item-major pass would jump 2 * L * H * head_dim floats between
- * blocks: a new page, and a TLB miss, per 1 KiB box). */
-#define BM_BLOCKS 8
-
-size_t kvm_score_block_major_max_bytes = (size_t)64 << 20;
-
-static void block_major_task(void *arg, size_t cb, size_t ce) {
-    score_job *job = arg;
+/* Set scores of the chunk's blocks: e rows against the chunk's weights. */
+static void bm_finish(score_job *job, size_t c) {
     const kvm_score_desc *d = job->d;
-    const kvmem_pool *p = d->pool;
-    const size_t H = (size_t)p->spec.n_kv_heads, items = (size_t)p->spec.n_layers * H, D = (size_t)p->spec.head_dim;
-    const size_t R = job->R, K = job->K, nc = (size_t)d->n_cand, kr = job->kbuf_rows;
-    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
-    float *kbuf = exact ? kvm_aligned_alloc(kr * D * sizeof(float)) : NULL;
-    float *tmp = exact ? kvm_aligned_alloc(kr * R * sizeof(float)) : NULL;
-    const float **kp = exact ? kvm_malloc(kr * sizeof *kp) : NULL;
-    if (exact && (!kbuf || !tmp || !kp)) {
-        atomic_store(&job->failed, 1);
-        ce = cb;
-    }
-    for (size_t c = cb; c < ce; c++) {
-        const size_t j0 = c * BM_BLOCKS, n = KVM_MIN((size_t)BM_BLOCKS, nc - j0);
-        for (size_t item = 0; item < items; item++) {
-            const int32_t l = (int32_t)(item / H), g = (int32_t)(item % H);
-            const float *qi = job->qpack + item * R * K;
-            float *out = job->big + (item * nc + j0) * R;
-            if (!exact) {
-                const float *bp[BM_BLOCKS];
-                for (size_t j = 0; j < n; j++) bp[j] = kvm_block_aabb(p, d->mem, d->cand[j0 + j], l, g);
-                job->kern->rows(qi, R, bp, n, K, out, R);
+    const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols;
+    const size_t per = cols / (size_t)d->n_sets, nq = job->nq;
+    const float *w = job->cm + c * cols;
+    for (size_t j = j0; j < j1; j++) {
+        const float *e = job->sc + j * cols;
+        for (size_t s = 0; s < (size_t)d->n_sets; s++) {
+            if (d->agg == KVMEM_AGG_SUM || nq == 1) {
+                d->out[s * job->nc + j] = job->kern->dot(e + s * per, w + s * per, per);
                 continue;
             }
-            for (size_t j = 0; j < n; j++) {
-                const kvm_block *blk = &d->mem->blocks[d->cand[j0 + j]];
-                const size_t nt = (size_t)blk->n_tokens;
-                kvm_block_read_f32(p, blk, 0, l, g, 0, blk->n_tokens, kbuf);
-                for (size_t i = 0; i < nt; i++) kp[i] = kbuf + i * D;
-                job->kern->rows(qi, R, kp, nt, K, tmp, R);
-                float *o = out + j * R;
-                memcpy(o, tmp, R * sizeof(float));
-                for (size_t i = 1; i < nt; i++)
-                    for (size_t r = 0; r < R; r++) o[r] = tmp[i * R + r] > o[r] ? tmp[i * R + r] : o[r];
+            float total = 0.0f;
+            for (size_t gr = s * per; gr < (s + 1) * per; gr += nq) { /* one (item, query head): max over tokens */
+                float a = e[gr] * w[gr];
+                for (size_t t = 1; t < nq; t++) a = e[gr + t] * w[gr + t] > a ? e[gr + t] * w[gr + t] : a;
+                total += a;
             }
+            d->out[s * job->nc + j] = total;
         }
     }
-    kvm_aligned_free(kbuf);
-    kvm_aligned_free(tmp);
-    kvm_free((void *)kp);
 }
 
-/* Query rows of every item, [item][R][K]: [q+ || q-] (AABB) or q (EXACT),
- * for the block-major pass. */
-static void pack_all_queries(const score_job *job) {
+/* RR: one item's ranks per column, aggregated, into oi[item]. */
+static void bm_rank_item(score_job *job, const slot *s, size_t item) {
+    const size_t nc = job->nc, R = job->R, cols = job->cols;
+    for (size_t j = 0; j < nc; j++) memcpy(s->col + j * R, job->sc + j * cols + item * R, R * sizeof(float));
+    normalise_item(job, s->col, R, NULL, s->ranks, job->oi + item * nc);
+}
+
+enum { W_SCORE, W_FINISH, W_RANK, W_ITEM };
+
+typedef struct phase {
+    score_job *job;
+    int what;
+} phase;
+
+static void item_major(score_job *job, const slot *s, size_t item);
+
+static void slot_task(void *arg, size_t b, size_t e) {
+    phase *ph = arg;
+    score_job *job = ph->job;
+    for (size_t si = b; si < e; si++)
+        for (;;) {
+            size_t w = atomic_fetch_add(&job->next, 1);
+            if (w >= job->n_work) break;
+            if (ph->what == W_SCORE) bm_chunk(job, &job->slots[si], w);
+            else if (ph->what == W_FINISH) bm_finish(job, w);
+            else if (ph->what == W_RANK) bm_rank_item(job, &job->slots[si], w);
+            else item_major(job, &job->slots[si], w);
+        }
+}
+
+static void run_phase(score_job *job, kvm_threadpool *tp, size_t n_slots, size_t n_work, int what) {
+    phase ph = {job, what};
+    atomic_store(&job->next, 0);
+    job->n_work = n_work;
+    kvm_parallel_for(tp, n_slots, 1, slot_task, &ph);
+}
+
+/* Global maxima and normalisers from the chunks' parts; each chunk's m_c
+ * becomes its weight w_c = exp(tau (m_c - m)) / Z. */
+static void combine_chunks(score_job *job, float *m, float *zsum) {
+    const kvm_score_desc *d = job->d;
+    const size_t cols = job->cols, nch = job->n_chunks;
+    for (size_t k = 0; k < cols; k++) m[k] = -INFINITY, zsum[k] = 0.0f;
+    job->kern->col_max(job->cm, nch, cols, cols, m);
+    for (size_t c = 0; c < nch; c++) {
+        float *f = job->cm + c * cols;
+        const float *z = job->cz + c * cols;
+        for (size_t k = 0; k < cols; k++) f[k] = d->tau * (f[k] - m[k]);
+        job->kern->exp_neg(f, cols);
+        for (size_t k = 0; k < cols; k++) zsum[k] += z[k] * f[k];
+    }
+    for (size_t k = 0; k < cols; k++) zsum[k] = 1.0f / zsum[k];
+    for (size_t c = 0; c < nch; c++) {
+        float *f = job->cm + c * cols;
+        for (size_t k = 0; k < cols; k++) f[k] *= zsum[k];
+    }
+}
+
+/* ---- item-major pass (prefill, or block-major too large) ---- */
+
+static void item_major(score_job *job, const slot *s, size_t item) {
     const kvm_score_desc *d = job->d;
     const kvmem_pool *p = d->pool;
-    const size_t L = (size_t)p->spec.n_layers, NQ = (size_t)p->spec.n_q_heads, H = (size_t)p->spec.n_kv_heads;
-    const size_t D = (size_t)p->spec.head_dim, G = job->G, R = job->R, K = job->K, nq = (size_t)d->n_q;
-    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
-    for (size_t item = 0; item < L * H; item++) {
-        const size_t l = item / H, g = item % H;
-        for (size_t gi = 0; gi < G; gi++)
-            for (size_t t = 0; t < nq; t++) {
-                const float *src = d->q + ((t * L + l) * NQ + g * G + gi) * D;
-                float *row = job->qpack + (item * R + gi * nq + t) * K;
-                for (size_t k = 0; k < D; k++) {
-                    if (exact) {
-                        row[k] = src[k];
-                    } else {
-                        row[k] = src[k] > 0.0f ? src[k] : 0.0f;
-                        row[D + k] = src[k] < 0.0f ? src[k] : 0.0f;
-                    }
+    const size_t D = job->D, R = job->R, K = job->K, ldo = job->ldo, nc = job->nc;
+    const size_t l = item / job->H, g = item % job->H;
+    if (job->use_rows) {
+        pack_rows(job, item, s->qbuf, !job->exact);
+    } else { /* the transposed, zero-padded panel [K][ldo], in 16 x 16 tiles (both sides stay in L1) */
+        float *rows = s->sc; /* [R][K] staging, overwritten by the scores below */
+        pack_rows(job, item, rows, !job->exact);
+        for (size_t k0 = 0; k0 < K; k0 += 16)
+            for (size_t r0 = 0; r0 < ldo; r0 += 16)
+                for (size_t k = k0; k < KVM_MIN(K, k0 + 16); k++) {
+                    float *dst = s->qbuf + k * ldo;
+                    for (size_t r = r0; r < r0 + 16; r++) dst[r] = r < R ? rows[r * K + k] : 0.0f;
                 }
+    }
+    float *sc = s->sc;
+    if (!job->exact) {
+        const size_t ahead = 8, box_bytes = 2 * D * job->esz; /* boxes of other blocks: far apart, prefetched */
+        for (size_t j0 = 0; j0 < nc; j0 += SCORE_CHUNK) {
+            size_t n = KVM_MIN((size_t)SCORE_CHUNK, nc - j0);
+            for (size_t j = 0; j < n; j++) {
+                if (j0 + j + ahead < nc) {
+                    const char *pf = kvm_block_aabb(p, d->mem, d->cand[j0 + j + ahead], (int32_t)l, (int32_t)g);
+                    for (size_t c = 0; c < box_bytes; c += 64) KVM_PREFETCH(pf + c);
+                }
+                float *f = s->boxf + j * 2 * D;
+                kvm_block_aabb_f32(p, d->mem, d->cand[j0 + j], (int32_t)l, (int32_t)g, f);
+                s->bp[j] = f;
             }
+            if (job->use_rows) job->kern->rows(s->qbuf, R, s->bp, n, K, sc + j0 * ldo, ldo);
+            else job->kern->panel(s->qbuf, ldo, s->bp, n, K, sc + j0 * ldo, ldo);
+        }
+    } else {
+        for (size_t j = 0; j < nc; j++) {
+            const kvm_block *blk = &d->mem->blocks[d->cand[j]];
+            const size_t n = (size_t)blk->n_tokens;
+            kvm_block_read_f32(p, blk, 0, (int32_t)l, (int32_t)g, 0, blk->n_tokens, s->kbuf);
+            for (size_t i = 0; i < n; i++) s->bp[i] = s->kbuf + i * D;
+            if (job->use_rows) job->kern->rows(s->qbuf, R, s->bp, n, K, s->tmp, ldo);
+            else job->kern->panel(s->qbuf, ldo, s->bp, n, K, s->tmp, ldo);
+            float *o = sc + j * ldo;
+            memcpy(o, s->tmp, ldo * sizeof(float));
+            for (size_t i = 1; i < n; i++)
+                for (size_t r = 0; r < ldo; r++) o[r] = s->tmp[i * ldo + r] > o[r] ? s->tmp[i * ldo + r] : o[r];
+        }
+    }
+    normalise_item(job, sc, ldo, s->colm, s->ranks, job->oi + item * nc);
+}
+
+/* ---- the op ---- */
+
+static void layout(score_job *job, carve *c, size_t n_slots, int block_major) {
+    const size_t nc = job->nc, D = job->D, R = job->R, kr = job->kbuf_rows;
+    const int rr = job->d->norm == KVMEM_NORM_RR;
+    job->slots = take(c, n_slots, sizeof(slot));
+    if (block_major) {
+        job->qpack = take(c, job->items * R, D * sizeof(float));
+        job->sc = take(c, nc, job->cols * sizeof(float));
+        if (!rr) {
+            job->cm = take(c, job->n_chunks, job->cols * sizeof(float));
+            job->cz = take(c, job->n_chunks + 2, job->cols * sizeof(float)); /* + m and Z of the combine */
+        }
+    }
+    if (!block_major || rr) job->oi = take(c, job->items, nc * sizeof(float));
+    for (size_t i = 0; i < n_slots; i++) {
+        slot s;
+        memset(&s, 0, sizeof s);
+        if (job->exact) {
+            s.kbuf = take(c, kr, D * sizeof(float));
+            s.tmp = take(c, kr, (block_major ? R : job->ldo) * sizeof(float));
+            s.kp = take(c, kr, sizeof(float *));
+        }
+        if (!block_major) {
+            s.qbuf = take(c, job->K, job->ldo * sizeof(float));
+            s.sc = take(c, KVM_MAX(nc * job->ldo, R * job->K), sizeof(float));
+            s.colm = take(c, 2 * job->ldo, sizeof(float));
+            s.bp = take(c, KVM_MAX(kr, (size_t)SCORE_CHUNK), sizeof(float *));
+            if (!job->exact) s.boxf = take(c, (size_t)SCORE_CHUNK * 2, D * sizeof(float));
+        }
+        if (rr) {
+            s.ranks = take(c, nc, sizeof(rank_item));
+            if (block_major) s.col = take(c, nc, R * sizeof(float));
+        }
+        if (c->base) job->slots[i] = s;
     }
 }
 
@@ -281,39 +443,92 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     memset(&job, 0, sizeof job);
     job.d = d;
     job.kern = d->kern ? d->kern : kvm_score_kernels_get();
-    job.G = (size_t)(p->spec.n_q_heads / p->spec.n_kv_heads);
-    job.R = job.G * (size_t)d->n_q;
-    job.K = (size_t)p->spec.head_dim * (d->mode == KVMEM_RETRIEVE_EXACT ? 1 : 2);
+    job.L = (size_t)p->spec.n_layers;
+    job.H = (size_t)p->spec.n_kv_heads;
+    job.NQ = (size_t)p->spec.n_q_heads;
+    job.D = (size_t)p->spec.head_dim;
+    job.G = job.NQ / job.H;
+    job.nq = (size_t)d->n_q;
+    job.nc = (size_t)d->n_cand;
+    job.R = job.G * job.nq;
+    job.items = job.L * job.H;
+    job.cols = job.items * job.R;
+    job.exact = d->mode == KVMEM_RETRIEVE_EXACT;
+    job.K = job.D * (job.exact ? 1 : 2);
+    job.esz = kvm_aabb_esize(p);
     job.use_rows = job.R < job.kern->rows_below;
     job.ldo = job.use_rows ? job.R : (job.R + KVM_SCORE_ROW_PAD - 1) / KVM_SCORE_ROW_PAD * KVM_SCORE_ROW_PAD;
     int32_t maxrows = 1;
     for (int32_t j = 0; j < d->n_cand; j++) maxrows = KVM_MAX(maxrows, d->mem->blocks[d->cand[j]].n_tokens);
     job.kbuf_rows = (size_t)maxrows;
-    atomic_init(&job.failed, 0);
-    size_t items = (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
-    /* Few query rows (decode): score block-major into one buffer first when
-     * it stays small (both modes, so EXACT gets the same access pattern);
-     * normalisation then runs per item. */
-    size_t big_bytes = items * (size_t)d->n_cand * job.ldo * sizeof(float);
-    if (job.use_rows && big_bytes <= kvm_score_block_major_max_bytes) {
-        job.big = kvm_aligned_alloc(big_bytes);
-        job.qpack = kvm_aligned_alloc(items * job.R * job.K * sizeof(float));
-        if (!job.big || !job.qpack) {
-            kvm_aligned_free(job.big);
-            job.big = NULL; /* fall back to the item-major pass */
-        } else {
-            pack_all_queries(&job);
-            size_t chunks = ((size_t)d->n_cand + BM_BLOCKS - 1) / BM_BLOCKS;
-            kvm_parallel_for(tp, chunks, 4, block_major_task, &job);
-        }
+    size_t sc_bytes = 0;
+    const int block_major = job.use_rows && kvm_mul_size(job.nc * job.cols, sizeof(float), &sc_bytes) &&
+                            sc_bytes <= kvm_score_block_major_max_bytes;
+    /* a decode pass over less than 1 MiB of boxes takes microseconds: waking
+     * the other threads would cost more than it saves */
+    if (block_major && !job.exact && job.nc * kvm_aabb_block_bytes(p) < ((size_t)1 << 20)) tp = NULL;
+    const size_t n_slots = (size_t)kvm_threadpool_size(tp);
+    if (block_major) {
+        /* chunks of about 2 MB of boxes, at least 4 per thread when there
+         * are blocks enough, a multiple of the kernel group */
+        size_t box_bytes = kvm_aabb_block_bytes(p) * (job.exact ? 8 : 1);
+        size_t ch = KVM_MAX((size_t)1, ((size_t)2 << 20) / KVM_MAX(box_bytes, (size_t)1));
+        ch = KVM_MIN(ch, (job.nc + 4 * n_slots - 1) / (4 * n_slots));
+        ch = KVM_MAX((size_t)BM_GROUP, (ch + BM_GROUP - 1) / BM_GROUP * BM_GROUP);
+        job.chunk = ch;
+        job.n_chunks = (job.nc + ch - 1) / ch;
     }
-    size_t grain = items / (4 * (size_t)kvm_threadpool_size(tp));
-    if (!atomic_load(&job.failed)) kvm_parallel_for(tp, items, grain ? grain : 1, score_task, &job);
-    kvm_aligned_free(job.big);
-    kvm_aligned_free(job.qpack);
-    if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for scoring scratch");
+    carve c = {NULL, 0, 0};
+    layout(&job, &c, n_slots, block_major);
+    kvm_scratch local = {NULL, 0};
+    kvm_scratch *scr = d->scratch ? d->scratch : &local;
+    void *base = c.overflow ? NULL : kvm_scratch_get(scr, c.off);
+    if (!base) {
+        kvm_scratch_release(&local);
+        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for %zu bytes of scoring scratch (%zu candidates)",
+                        c.off, job.nc);
+    }
+    c.base = base;
+    c.off = 0;
+    layout(&job, &c, n_slots, block_major);
+
+    if (block_major) {
+        for (size_t it = 0; it < job.items; it++) pack_rows(&job, it, job.qpack + it * job.R * job.D, 0);
+        run_phase(&job, tp, n_slots, job.n_chunks, W_SCORE);
+        if (d->norm == KVMEM_NORM_SOFTMAX) {
+            float *m = job.cz + job.n_chunks * job.cols, *z = m + job.cols;
+            combine_chunks(&job, m, z);
+            run_phase(&job, tp, n_slots, job.n_chunks, W_FINISH);
+        } else {
+            run_phase(&job, tp, n_slots, job.items, W_RANK);
+            sum_sets(&job);
+        }
+    } else {
+        run_phase(&job, tp, n_slots, job.items, W_ITEM);
+        sum_sets(&job);
+    }
+    kvm_scratch_release(&local);
     return KVMEM_OK;
+}
+
+/* ---- top-k ---- */
+
+/* a ranks before b: larger value, ties toward the lower index */
+static int before(const float *v, int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+
+/* Heap of the k best so far in out_idx[0..m), the worst at the root. */
+static void sift_down(const float *v, int32_t *h, int32_t m, int32_t i) {
+    for (;;) {
+        int32_t w = i, l = 2 * i + 1, r = l + 1;
+        if (l < m && before(v, h[w], h[l])) w = l;
+        if (r < m && before(v, h[w], h[r])) w = r;
+        if (w == i) return;
+        int32_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
 }
 
 kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int32_t k, int32_t *out_idx,
@@ -321,19 +536,32 @@ kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int3
     (void)be;
     *n_out = 0;
     if (n <= 0 || k <= 0) return KVMEM_OK;
-    rank_item *it = kvm_malloc((size_t)n * sizeof *it);
-    if (!it) return kvm_fail(KVMEM_ERR_NOMEM, "topk: out of memory for ranking %d candidates", n);
+    /* a bounded heap: O(n log k), no allocation, no sort of all n */
     int32_t m = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (!isnan(score[i])) {
-            it[m].v = score[i];
-            it[m].j = i;
-            m++;
+    for (int32_t i = 0; i < n; i++) {
+        if (isnan(score[i])) continue;
+        if (m < k) {
+            out_idx[m++] = i;
+            for (int32_t c = m - 1; c > 0;) { /* sift up: the worst to the root */
+                int32_t par = (c - 1) / 2;
+                if (!before(score, out_idx[par], out_idx[c])) break;
+                int32_t t = out_idx[par];
+                out_idx[par] = out_idx[c];
+                out_idx[c] = t;
+                c = par;
+            }
+        } else if (before(score, i, out_idx[0])) {
+            out_idx[0] = i;
+            sift_down(score, out_idx, m, 0);
         }
-    qsort(it, (size_t)m, sizeof *it, rank_cmp);
-    int32_t c = KVM_MIN(k, m);
-    for (int32_t i = 0; i < c; i++) out_idx[i] = it[i].j;
-    *n_out = c;
-    kvm_free(it);
+    }
+    /* heap sort in place: the worst goes last */
+    for (int32_t e = m - 1; e > 0; e--) {
+        int32_t t = out_idx[0];
+        out_idx[0] = out_idx[e];
+        out_idx[e] = t;
+        sift_down(score, out_idx, e, 0);
+    }
+    *n_out = m;
     return KVMEM_OK;
 }

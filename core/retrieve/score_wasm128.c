@@ -9,6 +9,8 @@
  * tolerance the tests allow the x86 paths. */
 #include "score.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 #include <wasm_simd128.h>
 
@@ -149,8 +151,112 @@ static void w_exp_neg(float *x, size_t n) {
     }
 }
 
+/* AABB rows on f32 boxes: per (row, 4 dimensions) the sign mask of the
+ * query selects s_min or s_max, one multiply-add per block. Tile: 2 blocks x
+ * 2 rows. */
+static void w_aabb_rows_f32(const float *q, size_t R, const float *const *b, size_t n, size_t D, float *out,
+                            size_t ldo) {
+    const size_t D4 = D & ~(size_t)3;
+    const V zero = VSPLAT(0);
+    for (size_t j = 0; j < n; j++) {
+        const float *hi = b[j], *lo = b[j] + D;
+        for (size_t r = 0; r < R; r++) {
+            const float *qr = q + r * D;
+            V a0 = zero, a1 = zero;
+            size_t d = 0;
+            for (; d + 8 <= D4; d += 8) {
+                V y0 = VLOAD(qr + d), y1 = VLOAD(qr + d + 4);
+                a0 = VMADD(wasm_v128_bitselect(VLOAD(lo + d), VLOAD(hi + d), wasm_f32x4_lt(y0, zero)), y0, a0);
+                a1 = VMADD(wasm_v128_bitselect(VLOAD(lo + d + 4), VLOAD(hi + d + 4), wasm_f32x4_lt(y1, zero)), y1, a1);
+            }
+            for (; d < D4; d += 4) {
+                V y0 = VLOAD(qr + d);
+                a0 = VMADD(wasm_v128_bitselect(VLOAD(lo + d), VLOAD(hi + d), wasm_f32x4_lt(y0, zero)), y0, a0);
+            }
+            float s = hsum(wasm_f32x4_add(a0, a1));
+            for (; d < D; d++) s += qr[d] * (qr[d] < 0.0f ? lo[d] : hi[d]);
+            out[j * ldo + r] = s;
+        }
+    }
+}
+
+/* f16 boxes: widened block by block into a stack buffer (the boxes are
+ * finite, so the shift-and-scale widening is exact), then the f32 kernel. */
+static void w_aabb_rows_f16(const float *q, size_t R, const uint16_t *const *b, size_t n, size_t D, float *out,
+                            size_t ldo) {
+    float box[2 * 1024];
+    const float *bp[1] = {box};
+    const V scale = VSPLAT(0x1p112f);
+    for (size_t j = 0; j < n; j++) {
+        size_t i = 0;
+        for (; i + 4 <= 2 * D; i += 4) {
+            const uint16_t *h = b[j] + i;
+            v128_t x = wasm_i32x4_make(h[0], h[1], h[2], h[3]);
+            v128_t mag = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x7fff)), 13);
+            v128_t sign = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16);
+            VSTORE(box + i, wasm_v128_or(wasm_f32x4_mul(mag, scale), sign));
+        }
+        for (; i < 2 * D; i++) {
+            uint32_t x = b[j][i], bits = (x & 0x7fffu) << 13;
+            float f;
+            memcpy(&f, &bits, 4);
+            f *= 0x1p112f;
+            memcpy(&bits, &f, 4);
+            bits |= (x & 0x8000u) << 16;
+            memcpy(&box[i], &bits, 4);
+        }
+        w_aabb_rows_f32(q, R, bp, 1, D, out + j * ldo, ldo);
+    }
+}
+
+static void w_col_max(const float *x, size_t n, size_t ld, size_t cols, float *m) {
+    size_t c = 0;
+    for (; c + 4 <= cols; c += 4) {
+        V a = VLOAD(m + c);
+        for (size_t j = 0; j < n; j++) a = wasm_f32x4_pmax(a, VLOAD(x + j * ld + c));
+        VSTORE(m + c, a);
+    }
+    for (; c < cols; c++)
+        for (size_t j = 0; j < n; j++) m[c] = x[j * ld + c] > m[c] ? x[j * ld + c] : m[c];
+}
+
+static void w_col_exp_sum(float *x, size_t n, size_t ld, size_t cols, const float *m, float tau, float *z) {
+    const V t = VSPLAT(tau);
+    size_t c = 0;
+    for (; c + 4 <= cols; c += 4) {
+        const V mv = VLOAD(m + c);
+        V zs = VLOAD(z + c);
+        for (size_t j = 0; j < n; j++) {
+            V e = vexp_neg(wasm_f32x4_mul(t, wasm_f32x4_sub(VLOAD(x + j * ld + c), mv)));
+            VSTORE(x + j * ld + c, e);
+            zs = wasm_f32x4_add(zs, e);
+        }
+        VSTORE(z + c, zs);
+    }
+    for (; c < cols; c++)
+        for (size_t j = 0; j < n; j++) {
+            float e = expf(tau * (x[j * ld + c] - m[c]));
+            x[j * ld + c] = e;
+            z[c] += e;
+        }
+}
+
+static float w_dot(const float *a, const float *b, size_t n) {
+    V s0 = VSPLAT(0), s1 = s0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        s0 = VMADD(VLOAD(a + i), VLOAD(b + i), s0);
+        s1 = VMADD(VLOAD(a + i + 4), VLOAD(b + i + 4), s1);
+    }
+    for (; i + 4 <= n; i += 4) s0 = VMADD(VLOAD(a + i), VLOAD(b + i), s0);
+    float s = hsum(wasm_f32x4_add(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 /* rows_below 16: a decode step's 4-8 query rows would be padded to a
  * 16-row panel; the row product is faster below that. */
-static const kvm_score_kernels k_wasm128 = {"wasm128", w_panel, w_rows, w_exp_neg, 16};
+static const kvm_score_kernels k_wasm128 = {"wasm128",       w_panel,         w_rows,    w_exp_neg,     16,
+                                            w_aabb_rows_f16, w_aabb_rows_f32, w_col_max, w_col_exp_sum, w_dot};
 
 const kvm_score_kernels *kvm_score_kernels_wasm128(void) { return &k_wasm128; }

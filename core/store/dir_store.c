@@ -2,8 +2,8 @@
  * temporary file beside the target (".NAME.tmp.PID.N", a name no agent id can
  * take since ids never start with '.'), then fsync, rename, fsync of the
  * directory: a crash leaves the old file or the new one, never a mix. */
-#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
-#  define _DEFAULT_SOURCE /* preadv */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#  define _GNU_SOURCE /* preadv, pwritev, sync_file_range */
 #endif
 #include "store.h"
 #include "../internal.h"
@@ -149,6 +149,44 @@ static kvmem_status fw_write(kvm_store_writer *w, const void *buf, size_t n) {
     return KVMEM_OK;
 }
 
+/* Positional writes of the one-pass save (store.h). Each range is handed
+ * to the disk as soon as it is written (Linux: sync_file_range starts its
+ * writeback without waiting), so the device works while the rest of the file
+ * is being hashed and written, and the fsync at commit finds little left.
+ * Durability is still the fsync's: a failed writeback shows there. */
+static kvmem_status fw_pwritev(kvm_store_writer *w, uint64_t off, const struct iovec *iov, int cnt) {
+    file_writer *f = (file_writer *)w;
+    if (cnt < 0 || cnt > KVM_MAX_IOV) return kvm_fail(KVMEM_ERR_INVALID_ARG, "pwritev_at: %d buffers", cnt);
+    struct iovec v[KVM_MAX_IOV];
+    memcpy(v, iov, (size_t)cnt * sizeof *v);
+    const uint64_t start = off;
+    int i = 0;
+    while (i < cnt) {
+        if (off > (uint64_t)INT64_MAX) return kvm_fail(KVMEM_ERR_IO, "write offset %llu too large", (unsigned long long)off);
+#if defined(__linux__)
+        ssize_t k = pwritev(f->fd, v + i, cnt - i, (off_t)off);
+#else
+        ssize_t k = pwrite(f->fd, v[i].iov_base, v[i].iov_len, (off_t)off);
+#endif
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return kvm_fail(KVMEM_ERR_IO, "write to '%s' failed: %s", f->tmp, strerror(errno));
+        }
+        size_t left = (size_t)k;
+        off += left;
+        while (i < cnt && left >= v[i].iov_len) left -= v[i].iov_len, i++;
+        if (i < cnt) {
+            if (k == 0) return kvm_fail(KVMEM_ERR_IO, "write to '%s' made no progress", f->tmp);
+            v[i].iov_base = (unsigned char *)v[i].iov_base + left;
+            v[i].iov_len -= left;
+        }
+    }
+#if defined(__linux__)
+    if (off > start) (void)sync_file_range(f->fd, (off_t)start, (off_t)(off - start), SYNC_FILE_RANGE_WRITE);
+#endif
+    return KVMEM_OK;
+}
+
 static void fw_free(file_writer *f) {
     kvm_free(f->path);
     kvm_free(f->tmp);
@@ -236,6 +274,7 @@ kvmem_status kvm_file_open_write(const char *path, kvm_store_writer **out) {
     f->base.write = fw_write;
     f->base.commit = fw_commit;
     f->base.abort = fw_abort;
+    f->base.pwritev_at = fw_pwritev;
     *out = &f->base;
     return KVMEM_OK;
 }

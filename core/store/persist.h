@@ -5,7 +5,7 @@
 #include "../pool/pool.h"
 #include "store.h"
 
-#define KVM_FORMAT_VERSION 1
+#define KVM_FORMAT_VERSION 2 /* 2: quantized blocks part by part, AABBs in one tensor (f16); 1 is still read */
 #define KVM_MAX_HEADER ((uint64_t)64 << 20) /* refuse larger JSON headers */
 
 /* Write agent memory m (not changed) as a safetensors file to w, then

@@ -16,6 +16,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
 #include "../cpu/kernels.h"
 #include "../cpu/threadpool.h"
 #include <stdio.h>
@@ -105,17 +106,32 @@ static void sb_json_str(sbuf *b, const char *s, size_t n) {
     sb_put(b, "\"", 1);
 }
 
-/* ---- the plan: which tensors a file holds ---- */
+/* ---- the plan: which tensors a file holds ----
+ *
+ * Version 2 (written by this build):
+ *   raw dtypes   layer_{L}_k, layer_{L}_v          [H][T][D]     (F32/F16/BF16)
+ *   quantized    k_weights, v_weights, k_scales, v_scales, k_biases, v_biases:
+ *                2-D, one row per (block, layer, head, token) in that order
+ *                ([rows][W] U32 Q4 words, [rows][D] I8 Q8 codes, [rows][G]
+ *                F16 scales/biases; KIVI key scales/biases one row per
+ *                (block, layer, head): [n_blocks * L * H][D]), each block's
+ *                rows being one region of its memory (kvm_qblock_layout)
+ *   tails        layer_{L}_k_tail, layer_{L}_v_tail [H][tail][D]  F32
+ *   aabb         [n_blocks][L][H][2][D], s_max then s_min, F16 rounded
+ *                outward (F32 for F32 and BF16 pools)
+ * Version 1 (still read): the same raw and tail tensors; quantized tensors
+ * per layer, layer_{L}_k_weights|scales|biases [H][T][...] (MLX's per-head
+ * layout); AABBs per layer, layer_{L}_aabb_min|max [n_blocks][H][D] F32. */
 
-enum { T_KV, T_TAIL, T_AABB };
+enum { T_KV, T_QKV, T_TAIL, T_AABB1, T_AABB };
 
 typedef struct tplan {
     char name[48];
     const char *dtype;
     int ndim;
-    uint64_t shape[3];
+    uint64_t shape[5];
     uint64_t bytes;
-    int kind, which, layer, part; /* part: 0 codes/raw, 1 scales, 2 biases; AABB which: 0 min, 1 max */
+    int kind, which, layer, part; /* part: 0 codes/raw, 1 scales, 2 biases; T_AABB1 which: 0 min, 1 max */
     uint64_t begin, end;
     int seen;
 } tplan;
@@ -134,57 +150,88 @@ static const char *st_dtype(kvmem_dtype dt) {
     }
 }
 
-static int mul3(uint64_t a, uint64_t b, uint64_t c, uint64_t *out) {
-    if (b && a > UINT64_MAX / b) return 0;
-    uint64_t ab = a * b;
-    if (c && ab > UINT64_MAX / c) return 0;
-    *out = ab * c;
-    return 1;
-}
-
-static int add_t(plan *pl, const char *dtype, uint64_t esize, uint64_t d0, uint64_t d1, uint64_t d2, int kind,
-                 int which, int layer, int part, const char *suffix) {
+static int add_t(plan *pl, const char *name, const char *dtype, uint64_t esize, int ndim, const uint64_t *dims,
+                 int kind, int which, int layer, int part) {
     tplan *t = &pl->t[pl->n++];
     memset(t, 0, sizeof *t);
-    if (kind == T_AABB) snprintf(t->name, sizeof t->name, "layer_%d_aabb_%s", layer, suffix);
-    else snprintf(t->name, sizeof t->name, "layer_%d_%c%s", layer, which ? 'v' : 'k', suffix);
+    snprintf(t->name, sizeof t->name, "%s", name);
     t->dtype = dtype;
-    t->ndim = 3;
-    t->shape[0] = d0, t->shape[1] = d1, t->shape[2] = d2;
-    uint64_t e;
-    if (!mul3(d0, d1, d2, &e) || (esize && e > UINT64_MAX / esize)) return 0;
-    t->bytes = e * esize;
+    t->ndim = ndim;
+    uint64_t e = esize;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = dims[i];
+        if (dims[i] && e > UINT64_MAX / dims[i]) return 0;
+        e *= dims[i];
+    }
+    t->bytes = e;
     t->kind = kind, t->which = which, t->layer = layer, t->part = part;
     return 1;
 }
 
-/* Build the plan for n_sealed blocks holding ts tokens, tail_n tail tokens. */
-static kvmem_status build_plan(const kvmem_pool *p, uint64_t n_sealed, uint64_t ts, uint64_t tail_n, plan *pl) {
+/* Build the plan of a file of `version` for n_sealed blocks holding ts
+ * tokens and tail_n tail tokens. */
+static kvmem_status build_plan(const kvmem_pool *p, int version, uint64_t n_sealed, uint64_t ts, uint64_t tail_n,
+                               plan *pl) {
     const int L = p->spec.n_layers;
-    const uint64_t H = (uint64_t)p->spec.n_kv_heads, D = (uint64_t)p->spec.head_dim;
+    const uint64_t H = (uint64_t)p->spec.n_kv_heads, D = (uint64_t)p->spec.head_dim, LH = (uint64_t)L * H;
     const kvmem_dtype dt = p->params.storage_dtype;
-    pl->t = kvm_calloc((size_t)L * 10, sizeof *pl->t);
+    const int quant = kvm_is_quant_dtype(dt);
+    pl->t = kvm_calloc((size_t)L * 10 + 8, sizeof *pl->t);
     pl->n = 0;
     if (!pl->t) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the tensor list of %d layers", L);
     const uint64_t W = (D + 7) / 8, G8 = (D + 31) / 32, G4 = (D + 63) / 64;
+    char nm[48];
     int ok = 1;
+    if (quant && version >= 2) {
+        static const char *parts[3] = {"weights", "scales", "biases"};
+        const uint64_t rows = LH * ts; /* overflow: LH < 2^31, ts < 2^31 */
+        for (int part = 0; part < (dt == KVMEM_Q8 ? 2 : 3) && ok; part++)
+            for (int which = 0; which < 2 && ok; which++) {
+                int chan = dt == KVMEM_Q4_KIVI && which == 0 && part > 0;
+                uint64_t dims[2] = {chan ? n_sealed * LH : rows,
+                                    part == 0 ? (dt == KVMEM_Q8 ? D : W) : chan ? D : dt == KVMEM_Q8 ? G8 : G4};
+                snprintf(nm, sizeof nm, "%c_%s", which ? 'v' : 'k', parts[part]);
+                ok &= add_t(pl, nm, part ? "F16" : dt == KVMEM_Q8 ? "I8" : "U32", part ? 2 : dt == KVMEM_Q8 ? 1 : 4, 2,
+                            dims, T_QKV, which, 0, part);
+            }
+    }
     for (int l = 0; l < L && ok; l++) {
         for (int which = 0; which < 2 && ok; which++) {
-            if (dt == KVMEM_Q8) {
-                ok &= add_t(pl, "I8", 1, H, ts, D, T_KV, which, l, 0, "_weights");
-                ok &= add_t(pl, "F16", 2, H, ts, G8, T_KV, which, l, 1, "_scales");
-            } else if (kvm_is_quant_dtype(dt)) {
+            const char kv = which ? 'v' : 'k';
+            if (quant && version < 2) {
                 int chan = dt == KVMEM_Q4_KIVI && which == 0;
-                ok &= add_t(pl, "U32", 4, H, ts, W, T_KV, which, l, 0, "_weights");
-                ok &= add_t(pl, "F16", 2, H, chan ? n_sealed : ts, chan ? D : G4, T_KV, which, l, 1, "_scales");
-                ok &= add_t(pl, "F16", 2, H, chan ? n_sealed : ts, chan ? D : G4, T_KV, which, l, 2, "_biases");
-            } else {
-                ok &= add_t(pl, st_dtype(dt), kvm_dtype_size(dt), H, ts, D, T_KV, which, l, 0, "");
+                uint64_t dw[3] = {H, ts, dt == KVMEM_Q8 ? D : W};
+                uint64_t ds[3] = {H, chan ? n_sealed : ts, chan ? D : dt == KVMEM_Q8 ? G8 : G4};
+                snprintf(nm, sizeof nm, "layer_%d_%c_weights", l, kv);
+                ok &= add_t(pl, nm, dt == KVMEM_Q8 ? "I8" : "U32", dt == KVMEM_Q8 ? 1 : 4, 3, dw, T_KV, which, l, 0);
+                snprintf(nm, sizeof nm, "layer_%d_%c_scales", l, kv);
+                ok &= add_t(pl, nm, "F16", 2, 3, ds, T_KV, which, l, 1);
+                if (dt != KVMEM_Q8) {
+                    snprintf(nm, sizeof nm, "layer_%d_%c_biases", l, kv);
+                    ok &= add_t(pl, nm, "F16", 2, 3, ds, T_KV, which, l, 2);
+                }
+            } else if (!quant) {
+                uint64_t dims[3] = {H, ts, D};
+                snprintf(nm, sizeof nm, "layer_%d_%c", l, kv);
+                ok &= add_t(pl, nm, st_dtype(dt), kvm_dtype_size(dt), 3, dims, T_KV, which, l, 0);
             }
-            if (tail_n) ok &= add_t(pl, "F32", 4, H, tail_n, D, T_TAIL, which, l, 0, "_tail");
+            if (tail_n) {
+                uint64_t dims[3] = {H, tail_n, D};
+                snprintf(nm, sizeof nm, "layer_%d_%c_tail", l, kv);
+                ok &= add_t(pl, nm, "F32", 4, 3, dims, T_TAIL, which, l, 0);
+            }
         }
-        ok &= add_t(pl, "F32", 4, n_sealed, H, D, T_AABB, 0, l, 0, "min");
-        ok &= add_t(pl, "F32", 4, n_sealed, H, D, T_AABB, 1, l, 0, "max");
+        if (version < 2) {
+            uint64_t dims[3] = {n_sealed, H, D};
+            snprintf(nm, sizeof nm, "layer_%d_aabb_min", l);
+            ok &= add_t(pl, nm, "F32", 4, 3, dims, T_AABB1, 0, l, 0);
+            snprintf(nm, sizeof nm, "layer_%d_aabb_max", l);
+            ok &= add_t(pl, nm, "F32", 4, 3, dims, T_AABB1, 1, l, 0);
+        }
+    }
+    if (version >= 2 && ok) {
+        uint64_t dims[5] = {n_sealed, (uint64_t)L, H, 2, D};
+        ok &= add_t(pl, "aabb", kvm_aabb_esize(p) == 2 ? "F16" : "F32", kvm_aabb_esize(p), 5, dims, T_AABB, 0, 0, 0);
     }
     if (!ok) {
         kvm_free(pl->t);
@@ -194,44 +241,64 @@ static kvmem_status build_plan(const kvmem_pool *p, uint64_t n_sealed, uint64_t 
     return KVMEM_OK;
 }
 
-/* Call fn(ptr, len) for every contiguous piece of tensor t in file order. */
+/* Call fn(ptr, len) for every contiguous piece of tensor t in file order.
+ * aabb1: the f32 staging [n_sealed][L][H][2][D] that version 1 AABB
+ * tensors are read into (NULL when writing: only version 2 is written). */
 typedef kvmem_status (*piece_fn)(void *arg, unsigned char *ptr, size_t len);
 
-static kvmem_status for_pieces(const kvmem_pool *p, kvm_agent_mem *m, const tplan *t, piece_fn fn, void *arg) {
+static kvmem_status for_pieces(const kvmem_pool *p, kvm_agent_mem *m, float *aabb1, const tplan *t, piece_fn fn,
+                               void *arg) {
     const int32_t H = p->spec.n_kv_heads, L = p->spec.n_layers, BS = p->params.block_size;
     const size_t D = (size_t)p->spec.head_dim;
     const kvmem_dtype dt = p->params.storage_dtype;
     kvmem_status st = KVMEM_OK;
-    if (t->kind == T_KV) {
-        /* section layouts depend only on the block length: cache the last one */
-        int32_t cached_n = -1;
-        kvm_qsection q = {0}, qk = {0}, qv = {0};
+    /* block layouts depend only on the block length: cache the last one */
+    int32_t cached_n = -1;
+    kvm_qblock qb;
+    memset(&qb, 0, sizeof qb);
+    if (t->kind == T_KV && !kvm_is_quant_dtype(dt)) {
+        const size_t es = kvm_dtype_size(dt);
         for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
             for (int32_t b = 0; b < m->n_sealed && st == KVMEM_OK; b++) {
                 const kvm_block *blk = &m->blocks[b];
-                if (blk->n_tokens != cached_n) {
-                    cached_n = blk->n_tokens;
-                    q = kvm_qsection_layout(dt, t->which, (size_t)cached_n, D);
-                    qk = kvm_qsection_layout(dt, 0, (size_t)cached_n, D);
-                    qv = kvm_qsection_layout(dt, 1, (size_t)cached_n, D);
-                }
-                size_t g = (size_t)t->layer * (size_t)H + (size_t)h;
-                unsigned char *sec = (unsigned char *)blk->kv +
-                                     (t->which ? (size_t)L * (size_t)H * qk.bytes + g * qv.bytes : g * qk.bytes);
-                if (t->part == 0) st = fn(arg, sec + q.codes_off, q.codes_bytes);
-                else if (t->part == 1) st = fn(arg, sec + q.scales_off, q.scales_bytes);
-                else st = fn(arg, sec + q.biases_off, q.biases_bytes);
+                st = fn(arg, kvm_block_rows(p, blk, t->which, t->layer, h), (size_t)blk->n_tokens * D * es);
             }
+    } else if (t->kind == T_KV) { /* version 1 quantized: one part of one section per piece */
+        for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
+            for (int32_t b = 0; b < m->n_sealed && st == KVMEM_OK; b++) {
+                const kvm_block *blk = &m->blocks[b];
+                if (blk->n_tokens != cached_n) qb = kvm_block_qlayout(p, cached_n = blk->n_tokens);
+                const kvm_qsection *q = &qb.sec[t->which];
+                kvm_qparts pt = kvm_qblock_parts(&qb, blk->kv, t->which, (size_t)t->layer * (size_t)H + (size_t)h);
+                if (t->part == 0) st = fn(arg, pt.codes, q->codes_bytes);
+                else if (t->part == 1) st = fn(arg, pt.scales, q->scales_bytes);
+                else st = fn(arg, pt.biases, q->biases_bytes);
+            }
+    } else if (t->kind == T_QKV) { /* version 2 quantized: one region of each block */
+        const size_t LH = (size_t)L * (size_t)H;
+        for (int32_t b = 0; b < m->n_sealed && st == KVMEM_OK; b++) {
+            const kvm_block *blk = &m->blocks[b];
+            if (blk->n_tokens != cached_n) qb = kvm_block_qlayout(p, cached_n = blk->n_tokens);
+            const kvm_qsection *q = &qb.sec[t->which];
+            unsigned char *base = blk->kv;
+            if (t->part == 0) st = fn(arg, base + qb.codes[t->which], LH * q->codes_bytes);
+            else if (t->part == 1) st = fn(arg, base + qb.scales[t->which], LH * q->scales_bytes);
+            else st = fn(arg, base + qb.biases[t->which], LH * q->biases_bytes);
+        }
     } else if (t->kind == T_TAIL) {
         for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
             st = fn(arg,
                     (unsigned char *)(m->tail + (((size_t)t->which * (size_t)L + (size_t)t->layer) * (size_t)H + (size_t)h) *
                                                     (size_t)BS * D),
                     (size_t)m->tail_n * D * 4);
-    } else {
+    } else if (t->kind == T_AABB1) {
         for (int32_t b = 0; b < m->n_sealed && st == KVMEM_OK; b++)
-            for (int32_t h = 0; h < H && st == KVMEM_OK; h++)
-                st = fn(arg, (unsigned char *)(kvm_block_aabb(p, m, b, t->layer, h) + (t->which == 0 ? D : 0)), D * 4);
+            for (int32_t h = 0; h < H && st == KVMEM_OK; h++) {
+                size_t box = (((size_t)b * (size_t)L + (size_t)t->layer) * (size_t)H + (size_t)h) * 2 * D;
+                st = fn(arg, (unsigned char *)(aabb1 + box + (t->which == 0 ? D : 0)), D * 4);
+            }
+    } else if (m->n_sealed) {
+        st = fn(arg, m->aabb, (size_t)m->n_sealed * kvm_aabb_block_bytes(p));
     }
     return st;
 }
@@ -369,6 +436,18 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
     kvm_free(buf);
 }
 
+/* The file's checksum: XXH64 over the chunks' acc64 digests, little-endian. */
+static uint64_t combine_digests(const uint64_t *dig, size_t n) {
+    unsigned char le[8];
+    kvm_xxh64_state h;
+    kvm_xxh64_init(&h, 0);
+    for (size_t c = 0; c < n; c++) {
+        for (int b = 0; b < 8; b++) le[b] = (unsigned char)(dig[c] >> (8 * b));
+        kvm_xxh64_update(&h, le, 8);
+    }
+    return kvm_xxh64_final(&h);
+}
+
 /* Checksum of the data section described by ps; with a reader, also read it
  * into the pieces. Returns the combined digest in *sum. */
 static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, uint64_t *sum) {
@@ -388,14 +467,83 @@ static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader
         else if (sts[c] == KVMEM_ERR_NOMEM) st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for a %zu-byte read buffer", KVM_SUB);
         else if (sts[c] != KVMEM_OK) st = kvm_fail(sts[c], "reading the data section failed");
     }
-    unsigned char le[8];
-    kvm_xxh64_state h;
-    kvm_xxh64_init(&h, 0);
-    for (size_t c = 0; c < n; c++) {
-        for (int b = 0; b < 8; b++) le[b] = (unsigned char)(dig[c] >> (8 * b));
-        kvm_xxh64_update(&h, le, 8);
+    *sum = combine_digests(dig, n);
+    kvm_free(dig);
+    kvm_free(sts);
+    return st;
+}
+
+/* ---- the one-pass save ----
+ * Each 1 MiB chunk of the data section is hashed and written by one task,
+ * straight from the agent's memory (the kernel's copy into the page cache is
+ * the only copy), at its own file offset, so chunks on the context's threads
+ * overlap: one hashes while another is in its write, and the writer starts
+ * the disk on each chunk as it lands (kvm_file_open_write). The header,
+ * whose checksum is only known at the end, is written last, over the
+ * placeholder of the same length its place was reserved with. */
+
+typedef struct wchunk_job {
+    const pieces *ps;
+    kvm_store_writer *w;
+    uint64_t data_off;
+    uint64_t *digest;
+    kvmem_status *status;
+    atomic_int failed;
+    char msg[320]; /* the first failure's message (set on the thread that failed) */
+} wchunk_job;
+
+static void write_chunk_task(void *arg, size_t cb, size_t ce) {
+    wchunk_job *j = arg;
+    const pieces *ps = j->ps;
+    struct iovec iov[KVM_MAX_IOV];
+    for (size_t c = cb; c < ce; c++) {
+        j->status[c] = KVMEM_OK;
+        if (atomic_load_explicit(&j->failed, memory_order_relaxed)) continue; /* a failed save writes no more */
+        uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total), at = c0;
+        kvm_acc64_state h;
+        kvm_acc64_init(&h, c1 - c0);
+        int cnt = 0;
+        size_t queued = 0;
+        for (size_t i = piece_at(ps, c0); i < ps->n && ps->v[i].off < c1 && j->status[c] == KVMEM_OK; i++) {
+            uint64_t b = KVM_MAX(c0, ps->v[i].off), e = KVM_MIN(c1, ps->v[i].off + ps->v[i].len);
+            unsigned char *ptr = ps->v[i].ptr + (b - ps->v[i].off);
+            kvm_acc64_update(&h, ptr, (size_t)(e - b));
+            iov[cnt].iov_base = ptr;
+            iov[cnt].iov_len = (size_t)(e - b);
+            queued += iov[cnt].iov_len;
+            if (++cnt == KVM_MAX_IOV) {
+                j->status[c] = j->w->pwritev_at(j->w, j->data_off + at, iov, cnt);
+                at += queued;
+                cnt = 0;
+                queued = 0;
+            }
+        }
+        if (cnt && j->status[c] == KVMEM_OK) j->status[c] = j->w->pwritev_at(j->w, j->data_off + at, iov, cnt);
+        j->digest[c] = kvm_acc64_final(&h);
+        if (j->status[c] != KVMEM_OK && atomic_exchange(&j->failed, 1) == 0)
+            snprintf(j->msg, sizeof j->msg, "%s", kvmem_last_error());
     }
-    *sum = kvm_xxh64_final(&h);
+}
+
+/* Hash and write the data section at data_off; *sum gets the checksum. */
+static kvmem_status write_chunks(kvmem_pool *p, const pieces *ps, kvm_store_writer *w, uint64_t data_off, uint64_t *sum) {
+    size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
+    uint64_t *dig = kvm_malloc((n ? n : 1) * sizeof *dig);
+    kvmem_status *sts = kvm_malloc((n ? n : 1) * sizeof *sts);
+    if (!dig || !sts) {
+        kvm_free(dig);
+        kvm_free(sts);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the digests of %zu data chunks", n);
+    }
+    wchunk_job j;
+    memset(&j, 0, sizeof j);
+    j.ps = ps, j.w = w, j.data_off = data_off, j.digest = dig, j.status = sts;
+    atomic_init(&j.failed, 0);
+    kvm_parallel_for(p->ctx->tp, n, 1, write_chunk_task, &j);
+    kvmem_status st = KVMEM_OK;
+    for (size_t c = 0; c < n && st == KVMEM_OK; c++) st = sts[c];
+    if (st != KVMEM_OK) st = kvm_fail(st, "%s", j.msg); /* on this thread: the write may have failed on another */
+    *sum = combine_digests(dig, n);
     kvm_free(dig);
     kvm_free(sts);
     return st;
@@ -435,7 +583,7 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     uint64_t ts = 0;
     for (int32_t b = 0; b < m->n_sealed; b++) ts += (uint64_t)m->blocks[b].n_tokens;
     plan pl;
-    kvmem_status st = build_plan(p, (uint64_t)m->n_sealed, ts, (uint64_t)m->tail_n, &pl);
+    kvmem_status st = build_plan(p, KVM_FORMAT_VERSION, (uint64_t)m->n_sealed, ts, (uint64_t)m->tail_n, &pl);
     if (st != KVMEM_OK) {
         w->abort(w);
         return st;
@@ -447,15 +595,20 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
         pl.t[i].begin = off;
         off += pl.t[i].bytes;
         pl.t[i].end = off;
-        for_pieces(p, m, &pl.t[i], collect, &ps);
+        for_pieces(p, m, NULL, &pl.t[i], collect, &ps);
     }
-    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
-                : run_chunks(p, &ps, NULL, 0, &sum);
-    kvm_free(ps.v);
-    if (st != KVMEM_OK) {
-        kvm_free(pl.t);
-        w->abort(w);
-        return st;
+    /* a writer without positional writes (a network store) gets the
+     * checksum first, from a hashing pass, then the bytes in order */
+    const int one_pass = w->pwritev_at != NULL;
+    if (!one_pass) {
+        st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
+                    : run_chunks(p, &ps, NULL, 0, &sum);
+        if (st != KVMEM_OK) {
+            kvm_free(ps.v);
+            kvm_free(pl.t);
+            w->abort(w);
+            return st;
+        }
     }
 
     sbuf b = {0};
@@ -486,27 +639,43 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
         for (size_t i = 0; i < m->text_len; i++) sb_fmt(&b, "%02x", (unsigned char)m->text[i]);
         sb_str(&b, "\"");
     }
-    sb_fmt(&b, ",\"checksum\":\"acc64-1m:%016" PRIx64 "\"}", sum);
+    sb_str(&b, ",\"checksum\":\"acc64-1m:");
+    const size_t sum_at = b.n; /* 16 hex digits, filled in once known */
+    sb_fmt(&b, "%016" PRIx64 "\"}", sum);
     for (int i = 0; i < pl.n; i++) {
         const tplan *t = &pl.t[i];
-        sb_fmt(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "],\"data_offsets\":[%" PRIu64
-                   ",%" PRIu64 "]}",
-               t->name, t->dtype, t->shape[0], t->shape[1], t->shape[2], t->begin, t->end);
+        sb_fmt(&b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, t->dtype);
+        for (int d = 0; d < t->ndim; d++) sb_fmt(&b, d ? ",%" PRIu64 : "%" PRIu64, t->shape[d]);
+        sb_fmt(&b, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", t->begin, t->end);
     }
     sb_str(&b, "}");
     while (!b.oom && b.n % 8) sb_str(&b, " "); /* data starts 8-byte aligned */
-    if (b.oom) {
+    if (b.oom || ps.oom) {
         kvm_free(b.s);
+        kvm_free(ps.v);
         kvm_free(pl.t);
         w->abort(w);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the file header (%zu bytes so far)", b.cap);
+        return b.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the file header (%zu bytes so far)", b.cap)
+                     : kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces");
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
-    st = w->write(w, len8, 8);
-    if (st == KVMEM_OK) st = w->write(w, b.s, b.n);
-    for (int i = 0; i < pl.n && st == KVMEM_OK; i++) st = for_pieces(p, m, &pl.t[i], write_piece, &c);
+    if (one_pass) {
+        st = write_chunks(p, &ps, w, 8 + (uint64_t)b.n, &sum);
+        if (st == KVMEM_OK) {
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016" PRIx64, sum);
+            memcpy(b.s + sum_at, hex, 16);
+            struct iovec hv[2] = {{len8, 8}, {b.s, b.n}};
+            st = w->pwritev_at(w, 0, hv, 2);
+        }
+    } else {
+        st = w->write(w, len8, 8);
+        if (st == KVMEM_OK) st = w->write(w, b.s, b.n);
+        for (int i = 0; i < pl.n && st == KVMEM_OK; i++) st = for_pieces(p, m, NULL, &pl.t[i], write_piece, &c);
+    }
     kvm_free(b.s);
+    kvm_free(ps.v);
     kvm_free(pl.t);
     if (st != KVMEM_OK) {
         w->abort(w);
@@ -589,6 +758,7 @@ typedef struct loadstate {
     plan pl;
     tplan **order;
     int32_t *block_n;
+    float *aabb1; /* version 1: the f32 AABBs as read, before conversion */
     kvm_agent_mem *fresh;
 } loadstate;
 
@@ -598,6 +768,7 @@ static void ls_free(loadstate *s) {
     kvm_free(s->pl.t);
     kvm_free(s->order);
     kvm_free(s->block_n);
+    kvm_aligned_free(s->aabb1);
     fresh_free(s->fresh);
 }
 
@@ -615,7 +786,7 @@ static int hexval(char c) {
 }
 
 static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta, const char *expect_id,
-                               int64_t *n_tokens, uint64_t *checksum) {
+                               int *version, int64_t *n_tokens, uint64_t *checksum) {
     const kvm_json_doc *d = &s->doc;
     size_t n;
     const char *v;
@@ -634,7 +805,9 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
     META("format");
     if (strcmp(v, "kvmem-agent") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata format is not 'kvmem-agent'");
     META("format_version");
-    if (strcmp(v, "1") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "this format version is not supported (this build reads 1)");
+    if (strcmp(v, "1") != 0 && strcmp(v, "2") != 0)
+        return kvm_fail(KVMEM_ERR_FORMAT, "this format version is not supported (this build reads 1 and 2)");
+    *version = v[0] - '0';
     META("agent_id");
     if (!kvmem_agent_id_valid(v)) return kvm_fail(KVMEM_ERR_FORMAT, "metadata agent_id is not a valid agent id");
     if (expect_id && strcmp(v, expect_id) != 0)
@@ -716,10 +889,14 @@ static kvmem_status match_tensor(loadstate *s, const kvm_json *v) {
         return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' shape must have %d dimensions", t->name, t->ndim);
     int k = 0;
     for (const kvm_json *e = kvm_json_child(d, sh); e; e = kvm_json_next(d, e), k++)
-        if (e->type != KVM_JSON_NUMBER || !e->is_int || e->i < 0 || (uint64_t)e->i != t->shape[k])
-            return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has shape [%.20s, ...], expected [%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
-                            t->name, kvm_json_child(d, sh)->type == KVM_JSON_NUMBER ? kvm_json_child(d, sh)->str : "?",
-                            t->shape[0], t->shape[1], t->shape[2]);
+        if (e->type != KVM_JSON_NUMBER || !e->is_int || e->i < 0 || (uint64_t)e->i != t->shape[k]) {
+            char want[128];
+            int w = 0;
+            for (int i = 0; i < t->ndim && w >= 0 && (size_t)w < sizeof want; i++)
+                w += snprintf(want + w, sizeof want - (size_t)w, i ? ", %" PRIu64 : "%" PRIu64, t->shape[i]);
+            return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has shape [%.20s, ...], expected [%s]", t->name,
+                            kvm_json_child(d, sh)->type == KVM_JSON_NUMBER ? kvm_json_child(d, sh)->str : "?", want);
+        }
     if (of->type != KVM_JSON_ARRAY || of->n != 2)
         return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' data_offsets must be [begin, end]", t->name);
     const kvm_json *b = kvm_json_child(d, of), *e = kvm_json_next(d, b);
@@ -732,6 +909,58 @@ static kvmem_status match_tensor(loadstate *s, const kvm_json *v) {
     t->end = (uint64_t)e->i;
     t->seen = 1;
     return KVMEM_OK;
+}
+
+/* ---- AABB checks after a load: in parallel over blocks ---- */
+
+typedef struct aabb_job {
+    const kvmem_pool *p;
+    kvm_agent_mem *f;
+    const float *v1; /* version 1 staging, or NULL */
+    atomic_size_t bad;
+} aabb_job;
+
+/* Non-finite values plus boxes with some min > max among n boxes of 2*D floats. */
+static size_t bad_boxes(const float *box, size_t n, size_t D) {
+    size_t bad = kvm_cpu_kernels_get()->count_nonfinite(box, n * 2 * D);
+    for (size_t b = 0; b < n && !bad; b++) {
+        int inv = 0;
+        for (size_t d = 0; d < D; d++) inv |= box[b * 2 * D + D + d] > box[b * 2 * D + d];
+        bad += (size_t)inv;
+    }
+    return bad;
+}
+
+static void aabb_task(void *arg, size_t b0, size_t b1) {
+    aabb_job *j = arg;
+    const kvmem_pool *p = j->p;
+    const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
+    float box[4 * KVM_ROPE_MAX_PAIRS];
+    size_t bad = 0;
+    for (size_t b = b0; b < b1 && !bad; b++) {
+        if (j->v1) {
+            const float *src = j->v1 + b * L * H * 2 * D;
+            bad += bad_boxes(src, L * H, D);
+            for (size_t g = 0; g < L * H && !bad; g++)
+                kvm_aabb_store(p, src + g * 2 * D, kvm_block_aabb(p, j->f, (int32_t)b, (int32_t)(g / H), (int32_t)(g % H)));
+        }
+        if (kvm_aabb_esize(p) == 2) { /* checked as stored */
+            bad += kvm_quant_kernels_get()->f16_boxes_bad(kvm_block_aabb(p, j->f, (int32_t)b, 0, 0), L * H, D);
+            continue;
+        }
+        for (size_t g = 0; g < L * H && !bad; g++) {
+            kvm_block_aabb_f32(p, j->f, (int32_t)b, (int32_t)(g / H), (int32_t)(g % H), box);
+            bad += bad_boxes(box, 1, D);
+        }
+    }
+    if (bad) atomic_fetch_add(&j->bad, bad);
+}
+
+static size_t check_aabbs(const kvmem_pool *p, kvm_agent_mem *f, const float *v1) {
+    aabb_job j = {p, f, v1, 0};
+    atomic_init(&j.bad, 0);
+    kvm_parallel_for(p->ctx->tp, (size_t)f->n_sealed, 16, aabb_task, &j);
+    return atomic_load(&j.bad);
 }
 
 kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *expect_id,
@@ -777,7 +1006,8 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     }
     int64_t n_tokens = 0;
     uint64_t checksum = 0;
-    if ((st = check_meta(p, &s, meta, expect_id, &n_tokens, &checksum)) != KVMEM_OK) goto done;
+    int version = 0;
+    if ((st = check_meta(p, &s, meta, expect_id, &version, &n_tokens, &checksum)) != KVMEM_OK) goto done;
 
     /* blocks: lengths in [1, BS], the tail shorter than a block */
     const int32_t BS = p->params.block_size;
@@ -810,7 +1040,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
                       (long long)ts, (long long)n_tokens, BS);
         goto done;
     }
-    if ((st = build_plan(p, (uint64_t)n_sealed, (uint64_t)ts, (uint64_t)tail_n, &s.pl)) != KVMEM_OK) goto done;
+    if ((st = build_plan(p, version, (uint64_t)n_sealed, (uint64_t)ts, (uint64_t)tail_n, &s.pl)) != KVMEM_OK) goto done;
     for (const kvm_json *c = kvm_json_child(&s.doc, root); c; c = kvm_json_next(&s.doc, c)) {
         if (c == meta) continue;
         if ((st = match_tensor(&s, c)) != KVMEM_OK) goto done;
@@ -929,8 +1159,16 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         last = o;
     }
 
+    if (version < 2 && n_sealed) {
+        s.aabb1 = kvm_aligned_alloc((size_t)n_sealed * (size_t)p->spec.n_layers * p->row_elems * 2 * sizeof(float));
+        if (!s.aabb1) {
+            st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the f32 AABBs of a version 1 file (%lld blocks)",
+                          (long long)n_sealed);
+            goto done;
+        }
+    }
     pieces ps = {0};
-    for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.order[i], collect, &ps);
+    for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.aabb1, s.order[i], collect, &ps);
     uint64_t got_sum = 0;
     st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
                 : run_chunks(p, &ps, r, 8 + hl, &got_sum);
@@ -941,20 +1179,16 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
                       checksum, got_sum);
         goto done;
     }
-    /* AABBs and the f32 tail are used as they are: they must be sane (SIMD
-     * non-finite count, then a vectorizable min <= max scan) */
+    /* AABBs and the f32 tail are used as they are: they must be sane (finite,
+     * min <= max; a version 1 file's f32 boxes are checked, then stored in
+     * the pool's element type, rounded outward, and checked again: an f32
+     * value beyond f16's range becomes infinite there) */
     const size_t D = (size_t)p->spec.head_dim;
     const kvm_cpu_kernels *ck = kvm_cpu_kernels_get();
-    size_t nbox = (size_t)f->n_sealed * (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads, bad = 0;
-    if (nbox) bad = ck->count_nonfinite(f->aabb, nbox * 2 * D);
-    for (size_t bx = 0; bx < nbox && !bad; bx++) {
-        const float *box = f->aabb + bx * 2 * D;
-        int inv = 0;
-        for (size_t dd = 0; dd < D; dd++) inv |= box[D + dd] > box[dd];
-        bad += (size_t)inv;
-    }
+    size_t bad = check_aabbs(p, f, s.aabb1);
     if (bad) {
-        st = kvm_fail(KVMEM_ERR_CORRUPT, "AABBs hold %zu non-finite values or boxes with min > max", bad);
+        st = kvm_fail(KVMEM_ERR_CORRUPT, "AABBs hold %zu non-finite values or boxes with min > max%s", bad,
+                      s.aabb1 && kvm_aabb_esize(p) == 2 ? " (or values beyond f16's range)" : "");
         goto done;
     }
     if (f->tail) {

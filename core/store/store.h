@@ -35,10 +35,17 @@ struct kvm_store_reader {
 
 typedef struct kvm_store_writer kvm_store_writer;
 struct kvm_store_writer {
+    /* Append n bytes. */
     kvmem_status (*write)(kvm_store_writer *w, const void *buf, size_t n);
     /* Publish atomically and durably; frees w whatever the outcome. */
     kvmem_status (*commit)(kvm_store_writer *w);
     void (*abort)(kvm_store_writer *w); /* discard; frees w */
+    /* (optional) Write cnt buffers (at most KVM_MAX_IOV) at byte offset off,
+     * safe from several threads at once and in any order; commit publishes
+     * the bytes up to the furthest one written. Never mixed with write in one
+     * save. Lets a save hash and write each chunk in one pass (NULL: the
+     * writer only appends, and a save hashes everything first). */
+    kvmem_status (*pwritev_at)(kvm_store_writer *w, uint64_t off, const struct iovec *iov, int cnt);
 };
 
 typedef struct kvm_store kvm_store;
@@ -82,7 +89,7 @@ int kvm_store_is_url(const char *spec);
  * table hands them the core's error reporting: a plugin may be loaded by a
  * program that links libkvmem statically, so it cannot link back to it. */
 #define KVM_STORE_PLUGIN_INIT "kvmem_store_plugin_init"
-#define KVM_STORE_PLUGIN_API 1u
+#define KVM_STORE_PLUGIN_API 2u /* 2: kvm_store_writer.pwritev_at */
 typedef struct kvm_store_host {
     kvmem_status (*fail)(kvmem_status status, const char *fmt, ...) KVMEM_STORE_PRINTF(2, 3);
 } kvm_store_host;

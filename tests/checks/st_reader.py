@@ -1,6 +1,8 @@
 """An independent safetensors reader (standard library only) that checks the
 files st_writer.c made: layout per the safetensors spec, the XXH64 checksum,
-and every tensor decoded by its documented rule against the closed-form KV."""
+and every tensor decoded by its documented rule against the closed-form KV.
+Reads format version 2 (quantized tensors block-major, one AABB tensor in f16
+rounded outward) and version 1 (per-layer, per-head tensors, f32 AABBs)."""
 import json
 import math
 import struct
@@ -102,6 +104,33 @@ def decode(dtype, raw):
     raise ValueError(dtype)
 
 
+def f32(x):
+    """x rounded to f32, as the writer's floats are."""
+    return struct.unpack('<f', struct.pack('<f', x))[0]
+
+
+def f16_bits_value(h):
+    return struct.unpack('<e', struct.pack('<H', h))[0]
+
+
+def f16_directed(x, up):
+    """The nearest f16 value at or above (up) / at or below x: round to
+    nearest with struct's 'e' format, then step one f16 ulp if that went the
+    wrong way (f16 bit patterns are ordered by magnitude within a sign)."""
+    h = struct.unpack('<H', struct.pack('<e', x))[0]
+    v = f16_bits_value(h)
+    if (up and v >= x) or (not up and v <= x):
+        return v
+    neg = h & 0x8000
+    if h & 0x7fff == 0:
+        h = 0x0001 if up else 0x8001
+    elif up != bool(neg):
+        h += 1
+    else:
+        h -= 1
+    return f16_bits_value(h)
+
+
 def fail(msg):
     print('FAIL: ' + msg)
     sys.exit(1)
@@ -155,10 +184,25 @@ def check(path):
         fail('text %r' % meta['text'])
     if meta['token_text_offsets'] != ','.join(['-1'] * ntok):
         fail('offsets')
+    version = int(meta['format_version'])
+    if version not in (1, 2):
+        fail('%s: format_version %d' % (path, version))
     block_of = []
     for b, n in enumerate(blocks):
         block_of += [b] * n
+    firsts = [sum(blocks[:b]) for b in range(len(blocks))]
     worst = 0.0
+    if version == 2 and dt in ('q8', 'q4', 'q4_kivi'):
+        # one row per (block, layer, head, token), block after block
+        qt = {}
+        for kv in ('k', 'v'):
+            for part in ('weights', 'scales') + (() if dt == 'q8' else ('biases',)):
+                qt[kv + '_' + part] = tensor(kv + '_' + part)
+        if qt['k_weights'][0] != [L * H * ts, D if dt == 'q8' else (D + 7) // 8]:
+            fail('%s: k_weights shape %r' % (path, qt['k_weights'][0]))
+
+        def qrow(b, l, h, t):  # row of token t of block b
+            return firsts[b] * L * H + (l * H + h) * blocks[b] + (t - firsts[b])
     for l in range(L):
         for which, kv in ((0, 'k'), (1, 'v')):
             base = 'layer_%d_%s' % (l, kv)
@@ -173,34 +217,46 @@ def check(path):
                             if abs(got - want) > tol * max(1.0, abs(want)):
                                 fail('%s %s h%d t%d d%d: %g vs %g' % (path, base, h, t, d, got, want))
             elif dt == 'q8':
-                _, q = tensor(base + '_weights')
-                _, sc = tensor(base + '_scales')
                 G = (D + 31) // 32
+                if version == 1:
+                    _, q = tensor(base + '_weights')
+                    _, sc = tensor(base + '_scales')
+                    row = lambda h, t: h * ts + t
+                else:
+                    q, sc = qt[kv + '_weights'][1], qt[kv + '_scales'][1]
+                    row = lambda h, t: qrow(block_of[t], l, h, t)
                 for h in range(H):
                     for t in range(ts):
                         for d in range(D):
-                            s = sc[(h * ts + t) * G + d // 32]
-                            got = q[(h * ts + t) * D + d] * s
+                            s = sc[row(h, t) * G + d // 32]
+                            got = q[row(h, t) * D + d] * s
                             want = kval(which, l, t, h, d)
                             err = abs(got - want)
                             worst = max(worst, err / max(s, 1e-12))
                             if err > s / 2 + 1e-5:
                                 fail('%s q8 %s: err %g > s/2 %g' % (path, base, err, s / 2))
             else:
-                _, w = tensor(base + '_weights')
-                _, sc = tensor(base + '_scales')
-                _, bi = tensor(base + '_biases')
                 W = (D + 7) // 8
                 G = (D + 63) // 64
                 chan = dt == 'q4_kivi' and which == 0
+                if version == 1:
+                    _, w = tensor(base + '_weights')
+                    _, sc = tensor(base + '_scales')
+                    _, bi = tensor(base + '_biases')
+                    row = lambda h, t: h * ts + t
+                    crow = lambda h, t: h * len(blocks) + block_of[t]
+                else:
+                    w, sc, bi = qt[kv + '_weights'][1], qt[kv + '_scales'][1], qt[kv + '_biases'][1]
+                    row = lambda h, t: qrow(block_of[t], l, h, t)
+                    crow = lambda h, t: (block_of[t] * L + l) * H + h
                 for h in range(H):
                     for t in range(ts):
                         for d in range(D):
-                            code = (w[(h * ts + t) * W + d // 8] >> (4 * (d % 8))) & 15  # MLX: low bits first
+                            code = (w[row(h, t) * W + d // 8] >> (4 * (d % 8))) & 15  # MLX: low bits first
                             if chan:
-                                g = (h * len(blocks) + block_of[t]) * D + d
+                                g = crow(h, t) * D + d
                             else:
-                                g = (h * ts + t) * G + d // 64
+                                g = row(h, t) * G + d // 64
                             got = code * sc[g] + bi[g]
                             want = kval(which, l, t, h, d)
                             err = abs(got - want)
@@ -216,15 +272,34 @@ def check(path):
                         for d in range(D):
                             if abs(x[(h * tail + t) * D + d] - kval(which, l, ts + t, h, d)) > 1e-6:
                                 fail('tail value')
-        _, mn = tensor('layer_%d_aabb_min' % l)
-        _, mx = tensor('layer_%d_aabb_max' % l)
+        if version == 1:
+            _, mn = tensor('layer_%d_aabb_min' % l)
+            _, mx = tensor('layer_%d_aabb_max' % l)
+            box_at = lambda b, h, d, hi: (b * H + h) * D + d
+        else:
+            shape, box = tensor('aabb')  # [blocks][L][H][s_max, s_min][D]
+            if shape != [len(blocks), L, H, 2, D]:
+                fail('%s: aabb shape %r' % (path, shape))
+            want = 'F32' if dt in ('f32', 'bf16') else 'F16'
+            if header['aabb']['dtype'] != want:
+                fail('%s: aabb dtype %s, expected %s' % (path, header['aabb']['dtype'], want))
+            mn = mx = box
+            box_at = lambda b, h, d, hi: (((b * L + l) * H + h) * 2 + (0 if hi else 1)) * D + d
         first = 0
         for b, n in enumerate(blocks):
             for h in range(H):
                 for d in range(D):
-                    ks = [kval(0, l, t, h, d) for t in range(first, first + n)]
-                    if abs(mn[(b * H + h) * D + d] - min(ks)) > 1e-6 or abs(mx[(b * H + h) * D + d] - max(ks)) > 1e-6:
-                        fail('aabb l%d b%d h%d d%d' % (l, b, h, d))
+                    ks = [f32(kval(0, l, t, h, d)) for t in range(first, first + n)]
+                    lo, hi = mn[box_at(b, h, d, False)], mx[box_at(b, h, d, True)]
+                    if not (lo <= min(ks) and max(ks) <= hi):  # the bound: every key inside its box
+                        fail('%s: aabb l%d b%d h%d d%d: [%r, %r] does not hold the keys' % (path, l, b, h, d, lo, hi))
+                    if version == 2 and dt not in ('f32', 'bf16'):  # f16, rounded outward and tight
+                        ok = lo == f16_directed(min(ks), False) and hi == f16_directed(max(ks), True)
+                    else:
+                        ok = lo == min(ks) and hi == max(ks)
+                    if not ok:
+                        fail('%s: aabb l%d b%d h%d d%d: [%r, %r] for keys in [%r, %r]' % (path, l, b, h, d, lo, hi,
+                                                                                         min(ks), max(ks)))
             first += n
     print('ok %s: %s, %d tokens in %d blocks + %d tail, %d tensors' % (os.path.basename(path), dt, ntok, len(blocks),
                                                                        ntok - ts, len(header)))

@@ -315,29 +315,29 @@ static void loader_refuses_hostile_files_with_the_right_code(void **state) {
     free(g);
 
     char *h = header_of(&f);
-    /* overlapping offsets: layer_0_k_scales starts inside layer_0_k_weights */
-    char *w = replace(h, "\"layer_0_k_scales\"", "\"data_offsets\":[", "\"data_offsets\":[8,");
-    char *w2 = replace(w, "\"layer_0_k_scales\"", ",", ","); /* keep a valid second number */
+    /* overlapping offsets: k_scales starts inside v_weights */
+    char *w = replace(h, "\"k_scales\"", "\"data_offsets\":[", "\"data_offsets\":[8,");
+    char *w2 = replace(w, "\"k_scales\"", ",", ","); /* keep a valid second number */
     {
         /* rebuild: [8,X,Y] is not [b,e]; make it [8, 8 + bytes] instead */
-        const char *at = strstr(strstr(h, "\"layer_0_k_scales\""), "\"data_offsets\":[") + 16;
+        const char *at = strstr(strstr(h, "\"k_scales\""), "\"data_offsets\":[") + 16;
         long b0 = strtol(at, NULL, 10), e0 = strtol(strchr(at, ',') + 1, NULL, 10);
         char from[64], to[64];
         snprintf(from, sizeof from, "[%ld,%ld]", b0, e0);
         snprintf(to, sizeof to, "[%ld,%ld]", b0 - 8, e0 - 8);
         free(w);
-        w = replace(h, "\"layer_0_k_scales\"", from, to);
+        w = replace(h, "\"k_scales\"", from, to);
         write_with_header(bad, &f, w);
         expect_refused(a, bad, KVMEM_ERR_CORRUPT, "overlaps", &before, L, D);
     }
     free(w), free(w2);
     /* wrong dtype */
-    w = replace(h, "\"layer_1_v_weights\"", "\"dtype\":\"U32\"", "\"dtype\":\"F32\"");
+    w = replace(h, "\"v_weights\"", "\"dtype\":\"U32\"", "\"dtype\":\"F32\"");
     write_with_header(bad, &f, w);
     expect_refused(a, bad, KVMEM_ERR_FORMAT, "has dtype F32, expected U32", &before, L, D);
     free(w);
     /* huge shape */
-    w = replace(h, "\"layer_0_aabb_min\"", "\"shape\":[2,", "\"shape\":[99999999999999,");
+    w = replace(h, "\"aabb\"", "\"shape\":[2,", "\"shape\":[99999999999999,");
     write_with_header(bad, &f, w);
     expect_refused(a, bad, KVMEM_ERR_FORMAT, "has shape", &before, L, D);
     free(w);
@@ -350,11 +350,11 @@ static void loader_refuses_hostile_files_with_the_right_code(void **state) {
     expect_refused(a, bad, KVMEM_ERR_FORMAT, "n_tokens", &before, L, D);
     free(w);
     /* an unexpected tensor, a missing one, a non-string metadata value */
-    w = replace(h, "\"layer_0_aabb_min\"", "\"layer_0_aabb_min\"", "\"layer_0_aabb_mix\"");
+    w = replace(h, "\"aabb\"", "\"aabb\"", "\"aabx\"");
     write_with_header(bad, &f, w);
-    expect_refused(a, bad, KVMEM_ERR_FORMAT, "unexpected tensor 'layer_0_aabb_mix'", &before, L, D);
+    expect_refused(a, bad, KVMEM_ERR_FORMAT, "unexpected tensor 'aabx'", &before, L, D);
     free(w);
-    w = replace(h, "\"format_version\":", "\"1\"", "1");
+    w = replace(h, "\"format_version\":", "\"2\"", "2");
     write_with_header(bad, &f, w);
     expect_refused(a, bad, KVMEM_ERR_FORMAT, "format_version", &before, L, D);
     free(w);
@@ -365,13 +365,13 @@ static void loader_refuses_hostile_files_with_the_right_code(void **state) {
     free(w);
     /* a NaN in an AABB behind a valid checksum (a hostile writer, not a torn file) */
     {
-        const char *at = strstr(strstr(h, "\"layer_1_aabb_max\""), "\"data_offsets\":[") + 16;
+        const char *at = strstr(strstr(h, "\"aabb\""), "\"data_offsets\":[") + 16;
         long b0 = strtol(at, NULL, 10);
         unsigned char *g2 = malloc(f.size);
         memcpy(g2, f.data, f.size);
         size_t data0 = 8 + (size_t)hl;
-        float nanv = NAN;
-        memcpy(g2 + data0 + (size_t)b0 + 8, &nanv, 4);
+        const unsigned char nan16[2] = {0x00, 0x7e}; /* an f16 NaN */
+        memcpy(g2 + data0 + (size_t)b0 + 8, nan16, 2);
         size_t data_n = f.size - data0;
         kvm_xxh64_state xs;
         kvm_xxh64_init(&xs, 0);

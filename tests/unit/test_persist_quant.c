@@ -181,6 +181,85 @@ static void simd_tables_match_scalar_bit_for_bit(void **state) {
     if (!ran) skip();
 }
 
+/* The AABB corners' rounding: every table's f16 toward +inf / -inf is the
+ * nearest f16 at or above / at or below the input (an independent table of
+ * all f16 values), across subnormals, exact f16 values, signs and the top of
+ * the range; vector bodies and scalar tails alike (n = 1037). */
+static void directed_f16_rounding_brackets_its_input_on_every_table(void **state) {
+    (void)state;
+    const kvm_quant_kernels *tabs[3] = {kvm_quant_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_quant_kernels_avx2() : NULL,
+                                        kvm_cpu_has_avx512() ? kvm_quant_kernels_avx512() : NULL};
+    enum { N = 1037 };
+    float x[N];
+    uint16_t up[N], dn[N];
+    uint64_t rng = 91;
+    for (int i = 0; i < N; i++) {
+        float m = tu_uniform(&rng, -1.0f, 1.0f);
+        switch (i % 6) {
+        case 0: x[i] = m * 65504.0f; break;              /* the whole range */
+        case 1: x[i] = m * 6.1e-5f; break;               /* subnormal f16 */
+        case 2: x[i] = m * 3.0f; break;
+        case 3: x[i] = (float)tu_f16_above(m * 100.0); break; /* exactly an f16 value */
+        case 4: x[i] = i % 12 == 4 ? 0.0f : -0.0f; break;
+        default: x[i] = m * 65000.0f + (m > 0 ? 500.0f : -500.0f); break; /* near the top */
+        }
+    }
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        tabs[t]->f16_round(x, N, 1, up);
+        tabs[t]->f16_round(x, N, 0, dn);
+        for (int i = 0; i < N; i++) {
+            float u = kvm_f16_to_f32(up[i]), d = kvm_f16_to_f32(dn[i]);
+            if (!(u == (float)tu_f16_above(x[i]) && d == (float)tu_f16_below(x[i]) && d <= x[i] && x[i] <= u))
+                fail_msg("%s: %.9g rounds to [%.9g, %.9g], want [%.9g, %.9g]", tabs[t]->name, (double)x[i], (double)d,
+                         (double)u, tu_f16_below(x[i]), tu_f16_above(x[i]));
+        }
+    }
+}
+
+/* The loader's check of f16 boxes: every table counts the non-finite values
+ * and the boxes with some min > max exactly as the decoded floats say
+ * (+0 and -0 are equal, so a box [+0, -0] is sane). */
+static void f16_box_check_counts_what_the_floats_say(void **state) {
+    (void)state;
+    const kvm_quant_kernels *tabs[3] = {kvm_quant_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_quant_kernels_avx2() : NULL,
+                                        kvm_cpu_has_avx512() ? kvm_quant_kernels_avx512() : NULL};
+    const size_t box_dims[] = {16, 48, 64, 128, 40};
+    uint64_t rng = 17;
+    for (size_t di = 0; di < sizeof box_dims / sizeof *box_dims; di++) {
+        const size_t D = box_dims[di], n = 9;
+        uint16_t *b = malloc(n * 2 * D * 2);
+        for (size_t i = 0; i < n; i++)
+            for (size_t d = 0; d < D; d++) {
+                float x = tu_normal(&rng), y = tu_normal(&rng);
+                b[i * 2 * D + d] = kvm_f32_to_f16(fmaxf(x, y));
+                b[i * 2 * D + D + d] = kvm_f32_to_f16(fminf(x, y));
+            }
+        b[1 * 2 * D + 3] = 0x7c00;           /* +Inf max: one non-finite value */
+        b[2 * 2 * D + D + 5] = 0xfe01;       /* NaN min */
+        b[3 * 2 * D + 7] = kvm_f32_to_f16(-3.0f), b[3 * 2 * D + D + 7] = kvm_f32_to_f16(2.0f); /* inverted */
+        b[4 * 2 * D + 1] = 0x8000, b[4 * 2 * D + D + 1] = 0x0000; /* max -0, min +0: equal, sane */
+        b[5 * 2 * D + D - 1] = kvm_f32_to_f16(1.0f), b[5 * 2 * D + 2 * D - 1] = kvm_f32_to_f16(1.0f); /* min == max */
+        size_t want = 0;
+        for (size_t i = 0; i < n; i++) {
+            int inv = 0;
+            for (size_t d = 0; d < D; d++) {
+                float hi = kvm_f16_to_f32(b[i * 2 * D + d]), lo = kvm_f16_to_f32(b[i * 2 * D + D + d]);
+                want += (size_t)!isfinite(hi) + (size_t)!isfinite(lo);
+                inv |= lo > hi;
+            }
+            want += (size_t)inv;
+        }
+        assert_int_equal(want, 3);
+        for (int t = 0; t < 3; t++)
+            if (tabs[t]) {
+                assert_int_equal(tabs[t]->f16_boxes_bad(b, n, D), want);
+                assert_int_equal(tabs[t]->f16_boxes_bad(b + 6 * 2 * D, 3, D), 0); /* the sane ones */
+            }
+        free(b);
+    }
+}
+
 /* ---- pool round trips ---- */
 
 static double bound_for(kvmem_dtype dt, const float *row, size_t D, size_t i) {
@@ -246,7 +325,9 @@ static void every_storage_dtype_round_trips_within_its_bound(void **state) {
                                          v[base + d], v2[base + d], bv);
                         }
                     }
-            /* AABBs come from the unquantized keys */
+            /* AABBs come from the unquantized keys: exact in F32 and BF16 pools, in f16
+             * rounded outward (the nearest f16 below the min, above the max) otherwise */
+            const int f16box = dts[t] != KVMEM_F32 && dts[t] != KVMEM_BF16;
             float mn[2 * 2 * 80], mx[2 * 2 * 80];
             assert_ok(kvmem_agent_block_aabb(a, 1, mn, mx));
             for (int32_t l = 0; l < L; l++)
@@ -258,7 +339,11 @@ static void every_storage_dtype_round_trips_within_its_bound(void **state) {
                             lo = fminf(lo, x), hi = fmaxf(hi, x);
                         }
                         size_t o = ((size_t)l * H + (size_t)h) * D + (size_t)d;
-                        assert_true(mn[o] == lo && mx[o] == hi);
+                        if (f16box)
+                            assert_true(mn[o] == (float)tu_f16_below(lo) && mx[o] == (float)tu_f16_above(hi));
+                        else
+                            assert_true(mn[o] == lo && mx[o] == hi);
+                        assert_true(mn[o] <= lo && hi <= mx[o]);
                     }
             /* the reported size is the encoded size */
             kvmem_agent_info info;
@@ -352,6 +437,8 @@ int main(void) {
         cmocka_unit_test(q8_within_bound),
         cmocka_unit_test(kivi_keys_use_channel_groups),
         cmocka_unit_test(simd_tables_match_scalar_bit_for_bit),
+        cmocka_unit_test(directed_f16_rounding_brackets_its_input_on_every_table),
+        cmocka_unit_test(f16_box_check_counts_what_the_floats_say),
         cmocka_unit_test(every_storage_dtype_round_trips_within_its_bound),
         cmocka_unit_test(q4_blocks_are_about_3_5x_smaller_than_f16),
         cmocka_unit_test(quantize_ops_refuse_bad_input),

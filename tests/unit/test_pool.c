@@ -336,7 +336,12 @@ static void aabb_contains_every_key(void **state) {
                             lo = fmin(lo, k);
                             hi = fmax(hi, k);
                         }
-                        assert_true(mn[o] == (float)lo && mx[o] == (float)hi); /* and tight */
+                        /* and tight: exact f32 for F32/BF16 pools; F16 pools keep f16 boxes rounded
+                         * outward, the nearest f16 values below the minimum and above the maximum */
+                        if (dts[di] == KVMEM_F16)
+                            assert_true(mn[o] == (float)tu_f16_below(lo) && mx[o] == (float)tu_f16_above(hi));
+                        else
+                            assert_true(mn[o] == (float)lo && mx[o] == (float)hi);
                     }
         }
         assert_status(kvmem_agent_block_aabb(a, 4, mn, mx), KVMEM_ERR_NOT_FOUND, "not a sealed block");
@@ -515,7 +520,7 @@ static void capacity_refuses_without_dropping(void **state) {
     (void)state;
     /* room for exactly two 4-token blocks plus the f32 tail staging */
     const size_t L = 1, H = 2, D = 8, BS = 4;
-    uint64_t block = 2 * L * H * BS * D * 2 + 2 * L * H * D * 4; /* f16 KV + f32 AABB */
+    uint64_t block = 2 * L * H * BS * D * 2 + 2 * L * H * D * 2; /* f16 KV + f16 AABB */
     uint64_t tail = 2 * L * H * BS * D * 4;
     fixture *f = make(1, 8, 4, KVMEM_F16, 2 * block + tail);
     kvmem_agent *a = NULL, *b = NULL;

@@ -3,6 +3,7 @@
  * score upper-bounds the best key of the block. */
 #include "testutil.h"
 #include "retrieve/score.h"
+#include "cpu/half.h"
 #include "cpu/kernels.h"
 
 #include <math.h>
@@ -76,6 +77,103 @@ static void simd_kernels_equal_scalar(void **state) {
     if (!ran) skip(); /* skipped: this CPU has neither AVX2 nor AVX-512 */
 }
 
+/* The AABB row kernels on stored boxes, f16 and f32, against a double
+ * reference of [q+ || q-] . [s_max || s_min] written out here (so the
+ * sign-select form is checked against the definition, not against itself):
+ * |kernel - reference| <= 1e-5 * sum_d |q_d| max(|s_max,d|, |s_min,d|), for
+ * every table, row counts that exercise full and partial tiles, block counts
+ * that leave remainders, head sizes with and without a vector tail, and
+ * queries with exact zeros. */
+static void aabb_row_kernels_equal_the_definition(void **state) {
+    (void)state;
+    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const size_t Rs[] = {1, 2, 3, 4, 5, 8, 13}, ns[] = {1, 2, 3, 4, 5, 7}, Ds[] = {8, 24, 64, 72, 128};
+    uint64_t rng = 31;
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        for (size_t a = 0; a < sizeof Rs / sizeof *Rs; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+                for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
+                    const size_t R = Rs[a], n = ns[b], D = Ds[c];
+                    float *q = malloc(R * D * 4), *bf = malloc(n * 2 * D * 4 + 64), *o16 = malloc(n * R * 4),
+                          *o32 = malloc(n * R * 4);
+                    uint16_t *bh = malloc(n * 2 * D * 2 + 64);
+                    const float **p32 = malloc(n * sizeof *p32);
+                    const uint16_t **p16 = malloc(n * sizeof *p16);
+                    for (size_t i = 0; i < R * D; i++) q[i] = i % 7 == 3 ? 0.0f : tu_normal(&rng);
+                    for (size_t j = 0; j < n; j++) {
+                        for (size_t d = 0; d < D; d++) {
+                            float x = tu_normal(&rng) * 4.0f, y = tu_normal(&rng) * 4.0f;
+                            float lo = fminf(x, y), hi = fmaxf(x, y);
+                            /* f16 boxes hold f16 values: the same box in both element types */
+                            bh[j * 2 * D + 1 + d] = kvm_f32_to_f16(hi), bh[j * 2 * D + 1 + D + d] = kvm_f32_to_f16(lo);
+                            bf[j * 2 * D + 1 + d] = kvm_f16_to_f32(bh[j * 2 * D + 1 + d]);
+                            bf[j * 2 * D + 1 + D + d] = kvm_f16_to_f32(bh[j * 2 * D + 1 + D + d]);
+                        }
+                        p32[j] = bf + 1 + j * 2 * D; /* unaligned boxes */
+                        p16[j] = bh + 1 + j * 2 * D;
+                    }
+                    tabs[t]->aabb_rows_f16(q, R, p16, n, D, o16, R);
+                    tabs[t]->aabb_rows_f32(q, R, p32, n, D, o32, R);
+                    for (size_t j = 0; j < n; j++)
+                        for (size_t r = 0; r < R; r++) {
+                            double ref = 0, mag = 0;
+                            for (size_t d = 0; d < D; d++) {
+                                double x = q[r * D + d], hi = p32[j][d], lo = p32[j][D + d];
+                                ref += (x > 0 ? x : 0) * hi + (x < 0 ? x : 0) * lo;
+                                mag += fabs(x) * fmax(fabs(hi), fabs(lo));
+                            }
+                            if (!(fabs(o16[j * R + r] - ref) <= 1e-5 * mag + 1e-30) ||
+                                !(fabs(o32[j * R + r] - ref) <= 1e-5 * mag + 1e-30))
+                                fail_msg("%s aabb rows R=%zu n=%zu D=%zu [%zu][%zu]: f16 %g, f32 %g, reference %g",
+                                         tabs[t]->name, R, n, D, j, r, (double)o16[j * R + r], (double)o32[j * R + r], ref);
+                        }
+                    free(q), free(bf), free(o16), free(o32), free(bh), free((void *)p32), free((void *)p16);
+                }
+    }
+}
+
+/* The fused softmax's column operations and the dot product, every table
+ * against plain loops: col_max exactly, col_exp_sum and dot within f32
+ * rounding (exp_neg's accuracy; sums in another order). */
+static void column_kernels_equal_plain_loops(void **state) {
+    (void)state;
+    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    uint64_t rng = 44;
+    const size_t rows = 9, cols = 37, ld = 41;
+    float x[9 * 41], e[9 * 41], m[41], z[41], mref[41];
+    for (size_t i = 0; i < rows * ld; i++) x[i] = tu_normal(&rng) * 3.0f;
+    for (size_t c = 0; c < cols; c++) {
+        mref[c] = x[c];
+        for (size_t r = 1; r < rows; r++) mref[c] = fmaxf(mref[c], x[r * ld + c]);
+    }
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        for (size_t c = 0; c < cols; c++) m[c] = -INFINITY, z[c] = 0.0f;
+        tabs[t]->col_max(x, rows, ld, cols, m);
+        for (size_t c = 0; c < cols; c++) assert_true(m[c] == mref[c]);
+        memcpy(e, x, sizeof x);
+        tabs[t]->col_exp_sum(e, rows, ld, cols, m, 0.7f, z);
+        for (size_t c = 0; c < cols; c++) {
+            double zs = 0;
+            for (size_t r = 0; r < rows; r++) {
+                double want = exp(0.7 * ((double)x[r * ld + c] - m[c]));
+                zs += want;
+                if (!(fabs(e[r * ld + c] - want) <= 1e-6 * want + 1e-30))
+                    fail_msg("%s col_exp_sum [%zu][%zu]: %g, want %g", tabs[t]->name, r, c, (double)e[r * ld + c], want);
+            }
+            if (!(fabs(z[c] - zs) <= 1e-6 * zs)) fail_msg("%s col_exp_sum column %zu: sum %g, want %g", tabs[t]->name, c, (double)z[c], zs);
+            for (size_t r = 0; r < rows; r++) assert_true(x[r * ld + cols] == e[r * ld + cols]); /* past cols: untouched */
+        }
+        for (size_t n = 0; n < rows * ld; n += 13) {
+            double want = 0, mag = 0;
+            for (size_t i = 0; i < n; i++) want += (double)x[i] * e[i], mag += fabs((double)x[i] * e[i]);
+            float got = tabs[t]->dot(x, e, n);
+            if (!(fabs(got - want) <= 1e-6 * mag + 1e-30)) fail_msg("%s dot n=%zu: %g, want %g", tabs[t]->name, n, (double)got, want);
+        }
+    }
+}
+
 static void vector_exp_is_accurate(void **state) {
     (void)state;
     const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
@@ -94,16 +192,16 @@ static void vector_exp_is_accurate(void **state) {
 }
 
 /* I(q, b) = [q+ || q-] . [s_max || s_min] >= max_i q . k_i, for boxes built
- * by the pool from real keys, through every available kernel path. */
-static void aabb_score_bounds_the_best_key(void **state) {
-    (void)state;
+ * by the pool from real keys (and the keys it stores, read back), through
+ * every available kernel path. */
+static void bounds_case(kvmem_dtype dt) {
     kvmem_context *ctx = tu_context(1);
     kvmem_model_spec s = tu_spec(1, 48);
     s.n_q_heads = 1;
     s.n_kv_heads = 1;
     kvmem_pool_params pp = kvmem_pool_default_params();
     pp.block_size = 16;
-    pp.storage_dtype = KVMEM_F32;
+    pp.storage_dtype = dt;
     kvmem_pool *pool;
     kvmem_agent *ag;
     assert_ok(kvmem_pool_create(ctx, &s, &pp, &pool));
@@ -136,13 +234,22 @@ static void aabb_score_bounds_the_best_key(void **state) {
             q[r * 2 * D + d] = qt[(size_t)d * 32 + (size_t)r] = x > 0 ? x : 0;
             q[r * 2 * D + D + d] = qt[(size_t)(D + d) * 32 + (size_t)r] = x < 0 ? x : 0;
         }
+    /* the stored boxes in the pool's element type: f16 values, exactly, in an F16 pool */
+    uint16_t *box16 = malloc((size_t)nb * 2 * D * sizeof(uint16_t));
+    const uint16_t **bp16 = malloc((size_t)nb * sizeof *bp16);
+    for (int b = 0; b < nb; b++) {
+        for (int i = 0; i < 2 * D; i++) box16[(size_t)b * 2 * D + (size_t)i] = kvm_f32_to_f16(box[(size_t)b * 2 * D + (size_t)i]);
+        bp16[b] = box16 + (size_t)b * 2 * D;
+    }
     const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
     for (int t = 0; t < 3; t++) {
         if (!tabs[t]) continue;
-        for (int path = 0; path < 2; path++) {
-            size_t ldo = path ? 32 : (size_t)R;
-            if (path) tabs[t]->panel(qt, 32, bp, (size_t)nb, (size_t)(2 * D), o, ldo);
-            else tabs[t]->rows(q, (size_t)R, bp, (size_t)nb, (size_t)(2 * D), o, ldo);
+        for (int path = 0; path < 3; path++) {
+            size_t ldo = path == 1 ? 32 : (size_t)R;
+            if (path == 1) tabs[t]->panel(qt, 32, bp, (size_t)nb, (size_t)(2 * D), o, ldo);
+            else if (path == 0) tabs[t]->rows(q, (size_t)R, bp, (size_t)nb, (size_t)(2 * D), o, ldo);
+            else if (dt == KVMEM_F16) tabs[t]->aabb_rows_f16(raw, (size_t)R, bp16, (size_t)nb, (size_t)D, o, ldo);
+            else tabs[t]->aabb_rows_f32(raw, (size_t)R, bp, (size_t)nb, (size_t)D, o, ldo);
             for (int b = 0; b < nb; b++)
                 for (int r = 0; r < R; r++) {
                     double best = -INFINITY, mag = 0;
@@ -156,10 +263,13 @@ static void aabb_score_bounds_the_best_key(void **state) {
                     }
                     /* f32 rounding of the sums only */
                     if (!(o[(size_t)b * ldo + (size_t)r] >= best - 1e-5 * mag))
-                        fail_msg("%s: I = %g < best key %g", tabs[t]->name, (double)o[(size_t)b * ldo + (size_t)r], best);
+                        fail_msg("%s %s path %d: I = %g < best key %g", kvmem_dtype_name(dt), tabs[t]->name, path,
+                                 (double)o[(size_t)b * ldo + (size_t)r], best);
                 }
         }
     }
+    free(box16);
+    free((void *)bp16);
     free(k);
     free(box);
     free((void *)bp);
@@ -170,6 +280,14 @@ static void aabb_score_bounds_the_best_key(void **state) {
     kvmem_agent_close(ag);
     kvmem_pool_free(pool);
     kvmem_context_free(ctx);
+}
+
+/* F32 pools keep exact f32 boxes; F16 pools f16 boxes rounded outward, read
+ * by the f16 kernel: the bound holds for the keys the pool stores. */
+static void aabb_score_bounds_the_best_key(void **state) {
+    (void)state;
+    bounds_case(KVMEM_F32);
+    bounds_case(KVMEM_F16);
 }
 
 /* Decode-sized problems score block-major, larger ones item-major: both
@@ -246,6 +364,8 @@ static void topk_ties_and_nan(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(simd_kernels_equal_scalar),
+        cmocka_unit_test(aabb_row_kernels_equal_the_definition),
+        cmocka_unit_test(column_kernels_equal_plain_loops),
         cmocka_unit_test(vector_exp_is_accurate),
         cmocka_unit_test(aabb_score_bounds_the_best_key),
         cmocka_unit_test(block_major_and_item_major_agree),

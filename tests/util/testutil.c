@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void kvm_test_assert_msg(const char *call, const char *needle) {
@@ -47,4 +48,50 @@ kvmem_context *tu_context(int32_t n_threads) {
 
 void tu_fill_kv(float *buf, size_t n, uint64_t *rng) {
     for (size_t i = 0; i < n; i++) buf[i] = tu_normal(rng);
+}
+
+/* Every finite f16 value, ascending (-65504 .. 65504; -0 and +0 both kept). */
+static double g_f16[63488];
+static size_t g_f16_n;
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void f16_table(void) {
+    if (g_f16_n) return;
+    size_t n = 0;
+    for (unsigned h = 0; h < 65536; h++) {
+        unsigned e = (h >> 10) & 31, m = h & 1023;
+        if (e == 31) continue; /* Inf, NaN */
+        double v = e ? ldexp(1.0 + m / 1024.0, (int)e - 15) : ldexp(m / 1024.0, -14);
+        g_f16[n++] = (h & 0x8000) ? -v : v;
+    }
+    qsort(g_f16, n, sizeof *g_f16, cmp_dbl);
+    g_f16_n = n;
+}
+
+double tu_f16_below(double x) {
+    f16_table();
+    size_t lo = 0, hi = g_f16_n; /* the first value > x */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (g_f16[mid] <= x) lo = mid + 1;
+        else hi = mid;
+    }
+    assert_true(lo > 0);
+    return g_f16[lo - 1];
+}
+
+double tu_f16_above(double x) {
+    f16_table();
+    size_t lo = 0, hi = g_f16_n; /* the first value >= x */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (g_f16[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    assert_true(lo < g_f16_n);
+    return g_f16[lo];
 }

@@ -42,4 +42,10 @@ kvmem_context *tu_context(int32_t n_threads);
 /* Fill a contiguous [L][T][H][D] f32 tensor view over `buf` with N(0, 1) values. */
 void tu_fill_kv(float *buf, size_t n, uint64_t *rng);
 
+/* The largest finite f16 value <= x and the smallest >= x (x within f16's
+ * finite range), found among all finite f16 values decoded here with ldexp:
+ * a reference independent of the library's conversions. */
+double tu_f16_below(double x);
+double tu_f16_above(double x);
+
 #endif

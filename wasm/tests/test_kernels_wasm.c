@@ -103,6 +103,66 @@ static void check_score(uint64_t *rng) {
     }
     if (!(x[66] >= 0.0f && x[66] < 1e-37f)) ok = 0;
     check(ok, "score exp_neg vs exp", 67);
+
+    /* AABB rows on stored boxes: sum_d q_d * (q_d < 0 ? s_min : s_max), f16
+     * boxes (finite f16 values, exactly representable) and their f32 twins */
+    enum { BD = 72, BR = 5, BN = 3 };
+    static float bq[BR * BD], bf[BN][2 * BD], o16[BN * BR], o32[BN * BR];
+    static uint16_t bh[BN][2 * BD];
+    const float *pf[BN];
+    const uint16_t *ph[BN];
+    const kvm_cpu_kernels *sc = kvm_cpu_kernels_scalar();
+    for (size_t i = 0; i < BR * BD; i++) bq[i] = i % 9 == 4 ? 0.0f : (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
+    for (size_t j = 0; j < BN; j++) {
+        for (size_t d = 0; d < BD; d++) {
+            float u = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f, v = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f;
+            bf[j][d] = u > v ? u : v, bf[j][BD + d] = u > v ? v : u; /* multiples of 1/64: exact in f16 */
+        }
+        sc->f32_to_f16(bf[j], bh[j], 2 * BD);
+        pf[j] = bf[j], ph[j] = bh[j];
+    }
+    w->aabb_rows_f16(bq, BR, ph, BN, BD, o16, BR);
+    w->aabb_rows_f32(bq, BR, pf, BN, BD, o32, BR);
+    ok = 1;
+    for (size_t j = 0; j < BN; j++)
+        for (size_t r = 0; r < BR; r++) {
+            double ref = 0, mag = 0;
+            for (size_t d = 0; d < BD; d++) {
+                double qv = bq[r * BD + d], hi = bf[j][d], lo = bf[j][BD + d];
+                ref += (qv > 0 ? qv * hi : 0) + (qv < 0 ? qv * lo : 0);
+                mag += fabs(qv) * (fabs(hi) > fabs(lo) ? fabs(hi) : fabs(lo));
+            }
+            if (fabs(o16[j * BR + r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6 ||
+                fabs(o32[j * BR + r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6)
+                ok = 0;
+        }
+    check(ok, "score aabb_rows (f16 and f32 boxes) vs double", BN);
+
+    /* the fused softmax's column ops and the dot product */
+    enum { CR = 5, CC = 11, CL = 13 };
+    static float cx[CR * CL], ce[CR * CL], cm[CL], cz[CL];
+    for (size_t i = 0; i < CR * CL; i++) cx[i] = (float)((int64_t)(next(rng) % 2001) - 1000) / 300.0f;
+    for (size_t c = 0; c < CC; c++) cm[c] = -INFINITY, cz[c] = 0.0f;
+    w->col_max(cx, CR, CL, CC, cm);
+    memcpy(ce, cx, sizeof cx);
+    w->col_exp_sum(ce, CR, CL, CC, cm, 0.5f, cz);
+    ok = 1;
+    for (size_t c = 0; c < CC; c++) {
+        float m = cx[c];
+        double zs = 0;
+        for (size_t r = 1; r < CR; r++) m = cx[r * CL + c] > m ? cx[r * CL + c] : m;
+        if (m != cm[c]) ok = 0;
+        for (size_t r = 0; r < CR; r++) {
+            double e = exp(0.5 * ((double)cx[r * CL + c] - m));
+            zs += e;
+            if (fabs(ce[r * CL + c] - e) > 1e-6 * e) ok = 0;
+        }
+        if (fabs(cz[c] - zs) > 1e-6 * zs) ok = 0;
+    }
+    double dref = 0;
+    for (size_t i = 0; i < CR * CL; i++) dref += (double)cx[i] * ce[i];
+    if (fabs(w->dot(cx, ce, CR * CL) - dref) > 1e-5 * (fabs(dref) + 1)) ok = 0;
+    check(ok, "score col_max, col_exp_sum, dot vs double", CC);
 }
 #endif
 
