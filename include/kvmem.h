@@ -95,8 +95,15 @@ KVMEM_API const char *kvmem_version(void);
  *    can have (below sizeof(size_t), not a multiple of its alignment,
  *    above 4096): KVMEM_ERR_INVALID_ARG.
  * A `reserved` field must be 0 (KVMEM_ERR_UNSUPPORTED otherwise).
- * The defaults come from a function, not a struct returned by value, so
- * that a library larger than the caller's struct never writes past it. */
+ * kvmem_X_params_init(params, struct_size) writes the first struct_size
+ * bytes of *params: the library's defaults, zeros for fields it does not
+ * have, struct_size itself. Errors: KVMEM_ERR_INVALID_ARG (params NULL, or
+ * a size no version can have); nothing is written then. It is what the
+ * inline default functions call, and what bindings call with the size of
+ * their own declaration of the struct: unlike a struct returned by value,
+ * it never writes past a caller's struct that is older than the library.
+ * Structs the library fills (*_info, *_stats, *_result) have no size
+ * field: their layout changes only with the major version. */
 
 /* ------------------------------------------------------------------------- */
 /* Status and errors                                                          */
@@ -204,7 +211,7 @@ typedef struct kvmem_context_params {
     int32_t reserved;    /* 0 */
 } kvmem_context_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_context_params_init(kvmem_context_params *params, size_t struct_size);
 static inline kvmem_context_params kvmem_context_default_params(void) {
     kvmem_context_params p;
@@ -315,7 +322,7 @@ typedef struct kvmem_pool_params {
                                     capacity_bytes would be exceeded */
 } kvmem_pool_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_pool_params_init(kvmem_pool_params *params, size_t struct_size);
 static inline kvmem_pool_params kvmem_pool_default_params(void) {
     kvmem_pool_params p;
@@ -388,7 +395,7 @@ typedef struct kvmem_append_params {
     int32_t reserved;                  /* 0 */
 } kvmem_append_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_append_params_init(kvmem_append_params *params, size_t struct_size);
 static inline kvmem_append_params kvmem_append_default_params(void) {
     kvmem_append_params p;
@@ -501,7 +508,7 @@ typedef struct kvmem_retrieve_params {
     int32_t reserved;             /* 0 */
 } kvmem_retrieve_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_retrieve_params_init(kvmem_retrieve_params *params, size_t struct_size);
 static inline kvmem_retrieve_params kvmem_retrieve_default_params(void) {
     kvmem_retrieve_params p;
@@ -624,7 +631,7 @@ typedef struct kvmem_qmem_params {
     double lambda;         /* decay: M_t = exp(-lambda) M_{t-1} + Enc; default 0.5, >= 0 */
 } kvmem_qmem_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_qmem_params_init(kvmem_qmem_params *params, size_t struct_size);
 static inline kvmem_qmem_params kvmem_qmem_default_params(void) {
     kvmem_qmem_params p;
@@ -731,7 +738,7 @@ typedef struct kvmem_kvstore_params {
     int64_t max_slots;  /* slots the store may hold, the sentinel included; 0 = unlimited (up to INT32_MAX) */
 } kvmem_kvstore_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_kvstore_params_init(kvmem_kvstore_params *params, size_t struct_size);
 static inline kvmem_kvstore_params kvmem_kvstore_default_params(void) {
     kvmem_kvstore_params p;
@@ -971,7 +978,7 @@ typedef struct kvmem_attend_params {
     int32_t reserved;           /* 0 */
 } kvmem_attend_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_attend_params_init(kvmem_attend_params *params, size_t struct_size);
 static inline kvmem_attend_params kvmem_attend_default_params(void) {
     kvmem_attend_params p;
@@ -1114,7 +1121,7 @@ typedef struct kvmem_prefix_params {
                          this fraction of the stored text (bytes); default 0.8 */
 } kvmem_prefix_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_prefix_params_init(kvmem_prefix_params *params, size_t struct_size);
 static inline kvmem_prefix_params kvmem_prefix_default_params(void) {
     kvmem_prefix_params p;
@@ -1336,7 +1343,7 @@ typedef struct kvmem_segments_params {
     int32_t max_segments;       /* segments ever added (indices are never reused); 0 = 1048576 */
 } kvmem_segments_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_segments_params_init(kvmem_segments_params *params, size_t struct_size);
 static inline kvmem_segments_params kvmem_segments_default_params(void) {
     kvmem_segments_params p;
@@ -1517,7 +1524,7 @@ typedef struct kvmem_kmeans_params {
     uint64_t seed;     /* default 42 */
 } kvmem_kmeans_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_kmeans_params_init(kvmem_kmeans_params *params, size_t struct_size);
 static inline kvmem_kmeans_params kvmem_kmeans_default_params(void) {
     kvmem_kmeans_params p;
@@ -1554,7 +1561,7 @@ typedef struct kvmem_multihop_params {
     int32_t max_iters; /* propagation rounds after the query round, 0..1000; default 8 */
 } kvmem_multihop_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_multihop_params_init(kvmem_multihop_params *params, size_t struct_size);
 static inline kvmem_multihop_params kvmem_multihop_default_params(void) {
     kvmem_multihop_params p;
@@ -1611,7 +1618,7 @@ typedef struct kvmem_load_plan_params {
     int32_t reserved;      /* 0 */
 } kvmem_load_plan_params;
 
-/* The defaults, struct_size set to this header's sizeof (see "ABI and versioning"). */
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
 KVMEM_API kvmem_status kvmem_load_plan_params_init(kvmem_load_plan_params *params, size_t struct_size);
 static inline kvmem_load_plan_params kvmem_load_plan_default_params(void) {
     kvmem_load_plan_params p;
