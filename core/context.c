@@ -100,17 +100,21 @@ kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *co
 
 /* ---- contexts ---- */
 
-kvmem_context_params kvmem_context_default_params(void) {
+kvmem_status kvmem_context_params_init(kvmem_context_params *params, size_t struct_size) {
     kvmem_context_params p;
+    memset(&p, 0, sizeof p);
     p.backend = "auto";
     p.n_threads = 0;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_context_params, params, struct_size, &p, "kvmem_context_params_init");
 }
 
 kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_context **out) {
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_context_create: out is NULL");
     *out = NULL;
-    kvmem_context_params p = params ? *params : kvmem_context_default_params();
+    kvmem_context_params p = kvmem_context_default_params();
+    kvmem_status st = KVM_PARAMS_IN(kvmem_context_params, &p, params, "kvmem_context_create");
+    if (st == KVMEM_OK) st = kvm_params_reserved(p.reserved, "kvmem_context_params", "kvmem_context_create");
+    if (st != KVMEM_OK) return st;
     const char *name = p.backend ? p.backend : "auto";
     if (p.n_threads < 0 || p.n_threads > 1024)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "n_threads %d: must be in [0, 1024] (0 = all cores)",
@@ -132,7 +136,7 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
     }
     ctx->n_threads = n;
     ctx->tp = kvm_threadpool_create(n);
-    kvmem_status st = ctx->tp ? kvm_cpu_backend_create(ctx, &ctx->cpu) : KVMEM_ERR_NOMEM;
+    st = ctx->tp ? kvm_cpu_backend_create(ctx, &ctx->cpu) : KVMEM_ERR_NOMEM;
     if (st != KVMEM_OK) {
         kvmem_context_free(ctx);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory for the worker pool (%d threads) and CPU backend", n);

@@ -5,6 +5,7 @@
 
 #include "kvmem.h"
 #include "alloc.h"
+#include "params.h"
 
 #include <stdbool.h>
 #include <stddef.h>

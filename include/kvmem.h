@@ -15,6 +15,8 @@
  *    that rule is detected, not undefined: a call on an agent handle that a
  *    call on another thread is using fails with KVMEM_ERR_BUSY (one atomic
  *    operation per call), and kvmem_agent_close waits for that call.
+ *  - Parameter structs start with struct_size; parts still moving are
+ *    declared only under KVMEM_EXPERIMENTAL (see "ABI and versioning").
  *
  * C99 and C++ safe. Define KVMEM_API before including to override the export
  * decoration (e.g. when linking statically on Windows).
@@ -61,6 +63,47 @@ extern "C" {
  * header it was built against and the library agree. */
 KVMEM_API int32_t kvmem_version_number(void);
 KVMEM_API const char *kvmem_version(void);
+
+/* ------------------------------------------------------------------------- */
+/* ABI and versioning                                                         */
+/* ------------------------------------------------------------------------- */
+
+/* Stable and experimental. Everything declared outside the section
+ * "Experimental" at the end of this header is stable: within a major
+ * version a stable function keeps its name, arguments and meaning (it may
+ * gain params fields, below, and new error cases); one that must change
+ * gets a _v2 and the old one stays, marked KVMEM_DEPRECATED. The
+ * experimental section holds parts still moving; it is declared only when
+ * the includer defines KVMEM_EXPERIMENTAL before including this header
+ * (zstd's ZSTD_STATIC_LINKING_ONLY). The library always exports those
+ * functions, but they may change or go in any release.
+ *
+ * Parameter structs (kvmem_*_params) start with `size_t struct_size`.
+ * kvmem_X_default_params() (inline, here) sets it to the sizeof this header
+ * gives and asks the library for the defaults of that many bytes
+ * (kvmem_X_params_init); set fields after it, or pass NULL params for the
+ * defaults. Fields are only ever appended (each struct ends without
+ * padding: a `reserved` field fills it), and a field added later means
+ * "as before" when zero. So, from the library's side:
+ *  - struct_size smaller than its own (a binary built against an older
+ *    header): it reads only those bytes and uses the defaults for the
+ *    fields that binary does not have; nothing past struct_size is read;
+ *  - larger (a binary built against a newer header): accepted when every
+ *    byte past its own layout is zero, refused with KVMEM_ERR_UNSUPPORTED
+ *    when one is not (a field this library cannot honour);
+ *  - 0 (a struct not made by kvmem_X_default_params) or a size no version
+ *    can have (below sizeof(size_t), not a multiple of its alignment,
+ *    above 4096): KVMEM_ERR_INVALID_ARG.
+ * A `reserved` field must be 0 (KVMEM_ERR_UNSUPPORTED otherwise).
+ * kvmem_X_params_init(params, struct_size) writes the first struct_size
+ * bytes of *params: the library's defaults, zeros for fields it does not
+ * have, struct_size itself. Errors: KVMEM_ERR_INVALID_ARG (params NULL, or
+ * a size no version can have); nothing is written then. It is what the
+ * inline default functions call, and what bindings call with the size of
+ * their own declaration of the struct: unlike a struct returned by value,
+ * it never writes past a caller's struct that is older than the library.
+ * Structs the library fills (*_info, *_stats, *_result) have no size
+ * field: their layout changes only with the major version. */
 
 /* ------------------------------------------------------------------------- */
 /* Status and errors                                                          */
@@ -162,11 +205,19 @@ typedef struct kvmem_backend_info {
 KVMEM_API kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *count);
 
 typedef struct kvmem_context_params {
+    size_t struct_size; /* sizeof(kvmem_context_params), set by kvmem_context_default_params() */
     const char *backend; /* "cpu", "cuda", "vulkan" or "auto" (NULL = "auto") */
     int32_t n_threads;   /* worker threads for CPU work; 0 = number of online cores */
+    int32_t reserved;    /* 0 */
 } kvmem_context_params;
 
-KVMEM_API kvmem_context_params kvmem_context_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_context_params_init(kvmem_context_params *params, size_t struct_size);
+static inline kvmem_context_params kvmem_context_default_params(void) {
+    kvmem_context_params p;
+    kvmem_context_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Create a context. `params` may be NULL for defaults. The backend string is
  * copied. Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOT_FOUND (unknown backend),
@@ -245,6 +296,7 @@ typedef struct kvmem_pool kvmem_pool;
 typedef struct kvmem_agent kvmem_agent;
 
 typedef struct kvmem_pool_params {
+    size_t struct_size; /* sizeof(kvmem_pool_params), set by kvmem_pool_default_params() */
     int32_t block_size;          /* tokens per block: power of two in [1, 4096]; default 16 */
     kvmem_dtype storage_dtype;   /* F32, F16 (default), BF16, Q8, Q4 or Q4_KIVI (see "Persistence") */
     uint64_t capacity_bytes;     /* KV bytes the pool may hold in host memory; 0 = unlimited */
@@ -270,7 +322,13 @@ typedef struct kvmem_pool_params {
                                     capacity_bytes would be exceeded */
 } kvmem_pool_params;
 
-KVMEM_API kvmem_pool_params kvmem_pool_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_pool_params_init(kvmem_pool_params *params, size_t struct_size);
+static inline kvmem_pool_params kvmem_pool_default_params(void) {
+    kvmem_pool_params p;
+    kvmem_pool_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Create a pool for one model spec on a context (the context must outlive
  * the pool). spec and params are copied; params may be NULL for defaults.
@@ -325,6 +383,7 @@ KVMEM_API kvmem_status kvmem_pool_remove_agent(kvmem_pool *pool, const char *id)
 KVMEM_API const char *kvmem_agent_get_id(const kvmem_agent *agent);
 
 typedef struct kvmem_append_params {
+    size_t struct_size; /* sizeof(kvmem_append_params), set by kvmem_append_default_params() */
     const int32_t *token_ids;          /* T token ids, or NULL (then stored as -1) */
     const char *text;                  /* UTF-8 text these tokens came from, or NULL */
     size_t text_len;                   /* bytes of text */
@@ -333,10 +392,16 @@ typedef struct kvmem_append_params {
     const int32_t *positions;          /* T positions the keys were rotated at, when
                                           keys_rotated; NULL otherwise */
     int32_t keys_rotated;              /* 1: K is post-RoPE, kvmem de-rotates it */
-    int32_t reserved;
+    int32_t reserved;                  /* 0 */
 } kvmem_append_params;
 
-KVMEM_API kvmem_append_params kvmem_append_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_append_params_init(kvmem_append_params *params, size_t struct_size);
+static inline kvmem_append_params kvmem_append_default_params(void) {
+    kvmem_append_params p;
+    kvmem_append_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Append the KV of T tokens for all layers at once.
  * k, v: [n_layers][T][n_kv_heads][head_dim] (F32, F16 or BF16, any strides).
@@ -392,7 +457,9 @@ KVMEM_API kvmem_status kvmem_agent_tokens(kvmem_agent *agent, int64_t first, int
  * append on it; *len gets its length in bytes. Not NUL-terminated. */
 KVMEM_API kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, size_t *len);
 
-/* ---- MemArt retrieval (issue: retrieval) -------------------------------- */
+/* ------------------------------------------------------------------------- */
+/* Retrieval by key bounds (MemArt) and gather                                */
+/* ------------------------------------------------------------------------- */
 
 /* Retrieval: find the sealed blocks of an agent that a new prompt would
  * attend to, by scoring the prompt's query rows against each block's
@@ -425,6 +492,7 @@ typedef enum kvmem_retrieve_scope {
 } kvmem_retrieve_scope;
 
 typedef struct kvmem_retrieve_params {
+    size_t struct_size; /* sizeof(kvmem_retrieve_params), set by kvmem_retrieve_default_params() */
     int32_t top_k;                /* blocks per set, always-included ones counted; default 8, >= 0 */
     kvmem_retrieve_mode mode;     /* default AABB */
     kvmem_retrieve_norm norm;     /* default SOFTMAX */
@@ -440,9 +508,16 @@ typedef struct kvmem_retrieve_params {
     int32_t recent_window;        /* > 0: only the newest recent_window sealed blocks are candidates */
     int32_t skip_recent;          /* > 0: the newest skip_recent sealed blocks are not candidates
                                      (the engine keeps them in its local window anyway) */
+    int32_t reserved;             /* 0 */
 } kvmem_retrieve_params;
 
-KVMEM_API kvmem_retrieve_params kvmem_retrieve_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_retrieve_params_init(kvmem_retrieve_params *params, size_t struct_size);
+static inline kvmem_retrieve_params kvmem_retrieve_default_params(void) {
+    kvmem_retrieve_params p;
+    kvmem_retrieve_params_init(&p, sizeof p);
+    return p;
+}
 
 /* The result of kvmem_retrieve: an opaque, reusable object (create once,
  * retrieve into it many times). Everything it returns is owned by it and
@@ -511,7 +586,9 @@ KVMEM_API kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, i
                                     int64_t base_position, const kvmem_tensor *k_out,
                                     const kvmem_tensor *v_out);
 
-/* ---- IntentKV QueryMemory and eviction (issue: eviction) ---------------- */
+/* ------------------------------------------------------------------------- */
+/* Query memory and eviction (IntentKV)                                       */
+/* ------------------------------------------------------------------------- */
 
 /* QueryMemory (IntentKV): a per-session memory of what the user's queries
  * looked at, kept across turns, and the rule score it gives each candidate
@@ -520,7 +597,8 @@ KVMEM_API kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, i
  * A memory has shape [n_layers][n_q_heads][head_dim] (f32), each (layer, head)
  * row of unit L2 norm. Query rows passed in are post-RoPE, as the model's
  * attention saw them; K passed in is post-RoPE too, so M.K is the model's own
- * logit geometry. */
+ * logit geometry. The residual head over the rule score and the eviction
+ * baselines (StreamingLLM, H2O, SnapKV) are in the experimental section. */
 typedef struct kvmem_qmem_store kvmem_qmem_store;
 
 typedef enum kvmem_session_kind {
@@ -550,12 +628,19 @@ typedef struct kvmem_session_source {
 } kvmem_session_source;
 
 typedef struct kvmem_qmem_params {
+    size_t struct_size; /* sizeof(kvmem_qmem_params), set by kvmem_qmem_default_params() */
     int32_t capacity;      /* memories kept, least recently used dropped first; default 1024 */
     int32_t prefix_tokens; /* P of the PREFIX key; default 256 */
     double lambda;         /* decay: M_t = exp(-lambda) M_{t-1} + Enc; default 0.5, >= 0 */
 } kvmem_qmem_params;
 
-KVMEM_API kvmem_qmem_params kvmem_qmem_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_qmem_params_init(kvmem_qmem_params *params, size_t struct_size);
+static inline kvmem_qmem_params kvmem_qmem_default_params(void) {
+    kvmem_qmem_params p;
+    kvmem_qmem_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Create a store of session memories for one model geometry (spec copied;
  * params may be NULL for defaults). Thread safety: the store has an internal
@@ -619,52 +704,6 @@ KVMEM_API kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_sp
                                         const float *memory, const kvmem_tensor *k,
                                         float *scores);
 
-/* The residual head (IntentKV Phase 2), run at inference from trained
- * weights in a safetensors file: s_j = rule_j + alpha * MLP(phi_j ++ c_j).
- * Tensors (F32, F16 or BF16, little-endian; D = head_dim, F = 3D + 1):
- *   "alpha"          [1]          clipped to [-5, 5] at load
- *   "w_q"            [128][F]     cross-attention query projection of phi_j
- *   "w_k"            [128][D]     key projection of the query-span K means
- *   "w_v"            [128][D]     value projection of the same
- *   "mlp.0.weight"   [256][F+128] first MLP layer (GELU, erf form)
- *   "mlp.0.bias"     [256]
- *   "mlp.2.weight"   [1][256]     output layer (zero-initialised in training)
- *   "mlp.2.bias"     [1]
- * Every one must be present, no other tensor may be ("__metadata__" is
- * allowed). phi_j = [kbar_j || mbar || kbar_j * mbar || rule_j], kbar_j the
- * mean of K[l, j, h/G] over layers and expanded query heads, mbar the mean
- * of the memory over layers and heads; c_j = 4-head (32 wide each)
- * cross-attention from w_q phi_j over w_k kbar_i, w_v kbar_i for i in the
- * query span [span_begin, span_end). */
-typedef struct kvmem_qmem_head kvmem_qmem_head;
-
-/* Load weights from a safetensors file, validated strictly (header length,
- * JSON, names, dtypes, shapes, offsets in bounds and non-overlapping).
- * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_IO, KVMEM_ERR_FORMAT,
- * KVMEM_ERR_CORRUPT, KVMEM_ERR_NOMEM. */
-KVMEM_API kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out);
-/* The same from a safetensors image in memory (copied). */
-KVMEM_API kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size,
-                                                   kvmem_qmem_head **out);
-KVMEM_API void kvmem_qmem_head_free(kvmem_qmem_head *head);
-/* head_dim the weights were trained for; 0 for NULL. */
-KVMEM_API int32_t kvmem_qmem_head_dim(const kvmem_qmem_head *head);
-/* alpha after clipping; 0 for NULL. */
-KVMEM_API float kvmem_qmem_head_alpha(const kvmem_qmem_head *head);
-
-/* scores_out[j] = rule[j] + alpha * MLP(phi_j ++ c_j) for the N candidates of
- * k ([n_layers][N][n_kv_heads][head_dim], as for kvmem_qmem_score); rule is
- * that function's output. scores_out may equal rule. The head is read-only
- * here: several threads may apply one head at once.
- * Errors: KVMEM_ERR_INVALID_ARG (NULLs, shapes, empty or out-of-range
- * span, a non-finite value in K, rule or memory: checked before anything is
- * written), KVMEM_ERR_MISMATCH (spec head_dim differs from the head's),
- * KVMEM_ERR_NOMEM. Runs on the calling thread. */
-KVMEM_API kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec,
-                                             const float *memory, const kvmem_tensor *k,
-                                             const float *rule, int64_t span_begin,
-                                             int64_t span_end, float *scores_out);
-
 /* Select the positions to keep. Forced set F = [0, protect) U [span_begin,
  * span_end) (the protected prefix and the actionable query span), budget
  * C* = max(0, budget - |F|): keep F plus the C* best of the rest by score
@@ -675,40 +714,6 @@ KVMEM_API kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const 
 KVMEM_API kvmem_status kvmem_select_keep(const float *scores, int64_t n, int64_t budget,
                                          int64_t protect, int64_t span_begin, int64_t span_end,
                                          int32_t *kept, int64_t *n_kept);
-
-/* Baselines on the same substrate. Each yields kept positions (ascending) to
- * apply with kvmem_slotmap_evict, like kvmem_select_keep. */
-
-/* StreamingLLM: keep the first n_sink positions (4 in the paper) and the last
- * `window`. kept: room for n. Errors: KVMEM_ERR_INVALID_ARG. */
-KVMEM_API kvmem_status kvmem_streaming_keep(int64_t n, int64_t n_sink, int64_t window,
-                                            int32_t *kept, int64_t *n_kept);
-
-/* H2O: accumulate attention. probs: n_rows rows of n attention
- * probabilities (what the model's softmax gave each of its query rows, any
- * layers/heads the caller chooses); acc[j] += sum over rows of probs[r][j].
- * Errors: KVMEM_ERR_INVALID_ARG (NULLs, non-finite or negative probability). */
-KVMEM_API kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc);
-/* H2O selection: keep the last `recent` positions (the recent floor) and the
- * heavy hitters, the best budget - recent of the rest by acc (ties: older).
- * kept: room for n. Errors: KVMEM_ERR_INVALID_ARG (recent > budget, ...). */
-KVMEM_API kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent,
-                                      int32_t *kept, int64_t *n_kept);
-
-/* SnapKV scores. q_obs: [W][n_layers][n_q_heads][head_dim], the post-RoPE
- * query rows of the observation window (the request's last W positions,
- * N - W .. N - 1; W = 32 in the paper); k: [n_layers][N][n_kv_heads][head_dim]
- * post-RoPE. For each (l, h): softmax over keys of q_w . k / sqrt(D) with the
- * causal mask (row w sees keys <= N - W + w), summed over the W rows, then
- * max-pooled along positions (kernel `pool_kernel`, 7 in the paper, odd,
- * stride 1, same padding); scores[j] = sum over (l, h). Select with
- * kvmem_select_keep(scores, N, C, 0, N - W, N, ...) so the window is kept,
- * as SnapKV does. Scratch: min(16, n_layers * n_q_heads) * (W + 2) * N
- * floats. Errors: KVMEM_ERR_INVALID_ARG (also a non-finite value in K or
- * q_obs, found through the logits), KVMEM_ERR_NOMEM. */
-KVMEM_API kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec,
-                                          const kvmem_tensor *q_obs, const kvmem_tensor *k,
-                                          int32_t pool_kernel, float *scores);
 
 /* The paged physical KV store that slot maps point into. A slot holds one
  * token's K and V rows for every layer and KV head, f32:
@@ -731,11 +736,18 @@ typedef struct kvmem_kvstore kvmem_kvstore;
 typedef struct kvmem_slotmap kvmem_slotmap;
 
 typedef struct kvmem_kvstore_params {
+    size_t struct_size; /* sizeof(kvmem_kvstore_params), set by kvmem_kvstore_default_params() */
     int32_t page_slots; /* slots per page; power of two in [1, 65536]; default 256 */
     int64_t max_slots;  /* slots the store may hold, the sentinel included; 0 = unlimited (up to INT32_MAX) */
 } kvmem_kvstore_params;
 
-KVMEM_API kvmem_kvstore_params kvmem_kvstore_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_kvstore_params_init(kvmem_kvstore_params *params, size_t struct_size);
+static inline kvmem_kvstore_params kvmem_kvstore_default_params(void) {
+    kvmem_kvstore_params p;
+    kvmem_kvstore_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Create a store for a model spec (copied; params may be NULL). Errors:
  * KVMEM_ERR_INVALID_ARG, KVMEM_ERR_NOMEM. */
@@ -840,7 +852,9 @@ KVMEM_API kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, kvmem_sl
 KVMEM_API kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out,
                                             const kvmem_tensor *v_out, int32_t *positions_out);
 
-/* ---- ART attention (issue: attend) -------------------------------------- */
+/* ------------------------------------------------------------------------- */
+/* Attention with early termination (ART)                                     */
+/* ------------------------------------------------------------------------- */
 
 /* Attention with run-time termination (ART, DESIGN.md): tiled online-softmax
  * attention for decode (one query row) and short prefill (up to
@@ -949,6 +963,7 @@ typedef enum kvmem_attend_probe {
 #define KVMEM_ATTEND_DEFAULT_TILE 16
 
 typedef struct kvmem_attend_params {
+    size_t struct_size; /* sizeof(kvmem_attend_params), set by kvmem_attend_default_params() */
     kvmem_attend_order order;   /* default SCORED */
     int32_t n_sink;             /* RECENT: leading positions always visited first; default 4 */
     const int32_t *tile_order;  /* IMPORTANCE / INDEX: tile indices, distinct, in [0, n_tiles) */
@@ -963,9 +978,16 @@ typedef struct kvmem_attend_params {
     int32_t causal;             /* 1 (default): row r sees positions <= T - n_rows + r */
     int32_t compare;            /* 1: also run the ORACLE rule and report where it stops
                                    (reads on until both rules stopped; output as without) */
+    int32_t reserved;           /* 0 */
 } kvmem_attend_params;
 
-KVMEM_API kvmem_attend_params kvmem_attend_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_attend_params_init(kvmem_attend_params *params, size_t struct_size);
+static inline kvmem_attend_params kvmem_attend_default_params(void) {
+    kvmem_attend_params p;
+    kvmem_attend_params_init(&p, sizeof p);
+    return p;
+}
 
 typedef struct kvmem_attend_stats {
     int64_t n_streams;       /* n_rows * n_kv_heads */
@@ -1021,7 +1043,9 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
                                     const kvmem_attend_params *params, const kvmem_tensor *out,
                                     kvmem_attend_stats *stats);
 
-/* ---- Persistence, quantization, prefix, batch (issue: persistence) ------ */
+/* ------------------------------------------------------------------------- */
+/* Persistence, quantized storage, prefix reuse, batching                     */
+/* ------------------------------------------------------------------------- */
 
 /* Storage dtypes Q8, Q4 and Q4_KIVI (pool_params.storage_dtype) quantize each
  * block when it is sealed; the unsealed tail stays f32. Groups run along each
@@ -1101,11 +1125,18 @@ typedef enum kvmem_prefix_kind {
 } kvmem_prefix_kind;
 
 typedef struct kvmem_prefix_params {
+    size_t struct_size; /* sizeof(kvmem_prefix_params), set by kvmem_prefix_default_params() */
     double min_ratio; /* DIVERGE reuses the cache only if the common prefix covers at least
                          this fraction of the stored text (bytes); default 0.8 */
 } kvmem_prefix_params;
 
-KVMEM_API kvmem_prefix_params kvmem_prefix_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_prefix_params_init(kvmem_prefix_params *params, size_t struct_size);
+static inline kvmem_prefix_params kvmem_prefix_default_params(void) {
+    kvmem_prefix_params p;
+    kvmem_prefix_params_init(&p, sizeof p);
+    return p;
+}
 
 typedef struct kvmem_prefix_result {
     kvmem_prefix_kind kind;
@@ -1145,7 +1176,144 @@ KVMEM_API kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t n_a
 KVMEM_API kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length,
                                            int64_t first, int64_t n, const kvmem_tensor *out);
 
-/* ---- KEEP segments (issue: segments) ------------------------------------ */
+/* ------------------------------------------------------------------------- */
+/* The failure message in a caller buffer                                     */
+/* ------------------------------------------------------------------------- */
+
+/* kvmem_last_error() is per thread. A binding whose asynchronous calls run
+ * on worker threads it cannot run its own code on (koffi's `.async`, N-API
+ * async work) would never see the message of a call that failed there. Each
+ * function below is the call named without the `_errbuf` suffix, plus: when
+ * it fails, the message kvmem_last_error() gives on that thread right after
+ * it is copied into errbuf (NUL-terminated, cut to errbuf_size - 1 bytes);
+ * when it succeeds errbuf becomes "". errbuf may be NULL (or errbuf_size 0):
+ * then nothing is written. Statuses, threading and ownership are those of
+ * the plain call, which runs exactly once. */
+KVMEM_API kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k,
+                                                 const kvmem_tensor *v, const kvmem_append_params *params,
+                                                 char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens,
+                                               const kvmem_tensor *k_out, const kvmem_tensor *v_out,
+                                               char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_save_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
+                                               size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_agent_load_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
+                                               size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_retrieve_errbuf(kvmem_agent *agent, const kvmem_tensor *query,
+                                             const kvmem_retrieve_params *params, kvmem_retrieval *result,
+                                             char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_gather_errbuf(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
+                                           int64_t base_position, const kvmem_tensor *k_out,
+                                           const kvmem_tensor *v_out, char *errbuf, size_t errbuf_size);
+KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tensor *q,
+                                           const kvmem_attend_source *source, const kvmem_attend_params *params,
+                                           const kvmem_tensor *out, kvmem_attend_stats *stats, char *errbuf,
+                                           size_t errbuf_size);
+
+/* ------------------------------------------------------------------------- */
+/* Experimental (KVMEM_EXPERIMENTAL)                                          */
+/* ------------------------------------------------------------------------- */
+
+/* Parts still moving (see "ABI and versioning"): declared only for callers
+ * that define KVMEM_EXPERIMENTAL before including this header, exported by
+ * every build, free to change in any release. Why each is here:
+ *  - the QueryMemory residual head: its weight file follows the training
+ *    code, which still changes;
+ *  - the eviction baselines (StreamingLLM, H2O, SnapKV): evaluation
+ *    references for IntentKV, kept for benchmarks, not a product API;
+ *  - KEEP segments: the event and unit model has one engine using it
+ *    (examples/tinyllm) and will follow engines that adopt it;
+ *  - k-means grouping, multi-hop selection, the layer-balanced load plan:
+ *    KEEP's research interfaces (caller-computed attention matrices, a
+ *    simulated load stream) that change with the segment store. */
+#ifdef KVMEM_EXPERIMENTAL
+
+/* ---- Query memory: the residual head ------------------------------------ */
+
+/* The residual head (IntentKV Phase 2), run at inference from trained
+ * weights in a safetensors file: s_j = rule_j + alpha * MLP(phi_j ++ c_j).
+ * Tensors (F32, F16 or BF16, little-endian; D = head_dim, F = 3D + 1):
+ *   "alpha"          [1]          clipped to [-5, 5] at load
+ *   "w_q"            [128][F]     cross-attention query projection of phi_j
+ *   "w_k"            [128][D]     key projection of the query-span K means
+ *   "w_v"            [128][D]     value projection of the same
+ *   "mlp.0.weight"   [256][F+128] first MLP layer (GELU, erf form)
+ *   "mlp.0.bias"     [256]
+ *   "mlp.2.weight"   [1][256]     output layer (zero-initialised in training)
+ *   "mlp.2.bias"     [1]
+ * Every one must be present, no other tensor may be ("__metadata__" is
+ * allowed). phi_j = [kbar_j || mbar || kbar_j * mbar || rule_j], kbar_j the
+ * mean of K[l, j, h/G] over layers and expanded query heads, mbar the mean
+ * of the memory over layers and heads; c_j = 4-head (32 wide each)
+ * cross-attention from w_q phi_j over w_k kbar_i, w_v kbar_i for i in the
+ * query span [span_begin, span_end). */
+typedef struct kvmem_qmem_head kvmem_qmem_head;
+
+/* Load weights from a safetensors file, validated strictly (header length,
+ * JSON, names, dtypes, shapes, offsets in bounds and non-overlapping).
+ * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_IO, KVMEM_ERR_FORMAT,
+ * KVMEM_ERR_CORRUPT, KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out);
+/* The same from a safetensors image in memory (copied). */
+KVMEM_API kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size,
+                                                   kvmem_qmem_head **out);
+KVMEM_API void kvmem_qmem_head_free(kvmem_qmem_head *head);
+/* head_dim the weights were trained for; 0 for NULL. */
+KVMEM_API int32_t kvmem_qmem_head_dim(const kvmem_qmem_head *head);
+/* alpha after clipping; 0 for NULL. */
+KVMEM_API float kvmem_qmem_head_alpha(const kvmem_qmem_head *head);
+
+/* scores_out[j] = rule[j] + alpha * MLP(phi_j ++ c_j) for the N candidates of
+ * k ([n_layers][N][n_kv_heads][head_dim], as for kvmem_qmem_score); rule is
+ * that function's output. scores_out may equal rule. The head is read-only
+ * here: several threads may apply one head at once.
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, shapes, empty or out-of-range
+ * span, a non-finite value in K, rule or memory: checked before anything is
+ * written), KVMEM_ERR_MISMATCH (spec head_dim differs from the head's),
+ * KVMEM_ERR_NOMEM. Runs on the calling thread. */
+KVMEM_API kvmem_status kvmem_qmem_head_apply(const kvmem_qmem_head *head, const kvmem_model_spec *spec,
+                                             const float *memory, const kvmem_tensor *k,
+                                             const float *rule, int64_t span_begin,
+                                             int64_t span_end, float *scores_out);
+
+/* ---- Eviction baselines ------------------------------------------------- */
+
+/* Baselines on the same substrate. Each yields kept positions (ascending) to
+ * apply with kvmem_slotmap_evict, like kvmem_select_keep. */
+
+/* StreamingLLM: keep the first n_sink positions (4 in the paper) and the last
+ * `window`. kept: room for n. Errors: KVMEM_ERR_INVALID_ARG. */
+KVMEM_API kvmem_status kvmem_streaming_keep(int64_t n, int64_t n_sink, int64_t window,
+                                            int32_t *kept, int64_t *n_kept);
+
+/* H2O: accumulate attention. probs: n_rows rows of n attention
+ * probabilities (what the model's softmax gave each of its query rows, any
+ * layers/heads the caller chooses); acc[j] += sum over rows of probs[r][j].
+ * Errors: KVMEM_ERR_INVALID_ARG (NULLs, non-finite or negative probability). */
+KVMEM_API kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc);
+/* H2O selection: keep the last `recent` positions (the recent floor) and the
+ * heavy hitters, the best budget - recent of the rest by acc (ties: older).
+ * kept: room for n. Errors: KVMEM_ERR_INVALID_ARG (recent > budget, ...). */
+KVMEM_API kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent,
+                                      int32_t *kept, int64_t *n_kept);
+
+/* SnapKV scores. q_obs: [W][n_layers][n_q_heads][head_dim], the post-RoPE
+ * query rows of the observation window (the request's last W positions,
+ * N - W .. N - 1; W = 32 in the paper); k: [n_layers][N][n_kv_heads][head_dim]
+ * post-RoPE. For each (l, h): softmax over keys of q_w . k / sqrt(D) with the
+ * causal mask (row w sees keys <= N - W + w), summed over the W rows, then
+ * max-pooled along positions (kernel `pool_kernel`, 7 in the paper, odd,
+ * stride 1, same padding); scores[j] = sum over (l, h). Select with
+ * kvmem_select_keep(scores, N, C, 0, N - W, N, ...) so the window is kept,
+ * as SnapKV does. Scratch: min(16, n_layers * n_q_heads) * (W + 2) * N
+ * floats. Errors: KVMEM_ERR_INVALID_ARG (also a non-finite value in K or
+ * q_obs, found through the logits), KVMEM_ERR_NOMEM. */
+KVMEM_API kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec,
+                                          const kvmem_tensor *q_obs, const kvmem_tensor *k,
+                                          int32_t pool_kernel, float *scores);
+
+/* ---- KEEP segments, grouping, multi-hop selection, load plan ------------ */
 
 /* KEEP (embodied planning memory). Memory is split into caller-named
  * segments (one object's state, one finished task), each with its own KV.
@@ -1179,11 +1347,18 @@ typedef struct kvmem_segments kvmem_segments;
 #define KVMEM_SEGMENTS_MAX_GROUP 65535 /* group ids are 0..KVMEM_SEGMENTS_MAX_GROUP */
 
 typedef struct kvmem_segments_params {
+    size_t struct_size; /* sizeof(kvmem_segments_params), set by kvmem_segments_default_params() */
     int32_t static_after_steps; /* t: steps without change before a group turns STATIC; default 10, >= 1 */
     int32_t max_segments;       /* segments ever added (indices are never reused); 0 = 1048576 */
 } kvmem_segments_params;
 
-KVMEM_API kvmem_segments_params kvmem_segments_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_segments_params_init(kvmem_segments_params *params, size_t struct_size);
+static inline kvmem_segments_params kvmem_segments_default_params(void) {
+    kvmem_segments_params p;
+    kvmem_segments_params_init(&p, sizeof p);
+    return p;
+}
 
 typedef enum kvmem_group_state {
     KVMEM_GROUP_DYNAMIC = 0, /* per-segment KV; an update invalidates one segment */
@@ -1352,12 +1527,19 @@ KVMEM_API kvmem_status kvmem_segments_plan(kvmem_segments *segs, const float *sc
  * cluster is re-seeded with the point farthest from its centroid.
  * Stops when no assignment changes or after max_iters rounds. */
 typedef struct kvmem_kmeans_params {
+    size_t struct_size; /* sizeof(kvmem_kmeans_params), set by kvmem_kmeans_default_params() */
     int32_t k;         /* clusters, 1..n; default 8 */
     int32_t max_iters; /* Lloyd rounds, 1..10000; default 100 */
     uint64_t seed;     /* default 42 */
 } kvmem_kmeans_params;
 
-KVMEM_API kvmem_kmeans_params kvmem_kmeans_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_kmeans_params_init(kvmem_kmeans_params *params, size_t struct_size);
+static inline kvmem_kmeans_params kvmem_kmeans_default_params(void) {
+    kvmem_kmeans_params p;
+    kvmem_kmeans_params_init(&p, sizeof p);
+    return p;
+}
 
 /* emb: [n][dim] f32 row-major, finite, no all-zero row. labels: n entries
  * (out). centroids: [k][dim] unit vectors (out), or NULL. iters (may be
@@ -1383,11 +1565,18 @@ KVMEM_API kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t d
  * to each segment, diagonal included (it anchors a selected segment).
  * Values finite and >= 0. */
 typedef struct kvmem_multihop_params {
+    size_t struct_size; /* sizeof(kvmem_multihop_params), set by kvmem_multihop_default_params() */
     float ratio;       /* r_i in [0, 1]: fraction of all segments to recompute; default 1 */
     int32_t max_iters; /* propagation rounds after the query round, 0..1000; default 8 */
 } kvmem_multihop_params;
 
-KVMEM_API kvmem_multihop_params kvmem_multihop_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_multihop_params_init(kvmem_multihop_params *params, size_t struct_size);
+static inline kvmem_multihop_params kvmem_multihop_default_params(void) {
+    kvmem_multihop_params p;
+    kvmem_multihop_params_init(&p, sizeof p);
+    return p;
+}
 
 typedef struct kvmem_multihop_result {
     int32_t n_selected; /* |R| */
@@ -1432,12 +1621,19 @@ KVMEM_API kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, floa
  * Idle time: compute idle = makespan - total compute; load idle = gaps in
  * the load stream before its last load ends. */
 typedef struct kvmem_load_plan_params {
+    size_t struct_size; /* sizeof(kvmem_load_plan_params), set by kvmem_load_plan_default_params() */
     double bandwidth_gbps; /* host -> device bytes per second / 1e9, > 0; default 25 */
     int32_t max_ahead;     /* balanced: layers a load may run ahead of compute; 0 = any; default 0 */
-    int32_t reserved;
+    int32_t reserved;      /* 0 */
 } kvmem_load_plan_params;
 
-KVMEM_API kvmem_load_plan_params kvmem_load_plan_default_params(void);
+/* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
+KVMEM_API kvmem_status kvmem_load_plan_params_init(kvmem_load_plan_params *params, size_t struct_size);
+static inline kvmem_load_plan_params kvmem_load_plan_default_params(void) {
+    kvmem_load_plan_params p;
+    kvmem_load_plan_params_init(&p, sizeof p);
+    return p;
+}
 
 typedef struct kvmem_load_item {
     int32_t segment;
@@ -1472,40 +1668,7 @@ KVMEM_API kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, con
                                        kvmem_load_item *items, size_t capacity, size_t *n_items,
                                        double *layer_start_ms, kvmem_load_plan_stats *stats);
 
-/* ------------------------------------------------------------------------- */
-/* The failure message in a caller buffer                                     */
-/* ------------------------------------------------------------------------- */
-
-/* kvmem_last_error() is per thread. A binding whose asynchronous calls run
- * on worker threads it cannot run its own code on (koffi's `.async`, N-API
- * async work) would never see the message of a call that failed there. Each
- * function below is the call named without the `_errbuf` suffix, plus: when
- * it fails, the message kvmem_last_error() gives on that thread right after
- * it is copied into errbuf (NUL-terminated, cut to errbuf_size - 1 bytes);
- * when it succeeds errbuf becomes "". errbuf may be NULL (or errbuf_size 0):
- * then nothing is written. Statuses, threading and ownership are those of
- * the plain call, which runs exactly once. */
-KVMEM_API kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size);
-KVMEM_API kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k,
-                                                 const kvmem_tensor *v, const kvmem_append_params *params,
-                                                 char *errbuf, size_t errbuf_size);
-KVMEM_API kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens,
-                                               const kvmem_tensor *k_out, const kvmem_tensor *v_out,
-                                               char *errbuf, size_t errbuf_size);
-KVMEM_API kvmem_status kvmem_agent_save_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
-                                               size_t errbuf_size);
-KVMEM_API kvmem_status kvmem_agent_load_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
-                                               size_t errbuf_size);
-KVMEM_API kvmem_status kvmem_retrieve_errbuf(kvmem_agent *agent, const kvmem_tensor *query,
-                                             const kvmem_retrieve_params *params, kvmem_retrieval *result,
-                                             char *errbuf, size_t errbuf_size);
-KVMEM_API kvmem_status kvmem_gather_errbuf(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
-                                           int64_t base_position, const kvmem_tensor *k_out,
-                                           const kvmem_tensor *v_out, char *errbuf, size_t errbuf_size);
-KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tensor *q,
-                                           const kvmem_attend_source *source, const kvmem_attend_params *params,
-                                           const kvmem_tensor *out, kvmem_attend_stats *stats, char *errbuf,
-                                           size_t errbuf_size);
+#endif /* KVMEM_EXPERIMENTAL */
 
 #ifdef __cplusplus
 }

@@ -138,7 +138,8 @@ func NewQmemStore(spec ModelSpec, p QmemParams) (*QmemStore, error) {
 		return nil, err
 	}
 	defer C.free(unsafe.Pointer(w))
-	cp := C.kvmem_qmem_params{capacity: C.int32_t(p.Capacity), prefix_tokens: C.int32_t(p.PrefixTokens), lambda: C.double(p.Lambda)}
+	cp := C.kvmem_qmem_default_params() // sets struct_size
+	cp.capacity, cp.prefix_tokens, cp.lambda = C.int32_t(p.Capacity), C.int32_t(p.PrefixTokens), C.double(p.Lambda)
 	var out *C.kvmem_qmem_store
 	if err := call(func() C.kvmem_status { return C.kvgo_qmem_store_create(&cs, w, &cp, &out) }); err != nil {
 		return nil, err
@@ -460,7 +461,8 @@ func NewKVStore(spec ModelSpec, p KVStoreParams) (*KVStore, error) {
 		return nil, err
 	}
 	defer C.free(unsafe.Pointer(w))
-	cp := C.kvmem_kvstore_params{page_slots: C.int32_t(p.PageSlots), max_slots: C.int64_t(p.MaxSlots)}
+	cp := C.kvmem_kvstore_default_params() // sets struct_size
+	cp.page_slots, cp.max_slots = C.int32_t(p.PageSlots), C.int64_t(p.MaxSlots)
 	var out *C.kvmem_kvstore
 	if err := call(func() C.kvmem_status { return C.kvgo_kvstore_create(&cs, w, &cp, &out) }); err != nil {
 		return nil, err

@@ -15,6 +15,9 @@
 package kvmem
 
 /*
+// The binding wraps kvmem.h's experimental section too (segments, the qmem
+// head, the eviction baselines): #cgo flags hold for every file of the package.
+#cgo CFLAGS: -DKVMEM_EXPERIMENTAL
 #include <stdlib.h>
 #include <string.h>
 #include <kvmem.h>
@@ -728,11 +731,10 @@ func (c *Context) PoolCreate(spec ModelSpec, params PoolParams) (*Pool, error) {
 		return nil, err
 	}
 	defer C.free(unsafe.Pointer(w))
-	pp := C.kvmem_pool_params{
-		block_size: C.int32_t(params.BlockSize), storage_dtype: C.kvmem_dtype(params.StorageDType),
-		capacity_bytes: C.uint64_t(params.CapacityBytes), max_agents: C.int32_t(params.MaxAgents),
-		max_tokens_per_agent: C.int32_t(params.MaxTokensPerAgent), host_budget_bytes: C.uint64_t(params.HostBudgetBytes),
-	}
+	pp := C.kvmem_pool_default_params() // sets struct_size
+	pp.block_size, pp.storage_dtype = C.int32_t(params.BlockSize), C.kvmem_dtype(params.StorageDType)
+	pp.capacity_bytes, pp.max_agents = C.uint64_t(params.CapacityBytes), C.int32_t(params.MaxAgents)
+	pp.max_tokens_per_agent, pp.host_budget_bytes = C.int32_t(params.MaxTokensPerAgent), C.uint64_t(params.HostBudgetBytes)
 	if params.StoreDir != "" {
 		if pp.store_dir, err = cString(params.StoreDir, "store dir"); err != nil { // copied by kvmem_pool_create
 			return nil, err

@@ -122,7 +122,8 @@ func (a *Agent) PrefixMatch(newText string, p PrefixParams) (PrefixResult, error
 	if len(tb) > 0 {
 		tp = (*C.char)(unsafe.Pointer(&tb[0]))
 	}
-	cp := C.kvmem_prefix_params{min_ratio: C.double(p.MinRatio)}
+	cp := C.kvmem_prefix_default_params() // sets struct_size
+	cp.min_ratio = C.double(p.MinRatio)
 	var r C.kvmem_prefix_result
 	err = call(func() C.kvmem_status { return C.kvmem_prefix_match(h, tp, C.size_t(len(tb)), &cp, &r) })
 	runtime.KeepAlive(tb)

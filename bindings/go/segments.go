@@ -77,7 +77,8 @@ func (p *Pool) SegmentsCreate(owner string, params SegmentsParams) (*Segments, e
 		return nil, err
 	}
 	defer C.free(unsafe.Pointer(cs))
-	sp := C.kvmem_segments_params{static_after_steps: C.int32_t(params.StaticAfterSteps), max_segments: C.int32_t(params.MaxSegments)}
+	sp := C.kvmem_segments_default_params() // sets struct_size
+	sp.static_after_steps, sp.max_segments = C.int32_t(params.StaticAfterSteps), C.int32_t(params.MaxSegments)
 	var out *C.kvmem_segments
 	if err := call(func() C.kvmem_status { return C.kvmem_segments_create(h, cs, &sp, &out) }); err != nil {
 		return nil, err
@@ -371,7 +372,8 @@ func ClusterKmeans(emb []float32, n, dim int, p KmeansParams) (labels []int32, c
 		return nil, nil, 0, argErr("ClusterKmeans: k = %d outside [1, %d]", p.K, n)
 	}
 	labels, centroids = make([]int32, n), make([]float32, int(p.K)*dim)
-	kp := C.kvmem_kmeans_params{k: C.int32_t(p.K), max_iters: C.int32_t(p.MaxIters), seed: C.uint64_t(p.Seed)}
+	kp := C.kvmem_kmeans_default_params() // sets struct_size
+	kp.k, kp.max_iters, kp.seed = C.int32_t(p.K), C.int32_t(p.MaxIters), C.uint64_t(p.Seed)
 	var it C.int32_t
 	err = call(func() C.kvmem_status {
 		return C.kvmem_cluster_kmeans((*C.float)(unsafe.Pointer(&emb[0])), C.size_t(n), C.size_t(dim), &kp,
@@ -409,7 +411,8 @@ func MultihopSelect(p MultihopParams, q2s []float32, nQuery int, s2s []float32, 
 			len(q2s), len(s2s), len(candidates), nQuery, nSegments)
 	}
 	selected, importance = make([]uint8, nSegments), make([]float32, nSegments)
-	mp := C.kvmem_multihop_params{ratio: C.float(p.Ratio), max_iters: C.int32_t(p.MaxIters)}
+	mp := C.kvmem_multihop_default_params() // sets struct_size
+	mp.ratio, mp.max_iters = C.float(p.Ratio), C.int32_t(p.MaxIters)
 	var cand *C.uint8_t
 	if candidates != nil {
 		cand = (*C.uint8_t)(unsafe.Pointer(&candidates[0]))
@@ -475,7 +478,8 @@ func LoadPlan(p LoadPlanParams, computeMs []float64, loadBytes []uint64, recompu
 	if nl < 1 || ns < 1 || len(recompute) != nl*ns {
 		return nil, nil, st, argErr("LoadPlan: recompute has %d entries, expected %d layers x %d segments", len(recompute), nl, ns)
 	}
-	lp := C.kvmem_load_plan_params{bandwidth_gbps: C.double(p.BandwidthGBps), max_ahead: C.int32_t(p.MaxAhead)}
+	lp := C.kvmem_load_plan_default_params() // sets struct_size
+	lp.bandwidth_gbps, lp.max_ahead = C.double(p.BandwidthGBps), C.int32_t(p.MaxAhead)
 	cm := (*C.double)(unsafe.Pointer(&computeMs[0]))
 	lb := (*C.uint64_t)(unsafe.Pointer(&loadBytes[0]))
 	rc := (*C.uint8_t)(unsafe.Pointer(&recompute[0]))

@@ -19,7 +19,7 @@
 const L = require('./lib');
 const errors = require('./errors');
 const { cId, cPath } = require('./cstr');
-const { camel, readKeys, fromC, toC } = require('./names');
+const { camel, readKeys, fromC, toC, NOT_FIELDS } = require('./names');
 
 const { fns: C, koffi } = L;
 const F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q4_KIVI = 5;
@@ -433,7 +433,7 @@ class Agent extends Handle {
 // arrays and their counts, which come from exclude / alwaysInclude
 const RETRIEVE_SET_APART = ['exclude', 'n_exclude', 'always_include', 'n_always_include'];
 const RETRIEVE_KEYS = Object.keys(C.kvmem_retrieve_default_params())
-  .filter((f) => !RETRIEVE_SET_APART.includes(f)).map(camel)
+  .filter((f) => !RETRIEVE_SET_APART.includes(f) && !NOT_FIELDS.includes(f)).map(camel)
   .concat(['exclude', 'alwaysInclude', 'result', 'dtype']);
 
 // kvmem_retrieval: the reusable result of Agent.retrieve.
@@ -765,7 +765,7 @@ const ATTEND_OWN_KEYS = ['agent', 'layer', 'positions', 'basePosition', 'k', 'v'
                          'dtype', 'tileOrder'];
 const ATTEND_SET_APART = ['tile_order', 'n_tile_order'];
 const ATTEND_KEYS = ATTEND_OWN_KEYS.concat(Object.keys(C.kvmem_attend_default_params())
-  .filter((f) => !ATTEND_SET_APART.includes(f)).map(camel));
+  .filter((f) => !ATTEND_SET_APART.includes(f) && !NOT_FIELDS.includes(f)).map(camel));
 
 // Arguments of kvmem_attend. q: [n_rows][n_q_heads][head_dim] post-RoPE (a
 // {data, shape} view, or flat with an agent source). Source: {agent, layer,

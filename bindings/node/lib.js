@@ -73,7 +73,7 @@ const types = {
   kvmem_backend_info: koffi.struct('kvmem_backend_info', {
     name: 'const char *', available: 'int32_t', detail: 'const char *',
   }),
-  kvmem_context_params: koffi.struct('kvmem_context_params', { backend: 'const char *', n_threads: 'int32_t' }),
+  kvmem_context_params: koffi.struct('kvmem_context_params', { struct_size: 'size_t', backend: 'const char *', n_threads: 'int32_t', reserved: 'int32_t' }),
   kvmem_model_spec: koffi.struct('kvmem_model_spec', {
     n_layers: 'int32_t', n_q_heads: 'int32_t', n_kv_heads: 'int32_t', head_dim: 'int32_t',
     rotary_dim: 'int32_t', rope_style: 'kvmem_rope_style', rope_theta: 'double',
@@ -83,6 +83,7 @@ const types = {
     model_id: koffi.array('char', 128, 'String'),
   }),
   kvmem_pool_params: koffi.struct('kvmem_pool_params', {
+    struct_size: 'size_t',
     block_size: 'int32_t', storage_dtype: 'kvmem_dtype', capacity_bytes: 'uint64_t',
     max_agents: 'int32_t', max_tokens_per_agent: 'int32_t', store_dir: 'const char *', host_budget_bytes: 'uint64_t',
   }),
@@ -91,6 +92,7 @@ const types = {
     storage_dtype: 'kvmem_dtype', reserved: 'int32_t',
   }),
   kvmem_append_params: koffi.struct('kvmem_append_params', {
+    struct_size: 'size_t',
     token_ids: 'const int32_t *', text: 'const char *', text_len: 'size_t',
     token_text_offsets: 'const int32_t *', positions: 'const int32_t *',
     keys_rotated: 'int32_t', reserved: 'int32_t',
@@ -100,11 +102,13 @@ const types = {
   }),
   kvmem_block_info: koffi.struct('kvmem_block_info', { first_token: 'int64_t', n_tokens: 'int32_t', sealed: 'int32_t' }),
   kvmem_retrieve_params: koffi.struct('kvmem_retrieve_params', {
+    struct_size: 'size_t',
     top_k: 'int32_t', mode: 'kvmem_retrieve_mode', norm: 'kvmem_retrieve_norm', agg: 'kvmem_retrieve_agg',
     scope: 'kvmem_retrieve_scope', tau: 'float', rr_c: 'float', exclude: 'const int32_t *', n_exclude: 'int32_t',
     always_include: 'const int32_t *', n_always_include: 'int32_t', recent_window: 'int32_t', skip_recent: 'int32_t',
+    reserved: 'int32_t',
   }),
-  kvmem_segments_params: koffi.struct('kvmem_segments_params', { static_after_steps: 'int32_t', max_segments: 'int32_t' }),
+  kvmem_segments_params: koffi.struct('kvmem_segments_params', { struct_size: 'size_t', static_after_steps: 'int32_t', max_segments: 'int32_t' }),
   kvmem_segment_event: koffi.struct('kvmem_segment_event', {
     kind: 'int32_t', group: 'int32_t', segment: 'int32_t', reserved: 'int32_t', step: 'int64_t',
   }),
@@ -121,10 +125,10 @@ const types = {
     kind: 'int32_t', group: 'int32_t', segment: 'int32_t', needs_compute: 'int32_t', score: 'float', reserved: 'int32_t',
     first_token: 'int64_t', n_tokens: 'int64_t', agent_id: koffi.array('char', 129, 'String'),
   }),
-  kvmem_kmeans_params: koffi.struct('kvmem_kmeans_params', { k: 'int32_t', max_iters: 'int32_t', seed: 'uint64_t' }),
-  kvmem_multihop_params: koffi.struct('kvmem_multihop_params', { ratio: 'float', max_iters: 'int32_t' }),
+  kvmem_kmeans_params: koffi.struct('kvmem_kmeans_params', { struct_size: 'size_t', k: 'int32_t', max_iters: 'int32_t', seed: 'uint64_t' }),
+  kvmem_multihop_params: koffi.struct('kvmem_multihop_params', { struct_size: 'size_t', ratio: 'float', max_iters: 'int32_t' }),
   kvmem_multihop_result: koffi.struct('kvmem_multihop_result', { n_selected: 'int32_t', iters: 'int32_t', converged: 'int32_t', reserved: 'int32_t' }),
-  kvmem_load_plan_params: koffi.struct('kvmem_load_plan_params', { bandwidth_gbps: 'double', max_ahead: 'int32_t', reserved: 'int32_t' }),
+  kvmem_load_plan_params: koffi.struct('kvmem_load_plan_params', { struct_size: 'size_t', bandwidth_gbps: 'double', max_ahead: 'int32_t', reserved: 'int32_t' }),
   kvmem_load_item: koffi.struct('kvmem_load_item', {
     segment: 'int32_t', layer: 'int32_t', issue_layer: 'int32_t', reserved: 'int32_t', start_ms: 'double', end_ms: 'double',
   }),
@@ -137,8 +141,8 @@ const types = {
   kvmem_session_source: koffi.struct('kvmem_session_source', {
     session_id: 'const char *', token_ids: 'const int32_t *', n_tokens: 'int64_t', mark_begin: 'int64_t', mark_end: 'int64_t',
   }),
-  kvmem_qmem_params: koffi.struct('kvmem_qmem_params', { capacity: 'int32_t', prefix_tokens: 'int32_t', lambda: 'double' }),
-  kvmem_kvstore_params: koffi.struct('kvmem_kvstore_params', { page_slots: 'int32_t', max_slots: 'int64_t' }),
+  kvmem_qmem_params: koffi.struct('kvmem_qmem_params', { struct_size: 'size_t', capacity: 'int32_t', prefix_tokens: 'int32_t', lambda: 'double' }),
+  kvmem_kvstore_params: koffi.struct('kvmem_kvstore_params', { struct_size: 'size_t', page_slots: 'int32_t', max_slots: 'int64_t' }),
   kvmem_kvstore_info: koffi.struct('kvmem_kvstore_info', {
     n_slots: 'int64_t', n_used: 'int64_t', n_free: 'int64_t', page_slots: 'int32_t', dead_slot: 'int32_t',
   }),
@@ -149,15 +153,16 @@ const types = {
     agent: 'kvmem_agent *', positions: 'const int32_t *', base_position: 'int64_t', mask: 'const uint8_t *',
   }),
   kvmem_attend_params: koffi.struct('kvmem_attend_params', {
+    struct_size: 'size_t',
     order: 'kvmem_attend_order', n_sink: 'int32_t', tile_order: 'const int32_t *', n_tile_order: 'int32_t',
     tile_size: 'int32_t', scale: 'float', tau_s: 'float', tau_d: 'float', patience: 'int32_t',
-    probe: 'kvmem_attend_probe', causal: 'int32_t', compare: 'int32_t',
+    probe: 'kvmem_attend_probe', causal: 'int32_t', compare: 'int32_t', reserved: 'int32_t',
   }),
   kvmem_attend_stats: koffi.struct('kvmem_attend_stats', {
     n_streams: 'int64_t', tiles_total: 'int64_t', tiles_visited: 'int64_t', streams_stopped: 'int64_t',
     oracle_tiles: 'int64_t', oracle_agree: 'int64_t', positions_read: 'int64_t', stopped_early: 'int32_t', reserved: 'int32_t',
   }),
-  kvmem_prefix_params: koffi.struct('kvmem_prefix_params', { min_ratio: 'double' }),
+  kvmem_prefix_params: koffi.struct('kvmem_prefix_params', { struct_size: 'size_t', min_ratio: 'double' }),
   kvmem_prefix_result: koffi.struct('kvmem_prefix_result', {
     kind: 'kvmem_prefix_kind', reserved: 'int32_t', reuse_tokens: 'int64_t', common_bytes: 'size_t', process_from: 'size_t',
   }),
@@ -179,7 +184,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_tensor_init(_Out_ kvmem_tensor *out, void *data, kvmem_dtype dtype, int32_t ndim, const int64_t *shape)',
   // Context and backends
   'kvmem_status kvmem_backends(_Out_ kvmem_backend_info *out, size_t capacity, _Out_ size_t *count)',
-  'kvmem_context_params kvmem_context_default_params(void)',
+  'kvmem_status kvmem_context_params_init(_Out_ kvmem_context_params *params, size_t struct_size)',
   'kvmem_status kvmem_context_create(const kvmem_context_params *params, _Out_ kvmem_context **out)',
   'void kvmem_context_free(kvmem_context *ctx)',
   'const char *kvmem_context_backend(const kvmem_context *ctx)',
@@ -189,7 +194,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec)',
   'kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t n_rows, size_t stride, const int32_t *positions, int32_t inverse)',
   // Pool and agents
-  'kvmem_pool_params kvmem_pool_default_params(void)',
+  'kvmem_status kvmem_pool_params_init(_Out_ kvmem_pool_params *params, size_t struct_size)',
   'kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_pool_params *params, _Out_ kvmem_pool **out)',
   'void kvmem_pool_free(kvmem_pool *pool)',
   'kvmem_status kvmem_pool_get_info(kvmem_pool *pool, _Out_ kvmem_pool_info *out)',
@@ -200,7 +205,7 @@ const DECLARATIONS = [
   'void kvmem_agent_close(kvmem_agent *agent)',
   'kvmem_status kvmem_pool_remove_agent(kvmem_pool *pool, const char *id)',
   'const char *kvmem_agent_get_id(const kvmem_agent *agent)',
-  'kvmem_append_params kvmem_append_default_params(void)',
+  'kvmem_status kvmem_append_params_init(_Out_ kvmem_append_params *params, size_t struct_size)',
   'kvmem_status kvmem_agent_append(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, const kvmem_append_params *params)',
   'kvmem_status kvmem_agent_flush(kvmem_agent *agent)',
   'kvmem_status kvmem_agent_get_info(kvmem_agent *agent, _Out_ kvmem_agent_info *out)',
@@ -210,7 +215,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_agent_tokens(kvmem_agent *agent, int64_t first, int64_t n, int32_t *out)',
   'kvmem_status kvmem_agent_text(kvmem_agent *agent, _Out_ const void **text, _Out_ size_t *len)',
   // MemArt retrieval
-  'kvmem_retrieve_params kvmem_retrieve_default_params(void)',
+  'kvmem_status kvmem_retrieve_params_init(_Out_ kvmem_retrieve_params *params, size_t struct_size)',
   'kvmem_status kvmem_retrieval_create(_Out_ kvmem_retrieval **out)',
   'void kvmem_retrieval_free(kvmem_retrieval *r)',
   'kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params, kvmem_retrieval *result)',
@@ -221,7 +226,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set, _Out_ int64_t *n_tokens)',
   'kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base_position, const kvmem_tensor *k_out, const kvmem_tensor *v_out)',
   // KEEP segments
-  'kvmem_segments_params kvmem_segments_default_params(void)',
+  'kvmem_status kvmem_segments_params_init(_Out_ kvmem_segments_params *params, size_t struct_size)',
   'kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kvmem_segments_params *params, _Out_ kvmem_segments **out)',
   'void kvmem_segments_free(kvmem_segments *segs)',
   'kvmem_status kvmem_segments_add(kvmem_segments *segs, const char *name, int32_t group, _Out_ int32_t *index)',
@@ -239,15 +244,15 @@ const DECLARATIONS = [
   'kvmem_status kvmem_segments_name(kvmem_segments *segs, int32_t index, _Out_ uint8_t *buf, size_t size, _Out_ size_t *len)',
   'kvmem_status kvmem_segments_group_members(kvmem_segments *segs, int32_t group, int32_t *out, size_t capacity, _Out_ size_t *n_members)',
   'kvmem_status kvmem_segments_plan(kvmem_segments *segs, const float *scores, size_t n_scores, int32_t max_units, _Out_ kvmem_segment_unit *out, size_t capacity, _Out_ size_t *n_units)',
-  'kvmem_kmeans_params kvmem_kmeans_default_params(void)',
+  'kvmem_status kvmem_kmeans_params_init(_Out_ kvmem_kmeans_params *params, size_t struct_size)',
   'kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const kvmem_kmeans_params *params, int32_t *labels, float *centroids, _Out_ int32_t *iters)',
-  'kvmem_multihop_params kvmem_multihop_default_params(void)',
+  'kvmem_status kvmem_multihop_params_init(_Out_ kvmem_multihop_params *params, size_t struct_size)',
   'kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const float *q2s, int32_t n_query, const float *s2s, int32_t n_segments, const uint8_t *candidates, uint8_t *selected, float *importance, _Out_ kvmem_multihop_result *result)',
   'kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, float *ratios)',
-  'kvmem_load_plan_params kvmem_load_plan_default_params(void)',
+  'kvmem_status kvmem_load_plan_params_init(_Out_ kvmem_load_plan_params *params, size_t struct_size)',
   'kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double *compute_ms, int32_t n_layers, const uint64_t *load_bytes, int32_t n_segments, const uint8_t *recompute, _Out_ kvmem_load_item *items, size_t capacity, _Out_ size_t *n_items, double *layer_start_ms, _Out_ kvmem_load_plan_stats *stats)',
   // IntentKV: QueryMemory, selection baselines, slot maps
-  'kvmem_qmem_params kvmem_qmem_default_params(void)',
+  'kvmem_status kvmem_qmem_params_init(_Out_ kvmem_qmem_params *params, size_t struct_size)',
   'kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params, _Out_ kvmem_qmem_store **out)',
   'void kvmem_qmem_store_free(kvmem_qmem_store *store)',
   'kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store, const kvmem_session_source *src, _Out_ kvmem_session_key *out)',
@@ -266,7 +271,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc)',
   'kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent, int32_t *kept, _Out_ int64_t *n_kept)',
   'kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_tensor *q_obs, const kvmem_tensor *k, int32_t pool_kernel, float *scores)',
-  'kvmem_kvstore_params kvmem_kvstore_default_params(void)',
+  'kvmem_status kvmem_kvstore_params_init(_Out_ kvmem_kvstore_params *params, size_t struct_size)',
   'kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvstore_params *params, _Out_ kvmem_kvstore **out)',
   'void kvmem_kvstore_free(kvmem_kvstore *store)',
   'kvmem_status kvmem_kvstore_get_info(kvmem_kvstore *store, _Out_ kvmem_kvstore_info *out)',
@@ -283,14 +288,14 @@ const DECLARATIONS = [
   'kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, _Out_ kvmem_slotmap_info *out)',
   'kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out, const kvmem_tensor *v_out, int32_t *positions_out)',
   // ART attention
-  'kvmem_attend_params kvmem_attend_default_params(void)',
+  'kvmem_status kvmem_attend_params_init(_Out_ kvmem_attend_params *params, size_t struct_size)',
   'kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats)',
   // Persistence, prefix, batch
   'kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)',
   'kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)',
   'kvmem_status kvmem_pool_sync(kvmem_pool *pool)',
   'kvmem_status kvmem_agent_truncate(kvmem_agent *agent, int64_t n_tokens)',
-  'kvmem_prefix_params kvmem_prefix_default_params(void)',
+  'kvmem_status kvmem_prefix_params_init(_Out_ kvmem_prefix_params *params, size_t struct_size)',
   'kvmem_status kvmem_prefix_match(kvmem_agent *agent, const char *new_text, size_t new_len, const kvmem_prefix_params *params, _Out_ kvmem_prefix_result *out)',
   'kvmem_status kvmem_batch_merge(kvmem_agent **agents, int32_t n_agents, int32_t layer, const kvmem_tensor *k_out, const kvmem_tensor *v_out, int64_t *lengths)',
   'kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, int64_t n, const kvmem_tensor *out)',
@@ -368,6 +373,15 @@ for (const proto of DECLARATIONS) {
 for (const name of Object.keys(declared)) {
   const plain = name.endsWith('_errbuf') ? name.slice(0, -'_errbuf'.length) : null;
   if (plain && raw[plain]) fns[plain].async = asyncForm(plain, raw[plain]);
+}
+
+// kvmem.h's inline kvmem_X_default_params(): struct_size is the size of the
+// struct mirrored here, so against a newer library this binding gets the
+// defaults of the fields it knows and the library uses its own for the rest.
+for (const name of ['context', 'pool', 'append', 'retrieve', 'qmem', 'kvstore', 'attend', 'prefix', 'segments',
+                    'kmeans', 'multihop', 'load_plan']) {
+  const init = fns[`kvmem_${name}_params_init`], size = koffi.sizeof(types[`kvmem_${name}_params`]);
+  fns[`kvmem_${name}_default_params`] = () => { const p = {}; init(p, size); return p; };
 }
 
 // Names of the KVMEM_API functions declared in a kvmem.h text.

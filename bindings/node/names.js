@@ -49,12 +49,16 @@ function readKeys(obj, keys, what) {
   return out;
 }
 
+// Fields of a C struct that are no option and no result: struct_size (the
+// binding sets it, kvmem.h "ABI and versioning") and reserved (0).
+const NOT_FIELDS = ['struct_size', 'reserved'];
+
 // A C struct object (koffi, snake_case fields) as a result: camelCase keys,
-// `reserved` dropped, the 0/1 fields named in `flags` (C names) as booleans.
+// NOT_FIELDS dropped, the 0/1 fields named in `flags` (C names) as booleans.
 function fromC(o, flags = []) {
   const r = {};
   for (const [k, v] of Object.entries(o)) {
-    if (k === 'reserved') continue;
+    if (NOT_FIELDS.includes(k)) continue;
     r[camel(k)] = flags.includes(k) ? v !== 0 : v;
   }
   return r;
@@ -65,7 +69,7 @@ function fromC(o, flags = []) {
 // itself (counts, pointers given another way).
 function toC(defaults, opts, what, skip = []) {
   const byCamel = new Map();
-  for (const f of Object.keys(defaults)) if (f !== 'reserved' && !skip.includes(f)) byCamel.set(camel(f), f);
+  for (const f of Object.keys(defaults)) if (!NOT_FIELDS.includes(f) && !skip.includes(f)) byCamel.set(camel(f), f);
   const o = readKeys(opts, [...byCamel.keys()], what);
   for (const [k, v] of Object.entries(o)) {
     if (v === undefined) continue;
@@ -74,4 +78,4 @@ function toC(defaults, opts, what, skip = []) {
   return defaults;
 }
 
-module.exports = { camel, readKeys, fromC, toC };
+module.exports = { camel, readKeys, fromC, toC, NOT_FIELDS };

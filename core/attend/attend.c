@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-kvmem_attend_params kvmem_attend_default_params(void) {
+kvmem_status kvmem_attend_params_init(kvmem_attend_params *params, size_t struct_size) {
     kvmem_attend_params p;
     memset(&p, 0, sizeof p);
     p.order = KVMEM_ATTEND_SCORED; /* BENCHMARKS.md, "attend": safe on recall-heavy histories */
@@ -23,7 +23,7 @@ kvmem_attend_params kvmem_attend_default_params(void) {
     p.probe = KVMEM_ATTEND_PROBE_STRIDED;
     p.causal = 1;
     p.compare = 0;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_attend_params, params, struct_size, &p, "kvmem_attend_params_init");
 }
 
 static kvmem_status check_params(const kvmem_attend_params *a) {
@@ -437,7 +437,9 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
     if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
     if (!q || !source || !out)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s is NULL", fn, !q ? "q" : !source ? "source" : "out");
-    kvmem_attend_params a = params ? *params : kvmem_attend_default_params();
+    kvmem_attend_params a = kvmem_attend_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_attend_params, &a, params, fn)) != KVMEM_OK) return st;
+    if ((st = kvm_params_reserved(a.reserved, "kvmem_attend_params", fn)) != KVMEM_OK) return st;
     if ((st = check_params(&a)) != KVMEM_OK) return st;
     kvm_attend_plan pl;
     memset(&pl, 0, sizeof pl);

@@ -44,12 +44,12 @@ static inline float *slot_k(const kvmem_kvstore *s, int32_t slot) {
     return s->pages[slot >> s->page_shift] + (size_t)(slot & (s->page_slots - 1)) * 2 * s->row_elems;
 }
 
-kvmem_kvstore_params kvmem_kvstore_default_params(void) {
+kvmem_status kvmem_kvstore_params_init(kvmem_kvstore_params *params, size_t struct_size) {
     kvmem_kvstore_params p;
     memset(&p, 0, sizeof p);
     p.page_slots = 256;
     p.max_slots = 0;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_kvstore_params, params, struct_size, &p, "kvmem_kvstore_params_init");
 }
 
 /* Add pages until `need` more free slots exist. Lock held. All or nothing. */
@@ -125,7 +125,8 @@ kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvst
     if (!spec) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_kvstore_create: spec is NULL");
     kvmem_status st = kvmem_model_spec_validate(spec);
     if (st != KVMEM_OK) return st;
-    kvmem_kvstore_params p = params ? *params : kvmem_kvstore_default_params();
+    kvmem_kvstore_params p = kvmem_kvstore_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_kvstore_params, &p, params, "kvmem_kvstore_create")) != KVMEM_OK) return st;
     if (p.page_slots < 1 || p.page_slots > 65536 || (p.page_slots & (p.page_slots - 1)))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kv store page_slots %d: must be a power of two in [1, 65536]",
                         p.page_slots);

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-kvmem_append_params kvmem_append_default_params(void) {
+kvmem_status kvmem_append_params_init(kvmem_append_params *params, size_t struct_size) {
     kvmem_append_params p;
     memset(&p, 0, sizeof p);
-    return p;
+    return KVM_PARAMS_INIT(kvmem_append_params, params, struct_size, &p, "kvmem_append_params_init");
 }
 
 /* Largest magnitude the storage dtype holds without turning into Inf. */
@@ -191,7 +191,9 @@ static kvmem_status agent_append_taken(kvmem_agent *a, const kvmem_tensor *k, co
     int64_t shape[4] = {L, T, H, D};
     if ((st = kvm_tensor_expect(k, "K", dims, 4, shape)) != KVMEM_OK) return st;
     if ((st = kvm_tensor_expect(v, "V", dims, 4, shape)) != KVMEM_OK) return st;
-    kvmem_append_params ap = params ? *params : kvmem_append_default_params();
+    kvmem_append_params ap = kvmem_append_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_append_params, &ap, params, "kvmem_agent_append")) != KVMEM_OK) return st;
+    if ((st = kvm_params_reserved(ap.reserved, "kvmem_append_params", "kvmem_agent_append")) != KVMEM_OK) return st;
     if (ap.keys_rotated != 0 && ap.keys_rotated != 1)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "keys_rotated must be 0 or 1, got %d", ap.keys_rotated);
     if (ap.keys_rotated && T > 0 && !ap.positions)

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-kvmem_pool_params kvmem_pool_default_params(void) {
+kvmem_status kvmem_pool_params_init(kvmem_pool_params *params, size_t struct_size) {
     kvmem_pool_params p;
     memset(&p, 0, sizeof p);
     p.block_size = 16;
@@ -18,7 +18,7 @@ kvmem_pool_params kvmem_pool_default_params(void) {
     p.max_tokens_per_agent = 0;
     p.store_dir = NULL;
     p.host_budget_bytes = 0;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_pool_params, params, struct_size, &p, "kvmem_pool_params_init");
 }
 
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens) {
@@ -56,7 +56,8 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_create: context is NULL");
     kvmem_status st = kvmem_model_spec_validate(spec);
     if (st != KVMEM_OK) return st;
-    kvmem_pool_params pp = params ? *params : kvmem_pool_default_params();
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_pool_params, &pp, params, "kvmem_pool_create")) != KVMEM_OK) return st;
     int32_t bs = pp.block_size;
     if (bs < 1 || bs > 4096 || (bs & (bs - 1)) != 0)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "block size %d: must be a power of two in [1, 4096]", bs);

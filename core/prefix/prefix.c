@@ -5,11 +5,11 @@
 
 #include <string.h>
 
-kvmem_prefix_params kvmem_prefix_default_params(void) {
+kvmem_status kvmem_prefix_params_init(kvmem_prefix_params *params, size_t struct_size) {
     kvmem_prefix_params p;
     memset(&p, 0, sizeof p);
     p.min_ratio = 0.8;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_prefix_params, params, struct_size, &p, "kvmem_prefix_params_init");
 }
 
 static int cont(unsigned char c) { return (c & 0xc0) == 0x80; }
@@ -33,7 +33,8 @@ static kvmem_status prefix_match_taken(kvmem_agent *a, const char *new_text, siz
     if (st != KVMEM_OK) return st;
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_prefix_match: out is NULL");
     if (!new_text && new_len) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_prefix_match: new_text is NULL with length %zu", new_len);
-    kvmem_prefix_params pp = params ? *params : kvmem_prefix_default_params();
+    kvmem_prefix_params pp = kvmem_prefix_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_prefix_params, &pp, params, "kvmem_prefix_match")) != KVMEM_OK) return st;
     if (!(pp.min_ratio >= 0.0 && pp.min_ratio <= 1.0))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_prefix_match: min_ratio %g outside [0, 1]", pp.min_ratio);
     const kvm_agent_mem *m = a->mem;

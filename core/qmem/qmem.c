@@ -27,13 +27,13 @@ struct kvmem_qmem_store {
     uint64_t clock;
 };
 
-kvmem_qmem_params kvmem_qmem_default_params(void) {
+kvmem_status kvmem_qmem_params_init(kvmem_qmem_params *params, size_t struct_size) {
     kvmem_qmem_params p;
     memset(&p, 0, sizeof p);
     p.capacity = 1024;
     p.prefix_tokens = 256;
     p.lambda = 0.5;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_qmem_params, params, struct_size, &p, "kvmem_qmem_params_init");
 }
 
 kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params,
@@ -42,7 +42,8 @@ kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_q
     if (!spec) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_store_create: spec is NULL");
     kvmem_status st = kvmem_model_spec_validate(spec);
     if (st != KVMEM_OK) return st;
-    kvmem_qmem_params p = params ? *params : kvmem_qmem_default_params();
+    kvmem_qmem_params p = kvmem_qmem_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_qmem_params, &p, params, "kvmem_qmem_store_create")) != KVMEM_OK) return st;
     if (p.capacity < 1 || p.capacity > (1 << 24))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "qmem capacity %d: must be in [1, %d]", p.capacity, 1 << 24);
     if (p.prefix_tokens < 1)

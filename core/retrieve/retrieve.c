@@ -25,7 +25,7 @@ struct kvmem_retrieval {
     kvm_scratch res, spare, call, work;
 };
 
-kvmem_retrieve_params kvmem_retrieve_default_params(void) {
+kvmem_status kvmem_retrieve_params_init(kvmem_retrieve_params *params, size_t struct_size) {
     kvmem_retrieve_params p;
     memset(&p, 0, sizeof p);
     p.top_k = 8;
@@ -33,7 +33,7 @@ kvmem_retrieve_params kvmem_retrieve_default_params(void) {
     p.norm = KVMEM_NORM_SOFTMAX;
     p.agg = KVMEM_AGG_MAX;
     p.scope = KVMEM_SCOPE_GLOBAL;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_retrieve_params, params, struct_size, &p, "kvmem_retrieve_params_init");
 }
 
 static void release(kvmem_retrieval *r) {
@@ -256,7 +256,9 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
     if ((st = check_result(result, "kvmem_retrieve")) != KVMEM_OK) return st;
     const kvmem_pool *p = agent->pool;
     const kvm_agent_mem *m = agent->mem;
-    const kvmem_retrieve_params prm = params ? *params : kvmem_retrieve_default_params();
+    kvmem_retrieve_params prm = kvmem_retrieve_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_retrieve_params, &prm, params, "kvmem_retrieve")) != KVMEM_OK) return st;
+    if ((st = kvm_params_reserved(prm.reserved, "kvmem_retrieve_params", "kvmem_retrieve")) != KVMEM_OK) return st;
     const int32_t nb = m->n_sealed, L = p->spec.n_layers;
     if ((st = check_params(&prm, nb)) != KVMEM_OK) return st;
     int32_t n_q = 0;

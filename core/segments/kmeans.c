@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-kvmem_kmeans_params kvmem_kmeans_default_params(void) {
+kvmem_status kvmem_kmeans_params_init(kvmem_kmeans_params *params, size_t struct_size) {
     kvmem_kmeans_params p;
     memset(&p, 0, sizeof p);
     p.k = 8;
     p.max_iters = 100;
     p.seed = 42;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_kmeans_params, params, struct_size, &p, "kvmem_kmeans_params_init");
 }
 
 static uint64_t splitmix(uint64_t *x) {
@@ -60,7 +60,9 @@ kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const 
     if (!emb || !labels) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s is NULL", fn, emb ? "labels" : "emb");
     if (n == 0 || n > (size_t)INT32_MAX) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: n = %zu must be in [1, 2^31-1]", fn, n);
     if (dim == 0 || dim > ((size_t)1 << 20)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: dim = %zu must be in [1, 2^20]", fn, dim);
-    kvmem_kmeans_params p = params ? *params : kvmem_kmeans_default_params();
+    kvmem_kmeans_params p = kvmem_kmeans_default_params();
+    kvmem_status st = KVM_PARAMS_IN(kvmem_kmeans_params, &p, params, fn);
+    if (st != KVMEM_OK) return st;
     if (p.k < 1 || (size_t)p.k > n) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: k = %d must be in [1, n = %zu]", fn, p.k, n);
     if (p.max_iters < 1 || p.max_iters > 10000)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: max_iters = %d must be in [1, 10000]", fn, p.max_iters);

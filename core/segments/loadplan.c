@@ -11,12 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-kvmem_load_plan_params kvmem_load_plan_default_params(void) {
+kvmem_status kvmem_load_plan_params_init(kvmem_load_plan_params *params, size_t struct_size) {
     kvmem_load_plan_params p;
     memset(&p, 0, sizeof p);
     p.bandwidth_gbps = 25.0;
     p.max_ahead = 0;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_load_plan_params, params, struct_size, &p, "kvmem_load_plan_params_init");
 }
 
 typedef struct lp_sim {
@@ -158,7 +158,10 @@ kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double 
     if (n > 0 && (!load_bytes || !recompute))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s is NULL", fn, load_bytes ? "recompute" : "load_bytes");
     if (capacity > 0 && !items) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: items is NULL with capacity %zu", fn, capacity);
-    kvmem_load_plan_params p = params ? *params : kvmem_load_plan_default_params();
+    kvmem_load_plan_params p = kvmem_load_plan_default_params();
+    kvmem_status st = KVM_PARAMS_IN(kvmem_load_plan_params, &p, params, fn);
+    if (st == KVMEM_OK) st = kvm_params_reserved(p.reserved, "kvmem_load_plan_params", fn);
+    if (st != KVMEM_OK) return st;
     if (!(p.bandwidth_gbps > 0) || !isfinite(p.bandwidth_gbps))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: bandwidth_gbps = %g must be finite and > 0", fn, p.bandwidth_gbps);
     if (p.max_ahead < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: max_ahead = %d must be >= 0", fn, p.max_ahead);

@@ -12,12 +12,12 @@
 #define MH_MAX_SEGMENTS 65536
 #define MH_MAX_QUERY (1 << 24)
 
-kvmem_multihop_params kvmem_multihop_default_params(void) {
+kvmem_status kvmem_multihop_params_init(kvmem_multihop_params *params, size_t struct_size) {
     kvmem_multihop_params p;
     memset(&p, 0, sizeof p);
     p.ratio = 1.0f;
     p.max_iters = 8;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_multihop_params, params, struct_size, &p, "kvmem_multihop_params_init");
 }
 
 typedef struct mh_item {
@@ -58,12 +58,13 @@ kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const fl
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: n_query = %d must be in [1, %d]", fn, n_query, MH_MAX_QUERY);
     if (n < 1 || n > MH_MAX_SEGMENTS)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: n_segments = %d must be in [1, %d]", fn, n, MH_MAX_SEGMENTS);
-    kvmem_multihop_params p = params ? *params : kvmem_multihop_default_params();
+    kvmem_multihop_params p = kvmem_multihop_default_params();
+    kvmem_status st = KVM_PARAMS_IN(kvmem_multihop_params, &p, params, fn);
+    if (st != KVMEM_OK) return st;
     if (!(p.ratio >= 0.0f && p.ratio <= 1.0f))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: ratio = %g must be in [0, 1]", fn, (double)p.ratio);
     if (p.max_iters < 0 || p.max_iters > 1000)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: max_iters = %d must be in [0, 1000]", fn, p.max_iters);
-    kvmem_status st;
     if ((st = check_probs(q2s, (size_t)n_query * (size_t)n, "q2s")) != KVMEM_OK) return st;
     if ((st = check_probs(s2s, (size_t)n * (size_t)n, "s2s")) != KVMEM_OK) return st;
     int32_t nc = 0;

@@ -48,12 +48,12 @@ struct kvmem_segments {
     uint32_t gen; /* next generation number for derived agent ids */
 };
 
-kvmem_segments_params kvmem_segments_default_params(void) {
+kvmem_status kvmem_segments_params_init(kvmem_segments_params *params, size_t struct_size) {
     kvmem_segments_params p;
     memset(&p, 0, sizeof p);
     p.static_after_steps = 10;
     p.max_segments = 0;
-    return p;
+    return KVM_PARAMS_INIT(kvmem_segments_params, params, struct_size, &p, "kvmem_segments_params_init");
 }
 
 static kvmem_status check_segs(const kvmem_segments *s, const char *fn) {
@@ -177,7 +177,9 @@ kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kv
         return kvm_fail(KVMEM_ERR_INVALID_ARG,
                         "kvmem_segments_create: owner '%.40s' is invalid: use 1-%d of [A-Za-z0-9._-], not starting with '.'",
                         owner, KVMEM_SEGMENTS_MAX_OWNER);
-    kvmem_segments_params pp = params ? *params : kvmem_segments_default_params();
+    kvmem_segments_params pp = kvmem_segments_default_params();
+    kvmem_status st = KVM_PARAMS_IN(kvmem_segments_params, &pp, params, "kvmem_segments_create");
+    if (st != KVMEM_OK) return st;
     if (pp.static_after_steps < 1)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "static_after_steps %d: must be >= 1", pp.static_after_steps);
     if (pp.max_segments < 0 || pp.max_segments > SEGS_HARD_MAX)
@@ -446,10 +448,12 @@ kvmem_status kvmem_segments_store_segment(kvmem_segments *s, int32_t index, cons
     const char *fn = "kvmem_segments_store_segment";
     kvmem_status st = check_segs(s, fn);
     if (st != KVMEM_OK) return st;
+    kvmem_append_params ap = kvmem_append_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_append_params, &ap, params, fn)) != KVMEM_OK) return st;
     if ((st = check_live(s, index, fn)) != KVMEM_OK) return st;
     seg_rec *r = &s->segs[index];
     int64_t n = 0;
-    if ((st = store_unit(s, fn, 's', index, r->agent, k, v, params, &n)) != KVMEM_OK) return st;
+    if ((st = store_unit(s, fn, 's', index, r->agent, k, v, &ap, &n)) != KVMEM_OK) return st;
     r->has_kv = 1;
     r->n_tokens = n;
     return KVMEM_OK;
@@ -460,6 +464,8 @@ kvmem_status kvmem_segments_store_group(kvmem_segments *s, int32_t group, const 
     const char *fn = "kvmem_segments_store_group";
     kvmem_status st = check_segs(s, fn);
     if (st != KVMEM_OK) return st;
+    kvmem_append_params ap = kvmem_append_default_params();
+    if ((st = KVM_PARAMS_IN(kvmem_append_params, &ap, params, fn)) != KVMEM_OK) return st;
     if ((st = check_group_id(group, fn)) != KVMEM_OK) return st;
     if (group >= s->cap_groups || s->groups[group].n_members == 0)
         return kvm_fail(KVMEM_ERR_NOT_FOUND, "%s: group %d has no segments", fn, group);
@@ -468,7 +474,7 @@ kvmem_status kvmem_segments_store_group(kvmem_segments *s, int32_t group, const 
         return kvm_fail(KVMEM_ERR_CONFLICT, "%s: group %d is DYNAMIC (changed at step %lld): only a STATIC group keeps a joint KV",
                         fn, group, (long long)g->last_change);
     int64_t n = 0;
-    if ((st = store_unit(s, fn, 'g', group, g->agent, k, v, params, &n)) != KVMEM_OK) return st;
+    if ((st = store_unit(s, fn, 'g', group, g->agent, k, v, &ap, &n)) != KVMEM_OK) return st;
     g->has_kv = 1;
     g->n_tokens = n;
     return KVMEM_OK;

@@ -11,6 +11,7 @@
  * Phase 2 (a new process): load the agent from the file and run the next
  * turn again: the logits must equal phase 1's.
  */
+#define KVMEM_EXPERIMENTAL /* KEEP segments and the eviction baselines (kvmem.h) */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,7 @@
 /* tinyllm: the agent's history in kvmem, and the working set each memory
  * method builds from it for a new turn. History token j always sits at RoPE
  * position j (that is how the engine appends it). */
+#define KVMEM_EXPERIMENTAL /* the eviction baselines (kvmem.h) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

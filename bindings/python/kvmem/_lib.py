@@ -88,7 +88,8 @@ class kvmem_backend_info(Structure):
 
 
 class kvmem_context_params(Structure):
-    _fields_ = [("backend", c_char_p), ("n_threads", c_int32)]
+    _fields_ = [("struct_size", c_size_t), ("backend", c_char_p), ("n_threads", c_int32),
+                ("reserved", c_int32)]
 
 
 class kvmem_model_spec(Structure):
@@ -102,7 +103,7 @@ class kvmem_model_spec(Structure):
 
 
 class kvmem_pool_params(Structure):
-    _fields_ = [("block_size", c_int32), ("storage_dtype", c_enum), ("capacity_bytes", c_uint64),
+    _fields_ = [("struct_size", c_size_t), ("block_size", c_int32), ("storage_dtype", c_enum), ("capacity_bytes", c_uint64),
                 ("max_agents", c_int32), ("max_tokens_per_agent", c_int32), ("store_dir", c_char_p),
                 ("host_budget_bytes", c_uint64)]
 
@@ -113,7 +114,7 @@ class kvmem_pool_info(Structure):
 
 
 class kvmem_append_params(Structure):
-    _fields_ = [("token_ids", POINTER(c_int32)), ("text", c_char_p), ("text_len", c_size_t),
+    _fields_ = [("struct_size", c_size_t), ("token_ids", POINTER(c_int32)), ("text", c_char_p), ("text_len", c_size_t),
                 ("token_text_offsets", POINTER(c_int32)), ("positions", POINTER(c_int32)),
                 ("keys_rotated", c_int32), ("reserved", c_int32)]
 
@@ -128,15 +129,15 @@ class kvmem_block_info(Structure):
 
 
 class kvmem_retrieve_params(Structure):
-    _fields_ = [("top_k", c_int32), ("mode", c_enum), ("norm", c_enum), ("agg", c_enum),
+    _fields_ = [("struct_size", c_size_t), ("top_k", c_int32), ("mode", c_enum), ("norm", c_enum), ("agg", c_enum),
                 ("scope", c_enum), ("tau", ctypes.c_float), ("rr_c", ctypes.c_float),
                 ("exclude", POINTER(c_int32)), ("n_exclude", c_int32),
                 ("always_include", POINTER(c_int32)), ("n_always_include", c_int32),
-                ("recent_window", c_int32), ("skip_recent", c_int32)]
+                ("recent_window", c_int32), ("skip_recent", c_int32), ("reserved", c_int32)]
 
 
 class kvmem_segments_params(Structure):
-    _fields_ = [("static_after_steps", c_int32), ("max_segments", c_int32)]
+    _fields_ = [("struct_size", c_size_t), ("static_after_steps", c_int32), ("max_segments", c_int32)]
 
 
 class kvmem_segment_event(Structure):
@@ -166,11 +167,11 @@ class kvmem_segment_unit(Structure):
 
 
 class kvmem_kmeans_params(Structure):
-    _fields_ = [("k", c_int32), ("max_iters", c_int32), ("seed", c_uint64)]
+    _fields_ = [("struct_size", c_size_t), ("k", c_int32), ("max_iters", c_int32), ("seed", c_uint64)]
 
 
 class kvmem_multihop_params(Structure):
-    _fields_ = [("ratio", ctypes.c_float), ("max_iters", c_int32)]
+    _fields_ = [("struct_size", c_size_t), ("ratio", ctypes.c_float), ("max_iters", c_int32)]
 
 
 class kvmem_multihop_result(Structure):
@@ -178,7 +179,7 @@ class kvmem_multihop_result(Structure):
 
 
 class kvmem_load_plan_params(Structure):
-    _fields_ = [("bandwidth_gbps", c_double), ("max_ahead", c_int32), ("reserved", c_int32)]
+    _fields_ = [("struct_size", c_size_t), ("bandwidth_gbps", c_double), ("max_ahead", c_int32), ("reserved", c_int32)]
 
 
 class kvmem_load_item(Structure):
@@ -203,11 +204,11 @@ class kvmem_session_source(Structure):
 
 
 class kvmem_qmem_params(Structure):
-    _fields_ = [("capacity", c_int32), ("prefix_tokens", c_int32), ("lambda", c_double)]
+    _fields_ = [("struct_size", c_size_t), ("capacity", c_int32), ("prefix_tokens", c_int32), ("lambda", c_double)]
 
 
 class kvmem_kvstore_params(Structure):
-    _fields_ = [("page_slots", c_int32), ("max_slots", c_int64)]
+    _fields_ = [("struct_size", c_size_t), ("page_slots", c_int32), ("max_slots", c_int64)]
 
 
 class kvmem_kvstore_info(Structure):
@@ -227,10 +228,10 @@ class kvmem_attend_source(Structure):
 
 
 class kvmem_attend_params(Structure):
-    _fields_ = [("order", c_enum), ("n_sink", c_int32), ("tile_order", POINTER(c_int32)), ("n_tile_order", c_int32),
+    _fields_ = [("struct_size", c_size_t), ("order", c_enum), ("n_sink", c_int32), ("tile_order", POINTER(c_int32)), ("n_tile_order", c_int32),
                 ("tile_size", c_int32), ("scale", ctypes.c_float), ("tau_s", ctypes.c_float),
                 ("tau_d", ctypes.c_float), ("patience", c_int32), ("probe", c_enum), ("causal", c_int32),
-                ("compare", c_int32)]
+                ("compare", c_int32), ("reserved", c_int32)]
 
 
 class kvmem_attend_stats(Structure):
@@ -240,7 +241,7 @@ class kvmem_attend_stats(Structure):
 
 
 class kvmem_prefix_params(Structure):
-    _fields_ = [("min_ratio", c_double)]
+    _fields_ = [("struct_size", c_size_t), ("min_ratio", c_double)]
 
 
 class kvmem_prefix_result(Structure):
@@ -313,7 +314,8 @@ _d("kvmem_status kvmem_tensor_init(kvmem_tensor *out, void *data, kvmem_dtype dt
 # Context and backends
 _d("kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *count)",
    STATUS, POINTER(kvmem_backend_info), c_size_t, POINTER(c_size_t))
-_d("kvmem_context_params kvmem_context_default_params(void)", kvmem_context_params)
+_d("kvmem_status kvmem_context_params_init(kvmem_context_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_context_params), c_size_t)
 _d("kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_context **out)",
    STATUS, POINTER(kvmem_context_params), POINTER(ctx_p))
 _d("void kvmem_context_free(kvmem_context *ctx)", None, ctx_p)
@@ -326,7 +328,8 @@ _d("kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, size_t
    "const int32_t *positions, int32_t inverse)",
    STATUS, POINTER(kvmem_model_spec), c_void_p, c_size_t, c_size_t, c_void_p, c_int32)
 # Pool and agents
-_d("kvmem_pool_params kvmem_pool_default_params(void)", kvmem_pool_params)
+_d("kvmem_status kvmem_pool_params_init(kvmem_pool_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_pool_params), c_size_t)
 _d("kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec, "
    "const kvmem_pool_params *params, kvmem_pool **out)",
    STATUS, ctx_p, POINTER(kvmem_model_spec), POINTER(kvmem_pool_params), POINTER(pool_p))
@@ -341,7 +344,8 @@ _d("kvmem_status kvmem_agent_open(kvmem_pool *pool, const char *id, kvmem_agent 
 _d("void kvmem_agent_close(kvmem_agent *agent)", None, agent_p)
 _d("kvmem_status kvmem_pool_remove_agent(kvmem_pool *pool, const char *id)", STATUS, pool_p, c_char_p)
 _d("const char *kvmem_agent_get_id(const kvmem_agent *agent)", c_char_p, agent_p)
-_d("kvmem_append_params kvmem_append_default_params(void)", kvmem_append_params)
+_d("kvmem_status kvmem_append_params_init(kvmem_append_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_append_params), c_size_t)
 _d("kvmem_status kvmem_agent_append(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, "
    "const kvmem_append_params *params)", STATUS, agent_p, T_p, T_p, POINTER(kvmem_append_params))
 _d("kvmem_status kvmem_agent_flush(kvmem_agent *agent)", STATUS, agent_p)
@@ -357,7 +361,8 @@ _d("kvmem_status kvmem_agent_tokens(kvmem_agent *agent, int64_t first, int64_t n
 _d("kvmem_status kvmem_agent_text(kvmem_agent *agent, const char **text, size_t *len)",
    STATUS, agent_p, POINTER(c_void_p), POINTER(c_size_t))
 # MemArt retrieval
-_d("kvmem_retrieve_params kvmem_retrieve_default_params(void)", kvmem_retrieve_params)
+_d("kvmem_status kvmem_retrieve_params_init(kvmem_retrieve_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_retrieve_params), c_size_t)
 _d("kvmem_status kvmem_retrieval_create(kvmem_retrieval **out)", STATUS, POINTER(retrieval_p))
 _d("void kvmem_retrieval_free(kvmem_retrieval *r)", None, retrieval_p)
 _d("kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, "
@@ -375,7 +380,8 @@ _d("kvmem_status kvmem_retrieval_n_tokens(const kvmem_retrieval *r, int32_t set,
 _d("kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base_position, "
    "const kvmem_tensor *k_out, const kvmem_tensor *v_out)", STATUS, agent_p, c_void_p, c_int32, c_int64, T_p, T_p)
 # KEEP segments
-_d("kvmem_segments_params kvmem_segments_default_params(void)", kvmem_segments_params)
+_d("kvmem_status kvmem_segments_params_init(kvmem_segments_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_segments_params), c_size_t)
 _d("kvmem_status kvmem_segments_create(kvmem_pool *pool, const char *owner, const kvmem_segments_params *params, "
    "kvmem_segments **out)", STATUS, pool_p, c_char_p, POINTER(kvmem_segments_params), POINTER(segs_p))
 _d("void kvmem_segments_free(kvmem_segments *segs)", None, segs_p)
@@ -405,24 +411,28 @@ _d("kvmem_status kvmem_segments_group_members(kvmem_segments *segs, int32_t grou
 _d("kvmem_status kvmem_segments_plan(kvmem_segments *segs, const float *scores, size_t n_scores, int32_t max_units, "
    "kvmem_segment_unit *out, size_t capacity, size_t *n_units)",
    STATUS, segs_p, c_void_p, c_size_t, c_int32, POINTER(kvmem_segment_unit), c_size_t, POINTER(c_size_t))
-_d("kvmem_kmeans_params kvmem_kmeans_default_params(void)", kvmem_kmeans_params)
+_d("kvmem_status kvmem_kmeans_params_init(kvmem_kmeans_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_kmeans_params), c_size_t)
 _d("kvmem_status kvmem_cluster_kmeans(const float *emb, size_t n, size_t dim, const kvmem_kmeans_params *params, "
    "int32_t *labels, float *centroids, int32_t *iters)",
    STATUS, c_void_p, c_size_t, c_size_t, POINTER(kvmem_kmeans_params), c_void_p, c_void_p, POINTER(c_int32))
-_d("kvmem_multihop_params kvmem_multihop_default_params(void)", kvmem_multihop_params)
+_d("kvmem_status kvmem_multihop_params_init(kvmem_multihop_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_multihop_params), c_size_t)
 _d("kvmem_status kvmem_multihop_select(const kvmem_multihop_params *params, const float *q2s, int32_t n_query, "
    "const float *s2s, int32_t n_segments, const uint8_t *candidates, uint8_t *selected, float *importance, "
    "kvmem_multihop_result *result)", STATUS, POINTER(kvmem_multihop_params), c_void_p, c_int32, c_void_p, c_int32,
    c_void_p, c_void_p, c_void_p, POINTER(kvmem_multihop_result))
 _d("kvmem_status kvmem_multihop_schedule(int32_t n_layers, float avg, float *ratios)", STATUS, c_int32, ctypes.c_float, c_void_p)
-_d("kvmem_load_plan_params kvmem_load_plan_default_params(void)", kvmem_load_plan_params)
+_d("kvmem_status kvmem_load_plan_params_init(kvmem_load_plan_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_load_plan_params), c_size_t)
 _d("kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, const double *compute_ms, int32_t n_layers, "
    "const uint64_t *load_bytes, int32_t n_segments, const uint8_t *recompute, kvmem_load_item *items, "
    "size_t capacity, size_t *n_items, double *layer_start_ms, kvmem_load_plan_stats *stats)",
    STATUS, POINTER(kvmem_load_plan_params), c_void_p, c_int32, c_void_p, c_int32, c_void_p,
    POINTER(kvmem_load_item), c_size_t, POINTER(c_size_t), c_void_p, POINTER(kvmem_load_plan_stats))
 # IntentKV: QueryMemory, selection baselines, slot maps
-_d("kvmem_qmem_params kvmem_qmem_default_params(void)", kvmem_qmem_params)
+_d("kvmem_status kvmem_qmem_params_init(kvmem_qmem_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_qmem_params), c_size_t)
 _d("kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params, "
    "kvmem_qmem_store **out)", STATUS, POINTER(kvmem_model_spec), POINTER(kvmem_qmem_params), POINTER(qstore_p))
 _d("void kvmem_qmem_store_free(kvmem_qmem_store *store)", None, qstore_p)
@@ -457,7 +467,8 @@ _d("kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int
 _d("kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_tensor *q_obs, "
    "const kvmem_tensor *k, int32_t pool_kernel, float *scores)",
    STATUS, ctx_p, POINTER(kvmem_model_spec), T_p, T_p, c_int32, c_void_p)
-_d("kvmem_kvstore_params kvmem_kvstore_default_params(void)", kvmem_kvstore_params)
+_d("kvmem_status kvmem_kvstore_params_init(kvmem_kvstore_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_kvstore_params), c_size_t)
 _d("kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvstore_params *params, "
    "kvmem_kvstore **out)", STATUS, POINTER(kvmem_model_spec), POINTER(kvmem_kvstore_params), POINTER(kvstore_p))
 _d("void kvmem_kvstore_free(kvmem_kvstore *store)", None, kvstore_p)
@@ -485,7 +496,8 @@ _d("kvmem_status kvmem_slotmap_get_info(const kvmem_slotmap *map, kvmem_slotmap_
 _d("kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvmem_tensor *k_out, "
    "const kvmem_tensor *v_out, int32_t *positions_out)", STATUS, slotmap_p, T_p, T_p, c_void_p)
 # ART attention
-_d("kvmem_attend_params kvmem_attend_default_params(void)", kvmem_attend_params)
+_d("kvmem_status kvmem_attend_params_init(kvmem_attend_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_attend_params), c_size_t)
 _d("kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, "
    "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats)",
    STATUS, ctx_p, T_p, POINTER(kvmem_attend_source), POINTER(kvmem_attend_params), T_p, POINTER(kvmem_attend_stats))
@@ -494,7 +506,8 @@ _d("kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)", STATUS
 _d("kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)", STATUS, agent_p, c_char_p)
 _d("kvmem_status kvmem_pool_sync(kvmem_pool *pool)", STATUS, pool_p)
 _d("kvmem_status kvmem_agent_truncate(kvmem_agent *agent, int64_t n_tokens)", STATUS, agent_p, c_int64)
-_d("kvmem_prefix_params kvmem_prefix_default_params(void)", kvmem_prefix_params)
+_d("kvmem_status kvmem_prefix_params_init(kvmem_prefix_params *params, size_t struct_size)", STATUS,
+   POINTER(kvmem_prefix_params), c_size_t)
 _d("kvmem_status kvmem_prefix_match(kvmem_agent *agent, const char *new_text, size_t new_len, "
    "const kvmem_prefix_params *params, kvmem_prefix_result *out)",
    STATUS, agent_p, c_void_p, c_size_t, POINTER(kvmem_prefix_params), POINTER(kvmem_prefix_result))
@@ -537,6 +550,63 @@ def _last_error() -> str:
 
 def _status_str(status: int) -> str:
     return (kvmem_status_str(status) or b"").decode()  # noqa: F821
+
+
+def _defaults(struct: Any, init: Any) -> Any:
+    p = struct()
+    init(ctypes.byref(p), ctypes.sizeof(p))
+    return p
+
+
+# kvmem.h's inline kvmem_X_default_params(): struct_size is the size of the
+# struct declared here, so against a newer library this binding gets the
+# defaults of the fields it knows and the library uses its own for the rest.
+def kvmem_context_default_params() -> kvmem_context_params:
+    return _defaults(kvmem_context_params, kvmem_context_params_init)  # noqa: F821
+
+
+def kvmem_pool_default_params() -> kvmem_pool_params:
+    return _defaults(kvmem_pool_params, kvmem_pool_params_init)  # noqa: F821
+
+
+def kvmem_append_default_params() -> kvmem_append_params:
+    return _defaults(kvmem_append_params, kvmem_append_params_init)  # noqa: F821
+
+
+def kvmem_retrieve_default_params() -> kvmem_retrieve_params:
+    return _defaults(kvmem_retrieve_params, kvmem_retrieve_params_init)  # noqa: F821
+
+
+def kvmem_qmem_default_params() -> kvmem_qmem_params:
+    return _defaults(kvmem_qmem_params, kvmem_qmem_params_init)  # noqa: F821
+
+
+def kvmem_kvstore_default_params() -> kvmem_kvstore_params:
+    return _defaults(kvmem_kvstore_params, kvmem_kvstore_params_init)  # noqa: F821
+
+
+def kvmem_attend_default_params() -> kvmem_attend_params:
+    return _defaults(kvmem_attend_params, kvmem_attend_params_init)  # noqa: F821
+
+
+def kvmem_prefix_default_params() -> kvmem_prefix_params:
+    return _defaults(kvmem_prefix_params, kvmem_prefix_params_init)  # noqa: F821
+
+
+def kvmem_segments_default_params() -> kvmem_segments_params:
+    return _defaults(kvmem_segments_params, kvmem_segments_params_init)  # noqa: F821
+
+
+def kvmem_kmeans_default_params() -> kvmem_kmeans_params:
+    return _defaults(kvmem_kmeans_params, kvmem_kmeans_params_init)  # noqa: F821
+
+
+def kvmem_multihop_default_params() -> kvmem_multihop_params:
+    return _defaults(kvmem_multihop_params, kvmem_multihop_params_init)  # noqa: F821
+
+
+def kvmem_load_plan_default_params() -> kvmem_load_plan_params:
+    return _defaults(kvmem_load_plan_params, kvmem_load_plan_params_init)  # noqa: F821
 
 
 def header_functions(header: str) -> List[str]:

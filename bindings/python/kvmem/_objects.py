@@ -36,6 +36,10 @@ SCOPE_GLOBAL, SCOPE_PER_LAYER = 0, 1
 
 _STORAGE = {"f32": F32, "f16": F16, "bf16": BF16, "q8": Q8, "q4": Q4, "q4_kivi": Q4_KIVI}
 
+# Fields of a params struct that are not parameters: the binding sets
+# struct_size (kvmem.h, "ABI and versioning"), reserved stays 0.
+_NOT_PARAMS = ("struct_size", "reserved")
+
 
 def _s(b: Optional[bytes]) -> str:
     return b.decode("utf-8", "replace") if b else ""
@@ -299,7 +303,7 @@ class Pool(_Handle):
                 if val.lower() not in _STORAGE:
                     raise ValueError(f"kvmem: storage_dtype {val!r} is not one of {sorted(_STORAGE)}")
                 val = _STORAGE[val.lower()]
-            if k not in dict(L.kvmem_pool_params._fields_):
+            if k not in dict(L.kvmem_pool_params._fields_) or k in _NOT_PARAMS:
                 raise TypeError(f"kvmem: Pool() got an unknown parameter {k!r}")
             if k == "store_dir":
                 val = c_path(val, "store_dir")  # C copies it at create
@@ -484,7 +488,8 @@ class Agent(_Handle):
         s = self.pool.spec
         rp = L.kvmem_retrieve_default_params()
         for k, val in params.items():
-            if k not in dict(L.kvmem_retrieve_params._fields_) or k.startswith("n_") or k in ("exclude", "always_include"):
+            if (k not in dict(L.kvmem_retrieve_params._fields_) or k.startswith("n_") or k in _NOT_PARAMS
+                    or k in ("exclude", "always_include")):
                 raise TypeError(f"kvmem: retrieve() got an unknown parameter {k!r}")
             setattr(rp, k, val)
         held: List[Any] = []
@@ -612,7 +617,7 @@ def _struct_dict(x: Any) -> Dict[str, Any]:
 
 def _params(struct: Any, what: str, params: Dict[str, Any]) -> Any:
     for k, val in params.items():
-        if k not in dict(type(struct)._fields_) or k == "reserved":
+        if k not in dict(type(struct)._fields_) or k in _NOT_PARAMS:
             raise TypeError(f"kvmem: {what} got an unknown parameter {k!r}")
         setattr(struct, k, val)
     return struct

@@ -13,7 +13,10 @@ from scenario import REPO
 # views itself, nothing returns caller-owned memory yet, and the *_errbuf
 # forms serve bindings whose async calls run on threads they cannot run code
 # on (Python calls on its own thread and reads kvmem_last_error()).
-LOW_LEVEL_ONLY = {"kvmem_tensor_init", "kvmem_free"} | {n for n in _lib.DECLARED if n.endswith("_errbuf")}
+# The *_params_init functions are called by _lib's kvmem_X_default_params(),
+# as by kvmem.h's inline ones.
+LOW_LEVEL_ONLY = ({"kvmem_tensor_init", "kvmem_free"} | {n for n in _lib.DECLARED if n.endswith("_errbuf")}
+                  | {n for n in _lib.DECLARED if n.endswith("_params_init")})
 
 
 def header_names():

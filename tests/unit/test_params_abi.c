@@ -1,0 +1,556 @@
+/* Params structs across versions (kvmem.h, "ABI and versioning"). A binary
+ * built against an older header is emulated by a struct declared here with
+ * the current layout's first fields only (static asserts keep it a prefix)
+ * and its own sizeof as struct_size, placed so it ends on a page boundary
+ * with an unreadable page after it: a library that read or wrote past
+ * struct_size would crash the test. A binary built against a newer header
+ * is the current struct followed by fields this library does not have. */
+#if !defined(_DEFAULT_SOURCE)
+#  define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#endif
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define L 2
+#define HQ 4
+#define H 2
+#define D 8
+#define BS 4
+#define NTOK 16 /* 4 sealed blocks */
+
+/* ---- layouts an older and a newer binary would have -------------------- */
+
+/* kvmem_context_params before n_threads (and its reserved) */
+typedef struct old_context_params {
+    size_t struct_size;
+    const char *backend;
+} old_context_params;
+_Static_assert(offsetof(old_context_params, backend) == offsetof(kvmem_context_params, backend), "prefix");
+_Static_assert(sizeof(old_context_params) == offsetof(kvmem_context_params, n_threads), "prefix");
+
+/* kvmem_attend_params before compare (and its reserved) */
+typedef struct old_attend_params {
+    size_t struct_size;
+    kvmem_attend_order order;
+    int32_t n_sink;
+    const int32_t *tile_order;
+    int32_t n_tile_order;
+    int32_t tile_size;
+    float scale, tau_s, tau_d;
+    int32_t patience;
+    kvmem_attend_probe probe;
+    int32_t causal;
+} old_attend_params;
+_Static_assert(offsetof(old_attend_params, tile_order) == offsetof(kvmem_attend_params, tile_order), "prefix");
+_Static_assert(offsetof(old_attend_params, causal) == offsetof(kvmem_attend_params, causal), "prefix");
+_Static_assert(sizeof(old_attend_params) == offsetof(kvmem_attend_params, compare), "prefix");
+
+/* kvmem_retrieve_params before skip_recent (and its reserved) */
+typedef struct old_retrieve_params {
+    size_t struct_size;
+    int32_t top_k;
+    kvmem_retrieve_mode mode;
+    kvmem_retrieve_norm norm;
+    kvmem_retrieve_agg agg;
+    kvmem_retrieve_scope scope;
+    float tau, rr_c;
+    const int32_t *exclude;
+    int32_t n_exclude;
+    const int32_t *always_include;
+    int32_t n_always_include;
+    int32_t recent_window;
+} old_retrieve_params;
+_Static_assert(offsetof(old_retrieve_params, always_include) == offsetof(kvmem_retrieve_params, always_include),
+               "prefix");
+_Static_assert(sizeof(old_retrieve_params) == offsetof(kvmem_retrieve_params, skip_recent), "prefix");
+
+/* the current structs plus a field added after them */
+typedef struct newer_context_params {
+    kvmem_context_params now;
+    int64_t added;
+} newer_context_params;
+typedef struct newer_attend_params {
+    kvmem_attend_params now;
+    int32_t added, reserved;
+} newer_attend_params;
+
+/* ---- a struct that ends where readable memory ends --------------------- */
+
+typedef struct guarded {
+    unsigned char *base;
+    size_t len;
+} guarded;
+
+/* `size` bytes ending on a page boundary, the page after them PROT_NONE. */
+static void *guarded_tail(guarded *g, size_t size) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    g->len = 2 * page;
+    void *m = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    g->base = m;
+    assert_int_equal(mprotect(g->base + page, page, PROT_NONE), 0);
+    return g->base + page - size;
+}
+
+static void guarded_free(guarded *g) { munmap(g->base, g->len); }
+
+/* ---- a pool with one agent of NTOK tokens, and tensors for the calls ---- */
+
+typedef struct fixture {
+    kvmem_context *ctx;
+    kvmem_model_spec spec;
+    kvmem_pool *pool;
+    kvmem_agent *agent;
+    float kv1[L * 1 * H * D];           /* one token of K (and V) */
+    float q[L * HQ * D];                /* retrieval query [1][L][HQ][D] */
+    float aq[HQ * D], aout[HQ * D];     /* attention query and output [1][HQ][D] */
+    float ak[NTOK * H * D], av[NTOK * H * D];
+    kvmem_tensor k1, v1, tq, taq, taout, tak, tav;
+    kvmem_attend_source src;
+} fixture;
+
+static void fx_init(fixture *f) {
+    memset(f, 0, sizeof *f);
+    f->ctx = tu_context(1);
+    f->spec = tu_spec(L, D);
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BS;
+    pp.storage_dtype = KVMEM_F32;
+    assert_ok(kvmem_pool_create(f->ctx, &f->spec, &pp, &f->pool));
+    assert_ok(kvmem_agent_open(f->pool, "a", &f->agent));
+    static float k[L * NTOK * H * D], v[L * NTOK * H * D];
+    uint64_t rng = 3;
+    tu_fill_kv(k, sizeof k / sizeof k[0], &rng);
+    tu_fill_kv(v, sizeof v / sizeof v[0], &rng);
+    int64_t s[4] = {L, NTOK, H, D};
+    kvmem_tensor tk, tv;
+    assert_ok(kvmem_tensor_init(&tk, k, KVMEM_F32, 4, s));
+    assert_ok(kvmem_tensor_init(&tv, v, KVMEM_F32, 4, s));
+    assert_ok(kvmem_agent_append(f->agent, &tk, &tv, NULL));
+    tu_fill_kv(f->kv1, sizeof f->kv1 / sizeof f->kv1[0], &rng);
+    int64_t s1[4] = {L, 1, H, D};
+    assert_ok(kvmem_tensor_init(&f->k1, f->kv1, KVMEM_F32, 4, s1));
+    assert_ok(kvmem_tensor_init(&f->v1, f->kv1, KVMEM_F32, 4, s1));
+    tu_fill_kv(f->q, sizeof f->q / sizeof f->q[0], &rng);
+    int64_t sq[4] = {1, L, HQ, D};
+    assert_ok(kvmem_tensor_init(&f->tq, f->q, KVMEM_F32, 4, sq));
+    tu_fill_kv(f->aq, HQ * D, &rng);
+    tu_fill_kv(f->ak, NTOK * H * D, &rng);
+    tu_fill_kv(f->av, NTOK * H * D, &rng);
+    int64_t saq[3] = {1, HQ, D}, sak[3] = {NTOK, H, D};
+    assert_ok(kvmem_tensor_init(&f->taq, f->aq, KVMEM_F32, 3, saq));
+    assert_ok(kvmem_tensor_init(&f->taout, f->aout, KVMEM_F32, 3, saq));
+    assert_ok(kvmem_tensor_init(&f->tak, f->ak, KVMEM_F32, 3, sak));
+    assert_ok(kvmem_tensor_init(&f->tav, f->av, KVMEM_F32, 3, sak));
+    f->src.kind = KVMEM_ATTEND_SRC_TENSORS;
+    f->src.k = &f->tak;
+    f->src.v = &f->tav;
+}
+
+static void fx_free(fixture *f) {
+    kvmem_agent_close(f->agent);
+    kvmem_pool_free(f->pool);
+    kvmem_context_free(f->ctx);
+}
+
+static int64_t agent_tokens(fixture *f) {
+    kvmem_agent_info info;
+    assert_ok(kvmem_agent_get_info(f->agent, &info));
+    return info.n_tokens;
+}
+
+/* ---- the defaults ------------------------------------------------------- */
+
+static void every_default_params_sets_struct_size(void **state) {
+    (void)state;
+#define SIZE_OF_DEFAULT(name) assert_int_equal(kvmem_##name##_default_params().struct_size, sizeof(kvmem_##name##_params))
+    SIZE_OF_DEFAULT(context);
+    SIZE_OF_DEFAULT(pool);
+    SIZE_OF_DEFAULT(append);
+    SIZE_OF_DEFAULT(retrieve);
+    SIZE_OF_DEFAULT(qmem);
+    SIZE_OF_DEFAULT(kvstore);
+    SIZE_OF_DEFAULT(attend);
+    SIZE_OF_DEFAULT(prefix);
+    SIZE_OF_DEFAULT(segments);
+    SIZE_OF_DEFAULT(kmeans);
+    SIZE_OF_DEFAULT(multihop);
+    SIZE_OF_DEFAULT(load_plan);
+#undef SIZE_OF_DEFAULT
+    /* a few documented defaults, to see the fields land where the header says */
+    assert_int_equal(kvmem_attend_default_params().patience, 8);
+    assert_int_equal(kvmem_retrieve_default_params().top_k, 8);
+    assert_int_equal(kvmem_pool_default_params().block_size, 16);
+    assert_int_equal(kvmem_kmeans_default_params().seed, 42);
+}
+
+/* An older binary's kvmem_X_default_params() asks for its own size: the
+ * library writes exactly that many bytes, the defaults of the fields it has. */
+static void init_writes_only_the_callers_bytes(void **state) {
+    (void)state;
+    guarded g;
+    old_attend_params *old = guarded_tail(&g, sizeof *old);
+    memset(old, 0xab, sizeof *old);
+    assert_ok(kvmem_attend_params_init((kvmem_attend_params *)(void *)old, sizeof *old));
+    const kvmem_attend_params d = kvmem_attend_default_params();
+    assert_int_equal(old->struct_size, sizeof *old);
+    assert_memory_equal((const char *)old + sizeof(size_t), (const char *)&d + sizeof(size_t),
+                        sizeof *old - sizeof(size_t));
+    assert_int_equal(old->patience, 8);
+    assert_int_equal(old->causal, 1);
+    guarded_free(&g);
+
+    old_context_params *oc = guarded_tail(&g, sizeof *oc);
+    assert_ok(kvmem_context_params_init((kvmem_context_params *)(void *)oc, sizeof *oc));
+    assert_int_equal(oc->struct_size, sizeof *oc);
+    assert_string_equal(oc->backend, "auto");
+    guarded_free(&g);
+
+    /* a newer binary's: the fields this library lacks come back zero */
+    unsigned char buf[sizeof(kvmem_attend_params) + 16];
+    memset(buf, 0xab, sizeof buf);
+    assert_ok(kvmem_attend_params_init((kvmem_attend_params *)(void *)buf, sizeof buf));
+    size_t got;
+    memcpy(&got, buf, sizeof got);
+    assert_int_equal(got, sizeof buf);
+    assert_memory_equal(buf + sizeof(size_t), (const char *)&d + sizeof(size_t), sizeof d - sizeof(size_t));
+    for (size_t i = sizeof d; i < sizeof buf; i++) assert_int_equal(buf[i], 0);
+
+    /* sizes no version has, and NULL: refused, nothing written */
+    memset(buf, 0xab, sizeof buf);
+    assert_status(kvmem_attend_params_init((kvmem_attend_params *)(void *)buf, 0), KVMEM_ERR_INVALID_ARG,
+                  "struct_size is 0");
+    assert_status(kvmem_attend_params_init((kvmem_attend_params *)(void *)buf, sizeof(size_t) + 4),
+                  KVMEM_ERR_INVALID_ARG, "is not the size of any version");
+    assert_status(kvmem_attend_params_init((kvmem_attend_params *)(void *)buf, 1 << 20), KVMEM_ERR_INVALID_ARG,
+                  "is not the size of any version");
+    for (size_t i = 0; i < sizeof buf; i++) assert_int_equal(buf[i], 0xab);
+    assert_status(kvmem_attend_params_init(NULL, sizeof d), KVMEM_ERR_INVALID_ARG, "params is NULL");
+}
+
+/* ---- an older binary's struct ------------------------------------------- */
+
+static void older_context_params_get_the_default_thread_count(void **state) {
+    (void)state;
+    kvmem_context *ref = NULL;
+    assert_ok(kvmem_context_create(NULL, &ref));
+    const int32_t def = kvmem_context_n_threads(ref);
+    kvmem_context_free(ref);
+
+    guarded g;
+    old_context_params *old = guarded_tail(&g, sizeof *old);
+    old->struct_size = sizeof *old;
+    old->backend = "cpu";
+    kvmem_context *ctx = NULL;
+    assert_ok(kvmem_context_create((const kvmem_context_params *)(const void *)old, &ctx));
+    assert_string_equal(kvmem_context_backend(ctx), "cpu");
+    assert_int_equal(kvmem_context_n_threads(ctx), def);
+    kvmem_context_free(ctx);
+    guarded_free(&g);
+
+    /* the bytes past struct_size are not read even when they are there */
+    kvmem_context_params p = kvmem_context_default_params();
+    p.backend = "cpu";
+    p.n_threads = def < 1024 ? def + 1 : def - 1;
+    p.reserved = 77; /* would be refused if it were read */
+    p.struct_size = sizeof(old_context_params);
+    assert_ok(kvmem_context_create(&p, &ctx));
+    assert_int_equal(kvmem_context_n_threads(ctx), def);
+    kvmem_context_free(ctx);
+    /* control: with its full size the same struct's fields count */
+    p.struct_size = sizeof p;
+    p.reserved = 0;
+    assert_ok(kvmem_context_create(&p, &ctx));
+    assert_int_equal(kvmem_context_n_threads(ctx), p.n_threads);
+    kvmem_context_free(ctx);
+}
+
+static void older_attend_params_run_without_compare(void **state) {
+    (void)state;
+    fixture f;
+    fx_init(&f);
+    kvmem_attend_params p = kvmem_attend_default_params();
+    p.order = KVMEM_ATTEND_RECENT;
+    p.tile_size = 2;
+    p.patience = 2;
+    p.compare = 1;
+    kvmem_attend_stats with, without, old_st;
+    assert_ok(kvmem_attend(f.ctx, &f.taq, &f.src, &p, &f.taout, &with));
+    assert_true(with.oracle_tiles > 0); /* compare counts where the ORACLE rule stops */
+    float ref[HQ * D];
+    memcpy(ref, f.aout, sizeof ref);
+
+    /* the same struct cut before `compare`: its default (0) is used */
+    p.struct_size = sizeof(old_attend_params);
+    assert_ok(kvmem_attend(f.ctx, &f.taq, &f.src, &p, &f.taout, &without));
+    assert_int_equal(without.oracle_tiles, 0);
+    assert_int_equal(without.tiles_visited, with.tiles_visited);
+    assert_memory_equal(f.aout, ref, sizeof ref);
+
+    /* an older binary's own struct, ending at unreadable memory */
+    guarded g;
+    old_attend_params *old = guarded_tail(&g, sizeof *old);
+    assert_ok(kvmem_attend_params_init((kvmem_attend_params *)(void *)old, sizeof *old));
+    old->order = KVMEM_ATTEND_RECENT;
+    old->tile_size = 2;
+    old->patience = 2;
+    memset(f.aout, 0, sizeof f.aout);
+    assert_ok(kvmem_attend(f.ctx, &f.taq, &f.src, (const kvmem_attend_params *)(const void *)old, &f.taout,
+                           &old_st));
+    assert_int_equal(old_st.oracle_tiles, 0);
+    assert_int_equal(old_st.tiles_visited, with.tiles_visited);
+    assert_memory_equal(f.aout, ref, sizeof ref);
+    guarded_free(&g);
+    fx_free(&f);
+}
+
+static void older_retrieve_params_skip_nothing(void **state) {
+    (void)state;
+    fixture f;
+    fx_init(&f);
+    kvmem_retrieval *r = NULL;
+    assert_ok(kvmem_retrieval_create(&r));
+    kvmem_retrieve_params p = kvmem_retrieve_default_params();
+    p.top_k = NTOK / BS;
+    p.skip_recent = 2;
+    const int32_t *blocks;
+    int32_t n;
+    assert_ok(kvmem_retrieve(f.agent, &f.tq, &p, r));
+    assert_ok(kvmem_retrieval_get(r, 0, &blocks, NULL, &n));
+    assert_int_equal(n, NTOK / BS - 2); /* the newest two are not candidates */
+
+    p.struct_size = sizeof(old_retrieve_params);
+    assert_ok(kvmem_retrieve(f.agent, &f.tq, &p, r));
+    assert_ok(kvmem_retrieval_get(r, 0, &blocks, NULL, &n));
+    assert_int_equal(n, NTOK / BS); /* skip_recent is past struct_size: default 0 */
+    assert_int_equal(blocks[n - 1], NTOK / BS - 1);
+
+    guarded g;
+    old_retrieve_params *old = guarded_tail(&g, sizeof *old);
+    assert_ok(kvmem_retrieve_params_init((kvmem_retrieve_params *)(void *)old, sizeof *old));
+    old->top_k = 1;
+    old->recent_window = 1; /* only the newest block is a candidate */
+    assert_ok(kvmem_retrieve(f.agent, &f.tq, (const kvmem_retrieve_params *)(const void *)old, r));
+    assert_ok(kvmem_retrieval_get(r, 0, &blocks, NULL, &n));
+    assert_int_equal(n, 1);
+    assert_int_equal(blocks[0], NTOK / BS - 1);
+    guarded_free(&g);
+    kvmem_retrieval_free(r);
+    fx_free(&f);
+}
+
+/* ---- a newer binary's struct --------------------------------------------- */
+
+static void newer_params_with_a_zero_tail_are_taken(void **state) {
+    (void)state;
+    newer_context_params p;
+    memset(&p, 0, sizeof p);
+    p.now = kvmem_context_default_params();
+    p.now.struct_size = sizeof p;
+    p.now.backend = "cpu";
+    p.now.n_threads = 2;
+    kvmem_context *ctx = NULL;
+    assert_ok(kvmem_context_create(&p.now, &ctx));
+    assert_int_equal(kvmem_context_n_threads(ctx), 2);
+    kvmem_context_free(ctx);
+
+    /* a field this library does not have, set: refused, nothing created */
+    p.added = 5;
+    ctx = (kvmem_context *)(uintptr_t)1;
+    assert_status(kvmem_context_create(&p.now, &ctx), KVMEM_ERR_UNSUPPORTED, "a field this version does not have");
+    assert_null(ctx);
+    /* the message names the first nonzero byte past this library's layout */
+    const unsigned char *bytes = (const unsigned char *)&p;
+    size_t first = 0;
+    for (size_t i = sizeof(kvmem_context_params); i < sizeof p && !first; i++)
+        if (bytes[i]) first = i;
+    char want[64];
+    snprintf(want, sizeof want, "byte %zu is set", first);
+    kvm_test_assert_msg("kvmem_context_create", want);
+}
+
+static void newer_attend_params_with_a_set_field_write_nothing(void **state) {
+    (void)state;
+    fixture f;
+    fx_init(&f);
+    newer_attend_params p;
+    memset(&p, 0, sizeof p);
+    assert_ok(kvmem_attend_params_init(&p.now, sizeof p));
+    assert_int_equal(p.now.struct_size, sizeof p);
+    kvmem_attend_stats st;
+    assert_ok(kvmem_attend(f.ctx, &f.taq, &f.src, &p.now, &f.taout, &st));
+    p.added = 1;
+    for (int i = 0; i < HQ * D; i++) f.aout[i] = 7.0f;
+    assert_status(kvmem_attend(f.ctx, &f.taq, &f.src, &p.now, &f.taout, &st), KVMEM_ERR_UNSUPPORTED,
+                  "kvmem_attend: kvmem_attend_params has");
+    for (int i = 0; i < HQ * D; i++) assert_true(f.aout[i] == 7.0f);
+    fx_free(&f);
+}
+
+/* ---- every function that takes params checks struct_size ---------------- */
+
+/* 0, a size no layout can have (odd) and one beyond any: refused with the
+ * function's name; then the struct as it came is accepted. */
+#define CHECK_SIZES(var, call, fn, type)                                                            \
+    do {                                                                                            \
+        const size_t good_ = (var).struct_size;                                                     \
+        (var).struct_size = 0;                                                                      \
+        assert_status(call, KVMEM_ERR_INVALID_ARG, fn ": " type ".struct_size is 0");               \
+        (var).struct_size = good_ + 1;                                                              \
+        assert_status(call, KVMEM_ERR_INVALID_ARG, fn ": " type ".struct_size");                    \
+        kvm_test_assert_msg(#call, "is not the size of any version");                               \
+        (var).struct_size = (size_t)1 << 20;                                                        \
+        assert_status(call, KVMEM_ERR_INVALID_ARG, "is not the size of any version");               \
+        (var).struct_size = good_;                                                                  \
+    } while (0)
+
+static void every_function_refuses_a_bad_struct_size(void **state) {
+    (void)state;
+    fixture f;
+    fx_init(&f);
+    char errbuf[256];
+
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = "cpu";
+    cp.n_threads = 1;
+    kvmem_context *ctx = NULL;
+    CHECK_SIZES(cp, kvmem_context_create(&cp, &ctx), "kvmem_context_create", "kvmem_context_params");
+    assert_null(ctx);
+
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    kvmem_pool *pool = NULL;
+    CHECK_SIZES(pp, kvmem_pool_create(f.ctx, &f.spec, &pp, &pool), "kvmem_pool_create", "kvmem_pool_params");
+    assert_null(pool);
+
+    kvmem_append_params ap = kvmem_append_default_params();
+    CHECK_SIZES(ap, kvmem_agent_append(f.agent, &f.k1, &f.v1, &ap), "kvmem_agent_append", "kvmem_append_params");
+    CHECK_SIZES(ap, kvmem_agent_append_errbuf(f.agent, &f.k1, &f.v1, &ap, errbuf, sizeof errbuf),
+                "kvmem_agent_append", "kvmem_append_params");
+    assert_non_null(strstr(errbuf, "is not the size of any version"));
+    assert_int_equal(agent_tokens(&f), NTOK);
+
+    kvmem_retrieval *r = NULL;
+    assert_ok(kvmem_retrieval_create(&r));
+    kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+    CHECK_SIZES(rp, kvmem_retrieve(f.agent, &f.tq, &rp, r), "kvmem_retrieve", "kvmem_retrieve_params");
+    assert_int_equal(kvmem_retrieval_n_sets(r), 0);
+    kvmem_retrieval_free(r);
+
+    kvmem_qmem_params qp = kvmem_qmem_default_params();
+    kvmem_qmem_store *qs = NULL;
+    CHECK_SIZES(qp, kvmem_qmem_store_create(&f.spec, &qp, &qs), "kvmem_qmem_store_create", "kvmem_qmem_params");
+    assert_null(qs);
+
+    kvmem_kvstore_params kp = kvmem_kvstore_default_params();
+    kvmem_kvstore *kvs = NULL;
+    CHECK_SIZES(kp, kvmem_kvstore_create(&f.spec, &kp, &kvs), "kvmem_kvstore_create", "kvmem_kvstore_params");
+    assert_null(kvs);
+
+    kvmem_attend_params atp = kvmem_attend_default_params();
+    CHECK_SIZES(atp, kvmem_attend(f.ctx, &f.taq, &f.src, &atp, &f.taout, NULL), "kvmem_attend",
+                "kvmem_attend_params");
+
+    kvmem_prefix_params xp = kvmem_prefix_default_params();
+    kvmem_prefix_result xr;
+    CHECK_SIZES(xp, kvmem_prefix_match(f.agent, "abc", 3, &xp, &xr), "kvmem_prefix_match", "kvmem_prefix_params");
+
+    kvmem_segments_params sp = kvmem_segments_default_params();
+    kvmem_segments *segs = NULL;
+    CHECK_SIZES(sp, kvmem_segments_create(f.pool, "own", &sp, &segs), "kvmem_segments_create",
+                "kvmem_segments_params");
+    assert_null(segs);
+    assert_ok(kvmem_segments_create(f.pool, "own", &sp, &segs));
+    int32_t idx = -1;
+    assert_ok(kvmem_segments_add(segs, "s0", 0, &idx));
+    CHECK_SIZES(ap, kvmem_segments_store_segment(segs, idx, &f.k1, &f.v1, &ap), "kvmem_segments_store_segment",
+                "kvmem_append_params");
+    CHECK_SIZES(ap, kvmem_segments_store_group(segs, 0, &f.k1, &f.v1, &ap), "kvmem_segments_store_group",
+                "kvmem_append_params");
+    kvmem_pool_info pinfo;
+    assert_ok(kvmem_pool_get_info(f.pool, &pinfo));
+    assert_int_equal(pinfo.n_agents, 1); /* no unit agent was created */
+    kvmem_segments_free(segs);
+
+    float emb[4 * 2] = {1, 0, 0.9f, 0.1f, 0, 1, 0.1f, 0.9f};
+    int32_t labels[4];
+    kvmem_kmeans_params kmp = kvmem_kmeans_default_params();
+    kmp.k = 2;
+    CHECK_SIZES(kmp, kvmem_cluster_kmeans(emb, 4, 2, &kmp, labels, NULL, NULL), "kvmem_cluster_kmeans",
+                "kvmem_kmeans_params");
+
+    float q2s[2] = {0.5f, 0.5f}, s2s[4] = {1, 0, 0, 1};
+    uint8_t sel[2];
+    kvmem_multihop_params mp = kvmem_multihop_default_params();
+    CHECK_SIZES(mp, kvmem_multihop_select(&mp, q2s, 1, s2s, 2, NULL, sel, NULL, NULL), "kvmem_multihop_select",
+                "kvmem_multihop_params");
+
+    double compute_ms[2] = {1, 1};
+    uint64_t load_bytes[1] = {1000};
+    uint8_t recompute[2] = {1, 0};
+    size_t n_items = 0;
+    kvmem_load_plan_params lp = kvmem_load_plan_default_params();
+    CHECK_SIZES(lp, kvmem_load_plan(&lp, compute_ms, 2, load_bytes, 1, recompute, NULL, 0, &n_items, NULL, NULL),
+                "kvmem_load_plan", "kvmem_load_plan_params");
+
+    /* and each accepts the struct its default_params made */
+    assert_ok(kvmem_context_create(&cp, &ctx));
+    kvmem_context_free(ctx);
+    assert_ok(kvmem_cluster_kmeans(emb, 4, 2, &kmp, labels, NULL, NULL));
+    assert_ok(kvmem_multihop_select(&mp, q2s, 1, s2s, 2, NULL, sel, NULL, NULL));
+    assert_ok(kvmem_load_plan(&lp, compute_ms, 2, load_bytes, 1, recompute, NULL, 0, &n_items, NULL, NULL));
+    assert_ok(kvmem_prefix_match(f.agent, "abc", 3, &xp, &xr));
+    fx_free(&f);
+}
+
+/* A reserved field is for a later version: set, it is refused. */
+static void reserved_fields_must_be_zero(void **state) {
+    (void)state;
+    fixture f;
+    fx_init(&f);
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.reserved = 1;
+    kvmem_context *ctx = NULL;
+    assert_status(kvmem_context_create(&cp, &ctx), KVMEM_ERR_UNSUPPORTED, "kvmem_context_params.reserved is 1");
+    kvmem_append_params ap = kvmem_append_default_params();
+    ap.reserved = 1;
+    assert_status(kvmem_agent_append(f.agent, &f.k1, &f.v1, &ap), KVMEM_ERR_UNSUPPORTED,
+                  "kvmem_append_params.reserved is 1");
+    assert_int_equal(agent_tokens(&f), NTOK);
+    kvmem_retrieval *r = NULL;
+    assert_ok(kvmem_retrieval_create(&r));
+    kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+    rp.reserved = 1;
+    assert_status(kvmem_retrieve(f.agent, &f.tq, &rp, r), KVMEM_ERR_UNSUPPORTED, "kvmem_retrieve_params.reserved");
+    kvmem_retrieval_free(r);
+    kvmem_attend_params atp = kvmem_attend_default_params();
+    atp.reserved = 1;
+    assert_status(kvmem_attend(f.ctx, &f.taq, &f.src, &atp, &f.taout, NULL), KVMEM_ERR_UNSUPPORTED,
+                  "kvmem_attend_params.reserved");
+    double compute_ms[1] = {1};
+    size_t n_items = 0;
+    kvmem_load_plan_params lp = kvmem_load_plan_default_params();
+    lp.reserved = 1;
+    assert_status(kvmem_load_plan(&lp, compute_ms, 1, NULL, 0, NULL, NULL, 0, &n_items, NULL, NULL),
+                  KVMEM_ERR_UNSUPPORTED, "kvmem_load_plan_params.reserved");
+    fx_free(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_default_params_sets_struct_size),
+        cmocka_unit_test(init_writes_only_the_callers_bytes),
+        cmocka_unit_test(older_context_params_get_the_default_thread_count),
+        cmocka_unit_test(older_attend_params_run_without_compare),
+        cmocka_unit_test(older_retrieve_params_skip_nothing),
+        cmocka_unit_test(newer_params_with_a_zero_tail_are_taken),
+        cmocka_unit_test(newer_attend_params_with_a_set_field_write_nothing),
+        cmocka_unit_test(every_function_refuses_a_bad_struct_size),
+        cmocka_unit_test(reserved_fields_must_be_zero),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
