@@ -22,7 +22,7 @@ struct kvmem_retrieval {
      * nothing: the current result's arrays (res), the next one's (spare,
      * swapped in at commit), the call's query copy and candidate lists
      * (call) and the scoring op's working memory (work). */
-    kvm_scratch res, spare, call, work;
+    kvm_workbuf res, spare, call, work;
 };
 
 kvmem_status kvmem_retrieve_params_init(kvmem_retrieve_params *params, size_t struct_size) {
@@ -37,10 +37,10 @@ kvmem_status kvmem_retrieve_params_init(kvmem_retrieve_params *params, size_t st
 }
 
 static void release(kvmem_retrieval *r) {
-    kvm_scratch_release(&r->res);
-    kvm_scratch_release(&r->spare);
-    kvm_scratch_release(&r->call);
-    kvm_scratch_release(&r->work);
+    kvm_workbuf_release(&r->res);
+    kvm_workbuf_release(&r->spare);
+    kvm_workbuf_release(&r->call);
+    kvm_workbuf_release(&r->work);
 }
 
 kvmem_status kvmem_retrieval_create(kvmem_retrieval **out) {
@@ -199,24 +199,6 @@ static kvmem_status load_query(const kvmem_tensor *q, const kvmem_model_spec *s,
     return KVMEM_OK;
 }
 
-/* Regions of one scratch block, 64-byte aligned: sizes first (base NULL),
- * then pointers. */
-typedef struct regions {
-    unsigned char *base;
-    size_t off;
-    int overflow;
-} regions;
-
-static void *region(regions *g, size_t n, size_t size) {
-    size_t bytes;
-    if (!kvm_mul_size(n ? n : 1, size, &bytes) || bytes > SIZE_MAX - g->off - 64) {
-        g->overflow = 1;
-        return NULL;
-    }
-    void *p = g->base ? g->base + g->off : NULL;
-    g->off += (bytes + 63) & ~(size_t)63;
-    return p;
-}
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -231,22 +213,22 @@ typedef struct call_mem {
     float *set_s, *out;  /* ranking scores of one set; set scores [n_sets][nc] */
 } call_mem;
 
-static void call_layout(regions *g, call_mem *c, size_t q_floats, size_t nb, size_t n_sets) {
-    c->q = region(g, q_floats, sizeof(float));
-    c->flag = region(g, nb + 1, 1);
-    c->cand = region(g, nb + 1, sizeof(int32_t));
-    c->idx = region(g, nb + 1, sizeof(int32_t));
-    c->set_s = region(g, nb + 1, sizeof(float));
-    c->out = region(g, n_sets * nb + 1, sizeof(float));
+static void call_layout(kvm_carve *g, call_mem *c, size_t q_floats, size_t nb, size_t n_sets) {
+    c->q = kvm_carve_take(g, q_floats, sizeof(float));
+    c->flag = kvm_carve_take(g, nb + 1, 1);
+    c->cand = kvm_carve_take(g, nb + 1, sizeof(int32_t));
+    c->idx = kvm_carve_take(g, nb + 1, sizeof(int32_t));
+    c->set_s = kvm_carve_take(g, nb + 1, sizeof(float));
+    c->out = kvm_carve_take(g, n_sets * nb + 1, sizeof(float));
 }
 
 /* The result's arrays in one scratch block. */
-static void result_layout(regions *g, kvmem_retrieval *r, size_t n_sets, size_t cap, size_t nb) {
-    r->count = region(g, n_sets, sizeof(int32_t));
-    r->tokens = region(g, n_sets, sizeof(int64_t));
-    r->blocks = region(g, n_sets * cap, sizeof(int32_t));
-    r->scores = region(g, n_sets * cap, sizeof(float));
-    r->all = region(g, n_sets * nb + 1, sizeof(float));
+static void result_layout(kvm_carve *g, kvmem_retrieval *r, size_t n_sets, size_t cap, size_t nb) {
+    r->count = kvm_carve_take(g, n_sets, sizeof(int32_t));
+    r->tokens = kvm_carve_take(g, n_sets, sizeof(int64_t));
+    r->blocks = kvm_carve_take(g, n_sets * cap, sizeof(int32_t));
+    r->scores = kvm_carve_take(g, n_sets * cap, sizeof(float));
+    r->all = kvm_carve_take(g, n_sets * nb + 1, sizeof(float));
 }
 
 static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query, const kvmem_retrieve_params *params,
@@ -267,12 +249,12 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
     const size_t q_floats = (size_t)n_q * (size_t)L * (size_t)p->spec.n_q_heads * (size_t)p->spec.head_dim;
 
     call_mem c;
-    regions g = {NULL, 0, 0};
+    kvm_carve g = {NULL, 0, 0};
     call_layout(&g, &c, q_floats, (size_t)nb, (size_t)n_sets);
-    void *base = g.overflow ? NULL : kvm_scratch_get(&result->call, g.off);
+    void *base = g.overflow ? NULL : kvm_workbuf_get(&result->call, g.off);
     if (!base)
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for the query and the candidate lists of %d blocks", nb);
-    g = (regions){base, 0, 0};
+    g = (kvm_carve){base, 0, 0};
     call_layout(&g, &c, q_floats, (size_t)nb, (size_t)n_sets);
     if ((st = load_query(query, &p->spec, n_q, c.q)) != KVMEM_OK) return st;
 
@@ -294,11 +276,11 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
     kvmem_retrieval nr;
     memset(&nr, 0, sizeof nr);
     nr.cap = KVM_MAX(1, KVM_MIN(nc, KVM_MAX(prm.top_k, n_forced)));
-    g = (regions){NULL, 0, 0};
+    g = (kvm_carve){NULL, 0, 0};
     result_layout(&g, &nr, (size_t)n_sets, (size_t)nr.cap, (size_t)nb);
-    base = g.overflow ? NULL : kvm_scratch_get(&result->spare, g.off);
+    base = g.overflow ? NULL : kvm_workbuf_get(&result->spare, g.off);
     if (!base) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for the result of %d candidate blocks", nc);
-    g = (regions){base, 0, 0};
+    g = (kvm_carve){base, 0, 0};
     result_layout(&g, &nr, (size_t)n_sets, (size_t)nr.cap, (size_t)nb);
 
     if (nc > 0) {
@@ -355,7 +337,7 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
     }
     /* Commit: only now does the result change (the arrays just filled
      * become the result's, its old ones the spare for the next call). */
-    kvm_scratch old = result->res;
+    kvm_workbuf old = result->res;
     result->res = result->spare;
     result->spare = old;
     result->n_sets = n_sets;

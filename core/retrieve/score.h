@@ -13,6 +13,7 @@
 
 #include "../backend.h"
 #include "../pool/pool.h"
+#include "../cpu/workbuf.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -68,16 +69,6 @@ const kvm_score_kernels *kvm_score_kernels_get(void);
 
 /* ---- backend op descriptors ---- */
 
-/* Scratch memory kept between calls (by a kvmem_retrieval), so a call in
- * steady state allocates nothing. */
-typedef struct kvm_scratch {
-    void *p;
-    size_t cap;
-} kvm_scratch;
-/* At least n bytes, 64-byte aligned; the contents are not kept. NULL when
- * out of memory (the old buffer stays). */
-void *kvm_scratch_get(kvm_scratch *s, size_t n);
-void kvm_scratch_release(kvm_scratch *s);
 
 /* aabb_score: the relevance of every candidate block per set, normalised per
  * query token over the candidates, aggregated over tokens and summed over
@@ -99,7 +90,7 @@ typedef struct kvm_score_desc {
     float tau, rr_c;
     int32_t n_sets;       /* 1 or n_layers */
     float *out;           /* [n_sets][n_cand] */
-    kvm_scratch *scratch; /* reused working memory, or NULL (allocated for the call) */
+    kvm_workbuf *scratch; /* reused working memory, or NULL (allocated for the call) */
     const kvm_score_kernels *kern; /* NULL: kvm_score_kernels_get() */
 } kvm_score_desc;
 

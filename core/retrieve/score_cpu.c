@@ -18,7 +18,7 @@
  * [tokens][layers][heads][blocks] tensor is never materialised (at 64k
  * tokens and 32 query tokens it would be 0.5 GB).
  *
- * Working memory comes from the caller's kvm_scratch (a kvmem_retrieval
+ * Working memory comes from the caller's kvm_workbuf (a kvmem_retrieval
  * keeps it between calls); threads take work by atomic counter, each with
  * its own slot of that memory. */
 #include "score.h"
@@ -52,45 +52,6 @@ const kvm_score_kernels *kvm_score_kernels_get(void) {
     else if (strcmp(name, "avx2") == 0) k = kvm_score_kernels_avx2();
     else if (strcmp(name, "wasm128") == 0) k = kvm_score_kernels_wasm128();
     return k ? k : kvm_score_kernels_scalar();
-}
-
-/* ---- scratch ---- */
-
-void *kvm_scratch_get(kvm_scratch *s, size_t n) {
-    if (n <= s->cap && s->p) return s->p;
-    size_t want = (n + ((size_t)64 << 10) - 1) & ~(((size_t)64 << 10) - 1); /* whole 64 KiB: fewer regrowths */
-    if (want < n) return NULL;
-    void *p = kvm_aligned_alloc(want);
-    if (!p) return NULL;
-    kvm_aligned_free(s->p);
-    s->p = p;
-    s->cap = want;
-    return p;
-}
-
-void kvm_scratch_release(kvm_scratch *s) {
-    kvm_aligned_free(s->p);
-    s->p = NULL;
-    s->cap = 0;
-}
-
-/* Carving one scratch block into 64-byte aligned regions: a first pass
- * (base NULL) sums the sizes, a second hands out pointers. */
-typedef struct carve {
-    unsigned char *base;
-    size_t off;
-    int overflow;
-} carve;
-
-static void *take(carve *c, size_t n, size_t size) {
-    size_t bytes;
-    if (!kvm_mul_size(n ? n : 1, size, &bytes) || bytes > SIZE_MAX - c->off - 64) {
-        c->overflow = 1;
-        return NULL;
-    }
-    void *p = c->base ? c->base + c->off : NULL;
-    c->off += (bytes + 63) & ~(size_t)63;
-    return p;
 }
 
 /* ---- shared pieces ---- */
@@ -400,37 +361,37 @@ static void item_major(score_job *job, const slot *s, size_t item) {
 
 /* ---- the op ---- */
 
-static void layout(score_job *job, carve *c, size_t n_slots, int block_major) {
+static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major) {
     const size_t nc = job->nc, D = job->D, R = job->R, kr = job->kbuf_rows;
     const int rr = job->d->norm == KVMEM_NORM_RR;
-    job->slots = take(c, n_slots, sizeof(slot));
+    job->slots = kvm_carve_take(c, n_slots, sizeof(slot));
     if (block_major) {
-        job->qpack = take(c, job->items * R, D * sizeof(float));
-        job->sc = take(c, nc, job->cols * sizeof(float));
+        job->qpack = kvm_carve_take(c, job->items * R, D * sizeof(float));
+        job->sc = kvm_carve_take(c, nc, job->cols * sizeof(float));
         if (!rr) {
-            job->cm = take(c, job->n_chunks, job->cols * sizeof(float));
-            job->cz = take(c, job->n_chunks + 2, job->cols * sizeof(float)); /* + m and Z of the combine */
+            job->cm = kvm_carve_take(c, job->n_chunks, job->cols * sizeof(float));
+            job->cz = kvm_carve_take(c, job->n_chunks + 2, job->cols * sizeof(float)); /* + m and Z of the combine */
         }
     }
-    if (!block_major || rr) job->oi = take(c, job->items, nc * sizeof(float));
+    if (!block_major || rr) job->oi = kvm_carve_take(c, job->items, nc * sizeof(float));
     for (size_t i = 0; i < n_slots; i++) {
         slot s;
         memset(&s, 0, sizeof s);
         if (job->exact) {
-            s.kbuf = take(c, kr, D * sizeof(float));
-            s.tmp = take(c, kr, (block_major ? R : job->ldo) * sizeof(float));
-            s.kp = take(c, kr, sizeof(float *));
+            s.kbuf = kvm_carve_take(c, kr, D * sizeof(float));
+            s.tmp = kvm_carve_take(c, kr, (block_major ? R : job->ldo) * sizeof(float));
+            s.kp = kvm_carve_take(c, kr, sizeof(float *));
         }
         if (!block_major) {
-            s.qbuf = take(c, job->K, job->ldo * sizeof(float));
-            s.sc = take(c, KVM_MAX(nc * job->ldo, R * job->K), sizeof(float));
-            s.colm = take(c, 2 * job->ldo, sizeof(float));
-            s.bp = take(c, KVM_MAX(kr, (size_t)SCORE_CHUNK), sizeof(float *));
-            if (!job->exact) s.boxf = take(c, (size_t)SCORE_CHUNK * 2, D * sizeof(float));
+            s.qbuf = kvm_carve_take(c, job->K, job->ldo * sizeof(float));
+            s.sc = kvm_carve_take(c, KVM_MAX(nc * job->ldo, R * job->K), sizeof(float));
+            s.colm = kvm_carve_take(c, 2 * job->ldo, sizeof(float));
+            s.bp = kvm_carve_take(c, KVM_MAX(kr, (size_t)SCORE_CHUNK), sizeof(float *));
+            if (!job->exact) s.boxf = kvm_carve_take(c, (size_t)SCORE_CHUNK * 2, D * sizeof(float));
         }
         if (rr) {
-            s.ranks = take(c, nc, sizeof(rank_item));
-            if (block_major) s.col = take(c, nc, R * sizeof(float));
+            s.ranks = kvm_carve_take(c, nc, sizeof(rank_item));
+            if (block_major) s.col = kvm_carve_take(c, nc, R * sizeof(float));
         }
         if (c->base) job->slots[i] = s;
     }
@@ -479,13 +440,13 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         job.chunk = ch;
         job.n_chunks = (job.nc + ch - 1) / ch;
     }
-    carve c = {NULL, 0, 0};
+    kvm_carve c = {NULL, 0, 0};
     layout(&job, &c, n_slots, block_major);
-    kvm_scratch local = {NULL, 0};
-    kvm_scratch *scr = d->scratch ? d->scratch : &local;
-    void *base = c.overflow ? NULL : kvm_scratch_get(scr, c.off);
+    kvm_workbuf local = {NULL, 0};
+    kvm_workbuf *scr = d->scratch ? d->scratch : &local;
+    void *base = c.overflow ? NULL : kvm_workbuf_get(scr, c.off);
     if (!base) {
-        kvm_scratch_release(&local);
+        kvm_workbuf_release(&local);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for %zu bytes of scoring scratch (%zu candidates)",
                         c.off, job.nc);
     }
@@ -508,7 +469,7 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         run_phase(&job, tp, n_slots, job.items, W_ITEM);
         sum_sets(&job);
     }
-    kvm_scratch_release(&local);
+    kvm_workbuf_release(&local);
     return KVMEM_OK;
 }
 
