@@ -14,7 +14,7 @@ echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (voi
 if ! "$cc" -fsanitize=fuzzer "$out/probe.c" -o "$out/probe" 2>/dev/null; then
   echo "fuzz: skipped: no clang/libFuzzer ($cc cannot link -fsanitize=fuzzer)"; exit 0
 fi
-common=(-std=c11 -g -O1 -D_POSIX_C_SOURCE=200809L -I"$root/include" -I"$root/core" -I"$root/tests/fuzz" -fno-omit-frame-pointer)
+common=(-std=c11 -g -O1 -D_POSIX_C_SOURCE=200809L -DKVMEM_EXPERIMENTAL -I"$root/include" -I"$root/core" -I"$root/tests/fuzz" -fno-omit-frame-pointer)
 core=()
 simd=()
 for f in "$root"/core/*.c "$root"/core/*/*.c; do
