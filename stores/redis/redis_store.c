@@ -65,7 +65,18 @@
 /* The core's error reporting, set by every init (always the same table;
  * atomic because pools may be created from several threads). */
 static _Atomic(const kvm_store_host *) g_host;
-#define FAIL(...) (atomic_load_explicit(&g_host, memory_order_relaxed)->fail(__VA_ARGS__))
+#define HOST() atomic_load_explicit(&g_host, memory_order_relaxed)
+#define FAIL(...) (HOST()->fail(__VA_ARGS__))
+/* Every allocation of the plugin's own goes through the core's allocator
+ * (so tests/oom fails each one); hiredis allocates with libc's. The site
+ * reads "stores/redis/redis_store.c:LINE" (CMakeLists maps the source dir). */
+#define RS_STR2_(x) #x
+#define RS_STR_(x) RS_STR2_(x)
+#define RS_SITE __FILE__ ":" RS_STR_(__LINE__)
+#define rs_malloc(n) (HOST()->mem_malloc((n), RS_SITE))
+#define rs_calloc(n, k) (HOST()->mem_calloc((n), (k), RS_SITE))
+#define rs_realloc(p, n) (HOST()->mem_realloc((p), (n), RS_SITE))
+#define rs_free(p) (HOST()->mem_free(p))
 
 typedef struct known_ver {
     char id[RS_MAX_ID + 1];
@@ -135,7 +146,7 @@ static void known_set(rs_store *s, const char *id, long long v) {
     } else if (v) {
         if (s->n_known == s->cap_known) {
             size_t nc = s->cap_known ? s->cap_known * 2 : 16;
-            known_ver *nk = realloc(s->known, nc * sizeof *nk);
+            known_ver *nk = rs_realloc(s->known, nc * sizeof *nk);
             if (nk) {
                 s->known = nk;
                 s->cap_known = nc;
@@ -387,8 +398,8 @@ static void rr_free(rs_reader *x) {
     if (x->chunk)
         for (uint64_t i = 0; i < x->n_chunks; i++)
             if (x->chunk[i]) freeReplyObject(x->chunk[i]);
-    free(x->chunk);
-    free(x);
+    rs_free(x->chunk);
+    rs_free(x);
 }
 
 static void rr_close(kvm_store_reader *r) { rr_free((rs_reader *)r); }
@@ -471,10 +482,10 @@ static kvmem_status rs_open_read(kvm_store *st_, const char *id, kvm_store_reade
             st = FAIL(KVMEM_ERR_CORRUPT, "%s: agent '%s' manifest size %" PRIu64 " too large", s->where, id, m.size);
             break;
         }
-        rs_reader *x = calloc(1, sizeof *x);
-        if (x) x->chunk = calloc(m.chunks ? m.chunks : 1, sizeof *x->chunk);
+        rs_reader *x = rs_calloc(1, sizeof *x);
+        if (x) x->chunk = rs_calloc(m.chunks ? m.chunks : 1, sizeof *x->chunk);
         if (!x || !x->chunk) {
-            free(x);
+            rs_free(x);
             st = FAIL(KVMEM_ERR_NOMEM, "out of memory");
             break;
         }
@@ -656,8 +667,8 @@ static void drop_chunks(rs_writer *w) {
 
 static void rw_free(rs_writer *w, int ok) {
     conn_put(w->s, w->c, ok && !w->broken && !w->pending);
-    free(w->buf);
-    free(w);
+    rs_free(w->buf);
+    rs_free(w);
 }
 
 static void rw_abort(kvm_store_writer *wb) {
@@ -770,17 +781,17 @@ static kvmem_status rs_open_write(kvm_store *st_, const char *id, kvm_store_writ
     if (based_on == LLONG_MAX)
         return FAIL(KVMEM_ERR_CAPACITY, "%s: agent '%s' is at version %lld, the last one: it cannot be saved again (remove it, then save)",
                     s->where, id, LLONG_MAX);
-    rs_writer *w = calloc(1, sizeof *w);
-    if (w) w->buf = malloc((size_t)s->chunk_bytes);
+    rs_writer *w = rs_calloc(1, sizeof *w);
+    if (w) w->buf = rs_malloc((size_t)s->chunk_bytes);
     if (!w || !w->buf) {
-        if (w) free(w->buf);
-        free(w);
+        if (w) rs_free(w->buf);
+        rs_free(w);
         return FAIL(KVMEM_ERR_NOMEM, "out of memory");
     }
     kvmem_status st = conn_get(s, &w->c);
     if (st != KVMEM_OK) {
-        free(w->buf);
-        free(w);
+        rs_free(w->buf);
+        rs_free(w);
         return st;
     }
     w->s = s;
@@ -859,12 +870,12 @@ static int id_list_add(id_list *l, const char *id, size_t len) {
         if (strlen(l->v[i]) == len && memcmp(l->v[i], id, len) == 0) return 0; /* a replica listed twice */
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 32;
-        char **nv = realloc(l->v, nc * sizeof *nv);
+        char **nv = rs_realloc(l->v, nc * sizeof *nv);
         if (!nv) return -1;
         l->v = nv;
         l->cap = nc;
     }
-    char *d = malloc(len + 1);
+    char *d = rs_malloc(len + 1);
     if (!d) return -1;
     memcpy(d, id, len);
     d[len] = '\0';
@@ -957,31 +968,31 @@ static kvmem_status rs_list(kvm_store *st_, int (*fn)(const char *, void *), voi
     int stop = 0;
     for (size_t i = 0; i < l.n; i++) {
         if (!stop && st == KVMEM_OK) stop = fn(l.v[i], user);
-        free(l.v[i]);
+        rs_free(l.v[i]);
     }
-    free(l.v);
+    rs_free(l.v);
     return st;
 }
 
 /* ---- creation from a URL ---- */
 
-static void rs_free(kvm_store *st_) {
+static void rs_store_free(kvm_store *st_) {
     if (!st_) return;
     rs_store *s = st_->impl;
     for (int i = 0; i < s->n_idle; i++) redisFree(s->idle[i]);
     pthread_mutex_destroy(&s->mu);
-    free(s->host);
-    free(s->sock);
-    free(s->user);
-    free(s->pass);
-    free(s->known);
-    free(s->where);
-    free(s);
-    free(st_);
+    rs_free(s->host);
+    rs_free(s->sock);
+    rs_free(s->user);
+    rs_free(s->pass);
+    rs_free(s->known);
+    rs_free(s->where);
+    rs_free(s);
+    rs_free(st_);
 }
 
 static const kvm_store_iface redis_iface = {
-    "redis", rs_free, rs_open_read, rs_open_write, rs_exists, rs_list, rs_remove,
+    "redis", rs_store_free, rs_open_read, rs_open_write, rs_exists, rs_list, rs_remove,
 };
 
 static int parse_u64(const char *v, size_t len, uint64_t lo, uint64_t hi, uint64_t *out) {
@@ -996,16 +1007,18 @@ static int parse_u64(const char *v, size_t len, uint64_t lo, uint64_t hi, uint64
     return 1;
 }
 
-static char *dup_n(const char *p, size_t n) {
-    char *d = malloc(n + 1);
+static char *dup_n_at(const char *p, size_t n, const char *site) {
+    char *d = HOST()->mem_malloc(n + 1, site);
     if (d) {
         memcpy(d, p, n);
         d[n] = '\0';
     }
     return d;
 }
+#define dup_n(p, n) dup_n_at((p), (n), RS_SITE)
+#define rs_strdup(p) dup_n_at((p), strlen(p), RS_SITE)
 
-/* Options after '?': pool=NAME, ttl=SECONDS, timeout_ms=N, chunk_bytes=N, db=N. */
+/* Options after '?'': pool=NAME, ttl=SECONDS, timeout_ms=N, chunk_bytes=N, db=N. */
 static kvmem_status parse_options(rs_store *s, const char *q, const char *url) {
     while (q && *q) {
         const char *amp = strchr(q, '&');
@@ -1051,7 +1064,7 @@ static kvmem_status parse_url(rs_store *s, const char *url) {
     buf[main_len] = '\0';
     if (strncmp(buf, "unix://", 7) == 0) {
         if (buf[7] != '/') return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': unix:// needs an absolute socket path", url);
-        if (!(s->sock = strdup(buf + 7))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+        if (!(s->sock = rs_strdup(buf + 7))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
     } else {
         char *p = buf + 8; /* after redis:// */
         char *at = strrchr(p, '@');
@@ -1060,8 +1073,8 @@ static kvmem_status parse_url(rs_store *s, const char *url) {
             char *colon = strchr(p, ':');
             if (colon) {
                 if (colon > p && !(s->user = dup_n(p, (size_t)(colon - p)))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
-                if (!(s->pass = strdup(colon + 1))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
-            } else if (*p && !(s->pass = strdup(p))) {
+                if (!(s->pass = rs_strdup(colon + 1))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+            } else if (*p && !(s->pass = rs_strdup(p))) {
                 return FAIL(KVMEM_ERR_NOMEM, "out of memory");
             }
             p = at + 1;
@@ -1090,7 +1103,7 @@ static kvmem_status parse_url(rs_store *s, const char *url) {
         uint64_t pn = 6379;
         if (port && !parse_u64(port, strlen(port), 1, 65535, &pn))
             return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': bad port '%s'", url, port);
-        if (!(s->host = strdup(host))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+        if (!(s->host = rs_strdup(host))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
         s->port = (int)pn;
     }
     return parse_options(s, q ? q + 1 : NULL, url);
@@ -1104,11 +1117,11 @@ kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host 
     atomic_store_explicit(&g_host, host, memory_order_relaxed);
     if (api_version != KVM_STORE_PLUGIN_API)
         return FAIL(KVMEM_ERR_UNSUPPORTED, "redis store: plugin API %u, libkvmem wants %u", KVM_STORE_PLUGIN_API, api_version);
-    rs_store *s = calloc(1, sizeof *s);
-    kvm_store *st_ = calloc(1, sizeof *st_);
+    rs_store *s = rs_calloc(1, sizeof *s);
+    kvm_store *st_ = rs_calloc(1, sizeof *st_);
     if (!s || !st_) {
-        free(s);
-        free(st_);
+        rs_free(s);
+        rs_free(st_);
         return FAIL(KVMEM_ERR_NOMEM, "out of memory");
     }
     pthread_mutex_init(&s->mu, NULL);
@@ -1121,7 +1134,7 @@ kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host 
     char where[600];
     if (s->host) snprintf(where, sizeof where, "redis %s:%d", s->host, s->port);
     else snprintf(where, sizeof where, "redis %s", s->sock ? s->sock : "?");
-    s->where = strdup(where);
+    s->where = rs_strdup(where);
     if (st == KVMEM_OK && !s->where) st = FAIL(KVMEM_ERR_NOMEM, "out of memory");
     /* the seed of write generations: two hosts must not pick the same */
     int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
@@ -1143,7 +1156,7 @@ kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host 
         conn_put(s, c, st == KVMEM_OK);
     }
     if (st != KVMEM_OK) {
-        rs_free(st_);
+        rs_store_free(st_);
         return st;
     }
     *out = st_;
