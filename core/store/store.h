@@ -89,9 +89,16 @@ int kvm_store_is_url(const char *spec);
  * table hands them the core's error reporting: a plugin may be loaded by a
  * program that links libkvmem statically, so it cannot link back to it. */
 #define KVM_STORE_PLUGIN_INIT "kvmem_store_plugin_init"
-#define KVM_STORE_PLUGIN_API 2u /* 2: kvm_store_writer.pwritev_at */
+#define KVM_STORE_PLUGIN_API 3u /* 2: kvm_store_writer.pwritev_at; 3: the host's allocator */
 typedef struct kvm_store_host {
     kvmem_status (*fail)(kvmem_status status, const char *fmt, ...) KVMEM_STORE_PRINTF(2, 3);
+    /* The core's allocator (core/alloc.h; site is "file:line"), so a
+     * plugin's own allocations are counted and failed by tests/oom like the
+     * core's. What these return is freed with mem_free only. */
+    void *(*mem_malloc)(size_t size, const char *site);
+    void *(*mem_calloc)(size_t n, size_t size, const char *site);
+    void *(*mem_realloc)(void *p, size_t size, const char *site); /* size > 0 */
+    void (*mem_free)(void *p);
 } kvm_store_host;
 typedef kvmem_status (*kvm_store_plugin_init_fn)(uint32_t api_version, const kvm_store_host *host, const char *url,
                                                  kvm_store **out);

@@ -3,6 +3,7 @@
  * dlopen, like the backends, so libkvmem itself never links a client
  * library (hiredis): it stays libc/libm/pthreads only. */
 #include "store.h"
+#include "../alloc.h"
 #include "../internal.h"
 #include "../registry/plugin.h"
 
@@ -17,7 +18,13 @@ int kvm_store_is_url(const char *spec) {
     return spec && (strncmp(spec, "redis://", 8) == 0 || strncmp(spec, "unix://", 7) == 0);
 }
 
-static const kvm_store_host k_host = {kvm_fail};
+/* The plugin allocates through the core's allocator (inline wrappers here,
+ * so function pointers to them). */
+static void *host_malloc(size_t size, const char *site) { return kvm_malloc_at(size, site); }
+static void *host_calloc(size_t n, size_t size, const char *site) { return kvm_calloc_at(n, size, site); }
+static void *host_realloc(void *p, size_t size, const char *site) { return kvm_realloc_at(p, size, site); }
+static void host_free(void *p) { kvm_free(p); }
+static const kvm_store_host k_host = {kvm_fail, host_malloc, host_calloc, host_realloc, host_free};
 
 kvmem_status kvm_store_open(const char *spec, kvm_store **out) {
     if (!kvm_store_is_url(spec)) return kvm_dir_store_create(spec, out);

@@ -65,9 +65,21 @@
 /* The core's error reporting, set by every init (always the same table;
  * atomic because pools may be created from several threads). */
 static _Atomic(const kvm_store_host *) g_host;
-#define FAIL(...) (atomic_load_explicit(&g_host, memory_order_relaxed)->fail(__VA_ARGS__))
+#define HOST() atomic_load_explicit(&g_host, memory_order_relaxed)
+#define FAIL(...) (HOST()->fail(__VA_ARGS__))
+/* Every allocation of the plugin's own goes through the core's allocator
+ * (so tests/oom fails each one); hiredis allocates with libc's. The site
+ * reads "stores/redis/redis_store.c:LINE" (CMakeLists maps the source dir). */
+#define RS_STR2_(x) #x
+#define RS_STR_(x) RS_STR2_(x)
+#define RS_SITE __FILE__ ":" RS_STR_(__LINE__)
+#define rs_malloc(n) (HOST()->mem_malloc((n), RS_SITE))
+#define rs_calloc(n, k) (HOST()->mem_calloc((n), (k), RS_SITE))
+#define rs_realloc(p, n) (HOST()->mem_realloc((p), (n), RS_SITE))
+#define rs_free(p) (HOST()->mem_free(p))
 
 typedef struct known_ver {
+    struct known_ver *next;
     char id[RS_MAX_ID + 1];
     long long version;
 } known_ver;
@@ -88,8 +100,7 @@ typedef struct rs_store {
     pthread_mutex_t mu;
     redisContext *idle[RS_MAX_IDLE];
     int n_idle;
-    known_ver *known;
-    size_t n_known, cap_known;
+    known_ver *known; /* a list: a node is allocated before the call that adds it */
     uint64_t gen_seed, gen_counter;
     char *where; /* "redis 127.0.0.1:6379" for messages */
 } rs_store;
@@ -114,37 +125,38 @@ static void key_of(const rs_store *s, const char *id, const char *suffix, char *
 static long long known_get(rs_store *s, const char *id) {
     long long v = 0;
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->n_known; i++)
-        if (strcmp(s->known[i].id, id) == 0) {
-            v = s->known[i].version;
+    for (const known_ver *k = s->known; k; k = k->next)
+        if (strcmp(k->id, id) == 0) {
+            v = k->version;
             break;
         }
     pthread_mutex_unlock(&s->mu);
     return v;
 }
 
-/* Remember the version this pool holds (0 forgets). Failing to remember
- * (no memory) only makes the next save conflict: safe. */
-static void known_set(rs_store *s, const char *id, long long v) {
+/* Remember the version this pool holds (0 forgets). It cannot fail: a new
+ * entry takes *spare, allocated before the read or write it follows, which
+ * the caller frees if it is left. (Forgetting a committed version because
+ * memory ran out would make this pool's next save conflict with itself.) */
+static void known_set(rs_store *s, const char *id, long long v, known_ver **spare) {
     pthread_mutex_lock(&s->mu);
-    size_t i = 0;
-    while (i < s->n_known && strcmp(s->known[i].id, id) != 0) i++;
-    if (i < s->n_known) {
-        if (v) s->known[i].version = v;
-        else s->known[i] = s->known[--s->n_known];
-    } else if (v) {
-        if (s->n_known == s->cap_known) {
-            size_t nc = s->cap_known ? s->cap_known * 2 : 16;
-            known_ver *nk = realloc(s->known, nc * sizeof *nk);
-            if (nk) {
-                s->known = nk;
-                s->cap_known = nc;
-            }
+    known_ver **p = &s->known;
+    while (*p && strcmp((*p)->id, id) != 0) p = &(*p)->next;
+    if (*p) {
+        if (v) {
+            (*p)->version = v;
+        } else {
+            known_ver *dead = *p;
+            *p = dead->next;
+            rs_free(dead);
         }
-        if (s->n_known < s->cap_known) {
-            snprintf(s->known[s->n_known].id, sizeof s->known[s->n_known].id, "%s", id);
-            s->known[s->n_known++].version = v;
-        }
+    } else if (v && spare && *spare) {
+        known_ver *k = *spare;
+        *spare = NULL;
+        snprintf(k->id, sizeof k->id, "%s", id);
+        k->version = v;
+        k->next = s->known;
+        s->known = k;
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -387,8 +399,8 @@ static void rr_free(rs_reader *x) {
     if (x->chunk)
         for (uint64_t i = 0; i < x->n_chunks; i++)
             if (x->chunk[i]) freeReplyObject(x->chunk[i]);
-    free(x->chunk);
-    free(x);
+    rs_free(x->chunk);
+    rs_free(x);
 }
 
 static void rr_close(kvm_store_reader *r) { rr_free((rs_reader *)r); }
@@ -461,9 +473,14 @@ static kvmem_status fetch_chunks(rs_store *s, redisContext **c, const char *id, 
 static kvmem_status rs_open_read(kvm_store *st_, const char *id, kvm_store_reader **out, uint64_t *size) {
     rs_store *s = st_->impl;
     if (!id_valid(id)) return FAIL(KVMEM_ERR_INVALID_ARG, "store key '%.40s' is not a valid agent id", id ? id : "(null)");
+    known_ver *spare = rs_malloc(sizeof *spare);
+    if (!spare) return FAIL(KVMEM_ERR_NOMEM, "%s: reading agent '%s': out of memory for its version record", s->where, id);
     redisContext *c;
     kvmem_status st = conn_get(s, &c);
-    if (st != KVMEM_OK) return st;
+    if (st != KVMEM_OK) {
+        rs_free(spare);
+        return st;
+    }
     for (int attempt = 0; attempt < RS_READ_RETRIES; attempt++) {
         manifest m;
         if ((st = read_manifest(s, &c, id, &m)) != KVMEM_OK) break;
@@ -471,11 +488,12 @@ static kvmem_status rs_open_read(kvm_store *st_, const char *id, kvm_store_reade
             st = FAIL(KVMEM_ERR_CORRUPT, "%s: agent '%s' manifest size %" PRIu64 " too large", s->where, id, m.size);
             break;
         }
-        rs_reader *x = calloc(1, sizeof *x);
-        if (x) x->chunk = calloc(m.chunks ? m.chunks : 1, sizeof *x->chunk);
+        rs_reader *x = rs_calloc(1, sizeof *x);
+        if (x) x->chunk = rs_calloc(m.chunks ? m.chunks : 1, sizeof *x->chunk);
         if (!x || !x->chunk) {
-            free(x);
-            st = FAIL(KVMEM_ERR_NOMEM, "out of memory");
+            rs_free(x);
+            st = FAIL(KVMEM_ERR_NOMEM, "%s: reading agent '%s': out of memory for its reader (%" PRIu64 " chunks)", s->where,
+                      id, m.chunks);
             break;
         }
         x->n_chunks = m.chunks;
@@ -487,7 +505,8 @@ static kvmem_status rs_open_read(kvm_store *st_, const char *id, kvm_store_reade
             x->base.read_at = rr_read;
             x->base.readv_at = NULL;
             x->base.close = rr_close;
-            known_set(s, id, m.version);
+            known_set(s, id, m.version, &spare);
+            rs_free(spare);
             conn_put(s, c, 1);
             *out = &x->base;
             *size = m.size;
@@ -499,6 +518,7 @@ static kvmem_status rs_open_read(kvm_store *st_, const char *id, kvm_store_reade
     if (st == KVMEM_OK)
         st = FAIL(KVMEM_ERR_IO, "%s: agent '%s' kept changing while being read (%d tries)", s->where, id, RS_READ_RETRIES);
     conn_put(s, c, st != KVMEM_ERR_IO);
+    rs_free(spare);
     return st;
 }
 
@@ -511,6 +531,7 @@ typedef struct rs_writer {
     char id[RS_MAX_ID + 1];
     char gen[40];
     long long based_on;
+    known_ver *spare; /* the version record a first commit of this agent takes */
     unsigned char *buf;
     size_t n;
     uint64_t chunks, size;
@@ -656,8 +677,9 @@ static void drop_chunks(rs_writer *w) {
 
 static void rw_free(rs_writer *w, int ok) {
     conn_put(w->s, w->c, ok && !w->broken && !w->pending);
-    free(w->buf);
-    free(w);
+    rs_free(w->spare);
+    rs_free(w->buf);
+    rs_free(w);
 }
 
 static void rw_abort(kvm_store_writer *wb) {
@@ -734,7 +756,7 @@ static kvmem_status rw_commit(kvm_store_writer *wb) {
             stored = r->element[1]->str, stored_len = r->element[1]->len > 20 ? 20 : (int)r->element[1]->len;
     }
     if (r->type == REDIS_REPLY_ERROR) st = FAIL(KVMEM_ERR_IO, "%s: committing agent '%s': %s", s->where, w->id, r->str);
-    else if (code == 1) known_set(s, w->id, w->based_on + 1);
+    else if (code == 1) known_set(s, w->id, w->based_on + 1, &w->spare);
     else if (code == -1)
         st = FAIL(KVMEM_ERR_CONFLICT,
                   "%s: agent '%s' was saved elsewhere: the store holds version %.*s, this pool's copy is based on %s%lld; "
@@ -770,17 +792,21 @@ static kvmem_status rs_open_write(kvm_store *st_, const char *id, kvm_store_writ
     if (based_on == LLONG_MAX)
         return FAIL(KVMEM_ERR_CAPACITY, "%s: agent '%s' is at version %lld, the last one: it cannot be saved again (remove it, then save)",
                     s->where, id, LLONG_MAX);
-    rs_writer *w = calloc(1, sizeof *w);
-    if (w) w->buf = malloc((size_t)s->chunk_bytes);
-    if (!w || !w->buf) {
-        if (w) free(w->buf);
-        free(w);
-        return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+    rs_writer *w = rs_calloc(1, sizeof *w);
+    if (w) w->buf = rs_malloc((size_t)s->chunk_bytes);
+    if (w && w->buf) w->spare = rs_malloc(sizeof *w->spare);
+    if (!w || !w->buf || !w->spare) {
+        if (w) rs_free(w->buf);
+        rs_free(w);
+        return FAIL(KVMEM_ERR_NOMEM,
+                    "%s: saving agent '%s': out of memory for its writer (a %" PRIu64 "-byte chunk buffer and a version record)",
+                    s->where, id, s->chunk_bytes);
     }
     kvmem_status st = conn_get(s, &w->c);
     if (st != KVMEM_OK) {
-        free(w->buf);
-        free(w);
+        rs_free(w->spare);
+        rs_free(w->buf);
+        rs_free(w);
         return st;
     }
     w->s = s;
@@ -839,7 +865,7 @@ static kvmem_status rs_remove(kvm_store *st_, const char *id) {
     const char *av[5] = {"EVAL", k_remove_lua, "1", key, prefix};
     redisReply *r = agent_cmd(s, &c, 5, av, NULL, "removing", &st);
     if (r) {
-        if (r->type == REDIS_REPLY_INTEGER && r->integer == 1) known_set(s, id, 0);
+        if (r->type == REDIS_REPLY_INTEGER && r->integer == 1) known_set(s, id, 0, NULL);
         else if (r->type == REDIS_REPLY_INTEGER)
             st = FAIL(KVMEM_ERR_NOT_FOUND, "no stored agent '%s' in %s (pool '%s')", id, s->where, s->pool);
         else st = FAIL(KVMEM_ERR_IO, "%s: removing '%s': %s", s->where, id, r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
@@ -859,12 +885,12 @@ static int id_list_add(id_list *l, const char *id, size_t len) {
         if (strlen(l->v[i]) == len && memcmp(l->v[i], id, len) == 0) return 0; /* a replica listed twice */
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 32;
-        char **nv = realloc(l->v, nc * sizeof *nv);
+        char **nv = rs_realloc(l->v, nc * sizeof *nv);
         if (!nv) return -1;
         l->v = nv;
         l->cap = nc;
     }
-    char *d = malloc(len + 1);
+    char *d = rs_malloc(len + 1);
     if (!d) return -1;
     memcpy(d, id, len);
     d[len] = '\0';
@@ -902,7 +928,8 @@ static kvmem_status scan_node(rs_store *s, redisContext *c, id_list *l) {
             if (!id_valid(id)) continue;
             if (id_list_add(l, id, len) != 0) {
                 freeReplyObject(r);
-                return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+                return FAIL(KVMEM_ERR_NOMEM, "%s: listing: out of memory for the list of stored agents (%zu so far)", s->where,
+                            l->n);
             }
         }
         freeReplyObject(r);
@@ -957,31 +984,34 @@ static kvmem_status rs_list(kvm_store *st_, int (*fn)(const char *, void *), voi
     int stop = 0;
     for (size_t i = 0; i < l.n; i++) {
         if (!stop && st == KVMEM_OK) stop = fn(l.v[i], user);
-        free(l.v[i]);
+        rs_free(l.v[i]);
     }
-    free(l.v);
+    rs_free(l.v);
     return st;
 }
 
 /* ---- creation from a URL ---- */
 
-static void rs_free(kvm_store *st_) {
+static void rs_store_free(kvm_store *st_) {
     if (!st_) return;
     rs_store *s = st_->impl;
     for (int i = 0; i < s->n_idle; i++) redisFree(s->idle[i]);
     pthread_mutex_destroy(&s->mu);
-    free(s->host);
-    free(s->sock);
-    free(s->user);
-    free(s->pass);
-    free(s->known);
-    free(s->where);
-    free(s);
-    free(st_);
+    rs_free(s->host);
+    rs_free(s->sock);
+    rs_free(s->user);
+    rs_free(s->pass);
+    for (known_ver *k = s->known, *next; k; k = next) {
+        next = k->next;
+        rs_free(k);
+    }
+    rs_free(s->where);
+    rs_free(s);
+    rs_free(st_);
 }
 
 static const kvm_store_iface redis_iface = {
-    "redis", rs_free, rs_open_read, rs_open_write, rs_exists, rs_list, rs_remove,
+    "redis", rs_store_free, rs_open_read, rs_open_write, rs_exists, rs_list, rs_remove,
 };
 
 static int parse_u64(const char *v, size_t len, uint64_t lo, uint64_t hi, uint64_t *out) {
@@ -996,16 +1026,18 @@ static int parse_u64(const char *v, size_t len, uint64_t lo, uint64_t hi, uint64
     return 1;
 }
 
-static char *dup_n(const char *p, size_t n) {
-    char *d = malloc(n + 1);
+static char *dup_n_at(const char *p, size_t n, const char *site) {
+    char *d = HOST()->mem_malloc(n + 1, site);
     if (d) {
         memcpy(d, p, n);
         d[n] = '\0';
     }
     return d;
 }
+#define dup_n(p, n) dup_n_at((p), (n), RS_SITE)
+#define rs_strdup(p) dup_n_at((p), strlen(p), RS_SITE)
 
-/* Options after '?': pool=NAME, ttl=SECONDS, timeout_ms=N, chunk_bytes=N, db=N. */
+/* Options after '?'': pool=NAME, ttl=SECONDS, timeout_ms=N, chunk_bytes=N, db=N. */
 static kvmem_status parse_options(rs_store *s, const char *q, const char *url) {
     while (q && *q) {
         const char *amp = strchr(q, '&');
@@ -1051,7 +1083,7 @@ static kvmem_status parse_url(rs_store *s, const char *url) {
     buf[main_len] = '\0';
     if (strncmp(buf, "unix://", 7) == 0) {
         if (buf[7] != '/') return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': unix:// needs an absolute socket path", url);
-        if (!(s->sock = strdup(buf + 7))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+        if (!(s->sock = rs_strdup(buf + 7))) return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the socket path");
     } else {
         char *p = buf + 8; /* after redis:// */
         char *at = strrchr(p, '@');
@@ -1059,10 +1091,11 @@ static kvmem_status parse_url(rs_store *s, const char *url) {
             *at = '\0';
             char *colon = strchr(p, ':');
             if (colon) {
-                if (colon > p && !(s->user = dup_n(p, (size_t)(colon - p)))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
-                if (!(s->pass = strdup(colon + 1))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
-            } else if (*p && !(s->pass = strdup(p))) {
-                return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+                if (colon > p && !(s->user = dup_n(p, (size_t)(colon - p))))
+                    return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the user name");
+                if (!(s->pass = rs_strdup(colon + 1))) return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the password");
+            } else if (*p && !(s->pass = rs_strdup(p))) {
+                return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the password");
             }
             p = at + 1;
         }
@@ -1090,7 +1123,7 @@ static kvmem_status parse_url(rs_store *s, const char *url) {
         uint64_t pn = 6379;
         if (port && !parse_u64(port, strlen(port), 1, 65535, &pn))
             return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': bad port '%s'", url, port);
-        if (!(s->host = strdup(host))) return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+        if (!(s->host = rs_strdup(host))) return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the host name");
         s->port = (int)pn;
     }
     return parse_options(s, q ? q + 1 : NULL, url);
@@ -1104,12 +1137,12 @@ kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host 
     atomic_store_explicit(&g_host, host, memory_order_relaxed);
     if (api_version != KVM_STORE_PLUGIN_API)
         return FAIL(KVMEM_ERR_UNSUPPORTED, "redis store: plugin API %u, libkvmem wants %u", KVM_STORE_PLUGIN_API, api_version);
-    rs_store *s = calloc(1, sizeof *s);
-    kvm_store *st_ = calloc(1, sizeof *st_);
+    rs_store *s = rs_calloc(1, sizeof *s);
+    kvm_store *st_ = rs_calloc(1, sizeof *st_);
     if (!s || !st_) {
-        free(s);
-        free(st_);
-        return FAIL(KVMEM_ERR_NOMEM, "out of memory");
+        rs_free(s);
+        rs_free(st_);
+        return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the store (%zu bytes)", sizeof *s + sizeof *st_);
     }
     pthread_mutex_init(&s->mu, NULL);
     st_->iface = &redis_iface;
@@ -1121,8 +1154,8 @@ kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host 
     char where[600];
     if (s->host) snprintf(where, sizeof where, "redis %s:%d", s->host, s->port);
     else snprintf(where, sizeof where, "redis %s", s->sock ? s->sock : "?");
-    s->where = strdup(where);
-    if (st == KVMEM_OK && !s->where) st = FAIL(KVMEM_ERR_NOMEM, "out of memory");
+    s->where = rs_strdup(where);
+    if (st == KVMEM_OK && !s->where) st = FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the server's name");
     /* the seed of write generations: two hosts must not pick the same */
     int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (fd < 0 || read(fd, &s->gen_seed, sizeof s->gen_seed) != (ssize_t)sizeof s->gen_seed) {
@@ -1143,7 +1176,7 @@ kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host 
         conn_put(s, c, st == KVMEM_OK);
     }
     if (st != KVMEM_OK) {
-        rs_free(st_);
+        rs_store_free(st_);
         return st;
     }
     *out = st_;

@@ -19,13 +19,44 @@
  * have one thread so the Nth allocation is the same one in every run. The
  * device-routed paths run on a second CPU backend installed as the
  * context's "device" (the CPU backend implements the device ops).
- * KVMEM_OOM_OP=name runs one call; KVMEM_OOM_SITES=1 lists the sites failed. */
+ * KVMEM_OOM_OP=name runs one call; KVMEM_OOM_SITES=1 lists the sites failed.
+ *
+ * The Redis store: with KVMEM_TEST_REDIS_PORT (and _SOCK, _AUTH) set by
+ * tests/checks/redis_oom.sh, which starts a server of its own, this program
+ * sweeps the redis_* calls instead: pool creation (TCP, unix socket, ACL
+ * user and password), agent open from the store, save (new and replacing),
+ * load, list, remove, sync and a close that spills, through a redis://
+ * store with 1 KiB chunks (several chunks per agent). The database is
+ * emptied before every run. The digest also covers every key in it
+ * (generation names are random, so a chunk records whether its generation
+ * is the one its manifest names; values, sizes and expiries as they are)
+ * and every stored agent as a second pool loads it: a failed call leaves
+ * Redis as it was, and every stored agent loads bit for bit. After every
+ * run each agent of the pool must still save: a version the pool forgot
+ * would make it conflict with its own earlier save.
+ * Allocations covered: all of the core's and all of the plugin's own code
+ * (libkvmem-redis.so allocates through the core's allocator, handed over in
+ * kvm_store_host). Not covered: those inside hiredis. Debian 12's hiredis
+ * 0.14 has no allocator hooks (hiredisSetAllocators came with 1.0) and calls
+ * libc's malloc directly; interposing malloc would fight the sanitizers'
+ * allocators (core/alloc.h). Its connect functions copy the address with
+ * hi_malloc/hi_strdup, which abort() on failure. With hiredis 1.x the hooks
+ * exist but are process-wide (they would fail this program's own
+ * connection and any other hiredis user in the process), so neither the
+ * plugin nor this test sets them. */
 #include "testutil.h"
 #include "alloc.h"
 #include "backend.h"
 #include "context.h"
 #include "pool/pool.h"
 #include "store/store.h"
+
+#ifndef KVMEM_OOM_REDIS_BUILT
+#  define KVMEM_OOM_REDIS_BUILT 0
+#endif
+#if KVMEM_OOM_REDIS_BUILT
+#  include <hiredis/hiredis.h>
+#endif
 
 #include <dirent.h>
 #include <errno.h>
@@ -44,6 +75,11 @@
 #define ROW (NKVH * HD)
 
 static char g_root[256], g_store[300], g_files[300];
+/* the Redis store's URL (pool "oom", 1 KiB chunks), "" without a server;
+ * the same server through its unix socket and as an ACL user */
+static char g_redis[512], g_redis_unix[512], g_redis_auth[512];
+#define REDIS_POOL "oom"
+static void redis_flush(void);
 
 /* ---- the fixture -------------------------------------------------------- */
 
@@ -150,6 +186,13 @@ static void make_pool_p(uint64_t capacity, uint64_t budget, int with_store) {
 
 static void make_pool(void) { make_pool_p(0, 0, 1); }
 
+static void make_pool_redis(void) {
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BSZ;
+    pp.store_dir = g_redis;
+    assert_ok(kvmem_pool_create(F.ctx, &F.spec, &pp, &F.pool));
+}
+
 static kvmem_agent *open_ag(int slot, const char *id) {
     assert_ok(kvmem_agent_open(F.pool, id, &F.ag[slot]));
     return F.ag[slot];
@@ -239,6 +282,7 @@ static void fx_reset(void) {
     memset(F.out, 0xa5, sizeof F.out);
     rm_files(g_store);
     rm_files(g_files);
+    if (g_redis[0]) redis_flush();
 }
 
 static void fx_free(void) {
@@ -350,6 +394,142 @@ static void h_slotmap(uint64_t *hp, kvmem_slotmap *m) {
     *hp = h;
 }
 
+/* ---- the Redis store's side of the digest -------------------------------- */
+
+#if KVMEM_OOM_REDIS_BUILT
+static redisContext *g_rc; /* the test's own connection (libc allocations, never failed) */
+
+static redisReply *rq(int argc, const char **argv) {
+    redisReply *r = redisCommandArgv(g_rc, argc, argv, NULL);
+    if (!r) fail_msg("redis %s: %s", argv[0], g_rc->errstr);
+    if (r->type == REDIS_REPLY_ERROR) fail_msg("redis %s: %s", argv[0], r->str);
+    return r;
+}
+static void redis_flush(void) {
+    const char *av[1] = {"FLUSHDB"};
+    freeReplyObject(rq(1, av));
+}
+static long long redis_pttl(const char *key) {
+    const char *av[2] = {"PTTL", key};
+    redisReply *r = rq(2, av);
+    long long t = r->integer;
+    freeReplyObject(r);
+    return t;
+}
+static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Every key of the database as a record, sorted. Generation names are
+ * random per save, so a chunk key records whether its generation is the one
+ * its agent's manifest names ("cur") or not ("other"), and the manifest's
+ * gen field is left out; everything else (values, chunk bytes, whether a
+ * key expires) is recorded as it is. */
+static void h_redis_keys(uint64_t *hp) {
+    const char *pre = "kvmem:{" REDIS_POOL ":";
+    const size_t pl = strlen(pre);
+    const char *kav[2] = {"KEYS", "*"};
+    redisReply *keys = rq(2, kav);
+    size_t n = keys->elements;
+    char **rec = calloc(n + 1, sizeof *rec);
+    char ids[64][160], gens[64][48];
+    int n_m = 0;
+    for (size_t i = 0; i < n; i++) { /* the manifests first: their generations */
+        const char *k = keys->element[i]->str;
+        size_t len = strlen(k);
+        if (strncmp(k, pre, pl) != 0 || len < pl + 3 || strcmp(k + len - 3, "}:m") != 0) continue;
+        const char *av[7] = {"HMGET", k, "magic", "version", "size", "chunks", "chunk_bytes"};
+        redisReply *f = rq(7, av);
+        const char *gav[3] = {"HGET", k, "gen"};
+        redisReply *g = rq(3, gav);
+        const char *lav[2] = {"HLEN", k};
+        redisReply *hl = rq(2, lav);
+        rec[i] = malloc(1024);
+        int o = snprintf(rec[i], 1024, "m %.*s len=%lld ttl=%d", (int)(len - pl - 3), k + pl, hl->integer,
+                         redis_pttl(k) >= 0);
+        for (size_t j = 0; j < f->elements; j++)
+            o += snprintf(rec[i] + o, 1024 - (size_t)o, " %s", f->element[j]->str ? f->element[j]->str : "(nil)");
+        assert_true(n_m < 64);
+        snprintf(ids[n_m], sizeof ids[n_m], "%.*s", (int)(len - pl - 3), k + pl);
+        snprintf(gens[n_m++], sizeof gens[0], "%s", g->str ? g->str : "");
+        freeReplyObject(f), freeReplyObject(g), freeReplyObject(hl);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rec[i]) continue;
+        const char *k = keys->element[i]->str;
+        const char *d = strstr(k, "}:d:");
+        rec[i] = malloc(1024);
+        if (strncmp(k, pre, pl) == 0 && d) {
+            char id[160], gen[48];
+            unsigned long long idx = 0;
+            snprintf(id, sizeof id, "%.*s", (int)(d - k - pl), k + pl);
+            const char *colon = strchr(d + 4, ':');
+            snprintf(gen, sizeof gen, "%.*s", colon ? (int)(colon - d - 4) : 0, d + 4);
+            if (colon) idx = strtoull(colon + 1, NULL, 10);
+            const char *cur = "other";
+            for (int m = 0; m < n_m; m++)
+                if (strcmp(ids[m], id) == 0 && strcmp(gens[m], gen) == 0) cur = "cur";
+            const char *av[2] = {"GET", k};
+            redisReply *v = rq(2, av);
+            uint64_t vh = 0xcbf29ce484222325ull;
+            if (v->type == REDIS_REPLY_STRING) h_bytes(&vh, v->str, v->len);
+            snprintf(rec[i], 1024, "d %s %s %08llu ttl=%d type=%d bytes=%zu %016llx", id, cur, idx, redis_pttl(k) >= 0,
+                     v->type, v->type == REDIS_REPLY_STRING ? v->len : 0, (unsigned long long)vh);
+            freeReplyObject(v);
+        } else {
+            snprintf(rec[i], 1024, "x %s", k);
+        }
+    }
+    qsort(rec, n, sizeof *rec, cmp_cstr);
+    for (size_t i = 0; i < n; i++) {
+        h_bytes(hp, rec[i], strlen(rec[i]) + 1);
+        if (getenv("KVMEM_OOM_REDIS_KEYS")) printf("    %s\n", rec[i]);
+        free(rec[i]);
+    }
+    free(rec);
+    freeReplyObject(keys);
+}
+
+static int collect_id(const char *key, void *user) {
+    char (*ids)[KVMEM_MAX_AGENT_ID + 1] = user;
+    int i = 0;
+    while (ids[i][0]) i++;
+    if (i < 31) snprintf(ids[i], sizeof ids[i], "%s", key);
+    return 0;
+}
+
+/* Every agent stored in Redis, as a second pool loads it. */
+static void h_redis_loads(uint64_t *hp) {
+    assert_non_null(F.ctx);
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BSZ;
+    pp.store_dir = g_redis;
+    kvmem_pool *p;
+    assert_ok(kvmem_pool_create(F.ctx, &F.spec, &pp, &p));
+    static char ids[32][KVMEM_MAX_AGENT_ID + 1];
+    memset(ids, 0, sizeof ids);
+    assert_ok(p->store->iface->list(p->store, collect_id, ids));
+    uint64_t h = *hp;
+    for (int i = 0; i < 32 && ids[i][0]; i++) {
+        kvmem_agent *a = NULL;
+        kvmem_status st = kvmem_agent_open(p, ids[i], &a);
+        h_bytes(&h, ids[i], strlen(ids[i]) + 1);
+        H(st);
+        if (st == KVMEM_OK) h_agent(&h, a);
+        kvmem_agent_close(a);
+    }
+    kvmem_pool_free(p);
+    *hp = h;
+}
+
+static void h_redis(uint64_t *hp) {
+    if (!g_redis[0]) return;
+    h_redis_keys(hp);
+    h_redis_loads(hp);
+}
+#else
+static void redis_flush(void) {}
+static void h_redis(uint64_t *hp) { (void)hp; }
+#endif
+
 static uint64_t digest(void) {
     uint64_t h = 0xcbf29ce484222325ull;
     int present[] = {F.ctx != NULL, F.pool != NULL, F.ret != NULL, F.qs != NULL, F.head != NULL,
@@ -428,6 +608,7 @@ static uint64_t digest(void) {
     h_bytes(&h, F.out, sizeof F.out);
     h_dir(&h, g_store);
     h_dir(&h, g_files);
+    h_redis(&h);
     return h;
 }
 
@@ -439,6 +620,7 @@ typedef struct op {
     kvmem_status (*call)(void);
     /* void calls (free, close): checked after the call instead of by status */
     void (*verify)(void);
+    int redis; /* through the Redis store: swept only with KVMEM_OOM_REDIS */
 } op;
 
 static char g_path[600];
@@ -1112,6 +1294,74 @@ static kvmem_status c_rope(void) {
     return kvmem_rope_apply(&sp, x, 6, HD, pos, 0);
 }
 
+/* through the Redis store (KVMEM_OOM_REDIS) */
+static kvmem_status pool_create_url(const char *url) {
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BSZ;
+    pp.store_dir = url;
+    kvmem_status st = kvmem_pool_create(F.ctx, &F.spec, &pp, &F.pool);
+    if (st != KVMEM_OK) assert_null(F.pool);
+    return st;
+}
+static kvmem_status c_pool_create_redis(void) { return pool_create_url(g_redis); }
+static kvmem_status c_pool_create_unix(void) { return pool_create_url(g_redis_unix); }
+static kvmem_status c_pool_create_auth(void) { return pool_create_url(g_redis_auth); }
+static void s_redis_base(void) {
+    make_ctx();
+    make_pool_redis();
+    assert_ok(append(open_ag(0, "a"), 0, 20, 1, 0));
+    assert_ok(append(open_ag(1, "b"), 0, 12, 2, 0));
+}
+static void s_redis_in_store(void) {
+    make_ctx();
+    make_pool_redis();
+    assert_ok(append(open_ag(0, "s"), 0, 13, 3, 0));
+    assert_ok(kvmem_agent_save(F.ag[0], NULL));
+    kvmem_agent_close(F.ag[0]);
+    F.ag[0] = NULL;
+    kvmem_pool_free(F.pool);
+    make_pool_redis();
+}
+static void s_redis_saved(void) {
+    /* "a" saved with 20 tokens (version 1), then 5 more appended */
+    s_redis_base();
+    assert_ok(kvmem_agent_save(F.ag[0], NULL));
+    assert_ok(append(F.ag[0], 20, 5, 6, 0));
+}
+static void s_redis_stored_b(void) {
+    s_redis_base();
+    assert_ok(kvmem_agent_save(F.ag[1], NULL));
+    kvmem_agent_close(F.ag[1]);
+    F.ag[1] = NULL;
+}
+static void s_redis_closed_b(void) {
+    s_redis_base();
+    kvmem_agent_close(F.ag[1]);
+    F.ag[1] = NULL;
+}
+static void s_redis_budget(void) {
+    make_ctx();
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BSZ;
+    pp.host_budget_bytes = 1; /* every close spills */
+    pp.store_dir = g_redis;
+    assert_ok(kvmem_pool_create(F.ctx, &F.spec, &pp, &F.pool));
+    assert_ok(append(open_ag(0, "a"), 0, 20, 1, 0));
+    assert_ok(append(open_ag(1, "b"), 0, 12, 2, 0));
+}
+static void s_redis_many(void) {
+    s_redis_base();
+    char id[16];
+    for (int i = 0; i < 17; i++) {
+        kvmem_agent *a;
+        snprintf(id, sizeof id, "x%02d", i);
+        assert_ok(kvmem_agent_open(F.pool, id, &a));
+        assert_ok(append(a, 0, 3, 40 + (uint64_t)i, 0));
+        assert_ok(kvmem_agent_save(a, NULL));
+        kvmem_agent_close(a);
+    }
+}
+
 /* the objects' destructors */
 static kvmem_status c_pool_free(void) {
     for (int i = 0; i < N_AG; i++) F.ag[i] = NULL; /* handles go with the pool */
@@ -1121,8 +1371,10 @@ static kvmem_status c_pool_free(void) {
 }
 static void v_nothing(void) {}
 
-#define OP(n, s, c) {n, s, c, NULL}
-#define OPV(n, s, c, v) {n, s, c, v}
+#define OP(n, s, c) {n, s, c, NULL, 0}
+#define OPV(n, s, c, v) {n, s, c, v, 0}
+#define ROP(n, s, c) {n, s, c, NULL, 1}
+#define ROPV(n, s, c, v) {n, s, c, v, 1}
 static const op k_ops[] = {
     OP("context_create", s_none, c_context_create),
     OP("context_create_threads", s_none, c_context_threads),
@@ -1209,12 +1461,48 @@ static const op k_ops[] = {
     OP("load_plan", s_none, c_load_plan),
     OP("rope_apply", s_rope, c_rope),
     OPV("pool_free", base, c_pool_free, v_nothing),
+    ROP("redis_pool_create", s_ctx, c_pool_create_redis),
+    ROP("redis_pool_create_unix", s_ctx, c_pool_create_unix),
+    ROP("redis_pool_create_auth", s_ctx, c_pool_create_auth),
+    ROP("redis_agent_open_from_store", s_redis_in_store, c_open_s),
+    ROP("redis_agent_save_new", s_redis_base, c_save_store),
+    ROP("redis_agent_save_replace", s_redis_saved, c_save_store),
+    ROP("redis_agent_load", s_redis_saved, c_load_store),
+    ROP("redis_store_list", s_redis_many, c_store_list),
+    ROP("redis_pool_remove_agent", s_redis_stored_b, c_remove_b),
+    ROP("redis_pool_sync", s_redis_closed_b, c_sync),
+    ROPV("redis_agent_close_spills", s_redis_budget, c_close_b, v_close_b),
 };
 #define N_OPS (sizeof k_ops / sizeof k_ops[0])
 
 /* ---- the sweep ------------------------------------------------------------- */
 
 static uint64_t g_runs, g_failed_calls;
+
+/* After a Redis run, whatever its outcome: every agent of the pool saves.
+ * The store must still know which version this pool holds; one it forgot
+ * would make the pool's next save conflict with its own earlier one. */
+static void redis_save_all(const char *name, uint64_t n, int from_on, const char *site) {
+    kvmem_pool_info pi;
+    assert_ok(kvmem_pool_get_info(F.pool, &pi));
+    for (int32_t i = 0; i < pi.n_agents; i++) {
+        char id[KVMEM_MAX_AGENT_ID + 1];
+        assert_ok(kvmem_pool_agent_id(F.pool, i, id, sizeof id, NULL));
+        kvmem_agent *a = NULL, *opened = NULL;
+        for (int j = 0; j < N_AG; j++)
+            if (F.ag[j] && strcmp(kvmem_agent_get_id(F.ag[j]), id) == 0) a = F.ag[j];
+        if (!a) {
+            assert_ok(kvmem_agent_open(F.pool, id, &opened));
+            a = opened;
+        }
+        kvmem_status st = kvmem_agent_save(a, NULL);
+        if (st != KVMEM_OK)
+            fail_msg("%s, allocation %llu%s failed (%s): afterwards agent '%s' cannot be saved: %s (%s)", name,
+                     (unsigned long long)n, from_on ? " on" : "", site ? site : "none", id, kvmem_status_str(st),
+                     kvmem_last_error());
+        kvmem_agent_close(opened);
+    }
+}
 
 /* One run of call `o` with allocation n failing (n = 0: none; the reference
  * run, which reports the allocations made and the result's digest). */
@@ -1259,6 +1547,7 @@ static void run_once(const op *o, uint64_t n, int from_on, uint64_t *ok_digest, 
             fail_msg("%s, allocation %llu%s failed (%s): state changed (%s)", o->name, (unsigned long long)n,
                      from_on ? " on" : "", site, msg);
     }
+    if (o->redis && F.pool) redis_save_all(o->name, n, from_on, site);
     fx_free();
     if (kvm_alloc_live() != live0)
         fail_msg("%s, allocation %llu%s failed (%s): %lld blocks leaked", o->name, (unsigned long long)n,
@@ -1295,10 +1584,34 @@ int main(void) {
     snprintf(g_files, sizeof g_files, "%s/files", g_root);
     mkdir(g_store, 0700);
     mkdir(g_files, 0700);
+    const char *port = getenv("KVMEM_TEST_REDIS_PORT");
+    int redis = port && *port;
+    if (redis) {
+#if KVMEM_OOM_REDIS_BUILT
+        snprintf(g_redis, sizeof g_redis, "redis://127.0.0.1:%s/0?pool=" REDIS_POOL "&chunk_bytes=1024", port);
+        /* KVMEM_TEST_REDIS_SOCK: the server's socket; KVMEM_TEST_REDIS_AUTH:
+         * "user:password" of an ACL user (each falls back to the TCP URL) */
+        const char *sock = getenv("KVMEM_TEST_REDIS_SOCK"), *auth = getenv("KVMEM_TEST_REDIS_AUTH");
+        if (sock && *sock) snprintf(g_redis_unix, sizeof g_redis_unix, "unix://%s?db=0&pool=" REDIS_POOL, sock);
+        else snprintf(g_redis_unix, sizeof g_redis_unix, "%s", g_redis);
+        if (auth && *auth) snprintf(g_redis_auth, sizeof g_redis_auth, "redis://%s@127.0.0.1:%s/0?pool=" REDIS_POOL, auth, port);
+        else snprintf(g_redis_auth, sizeof g_redis_auth, "%s", g_redis);
+        g_rc = redisConnect("127.0.0.1", atoi(port));
+        if (!g_rc || g_rc->err) {
+            fprintf(stderr, "cannot connect to the test server on port %s: %s\n", port, g_rc ? g_rc->errstr : "?");
+            return 1;
+        }
+#else
+        printf("skipped: this build has no Redis store (libhiredis-dev not found)\n");
+        rm_tree();
+        return 77;
+#endif
+    }
     const char *only = getenv("KVMEM_OOM_OP");
     struct CMUnitTest tests[N_OPS];
     size_t n = 0;
     for (size_t i = 0; i < N_OPS; i++) {
+        if (k_ops[i].redis != redis) continue;
         if (only && *only && strcmp(only, k_ops[i].name) != 0) continue;
         tests[n++] = (struct CMUnitTest){k_ops[i].name, sweep, NULL, NULL, (void *)(uintptr_t)&k_ops[i]};
     }
@@ -1310,5 +1623,8 @@ int main(void) {
     if (getenv("KVMEM_OOM_SITES"))
         for (size_t i = 0; i < ns && i < 1024; i++) printf("  %s\n", sites[i]);
     rm_tree();
+#if KVMEM_OOM_REDIS_BUILT
+    if (g_rc) redisFree(g_rc);
+#endif
     return rc;
 }
