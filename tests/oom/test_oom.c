@@ -830,6 +830,10 @@ static kvmem_status attend(const kvmem_attend_source *src, kvmem_attend_params *
     float *o = (float *)(void *)F.out;
     kvmem_tensor ot = t3(o, rows, NQH, HD);
     kvmem_attend_stats *stats = (kvmem_attend_stats *)(void *)(F.out + 4096);
+    /* the device kernel takes one tile order for every KV head, so SCORED
+     * (the default, an order per head) runs on the CPU: the device ops ask
+     * for RECENT to reach the device path's allocations */
+    if (F.dev && F.ctx->backend == F.dev && ap->order == KVMEM_ATTEND_SCORED) ap->order = KVMEM_ATTEND_RECENT;
     return kvmem_attend(F.ctx, &qt, src, ap, &ot, stats);
 }
 static float g_kt[40 * ROW], g_vt[40 * ROW];
