@@ -3,8 +3,8 @@
  * never crash, leak or read out of bounds (ASan + UBSan). */
 #include "fuzz_common.h"
 #include "pool/pool.h"
-#include "store/json.h"
-#include "store/persist.h"
+#include "format/json.h"
+#include "pool/agent_file.h"
 
 #include <stdlib.h>
 
