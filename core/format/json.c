@@ -179,7 +179,9 @@ static int beyond_double(const char *sig, size_t n, int more, long e10) {
         char c = i < n ? sig[i] : '0';
         if (c != k_max[i]) return c > k_max[i];
     }
-    return more || n > sizeof k_max - 1;
+    for (size_t i = sizeof k_max - 1; i < n; i++)
+        if (sig[i] != '0') return 1; /* above DBL_MAX's digits */
+    return more;
 }
 
 static int parse_number(parser *p, int32_t node) {

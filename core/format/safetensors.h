@@ -20,7 +20,8 @@
  *                       (integers, begin <= end); names NUL-free
  *   kvm_st_check_layout every tensor inside the data section, its byte span
  *                       equal to its shape times its element size, its begin
- *                       a multiple of its element size, and the tensors
+ *                       a multiple of its element size (unless it is empty),
+ *                       and the tensors
  *                       tiling the data section: no overlap, no hole, no
  *                       trailing byte (the safetensors crate's own rule)
  *
