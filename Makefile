@@ -65,7 +65,7 @@ demo-web: wasm
 test-web: build
 	@scripts/test-web.sh
 
-# libFuzzer over the agent-file loader and the JSON reader (clang); FUZZ_SECONDS bounds it.
+# libFuzzer over the safetensors and JSON readers and the agent-file loader (clang); FUZZ_SECONDS bounds it.
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	scripts/fuzz.sh $(FUZZ_SECONDS)

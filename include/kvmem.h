@@ -1077,7 +1077,7 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
  * the tokens of sealed blocks. __metadata__ (strings only) holds the format
  * version, agent id, model id and spec, dtype, block size, block lengths,
  * token count, token ids, text, token offsets and a checksum of the data
- * section (XXH64 over the acc64 digests of its 1 MiB chunks, see core/store/hash.h).
+ * section (XXH64 over the acc64 digests of its 1 MiB chunks, see core/format/hash.h).
  * Only a regular file is ever replaced: a path naming a directory, FIFO,
  * socket, device or symbolic link fails with KVMEM_ERR_INVALID_ARG and is
  * left as it is.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build and run the libFuzzer harness over the agent-file loader and the JSON
-# reader (clang with -fsanitize=fuzzer,address,undefined), starting from a seed
+# Build and run the libFuzzer harness over the strict safetensors reader, the
+# JSON reader and the agent-file loader (clang with
+# -fsanitize=fuzzer,address,undefined), starting from a seed
 # corpus of valid files generated now. Usage: scripts/fuzz.sh [SECONDS] (default 60).
 set -euo pipefail
 secs=${1:-60}
@@ -14,7 +15,9 @@ echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (voi
 if ! "$cc" -fsanitize=fuzzer "$out/probe.c" -o "$out/probe" 2>/dev/null; then
   echo "fuzz: skipped: no clang/libFuzzer ($cc cannot link -fsanitize=fuzzer)"; exit 0
 fi
-common=(-std=c11 -g -O1 -D_POSIX_C_SOURCE=200809L -DKVMEM_EXPERIMENTAL -I"$root/include" -I"$root/core" -I"$root/tests/fuzz" -fno-omit-frame-pointer)
+# KVMEM_EXPERIMENTAL: the core defines the experimental section too (as core/CMakeLists.txt)
+common=(-std=c11 -g -O1 -D_POSIX_C_SOURCE=200809L -DKVMEM_EXPERIMENTAL -I"$root/include" -I"$root/core" -I"$root/tests/fuzz"
+        -fno-omit-frame-pointer)
 core=()
 simd=()
 for f in "$root"/core/*.c "$root"/core/*/*.c; do

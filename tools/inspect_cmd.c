@@ -1,12 +1,15 @@
 /* kvmem inspect [--json] FILE: what an agent file holds (spec, dtype,
  * blocks, tensors, sizes, tokens, a text preview), whether its checksum
  * matches, and whether kvmem's strict loader accepts it (by loading it into a
- * pool built from the file's own spec). */
+ * pool built from the file's own spec). The header is read by the core's one
+ * strict safetensors reader (core/format/safetensors.h); a file it refuses
+ * is still described as far as its JSON parsed, with the reader's reason. */
 #include "args.h"
 #include "commands.h"
 #include "kvmem.h"
-#include "store/hash.h"
-#include "store/json.h"
+#include "cpu/kernels.h"
+#include "format/hash.h"
+#include "format/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,10 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const kvm_json *meta_get(const kvm_json_doc *d, const kvm_json *meta, const char *key) {
-    const kvm_json *v = meta ? kvm_json_get(d, meta, key) : NULL;
-    return v && v->type == KVM_JSON_STRING ? v : NULL;
-}
+/* The whole file is in memory already: any header length that fits it is
+ * read (the loader, which validates, has its own limit). */
+#define INSPECT_MAX_HEADER UINT64_MAX
 
 /* Build a spec from the file's canonical "key=value;..." string. */
 static int spec_from(const char *s, kvmem_model_spec *spec, int32_t *window, int32_t max_layers) {
@@ -204,38 +206,42 @@ static int cmd_inspect(int argc, char **argv) {
     char why[512];
     if (!read_regular(path, &blob, &sz, &st, why, sizeof why)) return inspect_fail(json, path, why);
     uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = (hl << 8) | blob[i];
-    if (hl > (uint64_t)sz - 8) {
-        /* the value itself is 8 bytes of the file: not repeated here */
-        snprintf(why, sizeof why,
-                 "is not a safetensors file: its header length (the first 8 bytes, little-endian) points past the "
-                 "end of the file (%zu bytes)",
-                 sz);
+    if (kvm_st_header_len(blob, sz, INSPECT_MAX_HEADER, &hl) != KVMEM_OK) {
+        /* the reader's reason: it never repeats the 8 bytes it read */
+        snprintf(why, sizeof why, "is not a valid safetensors file: %s", kvmem_last_error());
         free(blob);
         return inspect_fail(json, path, why);
     }
-    kvm_json_doc doc;
-    char err[256];
-    if (kvm_json_parse((const char *)blob + 8, (size_t)hl, &doc, err, sizeof err) != 0) {
-        snprintf(why, sizeof why, "is not a safetensors file: its JSON header is malformed: %s", err);
+    kvm_st_rules rules = kvm_st_default_rules();
+    rules.quote = 1; /* the user asked about this file */
+    kvm_st_header hdr;
+    kvmem_status vst = kvm_st_parse((const char *)blob + 8, (size_t)hl, (uint64_t)sz - 8 - hl, &rules, &hdr);
+    if (vst != KVMEM_OK && !hdr.root) { /* not even a JSON object: nothing to describe */
+        snprintf(why, sizeof why, "is not a valid safetensors file: %s", kvmem_last_error());
+        kvm_st_header_free(&hdr);
         free(blob);
         return inspect_fail(json, path, why);
     }
-    const kvm_json *root = &doc.nodes[0];
-    const kvm_json *meta = kvm_json_get(&doc, root, "__metadata__");
-    const kvm_json *fmt = meta_get(&doc, meta, "format"), *ver = meta_get(&doc, meta, "format_version");
-    const kvm_json *id = meta_get(&doc, meta, "agent_id"), *model = meta_get(&doc, meta, "model_id");
-    const kvm_json *specs = meta_get(&doc, meta, "model_spec"), *dt = meta_get(&doc, meta, "storage_dtype");
-    const kvm_json *bs = meta_get(&doc, meta, "block_size"), *nt = meta_get(&doc, meta, "n_tokens");
-    const kvm_json *blocks = meta_get(&doc, meta, "block_tokens"), *sum = meta_get(&doc, meta, "checksum");
-    const kvm_json *textv = kvm_json_get(&doc, meta, "text");
+    char vmsg[640] = "not a kvmem agent file";
+    if (vst == KVMEM_OK) vst = kvm_st_check_layout(&hdr, &rules);
+    if (vst != KVMEM_OK) snprintf(vmsg, sizeof vmsg, "%s", kvmem_last_error());
+    const kvm_json_doc *dp = &hdr.doc;
+    const kvm_json *root = hdr.root, *meta = hdr.meta;
+    const kvm_json *fmt = kvm_st_meta(&hdr, "format"), *ver = kvm_st_meta(&hdr, "format_version");
+    const kvm_json *id = kvm_st_meta(&hdr, "agent_id"), *model = kvm_st_meta(&hdr, "model_id");
+    const kvm_json *specs = kvm_st_meta(&hdr, "model_spec"), *dt = kvm_st_meta(&hdr, "storage_dtype");
+    const kvm_json *bs = kvm_st_meta(&hdr, "block_size"), *nt = kvm_st_meta(&hdr, "n_tokens");
+    const kvm_json *blocks = kvm_st_meta(&hdr, "block_tokens"), *sum = kvm_st_meta(&hdr, "checksum");
+    const kvm_json *textv = kvm_st_meta(&hdr, "text");
     uint64_t data = (uint64_t)sz - 8 - hl;
     char computed[32];
     { /* the file's checksum rule, computed here independently of the loader */
+        const kvm_acc64_fn stripes = kvm_acc64_pick(kvm_cpu_kernels_get()->name);
         kvm_xxh64_state h;
         kvm_xxh64_init(&h, 0);
         for (uint64_t c = 0; c < data; c += (uint64_t)1 << 20) {
-            uint64_t d = kvm_acc64(blob + 8 + hl + c, (size_t)(data - c < ((uint64_t)1 << 20) ? data - c : ((uint64_t)1 << 20)));
+            uint64_t d = kvm_acc64_with(stripes, blob + 8 + hl + c,
+                                        (size_t)(data - c < ((uint64_t)1 << 20) ? data - c : ((uint64_t)1 << 20)));
             unsigned char le[8];
             for (int b = 0; b < 8; b++) le[b] = (unsigned char)(d >> (8 * b));
             kvm_xxh64_update(&h, le, 8);
@@ -246,28 +252,12 @@ static int cmd_inspect(int argc, char **argv) {
     int n_blocks = blocks && *blocks->str ? 1 : 0;
     for (const char *c = blocks ? blocks->str : ""; *c; c++) n_blocks += *c == ',';
 
-    kvmem_status vst = KVMEM_ERR_FORMAT;
-    char vmsg[640] = "not a kvmem agent file";
-    /* A NUL inside a name or a metadata string would be cut short by every C
-     * reader (agent "alice\u0000-evil" would load as "alice"): refused here,
-     * whatever the loader does. The agent's text is bytes with a length (an
-     * appended text may hold NUL): the loader judges it. */
-    const char *nul_in = NULL; /* what holds a NUL */
-    for (const kvm_json *c = kvm_json_child(&doc, root); c && !nul_in; c = kvm_json_next(&doc, c))
-        if (memchr(c->key, 0, c->key_len)) nul_in = "a tensor name";
-    if (meta && meta->type == KVM_JSON_OBJECT)
-        for (const kvm_json *c = kvm_json_child(&doc, meta); c && !nul_in; c = kvm_json_next(&doc, c)) {
-            if (memchr(c->key, 0, c->key_len)) {
-                nul_in = "a metadata key";
-            } else if (c->type == KVM_JSON_STRING && strcmp(c->key, "text") != 0 && memchr(c->str, 0, c->len)) {
-                snprintf(why, sizeof why, "metadata '%s'", c->key);
-                nul_in = why;
-            }
-        }
-    if (nul_in) {
-        snprintf(vmsg, sizeof vmsg, "%s contains a NUL character (\\u0000): refused", nul_in);
+    if (vst != KVMEM_OK) {
+        /* the reader's reason (a NUL in a name or a metadata string, a bad
+         * entry, offsets that do not tile the data): described, not loaded */
     } else if (fmt && specs && dt && bs && id && model) {
         /* full validation: load into a pool made from the file's own spec */
+        vst = KVMEM_ERR_FORMAT; /* until the load says otherwise */
         int32_t window[4096];
         kvmem_model_spec spec;
         struct stat now;
@@ -293,6 +283,8 @@ static int cmd_inspect(int argc, char **argv) {
             kvmem_pool_free(pool);
             kvmem_context_free(ctx);
         }
+    } else {
+        vst = KVMEM_ERR_FORMAT; /* a safetensors file, but not an agent file: vmsg says so */
     }
     size_t preview = textv ? (textv->len < 160 ? textv->len : 160) : 0;
     if (json) {
@@ -313,9 +305,9 @@ static int cmd_inspect(int argc, char **argv) {
         else printf("null");
         printf(",\"tensors\":[");
         int first = 1;
-        for (const kvm_json *c = kvm_json_child(&doc, root); c; c = kvm_json_next(&doc, c)) {
+        for (const kvm_json *c = kvm_json_child(dp, root); c; c = kvm_json_next(dp, c)) {
             if (c == meta) continue;
-            const kvm_json *tdt = kvm_json_get(&doc, c, "dtype"), *sh = kvm_json_get(&doc, c, "shape"), *of = kvm_json_get(&doc, c, "data_offsets");
+            const kvm_json *tdt = kvm_json_get(dp, c, "dtype"), *sh = kvm_json_get(dp, c, "shape"), *of = kvm_json_get(dp, c, "data_offsets");
             printf("%s{\"name\":", first ? "" : ",");
             json_escape(stdout, c->key, c->key_len);
             printf(",\"dtype\":");
@@ -323,10 +315,10 @@ static int cmd_inspect(int argc, char **argv) {
             else printf("null");
             printf(",\"shape\":[");
             if (sh && sh->type == KVM_JSON_ARRAY)
-                for (const kvm_json *e = kvm_json_child(&doc, sh); e; e = kvm_json_next(&doc, e))
-                    printf("%s%lld", e == kvm_json_child(&doc, sh) ? "" : ",", (long long)e->i);
+                for (const kvm_json *e = kvm_json_child(dp, sh); e; e = kvm_json_next(dp, e))
+                    printf("%s%lld", e == kvm_json_child(dp, sh) ? "" : ",", (long long)e->i);
             long long nb = -1;
-            if (of && of->type == KVM_JSON_ARRAY && of->n == 2) nb = kvm_json_next(&doc, kvm_json_child(&doc, of))->i - kvm_json_child(&doc, of)->i;
+            if (of && of->type == KVM_JSON_ARRAY && of->n == 2) nb = kvm_json_next(dp, kvm_json_child(dp, of))->i - kvm_json_child(dp, of)->i;
             printf("],\"bytes\":%lld}", nb);
             first = 0;
         }
@@ -360,17 +352,17 @@ static int cmd_inspect(int argc, char **argv) {
             printf("%s (%zu bytes)\n", textv->len > preview ? "..." : "", textv->len);
         }
         printf("tensors:\n");
-        for (const kvm_json *c = kvm_json_child(&doc, root); c; c = kvm_json_next(&doc, c)) {
+        for (const kvm_json *c = kvm_json_child(dp, root); c; c = kvm_json_next(dp, c)) {
             if (c == meta) continue;
-            const kvm_json *tdt = kvm_json_get(&doc, c, "dtype"), *sh = kvm_json_get(&doc, c, "shape");
+            const kvm_json *tdt = kvm_json_get(dp, c, "dtype"), *sh = kvm_json_get(dp, c, "shape");
             printf("  %-24.*s %-5s [", (int)c->key_len, c->key, tdt && tdt->type == KVM_JSON_STRING ? tdt->str : "?");
             if (sh && sh->type == KVM_JSON_ARRAY)
-                for (const kvm_json *e = kvm_json_child(&doc, sh); e; e = kvm_json_next(&doc, e))
-                    printf("%s%lld", e == kvm_json_child(&doc, sh) ? "" : ", ", (long long)e->i);
+                for (const kvm_json *e = kvm_json_child(dp, sh); e; e = kvm_json_next(dp, e))
+                    printf("%s%lld", e == kvm_json_child(dp, sh) ? "" : ", ", (long long)e->i);
             printf("]\n");
         }
     }
-    kvm_json_free(&doc);
+    kvm_st_header_free(&hdr);
     free(blob);
     return vst == KVMEM_OK ? 0 : 1;
 }

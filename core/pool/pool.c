@@ -1,7 +1,7 @@
 /* Pools: creation, the agent table (sorted by id), handles and accounting. */
 #include "pool.h"
 #include "../cpu/kernels.h"
-#include "../store/persist.h"
+#include "agent_file.h"
 
 #include <sched.h>
 #include <stdio.h>

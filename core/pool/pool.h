@@ -167,7 +167,7 @@ static inline const float *kvm_tail_rows(const kvmem_pool *p, const kvm_agent_me
 /* Bytes of KV storage (no AABB) of a block of n tokens in the pool's dtype. */
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens);
 
-/* ---- for the persistence module (core/store) ---- */
+/* ---- for the agent file format (agent_file.c, persist.c) ---- */
 
 /* Bytes of the f32 tail staging buffer. */
 size_t kvm_tail_bytes(const kvmem_pool *p);

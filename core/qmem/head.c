@@ -1,7 +1,7 @@
 /* The IntentKV residual head at inference (weights from safetensors):
  * s_j = rule_j + alpha * MLP(phi_j ++ c_j), see kvmem.h for the tensors. */
 #include "qmem_internal.h"
-#include "st_reader.h"
+#include "../format/safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -41,10 +41,11 @@ typedef struct {
     int64_t shape[2]; /* -1: the head_dim-derived size, filled at run time */
 } want;
 
-static const kvm_st_tensor *find_t(const kvm_st_tensor *t, int n, const char *name) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(t[i].name, name) == 0) return &t[i];
-    return NULL;
+#define HEAD_MAX_HEADER ((uint64_t)100 << 20) /* refuse larger JSON headers */
+
+/* The weights' dtypes as kvmem dtypes (the reader accepts only these). */
+static kvmem_dtype dtype_of(kvm_st_dtype d) {
+    return d == KVM_ST_F16 ? KVMEM_F16 : d == KVM_ST_BF16 ? KVMEM_BF16 : KVMEM_F32;
 }
 
 /* Copy a tensor as f32 into a fresh buffer after checking its shape. */
@@ -53,7 +54,7 @@ static kvmem_status take_t(const unsigned char *data, const kvm_st_tensor *t, in
     int ok = t->ndim == ndim;
     size_t ne = 1;
     for (int d = 0; ok && d < ndim; d++) {
-        ok = t->shape[d] == shape[d];
+        ok = t->shape[d] == (uint64_t)shape[d];
         ne *= (size_t)shape[d];
     }
     if (!ok) {
@@ -64,18 +65,20 @@ static kvmem_status take_t(const unsigned char *data, const kvm_st_tensor *t, in
         for (int d = 0; d < t->ndim && b < sizeof got; d++)
             b += (size_t)snprintf(got + b, sizeof got - b, "[%lld]", (long long)t->shape[d]);
         return kvm_fail(KVMEM_ERR_FORMAT, "qmem head: tensor '%s' has shape %s, expected %s", t->name, got, want_s);
+        /* t->name: the reader's NUL-terminated copy */
     }
     float *f = kvm_malloc(KVM_MAX(ne, (size_t)1) * sizeof *f);
     if (!f) return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for tensor '%s' (%zu floats)", t->name, ne);
-    /* the data may be unaligned: convert from a byte copy */
-    size_t es = kvm_dtype_size(t->dtype);
+    /* the data may be unaligned (a caller's buffer): convert from a byte copy */
+    const kvmem_dtype dt = dtype_of(t->dtype);
+    size_t es = kvm_dtype_size(dt);
     unsigned char *tmp = kvm_malloc(KVM_MAX(ne * es, (size_t)1));
     if (!tmp) {
         kvm_free(f);
         return kvm_fail(KVMEM_ERR_NOMEM, "qmem head: out of memory for a copy of tensor '%s' (%zu bytes)", t->name, ne * es);
     }
     memcpy(tmp, data + t->begin, ne * es);
-    kvm_convert_host(f, KVMEM_F32, tmp, t->dtype, ne);
+    kvm_convert_host(f, KVMEM_F32, tmp, dt, ne);
     kvm_free(tmp);
     for (size_t i = 0; i < ne; i++)
         if (!isfinite(f[i])) {
@@ -86,30 +89,13 @@ static kvmem_status take_t(const unsigned char *data, const kvm_st_tensor *t, in
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qmem_head **out) {
-    static const char *const names[] = {"alpha", "w_q", "w_k", "w_v", "mlp.0.weight", "mlp.0.bias",
-                                        "mlp.2.weight", "mlp.2.bias"};
-    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_head_load: out is NULL");
-    if (!data && size) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_head_load: data is NULL");
-    kvm_st_tensor t[KVM_ST_MAX_TENSORS];
-    int n = 0;
-    size_t doff = 0;
-    kvmem_status st = kvm_st_parse(data, size, t, &n, &doff);
-    if (st != KVMEM_OK) return st;
-    for (int i = 0; i < n; i++) {
-        int known = 0;
-        for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) known |= strcmp(t[i].name, names[k]) == 0;
-        if (!known) return kvm_fail(KVMEM_ERR_FORMAT, "qmem head: unexpected tensor '%s'", t[i].name);
-    }
-    const kvm_st_tensor *tt[8];
-    for (size_t k = 0; k < 8; k++) {
-        tt[k] = find_t(t, n, names[k]);
-        if (!tt[k]) return kvm_fail(KVMEM_ERR_FORMAT, "qmem head: tensor '%s' is missing", names[k]);
-    }
+/* The head from the tensors tt (in the order of `names`), checked. */
+static kvmem_status head_from(const void *data, size_t doff, const kvm_st_tensor *const *tt, kvmem_qmem_head **out) {
+    kvmem_status st;
     /* head_dim from w_k [128][D] */
     if (tt[2]->ndim != 2 || tt[2]->shape[1] < 2 || tt[2]->shape[1] > 1024)
         return kvm_fail(KVMEM_ERR_FORMAT, "qmem head: 'w_k' must be [128][head_dim] with head_dim in [2, 1024]");
-    const int64_t D = tt[2]->shape[1], F = 3 * D + 1;
+    const int64_t D = (int64_t)tt[2]->shape[1], F = 3 * D + 1;
     const int64_t s_alpha[1] = {1}, s_q[2] = {HEAD_XW, F}, s_kv[2] = {HEAD_XW, D}, s_w1[2] = {HEAD_HID, F + HEAD_XW},
                   s_b1[1] = {HEAD_HID}, s_w2[2] = {1, HEAD_HID}, s_b2[1] = {1};
     kvmem_qmem_head *h = kvm_calloc(1, sizeof *h);
@@ -139,6 +125,42 @@ kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qm
     *out = h;
     return KVMEM_OK;
 }
+
+kvmem_status kvmem_qmem_head_load_buffer(const void *data, size_t size, kvmem_qmem_head **out) {
+    static const char *const names[] = {"alpha", "w_q", "w_k", "w_v", "mlp.0.weight", "mlp.0.bias",
+                                        "mlp.2.weight", "mlp.2.bias"};
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_head_load: out is NULL");
+    if (!data && size) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_head_load: data is NULL");
+    /* the one strict reader: header, entries and layout; then the head's own rules */
+    kvm_st_rules rules = kvm_st_default_rules();
+    rules.dtypes = KVM_ST_DTYPE_BIT(KVM_ST_F32) | KVM_ST_DTYPE_BIT(KVM_ST_F16) | KVM_ST_DTYPE_BIT(KVM_ST_BF16);
+    rules.max_tensors = 32;
+    rules.max_dims = 4;
+    rules.quote = 1; /* weights the caller chose to load: naming their tensors helps */
+    kvm_st_header hdr;
+    size_t doff = 0;
+    kvmem_status st = kvm_st_read(data, size, HEAD_MAX_HEADER, &rules, &hdr, &doff);
+    if (st != KVMEM_OK) {
+        char why[400]; /* the reader's message, copied: kvm_fail writes the same buffer */
+        snprintf(why, sizeof why, "%s", kvmem_last_error());
+        kvm_st_header_free(&hdr);
+        return kvm_fail(st, "qmem head: %s", why);
+    }
+    const kvm_st_tensor *tt[8];
+    for (int32_t i = 0; i < hdr.n_tensors && st == KVMEM_OK; i++) {
+        int known = 0;
+        for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) known |= strcmp(hdr.tensors[i].name, names[k]) == 0;
+        if (!known) st = kvm_fail(KVMEM_ERR_FORMAT, "qmem head: unexpected tensor '%.64s'", hdr.tensors[i].name);
+    }
+    for (size_t k = 0; k < 8 && st == KVMEM_OK; k++) {
+        tt[k] = kvm_st_find(&hdr, names[k]);
+        if (!tt[k]) st = kvm_fail(KVMEM_ERR_FORMAT, "qmem head: tensor '%s' is missing", names[k]);
+    }
+    if (st == KVMEM_OK) st = head_from(data, doff, tt, out);
+    kvm_st_header_free(&hdr);
+    return st;
+}
+
 
 kvmem_status kvmem_qmem_head_load(const char *path, kvmem_qmem_head **out) {
     if (!path || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_qmem_head_load: path or out is NULL");

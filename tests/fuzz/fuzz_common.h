@@ -1,6 +1,7 @@
 /* Shared by the fuzz harness and its seed generator: the pools a fuzz input
- * is loaded into. Input byte 0 picks the target: 0 = the JSON reader,
- * 1..3 = the agent-file loader into an F16, Q4 or Q8 pool of this spec. */
+ * is loaded into. Input byte 0 picks the target (modulo 5): 0 = the JSON
+ * reader, 1..3 = the agent-file loader into an F16, Q4 or Q8 pool of this
+ * spec, 4 = the safetensors reader alone (bit 3: names quoted). */
 #ifndef KVMEM_FUZZ_COMMON_H
 #define KVMEM_FUZZ_COMMON_H
 

@@ -1,12 +1,16 @@
-/* libFuzzer harness over kvmem's strict JSON reader and agent-file loader:
- * any input must be accepted or refused with FORMAT/CORRUPT/MISMATCH/CAPACITY,
- * never crash, leak or read out of bounds (ASan + UBSan). */
+/* libFuzzer harness over kvmem's one strict safetensors reader, its JSON
+ * reader and the agent-file loader built on them: any input must be
+ * accepted or refused with FORMAT/CORRUPT/MISMATCH/CAPACITY, never crash,
+ * leak or read out of bounds (ASan + UBSan), and what the reader accepts
+ * must hold the properties it promises. */
 #include "fuzz_common.h"
 #include "pool/pool.h"
-#include "store/json.h"
-#include "store/persist.h"
+#include "format/json.h"
+#include "format/safetensors.h"
+#include "pool/agent_file.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static kvmem_context *g_ctx;
 static kvmem_pool *g_pools[3];
@@ -25,7 +29,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     if (size < 1) return 0;
-    int target = data[0] % 4;
+    int target = data[0] % 5;
+    if (target == 4) {
+        /* the reader alone, every dtype, names quoted */
+        kvm_st_rules rules = kvm_st_default_rules();
+        rules.quote = data[0] & 8 ? 1 : 0;
+        kvm_st_header h;
+        size_t off = 0;
+        kvmem_status st = kvm_st_read(data + 1, size - 1, (uint64_t)1 << 20, &rules, &h, &off);
+        if (st == KVMEM_OK) {
+            /* accepted: the tensors tile the data section exactly, each
+             * sized by its shape and aligned */
+            uint64_t total = 0;
+            for (int32_t i = 0; i < h.n_tensors; i++) {
+                const kvm_st_tensor *t = &h.tensors[i];
+                uint64_t es = kvm_st_dtype_size(t->dtype), ne = 1;
+                for (int32_t k = 0; k < t->ndim; k++) ne *= t->shape[k];
+                if (t->end > h.data_size || t->end - t->begin != ne * es || (ne && t->begin % es) ||
+                    memchr(t->name, 0, t->name_len) || kvm_st_find(&h, t->name) != t)
+                    abort();
+                total += t->end - t->begin;
+            }
+            if (total != h.data_size || off + h.data_size != size - 1) abort();
+        } else if (st != KVMEM_ERR_FORMAT && st != KVMEM_ERR_CORRUPT) {
+            abort();
+        }
+        kvm_st_header_free(&h);
+        return 0;
+    }
     if (target == 0) {
         kvm_json_doc doc;
         char err[256];

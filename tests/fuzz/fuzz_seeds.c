@@ -1,6 +1,7 @@
 /* Writes the fuzz seed corpus: valid agent files (F16, Q4, Q8; empty, tail
  * only, sealed blocks plus a tail, flushed short blocks, odd text) prefixed
- * with the target byte, and a few JSON documents. */
+ * with the target byte (each for its loader and for the safetensors reader
+ * alone), and a few JSON documents. */
 #include "fuzz_common.h"
 
 #include <stdlib.h>
@@ -56,6 +57,8 @@ int main(int argc, char **argv) {
             if (kvmem_agent_save(a, path) != KVMEM_OK) return 1;
             snprintf(name, sizeof name, "agent_%s_%d", kvmem_dtype_name(pp.storage_dtype), T);
             rc |= write_seed(dir, name, d + 1, path);
+            snprintf(name, sizeof name, "reader_%s_%d", kvmem_dtype_name(pp.storage_dtype), T);
+            rc |= write_seed(dir, name, v & 1 ? 9 : 4, path); /* the reader alone (9: names quoted) */
             remove(path);
             free(k);
             free(vv);

@@ -3,7 +3,7 @@
  * as the old content or the new one, never anything else. */
 #include "testutil.h"
 #include "internal.h"
-#include "store/hash.h"
+#include "format/hash.h"
 
 #include <dirent.h>
 #include <signal.h>

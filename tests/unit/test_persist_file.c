@@ -5,8 +5,8 @@
 #include "testutil.h"
 #include "internal.h"
 #include "cpu/kernels.h"
-#include "store/hash.h"
-#include "store/json.h"
+#include "format/hash.h"
+#include "format/json.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -676,7 +676,7 @@ static void acc64_lanes_agree_across_isas(void **state) {
     }
     /* streaming in odd pieces equals one shot; a flipped bit changes the digest */
     kvm_acc64_state st;
-    kvm_acc64_init(&st, sizeof buf);
+    kvm_acc64_init(&st, sizeof buf, NULL);
     for (size_t at = 0, step = 1; at < sizeof buf; at += step, step = step * 5 % 97 + 1)
         kvm_acc64_update(&st, buf + at, step < sizeof buf - at ? step : sizeof buf - at);
     uint64_t one = kvm_acc64(buf, sizeof buf);

@@ -11,7 +11,7 @@
 #include "internal.h"
 #include "cpu/half.h"
 #include "quant/quant.h"
-#include "store/hash.h"
+#include "format/hash.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -1,8 +1,10 @@
 /* kvmem's own strict JSON reader (RFC 8259), small enough to audit, for
  * safetensors headers that may be hostile: bounded depth, no duplicate keys,
  * strings validated as UTF-8 with escapes decoded, numbers kept as text plus
- * an exact int64 when they are integers, nothing after the value except
- * whitespace. Never reads outside [s, s + n). */
+ * an exact int64 when they are integers, numbers beyond a double's range
+ * (1e999: not finite) refused, nothing after the value except whitespace.
+ * Never reads outside [s, s + n). The safetensors reader
+ * (core/format/safetensors.h) is its user. */
 #ifndef KVMEM_JSON_H
 #define KVMEM_JSON_H
 

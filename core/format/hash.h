@@ -29,21 +29,32 @@ uint64_t kvm_xxh64_once(const void *data, size_t n, uint64_t seed);
  * with SIMD (any change of one 64-bit word changes acc[i ^ 1] by a nonzero
  * amount, so it is always detected); files store XXH64 over the chunks'
  * acc64 digests. */
-uint64_t kvm_acc64(const void *data, size_t n);
-
-/* Streaming form; the total length is part of the initial state. */
-typedef struct kvm_acc64_state {
-    uint64_t acc[8];
-    uint64_t n;
-    unsigned char buf[64];
-    size_t buf_n;
-} kvm_acc64_state;
-void kvm_acc64_init(kvm_acc64_state *s, uint64_t total);
-void kvm_acc64_update(kvm_acc64_state *s, const void *data, size_t n);
-uint64_t kvm_acc64_final(kvm_acc64_state *s);
+uint64_t kvm_acc64(const void *data, size_t n); /* scalar kernel */
 
 /* Lane update over n_stripes 64-byte stripes (the SIMD tables). */
 typedef void (*kvm_acc64_fn)(uint64_t acc[8], const unsigned char *p, size_t n_stripes);
 void kvm_acc64_stripes_avx2(uint64_t acc[8], const unsigned char *p, size_t n_stripes);
 void kvm_acc64_stripes_avx512(uint64_t acc[8], const unsigned char *p, size_t n_stripes);
 extern const uint64_t kvm_acc64_keys[8];
+
+/* The stripe kernel for the CPU kernel table named `cpu_name`
+ * (kvm_cpu_kernels_get()->name: "scalar", "avx2", "avx512"), so KVMEM_CPU
+ * forces it too. Passed in rather than looked up: this format module stays
+ * below the CPU backend in the include graph (tests/checks/include_graph.sh).
+ * NULL or an unknown name: the scalar reference. */
+kvm_acc64_fn kvm_acc64_pick(const char *cpu_name);
+
+/* Streaming form; the total length is part of the initial state. stripes:
+ * from kvm_acc64_pick (NULL: scalar). Every kernel gives the same digest. */
+typedef struct kvm_acc64_state {
+    uint64_t acc[8];
+    uint64_t n;
+    unsigned char buf[64];
+    size_t buf_n;
+    kvm_acc64_fn stripes;
+} kvm_acc64_state;
+void kvm_acc64_init(kvm_acc64_state *s, uint64_t total, kvm_acc64_fn stripes);
+void kvm_acc64_update(kvm_acc64_state *s, const void *data, size_t n);
+uint64_t kvm_acc64_final(kvm_acc64_state *s);
+/* One call; stripes as for kvm_acc64_init. */
+uint64_t kvm_acc64_with(kvm_acc64_fn stripes, const void *data, size_t n);

@@ -1,18 +1,21 @@
-/* One agent's memory as a safetensors file: the writer and the strict loader.
+/* One agent's memory as a safetensors file: the pool's own format, its
+ * writer and its strict loader (the store below only moves the bytes).
  *
  * A file is [u64 LE header length N][N bytes of JSON, space padded][data].
- * Which tensors a file must hold, with which dtypes and shapes, follows from
- * the pool (spec, storage dtype, block size) and the metadata (block lengths,
- * token count), so the loader builds that "plan" first and requires the
- * header to match it exactly; offsets must tile the data section. The data
+ * The header is read by the one strict safetensors reader
+ * (core/format/safetensors.h). Which tensors a file must hold, with which
+ * dtypes and shapes, follows from the pool (spec, storage dtype, block size)
+ * and the metadata (block lengths, token count), so the loader builds that
+ * "plan" first and requires the header to match it exactly; the reader then
+ * checks that the offsets tile the data section. The data
  * section is checked and copied in 1 MiB chunks on the context's threads:
  * each chunk is read straight into the blocks and hashed while in cache
- * (acc64, core/store/hash.h). The checksum is XXH64 over the chunks' acc64
+ * (acc64, core/format/hash.h). The checksum is XXH64 over the chunks' acc64
  * digests (little-endian u64s), so chunks are independent. Nothing reaches
  * the pool until the checksum matches. */
-#include "persist.h"
-#include "hash.h"
-#include "json.h"
+#include "agent_file.h"
+#include "../format/hash.h"
+#include "../format/safetensors.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -130,7 +133,8 @@ typedef struct tplan {
     const char *dtype;
     int ndim;
     uint64_t shape[5];
-    uint64_t bytes;
+    uint64_t bytes, esize;
+    int index; /* in the plan as built: the tie-break of the file order */
     int kind, which, layer, part; /* part: 0 codes/raw, 1 scales, 2 biases; T_AABB1 which: 0 min, 1 max */
     uint64_t begin, end;
     int seen;
@@ -164,6 +168,8 @@ static int add_t(plan *pl, const char *name, const char *dtype, uint64_t esize, 
         e *= dims[i];
     }
     t->bytes = e;
+    t->esize = esize;
+    t->index = pl->n - 1;
     t->kind = kind, t->which = which, t->layer = layer, t->part = part;
     return 1;
 }
@@ -350,8 +356,12 @@ static size_t piece_at(const pieces *ps, uint64_t at) {
     return lo;
 }
 
+/* The acc64 stripe kernel of the CPU kernel table in use (KVMEM_CPU forces it). */
+static kvm_acc64_fn acc64_kernel(void) { return kvm_acc64_pick(kvm_cpu_kernels_get()->name); }
+
 typedef struct chunk_job {
     const pieces *ps;
+    kvm_acc64_fn stripes;
     kvm_store_reader *r; /* NULL: hash the pieces in memory (save) */
     uint64_t data_off;   /* file offset of the data section (load) */
     uint64_t *digest;    /* per chunk */
@@ -365,7 +375,7 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
     for (size_t c = cb; c < ce; c++) {
         uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total);
         kvm_acc64_state h;
-        kvm_acc64_init(&h, c1 - c0);
+        kvm_acc64_init(&h, c1 - c0, j->stripes);
         size_t i = piece_at(ps, c0);
         if (!j->r) {
             for (; i < ps->n && ps->v[i].off < c1; i++) {
@@ -459,7 +469,7 @@ static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader
         kvm_free(sts);
         return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the digests of %zu data chunks", n);
     }
-    chunk_job j = {ps, r, data_off, dig, sts};
+    chunk_job j = {ps, acc64_kernel(), r, data_off, dig, sts};
     kvm_parallel_for(p->ctx->tp, n, 1, chunk_task, &j);
     kvmem_status st = KVMEM_OK;
     for (size_t c = 0; r && c < n && st == KVMEM_OK; c++) {
@@ -484,6 +494,7 @@ static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader
 
 typedef struct wchunk_job {
     const pieces *ps;
+    kvm_acc64_fn stripes;
     kvm_store_writer *w;
     uint64_t data_off;
     uint64_t *digest;
@@ -501,7 +512,7 @@ static void write_chunk_task(void *arg, size_t cb, size_t ce) {
         if (atomic_load_explicit(&j->failed, memory_order_relaxed)) continue; /* a failed save writes no more */
         uint64_t c0 = (uint64_t)c * KVM_HASH_CHUNK, c1 = KVM_MIN(c0 + KVM_HASH_CHUNK, ps->total), at = c0;
         kvm_acc64_state h;
-        kvm_acc64_init(&h, c1 - c0);
+        kvm_acc64_init(&h, c1 - c0, j->stripes);
         int cnt = 0;
         size_t queued = 0;
         for (size_t i = piece_at(ps, c0); i < ps->n && ps->v[i].off < c1 && j->status[c] == KVMEM_OK; i++) {
@@ -537,7 +548,7 @@ static kvmem_status write_chunks(kvmem_pool *p, const pieces *ps, kvm_store_writ
     }
     wchunk_job j;
     memset(&j, 0, sizeof j);
-    j.ps = ps, j.w = w, j.data_off = data_off, j.digest = dig, j.status = sts;
+    j.ps = ps, j.stripes = acc64_kernel(), j.w = w, j.data_off = data_off, j.digest = dig, j.status = sts;
     atomic_init(&j.failed, 0);
     kvm_parallel_for(p->ctx->tp, n, 1, write_chunk_task, &j);
     kvmem_status st = KVMEM_OK;
@@ -578,6 +589,15 @@ static kvmem_status write_piece(void *arg, unsigned char *ptr, size_t len) {
     return len ? c->w->write(c->w, ptr, len) : KVMEM_OK;
 }
 
+/* File order: wider elements first, then the plan's order (the safetensors
+ * crate's rule), so with the data section 8-byte aligned every tensor
+ * begins at a multiple of its element size, as the reader requires. */
+static int by_width(const void *a, const void *b) {
+    const tplan *x = a, *y = b;
+    if (x->esize != y->esize) return x->esize > y->esize ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
 kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_writer *w) {
     kvm_agent_mem *m = (kvm_agent_mem *)(uintptr_t)cm; /* read only: the piece walker is shared with the loader */
     uint64_t ts = 0;
@@ -591,6 +611,7 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     wctx c = {w};
     uint64_t off = 0, sum = 0;
     pieces ps = {0};
+    qsort(pl.t, (size_t)pl.n, sizeof *pl.t, by_width);
     for (int i = 0; i < pl.n; i++) {
         pl.t[i].begin = off;
         off += pl.t[i].bytes;
@@ -631,10 +652,11 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     sb_str(&b, "\",\"token_text_offsets\":\"");
     for (int64_t i = 0; i < m->n_tokens; i++) sb_fmt(&b, i ? ",%" PRId64 : "%" PRId64, m->token_text_off[i]);
     sb_str(&b, "\",");
-    if (utf8_valid((const unsigned char *)m->text, m->text_len)) {
+    /* a NUL is valid UTF-8, but the reader refuses it in any header string */
+    if (utf8_valid((const unsigned char *)m->text, m->text_len) && !(m->text_len && memchr(m->text, '\0', m->text_len))) {
         sb_str(&b, "\"text\":");
         sb_json_str(&b, m->text ? m->text : "", m->text_len);
-    } else { /* not UTF-8, so not a JSON string: hex keeps it exact */
+    } else { /* not UTF-8 (so not a JSON string) or holding a NUL: hex keeps it exact */
         sb_str(&b, "\"text_hex\":\"");
         for (size_t i = 0; i < m->text_len; i++) sb_fmt(&b, "%02x", (unsigned char)m->text[i]);
         sb_str(&b, "\"");
@@ -753,7 +775,7 @@ static void fresh_free(kvm_agent_mem *f) {
 }
 
 typedef struct loadstate {
-    kvm_json_doc doc;
+    kvm_st_header hdr;
     char *header;
     plan pl;
     tplan **order;
@@ -763,7 +785,7 @@ typedef struct loadstate {
 } loadstate;
 
 static void ls_free(loadstate *s) {
-    kvm_json_free(&s->doc);
+    kvm_st_header_free(&s->hdr);
     kvm_free(s->header);
     kvm_free(s->pl.t);
     kvm_free(s->order);
@@ -787,7 +809,7 @@ static int hexval(char c) {
 
 static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta, const char *expect_id,
                                int *version, int64_t *n_tokens, uint64_t *checksum) {
-    const kvm_json_doc *d = &s->doc;
+    const kvm_json_doc *d = &s->hdr.doc;
     size_t n;
     const char *v;
 #define META(key)                                                                                    \
@@ -795,13 +817,7 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
         if (!(v = meta_str(d, meta, key, &n)))                                                       \
             return kvm_fail(KVMEM_ERR_FORMAT, "metadata '%s' is missing: not a kvmem agent file", key); \
     } while (0)
-    /* A NUL inside a string would cut it short for every C reader (agent id
-     * "alice\u0000x" read as "alice"): refused anywhere in the header. */
-    for (int32_t i = 0; i < d->n_nodes; i++) {
-        const kvm_json *x = &d->nodes[i];
-        if ((x->type == KVM_JSON_STRING && memchr(x->str, '\0', x->len)) || (x->key && memchr(x->key, '\0', x->key_len)))
-            return kvm_fail(KVMEM_ERR_FORMAT, "the header holds a string with a NUL character (\\u0000)");
-    }
+    /* strings are NUL-free and every metadata value is a string: the reader */
     META("format");
     if (strcmp(v, "kvmem-agent") != 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata format is not 'kvmem-agent'");
     META("format_version");
@@ -863,50 +879,32 @@ static kvmem_status check_meta(kvmem_pool *p, loadstate *s, const kvm_json *meta
         if (h < 0) return kvm_fail(KVMEM_ERR_FORMAT, "metadata checksum is not 'acc64-1m:<16 hex digits>'");
         *checksum = (*checksum << 4) | (uint64_t)h;
     }
-    /* every metadata value is a string (the safetensors rule) */
-    for (const kvm_json *c = kvm_json_child(d, meta); c; c = kvm_json_next(d, c))
-        if (c->type != KVM_JSON_STRING)
-            return kvm_fail(KVMEM_ERR_FORMAT, "metadata '%.40s' is not a string", c->key);
 #undef META
     return KVMEM_OK;
 }
 
-static kvmem_status match_tensor(loadstate *s, const kvm_json *v) {
-    const kvm_json_doc *d = &s->doc;
+/* Tensor t of the file against the plan: its name, dtype and shape (the
+ * reader has checked the entry's form; the layout is checked after). */
+static kvmem_status match_tensor(loadstate *s, const kvm_st_tensor *v) {
     tplan *t = NULL;
-    for (int i = 0; i < s->pl.n; i++)
-        if (strlen(s->pl.t[i].name) == v->key_len && memcmp(s->pl.t[i].name, v->key, v->key_len) == 0) t = &s->pl.t[i];
-    if (!t) return kvm_fail(KVMEM_ERR_FORMAT, "unexpected tensor '%.60s' for this pool and metadata", v->key);
-    if (v->type != KVM_JSON_OBJECT) return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' is not an object", t->name);
-    const kvm_json *dt = kvm_json_get(d, v, "dtype"), *sh = kvm_json_get(d, v, "shape"),
-                   *of = kvm_json_get(d, v, "data_offsets");
-    if (!dt || !sh || !of || v->n != 3)
-        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' needs exactly dtype, shape and data_offsets", t->name);
-    if (dt->type != KVM_JSON_STRING || strcmp(dt->str, t->dtype) != 0)
-        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has dtype %.16s, expected %s", t->name,
-                        dt->type == KVM_JSON_STRING ? dt->str : "(not a string)", t->dtype);
-    if (sh->type != KVM_JSON_ARRAY || sh->n != t->ndim)
-        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' shape must have %d dimensions", t->name, t->ndim);
-    int k = 0;
-    for (const kvm_json *e = kvm_json_child(d, sh); e; e = kvm_json_next(d, e), k++)
-        if (e->type != KVM_JSON_NUMBER || !e->is_int || e->i < 0 || (uint64_t)e->i != t->shape[k]) {
-            char want[128];
-            int w = 0;
-            for (int i = 0; i < t->ndim && w >= 0 && (size_t)w < sizeof want; i++)
-                w += snprintf(want + w, sizeof want - (size_t)w, i ? ", %" PRIu64 : "%" PRIu64, t->shape[i]);
-            return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has shape [%.20s, ...], expected [%s]", t->name,
-                            kvm_json_child(d, sh)->type == KVM_JSON_NUMBER ? kvm_json_child(d, sh)->str : "?", want);
-        }
-    if (of->type != KVM_JSON_ARRAY || of->n != 2)
-        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' data_offsets must be [begin, end]", t->name);
-    const kvm_json *b = kvm_json_child(d, of), *e = kvm_json_next(d, b);
-    if (b->type != KVM_JSON_NUMBER || !b->is_int || e->type != KVM_JSON_NUMBER || !e->is_int || b->i < 0 || e->i < b->i)
-        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' data_offsets are not 0 <= begin <= end", t->name);
-    if ((uint64_t)(e->i - b->i) != t->bytes)
-        return kvm_fail(KVMEM_ERR_CORRUPT, "tensor '%s' spans %lld bytes, its shape needs %" PRIu64, t->name,
-                        (long long)(e->i - b->i), t->bytes);
-    t->begin = (uint64_t)b->i;
-    t->end = (uint64_t)e->i;
+    for (int i = 0; i < s->pl.n && !t; i++)
+        if (strlen(s->pl.t[i].name) == v->name_len && memcmp(s->pl.t[i].name, v->name, v->name_len) == 0) t = &s->pl.t[i];
+    if (!t) return kvm_fail(KVMEM_ERR_FORMAT, "unexpected tensor '%.60s' for this pool and metadata", v->name);
+    if (strcmp(kvm_st_dtype_name(v->dtype), t->dtype) != 0)
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has dtype %s, expected %s", t->name, kvm_st_dtype_name(v->dtype), t->dtype);
+    int same = v->ndim == t->ndim;
+    for (int k = 0; same && k < t->ndim; k++) same = v->shape[k] == t->shape[k];
+    if (!same) {
+        char want[128], got[128];
+        int w = 0, g = 0;
+        for (int i = 0; i < t->ndim && w >= 0 && (size_t)w < sizeof want; i++)
+            w += snprintf(want + w, sizeof want - (size_t)w, i ? ", %" PRIu64 : "%" PRIu64, t->shape[i]);
+        for (int i = 0; i < v->ndim && g >= 0 && (size_t)g < sizeof got; i++)
+            g += snprintf(got + g, sizeof got - (size_t)g, i ? ", %" PRIu64 : "%" PRIu64, v->shape[i]);
+        return kvm_fail(KVMEM_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%s]", t->name, got, want);
+    }
+    t->begin = v->begin;
+    t->end = v->end;
     t->seen = 1;
     return KVMEM_OK;
 }
@@ -963,56 +961,45 @@ static size_t check_aabbs(const kvmem_pool *p, kvm_agent_mem *f, const float *v1
     return atomic_load(&j.bad);
 }
 
+/* The metadata keys an agent file holds: messages may name them. */
+static const char *const k_agent_keys[] = {"format", "format_version", "agent_id", "model_id", "model_spec",
+                                           "storage_dtype", "block_size", "n_tokens", "block_tokens", "token_ids",
+                                           "token_text_offsets", "text", "text_hex", "checksum", NULL};
+
 kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *expect_id,
                              kvm_agent_mem **out) {
     loadstate s;
     memset(&s, 0, sizeof s);
     kvmem_status st;
     *out = NULL;
-    if (size < 8) return kvm_fail(KVMEM_ERR_FORMAT, "file has %" PRIu64 " bytes: too short for a safetensors file", size);
-    unsigned char len8[8];
-    if ((st = read_exact(r, 0, len8, 8, "header length")) != KVMEM_OK) return st;
+    unsigned char len8[8] = {0};
+    if (size >= 8 && (st = read_exact(r, 0, len8, 8, "header length")) != KVMEM_OK) return st;
     uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = (hl << 8) | len8[i];
-    /* Nothing read from a file is quoted in a message until the file has
-     * shown itself to be a kvmem agent file: a caller may pass any path and
-     * show the message to someone who should not read that file. */
-    if (hl < 2 || hl > KVM_MAX_HEADER)
-        return kvm_fail(KVMEM_ERR_FORMAT,
-                        "the first 8 bytes are not a header length in [2, %" PRIu64 "]: not a kvmem safetensors file",
-                        KVM_MAX_HEADER);
-    if (hl > size - 8)
-        return kvm_fail(KVMEM_ERR_CORRUPT, "the header length runs past the end of the %" PRIu64 "-byte file (truncated?)",
-                        size);
+    if ((st = kvm_st_header_len(len8, size, KVM_MAX_HEADER, &hl)) != KVMEM_OK) return st;
     s.header = kvm_malloc((size_t)hl);
     if (!s.header) return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the file's JSON header");
     if ((st = read_exact(r, 8, s.header, (size_t)hl, "header")) != KVMEM_OK) goto done;
-    char jerr[256];
-    int jr = kvm_json_parse(s.header, (size_t)hl, &s.doc, jerr, sizeof jerr);
-    if (jr != 0) {
-        st = jr == KVM_JSON_NOMEM ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the parsed JSON header")
-                                  : kvm_fail(KVMEM_ERR_FORMAT, "%s", jerr);
-        goto done;
-    }
-    const kvm_json *root = &s.doc.nodes[0];
-    if (root->type != KVM_JSON_OBJECT) {
-        st = kvm_fail(KVMEM_ERR_FORMAT, "header is not a JSON object");
-        goto done;
-    }
-    const kvm_json *meta = kvm_json_get(&s.doc, root, "__metadata__");
-    if (!meta || meta->type != KVM_JSON_OBJECT) {
-        st = kvm_fail(KVMEM_ERR_FORMAT, "header has no __metadata__ object: not a kvmem agent file");
-        goto done;
-    }
+    /* Nothing read from a file is quoted in a message until the file has
+     * shown itself to be a kvmem agent file (its metadata checks out): a
+     * caller may pass any path and show the message to someone who should
+     * not read that file. */
+    kvm_st_rules rules = kvm_st_default_rules();
+    rules.dtypes = KVM_ST_DTYPE_BIT(KVM_ST_F32) | KVM_ST_DTYPE_BIT(KVM_ST_F16) | KVM_ST_DTYPE_BIT(KVM_ST_BF16) |
+                   KVM_ST_DTYPE_BIT(KVM_ST_U32) | KVM_ST_DTYPE_BIT(KVM_ST_I8);
+    rules.require_meta = 1;
+    rules.known_keys = k_agent_keys;
+    if ((st = kvm_st_parse(s.header, (size_t)hl, size - 8 - hl, &rules, &s.hdr)) != KVMEM_OK) goto done;
+    const kvm_json *meta = s.hdr.meta;
     int64_t n_tokens = 0;
     uint64_t checksum = 0;
     int version = 0;
     if ((st = check_meta(p, &s, meta, expect_id, &version, &n_tokens, &checksum)) != KVMEM_OK) goto done;
+    rules.quote = 1; /* an agent file now */
 
     /* blocks: lengths in [1, BS], the tail shorter than a block */
     const int32_t BS = p->params.block_size;
     size_t n;
-    const char *v = meta_str(&s.doc, meta, "block_tokens", &n);
+    const char *v = meta_str(&s.hdr.doc, meta, "block_tokens", &n);
     if (!v) {
         st = kvm_fail(KVMEM_ERR_FORMAT, "metadata 'block_tokens' is missing");
         goto done;
@@ -1041,10 +1028,8 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         goto done;
     }
     if ((st = build_plan(p, version, (uint64_t)n_sealed, (uint64_t)ts, (uint64_t)tail_n, &s.pl)) != KVMEM_OK) goto done;
-    for (const kvm_json *c = kvm_json_child(&s.doc, root); c; c = kvm_json_next(&s.doc, c)) {
-        if (c == meta) continue;
-        if ((st = match_tensor(&s, c)) != KVMEM_OK) goto done;
-    }
+    for (int32_t i = 0; i < s.hdr.n_tensors; i++)
+        if ((st = match_tensor(&s, &s.hdr.tensors[i])) != KVMEM_OK) goto done;
     s.order = kvm_malloc((size_t)s.pl.n * sizeof *s.order);
     if (!s.order) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the order of %d tensors", s.pl.n);
@@ -1057,25 +1042,9 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         }
         s.order[i] = &s.pl.t[i];
     }
+    /* in range, sized by their shapes, aligned, tiling the data section */
+    if ((st = kvm_st_check_layout(&s.hdr, &rules)) != KVMEM_OK) goto done;
     qsort(s.order, (size_t)s.pl.n, sizeof *s.order, cmp_begin);
-    uint64_t data = size - 8 - hl, cur = 0;
-    for (int i = 0; i < s.pl.n; i++) {
-        const tplan *t = s.order[i];
-        if (t->begin < cur) {
-            st = kvm_fail(KVMEM_ERR_CORRUPT, "tensor '%s' overlaps tensor '%s'", t->name, s.order[i - 1]->name);
-            goto done;
-        }
-        if (t->begin > cur) {
-            st = kvm_fail(KVMEM_ERR_CORRUPT, "%" PRIu64 " bytes before tensor '%s' belong to no tensor", t->begin - cur, t->name);
-            goto done;
-        }
-        cur = t->end;
-    }
-    if (cur != data) {
-        st = kvm_fail(KVMEM_ERR_CORRUPT, "the data section has %" PRIu64 " bytes, the tensors %" PRIu64 "%s", data, cur,
-                      data < cur ? " (truncated)" : " (trailing bytes)");
-        goto done;
-    }
 
     /* everything checks out on paper: allocate, read, check, and reserve the
      * bytes last (a reservation may spill closed agents: never for a load
@@ -1084,10 +1053,10 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     for (int64_t i = 0; i < n_sealed; i++) need += kvm_block_bytes(p, s.block_n[i]);
     kvm_agent_mem *f = s.fresh = kvm_calloc(1, sizeof *f);
     size_t text_cap = 0;
-    const char *text = meta_str(&s.doc, meta, "text", &n);
+    const char *text = meta_str(&s.hdr.doc, meta, "text", &n);
     const char *hex = NULL;
     if (!text) {
-        hex = meta_str(&s.doc, meta, "text_hex", &n);
+        hex = meta_str(&s.hdr.doc, meta, "text_hex", &n);
         if (!hex || n % 2) {
             st = kvm_fail(KVMEM_ERR_FORMAT, "metadata has neither 'text' nor an even-length 'text_hex'");
             goto done;
@@ -1121,7 +1090,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     f->tail_n = (int32_t)tail_n;
     f->bytes = need;
     /* token ids and offsets */
-    v = meta_str(&s.doc, meta, "token_ids", &n);
+    v = meta_str(&s.hdr.doc, meta, "token_ids", &n);
     int rc = v ? parse_list(v, n, INT32_MIN, INT32_MAX, n_tokens, f->token_ids, 0) : -1;
     if (rc != 0) {
         st = kvm_fail(rc == -2 ? KVMEM_ERR_CORRUPT : KVMEM_ERR_FORMAT, "metadata token_ids must list %lld int32 ids",
@@ -1141,7 +1110,7 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         }
     }
     f->text_len = text_cap;
-    v = meta_str(&s.doc, meta, "token_text_offsets", &n);
+    v = meta_str(&s.hdr.doc, meta, "token_text_offsets", &n);
     rc = v ? parse_list(v, n, -1, (int64_t)text_cap, n_tokens, f->token_text_off, 1) : -1;
     if (rc != 0) {
         st = kvm_fail(rc == -2 ? KVMEM_ERR_CORRUPT : KVMEM_ERR_FORMAT,

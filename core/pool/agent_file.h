@@ -1,9 +1,15 @@
-/* Agent files (safetensors) and the pool's store tier (internal). */
-#ifndef KVMEM_PERSIST_H
-#define KVMEM_PERSIST_H
+/* The agent file format (internal): the one interface between the pool and
+ * persistence. The pool owns the format (agent_file.c writes and loads one
+ * agent's memory as safetensors, through the strict reader of
+ * core/format/safetensors.h); a store (core/store/store.h) only moves the
+ * bytes by key and knows nothing of pools or agents. The include graph runs
+ * one way, pool -> format and pool -> store, never back
+ * (tests/checks/include_graph.sh). */
+#ifndef KVMEM_AGENT_FILE_H
+#define KVMEM_AGENT_FILE_H
 
-#include "../pool/pool.h"
-#include "store.h"
+#include "pool.h"
+#include "../store/store.h"
 
 #define KVM_FORMAT_VERSION 2 /* 2: quantized blocks part by part, AABBs in one tensor (f16); 1 is still read */
 #define KVM_MAX_HEADER ((uint64_t)64 << 20) /* refuse larger JSON headers */
@@ -18,7 +24,8 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *m, kvm_store_wr
 kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *expect_id,
                              kvm_agent_mem **out);
 
-/* Store tier, used by the pool under its mutex. */
+/* The pool's store tier (persist.c), used under the pool's mutex: write m
+ * to the store under its id / replace m with what the store holds. */
 kvmem_status kvm_store_save_mem(kvmem_pool *p, kvm_agent_mem *m);
 kvmem_status kvm_store_load_mem(kvmem_pool *p, kvm_agent_mem *m);
 

@@ -38,7 +38,7 @@ void kvm_xxh64_init(kvm_xxh64_state *h, uint64_t seed) {
     h->v[3] = seed - P1;
 }
 
-static void stripes(kvm_xxh64_state *h, const unsigned char *p, size_t n_stripes) {
+static void xxh_stripes(kvm_xxh64_state *h, const unsigned char *p, size_t n_stripes) {
     uint64_t a = h->v[0], b = h->v[1], c = h->v[2], d = h->v[3];
     for (size_t i = 0; i < n_stripes; i++, p += 32) {
         a = round1(a, rd64(p));
@@ -59,10 +59,10 @@ void kvm_xxh64_update(kvm_xxh64_state *h, const void *data, size_t n) {
         p += take;
         n -= take;
         if (h->buf_n < 32) return;
-        stripes(h, h->buf, 1);
+        xxh_stripes(h, h->buf, 1);
         h->buf_n = 0;
     }
-    stripes(h, p, n / 32);
+    xxh_stripes(h, p, n / 32);
     p += n / 32 * 32;
     n %= 32;
     memcpy(h->buf, p, n);
@@ -104,8 +104,6 @@ uint64_t kvm_xxh64_once(const void *data, size_t n, uint64_t seed) {
 
 /* ---- acc64 ---- */
 
-#include "../cpu/kernels.h"
-
 const uint64_t kvm_acc64_keys[8] = {0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
                                     0x85EBCA77C2B2AE63ull, 0x27D4EB2F165667C5ull, 0x94D049BB133111EBull,
                                     0xBF58476D1CE4E5B9ull, 0xD6E8FEB86659FD93ull};
@@ -126,19 +124,21 @@ void kvm_acc64_stripes_avx2(uint64_t acc[8], const unsigned char *p, size_t n_st
 void kvm_acc64_stripes_avx512(uint64_t acc[8], const unsigned char *p, size_t n_stripes) { acc64_stripes_scalar(acc, p, n_stripes); }
 #endif
 
-static kvm_acc64_fn acc64_fn(void) {
+kvm_acc64_fn kvm_acc64_pick(const char *cpu_name) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    const char *name = kvm_cpu_kernels_get()->name; /* KVMEM_CPU=scalar forces the reference */
-    if (name[0] == 'a' && name[3] == '5') return kvm_acc64_stripes_avx512;
-    if (name[0] == 'a') return kvm_acc64_stripes_avx2;
+    if (cpu_name && strcmp(cpu_name, "avx512") == 0) return kvm_acc64_stripes_avx512;
+    if (cpu_name && strcmp(cpu_name, "avx2") == 0) return kvm_acc64_stripes_avx2;
+#else
+    (void)cpu_name; /* the SIMD kernels load little-endian words */
 #endif
     return acc64_stripes_scalar;
 }
 
-void kvm_acc64_init(kvm_acc64_state *s, uint64_t total) {
+void kvm_acc64_init(kvm_acc64_state *s, uint64_t total, kvm_acc64_fn stripes) {
     for (int i = 0; i < 8; i++) s->acc[i] = kvm_acc64_keys[i] ^ total;
     s->n = total;
     s->buf_n = 0;
+    s->stripes = stripes ? stripes : acc64_stripes_scalar;
 }
 
 void kvm_acc64_update(kvm_acc64_state *s, const void *data, size_t n) {
@@ -153,7 +153,7 @@ void kvm_acc64_update(kvm_acc64_state *s, const void *data, size_t n) {
         acc64_stripes_scalar(s->acc, s->buf, 1);
         s->buf_n = 0;
     }
-    if (n >= 64) acc64_fn()(s->acc, p, n / 64);
+    if (n >= 64) s->stripes(s->acc, p, n / 64);
     p += n / 64 * 64;
     n %= 64;
     memcpy(s->buf, p, n);
@@ -179,9 +179,11 @@ uint64_t kvm_acc64_final(kvm_acc64_state *s) {
     return h;
 }
 
-uint64_t kvm_acc64(const void *data, size_t n) {
+uint64_t kvm_acc64_with(kvm_acc64_fn stripes, const void *data, size_t n) {
     kvm_acc64_state s;
-    kvm_acc64_init(&s, n);
+    kvm_acc64_init(&s, n, stripes);
     kvm_acc64_update(&s, data, n);
     return kvm_acc64_final(&s);
 }
+
+uint64_t kvm_acc64(const void *data, size_t n) { return kvm_acc64_with(NULL, data, n); }

@@ -167,6 +167,23 @@ static int parse_string(parser *p, size_t *off, size_t *len) {
     return 0;
 }
 
+/* Would the decimal number with significant digits sig[0..n) (no leading
+ * zero; `more`: a nonzero digit follows them) times 10^e10, e10 the
+ * exponent of sig[0], be infinite as a double? Compared against DBL_MAX as
+ * printed with 17 digits, so a value a rounding step above it is refused too. */
+static int beyond_double(const char *sig, size_t n, int more, long e10) {
+    static const char k_max[] = "17976931348623157"; /* DBL_MAX = 1.7976931348623157e308 */
+    if (n == 0) return 0; /* zero */
+    if (e10 != 308) return e10 > 308;
+    for (size_t i = 0; i < sizeof k_max - 1; i++) {
+        char c = i < n ? sig[i] : '0';
+        if (c != k_max[i]) return c > k_max[i];
+    }
+    for (size_t i = sizeof k_max - 1; i < n; i++)
+        if (sig[i] != '0') return 1; /* above DBL_MAX's digits */
+    return more;
+}
+
 static int parse_number(parser *p, int32_t node) {
     size_t b = p->pos;
     const char *s = p->s;
@@ -176,6 +193,13 @@ static int parse_number(parser *p, int32_t node) {
     int is_int = 1;
     uint64_t mag = 0;
     int overflow = 0;
+    /* significant digits and the decimal exponent of the first one, for the
+     * finiteness rule: a header number must be finite as a double */
+    char sig[20];
+    size_t n_sig = 0;
+    int more = 0;
+    long e10 = -1; /* the exponent of the first significant digit, before the 'e' part */
+    long int_digits = 0, lead_frac_zeros = 0;
     if (s[p->pos] == '0') {
         p->pos++;
     } else if (s[p->pos] >= '1' && s[p->pos] <= '9') {
@@ -183,6 +207,9 @@ static int parse_number(parser *p, int32_t node) {
             unsigned dgt = (unsigned)(s[p->pos] - '0');
             if (mag > (UINT64_MAX - dgt) / 10) overflow = 1;
             else mag = mag * 10 + dgt;
+            if (n_sig < sizeof sig) sig[n_sig++] = s[p->pos];
+            else more |= dgt != 0;
+            if (int_digits < 100000) int_digits++;
             p->pos++;
         }
     } else {
@@ -192,15 +219,31 @@ static int parse_number(parser *p, int32_t node) {
         is_int = 0;
         p->pos++;
         if (p->pos >= p->n || s[p->pos] < '0' || s[p->pos] > '9') return fail(p, "bad fraction");
-        while (p->pos < p->n && s[p->pos] >= '0' && s[p->pos] <= '9') p->pos++;
+        while (p->pos < p->n && s[p->pos] >= '0' && s[p->pos] <= '9') {
+            char c = s[p->pos++];
+            if (n_sig == 0 && c == '0') {
+                if (lead_frac_zeros < 100000) lead_frac_zeros++;
+                continue;
+            }
+            if (n_sig < sizeof sig) sig[n_sig++] = c;
+            else more |= c != '0';
+        }
     }
+    long ex = 0;
     if (p->pos < p->n && (s[p->pos] == 'e' || s[p->pos] == 'E')) {
         is_int = 0;
         p->pos++;
-        if (p->pos < p->n && (s[p->pos] == '+' || s[p->pos] == '-')) p->pos++;
+        int eneg = 0;
+        if (p->pos < p->n && (s[p->pos] == '+' || s[p->pos] == '-')) eneg = s[p->pos++] == '-';
         if (p->pos >= p->n || s[p->pos] < '0' || s[p->pos] > '9') return fail(p, "bad exponent");
-        while (p->pos < p->n && s[p->pos] >= '0' && s[p->pos] <= '9') p->pos++;
+        while (p->pos < p->n && s[p->pos] >= '0' && s[p->pos] <= '9') {
+            if (ex < 1000000) ex = ex * 10 + (s[p->pos] - '0'); /* saturates: far beyond any double */
+            p->pos++;
+        }
+        if (eneg) ex = -ex;
     }
+    e10 = (int_digits ? int_digits - 1 : -(lead_frac_zeros + 1)) + ex;
+    if (beyond_double(sig, n_sig, more, e10)) return fail(p, "number beyond the range of a double (not finite)");
     kvm_json *v = &p->doc->nodes[node];
     if (is_int && !overflow && (neg ? mag <= (uint64_t)INT64_MAX + 1 : mag <= (uint64_t)INT64_MAX)) {
         v->is_int = 1;
@@ -241,7 +284,7 @@ static int parse_container(parser *p, int32_t node, int depth, int is_obj) {
             for (int32_t c = p->doc->nodes[node].first; c >= 0; c = p->doc->nodes[c].next) {
                 const kvm_json *m = &p->doc->nodes[c];
                 if (m->key_len == klen && memcmp(p->doc->strings + ((size_t)(uintptr_t)m->key - 1), p->doc->strings + koff, klen) == 0)
-                    return fail(p, "duplicate member name");
+                    return fail(p, "duplicate member name (a name appears twice in one object)");
             }
             skip_ws(p);
             if (p->pos >= p->n || p->s[p->pos] != ':') return fail(p, "expected ':'");
