@@ -17,10 +17,12 @@ kvmem_status kvm_store_save_mem(kvmem_pool *p, kvm_agent_mem *m) {
 static kvmem_status load_from(kvmem_pool *p, kvm_agent_mem *m, kvm_store_reader *r, uint64_t size) {
     kvm_agent_mem *fresh = NULL;
     kvmem_status st = kvm_agent_parse(p, r, size, m->id, &fresh);
+    if (st == KVMEM_OK) {
+        kvm_agent_mem_replace(p, m, fresh);
+        if (r->loaded) r->loaded(r);
+    }
     r->close(r);
-    if (st != KVMEM_OK) return st;
-    kvm_agent_mem_replace(p, m, fresh);
-    return KVMEM_OK;
+    return st;
 }
 
 kvmem_status kvm_store_load_mem(kvmem_pool *p, kvm_agent_mem *m) {

@@ -106,6 +106,7 @@ kvmem_status kvm_file_open_read(const char *path, kvm_store_reader **out, uint64
     f->base.readv_at = NULL;
 #endif
     f->base.close = fr_close;
+    f->base.loaded = NULL;
     f->fd = fd;
     *size = (uint64_t)st.st_size;
     *out = &f->base;
@@ -428,6 +429,7 @@ void kvm_mem_reader_init(kvm_mem_reader *r, const void *data, size_t size) {
     r->base.read_at = mr_read;
     r->base.readv_at = NULL;
     r->base.close = mr_close;
+    r->base.loaded = NULL;
     r->data = data;
     r->size = size;
 }

@@ -31,6 +31,11 @@ struct kvm_store_reader {
      * reads straight into the blocks instead of through a bounce buffer. */
     kvmem_status (*readv_at)(kvm_store_reader *r, uint64_t off, const struct iovec *iov, int cnt, size_t *got);
     void (*close)(kvm_store_reader *r); /* frees r */
+    /* (optional) Called before close once the pool holds what was read (never
+     * after a failed load): a store that tracks the version its pool holds
+     * (Redis: optimistic concurrency) records it here, not at open, so a load
+     * that fails after reading cannot make a later save look up to date. */
+    void (*loaded)(kvm_store_reader *r);
 };
 
 typedef struct kvm_store_writer kvm_store_writer;

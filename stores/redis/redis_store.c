@@ -376,6 +376,10 @@ typedef struct rs_reader {
     kvm_store_reader base;
     redisReply **chunk;
     uint64_t n_chunks, chunk_bytes, size;
+    rs_store *s;       /* for loaded: the version read becomes the one this pool holds */
+    long long version;
+    known_ver *spare;  /* the version record loaded takes, allocated before the read */
+    char id[RS_MAX_ID + 1];
 } rs_reader;
 
 static kvmem_status rr_read(kvm_store_reader *r, uint64_t off, void *buf, size_t n, size_t *got) {
@@ -400,10 +404,16 @@ static void rr_free(rs_reader *x) {
         for (uint64_t i = 0; i < x->n_chunks; i++)
             if (x->chunk[i]) freeReplyObject(x->chunk[i]);
     rs_free(x->chunk);
+    rs_free(x->spare);
     rs_free(x);
 }
 
 static void rr_close(kvm_store_reader *r) { rr_free((rs_reader *)r); }
+
+static void rr_loaded(kvm_store_reader *r) {
+    rs_reader *x = (rs_reader *)r;
+    known_set(x->s, x->id, x->version, &x->spare);
+}
 
 /* Fetch every chunk of manifest m (pipelined). *stale = 1 when a chunk is
  * gone and the manifest moved on (a newer save won: read again). */
@@ -505,8 +515,11 @@ static kvmem_status rs_open_read(kvm_store *st_, const char *id, kvm_store_reade
             x->base.read_at = rr_read;
             x->base.readv_at = NULL;
             x->base.close = rr_close;
-            known_set(s, id, m.version, &spare);
-            rs_free(spare);
+            x->base.loaded = rr_loaded;
+            x->s = s;
+            x->version = m.version;
+            x->spare = spare;
+            snprintf(x->id, sizeof x->id, "%s", id);
             conn_put(s, c, 1);
             *out = &x->base;
             *size = m.size;

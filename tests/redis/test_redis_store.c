@@ -341,6 +341,32 @@ static int child_saves(const char *url, const char *id, int32_t T, uint64_t seed
     return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
 }
 
+/* A load that reads the stored bytes but fails in the core (here: another
+ * model's agent) must not make this pool's copy count as that version: its
+ * next save conflicts instead of silently replacing what it never held. */
+static void failed_load_leaves_the_pool_behind(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(1);
+    char url[256];
+    url_of(url, sizeof url, "failload", "chunk_bytes=1024");
+    kvmem_pool *pa = make_pool(ctx, 1, 64, KVMEM_F16, url), *pc = make_pool(ctx, 1, 32, KVMEM_F16, url);
+    kvmem_agent *a, *c;
+    assert_ok(kvmem_agent_open(pc, "mixed", &c)); /* nothing stored yet: a new agent */
+    assert_ok(kvmem_agent_open(pa, "mixed", &a));
+    fill_agent(a, 1, 64, 10, 1);
+    snap a1 = take(a, 1, 64);
+    assert_ok(kvmem_agent_save(a, NULL)); /* version 1, head_dim 64 */
+    assert_true(kvmem_agent_load(c, NULL) != KVMEM_OK); /* read, then refused: head_dim 64 is not this pool's 32 */
+    fill_agent(c, 1, 32, 4, 2);
+    assert_status(kvmem_agent_save(c, NULL), KVMEM_ERR_CONFLICT, "holds version 1, this pool's copy is based on 0");
+    fresh_pool_sees(ctx, url, "mixed", KVMEM_F16, 1, 64, &a1);
+    snap_free(&a1);
+    kvmem_agent_close(a), kvmem_agent_close(c);
+    kvmem_pool_free(pa);
+    kvmem_pool_free(pc);
+    kvmem_context_free(ctx);
+}
+
 static void two_processes_share_an_agent(void **state) {
     (void)state;
     char url[256];
@@ -902,6 +928,7 @@ int main(void) {
         cmocka_unit_test(every_dtype_round_trips_in_chunks),
         cmocka_unit_test(unix_socket_and_default_chunks_work),
         cmocka_unit_test(stale_save_conflicts_and_never_overwrites),
+        cmocka_unit_test(failed_load_leaves_the_pool_behind),
         cmocka_unit_test(two_processes_share_an_agent),
         cmocka_unit_test(list_remove_exists_and_ttl),
         cmocka_unit_test(one_store_from_several_threads),
