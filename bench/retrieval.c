@@ -28,7 +28,23 @@
  *   speedup_vs_exact    exact_ms / aabb_ms
  *   recall_at_k_<norm>_<agg>  |AABB top-k n EXACT top-k| / k, 4-token queries about the topic of one
  *                       256-token segment (16 blocks = k = 16); the history has one topic per segment
- *   gather_ms, gather_gbps    kvmem_gather of 64 blocks to f16 (bytes read + written per second) */
+ *   gather_ms, gather_gbps    kvmem_gather of 64 blocks to f16 (bytes read + written per second)
+ *
+ * Lines with "kind":"layout" (at the first size): the tensors a retrieval
+ * step takes and gives in an HF/PyTorch engine, contiguous against
+ * head-major (the same values; calls of the two layouts alternating, one
+ * thread, medians of the thread's CPU time), per dtype (f32, f16, bf16):
+ *   op "append"            kvmem_agent_append of `n` tokens (every layer); head-major K/V are
+ *                          per layer [n_kv_heads][n][head_dim] (a cache's batch row)
+ *   op "retrieve_decode"   kvmem_retrieve, 1 query token;  op "retrieve_prefill": 32 tokens; head-major
+ *                          queries are per layer [n_q_heads][n][head_dim] (HF's query_states)
+ *   op "gather"            kvmem_gather of `n` tokens (32 blocks) into K/V outputs, head-major: per
+ *                          layer [n_kv_heads][n][head_dim] (past_key_values)
+ *   ms_1thread, vs_contiguous (ms_1thread over the contiguous line's), gbps_1thread (append and
+ *   gather: bytes read + written; retrieve: aabb_bytes), to_read_bw_1thread (over read_bw_cpu_gbps,
+ *   one thread's streaming read on the CPU clock, measured in the same run), outputs_equal (1: the
+ *   head-major call's output equals the contiguous one's bit for bit: the agent's KV read back,
+ *   the selected blocks and every block's score, the gathered K/V) */
 #include "bench.h"
 #include "kvmem.h"
 #include "cpu/kernels.h"
@@ -76,6 +92,221 @@ static double recall(const kvmem_retrieval *a, const kvmem_retrieval *e) {
     for (int32_t i = 0; i < nx; i++)
         for (int32_t j = 0; j < ny; j++) hit += x[i] == y[j];
     return (double)hit / (double)ny;
+}
+
+/* ---- kind "layout" (see the top of the file) ---- */
+
+/* Fill the 4-D view t (any strides) from f32 rows src, in t's index order. */
+static void lay_fill(const kvmem_tensor *t, const float *src) {
+    const size_t es = kvm_dtype_size(t->dtype), D = (size_t)t->shape[3];
+    size_t i = 0;
+    for (int64_t a = 0; a < t->shape[0]; a++)
+        for (int64_t b = 0; b < t->shape[1]; b++)
+            for (int64_t c = 0; c < t->shape[2]; c++, i++) {
+                const int64_t off = a * t->strides[0] + b * t->strides[1] + c * t->strides[2];
+                kvm_convert_host((unsigned char *)t->data + (size_t)off * es, t->dtype, src + i * D, KVMEM_F32, D);
+            }
+}
+
+/* 1 when the two 4-D views (same shape and dtype) hold the same bytes. */
+static int lay_equal(const kvmem_tensor *x, const kvmem_tensor *y) {
+    const size_t es = kvm_dtype_size(x->dtype), D = (size_t)x->shape[3];
+    for (int64_t a = 0; a < x->shape[0]; a++)
+        for (int64_t b = 0; b < x->shape[1]; b++)
+            for (int64_t c = 0; c < x->shape[2]; c++) {
+                const int64_t ox = a * x->strides[0] + b * x->strides[1] + c * x->strides[2];
+                const int64_t oy = a * y->strides[0] + b * y->strides[1] + c * y->strides[2];
+                if (memcmp((const unsigned char *)x->data + (size_t)ox * es, (const unsigned char *)y->data + (size_t)oy * es,
+                           D * es) != 0)
+                    return 0;
+            }
+    return 1;
+}
+
+/* K/V [L][n][H][D] over buf: contiguous, or head-major (each layer
+ * [H][n][D], as one batch row of an HF cache). */
+static void lay_kv(kvmem_tensor *t, void *buf, kvmem_dtype dt, int64_t L, int64_t n, int64_t H, int64_t D, int hm) {
+    int64_t sh[4] = {L, n, H, D};
+    kvmem_tensor_init(t, buf, dt, 4, sh);
+    if (hm) t->strides[1] = D, t->strides[2] = n * D;
+}
+
+/* Queries [nq][L][NQ][D] over buf: contiguous, or as HF hands them, per
+ * layer [NQ][nq][D] (query_states of batch row 0), the layers one after
+ * the other (what kvmem.torch's query_view passes). */
+static void lay_q(kvmem_tensor *t, void *buf, kvmem_dtype dt, int64_t nq, int64_t L, int64_t NQ, int64_t D, int hm) {
+    int64_t sh[4] = {nq, L, NQ, D};
+    kvmem_tensor_init(t, buf, dt, 4, sh);
+    if (hm) t->strides[0] = D, t->strides[1] = NQ * nq * D, t->strides[2] = nq * D;
+}
+
+/* 1 when two retrievals chose the same blocks with the same scores, and
+ * gave every block the same aggregated score (bit for bit). */
+static int same_retrieval(const kvmem_retrieval *a, const kvmem_retrieval *b) {
+    const int32_t *ba, *bb;
+    const float *sa, *sb;
+    int32_t na, nb;
+    if (kvmem_retrieval_get(a, 0, &ba, &sa, &na) != KVMEM_OK || kvmem_retrieval_get(b, 0, &bb, &sb, &nb) != KVMEM_OK ||
+        na != nb || memcmp(ba, bb, (size_t)na * sizeof *ba) || memcmp(sa, sb, (size_t)na * sizeof *sa))
+        return 0;
+    if (kvmem_retrieval_block_scores(a, 0, &sa, &na) != KVMEM_OK || kvmem_retrieval_block_scores(b, 0, &sb, &nb) != KVMEM_OK ||
+        na != nb)
+        return 0;
+    return memcmp(sa, sb, (size_t)na * sizeof *sa) == 0; /* NaN for non-candidates: the same bits both ways */
+}
+
+typedef struct lay_ctx {
+    const kvm_bench_opts *o;
+    kvmem_pool *pool;
+    kvmem_agent *ag; /* the history */
+    int64_t T;
+    double aabb_bytes, rd_cpu;
+    int reps;
+} lay_ctx;
+
+static void lay_line(const lay_ctx *c, const char *op, kvmem_dtype dt, int x, int64_t n, double t, double t0,
+                     double bytes, int equal) {
+    static const char *const lname[2] = {"contiguous", "head_major"};
+    const char *dname = dt == KVMEM_F32 ? "f32" : dt == KVMEM_F16 ? "f16" : "bf16";
+    const double gbps = bytes / t / 1e9;
+    if (c->o->json) {
+        kvm_json_begin(c->o->out, "retrieval");
+        kvm_json_str(c->o->out, "kind", "layout");
+        kvm_json_str(c->o->out, "op", op);
+        kvm_json_str(c->o->out, "layout", lname[x]);
+        kvm_json_str(c->o->out, "dtype", dname);
+        kvm_json_int(c->o->out, "tokens", (long long)c->T);
+        kvm_json_int(c->o->out, "n", (long long)n);
+        kvm_json_int(c->o->out, "threads", 1);
+        kvm_json_num(c->o->out, "ms_1thread", t * 1e3);
+        kvm_json_num(c->o->out, "vs_contiguous", t / t0);
+        kvm_json_num(c->o->out, "gbps_1thread", gbps);
+        kvm_json_num(c->o->out, "to_read_bw_1thread", gbps / c->rd_cpu);
+        kvm_json_num(c->o->out, "read_bw_cpu_gbps", c->rd_cpu);
+        kvm_json_int(c->o->out, "outputs_equal", equal);
+        kvm_json_end(c->o->out);
+    } else {
+        fprintf(c->o->out, "retrieval layout %-16s %-10s %-4s n=%lld: %.3f ms one thread (%.2fx contiguous), %.1f GB/s%s\n",
+                op, lname[x], dname, (long long)n, t * 1e3, t / t0, gbps, equal ? "" : ", OUTPUTS DIFFER");
+    }
+}
+
+/* Append n tokens (every layer), both layouts, into one agent emptied
+ * before each call: the new blocks then reuse the same freed memory in both
+ * layouts. (Two agents measured 17 vs 29 ms for the same work, from where
+ * each agent's freed blocks lay in the allocator's heap: page faults.) */
+static int lay_append(const lay_ctx *c, kvmem_dtype dt, const float *k, const float *v, int64_t n) {
+    const kvmem_model_spec *s = &c->pool->spec;
+    const int64_t L = s->n_layers, H = s->n_kv_heads, D = s->head_dim;
+    const size_t elems = (size_t)(L * n * H * D), es = kvm_dtype_size(dt);
+    void *buf[2][2] = {{malloc(elems * es), malloc(elems * es)}, {malloc(elems * es), malloc(elems * es)}};
+    float *back[2][2] = {{malloc(elems * sizeof(float)), malloc(elems * sizeof(float))},
+                         {malloc(elems * sizeof(float)), malloc(elems * sizeof(float))}};
+    kvmem_agent *ag = NULL;
+    double t[2][64];
+    int rc = kvmem_agent_open(c->pool, "layout", &ag) != KVMEM_OK;
+    kvmem_tensor kt[2], vt[2], bk[2], bv[2];
+    for (int x = 0; x < 2 && !rc; x++) {
+        rc = !buf[x][0] || !buf[x][1] || !back[x][0] || !back[x][1];
+        if (rc) break;
+        lay_kv(&kt[x], buf[x][0], dt, L, n, H, D, x);
+        lay_kv(&vt[x], buf[x][1], dt, L, n, H, D, x);
+        lay_fill(&kt[x], k);
+        lay_fill(&vt[x], v);
+        lay_kv(&bk[x], back[x][0], KVMEM_F32, L, n, H, D, 0);
+        lay_kv(&bv[x], back[x][1], KVMEM_F32, L, n, H, D, 0);
+    }
+    for (int r = -1; r < c->reps && !rc; r++)
+        for (int x = 0; x < 2 && !rc; x++) { /* layouts alternate: load changes hit both alike */
+            if (kvmem_agent_truncate(ag, 0) != KVMEM_OK) rc = 1;
+            const double a = kvm_thread_cpu_now();
+            if (!rc && kvmem_agent_append(ag, &kt[x], &vt[x], NULL) != KVMEM_OK) rc = 1;
+            if (r >= 0) t[x][r] = kvm_thread_cpu_now() - a;
+            /* what the agent holds after each layout's last append, read back contiguous */
+            if (!rc && r == c->reps - 1 && kvmem_agent_read(ag, 0, n, &bk[x], &bv[x]) != KVMEM_OK) rc = 1;
+        }
+    if (!rc) {
+        const int equal = memcmp(back[0][0], back[1][0], elems * sizeof(float)) == 0 &&
+                          memcmp(back[0][1], back[1][1], elems * sizeof(float)) == 0;
+        const double bytes = 2.0 * (double)elems * (double)(es + kvm_dtype_size(c->pool->params.storage_dtype));
+        const double m0 = kvm_median(t[0], c->reps), m1 = kvm_median(t[1], c->reps);
+        lay_line(c, "append", dt, 0, n, m0, m0, bytes, equal);
+        lay_line(c, "append", dt, 1, n, m1, m0, bytes, equal);
+    }
+    if (ag) {
+        kvmem_agent_close(ag);
+        if (!rc) kvmem_pool_remove_agent(c->pool, "layout"); /* on failure: keep the message */
+    }
+    for (int x = 0; x < 2; x++) free(buf[x][0]), free(buf[x][1]), free(back[x][0]), free(back[x][1]);
+    return rc;
+}
+
+/* kvmem_retrieve with nq query tokens q ([nq][L][NQ][D] f32), both layouts. */
+static int lay_retrieve(const lay_ctx *c, kvmem_dtype dt, const float *q, int64_t nq, int top_k) {
+    const kvmem_model_spec *s = &c->pool->spec;
+    const int64_t L = s->n_layers, NQ = s->n_q_heads, D = s->head_dim;
+    const size_t elems = (size_t)(nq * L * NQ * D), es = kvm_dtype_size(dt);
+    void *buf[2] = {malloc(elems * es), malloc(elems * es)};
+    kvmem_retrieval *res[2] = {NULL, NULL};
+    int rc = !buf[0] || !buf[1] || kvmem_retrieval_create(&res[0]) != KVMEM_OK ||
+             kvmem_retrieval_create(&res[1]) != KVMEM_OK;
+    kvmem_tensor qt[2];
+    kvmem_retrieve_params p = kvmem_retrieve_default_params();
+    p.top_k = top_k;
+    double t[2][64];
+    /* decode: 2 ms calls whose query is a tiny part of the work; more of them against the noise */
+    const int reps = nq == 1 ? KVM_MIN(4 * c->reps + 1, 61) : c->reps;
+    for (int x = 0; x < 2 && !rc; x++) {
+        lay_q(&qt[x], buf[x], dt, nq, L, NQ, D, x);
+        lay_fill(&qt[x], q);
+    }
+    for (int r = -1; r < reps && !rc; r++)
+        for (int x = 0; x < 2 && !rc; x++) {
+            const double a = kvm_thread_cpu_now();
+            if (kvmem_retrieve(c->ag, &qt[x], &p, res[x]) != KVMEM_OK) rc = 1;
+            if (r >= 0) t[x][r] = kvm_thread_cpu_now() - a;
+        }
+    if (!rc) {
+        const int equal = same_retrieval(res[0], res[1]);
+        const double m0 = kvm_median(t[0], reps), m1 = kvm_median(t[1], reps);
+        const char *op = nq == 1 ? "retrieve_decode" : "retrieve_prefill";
+        lay_line(c, op, dt, 0, nq, m0, m0, c->aabb_bytes, equal);
+        lay_line(c, op, dt, 1, nq, m1, m0, c->aabb_bytes, equal);
+    }
+    kvmem_retrieval_free(res[0]);
+    kvmem_retrieval_free(res[1]);
+    free(buf[0]), free(buf[1]);
+    return rc;
+}
+
+/* kvmem_gather of the blocks into K/V of dtype dt, both layouts. */
+static int lay_gather(const lay_ctx *c, kvmem_dtype dt, const int32_t *blocks, int32_t nb, int64_t M) {
+    const kvmem_model_spec *s = &c->pool->spec;
+    const int64_t L = s->n_layers, H = s->n_kv_heads, D = s->head_dim;
+    const size_t elems = (size_t)(L * M * H * D), es = kvm_dtype_size(dt);
+    void *buf[2][2] = {{malloc(elems * es), malloc(elems * es)}, {malloc(elems * es), malloc(elems * es)}};
+    int rc = !buf[0][0] || !buf[0][1] || !buf[1][0] || !buf[1][1];
+    kvmem_tensor kt[2], vt[2];
+    double t[2][64];
+    for (int x = 0; x < 2 && !rc; x++) {
+        lay_kv(&kt[x], buf[x][0], dt, L, M, H, D, x);
+        lay_kv(&vt[x], buf[x][1], dt, L, M, H, D, x);
+    }
+    for (int r = -1; r < c->reps && !rc; r++)
+        for (int x = 0; x < 2 && !rc; x++) {
+            const double a = kvm_thread_cpu_now();
+            if (kvmem_gather(c->ag, blocks, nb, 0, &kt[x], &vt[x]) != KVMEM_OK) rc = 1;
+            if (r >= 0) t[x][r] = kvm_thread_cpu_now() - a;
+        }
+    if (!rc) {
+        const int equal = lay_equal(&kt[0], &kt[1]) && lay_equal(&vt[0], &vt[1]);
+        const double bytes = 2.0 * (double)elems * (double)(es + kvm_dtype_size(c->pool->params.storage_dtype));
+        const double m0 = kvm_median(t[0], c->reps), m1 = kvm_median(t[1], c->reps);
+        lay_line(c, "gather", dt, 0, M, m0, m0, bytes, equal);
+        lay_line(c, "gather", dt, 1, M, m1, m0, bytes, equal);
+    }
+    for (int x = 0; x < 2; x++) free(buf[x][0]), free(buf[x][1]);
+    return rc;
 }
 
 static int run_retrieval(const kvm_bench_opts *o) {
@@ -299,6 +530,25 @@ static int run_retrieval(const kvm_bench_opts *o) {
                         pre_gflops / (peak * threads), t_exact * 1e3, t_exact / t_dec, top_k, rec[0], rec[1], rec[2], rec[3],
                         t_g * 1e3, g_gbps);
             }
+        }
+        if (!rc && si == 0) { /* layouts, on one thread (the CPU clock: see bench/limits_cpu.c) */
+            pool->ctx = ctx_one;
+            lay_ctx lc = {o, pool, ag, T, aabb_bytes, kvm_measure_read_bw_gbps_cpu(big, 3), quick ? 3 : 15};
+            kvm_synth_tokens(&syn, topics[0], chunk, &rng, k, v);
+            kvm_synth_query(&syn, topics[kvm_synth_next(&rng) % (uint64_t)n_chunks], n_prefill, &rng, q);
+            const int32_t gn = (int32_t)KVM_MIN((int64_t)32, nb);
+            int32_t gblocks[32];
+            int64_t gm = 0;
+            for (int32_t i = 0; i < gn; i++) {
+                gblocks[i] = (int32_t)((int64_t)i * nb / gn);
+                gm += BS;
+            }
+            static const kvmem_dtype dts[3] = {KVMEM_F32, KVMEM_F16, KVMEM_BF16};
+            for (int d = 0; d < 3 && !rc; d++) {
+                rc = lay_append(&lc, dts[d], k, v, chunk) || lay_retrieve(&lc, dts[d], q, 1, top_k) ||
+                     lay_retrieve(&lc, dts[d], q, n_prefill, top_k) || lay_gather(&lc, dts[d], gblocks, gn, gm);
+            }
+            if (rc) fprintf(stderr, "retrieval bench (layout): %s\n", kvmem_last_error());
         }
         pool->ctx = ctx_all;
         kvmem_retrieval_free(ra);

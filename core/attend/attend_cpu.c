@@ -248,9 +248,13 @@ static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int
     if (!p->mask && !p->slots && (size_t)t->strides[0] * es == bytes) { /* the rows make one run */
         const char *a = base + (size_t)(t0 * t->strides[0]) * es;
         const size_t run = (size_t)n * bytes;
-        if (down) /* the tiles go down (RECENT): so does the run */
-            for (size_t x = run; x > 0; x -= KVM_MIN(x, (size_t)64)) __builtin_prefetch(a + x - KVM_MIN(x, (size_t)64), 0, 3);
-        else
+        if (down) { /* the tiles go down (RECENT): so does the run */
+            /* a plain step of 64: the same lines as clamping each step with
+             * KVM_MIN, which cost 5 us per call (1.1x the contiguous time)
+             * when the rule stops RECENT after a few tiles in cache */
+            for (size_t x = run; x > 64; x -= 64) __builtin_prefetch(a + x - 64, 0, 3);
+            __builtin_prefetch(a, 0, 3);
+        } else
             for (size_t x = 0; x < run; x += 64) __builtin_prefetch(a + x, 0, 3);
         return;
     }

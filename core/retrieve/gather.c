@@ -30,9 +30,12 @@ typedef struct gather_job {
 } gather_job;
 
 /* Item = (block index i, layer l): all KV heads of that layer of the block.
- * Rows are staged token-major ([n][H][D] f32) so each output token row of
- * H * D elements is converted and stored in one call when the caller's
- * tensor is contiguous over heads. */
+ * A caller tensor whose rows of one head are adjacent (head-major: HF
+ * caches, [n_kv_heads][M][head_dim] per layer) takes each head's n rows in
+ * one convert-and-store from the block's own head-major rows. One whose
+ * heads of a token are adjacent (contiguous [M][n_kv_heads][head_dim])
+ * takes token rows of H * D elements, staged token-major. Any other
+ * strides: one D row at a time. */
 static void gather_task(void *arg, size_t b, size_t e) {
     gather_job *job = arg;
     const kvm_gather_desc *d = job->d;
@@ -55,22 +58,26 @@ static void gather_task(void *arg, size_t b, size_t e) {
         for (int which = 0; which < 2; which++) {
             const kvmem_tensor *t = which ? d->v_out : d->k_out;
             if (!t) continue;
+            const int rows_contig = t->strides[3] == 1 && t->strides[1] == (int64_t)D;
+            const int heads_contig = !rows_contig && t->strides[3] == 1 && t->strides[2] == (int64_t)D;
             for (size_t h = 0; h < H; h++) {
                 kvm_block_read_f32(p, blk, which, l, (int32_t)h, 0, blk->n_tokens, tmp);
                 if (!which) kvm_rope_rotate_rows(&p->rope, tmp, n, D, job->cs + (size_t)row0 * 2 * np, 2 * np);
-                for (size_t r = 0; r < n; r++) memcpy(stage + (r * H + h) * D, tmp + r * D, D * sizeof(float));
-            }
-            const int heads_contig = t->strides[3] == 1 && t->strides[2] == (int64_t)D;
-            for (size_t r = 0; r < n; r++) {
-                if (heads_contig) {
-                    int64_t idx[3] = {l, row0 + (int64_t)r, 0};
-                    kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), stage + r * H * D, H * D);
+                if (rows_contig) {
+                    int64_t idx[3] = {l, row0, (int64_t)h};
+                    kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), tmp, n * D);
+                } else if (heads_contig) {
+                    for (size_t r = 0; r < n; r++) memcpy(stage + (r * H + h) * D, tmp + r * D, D * sizeof(float));
                 } else {
-                    for (size_t h = 0; h < H; h++) {
+                    for (size_t r = 0; r < n; r++) {
                         int64_t idx[3] = {l, row0 + (int64_t)r, (int64_t)h};
-                        kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), stage + (r * H + h) * D, D);
+                        kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), tmp + r * D, D);
                     }
                 }
+            }
+            for (size_t r = 0; heads_contig && r < n; r++) {
+                int64_t idx[3] = {l, row0 + (int64_t)r, 0};
+                kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), stage + r * H * D, H * D);
             }
         }
     }

@@ -181,22 +181,30 @@ static kvmem_status check_query(const kvmem_tensor *q, const kvmem_model_spec *s
 }
 
 /* Read the query into a contiguous f32 copy f (n_q * n_layers * n_q_heads *
- * head_dim floats), rejecting non-finite values. */
+ * head_dim floats), rejecting non-finite values. Rows are read in the
+ * order they lie in memory: HF hands query states per layer as
+ * [n_q_heads][n_q][head_dim], where one token's rows are 8 KiB apart. A
+ * non-finite value is then looked up in f in index order, so the message
+ * names the first one whatever the layout. */
 static kvmem_status load_query(const kvmem_tensor *q, const kvmem_model_spec *s, int32_t n_q, float *f) {
-    const size_t D = (size_t)s->head_dim;
-    for (int64_t t = 0; t < n_q; t++)
-        for (int64_t l = 0; l < s->n_layers; l++)
-            for (int64_t h = 0; h < s->n_q_heads; h++) {
-                int64_t idx[3] = {t, l, h};
-                float *dst = f + (((size_t)t * (size_t)s->n_layers + (size_t)l) * (size_t)s->n_q_heads + (size_t)h) * D;
-                kvm_tensor_read_f32(q, kvm_tensor_row_offset(q, idx), dst, D);
-                for (size_t d = 0; d < D; d++)
-                    if (!isfinite(dst[d]))
-                        return kvm_fail(KVMEM_ERR_INVALID_ARG,
-                                        "kvmem_retrieve: query[%lld][%lld][%lld][%zu] = %g is not finite", (long long)t,
-                                        (long long)l, (long long)h, d, (double)dst[d]);
-            }
-    return KVMEM_OK;
+    const size_t D = (size_t)s->head_dim, L = (size_t)s->n_layers, NQ = (size_t)s->n_q_heads;
+    const int tokens_inner = q->strides[0] < q->strides[2]; /* per (layer, head): the tokens' rows adjacent */
+    const size_t outer = tokens_inner ? L * NQ : (size_t)n_q, inner = tokens_inner ? (size_t)n_q : L * NQ;
+    int bad = 0;
+    for (size_t a = 0; a < outer; a++)
+        for (size_t b = 0; b < inner; b++) {
+            const size_t t = tokens_inner ? b : a, lh = tokens_inner ? a : b;
+            int64_t idx[3] = {(int64_t)t, (int64_t)(lh / NQ), (int64_t)(lh % NQ)};
+            float *dst = f + (t * L * NQ + lh) * D;
+            kvm_tensor_read_f32(q, kvm_tensor_row_offset(q, idx), dst, D);
+            for (size_t d = 0; d < D; d++) bad |= !isfinite(dst[d]);
+        }
+    if (!bad) return KVMEM_OK;
+    size_t i = 0;
+    while (isfinite(f[i])) i++;
+    const size_t row = i / D;
+    return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_retrieve: query[%zu][%zu][%zu][%zu] = %g is not finite", row / (L * NQ),
+                    row / NQ % L, row % NQ, i % D, (double)f[i]);
 }
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Smoke test of the retrieval tooling: `kvmem bench --quick --json retrieval`
+# (with its layout lines: every op and dtype, head-major outputs equal to contiguous)
 # and `kvmem demo --json` run and print the documented keys.
 # Args: $1 source dir, $2 build dir, $3 libkvmem.so, $4 kvmem tool, $5 C compiler, $6 sanitizers.
 set -u
@@ -41,6 +42,17 @@ lines=$(grep -c '"suite":"retrieval"' <<<"$bench")
 check_keys bench "$bench" read_bw_gbps peak_gflops aabb_decode_gbps aabb_prefill_gflops exact_ms aabb_ms \
   speedup_vs_exact recall_at_k_softmax_max recall_at_k_softmax_sum recall_at_k_rr_max recall_at_k_rr_sum \
   tokens threads gather_gbps
+
+# layout lines: every op and dtype in both layouts, head-major giving the contiguous layout's outputs
+lay=$(grep '"kind":"layout"' <<<"$bench")
+check_keys layout "$lay" op layout dtype ms_1thread vs_contiguous gbps_1thread to_read_bw_1thread read_bw_cpu_gbps outputs_equal
+for op in append retrieve_decode retrieve_prefill gather; do for dt in f32 f16 bf16; do for l in contiguous head_major; do
+  grep "\"op\":\"$op\"" <<<"$lay" | grep "\"dtype\":\"$dt\"" | grep -q "\"layout\":\"$l\"" ||
+    { echo "FAIL: no layout line for $op $dt $l"; fail=1; }
+done; done; done
+if grep -q '"outputs_equal":0' <<<"$lay"; then
+  echo "FAIL: head-major outputs differ from contiguous: $(grep '"outputs_equal":0' <<<"$lay" | head -1)"; fail=1
+fi
 
 # every line is one JSON object (when python3 is here to parse them)
 if command -v python3 >/dev/null; then

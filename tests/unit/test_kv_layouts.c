@@ -208,10 +208,126 @@ static void slot_map_round_trips_every_layout(void **state) {
     free(ref);
 }
 
+/* kvmem_gather writes the same bits into every output layout and dtype as
+ * into a position-major tensor of that dtype (V also equal to what went in),
+ * and kvmem_retrieve chooses the same blocks with the same scores whether
+ * the queries come contiguous or per layer [n_q_heads][n_q][head_dim] (HF's
+ * query_states), in every dtype. */
+static void gather_and_retrieve_agree_in_every_layout(void **state) {
+    (void)state;
+    const int64_t N = 96; /* 6 blocks of 16 */
+    const kvmem_dtype dts[3] = {KVMEM_F32, KVMEM_F16, KVMEM_BF16};
+    uint64_t rng = 63;
+    float *ref = malloc(sizeof(float) * 2 * L * (size_t)N * H * D);
+    for (size_t i = 0; i < 2 * (size_t)L * (size_t)N * H * D; i++) ref[i] = grid(&rng);
+    kvmem_context *ctx = tu_context(2);
+    kvmem_model_spec s = spec();
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = 16;
+    pp.storage_dtype = KVMEM_F32;
+    kvmem_pool *pool;
+    kvmem_agent *ag;
+    assert_ok(kvmem_pool_create(ctx, &s, &pp, &pool));
+    assert_ok(kvmem_agent_open(pool, "g", &ag));
+    void *kb, *vb;
+    kvmem_tensor tk = view(N, POS_MAJOR, KVMEM_F32, &kb), tv = view(N, POS_MAJOR, KVMEM_F32, &vb);
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    put(&tk, l, j, h, d, REF(ref, N, 0, l, j, h, d));
+                    put(&tv, l, j, h, d, REF(ref, N, 1, l, j, h, d));
+                }
+    assert_ok(kvmem_agent_append(ag, &tk, &tv, NULL));
+    free(kb), free(vb);
+
+    const int32_t blocks[3] = {4, 1, 2}; /* out of order: rows land where the caller asks */
+    const int64_t M = 48;
+    for (int x = 0; x < 3; x++) {
+        void *rk, *rv;
+        kvmem_tensor refk = view(M, POS_MAJOR, dts[x], &rk), refv = view(M, POS_MAJOR, dts[x], &rv);
+        assert_ok(kvmem_gather(ag, blocks, 3, 5, &refk, &refv));
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t d = 0; d < D; d++)
+                        if (get(&refv, l, i, h, d) != REF(ref, N, 1, l, blocks[i / 16] * 16 + i % 16, h, d))
+                            fail_msg("dtype %d: gathered V row %lld layer %lld head %lld differs from what went in", x,
+                                     (long long)i, (long long)l, (long long)h);
+        for (int ol = 0; ol < N_LAYOUTS; ol++) {
+            kvmem_tensor ok = view(M, ol, dts[x], &kb), ov = view(M, (ol + 1) % N_LAYOUTS, dts[x], &vb);
+            assert_ok(kvmem_gather(ag, blocks, 3, 5, &ok, &ov));
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t d = 0; d < D; d++) {
+                            const float a = get(&ok, l, i, h, d), b = get(&refk, l, i, h, d);
+                            const float c = get(&ov, l, i, h, d), e = get(&refv, l, i, h, d);
+                            if (memcmp(&a, &b, 4) || memcmp(&c, &e, 4))
+                                fail_msg("dtype %d, K layout %d, V layout %d: gathered row %lld layer %lld head %lld dim %lld "
+                                         "differs from position-major", x, ol, (ol + 1) % N_LAYOUTS, (long long)i, (long long)l,
+                                         (long long)h, (long long)d);
+                        }
+            free(kb), free(vb);
+        }
+        free(rk), free(rv);
+    }
+
+    /* queries: 3 tokens, [3][L][2H][D], contiguous and per layer [2H][3][D] */
+    const int64_t NQ = 2 * H, nq = 3;
+    float *qref = malloc(sizeof(float) * (size_t)(nq * L * NQ * D));
+    for (int64_t i = 0; i < nq * L * NQ * D; i++) qref[i] = grid(&rng);
+    kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+    rp.top_k = 3;
+    kvmem_retrieval *r0, *r1;
+    assert_ok(kvmem_retrieval_create(&r0));
+    assert_ok(kvmem_retrieval_create(&r1));
+    for (int x = 0; x < 3; x++) {
+        kvmem_tensor q[2];
+        void *qb[2];
+        for (int hm = 0; hm < 2; hm++) {
+            qb[hm] = calloc((size_t)(nq * L * NQ * D), 4);
+            int64_t sh[4] = {nq, L, NQ, D};
+            assert_ok(kvmem_tensor_init(&q[hm], qb[hm], dts[x], 4, sh));
+            if (hm) q[hm].strides[0] = D, q[hm].strides[1] = NQ * nq * D, q[hm].strides[2] = nq * D;
+            /* put() takes [l][j][h][d] of a KV view; here the first index is the token */
+            for (int64_t t = 0; t < nq; t++)
+                for (int64_t l = 0; l < L; l++)
+                    for (int64_t h = 0; h < NQ; h++)
+                        for (int64_t d = 0; d < D; d++) put(&q[hm], t, l, h, d, qref[((t * L + l) * NQ + h) * D + d]);
+        }
+        assert_ok(kvmem_retrieve(ag, &q[0], &rp, r0));
+        assert_ok(kvmem_retrieve(ag, &q[1], &rp, r1));
+        const int32_t *b0, *b1;
+        const float *s0, *s1;
+        int32_t n0, n1;
+        assert_ok(kvmem_retrieval_get(r0, 0, &b0, &s0, &n0));
+        assert_ok(kvmem_retrieval_get(r1, 0, &b1, &s1, &n1));
+        assert_int_equal(n0, 3);
+        assert_int_equal(n1, n0);
+        assert_memory_equal(b0, b1, (size_t)n0 * sizeof *b0);
+        assert_memory_equal(s0, s1, (size_t)n0 * sizeof *s0);
+        assert_ok(kvmem_retrieval_block_scores(r0, 0, &s0, &n0));
+        assert_ok(kvmem_retrieval_block_scores(r1, 0, &s1, &n1));
+        assert_int_equal(n0, 6);
+        assert_int_equal(n1, n0);
+        assert_memory_equal(s0, s1, (size_t)n0 * sizeof *s0);
+        free(qb[0]), free(qb[1]);
+    }
+    kvmem_retrieval_free(r0);
+    kvmem_retrieval_free(r1);
+    free(qref);
+    kvmem_agent_close(ag);
+    kvmem_pool_free(pool);
+    kvmem_context_free(ctx);
+    free(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(agent_round_trips_every_layout),
         cmocka_unit_test(slot_map_round_trips_every_layout),
+        cmocka_unit_test(gather_and_retrieve_agree_in_every_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

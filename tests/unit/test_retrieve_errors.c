@@ -151,6 +151,23 @@ static void bad_retrieve_calls_fail_cleanly(void **state) {
     assert_status(kvmem_retrieve(e.ag, &e.qt, &p, e.r), KVMEM_ERR_INVALID_ARG, "not finite");
     e.q[77] = 0.0f;
     assert_unchanged(&e, first);
+    /* head-major queries (per layer [4 heads][3 tokens][16], as HF hands
+     * them) are read in memory order; the message still names the first
+     * non-finite value in index order: [0][1][2][5], not [2][0][0][3],
+     * which comes first in memory */
+    float *hq = malloc(3 * 2 * 4 * 16 * sizeof(float));
+    kvmem_tensor hqt = e.qt;
+    hqt.data = hq;
+    hqt.strides[0] = 16, hqt.strides[1] = 4 * 3 * 16, hqt.strides[2] = 3 * 16;
+    for (int t = 0; t < 3; t++)
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 4; h++)
+                for (int d = 0; d < 16; d++) hq[t * 16 + l * 192 + h * 48 + d] = e.q[((t * 2 + l) * 4 + h) * 16 + d];
+    hq[2 * 16 + 0 * 192 + 0 * 48 + 3] = NAN;
+    hq[0 * 16 + 1 * 192 + 2 * 48 + 5] = INFINITY;
+    assert_status(kvmem_retrieve(e.ag, &hqt, &p, e.r), KVMEM_ERR_INVALID_ARG, "query[0][1][2][5] = inf is not finite");
+    free(hq);
+    assert_unchanged(&e, first);
 
     /* a closed agent handle */
     kvmem_agent *a2;
