@@ -152,15 +152,27 @@ static void w_exp_neg(float *x, size_t n) {
 }
 
 /* AABB rows on f32 boxes: per (row, 4 dimensions) the sign mask of the
- * query selects s_min or s_max, one multiply-add per block. Tile: 2 blocks x
- * 2 rows. */
+ * query selects s_min or s_max, one multiply-add per block. Two rows at a
+ * time share the box's loads (a decode step has 4-8 rows per KV head). */
 static void w_aabb_rows_f32(const float *q, size_t R, const float *const *b, size_t n, size_t D, float *out,
                             size_t ldo) {
     const size_t D4 = D & ~(size_t)3;
     const V zero = VSPLAT(0);
     for (size_t j = 0; j < n; j++) {
         const float *hi = b[j], *lo = b[j] + D;
-        for (size_t r = 0; r < R; r++) {
+        size_t r = 0;
+        for (; r + 2 <= R && D4 == D; r += 2) {
+            const float *q0 = q + r * D, *q1 = q0 + D;
+            V a0 = zero, a1 = zero;
+            for (size_t d = 0; d < D; d += 4) {
+                const V h = VLOAD(hi + d), l = VLOAD(lo + d), y0 = VLOAD(q0 + d), y1 = VLOAD(q1 + d);
+                a0 = VMADD(wasm_v128_bitselect(l, h, wasm_f32x4_lt(y0, zero)), y0, a0);
+                a1 = VMADD(wasm_v128_bitselect(l, h, wasm_f32x4_lt(y1, zero)), y1, a1);
+            }
+            out[j * ldo + r] = hsum(a0);
+            out[j * ldo + r + 1] = hsum(a1);
+        }
+        for (; r < R; r++) {
             const float *qr = q + r * D;
             V a0 = zero, a1 = zero;
             size_t d = 0;
@@ -190,8 +202,7 @@ static void w_aabb_rows_f16(const float *q, size_t R, const uint16_t *const *b, 
     for (size_t j = 0; j < n; j++) {
         size_t i = 0;
         for (; i + 4 <= 2 * D; i += 4) {
-            const uint16_t *h = b[j] + i;
-            v128_t x = wasm_i32x4_make(h[0], h[1], h[2], h[3]);
+            v128_t x = wasm_u32x4_load16x4(b[j] + i); /* 4 halves zero-extended in one load */
             v128_t mag = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x7fff)), 13);
             v128_t sign = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16);
             VSTORE(box + i, wasm_v128_or(wasm_f32x4_mul(mag, scale), sign));

@@ -161,6 +161,7 @@ static kvmem_status fw_pwritev(kvm_store_writer *w, uint64_t off, const struct i
     struct iovec v[KVM_MAX_IOV];
     memcpy(v, iov, (size_t)cnt * sizeof *v);
     const uint64_t start = off;
+    (void)start; /* used by the Linux writeback hint below */
     int i = 0;
     while (i < cnt) {
         if (off > (uint64_t)INT64_MAX) return kvm_fail(KVMEM_ERR_IO, "write offset %llu too large", (unsigned long long)off);
