@@ -4,6 +4,7 @@
 #include "attend.h"
 
 #include <immintrin.h>
+#include "../cpu/simd_exp.h"
 #include <math.h>
 
 static inline __mmask16 tail_mask(size_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
@@ -114,32 +115,13 @@ static void x_qk_bf16(const float *const *q, size_t nq, const uint16_t *const *k
     qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 2);
 }
 
-/* exp(x) for x <= 0 (x >= -87.3 is exact to ~2 ulp; below, a tiny positive
- * number instead of 0, harmless against a running sum >= 1). Range
- * reduction by ln 2 in two parts, a degree-6 polynomial, then scalef. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
 static float x_exp_sum(float *s, size_t n, float m) {
     const __m512 vm = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     size_t i = 0;
     for (; i < n; i += 16) {
         __mmask16 msk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + i), vm));
+        __m512 e = kvm_exp_neg512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + i), vm));
         _mm512_mask_storeu_ps(s + i, msk, e);
         sum = _mm512_mask_add_ps(sum, msk, sum, e);
     }
@@ -243,7 +225,7 @@ static int x_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
             __m512 sum = zero;
             for (size_t i = 0; i < nk; i += 16) {
                 const __mmask16 msk = nk - i >= 16 ? (__mmask16)0xffff : tail_mask(nk - i);
-                const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, x + i), vm));
+                const __m512 e = kvm_exp_neg512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, x + i), vm));
                 _mm512_mask_storeu_ps(x + i, msk, e);
                 sum = _mm512_mask_add_ps(sum, msk, sum, e);
             }
@@ -252,7 +234,7 @@ static int x_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
         const __mmask16 gm = tail_mask(ng);
         const __m512 mo = _mm512_maskz_loadu_ps(gm, m + g0), mv = _mm512_maskz_loadu_ps(gm, mn);
         const __mmask16 live = _mm512_mask_cmp_ps_mask(gm, mo, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        const __m512 cv = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_mask_mov_ps(mv, live, mo), mv)));
+        const __m512 cv = _mm512_maskz_mov_ps(live, kvm_exp_neg512(_mm512_sub_ps(_mm512_mask_mov_ps(mv, live, mo), mv)));
         const __m512 lv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(gm, l + g0), cv, _mm512_maskz_loadu_ps(gm, sums));
         _mm512_mask_storeu_ps(l + g0, gm, lv);
         _mm512_mask_storeu_ps(c + g0, gm, cv);

@@ -3,6 +3,7 @@
 #include "qk_kernels.h"
 
 #include <immintrin.h>
+#include "../cpu/simd_exp.h"
 #include <math.h>
 
 static inline float hsum256(__m256 v) {
@@ -10,27 +11,6 @@ static inline float hsum256(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-/* exp(x) for x <= 0, as the AVX-512 variant. */
-static inline __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(tiny, y);
 }
 
 static float dot_tail(const float *a, const float *b, size_t d0, size_t D) {
@@ -96,7 +76,7 @@ static void x_softmax_acc(float *x, size_t n, float *acc) {
     for (size_t j = n8; j < n; j++) mx = x[j] > mx ? x[j] : mx;
     __m256 m = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
     for (size_t j = 0; j < n8; j += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+        __m256 e = kvm_exp_neg256_flush(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
         _mm256_storeu_ps(x + j, e);
         sv = _mm256_add_ps(sv, e);
     }

@@ -4,31 +4,11 @@
 #include "qk_kernels.h"
 
 #include <immintrin.h>
+#include "../cpu/simd_exp.h"
 #include <math.h>
 
 static inline __mmask16 tmask(size_t left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-}
-
-/* exp(x) for x <= 0 (softmax arguments): 2^n * p(r), r in [-ln2/2, ln2/2],
- * degree-6 polynomial, relative error ~2e-7; below -87 it flushes to 0. */
-static inline __m512 exp512(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_max_ps(x, lo);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512 y = _mm512_scalef_ps(p, n);
-    return _mm512_maskz_mov_ps((__mmask16)~tiny, y);
 }
 
 /* Transpose-and-add tree: 45 shuffles/adds instead of 16 full reductions.
@@ -114,7 +94,7 @@ static void x_softmax_acc(float *x, size_t n, float *acc) {
     __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
     for (size_t j = 0; j < n; j += 16) {
         __mmask16 mk = tmask(n - j);
-        __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m)));
+        __m512 e = _mm512_maskz_mov_ps(mk, kvm_exp_neg512_flush(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m)));
         _mm512_mask_storeu_ps(x + j, mk, e);
         sum = _mm512_add_ps(sum, e);
     }

@@ -1,5 +1,6 @@
 /* AVX2 + FMA scoring kernels: 8 query rows per vector. */
 #include <immintrin.h>
+#include "../cpu/simd_exp.h"
 
 typedef __m256 V;
 #define VW 8
@@ -35,22 +36,5 @@ static inline float vhsum(V v) {
     return _mm_cvtss_f32(s);
 }
 
-/* exp(x) for x <= 0 (Cephes expf polynomial; 2^n through the exponent bits). */
-static inline V vexp_neg(V x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    V p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
-    V y = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
+#define vexp_neg kvm_exp_neg256
 #include "score_simd.inc"

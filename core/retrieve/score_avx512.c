@@ -1,5 +1,6 @@
 /* AVX-512 scoring kernels: 16 query rows per vector. */
 #include <immintrin.h>
+#include "../cpu/simd_exp.h"
 
 typedef __m512 V;
 #define VW 16
@@ -57,21 +58,5 @@ static inline __m512 lane_fold(__m512 u, __m512 v) { /* [u.l0+l1, u.l2+l3, v.l0+
         _mm512_storeu_ps(s, lane_fold(w0_, w1_));                                              \
     } while (0)
 
-/* exp(x) for x <= 0 (Cephes expf polynomial; 2^n applied with scalef). */
-static inline V vexp_neg(V x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    V p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(5.0000001201e-1f));
-    V y = _mm512_fmadd_ps(p, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
-}
-
+#define vexp_neg kvm_exp_neg512
 #include "score_simd.inc"
