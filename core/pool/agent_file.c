@@ -1233,7 +1233,8 @@ static kvmem_status parse_file(kvmem_pool *p, kvm_store_reader *r, uint64_t size
             goto done;
         }
     }
-    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
+    /* a mapped agent's bytes are reserved when it joins the pool (kvm_pool_adopt) */
+    if (!mapped && (st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
     if (mp) mp->r = r; /* the mapping owns the reader from here on */
     *out = f;
     s.fresh = NULL;

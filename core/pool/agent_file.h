@@ -29,8 +29,8 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
  * stay in the file; verify: also check the data checksum (one streaming pass
  * over the file, nothing kept). Format version 2 only. On success the new
  * memory owns r (closed when it is freed) and carries the file's agent id;
- * on failure the caller still owns r. Reserves the resident bytes (AABBs,
- * tail) in the pool. path: for messages. */
+ * on failure the caller still owns r. Its resident bytes (AABBs, tail) are
+ * in m->bytes, not yet reserved (kvm_pool_adopt does). path: for messages. */
 kvmem_status kvm_agent_parse_mapped(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *path, int verify,
                                     kvm_agent_mem **out);
 

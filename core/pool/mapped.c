@@ -145,11 +145,9 @@ kvmem_status kvmem_agent_open_file(kvmem_pool *p, const char *path, uint32_t fla
         return st;
     }
     /* from here m owns r */
-    uint64_t bytes = m->bytes;
     if ((st = kvm_pool_adopt(p, m, fn, out)) != KVMEM_OK) {
         kvm_agent_mem_clear(m);
         kvm_free(m);
-        kvm_pool_unreserve(p, bytes);
     }
     return st;
 }

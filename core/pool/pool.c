@@ -382,28 +382,46 @@ nomem:
     return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the agent table");
 }
 
-kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn, kvmem_agent **out) {
-    kvmem_agent *h = kvm_calloc(1, sizeof *h);
-    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the handle", fn);
-    pthread_mutex_lock(&p->mu);
-    int32_t at = find_agent(p, fresh->id);
+/* The table checks of kvm_pool_adopt, under the mutex. */
+static kvmem_status adopt_check(kvmem_pool *p, const char *id, const char *fn, int32_t *at) {
+    *at = find_agent(p, id);
     int in_store = 0;
     kvmem_status st = KVMEM_OK;
-    if (at < 0 && p->store) st = p->store->iface->exists(p->store, fresh->id, &in_store);
-    if (st == KVMEM_OK && (at >= 0 || in_store))
-        st = kvm_fail(KVMEM_ERR_EXISTS, "%s: the pool%s already holds an agent '%s': remove it first", fn,
-                      in_store ? "'s store" : "", fresh->id);
-    if (st == KVMEM_OK && p->params.max_agents > 0 && p->n_agents >= p->params.max_agents)
-        st = kvm_fail(KVMEM_ERR_CAPACITY, "%s: pool holds %d agents, its max_agents", fn, p->n_agents);
-    if (st == KVMEM_OK && p->n_agents == p->cap_agents) {
+    if (*at < 0 && p->store && (st = p->store->iface->exists(p->store, id, &in_store)) != KVMEM_OK) return st;
+    if (*at >= 0 || in_store)
+        return kvm_fail(KVMEM_ERR_EXISTS, "%s: the pool%s already holds an agent '%s': remove it first", fn,
+                        in_store ? "'s store" : "", id);
+    if (p->params.max_agents > 0 && p->n_agents >= p->params.max_agents)
+        return kvm_fail(KVMEM_ERR_CAPACITY, "%s: pool holds %d agents, its max_agents", fn, p->n_agents);
+    if (p->n_agents == p->cap_agents) {
         size_t nc;
         kvm_agent_mem **na = kvm_grow_cap((size_t)p->cap_agents, (size_t)p->n_agents + 1, 8, INT32_MAX, sizeof *na, &nc)
                                  ? kvm_realloc(p->agents, nc * sizeof *na)
                                  : NULL;
-        if (!na) st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the agent table", fn);
-        else p->agents = na, p->cap_agents = (int32_t)nc;
+        if (!na) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the agent table", fn);
+        p->agents = na;
+        p->cap_agents = (int32_t)nc;
     }
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn, kvmem_agent **out) {
+    kvmem_agent *h = kvm_calloc(1, sizeof *h);
+    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the handle", fn);
+    int32_t at;
+    pthread_mutex_lock(&p->mu);
+    kvmem_status st = adopt_check(p, fresh->id, fn, &at);
+    pthread_mutex_unlock(&p->mu);
+    /* reserved outside the mutex (a reservation may spill closed agents),
+     * then the checks again: another thread may have opened the id since */
+    if (st == KVMEM_OK) st = kvm_pool_reserve(p, fresh->bytes);
     if (st != KVMEM_OK) {
+        kvm_free(h);
+        return st;
+    }
+    pthread_mutex_lock(&p->mu);
+    if ((st = adopt_check(p, fresh->id, fn, &at)) != KVMEM_OK) {
+        p->used_bytes -= fresh->bytes;
         pthread_mutex_unlock(&p->mu);
         kvm_free(h);
         return st;

@@ -190,9 +190,10 @@ void kvm_agent_mem_clear(kvm_agent_mem *m);
  * old contents and fresh itself; `fresh_bytes` were reserved by the caller,
  * m's old bytes are released. Cannot fail. */
 void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh);
-/* Put fresh (its bytes reserved, its id set) into the pool's table with an
- * open handle. Fails, changing nothing (fresh stays the caller's), when the
- * id is taken in the pool or its store, or at max_agents. */
+/* Reserve fresh->bytes and put fresh (its id set) into the pool's table
+ * with an open handle. Fails, changing nothing (fresh stays the caller's),
+ * when the id is taken in the pool or its store, at max_agents, or when the
+ * bytes do not fit (the id checks come first). */
 kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn, kvmem_agent **out);
 /* Grow helpers (0 on allocation failure, nothing changed). */
 int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need);

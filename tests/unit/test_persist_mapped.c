@@ -281,6 +281,14 @@ static void mapped_agent_is_read_only_and_reopens(void **state) {
     assert_int_equal(pi.n_agents, 0);
     assert_int_equal(pi.used_bytes, 0);
 
+    /* a pool too small for even the index refuses it, changing nothing */
+    kvmem_pool *tiny = make_pool(ctx, KVMEM_Q4, 4096);
+    assert_int_equal(kvmem_agent_open_file(tiny, path, 0, &a), KVMEM_ERR_CAPACITY);
+    assert_ok(kvmem_pool_get_info(tiny, &pi));
+    assert_int_equal(pi.n_agents, 0);
+    assert_int_equal(pi.used_bytes, 0);
+    kvmem_pool_free(tiny);
+
     assert_ok(kvmem_agent_open_file(p, path, KVMEM_OPEN_FILE_NO_VERIFY, &a));
     read_all(a, k, v);
     kvmem_agent *dup;
