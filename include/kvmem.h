@@ -1673,7 +1673,9 @@ KVMEM_API kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, con
 /* ---- Agents larger than RAM: a saved agent opened in place --------------- */
 
 /* Flags of kvmem_agent_open_file. */
-#define KVMEM_OPEN_FILE_NO_VERIFY 0x1u /* skip the data checksum pass (the header is still checked) */
+#define KVMEM_OPEN_FILE_NO_VERIFY 0x1u /* skip the data checksum pass (the header, AABBs and tail are
+                                          still checked): KV bytes are then used as the file holds them,
+                                          so a damaged file gives wrong values (never a crash) */
 
 /* Open an agent file written by kvmem_agent_save (format version 2) as a
  * read-only agent of the pool whose KV blocks stay in the file: the header

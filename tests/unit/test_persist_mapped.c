@@ -384,6 +384,15 @@ static void bad_files_fail_with_a_status_at_open_or_at_the_read(void **state) {
     assert_int_equal(pi.n_agents, 0);
     assert_int_equal(pi.used_bytes, 0);
     assert_ok(kvmem_agent_open_file(p, bad, KVMEM_OPEN_FILE_NO_VERIFY, &a));
+    {   /* unverified bytes are used as they are: wrong values, any status, no crash */
+        float *bk = malloc(n * 4), *bv = malloc(n * 4);
+        kvmem_tensor tk, tv;
+        int64_t shape[4] = {L, T, H, D};
+        assert_ok(kvmem_tensor_init(&tk, bk, KVMEM_F32, 4, shape));
+        assert_ok(kvmem_tensor_init(&tv, bv, KVMEM_F32, 4, shape));
+        (void)kvmem_agent_read(a, 0, T, &tk, &tv);
+        free(bk), free(bv);
+    }
     kvmem_agent_close(a);
     assert_ok(kvmem_pool_remove_agent(p, "a"));
 
@@ -440,11 +449,60 @@ static void bad_files_fail_with_a_status_at_open_or_at_the_read(void **state) {
     kvmem_context_free(ctx);
 }
 
+/* A pool with a store spills closed agents to make room: never a mapped one
+ * (its KV is in its own file, and it holds only its index), and a sync does
+ * not write it. */
+static void mapped_agents_are_never_spilled_or_synced(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(1);
+    size_t n = (size_t)L * T * H * D;
+    float *k = malloc(n * 4), *v = malloc(n * 4), *k2 = malloc(n * 4), *v2 = malloc(n * 4);
+    char path[300], store[300];
+    snprintf(path, sizeof path, "%s/sp.safetensors", g_dir);
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    assert_int_equal(mkdir(store, 0700), 0);
+    write_agent(ctx, KVMEM_F16, path, k, v);
+    kvmem_model_spec spec = tu_spec(L, D);
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.storage_dtype = KVMEM_F16;
+    pp.block_size = BS;
+    pp.store_dir = store;
+    pp.capacity_bytes = resident_bytes(KVMEM_F16) + 1000;
+    kvmem_pool *p = NULL;
+    assert_ok(kvmem_pool_create(ctx, &spec, &pp, &p));
+    kvmem_agent *a, *b;
+    assert_ok(kvmem_agent_open_file(p, path, 0, &a));
+    read_all(a, k, v);
+    kvmem_agent_close(a);
+    /* another agent needs more than is left: the only closed agent is mapped */
+    assert_ok(kvmem_agent_open(p, "b", &b));
+    kvmem_tensor tk, tv;
+    int64_t shape[4] = {L, BS, H, D};
+    assert_ok(kvmem_tensor_init(&tk, k, KVMEM_F32, 4, shape));
+    assert_ok(kvmem_tensor_init(&tv, v, KVMEM_F32, 4, shape));
+    assert_int_equal(kvmem_agent_append(b, &tk, &tv, NULL), KVMEM_ERR_CAPACITY);
+    assert_non_null(strstr(kvmem_last_error(), "no closed agent left to spill"));
+    kvmem_agent_close(b);
+    assert_ok(kvmem_pool_sync(p));
+    char stored[400];
+    snprintf(stored, sizeof stored, "%s/a.safetensors", store);
+    assert_int_equal(access(stored, F_OK), -1);
+    assert_ok(kvmem_agent_open(p, "a", &a)); /* still mapped, still the same */
+    read_all(a, k2, v2);
+    assert_memory_equal(k, k2, n * 4);
+    assert_memory_equal(v, v2, n * 4);
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    free(k), free(v), free(k2), free(v2);
+    kvmem_context_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mapped_agent_equals_the_loaded_agent_bit_for_bit),
         cmocka_unit_test(mapped_agent_is_read_only_and_reopens),
         cmocka_unit_test(bad_files_fail_with_a_status_at_open_or_at_the_read),
+        cmocka_unit_test(mapped_agents_are_never_spilled_or_synced),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
