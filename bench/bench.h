@@ -54,6 +54,11 @@ double kvm_thread_cpu_now(void);
 double kvm_measure_read_bw_gbps_cpu(size_t bytes, int rounds);
 double kvm_measure_peak_gflops_cpu(int rounds);
 
+/* The store suite's lines for agents opened in place (bench/store_mapped.c),
+ * in the suite's directory dir. 0 on success. */
+struct kvmem_context;
+int kvm_bench_store_mapped(const kvm_bench_opts *o, struct kvmem_context *ctx, const char *dir);
+
 /* JSON line helpers: begin, add keys, end (prints "}\n"). */
 void kvm_json_begin(FILE *f, const char *suite);
 void kvm_json_str(FILE *f, const char *key, const char *val);

@@ -16,7 +16,9 @@
  * With --store redis://...: the same agents saved to / loaded from that
  * Redis server too, in the same run ("store":"redis" lines: redis_save_gbps,
  * redis_load_gbps beside the directory store's dir_save_gbps, dir_load_gbps).
- * The bench starts no server: without --store it prints a skipped line. */
+ * The bench starts no server: without --store it prints a skipped line.
+ * Then an agent 4 times the pool's capacity, opened in place, against the
+ * same agent in memory ("config":"mapped_*", bench/store_mapped.c). */
 #include "bench.h"
 #include "kvmem.h"
 #include "quant/quant.h"
@@ -262,6 +264,7 @@ static int run_store(const kvm_bench_opts *o) {
     io_result r16 = {0, 0}, r4 = {0, 0};
     int rc = run_config(o, ctx, dir, NULL, KVMEM_F16, L, T, mc, fresh, &f16, &r16);
     rc |= run_config(o, ctx, dir, NULL, KVMEM_Q4, L, T, mc, fresh, &q4, &r4);
+    rc |= kvm_bench_store_mapped(o, ctx, dir);
     if (o->store) {
         rc |= run_config(o, ctx, dir, o->store, KVMEM_F16, L, T, mc, fresh, &f16, &r16);
         if (!rc) rc |= run_config(o, ctx, dir, o->store, KVMEM_Q4, L, T, mc, fresh, &q4, &r4);

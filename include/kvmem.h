@@ -1226,7 +1226,9 @@ KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tenso
  *    (examples/tinyllm) and will follow engines that adopt it;
  *  - k-means grouping, multi-hop selection, the layer-balanced load plan:
  *    KEEP's research interfaces (caller-computed attention matrices, a
- *    simulated load stream) that change with the segment store. */
+ *    simulated load stream) that change with the segment store;
+ *  - opening an agent file in place (agents larger than RAM): new, and its
+ *    read-only rule may give way to appends kept in memory. */
 #ifdef KVMEM_EXPERIMENTAL
 
 /* ---- Query memory: the residual head ------------------------------------ */
@@ -1667,6 +1669,43 @@ KVMEM_API kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, con
                                        int32_t n_segments, const uint8_t *recompute,
                                        kvmem_load_item *items, size_t capacity, size_t *n_items,
                                        double *layer_start_ms, kvmem_load_plan_stats *stats);
+
+/* ---- Agents larger than RAM: a saved agent opened in place --------------- */
+
+/* Flags of kvmem_agent_open_file. */
+#define KVMEM_OPEN_FILE_NO_VERIFY 0x1u /* skip the data checksum pass (the header, AABBs and tail are
+                                          still checked): KV bytes are then used as the file holds them,
+                                          so a damaged file gives wrong values (never a crash) */
+
+/* Open an agent file written by kvmem_agent_save (format version 2) as a
+ * read-only agent of the pool whose KV blocks stay in the file: the header
+ * is validated as by kvmem_agent_load, the AABB index, the unsealed tail,
+ * the token ids and the text are read into memory, and the whole data
+ * section's checksum is verified in one streaming pass (nothing of it kept;
+ * KVMEM_OPEN_FILE_NO_VERIFY skips it). Retrieval (AABB and EXACT), gather,
+ * attention with the agent as source, kvmem_agent_read and batch merge then
+ * read the blocks they need from the file (pread, decoded exactly as from
+ * memory: results equal those of the same agent loaded), so an agent
+ * larger than the pool's capacity_bytes, or than RAM, can be used. The
+ * pool counts only the resident bytes (AABBs and tail) against its
+ * capacity; the OS page cache keeps recently read blocks.
+ * The agent is named by the file's agent id; *out is an open handle to it
+ * (kvmem_agent_close, then kvmem_agent_open reopens it, still mapped;
+ * kvmem_pool_remove_agent closes the file). It is read-only: append,
+ * flush, truncate and save return KVMEM_ERR_UNSUPPORTED (kvmem_agent_load
+ * replaces it with an in-memory copy that can change). A pool with a store
+ * never spills it.
+ * The file must not change while it is open: the sizes were checked at
+ * open, so a file that shrinks later makes the call that reads a missing
+ * block return KVMEM_ERR_CORRUPT (a read error: KVMEM_ERR_IO) with nothing
+ * committed, never a crash; a file rewritten in place with other bytes of
+ * the same size is not detected.
+ * Errors: those of kvmem_agent_load, KVMEM_ERR_EXISTS (the pool or its
+ * store holds an agent of that id), KVMEM_ERR_UNSUPPORTED (a version 1
+ * file), KVMEM_ERR_CAPACITY (the AABB index does not fit, or max_agents).
+ * Threading: as kvmem_agent_open. */
+KVMEM_API kvmem_status kvmem_agent_open_file(kvmem_pool *pool, const char *path, uint32_t flags,
+                                             kvmem_agent **out);
 
 #endif /* KVMEM_EXPERIMENTAL */
 

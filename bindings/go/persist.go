@@ -65,6 +65,33 @@ func (a *Agent) Save(path string) error {
 }
 
 // Load is kvmem_agent_load: replace the agent's memory with a saved file ("" = the pool's store).
+// OpenFileNoVerify skips the data checksum pass of AgentOpenFile (KVMEM_OPEN_FILE_NO_VERIFY).
+const OpenFileNoVerify = 0x1
+
+// AgentOpenFile is kvmem_agent_open_file (experimental): a saved agent file
+// opened in place, read-only; its KV blocks stay in the file and are read
+// when used, so the agent may be larger than the pool's capacity. The agent
+// takes the file's agent id. flags: 0 or OpenFileNoVerify.
+func (p *Pool) AgentOpenFile(path string, flags uint32) (*Agent, error) {
+	h, err := p.ptr()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := cpath(path)
+	if err != nil {
+		return nil, err
+	}
+	defer C.free(unsafe.Pointer(cs))
+	var out *C.kvmem_agent
+	if err := call(func() C.kvmem_status { return C.kvmem_agent_open_file(h, cs, C.uint32_t(flags), &out) }); err != nil {
+		return nil, err
+	}
+	id := C.GoString(C.kvmem_agent_get_id(out))
+	a := &Agent{n: newNode(unsafe.Pointer(out), func(p unsafe.Pointer) { C.kvmem_agent_close((*C.kvmem_agent)(p)) }, p.n, true, "Agent '"+id+"'"), pool: p}
+	runtime.SetFinalizer(a, (*Agent).Close)
+	return a, nil
+}
+
 func (a *Agent) Load(path string) error {
 	h, err := a.ptr()
 	if err != nil {

@@ -75,3 +75,55 @@ func TestBatchMergeExtract(t *testing.T) {
 		t.Fatalf("layer 5: %v", err)
 	}
 }
+
+func TestAgentOpenFileInPlace(t *testing.T) {
+	// experimental: a saved agent opened in place gives the KV the loaded
+	// file gives, in a pool smaller than the file, and is read-only
+	ctx, pool := smallPool(t, kvmem.Q4)
+	defer ctx.Close()
+	a, _ := pool.AgentOpen("fay")
+	const T = 4*64 + 1
+	k := seq(2*T*2*8, 3)
+	if err := a.Append(kvmem.F32Tensor(k), kvmem.F32Tensor(k), nil); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "fay.safetensors")
+	if err := a.Save(file); err != nil {
+		t.Fatal(err)
+	}
+	rk, rv, err := a.ReadF32(0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if err := pool.RemoveAgent("fay"); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(file)
+	spec := kvmem.ModelSpecDefault()
+	spec.NLayers, spec.NQHeads, spec.NKVHeads, spec.HeadDim = 2, 4, 2, 8
+	pp := kvmem.PoolDefaultParams()
+	pp.BlockSize, pp.StorageDType, pp.CapacityBytes = 4, kvmem.Q4, uint64(st.Size()/2)
+	small, err := ctx.PoolCreate(spec, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := small.AgentOpenFile(file, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ID() != "fay" {
+		t.Fatalf("id %q", m.ID())
+	}
+	mk, mv, err := m.ReadF32(0, -1)
+	if err != nil || !reflect.DeepEqual(mk, rk) || !reflect.DeepEqual(mv, rv) {
+		t.Fatalf("mapped KV differs from the loaded KV (%v)", err)
+	}
+	if err := m.Truncate(3); !errors.Is(err, kvmem.ErrUnsupported) {
+		t.Fatalf("truncate of a mapped agent: %v", err)
+	}
+	if _, err := small.AgentOpenFile(file, kvmem.OpenFileNoVerify); !errors.Is(err, kvmem.ErrExists) {
+		t.Fatalf("second open: %v", err)
+	}
+	m.Close()
+}

@@ -91,6 +91,8 @@ export class Pool extends Handle {
   agentId(index: number): string;
   agentIds(): string[];
   agentOpen(id: string): Agent;
+  /** kvmem_agent_open_file (experimental): a saved agent opened in place, read-only; its KV stays in the file. */
+  agentOpenFile(path: string, opts?: { verify?: boolean }): Agent;
   removeAgent(id: string): void;
   sync(): void;
   syncAsync(): Promise<void>;

@@ -295,6 +295,14 @@ class Pool extends Handle {
   }
   agentIds() { return Array.from({ length: this.getInfo().nAgents }, (_, i) => this.agentId(i)); }
   agentOpen(id) { return new Agent(this, id); }
+  // kvmem_agent_open_file (experimental): a saved agent file opened in place, read-only;
+  // its KV blocks stay in the file, so the agent may be larger than capacityBytes.
+  // The agent takes the file's id; { verify: false } skips the data checksum pass.
+  agentOpenFile(file, { verify = true } = {}) {
+    const out = [null];
+    C.kvmem_agent_open_file(this.handle, cPath(file, 'path'), verify ? 0 : OPEN_FILE_NO_VERIFY, out);
+    return new Agent(this, null, out[0]);
+  }
   // kvmem_pool_sync: write changed agents to the pool's store
   sync() { C.kvmem_pool_sync(this.handle); }
   syncAsync() { return this._async(C.kvmem_pool_sync, this.handle).then(() => undefined); }
@@ -304,11 +312,15 @@ class Pool extends Handle {
 
 const OUT_KEYS = ['kOut', 'vOut', 'dtype', 'keys', 'values'];
 
+const OPEN_FILE_NO_VERIFY = 0x1;
+
 class Agent extends Handle {
-  constructor(pool, id) {
+  // opened: a handle the library already opened (Pool.agentOpenFile)
+  constructor(pool, id, opened = null) {
     super();
-    const out = [null];
-    C.kvmem_agent_open(pool.handle, cId(id, 'agent id'), out);
+    const out = [opened];
+    if (opened === null) C.kvmem_agent_open(pool.handle, cId(id, 'agent id'), out);
+    else id = C.kvmem_agent_get_id(opened);
     this._own(out[0], C.kvmem_agent_close, `Agent '${id}'`);
     this.pool = pool;
     const ref = new WeakRef(this);

@@ -202,6 +202,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_pool_agent_id(kvmem_pool *pool, int32_t index, _Out_ uint8_t *buf, size_t size, _Out_ size_t *len)',
   'int32_t kvmem_agent_id_valid(const char *id)',
   'kvmem_status kvmem_agent_open(kvmem_pool *pool, const char *id, _Out_ kvmem_agent **out)',
+  'kvmem_status kvmem_agent_open_file(kvmem_pool *pool, const char *path, uint32_t flags, _Out_ kvmem_agent **out)',
   'void kvmem_agent_close(kvmem_agent *agent)',
   'kvmem_status kvmem_pool_remove_agent(kvmem_pool *pool, const char *id)',
   'const char *kvmem_agent_get_id(const kvmem_agent *agent)',

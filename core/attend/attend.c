@@ -543,6 +543,7 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
         kvmem_backend *be = dev && dev->iface->attend ? dev : ctx->cpu;
         st = be->iface->attend(be, &pl, &s);
     }
+    if (agent) st = kvm_mapped_check(pl.mem, st, fn); /* before out is written */
     if (st != KVMEM_OK) {
         bufs_free(&b);
         return st;

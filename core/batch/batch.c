@@ -75,7 +75,10 @@ static kvmem_status batch_merge(kvmem_agent *const *agents, int32_t B, int32_t l
     }
     kvm_free(rows);
     kvm_free(zero);
-    return KVMEM_OK;
+    st = KVMEM_OK;
+    for (int32_t b = 0; b < B; b++) /* every agent's note is cleared; the first failure is returned */
+        st = kvm_mapped_check(agents[b]->mem, st, "kvmem_batch_merge");
+    return st;
 }
 
 kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t B, int32_t layer, const kvmem_tensor *k_out,

@@ -1,6 +1,7 @@
 /* Agents: appending KV (de-rotating post-RoPE keys), sealing blocks with
  * their AABB, and reading memory back. */
 #include "pool.h"
+#include "mapped.h"
 #include "../cpu/kernels.h"
 #include "../tensor.h"
 
@@ -178,6 +179,7 @@ static kvmem_status agent_append_taken(kvmem_agent *a, const kvmem_tensor *k, co
                                 const kvmem_append_params *params) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_append");
     if (st != KVMEM_OK) return st;
+    if ((st = kvm_mapped_refuse(a->mem, "kvmem_agent_append")) != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
     kvm_agent_mem *m = a->mem;
     const int32_t L = p->spec.n_layers, H = p->spec.n_kv_heads, D = p->spec.head_dim;
@@ -310,6 +312,7 @@ static kvmem_status agent_append_taken(kvmem_agent *a, const kvmem_tensor *k, co
             m->blocks[b].n_tokens = BS;
             m->blocks[b].reserved = 0;
             m->blocks[b].kv = kvs[sealed];
+            m->blocks[b].map = NULL;
             sealed++;
             m->tail_n = 0;
         }
@@ -343,6 +346,7 @@ kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvm
 static kvmem_status agent_flush_taken(kvmem_agent *a) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_flush");
     if (st != KVMEM_OK) return st;
+    if ((st = kvm_mapped_refuse(a->mem, "kvmem_agent_flush")) != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
     kvm_agent_mem *m = a->mem;
     if (m->tail_n == 0) return KVMEM_OK;
@@ -363,6 +367,7 @@ static kvmem_status agent_flush_taken(kvmem_agent *a) {
     m->blocks[b].n_tokens = m->tail_n;
     m->blocks[b].reserved = 0;
     m->blocks[b].kv = kv;
+    m->blocks[b].map = NULL;
     m->n_sealed++;
     m->tail_n = 0;
     m->bytes += need;
@@ -433,6 +438,10 @@ void kvm_block_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int3
                         int32_t row0, int32_t n, float *dst) {
     const size_t D = (size_t)p->spec.head_dim;
     const kvmem_dtype dt = p->params.storage_dtype;
+    if (!b->kv) {
+        kvm_mapped_read_f32(p, b, which, l, h, row0, n, dst);
+        return;
+    }
     if (kvm_is_quant_dtype(dt)) {
         const kvm_qblock qb = kvm_block_qlayout(p, b->n_tokens);
         const size_t g = (size_t)l * (size_t)p->spec.n_kv_heads + (size_t)h;
@@ -516,6 +525,7 @@ kvmem_status kvmem_agent_read(kvmem_agent *a, int64_t first, int64_t T, const kv
     kvmem_status st = kvm_agent_enter(a, "kvmem_agent_read");
     if (st != KVMEM_OK) return st;
     st = agent_read_taken(a, first, T, k_out, v_out);
+    if (a->mem) st = kvm_mapped_check(a->mem, st, "kvmem_agent_read");
     kvm_agent_leave(a);
     return st;
 }
@@ -590,6 +600,7 @@ kvmem_status kvmem_agent_text(kvmem_agent *a, const char **text, size_t *len) {
 static kvmem_status agent_truncate_taken(kvmem_agent *a, int64_t n) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_truncate");
     if (st != KVMEM_OK) return st;
+    if ((st = kvm_mapped_refuse(a->mem, "kvmem_agent_truncate")) != KVMEM_OK) return st;
     kvmem_pool *p = a->pool;
     kvm_agent_mem *m = a->mem;
     if (n < 0 || n > m->n_tokens)

@@ -14,6 +14,7 @@
  * digests (little-endian u64s), so chunks are independent. Nothing reaches
  * the pool until the checksum matches. */
 #include "agent_file.h"
+#include "mapped.h"
 #include "../format/hash.h"
 #include "../format/safetensors.h"
 
@@ -363,6 +364,7 @@ typedef struct chunk_job {
     const pieces *ps;
     kvm_acc64_fn stripes;
     kvm_store_reader *r; /* NULL: hash the pieces in memory (save) */
+    int hash_only;       /* with r: hash the file's bytes, copy them nowhere (opening a mapped agent) */
     uint64_t data_off;   /* file offset of the data section (load) */
     uint64_t *digest;    /* per chunk */
     kvmem_status *status;/* per chunk (load) */
@@ -389,7 +391,7 @@ static void chunk_task(void *arg, size_t cb, size_t ce) {
         /* large pieces: read straight into the blocks; small ones (Q4 scales,
          * AABB rows) cost more per iovec than a copy from a bounce buffer */
         size_t last = piece_at(ps, c1 > 0 ? c1 - 1 : 0);
-        int direct = j->r->readv_at && buf && (c1 - c0) / (uint64_t)(last - i + 1) >= 2048;
+        int direct = !j->hash_only && j->r->readv_at && buf && (c1 - c0) / (uint64_t)(last - i + 1) >= 2048;
         if (direct) {
             /* straight into the blocks, then hash what was read while it is in cache */
             struct iovec iov[KVM_MAX_IOV];
@@ -459,8 +461,10 @@ static uint64_t combine_digests(const uint64_t *dig, size_t n) {
 }
 
 /* Checksum of the data section described by ps; with a reader, also read it
- * into the pieces. Returns the combined digest in *sum. */
-static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, uint64_t *sum) {
+ * into the pieces (hash_only: only hash ps->total bytes of the file).
+ * Returns the combined digest in *sum. */
+static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, int hash_only,
+                               uint64_t *sum) {
     size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
     uint64_t *dig = kvm_malloc((n ? n : 1) * sizeof *dig);
     kvmem_status *sts = kvm_malloc((n ? n : 1) * sizeof *sts);
@@ -469,7 +473,7 @@ static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader
         kvm_free(sts);
         return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the digests of %zu data chunks", n);
     }
-    chunk_job j = {ps, acc64_kernel(), r, data_off, dig, sts};
+    chunk_job j = {ps, acc64_kernel(), r, hash_only, data_off, dig, sts};
     kvm_parallel_for(p->ctx->tp, n, 1, chunk_task, &j);
     kvmem_status st = KVMEM_OK;
     for (size_t c = 0; r && c < n && st == KVMEM_OK; c++) {
@@ -623,7 +627,7 @@ kvmem_status kvm_agent_write(kvmem_pool *p, const kvm_agent_mem *cm, kvm_store_w
     const int one_pass = w->pwritev_at != NULL;
     if (!one_pass) {
         st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
-                    : run_chunks(p, &ps, NULL, 0, &sum);
+                    : run_chunks(p, &ps, NULL, 0, 0, &sum);
         if (st != KVMEM_OK) {
             kvm_free(ps.v);
             kvm_free(pl.t);
@@ -966,8 +970,25 @@ static const char *const k_agent_keys[] = {"format", "format_version", "agent_id
                                            "storage_dtype", "block_size", "n_tokens", "block_tokens", "token_ids",
                                            "token_text_offsets", "text", "text_hex", "checksum", NULL};
 
-kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *expect_id,
-                             kvm_agent_mem **out) {
+/* Reads consecutive pieces of one tensor from the file (a mapped agent's
+ * AABBs and tail). */
+typedef struct cursor {
+    kvm_store_reader *r;
+    uint64_t off;
+} cursor;
+
+static kvmem_status read_piece(void *arg, unsigned char *ptr, size_t len) {
+    cursor *c = arg;
+    kvmem_status st = read_exact(c->r, c->off, ptr, len, "data section");
+    c->off += len;
+    return st;
+}
+
+/* kvm_agent_parse; with map_path, the mapped form (kvm_agent_parse_mapped). */
+static kvmem_status parse_file(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *expect_id,
+                               const char *map_path, int verify, kvm_agent_mem **out) {
+    const int mapped = map_path != NULL;
+    kvm_mapped *mp = NULL;
     loadstate s;
     memset(&s, 0, sizeof s);
     kvmem_status st;
@@ -995,6 +1016,11 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
     int version = 0;
     if ((st = check_meta(p, &s, meta, expect_id, &version, &n_tokens, &checksum)) != KVMEM_OK) goto done;
     rules.quote = 1; /* an agent file now */
+    if (mapped && version < 2) {
+        st = kvm_fail(KVMEM_ERR_UNSUPPORTED, "a format version 1 file cannot be mapped: load it with kvmem_agent_load and "
+                                             "save it again (version 2)");
+        goto done;
+    }
 
     /* blocks: lengths in [1, BS], the tail shorter than a block */
     const int32_t BS = p->params.block_size;
@@ -1050,8 +1076,34 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
      * bytes last (a reservation may spill closed agents: never for a load
      * that then fails) */
     uint64_t need = (n_tokens > ts) ? kvm_tail_bytes(p) : 0;
-    for (int64_t i = 0; i < n_sealed; i++) need += kvm_block_bytes(p, s.block_n[i]);
+    for (int64_t i = 0; i < n_sealed; i++)
+        need += mapped ? kvm_aabb_block_bytes(p) : kvm_block_bytes(p, s.block_n[i]); /* mapped: what is resident */
     kvm_agent_mem *f = s.fresh = kvm_calloc(1, sizeof *f);
+    if (f && mapped) {
+        size_t pl_len = strlen(map_path);
+        f->mapped = mp = kvm_calloc(1, sizeof *mp);
+        if (mp) {
+            mp->raw_begin = kvm_calloc(2 * (size_t)p->spec.n_layers, sizeof *mp->raw_begin);
+            mp->path = kvm_malloc(pl_len + 1);
+            if (mp->path) memcpy(mp->path, map_path, pl_len + 1);
+            atomic_init(&mp->err, 0);
+            atomic_init(&mp->err_block, -1);
+        }
+        if (!mp || !mp->raw_begin || !mp->path) {
+            st = kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the file map of a mapped agent");
+            goto done;
+        }
+        const char *id = meta_str(&s.hdr.doc, meta, "agent_id", &n); /* checked by check_meta */
+        snprintf(f->id, sizeof f->id, "%s", id);
+        mp->data_off = 8 + hl;
+        mp->file_size = size;
+        mp->ts = (uint64_t)ts;
+        for (int i = 0; i < s.pl.n; i++) {
+            const tplan *t = &s.pl.t[i];
+            if (t->kind == T_KV) mp->raw_begin[(size_t)t->which * (size_t)p->spec.n_layers + (size_t)t->layer] = t->begin;
+            else if (t->kind == T_QKV) mp->q_begin[t->part][t->which] = t->begin;
+        }
+    }
     size_t text_cap = 0;
     const char *text = meta_str(&s.hdr.doc, meta, "text", &n);
     const char *hex = NULL;
@@ -1076,8 +1128,9 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         f->blocks[i].first_token = first;
         f->blocks[i].n_tokens = s.block_n[i];
         f->blocks[i].reserved = 0;
-        f->blocks[i].kv = kvm_aligned_alloc(kvm_block_kv_bytes(p, s.block_n[i]));
-        if (!f->blocks[i].kv) ok = 0; /* every byte but section padding (never read) is written below */
+        f->blocks[i].map = mp;
+        f->blocks[i].kv = mapped ? NULL : kvm_aligned_alloc(kvm_block_kv_bytes(p, s.block_n[i]));
+        if (!mapped && !f->blocks[i].kv) ok = 0; /* every byte but section padding (never read) is written below */
         f->n_sealed = (int32_t)i + 1;
         first += s.block_n[i];
     }
@@ -1137,10 +1190,22 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
         }
     }
     pieces ps = {0};
-    for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.aabb1, s.order[i], collect, &ps);
-    uint64_t got_sum = 0;
-    st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
-                : run_chunks(p, &ps, r, 8 + hl, &got_sum);
+    uint64_t got_sum = checksum;
+    if (mapped) {
+        if (mp) mp->blocks = f->blocks;
+        /* resident: the AABBs and the tail; then the checksum of the whole
+         * data section, hashed in chunks and kept nowhere */
+        for (int i = 0; i < s.pl.n && st == KVMEM_OK; i++) {
+            cursor c = {r, 8 + hl + s.order[i]->begin};
+            if (s.order[i]->kind == T_TAIL || s.order[i]->kind == T_AABB) st = for_pieces(p, f, NULL, s.order[i], read_piece, &c);
+        }
+        ps.total = size - 8 - hl;
+        if (st == KVMEM_OK && verify) st = run_chunks(p, &ps, r, 8 + hl, 1, &got_sum);
+    } else {
+        for (int i = 0; i < s.pl.n && !ps.oom; i++) for_pieces(p, f, s.aabb1, s.order[i], collect, &ps);
+        st = ps.oom ? kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the list of data pieces")
+                    : run_chunks(p, &ps, r, 8 + hl, 0, &got_sum);
+    }
     kvm_free(ps.v);
     if (st != KVMEM_OK) goto done;
     if (got_sum != checksum) {
@@ -1168,11 +1233,23 @@ kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, 
             goto done;
         }
     }
-    if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
+    /* a mapped agent's bytes are reserved when it joins the pool (kvm_pool_adopt) */
+    if (!mapped && (st = kvm_pool_reserve(p, need)) != KVMEM_OK) goto done;
+    if (mp) mp->r = r; /* the mapping owns the reader from here on */
     *out = f;
     s.fresh = NULL;
     st = KVMEM_OK;
 done:
     ls_free(&s);
     return st;
+}
+
+kvmem_status kvm_agent_parse(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *expect_id,
+                             kvm_agent_mem **out) {
+    return parse_file(p, r, size, expect_id, NULL, 1, out);
+}
+
+kvmem_status kvm_agent_parse_mapped(kvmem_pool *p, kvm_store_reader *r, uint64_t size, const char *path, int verify,
+                                    kvm_agent_mem **out) {
+    return parse_file(p, r, size, NULL, path, verify, out);
 }

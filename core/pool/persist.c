@@ -2,6 +2,7 @@
  * the store tier the pool uses to spill and reload closed agents. The bytes
  * go through the byte-store interface (core/store/store.h) only. */
 #include "agent_file.h"
+#include "mapped.h"
 
 #include <string.h>
 
@@ -36,6 +37,7 @@ kvmem_status kvm_store_load_mem(kvmem_pool *p, kvm_agent_mem *m) {
 static kvmem_status agent_save_taken(kvmem_agent *a, const char *path) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_save");
     if (st != KVMEM_OK) return st;
+    if ((st = kvm_mapped_refuse(a->mem, "kvmem_agent_save")) != KVMEM_OK) return st; /* its KV is in its file */
     kvmem_pool *p = a->pool;
     if (path && !*path) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_save: path is empty");
     if (!path) {

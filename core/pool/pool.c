@@ -2,6 +2,7 @@
 #include "pool.h"
 #include "../cpu/kernels.h"
 #include "agent_file.h"
+#include "mapped.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -109,6 +110,8 @@ void kvm_agent_mem_clear(kvm_agent_mem *m) {
     kvm_free(m->token_ids);
     kvm_free(m->token_text_off);
     kvm_free(m->text);
+    kvm_mapped_free(m->mapped);
+    m->mapped = NULL;
     m->blocks = NULL;
     m->aabb = m->tail = NULL;
     m->token_ids = NULL;
@@ -145,6 +148,7 @@ void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh
     m->text_len = fresh->text_len;
     m->text_cap = fresh->text_cap;
     m->bytes = fresh->bytes;
+    m->mapped = fresh->mapped;
     kvm_free(fresh);
 }
 
@@ -155,7 +159,9 @@ static kvmem_status spill_one(kvmem_pool *p) {
     kvm_agent_mem *best = NULL;
     for (int32_t i = 0; i < p->n_agents; i++) {
         kvm_agent_mem *m = p->agents[i];
-        if (m->handle || m->spilled || m->bytes == 0) continue; /* open agents are never spilled */
+        /* open agents are never spilled; mapped ones hold only their index
+         * and cannot be written (their KV is in their own file) */
+        if (m->handle || m->spilled || m->bytes == 0 || m->mapped) continue;
         if (!best || m->lru_tick < best->lru_tick) best = m;
     }
     if (!best) return KVMEM_ERR_NOT_FOUND;
@@ -374,6 +380,66 @@ nomem:
     pthread_mutex_unlock(&p->mu);
     kvm_free(h);
     return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the agent table");
+}
+
+/* The table checks of kvm_pool_adopt, under the mutex. */
+static kvmem_status adopt_check(kvmem_pool *p, const char *id, const char *fn, int32_t *at) {
+    *at = find_agent(p, id);
+    int in_store = 0;
+    kvmem_status st = KVMEM_OK;
+    if (*at < 0 && p->store && (st = p->store->iface->exists(p->store, id, &in_store)) != KVMEM_OK) return st;
+    if (*at >= 0 || in_store)
+        return kvm_fail(KVMEM_ERR_EXISTS, "%s: the pool%s already holds an agent '%s': remove it first", fn,
+                        in_store ? "'s store" : "", id);
+    if (p->params.max_agents > 0 && p->n_agents >= p->params.max_agents)
+        return kvm_fail(KVMEM_ERR_CAPACITY, "%s: pool holds %d agents, its max_agents", fn, p->n_agents);
+    if (p->n_agents == p->cap_agents) {
+        size_t nc;
+        kvm_agent_mem **na = kvm_grow_cap((size_t)p->cap_agents, (size_t)p->n_agents + 1, 8, INT32_MAX, sizeof *na, &nc)
+                                 ? kvm_realloc(p->agents, nc * sizeof *na)
+                                 : NULL;
+        if (!na) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the agent table", fn);
+        p->agents = na;
+        p->cap_agents = (int32_t)nc;
+    }
+    return KVMEM_OK;
+}
+
+kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn, kvmem_agent **out) {
+    kvmem_agent *h = kvm_calloc(1, sizeof *h);
+    if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the handle", fn);
+    int32_t at;
+    pthread_mutex_lock(&p->mu);
+    kvmem_status st = adopt_check(p, fresh->id, fn, &at);
+    pthread_mutex_unlock(&p->mu);
+    /* reserved outside the mutex (a reservation may spill closed agents),
+     * then the checks again: another thread may have opened the id since */
+    if (st == KVMEM_OK) st = kvm_pool_reserve(p, fresh->bytes);
+    if (st != KVMEM_OK) {
+        kvm_free(h);
+        return st;
+    }
+    pthread_mutex_lock(&p->mu);
+    if ((st = adopt_check(p, fresh->id, fn, &at)) != KVMEM_OK) {
+        p->used_bytes -= fresh->bytes;
+        pthread_mutex_unlock(&p->mu);
+        kvm_free(h);
+        return st;
+    }
+    int32_t ins = -at - 1;
+    memmove(p->agents + ins + 1, p->agents + ins, (size_t)(p->n_agents - ins) * sizeof *p->agents);
+    p->agents[ins] = fresh;
+    p->n_agents++;
+    h->pool = p;
+    h->mem = fresh;
+    snprintf(h->id, sizeof h->id, "%s", fresh->id);
+    atomic_init(&h->busy, 0);
+    h->magic = KVM_AGENT_MAGIC;
+    fresh->handle = h;
+    fresh->lru_tick = ++p->tick;
+    pthread_mutex_unlock(&p->mu);
+    *out = h;
+    return KVMEM_OK;
 }
 
 /* The handle's magic alone (an atomic load: safe while a close runs). */

@@ -34,7 +34,8 @@ typedef struct kvm_block {
     int64_t first_token;
     int32_t n_tokens;
     int32_t reserved;
-    void *kv; /* [2][L][H][n_tokens][D] storage dtype */
+    void *kv; /* [2][L][H][n_tokens][D] storage dtype; NULL for a block of a mapped agent */
+    const struct kvm_mapped *map; /* the file a mapped agent's block is read from (core/pool/mapped.h), or NULL */
 } kvm_block;
 
 typedef struct kvm_agent_mem {
@@ -56,6 +57,7 @@ typedef struct kvm_agent_mem {
     int32_t dirty;     /* changed since it was last written to the store */
     int32_t spilled;   /* memory is in the store only (closed agents) */
     int32_t reserved2[2];
+    struct kvm_mapped *mapped; /* opened by kvmem_agent_open_file: read-only, KV in the file; NULL otherwise */
 } kvm_agent_mem;
 
 struct kvmem_agent {
@@ -164,6 +166,13 @@ static inline const float *kvm_tail_rows(const kvmem_pool *p, const kvm_agent_me
                          (size_t)p->spec.head_dim;
 }
 
+/* A mapped agent's blocks (core/pool/mapped.h) are read from its file; a
+ * failed read leaves zeros and a note. Every call that reads blocks returns
+ * this before it commits anything: st, or (when st is KVMEM_OK and a read
+ * of m's file failed since the last check) that failure as a status with a
+ * message naming fn; the note is cleared. */
+kvmem_status kvm_mapped_check(const kvm_agent_mem *m, kvmem_status st, const char *fn);
+
 /* Bytes of KV storage (no AABB) of a block of n tokens in the pool's dtype. */
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens);
 
@@ -181,6 +190,11 @@ void kvm_agent_mem_clear(kvm_agent_mem *m);
  * old contents and fresh itself; `fresh_bytes` were reserved by the caller,
  * m's old bytes are released. Cannot fail. */
 void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh);
+/* Reserve fresh->bytes and put fresh (its id set) into the pool's table
+ * with an open handle. Fails, changing nothing (fresh stays the caller's),
+ * when the id is taken in the pool or its store, at max_agents, or when the
+ * bytes do not fit (the id checks come first). */
+kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn, kvmem_agent **out);
 /* Grow helpers (0 on allocation failure, nothing changed). */
 int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need);
 int kvm_agent_grow_tokens(kvm_agent_mem *m, int64_t need);

@@ -160,7 +160,7 @@ static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int3
     if (dev && dev != be && dev->iface->dev_gather_rope) st = kvm_dev_gather(dev, &d);
     else st = be->iface->gather(be, &d);
     kvm_free(first);
-    return st;
+    return kvm_mapped_check(m, st, "kvmem_gather");
 }
 
 kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,

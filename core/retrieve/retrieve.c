@@ -315,7 +315,7 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
             st = kvm_dev_aabb_score(dev, &d);
         else
             st = be->iface->aabb_score(be, &d);
-        if (st != KVMEM_OK) return st;
+        if ((st = kvm_mapped_check(m, st, "kvmem_retrieve")) != KVMEM_OK) return st; /* before the commit */
     }
     for (int32_t s = 0; s < n_sets; s++) {
         float *all = nr.all + (size_t)s * (size_t)nb;

@@ -1125,6 +1125,24 @@ static kvmem_status c_save_store(void) { return kvmem_agent_save(F.ag[0], NULL);
 static kvmem_status c_load_path(void) { return kvmem_agent_load(F.ag[0], fpath("a.safetensors")); }
 static kvmem_status c_load_store(void) { return kvmem_agent_load(F.ag[0], NULL); }
 static kvmem_status c_sync(void) { return kvmem_pool_sync(F.pool); }
+static void s_mapped_file(void) {
+    /* agent "m" of 24 tokens in m.safetensors, not in the pool */
+    make_ctx();
+    make_pool_p(0, 0, 0);
+    if (!files_cached()) {
+        assert_ok(append(open_ag(0, "m"), 0, 24, 5, 0));
+        assert_ok(kvmem_agent_save(F.ag[0], fpath("m.safetensors")));
+        kvmem_agent_close(F.ag[0]);
+        F.ag[0] = NULL;
+        assert_ok(kvmem_pool_remove_agent(F.pool, "m"));
+        cache_files();
+    }
+}
+static kvmem_status c_open_file(void) { return kvmem_agent_open_file(F.pool, fpath("m.safetensors"), 0, &F.ag[0]); }
+static void s_mapped(void) {
+    s_mapped_file();
+    assert_ok(kvmem_agent_open_file(F.pool, fpath("m.safetensors"), 0, &F.ag[0]));
+}
 static kvmem_status c_prefix(void) {
     kvmem_prefix_result *r = (kvmem_prefix_result *)(void *)F.out;
     return kvmem_prefix_match(F.ag[0], "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 wx", 44, NULL, r);
@@ -1440,6 +1458,8 @@ static const op k_ops[] = {
     OP("agent_save_store", s_saved, c_save_store),
     OP("agent_load", s_saved, c_load_path),
     OP("agent_load_store", s_saved, c_load_store),
+    OP("agent_open_file", s_mapped_file, c_open_file),
+    OP("agent_read_mapped", s_mapped, c_read),
     OP("pool_sync", s_closed_b, c_sync),
     OP("dir_store_list", s_many_stored, c_store_list),
     OP("prefix_match", base, c_prefix),

@@ -65,3 +65,30 @@ test('batch merge and extract', { skip }, () => {
   assert.throws(() => kvmem.batchMerge([a, b], 5), kvmem.InvalidArgumentError);
   ctx.close();
 });
+
+test('agent file opened in place (experimental): same KV as loaded, read-only', { skip }, () => {
+  const dir = tmp();
+  const { ctx, pool } = setup({ storageDtype: 'q8' });
+  const a = pool.agentOpen('erin');
+  const T = 4 * 40 + 2;
+  const k = Float32Array.from({ length: L * T * H * D }, (_, i) => Math.cos(i * 0.37));
+  a.append(k, k.map((x) => -x));
+  const file = path.join(dir, 'erin.safetensors');
+  a.save(file);
+  const ref = a.read();
+  a.close();
+  pool.removeAgent('erin');
+  const size = fs.statSync(file).size;
+  const small = ctx.poolCreate({ nLayers: L, nQHeads: 4, nKvHeads: H, headDim: D },
+    { blockSize: 4, storageDtype: 'q8', capacityBytes: Math.floor(size / 2) });
+  const m = small.agentOpenFile(file);
+  assert.equal(m.id, 'erin');
+  assert.ok(Number(small.getInfo().usedBytes) <= size / 2);
+  const got = m.read();
+  assert.deepEqual(got.k, ref.k);
+  assert.deepEqual(got.v, ref.v);
+  assert.throws(() => m.flush(), (e) => e instanceof kvmem.UnsupportedError && /read-only/.test(e.message));
+  assert.throws(() => small.agentOpenFile(file, { verify: false }), kvmem.ExistsError);
+  m.close();
+  ctx.close();
+});

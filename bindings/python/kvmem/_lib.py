@@ -14,7 +14,7 @@ import ctypes.util
 import os
 import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32,
-                    c_int64, c_size_t, c_uint64, c_void_p)
+                    c_int64, c_size_t, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 from typing import Any, Dict, List, Set
 
@@ -73,6 +73,7 @@ LIBRARY_PATH: str = getattr(_dll, "_name", "")
 MAX_DIMS = 6
 MAX_MODEL_ID = 128
 MAX_AGENT_ID = 128
+OPEN_FILE_NO_VERIFY = 0x1
 
 c_status = c_int  # kvmem_status (an int-sized enum)
 c_enum = c_int
@@ -342,6 +343,8 @@ _d("int32_t kvmem_agent_id_valid(const char *id)", c_int32, c_char_p)
 _d("kvmem_status kvmem_agent_open(kvmem_pool *pool, const char *id, kvmem_agent **out)",
    STATUS, pool_p, c_char_p, POINTER(agent_p))
 _d("void kvmem_agent_close(kvmem_agent *agent)", None, agent_p)
+_d("kvmem_status kvmem_agent_open_file(kvmem_pool *pool, const char *path, uint32_t flags, kvmem_agent **out)",
+   STATUS, pool_p, c_char_p, c_uint32, POINTER(agent_p))
 _d("kvmem_status kvmem_pool_remove_agent(kvmem_pool *pool, const char *id)", STATUS, pool_p, c_char_p)
 _d("const char *kvmem_agent_get_id(const kvmem_agent *agent)", c_char_p, agent_p)
 _d("kvmem_status kvmem_append_params_init(kvmem_append_params *params, size_t struct_size)", STATUS,

@@ -360,6 +360,15 @@ class Pool(_Handle):
     def agent_open(self, agent_id: str) -> "Agent":
         return Agent(self, agent_id)
 
+    def agent_open_file(self, path: Any, *, verify: bool = True) -> "Agent":
+        """kvmem_agent_open_file (experimental): a saved agent file opened in place, read-only;
+        its KV blocks stay in the file and are read when used, so the agent may be larger
+        than capacity_bytes. The agent takes the file's agent id. verify=False skips the
+        data checksum pass."""
+        h = c_void_p()
+        L.kvmem_agent_open_file(self.handle, c_path(path), 0 if verify else L.OPEN_FILE_NO_VERIFY, byref(h))
+        return Agent._adopt(self, h.value)
+
     def remove_agent(self, agent_id: str) -> None:
         L.kvmem_pool_remove_agent(self.handle, c_id(agent_id, "agent id"))
 
@@ -375,6 +384,16 @@ class Agent(_Handle):
         self.pool = pool
         pool._agents.add(self)
         self._kind = f"Agent {agent_id!r}"
+
+    @classmethod
+    def _adopt(cls, pool: Pool, handle: int) -> "Agent":
+        """An Agent for a handle the C library just opened (kvmem_agent_open_file)."""
+        self = cls.__new__(cls)
+        self._init_handle(handle, L.kvmem_agent_close)
+        self.pool = pool
+        pool._agents.add(self)
+        self._kind = f"Agent {self.id!r}"
+        return self
 
     def _kv_shape(self, n: int = -1) -> Tuple[int, int, int, int]:
         s = self.pool.spec

@@ -87,3 +87,35 @@ def test_batch_merge_and_extract(tmp_path):
     with pytest.raises(kvmem.InvalidArgumentError):
         kvmem.batch_merge([a, b], layer=5)
     ctx.close()
+
+
+def test_agent_open_file_reads_in_place(tmp_path):
+    """A saved agent opened in place (experimental) reads back what the same
+    file loaded gives, fits a pool smaller than the file, and is read-only."""
+    ctx, pool = setup(tmp_path, storage_dtype="q4")
+    a = pool.agent_open("dora")
+    k = np.random.default_rng(1).standard_normal((L, 64 * 4 + 1, H, D)).astype(np.float32)
+    a.append(k, -k, token_ids=list(range(k.shape[1])))
+    path = tmp_path / "dora.safetensors"
+    a.save(path)
+    ref_k, ref_v = a.read()
+    a.close()
+    pool.remove_agent("dora")
+    size = os.path.getsize(path)
+    small = ctx.pool_create(kvmem.ModelSpec(n_layers=L, n_q_heads=4, n_kv_heads=H, head_dim=D),
+                            block_size=4, storage_dtype="q4", capacity_bytes=size // 2)
+    m = small.agent_open_file(path)
+    assert m.id == "dora" and m.get_info().n_tokens == k.shape[1]
+    assert small.get_info().used_bytes <= size // 2
+    mk, mv = m.read()
+    np.testing.assert_array_equal(mk, ref_k)
+    np.testing.assert_array_equal(mv, ref_v)
+    with pytest.raises(kvmem.UnsupportedError) as ei:
+        m.append(k[:, :1], k[:, :1])
+    assert "read-only" in ei.value.message
+    with pytest.raises(kvmem.ExistsError):
+        small.agent_open_file(path, verify=False)
+    with pytest.raises(kvmem.NotFoundError):
+        small.agent_open_file(tmp_path / "missing.safetensors")
+    m.close()
+    ctx.close()
