@@ -472,6 +472,18 @@ static int run_retrieval(const kvm_bench_opts *o) {
             kvmem_tensor_init(&g.k, gk, KVMEM_F16, 4, gs);
             kvmem_tensor_init(&g.v, gv, KVMEM_F16, 4, gs);
             double t_g = gk && gv ? kvm_time_median(rb_gather_once, &g, 1, quick ? 3 : 7) : NAN;
+            /* host <-> device bytes of one decode retrieval (1 query token)
+             * and of one gather, after the timed (warm) calls */
+            uint64_t xf[8] = {0};
+            qs[0] = 1;
+            kvmem_tensor_init(&c.q, q, KVMEM_F32, 4, qs);
+            c.p.norm = KVMEM_NORM_SOFTMAX;
+            c.p.agg = KVMEM_AGG_MAX;
+            kvmem_context_transfer_stats(pool->ctx, &xf[0], &xf[1]);
+            rb_retrieve(&c);
+            kvmem_context_transfer_stats(pool->ctx, &xf[2], &xf[3]);
+            if (gk && gv) rb_gather_once(&g);
+            kvmem_context_transfer_stats(pool->ctx, &xf[4], &xf[5]);
             free(gk);
             free(gv);
             if (c.failed || g.failed) {
@@ -520,6 +532,12 @@ static int run_retrieval(const kvm_bench_opts *o) {
                 kvm_json_num(o->out, "recall_at_k_rr_sum", rec[3]);
                 kvm_json_num(o->out, "gather_ms", t_g * 1e3);
                 kvm_json_num(o->out, "gather_gbps", g_gbps);
+                if (on_device) {
+                    kvm_json_int(o->out, "h2d_bytes", (long long)(xf[2] - xf[0])); /* one decode retrieval */
+                    kvm_json_int(o->out, "d2h_bytes", (long long)(xf[3] - xf[1]));
+                    kvm_json_int(o->out, "gather_h2d_bytes", (long long)(xf[4] - xf[2])); /* one gather */
+                    kvm_json_int(o->out, "gather_d2h_bytes", (long long)(xf[5] - xf[3]));
+                }
                 kvm_json_end(o->out);
             } else {
                 if (on_device) fprintf(o->out, "[backend %s] ", be_name);

@@ -1226,8 +1226,24 @@ KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tenso
  *    (examples/tinyllm) and will follow engines that adopt it;
  *  - k-means grouping, multi-hop selection, the layer-balanced load plan:
  *    KEEP's research interfaces (caller-computed attention matrices, a
- *    simulated load stream) that change with the segment store. */
+ *    simulated load stream) that change with the segment store;
+ *  - the context's transfer counters: what counts follows device residency,
+ *    which is still growing. */
 #ifdef KVMEM_EXPERIMENTAL
+
+/* ---- Context: host <-> device transfer counters ---------------------------- */
+
+/* Bytes the library copied from host memory into the context's backend
+ * buffers (h2d) and back (d2h) since the context was created or last reset,
+ * summed over every call on every thread (pools, agents, kvmem_attend). A
+ * "cpu" context counts only what a test or tool moves through its buffers:
+ * its ops read host memory in place. Either pointer may be NULL, not both.
+ * Errors: KVMEM_ERR_INVALID_ARG. Thread-safe (each counter is atomic; the
+ * pair is not one snapshot while other threads run calls). */
+KVMEM_API kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, uint64_t *h2d_bytes,
+                                                    uint64_t *d2h_bytes);
+/* Set both counters to 0. Errors: KVMEM_ERR_INVALID_ARG. Thread-safe. */
+KVMEM_API kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx);
 
 /* ---- Query memory: the residual head ------------------------------------ */
 

@@ -344,9 +344,9 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     KVM_ALLOC(bvis, (size_t)H * 4);
 #undef KVM_ALLOC
     if (st != KVMEM_OK) goto done;
-    if ((st = bi->buffer_upload(be, bq, 0, pl->q, q_bytes)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_upload(be, bs, 0, slots, (size_t)T * 4)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_upload(be, bq, 0, pl->q, q_bytes)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_upload(be, bs, 0, slots, (size_t)T * 4)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4)) != KVMEM_OK) goto done;
     const kvmem_tensor *kv[2] = {k, v};
     kvmem_buffer *bkv[2] = {bk, bv};
     for (int x = 0; x < 2; x++) {
@@ -359,7 +359,7 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
             pack_kv(kv[x], dt, pack);
             src = pack;
         }
-        if ((st = bi->buffer_upload(be, bkv[x], 0, src, kv_bytes)) != KVMEM_OK) goto done;
+        if ((st = kvm_be_upload(be, bkv[x], 0, src, kv_bytes)) != KVMEM_OK) goto done;
     }
     kvm_dev_attend_args a;
     memset(&a, 0, sizeof a);
@@ -383,8 +383,8 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     a.tau_d = pl->tau_d;
     a.patience = pl->patience;
     if ((st = bi->dev_attend(be, &a)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_download(be, bout, 0, pl->out, q_bytes)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_download(be, bvis, 0, visited, (size_t)H * 4)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_download(be, bout, 0, pl->out, q_bytes)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_download(be, bvis, 0, visited, (size_t)H * 4)) != KVMEM_OK) goto done;
     /* stats: stream g read the first visited[g] tiles with a live position
      * of the order, all of their live positions */
     memset(s, 0, sizeof *s);

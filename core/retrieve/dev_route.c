@@ -55,16 +55,16 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     if ((st = dev_alloc(be, op, qb, &bq)) != KVMEM_OK || (st = dev_alloc(be, op, sb, &bmn)) != KVMEM_OK ||
         (st = dev_alloc(be, op, sb, &bmx)) != KVMEM_OK || (st = dev_alloc(be, op, ob, &bo)) != KVMEM_OK)
         goto done;
-    if ((st = be->iface->buffer_upload(be, bq, 0, d->q, qb)) != KVMEM_OK ||
-        (st = be->iface->buffer_upload(be, bmn, 0, mn, sb)) != KVMEM_OK ||
-        (st = be->iface->buffer_upload(be, bmx, 0, mx, sb)) != KVMEM_OK) {
+    if ((st = kvm_be_upload(be, bq, 0, d->q, qb)) != KVMEM_OK ||
+        (st = kvm_be_upload(be, bmn, 0, mn, sb)) != KVMEM_OK ||
+        (st = kvm_be_upload(be, bmx, 0, mx, sb)) != KVMEM_OK) {
         st = dev_failed(be, op, st);
         goto done;
     }
     kvm_dev_score_args a = {bq,        bmn,         bmx,        bo,        0,      0,      0,
                             d->n_q,    (int32_t)nc, p->spec.n_layers, p->spec.n_q_heads, p->spec.n_kv_heads,
                             p->spec.head_dim, d->norm, d->agg, d->tau, d->rr_c};
-    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->buffer_download(be, bo, 0, hq, ob)) != KVMEM_OK) {
+    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = kvm_be_download(be, bo, 0, hq, ob)) != KVMEM_OK) {
         st = dev_failed(be, op, st);
         goto done;
     }
@@ -149,8 +149,8 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     if ((st = dev_alloc(be, op, lb, &bsrc)) != KVMEM_OK || (st = dev_alloc(be, op, lb, &bout)) != KVMEM_OK ||
         (st = dev_alloc(be, op, M * 4, &bidx)) != KVMEM_OK || (cs && (st = dev_alloc(be, op, 2 * M * np * 4, &bcs)) != KVMEM_OK))
         goto done;
-    if ((st = be->iface->buffer_upload(be, bidx, 0, idx, M * 4)) != KVMEM_OK ||
-        (cs && (st = be->iface->buffer_upload(be, bcs, 0, cs, 2 * M * np * 4)) != KVMEM_OK)) {
+    if ((st = kvm_be_upload(be, bidx, 0, idx, M * 4)) != KVMEM_OK ||
+        (cs && (st = kvm_be_upload(be, bcs, 0, cs, 2 * M * np * 4)) != KVMEM_OK)) {
         st = dev_failed(be, op, st);
         goto done;
     }
@@ -170,9 +170,9 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
             kvm_dev_gather_args a = {bsrc, bidx, which ? NULL : bcs, bout, 0, 0, 0, 0, M, row, M, H, D,
                                      which ? 0 : (size_t)p->rope.rotary_dim, p->rope.style == KVMEM_ROPE_GPTJ,
                                      which ? 1.0f : (float)p->rope.attn_factor};
-            if ((st = be->iface->buffer_upload(be, bsrc, 0, stage, lb)) != KVMEM_OK ||
+            if ((st = kvm_be_upload(be, bsrc, 0, stage, lb)) != KVMEM_OK ||
                 (st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK ||
-                (st = be->iface->buffer_download(be, bout, 0, dst, lb)) != KVMEM_OK) {
+                (st = kvm_be_download(be, bout, 0, dst, lb)) != KVMEM_OK) {
                 st = dev_failed(be, op, st);
                 goto done;
             }
