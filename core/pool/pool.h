@@ -56,6 +56,9 @@ typedef struct kvm_agent_mem {
     int32_t dirty;     /* changed since it was last written to the store */
     int32_t spilled;   /* memory is in the store only (closed agents) */
     int32_t reserved2[2];
+    /* device-resident mirror of the sealed blocks (resident.h), or NULL;
+     * dropped by kvm_resident_drop whenever blocks change other than by sealing */
+    struct kvm_resident *res;
 } kvm_agent_mem;
 
 struct kvmem_agent {
