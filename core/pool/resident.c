@@ -65,8 +65,8 @@ static kvmem_status create(const kvmem_pool *p, kvmem_backend *be, int32_t cap_b
     size_t ab, kb;
     if (!kvm_mul_size((size_t)cap_blocks, L * row * sizeof(float), &ab) ||
         !kvm_mul_size((size_t)cap_tok, row * sizeof(float), &kb)) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: %lld tokens too large for backend %s", (long long)cap_tok,
-                      be->iface->name);
+        st = kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror of %lld tokens on backend %s (size overflows)",
+                      (long long)cap_tok, be->iface->name);
         goto fail;
     }
     const kvmem_backend_iface *f = be->iface;
@@ -150,7 +150,8 @@ kvmem_status kvm_resident_sync(const kvmem_pool *p, kvm_agent_mem *m, kvmem_back
         size_t cb, ct;
         if (!kvm_grow_cap(0, (size_t)m->n_sealed, 64, INT32_MAX, 1, &cb) ||
             !kvm_grow_cap(0, (size_t)need_tok, 64 * (size_t)BS, INT32_MAX, 1, &ct))
-            return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: %lld tokens exceed the mirror's range", (long long)need_tok);
+            return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror of %lld tokens (beyond 2^31 slots)",
+                            (long long)need_tok);
         /* room to grow: doubling keeps the re-uploads amortised */
         cb = KVM_MAX(cb, 2 * (size_t)m->n_sealed);
         ct = KVM_MAX(ct, 2 * (size_t)need_tok);
