@@ -448,8 +448,9 @@ static int run_retrieval(const kvm_bench_opts *o) {
     double memcpy_bw = kvm_measure_memcpy_gbps(big);
 
     /* --backend: AABB scoring and the gather run on that backend's device
-     * kernels when it has them (core/retrieve/dev_route.c); EXACT scoring,
-     * top-k and the agent's data stay on the host. */
+     * kernels when it has them (core/retrieve/dev_route.c), over the agent's
+     * device-resident blocks (core/pool/resident.h); EXACT scoring and top-k
+     * stay on the host. */
     kvmem_context_params cp = kvmem_context_default_params();
     cp.backend = o->backend ? o->backend : "cpu";
     cp.n_threads = o->n_threads;
