@@ -133,7 +133,8 @@ static kvmem_status upload_block(const kvmem_pool *p, const kvm_agent_mem *m, kv
 
 kvmem_status kvm_resident_sync(const kvmem_pool *p, kvm_agent_mem *m, kvmem_backend *be, kvm_resident **out) {
     *out = NULL;
-    if (m->res && m->res->be != be) kvm_resident_drop(m); /* the pool moved to another context */
+    /* the pool moved to another context, or blocks went away without a drop */
+    if (m->res && (m->res->be != be || m->res->n_blocks > m->n_sealed)) kvm_resident_drop(m);
     const int64_t sealed_tok = m->n_tokens - m->tail_n;
     {
         int64_t t = 0;
