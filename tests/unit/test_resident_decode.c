@@ -1,5 +1,7 @@
 /* Device-resident agent memory (core/pool/resident.h) on "vulkan" (Mesa's
- * lavapipe here; skipped with the reason where no Vulkan device is usable).
+ * lavapipe here; skipped with the reason where no Vulkan device is usable),
+ * or on the backend named by the first argument (ctest runs it for "cuda"
+ * too: skipped without a GPU, run by scripts/gpu-check.sh on one).
  *
  * A decode step = kvmem_retrieve of 1 query token, kvmem_gather of the top-k
  * blocks, kvmem_attend over the agent (AGENT source, every layer). Two
@@ -43,6 +45,7 @@ typedef struct side {
 } side;
 
 static char g_why[512];
+static const char *g_backend = "vulkan";
 static side g_cpu, g_dev;
 static int g_ok;
 
@@ -65,7 +68,7 @@ static int open_side(side *s, const char *backend) {
 
 static int setup(void **state) {
     (void)state;
-    g_ok = open_side(&g_cpu, "cpu") && open_side(&g_dev, "vulkan");
+    g_ok = open_side(&g_cpu, "cpu") && open_side(&g_dev, g_backend);
     return 0;
 }
 
@@ -314,7 +317,8 @@ static void test_stop_rule_and_truncate_match_cpu(void **state) {
     both(203, &ap, &b);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) g_backend = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_step_moves_query_and_result_bytes),
         cmocka_unit_test(test_stop_rule_and_truncate_match_cpu),
