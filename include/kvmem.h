@@ -1021,8 +1021,12 @@ typedef struct kvmem_attend_stats {
  * sources with no mask, the STRIDED probe, compare 0 and one order for all
  * KV heads (RECENT, IMPORTANCE, INDEX; SCORED only where it reads
  * everything, see "Orders") run on the device (K/V uploaded for the call);
- * everything else, the default SCORED included, and shapes the device
- * kernel does not support, runs on the CPU. Stats mean the same either way.
+ * so do such calls on AGENT sources whose sealed blocks are all full and
+ * that give no positions list, reading the agent's device-resident K/V
+ * (uploaded once per block; only q, the visiting order when not oldest
+ * first, and the unsealed tail go up per call); everything else, the
+ * default SCORED included, and shapes the device kernel does not support,
+ * runs on the CPU. Stats mean the same either way.
  * Non-finite K and V (TENSORS and SLOTMAP sources) are refused where they
  * are read, never clamped into a plausible output: on the CPU a position's
  * logits are checked as they are computed (1/head_dim of the work) and the
