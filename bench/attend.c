@@ -186,6 +186,19 @@ static double time_params(attend_case *c, const kvmem_attend_params *p, int qi, 
     return kvm_time_median(timed, c, 1, reps);
 }
 
+/* Host <-> device bytes of one call (the context's transfer counters around
+ * it; a device context: what kvmem_attend moved for this source). */
+static void transfer_per_call(attend_case *c, const kvmem_attend_params *p, uint64_t *h2d, uint64_t *d2h) {
+    uint64_t h0 = 0, d0 = 0, h1 = 0, d1 = 0;
+    c->params = *p;
+    c->qi = 0;
+    kvmem_context_transfer_stats(c->ctx, &h0, &d0);
+    timed(c);
+    kvmem_context_transfer_stats(c->ctx, &h1, &d1);
+    *h2d = h1 - h0;
+    *d2h = d1 - d0;
+}
+
 static double thread_cpu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -409,6 +422,8 @@ static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
     c.ctx = ctx;
     const int nt = kvmem_context_n_threads(ctx);
     const double dms = device_ms(&c, &plain, reps);
+    uint64_t h2d = 0, d2h = 0;
+    transfer_per_call(&c, &plain, &h2d, &d2h);
     if (o->json) {
         kvm_json_begin(o->out, "attend");
         kvm_json_str(o->out, "kind", "plain");
@@ -430,6 +445,8 @@ static int bench_plain(const kvm_bench_opts *o, kvmem_context *ctx, kvmem_contex
         kvm_json_num(o->out, "kv_gbps_1thread", bytes / t1 / 1e9);
         kvm_json_num(o->out, "kv_to_read_bw_1thread", bytes / t1 / 1e9 / rd);
         kvm_json_num(o->out, "ms", t_plain * 1e3);
+        kvm_json_int(o->out, "h2d_bytes", (long long)h2d); /* per call: caller K/V live on the host */
+        kvm_json_int(o->out, "d2h_bytes", (long long)d2h);
         kvm_json_end(o->out);
     } else {
         fprintf(o->out, "attend plain T=%lld: %.2f ms, %.1f GB/s of KV (%d threads; %.2f x one thread's read %.1f GB/s; one thread %.1f GB/s)\n",

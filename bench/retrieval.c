@@ -44,7 +44,18 @@
  *   gather: bytes read + written; retrieve: aabb_bytes), to_read_bw_1thread (over read_bw_cpu_gbps,
  *   one thread's streaming read on the CPU clock, measured in the same run), outputs_equal (1: the
  *   head-major call's output equals the contiguous one's bit for bit: the agent's KV read back,
- *   the selected blocks and every block's score, the gathered K/V) */
+ *   the selected blocks and every block's score, the gathered K/V)
+ *
+ * Lines with "kind":"decode_step" (--backend NAME only): host <-> device
+ * bytes of one decode step on an agent of `tokens` tokens (two sizes, 4x
+ * apart), after one warm-up step: kvmem_retrieve of 1 query token (top_k
+ * blocks), kvmem_gather of the selection (f32 K and V), kvmem_attend over
+ * the agent (AGENT source, every layer, full attention). Transfer counts
+ * (kvmem_context_transfer_stats), not timings:
+ *   h2d_bytes, d2h_bytes    the whole step;  retrieve_/gather_/attend_ h2d_bytes, d2h_bytes: per phase
+ *   query_bytes             the step's query rows (retrieval and attention, f32)
+ *   result_bytes            what the step returns: gathered K and V, attention outputs, the selection
+ *   block_score_bytes       the per-(layer, query head) block scores retrieval reads back */
 #include "bench.h"
 #include "kvmem.h"
 #include "cpu/kernels.h"
@@ -309,6 +320,112 @@ static int lay_gather(const lay_ctx *c, kvmem_dtype dt, const int32_t *blocks, i
     return rc;
 }
 
+/* One decode step's transfers on an agent of T tokens (see "decode_step"). */
+static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const kvmem_model_spec *spec, kvm_synth *syn,
+                            int64_t T, int top_k) {
+    const int32_t L = spec->n_layers, H = spec->n_kv_heads, NQ = spec->n_q_heads, D = spec->head_dim, BS = 16;
+    const int chunk = 256;
+    const size_t tok_elems = (size_t)L * (size_t)H * (size_t)D;
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BS;
+    pp.storage_dtype = KVMEM_F16;
+    kvmem_pool *pool = NULL;
+    kvmem_agent *ag = NULL;
+    kvmem_retrieval *r = NULL;
+    float *k = malloc((size_t)chunk * tok_elems * sizeof(float)), *v = malloc((size_t)chunk * tok_elems * sizeof(float));
+    float *q = malloc((size_t)L * (size_t)NQ * (size_t)D * sizeof(float)), *out = malloc((size_t)NQ * (size_t)D * sizeof(float));
+    const size_t M = (size_t)top_k * BS;
+    float *gk = malloc(M * tok_elems * sizeof(float)), *gv = malloc(M * tok_elems * sizeof(float));
+    int rc = !k || !v || !q || !out || !gk || !gv || kvmem_pool_create(ctx, spec, &pp, &pool) != KVMEM_OK ||
+             kvmem_agent_open(pool, "step", &ag) != KVMEM_OK || kvmem_retrieval_create(&r) != KVMEM_OK;
+    uint64_t rng = 99;
+    for (int64_t t = 0; t < T && !rc; t += chunk) {
+        kvm_synth_tokens(syn, (int32_t)(t / chunk) % syn->n_topics, chunk, &rng, k, v);
+        int64_t sh[4] = {L, chunk, H, D};
+        kvmem_tensor kt, vt;
+        kvmem_tensor_init(&kt, k, KVMEM_F32, 4, sh);
+        kvmem_tensor_init(&vt, v, KVMEM_F32, 4, sh);
+        rc = kvmem_agent_append(ag, &kt, &vt, NULL) != KVMEM_OK;
+    }
+    uint64_t x[8][2] = {{0}};
+    for (int rep = 0; rep < 2 && !rc; rep++) { /* rep 0 warms up: the blocks go up once */
+        kvm_synth_query(syn, 0, 1, &rng, q);
+        int64_t qs[4] = {1, L, NQ, D};
+        kvmem_tensor qt;
+        kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs);
+        kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+        rp.top_k = top_k;
+        const int32_t *sel = NULL;
+        int32_t n_sel = 0;
+        int64_t m = 0;
+        kvmem_context_transfer_stats(ctx, &x[0][0], &x[0][1]);
+        rc = kvmem_retrieve(ag, &qt, &rp, r) != KVMEM_OK || kvmem_retrieval_get(r, 0, &sel, NULL, &n_sel) != KVMEM_OK ||
+             kvmem_retrieval_n_tokens(r, 0, &m) != KVMEM_OK;
+        kvmem_context_transfer_stats(ctx, &x[1][0], &x[1][1]);
+        if (rc) break;
+        int64_t gs[4] = {L, m, H, D};
+        kvmem_tensor kt, vt;
+        kvmem_tensor_init(&kt, gk, KVMEM_F32, 4, gs);
+        kvmem_tensor_init(&vt, gv, KVMEM_F32, 4, gs);
+        rc = kvmem_gather(ag, sel, n_sel, 0, &kt, &vt) != KVMEM_OK;
+        kvmem_context_transfer_stats(ctx, &x[2][0], &x[2][1]);
+        kvmem_attend_params ap = kvmem_attend_default_params();
+        ap.order = KVMEM_ATTEND_RECENT;
+        ap.tau_s = ap.tau_d = 0;
+        for (int32_t l = 0; l < L && !rc; l++) {
+            int64_t as[3] = {1, NQ, D};
+            kvmem_tensor aq, ao;
+            kvmem_tensor_init(&aq, q + (size_t)l * (size_t)NQ * (size_t)D, KVMEM_F32, 3, as);
+            kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as);
+            kvmem_attend_source src;
+            memset(&src, 0, sizeof src);
+            src.kind = KVMEM_ATTEND_SRC_AGENT;
+            src.agent = ag;
+            src.layer = l;
+            rc = kvmem_attend(ctx, &aq, &src, &ap, &ao, NULL) != KVMEM_OK;
+        }
+        kvmem_context_transfer_stats(ctx, &x[3][0], &x[3][1]);
+    }
+    if (!rc) {
+        const double query = 2.0 * L * NQ * D * 4;
+        const double result = 2.0 * (double)M * (double)tok_elems * 4 + (double)L * NQ * D * 4 + (double)top_k * 4;
+        const double scores = (double)L * NQ * (double)(T / BS) * 4;
+        if (o->json) {
+            kvm_json_begin(o->out, "retrieval");
+            kvm_json_str(o->out, "kind", "decode_step");
+            kvm_json_str(o->out, "backend", kvmem_context_backend(ctx));
+            kvm_json_str(o->out, "model", spec->model_id);
+            kvm_json_int(o->out, "tokens", (long long)T);
+            kvm_json_int(o->out, "top_k", top_k);
+            kvm_json_int(o->out, "h2d_bytes", (long long)(x[3][0] - x[0][0]));
+            kvm_json_int(o->out, "d2h_bytes", (long long)(x[3][1] - x[0][1]));
+            static const char *ph[3] = {"retrieve", "gather", "attend"};
+            for (int i = 0; i < 3; i++) {
+                char key[32];
+                snprintf(key, sizeof key, "%s_h2d_bytes", ph[i]);
+                kvm_json_int(o->out, key, (long long)(x[i + 1][0] - x[i][0]));
+                snprintf(key, sizeof key, "%s_d2h_bytes", ph[i]);
+                kvm_json_int(o->out, key, (long long)(x[i + 1][1] - x[i][1]));
+            }
+            kvm_json_num(o->out, "query_bytes", query);
+            kvm_json_num(o->out, "result_bytes", result);
+            kvm_json_num(o->out, "block_score_bytes", scores);
+            kvm_json_end(o->out);
+        } else {
+            fprintf(o->out, "[backend %s] decode step %lld tokens: %llu bytes up, %llu down (query %.0f, result %.0f, block scores %.0f)\n",
+                    kvmem_context_backend(ctx), (long long)T, (unsigned long long)(x[3][0] - x[0][0]),
+                    (unsigned long long)(x[3][1] - x[0][1]), query, result, scores);
+        }
+    } else {
+        fprintf(stderr, "retrieval bench (decode step): %s\n", kvmem_last_error());
+    }
+    kvmem_retrieval_free(r);
+    kvmem_agent_close(ag);
+    kvmem_pool_free(pool);
+    free(k), free(v), free(q), free(out), free(gk), free(gv);
+    return rc;
+}
+
 static int run_retrieval(const kvm_bench_opts *o) {
     const int quick = o->quick;
     kvmem_model_spec spec = kvmem_model_spec_default();
@@ -331,8 +448,9 @@ static int run_retrieval(const kvm_bench_opts *o) {
     double memcpy_bw = kvm_measure_memcpy_gbps(big);
 
     /* --backend: AABB scoring and the gather run on that backend's device
-     * kernels when it has them (core/retrieve/dev_route.c); EXACT scoring,
-     * top-k and the agent's data stay on the host. */
+     * kernels when it has them (core/retrieve/dev_route.c), over the agent's
+     * device-resident blocks (core/pool/resident.h); EXACT scoring and top-k
+     * stay on the host. */
     kvmem_context_params cp = kvmem_context_default_params();
     cp.backend = o->backend ? o->backend : "cpu";
     cp.n_threads = o->n_threads;
@@ -472,6 +590,20 @@ static int run_retrieval(const kvm_bench_opts *o) {
             kvmem_tensor_init(&g.k, gk, KVMEM_F16, 4, gs);
             kvmem_tensor_init(&g.v, gv, KVMEM_F16, 4, gs);
             double t_g = gk && gv ? kvm_time_median(rb_gather_once, &g, 1, quick ? 3 : 7) : NAN;
+            /* host <-> device bytes of one decode retrieval (1 query token)
+             * and of one gather, after the timed (warm) calls */
+            uint64_t xf[8] = {0};
+            qs[0] = 1;
+            kvmem_tensor_init(&c.q, q, KVMEM_F32, 4, qs);
+            c.p.norm = KVMEM_NORM_SOFTMAX;
+            c.p.agg = KVMEM_AGG_MAX;
+            c.p.mode = KVMEM_RETRIEVE_AABB;
+            c.r = ra;
+            kvmem_context_transfer_stats(pool->ctx, &xf[0], &xf[1]);
+            rb_retrieve(&c);
+            kvmem_context_transfer_stats(pool->ctx, &xf[2], &xf[3]);
+            if (gk && gv) rb_gather_once(&g);
+            kvmem_context_transfer_stats(pool->ctx, &xf[4], &xf[5]);
             free(gk);
             free(gv);
             if (c.failed || g.failed) {
@@ -520,6 +652,12 @@ static int run_retrieval(const kvm_bench_opts *o) {
                 kvm_json_num(o->out, "recall_at_k_rr_sum", rec[3]);
                 kvm_json_num(o->out, "gather_ms", t_g * 1e3);
                 kvm_json_num(o->out, "gather_gbps", g_gbps);
+                if (on_device) {
+                    kvm_json_int(o->out, "h2d_bytes", (long long)(xf[2] - xf[0])); /* one decode retrieval */
+                    kvm_json_int(o->out, "d2h_bytes", (long long)(xf[3] - xf[1]));
+                    kvm_json_int(o->out, "gather_h2d_bytes", (long long)(xf[4] - xf[2])); /* one gather */
+                    kvm_json_int(o->out, "gather_d2h_bytes", (long long)(xf[5] - xf[3]));
+                }
                 kvm_json_end(o->out);
             } else {
                 if (on_device) fprintf(o->out, "[backend %s] ", be_name);
@@ -557,6 +695,9 @@ static int run_retrieval(const kvm_bench_opts *o) {
         kvmem_agent_close(ag);
         kvmem_pool_free(pool);
     }
+    /* a device backend: one decode step's transfers at two history sizes */
+    for (int i = 0; on_device && !rc && i < 2; i++)
+        rc = decode_step_line(o, ctx_all, &spec, &syn, (int64_t)(quick ? 512 : 1024) << (2 * i), top_k);
     free(k);
     free(v);
     free(q);

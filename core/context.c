@@ -183,3 +183,19 @@ void kvmem_context_free(kvmem_context *ctx) {
 const char *kvmem_context_backend(const kvmem_context *ctx) { return ctx ? ctx->backend_name : ""; }
 
 int32_t kvmem_context_n_threads(const kvmem_context *ctx) { return ctx ? ctx->n_threads : 0; }
+
+kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, uint64_t *h2d_bytes, uint64_t *d2h_bytes) {
+    if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_context_transfer_stats: ctx is NULL");
+    if (!h2d_bytes && !d2h_bytes)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_context_transfer_stats: h2d_bytes and d2h_bytes are both NULL");
+    if (h2d_bytes) *h2d_bytes = atomic_load_explicit(&ctx->h2d_bytes, memory_order_relaxed);
+    if (d2h_bytes) *d2h_bytes = atomic_load_explicit(&ctx->d2h_bytes, memory_order_relaxed);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx) {
+    if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_context_transfer_reset: ctx is NULL");
+    atomic_store_explicit(&ctx->h2d_bytes, 0, memory_order_relaxed);
+    atomic_store_explicit(&ctx->d2h_bytes, 0, memory_order_relaxed);
+    return KVMEM_OK;
+}

@@ -1021,8 +1021,12 @@ typedef struct kvmem_attend_stats {
  * sources with no mask, the STRIDED probe, compare 0 and one order for all
  * KV heads (RECENT, IMPORTANCE, INDEX; SCORED only where it reads
  * everything, see "Orders") run on the device (K/V uploaded for the call);
- * everything else, the default SCORED included, and shapes the device
- * kernel does not support, runs on the CPU. Stats mean the same either way.
+ * so do such calls on AGENT sources whose sealed blocks are all full and
+ * that give no positions list, reading the agent's device-resident K/V
+ * (uploaded once per block; only q, the visiting order when not oldest
+ * first, and the unsealed tail go up per call); everything else, the
+ * default SCORED included, and shapes the device kernel does not support,
+ * runs on the CPU. Stats mean the same either way.
  * Non-finite K and V (TENSORS and SLOTMAP sources) are refused where they
  * are read, never clamped into a plausible output: on the CPU a position's
  * logits are checked as they are computed (1/head_dim of the work) and the
@@ -1228,8 +1232,24 @@ KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tenso
  *    KEEP's research interfaces (caller-computed attention matrices, a
  *    simulated load stream) that change with the segment store;
  *  - opening an agent file in place (agents larger than RAM): new, and its
- *    read-only rule may give way to appends kept in memory. */
+ *    read-only rule may give way to appends kept in memory;
+ *  - the context's transfer counters: what counts follows device residency,
+ *    which is still growing. */
 #ifdef KVMEM_EXPERIMENTAL
+
+/* ---- Context: host <-> device transfer counters ---------------------------- */
+
+/* Bytes the library copied from host memory into the context's backend
+ * buffers (h2d) and back (d2h) since the context was created or last reset,
+ * summed over every call on every thread (pools, agents, kvmem_attend). A
+ * "cpu" context counts only what a test or tool moves through its buffers:
+ * its ops read host memory in place. Either pointer may be NULL, not both.
+ * Errors: KVMEM_ERR_INVALID_ARG. Thread-safe (each counter is atomic; the
+ * pair is not one snapshot while other threads run calls). */
+KVMEM_API kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, uint64_t *h2d_bytes,
+                                                    uint64_t *d2h_bytes);
+/* Set both counters to 0. Errors: KVMEM_ERR_INVALID_ARG. Thread-safe. */
+KVMEM_API kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx);
 
 /* ---- Query memory: the residual head ------------------------------------ */
 

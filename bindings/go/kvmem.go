@@ -684,6 +684,27 @@ func (c *Context) NThreads() int {
 	return int(C.kvmem_context_n_threads((*C.kvmem_context)(p)))
 }
 
+// TransferStats is kvmem_context_transfer_stats (experimental): the bytes the
+// library moved to (h2d) and from (d2h) the context's backend buffers.
+func (c *Context) TransferStats() (h2d, d2h uint64, err error) {
+	p, err := c.n.get()
+	if err != nil {
+		return 0, 0, err
+	}
+	var h, d C.uint64_t
+	err = call(func() C.kvmem_status { return C.kvmem_context_transfer_stats((*C.kvmem_context)(p), &h, &d) })
+	return uint64(h), uint64(d), err
+}
+
+// TransferReset is kvmem_context_transfer_reset (experimental).
+func (c *Context) TransferReset() error {
+	p, err := c.n.get()
+	if err != nil {
+		return err
+	}
+	return call(func() C.kvmem_status { return C.kvmem_context_transfer_reset((*C.kvmem_context)(p)) })
+}
+
 // ---------------------------------------------------------------------------
 // Pool
 // ---------------------------------------------------------------------------

@@ -79,6 +79,9 @@ export class Context extends Handle {
   constructor(opts?: { backend?: 'cpu' | 'cuda' | 'vulkan' | 'auto' | string; nThreads?: number });
   readonly backend: string;
   readonly nThreads: number;
+  /** (experimental) bytes moved to (h2d) and from (d2h) the context's backend buffers */
+  transferStats(): { h2dBytes: number; d2hBytes: number };
+  transferReset(): void;
   poolCreate(spec: ModelSpec, params?: PoolParams): Pool;
 }
 

@@ -203,6 +203,13 @@ class Context extends Handle {
   }
   get backend() { return C.kvmem_context_backend(this.handle); }
   get nThreads() { return C.kvmem_context_n_threads(this.handle); }
+  // (experimental) bytes the library moved to / from this context's backend buffers
+  transferStats() {
+    const h = [0], d = [0];
+    C.kvmem_context_transfer_stats(this.handle, h, d);
+    return { h2dBytes: Number(h[0]), d2hBytes: Number(d[0]) };
+  }
+  transferReset() { C.kvmem_context_transfer_reset(this.handle); }
   poolCreate(spec, params) { return new Pool(this, spec, params); }
   close() {
     for (const p of this._pools) if (p._busyTree()) throw new errors.BusyError('Context: an async call is still running on one of its agents');

@@ -189,6 +189,9 @@ const DECLARATIONS = [
   'void kvmem_context_free(kvmem_context *ctx)',
   'const char *kvmem_context_backend(const kvmem_context *ctx)',
   'int32_t kvmem_context_n_threads(const kvmem_context *ctx)',
+  // (experimental) host <-> device transfer counters
+  'kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, _Out_ uint64_t *h2d_bytes, _Out_ uint64_t *d2h_bytes)',
+  'kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)',
   // Model geometry
   'kvmem_model_spec kvmem_model_spec_default(void)',
   'kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec)',

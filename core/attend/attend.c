@@ -5,6 +5,7 @@
 #include "../context.h"
 #include "../tensor.h"
 #include "../cpu/scratch.h"
+#include "../pool/resident.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -252,6 +253,20 @@ static int device_eligible(const kvm_attend_plan *pl) {
            pl->row_hi[0] == pl->T;
 }
 
+/* AGENT sources read the agent's resident K/V (core/pool/resident.h): the
+ * same plans, keys at base_position + index (no positions list), and tiles
+ * of one size (every sealed block full: the kernel takes one tile size). */
+static int agent_device_eligible(const kvm_attend_plan *pl) {
+    if (pl->kind != KVMEM_ATTEND_SRC_AGENT || pl->n_rows != 1 || pl->head_order || pl->mask || pl->positions ||
+        pl->probe != KVMEM_ATTEND_PROBE_STRIDED || pl->compare || pl->row_lo[0] != 0 || pl->row_hi[0] != pl->T ||
+        pl->T < 1 || pl->T > INT32_MAX || !kvm_resident_backend(pl->pool))
+        return 0;
+    const int32_t bs = pl->pool->params.block_size;
+    for (int32_t t = 0; t < pl->mem->n_sealed; t++)
+        if (pl->mem->blocks[t].n_tokens != bs) return 0;
+    return 1;
+}
+
 /* t ([n][n_kv_heads][head_dim], any strides, F32/F16/BF16) as contiguous
  * rows of dtype dt (F32, or F16 when t is F16). */
 static void pack_kv(const kvmem_tensor *t, kvmem_dtype dt, void *dst) {
@@ -300,6 +315,43 @@ static int64_t first_nonfinite_k(const kvm_attend_plan *pl, int32_t *head) {
     return -1;
 }
 
+/* *s from the per-stream tile counts a device reported: stream g read the
+ * first visited[g] tiles with a live position of the order, all of their
+ * live positions. */
+static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_plan *pl, const int32_t *visited,
+                                       kvmem_attend_stats *s) {
+    const char *fn = "kvmem_attend";
+    const int32_t H = pl->n_kv_heads;
+    memset(s, 0, sizeof *s);
+    int64_t n_live_tiles = 0;
+    for (int32_t i = 0; i < pl->n_order; i++) {
+        const int32_t t = pl->order[i];
+        const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
+        n_live_tiles += (pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0) > 0;
+    }
+    for (int32_t g = 0; g < H; g++) {
+        if (visited[g] < 0 || visited[g] > n_live_tiles)
+            return kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d of %lld", fn, be_name,
+                            visited[g], g, (long long)n_live_tiles);
+        int32_t seen = 0;
+        for (int32_t i = 0; i < pl->n_order && seen < visited[g]; i++) {
+            const int32_t t = pl->order[i];
+            const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
+            const int64_t n = pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0;
+            if (n == 0) continue;
+            seen++;
+            s->positions_read += n;
+        }
+        s->tiles_visited += visited[g];
+        s->streams_stopped += visited[g] < n_live_tiles;
+    }
+    s->n_streams = H;
+    s->tiles_total = (int64_t)H * n_live_tiles;
+    s->stopped_early = s->streams_stopped > 0;
+    if (pl->stream_visited) memcpy(pl->stream_visited, visited, (size_t)H * sizeof *visited);
+    return KVMEM_OK;
+}
+
 /* Upload, run dev_attend, download into pl->out and fill *s from the
  * per-stream tile counts. KVMEM_ERR_UNSUPPORTED: the backend cannot run
  * this shape (the caller then runs the plan on the CPU). */
@@ -344,9 +396,9 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     KVM_ALLOC(bvis, (size_t)H * 4);
 #undef KVM_ALLOC
     if (st != KVMEM_OK) goto done;
-    if ((st = bi->buffer_upload(be, bq, 0, pl->q, q_bytes)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_upload(be, bs, 0, slots, (size_t)T * 4)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_upload(be, bq, 0, pl->q, q_bytes)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_upload(be, bs, 0, slots, (size_t)T * 4)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4)) != KVMEM_OK) goto done;
     const kvmem_tensor *kv[2] = {k, v};
     kvmem_buffer *bkv[2] = {bk, bv};
     for (int x = 0; x < 2; x++) {
@@ -359,7 +411,7 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
             pack_kv(kv[x], dt, pack);
             src = pack;
         }
-        if ((st = bi->buffer_upload(be, bkv[x], 0, src, kv_bytes)) != KVMEM_OK) goto done;
+        if ((st = kvm_be_upload(be, bkv[x], 0, src, kv_bytes)) != KVMEM_OK) goto done;
     }
     kvm_dev_attend_args a;
     memset(&a, 0, sizeof a);
@@ -383,39 +435,9 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     a.tau_d = pl->tau_d;
     a.patience = pl->patience;
     if ((st = bi->dev_attend(be, &a)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_download(be, bout, 0, pl->out, q_bytes)) != KVMEM_OK) goto done;
-    if ((st = bi->buffer_download(be, bvis, 0, visited, (size_t)H * 4)) != KVMEM_OK) goto done;
-    /* stats: stream g read the first visited[g] tiles with a live position
-     * of the order, all of their live positions */
-    memset(s, 0, sizeof *s);
-    int64_t n_live_tiles = 0;
-    for (int32_t i = 0; i < pl->n_order; i++) {
-        const int32_t t = pl->order[i];
-        const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
-        n_live_tiles += (pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0) > 0;
-    }
-    for (int32_t g = 0; g < H; g++) {
-        if (visited[g] < 0 || visited[g] > n_live_tiles) {
-            st = kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d of %lld", fn, bi->name,
-                          visited[g], g, (long long)n_live_tiles);
-            goto done;
-        }
-        int32_t seen = 0;
-        for (int32_t i = 0; i < pl->n_order && seen < visited[g]; i++) {
-            const int32_t t = pl->order[i];
-            const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
-            const int64_t n = pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0;
-            if (n == 0) continue;
-            seen++;
-            s->positions_read += n;
-        }
-        s->tiles_visited += visited[g];
-        s->streams_stopped += visited[g] < n_live_tiles;
-    }
-    s->n_streams = H;
-    s->tiles_total = (int64_t)H * n_live_tiles;
-    s->stopped_early = s->streams_stopped > 0;
-    if (pl->stream_visited) memcpy(pl->stream_visited, visited, (size_t)H * sizeof *visited);
+    if ((st = kvm_be_download(be, bout, 0, pl->out, q_bytes)) != KVMEM_OK) goto done;
+    if ((st = kvm_be_download(be, bvis, 0, visited, (size_t)H * 4)) != KVMEM_OK) goto done;
+    st = stats_from_visited(bi->name, pl, visited, s);
 done:
     if (bq) bi->buffer_free(be, bq);
     if (bk) bi->buffer_free(be, bk);
@@ -427,6 +449,65 @@ done:
     kvm_free(slots);
     kvm_free(visited);
     kvm_free(pack);
+    return st;
+}
+
+/* An AGENT source on the device: the agent's K (rotated to its positions)
+ * and V are resident, so a call uploads q (and the visiting order when it is
+ * not oldest-first) and downloads the output and the tile counts. */
+static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s) {
+    const kvmem_backend_iface *bi = be->iface;
+    /* the mirror is a cache on the agent, which this call has taken */
+    kvm_agent_mem *m = (kvm_agent_mem *)(uintptr_t)pl->mem;
+    kvm_resident *r = NULL;
+    kvmem_status st = kvm_resident_sync(pl->pool, m, be, &r);
+    if (st == KVMEM_ERR_UNSUPPORTED) return st;
+    if (st == KVMEM_OK) st = kvm_resident_attend_keys(pl->pool, m, r, pl->layer, pl->base_position);
+    if (st != KVMEM_OK) return st;
+    const int32_t H = pl->n_kv_heads, D = pl->head_dim, Hq = pl->n_q_heads;
+    const size_t q_bytes = (size_t)Hq * (size_t)D * 4;
+    int in_order = 1;
+    for (int32_t i = 0; i < pl->n_order && in_order; i++) in_order = pl->order[i] == i;
+    int32_t visited[1024];
+    if (H > 1024) return KVMEM_ERR_UNSUPPORTED;
+    kvmem_buffer *bq = NULL, *bo = NULL, *bout = NULL, *bvis = NULL;
+    st = bi->buffer_alloc(be, q_bytes, &bq);
+    if (st == KVMEM_OK) st = bi->buffer_alloc(be, q_bytes, &bout);
+    if (st == KVMEM_OK) st = bi->buffer_alloc(be, (size_t)H * 4, &bvis);
+    if (st == KVMEM_OK && !in_order) st = bi->buffer_alloc(be, KVM_MAX((size_t)pl->n_order * 4, (size_t)4), &bo);
+    if (st == KVMEM_OK) st = kvm_be_upload(be, bq, 0, pl->q, q_bytes);
+    if (st == KVMEM_OK && !in_order) st = kvm_be_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4);
+    if (st == KVMEM_OK) {
+        kvm_dev_attend_args a;
+        memset(&a, 0, sizeof a);
+        a.q = bq;
+        a.k = r->krot[pl->layer];
+        a.v = r->v[pl->layer];
+        a.slot_map = r->ident; /* position p is slot p */
+        a.order = in_order ? r->ident : bo;
+        a.out = bout;
+        a.visited = bvis;
+        a.n_slots = r->cap_tok;
+        a.n_pos = pl->T;
+        a.n_q_heads = Hq;
+        a.n_kv_heads = H;
+        a.head_dim = D;
+        a.tile = pl->pool->params.block_size;
+        a.n_visit = pl->n_order;
+        a.dtype = KVMEM_F32;
+        a.scale = pl->scale;
+        a.tau_s = pl->tau_s;
+        a.tau_d = pl->tau_d;
+        a.patience = pl->patience;
+        st = bi->dev_attend(be, &a);
+    }
+    if (st == KVMEM_OK) st = kvm_be_download(be, bout, 0, pl->out, q_bytes);
+    if (st == KVMEM_OK) st = kvm_be_download(be, bvis, 0, visited, (size_t)H * 4);
+    if (st == KVMEM_OK) st = stats_from_visited(bi->name, pl, visited, s);
+    if (bq) bi->buffer_free(be, bq);
+    if (bo) bi->buffer_free(be, bo);
+    if (bout) bi->buffer_free(be, bout);
+    if (bvis) bi->buffer_free(be, bvis);
     return st;
 }
 
@@ -539,6 +620,8 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
     st = KVMEM_ERR_UNSUPPORTED;
     if (dev && dev != ctx->cpu && dev->iface->dev_attend && device_eligible(&pl))
         st = attend_on_device(dev, &pl, &s);
+    else if (dev && dev != ctx->cpu && dev->iface->dev_attend && agent_device_eligible(&pl))
+        st = attend_agent_on_device(dev, &pl, &s);
     if (st == KVMEM_ERR_UNSUPPORTED) {
         kvmem_backend *be = dev && dev->iface->attend ? dev : ctx->cpu;
         st = be->iface->attend(be, &pl, &s);

@@ -2,6 +2,7 @@
  * their AABB, and reading memory back. */
 #include "pool.h"
 #include "mapped.h"
+#include "resident.h"
 #include "../cpu/kernels.h"
 #include "../tensor.h"
 
@@ -653,6 +654,7 @@ static kvmem_status agent_truncate_taken(kvmem_agent *a, int64_t n) {
         kvm_aligned_free(m->blocks[i].kv);
         m->blocks[i].kv = NULL;
     }
+    kvm_resident_drop(m); /* rebuilt from the host on the next device call */
     m->n_sealed = keep_blocks;
     m->tail_n = new_tail_n;
     int64_t cut = m->token_text_off[n];

@@ -1,5 +1,6 @@
 /* Pools: creation, the agent table (sorted by id), handles and accounting. */
 #include "pool.h"
+#include "resident.h"
 #include "../cpu/kernels.h"
 #include "agent_file.h"
 #include "mapped.h"
@@ -103,6 +104,7 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
 }
 
 void kvm_agent_mem_clear(kvm_agent_mem *m) {
+    kvm_resident_drop(m);
     for (int32_t i = 0; i < m->n_sealed; i++) kvm_aligned_free(m->blocks[i].kv);
     kvm_free(m->blocks);
     kvm_aligned_free(m->aabb);

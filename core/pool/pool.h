@@ -58,6 +58,9 @@ typedef struct kvm_agent_mem {
     int32_t spilled;   /* memory is in the store only (closed agents) */
     int32_t reserved2[2];
     struct kvm_mapped *mapped; /* opened by kvmem_agent_open_file: read-only, KV in the file; NULL otherwise */
+    /* device-resident mirror of the sealed blocks (resident.h), or NULL;
+     * dropped by kvm_resident_drop whenever blocks change other than by sealing */
+    struct kvm_resident *res;
 } kvm_agent_mem;
 
 struct kvmem_agent {

@@ -327,14 +327,14 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
     kvmem_status st = f->buffer_alloc(be, mb, &bm);
     if (st == KVMEM_OK) st = f->buffer_alloc(be, kb, &bk);
     if (st == KVMEM_OK) st = f->buffer_alloc(be, N * sizeof(float), &bs);
-    if (st == KVMEM_OK) st = f->buffer_upload(be, bm, 0, memory, mb);
-    if (st == KVMEM_OK) st = f->buffer_upload(be, bk, 0, kh, kb);
+    if (st == KVMEM_OK) st = kvm_be_upload(be, bm, 0, memory, mb);
+    if (st == KVMEM_OK) st = kvm_be_upload(be, bk, 0, kh, kb);
     if (st == KVMEM_OK) {
         kvm_dev_qmem_args a = {bm, bk, bs, 0, 0, 0, spec->n_layers, spec->n_q_heads, spec->n_kv_heads,
                                spec->head_dim, (int32_t)N};
         st = f->dev_qmem_score(be, &a);
     }
-    if (st == KVMEM_OK) st = f->buffer_download(be, bs, 0, out, N * sizeof(float));
+    if (st == KVMEM_OK) st = kvm_be_download(be, bs, 0, out, N * sizeof(float));
     if (st == KVMEM_OK) memcpy(scores, out, N * sizeof(float));
     f->buffer_free(be, bm);
     f->buffer_free(be, bk);

@@ -1,11 +1,13 @@
 /* Retrieval on a device backend (the context's backend is not the CPU one
- * and has the device kernels): the host packs what the pool keeps in host
- * memory into the backend's buffers, runs dev_score / dev_gather_rope there
- * and reads the results back into the host ops' layouts. The pool is host
- * memory today, so every call uploads its inputs; device-resident blocks are
- * later work. A device failure returns its status with the backend's
- * message: no silent fallback to the CPU. */
+ * and has the device kernels): dev_score / dev_gather_rope read the agent's
+ * blocks from its device-resident mirror (core/pool/resident.h), so a call
+ * uploads only its query (scoring) or its slot list and cos/sin (gather) and
+ * reads back the scores or the gathered rows. Where the mirror cannot serve
+ * (blocks not contiguous, candidates not one run of blocks) the host packs
+ * the blocks into transient buffers as before. A device failure returns its
+ * status with the backend's message: no silent fallback to the CPU. */
 #include "score.h"
+#include "../pool/resident.h"
 #include "../tensor.h"
 #include "../rope/rope.h"
 
@@ -35,36 +37,46 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     if (!kvm_mul_size(nq * L * Hq, D * 4, &qb) || !kvm_mul_size(nc * L * H, D * 4, &sb) ||
         !kvm_mul_size(L * Hq, nc * 4, &ob) || nc > INT32_MAX)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: problem too large for backend %s", op, be->iface->name);
-    float *mn = kvm_malloc(sb), *mx = kvm_malloc(sb), *hq = kvm_malloc(ob);
-    kvmem_buffer *bq = NULL, *bmn = NULL, *bmx = NULL, *bo = NULL;
+    /* resident AABBs serve candidates that are one run of blocks (the
+     * default: every sealed block, or a recency window) */
+    kvm_resident *res = NULL;
     kvmem_status st = KVMEM_OK;
-    if (!mn || !mx || !hq) {
+    const int run = d->cand[nc - 1] - d->cand[0] + 1 == (int32_t)nc;
+    if (run) {
+        st = kvm_resident_sync(p, (kvm_agent_mem *)(uintptr_t)d->mem /* a cache: the agent is taken */, be, &res);
+        if (st == KVMEM_ERR_UNSUPPORTED) st = KVMEM_OK;
+        if (st != KVMEM_OK) return st;
+    }
+    float *mn = res ? NULL : kvm_malloc(sb), *mx = res ? NULL : kvm_malloc(sb), *hq = kvm_malloc(ob);
+    kvmem_buffer *bq = NULL, *bmn = NULL, *bmx = NULL, *bo = NULL;
+    if ((!res && (!mn || !mx)) || !hq) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu candidate AABBs", op, nc);
         goto done;
     }
     /* The agent keeps [block][layer][KV head][s_max; s_min]; the kernel
      * takes s_min and s_max as two [block][layer][KV head][head_dim] arrays. */
     float box[4 * KVM_ROPE_MAX_PAIRS];
-    for (size_t j = 0; j < nc; j++)
+    for (size_t j = 0; !res && j < nc; j++)
         for (size_t l = 0; l < L; l++)
             for (size_t g = 0; g < H; g++) {
                 kvm_block_aabb_f32(p, d->mem, d->cand[j], (int32_t)l, (int32_t)g, box);
                 memcpy(mx + ((j * L + l) * H + g) * D, box, D * sizeof(float));
                 memcpy(mn + ((j * L + l) * H + g) * D, box + D, D * sizeof(float));
             }
-    if ((st = dev_alloc(be, op, qb, &bq)) != KVMEM_OK || (st = dev_alloc(be, op, sb, &bmn)) != KVMEM_OK ||
-        (st = dev_alloc(be, op, sb, &bmx)) != KVMEM_OK || (st = dev_alloc(be, op, ob, &bo)) != KVMEM_OK)
+    if ((st = dev_alloc(be, op, qb, &bq)) != KVMEM_OK || (!res && (st = dev_alloc(be, op, sb, &bmn)) != KVMEM_OK) ||
+        (!res && (st = dev_alloc(be, op, sb, &bmx)) != KVMEM_OK) || (st = dev_alloc(be, op, ob, &bo)) != KVMEM_OK)
         goto done;
-    if ((st = be->iface->buffer_upload(be, bq, 0, d->q, qb)) != KVMEM_OK ||
-        (st = be->iface->buffer_upload(be, bmn, 0, mn, sb)) != KVMEM_OK ||
-        (st = be->iface->buffer_upload(be, bmx, 0, mx, sb)) != KVMEM_OK) {
+    if ((st = kvm_be_upload(be, bq, 0, d->q, qb)) != KVMEM_OK ||
+        (!res && (st = kvm_be_upload(be, bmn, 0, mn, sb)) != KVMEM_OK) ||
+        (!res && (st = kvm_be_upload(be, bmx, 0, mx, sb)) != KVMEM_OK)) {
         st = dev_failed(be, op, st);
         goto done;
     }
-    kvm_dev_score_args a = {bq,        bmn,         bmx,        bo,        0,      0,      0,
+    const size_t s_off = res ? (size_t)d->cand[0] * L * H * D * sizeof(float) : 0;
+    kvm_dev_score_args a = {bq,        res ? res->smin : bmn, res ? res->smax : bmx, bo, 0, s_off, 0,
                             d->n_q,    (int32_t)nc, p->spec.n_layers, p->spec.n_q_heads, p->spec.n_kv_heads,
                             p->spec.head_dim, d->norm, d->agg, d->tau, d->rr_c};
-    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->buffer_download(be, bo, 0, hq, ob)) != KVMEM_OK) {
+    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = kvm_be_download(be, bo, 0, hq, ob)) != KVMEM_OK) {
         st = dev_failed(be, op, st);
         goto done;
     }
@@ -86,8 +98,8 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     }
 done:
     be->iface->buffer_free(be, bq);
-    be->iface->buffer_free(be, bmn);
-    be->iface->buffer_free(be, bmx);
+    if (bmn) be->iface->buffer_free(be, bmn);
+    if (bmx) be->iface->buffer_free(be, bmx);
     be->iface->buffer_free(be, bo);
     kvm_free(mn);
     kvm_free(mx);
@@ -126,18 +138,26 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     size_t rb;
     if (!kvm_mul_size(lb, L * n_outs, &rb))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large for backend %s", op, M, be->iface->name);
-    float *stage = kvm_malloc(lb), *res = kvm_malloc(rb), *tmp = kvm_malloc((size_t)p->params.block_size * D * sizeof(float));
+    /* resident K/V: the kernel reads the blocks' slots in place; else the
+     * rows are staged in output order and gathered by the identity */
+    kvm_resident *mir = NULL;
+    kvmem_status st = kvm_resident_sync(p, (kvm_agent_mem *)(uintptr_t)d->mem /* a cache: the agent is taken */, be, &mir);
+    if (st == KVMEM_ERR_UNSUPPORTED) st = KVMEM_OK;
+    if (st != KVMEM_OK) return st;
+    float *stage = mir ? NULL : kvm_malloc(lb), *res = kvm_malloc(rb);
+    float *tmp = mir ? NULL : kvm_malloc((size_t)p->params.block_size * D * sizeof(float));
     float *cs = d->k_out ? kvm_malloc(2 * M * np * sizeof(float)) : NULL;
     uint32_t *idx = kvm_malloc(M * sizeof *idx);
     kvmem_buffer *bsrc = NULL, *bidx = NULL, *bcs = NULL, *bout = NULL;
-    kvmem_status st = KVMEM_OK;
-    if (!stage || !res || !tmp || !idx || (d->k_out && !cs)) {
+    if ((!mir && (!stage || !tmp)) || !res || !idx || (d->k_out && !cs)) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu rows", op, M);
         goto done;
     }
-    /* Rows arrive in output order, so the device gather is the identity
-     * permutation; its work is the rotation at the new positions. */
-    for (size_t i = 0; i < M; i++) idx[i] = (uint32_t)i;
+    for (int32_t i = 0; i < d->n_blocks; i++) {
+        const kvm_block *blk = &d->mem->blocks[d->blocks[i]];
+        for (int32_t r = 0; r < blk->n_tokens; r++)
+            idx[d->first[i] + r] = mir ? (uint32_t)(blk->first_token + r) : (uint32_t)(d->first[i] + r);
+    }
     if (cs) {
         float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
         for (size_t i = 0; i < M; i++) {
@@ -146,11 +166,11 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
             memcpy(cs + (M + i) * np, s, np * sizeof(float));
         }
     }
-    if ((st = dev_alloc(be, op, lb, &bsrc)) != KVMEM_OK || (st = dev_alloc(be, op, lb, &bout)) != KVMEM_OK ||
+    if ((!mir && (st = dev_alloc(be, op, lb, &bsrc)) != KVMEM_OK) || (st = dev_alloc(be, op, lb, &bout)) != KVMEM_OK ||
         (st = dev_alloc(be, op, M * 4, &bidx)) != KVMEM_OK || (cs && (st = dev_alloc(be, op, 2 * M * np * 4, &bcs)) != KVMEM_OK))
         goto done;
-    if ((st = be->iface->buffer_upload(be, bidx, 0, idx, M * 4)) != KVMEM_OK ||
-        (cs && (st = be->iface->buffer_upload(be, bcs, 0, cs, 2 * M * np * 4)) != KVMEM_OK)) {
+    if ((st = kvm_be_upload(be, bidx, 0, idx, M * 4)) != KVMEM_OK ||
+        (cs && (st = kvm_be_upload(be, bcs, 0, cs, 2 * M * np * 4)) != KVMEM_OK)) {
         st = dev_failed(be, op, st);
         goto done;
     }
@@ -159,7 +179,7 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
             const kvmem_tensor *t = which ? d->v_out : d->k_out;
             if (!t) continue;
             float *dst = res + ((which && d->k_out ? L : 0) + l) * M * row;
-            for (int32_t i = 0; i < d->n_blocks; i++) {
+            for (int32_t i = 0; !mir && i < d->n_blocks; i++) {
                 const kvm_block *blk = &d->mem->blocks[d->blocks[i]];
                 const size_t n = (size_t)blk->n_tokens, r0 = (size_t)d->first[i];
                 for (size_t h = 0; h < H; h++) {
@@ -167,12 +187,13 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
                     for (size_t r = 0; r < n; r++) memcpy(stage + ((r0 + r) * H + h) * D, tmp + r * D, D * sizeof(float));
                 }
             }
-            kvm_dev_gather_args a = {bsrc, bidx, which ? NULL : bcs, bout, 0, 0, 0, 0, M, row, M, H, D,
-                                     which ? 0 : (size_t)p->rope.rotary_dim, p->rope.style == KVMEM_ROPE_GPTJ,
-                                     which ? 1.0f : (float)p->rope.attn_factor};
-            if ((st = be->iface->buffer_upload(be, bsrc, 0, stage, lb)) != KVMEM_OK ||
+            const kvmem_buffer *src = mir ? (which ? mir->v[l] : mir->k[l]) : bsrc;
+            kvm_dev_gather_args a = {src, bidx, which ? NULL : bcs, bout, 0, 0, 0, 0, mir ? (size_t)mir->cap_tok : M,
+                                     row, M, H, D, which ? 0 : (size_t)p->rope.rotary_dim,
+                                     p->rope.style == KVMEM_ROPE_GPTJ, which ? 1.0f : (float)p->rope.attn_factor};
+            if ((!mir && (st = kvm_be_upload(be, bsrc, 0, stage, lb)) != KVMEM_OK) ||
                 (st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK ||
-                (st = be->iface->buffer_download(be, bout, 0, dst, lb)) != KVMEM_OK) {
+                (st = kvm_be_download(be, bout, 0, dst, lb)) != KVMEM_OK) {
                 st = dev_failed(be, op, st);
                 goto done;
             }

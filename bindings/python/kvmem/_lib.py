@@ -322,6 +322,10 @@ _d("kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_
 _d("void kvmem_context_free(kvmem_context *ctx)", None, ctx_p)
 _d("const char *kvmem_context_backend(const kvmem_context *ctx)", c_char_p, ctx_p)
 _d("int32_t kvmem_context_n_threads(const kvmem_context *ctx)", c_int32, ctx_p)
+# (experimental) host <-> device transfer counters
+_d("kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, uint64_t *h2d_bytes, uint64_t *d2h_bytes)",
+   STATUS, ctx_p, POINTER(c_uint64), POINTER(c_uint64))
+_d("kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)", STATUS, ctx_p)
 # Model geometry
 _d("kvmem_model_spec kvmem_model_spec_default(void)", kvmem_model_spec)
 _d("kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec)", STATUS, POINTER(kvmem_model_spec))

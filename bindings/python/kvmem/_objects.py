@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from ctypes import byref, c_size_t, c_void_p
+from ctypes import byref, c_size_t, c_uint64, c_void_p
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import _buffers as B
@@ -279,6 +279,17 @@ class Context(_Handle):
     @property
     def n_threads(self) -> int:
         return int(L.kvmem_context_n_threads(self.handle))
+
+    def transfer_stats(self) -> "tuple[int, int]":
+        """(h2d_bytes, d2h_bytes) the library moved to and from this context's
+        backend buffers since creation or transfer_reset() (experimental)."""
+        h, d = c_uint64(), c_uint64()
+        L.kvmem_context_transfer_stats(self.handle, byref(h), byref(d))
+        return int(h.value), int(d.value)
+
+    def transfer_reset(self) -> None:
+        """Set the transfer counters to 0 (experimental)."""
+        L.kvmem_context_transfer_reset(self.handle)
 
     def pool_create(self, spec: Any, **params: Any) -> "Pool":
         """A Pool for spec (a ModelSpec or a dict of its fields); params as Pool()."""

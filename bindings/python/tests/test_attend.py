@@ -58,3 +58,27 @@ def test_agent_source():
         agent.close()
         with pytest.raises(kvmem.ClosedError):
             kvmem.attend(ctx, q, agent=agent)
+
+
+def test_transfer_counters():
+    """A "cpu" context moves nothing; on "vulkan" (skipped where unusable) an
+    attention over caller K/V uploads them and reads back the output and one
+    tile count per KV head; reset zeroes both counters."""
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, HQ, D)).astype(np.float32)
+    k = rng.standard_normal((40, H, D)).astype(np.float32)
+    v = rng.standard_normal((40, H, D)).astype(np.float32)
+    with kvmem.Context("cpu", 1) as ctx:
+        kvmem.attend(ctx, q, k=k, v=v, tau_s=0, tau_d=0, tile_size=8)
+        assert ctx.transfer_stats() == (0, 0)
+    try:
+        dev = kvmem.Context("vulkan", 1)
+    except kvmem.KvmemError as e:
+        pytest.skip(f"skipped: vulkan: {e}")
+    with dev:
+        kvmem.attend(dev, q, k=k, v=v, tau_s=0, tau_d=0, tile_size=8)
+        h2d, d2h = dev.transfer_stats()
+        assert h2d >= q.nbytes + k.nbytes + v.nbytes
+        assert d2h == q.nbytes + 4 * H
+        dev.transfer_reset()
+        assert dev.transfer_stats() == (0, 0)

@@ -1,0 +1,327 @@
+/* Device-resident agent memory (core/pool/resident.h) on "vulkan" (Mesa's
+ * lavapipe here; skipped with the reason where no Vulkan device is usable),
+ * or on the backend named by the first argument (ctest runs it for "cuda"
+ * too: skipped without a GPU, run by scripts/gpu-check.sh on one).
+ *
+ * A decode step = kvmem_retrieve of 1 query token, kvmem_gather of the top-k
+ * blocks, kvmem_attend over the agent (AGENT source, every layer). Two
+ * contexts ("cpu", "vulkan") hold identical agents. After a warm-up step
+ * (which uploads the blocks once), the context's transfer counters
+ * (kvmem_context_transfer_stats) must show, per phase, bytes derived here
+ * from the shapes alone:
+ *   retrieve  up: the query, L * Hq * D floats. Down: the per-(layer, query
+ *             head) block scores, L * Hq * n_blocks floats: the one transfer
+ *             that grows with the history (the host sums them into the
+ *             result's per-block scores and ranks them).
+ *   gather    down: exactly the gathered K and V, 2 * L * M * H * D floats;
+ *             up: at most M slot ids and M * rotary_dim cos/sin values.
+ *   attend    down: the output (Hq * D floats) and one tile count per KV
+ *             head; up: at most q plus the unsealed tail's K/V rows and their
+ *             cos/sin (fewer than block_size tokens).
+ * and the whole step's uploads do not change when the history grows 4x, its
+ * downloads only by the score rows of the new blocks, all within 2x (query +
+ * result) bytes besides those scores. Before residency a step uploaded every
+ * AABB (retrieve) and the agent's K/V went unused by the device.
+ * Results equal the CPU context's: the same selection; scores within 1e-4
+ * relative (tests/unit/test_retrieve_backend.c derives it); gathered V bit
+ * for bit (a copy of the same decoded rows) and K within 1e-5 of its row's
+ * scale (one rotation each side, cos/sin from the same function); attention
+ * within 2e-5 of the output's scale (f32 online softmax in another order),
+ * with the same tile statistics. Truncation drops the mirror, so a step
+ * after it still equals the CPU. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { L = 2, HQ = 4, H = 2, D = 32, BS = 16, TOP_K = 4, TAIL = 5 };
+
+typedef struct side {
+    kvmem_context *ctx;
+    kvmem_pool *pool;
+    kvmem_agent *ag;
+} side;
+
+static char g_why[512];
+static const char *g_backend = "vulkan";
+static side g_cpu, g_dev;
+static int g_ok;
+
+static int open_side(side *s, const char *backend) {
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = backend;
+    cp.n_threads = 2;
+    if (kvmem_context_create(&cp, &s->ctx) != KVMEM_OK) {
+        snprintf(g_why, sizeof g_why, "backend %s: %s", backend, kvmem_last_error());
+        return 0;
+    }
+    kvmem_model_spec sp = tu_spec(L, D);
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BS;
+    pp.storage_dtype = KVMEM_F16;
+    assert_ok(kvmem_pool_create(s->ctx, &sp, &pp, &s->pool));
+    assert_ok(kvmem_agent_open(s->pool, "a", &s->ag));
+    return 1;
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_ok = open_side(&g_cpu, "cpu") && open_side(&g_dev, g_backend);
+    return 0;
+}
+
+static void close_side(side *s) {
+    if (!s->ctx) return;
+    kvmem_agent_close(s->ag);
+    kvmem_pool_free(s->pool);
+    kvmem_context_free(s->ctx);
+    memset(s, 0, sizeof *s);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    close_side(&g_cpu);
+    close_side(&g_dev);
+    return 0;
+}
+
+#define NEED_VULKAN()                                \
+    do {                                             \
+        if (!g_ok) {                                 \
+            print_message("skipped: %s\n", g_why);   \
+            skip();                                  \
+        }                                            \
+    } while (0)
+
+/* Append tokens [t0, t0 + n) to both agents: keys carry a per-block offset
+ * direction so block scores are far apart (no near ties at the top-k cut). */
+static void append_both(int64_t t0, int n, uint64_t *rng) {
+    size_t cnt = (size_t)L * (size_t)n * H * D;
+    float *k = malloc(cnt * 4), *v = malloc(cnt * 4);
+    for (size_t l = 0; l < L; l++)
+        for (int t = 0; t < n; t++)
+            for (size_t h = 0; h < H; h++)
+                for (size_t d = 0; d < D; d++) {
+                    size_t i = ((l * (size_t)n + (size_t)t) * H + h) * D + d;
+                    uint64_t bs = (uint64_t)((t0 + t) / BS) * 1000003u + l * 31u + h * 7u + d;
+                    float dir = (float)((bs * 2654435761u >> 7) % 2001) / 1000.0f - 1.0f;
+                    k[i] = 0.3f * tu_normal(rng) + 1.5f * dir;
+                    v[i] = tu_normal(rng);
+                }
+    int64_t sh[4] = {L, n, H, D};
+    kvmem_tensor kt, vt;
+    assert_ok(kvmem_tensor_init(&kt, k, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_tensor_init(&vt, v, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_agent_append(g_cpu.ag, &kt, &vt, NULL));
+    assert_ok(kvmem_agent_append(g_dev.ag, &kt, &vt, NULL));
+    free(k);
+    free(v);
+}
+
+typedef struct step_out {
+    int32_t sel[TOP_K], n_sel;
+    float sel_score[TOP_K];
+    float *all; /* per-block scores */
+    int32_t n_blocks;
+    float *gk, *gv; /* [L][M][H][D] */
+    int64_t M;
+    float att[L][HQ * D];
+    kvmem_attend_stats st[L];
+} step_out;
+
+typedef struct step_bytes {
+    uint64_t up[3], down[3]; /* retrieve, gather, attend */
+} step_bytes;
+
+static void counters(kvmem_context *ctx, uint64_t *h, uint64_t *d) { assert_ok(kvmem_context_transfer_stats(ctx, h, d)); }
+
+/* One decode step on s; query rows from the seed (the same on both sides). */
+static void decode_step(side *s, uint64_t seed, const kvmem_attend_params *ap, step_out *o, step_bytes *b) {
+    uint64_t rng = seed;
+    float q[L * HQ * D];
+    for (int i = 0; i < L * HQ * D; i++) q[i] = tu_normal(&rng);
+    uint64_t h0, d0, h1, d1;
+    counters(s->ctx, &h0, &d0);
+    /* retrieve */
+    kvmem_retrieval *r = NULL;
+    assert_ok(kvmem_retrieval_create(&r));
+    int64_t qs[4] = {1, L, HQ, D};
+    kvmem_tensor qt;
+    assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+    kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+    rp.top_k = TOP_K;
+    assert_ok(kvmem_retrieve(s->ag, &qt, &rp, r));
+    const int32_t *sel;
+    const float *sc, *all;
+    assert_ok(kvmem_retrieval_get(r, 0, &sel, &sc, &o->n_sel));
+    assert_true(o->n_sel == TOP_K);
+    memcpy(o->sel, sel, sizeof o->sel);
+    memcpy(o->sel_score, sc, sizeof o->sel_score);
+    assert_ok(kvmem_retrieval_block_scores(r, 0, &all, &o->n_blocks));
+    o->all = malloc((size_t)o->n_blocks * 4);
+    memcpy(o->all, all, (size_t)o->n_blocks * 4);
+    assert_ok(kvmem_retrieval_n_tokens(r, 0, &o->M));
+    kvmem_retrieval_free(r);
+    counters(s->ctx, &h1, &d1);
+    b->up[0] = h1 - h0, b->down[0] = d1 - d0;
+    /* gather the selection at positions 0..M-1 */
+    const size_t ge = (size_t)L * (size_t)o->M * H * D;
+    o->gk = malloc(ge * 4);
+    o->gv = malloc(ge * 4);
+    int64_t gs[4] = {L, o->M, H, D};
+    kvmem_tensor kt, vt;
+    assert_ok(kvmem_tensor_init(&kt, o->gk, KVMEM_F32, 4, gs));
+    assert_ok(kvmem_tensor_init(&vt, o->gv, KVMEM_F32, 4, gs));
+    assert_ok(kvmem_gather(s->ag, o->sel, o->n_sel, 0, &kt, &vt));
+    counters(s->ctx, &h0, &d0);
+    b->up[1] = h0 - h1, b->down[1] = d0 - d1;
+    /* attend over the whole agent, every layer */
+    for (int l = 0; l < L; l++) {
+        int64_t as[3] = {1, HQ, D};
+        kvmem_tensor aq, ao;
+        assert_ok(kvmem_tensor_init(&aq, q + (size_t)l * HQ * D, KVMEM_F32, 3, as));
+        assert_ok(kvmem_tensor_init(&ao, o->att[l], KVMEM_F32, 3, as));
+        kvmem_attend_source src;
+        memset(&src, 0, sizeof src);
+        src.kind = KVMEM_ATTEND_SRC_AGENT;
+        src.agent = s->ag;
+        src.layer = l;
+        assert_ok(kvmem_attend(s->ctx, &aq, &src, ap, &ao, &o->st[l]));
+    }
+    counters(s->ctx, &h1, &d1);
+    b->up[2] = h1 - h0, b->down[2] = d1 - d0;
+}
+
+static void step_free(step_out *o) {
+    free(o->all);
+    free(o->gk);
+    free(o->gv);
+}
+
+static void assert_equal_steps(const step_out *c, const step_out *g) {
+    assert_int_equal(c->n_blocks, g->n_blocks);
+    for (int32_t j = 0; j < c->n_blocks; j++)
+        assert_true(fabsf(c->all[j] - g->all[j]) <= 1e-4f * fabsf(c->all[j]) + 1e-7f);
+    assert_int_equal(c->n_sel, g->n_sel);
+    for (int i = 0; i < c->n_sel; i++) assert_int_equal(c->sel[i], g->sel[i]);
+    assert_true(c->M == g->M);
+    const size_t rows = (size_t)L * (size_t)c->M * H;
+    for (size_t r = 0; r < rows; r++) {
+        float scale = 0;
+        for (int d = 0; d < D; d++) scale += fabsf(c->gk[r * D + d]);
+        for (int d = 0; d < D; d++) {
+            assert_true(fabsf(c->gk[r * D + d] - g->gk[r * D + d]) <= 1e-5f * scale);
+            assert_true(c->gv[r * D + d] == g->gv[r * D + d]);
+        }
+    }
+    for (int l = 0; l < L; l++) {
+        float scale = 0;
+        for (int i = 0; i < HQ * D; i++) scale = fmaxf(scale, fabsf(c->att[l][i]));
+        for (int i = 0; i < HQ * D; i++) assert_true(fabsf(c->att[l][i] - g->att[l][i]) <= 2e-5f * scale);
+        assert_int_equal(c->st[l].tiles_visited, g->st[l].tiles_visited);
+        assert_int_equal(c->st[l].tiles_total, g->st[l].tiles_total);
+        assert_int_equal(c->st[l].positions_read, g->st[l].positions_read);
+        assert_int_equal(c->st[l].stopped_early, g->st[l].stopped_early);
+    }
+}
+
+static kvmem_attend_params full_attention(void) {
+    kvmem_attend_params p = kvmem_attend_default_params();
+    p.order = KVMEM_ATTEND_RECENT;
+    p.tau_s = p.tau_d = 0;
+    return p;
+}
+
+/* The step on both sides: results equal, device bytes returned. */
+static void both(uint64_t seed, const kvmem_attend_params *ap, step_bytes *b) {
+    step_out c, g;
+    step_bytes cb;
+    memset(&c, 0, sizeof c);
+    memset(&g, 0, sizeof g);
+    decode_step(&g_cpu, seed, ap, &c, &cb);
+    decode_step(&g_dev, seed, ap, &g, b);
+    for (int i = 0; i < 3; i++) assert_true(cb.up[i] == 0 && cb.down[i] == 0); /* "cpu" moves nothing */
+    assert_equal_steps(&c, &g);
+    step_free(&c);
+    step_free(&g);
+}
+
+/* Per-phase bounds derived from the shapes (see the header comment). */
+static void assert_phase_bounds(const step_bytes *b, int32_t n_blocks) {
+    const uint64_t M = TOP_K * BS, rot = D; /* tu_spec: rotary_dim = head_dim */
+    assert_true(b->up[0] == (uint64_t)L * HQ * D * 4);
+    assert_true(b->down[0] == (uint64_t)L * HQ * (uint64_t)n_blocks * 4);
+    assert_true(b->down[1] == 2ull * L * M * H * D * 4);
+    assert_true(b->up[1] <= M * 4 + M * rot * 4);
+    assert_true(b->down[2] == (uint64_t)L * (HQ * D * 4 + H * 4));
+    assert_true(b->up[2] <= (uint64_t)L * (HQ * D * 4 + 2ull * (BS - 1) * H * D * 4 + (BS - 1) * rot * 4));
+}
+
+static uint64_t step_total(const step_bytes *b, int up) {
+    return up ? b->up[0] + b->up[1] + b->up[2] : b->down[0] + b->down[1] + b->down[2];
+}
+
+static void test_decode_step_moves_query_and_result_bytes(void **state) {
+    (void)state;
+    NEED_VULKAN();
+    uint64_t rng = 11;
+    const int T1 = 256;
+    append_both(0, T1 + TAIL, &rng); /* 16 sealed blocks and an unsealed tail */
+    const kvmem_attend_params ap = full_attention();
+    step_bytes warm, b1, b4;
+    both(101, &ap, &warm); /* uploads the blocks once */
+    assert_true(step_total(&warm, 1) > (uint64_t)T1 * L * H * D * 4); /* every K row went up at least once */
+    both(102, &ap, &b1);
+    assert_phase_bounds(&b1, T1 / BS);
+    /* 4x the history: the new blocks go up once (warm-up), then the same step */
+    append_both(T1 + TAIL, 3 * T1, &rng);
+    both(103, &ap, &warm);
+    both(104, &ap, &b4);
+    assert_phase_bounds(&b4, 4 * T1 / BS);
+    assert_true(step_total(&b4, 1) == step_total(&b1, 1));
+    const uint64_t score_growth = (uint64_t)L * HQ * (uint64_t)(4 * T1 / BS - T1 / BS) * 4;
+    assert_true(step_total(&b4, 0) - step_total(&b1, 0) == score_growth);
+    /* everything besides the block scores within 2x (query + result) */
+    const uint64_t query = 2ull * L * HQ * D * 4;
+    const uint64_t result = 2ull * L * TOP_K * BS * H * D * 4 + (uint64_t)L * HQ * D * 4 + TOP_K * 4;
+    const uint64_t scores = (uint64_t)L * HQ * (uint64_t)(4 * T1 / BS) * 4;
+    assert_true(step_total(&b4, 1) + step_total(&b4, 0) - scores <= 2 * (query + result));
+    print_message("decode step at %d and %d tokens: up %llu / %llu, down %llu / %llu bytes\n", T1 + TAIL,
+                  4 * T1 + TAIL, (unsigned long long)step_total(&b1, 1), (unsigned long long)step_total(&b4, 1),
+                  (unsigned long long)step_total(&b1, 0), (unsigned long long)step_total(&b4, 0));
+}
+
+static void test_stop_rule_and_truncate_match_cpu(void **state) {
+    (void)state;
+    NEED_VULKAN();
+    /* the agents hold the previous test's history: the stop rule on (RECENT
+     * order with sinks: the tile list goes up) */
+    kvmem_attend_params ap = kvmem_attend_default_params();
+    ap.order = KVMEM_ATTEND_RECENT;
+    ap.tau_s = 0.05f;
+    ap.tau_d = 0.01f;
+    ap.patience = 2;
+    step_bytes b;
+    both(201, &ap, &b);
+    /* truncate into a sealed block (it is re-opened as the tail), append a
+     * different continuation: the mirror must not serve stale blocks */
+    const int64_t n = 4 * 256 + TAIL; /* the previous test's history */
+    assert_ok(kvmem_agent_truncate(g_cpu.ag, n - 300));
+    assert_ok(kvmem_agent_truncate(g_dev.ag, n - 300));
+    uint64_t rng = 77;
+    append_both(n - 300, 100, &rng);
+    const kvmem_attend_params full = full_attention();
+    both(202, &full, &b);
+    both(203, &ap, &b);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) g_backend = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decode_step_moves_query_and_result_bytes),
+        cmocka_unit_test(test_stop_rule_and_truncate_match_cpu),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
