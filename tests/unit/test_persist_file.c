@@ -19,15 +19,12 @@ static char g_dir[256];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvmem-test-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return tu_tmpdir_make(g_dir, sizeof g_dir, "test");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_tmpdir_remove(g_dir);
 }
 
 static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }

@@ -18,15 +18,12 @@ static char g_dir[256];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvmem-mapped-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return tu_tmpdir_make(g_dir, sizeof g_dir, "mapped");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_tmpdir_remove(g_dir);
 }
 
 /* 48 sealed blocks and a tail of 3: even Q4 (whose KV is only ~10 times

@@ -18,8 +18,7 @@ enum { L = 2, D = 64, H = 2, HQ = 4, BS = 16, NB = 24, T = BS * NB + 5 };
 
 static int setup(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvmem-mapdev-XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
+    if (tu_tmpdir_make(g_dir, sizeof g_dir, "mapdev") != 0) return -1;
     kvmem_context_params p = kvmem_context_default_params();
     p.backend = "vulkan";
     p.n_threads = 2;
@@ -37,9 +36,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     kvmem_context_free(g_dev);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_tmpdir_remove(g_dir);
 }
 
 static kvmem_pool *make_pool(kvmem_dtype dt, uint64_t cap) {

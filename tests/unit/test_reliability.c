@@ -29,15 +29,12 @@ static char g_dir[256];
 static int setup(void **state) {
     (void)state;
     kvm_alloc_test_begin();
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvmem-rel-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return tu_tmpdir_make(g_dir, sizeof g_dir, "rel");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_tmpdir_remove(g_dir);
 }
 
 static const char *path_of(const char *name) {

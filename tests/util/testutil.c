@@ -95,3 +95,14 @@ double tu_f16_above(double x) {
     assert_true(lo < g_f16_n);
     return g_f16[lo];
 }
+
+int tu_tmpdir_make(char *dir, size_t size, const char *tag) {
+    if (snprintf(dir, size, "/tmp/kvmem-%s-XXXXXX", tag) >= (int)size) return -1;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int tu_tmpdir_remove(const char *dir) {
+    char cmd[600];
+    if (snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= (int)sizeof cmd) return -1;
+    return system(cmd) == 0 ? 0 : -1;
+}

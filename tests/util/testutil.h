@@ -48,4 +48,10 @@ void tu_fill_kv(float *buf, size_t n, uint64_t *rng);
 double tu_f16_below(double x);
 double tu_f16_above(double x);
 
+/* A fresh directory /tmp/kvmem-<tag>-XXXXXX in dir (size >= 64); 0 on
+ * success, as cmocka's setup functions return. */
+int tu_tmpdir_make(char *dir, size_t size, const char *tag);
+/* Remove dir and everything below it; 0 on success. */
+int tu_tmpdir_remove(const char *dir);
+
 #endif
