@@ -32,11 +32,16 @@ const DEPRECATED = {
 // What one binding has and the other has not, and why. The check fails on a
 // name missing from these lists and on a name listed that is no longer so.
 const ONLY = {
-  Context: { wasm: [], node: [] },
+  Context: {
+    wasm: [],
+    node: { transferStats: 'host<->device transfer counters: the module has only the CPU backend',
+      transferReset: 'the transfer counters (no device in the module)' },
+  },
   Pool: {
     wasm: { synthCreate: 'the generator of `kvmem demo` (tools/synth.c), compiled into the module for the demo page' },
     node: { sync: 'no agent store (store_dir) in the module', syncAsync: 'no agent store in the module',
-      segmentsCreate: 'KEEP segments are not in the WebAssembly API yet' },
+      segmentsCreate: 'KEEP segments are not in the WebAssembly API yet',
+      agentOpenFile: 'agent files opened in place: no file system in the module' },
   },
   Agent: {
     wasm: {},
