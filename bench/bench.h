@@ -45,6 +45,9 @@ double kvm_measure_read_bw_threads_gbps(size_t bytes, int n_threads);
 double kvm_measure_disk_write_gbps(const char *dir, size_t bytes);
 double kvm_measure_memcpy_gbps(size_t bytes);   /* memcpy, one thread (bytes copied / s) */
 double kvm_measure_peak_gflops(void);           /* one core's f32 FMA throughput */
+/* One FMA-peak measurement (GFLOP/s, 0 without AVX2/AVX-512) timed on the
+ * clock now (kvm_now: wall; kvm_thread_cpu_now: the thread's CPU time). */
+double kvm_fma_gflops_once(double (*now)(void));
 
 /* The same limits on the calling thread's CPU clock (bench/limits_cpu.c),
  * best of `rounds` medians: the denominators of results timed on the CPU

@@ -181,27 +181,27 @@ double kvm_measure_memcpy_gbps(size_t bytes) {
  * so the chains live in registers: a loop over the accumulator array kept
  * it in memory at -O2 and timed a load-FMA-store per element (a third of
  * the FMA peak, below what the kernels reach). */
-__attribute__((target("avx512f"))) static double fma_avx512(long iters) {
+__attribute__((target("avx512f"))) static double fma_avx512(long iters, double (*now)(void)) {
     __m512 a[16], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
     for (int j = 0; j < 16; j++) a[j] = _mm512_set1_ps((float)j);
-    double t0 = kvm_now();
+    double t0 = now();
     for (long i = 0; i < iters; i++)
 #pragma GCC unroll 16
         for (int j = 0; j < 16; j++) a[j] = _mm512_fmadd_ps(a[j], m, c);
-    double t = kvm_now() - t0;
+    double t = now() - t0;
     __m512 s = a[0];
     for (int j = 1; j < 16; j++) s = _mm512_add_ps(s, a[j]);
     kvm_bench_sink = _mm512_reduce_add_ps(s);
     return 2.0 * 16 * 16 * (double)iters / t / 1e9;
 }
-__attribute__((target("avx2,fma"))) static double fma_avx2(long iters) {
+__attribute__((target("avx2,fma"))) static double fma_avx2(long iters, double (*now)(void)) {
     __m256 a[12], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
     for (int j = 0; j < 12; j++) a[j] = _mm256_set1_ps((float)j);
-    double t0 = kvm_now();
+    double t0 = now();
     for (long i = 0; i < iters; i++)
 #pragma GCC unroll 12
         for (int j = 0; j < 12; j++) a[j] = _mm256_fmadd_ps(a[j], m, c);
-    double t = kvm_now() - t0;
+    double t = now() - t0;
     float out[8];
     __m256 s = a[0];
     for (int j = 1; j < 12; j++) s = _mm256_add_ps(s, a[j]);
@@ -211,20 +211,21 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(long iters) {
 }
 #endif
 
-double kvm_measure_peak_gflops(void) {
-    double best = 0, v[7];
-    for (int r = 0; r < 7; r++) {
+double kvm_fma_gflops_once(double (*now)(void)) {
 #if defined(__x86_64__) && defined(__GNUC__)
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f")) v[r] = fma_avx512(2000000);
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) v[r] = fma_avx2(2000000);
-        else v[r] = 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return fma_avx512(2000000, now);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return fma_avx2(2000000, now);
 #else
-        v[r] = 0;
+    (void)now;
 #endif
-    }
-    best = kvm_median(v, 7);
-    return best;
+    return 0;
+}
+
+double kvm_measure_peak_gflops(void) {
+    double v[7];
+    for (int r = 0; r < 7; r++) v[r] = kvm_fma_gflops_once(kvm_now);
+    return kvm_median(v, 7);
 }
 
 static int g_first;
