@@ -460,19 +460,30 @@ static uint64_t combine_digests(const uint64_t *dig, size_t n) {
     return kvm_xxh64_final(&h);
 }
 
+/* The per-chunk digest and status arrays of the data section described by
+ * ps (KVM_HASH_CHUNK bytes a chunk), for the parallel hash passes. */
+static kvmem_status chunk_arrays(const pieces *ps, size_t *n, uint64_t **dig, kvmem_status **sts) {
+    *n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
+    *dig = kvm_malloc((*n ? *n : 1) * sizeof **dig);
+    *sts = kvm_malloc((*n ? *n : 1) * sizeof **sts);
+    if (!*dig || !*sts) {
+        kvm_free(*dig);
+        kvm_free(*sts);
+        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the digests of %zu data chunks", *n);
+    }
+    return KVMEM_OK;
+}
+
 /* Checksum of the data section described by ps; with a reader, also read it
  * into the pieces (hash_only: only hash ps->total bytes of the file).
  * Returns the combined digest in *sum. */
 static kvmem_status run_chunks(kvmem_pool *p, const pieces *ps, kvm_store_reader *r, uint64_t data_off, int hash_only,
                                uint64_t *sum) {
-    size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
-    uint64_t *dig = kvm_malloc((n ? n : 1) * sizeof *dig);
-    kvmem_status *sts = kvm_malloc((n ? n : 1) * sizeof *sts);
-    if (!dig || !sts) {
-        kvm_free(dig);
-        kvm_free(sts);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the digests of %zu data chunks", n);
-    }
+    size_t n;
+    uint64_t *dig;
+    kvmem_status *sts;
+    kvmem_status st0 = chunk_arrays(ps, &n, &dig, &sts);
+    if (st0 != KVMEM_OK) return st0;
     chunk_job j = {ps, acc64_kernel(), r, hash_only, data_off, dig, sts};
     kvm_parallel_for(p->ctx->tp, n, 1, chunk_task, &j);
     kvmem_status st = KVMEM_OK;
@@ -542,14 +553,11 @@ static void write_chunk_task(void *arg, size_t cb, size_t ce) {
 
 /* Hash and write the data section at data_off; *sum gets the checksum. */
 static kvmem_status write_chunks(kvmem_pool *p, const pieces *ps, kvm_store_writer *w, uint64_t data_off, uint64_t *sum) {
-    size_t n = (size_t)((ps->total + KVM_HASH_CHUNK - 1) / KVM_HASH_CHUNK);
-    uint64_t *dig = kvm_malloc((n ? n : 1) * sizeof *dig);
-    kvmem_status *sts = kvm_malloc((n ? n : 1) * sizeof *sts);
-    if (!dig || !sts) {
-        kvm_free(dig);
-        kvm_free(sts);
-        return kvm_fail(KVMEM_ERR_NOMEM, "out of memory for the digests of %zu data chunks", n);
-    }
+    size_t n;
+    uint64_t *dig;
+    kvmem_status *sts;
+    kvmem_status st0 = chunk_arrays(ps, &n, &dig, &sts);
+    if (st0 != KVMEM_OK) return st0;
     wchunk_job j;
     memset(&j, 0, sizeof j);
     j.ps = ps, j.stripes = acc64_kernel(), j.w = w, j.data_off = data_off, j.digest = dig, j.status = sts;
