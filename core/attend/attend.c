@@ -352,6 +352,28 @@ static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_pla
     return KVMEM_OK;
 }
 
+/* Run dev_attend with a's buffers, slot count, tile and dtype set by the
+ * caller and the rest from the plan; download the output into pl->out and
+ * the per-KV-head tile counts into visited, and fill *s from them. */
+static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl, kvm_dev_attend_args *a,
+                                   int32_t *visited, kvmem_attend_stats *s) {
+    a->n_pos = pl->T;
+    a->n_q_heads = pl->n_q_heads;
+    a->n_kv_heads = pl->n_kv_heads;
+    a->head_dim = pl->head_dim;
+    a->n_visit = pl->n_order;
+    a->scale = pl->scale;
+    a->tau_s = pl->tau_s;
+    a->tau_d = pl->tau_d;
+    a->patience = pl->patience;
+    kvmem_status st = be->iface->dev_attend(be, a);
+    if (st == KVMEM_OK)
+        st = kvm_be_download(be, a->out, 0, pl->out, (size_t)pl->n_q_heads * (size_t)pl->head_dim * 4);
+    if (st == KVMEM_OK) st = kvm_be_download(be, a->visited, 0, visited, (size_t)pl->n_kv_heads * 4);
+    if (st == KVMEM_OK) st = stats_from_visited(be->iface->name, pl, visited, s);
+    return st;
+}
+
 /* Upload, run dev_attend, download into pl->out and fill *s from the
  * per-stream tile counts. KVMEM_ERR_UNSUPPORTED: the backend cannot run
  * this shape (the caller then runs the plan on the CPU). */
@@ -423,21 +445,9 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     a.out = bout;
     a.visited = bvis;
     a.n_slots = n_slots;
-    a.n_pos = T;
-    a.n_q_heads = Hq;
-    a.n_kv_heads = H;
-    a.head_dim = D;
     a.tile = (int32_t)(pl->n_tiles > 0 ? pl->tile_start[1] - pl->tile_start[0] : 1);
-    a.n_visit = pl->n_order;
     a.dtype = dt;
-    a.scale = pl->scale;
-    a.tau_s = pl->tau_s;
-    a.tau_d = pl->tau_d;
-    a.patience = pl->patience;
-    if ((st = bi->dev_attend(be, &a)) != KVMEM_OK) goto done;
-    if ((st = kvm_be_download(be, bout, 0, pl->out, q_bytes)) != KVMEM_OK) goto done;
-    if ((st = kvm_be_download(be, bvis, 0, visited, (size_t)H * 4)) != KVMEM_OK) goto done;
-    st = stats_from_visited(bi->name, pl, visited, s);
+    st = dev_attend_run(be, pl, &a, visited, s);
 done:
     if (bq) bi->buffer_free(be, bq);
     if (bk) bi->buffer_free(be, bk);
@@ -488,22 +498,10 @@ static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_p
         a.out = bout;
         a.visited = bvis;
         a.n_slots = r->cap_tok;
-        a.n_pos = pl->T;
-        a.n_q_heads = Hq;
-        a.n_kv_heads = H;
-        a.head_dim = D;
         a.tile = pl->pool->params.block_size;
-        a.n_visit = pl->n_order;
         a.dtype = KVMEM_F32;
-        a.scale = pl->scale;
-        a.tau_s = pl->tau_s;
-        a.tau_d = pl->tau_d;
-        a.patience = pl->patience;
-        st = bi->dev_attend(be, &a);
+        st = dev_attend_run(be, pl, &a, visited, s);
     }
-    if (st == KVMEM_OK) st = kvm_be_download(be, bout, 0, pl->out, q_bytes);
-    if (st == KVMEM_OK) st = kvm_be_download(be, bvis, 0, visited, (size_t)H * 4);
-    if (st == KVMEM_OK) st = stats_from_visited(bi->name, pl, visited, s);
     if (bq) bi->buffer_free(be, bq);
     if (bo) bi->buffer_free(be, bo);
     if (bout) bi->buffer_free(be, bout);
