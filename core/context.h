@@ -2,7 +2,7 @@
 #ifndef KVMEM_CONTEXT_H
 #define KVMEM_CONTEXT_H
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "cpu/threadpool.h"
 
 #include <stdatomic.h>

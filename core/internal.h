@@ -6,6 +6,7 @@
 #include "kvmem.h"
 #include "alloc.h"
 #include "params.h"
+#include "backend/arith.h" /* checked size arithmetic, KVM_MIN, KVM_MAX */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,18 +28,6 @@ void kvm_clear_error(void);
 
 /* Log through the user's callback, if any. */
 void kvm_log(kvmem_log_level level, const char *fmt, ...) KVMEM_PRINTF(2, 3);
-
-/* Overflow-checked size arithmetic: false on overflow. */
-static inline bool kvm_mul_size(size_t a, size_t b, size_t *out) {
-    if (a != 0 && b > SIZE_MAX / a) return false;
-    *out = a * b;
-    return true;
-}
-static inline bool kvm_add_size(size_t a, size_t b, size_t *out) {
-    if (b > SIZE_MAX - a) return false;
-    *out = a + b;
-    return true;
-}
 
 /* The capacity (in elements of elem_size bytes) to grow an array of `cap`
  * elements to so it holds `need`: doubling from cap (or `first` when empty),
@@ -65,8 +54,5 @@ static inline bool kvm_is_tensor_dtype(kvmem_dtype dt) {
 /* Convert n elements between F32/F16/BF16 on the host (the CPU kernels). */
 void kvm_convert_host(void *dst, kvmem_dtype dst_dtype, const void *src, kvmem_dtype src_dtype,
                       size_t n);
-
-#define KVM_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define KVM_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 #endif

@@ -65,7 +65,7 @@ kvmem_status kvm_cu_op_gather_rope(kvmem_backend *be, const kvmem_cuda_gather_ar
 kvmem_status kvm_cu_op_qmem_score(kvmem_backend *be, const kvmem_cuda_qmem_args *a);
 }
 
-// The table entries of core/backend.h (ops_quant.cu, dev_retrieval.cu,
+// The table entries of core/backend/backend.h (ops_quant.cu, dev_retrieval.cu,
 // dev_attend.cu). They record failures with kvm_cu_fail; plugin.cu's
 // wrappers hand the message to the core (be->fail).
 kvmem_status kvm_cu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,

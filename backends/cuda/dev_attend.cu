@@ -1,5 +1,5 @@
 // ART attention (dev_attend) and IntentKV's rule score (dev_qmem_score):
-// table entries of the CUDA backend (core/backend.h), with
+// table entries of the CUDA backend (core/backend/backend.h), with
 // kvm_attend_cpu / kvm_cpu_qmem_score as the references.
 //
 // dev_attend is split-K flash decoding with the reference's stop rule. A

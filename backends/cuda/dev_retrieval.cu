@@ -1,4 +1,4 @@
-// Retrieval table entries of the CUDA backend (core/backend.h): dev_score,
+// Retrieval table entries of the CUDA backend (core/backend/backend.h): dev_score,
 // dev_topk, dev_gather_rope. Plain f32 kernels on the CUDA cores: the
 // contract is the CPU reference's f32 arithmetic, so no f16 operands here
 // (the tensor-core selection path stays a proc, kvmem_cuda.h). Arguments

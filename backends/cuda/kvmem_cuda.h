@@ -107,7 +107,7 @@ typedef struct kvmem_cuda_gather_args {
 typedef kvmem_status (*kvmem_cuda_gather_rope_fn)(struct kvmem_backend *be, const kvmem_cuda_gather_args *a);
 
 /* Quantize / dequantize and ART attention have no proc: the backend
- * table's quantize, dequantize and dev_attend entries (core/backend.h) are
+ * table's quantize, dequantize and dev_attend entries (core/backend/backend.h) are
  * the CUDA implementations, with the core's section layout and stop rule. */
 
 /* ---- eviction (IntentKV) ---- */

@@ -1,5 +1,5 @@
 // quantize / dequantize table entries: one storage section of
-// core/quant/quant.h (Q8, Q4, Q4 KIVI) per call, bit for bit the CPU
+// core/backend/quant_layout.h (Q8, Q4, Q4 KIVI) per call, bit for bit the CPU
 // backend's bytes. The per-group arithmetic is host/rules.h, shared with the
 // host and tested there against the core's scalar reference; the kernels
 // only decide which thread runs which group, in the reference's order:
@@ -126,7 +126,7 @@ kvmem_status kvm_cu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const
     const float *x = reinterpret_cast<const float *>(static_cast<const unsigned char *>(src->dev) + src_off);
     unsigned char *sec = static_cast<unsigned char *>(dst->dev) + dst_off;
 
-    // inputs must be finite within +-65504 (quant.h): checked first, so a
+    // inputs must be finite within +-65504 (quant_layout.h): checked first, so a
     // refused call leaves dst untouched, with the CPU backend's message
     unsigned long long *bad = static_cast<unsigned long long *>(cu_scratch(b, 256, &st));
     if (st != KVMEM_OK) return st;

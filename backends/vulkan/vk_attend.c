@@ -1,6 +1,6 @@
 /* dev_attend on Vulkan (shaders/attend.comp): one workgroup per KV head, the
  * probe reduced with subgroup operations where the device has them.
- * Arguments are checked exactly like the CPU reference (attend/attend_dev.h);
+ * Arguments are checked exactly like the CPU reference (core/backend/attend_dev.h);
  * what only device memory holds (slot ids >= n_slots, tile ids outside
  * [0, n_tiles)) is skipped by the shader, never read.
  *
@@ -10,7 +10,7 @@
  * buffer. Dispatches are submitted ATTEND_PER_SUBMIT at a time, and the
  * series ends early once every stream has stopped. */
 #include "vk_internal.h"
-#include "attend/attend_dev.h"
+#include "attend_dev.h"
 
 #include <stdlib.h>
 #include <string.h>

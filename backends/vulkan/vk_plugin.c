@@ -3,7 +3,7 @@
  * backend's command buffer, submits and waits (synchronous like the CPU
  * backend), and records the device time of the submission. */
 #include "vk_internal.h"
-#include "internal.h" /* checked size arithmetic (inline only: core symbols are hidden) */
+#include "arith.h" /* checked size arithmetic (inline only: core symbols are hidden) */
 
 #include <stdarg.h>
 #include <stdio.h>

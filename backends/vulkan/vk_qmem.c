@@ -5,7 +5,7 @@
  * budget (vk_internal.h). Validation mirrors the CPU reference entry
  * (core/qmem/qmem_dev.c). */
 #include "vk_internal.h"
-#include "internal.h"
+#include "arith.h"
 
 #include <string.h>
 

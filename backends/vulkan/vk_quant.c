@@ -1,17 +1,17 @@
 /* quantize / dequantize on Vulkan: Q8, Q4 and Q4 KIVI sections in the layout
- * of core/quant/quant.h (kvm_qsection_layout is header-only, so the plugin
+ * of core/backend/quant_layout.h (kvm_qsection_layout is header-only, so the plugin
  * shares it). Validation mirrors the CPU backend's entries; the shaders
  * (shaders/quantize.comp, dequantize.comp) produce the CPU scalar
  * reference's bytes and values exactly. */
 #include "vk_internal.h"
-#include "internal.h"
-#include "quant/quant.h"
+#include "arith.h"
+#include "quant_layout.h"
 
 #include <string.h>
 
 static kvm_vk *impl(kvmem_backend *be) { return be->impl; }
 
-/* Section layout (quant.h's kvm_qsection_layout) plus what the shaders take.
+/* Section layout (quant_layout.h's kvm_qsection_layout) plus what the shaders take.
  * n <= 2^24 and dim <= 1024: no overflow. */
 typedef struct {
     size_t codes_off, scales_off, biases_off, bytes, n_params;

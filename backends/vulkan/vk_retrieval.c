@@ -2,12 +2,12 @@
  * then score_reduce), dev_topk (radix select) and dev_gather_rope, and the
  * standalone aabb_score / gather_rope still reached by name (vk_ops.h).
  * Arguments are checked by the same code as the CPU reference
- * (core/retrieve/dev_args.h): bad input gets a status and a message and
+ * (core/backend/dev_args.h): bad input gets a status and a message and
  * nothing runs. */
 #include "vk_internal.h"
 #include "vk_ops.h"
-#include "internal.h"
-#include "retrieve/dev_args.h"
+#include "arith.h"
+#include "dev_args.h"
 
 #include <stdlib.h>
 #include <string.h>

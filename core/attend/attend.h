@@ -5,6 +5,7 @@
 #define KVMEM_ATTEND_H
 
 #include "../internal.h"
+#include "../backend/backend.h"
 #include "../pool/pool.h"
 
 /* tile_size 0: positions per tile of TENSORS and SLOTMAP sources */
@@ -79,6 +80,12 @@ int32_t kvm_attend_tiles_seen(const kvm_attend_plan *plan);
 /* Run the plan on the CPU (the reference for every backend). Fills
  * plan->out and *stats. Allocation failure: KVMEM_ERR_NOMEM. */
 kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *plan, kvmem_attend_stats *stats);
+
+/* The CPU backend's dev_attend entry (attend_dev.c; argument checks in
+ * core/backend/attend_dev.h): runs kvm_attend_cpu on a plan built from the
+ * host buffers. Also rejects what a device cannot check: a live slot
+ * >= n_slots, tile ids outside [0, n_tiles) or repeated. */
+kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a);
 
 /* Micro-kernels over rows of head_dim floats. */
 typedef struct kvm_attend_kernels {

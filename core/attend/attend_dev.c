@@ -1,7 +1,7 @@
 /* The CPU backend's dev_attend: the buffer-level form of ART attention
- * (core/backend.h) as a one-row SLOTMAP plan run by kvm_attend_cpu, so the
+ * (core/backend/backend.h) as a one-row SLOTMAP plan run by kvm_attend_cpu, so the
  * device kernels are compared with exactly the rule kvmem_attend() runs. */
-#include "attend_dev.h"
+#include "../backend/attend_dev.h"
 #include "attend.h"
 
 #include <stdlib.h>

@@ -1,10 +1,9 @@
 /* The CPU backend: buffers are host memory, ops run the kernel table chosen
  * at run time (scalar / AVX2 / AVX-512) on the context's worker pool. */
-#include "../backend.h"
+#include "../backend/backend.h"
 #include "../context.h"
 #include "../internal.h"
 #include "../attend/attend.h"
-#include "../attend/attend_dev.h"
 #include "half.h"
 #include "kernels.h"
 #include "scratch.h"

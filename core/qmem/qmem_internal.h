@@ -2,7 +2,7 @@
 #ifndef KVMEM_QMEM_INTERNAL_H
 #define KVMEM_QMEM_INTERNAL_H
 
-#include "../backend.h"
+#include "../backend/backend.h"
 #include "../internal.h"
 #include "../tensor.h"
 
@@ -15,7 +15,7 @@ kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, cons
 kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
                                 const kvmem_tensor *k, float *scores);
 
-/* The CPU backend's dev_qmem_score (core/backend.h): the reference the
+/* The CPU backend's dev_qmem_score (core/backend/backend.h): the reference the
  * device backends are compared with (qmem_dev.c). */
 kvmem_status kvm_cpu_dev_qmem_score(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
 

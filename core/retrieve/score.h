@@ -1,6 +1,6 @@
 /* Retrieval internals: the scoring kernels (scalar reference, AVX2, AVX-512)
  * and the descriptors of the retrieval backend ops (aabb_score, topk,
- * gather) that core/backend.h points at.
+ * gather) that core/backend/backend.h points at.
  *
  * Scoring is a matrix product. For one (layer, KV head) the R query rows of
  * its head group (n_q tokens x G query heads) meet the candidate blocks:
@@ -11,7 +11,7 @@
 #ifndef KVMEM_RETRIEVE_SCORE_H
 #define KVMEM_RETRIEVE_SCORE_H
 
-#include "../backend.h"
+#include "../backend/backend.h"
 #include "../pool/pool.h"
 #include "../cpu/workbuf.h"
 
@@ -120,7 +120,7 @@ kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int3
                           int32_t *n_out);
 kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d);
 
-/* The CPU backend's device kernels (score_dev.c; contracts in core/backend.h,
+/* The CPU backend's device kernels (score_dev.c; contracts in core/backend/backend.h,
  * argument checks in dev_args.h). */
 kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
 kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);

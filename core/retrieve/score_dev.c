@@ -4,7 +4,7 @@
  * of the CPU backend are host memory, so these read and write them in place.
  * They reuse the host ops' pieces (the scoring kernel table, kvm_cpu_topk,
  * kvm_rope_rotate) so the reference and the host path agree. */
-#include "dev_args.h"
+#include "../backend/dev_args.h"
 #include "score.h"
 #include "../cpu/kernels.h"
 #include "../rope/rope.h"

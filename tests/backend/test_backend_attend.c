@@ -1,4 +1,4 @@
-/* Backend conformance of dev_attend (core/backend.h): one decode row of ART
+/* Backend conformance of dev_attend (core/backend/backend.h): one decode row of ART
  * attention on a slot-mapped K/V, run on the backend under test and on the
  * CPU backend's entry (kvm_attend_cpu on a one-row SLOTMAP plan), both
  * checked against a double-precision reference written here (scores, a

@@ -1,4 +1,4 @@
-/* Backend conformance: dev_qmem_score (IntentKV's rule score, core/backend.h)
+/* Backend conformance: dev_qmem_score (IntentKV's rule score, core/backend/backend.h)
  * on the backend under test, against the CPU backend's entry and a plain
  * double-precision reference written here:
  *   a[l,h,j] = softmax_j(M[l,h] . K[l,j,h/G] / sqrt(D)), s_j = sum_{l,h} a[l,h,j].

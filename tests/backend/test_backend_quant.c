@@ -1,9 +1,9 @@
 /* Backend conformance: quantize / dequantize (Q8, Q4, Q4 KIVI sections,
- * core/quant/quant.h) on the backend under test, against the CPU backend's
+ * core/backend/quant_layout.h) on the backend under test, against the CPU backend's
  * entries and against a plain reference written here.
  *
  * Tolerances:
- *   layout      the section's size and part offsets as quant.h spells them
+ *   layout      the section's size and part offsets as quant_layout.h spells them
  *               (recomputed here), padding bytes and unused nibbles 0, and
  *               nothing written outside [dst_off, dst_off + bytes)
  *   scales, biases  the same f16 values as the CPU entry and as the plain
@@ -17,12 +17,12 @@
  *   decoded     dequantize gives exactly the CPU's values (q*s is exact in
  *               f32, so q*s + b rounds once, fused or not) and the plain
  *               decode here; sections encoded on either backend decode on
- *               the other within quant.h's bound, stated per value with the
+ *               the other within quant_layout.h's bound, stated per value with the
  *               decoded scale s: |x - x'| <= s/2 + 2^-21 (|x| + |b|), and
  *               s <= range/k (1 + 2^-10) + 2^-24 (k = 127 for Q8 with range =
  *               absmax; k = 15 for Q4 with range = max - min + ulp16(min)).
  *               The 2^-24 term is the smallest f16 step: groups whose scale
- *               is an f16 subnormal need it (quant.h states it since this
+ *               is an f16 subnormal need it (quant_layout.h states it since this
  *               test found them above absmax/254 (1 + 2^-10)).
  *   long blocks KIVI keys read each channel over all n rows: 40000 rows are
  *               quantized as above, or refused as unsupported with a message
@@ -269,7 +269,7 @@ static void one_case(kvmem_dtype dt, int which, size_t n, size_t dim, int kind, 
     for (size_t p = 0; p < l.np; p++) {
         double rs, rb, sbound;
         ref_params(&l, x, n, dim, p, &rs, &rb, &sbound);
-        if (!(rs <= sbound)) fail_msg("%s: scale %zu: %.9g above quant.h's bound %.9g", what, p, rs, sbound);
+        if (!(rs <= sbound)) fail_msg("%s: scale %zu: %.9g above quant_layout.h's bound %.9g", what, p, rs, sbound);
         double cs = f16d(rd16(c, so + 2 * p)), bs = f16d(rd16(b, so + 2 * p));
         if (cs != rs || bs != rs) fail_msg("%s: scale %zu: reference %.9g, cpu %.9g, backend %.9g", what, p, rs, cs, bs);
         if (l.mode) {

@@ -1,4 +1,4 @@
-/* Backend conformance of the retrieval device kernels (core/backend.h):
+/* Backend conformance of the retrieval device kernels (core/backend/backend.h):
  * dev_score, dev_topk, dev_gather_rope on the backend under test (argv[1])
  * and on the CPU backend's reference entries, both checked against plain
  * references written here in double precision.

@@ -8,7 +8,7 @@
 #include "cuda_host.h"
 #include "rules.h"
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "quant/quant_ref.h"
 #include "rope/rope.h"
 

@@ -22,7 +22,7 @@
  * metrics are O(1), so it never stops). Those counts are hand-derived here. */
 #include "testutil.h"
 #include "attend_ref.h"
-#include "backend.h"
+#include "backend/backend.h"
 #include "context.h"
 
 #include <math.h>

@@ -5,7 +5,7 @@
  * a usable Vulkan backend every test says "skipped: why". */
 #include "testutil.h"
 #include "context.h"
-#include "backend.h"
+#include "backend/backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>

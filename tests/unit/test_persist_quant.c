@@ -3,7 +3,7 @@
  * MLX packing decoded independently, and pool round trips in every dtype. */
 #include "testutil.h"
 #include "internal.h"
-#include "backend.h"
+#include "backend/backend.h"
 #include "context.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"

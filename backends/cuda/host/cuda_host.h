@@ -7,7 +7,7 @@
 #define KVMEM_CUDA_HOST_H
 
 #include "kvmem.h"
-#include "quant/quant.h"
+#include "quant_layout.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -97,7 +97,7 @@ typedef struct kvm_cu_topk_plan {
 } kvm_cu_topk_plan;
 kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan);
 
-/* ---- the device-kernel table entries (core/backend.h, API 3) ----
+/* ---- the device-kernel table entries (core/backend/backend.h, API 3) ----
  * Argument checks of dev_score, dev_topk, dev_gather_rope, dev_attend,
  * dev_qmem_score, quantize and dequantize, with the byte sizes of the
  * buffers passed in (the plugin knows them; kvmem_buffer is opaque here).
@@ -166,7 +166,7 @@ kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t
 kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem_size, size_t k_size,
                                    size_t scores_size);
 
-/* Quantized sections: core/quant/quant.h's layout (header-only, so the
+/* Quantized sections: core/backend/quant_layout.h's layout (header-only, so the
  * plugin shares the one definition). */
 typedef kvm_qsection kvm_cu_qsection;
 static inline kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {

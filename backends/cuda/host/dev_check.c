@@ -4,8 +4,8 @@
 #include "rules.h"
 
 #include "backend.h"
-#include "attend/attend_dev.h"
-#include "retrieve/dev_args.h"
+#include "attend_dev.h"
+#include "dev_args.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -39,8 +39,8 @@ static int32_t pow2_at_least(int32_t n) {
     return p;
 }
 
-/* Each check runs the core's shared checks first (core/retrieve/dev_args.h,
- * core/attend/attend_dev.h: every backend refuses the same input with the
+/* Each check runs the core's shared checks first (core/backend/dev_args.h,
+ * core/backend/attend_dev.h: every backend refuses the same input with the
  * same words), then this backend's own limits (KVMEM_ERR_UNSUPPORTED). */
 
 /* A shared check's failure as this backend's error. */

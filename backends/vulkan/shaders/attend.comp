@@ -1,5 +1,5 @@
 #version 450
-// attend: one decode row of ART attention (core/backend.h, dev_attend; the
+// attend: one decode row of ART attention (core/backend/backend.h, dev_attend; the
 // rule of include/kvmem.h, "ART attention"; kvm_attend_cpu is the reference).
 // One workgroup per stream = KV head g and its G query heads. Tiles are
 // visited in `order`, one step per chunk of C = 128 / G positions of a tile:

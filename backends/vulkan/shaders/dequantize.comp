@@ -1,7 +1,7 @@
 #version 450
 // dequantize: rows [row0, row0 + cnt) of a Q8 / Q4 / Q4 KIVI-keys section
-// (core/quant/quant.h) to f32, one invocation per output value. Exactly the
-// CPU's values: q*s is exact in f32 (8 or 4 bits times an f16's 11), so
+// (core/backend/quant_layout.h) to f32, one invocation per output value. Exactly
+// the CPU's values: q*s is exact in f32 (8 or 4 bits times an f16's 11), so
 // q*s + b rounds once whether or not the device fuses it, and the f16
 // conversions are integer (common.glsl), immune to denormal flushing.
 #extension GL_GOOGLE_include_directive : require

@@ -1,5 +1,5 @@
 #version 450
-// dev_qmem_score: IntentKV's rule score (core/backend.h)
+// dev_qmem_score: IntentKV's rule score (core/backend/backend.h)
 //   a[l,h,j] = softmax over j of (scale * mem[l,h] . k[l,j,h/G]),
 //   scores[j] = sum over l, h of a[l,h,j].
 // pass 0: one workgroup per (l, h) (group id x = h, y = l): online softmax

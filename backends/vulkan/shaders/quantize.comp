@@ -1,5 +1,5 @@
 #version 450
-// quantize: n f32 rows of `dim` -> one storage section (core/quant/quant.h)
+// quantize: n f32 rows of `dim` -> one storage section (core/backend/quant_layout.h)
 // of Q8, Q4 or Q4 KIVI keys, bit for bit the CPU's scalar reference.
 // Two passes in one submission (a barrier between them):
 //   pass 0, one invocation per word of f16 parameters: group (or KIVI

@@ -1,5 +1,5 @@
 #version 450
-// dev_score's second half (core/backend.h): normalise the block scores
+// dev_score's second half (core/backend/backend.h): normalise the block scores
 // I[b][t][j] of a chunk of query tokens (written by aabb_score, b = layer x
 // query head slice) over the blocks j of each (b, t), and aggregate over the
 // tokens into out[b][j]. Three phases (dispatches of this pipeline):

@@ -1,5 +1,5 @@
 #version 450
-// dev_topk (core/backend.h): the indices of the k largest non-NaN scores,
+// dev_topk (core/backend/backend.h): the indices of the k largest non-NaN scores,
 // ties to the lower index, written in ascending index order. Radix select
 // on an order-preserving key, then a stable compaction; one pipeline, six
 // phases (dispatches in one submission, each followed by a barrier):

@@ -9,8 +9,8 @@
 #ifndef KVMEM_RETRIEVE_DEV_ARGS_H
 #define KVMEM_RETRIEVE_DEV_ARGS_H
 
-#include "../backend.h"
-#include "../internal.h"
+#include "arith.h"
+#include "backend.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -7,7 +7,12 @@
  *
  * Buffers: backend memory is reached through kvmem_buffer handles plus byte
  * offsets, never raw device pointers, so Vulkan (VkBuffer) and CUDA (device
- * pointers) fit the same table. For the CPU backend a buffer is host memory. */
+ * pointers) fit the same table. For the CPU backend a buffer is host memory.
+ *
+ * This header and the others of core/backend/ are the whole interface a
+ * plugin sees (with include/kvmem.h): they include nothing else of the core,
+ * and plugins are built with only this folder of the core on their include
+ * path (tests/checks/backend_includes.sh keeps it so). */
 #ifndef KVMEM_BACKEND_H
 #define KVMEM_BACKEND_H
 
@@ -90,7 +95,7 @@ typedef struct kvmem_backend_iface {
 
     /* -- persistence: quantize, dequantize -- */
     /* Encode n rows of `dim` f32 values into one storage section (layout and
-     * error bounds in core/quant/quant.h) of dtype Q8, Q4 or Q4_KIVI; which: 0
+     * error bounds in core/backend/quant_layout.h) of dtype Q8, Q4 or Q4_KIVI; which: 0
      * keys (KIVI: per-channel groups over the n rows), 1 values. */
     kvmem_status (*quantize)(kvmem_backend *be, kvmem_dtype dtype, int which, const kvmem_buffer *src,
                              size_t src_off, size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off);
@@ -167,7 +172,7 @@ typedef struct kvm_dev_score_args {
  * order (chronological: what retrieval returns); *n_out (host) gets the
  * count. idx needs only min(k, n) entries (k > n is allowed); n = 0 or
  * k = 0 writes nothing and sets *n_out = 0. Argument checks shared by the
- * CPU and Vulkan entries: core/retrieve/dev_args.h. */
+ * CPU and Vulkan entries: core/backend/dev_args.h. */
 typedef struct kvm_dev_topk_args {
     const kvmem_buffer *scores;  /* f32 [n] */
     kvmem_buffer *idx;           /* int32 [k] */

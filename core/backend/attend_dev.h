@@ -1,11 +1,11 @@
-/* dev_attend (core/backend.h): the argument checks every backend applies
+/* dev_attend (backend.h): the argument checks every backend applies
  * (header-only, so plugins, which cannot link the core's hidden symbols,
- * share them) and the CPU backend's reference entry. */
+ * share them). The CPU backend's reference entry: core/attend/attend.h. */
 #ifndef KVMEM_ATTEND_DEV_H
 #define KVMEM_ATTEND_DEV_H
 
-#include "../backend.h"
-#include "../internal.h"
+#include "arith.h"
+#include "backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -73,11 +73,5 @@ static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_
     }
     return 1;
 }
-
-/* The CPU backend's entry: runs kvm_attend_cpu on a plan built from the
- * host buffers. Also rejects what a device cannot check: a live slot
- * >= n_slots, tile ids outside [0, n_tiles) or repeated. */
-kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a);
-
 
 #endif

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Backend plugins see the core through the backend interface only (issue 21,
+# item 2): the headers of core/backend/ (the table, the device kernels'
+# argument checks, the quantized section layout, checked size arithmetic)
+# and include/kvmem.h. Fails on
+#  1. a plugin build (backends/<name>/CMakeLists.txt, target_include_directories)
+#     that puts a project folder on its include path other than its own
+#     folders, core/backend and include, so the compiler itself would let a
+#     plugin reach core internals;
+#  2. a file under backends/ that includes a file of the project outside
+#     its plugin's folder and the interface (so no chain through the
+#     plugin's own files reaches the core either), or a "..." include that
+#     resolves to no file. Includes are
+#     resolved like the compiler: "..." from the including file's folder
+#     first, then (like <...>) the plugin's include dirs in their order
+#     (the union of the plugin's targets, read from its CMakeLists.txt);
+#  3. an interface header that includes a project header other than another
+#     interface header or include/kvmem.h.
+# Args: SOURCE_DIR (the others of tests/CMakeLists.txt are ignored).
+set -uo pipefail
+src=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
+cd "$src" || exit 1
+[ -d backends ] || { echo "FAIL: no backends/ under $src"; exit 1; }
+iface_dir=core/backend
+
+in_iface() { [[ $1 == $iface_dir/*.h || $1 == include/kvmem.h ]]; }
+
+# resolve FILE TEXT KIND DIRS...: the repository path the compiler would open
+# (KIND q: "..." searches FILE's folder first), empty when none
+resolve() {
+  local f=$1 inc=$2 kind=$3 d
+  shift 3
+  local dirs=("$@")
+  [ "$kind" = q ] && dirs=("$(dirname "$f")" "${dirs[@]}")
+  for d in "${dirs[@]}"; do
+    if [ -f "$d/$inc" ]; then realpath -m --relative-to="$src" "$d/$inc"; return; fi
+  done
+}
+# includes FILE: lines "q TEXT" and "a TEXT"
+includes() {
+  sed -n -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/q \1/p' \
+         -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\([^>]*\)>.*/a \1/p' "$1"
+}
+
+fail=0
+for cm in backends/*/CMakeLists.txt; do
+  be=$(dirname "$cm")
+  # 1. the include dirs of the plugin's targets, in order, as repository paths
+  dirs=()
+  while IFS= read -r tok; do
+    case "$tok" in
+      '${CMAKE_CURRENT_SOURCE_DIR}'*) d=$be${tok#'${CMAKE_CURRENT_SOURCE_DIR}'} ;;
+      '${PROJECT_SOURCE_DIR}'*) d=${tok#'${PROJECT_SOURCE_DIR}'}; d=${d#/}; d=${d:-.} ;;
+      *) continue ;; # a system folder (the Vulkan headers, volk)
+    esac
+    d=$(realpath -m --relative-to="$src" "$d")
+    [[ " ${dirs[*]} " == *" $d "* ]] && continue
+    dirs+=("$d")
+    if [[ $d != "$be" && $d != "$be"/* && $d != "$iface_dir" && $d != include ]]; then
+      echo "FAIL: $cm puts $d on a plugin's include path: plugins see $iface_dir and include/ only"
+      fail=1
+    fi
+  done < <(awk '/target_include_directories[[:space:]]*\(/ { on = 1 } on { print; if (index($0, ")")) on = 0 }' "$cm" |
+             grep -o '\${\(CMAKE_CURRENT_SOURCE_DIR\|PROJECT_SOURCE_DIR\)}[^[:space:])]*')
+  echo "$be: include path ${dirs[*]}"
+
+  # 2. each include of each plugin file (a chain through the plugin's own
+  # files ends in one of these edges, and 3. closes the interface)
+  n_files=0
+  while IFS= read -r f; do
+    n_files=$((n_files + 1))
+    while read -r kind inc; do
+      r=$(resolve "$f" "$inc" "$kind" "${dirs[@]}")
+      if [ -z "$r" ]; then
+        # <...> not in the project: a system or toolkit header
+        [ "$kind" = q ] && { echo "FAIL: $f includes \"$inc\", which is no file on $be's include path"; fail=1; }
+      elif [[ $r != "$be"/* ]] && ! in_iface "$r"; then
+        echo "FAIL: $f includes $r, outside the backend interface ($iface_dir/*.h, include/kvmem.h)"
+        fail=1
+      fi
+    done < <(includes "$f")
+  done < <(find "$be" -type f \( -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' -o -name '*.inc' \) | sort)
+  echo "$be: $n_files files checked"
+done
+
+# 3. the interface includes nothing of the core but itself (resolved with
+# every include dir a core or plugin build uses)
+n_iface=0
+for f in "$iface_dir"/*.h; do
+  [ -f "$f" ] || continue
+  n_iface=$((n_iface + 1))
+  while read -r kind inc; do
+    r=$(resolve "$f" "$inc" "$kind" "$iface_dir" core include)
+    if [ -n "$r" ] && ! in_iface "$r"; then
+      echo "FAIL: $f includes $r: the interface includes only its own headers and include/kvmem.h"
+      fail=1
+    fi
+  done < <(includes "$f")
+done
+[ "$n_iface" -gt 0 ] || { echo "FAIL: no interface headers in $iface_dir"; fail=1; }
+
+[ $fail -eq 0 ] && echo "backend plugins include only the backend interface ($n_iface headers in $iface_dir)"
+exit $fail
