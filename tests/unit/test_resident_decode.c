@@ -20,8 +20,12 @@
  *   gather    down: exactly the gathered K and V, 2 * L * M * H * D floats;
  *             up: at most M slot ids and M * rotary_dim cos/sin values.
  *   attend    down: the output (Hq * D floats) and one tile count per KV
- *             head; up: at most q plus the unsealed tail's K/V rows and their
- *             cos/sin (fewer than block_size tokens).
+ *             head; up: exactly q plus the unsealed tail's K/V rows and their
+ *             cos/sin (fewer than block_size tokens). With the stop rule on,
+ *             RECENT's tile list (sinks, then newest first) is a slice of a
+ *             resident buffer: once the buffer exists a step uploads no tile
+ *             ids, or 2 per sink tile when the tile count changed (before,
+ *             the whole list went up: 4 bytes a tile, every call).
  * and the whole step's uploads do not change when the history grows 4x, its
  * downloads only by the new blocks' scores (4 bytes each), all within 2x
  * (query + result) bytes besides those scores. Before residency a step
@@ -253,6 +257,10 @@ static void both(uint64_t seed, const kvmem_attend_params *ap, step_bytes *b) {
     step_free(&g);
 }
 
+/* attend's uploads of a step over every layer with `tail` unsealed tokens:
+ * q, the tail's K/V rows and their cos/sin (tu_spec: rotary_dim = head_dim) */
+static uint64_t attend_up(int tail) { return (uint64_t)L * (HQ * D * 4 + (uint64_t)tail * (2 * H * D * 4 + D * 4)); }
+
 /* Per-phase bounds derived from the shapes (see the header comment). */
 static void assert_phase_bounds(const step_bytes *b, int32_t n_blocks) {
     const uint64_t M = TOP_K * BS, rot = D; /* tu_spec: rotary_dim = head_dim */
@@ -261,7 +269,7 @@ static void assert_phase_bounds(const step_bytes *b, int32_t n_blocks) {
     assert_true(b->down[1] == 2ull * L * M * H * D * 4);
     assert_true(b->up[1] <= M * 4 + M * rot * 4);
     assert_true(b->down[2] == (uint64_t)L * (HQ * D * 4 + H * 4));
-    assert_true(b->up[2] <= (uint64_t)L * (HQ * D * 4 + 2ull * (BS - 1) * H * D * 4 + (BS - 1) * rot * 4));
+    assert_true(b->up[2] == attend_up(TAIL));
 }
 
 static uint64_t step_total(const step_bytes *b, int up) {
@@ -346,20 +354,30 @@ static void test_stop_rule_and_truncate_match_cpu(void **state) {
     (void)state;
     NEED_VULKAN();
     /* the agents hold the previous test's history: the stop rule on (RECENT
-     * order with sinks: the tile list goes up) */
+     * order with n_sink 4: one sink tile, then newest first) */
     kvmem_attend_params ap = kvmem_attend_default_params();
     ap.order = KVMEM_ATTEND_RECENT;
     ap.tau_s = 0.05f;
     ap.tau_d = 0.01f;
     ap.patience = 2;
     step_bytes b;
-    both(201, &ap, &b);
+    both(201, &ap, &b); /* makes the mirror's RECENT buffer */
+    both(204, &ap, &b);
+    assert_true(b.up[2] == attend_up(TAIL)); /* no tile ids */
+    /* one more block: its keys rotated (cos/sin of BS positions per layer),
+     * the sink id put back and written one slot down */
+    uint64_t rng = 78;
+    append_both(4 * 256 + TAIL, BS, &rng);
+    both(205, &ap, &b);
+    assert_true(b.up[2] == attend_up(TAIL) + (uint64_t)L * BS * D * 4 + 2 * 4);
+    both(206, &ap, &b);
+    assert_true(b.up[2] == attend_up(TAIL));
     /* truncate into a sealed block (it is re-opened as the tail), append a
      * different continuation: the mirror must not serve stale blocks */
-    const int64_t n = 4 * 256 + TAIL; /* the previous test's history */
+    const int64_t n = 4 * 256 + BS + TAIL; /* the history so far */
     assert_ok(kvmem_agent_truncate(g_cpu.ag, n - 300));
     assert_ok(kvmem_agent_truncate(g_dev.ag, n - 300));
-    uint64_t rng = 77;
+    rng = 77;
     append_both(n - 300, 100, &rng);
     const kvmem_attend_params full = full_attention();
     both(202, &full, &b);
