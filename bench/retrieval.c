@@ -53,9 +53,13 @@
  * the agent (AGENT source, every layer, full attention). Transfer counts
  * (kvmem_context_transfer_stats), not timings:
  *   h2d_bytes, d2h_bytes    the whole step;  retrieve_/gather_/attend_ h2d_bytes, d2h_bytes: per phase
+ *   attend_stop_rule_h2d_bytes, _d2h_bytes  the attend phase again with the stop rule on (RECENT
+ *                           order, default tau_s, tau_d), not in the totals
  *   query_bytes             the step's query rows (retrieval and attention, f32)
  *   result_bytes            what the step returns: gathered K and V, attention outputs, the selection
- *   block_score_bytes       the per-(layer, query head) block scores retrieval reads back */
+ *   block_score_bytes       the result's per-block scores S(b) (kvmem_retrieval_block_scores), 4 bytes a
+ *                           block: what retrieval reads back (summed over layers and heads on the device,
+ *                           dev_score_reduce; before, the per-(layer, query head) scores, L x Hq times this) */
 #include "bench.h"
 #include "kvmem.h"
 #include "cpu/kernels.h"
@@ -369,27 +373,31 @@ static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const k
         kvmem_tensor_init(&vt, gv, KVMEM_F32, 4, gs);
         rc = kvmem_gather(ag, sel, n_sel, 0, &kt, &vt) != KVMEM_OK;
         kvmem_context_transfer_stats(ctx, &x[2][0], &x[2][1]);
-        kvmem_attend_params ap = kvmem_attend_default_params();
-        ap.order = KVMEM_ATTEND_RECENT;
-        ap.tau_s = ap.tau_d = 0;
-        for (int32_t l = 0; l < L && !rc; l++) {
-            int64_t as[3] = {1, NQ, D};
-            kvmem_tensor aq, ao;
-            kvmem_tensor_init(&aq, q + (size_t)l * (size_t)NQ * (size_t)D, KVMEM_F32, 3, as);
-            kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as);
-            kvmem_attend_source src;
-            memset(&src, 0, sizeof src);
-            src.kind = KVMEM_ATTEND_SRC_AGENT;
-            src.agent = ag;
-            src.layer = l;
-            rc = kvmem_attend(ctx, &aq, &src, &ap, &ao, NULL) != KVMEM_OK;
+        /* full attention, then (outside the step's totals) again with the
+         * stop rule on, whose RECENT tile list is the one part that differs */
+        for (int stop = 0; stop < 2 && !rc; stop++) {
+            kvmem_attend_params ap = kvmem_attend_default_params();
+            ap.order = KVMEM_ATTEND_RECENT;
+            if (!stop) ap.tau_s = ap.tau_d = 0;
+            for (int32_t l = 0; l < L && !rc; l++) {
+                int64_t as[3] = {1, NQ, D};
+                kvmem_tensor aq, ao;
+                kvmem_tensor_init(&aq, q + (size_t)l * (size_t)NQ * (size_t)D, KVMEM_F32, 3, as);
+                kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as);
+                kvmem_attend_source src;
+                memset(&src, 0, sizeof src);
+                src.kind = KVMEM_ATTEND_SRC_AGENT;
+                src.agent = ag;
+                src.layer = l;
+                rc = kvmem_attend(ctx, &aq, &src, &ap, &ao, NULL) != KVMEM_OK;
+            }
+            kvmem_context_transfer_stats(ctx, &x[3 + stop][0], &x[3 + stop][1]);
         }
-        kvmem_context_transfer_stats(ctx, &x[3][0], &x[3][1]);
     }
     if (!rc) {
         const double query = 2.0 * L * NQ * D * 4;
         const double result = 2.0 * (double)M * (double)tok_elems * 4 + (double)L * NQ * D * 4 + (double)top_k * 4;
-        const double scores = (double)L * NQ * (double)(T / BS) * 4;
+        const double scores = (double)(T / BS) * 4; /* one set (GLOBAL) */
         if (o->json) {
             kvm_json_begin(o->out, "retrieval");
             kvm_json_str(o->out, "kind", "decode_step");
@@ -407,6 +415,8 @@ static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const k
                 snprintf(key, sizeof key, "%s_d2h_bytes", ph[i]);
                 kvm_json_int(o->out, key, (long long)(x[i + 1][1] - x[i][1]));
             }
+            kvm_json_int(o->out, "attend_stop_rule_h2d_bytes", (long long)(x[4][0] - x[3][0]));
+            kvm_json_int(o->out, "attend_stop_rule_d2h_bytes", (long long)(x[4][1] - x[3][1]));
             kvm_json_num(o->out, "query_bytes", query);
             kvm_json_num(o->out, "result_bytes", result);
             kvm_json_num(o->out, "block_score_bytes", scores);

@@ -73,6 +73,7 @@ kvmem_status kvm_cu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const
 kvmem_status kvm_cu_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
                                size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst, size_t dst_off);
 kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
+kvmem_status kvm_cu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a);
 kvmem_status kvm_cu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);
 kvmem_status kvm_cu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a);
 kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a);

@@ -1,9 +1,10 @@
 // Retrieval table entries of the CUDA backend (core/backend/backend.h): dev_score,
-// dev_topk, dev_gather_rope. Plain f32 kernels on the CUDA cores: the
-// contract is the CPU reference's f32 arithmetic, so no f16 operands here
-// (the tensor-core selection path stays a proc, kvmem_cuda.h). Arguments
-// are checked on the host (host/dev_check.c); the kernels also never read
-// outside their inputs for any device data (indices are bounded).
+// dev_score_reduce, dev_topk, dev_gather_rope. Plain f32 kernels on the
+// CUDA cores: the contract is the CPU reference's f32 arithmetic, so no f16
+// operands here (the tensor-core selection path stays a proc,
+// kvmem_cuda.h). Arguments are checked on the host (host/dev_check.c); the
+// kernels also never read outside their inputs for any device data
+// (indices are bounded).
 #include "backend_impl.h"
 #include "cta.cuh"
 #include "host/rules.h"
@@ -137,6 +138,30 @@ dev_score_norm_kernel(float *S, uint2 *ws_sort, float *__restrict__ out, ScoreDi
             else o[j] = p.agg_sum ? o[j] + v : (v > o[j] ? v : o[j]);
         }
         __syncthreads(); // buf and red are reused by the next token
+    }
+}
+
+// ---- dev_score_reduce ----
+
+struct ReduceDims {
+    size_t n, items, per, heads; // blocks; n_sets * n; layers per set; heads per layer
+};
+
+// out[s][j] in the contract's order (core/backend/backend.h): per layer the heads
+// in order, then the set's layers in order, plain f32 additions (nvcc
+// neither reassociates them nor contracts an add with no multiply), so the
+// CPU reference's bits. One thread per item = s * n + j, grid-stride.
+__global__ void dev_score_reduce_kernel(const float *__restrict__ in, float *__restrict__ out, ReduceDims p) {
+    for (size_t it = (size_t)blockIdx.x * blockDim.x + threadIdx.x; it < p.items; it += (size_t)gridDim.x * blockDim.x) {
+        const size_t s = it / p.n, j = it - s * p.n;
+        float acc = 0.0f;
+        for (size_t l = s * p.per; l < (s + 1) * p.per; l++) {
+            const float *x = in + l * p.heads * p.n + j;
+            float layer = 0.0f;
+            for (size_t h = 0; h < p.heads; h++) layer = __fadd_rn(layer, x[h * p.n]);
+            acc = __fadd_rn(acc, layer);
+        }
+        out[it] = acc;
     }
 }
 
@@ -293,6 +318,19 @@ kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     const size_t sort_smem = p.rr && p.sort_in_smem ? (size_t)p.sort_len * 8 : 0; // <= 32 KiB
     dev_score_norm_kernel<<<(unsigned)(p.L * p.Hq), 256, sort_smem, b->stream>>>(S, sort, cu_at<float>(a->out, a->out_off), p);
     return cu_check(cudaGetLastError(), "dev_score");
+}
+
+kvmem_status kvm_cu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
+    if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_score_reduce: args is NULL");
+    kvmem_status st = kvm_cu_check_dev_score_reduce(a, cu_size(a->in), cu_size(a->out));
+    if (st != KVMEM_OK) return st;
+    kvm_cu_backend *b = cu_impl(be);
+    cudaSetDevice(b->device);
+    ReduceDims p = {(size_t)a->n, (size_t)a->n_sets * (size_t)a->n, (size_t)(a->n_layers / a->n_sets), (size_t)a->n_heads};
+    kvm_cu_grid g = kvm_cu_grid_1d(p.items, 256, max_blocks(b) * 4);
+    dev_score_reduce_kernel<<<g.blocks, g.threads, 0, b->stream>>>(cu_at<const float>(a->in, a->in_off),
+                                                                   cu_at<float>(a->out, a->out_off), p);
+    return cu_check(cudaGetLastError(), "dev_score_reduce");
 }
 
 kvmem_status kvm_cu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {

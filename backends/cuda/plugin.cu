@@ -257,6 +257,9 @@ static kvmem_status e_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, c
     return cu_ret(be, kvm_cu_dequantize(be, dt, which, src, src_off, n, dim, row0, cnt, dst, dst_off));
 }
 static kvmem_status e_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) { return cu_ret(be, kvm_cu_dev_score(be, a)); }
+static kvmem_status e_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
+    return cu_ret(be, kvm_cu_dev_score_reduce(be, a));
+}
 static kvmem_status e_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) { return cu_ret(be, kvm_cu_dev_topk(be, a)); }
 static kvmem_status e_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a) {
     return cu_ret(be, kvm_cu_dev_gather_rope(be, a));
@@ -360,6 +363,7 @@ static kvmem_backend_iface cu_iface = [] {
     t.quantize = e_quantize;
     t.dequantize = e_dequantize;
     t.dev_score = e_dev_score;
+    t.dev_score_reduce = e_dev_score_reduce;
     t.dev_topk = e_dev_topk;
     t.dev_gather_rope = e_dev_gather_rope;
     t.dev_attend = e_dev_attend;

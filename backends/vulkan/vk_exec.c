@@ -20,6 +20,7 @@ static const struct {
     [KVM_VK_SCORE_REDUCE] = {"score_reduce", 2, 16 * 4},
     [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 16 * 4},
     [KVM_VK_TOPK] = {"topk", 3, 7 * 4},
+    [KVM_VK_SCORE_SETS] = {"score_sets", 2, 9 * 4},
 
     /* -- persistence and eviction -- */
     [KVM_VK_QUANTIZE] = {"quantize", 3, 13 * 4},

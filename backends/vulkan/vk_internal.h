@@ -32,10 +32,11 @@ typedef enum kvm_vk_kernel {
     KVM_VK_AABB_BUILD,
     KVM_VK_AABB_SCORE,
     KVM_VK_GATHER_ROPE,
-    /* -- retrieval (dev_score, dev_topk) -- */
+    /* -- retrieval (dev_score, dev_topk, dev_score_reduce) -- */
     KVM_VK_SCORE_REDUCE,
     KVM_VK_SCORE_REDUCE_SG, /* subgroup variant */
     KVM_VK_TOPK,
+    KVM_VK_SCORE_SETS, /* dev_score_reduce */
 
     /* -- persistence and eviction (quantize, dequantize, dev_qmem_score) -- */
     KVM_VK_QUANTIZE,
@@ -156,6 +157,7 @@ void *kvm_vk_retrieval_proc(const char *name);
 /* ---- table entries, one source file per group ---- */
 /* -- retrieval (vk_retrieval.c) -- */
 kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
+kvmem_status kvm_vk_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a);
 kvmem_status kvm_vk_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);
 kvmem_status kvm_vk_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a);
 

@@ -209,6 +209,7 @@ static const kvmem_backend_iface vk_iface = {
     .aabb_build = vk_aabb_build,
     /* -- retrieval -- */
     .dev_score = kvm_vk_dev_score,
+    .dev_score_reduce = kvm_vk_dev_score_reduce,
     .dev_topk = kvm_vk_dev_topk,
     .dev_gather_rope = kvm_vk_dev_gather_rope,
 

@@ -1,6 +1,7 @@
 /* Retrieval kernels: the table's device kernels dev_score (aabb_score's GEMM
- * then score_reduce), dev_topk (radix select) and dev_gather_rope, and the
- * standalone aabb_score / gather_rope still reached by name (vk_ops.h).
+ * then score_reduce), dev_score_reduce (score_sets), dev_topk (radix select)
+ * and dev_gather_rope, and the standalone aabb_score / gather_rope still
+ * reached by name (vk_ops.h).
  * Arguments are checked by the same code as the CPU reference
  * (core/backend/dev_args.h): bad input gets a status and a message and
  * nothing runs. */
@@ -230,6 +231,55 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     kvm_vk_buffer_destroy(v, scratch);
     pthread_mutex_unlock(&v->mu);
     return r == VK_SUCCESS ? KVMEM_OK : kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_score failed (%s)", kvm_vk_result_str(r));
+}
+
+/* ---- dev_score_reduce: per-set sums (shaders/score_sets.comp) ---- */
+
+/* Loop iterations of score_sets.comp per invocation outside the per-layer
+ * loop (its exit test, the rest), and per layer (the head loop and its exit
+ * test, plus one for the layer loop's). */
+#define SETS_FIXED 4u
+
+kvmem_status kvm_vk_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
+    kvm_vk *v = impl(be);
+    char msg[256];
+    kvmem_status st = kvm_dev_score_reduce_check(a, vk_size, msg, sizeof msg);
+    if (st != KVMEM_OK) return kvm_vk_fail(v, st, "%s", msg);
+    const uint64_t L = (uint64_t)a->n_layers, Hn = (uint64_t)a->n_heads, n = (uint64_t)a->n;
+    const uint64_t items = (uint64_t)a->n_sets * n, per = L / (uint64_t)a->n_sets;
+    if (a->in_off / 4 + L * Hn * n > UINT32_MAX || a->out_off / 4 + items > UINT32_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score_reduce: sizes exceed the shaders' 32-bit indices");
+    const kvmem_buffer *bufs[2] = {a->in, a->out};
+    if ((st = check_bind(v, "dev_score_reduce", bufs, 2)) != KVMEM_OK) return st;
+    /* a dispatch adds whole layers (the contract's order needs each layer's
+     * sum in one register): as many as the loop budget allows, at least
+     * one; only the full budget refuses (a lowered one is a test's) */
+    if (SETS_FIXED + Hn + 2 > KVM_VK_LOOP_BUDGET)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                           "dev_score_reduce: %d heads per layer exceed what a vulkan invocation may loop over",
+                           a->n_heads);
+    const uint32_t budget = kvm_vk_loop_budget();
+    const uint64_t layers = budget > SETS_FIXED + Hn + 2 ? (budget - SETS_FIXED) / (Hn + 2) : 1;
+    const uint64_t max_groups = KVM_MIN((uint64_t)v->props.limits.maxComputeWorkGroupCount[0], (uint64_t)65535);
+    const uint64_t range = max_groups * KVM_VK_WG; /* items per dispatch, one per invocation */
+    uint32_t push[9] = {(uint32_t)n,   (uint32_t)items, (uint32_t)per, (uint32_t)Hn, (uint32_t)(a->in_off / 4),
+                        (uint32_t)(a->out_off / 4), 0, 0, 0};
+    pthread_mutex_lock(&v->mu);
+    VkResult r = kvm_vk_begin(v);
+    if (r == VK_SUCCESS) r = kvm_vk_bind(v, KVM_VK_SCORE_SETS, bufs, 2, sizeof push);
+    for (uint64_t u0 = 0; r == VK_SUCCESS && u0 < per; u0 += layers)
+        for (uint64_t i0 = 0; r == VK_SUCCESS && i0 < items; i0 += range) {
+            push[6] = (uint32_t)u0;
+            push[7] = (uint32_t)KVM_MIN(per, u0 + layers);
+            push[8] = (uint32_t)i0;
+            const uint64_t groups = (KVM_MIN(range, items - i0) + KVM_VK_WG - 1) / KVM_VK_WG;
+            r = kvm_vk_dispatch(v, KVM_VK_SCORE_SETS, push, sizeof push, (uint32_t)groups, 1, 1);
+        }
+    if (r == VK_SUCCESS) r = kvm_vk_submit_wait(v, 1);
+    else v->vk.vkEndCommandBuffer(v->cmd);
+    pthread_mutex_unlock(&v->mu);
+    return r == VK_SUCCESS ? KVMEM_OK
+                           : kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_score_reduce failed (%s)", kvm_vk_result_str(r));
 }
 
 /* ---- dev_topk: radix select and compaction (shaders/topk.comp) ---- */

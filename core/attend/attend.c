@@ -464,7 +464,8 @@ done:
 
 /* An AGENT source on the device: the agent's K (rotated to its positions)
  * and V are resident, so a call uploads q (and the visiting order when it is
- * not oldest-first) and downloads the output and the tile counts. */
+ * neither oldest-first nor RECENT's) and downloads the output and the tile
+ * counts. */
 static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s) {
     const kvmem_backend_iface *bi = be->iface;
     /* the mirror is a cache on the agent, which this call has taken */
@@ -476,17 +477,28 @@ static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_p
     if (st != KVMEM_OK) return st;
     const int32_t H = pl->n_kv_heads, D = pl->head_dim, Hq = pl->n_q_heads;
     const size_t q_bytes = (size_t)Hq * (size_t)D * 4;
-    int in_order = 1;
-    for (int32_t i = 0; i < pl->n_order && in_order; i++) in_order = pl->order[i] == i;
+    /* the tile list: oldest first is the mirror's identity; RECENT (sinks
+     * [0, s), then newest first) a slice of its recent buffer; any other
+     * (a caller's list) goes up */
+    int32_t s_in = 0;
+    while (s_in < pl->n_order && pl->order[s_in] == s_in) s_in++;
+    int recent = s_in < pl->n_order && pl->n_order == pl->n_tiles;
+    for (int32_t i = s_in; i < pl->n_order && recent; i++) recent = pl->order[i] == pl->n_order - 1 - (i - s_in);
+    const kvmem_buffer *order = s_in == pl->n_order ? r->ident : NULL;
+    size_t order_off = 0;
+    if (recent && (st = kvm_resident_recent_order(pl->pool, r, pl->n_order, s_in, &order, &order_off)) != KVMEM_OK) {
+        if (st != KVMEM_ERR_UNSUPPORTED) return st;
+        order = NULL;
+    }
     int32_t visited[1024];
     if (H > 1024) return KVMEM_ERR_UNSUPPORTED;
     kvmem_buffer *bq = NULL, *bo = NULL, *bout = NULL, *bvis = NULL;
     st = bi->buffer_alloc(be, q_bytes, &bq);
     if (st == KVMEM_OK) st = bi->buffer_alloc(be, q_bytes, &bout);
     if (st == KVMEM_OK) st = bi->buffer_alloc(be, (size_t)H * 4, &bvis);
-    if (st == KVMEM_OK && !in_order) st = bi->buffer_alloc(be, KVM_MAX((size_t)pl->n_order * 4, (size_t)4), &bo);
+    if (st == KVMEM_OK && !order) st = bi->buffer_alloc(be, KVM_MAX((size_t)pl->n_order * 4, (size_t)4), &bo);
     if (st == KVMEM_OK) st = kvm_be_upload(be, bq, 0, pl->q, q_bytes);
-    if (st == KVMEM_OK && !in_order) st = kvm_be_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4);
+    if (st == KVMEM_OK && !order) st = kvm_be_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4);
     if (st == KVMEM_OK) {
         kvm_dev_attend_args a;
         memset(&a, 0, sizeof a);
@@ -494,7 +506,8 @@ static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_p
         a.k = r->krot[pl->layer];
         a.v = r->v[pl->layer];
         a.slot_map = r->ident; /* position p is slot p */
-        a.order = in_order ? r->ident : bo;
+        a.order = order ? order : bo;
+        a.order_off = order_off;
         a.out = bout;
         a.visited = bvis;
         a.n_slots = r->cap_tok;

@@ -23,8 +23,9 @@
 
 /* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue)
  * 3: the device kernels (dev_score, dev_topk, dev_gather_rope, dev_attend,
- *    dev_qmem_score) */
-#define KVMEM_BACKEND_API_VERSION 3u
+ *    dev_qmem_score)
+ * 4: dev_score_reduce (a decode retrieval reads back per-set block scores) */
+#define KVMEM_BACKEND_API_VERSION 4u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
@@ -39,6 +40,7 @@ struct kvm_dev_topk_args;
 struct kvm_dev_gather_args;
 struct kvm_dev_attend_args;
 struct kvm_dev_qmem_args;
+struct kvm_dev_score_reduce_args;
 
 typedef struct kvmem_backend_iface {
     const char *name;
@@ -120,6 +122,7 @@ typedef struct kvmem_backend_iface {
     kvmem_status (*dev_gather_rope)(kvmem_backend *be, const struct kvm_dev_gather_args *a);
     kvmem_status (*dev_attend)(kvmem_backend *be, const struct kvm_dev_attend_args *a);
     kvmem_status (*dev_qmem_score)(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
+    kvmem_status (*dev_score_reduce)(kvmem_backend *be, const struct kvm_dev_score_reduce_args *a);
 
     /* (optional) escape hatch for entries a newer core knows and an older
      * backend does not: returns NULL for unknown names. */
@@ -154,7 +157,7 @@ struct kvmem_backend {
  *       RR:      1 / (rank_j + rr_c), rank from 1 by I descending, ties:
  *                the lower j ranks first
  *   out[l][h][j] = MAX or SUM over t of p
- * The core sums out over each KV head's query heads (and layers, GLOBAL).
+ * dev_score_reduce sums out into the per-set scores retrieval returns.
  * tau > 0 and rr_c > 0 are resolved by the core. */
 typedef struct kvm_dev_score_args {
     const kvmem_buffer *q;              /* f32 [n_q][n_layers][n_q_heads][head_dim] */
@@ -236,6 +239,23 @@ typedef struct kvm_dev_qmem_args {
     size_t mem_off, k_off, scores_off;
     int32_t n_layers, n_q_heads, n_kv_heads, head_dim, n;
 } kvm_dev_qmem_args;
+
+/* dev_score_reduce: dev_score's out summed into per-set block scores, the
+ * form retrieval returns (so a decode retrieval reads back n_sets * n
+ * floats, not n_layers * n_heads * n). Sets: n_sets 1 (every layer, GLOBAL)
+ * or n_layers (set s = layer s, PER_LAYER). The order is fixed, so every
+ * backend returns the same bits (the CPU entry is the reference):
+ *   out[s][j] = sum over the set's layers l, ascending, of
+ *               (sum over h = 0, 1, .., n_heads - 1 of in[l][h][j])
+ * both sums in f32, left to right from 0, one rounding per addition. Two
+ * levels keep the error on non-negative terms within (n_heads + n_layers)
+ * ulps, where one running sum would allow n_layers * n_heads. */
+typedef struct kvm_dev_score_reduce_args {
+    const kvmem_buffer *in; /* f32 [n_layers][n_heads][n] */
+    kvmem_buffer *out;      /* f32 [n_sets][n], not overlapping in */
+    size_t in_off, out_off;
+    int32_t n_layers, n_heads, n, n_sets;
+} kvm_dev_score_reduce_args;
 
 /* -- device timing (Vulkan issue) -- */
 /* get_proc_address(be, KVM_PROC_LAST_OP_SECONDS) returns a kvm_last_op_seconds_fn

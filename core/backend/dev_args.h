@@ -1,5 +1,5 @@
 /* Validation of the retrieval device kernels' arguments (dev_score, dev_topk,
- * dev_gather_rope: contracts in core/backend.h), shared by the CPU reference
+ * dev_gather_rope: contracts in core/backend/backend.h), shared by the CPU reference
  * entries (core/retrieve/score_dev.c) and the device plugins, which cannot
  * link the core's hidden symbols: header-only, so every backend rejects the
  * same inputs with the same messages. Each check writes a message into msg
@@ -123,6 +123,27 @@ static inline kvmem_status kvm_dev_gather_check_sizes(const kvm_dev_gather_args 
     return KVMEM_OK;
 }
 
+/* dev_score_reduce. size: in, out */
+static inline kvmem_status kvm_dev_score_reduce_check_sizes(const kvm_dev_score_reduce_args *a, const size_t size[2],
+                                                            char *msg, size_t msg_size) {
+    if (!a) return kvm_dev_bad(msg, msg_size, "dev_score_reduce: args is NULL");
+    if (a->n_layers < 1 || a->n_heads < 1 || a->n < 1 || (a->n_sets != 1 && a->n_sets != a->n_layers))
+        return kvm_dev_bad(msg, msg_size,
+                           "dev_score_reduce: n_layers %d, n_heads %d, n %d must be >= 1 and n_sets %d 1 or n_layers",
+                           a->n_layers, a->n_heads, a->n, a->n_sets);
+    if (!a->in || !a->out) return kvm_dev_bad(msg, msg_size, "dev_score_reduce: a buffer is NULL");
+    if (a->in_off % 4 || a->out_off % 4)
+        return kvm_dev_bad(msg, msg_size, "dev_score_reduce: offsets must be multiples of 4 bytes");
+    size_t ni, no;
+    if (!kvm_dev_prod(&ni, (size_t)a->n_layers, (size_t)a->n_heads, (size_t)a->n, 1) ||
+        !kvm_dev_prod(&no, (size_t)a->n_sets, (size_t)a->n, 1, 1) || !kvm_dev_holds(size[0], a->in, a->in_off, ni) ||
+        !kvm_dev_holds(size[1], a->out, a->out_off, no))
+        return kvm_dev_bad(msg, msg_size, "dev_score_reduce: ranges outside the buffers");
+    if (a->in == a->out && a->in_off < a->out_off + no * 4 && a->out_off < a->in_off + ni * 4)
+        return kvm_dev_bad(msg, msg_size, "dev_score_reduce: in and out overlap");
+    return KVMEM_OK;
+}
+
 /* The same checks with sizes from the backend's own size function. */
 static inline kvmem_status kvm_dev_score_check(const kvm_dev_score_args *a, kvm_dev_size_fn size, char *msg,
                                                size_t msg_size) {
@@ -134,6 +155,16 @@ static inline kvmem_status kvm_dev_score_check(const kvm_dev_score_args *a, kvm_
         sz[3] = kvm_dev_size_of(size, a->out);
     }
     return kvm_dev_score_check_sizes(a, sz, msg, msg_size);
+}
+
+static inline kvmem_status kvm_dev_score_reduce_check(const kvm_dev_score_reduce_args *a, kvm_dev_size_fn size,
+                                                      char *msg, size_t msg_size) {
+    size_t sz[2] = {0, 0};
+    if (a) {
+        sz[0] = kvm_dev_size_of(size, a->in);
+        sz[1] = kvm_dev_size_of(size, a->out);
+    }
+    return kvm_dev_score_reduce_check_sizes(a, sz, msg, msg_size);
 }
 
 static inline kvmem_status kvm_dev_topk_check(const kvm_dev_topk_args *a, kvm_dev_size_fn size, char *msg,

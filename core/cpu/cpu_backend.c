@@ -201,6 +201,7 @@ static const kvmem_backend_iface cpu_iface = {
     .topk = kvm_cpu_topk,
     .gather = kvm_cpu_gather,
     .dev_score = kvm_cpu_dev_score,
+    .dev_score_reduce = kvm_cpu_dev_score_reduce,
     .dev_topk = kvm_cpu_dev_topk,
     .dev_gather_rope = kvm_cpu_dev_gather_rope,
 

@@ -13,8 +13,8 @@ kvmem_backend *kvm_resident_backend(const kvmem_pool *p) {
 
 static void free_bufs(kvm_resident *r) {
     kvmem_backend *be = r->be;
-    kvmem_buffer *one[3] = {r->smax, r->smin, r->ident};
-    for (int i = 0; i < 3; i++)
+    kvmem_buffer *one[4] = {r->smax, r->smin, r->ident, r->recent};
+    for (int i = 0; i < 4; i++)
         if (one[i]) be->iface->buffer_free(be, one[i]);
     for (int32_t l = 0; l < r->n_layers; l++) {
         if (r->k && r->k[l]) be->iface->buffer_free(be, r->k[l]);
@@ -242,4 +242,61 @@ kvmem_status kvm_resident_attend_keys(const kvmem_pool *p, const kvm_agent_mem *
     kvm_free(stage);
     if (st == KVMEM_OK) st = rotate(p, r, l, base, r->n_tok, (int64_t)n);
     return st;
+}
+
+/* Upload the values a RECENT buffer of recent_cap ids holds at [at, at + n)
+ * when unpatched: recent_cap - 1 - i at i. */
+static kvmem_status put_descending(kvm_resident *r, int32_t at, int32_t n) {
+    if (n <= 0) return KVMEM_OK;
+    int32_t *v = kvm_malloc((size_t)n * sizeof *v);
+    if (!v) return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for %d tile ids", n);
+    for (int32_t i = 0; i < n; i++) v[i] = r->recent_cap - 1 - (at + i);
+    kvmem_status st = kvm_be_upload(r->be, r->recent, (size_t)at * 4, v, (size_t)n * 4);
+    kvm_free(v);
+    return st == KVMEM_OK ? KVMEM_OK : dev_failed(r->be, "uploading the RECENT tile order", st);
+}
+
+kvmem_status kvm_resident_recent_order(const kvmem_pool *p, kvm_resident *r, int32_t n_tiles, int32_t n_sink,
+                                       const kvmem_buffer **buf, size_t *off) {
+    kvmem_status st;
+    if (!r->recent) { /* room for any n_tiles + n_sink of this mirror */
+        const int64_t cap = 2 * (r->cap_tok / p->params.block_size + 2);
+        if (cap > INT32_MAX) return KVMEM_ERR_UNSUPPORTED;
+        if ((st = r->be->iface->buffer_alloc(r->be, (size_t)cap * 4, &r->recent)) != KVMEM_OK)
+            return dev_failed(r->be, "allocating the RECENT tile order", st);
+        r->recent_cap = (int32_t)cap;
+        r->recent_at = 0;
+        r->recent_s = 0;
+        if ((st = put_descending(r, 0, r->recent_cap)) != KVMEM_OK) {
+            r->be->iface->buffer_free(r->be, r->recent);
+            r->recent = NULL;
+            return st;
+        }
+    }
+    if (n_sink < 0 || n_sink >= n_tiles || n_tiles + n_sink > r->recent_cap) return KVMEM_ERR_UNSUPPORTED;
+    const int32_t at = r->recent_cap - n_tiles - n_sink; /* the newest tile's id sits at at + n_sink */
+    if (at != r->recent_at || n_sink != r->recent_s) {
+        /* put the last sinks' slots back, then write these sinks; a failure
+         * leaves the patch unknown: none is recorded, the next call starts over */
+        const int32_t old_at = r->recent_at, old_s = r->recent_s;
+        r->recent_s = -1;
+        if (old_s < 0) {
+            if ((st = put_descending(r, 0, r->recent_cap)) != KVMEM_OK) return st;
+        } else if ((st = put_descending(r, old_at, old_s)) != KVMEM_OK) {
+            return st;
+        }
+        if (n_sink > 0) {
+            int32_t *v = kvm_malloc((size_t)n_sink * sizeof *v);
+            if (!v) return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for %d tile ids", n_sink);
+            for (int32_t i = 0; i < n_sink; i++) v[i] = i;
+            st = kvm_be_upload(r->be, r->recent, (size_t)at * 4, v, (size_t)n_sink * 4);
+            kvm_free(v);
+            if (st != KVMEM_OK) return dev_failed(r->be, "uploading the RECENT tile order", st);
+        }
+        r->recent_at = at;
+        r->recent_s = n_sink;
+    }
+    *buf = r->recent;
+    *off = (size_t)at * 4;
+    return KVMEM_OK;
 }

@@ -19,6 +19,10 @@
  *                                         first rot_n[l] slots are valid
  *   ident        int32 [cap_tok]         0, 1, 2, ...: the slot map and the
  *                                         in-order tile list of attention
+ *   recent       int32 [recent_cap]      recent_cap - 1 - i at i, but for the
+ *                                         sink tile ids of the last RECENT
+ *                                         order (kvm_resident_recent_order);
+ *                                         made on first use
  * Growing past the capacity reallocates at twice the size and uploads again
  * from the host (amortised: each block is uploaded O(1) times).
  * Used under the agent's handle (one call at a time per agent). */
@@ -37,6 +41,8 @@ typedef struct kvm_resident {
     kvmem_buffer **k, **v, **krot; /* [n_layers] each */
     int64_t *rot_n, *rot_base;     /* [n_layers] */
     int32_t n_layers;
+    kvmem_buffer *recent;
+    int32_t recent_cap, recent_at, recent_s; /* the sink ids sit at [recent_at, recent_at + recent_s) */
 } kvm_resident;
 
 /* The backend a device path of p's context runs on, or NULL on a CPU
@@ -59,6 +65,16 @@ kvmem_status kvm_resident_sync(const kvmem_pool *p, kvm_agent_mem *m, kvmem_back
  * kvm_resident_sync. */
 kvmem_status kvm_resident_attend_keys(const kvmem_pool *p, const kvm_agent_mem *m, kvm_resident *r, int32_t l,
                                       int64_t base);
+
+/* Attention's RECENT tile order on the device: tiles [0, n_sink) then
+ * n_tiles - 1 down to n_sink (0 <= n_sink < n_tiles, n_tiles <= cap_tok /
+ * block_size + 1), as n_tiles ids at *off bytes into *buf. The recent
+ * buffer's descending run holds the newest-first part for every n_tiles;
+ * the sink ids are written just before it and put back when n_tiles or
+ * n_sink change: a call uploads at most 2 * n_sink ids (none when they are
+ * the last call's), not the whole list, which grows with the history. */
+kvmem_status kvm_resident_recent_order(const kvmem_pool *p, kvm_resident *r, int32_t n_tiles, int32_t n_sink,
+                                       const kvmem_buffer **buf, size_t *off);
 
 /* Free m's mirror (if any); m->res becomes NULL. The pool calls this
  * whenever m's blocks change other than by sealing. */

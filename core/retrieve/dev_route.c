@@ -2,9 +2,10 @@
  * and has the device kernels): dev_score / dev_gather_rope read the agent's
  * blocks from its device-resident mirror (core/pool/resident.h), so a call
  * uploads only its query (scoring) or its slot list and cos/sin (gather) and
- * reads back the scores or the gathered rows. Where the mirror cannot serve
- * (blocks not contiguous, candidates not one run of blocks) the host packs
- * the blocks into transient buffers as before. A device failure returns its
+ * reads back the per-set block scores (dev_score_reduce sums them on the
+ * device) or the gathered rows. Where the mirror cannot serve (blocks not
+ * contiguous, candidates not one run of blocks) the host packs the blocks
+ * into transient buffers as before. A device failure returns its
  * status with the backend's message: no silent fallback to the CPU. */
 #include "score.h"
 #include "../pool/resident.h"
@@ -31,7 +32,7 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     static const char *op = "kvmem_retrieve";
     const kvmem_pool *p = d->pool;
     const size_t L = (size_t)p->spec.n_layers, Hq = (size_t)p->spec.n_q_heads, H = (size_t)p->spec.n_kv_heads;
-    const size_t D = (size_t)p->spec.head_dim, G = Hq / H, nc = (size_t)d->n_cand, nq = (size_t)d->n_q;
+    const size_t D = (size_t)p->spec.head_dim, nc = (size_t)d->n_cand, nq = (size_t)d->n_q, ns = (size_t)d->n_sets;
     if (nc == 0 || nq == 0) return KVMEM_OK;
     size_t qb, sb, ob;
     if (!kvm_mul_size(nq * L * Hq, D * 4, &qb) || !kvm_mul_size(nc * L * H, D * 4, &sb) ||
@@ -47,9 +48,9 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         if (st == KVMEM_ERR_UNSUPPORTED) st = KVMEM_OK;
         if (st != KVMEM_OK) return st;
     }
-    float *mn = res ? NULL : kvm_malloc(sb), *mx = res ? NULL : kvm_malloc(sb), *hq = kvm_malloc(ob);
-    kvmem_buffer *bq = NULL, *bmn = NULL, *bmx = NULL, *bo = NULL;
-    if ((!res && (!mn || !mx)) || !hq) {
+    float *mn = res ? NULL : kvm_malloc(sb), *mx = res ? NULL : kvm_malloc(sb);
+    kvmem_buffer *bq = NULL, *bmn = NULL, *bmx = NULL, *bo = NULL, *bs = NULL;
+    if (!res && (!mn || !mx)) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu candidate AABBs", op, nc);
         goto done;
     }
@@ -64,7 +65,8 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
                 memcpy(mn + ((j * L + l) * H + g) * D, box + D, D * sizeof(float));
             }
     if ((st = dev_alloc(be, op, qb, &bq)) != KVMEM_OK || (!res && (st = dev_alloc(be, op, sb, &bmn)) != KVMEM_OK) ||
-        (!res && (st = dev_alloc(be, op, sb, &bmx)) != KVMEM_OK) || (st = dev_alloc(be, op, ob, &bo)) != KVMEM_OK)
+        (!res && (st = dev_alloc(be, op, sb, &bmx)) != KVMEM_OK) || (st = dev_alloc(be, op, ob, &bo)) != KVMEM_OK ||
+        (st = dev_alloc(be, op, ns * nc * 4, &bs)) != KVMEM_OK)
         goto done;
     if ((st = kvm_be_upload(be, bq, 0, d->q, qb)) != KVMEM_OK ||
         (!res && (st = kvm_be_upload(be, bmn, 0, mn, sb)) != KVMEM_OK) ||
@@ -76,34 +78,22 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     kvm_dev_score_args a = {bq,        res ? res->smin : bmn, res ? res->smax : bmx, bo, 0, s_off, 0,
                             d->n_q,    (int32_t)nc, p->spec.n_layers, p->spec.n_q_heads, p->spec.n_kv_heads,
                             p->spec.head_dim, d->norm, d->agg, d->tau, d->rr_c};
-    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = kvm_be_download(be, bo, 0, hq, ob)) != KVMEM_OK) {
+    /* [layer][query head][cand] summed on the device into [set][cand]: the
+     * only bytes that come back are the scores the result holds */
+    kvm_dev_score_reduce_args ra = {bo, bs, 0, 0, p->spec.n_layers, p->spec.n_q_heads, (int32_t)nc, d->n_sets};
+    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->dev_score_reduce(be, &ra)) != KVMEM_OK ||
+        (st = kvm_be_download(be, bs, 0, d->out, ns * nc * 4)) != KVMEM_OK) {
         st = dev_failed(be, op, st);
         goto done;
-    }
-    /* [layer][query head][cand] -> [set][cand]: summed over each KV head's
-     * group in head order, then over the set's layers and KV heads in double
-     * (as the CPU op's item-major pass sums). */
-    for (size_t s = 0; s < (size_t)d->n_sets; s++) {
-        const size_t l0 = d->n_sets == 1 ? 0 : s, l1 = d->n_sets == 1 ? L : s + 1;
-        for (size_t j = 0; j < nc; j++) {
-            double acc = 0;
-            for (size_t l = l0; l < l1; l++)
-                for (size_t g = 0; g < H; g++) {
-                    float total = 0.0f;
-                    for (size_t gi = 0; gi < G; gi++) total += hq[(l * Hq + g * G + gi) * nc + j];
-                    acc += total;
-                }
-            d->out[s * nc + j] = (float)acc;
-        }
     }
 done:
     be->iface->buffer_free(be, bq);
     if (bmn) be->iface->buffer_free(be, bmn);
     if (bmx) be->iface->buffer_free(be, bmx);
     be->iface->buffer_free(be, bo);
+    be->iface->buffer_free(be, bs);
     kvm_free(mn);
     kvm_free(mx);
-    kvm_free(hq);
     return st;
 }
 

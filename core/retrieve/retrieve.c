@@ -308,10 +308,10 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         d.n_sets = n_sets;
         d.out = c.out;
         d.scratch = &result->work;
-        /* AABB scoring runs on a device backend that has the kernel; EXACT
+        /* AABB scoring runs on a device backend that has the kernels; EXACT
          * reads every key and stays on the CPU. */
         kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
-        if (dev && dev != be && dev->iface->dev_score && d.mode == KVMEM_RETRIEVE_AABB)
+        if (dev && dev != be && dev->iface->dev_score && dev->iface->dev_score_reduce && d.mode == KVMEM_RETRIEVE_AABB)
             st = kvm_dev_aabb_score(dev, &d);
         else
             st = be->iface->aabb_score(be, &d);

@@ -123,11 +123,13 @@ kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d);
 /* The CPU backend's device kernels (score_dev.c; contracts in core/backend/backend.h,
  * argument checks in dev_args.h). */
 kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
+kvmem_status kvm_cpu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a);
 kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);
 kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a);
 /* The host ops on a device backend's kernels (dev_route.c): pack the pool's
- * data into its buffers, run dev_score / dev_gather_rope, read back into the
- * descriptors' outputs (AABB mode only for scoring). */
+ * data into its buffers (or read its resident mirror), run dev_score and
+ * dev_score_reduce / dev_gather_rope, read back into the descriptors'
+ * outputs (AABB mode only for scoring). */
 kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
 kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d);
 

@@ -1,7 +1,8 @@
-/* The CPU backend's retrieval device kernels (dev_score, dev_topk,
- * dev_gather_rope; contracts in core/backend.h): the reference every device
- * backend is compared with in tests/backend/test_backend_retrieve.c. Buffers
- * of the CPU backend are host memory, so these read and write them in place.
+/* The CPU backend's retrieval device kernels (dev_score, dev_score_reduce,
+ * dev_topk, dev_gather_rope; contracts in core/backend/backend.h): the reference
+ * every device backend is compared with in
+ * tests/backend/test_backend_retrieve.c. Buffers of the CPU backend are host
+ * memory, so these read and write them in place.
  * They reuse the host ops' pieces (the scoring kernel table, kvm_cpu_topk,
  * kvm_rope_rotate) so the reference and the host path agree. */
 #include "../backend/dev_args.h"
@@ -155,6 +156,42 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
     kvm_parallel_for(tp, (size_t)a->n_layers * (size_t)a->n_kv_heads, 1, dev_score_task, &job);
     if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "dev_score: out of memory for scoring scratch");
+    return KVMEM_OK;
+}
+
+/* ---- dev_score_reduce ---- */
+
+typedef struct dev_reduce_job {
+    const kvm_dev_score_reduce_args *a;
+    const float *in;
+    float *out;
+} dev_reduce_job;
+
+/* Items [b, e) of out, item = s * n + j: the contract's order, spelled out
+ * (a compiler may not reassociate float sums: no -ffast-math here). */
+static void dev_reduce_task(void *arg, size_t b, size_t e) {
+    const dev_reduce_job *job = arg;
+    const size_t n = (size_t)job->a->n, Hn = (size_t)job->a->n_heads;
+    const size_t per = (size_t)(job->a->n_layers / job->a->n_sets); /* layers of a set */
+    for (size_t it = b; it < e; it++) {
+        const size_t s = it / n, j = it % n;
+        float acc = 0.0f;
+        for (size_t l = s * per; l < (s + 1) * per; l++) {
+            const float *x = job->in + l * Hn * n + j;
+            float layer = 0.0f;
+            for (size_t h = 0; h < Hn; h++) layer += x[h * n];
+            acc += layer;
+        }
+        job->out[it] = acc;
+    }
+}
+
+kvmem_status kvm_cpu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
+    char msg[256];
+    kvmem_status st = kvm_dev_score_reduce_check(a, cpu_size, msg, sizeof msg);
+    if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
+    dev_reduce_job job = {a, at(a->in, a->in_off), at(a->out, a->out_off)};
+    kvm_parallel_for(be && be->ctx ? be->ctx->tp : NULL, (size_t)a->n_sets * (size_t)a->n, 256, dev_reduce_task, &job);
     return KVMEM_OK;
 }
 

@@ -33,6 +33,11 @@
  *   dev_gather_rope  within 2^-21 (|x0| + |x1|) af of the CPU entry (FMA
  *               contraction may differ) and 1e-5 (|x0| + |x1|) af of a
  *               double-precision rotation; copied dims and zero rows exact.
+ *   dev_score_reduce  bit-exact: the contract fixes the order of the f32
+ *               additions, so the backend and the CPU entry equal a plain
+ *               loop here (data that cancels, so another order would show),
+ *               and that loop is within (n_heads + n_layers) 2^-24 sum |x| of
+ *               a double sum.
  * Length: dev_score over thousands of blocks, and RR over many tokens x
  * blocks (the Vulkan kernel once ranked every block for every token of a
  * chunk in one invocation, which lavapipe cut short past 65535 loop
@@ -405,6 +410,169 @@ static void test_dev_score_rejects_bad_input_and_changes_nothing(void **state) {
     bfree(g_be, bo);
 }
 
+/* ======================= dev_score_reduce ======================= */
+
+/* The contract's order (core/backend/backend.h), written out in the test: per layer
+ * the heads in order, then the set's layers in order, f32 from 0. */
+static void ref_reduce(const float *in, int32_t L, int32_t Hn, int32_t n, int32_t n_sets, float *out) {
+    const int32_t per = L / n_sets;
+    for (int32_t s = 0; s < n_sets; s++)
+        for (int32_t j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int32_t l = s * per; l < (s + 1) * per; l++) {
+                float layer = 0.0f;
+                for (int32_t h = 0; h < Hn; h++) layer += in[((size_t)l * (size_t)Hn + (size_t)h) * (size_t)n + (size_t)j];
+                acc += layer;
+            }
+            out[(size_t)s * (size_t)n + (size_t)j] = acc;
+        }
+}
+
+/* Run dev_score_reduce on be with in at in_off and out framed by sentinels
+ * at out_off; checks nothing outside out changed; returns out (malloc'd). */
+static float *run_reduce(kvmem_backend *be, const float *in, int32_t L, int32_t Hn, int32_t n, int32_t n_sets,
+                         size_t off) {
+    const size_t ni = (size_t)L * (size_t)Hn * (size_t)n, no = (size_t)n_sets * (size_t)n;
+    kvmem_buffer *bi = balloc(be, off + ni * 4), *bo = balloc(be, 2 * off + no * 4);
+    bput(be, bi, off, in, ni * 4);
+    float *frame = malloc(2 * off + no * 4), *back = malloc(ni * 4);
+    for (size_t i = 0; i < 2 * off / 4 + no; i++) frame[i] = -777.0f;
+    bput(be, bo, 0, frame, 2 * off + no * 4);
+    kvm_dev_score_reduce_args a = {bi, bo, off, off, L, Hn, n, n_sets};
+    assert_ok(be->iface->dev_score_reduce(be, &a));
+    bget(be, bo, 0, frame, 2 * off + no * 4);
+    for (size_t i = 0; i < off / 4; i++) {
+        assert_true(frame[i] == -777.0f);
+        assert_true(frame[off / 4 + no + i] == -777.0f);
+    }
+    bget(be, bi, off, back, ni * 4);
+    assert_memory_equal(back, in, ni * 4); /* the input is read only */
+    float *out = malloc(no * 4);
+    memcpy(out, frame + off / 4, no * 4);
+    free(frame);
+    free(back);
+    bfree(be, bi);
+    bfree(be, bo);
+    return out;
+}
+
+/* Both set layouts of one shape: the backend and the CPU entry equal the
+ * test's loop bit for bit (same additions in the same order), and that loop
+ * is the sum: within (n_heads + layers per set) * 2^-24 * sum |x| of a
+ * double sum. Returns how many outputs a single running sum over the set's
+ * (layer, head) pairs would round differently (the data must tell the
+ * orders apart for the bit check to mean anything). */
+static size_t reduce_case(int32_t L, int32_t Hn, int32_t n, size_t off, uint64_t *rng) {
+    const size_t ni = (size_t)L * (size_t)Hn * (size_t)n;
+    float *in = malloc(ni * 4);
+    /* signs and magnitudes mixed (2^-12 .. 2^12): sums that cancel, so the
+     * order of the additions shows in the bits */
+    for (size_t i = 0; i < ni; i++) in[i] = tu_normal(rng) * ldexpf(1.0f, (int)(tu_uniform(rng, -12.0f, 12.0f)));
+    size_t differ = 0;
+    for (int32_t n_sets = 1; n_sets <= L; n_sets += L > 1 ? L - 1 : 1) {
+        const size_t no = (size_t)n_sets * (size_t)n;
+        const int32_t per = L / n_sets;
+        float *want = malloc(no * 4);
+        ref_reduce(in, L, Hn, n, n_sets, want);
+        float *got = run_reduce(g_be, in, L, Hn, n, n_sets, off);
+        float *cpu = g_be == g_cpu ? NULL : run_reduce(g_cpu, in, L, Hn, n, n_sets, off);
+        for (size_t i = 0; i < no; i++) {
+            const size_t s = i / (size_t)n, j = i % (size_t)n;
+            if (memcmp(&got[i], &want[i], 4) != 0 && !(got[i] == 0.0f && want[i] == 0.0f))
+                fail_msg("dev_score_reduce %s (L %d heads %d n %d sets %d): out[%zu] = %.9g, the contract's order gives %.9g",
+                         g_name, L, Hn, n, n_sets, i, (double)got[i], (double)want[i]);
+            if (cpu && memcmp(&cpu[i], &want[i], 4) != 0 && !(cpu[i] == 0.0f && want[i] == 0.0f))
+                fail_msg("dev_score_reduce cpu: out[%zu] = %.9g, want %.9g", i, (double)cpu[i], (double)want[i]);
+            double exact = 0, mag = 0;
+            float one = 0.0f; /* a single running sum */
+            for (int32_t l = (int32_t)s * per; l < ((int32_t)s + 1) * per; l++)
+                for (int32_t h = 0; h < Hn; h++) {
+                    const float x = in[((size_t)l * (size_t)Hn + (size_t)h) * (size_t)n + j];
+                    exact += x;
+                    mag += fabs((double)x);
+                    one += x;
+                }
+            assert_true(fabs((double)want[i] - exact) <= (double)(Hn + per) * ldexp(1, -24) * mag);
+            differ += memcmp(&one, &want[i], 4) != 0;
+        }
+        free(want);
+        free(got);
+        free(cpu);
+    }
+    free(in);
+    return differ;
+}
+
+static void test_dev_score_reduce_follows_the_contract_order_bit_for_bit(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_score_reduce);
+    uint64_t rng = 21;
+    /* GQA geometries (the reduce sums every query head of a layer) */
+    assert_true(reduce_case(4, 8, 3000, 0, &rng) > 0); /* 4 layers, 8 query heads (8/2 GQA), thousands of blocks */
+    assert_true(reduce_case(3, 6, 129, 12, &rng) > 0); /* a partial workgroup, offsets */
+    reduce_case(1, 1, 1, 4, &rng);                     /* one term: a copy */
+    assert_true(reduce_case(32, 32, 700, 0, &rng) > 0); /* Llama-8B's 32 x 32 */
+    /* one layer per dispatch (Vulkan: the running total goes through
+     * memory between dispatches), and one item range per dispatch */
+    setenv("KVMEM_VULKAN_LOOP_BUDGET", "1", 1);
+    assert_true(reduce_case(5, 4, 300, 8, &rng) > 0);
+    unsetenv("KVMEM_VULKAN_LOOP_BUDGET");
+}
+
+static void test_dev_score_reduce_rejects_bad_input_and_changes_nothing(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_score_reduce);
+    float x[64], o[64], init[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)i, init[i] = -1.0f;
+    kvmem_buffer *b = bnew(g_be, x, sizeof x), *bo = bnew(g_be, init, sizeof init);
+    /* 2 layers x 3 heads x 4 blocks = 24 floats in, 4 (GLOBAL) or 8 out */
+    kvm_dev_score_reduce_args a = {b, bo, 0, 0, 2, 3, 4, 1}, g = a;
+    assert_status(g_be->iface->dev_score_reduce(g_be, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
+    a.n = 0;
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, ">= 1");
+    a = g;
+    a.n_heads = -2;
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, ">= 1");
+    a = g;
+    a.n_sets = 3; /* neither 1 nor n_layers */
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, "n_sets");
+    a = g;
+    a.out = NULL;
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, "NULL");
+    a = g;
+    a.in_off = 2;
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, "multiples of 4");
+    a = g;
+    a.in_off = 41 * 4; /* 24 floats from 41 > 64 */
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    a = g;
+    a.out_off = 57 * 4; /* 8 floats (PER_LAYER) from 57 > 64 */
+    a.n_sets = 2;
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    a = g;
+    a.n_layers = INT32_MAX;
+    a.n_heads = INT32_MAX;
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, "outside");
+    a = g;
+    a.out = b; /* in place: out [20, 24) inside in [0, 24) */
+    a.out_off = 20 * 4;
+    assert_status(g_be->iface->dev_score_reduce(g_be, &a), KVMEM_ERR_INVALID_ARG, "overlap");
+    bget(g_be, bo, 0, o, sizeof o);
+    assert_memory_equal(o, init, sizeof o);
+    bget(g_be, b, 0, o, sizeof o);
+    assert_memory_equal(o, x, sizeof o);
+    a = g;
+    a.out = b; /* the same buffer, disjoint ranges: allowed */
+    a.out_off = 24 * 4;
+    assert_ok(g_be->iface->dev_score_reduce(g_be, &a));
+    bget(g_be, b, 0, o, sizeof o);
+    /* out[j] = sum over l, h of x[(l * 3 + h) * 4 + j] = 6 j + 4 * (0 + 1 + .. + 5) = 6 j + 60 */
+    for (int j = 0; j < 4; j++) assert_true(o[24 + j] == (float)(6 * j + 60));
+    assert_true(o[28] == 28.0f);
+    bfree(g_be, b);
+    bfree(g_be, bo);
+}
+
 /* ======================= dev_topk ======================= */
 
 typedef struct rank_ref {
@@ -758,6 +926,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_dev_score_many_tokens_in_chunks),
     cmocka_unit_test(test_dev_score_many_blocks_and_tokens),
     cmocka_unit_test(test_dev_score_rejects_bad_input_and_changes_nothing),
+    cmocka_unit_test(test_dev_score_reduce_follows_the_contract_order_bit_for_bit),
+    cmocka_unit_test(test_dev_score_reduce_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_dev_topk_matches_reference_exactly),
     cmocka_unit_test(test_dev_topk_edges),
     cmocka_unit_test(test_dev_topk_million),

@@ -465,6 +465,29 @@ static void dev_topk_gather_qmem_check_their_ranges(void **state) {
     assert_non_null(strstr(kvm_cu_last_error(), "outside"));
 }
 
+static void dev_score_reduce_checks_sets_and_ranges(void **state) {
+    (void)state;
+    /* 4 layers x 8 heads x 100 blocks in; GLOBAL 100 or PER_LAYER 400 out */
+    kvm_dev_score_reduce_args r = {FAKE(1), FAKE(2), 0, 0, 4, 8, 100, 1};
+    const size_t ib = 4 * 8 * 100 * 4;
+    assert_int_equal(kvm_cu_check_dev_score_reduce(&r, ib, 400), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_score_reduce(&r, ib - 4, 400), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "outside"));
+    r.n_sets = 4;
+    assert_int_equal(kvm_cu_check_dev_score_reduce(&r, ib, 400), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score_reduce(&r, ib, 1600), KVMEM_OK);
+    r.n_sets = 2; /* neither 1 nor n_layers */
+    assert_int_equal(kvm_cu_check_dev_score_reduce(&r, ib, 1600), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "n_sets"));
+    r.n_sets = 1;
+    r.out = FAKE(1); /* in place */
+    assert_int_equal(kvm_cu_check_dev_score_reduce(&r, ib, ib), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "overlap"));
+    r.out_off = ib; /* after in: disjoint */
+    assert_int_equal(kvm_cu_check_dev_score_reduce(&r, ib, ib + 400), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_score_reduce(NULL, ib, 400), KVMEM_ERR_INVALID_ARG);
+}
+
 static void dev_attend_checks_and_plans_waves(void **state) {
     (void)state;
     kvm_dev_attend_args a;
@@ -689,6 +712,7 @@ int main(void) {
         cmocka_unit_test(stop_rule_and_strided_probe_follow_the_reference),
         cmocka_unit_test(dev_score_checks_shapes_ranges_and_plans),
         cmocka_unit_test(dev_topk_gather_qmem_check_their_ranges),
+        cmocka_unit_test(dev_score_reduce_checks_sets_and_ranges),
         cmocka_unit_test(dev_attend_checks_and_plans_waves),
         cmocka_unit_test(quant_checks_match_the_cpu_backend_rules),
         cmocka_unit_test(staging_chunks_tile_the_transfer_and_alternate),

@@ -817,6 +817,15 @@ static kvmem_status c_retrieve_exact(void) {
     rp.n_exclude = 1;
     return retrieve(&rp);
 }
+static kvmem_status c_retrieve_excl(void) {
+    /* candidates {0, 2}: not one run of blocks, so a device packs their AABBs */
+    kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+    int32_t exc[1] = {1};
+    rp.top_k = 1;
+    rp.exclude = exc;
+    rp.n_exclude = 1;
+    return retrieve(&rp);
+}
 static kvmem_status c_gather(void) {
     int32_t blocks[3] = {2, 0, 2};
     float *k = (float *)(void *)F.out, *v = k + NL * 16 * ROW; /* 4 + 8 + 4 tokens */
@@ -891,6 +900,26 @@ static kvmem_status c_attend_agent(void) {
     src.layer = 1;
     kvmem_attend_params ap = kvmem_attend_default_params();
     return attend(&src, &ap, 2);
+}
+
+/* agent "a" on the device: 2 full sealed blocks and a 4-token tail, layer 0
+ * (full attention), one row, the stop rule on in RECENT order: the mirror,
+ * its rotated keys, the tail and the resident RECENT tile list */
+static void s_agent_dev(void) {
+    base();
+    make_dev();
+}
+static kvmem_status c_attend_agent_recent(void) {
+    kvmem_attend_source src;
+    memset(&src, 0, sizeof src);
+    src.kind = KVMEM_ATTEND_SRC_AGENT;
+    src.agent = F.ag[0];
+    src.layer = 0;
+    kvmem_attend_params ap = kvmem_attend_default_params();
+    ap.order = KVMEM_ATTEND_RECENT;
+    ap.tau_s = 0.05f;
+    ap.tau_d = 0.01f;
+    return attend(&src, &ap, 1);
 }
 
 /* QueryMemory, the residual head, selection and SnapKV */
@@ -1420,6 +1449,7 @@ static const op k_ops[] = {
     OP("retrieve_exact", s_ret, c_retrieve_exact),
     OP("retrieve_device", s_ret_dev, c_retrieve),
     OP("retrieve_device_per_layer", s_ret_dev, c_retrieve_layer),
+    OP("retrieve_device_packed", s_ret_dev, c_retrieve_excl),
     OP("gather", s_ret, c_gather),
     OP("gather_device", s_ret_dev, c_gather),
     OP("attend_tensors", s_ctx, c_attend_t),
@@ -1430,6 +1460,7 @@ static const op k_ops[] = {
     OP("attend_device", s_dev, c_attend_t1),
     OP("attend_device_slots", s_dev, c_attend_slots),
     OP("attend_device_strided", s_dev, c_attend_strided),
+    OP("attend_device_agent_recent", s_agent_dev, c_attend_agent_recent),
     OP("qmem_store_create", s_ctx, c_qmem_create),
     OP("qmem_update_new", s_qs, c_qmem_new),
     OP("qmem_update_evicts", s_qs_full, c_qmem_new),

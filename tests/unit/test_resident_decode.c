@@ -9,19 +9,28 @@
  * (which uploads the blocks once), the context's transfer counters
  * (kvmem_context_transfer_stats) must show, per phase, bytes derived here
  * from the shapes alone:
- *   retrieve  up: the query, L * Hq * D floats. Down: the per-(layer, query
- *             head) block scores, L * Hq * n_blocks floats: the one transfer
- *             that grows with the history (the host sums them into the
- *             result's per-block scores and ranks them).
+ *   retrieve  up: the query, L * Hq * D floats. Down: exactly the
+ *             result's per-block scores S(b), n_sets * n_blocks floats
+ *             (kvmem_retrieval_block_scores; dev_score_reduce sums the
+ *             per-(layer, query head) scores on the device): the one
+ *             transfer that grows with the history, by 4 bytes a block per
+ *             set whatever L and Hq (the host ranks them for the top-k).
+ *             GLOBAL (n_sets 1) in the step; PER_LAYER (n_sets L) checked
+ *             on its own.
  *   gather    down: exactly the gathered K and V, 2 * L * M * H * D floats;
  *             up: at most M slot ids and M * rotary_dim cos/sin values.
  *   attend    down: the output (Hq * D floats) and one tile count per KV
- *             head; up: at most q plus the unsealed tail's K/V rows and their
- *             cos/sin (fewer than block_size tokens).
+ *             head; up: exactly q plus the unsealed tail's K/V rows and their
+ *             cos/sin (fewer than block_size tokens). With the stop rule on,
+ *             RECENT's tile list (sinks, then newest first) is a slice of a
+ *             resident buffer: once the buffer exists a step uploads no tile
+ *             ids, or 2 per sink tile when the tile count changed (before,
+ *             the whole list went up: 4 bytes a tile, every call).
  * and the whole step's uploads do not change when the history grows 4x, its
- * downloads only by the score rows of the new blocks, all within 2x (query +
- * result) bytes besides those scores. Before residency a step uploaded every
- * AABB (retrieve) and the agent's K/V went unused by the device.
+ * downloads only by the new blocks' scores (4 bytes each), all within 2x
+ * (query + result) bytes besides those scores. Before residency a step
+ * uploaded every AABB (retrieve) and the agent's K/V went unused by the
+ * device; before dev_score_reduce retrieval read back L * Hq floats a block.
  * Results equal the CPU context's: the same selection; scores within 1e-4
  * relative (tests/unit/test_retrieve_backend.c derives it); gathered V bit
  * for bit (a copy of the same decoded rows) and K within 1e-5 of its row's
@@ -248,19 +257,65 @@ static void both(uint64_t seed, const kvmem_attend_params *ap, step_bytes *b) {
     step_free(&g);
 }
 
+/* attend's uploads of a step over every layer with `tail` unsealed tokens:
+ * q, the tail's K/V rows and their cos/sin (tu_spec: rotary_dim = head_dim) */
+static uint64_t attend_up(int tail) { return (uint64_t)L * (HQ * D * 4 + (uint64_t)tail * (2 * H * D * 4 + D * 4)); }
+
 /* Per-phase bounds derived from the shapes (see the header comment). */
 static void assert_phase_bounds(const step_bytes *b, int32_t n_blocks) {
     const uint64_t M = TOP_K * BS, rot = D; /* tu_spec: rotary_dim = head_dim */
     assert_true(b->up[0] == (uint64_t)L * HQ * D * 4);
-    assert_true(b->down[0] == (uint64_t)L * HQ * (uint64_t)n_blocks * 4);
+    assert_true(b->down[0] == 1 * (uint64_t)n_blocks * 4); /* n_sets * n_cand * 4 */
     assert_true(b->down[1] == 2ull * L * M * H * D * 4);
     assert_true(b->up[1] <= M * 4 + M * rot * 4);
     assert_true(b->down[2] == (uint64_t)L * (HQ * D * 4 + H * 4));
-    assert_true(b->up[2] <= (uint64_t)L * (HQ * D * 4 + 2ull * (BS - 1) * H * D * 4 + (BS - 1) * rot * 4));
+    assert_true(b->up[2] == attend_up(TAIL));
 }
 
 static uint64_t step_total(const step_bytes *b, int up) {
     return up ? b->up[0] + b->up[1] + b->up[2] : b->down[0] + b->down[1] + b->down[2];
+}
+
+/* A PER_LAYER retrieval (n_sets = L) on both sides: the device reads back
+ * L * n_blocks floats, one score a block per layer, and uploads the query;
+ * the selections equal the CPU's, the scores within the tolerance above. */
+static void per_layer_retrieve(uint64_t seed, int32_t n_blocks) {
+    uint64_t rng = seed;
+    float q[L * HQ * D];
+    for (int i = 0; i < L * HQ * D; i++) q[i] = tu_normal(&rng);
+    int64_t qs[4] = {1, L, HQ, D};
+    kvmem_tensor qt;
+    assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+    kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+    rp.top_k = TOP_K;
+    rp.scope = KVMEM_SCOPE_PER_LAYER;
+    kvmem_retrieval *rc = NULL, *rg = NULL;
+    assert_ok(kvmem_retrieval_create(&rc));
+    assert_ok(kvmem_retrieval_create(&rg));
+    uint64_t h0, d0, h1, d1;
+    assert_ok(kvmem_retrieve(g_cpu.ag, &qt, &rp, rc));
+    counters(g_dev.ctx, &h0, &d0);
+    assert_ok(kvmem_retrieve(g_dev.ag, &qt, &rp, rg));
+    counters(g_dev.ctx, &h1, &d1);
+    assert_true(h1 - h0 == (uint64_t)L * HQ * D * 4);
+    assert_true(d1 - d0 == (uint64_t)L * (uint64_t)n_blocks * 4); /* n_sets * n_cand * 4 */
+    assert_int_equal(kvmem_retrieval_n_sets(rg), L);
+    for (int32_t l = 0; l < L; l++) {
+        const float *ac, *ag;
+        const int32_t *sc, *sg;
+        int32_t nc, ng;
+        assert_ok(kvmem_retrieval_block_scores(rc, l, &ac, &nc));
+        assert_ok(kvmem_retrieval_block_scores(rg, l, &ag, &ng));
+        assert_int_equal(nc, n_blocks);
+        assert_int_equal(ng, n_blocks);
+        for (int32_t j = 0; j < nc; j++) assert_true(fabsf(ac[j] - ag[j]) <= 1e-4f * fabsf(ac[j]) + 1e-7f);
+        assert_ok(kvmem_retrieval_get(rc, l, &sc, NULL, &nc));
+        assert_ok(kvmem_retrieval_get(rg, l, &sg, NULL, &ng));
+        assert_int_equal(nc, ng);
+        for (int32_t i = 0; i < nc; i++) assert_int_equal(sc[i], sg[i]);
+    }
+    kvmem_retrieval_free(rc);
+    kvmem_retrieval_free(rg);
 }
 
 static void test_decode_step_moves_query_and_result_bytes(void **state) {
@@ -281,36 +336,48 @@ static void test_decode_step_moves_query_and_result_bytes(void **state) {
     both(104, &ap, &b4);
     assert_phase_bounds(&b4, 4 * T1 / BS);
     assert_true(step_total(&b4, 1) == step_total(&b1, 1));
-    const uint64_t score_growth = (uint64_t)L * HQ * (uint64_t)(4 * T1 / BS - T1 / BS) * 4;
+    /* the growth is the new blocks' scores, one float each: not L * HQ */
+    const uint64_t score_growth = (uint64_t)(4 * T1 / BS - T1 / BS) * 4;
     assert_true(step_total(&b4, 0) - step_total(&b1, 0) == score_growth);
     /* everything besides the block scores within 2x (query + result) */
     const uint64_t query = 2ull * L * HQ * D * 4;
     const uint64_t result = 2ull * L * TOP_K * BS * H * D * 4 + (uint64_t)L * HQ * D * 4 + TOP_K * 4;
-    const uint64_t scores = (uint64_t)L * HQ * (uint64_t)(4 * T1 / BS) * 4;
+    const uint64_t scores = (uint64_t)(4 * T1 / BS) * 4;
     assert_true(step_total(&b4, 1) + step_total(&b4, 0) - scores <= 2 * (query + result));
     print_message("decode step at %d and %d tokens: up %llu / %llu, down %llu / %llu bytes\n", T1 + TAIL,
                   4 * T1 + TAIL, (unsigned long long)step_total(&b1, 1), (unsigned long long)step_total(&b4, 1),
                   (unsigned long long)step_total(&b1, 0), (unsigned long long)step_total(&b4, 0));
+    per_layer_retrieve(105, 4 * T1 / BS);
 }
 
 static void test_stop_rule_and_truncate_match_cpu(void **state) {
     (void)state;
     NEED_VULKAN();
     /* the agents hold the previous test's history: the stop rule on (RECENT
-     * order with sinks: the tile list goes up) */
+     * order with n_sink 4: one sink tile, then newest first) */
     kvmem_attend_params ap = kvmem_attend_default_params();
     ap.order = KVMEM_ATTEND_RECENT;
     ap.tau_s = 0.05f;
     ap.tau_d = 0.01f;
     ap.patience = 2;
     step_bytes b;
-    both(201, &ap, &b);
+    both(201, &ap, &b); /* makes the mirror's RECENT buffer */
+    both(204, &ap, &b);
+    assert_true(b.up[2] == attend_up(TAIL)); /* no tile ids */
+    /* one more block: its keys rotated (cos/sin of BS positions per layer),
+     * the sink id put back and written one slot down */
+    uint64_t rng = 78;
+    append_both(4 * 256 + TAIL, BS, &rng);
+    both(205, &ap, &b);
+    assert_true(b.up[2] == attend_up(TAIL) + (uint64_t)L * BS * D * 4 + 2 * 4);
+    both(206, &ap, &b);
+    assert_true(b.up[2] == attend_up(TAIL));
     /* truncate into a sealed block (it is re-opened as the tail), append a
      * different continuation: the mirror must not serve stale blocks */
-    const int64_t n = 4 * 256 + TAIL; /* the previous test's history */
+    const int64_t n = 4 * 256 + BS + TAIL; /* the history so far */
     assert_ok(kvmem_agent_truncate(g_cpu.ag, n - 300));
     assert_ok(kvmem_agent_truncate(g_dev.ag, n - 300));
-    uint64_t rng = 77;
+    rng = 77;
     append_both(n - 300, 100, &rng);
     const kvmem_attend_params full = full_attention();
     both(202, &full, &b);

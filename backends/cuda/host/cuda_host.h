@@ -7,7 +7,7 @@
 #define KVMEM_CUDA_HOST_H
 
 #include "kvmem.h"
-#include "quant_layout.h"
+#include "quant/quant.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -97,19 +97,20 @@ typedef struct kvm_cu_topk_plan {
 } kvm_cu_topk_plan;
 kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan);
 
-/* ---- the device-kernel table entries (core/backend/backend.h, API 3) ----
- * Argument checks of dev_score, dev_topk, dev_gather_rope, dev_attend,
- * dev_qmem_score, quantize and dequantize, with the byte sizes of the
- * buffers passed in (the plugin knows them; kvmem_buffer is opaque here).
- * Each returns KVMEM_OK, KVMEM_ERR_INVALID_ARG (shapes, ranges, offsets not
- * multiples of 4) or KVMEM_ERR_UNSUPPORTED (a size beyond this backend's
- * kernels), with the message in kvm_cu_last_error(), and fills the launch
- * plan the kernels need. */
+/* ---- the device-kernel table entries (core/backend/backend.h, API 4) ----
+ * Argument checks of dev_score, dev_score_reduce, dev_topk,
+ * dev_gather_rope, dev_attend, dev_qmem_score, quantize and dequantize,
+ * with the byte sizes of the buffers passed in (the plugin knows them;
+ * kvmem_buffer is opaque here). Each returns KVMEM_OK, KVMEM_ERR_INVALID_ARG
+ * (shapes, ranges, offsets not multiples of 4) or KVMEM_ERR_UNSUPPORTED (a
+ * size beyond this backend's kernels), with the message in
+ * kvm_cu_last_error(), and fills the launch plan the kernels need. */
 struct kvm_dev_score_args;
 struct kvm_dev_topk_args;
 struct kvm_dev_gather_args;
 struct kvm_dev_attend_args;
 struct kvm_dev_qmem_args;
+struct kvm_dev_score_reduce_args;
 
 #define KVM_CU_DEV_MAX_HEAD_DIM 256 /* register tiles of 8 elements per lane */
 
@@ -133,6 +134,9 @@ typedef struct kvm_cu_dev_score_plan {
 #define KVM_CU_SORT_SMEM_PAIRS 4096   /* 32 KiB of (key, index) pairs */
 kvmem_status kvm_cu_check_dev_score(const struct kvm_dev_score_args *a, size_t q_size, size_t s_min_size,
                                     size_t s_max_size, size_t out_size, kvm_cu_dev_score_plan *plan);
+
+/* dev_score_reduce: one thread per output element (grid-stride). */
+kvmem_status kvm_cu_check_dev_score_reduce(const struct kvm_dev_score_reduce_args *a, size_t in_size, size_t out_size);
 
 kvmem_status kvm_cu_check_dev_topk(const struct kvm_dev_topk_args *a, size_t scores_size, size_t idx_size);
 
@@ -166,7 +170,7 @@ kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t
 kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem_size, size_t k_size,
                                    size_t scores_size);
 
-/* Quantized sections: core/backend/quant_layout.h's layout (header-only, so the
+/* Quantized sections: core/quant/quant.h's layout (header-only, so the
  * plugin shares the one definition). */
 typedef kvm_qsection kvm_cu_qsection;
 static inline kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {

@@ -92,6 +92,15 @@ kvmem_status kvm_cu_check_dev_score(const kvm_dev_score_args *a, size_t q_size, 
     return KVMEM_OK;
 }
 
+/* ---- dev_score_reduce ---- */
+
+kvmem_status kvm_cu_check_dev_score_reduce(const kvm_dev_score_reduce_args *a, size_t in_size, size_t out_size) {
+    char msg[256];
+    const size_t sz[2] = {in_size, out_size};
+    kvmem_status st = kvm_dev_score_reduce_check_sizes(a, sz, msg, sizeof msg);
+    return st == KVMEM_OK ? KVMEM_OK : shared_fail(st, msg);
+}
+
 /* ---- dev_topk ---- */
 
 kvmem_status kvm_cu_check_dev_topk(const kvm_dev_topk_args *a, size_t scores_size, size_t idx_size) {
