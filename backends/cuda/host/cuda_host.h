@@ -7,7 +7,7 @@
 #define KVMEM_CUDA_HOST_H
 
 #include "kvmem.h"
-#include "quant/quant.h"
+#include "quant_layout.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -170,7 +170,7 @@ kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t
 kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem_size, size_t k_size,
                                    size_t scores_size);
 
-/* Quantized sections: core/quant/quant.h's layout (header-only, so the
+/* Quantized sections: core/backend/quant_layout.h's layout (header-only, so the
  * plugin shares the one definition). */
 typedef kvm_qsection kvm_cu_qsection;
 static inline kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
