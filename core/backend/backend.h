@@ -6,8 +6,8 @@
  * CUDA and Vulkan are plugins loaded with dlopen that export one init symbol
  * and are checked for the exact KVMEM_BACKEND_API_VERSION. Entries marked
  * (optional) may be NULL. The core routes each op itself: a device op on a
- * device context whose backend has it, the core's own CPU code (kvmem_pool
- * and agent aware, in retrieve/, attend/, qmem/) otherwise.
+ * device context whose backend has it, the core's own CPU code over its
+ * pools and agents (retrieve/, attend/, qmem/) otherwise.
  *
  * Buffers: backend memory is reached through kvmem_buffer handles plus byte
  * offsets, never raw device pointers, so Vulkan (VkBuffer) and CUDA (device
