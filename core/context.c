@@ -1,6 +1,7 @@
 /* Contexts and the backend registry. */
 #include "context.h"
 #include "internal.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "registry/plugin.h"
 

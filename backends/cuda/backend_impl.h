@@ -65,13 +65,9 @@ kvmem_status kvm_cu_op_gather_rope(kvmem_backend *be, const kvmem_cuda_gather_ar
 kvmem_status kvm_cu_op_qmem_score(kvmem_backend *be, const kvmem_cuda_qmem_args *a);
 }
 
-// The table entries of core/backend/backend.h (ops_quant.cu, dev_retrieval.cu,
+// The table entries of core/backend/backend.h (dev_retrieval.cu,
 // dev_attend.cu). They record failures with kvm_cu_fail; plugin.cu's
 // wrappers hand the message to the core (be->fail).
-kvmem_status kvm_cu_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
-                             size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off);
-kvmem_status kvm_cu_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
-                               size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst, size_t dst_off);
 kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a);
 kvmem_status kvm_cu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a);
 kvmem_status kvm_cu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);

@@ -1,16 +1,15 @@
 /* Ops of the CUDA backend beyond the backend table: the tensor-core
  * selection path (f16/bf16 block operand, used by the benchmark), a top-k
  * with scores, gather with RoPE from frequencies, the rule score, and
- * diagnostics. The table's own entries (dev_*, quantize, dequantize) are
- * in plugin.cu. They are reached through the escape hatch
+ * diagnostics. The table's own entries (dev_*) are in plugin.cu. They are reached through the escape hatch
  *     fn = (kvmem_cuda_topk_fn)be->iface->get_proc_address(be, KVMEM_CUDA_PROC_TOPK);
  * and used by the conformance suite and the benchmark, so every kernel is
  * exercised on a GPU before it is wired to a table entry.
  *
  * All tensors are in the backend's buffers (device memory), addressed by a
  * (buffer, byte offset) reference; ranges are checked against the buffer.
- * Ops are asynchronous on the backend's stream: synchronize() or a download
- * waits. Errors: KVMEM_ERR_INVALID_ARG (shapes, ranges),
+ * Ops are asynchronous on the backend's stream: KVMEM_CUDA_PROC_SYNCHRONIZE
+ * or a download waits. Errors: KVMEM_ERR_INVALID_ARG (shapes, ranges),
  * KVMEM_ERR_UNSUPPORTED (a head dim without a kernel), KVMEM_ERR_BACKEND (a
  * CUDA failure); the message comes from KVMEM_CUDA_PROC_LAST_ERROR (the
  * plugin cannot set the core's kvmem_last_error()).
@@ -37,6 +36,12 @@ typedef struct kvmem_cuda_ref {
 
 #define KVMEM_CUDA_PROC_LAST_ERROR "kvmem_cuda_last_error"
 typedef const char *(*kvmem_cuda_last_error_fn)(void);
+
+/* Wait until every op queued on the backend (copies and kernels) is done:
+ * what the benchmark times and the conformance suite waits with (the core
+ * needs none: each of its device calls ends with a download). */
+#define KVMEM_CUDA_PROC_SYNCHRONIZE "kvmem_cuda_synchronize"
+typedef kvmem_status (*kvmem_cuda_synchronize_fn)(struct kvmem_backend *be);
 
 typedef struct kvmem_cuda_device_info {
     char name[128];
@@ -106,9 +111,9 @@ typedef struct kvmem_cuda_gather_args {
 #define KVMEM_CUDA_PROC_GATHER_ROPE "kvmem_cuda_gather_rope"
 typedef kvmem_status (*kvmem_cuda_gather_rope_fn)(struct kvmem_backend *be, const kvmem_cuda_gather_args *a);
 
-/* Quantize / dequantize and ART attention have no proc: the backend
- * table's quantize, dequantize and dev_attend entries (core/backend/backend.h) are
- * the CUDA implementations, with the core's section layout and stop rule. */
+/* ART attention has no proc: the backend table's dev_attend entry
+ * (core/backend/backend.h) is the CUDA implementation, with the core's stop
+ * rule. */
 
 /* ---- eviction (IntentKV) ---- */
 

@@ -4,9 +4,7 @@
 // caching allocator over cudaMalloc; transfers of pageable host memory go
 // through two pinned staging buffers on a copy stream that overlaps the
 // compute stream.
-#include "aabb_build.cuh"
 #include "backend_impl.h"
-#include "convert.cuh"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -182,44 +180,6 @@ static kvmem_status cu_sync(kvmem_backend *be) {
     return cu_check(cudaStreamSynchronize(b->stream), "synchronize");
 }
 
-static uint32_t cu_max_blocks(const kvm_cu_backend *b) { return (uint32_t)b->props.multiProcessorCount * 8u; }
-
-static kvmem_status cu_convert(kvmem_backend *be, kvmem_buffer *dst, size_t dst_off, kvmem_dtype ddt,
-                               const kvmem_buffer *src, size_t src_off, kvmem_dtype sdt, size_t n) {
-    kvm_cu_backend *b = cu_impl(be);
-    if (!dst || !src) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: buffer is NULL");
-    kvmem_status st = kvm_cu_check_convert(dst->size, dst_off, ddt, src->size, src_off, sdt, n);
-    if (st != KVMEM_OK) return st;
-    cudaSetDevice(b->device);
-    void *d = static_cast<unsigned char *>(dst->dev) + dst_off;
-    const void *s = static_cast<const unsigned char *>(src->dev) + src_off;
-    if (ddt == sdt) {
-        size_t bytes;
-        kvm_cu_tensor_bytes(ddt, n, &bytes);
-        return cu_check(cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToDevice, b->stream), "convert");
-    }
-    kvm_cu_grid g = kvm_cu_grid_1d(n, 256, cu_max_blocks(b));
-    return cu_check(kvmcu::convert(d, (kvmcu::DType)ddt, s, (kvmcu::DType)sdt, n, g.blocks, g.threads, b->stream),
-                    "convert");
-}
-
-static kvmem_status cu_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off, size_t n_groups,
-                                  size_t group_stride, size_t n_rows, size_t dim, kvmem_buffer *out_min,
-                                  kvmem_buffer *out_max, size_t out_off) {
-    kvm_cu_backend *b = cu_impl(be);
-    if (!keys || !out_min || !out_max) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: buffer is NULL");
-    kvmem_status st = kvm_cu_check_aabb_build(keys->size, keys_off, n_groups, group_stride, n_rows, dim,
-                                              out_min->size, out_max->size, out_off);
-    if (st != KVMEM_OK) return st;
-    cudaSetDevice(b->device);
-    kvm_cu_grid g = kvm_cu_grid_aabb(n_groups, dim);
-    const float *k = reinterpret_cast<const float *>(static_cast<const unsigned char *>(keys->dev) + keys_off);
-    float *mn = reinterpret_cast<float *>(static_cast<unsigned char *>(out_min->dev) + out_off);
-    float *mx = reinterpret_cast<float *>(static_cast<unsigned char *>(out_max->dev) + out_off);
-    return cu_check(kvmcu::aabb_build(k, n_groups, group_stride, n_rows, dim, mn, mx, g.blocks, g.threads, b->stream),
-                    "aabb_build");
-}
-
 // ---- table entries: failures reach kvmem_last_error() ----
 // The ops record their message with kvm_cu_fail (thread-local, also read by
 // the KVMEM_CUDA_PROC_LAST_ERROR hatch); the core set be->fail after init,
@@ -238,24 +198,6 @@ static kvmem_status e_upload(kvmem_backend *be, kvmem_buffer *dst, size_t off, c
 static kvmem_status e_download(kvmem_backend *be, const kvmem_buffer *src, size_t off, void *dst, size_t n) {
     return cu_ret(be, cu_download(be, src, off, dst, n));
 }
-static kvmem_status e_sync(kvmem_backend *be) { return cu_ret(be, cu_sync(be)); }
-static kvmem_status e_convert(kvmem_backend *be, kvmem_buffer *dst, size_t dst_off, kvmem_dtype ddt,
-                              const kvmem_buffer *src, size_t src_off, kvmem_dtype sdt, size_t n) {
-    return cu_ret(be, cu_convert(be, dst, dst_off, ddt, src, src_off, sdt, n));
-}
-static kvmem_status e_aabb_build(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off, size_t n_groups,
-                                 size_t group_stride, size_t n_rows, size_t dim, kvmem_buffer *out_min,
-                                 kvmem_buffer *out_max, size_t out_off) {
-    return cu_ret(be, cu_aabb_build(be, keys, keys_off, n_groups, group_stride, n_rows, dim, out_min, out_max, out_off));
-}
-static kvmem_status e_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
-                               size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off) {
-    return cu_ret(be, kvm_cu_quantize(be, dt, which, src, src_off, n, dim, dst, dst_off));
-}
-static kvmem_status e_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src, size_t src_off,
-                                 size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst, size_t dst_off) {
-    return cu_ret(be, kvm_cu_dequantize(be, dt, which, src, src_off, n, dim, row0, cnt, dst, dst_off));
-}
 static kvmem_status e_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) { return cu_ret(be, kvm_cu_dev_score(be, a)); }
 static kvmem_status e_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
     return cu_ret(be, kvm_cu_dev_score_reduce(be, a));
@@ -271,6 +213,10 @@ static kvmem_status e_dev_qmem_score(kvmem_backend *be, const kvm_dev_qmem_args 
 
 // ---- procs: the ops beyond the table, and diagnostics ----
 static const char *cu_last_error(void) { return kvm_cu_last_error(); }
+static kvmem_status cu_synchronize(kvmem_backend *be) {
+    if (!be) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "synchronize: be is NULL");
+    return cu_sync(be);
+}
 
 static kvmem_status cu_device_info(kvmem_backend *be, kvmem_cuda_device_info *out) {
     if (!be || !out) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "device_info: NULL argument");
@@ -332,6 +278,7 @@ static void *cu_proc(kvmem_backend *be, const char *name) {
         void *fn;
     } procs[] = {
         {KVMEM_CUDA_PROC_LAST_ERROR, (void *)cu_last_error},
+        {KVMEM_CUDA_PROC_SYNCHRONIZE, (void *)cu_synchronize},
         {KVMEM_CUDA_PROC_DEVICE_INFO, (void *)cu_device_info},
         {KVMEM_CUDA_PROC_COPY_GBPS, (void *)cu_copy_gbps},
         {KVMEM_CUDA_PROC_SCORE_BLOCKS, (void *)kvm_cu_op_score_blocks},
@@ -355,13 +302,6 @@ static kvmem_backend_iface cu_iface = [] {
     t.buffer_upload = e_upload;
     t.buffer_download = e_download;
     t.buffer_host_ptr = cu_host_ptr;
-    t.synchronize = e_sync;
-    t.convert = e_convert;
-    t.aabb_build = e_aabb_build;
-    // host-level ops (aabb_score, topk, gather, qmem_score, attend) stay
-    // NULL: the core runs them on the CPU, or packs them for the dev_* below
-    t.quantize = e_quantize;
-    t.dequantize = e_dequantize;
     t.dev_score = e_dev_score;
     t.dev_score_reduce = e_dev_score_reduce;
     t.dev_topk = e_dev_topk;

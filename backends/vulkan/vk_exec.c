@@ -12,8 +12,6 @@ static const struct {
     uint32_t n_bindings;
     uint32_t push_size;
 } k_kernels[KVM_VK_N_KERNELS] = {
-    [KVM_VK_CONVERT] = {"convert", 2, 5 * 4},
-    [KVM_VK_AABB_BUILD] = {"aabb_build", 3, 6 * 4},
     [KVM_VK_AABB_SCORE] = {"aabb_score", 4, 14 * 4},
     [KVM_VK_GATHER_ROPE] = {"gather_rope", 4, 12 * 4},
     /* -- retrieval -- */
@@ -22,9 +20,7 @@ static const struct {
     [KVM_VK_TOPK] = {"topk", 3, 7 * 4},
     [KVM_VK_SCORE_SETS] = {"score_sets", 2, 9 * 4},
 
-    /* -- persistence and eviction -- */
-    [KVM_VK_QUANTIZE] = {"quantize", 3, 13 * 4},
-    [KVM_VK_DEQUANTIZE] = {"dequantize", 2, 12 * 4},
+    /* -- eviction -- */
     [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 16 * 4},
     [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 16 * 4},
 

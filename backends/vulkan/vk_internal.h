@@ -28,8 +28,6 @@
 
 /* Pipelines, one per shader; created on first use. */
 typedef enum kvm_vk_kernel {
-    KVM_VK_CONVERT,
-    KVM_VK_AABB_BUILD,
     KVM_VK_AABB_SCORE,
     KVM_VK_GATHER_ROPE,
     /* -- retrieval (dev_score, dev_topk, dev_score_reduce) -- */
@@ -38,9 +36,7 @@ typedef enum kvm_vk_kernel {
     KVM_VK_TOPK,
     KVM_VK_SCORE_SETS, /* dev_score_reduce */
 
-    /* -- persistence and eviction (quantize, dequantize, dev_qmem_score) -- */
-    KVM_VK_QUANTIZE,
-    KVM_VK_DEQUANTIZE,
+    /* -- eviction (dev_qmem_score) -- */
     KVM_VK_QMEM_SCORE,
     KVM_VK_QMEM_SCORE_SG,
 
@@ -161,12 +157,7 @@ kvmem_status kvm_vk_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_redu
 kvmem_status kvm_vk_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);
 kvmem_status kvm_vk_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a);
 
-/* -- persistence and eviction (vk_quant.c, vk_qmem.c) -- */
-kvmem_status kvm_vk_quantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src,
-                             size_t src_off, size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off);
-kvmem_status kvm_vk_dequantize(kvmem_backend *be, kvmem_dtype dt, int which, const kvmem_buffer *src,
-                               size_t src_off, size_t n, size_t dim, size_t row0, size_t cnt, kvmem_buffer *dst,
-                               size_t dst_off);
+/* -- eviction (vk_qmem.c) -- */
 kvmem_status kvm_vk_dev_qmem_score(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
 
 /* -- attention (vk_attend.c) -- */

@@ -633,10 +633,7 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
         st = attend_on_device(dev, &pl, &s);
     else if (dev && dev != ctx->cpu && dev->iface->dev_attend && agent_device_eligible(&pl))
         st = attend_agent_on_device(dev, &pl, &s);
-    if (st == KVMEM_ERR_UNSUPPORTED) {
-        kvmem_backend *be = dev && dev->iface->attend ? dev : ctx->cpu;
-        st = be->iface->attend(be, &pl, &s);
-    }
+    if (st == KVMEM_ERR_UNSUPPORTED) st = kvm_attend_cpu(ctx->cpu, &pl, &s);
     if (agent) st = kvm_mapped_check(pl.mem, st, fn); /* before out is written */
     if (st != KVMEM_OK) {
         bufs_free(&b);

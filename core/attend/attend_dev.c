@@ -3,6 +3,7 @@
  * device kernels are compared with exactly the rule kvmem_attend() runs. */
 #include "../backend/attend_dev.h"
 #include "attend.h"
+#include "../cpu/cpu_backend.h"
 
 #include <stdlib.h>
 #include <string.h>

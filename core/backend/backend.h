@@ -1,18 +1,23 @@
 /* The backend interface (internal). A backend is a table of function pointers
- * plus its own context, in the manner of ggml-backend: the CPU backend fills
- * every entry and is the reference; CUDA and Vulkan are plugins loaded with
- * dlopen that export one init symbol and are checked for the exact
- * KVMEM_BACKEND_API_VERSION. Entries marked (optional) may be NULL; the core
- * then runs that op on the CPU backend.
+ * plus its own context, in the manner of ggml-backend: buffers (alloc, free,
+ * upload, download) and the buffer-level device ops (dev_*), nothing that
+ * names the core's pools or agents. The CPU backend (core/cpu/cpu_backend.c)
+ * fills every entry and is the reference the conformance suite compares with;
+ * CUDA and Vulkan are plugins loaded with dlopen that export one init symbol
+ * and are checked for the exact KVMEM_BACKEND_API_VERSION. Entries marked
+ * (optional) may be NULL. The core routes each op itself: a device op on a
+ * device context whose backend has it, the core's own CPU code over its
+ * pools and agents (retrieve/, attend/, qmem/) otherwise.
  *
  * Buffers: backend memory is reached through kvmem_buffer handles plus byte
  * offsets, never raw device pointers, so Vulkan (VkBuffer) and CUDA (device
  * pointers) fit the same table. For the CPU backend a buffer is host memory.
  *
  * This header and the others of core/backend/ are the whole interface a
- * plugin sees (with include/kvmem.h): they include nothing else of the core,
- * and plugins are built with only this folder of the core on their include
- * path (tests/checks/backend_includes.sh keeps it so). */
+ * plugin sees (with include/kvmem.h): they include nothing else of the core
+ * and name none of its internal types, and plugins are built with only this
+ * folder of the core on their include path (tests/checks/backend_includes.sh
+ * keeps it so). */
 #ifndef KVMEM_BACKEND_H
 #define KVMEM_BACKEND_H
 
@@ -24,16 +29,15 @@
 /* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue)
  * 3: the device kernels (dev_score, dev_topk, dev_gather_rope, dev_attend,
  *    dev_qmem_score)
- * 4: dev_score_reduce (a decode retrieval reads back per-set block scores) */
-#define KVMEM_BACKEND_API_VERSION 4u
+ * 4: dev_score_reduce (a decode retrieval reads back per-set block scores)
+ * 5: the table holds buffers and device ops only: the host-level entries
+ *    (aabb_score, topk, gather, qmem_score, attend) became core functions and
+ *    the entries nothing used (synchronize, convert, aabb_build, quantize,
+ *    dequantize) are gone */
+#define KVMEM_BACKEND_API_VERSION 5u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
-struct kvm_attend_plan; /* core/attend/attend.h */
-
-/* Descriptors of the retrieval ops (core/retrieve/score.h). */
-struct kvm_score_desc;
-struct kvm_gather_desc;
 /* Arguments of the device kernels (defined below the table). */
 struct kvm_dev_score_args;
 struct kvm_dev_topk_args;
@@ -55,68 +59,17 @@ typedef struct kvmem_backend_iface {
                                     void *dst, size_t size);
     /* (optional) host address of a buffer, NULL when not host-visible */
     void *(*buffer_host_ptr)(kvmem_backend *be, kvmem_buffer *buf);
-    kvmem_status (*synchronize)(kvmem_backend *be);
 
-    /* ---- ops ---- */
-    /* Convert n elements between F32/F16/BF16. */
-    kvmem_status (*convert)(kvmem_backend *be, kvmem_buffer *dst, size_t dst_off,
-                            kvmem_dtype dst_dtype, const kvmem_buffer *src, size_t src_off,
-                            kvmem_dtype src_dtype, size_t n);
-    /* AABB of n_groups groups of n_rows f32 rows of `dim` (group g's rows at
-     * keys + g*group_stride, rows `dim` apart): out_min/out_max [n_groups][dim]. */
-    kvmem_status (*aabb_build)(kvmem_backend *be, const kvmem_buffer *keys, size_t keys_off,
-                               size_t n_groups, size_t group_stride, size_t n_rows, size_t dim,
-                               kvmem_buffer *out_min, kvmem_buffer *out_max, size_t out_off);
-    /* ---- ops added by later issues, each in its own section ---- */
-
-    /* -- retrieval (MemArt): aabb_score, topk, gather/rope -- */
-    /* Score candidate blocks (AABB or EXACT), normalise per query token,
-     * aggregate over tokens, sum over each KV head's query heads. */
-    kvmem_status (*aabb_score)(kvmem_backend *be, const struct kvm_score_desc *d);
-    /* Indices of the k largest non-NaN scores, ties toward the lower index. */
-    kvmem_status (*topk)(kvmem_backend *be, const float *score, int32_t n, int32_t k, int32_t *out_idx,
-                         int32_t *n_out);
-    /* Concatenate blocks, rotate keys at new positions, convert to the output dtype. */
-    kvmem_status (*gather)(kvmem_backend *be, const struct kvm_gather_desc *d);
-
-    /* -- eviction (IntentKV): qmem_score, kv_copy -- */
-    /* Rule score of kvmem_qmem_score (inputs validated by the core): memory
-     * [n_layers][n_q_heads][head_dim] f32 host memory, k a host view
-     * [n_layers][N][n_kv_heads][head_dim], scores N floats. Host views, not
-     * buffers: the CPU reference reads the caller's tensors in place; a
-     * device backend would upload them (optional: NULL = run on the CPU). */
-    kvmem_status (*qmem_score)(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
-                               const kvmem_tensor *k, float *scores);
-
-    /* -- attention (ART): attend -- */
-    /* Run a validated ART plan (core/attend/attend.h): fill plan->out
-     * [n_rows][n_q_heads][head_dim] f32 and *stats. (optional) NULL: the
-     * core runs it on the CPU backend. */
-    kvmem_status (*attend)(kvmem_backend *be, const struct kvm_attend_plan *plan,
-                           kvmem_attend_stats *stats);
-
-    /* -- persistence: quantize, dequantize -- */
-    /* Encode n rows of `dim` f32 values into one storage section (layout and
-     * error bounds in core/backend/quant_layout.h) of dtype Q8, Q4 or Q4_KIVI; which: 0
-     * keys (KIVI: per-channel groups over the n rows), 1 values. */
-    kvmem_status (*quantize)(kvmem_backend *be, kvmem_dtype dtype, int which, const kvmem_buffer *src,
-                             size_t src_off, size_t n, size_t dim, kvmem_buffer *dst, size_t dst_off);
-    /* Decode rows [row0, row0 + cnt) of a section of n rows into f32. */
-    kvmem_status (*dequantize)(kvmem_backend *be, kvmem_dtype dtype, int which, const kvmem_buffer *src,
-                               size_t src_off, size_t n, size_t dim, size_t row0, size_t cnt,
-                               kvmem_buffer *dst, size_t dst_off);
-
-
-    /* -- device kernels (Vulkan and CUDA issues) --
-     * Buffer-level forms of the host-level ops above, for backends whose
-     * memory the core cannot read: the core (core/offload) packs the inputs
-     * into the backend's buffers, calls these, and reads the results back.
-     * The CPU backend implements them too, as the reference the conformance
-     * suite (tests/backend) compares every backend with. Offsets are bytes,
-     * multiples of 4; counts are elements; args are validated like every
-     * entry (bad shapes or ranges: KVMEM_ERR_INVALID_ARG and nothing runs).
-     * Each entry is (optional): NULL means the core runs the host-level op
-     * on the CPU backend. */
+    /* ---- device ops ----
+     * Buffer-level forms of retrieval, gather, attention and the rule
+     * score, for backends whose memory the core cannot read: the core packs
+     * the inputs into the backend's buffers (or keeps them resident there),
+     * calls these, and reads the results back. The CPU backend implements
+     * them too, as the reference the conformance suite (tests/backend)
+     * compares every backend with. Offsets are bytes, multiples of 4; counts
+     * are elements; args are validated like every entry (bad shapes or
+     * ranges: KVMEM_ERR_INVALID_ARG and nothing runs). Each entry is
+     * (optional): NULL means the core runs the op with its own CPU code. */
     kvmem_status (*dev_score)(kvmem_backend *be, const struct kvm_dev_score_args *a);
     kvmem_status (*dev_topk)(kvmem_backend *be, const struct kvm_dev_topk_args *a);
     kvmem_status (*dev_gather_rope)(kvmem_backend *be, const struct kvm_dev_gather_args *a);
@@ -270,14 +223,5 @@ typedef double (*kvm_last_op_seconds_fn)(kvmem_backend *be);
 typedef kvmem_status (*kvmem_backend_plugin_init_fn)(uint32_t api_version, kvmem_context *ctx,
                                                       kvmem_backend **out, char *why,
                                                       size_t why_size);
-
-/* The CPU backend (always built). */
-kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out);
-/* Its buffers are host memory; for the CPU reference entries of the device
- * kernels in their modules (cpu_backend.c): the host address and byte size
- * of a buffer, and the address of bytes [off, off + n), NULL when outside
- * the buffer or off is not a multiple of 4. */
-void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
-void *kvm_cpu_buf_at(const kvmem_buffer *b, size_t off, size_t n);
 
 #endif

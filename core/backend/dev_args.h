@@ -6,8 +6,8 @@
  * and returns the status (KVMEM_OK: valid, msg untouched). The *_sizes forms
  * take the buffers' byte sizes in argument order (0 for a NULL buffer); the
  * plain forms get them from `size` (the backend knows its own buffer type). */
-#ifndef KVMEM_RETRIEVE_DEV_ARGS_H
-#define KVMEM_RETRIEVE_DEV_ARGS_H
+#ifndef KVMEM_BACKEND_DEV_ARGS_H
+#define KVMEM_BACKEND_DEV_ARGS_H
 
 #include "arith.h"
 #include "backend.h"

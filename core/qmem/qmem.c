@@ -363,7 +363,5 @@ kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, 
         /* sizes past the device's limits: the CPU below takes them */
         if (st != KVMEM_ERR_UNSUPPORTED) return st;
     }
-    kvmem_backend *be = ctx->cpu;
-    if (!be->iface->qmem_score) return kvm_cpu_qmem_score(be, spec, memory, k, scores);
-    return be->iface->qmem_score(be, spec, memory, k, scores);
+    return kvm_cpu_qmem_score(ctx->cpu, spec, memory, k, scores);
 }

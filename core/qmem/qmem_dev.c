@@ -3,6 +3,7 @@
  * buffers are host memory, so this builds host views and runs the same
  * kernel as kvmem_qmem_score (kvm_cpu_qmem_score). */
 #include "qmem_internal.h"
+#include "../cpu/cpu_backend.h"
 
 #include <string.h>
 

@@ -11,7 +11,8 @@
 kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
                               int64_t *n);
 
-/* The CPU backend's qmem_score op (inputs validated by the caller). */
+/* The rule score on the CPU (kvmem_qmem_score calls it when no device op
+ * takes the call; inputs validated by the caller). */
 kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
                                 const kvmem_tensor *k, float *scores);
 

@@ -1,7 +1,7 @@
 /* Quantized KV storage: the host kernels of the Q8, Q4 and Q4 KIVI formats
  * and a pool block's layout of its sections. The formats themselves (groups,
  * rounding, error bounds, a section's byte layout) are defined in
- * core/backend/quant_layout.h, which the device plugins share. */
+ * quant_layout.h. */
 #ifndef KVMEM_QUANT_H
 #define KVMEM_QUANT_H
 
@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "kvmem.h"
-#include "../backend/quant_layout.h" /* the formats: groups, section layout */
+#include "quant_layout.h" /* the formats: groups, section layout */
 
 /* Host kernels on one section. `n` rows of `dim` floats, rows `dim` apart. */
 typedef struct kvm_quant_kernels {

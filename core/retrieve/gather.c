@@ -158,7 +158,7 @@ static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int3
     kvm_gather_desc d = {p, m, blocks, n_blocks, first, base, k_out, v_out};
     kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
     if (dev && dev != be && dev->iface->dev_gather_rope) st = kvm_dev_gather(dev, &d);
-    else st = be->iface->gather(be, &d);
+    else st = kvm_cpu_gather(be, &d);
     kvm_free(first);
     return kvm_mapped_check(m, st, "kvmem_gather");
 }

@@ -314,7 +314,7 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         if (dev && dev != be && dev->iface->dev_score && dev->iface->dev_score_reduce && d.mode == KVMEM_RETRIEVE_AABB)
             st = kvm_dev_aabb_score(dev, &d);
         else
-            st = be->iface->aabb_score(be, &d);
+            st = kvm_cpu_aabb_score(be, &d);
         if ((st = kvm_mapped_check(m, st, "kvmem_retrieve")) != KVMEM_OK) return st; /* before the commit */
     }
     for (int32_t s = 0; s < n_sets; s++) {
@@ -330,8 +330,7 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         int32_t n_sel = 0, n_top = 0;
         for (int32_t j = 0; j < nc; j++)
             if (c.flag[c.cand[j]] == 2) sel[n_sel++] = c.cand[j];
-        kvmem_backend *be = p->ctx->cpu;
-        if ((st = be->iface->topk(be, c.set_s, nc, KVM_MAX(0, prm.top_k - n_forced), c.idx, &n_top)) != KVMEM_OK)
+        if ((st = kvm_cpu_topk(p->ctx->cpu, c.set_s, nc, KVM_MAX(0, prm.top_k - n_forced), c.idx, &n_top)) != KVMEM_OK)
             return st;
         for (int32_t i = 0; i < n_top; i++) sel[n_sel++] = c.cand[c.idx[i]];
         qsort(sel, (size_t)n_sel, sizeof *sel, cmp_i32);

@@ -12,6 +12,7 @@
 #define KVMEM_RETRIEVE_SCORE_H
 
 #include "../backend/backend.h"
+#include "../cpu/cpu_backend.h" /* the CPU reference entries read CPU buffers in place */
 #include "../pool/pool.h"
 #include "../cpu/workbuf.h"
 
@@ -111,7 +112,8 @@ typedef struct kvm_gather_desc {
  * both. */
 extern size_t kvm_score_block_major_max_bytes;
 
-/* The CPU implementations the CPU backend's table points at. */
+/* Retrieval on the CPU (kvmem_retrieve and kvmem_gather call them directly;
+ * be is the context's CPU backend, whose scratch and worker pool they use). */
 kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
 /* Indices of the k largest of score[0..n) (NaN never selected), ties toward
  * the lower index, written to out_idx in descending score order; *n_out gets

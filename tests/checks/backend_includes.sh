@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Backend plugins see the core through the backend interface only (issue 21,
 # item 2): the headers of core/backend/ (the table, the device kernels'
-# argument checks, the quantized section layout, checked size arithmetic)
-# and include/kvmem.h. Fails on
+# argument checks, checked size arithmetic) and include/kvmem.h. Fails on
 #  1. a plugin build (backends/<name>/CMakeLists.txt, target_include_directories)
 #     that puts a project folder on its include path other than its own
 #     folders, core/backend and include, so the compiler itself would let a
@@ -15,7 +14,14 @@
 #     first, then (like <...>) the plugin's include dirs in their order
 #     (the union of the plugin's targets, read from its CMakeLists.txt);
 #  3. an interface header that includes a project header other than another
-#     interface header or include/kvmem.h.
+#     interface header or include/kvmem.h;
+#  4. an interface header whose code (comments and string literals left out)
+#     names a type the core defines in its own headers: a struct, union or
+#     enum tag with a body, or a typedef name, in core/**/*.h outside
+#     core/backend (kvmem_pool, kvmem_agent, kvm_score_desc, kvm_attend_plan,
+#     ...), so backends see buffers and op descriptors, never pool or agent
+#     internals. The one exception is kvmem_context: the owning context each
+#     backend carries as an opaque handle and never reads.
 # Args: SOURCE_DIR (the others of tests/CMakeLists.txt are ignored).
 set -uo pipefail
 src=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
@@ -99,5 +105,31 @@ for f in "$iface_dir"/*.h; do
 done
 [ "$n_iface" -gt 0 ] || { echo "FAIL: no interface headers in $iface_dir"; fail=1; }
 
-[ $fail -eq 0 ] && echo "backend plugins include only the backend interface ($n_iface headers in $iface_dir)"
+# 4. no core-internal type in the interface's code. The core's type names:
+# tags of struct/union/enum bodies and typedef names (the identifier after a
+# typedef's body, or before its ";", or "(*name)" of a function-pointer typedef).
+strip_code() { # FILE: its code without comments and string/char literals
+  perl -0777 -pe 's{/\*.*?\*/}{ }gs; s{//[^\n]*}{}g; s{"(?:\\.|[^"\\])*"}{""}g; s{\x27(?:\\.|[^\x27\\])*\x27}{\x27\x27}g' "$1"
+}
+core_types=$(find core -name '*.h' -not -path "$iface_dir/*" -print0 | sort -z |
+  while IFS= read -r -d '' h; do strip_code "$h"; done |
+  perl -0777 -ne '
+    while (/\b(?:struct|union|enum)\s+([A-Za-z_]\w*)\s*\{/g) { print "$1\n" }
+    while (/\btypedef\b([^;{]*(?:\{(?:[^{}]|\{[^{}]*\})*\}[^;]*)?);/g) {
+      my $t = $1;
+      $t =~ s/^.*\}//s; # a body: the name follows it
+      if ($t =~ /\(\s*\*\s*([A-Za-z_]\w*)\s*\)/) { print "$1\n" }
+      elsif ($t =~ /([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*$/) { print "$1\n" }
+    }' | grep -vx 'kvmem_context' | sort -u)
+[ -n "$core_types" ] || { echo "FAIL: found no type definitions in core/ (the rule would check nothing)"; fail=1; }
+for f in "$iface_dir"/*.h; do
+  [ -f "$f" ] || continue
+  hits=$(strip_code "$f" | grep -owE '[A-Za-z_][A-Za-z0-9_]*' | sort -u | grep -Fxf <(printf '%s\n' "$core_types") | tr '\n' ' ')
+  if [ -n "$hits" ]; then
+    echo "FAIL: $f names core-internal types: $hits(backends see buffers and op descriptors only)"
+    fail=1
+  fi
+done
+
+[ $fail -eq 0 ] && echo "backend plugins include only the backend interface ($n_iface headers in $iface_dir, naming none of the core's $(wc -l <<<"$core_types") internal types)"
 exit $fail

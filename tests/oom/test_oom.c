@@ -46,7 +46,7 @@
  * plugin nor this test sets them. */
 #include "testutil.h"
 #include "alloc.h"
-#include "backend/backend.h"
+#include "cpu/cpu_backend.h"
 #include "context.h"
 #include "pool/pool.h"
 #include "store/store.h"

@@ -7,7 +7,6 @@
 #define KVMEM_CUDA_HOST_H
 
 #include "kvmem.h"
-#include "quant_layout.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -36,12 +35,6 @@ bool kvm_cu_in_range(size_t size, size_t off, size_t n);
  * another dtype. */
 bool kvm_cu_tensor_bytes(kvmem_dtype dt, size_t n, size_t *bytes);
 
-kvmem_status kvm_cu_check_convert(size_t dst_size, size_t dst_off, kvmem_dtype dst_dtype,
-                                  size_t src_size, size_t src_off, kvmem_dtype src_dtype, size_t n);
-kvmem_status kvm_cu_check_aabb_build(size_t keys_size, size_t keys_off, size_t n_groups,
-                                     size_t group_stride, size_t n_rows, size_t dim,
-                                     size_t min_size, size_t max_size, size_t out_off);
-
 /* Head dims with a compiled kernel (DISPATCH_HEAD_DIM in common.cuh). */
 bool kvm_cu_head_dim_supported(int32_t head_dim);
 
@@ -54,10 +47,6 @@ typedef struct kvm_cu_grid {
 
 /* Grid-stride 1-D launch: enough blocks to cover n, at most max_blocks. */
 kvm_cu_grid kvm_cu_grid_1d(size_t n, uint32_t threads, uint32_t max_blocks);
-
-/* aabb_build: one block per group, threads over dims (a warp multiple, at
- * most 256); beyond 65535*16 groups the kernel's grid-stride loop takes the rest. */
-kvm_cu_grid kvm_cu_grid_aabb(size_t n_groups, size_t dim);
 
 /* aabb_score (fused GEMM + per-token normalisation + aggregation), one CTA per
  * (layer, query head). */
@@ -97,9 +86,9 @@ typedef struct kvm_cu_topk_plan {
 } kvm_cu_topk_plan;
 kvmem_status kvm_cu_topk_plan_make(int64_t n, int32_t k, kvm_cu_topk_plan *plan);
 
-/* ---- the device-kernel table entries (core/backend/backend.h, API 4) ----
+/* ---- the device-kernel table entries (core/backend/backend.h, API 5) ----
  * Argument checks of dev_score, dev_score_reduce, dev_topk,
- * dev_gather_rope, dev_attend, dev_qmem_score, quantize and dequantize,
+ * dev_gather_rope, dev_attend and dev_qmem_score,
  * with the byte sizes of the buffers passed in (the plugin knows them;
  * kvmem_buffer is opaque here). Each returns KVMEM_OK, KVMEM_ERR_INVALID_ARG
  * (shapes, ranges, offsets not multiples of 4) or KVMEM_ERR_UNSUPPORTED (a
@@ -170,26 +159,8 @@ kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t
 kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem_size, size_t k_size,
                                    size_t scores_size);
 
-/* Quantized sections: core/backend/quant_layout.h's layout (header-only, so the
- * plugin shares the one definition). */
-typedef kvm_qsection kvm_cu_qsection;
-static inline kvm_cu_qsection kvm_cu_qsection_layout(kvmem_dtype dt, int which, size_t n, size_t dim) {
-    return kvm_qsection_layout(dt, which, n, dim);
-}
-kvmem_status kvm_cu_check_quantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,
-                                   size_t dim, size_t dst_size, size_t dst_off);
-kvmem_status kvm_cu_check_dequantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,
-                                     size_t dim, size_t row0, size_t cnt, size_t dst_size, size_t dst_off);
-
-/* Host runs of the per-group rules the quantize kernels apply (rules.h),
- * compiled without FMA contraction, for the bit-for-bit tests: one Q8 group
- * of k <= 32 values; one Q4 group of k <= 64 values (words: ceil(k/8));
- * one KIVI channel's parameters. */
-void kvm_cu_host_q8_group(const float *x, size_t k, int8_t *codes, uint16_t *scale);
-void kvm_cu_host_q4_group(const float *x, size_t k, uint32_t *words, uint16_t *scale, uint16_t *bias);
-void kvm_cu_host_q4_params(float mn, float mx, uint16_t *scale, uint16_t *bias);
-uint16_t kvm_cu_host_f16_up(float x);
-uint16_t kvm_cu_host_f16_down(float x);
+/* Host run of the RoPE pair rule (rules.h), compiled without FMA
+ * contraction, for the bit-for-bit test. */
 void kvm_cu_host_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1);
 
 /* ---- caching device allocator ----

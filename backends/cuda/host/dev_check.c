@@ -26,13 +26,6 @@ bool kvm_cu_mul3(size_t a, size_t b, size_t c, size_t *out) {
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* bytes of n f32 (or int32) elements at off inside a buffer of `size`
- * bytes, off a multiple of 4 */
-static bool f32_range(size_t size, size_t off, size_t n) {
-    size_t b;
-    return off % 4 == 0 && kvm_cu_mul2(n, 4, &b) && kvm_cu_in_range(size, off, b);
-}
-
 static int32_t pow2_at_least(int32_t n) {
     int32_t p = 1;
     while (p < n) p <<= 1;
@@ -198,68 +191,7 @@ kvmem_status kvm_cu_check_dev_qmem(const kvm_dev_qmem_args *a, size_t mem_size, 
     return KVMEM_OK;
 }
 
-/* ---- quantize / dequantize ---- */
-
-static kvmem_status check_quant(kvmem_dtype dt, int which, size_t n, size_t dim, const char *op) {
-    if (dt != KVMEM_Q8 && dt != KVMEM_Q4 && dt != KVMEM_Q4_KIVI)
-        return FAIL_ARG("%s: dtype %d is not Q8, Q4 or Q4_KIVI", op, (int)dt);
-    if (which != 0 && which != 1) return FAIL_ARG("%s: which must be 0 (keys) or 1 (values)", op);
-    if (n == 0 || dim == 0 || dim > 1024 || n > ((size_t)1 << 24))
-        return FAIL_ARG("%s: %zu rows of %zu: need 1..2^24 rows of 1..1024", op, n, dim);
-    return KVMEM_OK;
-}
-
-kvmem_status kvm_cu_check_quantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n, size_t dim,
-                                   size_t dst_size, size_t dst_off) {
-    kvmem_status st = check_quant(dt, which, n, dim, "quantize");
-    if (st != KVMEM_OK) return st;
-    kvm_cu_qsection q = kvm_cu_qsection_layout(dt, which, n, dim);
-    if (!f32_range(src_size, src_off, n * dim) || dst_off % 4 || !kvm_cu_in_range(dst_size, dst_off, q.bytes))
-        return FAIL_ARG("quantize: ranges outside the buffers or misaligned");
-    return KVMEM_OK;
-}
-
-kvmem_status kvm_cu_check_dequantize(kvmem_dtype dt, int which, size_t src_size, size_t src_off, size_t n,
-                                     size_t dim, size_t row0, size_t cnt, size_t dst_size, size_t dst_off) {
-    kvmem_status st = check_quant(dt, which, n, dim, "dequantize");
-    if (st != KVMEM_OK) return st;
-    kvm_cu_qsection q = kvm_cu_qsection_layout(dt, which, n, dim);
-    if (row0 > n || cnt > n - row0 || src_off % 4 || !kvm_cu_in_range(src_size, src_off, q.bytes) ||
-        !f32_range(dst_size, dst_off, cnt * dim))
-        return FAIL_ARG("dequantize: ranges outside the buffers or misaligned");
-    return KVMEM_OK;
-}
-
 /* ---- host runs of the shared rules ---- */
-
-void kvm_cu_host_q8_group(const float *x, size_t k, int8_t *codes, uint16_t *scale) {
-    float amax = 0.0f, inv;
-    for (size_t i = 0; i < k; i++) amax = kvm_cu_max_step(amax, fabsf(x[i]));
-    *scale = kvm_cu_q8_params(amax, &inv);
-    for (size_t i = 0; i < k; i++) codes[i] = kvm_cu_q8_code(x[i], inv);
-}
-
-void kvm_cu_host_q4_group(const float *x, size_t k, uint32_t *words, uint16_t *scale, uint16_t *bias) {
-    float mn = x[0], mx = x[0], b, inv;
-    for (size_t i = 1; i < k; i++) {
-        mn = kvm_cu_min_step(mn, x[i]);
-        mx = kvm_cu_max_step(mx, x[i]);
-    }
-    kvm_cu_q4_params(mn, mx, scale, bias, &b, &inv);
-    for (size_t i = 0; i < k; i += 8) {
-        uint32_t w = 0;
-        for (size_t j = 0; j < 8 && i + j < k; j++) w |= kvm_cu_q4_code(x[i + j], b, inv) << (4 * j);
-        words[i / 8] = w;
-    }
-}
-
-void kvm_cu_host_q4_params(float mn, float mx, uint16_t *scale, uint16_t *bias) {
-    float b, inv;
-    kvm_cu_q4_params(mn, mx, scale, bias, &b, &inv);
-}
-
-uint16_t kvm_cu_host_f16_up(float x) { return kvm_cu_f16_up(x); }
-uint16_t kvm_cu_host_f16_down(float x) { return kvm_cu_f16_down(x); }
 
 void kvm_cu_host_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1) {
     kvm_cu_rope_pair(x0, x1, c, s, af, y0, y1);

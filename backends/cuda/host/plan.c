@@ -25,43 +25,6 @@ bool kvm_cu_tensor_bytes(kvmem_dtype dt, size_t n, size_t *bytes) {
     return true;
 }
 
-kvmem_status kvm_cu_check_convert(size_t dst_size, size_t dst_off, kvmem_dtype ddt, size_t src_size,
-                                  size_t src_off, kvmem_dtype sdt, size_t n) {
-    size_t des, ses, db, sb;
-    if (!kvm_cu_tensor_bytes(ddt, 1, &des) || !kvm_cu_tensor_bytes(sdt, 1, &ses))
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: dtype must be f32, f16 or bf16");
-    if (!kvm_cu_tensor_bytes(ddt, n, &db) || !kvm_cu_tensor_bytes(sdt, n, &sb) ||
-        !kvm_cu_in_range(dst_size, dst_off, db) || !kvm_cu_in_range(src_size, src_off, sb))
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: %zu elements outside the buffers", n);
-    /* device loads are element-aligned: a misaligned offset would fault */
-    if (dst_off % des || src_off % ses)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "convert: offsets must be multiples of the element size");
-    return KVMEM_OK;
-}
-
-kvmem_status kvm_cu_check_aabb_build(size_t keys_size, size_t keys_off, size_t n_groups,
-                                     size_t group_stride, size_t n_rows, size_t dim,
-                                     size_t min_size, size_t max_size, size_t out_off) {
-    if (n_rows == 0 || dim == 0 || n_groups == 0)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: empty input");
-    size_t span, rows, in_elems, in_bytes, out_elems, out_bytes;
-    if (group_stride != 0 && (n_groups - 1) > SIZE_MAX / group_stride)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: ranges outside the buffers");
-    span = (n_groups - 1) * group_stride;
-    if (dim > SIZE_MAX / n_rows || (rows = n_rows * dim) > SIZE_MAX - span ||
-        (in_elems = span + rows) > SIZE_MAX / 4 || dim > SIZE_MAX / n_groups ||
-        (out_elems = n_groups * dim) > SIZE_MAX / 4)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: ranges outside the buffers");
-    in_bytes = in_elems * 4;
-    out_bytes = out_elems * 4;
-    if (!kvm_cu_in_range(keys_size, keys_off, in_bytes) || !kvm_cu_in_range(min_size, out_off, out_bytes) ||
-        !kvm_cu_in_range(max_size, out_off, out_bytes))
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: ranges outside the buffers");
-    if (keys_off % 4 || out_off % 4)
-        return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_build: offsets must be multiples of 4 bytes");
-    return KVMEM_OK;
-}
-
 bool kvm_cu_head_dim_supported(int32_t d) { return d == 64 || d == 128 || d == 256; }
 
 kvm_cu_grid kvm_cu_grid_1d(size_t n, uint32_t threads, uint32_t max_blocks) {
@@ -70,17 +33,6 @@ kvm_cu_grid kvm_cu_grid_1d(size_t n, uint32_t threads, uint32_t max_blocks) {
     size_t b = (n + g.threads - 1) / g.threads;
     if (max_blocks == 0) max_blocks = 1;
     g.blocks = b > max_blocks ? max_blocks : (uint32_t)b;
-    return g;
-}
-
-kvm_cu_grid kvm_cu_grid_aabb(size_t n_groups, size_t dim) {
-    kvm_cu_grid g = {0, 32};
-    if (n_groups == 0 || dim == 0) return g;
-    size_t t = (dim + 31) / 32 * 32;
-    g.threads = (uint32_t)(t > 256 ? 256 : t);
-    /* grid-stride over groups: gridDim.x <= 2^31-1, capped where more blocks
-     * only add scheduling work */
-    g.blocks = n_groups > 65535u * 16u ? 65535u * 16u : (uint32_t)n_groups;
     return g;
 }
 

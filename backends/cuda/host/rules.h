@@ -2,8 +2,8 @@
  * source compiles as __host__ __device__ code inside the plugin and as plain
  * C in kvmem_cuda_host (built with -ffp-contract=off), where
  * tests/backend/test_cuda_host.c compares it bit for bit with the core's
- * scalar references (core/quant/quant_ref.h, core/cpu/half.h,
- * kvm_rope_rotate, the ART stop rule of core/attend/attend_cpu.c). So what
+ * scalar references (core/cpu/half.h, kvm_rope_rotate, the ART stop rule
+ * of core/attend/attend_cpu.c). So what
  * the kernels compute per element is checked on machines without a GPU.
  *
  * Every float operation is a single, explicitly rounded step: on the device
@@ -57,16 +57,6 @@ KVM_CU_HD float kvm_cu_bits_f32(uint32_t x) {
 #endif
 }
 
-/* Round to nearest even integer (lrintf in the default rounding mode). The
- * arguments here are bounded (|x| < 2^20), so the int conversion is exact. */
-KVM_CU_HD long kvm_cu_rint(float x) {
-#if defined(__CUDA_ARCH__)
-    return (long)__float2int_rn(x);
-#else
-    return lrintf(x);
-#endif
-}
-
 /* ---- f16 (core/cpu/half.h: RNE, NaN payloads as x86 F16C) ---- */
 KVM_CU_HD uint16_t kvm_cu_f32_to_f16(float f) {
     uint32_t x = kvm_cu_f32_bits(f);
@@ -93,68 +83,6 @@ KVM_CU_HD float kvm_cu_f16_to_f32(uint16_t h) {
     if (e == 31) return kvm_cu_bits_f32(sign | 0x7f800000u | (m ? 0x400000u : 0u) | (m << 13));
     return kvm_cu_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
-
-/* One f16 step toward +inf (up) or -inf (down) from h (finite). */
-KVM_CU_HD uint16_t kvm_cu_f16_step(uint16_t h, int up) {
-    int neg = (h & 0x8000u) != 0;
-    if ((h & 0x7fffu) == 0) return up ? 0x0001u : 0x8001u;
-    return (uint16_t)((up != neg) ? h + 1 : h - 1);
-}
-/* f16 rounding toward -inf / +inf (quant_ref.h: RNE, then one step back
- * when RNE went the wrong way). */
-KVM_CU_HD uint16_t kvm_cu_f16_down(float x) {
-    uint16_t h = kvm_cu_f32_to_f16(x);
-    return kvm_cu_f16_to_f32(h) > x ? kvm_cu_f16_step(h, 0) : h;
-}
-KVM_CU_HD uint16_t kvm_cu_f16_up(float x) {
-    uint16_t h = kvm_cu_f32_to_f16(x);
-    return kvm_cu_f16_to_f32(h) < x ? kvm_cu_f16_step(h, 1) : h;
-}
-
-/* ---- quantization (core/quant/quant_ref.h) ---- */
-#define KVM_CU_Q8_GROUP 32
-#define KVM_CU_Q4_GROUP 64
-
-/* Q8 scale of a group with absolute maximum amax: f16 bits and 1/scale. */
-KVM_CU_HD uint16_t kvm_cu_q8_params(float amax, float *inv) {
-    uint16_t sh = kvm_cu_f16_up(KVM_CU_DIV(amax, 127.0f));
-    float s = kvm_cu_f16_to_f32(sh);
-    *inv = s > 0.0f ? KVM_CU_DIV(1.0f, s) : 0.0f;
-    return sh;
-}
-KVM_CU_HD int8_t kvm_cu_q8_code(float x, float inv) {
-    long q = kvm_cu_rint(KVM_CU_MUL(x, inv));
-    return (int8_t)(q < -127 ? -127 : q > 127 ? 127 : q);
-}
-KVM_CU_HD float kvm_cu_q8_value(int8_t q, uint16_t sh) { return KVM_CU_MUL((float)q, kvm_cu_f16_to_f32(sh)); }
-
-/* Q4 affine parameters of a group (or a KIVI channel) with minimum mn and
- * maximum mx: bias rounded down, scale rounded up. */
-KVM_CU_HD void kvm_cu_q4_params(float mn, float mx, uint16_t *sh, uint16_t *bh, float *b, float *inv) {
-    *bh = kvm_cu_f16_down(mn);
-    *b = kvm_cu_f16_to_f32(*bh);
-    *sh = kvm_cu_f16_up(KVM_CU_DIV(KVM_CU_SUB(mx, *b), 15.0f));
-    float s = kvm_cu_f16_to_f32(*sh);
-    *inv = s > 0.0f ? KVM_CU_DIV(1.0f, s) : 0.0f;
-}
-/* 1/scale from a stored Q4 scale: the same value kvm_cu_q4_params gave. */
-KVM_CU_HD float kvm_cu_q4_recip(uint16_t sh) {
-    float s = kvm_cu_f16_to_f32(sh);
-    return s > 0.0f ? KVM_CU_DIV(1.0f, s) : 0.0f;
-}
-KVM_CU_HD uint32_t kvm_cu_q4_code(float x, float b, float inv) {
-    long q = kvm_cu_rint(KVM_CU_MUL(KVM_CU_SUB(x, b), inv));
-    return (uint32_t)(q < 0 ? 0 : q > 15 ? 15 : q);
-}
-KVM_CU_HD float kvm_cu_q4_value(uint32_t q, uint16_t sh, uint16_t bh) {
-    return KVM_CU_ADD(KVM_CU_MUL((float)q, kvm_cu_f16_to_f32(sh)), kvm_cu_f16_to_f32(bh));
-}
-
-/* Running min / max in the reference's order: the accumulator is replaced
- * only by a strictly smaller (larger) value, so among equal values (-0 and
- * +0) the first one stays, as in the CPU's sequential loops. */
-KVM_CU_HD float kvm_cu_min_step(float acc, float x) { return x < acc ? x : acc; }
-KVM_CU_HD float kvm_cu_max_step(float acc, float x) { return x > acc ? x : acc; }
 
 /* ---- RoPE (kvm_rope_rotate, forward) ---- */
 KVM_CU_HD void kvm_cu_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1) {

@@ -1,6 +1,5 @@
 /* Quantized KV storage formats: Q8, Q4 (MLX affine layout) and Q4 KIVI, as
- * the core (core/quant/quant.h: host kernels) and the device plugins encode
- * and decode them.
+ * the core encodes and decodes them (quant.h: the host kernels).
  *
  * Every format works on a "section": the n rows of `dim` values of one
  * (K or V, layer, head) of a block, rows of one token each. Rows decode
@@ -12,7 +11,7 @@
  *       Bound: |x - x'| <= s/2 (+ f32 rounding, < 2^-22 |x|), so
  *       |x - x'| <= absmax_g/254 * (1 + 2^-10) + 2^-25 (the last term: f16's
  *       smallest step 2^-24, which bounds s from below once absmax_g/127 is
- *       an f16 subnormal, below 2^-14; tests/backend/test_backend_quant.c).
+ *       an f16 subnormal, below 2^-14; a conformance test found such groups).
  * Q4    per row: ceil(dim/64) groups of 64 along the row (last partial).
  *       Codes q in [0, 15] packed 8 per uint32 word, low bits first (the MLX
  *       affine layout: value i of a row sits in word i/8 at bits 4*(i%8));
@@ -35,8 +34,8 @@
  *
  * Inputs must be finite with |x| <= 65504 (so biases and scales fit f16);
  * the pool checks that at append time. */
-#ifndef KVMEM_BACKEND_QUANT_LAYOUT_H
-#define KVMEM_BACKEND_QUANT_LAYOUT_H
+#ifndef KVMEM_QUANT_LAYOUT_H
+#define KVMEM_QUANT_LAYOUT_H
 
 #include <stddef.h>
 
