@@ -1,7 +1,9 @@
 /* The CPU backend's retrieval scoring (op aabb_score) and top-k (op topk).
  *
  * Decode-sized problems (few query rows) run BLOCK-MAJOR: one pass over the
- * candidates' boxes (or keys, EXACT) in chunks of consecutive blocks, each
+ * candidates' boxes (or keys, EXACT: F16 and F32 blocks read in place, each
+ * block's K half streamed once through the exact kernels, which widen f16 in
+ * registers and keep the max over the block's rows) in chunks of consecutive blocks, each
  * chunk scored for every (layer, KV head) item into a [block][item][row]
  * score array, then normalised in place while it is in cache: the chunk's
  * column maxima m_c and e = exp(tau (I - m_c)) with their column sums z_c.
@@ -194,18 +196,39 @@ static void sum_sets(const score_job *job) {
 
 /* ---- block-major pass (decode) ---- */
 
+/* EXACT, block-major: block j's scores for every item. F16 and F32 blocks
+ * in memory are read in place, their K half ([L][H] sections of n rows, in
+ * item order) streamed once front to back; other dtypes and a mapped
+ * agent's blocks go through the block reader. */
+static void exact_row(const score_job *job, const slot *s, size_t j, float *out) {
+    const kvm_score_desc *d = job->d;
+    const kvm_block *blk = &d->mem->blocks[d->cand[j]];
+    const kvmem_dtype dt = d->pool->params.storage_dtype;
+    const size_t R = job->R, D = job->D, n = (size_t)blk->n_tokens;
+    const int in_place = blk->kv && (dt == KVMEM_F16 || dt == KVMEM_F32);
+    for (size_t item = 0; item < job->items; item++) {
+        const float *q = job->qpack + item * R * D;
+        if (!in_place) {
+            exact_block(job, s, q, R, d->cand[j], item, out + item * R);
+            continue;
+        }
+        const void *k = kvm_block_rows(d->pool, blk, 0, (int32_t)(item / job->H), (int32_t)(item % job->H));
+        if (dt == KVMEM_F16) job->kern->exact_f16(q, R, k, n, D, out + item * R);
+        else job->kern->exact_f32(q, R, k, n, D, out + item * R);
+    }
+}
+
 static void bm_chunk(score_job *job, const slot *s, size_t c) {
     const kvm_score_desc *d = job->d;
     const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols, R = job->R;
-    for (size_t j = j0; j < j1; j += BM_GROUP) {
+    for (size_t j = j0; job->exact && j < j1; j++) exact_row(job, s, j, job->sc + j * cols);
+    for (size_t j = j0; !job->exact && j < j1; j += BM_GROUP) {
         const size_t n = KVM_MIN((size_t)BM_GROUP, j1 - j);
         for (size_t item = 0; item < job->items; item++) {
             const int32_t l = (int32_t)(item / job->H), g = (int32_t)(item % job->H);
             const float *q = job->qpack + item * R * job->D;
             float *out = job->sc + j * cols + item * R;
-            if (job->exact) {
-                for (size_t x = 0; x < n; x++) exact_block(job, s, q, R, d->cand[j + x], item, out + x * cols);
-            } else if (job->esz == 2) {
+            if (job->esz == 2) {
                 const uint16_t *bp[BM_GROUP];
                 for (size_t x = 0; x < n; x++) bp[x] = kvm_block_aabb(d->pool, d->mem, d->cand[j + x], l, g);
                 job->kern->aabb_rows_f16(q, R, bp, n, job->D, out, cols);
