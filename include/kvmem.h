@@ -299,7 +299,11 @@ typedef struct kvmem_pool_params {
     size_t struct_size; /* sizeof(kvmem_pool_params), set by kvmem_pool_default_params() */
     int32_t block_size;          /* tokens per block: power of two in [1, 4096]; default 16 */
     kvmem_dtype storage_dtype;   /* F32, F16 (default), BF16, Q8, Q4 or Q4_KIVI (see "Persistence") */
-    uint64_t capacity_bytes;     /* KV bytes the pool may hold in host memory; 0 = unlimited */
+    uint64_t capacity_bytes;     /* KV bytes the pool may hold in host memory; 0 = unlimited.
+                                    Freed blocks the pool keeps for its next load or append
+                                    (at most as many bytes as its agents hold; freed when the
+                                    pool is) count against it and give way to every
+                                    reservation */
     int32_t max_agents;          /* agents the pool may hold; 0 = unlimited */
     int32_t max_tokens_per_agent;/* 0 = unlimited */
     const char *store_dir;       /* an existing directory where agents persist (one
@@ -340,7 +344,8 @@ KVMEM_API kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_s
 KVMEM_API void kvmem_pool_free(kvmem_pool *pool);
 
 typedef struct kvmem_pool_info {
-    uint64_t used_bytes;     /* KV and AABB bytes held */
+    uint64_t used_bytes;     /* KV and AABB bytes held by agents (freed blocks kept for
+                                reuse not counted: see capacity_bytes) */
     uint64_t capacity_bytes; /* 0 = unlimited */
     int32_t n_agents;
     int32_t block_size;

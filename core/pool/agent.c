@@ -133,17 +133,25 @@ size_t kvm_tail_bytes(const kvmem_pool *p) {
 }
 
 /* Grow the block table and AABB array to hold `need` sealed blocks. */
-int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
+int kvm_agent_grow_blocks(kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
     if (need <= m->cap_blocks) return 1;
-    size_t per = kvm_aabb_block_bytes(p), nc, ab;
+    size_t per = kvm_aabb_block_bytes(p), nc, ab, got = 0;
     if (need < 0 || !kvm_grow_cap((size_t)m->cap_blocks, (size_t)need, 16, INT32_MAX, sizeof(kvm_block), &nc) ||
         !kvm_mul_size(nc, per, &ab))
         return 0;
+    void *na = kvm_aabb_take(p, ab, &got);
+    if (na) nc = KVM_MIN(got / per, (size_t)INT32_MAX); /* all of it: later growth fits */
+    else if (!(na = kvm_aligned_alloc(ab))) return 0;
     kvm_block *nb = kvm_realloc(m->blocks, nc * sizeof *nb);
-    if (!nb) return 0;
+    if (!nb) {
+        kvm_agent_mem tmp;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.aabb = na;
+        tmp.cap_blocks = (int32_t)nc;
+        kvm_agent_mem_release(p, &tmp); /* back to the spare slot */
+        return 0;
+    }
     m->blocks = nb;
-    void *na = kvm_aligned_alloc(ab);
-    if (!na) return 0;
     if (m->n_sealed) memcpy(na, m->aabb, (size_t)m->n_sealed * per);
     kvm_aligned_free(m->aabb);
     m->aabb = na;
@@ -274,13 +282,14 @@ static kvmem_status agent_append_taken(kvmem_agent *a, const kvmem_tensor *k, co
     int ok = kvs != NULL && (!need_tail || new_tail) && kvm_add_size(m->text_len, ap.text_len, &text_need) &&
              kvm_agent_grow_blocks(p, m, m->n_sealed + n_new) && kvm_agent_grow_tokens(m, m->n_tokens + T) &&
              kvm_agent_grow_text(m, text_need);
-    size_t kv_bytes = kvm_block_kv_bytes(p, BS);
-    for (int32_t i = 0; ok && i < n_new; i++) ok = (kvs[i] = kvm_aligned_alloc(kv_bytes)) != NULL;
+    for (int32_t i = 0; ok && i < n_new; i++) ok = (kvs[i] = kvm_block_alloc(p, BS)) != NULL;
     st = ok ? kvm_pool_reserve(p, need)
             : kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_append: out of memory for %lld tokens (%d new blocks)", (long long)T, n_new);
     if (st != KVMEM_OK) {
-        if (kvs)
-            for (int32_t i = 0; i < n_new; i++) kvm_aligned_free(kvs[i]);
+        for (int32_t i = 0; kvs && i < n_new; i++) {
+            kvm_block b = {0, BS, 0, kvs[i], NULL};
+            kvm_block_free(p, &b, 1);
+        }
         kvm_free(kvs);
         kvm_aligned_free(new_tail);
         kvm_free(bad_tok);
@@ -352,16 +361,16 @@ static kvmem_status agent_flush_taken(kvmem_agent *a) {
     kvm_agent_mem *m = a->mem;
     if (m->tail_n == 0) return KVMEM_OK;
     uint64_t need = kvm_block_bytes(p, m->tail_n);
-    size_t kv_bytes = kvm_block_kv_bytes(p, m->tail_n);
-    void *kv = kvm_aligned_alloc(kv_bytes);
-    if (!kv || !kvm_agent_grow_blocks(p, m, m->n_sealed + 1)) {
-        kvm_aligned_free(kv);
+    kvm_block nb = {m->n_tokens - m->tail_n, m->tail_n, 0, kvm_block_alloc(p, m->tail_n), NULL};
+    if (!nb.kv || !kvm_agent_grow_blocks(p, m, m->n_sealed + 1)) {
+        kvm_block_free(p, &nb, 1);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_flush: out of memory for a block of %d tokens", m->tail_n);
     }
     if ((st = kvm_pool_reserve(p, need)) != KVMEM_OK) { /* after allocating: a spill is the last thing done */
-        kvm_aligned_free(kv);
+        kvm_block_free(p, &nb, 1);
         return st;
     }
+    void *kv = nb.kv;
     int32_t b = m->n_sealed;
     seal_into(p, m->tail, m->tail_n, kv, kvm_block_aabb(p, m, b, 0, 0));
     m->blocks[b].first_token = m->n_tokens - m->tail_n;
@@ -649,11 +658,9 @@ static kvmem_status agent_truncate_taken(kvmem_agent *a, int64_t n) {
                                                      (size_t)BS * D);
     }
     uint64_t freed = 0;
-    for (int32_t i = keep_blocks; i < m->n_sealed; i++) {
-        freed += kvm_block_bytes(p, m->blocks[i].n_tokens);
-        kvm_aligned_free(m->blocks[i].kv);
-        m->blocks[i].kv = NULL;
-    }
+    for (int32_t i = keep_blocks; i < m->n_sealed; i++) freed += kvm_block_bytes(p, m->blocks[i].n_tokens);
+    kvm_pool_unreserve(p, freed); /* first: the spare list's bound follows the bytes held */
+    kvm_block_free(p, m->blocks + keep_blocks, m->n_sealed - keep_blocks);
     kvm_resident_drop(m); /* rebuilt from the host on the next device call */
     m->n_sealed = keep_blocks;
     m->tail_n = new_tail_n;
@@ -664,7 +671,6 @@ static kvmem_status agent_truncate_taken(kvmem_agent *a, int64_t n) {
     m->n_tokens = n;
     m->bytes -= freed;
     m->dirty = 1;
-    kvm_pool_unreserve(p, freed);
     return KVMEM_OK;
 }
 

@@ -780,9 +780,10 @@ static int cmp_begin(const void *a, const void *b) {
     return (x->end > y->end) - (x->end < y->end);
 }
 
-static void fresh_free(kvm_agent_mem *f) {
+static void fresh_free(kvmem_pool *p, kvm_agent_mem *f) {
     if (!f) return;
-    kvm_agent_mem_clear(f);
+    if (f->mapped) kvm_agent_mem_clear(f); /* no block memory: its KV stays in the file */
+    else kvm_agent_mem_release(p, f);
     kvm_free(f);
 }
 
@@ -794,6 +795,7 @@ typedef struct loadstate {
     int32_t *block_n;
     float *aabb1; /* version 1: the f32 AABBs as read, before conversion */
     kvm_agent_mem *fresh;
+    kvmem_pool *pool;
 } loadstate;
 
 static void ls_free(loadstate *s) {
@@ -803,7 +805,7 @@ static void ls_free(loadstate *s) {
     kvm_free(s->order);
     kvm_free(s->block_n);
     kvm_aligned_free(s->aabb1);
-    fresh_free(s->fresh);
+    fresh_free(s->pool, s->fresh);
 }
 
 static const char *meta_str(const kvm_json_doc *d, const kvm_json *meta, const char *key, size_t *len) {
@@ -999,6 +1001,7 @@ static kvmem_status parse_file(kvmem_pool *p, kvm_store_reader *r, uint64_t size
     kvm_mapped *mp = NULL;
     loadstate s;
     memset(&s, 0, sizeof s);
+    s.pool = p;
     kvmem_status st;
     *out = NULL;
     unsigned char len8[8] = {0};
@@ -1137,7 +1140,7 @@ static kvmem_status parse_file(kvmem_pool *p, kvm_store_reader *r, uint64_t size
         f->blocks[i].n_tokens = s.block_n[i];
         f->blocks[i].reserved = 0;
         f->blocks[i].map = mp;
-        f->blocks[i].kv = mapped ? NULL : kvm_aligned_alloc(kvm_block_kv_bytes(p, s.block_n[i]));
+        f->blocks[i].kv = mapped ? NULL : kvm_block_alloc(p, s.block_n[i]);
         if (!mapped && !f->blocks[i].kv) ok = 0; /* every byte but section padding (never read) is written below */
         f->n_sealed = (int32_t)i + 1;
         first += s.block_n[i];

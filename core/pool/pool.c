@@ -103,9 +103,110 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     return KVMEM_OK;
 }
 
-void kvm_agent_mem_clear(kvm_agent_mem *m) {
-    kvm_resident_drop(m);
-    for (int32_t i = 0; i < m->n_sealed; i++) kvm_aligned_free(m->blocks[i].kv);
+/* ---- block memory (pool.h) ---- */
+
+static size_t full_block_bytes(const kvmem_pool *p) { return kvm_block_kv_bytes(p, p->params.block_size); }
+
+uint64_t kvm_pool_spare_limit(const kvmem_pool *p) {
+    uint64_t lim = p->used_bytes, cap = p->params.capacity_bytes, bud = p->store ? p->params.host_budget_bytes : 0;
+    if (cap) lim = KVM_MIN(lim, cap > p->used_bytes ? cap - p->used_bytes : 0);
+    if (bud) lim = KVM_MIN(lim, bud > p->used_bytes ? bud - p->used_bytes : 0);
+    return lim;
+}
+
+/* Pop spare memory (the AABB array first, then blocks) until the pool
+ * keeps at most `keep` bytes, onto *drop (a list for free_list once the
+ * mutex is released). Mutex held. */
+static void spare_trim(kvmem_pool *p, uint64_t keep, void **drop) {
+    const uint64_t full = full_block_bytes(p);
+    if (p->spare_aabb && p->spare_bytes + p->spare_aabb_bytes > keep) {
+        *(void **)p->spare_aabb = *drop;
+        *drop = p->spare_aabb;
+        p->spare_aabb = NULL;
+        p->spare_aabb_bytes = 0;
+    }
+    while (p->spare && p->spare_bytes > keep) {
+        void *b = p->spare;
+        p->spare = *(void **)b;
+        p->spare_bytes -= full;
+        *(void **)b = *drop;
+        *drop = b;
+    }
+}
+
+void *kvm_aabb_take(kvmem_pool *p, size_t bytes, size_t *got) {
+    pthread_mutex_lock(&p->mu);
+    void *a = NULL;
+    if (p->spare_aabb && p->spare_aabb_bytes >= bytes) {
+        a = p->spare_aabb;
+        *got = (size_t)p->spare_aabb_bytes;
+        p->spare_aabb = NULL;
+        p->spare_aabb_bytes = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return a;
+}
+
+/* Keep a (bytes) as the spare AABB array when it is larger than the one
+ * kept and fits the bound; else free it (or the one it replaces). */
+static void aabb_give(kvmem_pool *p, void *a, uint64_t bytes) {
+    void *drop = a;
+    pthread_mutex_lock(&p->mu);
+    if (bytes > p->spare_aabb_bytes && bytes >= sizeof(void *) && p->spare_bytes + bytes <= kvm_pool_spare_limit(p)) {
+        drop = p->spare_aabb;
+        p->spare_aabb = a;
+        p->spare_aabb_bytes = bytes;
+    }
+    pthread_mutex_unlock(&p->mu);
+    kvm_aligned_free(drop);
+}
+
+static void free_list(void *b) {
+    while (b) {
+        void *next = *(void **)b;
+        kvm_aligned_free(b);
+        b = next;
+    }
+}
+
+void *kvm_block_alloc(kvmem_pool *p, int32_t n_tokens) {
+    if (n_tokens == p->params.block_size) {
+        pthread_mutex_lock(&p->mu);
+        void *b = p->spare;
+        if (b) {
+            p->spare = *(void **)b;
+            p->spare_bytes -= full_block_bytes(p);
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (b) return b;
+    }
+    return kvm_aligned_alloc(kvm_block_kv_bytes(p, n_tokens));
+}
+
+void kvm_block_free(kvmem_pool *p, kvm_block *blocks, int32_t n) {
+    const uint64_t full = full_block_bytes(p);
+    void *drop = NULL;
+    pthread_mutex_lock(&p->mu);
+    const uint64_t lim = kvm_pool_spare_limit(p);
+    for (int32_t i = 0; i < n; i++) {
+        void *b = blocks[i].kv;
+        if (!b) continue;
+        blocks[i].kv = NULL;
+        if (blocks[i].n_tokens == p->params.block_size && p->spare_bytes + p->spare_aabb_bytes + full <= lim) {
+            *(void **)b = p->spare;
+            p->spare = b;
+            p->spare_bytes += full;
+        } else {
+            *(void **)b = drop;
+            drop = b;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    free_list(drop);
+}
+
+/* Everything but the blocks' KV memory. */
+static void mem_clear_rest(kvm_agent_mem *m) {
     kvm_free(m->blocks);
     kvm_aligned_free(m->aabb);
     kvm_aligned_free(m->tail);
@@ -125,6 +226,20 @@ void kvm_agent_mem_clear(kvm_agent_mem *m) {
     m->bytes = 0;
 }
 
+void kvm_agent_mem_clear(kvm_agent_mem *m) {
+    kvm_resident_drop(m);
+    for (int32_t i = 0; i < m->n_sealed; i++) kvm_aligned_free(m->blocks[i].kv);
+    mem_clear_rest(m);
+}
+
+void kvm_agent_mem_release(kvmem_pool *p, kvm_agent_mem *m) {
+    kvm_resident_drop(m);
+    kvm_block_free(p, m->blocks, m->n_sealed);
+    if (m->aabb) aabb_give(p, m->aabb, (uint64_t)m->cap_blocks * kvm_aabb_block_bytes(p));
+    m->aabb = NULL;
+    mem_clear_rest(m);
+}
+
 static void agent_mem_free(kvm_agent_mem *m) {
     if (!m) return;
     kvm_agent_mem_clear(m);
@@ -134,8 +249,11 @@ static void agent_mem_free(kvm_agent_mem *m) {
 void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh) {
     pthread_mutex_lock(&p->mu);
     p->used_bytes -= m->bytes;
+    void *drop = NULL;
+    spare_trim(p, kvm_pool_spare_limit(p), &drop);
     pthread_mutex_unlock(&p->mu);
-    kvm_agent_mem_clear(m);
+    free_list(drop);
+    kvm_agent_mem_release(p, m); /* the next load of a same-sized agent reuses its blocks */
     m->n_tokens = fresh->n_tokens;
     m->blocks = fresh->blocks;
     m->n_sealed = fresh->n_sealed;
@@ -199,14 +317,21 @@ kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
                         p->store ? " and no closed agent left to spill" : "");
     }
     p->used_bytes += bytes;
+    /* spare memory never makes an agent spill: it gives way here */
+    void *drop = NULL;
+    spare_trim(p, kvm_pool_spare_limit(p), &drop);
     pthread_mutex_unlock(&p->mu);
+    free_list(drop);
     return KVMEM_OK;
 }
 
 void kvm_pool_unreserve(kvmem_pool *p, uint64_t bytes) {
     pthread_mutex_lock(&p->mu);
     p->used_bytes -= bytes;
+    void *drop = NULL;
+    spare_trim(p, kvm_pool_spare_limit(p), &drop);
     pthread_mutex_unlock(&p->mu);
+    free_list(drop);
 }
 
 void kvmem_pool_free(kvmem_pool *p) {
@@ -216,6 +341,8 @@ void kvmem_pool_free(kvmem_pool *p) {
         agent_mem_free(p->agents[i]);
     }
     for (int32_t i = 0; i < KVM_GRAVEYARD; i++) kvm_free(p->graveyard[i]);
+    free_list(p->spare);
+    kvm_aligned_free(p->spare_aabb);
     kvm_store_free(p->store);
     kvm_free(p->agents);
     kvm_free(p->layer_window);
@@ -424,7 +551,10 @@ kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn,
     pthread_mutex_lock(&p->mu);
     if ((st = adopt_check(p, fresh->id, fn, &at)) != KVMEM_OK) {
         p->used_bytes -= fresh->bytes;
+        void *drop = NULL;
+        spare_trim(p, kvm_pool_spare_limit(p), &drop);
         pthread_mutex_unlock(&p->mu);
+        free_list(drop);
         kvm_free(h);
         return st;
     }
@@ -489,6 +619,8 @@ void kvmem_agent_close(kvmem_agent *a) {
     uint64_t budget = p->params.host_budget_bytes;
     while (p->store && budget && p->used_bytes > budget && spill_one(p) == KVMEM_OK) {
     }
+    void *drop = NULL;
+    spare_trim(p, kvm_pool_spare_limit(p), &drop);
     /* keep the handle inert for a while so a late call gets KVMEM_ERR_CLOSED
      * (released first: once in the graveyard another close may free it) */
     kvm_agent_leave(a);
@@ -496,6 +628,7 @@ void kvmem_agent_close(kvmem_agent *a) {
     p->graveyard[p->grave_next] = a;
     p->grave_next = (p->grave_next + 1) % KVM_GRAVEYARD;
     pthread_mutex_unlock(&p->mu);
+    free_list(drop);
 }
 
 const char *kvmem_agent_get_id(const kvmem_agent *a) {
@@ -532,7 +665,11 @@ kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {
     memmove(p->agents + at, p->agents + at + 1, (size_t)(p->n_agents - at - 1) * sizeof *p->agents);
     p->n_agents--;
     p->used_bytes -= m->bytes;
+    void *drop = NULL;
+    spare_trim(p, kvm_pool_spare_limit(p), &drop);
     pthread_mutex_unlock(&p->mu);
-    agent_mem_free(m);
+    free_list(drop);
+    kvm_agent_mem_release(p, m);
+    kvm_free(m);
     return KVMEM_OK;
 }

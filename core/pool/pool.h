@@ -87,6 +87,12 @@ struct kvmem_pool {
     int32_t grave_next;
     struct kvm_store *store; /* persistence tier, or NULL */
     uint64_t tick;
+    /* freed full blocks kept for reuse (kvm_block_alloc), a stack linked
+     * through each buffer's first pointer, and their bytes; under mu */
+    void *spare;
+    uint64_t spare_bytes;
+    void *spare_aabb; /* one freed AABB array (kvm_agent_grow_blocks), its bytes in spare_aabb_bytes */
+    uint64_t spare_aabb_bytes;
 };
 
 /* Validate a handle: KVMEM_OK, or KVMEM_ERR_INVALID_ARG / KVMEM_ERR_CLOSED
@@ -179,6 +185,35 @@ kvmem_status kvm_mapped_check(const kvm_agent_mem *m, kvmem_status st, const cha
 /* Bytes of KV storage (no AABB) of a block of n tokens in the pool's dtype. */
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens);
 
+/* ---- block memory ----
+ * KV memory of a sealed block of n tokens (kvm_block_kv_bytes, 64-byte
+ * aligned): a full block (block_size tokens) comes from the pool's spare
+ * list when it holds one, else from kvm_aligned_alloc; NULL when out of
+ * memory (the caller says what for). kvm_block_free returns the KV memory
+ * of n blocks (NULL kv skipped): full ones go to the spare list while it
+ * stays within kvm_pool_spare_limit, the rest to the allocator.
+ * Why: memory the process gets afresh is faulted in 4 KiB at a time as a
+ * load or append writes it (about 1.4 us a fault on this KVM guest: 190 ms
+ * of a 250 ms first load of 570 MB), and whether glibc hands a freed 2 MiB
+ * block back or unmaps it depends on what else the process allocated in
+ * between; blocks a replace, truncate or removal frees are what the next
+ * load or append of the pool needs. Both take the pool's mutex: never call
+ * them holding it. */
+void *kvm_block_alloc(kvmem_pool *p, int32_t n_tokens);
+void kvm_block_free(kvmem_pool *p, kvm_block *blocks, int32_t n);
+/* The spare list's bound (mutex held): no more than the agents hold (so
+ * at most twice the live data in all) and within what capacity_bytes and,
+ * with a store, host_budget_bytes leave: spare memory counts against both
+ * and gives way to every reservation (it never makes an agent spill).
+ * kvmem_pool_free frees it. */
+uint64_t kvm_pool_spare_limit(const kvmem_pool *p);
+/* The same for AABB arrays ([cap_blocks][L][H][2][D], 32 MiB for 256
+ * blocks of Llama-8B: above glibc's mmap threshold, so mmapped and faulted
+ * in afresh by every load, 8k faults or 12 ms of a 60 ms reload): the
+ * pool keeps the largest one an agent released. kvm_aabb_take returns it
+ * when it holds at least `bytes` (its size in *got), else NULL. */
+void *kvm_aabb_take(kvmem_pool *p, size_t bytes, size_t *got);
+
 /* ---- for the agent file format (agent_file.c, persist.c) ---- */
 
 /* Bytes of the f32 tail staging buffer. */
@@ -187,8 +222,10 @@ size_t kvm_tail_bytes(const kvmem_pool *p);
  * first spills closed agents (least recently used first) to make room. */
 kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes);
 void kvm_pool_unreserve(kvmem_pool *p, uint64_t bytes);
-/* Free an agent's memory contents (not the struct). */
+/* Free an agent's memory contents (not the struct). kvm_agent_mem_release:
+ * the same, its blocks through kvm_block_free (not with p's mutex held). */
 void kvm_agent_mem_clear(kvm_agent_mem *m);
+void kvm_agent_mem_release(kvmem_pool *p, kvm_agent_mem *m);
 /* Move fresh's contents into m (keeping m's id, handle and tick), free m's
  * old contents and fresh itself; `fresh_bytes` were reserved by the caller,
  * m's old bytes are released. Cannot fail. */
@@ -199,7 +236,7 @@ void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh
  * bytes do not fit (the id checks come first). */
 kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn, kvmem_agent **out);
 /* Grow helpers (0 on allocation failure, nothing changed). */
-int kvm_agent_grow_blocks(const kvmem_pool *p, kvm_agent_mem *m, int32_t need);
+int kvm_agent_grow_blocks(kvmem_pool *p, kvm_agent_mem *m, int32_t need);
 int kvm_agent_grow_tokens(kvm_agent_mem *m, int64_t need);
 int kvm_agent_grow_text(kvm_agent_mem *m, size_t need);
 

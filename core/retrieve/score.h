@@ -59,6 +59,15 @@ typedef struct kvm_score_kernels {
     void (*col_exp_sum)(float *x, size_t n, size_t ld, size_t cols, const float *m, float tau, float *z);
     /* sum_i a[i] * b[i], f32 lanes (order differs by table). */
     float (*dot)(const float *a, const float *b, size_t n);
+    /* EXACT on one stored section of keys, for few query rows (decode):
+     *   out[r] = max_{i < n} sum_d q[r * D + d] * k[i * D + d],  r < R,
+     * q [R][D] raw query rows, k [n][D] contiguous key rows as the pool
+     * stores them: f16 (exact_f16) or f32 (exact_f32). The keys are
+     * widened in registers and each key row meets every query row of the
+     * KV head while it is loaded, the max over the rows kept there: one
+     * pass over the stored bytes, no f32 copy. */
+    void (*exact_f16)(const float *q, size_t R, const uint16_t *k, size_t n, size_t D, float *out);
+    void (*exact_f32)(const float *q, size_t R, const float *k, size_t n, size_t D, float *out);
 } kvm_score_kernels;
 
 const kvm_score_kernels *kvm_score_kernels_scalar(void);
@@ -76,8 +85,9 @@ const kvm_score_kernels *kvm_score_kernels_get(void);
  * the set's (layer, query head) pairs:
  *   out[s * n_cand + j] = sum_{l in set s} sum_{hq} agg_t p_t(l, hq, cand[j]).
  * Sets: n_sets 1 (GLOBAL, every layer) or n_layers (PER_LAYER, set s =
- * layer s). Reads the agent's AABBs (AABB mode) or its keys through
- * kvm_block_read_f32 (EXACT mode). */
+ * layer s). Reads the agent's AABBs (AABB mode) or its keys (EXACT mode:
+ * F16 and F32 blocks in place through exact_f16 / exact_f32 when few query
+ * rows are scored, others through kvm_block_read_f32). */
 typedef struct kvm_score_desc {
     const kvmem_pool *pool;
     const kvm_agent_mem *mem;

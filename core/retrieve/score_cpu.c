@@ -1,7 +1,9 @@
 /* The CPU backend's retrieval scoring (op aabb_score) and top-k (op topk).
  *
  * Decode-sized problems (few query rows) run BLOCK-MAJOR: one pass over the
- * candidates' boxes (or keys, EXACT) in chunks of consecutive blocks, each
+ * candidates' boxes (or keys, EXACT: F16 and F32 blocks read in place, each
+ * block's K half streamed once through the exact kernels, which widen f16 in
+ * registers and keep the max over the block's rows) in chunks of consecutive blocks, each
  * chunk scored for every (layer, KV head) item into a [block][item][row]
  * score array, then normalised in place while it is in cache: the chunk's
  * column maxima m_c and e = exp(tau (I - m_c)) with their column sums z_c.
@@ -80,9 +82,8 @@ static int rank_cmp(const void *a, const void *b) {
 }
 
 typedef struct slot {
-    /* EXACT: keys of one (block, layer, head) and their row scores */
+    /* EXACT: keys of one (block, layer, head) as f32; item-major: their row scores */
     float *kbuf, *tmp;
-    const float **kp;
     /* item-major */
     float *qbuf, *sc, *colm, *boxf;
     const float **bp;
@@ -123,21 +124,6 @@ static void pack_rows(const score_job *job, size_t item, float *dst, int split) 
                 row[D + k] = src[k] < 0.0f ? src[k] : 0.0f;
             }
         }
-}
-
-/* EXACT: out[r] = max_i q_r . k_i over the keys of block cand[j], item (l, g);
- * q rows [R][D], out R floats. */
-static void exact_block(const score_job *job, const slot *s, const float *q, size_t R, int32_t blk_id, size_t item,
-                        float *out) {
-    const kvm_score_desc *d = job->d;
-    const kvm_block *blk = &d->mem->blocks[blk_id];
-    const size_t n = (size_t)blk->n_tokens, D = job->D;
-    kvm_block_read_f32(d->pool, blk, 0, (int32_t)(item / job->H), (int32_t)(item % job->H), 0, blk->n_tokens, s->kbuf);
-    for (size_t i = 0; i < n; i++) s->kp[i] = s->kbuf + i * D;
-    job->kern->rows(q, R, s->kp, n, D, s->tmp, R);
-    memcpy(out, s->tmp, R * sizeof(float));
-    for (size_t i = 1; i < n; i++)
-        for (size_t r = 0; r < R; r++) out[r] = s->tmp[i * R + r] > out[r] ? s->tmp[i * R + r] : out[r];
 }
 
 /* Per-token normalisation of one item's scores sc[n_cand][ldo] (rows r < R)
@@ -194,18 +180,44 @@ static void sum_sets(const score_job *job) {
 
 /* ---- block-major pass (decode) ---- */
 
+/* EXACT, block-major: block j's scores for every item. F16 and F32 blocks
+ * in memory are read in place, their K half ([L][H] sections of n rows, in
+ * item order) streamed once front to back; other dtypes and a mapped
+ * agent's blocks are decoded section by section through the block reader
+ * into the slot's buffer, then scored by exact_f32 (the same arithmetic as
+ * exact_f16 on the widened values: a mapped agent scores bit for bit as
+ * the loaded one). */
+static void exact_row(const score_job *job, const slot *s, size_t j, float *out) {
+    const kvm_score_desc *d = job->d;
+    const kvm_block *blk = &d->mem->blocks[d->cand[j]];
+    const kvmem_dtype dt = d->pool->params.storage_dtype;
+    const size_t R = job->R, D = job->D, n = (size_t)blk->n_tokens;
+    const int in_place = blk->kv && (dt == KVMEM_F16 || dt == KVMEM_F32);
+    for (size_t item = 0; item < job->items; item++) {
+        const float *q = job->qpack + item * R * D;
+        const int32_t l = (int32_t)(item / job->H), g = (int32_t)(item % job->H);
+        if (!in_place) {
+            kvm_block_read_f32(d->pool, blk, 0, l, g, 0, blk->n_tokens, s->kbuf);
+            job->kern->exact_f32(q, R, s->kbuf, n, D, out + item * R);
+        } else if (dt == KVMEM_F16) {
+            job->kern->exact_f16(q, R, kvm_block_rows(d->pool, blk, 0, l, g), n, D, out + item * R);
+        } else {
+            job->kern->exact_f32(q, R, kvm_block_rows(d->pool, blk, 0, l, g), n, D, out + item * R);
+        }
+    }
+}
+
 static void bm_chunk(score_job *job, const slot *s, size_t c) {
     const kvm_score_desc *d = job->d;
     const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols, R = job->R;
-    for (size_t j = j0; j < j1; j += BM_GROUP) {
+    for (size_t j = j0; job->exact && j < j1; j++) exact_row(job, s, j, job->sc + j * cols);
+    for (size_t j = j0; !job->exact && j < j1; j += BM_GROUP) {
         const size_t n = KVM_MIN((size_t)BM_GROUP, j1 - j);
         for (size_t item = 0; item < job->items; item++) {
             const int32_t l = (int32_t)(item / job->H), g = (int32_t)(item % job->H);
             const float *q = job->qpack + item * R * job->D;
             float *out = job->sc + j * cols + item * R;
-            if (job->exact) {
-                for (size_t x = 0; x < n; x++) exact_block(job, s, q, R, d->cand[j + x], item, out + x * cols);
-            } else if (job->esz == 2) {
+            if (job->esz == 2) {
                 const uint16_t *bp[BM_GROUP];
                 for (size_t x = 0; x < n; x++) bp[x] = kvm_block_aabb(d->pool, d->mem, d->cand[j + x], l, g);
                 job->kern->aabb_rows_f16(q, R, bp, n, job->D, out, cols);
@@ -379,8 +391,7 @@ static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major
         memset(&s, 0, sizeof s);
         if (job->exact) {
             s.kbuf = kvm_carve_take(c, kr, D * sizeof(float));
-            s.tmp = kvm_carve_take(c, kr, (block_major ? R : job->ldo) * sizeof(float));
-            s.kp = kvm_carve_take(c, kr, sizeof(float *));
+            if (!block_major) s.tmp = kvm_carve_take(c, kr, job->ldo * sizeof(float));
         }
         if (!block_major) {
             s.qbuf = kvm_carve_take(c, job->K, job->ldo * sizeof(float));

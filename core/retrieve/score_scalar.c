@@ -74,7 +74,32 @@ static float s_dot(const float *a, const float *b, size_t n) {
     return s;
 }
 
+static void s_exact_f16(const float *q, size_t R, const uint16_t *k, size_t n, size_t D, float *out) {
+    for (size_t r = 0; r < R; r++) {
+        float m = -INFINITY;
+        for (size_t i = 0; i < n; i++) {
+            float s = 0.0f;
+            for (size_t d = 0; d < D; d++) s += q[r * D + d] * kvm_f16_to_f32(k[i * D + d]);
+            m = s > m ? s : m;
+        }
+        out[r] = m;
+    }
+}
+
+static void s_exact_f32(const float *q, size_t R, const float *k, size_t n, size_t D, float *out) {
+    for (size_t r = 0; r < R; r++) {
+        float m = -INFINITY;
+        for (size_t i = 0; i < n; i++) {
+            float s = 0.0f;
+            for (size_t d = 0; d < D; d++) s += q[r * D + d] * k[i * D + d];
+            m = s > m ? s : m;
+        }
+        out[r] = m;
+    }
+}
+
 static const kvm_score_kernels k_scalar = {"scalar",          s_panel,     s_rows,          s_exp_neg, 1,
-                                           s_aabb_rows_f16,   s_aabb_rows_f32, s_col_max, s_col_exp_sum, s_dot};
+                                           s_aabb_rows_f16,   s_aabb_rows_f32, s_col_max, s_col_exp_sum, s_dot,
+                                           s_exact_f16,       s_exact_f32};
 
 const kvm_score_kernels *kvm_score_kernels_scalar(void) { return &k_scalar; }

@@ -220,6 +220,60 @@ static void w_aabb_rows_f16(const float *q, size_t R, const uint16_t *const *b, 
     }
 }
 
+/* EXACT on stored keys: each key row widened once into a stack buffer
+ * (f16 as in w_aabb_rows_f16: stored keys are finite), then dotted with
+ * every query row while it is in L1. */
+static void w_exact_f32(const float *q, size_t R, const float *k, size_t n, size_t D, float *out) {
+    const size_t D4 = D & ~(size_t)3;
+    for (size_t r = 0; r < R; r++) out[r] = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        const float *kr = k + i * D;
+        for (size_t r = 0; r < R; r++) {
+            const float *qr = q + r * D;
+            V a0 = VSPLAT(0), a1 = a0;
+            size_t d = 0;
+            for (; d + 8 <= D4; d += 8) {
+                a0 = VMADD(VLOAD(kr + d), VLOAD(qr + d), a0);
+                a1 = VMADD(VLOAD(kr + d + 4), VLOAD(qr + d + 4), a1);
+            }
+            for (; d < D4; d += 4) a0 = VMADD(VLOAD(kr + d), VLOAD(qr + d), a0);
+            float x = hsum(wasm_f32x4_add(a0, a1));
+            for (; d < D; d++) x += qr[d] * kr[d];
+            out[r] = x > out[r] ? x : out[r];
+        }
+    }
+}
+
+static void w_exact_f16(const float *q, size_t R, const uint16_t *k, size_t n, size_t D, float *out) {
+    float row[1024], m[64];
+    const V scale = VSPLAT(0x1p112f);
+    for (size_t r = 0; r < R; r++) out[r] = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t *kr = k + i * D;
+        size_t d = 0;
+        for (; d + 4 <= D; d += 4) {
+            v128_t x = wasm_u32x4_load16x4(kr + d);
+            v128_t mag = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x7fff)), 13);
+            v128_t sign = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16);
+            VSTORE(row + d, wasm_v128_or(wasm_f32x4_mul(mag, scale), sign));
+        }
+        for (; d < D; d++) {
+            uint32_t x = kr[d], bits = (x & 0x7fffu) << 13;
+            float f;
+            memcpy(&f, &bits, 4);
+            f *= 0x1p112f;
+            memcpy(&bits, &f, 4);
+            bits |= (x & 0x8000u) << 16;
+            memcpy(&row[d], &bits, 4);
+        }
+        for (size_t r0 = 0; r0 < R; r0 += 64) { /* rows in groups that fit m */
+            const size_t nr = R - r0 < 64 ? R - r0 : 64;
+            w_exact_f32(q + r0 * D, nr, row, 1, D, m);
+            for (size_t r = 0; r < nr; r++) out[r0 + r] = m[r] > out[r0 + r] ? m[r] : out[r0 + r];
+        }
+    }
+}
+
 static void w_col_max(const float *x, size_t n, size_t ld, size_t cols, float *m) {
     size_t c = 0;
     for (; c + 4 <= cols; c += 4) {
@@ -268,6 +322,7 @@ static float w_dot(const float *a, const float *b, size_t n) {
 /* rows_below 16: a decode step's 4-8 query rows would be padded to a
  * 16-row panel; the row product is faster below that. */
 static const kvm_score_kernels k_wasm128 = {"wasm128",       w_panel,         w_rows,    w_exp_neg,     16,
-                                            w_aabb_rows_f16, w_aabb_rows_f32, w_col_max, w_col_exp_sum, w_dot};
+                                            w_aabb_rows_f16, w_aabb_rows_f32, w_col_max, w_col_exp_sum, w_dot,
+                                            w_exact_f16,     w_exact_f32};
 
 const kvm_score_kernels *kvm_score_kernels_wasm128(void) { return &k_wasm128; }

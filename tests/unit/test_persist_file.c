@@ -7,6 +7,7 @@
 #include "cpu/kernels.h"
 #include "format/hash.h"
 #include "format/json.h"
+#include "pool/pool.h" /* the spare block list: what a reload reuses */
 
 #include <math.h>
 #include <stdio.h>
@@ -475,6 +476,99 @@ static void bad_arguments_change_nothing(void **state) {
     kvmem_context_free(ctx);
 }
 
+/* The pool's spare memory (pool.h) stays within its bound: no more than
+ * the agents hold and within the capacity left. */
+static void spare_within_bound(kvmem_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t spare = p->spare_bytes + p->spare_aabb_bytes, lim = kvm_pool_spare_limit(p), used = p->used_bytes;
+    uint64_t cap = p->params.capacity_bytes, n = 0;
+    for (void *b = p->spare; b; b = *(void **)b) n++;
+    pthread_mutex_unlock(&p->mu);
+    assert_true(n * kvm_block_kv_bytes(p, p->params.block_size) == p->spare_bytes);
+    if (!(spare <= lim && spare <= used && (!cap || used + spare <= cap)))
+        fail_msg("spare %llu bytes, bound %llu, used %llu, capacity %llu", (unsigned long long)spare,
+                 (unsigned long long)lim, (unsigned long long)used, (unsigned long long)cap);
+}
+
+/* A load that replaces an agent frees its old full blocks and AABB array
+ * to the pool, and the next load writes into exactly that memory (no fresh
+ * allocations to fault in); the agent reads back bit for bit after each
+ * reload; short blocks are never kept. The spare memory counts against the
+ * capacity (an append that needs its room gets it, instead of failing) and
+ * shrinks with the live data (truncate, remove). */
+static void reloads_reuse_freed_blocks_within_the_pool_bound(void **state) {
+    (void)state;
+    const int32_t L = 2, D = 64;
+    kvmem_context *ctx = tu_context(2);
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, NULL, 0, 0);
+    const size_t full = kvm_block_kv_bytes(p, 8);
+    kvmem_agent *a;
+    assert_ok(kvmem_agent_open(p, "a", &a));
+    fill_agent(a, L, D, 45, 3);       /* 5 full blocks + a tail of 5 */
+    assert_ok(kvmem_agent_flush(a)); /* a short sealed block */
+    fill_agent(a, L, D, 3, 4);
+    snap before = take(a, L, D);
+    char path[300];
+    path_of(path, sizeof path, "reuse.safetensors");
+    assert_ok(kvmem_agent_save(a, path));
+    assert_true(p->spare == NULL && p->spare_aabb == NULL);
+    assert_ok(kvmem_agent_load(a, path));
+    assert_int_equal(p->spare_bytes, 5 * full); /* the old agent's full blocks, not its short one */
+    assert_non_null(p->spare_aabb);
+    spare_within_bound(p);
+    void *kept[5], *aabb = p->spare_aabb;
+    int n = 0;
+    for (void *b = p->spare; b; b = *(void **)b) kept[n++] = b;
+    assert_ok(kvmem_agent_load(a, path));
+    for (int32_t i = 0; i < 5; i++) {
+        int found = 0;
+        for (int j = 0; j < 5; j++) found |= a->mem->blocks[i].kv == kept[j];
+        assert_true(found);
+    }
+    assert_ptr_equal(a->mem->aabb, aabb);
+    assert_int_equal(p->spare_bytes, 5 * full);
+    snap after = take(a, L, D);
+    snap_equal(&before, &after, L, D);
+    snap_free(&after);
+    spare_within_bound(p);
+    /* truncating to 2 blocks frees 4 (one short) and the bound follows */
+    assert_ok(kvmem_agent_truncate(a, 16));
+    spare_within_bound(p);
+    kvmem_agent_close(a);
+    assert_ok(kvmem_pool_remove_agent(p, "a"));
+    assert_true(p->spare == NULL && p->spare_bytes == 0 && p->spare_aabb == NULL);
+
+    /* with a capacity: after a reload the pool holds the agent and its spare
+     * memory within the capacity; a second agent whose tail needs the spare
+     * memory's room (no block of it: nothing to reuse) gets it */
+    kvmem_pool_free(p);
+    p = make_pool(ctx, L, D, KVMEM_F16, NULL, 0, 0);
+    assert_ok(kvmem_agent_open(p, "a", &a));
+    assert_ok(kvmem_agent_load(a, path));
+    kvmem_agent_info info;
+    assert_ok(kvmem_agent_get_info(a, &info));
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    const uint64_t one = info.bytes, cap = 2 * one + 1024; /* room for the reload's old and new agent */
+    p = make_pool(ctx, L, D, KVMEM_F16, NULL, cap, 0);
+    assert_ok(kvmem_agent_open(p, "a", &a));
+    assert_ok(kvmem_agent_load(a, path));
+    assert_ok(kvmem_agent_load(a, path));
+    spare_within_bound(p);
+    const uint64_t spare = p->spare_bytes + p->spare_aabb_bytes, tail = kvm_tail_bytes(p);
+    assert_true(one + tail <= cap && one + spare + tail > cap);
+    kvmem_agent *b;
+    assert_ok(kvmem_agent_open(p, "b", &b));
+    fill_agent(b, L, D, 3, 9); /* a tail only */
+    spare_within_bound(p);
+    assert_true(p->spare_bytes + p->spare_aabb_bytes < spare);
+    kvmem_agent_close(b);
+    kvmem_agent_close(a);
+    snap_free(&before);
+    kvmem_pool_free(p);
+    kvmem_context_free(ctx);
+}
+
 static void store_spills_lru_closed_agents_and_reloads_them(void **state) {
     (void)state;
     const int32_t L = 2, D = 64;
@@ -693,6 +787,7 @@ int main(void) {
         cmocka_unit_test(loader_refuses_hostile_files_with_the_right_code),
         cmocka_unit_test(spec_dtype_and_agent_mismatches_are_refused),
         cmocka_unit_test(bad_arguments_change_nothing),
+        cmocka_unit_test(reloads_reuse_freed_blocks_within_the_pool_bound),
         cmocka_unit_test(store_spills_lru_closed_agents_and_reloads_them),
         cmocka_unit_test(corrupt_store_file_fails_open_cleanly),
         cmocka_unit_test(json_reader_is_strict),

@@ -133,6 +133,57 @@ static void aabb_row_kernels_equal_the_definition(void **state) {
     }
 }
 
+/* The EXACT kernels on one stored section of keys, f16 and f32, against a
+ * double reference of max_i q_r . k_i written out here: |kernel - reference|
+ * <= 1e-5 * max_i sum_d |q_d k_id|, for every table, row counts that fill
+ * tiles of 4 rows and leave 1-3, key counts that leave tile remainders,
+ * head sizes with and without a vector tail, keys at unaligned addresses,
+ * and a row whose best key is not the first (the max really is taken). */
+static void exact_kernels_equal_the_definition(void **state) {
+    (void)state;
+    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const size_t Rs[] = {1, 2, 3, 4, 5, 8, 13}, ns[] = {1, 2, 3, 4, 5, 7, 16, 17}, Ds[] = {8, 24, 64, 72, 128};
+    uint64_t rng = 43;
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        for (size_t a = 0; a < sizeof Rs / sizeof *Rs; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+                for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
+                    const size_t R = Rs[a], n = ns[b], D = Ds[c];
+                    float *q = malloc(R * D * 4), *kf = malloc(n * D * 4 + 64), *o16 = malloc(R * 4), *o32 = malloc(R * 4);
+                    uint16_t *kh = malloc(n * D * 2 + 64);
+                    for (size_t i = 0; i < R * D; i++) q[i] = tu_normal(&rng);
+                    for (size_t i = 0; i < n * D; i++) { /* f16 keys hold f16 values: the same keys in both types */
+                        kh[1 + i] = kvm_f32_to_f16(tu_normal(&rng) * 2.0f);
+                        kf[1 + i] = kvm_f16_to_f32(kh[1 + i]);
+                    }
+                    if (n > 1) /* the last key of the first row's best direction: the max is not row 0 */
+                        for (size_t d = 0; d < D; d++) kh[1 + (n - 1) * D + d] = kvm_f32_to_f16(8.0f * q[d]),
+                                                       kf[1 + (n - 1) * D + d] = kvm_f16_to_f32(kh[1 + (n - 1) * D + d]);
+                    tabs[t]->exact_f16(q, R, kh + 1, n, D, o16);
+                    tabs[t]->exact_f32(q, R, kf + 1, n, D, o32);
+                    for (size_t r = 0; r < R; r++) {
+                        double ref = -INFINITY, mag = 0;
+                        size_t best = 0;
+                        for (size_t i = 0; i < n; i++) {
+                            double s = 0, m = 0;
+                            for (size_t d = 0; d < D; d++) {
+                                s += (double)q[r * D + d] * kf[1 + i * D + d];
+                                m += fabs((double)q[r * D + d] * kf[1 + i * D + d]);
+                            }
+                            if (s > ref) ref = s, best = i;
+                            mag = fmax(mag, m);
+                        }
+                        if (r == 0 && n > 1) assert_int_equal(best, n - 1);
+                        if (!(fabs(o16[r] - ref) <= 1e-5 * mag + 1e-30) || !(fabs(o32[r] - ref) <= 1e-5 * mag + 1e-30))
+                            fail_msg("%s exact R=%zu n=%zu D=%zu row %zu: f16 %g, f32 %g, reference %g", tabs[t]->name, R,
+                                     n, D, r, (double)o16[r], (double)o32[r], ref);
+                    }
+                    free(q), free(kf), free(o16), free(o32), free(kh);
+                }
+    }
+}
+
 /* The fused softmax's column operations and the dot product, every table
  * against plain loops: col_max exactly, col_exp_sum and dot within f32
  * rounding (exp_neg's accuracy; sums in another order). */
@@ -365,6 +416,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(simd_kernels_equal_scalar),
         cmocka_unit_test(aabb_row_kernels_equal_the_definition),
+        cmocka_unit_test(exact_kernels_equal_the_definition),
         cmocka_unit_test(column_kernels_equal_plain_loops),
         cmocka_unit_test(vector_exp_is_accurate),
         cmocka_unit_test(aabb_score_bounds_the_best_key),

@@ -191,6 +191,39 @@ static void f16_storage_and_custom_tau_match_the_reference(void **state) {
     unmake(&f);
 }
 
+/* EXACT on every storage dtype, with the few query rows of a decode step
+ * (1 and 2 tokens over G = 4 heads: the block-major pass, which reads F16
+ * and F32 blocks in place and the others through the block reader) and
+ * partial blocks from flushes, against the reference on the keys as the
+ * agent stores them. */
+static void exact_on_every_storage_dtype_matches_the_reference(void **state) {
+    (void)state;
+    const kvmem_dtype dts[] = {KVMEM_F16, KVMEM_F32, KVMEM_BF16, KVMEM_Q8, KVMEM_Q4};
+    const int lens[] = {40, 7, 33, 16};
+    for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
+        fixture f;
+        make(&f, 2, 8, 2, 64, 16, dts[t], lens, 4, 1, 30 + t);
+        uint64_t rng = 17 + t;
+        kvmem_retrieval *r;
+        assert_ok(kvmem_retrieval_create(&r));
+        for (int nq = 1; nq <= 2; nq++) {
+            float *q = rand_query(&f.spec, nq, &rng);
+            kvmem_tensor qt = qview(&f.spec, q, nq);
+            for (int norm = 0; norm < 2; norm++) {
+                kvmem_retrieve_params p = kvmem_retrieve_default_params();
+                p.mode = KVMEM_RETRIEVE_EXACT;
+                p.norm = (kvmem_retrieve_norm)norm;
+                p.top_k = 4;
+                assert_ok(kvmem_retrieve(f.ag, &qt, &p, r));
+                check_against_ref(&f, q, nq, &p, r, 2e-5);
+            }
+            free(q);
+        }
+        kvmem_retrieval_free(r);
+        unmake(&f);
+    }
+}
+
 static void filters_exclude_include_and_recency(void **state) {
     (void)state;
     fixture f;
@@ -475,6 +508,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_mode_matches_the_double_reference),
         cmocka_unit_test(f16_storage_and_custom_tau_match_the_reference),
+        cmocka_unit_test(exact_on_every_storage_dtype_matches_the_reference),
         cmocka_unit_test(filters_exclude_include_and_recency),
         cmocka_unit_test(recall_is_one_when_block_size_is_one),
         cmocka_unit_test(rr_ranks_ties_toward_the_older_block),

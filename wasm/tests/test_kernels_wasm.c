@@ -138,6 +138,29 @@ static void check_score(uint64_t *rng) {
         }
     check(ok, "score aabb_rows (f16 and f32 boxes) vs double", BN);
 
+    /* EXACT on a section of stored keys: max over the rows of q . k, f16
+     * keys (multiples of 1/64, exact in f16) and their f32 twins */
+    enum { EN = 5 };
+    static float ek[EN * BD], e16[BR], e32[BR];
+    static uint16_t ekh[EN * BD];
+    for (size_t i = 0; i < EN * BD; i++) ek[i] = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f;
+    sc->f32_to_f16(ek, ekh, EN * BD);
+    w->exact_f16(bq, BR, ekh, EN, BD, e16);
+    w->exact_f32(bq, BR, ek, EN, BD, e32);
+    ok = 1;
+    for (size_t r = 0; r < BR; r++) {
+        double ref = -INFINITY, mag = 0;
+        for (size_t i = 0; i < EN; i++) {
+            double x = 0, m = 0;
+            for (size_t d = 0; d < BD; d++) x += (double)bq[r * BD + d] * ek[i * BD + d], m += fabs((double)bq[r * BD + d] * ek[i * BD + d]);
+            ref = x > ref ? x : ref;
+            mag = m > mag ? m : mag;
+        }
+        if (fabs(e16[r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6 || fabs(e32[r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6)
+            ok = 0;
+    }
+    check(ok, "score exact (f16 and f32 keys) vs double", BR);
+
     /* the fused softmax's column ops and the dot product */
     enum { CR = 5, CC = 11, CL = 13 };
     static float cx[CR * CL], ce[CR * CL], cm[CL], cz[CL];
