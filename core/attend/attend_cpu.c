@@ -239,6 +239,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
  * at a third of the speed). Row by row, so head-major caches (a head's rows
  * adjacent, heads far apart: HF) fetch exactly what is read, in one run.
  * Masked and dead positions are not touched. */
+static int head_major(const kvm_attend_plan *p);
 static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int down, int32_t h) {
     const kvmem_tensor *t = which ? p->v : p->k;
     const int64_t t0 = p->tile_start[tile], n = p->tile_start[tile + 1] - t0;
@@ -263,6 +264,30 @@ static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int
         const char *a = base + (size_t)((p->slots ? p->slots[q] : q) * t->strides[0]) * es;
         for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(a + x, 0, 3);
     }
+}
+
+/* Prefetch for an item of several KV heads over position-major K or V
+ * ([T][H][D], the heads of a position adjacent): the item's heads of one
+ * position are one run, and the next tile's runs are asked for in slices,
+ * slice `part` of `parts` before head `part`'s kernels, so the requests
+ * spread over the tile's compute instead of queueing at its start. Per head
+ * (prefetch_rows) each request touched a 512-byte piece of every 4-KiB
+ * position: 0.22 of the read bandwidth at 16k tokens, against 0.30 this way
+ * (BENCHMARKS.md, "peers"). Returns 0 (nothing asked) when the heads of a
+ * position are not adjacent. */
+static int prefetch_slice(const kvm_attend_plan *p, int which, int32_t tile, int32_t h0, int32_t h1, int32_t part,
+                          int32_t parts) {
+    const kvmem_tensor *t = which ? p->v : p->k;
+    if (t->strides[2] != 1 || t->strides[1] != p->head_dim) return 0;
+    const int64_t t0 = p->tile_start[tile], n = p->tile_start[tile + 1] - t0;
+    const size_t es = kvm_dtype_size(t->dtype), bytes = (size_t)(h1 - h0) * (size_t)p->head_dim * es;
+    const char *base = (const char *)t->data + (size_t)((int64_t)h0 * t->strides[1]) * es;
+    for (int64_t q = t0 + n * part / parts; q < t0 + n * (part + 1) / parts; q++) {
+        if (!is_live(p, q)) continue;
+        const char *a = base + (size_t)((p->slots ? p->slots[q] : q) * t->strides[0]) * es;
+        for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(a + x, 0, 3);
+    }
+    return 1;
 }
 
 /* Float offsets of an item's scratch arrays, each 64-byte aligned. */
@@ -399,11 +424,17 @@ static void attend_item(attend_job *j, size_t item) {
             if (is_live(p, q)) pos[n++] = q;
         /* the next tile's KV travels to the cache while this one computes */
         const int32_t next = j->prefetch && oi + 1 < p->n_order ? order[oi + 1] : -1;
+        /* every head of the item still reads: its heads' runs are prefetched together */
+        const int sliced = nh > 1 && ha == h0 && hb == h1 && !head_major(p);
         const int down = next >= 0 && next < tile;
         fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
             int pf_k = next >= 0 && !p->logits, pf_v = next >= 0; /* once per head, before its first kernel */
+            if (sliced && next >= 0) { /* this head's slice of the next tile, all the item's heads */
+                if (pf_k && prefetch_slice(p, 0, next, h0, h1, h - h0, nh)) pf_k = 0;
+                if (pf_v && prefetch_slice(p, 1, next, h0, h1, h - h0, nh)) pf_v = 0;
+            }
             const void *const *kr = krow + (size_t)(h - h0) * (size_t)MT;
             const void *const *vr = vrow + (size_t)(h - h0) * (size_t)MT;
             for (int32_t r = 0; r < nr; r++) {
