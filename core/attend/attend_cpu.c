@@ -438,8 +438,12 @@ static void attend_item(attend_job *j, size_t item) {
             if (is_live(p, q)) pos[n++] = q;
         /* the next tile's KV travels to the cache while this one computes */
         const int32_t next = j->prefetch && oi + 1 < p->n_order ? order[oi + 1] : -1;
-        /* every head of the item still reads: its heads' runs are prefetched together */
-        const int sliced = nh > 1 && ha == h0 && hb == h1 && !head_major(p);
+        /* every head of the item still reads: its heads' runs are prefetched
+         * together (f32 rows read in place; 16-bit rows, packed per head by
+         * fetch_rows, ran faster with the per-head requests: 5.1-5.3 ms
+         * against 6.4 at 16k) */
+        const int sliced = next >= 0 && nh > 1 && ha == h0 && hb == h1 && !head_major(p) &&
+                           kvm_dtype_size(p->k->dtype) == 4 && kvm_dtype_size(p->v->dtype) == 4;
         const int down = next >= 0 && next < tile;
         fetch_rows(p, h0, ha, hb, tile, pos, n, MT, kbuf, vbuf, krow, vrow, &rc);
         st->positions_read += (int64_t)n * (hb - ha);
