@@ -192,37 +192,43 @@ static void w_aabb_rows_f32(const float *q, size_t R, const float *const *b, siz
     }
 }
 
-/* f16 boxes: widened block by block into a stack buffer (the boxes are
- * finite, so the shift-and-scale widening is exact), then the f32 kernel. */
+/* n finite halves to f32 (SIMD128 has no f16 conversion): the magnitude's
+ * bits shifted into f32 place and scaled by 2^112 (exact, subnormals
+ * included), the sign or-ed back. Stored boxes and keys are finite, so
+ * infinities and NaNs need no case. */
+static void widen_f16(const uint16_t *h, size_t n, float *out) {
+    const V scale = VSPLAT(0x1p112f);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v128_t x = wasm_u32x4_load16x4(h + i); /* 4 halves zero-extended in one load */
+        v128_t mag = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x7fff)), 13);
+        v128_t sign = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16);
+        VSTORE(out + i, wasm_v128_or(wasm_f32x4_mul(mag, scale), sign));
+    }
+    for (; i < n; i++) {
+        uint32_t x = h[i], bits = (x & 0x7fffu) << 13;
+        float f;
+        memcpy(&f, &bits, 4);
+        f *= 0x1p112f;
+        memcpy(&bits, &f, 4);
+        bits |= (x & 0x8000u) << 16;
+        memcpy(&out[i], &bits, 4);
+    }
+}
+
+/* f16 boxes: widened block by block into a stack buffer, then the f32 kernel. */
 static void w_aabb_rows_f16(const float *q, size_t R, const uint16_t *const *b, size_t n, size_t D, float *out,
                             size_t ldo) {
     float box[2 * 1024];
     const float *bp[1] = {box};
-    const V scale = VSPLAT(0x1p112f);
     for (size_t j = 0; j < n; j++) {
-        size_t i = 0;
-        for (; i + 4 <= 2 * D; i += 4) {
-            v128_t x = wasm_u32x4_load16x4(b[j] + i); /* 4 halves zero-extended in one load */
-            v128_t mag = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x7fff)), 13);
-            v128_t sign = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16);
-            VSTORE(box + i, wasm_v128_or(wasm_f32x4_mul(mag, scale), sign));
-        }
-        for (; i < 2 * D; i++) {
-            uint32_t x = b[j][i], bits = (x & 0x7fffu) << 13;
-            float f;
-            memcpy(&f, &bits, 4);
-            f *= 0x1p112f;
-            memcpy(&bits, &f, 4);
-            bits |= (x & 0x8000u) << 16;
-            memcpy(&box[i], &bits, 4);
-        }
+        widen_f16(b[j], 2 * D, box);
         w_aabb_rows_f32(q, R, bp, 1, D, out + j * ldo, ldo);
     }
 }
 
 /* EXACT on stored keys: each key row widened once into a stack buffer
- * (f16 as in w_aabb_rows_f16: stored keys are finite), then dotted with
- * every query row while it is in L1. */
+ * (widen_f16), then dotted with every query row while it is in L1. */
 static void w_exact_f32(const float *q, size_t R, const float *k, size_t n, size_t D, float *out) {
     const size_t D4 = D & ~(size_t)3;
     for (size_t r = 0; r < R; r++) out[r] = -INFINITY;
@@ -237,8 +243,7 @@ static void w_exact_f32(const float *q, size_t R, const float *k, size_t n, size
                 a1 = VMADD(VLOAD(kr + d + 4), VLOAD(qr + d + 4), a1);
             }
             for (; d < D4; d += 4) a0 = VMADD(VLOAD(kr + d), VLOAD(qr + d), a0);
-            float x = hsum(wasm_f32x4_add(a0, a1));
-            for (; d < D; d++) x += qr[d] * kr[d];
+            const float x = row_dot(qr, kr, D, d, wasm_f32x4_add(a0, a1));
             out[r] = x > out[r] ? x : out[r];
         }
     }
@@ -246,26 +251,9 @@ static void w_exact_f32(const float *q, size_t R, const float *k, size_t n, size
 
 static void w_exact_f16(const float *q, size_t R, const uint16_t *k, size_t n, size_t D, float *out) {
     float row[1024], m[64];
-    const V scale = VSPLAT(0x1p112f);
     for (size_t r = 0; r < R; r++) out[r] = -INFINITY;
     for (size_t i = 0; i < n; i++) {
-        const uint16_t *kr = k + i * D;
-        size_t d = 0;
-        for (; d + 4 <= D; d += 4) {
-            v128_t x = wasm_u32x4_load16x4(kr + d);
-            v128_t mag = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x7fff)), 13);
-            v128_t sign = wasm_i32x4_shl(wasm_v128_and(x, wasm_i32x4_splat(0x8000)), 16);
-            VSTORE(row + d, wasm_v128_or(wasm_f32x4_mul(mag, scale), sign));
-        }
-        for (; d < D; d++) {
-            uint32_t x = kr[d], bits = (x & 0x7fffu) << 13;
-            float f;
-            memcpy(&f, &bits, 4);
-            f *= 0x1p112f;
-            memcpy(&bits, &f, 4);
-            bits |= (x & 0x8000u) << 16;
-            memcpy(&row[d], &bits, 4);
-        }
+        widen_f16(k + i * D, D, row);
         for (size_t r0 = 0; r0 < R; r0 += 64) { /* rows in groups that fit m */
             const size_t nr = R - r0 < 64 ? R - r0 : 64;
             w_exact_f32(q + r0 * D, nr, row, 1, D, m);
