@@ -166,7 +166,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
          * into one run, as raw 16-bit values, so the kernels do not read 16
          * rows a whole position apart (f16 at 16k tokens, one thread: 7.2-7.5
          * ms in place, 6.2-6.5 packed; f32 rows gained nothing) */
-        const int kpack = nh > 1 && kspan && kes == 2 && !p->logits, vpack = nh > 1 && vspan && ves == 2;
+        const int kpack = nh > 1 && kspan && kes == 2 && !p->logits, vpack = nh > 1 && vspan && ves == 2; /* span: direct */
         for (int32_t i = 0; i < n; i++) {
             const int64_t row = p->slots ? p->slots[pos[i]] : pos[i];
             float *kb = kbuf + (size_t)i * nh * D, *vb = vbuf + (size_t)i * nh * D;
@@ -179,7 +179,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
             for (int32_t h = ha; h < hb; h++) {
                 const size_t at = (size_t)(h - h0) * (size_t)mt + (size_t)i, hh = (size_t)(h - ha);
                 const int64_t kho = ko + (h - ha) * k->strides[1], vho = vo + (h - ha) * v->strides[1];
-                if (kdirect && kpack) {
+                if (kpack) {
                     float *dst = kbuf + ((size_t)(h - ha) * (size_t)mt + (size_t)i) * D;
                     memcpy(dst, (const unsigned char *)k->data + (size_t)kho * kes, D * kes);
                     krow[at] = dst;
@@ -189,7 +189,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
                     if (!kspan && !p->logits) kvm_tensor_read_f32(k, kho, kb + hh * D, D);
                     krow[at] = kb + hh * D;
                 }
-                if (vdirect && vpack) {
+                if (vpack) {
                     float *dst = vbuf + ((size_t)(h - ha) * (size_t)mt + (size_t)i) * D;
                     memcpy(dst, (const unsigned char *)v->data + (size_t)vho * ves, D * ves);
                     vrow[at] = dst;
@@ -243,6 +243,13 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
     }
 }
 
+/* Caller K or V whose rows of one head lie closer together than the rows
+ * of one position ([H][T][D] viewed as [T][H][D]: HF caches). */
+static int head_major(const kvm_attend_plan *p) {
+    if (p->kind == KVMEM_ATTEND_SRC_AGENT || p->n_kv_heads < 2) return 0;
+    return p->k->strides[1] > p->k->strides[0] || p->v->strides[1] > p->v->strides[0];
+}
+
 /* Prefetch the K (which 0) or V (which 1) rows of KV head h in tile
  * `tile` towards L1 while the current tile computes (caller tensors and slot
  * maps; agent blocks go through kvm_block_read_f32). The hardware
@@ -253,7 +260,6 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
  * at a third of the speed). Row by row, so head-major caches (a head's rows
  * adjacent, heads far apart: HF) fetch exactly what is read, in one run.
  * Masked and dead positions are not touched. */
-static int head_major(const kvm_attend_plan *p);
 static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int down, int32_t h) {
     const kvmem_tensor *t = which ? p->v : p->k;
     const int64_t t0 = p->tile_start[tile], n = p->tile_start[tile + 1] - t0;
@@ -286,7 +292,7 @@ static void prefetch_rows(const kvm_attend_plan *p, int which, int32_t tile, int
  * slice `part` of `parts` before head `part`'s kernels, so the requests
  * spread over the tile's compute instead of queueing at its start. Per head
  * (prefetch_rows) each request touched a 512-byte piece of every 4-KiB
- * position: 0.22 of the read bandwidth at 16k tokens, against 0.30 this way
+ * position: 0.22 of the read bandwidth at 16k tokens, against 0.35 this way
  * (BENCHMARKS.md, "peers"). Returns 0 (nothing asked) when the heads of a
  * position are not adjacent. */
 static int prefetch_slice(const kvm_attend_plan *p, int which, int32_t tile, int32_t h0, int32_t h1, int32_t part,
@@ -449,7 +455,7 @@ static void attend_item(attend_job *j, size_t item) {
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
             int pf_k = next >= 0 && !p->logits, pf_v = next >= 0; /* once per head, before its first kernel */
-            if (sliced && next >= 0) { /* this head's slice of the next tile, all the item's heads */
+            if (sliced) { /* this head's slice of the next tile, all the item's heads */
                 if (pf_k && prefetch_slice(p, 0, next, h0, h1, h - h0, nh)) pf_k = 0;
                 if (pf_v && prefetch_slice(p, 1, next, h0, h1, h - h0, nh)) pf_v = 0;
             }
@@ -546,13 +552,6 @@ static void attend_item(attend_job *j, size_t item) {
                 st->oracle_agree += ov == pr->visited;
             }
         }
-}
-
-/* Caller K or V whose rows of one head lie closer together than the rows
- * of one position ([H][T][D] viewed as [T][H][D]: HF caches). */
-static int head_major(const kvm_attend_plan *p) {
-    if (p->kind == KVMEM_ATTEND_SRC_AGENT || p->n_kv_heads < 2) return 0;
-    return p->k->strides[1] > p->k->strides[0] || p->v->strides[1] > p->v->strides[0];
 }
 
 static void attend_task(void *arg, size_t b, size_t e) {
