@@ -4,6 +4,7 @@ and every tensor decoded by its documented rule against the closed-form KV.
 Reads format version 2 (quantized tensors block-major, one AABB tensor in f16
 rounded outward) and version 1 (per-layer, per-head tensors, f32 AABBs)."""
 import json
+import re
 import math
 import struct
 import sys
@@ -158,6 +159,13 @@ def check(path):
         pos = e
     if pos != len(data):
         fail('data section size')
+    # the data section starts 8-byte aligned, and the first KV tensor on a
+    # page wherever its offset in the section is a multiple of 8 (load speed)
+    if (8 + hl) % 8:
+        fail('%s: data section at %d, not 8-byte aligned' % (path, 8 + hl))
+    kv = [b for b, e, name in spans if re.fullmatch(r'layer_\d+_[kv]|[kv]_(weights|scales|biases)', name)]
+    if kv and kv[0] % 8 == 0 and (8 + hl + kv[0]) % 4096:
+        fail('%s: first KV tensor at file offset %d, not on a 4096-byte page' % (path, 8 + hl + kv[0]))
     # XXH64 over the little-endian acc64 digests of consecutive 1 MiB chunks
     digests = b''.join(struct.pack('<Q', acc64(data[c:c + (1 << 20)])) for c in range(0, len(data), 1 << 20))
     want = 'acc64-1m:%016x' % xxh64(digests)
