@@ -216,16 +216,69 @@ static void widen_f16(const uint16_t *h, size_t n, float *out) {
     }
 }
 
-/* f16 boxes: widened block by block into a stack buffer, then the f32 kernel. */
+/* f16 boxes, widened in registers as widen_f16 does (the magnitude's bits
+ * shifted into f32 place are the value times 2^-112, exactly; the sign is
+ * kept in place by sign-extending) and used there: 4 operations per 4
+ * halves, shared by 4 query rows at a time, instead of 7, a store and a
+ * reload per row pair through a stack copy. */
+static inline V half4(v128_t x) { /* 4 halves sign-extended to i32 */
+    const V bits = wasm_v128_and(wasm_i32x4_shl(x, 13), wasm_i32x4_splat((int32_t)0x8fffe000));
+    return wasm_f32x4_mul(bits, VSPLAT(0x1p112f));
+}
+
+/* One row's contribution of 4 dimensions: the query's sign picks the bound. */
+#define AABB_STEP(acc, qrow, d, H, L)                                                                                  \
+    do {                                                                                                               \
+        const V y_ = VLOAD((qrow) + (d));                                                                              \
+        acc = VMADD(wasm_v128_bitselect(L, H, wasm_f32x4_lt(y_, zero)), y_, acc);                                      \
+    } while (0)
+
 static void w_aabb_rows_f16(const float *q, size_t R, const uint16_t *const *b, size_t n, size_t D, float *out,
                             size_t ldo) {
-    float box[2 * 1024];
-    const float *bp[1] = {box};
-    for (size_t j = 0; j < n; j++) {
-        widen_f16(b[j], 2 * D, box);
-        w_aabb_rows_f32(q, R, bp, 1, D, out + j * ldo, ldo);
+    const V zero = VSPLAT(0);
+    const size_t D8 = D & ~(size_t)7, D4 = D & ~(size_t)3;
+    for (size_t r0 = 0; r0 < R; r0 += 4) {
+        const size_t nr = R - r0 < 4 ? R - r0 : 4;
+        /* a partial group repeats its last row and drops the copies */
+        const float *q0 = q + r0 * D, *q1 = q + (r0 + (nr > 1 ? 1 : 0)) * D, *q2 = q + (r0 + (nr > 2 ? 2 : nr - 1)) * D,
+                    *q3 = q + (r0 + nr - 1) * D;
+        for (size_t j = 0; j < n; j++) {
+            const uint16_t *hi = b[j], *lo = b[j] + D;
+            V a0 = zero, a1 = zero, a2 = zero, a3 = zero;
+            size_t d = 0;
+            for (; d < D8; d += 8) {
+                const v128_t h8 = wasm_v128_load(hi + d), l8 = wasm_v128_load(lo + d);
+                const V h0 = half4(wasm_i32x4_extend_low_i16x8(h8)), h1 = half4(wasm_i32x4_extend_high_i16x8(h8));
+                const V l0 = half4(wasm_i32x4_extend_low_i16x8(l8)), l1 = half4(wasm_i32x4_extend_high_i16x8(l8));
+                AABB_STEP(a0, q0, d, h0, l0);
+                AABB_STEP(a0, q0, d + 4, h1, l1);
+                AABB_STEP(a1, q1, d, h0, l0);
+                AABB_STEP(a1, q1, d + 4, h1, l1);
+                AABB_STEP(a2, q2, d, h0, l0);
+                AABB_STEP(a2, q2, d + 4, h1, l1);
+                AABB_STEP(a3, q3, d, h0, l0);
+                AABB_STEP(a3, q3, d + 4, h1, l1);
+            }
+            for (; d < D4; d += 4) {
+                const V h0 = half4(wasm_i32x4_load16x4(hi + d)), l0 = half4(wasm_i32x4_load16x4(lo + d));
+                AABB_STEP(a0, q0, d, h0, l0);
+                AABB_STEP(a1, q1, d, h0, l0);
+                AABB_STEP(a2, q2, d, h0, l0);
+                AABB_STEP(a3, q3, d, h0, l0);
+            }
+            float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+            const float *qr[4] = {q0, q1, q2, q3};
+            for (; d < D; d++) {
+                float hv, lv;
+                widen_f16(hi + d, 1, &hv);
+                widen_f16(lo + d, 1, &lv);
+                for (size_t k = 0; k < 4; k++) s[k] += qr[k][d] * (qr[k][d] < 0.0f ? lv : hv);
+            }
+            for (size_t k = 0; k < nr; k++) out[j * ldo + r0 + k] = s[k];
+        }
     }
 }
+#undef AABB_STEP
 
 /* EXACT on stored keys: each key row widened once into a stack buffer
  * (widen_f16), then dotted with every query row while it is in L1. */

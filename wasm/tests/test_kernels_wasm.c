@@ -105,42 +105,51 @@ static void check_score(uint64_t *rng) {
     check(ok, "score exp_neg vs exp", 67);
 
     /* AABB rows on stored boxes: sum_d q_d * (q_d < 0 ? s_min : s_max), f16
-     * boxes (finite f16 values, exactly representable) and their f32 twins */
-    enum { BD = 72, BR = 5, BN = 3 };
-    static float bq[BR * BD], bf[BN][2 * BD], o16[BN * BR], o32[BN * BR];
-    static uint16_t bh[BN][2 * BD];
+     * boxes (finite f16 values, exactly representable) and their f32 twins.
+     * Widths cover the f16 kernel's 8-, 4- and 1-wide steps, 5-7 rows its
+     * groups of 4 and partial ones; subnormal halves. */
+    enum { BDMAX = 78, BRMAX = 7, BN = 3 };
+    static float bq[BRMAX * BDMAX], bf[BN][2 * BDMAX], o16[BN * BRMAX], o32[BN * BRMAX];
+    static uint16_t bh[BN][2 * BDMAX];
     const float *pf[BN];
     const uint16_t *ph[BN];
     const kvm_cpu_kernels *sc = kvm_cpu_kernels_scalar();
-    for (size_t i = 0; i < BR * BD; i++) bq[i] = i % 9 == 4 ? 0.0f : (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
-    for (size_t j = 0; j < BN; j++) {
-        for (size_t d = 0; d < BD; d++) {
-            float u = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f, v = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f;
-            bf[j][d] = u > v ? u : v, bf[j][BD + d] = u > v ? v : u; /* multiples of 1/64: exact in f16 */
-        }
-        sc->f32_to_f16(bf[j], bh[j], 2 * BD);
-        pf[j] = bf[j], ph[j] = bh[j];
-    }
-    w->aabb_rows_f16(bq, BR, ph, BN, BD, o16, BR);
-    w->aabb_rows_f32(bq, BR, pf, BN, BD, o32, BR);
+    static const size_t widths[3] = {72, 76, 78};
     ok = 1;
-    for (size_t j = 0; j < BN; j++)
-        for (size_t r = 0; r < BR; r++) {
-            double ref = 0, mag = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        const size_t BD = widths[pass], BR = 5 + (size_t)pass; /* groups of 4 rows and 1, 2, 3 more */
+        for (size_t i = 0; i < BR * BD; i++)
+            bq[i] = i % 9 == 4 ? 0.0f : (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
+        for (size_t j = 0; j < BN; j++) {
             for (size_t d = 0; d < BD; d++) {
-                double qv = bq[r * BD + d], hi = bf[j][d], lo = bf[j][BD + d];
-                ref += (qv > 0 ? qv * hi : 0) + (qv < 0 ? qv * lo : 0);
-                mag += fabs(qv) * (fabs(hi) > fabs(lo) ? fabs(hi) : fabs(lo));
+                float u = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f, v = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f;
+                if (d == 5) u = 0x1p-20f, v = -0x1p-24f; /* f16 subnormals */
+                bf[j][d] = u > v ? u : v, bf[j][BD + d] = u > v ? v : u; /* multiples of 1/64: exact in f16 */
             }
-            if (fabs(o16[j * BR + r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6 ||
-                fabs(o32[j * BR + r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6)
-                ok = 0;
+            sc->f32_to_f16(bf[j], bh[j], 2 * BD);
+            pf[j] = bf[j], ph[j] = bh[j];
         }
-    check(ok, "score aabb_rows (f16 and f32 boxes) vs double", BN);
+        w->aabb_rows_f16(bq, BR, ph, BN, BD, o16, BR);
+        w->aabb_rows_f32(bq, BR, pf, BN, BD, o32, BR);
+        for (size_t j = 0; j < BN; j++)
+            for (size_t r = 0; r < BR; r++) {
+                double ref = 0, mag = 0;
+                for (size_t d = 0; d < BD; d++) {
+                    double qv = bq[r * BD + d], hi = bf[j][d], lo = bf[j][BD + d];
+                    ref += (qv > 0 ? qv * hi : 0) + (qv < 0 ? qv * lo : 0);
+                    mag += fabs(qv) * (fabs(hi) > fabs(lo) ? fabs(hi) : fabs(lo));
+                }
+                if (fabs(o16[j * BR + r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6 ||
+                    fabs(o32[j * BR + r] - ref) > (double)(BD + 1) * 6e-8 * mag + 1e-6)
+                    ok = 0;
+            }
+    }
+    check(ok, "score aabb_rows (f16 and f32 boxes; widths 72, 76, 78) vs double", 3 * BN);
 
     /* EXACT on a section of stored keys: max over the rows of q . k, f16
      * keys (multiples of 1/64, exact in f16) and their f32 twins */
-    enum { EN = 5 };
+    enum { EN = 5, BD = 72, BR = 5 };
+    for (size_t i = 0; i < BR * BD; i++) bq[i] = i % 9 == 4 ? 0.0f : (float)((int64_t)(next(rng) % 2001) - 1000) / 250.0f;
     static float ek[EN * BD], e16[BR], e32[BR];
     static uint16_t ekh[EN * BD];
     for (size_t i = 0; i < EN * BD; i++) ek[i] = (float)((int64_t)(next(rng) % 2001) - 1000) / 64.0f;
