@@ -47,25 +47,41 @@ typedef struct {
 /* Max-pool v[b..e) into acc[b..e) (added), window [j - r, j + r] clipped to
  * [b, e): the prefix and the observation window are pooled apart, as SnapKV
  * pools only the prefix. */
-static void pool_add(const float *v, size_t b, size_t e, int32_t r, float *acc) {
-    for (size_t j = b; j < e; j++) {
-        size_t lo = j >= b + (size_t)r ? j - (size_t)r : b, hi = KVM_MIN(e, j + (size_t)r + 1);
-        float m = v[lo];
-        for (size_t i = lo + 1; i < hi; i++) m = v[i] > m ? v[i] : m;
-        acc[j] += m;
-    }
+static float pool_one(const float *v, size_t b, size_t e, size_t r, size_t j) {
+    size_t lo = j >= b + r ? j - r : b, hi = KVM_MIN(e, j + r + 1);
+    float m = v[lo];
+    for (size_t i = lo + 1; i < hi; i++) m = v[i] > m ? v[i] : m;
+    return m;
 }
 
-/* Prefetch the rows of KV head g at positions [j0, j0 + n) of layer l,
- * ascending: the hardware prefetcher of the machine measured does not
- * follow a head's rows (see attend_cpu.c). */
-static void k_prefetch(const kvmem_tensor *k, size_t l, size_t g, size_t j0, size_t n, size_t D) {
+static void pool_add(const float *v, size_t b, size_t e, int32_t radius, float *acc) {
+    const size_t r = (size_t)radius, lo = b + r, hi = e > r ? e - r : 0; /* whole windows: [lo, hi) */
+    for (size_t j = b; j < KVM_MIN(lo, e); j++) acc[j] += pool_one(v, b, e, r, j);
+    /* 64 positions at a time, an offset at a time over the block: loops
+     * that vectorise */
+    for (size_t j = lo; j < hi; j += 64) {
+        const size_t n = KVM_MIN((size_t)64, hi - j);
+        float m[64];
+        for (size_t t = 0; t < n; t++) m[t] = v[j - r + t];
+        for (size_t i = 1; i <= 2 * r; i++)
+            for (size_t t = 0; t < n; t++) m[t] = v[j - r + i + t] > m[t] ? v[j - r + i + t] : m[t];
+        for (size_t t = 0; t < n; t++) acc[j + t] += m[t];
+    }
+    for (size_t j = KVM_MAX(lo, hi); j < e; j++) acc[j] += pool_one(v, b, e, r, j);
+}
+
+/* The rows of KV head g at positions [j0, j0 + n) of layer l, ascending,
+ * for the tile kernel to prefetch: the hardware prefetcher of the machine
+ * measured does not follow a head's rows (see attend_cpu.c). */
+static kvm_qk_prefetch k_rows(const kvmem_tensor *k, size_t l, size_t g, size_t j0, size_t n, size_t D) {
     const size_t es = kvm_dtype_size(k->dtype);
-    const size_t bytes = (size_t)((int64_t)(D - 1) * k->strides[3] + 1) * es;
-    const char *base = (const char *)k->data +
-                       (size_t)((int64_t)l * k->strides[0] + (int64_t)j0 * k->strides[1] + (int64_t)g * k->strides[2]) * es;
-    for (size_t i = 0; i < n; i++)
-        for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(base + i * (size_t)k->strides[1] * es + x, 0, 2);
+    kvm_qk_prefetch p;
+    p.base = (const char *)k->data +
+             (size_t)((int64_t)l * k->strides[0] + (int64_t)j0 * k->strides[1] + (int64_t)g * k->strides[2]) * es;
+    p.stride = (size_t)k->strides[1] * es;
+    p.bytes = (size_t)((int64_t)(D - 1) * k->strides[3] + 1) * es;
+    p.n = n;
+    return p;
 }
 
 static void sk_one(sk_job *s, size_t t, float *lg, float *qp, float *kt, float *kconv, float *st, float *vote,
@@ -92,7 +108,7 @@ static void sk_one(sk_job *s, size_t t, float *lg, float *qp, float *kt, float *
         float *ls = lg + c * R * LD;
         for (size_t j0 = c0; j0 < c0 + cn; j0 += SK_TILE) {
             const size_t n = KVM_MIN(c0 + cn - j0, (size_t)SK_TILE);
-            k_prefetch(k, l, g, j0 + n, KVM_MIN(N - j0 - n, (size_t)SK_TILE), D);
+            const kvm_qk_prefetch pf = k_rows(k, l, g, j0 + n, KVM_MIN(N - j0 - n, (size_t)SK_TILE), D);
             for (size_t i = 0; i < n; i++) {
                 const int64_t off = (int64_t)l * k->strides[0] + (int64_t)(j0 + i) * k->strides[1] + (int64_t)g * k->strides[2];
                 if (direct) {
@@ -103,7 +119,7 @@ static void sk_one(sk_job *s, size_t t, float *lg, float *qp, float *kt, float *
                 }
             }
             s->kk->kt_pack(rows, n, D, kt);
-            s->kk->qk_tile(qp, R, kt, n, D, s->scale, ls + (j0 - c0), LD);
+            s->kk->qk_tile(qp, R, kt, n, D, s->scale, ls + (j0 - c0), LD, &pf);
         }
         /* the span's softmax pieces while its logits are in L2; causal:
          * window row w sits at position N - W + w and sees the keys before */

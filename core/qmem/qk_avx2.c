@@ -100,7 +100,8 @@ static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) 
 
 /* 4 query rows x 16 keys in 8 accumulators (16 registers in all). */
 static void x_qk_tile(const float *qp, size_t nr, const float *kt, size_t nk, size_t D, float scale, float *out,
-                      size_t ldo) {
+                      size_t ldo, const kvm_qk_prefetch *pf) {
+    (void)pf; /* a hint only */
     const __m256 vs = _mm256_set1_ps(scale);
     for (size_t r0 = 0; r0 < nr; r0 += 4)
         for (size_t h = 0; h < nk; h += 16) {

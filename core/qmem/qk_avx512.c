@@ -184,10 +184,17 @@ static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) 
     }
 
 static void x_qk_tile(const float *qp, size_t nr, const float *kt, size_t nk, size_t D, float scale, float *out,
-                      size_t ldo) {
+                      size_t ldo, const kvm_qk_prefetch *pf) {
     const __m512 vs = _mm512_set1_ps(scale);
     const __mmask16 m0 = tmask(nk), m1 = nk > 16 ? tmask(nk - 16) : 0;
+    /* the prefetch lines, a share per row block */
+    const size_t lpr = pf ? (pf->bytes + 63) / 64 : 0, nl = pf ? lpr * pf->n : 0, nb = (nr + 7) / 8;
+    size_t pl = 0, prow = 0, pcol = 0;
     for (size_t r0 = 0; r0 < nr; r0 += 8) {
+        for (const size_t pe = r0 + 8 >= nr ? nl : nl * (r0 / 8 + 1) / nb; pl < pe; pl++) {
+            _mm_prefetch(pf->base + prow * pf->stride + pcol * 64, _MM_HINT_T1);
+            if (++pcol == lpr) pcol = 0, prow++;
+        }
         __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
                a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00, a70 = a00, a71 = a00;
         const float *q = qp + r0 * D, *kp = kt;

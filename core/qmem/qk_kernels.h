@@ -8,6 +8,12 @@
 
 #define KVM_QK_TILE 32 /* keys per packed tile of the SnapKV GEMM */
 
+/* Rows to prefetch while a tile computes (qk_tile). */
+typedef struct {
+    const char *base;
+    size_t stride, bytes, n;
+} kvm_qk_prefetch;
+
 typedef struct kvm_qk_kernels {
     const char *name;
     /* out[g * out_stride + j] = scale * (m[g*D ..] . k[j*kstride ..]) for
@@ -27,9 +33,12 @@ typedef struct kvm_qk_kernels {
      * r < nr, j < nk <= KVM_QK_TILE, with q(r, d) = qp[(r / 8) * D * 8 + d * 8
      * + r % 8]: query rows packed by dimension in blocks of 8 (rows past nr in
      * the last block zero; qp 64-byte aligned). Nothing past nk or nr is
-     * written. */
+     * written. While it runs it prefetches (to L2) pf->n rows of pf->bytes
+     * bytes, pf->stride bytes apart, from pf->base (the next tile's keys),
+     * spread over its work so the requests do not queue up at once; pf may
+     * be NULL. */
     void (*qk_tile)(const float *qp, size_t nr, const float *kt, size_t nk, size_t D, float scale, float *out,
-                    size_t ldo);
+                    size_t ldo, const kvm_qk_prefetch *pf);
     /* One softmax row piece: *mx = max x[0..n) (-inf when n = 0), x[j] =
      * exp(x[j] - *mx) for j < n and 0 for n <= j < nz; returns the sum of the
      * exps, or NaN when some x[0..n) is not finite. */

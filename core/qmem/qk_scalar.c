@@ -44,7 +44,8 @@ static void s_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) 
 }
 
 static void s_qk_tile(const float *qp, size_t nr, const float *kt, size_t nk, size_t D, float scale, float *out,
-                      size_t ldo) {
+                      size_t ldo, const kvm_qk_prefetch *pf) {
+    (void)pf; /* a hint only */
     for (size_t r = 0; r < nr; r++) {
         const float *q = qp + (r / 8) * D * 8 + r % 8;
         for (size_t j = 0; j < nk; j++) {

@@ -233,7 +233,8 @@ static void snapkv_kernels_match_reference(void **state) {
                     float *qp = aligned_alloc(64, nb * D * 8 * 4), *o = malloc((nr + 1) * LDO * 4);
                     for (size_t i = 0; i < nb * D * 8; i++) qp[i] = tu_normal(&rng);
                     for (size_t i = 0; i < (nr + 1) * LDO; i++) o[i] = -99.0f;
-                    t[ti]->qk_tile(qp, nr, kt, nk, D, 0.25f, o, LDO);
+                    const kvm_qk_prefetch pf = {(const char *)kr, D * 4, D * 4, T}; /* a hint: no effect on results */
+                    t[ti]->qk_tile(qp, nr, kt, nk, D, 0.25f, o, LDO, c % 2 ? &pf : NULL);
                     for (size_t r = 0; r <= nr; r++)
                         for (size_t j = 0; j < LDO; j++) {
                             if (r == nr || j >= nk) {
