@@ -230,7 +230,7 @@ static void snapkv_kernels_match_reference(void **state) {
                     for (size_t j = 0; j < T; j++) assert_true(kt[d * T + j] == (j < nk ? kp[j][d] : 0.0f));
                 for (int c = 0; c < 4; c++) {
                     const size_t nr = nrs[c], nb = (nr + 7) / 8;
-                    float *qp = aligned_alloc(64, nb * D * 8 * 4), *o = malloc((nr + 1) * LDO * 4);
+                    float *qp = aligned_alloc(64, (nb * D * 32 + 63) / 64 * 64), *o = malloc((nr + 1) * LDO * 4);
                     for (size_t i = 0; i < nb * D * 8; i++) qp[i] = tu_normal(&rng);
                     for (size_t i = 0; i < (nr + 1) * LDO; i++) o[i] = -99.0f;
                     const kvm_qk_prefetch pf = {(const char *)kr, D * 4, D * 4, T}; /* a hint: no effect on results */
