@@ -1,5 +1,6 @@
-/* AVX2 + FMA kernels of the rule score: a 4x2 register tile of dot products
- * and a vector exp. Only called after run-time detection. */
+/* AVX2 + FMA kernels of the rule score (a 4x2 register tile of dot products
+ * and a vector exp) and of SnapKV (a 4 x 16 GEMM tile against packed keys).
+ * Only called after run-time detection. */
 #include "qk_kernels.h"
 
 #include <immintrin.h>
@@ -92,31 +93,100 @@ static void x_softmax_acc(float *x, size_t n, float *acc) {
     for (size_t j = n8; j < n; j++) acc[j] += x[j] * inv;
 }
 
-/* One key at a time: its 16 logits in two vectors (a broadcast element
- * times a packed dimension row), written down a column. */
-static void x_qk16(const float *qp, const float *const *k, size_t nk, size_t D, float scale, float *out, size_t ldo) {
-    for (size_t j = 0; j < nk; j++) {
-        const float *kr = k[j];
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0; /* two chains per half: the FMA latency */
-        size_t d = 0;
-        for (; d + 2 <= D; d += 2) {
-            const __m256 x = _mm256_set1_ps(kr[d]), y = _mm256_set1_ps(kr[d + 1]);
-            a0 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16), a0);
-            a1 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16 + 8), a1);
-            b0 = _mm256_fmadd_ps(y, _mm256_load_ps(qp + d * 16 + 16), b0);
-            b1 = _mm256_fmadd_ps(y, _mm256_load_ps(qp + d * 16 + 24), b1);
+static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) {
+    for (size_t d = 0; d < D; d++)
+        for (size_t j = 0; j < KVM_QK_TILE; j++) kt[d * KVM_QK_TILE + j] = j < nk ? rows[j][d] : 0.0f;
+}
+
+/* 4 query rows x 16 keys in 8 accumulators (16 registers in all). */
+static void x_qk_tile(const float *qp, size_t nr, const float *kt, size_t nk, size_t D, float scale, float *out,
+                      size_t ldo, const kvm_qk_prefetch *pf) {
+    (void)pf; /* a hint only */
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (size_t r0 = 0; r0 < nr; r0 += 4)
+        for (size_t h = 0; h < nk; h += 16) {
+            __m256 a[4][2];
+            for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+            const float *q = qp + (r0 / 8) * D * 8 + r0 % 8, *kp = kt + h;
+            for (size_t d = 0; d < D; d++, q += 8, kp += KVM_QK_TILE) {
+                const __m256 k0 = _mm256_load_ps(kp), k1 = _mm256_load_ps(kp + 8);
+                for (int u = 0; u < 4; u++) {
+                    const __m256 b = _mm256_set1_ps(q[u]);
+                    a[u][0] = _mm256_fmadd_ps(b, k0, a[u][0]);
+                    a[u][1] = _mm256_fmadd_ps(b, k1, a[u][1]);
+                }
+            }
+            const size_t nj = nk - h < 16 ? nk - h : 16;
+            for (size_t u = 0; u < 4 && r0 + u < nr; u++) {
+                float *o = out + (r0 + u) * ldo + h;
+                if (nj == 16) {
+                    _mm256_storeu_ps(o, _mm256_mul_ps(a[u][0], vs));
+                    _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[u][1], vs));
+                } else {
+                    float t[16];
+                    _mm256_storeu_ps(t, _mm256_mul_ps(a[u][0], vs));
+                    _mm256_storeu_ps(t + 8, _mm256_mul_ps(a[u][1], vs));
+                    for (size_t j = 0; j < nj; j++) o[j] = t[j];
+                }
+            }
         }
-        for (; d < D; d++) {
-            const __m256 x = _mm256_set1_ps(kr[d]);
-            a0 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16), a0);
-            a1 = _mm256_fmadd_ps(x, _mm256_load_ps(qp + d * 16 + 8), a1);
+}
+
+static float x_exp_row(float *x, size_t n, size_t nz, float *mxo) {
+    const size_t n8 = n & ~(size_t)7;
+    __m256 mxv = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
+    for (size_t j = 0; j < n8; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        mxv = _mm256_max_ps(mxv, v);
+        bad = _mm256_fmadd_ps(v, _mm256_setzero_ps(), bad); /* 0 unless some v is inf or NaN */
+    }
+    float tmp[8], mx = -INFINITY;
+    _mm256_storeu_ps(tmp, mxv);
+    for (int i = 0; i < 8; i++) mx = tmp[i] > mx ? tmp[i] : mx;
+    int nf = hsum256(bad) != 0.0f;
+    for (size_t j = n8; j < n; j++) {
+        nf |= !isfinite(x[j]);
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    __m256 m = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
+    for (size_t j = 0; j < n8; j += 8) {
+        const __m256 e = kvm_exp_neg256_flush(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+        _mm256_storeu_ps(x + j, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum256(sv);
+    for (size_t j = n8; j < n; j++) {
+        x[j] = expf(x[j] - mx);
+        sum += x[j];
+    }
+    for (size_t j = n; j < nz; j++) x[j] = 0.0f;
+    *mxo = mx;
+    return nf ? NAN : sum;
+}
+
+static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t n, float *vote) {
+    size_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t i = 0; i < nr; i++) {
+            const __m256 w = _mm256_set1_ps(f[i]);
+            const float *r = e + i * lde + j;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 24), a3);
         }
-        float col[16];
-        _mm256_storeu_ps(col, _mm256_mul_ps(_mm256_add_ps(a0, b0), _mm256_set1_ps(scale)));
-        _mm256_storeu_ps(col + 8, _mm256_mul_ps(_mm256_add_ps(a1, b1), _mm256_set1_ps(scale)));
-        for (size_t r = 0; r < 16; r++) out[r * ldo + j] = col[r];
+        _mm256_storeu_ps(vote + j, a0);
+        _mm256_storeu_ps(vote + j + 8, a1);
+        _mm256_storeu_ps(vote + j + 16, a2);
+        _mm256_storeu_ps(vote + j + 24, a3);
+    }
+    for (; j < n; j++) {
+        float s = 0.0f;
+        for (size_t i = 0; i < nr; i++) s += f[i] * e[i * lde + j];
+        vote[j] = s;
     }
 }
 
-static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, x_qk16};
+static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum};
 const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return &k_avx2; }

@@ -1,5 +1,6 @@
-/* AVX-512 kernels of the rule score: a 4x4 register tile of (query row, key
- * row) dot products, and a vector exp for the softmax. Compiled with
+/* AVX-512 kernels of the rule score (a 4x4 register tile of (query row, key
+ * row) dot products, and a vector exp for the softmax) and of SnapKV (a
+ * GEMM tile against keys packed by dimension). Compiled with
  * -mavx512f..., only called after run-time detection. */
 #include "qk_kernels.h"
 
@@ -106,16 +107,15 @@ static void x_softmax_acc(float *x, size_t n, float *acc) {
     }
 }
 
-/* 16 keys x 16 query rows in 16 accumulators, one per key: per dimension
- * one packed row load and 16 FMAs with the key element broadcast from
- * memory, so the FMA unit is the bound; then a 16x16 transpose turns the
- * keys' columns into the query rows' runs of 16 logits. */
+/* 16x16 transpose in registers: r[c] lane i = r[i] lane c on return. */
 static inline void transpose16(__m512 r[16]) {
     __m512 t[16], u[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i += 2) { /* lane L: r_i[4L], r_i+1[4L], r_i[4L+1], r_i+1[4L+1] (lo); 4L+2, 4L+3 (hi) */
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
     }
+#pragma GCC unroll 16
     for (int q = 0; q < 16; q += 4) { /* u[4q + m], lane L: column 4L + m of rows 4q .. 4q + 3 */
         const __m512d a = _mm512_castps_pd(t[q]), b = _mm512_castps_pd(t[q + 2]);
         const __m512d c = _mm512_castps_pd(t[q + 1]), d = _mm512_castps_pd(t[q + 3]);
@@ -124,6 +124,7 @@ static inline void transpose16(__m512 r[16]) {
         u[q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
         u[q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
     }
+#pragma GCC unroll 16
     for (int m = 0; m < 4; m++) { /* column 4L + m: lane q of it is lane L of u[4q + m] */
         const __m512 w0 = _mm512_shuffle_f32x4(u[m], u[4 + m], _MM_SHUFFLE(1, 0, 1, 0));
         const __m512 w1 = _mm512_shuffle_f32x4(u[m], u[4 + m], _MM_SHUFFLE(3, 2, 3, 2));
@@ -136,51 +137,133 @@ static inline void transpose16(__m512 r[16]) {
     }
 }
 
-static void x_qk16(const float *qp, const float *const *k, size_t nk, size_t D, float scale, float *out, size_t ldo) {
-    static const float zero_row[1] = {0.0f};
-    const float *kr[16];
-    for (size_t j = 0; j < 16; j++) kr[j] = j < nk ? k[j] : zero_row;
-    const size_t kd = nk == 16 ? 1 : 0; /* missing keys read element 0 of a zero row */
-    __m512 a[16];
-    for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
-    const float *k0 = kr[0], *k1 = kr[1], *k2 = kr[2], *k3 = kr[3], *k4 = kr[4], *k5 = kr[5], *k6 = kr[6],
-                *k7 = kr[7], *k8 = kr[8], *k9 = kr[9], *k10 = kr[10], *k11 = kr[11], *k12 = kr[12], *k13 = kr[13],
-                *k14 = kr[14], *k15 = kr[15];
-    if (kd) {
-        __m512 a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7], a8 = a[8],
-               a9 = a[9], a10 = a[10], a11 = a[11], a12 = a[12], a13 = a[13], a14 = a[14], a15 = a[15];
-        for (size_t d = 0; d < D; d++) {
-            const __m512 b = _mm512_load_ps(qp + d * 16);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), b, a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(k1[d]), b, a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(k2[d]), b, a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(k3[d]), b, a3);
-            a4 = _mm512_fmadd_ps(_mm512_set1_ps(k4[d]), b, a4);
-            a5 = _mm512_fmadd_ps(_mm512_set1_ps(k5[d]), b, a5);
-            a6 = _mm512_fmadd_ps(_mm512_set1_ps(k6[d]), b, a6);
-            a7 = _mm512_fmadd_ps(_mm512_set1_ps(k7[d]), b, a7);
-            a8 = _mm512_fmadd_ps(_mm512_set1_ps(k8[d]), b, a8);
-            a9 = _mm512_fmadd_ps(_mm512_set1_ps(k9[d]), b, a9);
-            a10 = _mm512_fmadd_ps(_mm512_set1_ps(k10[d]), b, a10);
-            a11 = _mm512_fmadd_ps(_mm512_set1_ps(k11[d]), b, a11);
-            a12 = _mm512_fmadd_ps(_mm512_set1_ps(k12[d]), b, a12);
-            a13 = _mm512_fmadd_ps(_mm512_set1_ps(k13[d]), b, a13);
-            a14 = _mm512_fmadd_ps(_mm512_set1_ps(k14[d]), b, a14);
-            a15 = _mm512_fmadd_ps(_mm512_set1_ps(k15[d]), b, a15);
+/* Keys packed by dimension: 16 rows at a time through the register
+ * transpose (paid once per tile, against 128 query rows' FMAs at Llama-8B
+ * geometry). */
+static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) {
+    for (size_t h = 0; h < KVM_QK_TILE; h += 16) {
+        if (h >= nk) {
+            for (size_t d = 0; d < D; d++) _mm512_store_ps(kt + d * KVM_QK_TILE + h, _mm512_setzero_ps());
+            continue;
         }
-        a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3, a[4] = a4, a[5] = a5, a[6] = a6, a[7] = a7;
-        a[8] = a8, a[9] = a9, a[10] = a10, a[11] = a11, a[12] = a12, a[13] = a13, a[14] = a14, a[15] = a15;
-    } else { /* a partial block (the last keys): simple, rare */
-        for (size_t d = 0; d < D; d++) {
-            const __m512 b = _mm512_load_ps(qp + d * 16);
-            for (size_t j = 0; j < nk; j++) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(kr[j][d]), b, a[j]);
+        /* rows past nk: a masked load of nothing (no fault), zeros */
+        const float *p[16];
+        __mmask16 live[16];
+        for (size_t i = 0; i < 16; i++) {
+            p[i] = h + i < nk ? rows[h + i] : rows[0];
+            live[i] = h + i < nk ? (__mmask16)0xffff : 0;
+        }
+        for (size_t d0 = 0; d0 < D; d0 += 16) {
+            const __mmask16 md = tmask(D - d0);
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(md & live[i], p[i] + d0);
+            transpose16(r);
+            float *o = kt + d0 * KVM_QK_TILE + h;
+            const size_t nd = D - d0; /* dimensions of this block: 16 but in the tail */
+#pragma GCC unroll 16
+            for (size_t c = 0; c < 16; c++)
+                if (c < nd) _mm512_store_ps(o + c * KVM_QK_TILE, r[c]);
         }
     }
-    transpose16(a);
-    const __m512 vs = _mm512_set1_ps(scale);
-    const __mmask16 m = nk >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1u);
-    for (int r = 0; r < 16; r++) _mm512_mask_storeu_ps(out + (size_t)r * ldo, m, _mm512_mul_ps(a[r], vs));
 }
 
-static const kvm_qk_kernels k_avx512 = {"avx512", x_qk, x_softmax_acc, x_qk16};
+/* 8 query rows x 32 keys in 16 accumulators: per dimension two packed key
+ * loads and 8 broadcasts of query elements for 16 FMAs (the FMA units, not
+ * the loads, are the bound), rows of logits stored as they are. */
+#define QT_ROW(i)                                                    \
+    do {                                                             \
+        const __m512 b = _mm512_set1_ps(q[i]);                       \
+        a##i##0 = _mm512_fmadd_ps(b, k0, a##i##0);                   \
+        a##i##1 = _mm512_fmadd_ps(b, k1, a##i##1);                   \
+    } while (0)
+#define QT_OUT(i)                                                                                   \
+    if (i < nrr) {                                                                                  \
+        _mm512_mask_storeu_ps(o + i * ldo, m0, _mm512_mul_ps(a##i##0, vs));                         \
+        if (m1) _mm512_mask_storeu_ps(o + i * ldo + 16, m1, _mm512_mul_ps(a##i##1, vs));            \
+    }
+
+static void x_qk_tile(const float *qp, size_t nr, const float *kt, size_t nk, size_t D, float scale, float *out,
+                      size_t ldo, const kvm_qk_prefetch *pf) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __mmask16 m0 = tmask(nk), m1 = nk > 16 ? tmask(nk - 16) : 0;
+    /* the prefetch lines, a share per row block */
+    const size_t lpr = pf ? (pf->bytes + 63) / 64 : 0, nl = pf ? lpr * pf->n : 0, nb = (nr + 7) / 8;
+    size_t pl = 0, prow = 0, pcol = 0;
+    for (size_t r0 = 0; r0 < nr; r0 += 8) {
+        for (const size_t pe = r0 + 8 >= nr ? nl : nl * (r0 / 8 + 1) / nb; pl < pe; pl++) {
+            _mm_prefetch(pf->base + prow * pf->stride + pcol * 64, _MM_HINT_T1);
+            if (++pcol == lpr) pcol = 0, prow++;
+        }
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+               a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00, a70 = a00, a71 = a00;
+        const float *q = qp + r0 * D, *kp = kt;
+        for (size_t d = 0; d < D; d++, q += 8, kp += KVM_QK_TILE) {
+            const __m512 k0 = _mm512_load_ps(kp), k1 = _mm512_load_ps(kp + 16);
+            QT_ROW(0);
+            QT_ROW(1);
+            QT_ROW(2);
+            QT_ROW(3);
+            QT_ROW(4);
+            QT_ROW(5);
+            QT_ROW(6);
+            QT_ROW(7);
+        }
+        const size_t nrr = nr - r0;
+        float *o = out + r0 * ldo;
+        QT_OUT(0) QT_OUT(1) QT_OUT(2) QT_OUT(3) QT_OUT(4) QT_OUT(5) QT_OUT(6) QT_OUT(7)
+    }
+}
+#undef QT_ROW
+#undef QT_OUT
+
+static float x_exp_row(float *x, size_t n, size_t nz, float *mxo) {
+    __m512 mx = _mm512_set1_ps(-INFINITY), bad = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j += 16) {
+        const __mmask16 mk = tmask(n - j);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, x + j);
+        mx = _mm512_mask_max_ps(mx, mk, mx, v);
+        bad = _mm512_fmadd_ps(v, _mm512_setzero_ps(), bad); /* 0 unless some v is inf or NaN */
+    }
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j += 16) {
+        const __mmask16 mk = tmask(n - j);
+        const __m512 e = _mm512_maskz_mov_ps(mk, kvm_exp_neg512_flush(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), vm)));
+        _mm512_mask_storeu_ps(x + j, tmask(nz - j), e); /* lanes in [n, nz) get 0 */
+        sum = _mm512_add_ps(sum, e);
+    }
+    for (size_t j = (n + 15) & ~(size_t)15; j < nz; j += 16) _mm512_mask_storeu_ps(x + j, tmask(nz - j), _mm512_setzero_ps());
+    *mxo = m;
+    return _mm512_reduce_add_ps(bad) == 0.0f ? _mm512_reduce_add_ps(sum) : NAN;
+}
+
+/* Blocks of 64 positions, every row accumulated in registers. */
+static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t n, float *vote) {
+    size_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t i = 0; i < nr; i++) {
+            const __m512 w = _mm512_set1_ps(f[i]);
+            const float *r = e + i * lde + j;
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 16), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 32), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 48), a3);
+        }
+        _mm512_storeu_ps(vote + j, a0);
+        _mm512_storeu_ps(vote + j + 16, a1);
+        _mm512_storeu_ps(vote + j + 32, a2);
+        _mm512_storeu_ps(vote + j + 48, a3);
+    }
+    for (; j < n; j += 16) {
+        const __mmask16 mk = tmask(n - j);
+        __m512 a = _mm512_setzero_ps();
+        for (size_t i = 0; i < nr; i++) a = _mm512_fmadd_ps(_mm512_set1_ps(f[i]), _mm512_maskz_loadu_ps(mk, e + i * lde + j), a);
+        _mm512_mask_storeu_ps(vote + j, mk, a);
+    }
+}
+
+static const kvm_qk_kernels k_avx512 = {"avx512", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum};
 const kvm_qk_kernels *kvm_qk_kernels_avx512(void) { return &k_avx512; }

@@ -306,6 +306,51 @@ static void snapkv_gqa_layouts_match_reference(void **state) {
     free(q), free(qh), free(k), free(a), free(b), free(buf), free(ref);
 }
 
+/* A window long enough that the logits go in many spans of positions
+ * (4 query heads x 700 rows: spans of 64 positions), rows whose causal
+ * prefix ends before the last spans start (those spans weigh nothing for
+ * them), a key count off the tile size; f32 and f16 keys (ctest runs it on
+ * each kernel table): each matches the reference, one and three threads
+ * agree to the bit. */
+static void snapkv_long_window_spans_match_reference(void **state) {
+    (void)state;
+    const int L = 1, HQ = 4, HKV = 2, D = 8;
+    const int64_t N = 2013, W = 700;
+    kvmem_model_spec s = tu_spec(L, D);
+    s.n_q_heads = HQ, s.n_kv_heads = HKV;
+    uint64_t rng = 505;
+    const size_t QE = (size_t)W * L * HQ * D, KE = (size_t)L * N * HKV * D;
+    float *q = malloc(QE * 4), *k = malloc(KE * 4), *a = malloc((size_t)N * 4), *b = malloc((size_t)N * 4);
+    uint16_t *kh = malloc(KE * 2);
+    double *ref = malloc((size_t)N * sizeof *ref);
+    for (size_t i = 0; i < QE; i++) q[i] = 0.7f * tu_normal(&rng);
+    for (size_t i = 0; i < KE; i++) { /* a 1/64 grid in [-4, 4]: exact in f16 */
+        k[i] = roundf(fmaxf(-4.f, fminf(4.f, tu_normal(&rng))) * 64.f) / 64.f;
+        uint32_t u, ex;
+        memcpy(&u, &k[i], 4);
+        ex = (u >> 23) & 0xffu;
+        kh[i] = (uint16_t)(((u >> 16) & 0x8000u) | (ex ? ((ex - 112u) << 10) | ((u >> 13) & 0x3ffu) : 0u));
+    }
+    ref_snapkv(L, HQ, HKV, D, N, W, q, k, 7, ref);
+    kvmem_tensor qt, kt[2];
+    int64_t qs[4] = {W, L, HQ, D}, ks[4] = {L, N, HKV, D};
+    assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+    assert_ok(kvmem_tensor_init(&kt[0], k, KVMEM_F32, 4, ks));
+    assert_ok(kvmem_tensor_init(&kt[1], kh, KVMEM_F16, 4, ks));
+    kvmem_context *c1 = tu_context(1), *c3 = tu_context(3);
+    for (int x = 0; x < 2; x++) {
+        assert_ok(kvmem_snapkv_score(c1, &s, &qt, &kt[x], 7, a));
+        assert_ok(kvmem_snapkv_score(c3, &s, &qt, &kt[x], 7, b));
+        assert_memory_equal(a, b, (size_t)N * 4);
+        for (int64_t j = 0; j < N; j++)
+            if (!(fabs(a[j] - ref[j]) <= 1e-4 * (1 + fabs(ref[j]))))
+                fail_msg("dtype %d j=%lld: %.8g vs %.8g", x, (long long)j, a[j], ref[j]);
+    }
+    kvmem_context_free(c1);
+    kvmem_context_free(c3);
+    free(q), free(k), free(kh), free(a), free(b), free(ref);
+}
+
 static void snapkv_bad_input(void **state) {
     (void)state;
     kvmem_model_spec s = tu_spec(1, 8);
@@ -340,6 +385,7 @@ int main(void) {
         cmocka_unit_test(h2o_accumulates_and_keeps_heavy_hitters),
         cmocka_unit_test(snapkv_matches_reference),
         cmocka_unit_test(snapkv_gqa_layouts_match_reference),
+        cmocka_unit_test(snapkv_long_window_spans_match_reference),
         cmocka_unit_test(snapkv_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -185,33 +185,6 @@ static void simd_tables_match_scalar(void **state) {
                     free(o1);
                     free(o2);
                 }
-        /* qk16: 16 packed query rows against 1..16 keys, checked in both
-         * directions (a transposed store would pass a symmetric test) */
-        for (size_t D = 1; D <= 131; D += 26)
-            for (size_t nk = 1; nk <= 16; nk += 5) {
-                float *qp = aligned_alloc(64, ((D * 16 * 4 + 63) / 64) * 64), *kr = malloc(16 * D * 4);
-                float o1[16 * 20], o2[16 * 20];
-                for (size_t i = 0; i < D * 16; i++) qp[i] = tu_normal(&rng);
-                for (size_t i = 0; i < 16 * D; i++) kr[i] = tu_normal(&rng);
-                const float *kp[16];
-                for (size_t j = 0; j < 16; j++) kp[j] = kr + (15 - j) * D;
-                for (size_t i = 0; i < 16 * 20; i++) o1[i] = o2[i] = -99.0f;
-                sc->qk16(qp, kp, nk, D, 0.25f, o1, 20);
-                t[ti]->qk16(qp, kp, nk, D, 0.25f, o2, 20);
-                for (size_t r = 0; r < 16; r++)
-                    for (size_t j = 0; j < 20; j++) {
-                        if (j >= nk) {
-                            assert_true(o1[r * 20 + j] == -99.0f && o2[r * 20 + j] == -99.0f); /* nothing past nk */
-                            continue;
-                        }
-                        double ref = 0;
-                        for (size_t d = 0; d < D; d++) ref += (double)qp[d * 16 + r] * kp[j][d];
-                        ref *= 0.25;
-                        assert_true(fabs(o1[r * 20 + j] - ref) < 1e-5 * (1.0 + fabs(ref)) * sqrt((double)D));
-                        assert_true(fabs(o2[r * 20 + j] - ref) < 1e-5 * (1.0 + fabs(ref)) * sqrt((double)D));
-                    }
-                free(qp), free(kr);
-            }
         size_t lens[5] = {1, 8, 15, 17, 1000};
         for (int c = 0; c < 5; c++) {
             size_t n = lens[c];
@@ -227,6 +200,111 @@ static void simd_tables_match_scalar(void **state) {
         }
     }
     if (!ran) skip();
+}
+
+/* SnapKV's kernels, every table (the scalar one too) against plain loops in
+ * double: keys packed by dimension (exactly, zeros past the keys), the GEMM
+ * tile (query rows packed in blocks of 8; row and key counts off the block
+ * sizes, dimensions off the vector width; nothing written past the rows or
+ * keys asked for), a softmax row piece (max, exps, zeros up to nz, nothing
+ * past, NaN for a non-finite input) and the window's weighted sum. */
+static void snapkv_kernels_match_reference(void **state) {
+    (void)state;
+    const kvm_qk_kernels *t[3] = {kvm_qk_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_qk_kernels_avx2() : NULL,
+                                  kvm_cpu_has_avx512() ? kvm_qk_kernels_avx512() : NULL};
+    const size_t T = KVM_QK_TILE, LDO = 40;
+    uint64_t rng = 91;
+    for (int ti = 0; ti < 3; ti++) {
+        if (!t[ti]) continue;
+        const size_t Ds[5] = {1, 7, 16, 33, 130}, nks[5] = {1, 5, 16, 17, 32}, nrs[4] = {1, 5, 8, 21};
+        for (int a = 0; a < 5; a++)
+            for (int b = 0; b < 5; b++) {
+                const size_t D = Ds[a], nk = nks[b];
+                float *kr = malloc(T * D * 4), *kt = aligned_alloc(64, D * T * 4);
+                for (size_t i = 0; i < T * D; i++) kr[i] = tu_normal(&rng);
+                const float *kp[KVM_QK_TILE];
+                for (size_t j = 0; j < T; j++) kp[j] = kr + (T - 1 - j) * D; /* not in memory order */
+                for (size_t i = 0; i < D * T; i++) kt[i] = -99.0f;
+                t[ti]->kt_pack(kp, nk, D, kt);
+                for (size_t d = 0; d < D; d++)
+                    for (size_t j = 0; j < T; j++) assert_true(kt[d * T + j] == (j < nk ? kp[j][d] : 0.0f));
+                for (int c = 0; c < 4; c++) {
+                    const size_t nr = nrs[c], nb = (nr + 7) / 8;
+                    float *qp = aligned_alloc(64, (nb * D * 32 + 63) / 64 * 64), *o = malloc((nr + 1) * LDO * 4);
+                    for (size_t i = 0; i < nb * D * 8; i++) qp[i] = tu_normal(&rng);
+                    for (size_t i = 0; i < (nr + 1) * LDO; i++) o[i] = -99.0f;
+                    const kvm_qk_prefetch pf = {(const char *)kr, D * 4, D * 4, T}; /* a hint: no effect on results */
+                    t[ti]->qk_tile(qp, nr, kt, nk, D, 0.25f, o, LDO, c % 2 ? &pf : NULL);
+                    for (size_t r = 0; r <= nr; r++)
+                        for (size_t j = 0; j < LDO; j++) {
+                            if (r == nr || j >= nk) {
+                                assert_true(o[r * LDO + j] == -99.0f); /* nothing past the rows or keys */
+                                continue;
+                            }
+                            double ref = 0;
+                            for (size_t d = 0; d < D; d++) ref += (double)qp[(r / 8) * D * 8 + d * 8 + r % 8] * kp[j][d];
+                            ref *= 0.25;
+                            if (fabs(o[r * LDO + j] - ref) > 1e-5 * (1.0 + fabs(ref)) * sqrt((double)D))
+                                fail_msg("%s qk_tile D=%zu nk=%zu nr=%zu [%zu][%zu]: %.8g vs %.8g", t[ti]->name, D, nk, nr, r,
+                                         j, o[r * LDO + j], ref);
+                        }
+                    free(qp);
+                    free(o);
+                }
+                free(kr);
+                free(kt);
+            }
+        const size_t ns[6] = {0, 1, 15, 17, 100, 1000};
+        for (int c = 0; c < 6; c++) {
+            const size_t n = ns[c], nz = n + 21;
+            float *x = malloc((nz + 3) * 4), *x0 = malloc(n ? n * 4 : 4);
+            for (size_t i = 0; i < nz + 3; i++) x[i] = -99.0f;
+            for (size_t i = 0; i < n; i++) x[i] = x0[i] = 30.0f * tu_normal(&rng); /* wide range: exp underflow too */
+            float mx;
+            const float sum = t[ti]->exp_row(x, n, nz, &mx);
+            double rm = -INFINITY, rs = 0;
+            for (size_t i = 0; i < n; i++) rm = x0[i] > rm ? x0[i] : rm;
+            assert_true(mx == (float)rm);
+            for (size_t i = 0; i < n; i++) {
+                const double e = exp((double)(x0[i] - (float)rm)); /* the float difference, as the kernels take it */
+                rs += e;
+                if (!(fabs(x[i] - e) < 1e-37 + 1e-6 * e))
+                    fail_msg("%s exp_row n=%zu [%zu]: %.8g vs %.8g", t[ti]->name, n, i, x[i], e);
+            }
+            for (size_t i = n; i < nz; i++) assert_true(x[i] == 0.0f);
+            for (size_t i = nz; i < nz + 3; i++) assert_true(x[i] == -99.0f);
+            assert_true(fabs(sum - rs) < 1e-6 * rs + (n ? 0 : 1e-30));
+            if (n) { /* a non-finite value anywhere in [0, n): NaN */
+                const float bad[3] = {NAN, INFINITY, -INFINITY};
+                for (int v = 0; v < 3; v++) {
+                    memcpy(x, x0, n * 4);
+                    x[(n * 7 / 10 + (size_t)v) % n] = bad[v];
+                    assert_true(isnan(t[ti]->exp_row(x, n, nz, &mx)));
+                }
+            }
+            free(x);
+            free(x0);
+        }
+        const size_t nrw[3] = {1, 9, 32}, nw[4] = {1, 17, 64, 150};
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 4; b++) {
+                const size_t nr = nrw[a], n = nw[b], lde = n + 5;
+                float *e = malloc(nr * lde * 4), *f = malloc(nr * 4), *v = malloc((n + 2) * 4);
+                for (size_t i = 0; i < nr * lde; i++) e[i] = fabsf(tu_normal(&rng));
+                for (size_t i = 0; i < nr; i++) f[i] = fabsf(tu_normal(&rng));
+                for (size_t i = 0; i < n + 2; i++) v[i] = -99.0f;
+                t[ti]->wsum(e, lde, f, nr, n, v);
+                for (size_t j = 0; j < n; j++) {
+                    double ref = 0;
+                    for (size_t i = 0; i < nr; i++) ref += (double)f[i] * e[i * lde + j];
+                    assert_true(fabs(v[j] - ref) < 1e-5 * ref);
+                }
+                assert_true(v[n] == -99.0f && v[n + 1] == -99.0f);
+                free(e);
+                free(f);
+                free(v);
+            }
+    }
 }
 
 /* K as HF caches hold it ([n_layers][n_kv_heads][N][head_dim], viewed
@@ -340,6 +418,7 @@ int main(void) {
         cmocka_unit_test(gqa_expands_kv_heads),
         cmocka_unit_test(independent_of_threads_and_f16_keys_match),
         cmocka_unit_test(simd_tables_match_scalar),
+        cmocka_unit_test(snapkv_kernels_match_reference),
         cmocka_unit_test(head_major_and_half_keys_match_reference),
         cmocka_unit_test(bad_input),
     };
