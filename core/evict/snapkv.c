@@ -100,9 +100,11 @@ static void sk_one(sk_job *s, size_t t, float *lg, float *qp, float *kt, float *
         for (size_t d = 0; d < D; d++) blk[d * 8 + r % 8] = row[d];
     }
     const int direct = k->dtype == KVMEM_F32 && (k->strides[3] == 1 || D == 1);
+    const int direct16 = k->dtype == KVMEM_F16 && (k->strides[3] == 1 || D == 1) && s->kk->kt_pack_f16;
     const size_t es = kvm_dtype_size(k->dtype);
     float *smax = st, *ssum = st + s->n_spans * R, *wt = st + 2 * s->n_spans * R; /* [span][R] each */
     const float *rows[SK_TILE];
+    const uint16_t *rows16[SK_TILE];
     for (size_t c = 0; c < s->n_spans; c++) {
         const size_t c0 = c * NS, cn = KVM_MIN(NS, N - c0);
         float *ls = lg + c * R * LD;
@@ -113,12 +115,15 @@ static void sk_one(sk_job *s, size_t t, float *lg, float *qp, float *kt, float *
                 const int64_t off = (int64_t)l * k->strides[0] + (int64_t)(j0 + i) * k->strides[1] + (int64_t)g * k->strides[2];
                 if (direct) {
                     rows[i] = (const float *)((const unsigned char *)k->data + (size_t)off * es);
+                } else if (direct16) { /* widened by the packing */
+                    rows16[i] = (const uint16_t *)((const unsigned char *)k->data + (size_t)off * es);
                 } else { /* f16 / bf16 / strided rows: converted once here, reused by every query row */
                     kvm_tensor_read_f32(k, off, kconv + i * D, D);
                     rows[i] = kconv + i * D;
                 }
             }
-            s->kk->kt_pack(rows, n, D, kt);
+            if (direct16) s->kk->kt_pack_f16(rows16, n, D, kt);
+            else s->kk->kt_pack(rows, n, D, kt);
             s->kk->qk_tile(qp, R, kt, n, D, s->scale, ls + (j0 - c0), LD, &pf);
         }
         /* the span's softmax pieces while its logits are in L2; causal:

@@ -188,5 +188,5 @@ static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum};
+static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum, NULL};
 const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return &k_avx2; }

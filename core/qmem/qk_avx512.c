@@ -168,6 +168,35 @@ static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) 
     }
 }
 
+/* As x_kt_pack from f16 rows: 16 halves widened per load (F16C), so the
+ * rows are read once, in place, with no f32 copy between. */
+static void x_kt_pack_f16(const uint16_t *const *rows, size_t nk, size_t D, float *kt) {
+    for (size_t h = 0; h < KVM_QK_TILE; h += 16) {
+        if (h >= nk) {
+            for (size_t d = 0; d < D; d++) _mm512_store_ps(kt + d * KVM_QK_TILE + h, _mm512_setzero_ps());
+            continue;
+        }
+        const uint16_t *p[16];
+        __mmask16 live[16];
+        for (size_t i = 0; i < 16; i++) {
+            p[i] = h + i < nk ? rows[h + i] : rows[0];
+            live[i] = h + i < nk ? (__mmask16)0xffff : 0;
+        }
+        for (size_t d0 = 0; d0 < D; d0 += 16) {
+            const __mmask16 md = tmask(D - d0);
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) r[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(md & live[i], p[i] + d0));
+            transpose16(r);
+            float *o = kt + d0 * KVM_QK_TILE + h;
+            const size_t nd = D - d0;
+#pragma GCC unroll 16
+            for (size_t c = 0; c < 16; c++)
+                if (c < nd) _mm512_store_ps(o + c * KVM_QK_TILE, r[c]);
+        }
+    }
+}
+
 /* 8 query rows x 32 keys in 16 accumulators: per dimension two packed key
  * loads and 8 broadcasts of query elements for 16 FMAs (the FMA units, not
  * the loads, are the bound), rows of logits stored as they are. */
@@ -265,5 +294,5 @@ static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-static const kvm_qk_kernels k_avx512 = {"avx512", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum};
+static const kvm_qk_kernels k_avx512 = {"avx512", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum, x_kt_pack_f16};
 const kvm_qk_kernels *kvm_qk_kernels_avx512(void) { return &k_avx512; }

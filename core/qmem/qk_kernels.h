@@ -5,6 +5,7 @@
 #define KVMEM_QMEM_QK_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define KVM_QK_TILE 32 /* keys per packed tile of the SnapKV GEMM */
 
@@ -46,6 +47,9 @@ typedef struct kvm_qk_kernels {
     /* vote[j] = sum_i f[i] * e[i * lde + j] for j < n, i < nr (nr >= 1):
      * the window's rows weighted into one vote per position. */
     void (*wsum)(const float *e, size_t lde, const float *f, size_t nr, size_t n, float *vote);
+    /* kt_pack from f16 rows, widened on the way (exact); NULL where a table
+     * has none (the caller then widens rows itself and uses kt_pack). */
+    void (*kt_pack_f16)(const uint16_t *const *rows, size_t nk, size_t D, float *kt);
 } kvm_qk_kernels;
 
 const kvm_qk_kernels *kvm_qk_kernels_get(void);

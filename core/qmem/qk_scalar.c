@@ -80,7 +80,7 @@ static void s_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-static const kvm_qk_kernels k_scalar = {"scalar", s_qk, s_softmax_acc, s_kt_pack, s_qk_tile, s_exp_row, s_wsum};
+static const kvm_qk_kernels k_scalar = {"scalar", s_qk, s_softmax_acc, s_kt_pack, s_qk_tile, s_exp_row, s_wsum, NULL};
 
 const kvm_qk_kernels *kvm_qk_kernels_scalar(void) { return &k_scalar; }
 

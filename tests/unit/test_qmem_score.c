@@ -228,6 +228,22 @@ static void snapkv_kernels_match_reference(void **state) {
                 t[ti]->kt_pack(kp, nk, D, kt);
                 for (size_t d = 0; d < D; d++)
                     for (size_t j = 0; j < T; j++) assert_true(kt[d * T + j] == (j < nk ? kp[j][d] : 0.0f));
+                if (t[ti]->kt_pack_f16) { /* from f16 rows: the halves' exact values */
+                    uint16_t *kh = malloc(T * D * 2);
+                    float *kw = malloc(T * D * 4);
+                    kvm_cpu_kernels_scalar()->f32_to_f16(kr, kh, T * D);
+                    kvm_cpu_kernels_scalar()->f16_to_f32(kh, kw, T * D);
+                    const uint16_t *kp16[KVM_QK_TILE];
+                    for (size_t j = 0; j < T; j++) kp16[j] = kh + (T - 1 - j) * D;
+                    for (size_t i = 0; i < D * T; i++) kt[i] = -99.0f;
+                    t[ti]->kt_pack_f16(kp16, nk, D, kt);
+                    for (size_t d = 0; d < D; d++)
+                        for (size_t j = 0; j < T; j++)
+                            assert_true(kt[d * T + j] == (j < nk ? kw[(T - 1 - j) * D + d] : 0.0f));
+                    free(kh);
+                    free(kw);
+                }
+                t[ti]->kt_pack(kp, nk, D, kt); /* again: the GEMM below reads the f32 packing */
                 for (int c = 0; c < 4; c++) {
                     const size_t nr = nrs[c], nb = (nr + 7) / 8;
                     float *qp = aligned_alloc(64, (nb * D * 32 + 63) / 64 * 64), *o = malloc((nr + 1) * LDO * 4);
