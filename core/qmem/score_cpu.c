@@ -72,6 +72,21 @@ static void k_prefetch(const kvmem_tensor *k, size_t l, size_t g, size_t j0, siz
         for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(base + i * (size_t)k->strides[1] * es + x, 0, 3);
 }
 
+/* Position-major K whose tiles are one run (the heads of a position
+ * adjacent, positions adjacent): slice `part` of `parts` of the next tile's
+ * run, ascending, before head `part`'s rows compute, so the requests spread
+ * over the tile and each line is asked for once (per head, the requests
+ * took a 512-byte piece of every position: f32 8k, one thread, 0.57 of the
+ * read limit against 0.50). Returns 0 when the rows are not one run. */
+static int pm_prefetch_slice(const kvmem_tensor *k, size_t l, size_t j0, size_t n, size_t part, size_t parts) {
+    const size_t es = kvm_dtype_size(k->dtype), D = (size_t)k->shape[3], H = (size_t)k->shape[2];
+    if (k->strides[3] != 1 || (size_t)k->strides[2] != D || (size_t)k->strides[1] != H * D) return 0;
+    const char *base = (const char *)k->data + (size_t)((int64_t)l * k->strides[0] + (int64_t)j0 * k->strides[1]) * es;
+    const size_t run = n * H * D * es, a = (run * part / parts) & ~(size_t)63, b = run * (part + 1) / parts;
+    for (size_t x = a; x < b; x += 64) __builtin_prefetch(base + x, 0, 3);
+    return 1;
+}
+
 /* logits[g * G + i][j0 .. j0 + n) of layer l: the G query rows of KV head g
  * against its key rows at positions [j0, j0 + n), read in place (f16 and
  * bf16 converted in registers) or converted into conv. */
@@ -125,7 +140,7 @@ static void qs_chunk(qs_job *q, size_t c, float *lg, float *conv) {
             for (size_t j0 = 0; j0 < q->N; j0 += q->pm_tile) {
                 const size_t n = KVM_MIN(q->N - j0, q->pm_tile), nn = KVM_MIN(q->N - j0 - n, q->pm_tile);
                 for (size_t g = 0; g < q->Hkv; g++) {
-                    k_prefetch(q->k, l, g, j0 + n, nn, q->D);
+                    if (!pm_prefetch_slice(q->k, l, j0 + n, nn, g, q->Hkv)) k_prefetch(q->k, l, g, j0 + n, nn, q->D);
                     qk_rows(q, l, g, j0, n, conv, lg);
                 }
             }
