@@ -148,71 +148,95 @@ static inline __mmask16 chunk_mask(size_t dim, size_t d) {
     return d >= dim ? 0 : dim - d >= 16 ? (__mmask16)0xffff : tail_mask(dim - d);
 }
 
-/* Four queries by four 16-wide column chunks: sixteen accumulators stay in
- * registers while the keys stream past (4 value loads, 4 broadcasts and 16
- * FMAs per key). */
+/* Four queries by four 16-wide column chunks [d, d + 64): sixteen
+ * accumulators stay in registers while the keys stream past (4 value loads,
+ * 4 broadcasts and 16 FMAs per key). Inlined with constant masks for full
+ * chunks, so those loads are plain; the tail chunk's are masked. */
+static inline __attribute__((always_inline)) void pv_chunk(float *const *rr, int ng, const float *p0, const float *p1,
+                                                           const float *p2, const float *p3, const float *cc,
+                                                           const void *const *v, size_t nk, size_t d, __mmask16 m0,
+                                                           __mmask16 m1, __mmask16 m2, __mmask16 m3, int f16) {
+#define KVM_PV_INIT(g)                                                                     \
+    const __m512 c##g = _mm512_set1_ps(cc[g]);                                             \
+    __m512 a##g##0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, rr[g] + d), c##g);            \
+    __m512 a##g##1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, rr[g] + d + 16), c##g);       \
+    __m512 a##g##2 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m2, rr[g] + d + 32), c##g);       \
+    __m512 a##g##3 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m3, rr[g] + d + 48), c##g)
+    KVM_PV_INIT(0);
+    KVM_PV_INIT(1);
+    KVM_PV_INIT(2);
+    KVM_PV_INIT(3);
+#undef KVM_PV_INIT
+    for (size_t i = 0; i < nk; i++) {
+        /* the chunk's address once: the four loads take constant offsets */
+        const void *vi = (const char *)v[i] + d * (f16 ? 2 : 4);
+        const __m512 v0 = ld(vi, 0, m0, f16), v1 = ld(vi, 16, m1, f16);
+        const __m512 v2 = ld(vi, 32, m2, f16), v3 = ld(vi, 48, m3, f16);
+        __m512 w = _mm512_set1_ps(p0[i]);
+        a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
+        a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
+        w = _mm512_set1_ps(p1[i]);
+        a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
+        a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
+        w = _mm512_set1_ps(p2[i]);
+        a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
+        a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
+        w = _mm512_set1_ps(p3[i]);
+        a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
+        a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
+    }
+    /* rows beyond ng alias row 0 and are not stored */
+#define KVM_PV_STORE(g)                                                                                    \
+    _mm512_mask_storeu_ps(rr[g] + d, m0, a##g##0), _mm512_mask_storeu_ps(rr[g] + d + 16, m1, a##g##1), \
+        _mm512_mask_storeu_ps(rr[g] + d + 32, m2, a##g##2), _mm512_mask_storeu_ps(rr[g] + d + 48, m3, a##g##3)
+    if (ng > 3) KVM_PV_STORE(3);
+    if (ng > 2) KVM_PV_STORE(2);
+    if (ng > 1) KVM_PV_STORE(1);
+    KVM_PV_STORE(0);
+#undef KVM_PV_STORE
+}
+
 static inline __attribute__((always_inline)) void pv_impl(float *const *acc, size_t nq, const float *c,
                                                           const float *p, size_t ldp, const void *const *v,
                                                           size_t nk, size_t dim, int f16) {
+    const size_t full = dim & ~(size_t)63;
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
-        const float *pp[4];
-        for (size_t g = 0; g < 4; g++) pp[g] = p + (g0 + (g < ng ? g : 0)) * ldp;
-        for (size_t d = 0; d < dim; d += 64) {
-            const __mmask16 m[4] = {chunk_mask(dim, d), chunk_mask(dim, d + 16), chunk_mask(dim, d + 32),
-                                    chunk_mask(dim, d + 48)};
-            /* named accumulators (registers, not the stack) */
-            float *const r0 = acc[g0], *const r1 = acc[g0 + (ng > 1 ? 1 : 0)];
-            float *const r2 = acc[g0 + (ng > 2 ? 2 : 0)], *const r3 = acc[g0 + (ng > 3 ? 3 : 0)];
-            const __m512 c0 = _mm512_set1_ps(c[g0]), c1 = _mm512_set1_ps(c[g0 + (ng > 1 ? 1 : 0)]);
-            const __m512 c2 = _mm512_set1_ps(c[g0 + (ng > 2 ? 2 : 0)]), c3 = _mm512_set1_ps(c[g0 + (ng > 3 ? 3 : 0)]);
-#define KVM_PV_INIT(g, u) __m512 a##g##u = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], r##g + d + 16 * u), c##g)
-            KVM_PV_INIT(0, 0); KVM_PV_INIT(0, 1); KVM_PV_INIT(0, 2); KVM_PV_INIT(0, 3);
-            KVM_PV_INIT(1, 0); KVM_PV_INIT(1, 1); KVM_PV_INIT(1, 2); KVM_PV_INIT(1, 3);
-            KVM_PV_INIT(2, 0); KVM_PV_INIT(2, 1); KVM_PV_INIT(2, 2); KVM_PV_INIT(2, 3);
-            KVM_PV_INIT(3, 0); KVM_PV_INIT(3, 1); KVM_PV_INIT(3, 2); KVM_PV_INIT(3, 3);
-#undef KVM_PV_INIT
-            for (size_t i = 0; i < nk; i++) {
-                const void *vi = v[i];
-                const __m512 v0 = ld(vi, d, m[0], f16), v1 = ld(vi, d + 16, m[1], f16);
-                const __m512 v2 = ld(vi, d + 32, m[2], f16), v3 = ld(vi, d + 48, m[3], f16);
-                __m512 w = _mm512_set1_ps(pp[0][i]);
-                a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
-                a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
-                w = _mm512_set1_ps(pp[1][i]);
-                a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
-                a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
-                w = _mm512_set1_ps(pp[2][i]);
-                a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
-                a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
-                w = _mm512_set1_ps(pp[3][i]);
-                a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
-                a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
-            }
-            /* rows beyond ng alias row 0 and are not stored */
-#define KVM_PV_STORE(g) \
-    _mm512_mask_storeu_ps(r##g + d, m[0], a##g##0), _mm512_mask_storeu_ps(r##g + d + 16, m[1], a##g##1), \
-        _mm512_mask_storeu_ps(r##g + d + 32, m[2], a##g##2), _mm512_mask_storeu_ps(r##g + d + 48, m[3], a##g##3)
-            if (ng > 3) KVM_PV_STORE(3);
-            if (ng > 2) KVM_PV_STORE(2);
-            if (ng > 1) KVM_PV_STORE(1);
-            KVM_PV_STORE(0);
-#undef KVM_PV_STORE
-        }
+        const size_t g1 = g0 + (ng > 1 ? 1 : 0), g2 = g0 + (ng > 2 ? 2 : 0), g3 = g0 + (ng > 3 ? 3 : 0);
+        float *const rr[4] = {acc[g0], acc[g1], acc[g2], acc[g3]};
+        const float cc[4] = {c[g0], c[g1], c[g2], c[g3]};
+        const float *p0 = p + g0 * ldp, *p1 = p + g1 * ldp, *p2 = p + g2 * ldp, *p3 = p + g3 * ldp;
+        size_t d = 0;
+        for (; d < full; d += 64)
+            pv_chunk(rr, (int)ng, p0, p1, p2, p3, cc, v, nk, d, 0xffff, 0xffff, 0xffff, 0xffff, f16);
+        if (d < dim)
+            pv_chunk(rr, (int)ng, p0, p1, p2, p3, cc, v, nk, d, chunk_mask(dim, d), chunk_mask(dim, d + 16),
+                     chunk_mask(dim, d + 32), chunk_mask(dim, d + 48), f16);
     }
 }
 
-static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+/* gcc's register allocator, by regions (its default), spills the value rows
+ * or the accumulators of pv_chunk's loop to the stack whatever the source
+ * says (p.v at 95-130 GFLOP/s in L2 on the machine of BENCHMARKS.md's
+ * attend section); allocating the function as one region keeps them in
+ * registers (190-215). q.k does not want it (200 -> 180). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define KVM_PV_RA __attribute__((optimize("ira-region=one")))
+#else
+#define KVM_PV_RA
+#endif
+
+KVM_PV_RA static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                  const float *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
 }
 
-static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+KVM_PV_RA static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                      const uint16_t *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
 }
 
-static void x_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+KVM_PV_RA static void x_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                       const uint16_t *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2);
 }
