@@ -48,7 +48,7 @@ typedef struct {
     float scale;
     kvmem_dtype rows_dt; /* the rows as the kernel reads them: K's dtype, or F32 when converted */
     int head_major;      /* a head's rows adjacent ([L][Hkv][N][D] viewed as [L][N][Hkv][D]: HF caches) */
-    size_t pm_tile;      /* position-major K: positions per tile, all heads of a tile about 16 KiB */
+    size_t pm_tile;      /* position-major K: positions per tile, all heads of a tile 16 KiB (f32) or 32 KiB */
     float *partial;      /* [n_chunks][N] */
     float *logits;       /* [n_workers][Hq][N] */
     float *conv;         /* [n_workers][QS_TILE][D]: rows converted (K's last stride is not 1), or NULL */
@@ -199,7 +199,12 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     q.scale = (float)(1.0 / sqrt((double)q.D));
     q.rows_dt = k->strides[3] == 1 || q.D == 1 ? k->dtype : KVMEM_F32;
     q.head_major = q.Hkv > 1 && k->strides[2] > k->strides[1];
-    q.pm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, ((size_t)16384 / (q.Hkv * q.D * kvm_dtype_size(q.rows_dt))) & ~(size_t)3));
+    /* f32 tiles of 16 KiB, 16-bit ones of 32 KiB (16 positions of Qwen3-8B's
+     * heads): with the faster q.k kernel, 16 KiB f16 tiles ran 7.0-8.3 ms
+     * where 32 KiB ran 6.0-6.7 (8 layers, 8k), f32 tiles of 32 KiB 15-16
+     * ms against 12-13 */
+    const size_t es = kvm_dtype_size(q.rows_dt), tile_bytes = es == 4 ? 16384 : 32768;
+    q.pm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, (tile_bytes / (q.Hkv * q.D * es)) & ~(size_t)3));
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
     q.n_workers = KVM_MIN(q.n_chunks, (size_t)kvm_threadpool_size(tp));
     size_t np, nl, nc = 0;
