@@ -9,28 +9,37 @@
 
 static inline __mmask16 tail_mask(size_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 
-/* Lane sums of 16 vectors in one vector: lane i = sum of the lanes of v[i].
- * Three halving steps (256-bit, 128-bit, then in-lane pairs) leave lane
- * 4k + m holding v[4m + k]; one permute puts it in order. */
-static inline __m512 hsum16(const __m512 *v) {
-    __m512 w[8], x[4];
-    for (int i = 0; i < 8; i++)
-        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 4; i++)
-        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512 y0 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
-    __m512 y1 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
-    __m512d z0 = _mm512_castps_pd(y0), z1 = _mm512_castps_pd(y1);
-    /* move float pairs as 64-bit units, add them as floats */
-    __m512 z = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(z0, z1)), _mm512_castpd_ps(_mm512_unpackhi_pd(z0, z1)));
-    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(perm, z);
+/* Lane sums of 16 vectors in one vector, in registers: lane j = sum of the
+ * lanes of v[j]. Each level pairs two vectors and halves the lanes each one
+ * holds: lanes with bit s clear keep a's sums of lanes (j, j ^ s), lanes
+ * with it set b's (two blends, one swap, one add). Pairing v[j] with
+ * v[j ^ 8] first, then ^ 4, ^ 2, ^ 1 leaves the sums in order. (The array
+ * version before it, which gcc kept on the stack, ran q.k at half the
+ * speed.) */
+#define KVM_RED(a, b, m, swap) _mm512_add_ps(_mm512_mask_blend_ps(m, a, b), swap(_mm512_mask_blend_ps(m, b, a)))
+#define KVM_SW8(w) _mm512_shuffle_f32x4(w, w, _MM_SHUFFLE(1, 0, 3, 2))
+#define KVM_SW4(w) _mm512_shuffle_f32x4(w, w, _MM_SHUFFLE(2, 3, 0, 1))
+#define KVM_SW2(w) _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2))
+#define KVM_SW1(w) _mm512_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1))
+static inline __attribute__((always_inline)) __m512 hsum16(__m512 v0, __m512 v1, __m512 v2, __m512 v3, __m512 v4,
+                                                           __m512 v5, __m512 v6, __m512 v7, __m512 v8, __m512 v9,
+                                                           __m512 v10, __m512 v11, __m512 v12, __m512 v13,
+                                                           __m512 v14, __m512 v15) {
+    const __m512 p0 = KVM_RED(v0, v8, 0xFF00, KVM_SW8), p1 = KVM_RED(v4, v12, 0xFF00, KVM_SW8);
+    const __m512 p2 = KVM_RED(v2, v10, 0xFF00, KVM_SW8), p3 = KVM_RED(v6, v14, 0xFF00, KVM_SW8);
+    const __m512 p4 = KVM_RED(v1, v9, 0xFF00, KVM_SW8), p5 = KVM_RED(v5, v13, 0xFF00, KVM_SW8);
+    const __m512 p6 = KVM_RED(v3, v11, 0xFF00, KVM_SW8), p7 = KVM_RED(v7, v15, 0xFF00, KVM_SW8);
+    const __m512 q0 = KVM_RED(p0, p1, 0xF0F0, KVM_SW4), q1 = KVM_RED(p2, p3, 0xF0F0, KVM_SW4);
+    const __m512 q2 = KVM_RED(p4, p5, 0xF0F0, KVM_SW4), q3 = KVM_RED(p6, p7, 0xF0F0, KVM_SW4);
+    const __m512 r0 = KVM_RED(q0, q1, 0xCCCC, KVM_SW2), r1 = KVM_RED(q2, q3, 0xCCCC, KVM_SW2);
+    return KVM_RED(r0, r1, 0xAAAA, KVM_SW1);
 }
+#undef KVM_RED
+#undef KVM_SW8
+#undef KVM_SW4
+#undef KVM_SW2
+#undef KVM_SW1
 
-/* Four queries against four keys per step: sixteen independent FMA chains,
- * reduced together by hsum16. */
 /* Row loads of f32 (dt 0), f16 (1) or bf16 (2), converted in registers. */
 static inline __attribute__((always_inline)) __m512 ld(const void *row, size_t d, __mmask16 m, int dt) {
     if (dt == 1) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d));
@@ -40,6 +49,9 @@ static inline __attribute__((always_inline)) __m512 ld(const void *row, size_t d
     return _mm512_maskz_loadu_ps(m, (const float *)row + d);
 }
 
+/* Four queries against four keys per step: sixteen independent FMA chains,
+ * reduced together by hsum16; the full 16-wide steps unmasked, then the
+ * tail. */
 static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
                                                           size_t nk, size_t dim, float scale, float *s, size_t lds,
                                                           int f16) {
@@ -48,8 +60,8 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
     const __m512 vscale = _mm512_set1_ps(scale);
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
-        const float *qq[4];
-        for (size_t g = 0; g < 4; g++) qq[g] = q[g0 + (g < ng ? g : 0)];
+        const float *q0 = q[g0], *q1 = q[g0 + (ng > 1 ? 1 : 0)], *q2 = q[g0 + (ng > 2 ? 2 : 0)];
+        const float *q3 = q[g0 + (ng > 3 ? 3 : 0)];
         size_t i = 0;
         for (; i + 4 <= nk; i += 4) {
             const void *k0 = k[i], *k1 = k[i + 1], *k2 = k[i + 2], *k3 = k[i + 3];
@@ -57,25 +69,29 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
              * up on the stack at -O2 */
             __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
                    a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
-            for (size_t d = 0; d < dim; d += 16) {
-                const __mmask16 m = d < full ? (__mmask16)0xffff : tm;
-                const __m512 x0 = ld(k0, d, m, f16), x1 = ld(k1, d, m, f16);
-                const __m512 x2 = ld(k2, d, m, f16), x3 = ld(k3, d, m, f16);
-                __m512 y = _mm512_maskz_loadu_ps(m, qq[0] + d);
-                a00 = _mm512_fmadd_ps(y, x0, a00), a01 = _mm512_fmadd_ps(y, x1, a01);
-                a02 = _mm512_fmadd_ps(y, x2, a02), a03 = _mm512_fmadd_ps(y, x3, a03);
-                y = _mm512_maskz_loadu_ps(m, qq[1] + d);
-                a10 = _mm512_fmadd_ps(y, x0, a10), a11 = _mm512_fmadd_ps(y, x1, a11);
-                a12 = _mm512_fmadd_ps(y, x2, a12), a13 = _mm512_fmadd_ps(y, x3, a13);
-                y = _mm512_maskz_loadu_ps(m, qq[2] + d);
-                a20 = _mm512_fmadd_ps(y, x0, a20), a21 = _mm512_fmadd_ps(y, x1, a21);
-                a22 = _mm512_fmadd_ps(y, x2, a22), a23 = _mm512_fmadd_ps(y, x3, a23);
-                y = _mm512_maskz_loadu_ps(m, qq[3] + d);
-                a30 = _mm512_fmadd_ps(y, x0, a30), a31 = _mm512_fmadd_ps(y, x1, a31);
-                a32 = _mm512_fmadd_ps(y, x2, a32), a33 = _mm512_fmadd_ps(y, x3, a33);
-            }
-            const __m512 a[16] = {a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33};
-            __m512 r = _mm512_mul_ps(hsum16(a), vscale);
+#define KVM_QK_STEP(m)                                                                 \
+    do {                                                                               \
+        const __m512 x0 = ld(k0, d, m, f16), x1 = ld(k1, d, m, f16);                  \
+        const __m512 x2 = ld(k2, d, m, f16), x3 = ld(k3, d, m, f16);                  \
+        __m512 y = _mm512_maskz_loadu_ps(m, q0 + d);                                   \
+        a00 = _mm512_fmadd_ps(y, x0, a00), a01 = _mm512_fmadd_ps(y, x1, a01);         \
+        a02 = _mm512_fmadd_ps(y, x2, a02), a03 = _mm512_fmadd_ps(y, x3, a03);         \
+        y = _mm512_maskz_loadu_ps(m, q1 + d);                                          \
+        a10 = _mm512_fmadd_ps(y, x0, a10), a11 = _mm512_fmadd_ps(y, x1, a11);         \
+        a12 = _mm512_fmadd_ps(y, x2, a12), a13 = _mm512_fmadd_ps(y, x3, a13);         \
+        y = _mm512_maskz_loadu_ps(m, q2 + d);                                          \
+        a20 = _mm512_fmadd_ps(y, x0, a20), a21 = _mm512_fmadd_ps(y, x1, a21);         \
+        a22 = _mm512_fmadd_ps(y, x2, a22), a23 = _mm512_fmadd_ps(y, x3, a23);         \
+        y = _mm512_maskz_loadu_ps(m, q3 + d);                                          \
+        a30 = _mm512_fmadd_ps(y, x0, a30), a31 = _mm512_fmadd_ps(y, x1, a31);         \
+        a32 = _mm512_fmadd_ps(y, x2, a32), a33 = _mm512_fmadd_ps(y, x3, a33);         \
+    } while (0)
+            size_t d = 0;
+            for (; d < full; d += 16) KVM_QK_STEP((__mmask16)0xffff);
+            if (d < dim) KVM_QK_STEP(tm);
+#undef KVM_QK_STEP
+            const __m512 r = _mm512_mul_ps(
+                hsum16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33), vscale);
             /* 128-bit lane g holds query g's four scores */
             _mm_storeu_ps(s + (g0 + 0) * lds + i, _mm512_extractf32x4_ps(r, 0));
             if (ng > 1) _mm_storeu_ps(s + (g0 + 1) * lds + i, _mm512_extractf32x4_ps(r, 1));
@@ -88,10 +104,10 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
             for (size_t d = 0; d < dim; d += 16) {
                 __mmask16 m = d < full ? (__mmask16)0xffff : tm;
                 __m512 x0 = ld(k0, d, m, f16);
-                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[0] + d), x0, a0);
-                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[1] + d), x0, a1);
-                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[2] + d), x0, a2);
-                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qq[3] + d), x0, a3);
+                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q0 + d), x0, a0);
+                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q1 + d), x0, a1);
+                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q2 + d), x0, a2);
+                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q3 + d), x0, a3);
             }
             float r[4] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
                           _mm512_reduce_add_ps(a3)};
@@ -132,71 +148,95 @@ static inline __mmask16 chunk_mask(size_t dim, size_t d) {
     return d >= dim ? 0 : dim - d >= 16 ? (__mmask16)0xffff : tail_mask(dim - d);
 }
 
-/* Four queries by four 16-wide column chunks: sixteen accumulators stay in
- * registers while the keys stream past (4 value loads, 4 broadcasts and 16
- * FMAs per key). */
+/* Four queries by four 16-wide column chunks [d, d + 64): sixteen
+ * accumulators stay in registers while the keys stream past (4 value loads,
+ * 4 broadcasts and 16 FMAs per key). Inlined with constant masks for full
+ * chunks, so those loads are plain; the tail chunk's are masked. */
+static inline __attribute__((always_inline)) void pv_chunk(float *const *rr, int ng, const float *p0, const float *p1,
+                                                           const float *p2, const float *p3, const float *cc,
+                                                           const void *const *v, size_t nk, size_t d, __mmask16 m0,
+                                                           __mmask16 m1, __mmask16 m2, __mmask16 m3, int f16) {
+#define KVM_PV_INIT(g)                                                                     \
+    const __m512 c##g = _mm512_set1_ps(cc[g]);                                             \
+    __m512 a##g##0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, rr[g] + d), c##g);            \
+    __m512 a##g##1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, rr[g] + d + 16), c##g);       \
+    __m512 a##g##2 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m2, rr[g] + d + 32), c##g);       \
+    __m512 a##g##3 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m3, rr[g] + d + 48), c##g)
+    KVM_PV_INIT(0);
+    KVM_PV_INIT(1);
+    KVM_PV_INIT(2);
+    KVM_PV_INIT(3);
+#undef KVM_PV_INIT
+    for (size_t i = 0; i < nk; i++) {
+        /* the chunk's address once: the four loads take constant offsets */
+        const void *vi = (const char *)v[i] + d * (f16 ? 2 : 4);
+        const __m512 v0 = ld(vi, 0, m0, f16), v1 = ld(vi, 16, m1, f16);
+        const __m512 v2 = ld(vi, 32, m2, f16), v3 = ld(vi, 48, m3, f16);
+        __m512 w = _mm512_set1_ps(p0[i]);
+        a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
+        a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
+        w = _mm512_set1_ps(p1[i]);
+        a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
+        a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
+        w = _mm512_set1_ps(p2[i]);
+        a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
+        a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
+        w = _mm512_set1_ps(p3[i]);
+        a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
+        a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
+    }
+    /* rows beyond ng alias row 0 and are not stored */
+#define KVM_PV_STORE(g)                                                                                    \
+    _mm512_mask_storeu_ps(rr[g] + d, m0, a##g##0), _mm512_mask_storeu_ps(rr[g] + d + 16, m1, a##g##1), \
+        _mm512_mask_storeu_ps(rr[g] + d + 32, m2, a##g##2), _mm512_mask_storeu_ps(rr[g] + d + 48, m3, a##g##3)
+    if (ng > 3) KVM_PV_STORE(3);
+    if (ng > 2) KVM_PV_STORE(2);
+    if (ng > 1) KVM_PV_STORE(1);
+    KVM_PV_STORE(0);
+#undef KVM_PV_STORE
+}
+
 static inline __attribute__((always_inline)) void pv_impl(float *const *acc, size_t nq, const float *c,
                                                           const float *p, size_t ldp, const void *const *v,
                                                           size_t nk, size_t dim, int f16) {
+    const size_t full = dim & ~(size_t)63;
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
-        const float *pp[4];
-        for (size_t g = 0; g < 4; g++) pp[g] = p + (g0 + (g < ng ? g : 0)) * ldp;
-        for (size_t d = 0; d < dim; d += 64) {
-            const __mmask16 m[4] = {chunk_mask(dim, d), chunk_mask(dim, d + 16), chunk_mask(dim, d + 32),
-                                    chunk_mask(dim, d + 48)};
-            /* named accumulators (registers, not the stack) */
-            float *const r0 = acc[g0], *const r1 = acc[g0 + (ng > 1 ? 1 : 0)];
-            float *const r2 = acc[g0 + (ng > 2 ? 2 : 0)], *const r3 = acc[g0 + (ng > 3 ? 3 : 0)];
-            const __m512 c0 = _mm512_set1_ps(c[g0]), c1 = _mm512_set1_ps(c[g0 + (ng > 1 ? 1 : 0)]);
-            const __m512 c2 = _mm512_set1_ps(c[g0 + (ng > 2 ? 2 : 0)]), c3 = _mm512_set1_ps(c[g0 + (ng > 3 ? 3 : 0)]);
-#define KVM_PV_INIT(g, u) __m512 a##g##u = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], r##g + d + 16 * u), c##g)
-            KVM_PV_INIT(0, 0); KVM_PV_INIT(0, 1); KVM_PV_INIT(0, 2); KVM_PV_INIT(0, 3);
-            KVM_PV_INIT(1, 0); KVM_PV_INIT(1, 1); KVM_PV_INIT(1, 2); KVM_PV_INIT(1, 3);
-            KVM_PV_INIT(2, 0); KVM_PV_INIT(2, 1); KVM_PV_INIT(2, 2); KVM_PV_INIT(2, 3);
-            KVM_PV_INIT(3, 0); KVM_PV_INIT(3, 1); KVM_PV_INIT(3, 2); KVM_PV_INIT(3, 3);
-#undef KVM_PV_INIT
-            for (size_t i = 0; i < nk; i++) {
-                const void *vi = v[i];
-                const __m512 v0 = ld(vi, d, m[0], f16), v1 = ld(vi, d + 16, m[1], f16);
-                const __m512 v2 = ld(vi, d + 32, m[2], f16), v3 = ld(vi, d + 48, m[3], f16);
-                __m512 w = _mm512_set1_ps(pp[0][i]);
-                a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
-                a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
-                w = _mm512_set1_ps(pp[1][i]);
-                a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
-                a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
-                w = _mm512_set1_ps(pp[2][i]);
-                a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
-                a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
-                w = _mm512_set1_ps(pp[3][i]);
-                a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
-                a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
-            }
-            /* rows beyond ng alias row 0 and are not stored */
-#define KVM_PV_STORE(g) \
-    _mm512_mask_storeu_ps(r##g + d, m[0], a##g##0), _mm512_mask_storeu_ps(r##g + d + 16, m[1], a##g##1), \
-        _mm512_mask_storeu_ps(r##g + d + 32, m[2], a##g##2), _mm512_mask_storeu_ps(r##g + d + 48, m[3], a##g##3)
-            if (ng > 3) KVM_PV_STORE(3);
-            if (ng > 2) KVM_PV_STORE(2);
-            if (ng > 1) KVM_PV_STORE(1);
-            KVM_PV_STORE(0);
-#undef KVM_PV_STORE
-        }
+        const size_t g1 = g0 + (ng > 1 ? 1 : 0), g2 = g0 + (ng > 2 ? 2 : 0), g3 = g0 + (ng > 3 ? 3 : 0);
+        float *const rr[4] = {acc[g0], acc[g1], acc[g2], acc[g3]};
+        const float cc[4] = {c[g0], c[g1], c[g2], c[g3]};
+        const float *p0 = p + g0 * ldp, *p1 = p + g1 * ldp, *p2 = p + g2 * ldp, *p3 = p + g3 * ldp;
+        size_t d = 0;
+        for (; d < full; d += 64)
+            pv_chunk(rr, (int)ng, p0, p1, p2, p3, cc, v, nk, d, 0xffff, 0xffff, 0xffff, 0xffff, f16);
+        if (d < dim)
+            pv_chunk(rr, (int)ng, p0, p1, p2, p3, cc, v, nk, d, chunk_mask(dim, d), chunk_mask(dim, d + 16),
+                     chunk_mask(dim, d + 32), chunk_mask(dim, d + 48), f16);
     }
 }
 
-static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+/* gcc's register allocator, by regions (its default), spills the value rows
+ * or the accumulators of pv_chunk's loop to the stack whatever the source
+ * says (p.v at 95-130 GFLOP/s in L2 on the machine of BENCHMARKS.md's
+ * attend section); allocating the function as one region keeps them in
+ * registers (190-215). q.k does not want it (200 -> 180). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define KVM_PV_RA __attribute__((optimize("ira-region=one")))
+#else
+#define KVM_PV_RA
+#endif
+
+KVM_PV_RA static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                  const float *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
 }
 
-static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+KVM_PV_RA static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                      const uint16_t *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
 }
 
-static void x_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+KVM_PV_RA static void x_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                       const uint16_t *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2);
 }

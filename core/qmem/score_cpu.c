@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define QS_MAX_CHUNKS 16
-#define QS_TILE 32      /* key rows per kernel call, and the prefetch distance */
+#define QS_TILE 64      /* most key rows per kernel call */
 #define QS_MAX_GROUP 64 /* query heads per kernel call */
 
 kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
@@ -48,7 +48,9 @@ typedef struct {
     float scale;
     kvmem_dtype rows_dt; /* the rows as the kernel reads them: K's dtype, or F32 when converted */
     int head_major;      /* a head's rows adjacent ([L][Hkv][N][D] viewed as [L][N][Hkv][D]: HF caches) */
-    size_t pm_tile;      /* position-major K: positions per tile, all heads of a tile about 16 KiB */
+    size_t hm_tile;      /* head-major K: rows per step and prefetch distance, 16 KiB (f16: 64 rows,
+                            6.4 ms against 7.7 with 32 for 8 layers at 8k) */
+    size_t pm_tile;      /* position-major K: positions per tile, all heads of a tile 16 KiB (f32) or 32 KiB */
     float *partial;      /* [n_chunks][N] */
     float *logits;       /* [n_workers][Hq][N] */
     float *conv;         /* [n_workers][QS_TILE][D]: rows converted (K's last stride is not 1), or NULL */
@@ -70,6 +72,21 @@ static void k_prefetch(const kvmem_tensor *k, size_t l, size_t g, size_t j0, siz
     }
     for (size_t i = 0; i < n; i++)
         for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(base + i * (size_t)k->strides[1] * es + x, 0, 3);
+}
+
+/* Position-major K whose tiles are one run (the heads of a position
+ * adjacent, positions adjacent): slice `part` of `parts` of the next tile's
+ * run, ascending, before head `part`'s rows compute, so the requests spread
+ * over the tile and each line is asked for once (per head, the requests
+ * took a 512-byte piece of every position: f32 8k, one thread, 0.57 of the
+ * read limit against 0.50). Returns 0 when the rows are not one run. */
+static int pm_prefetch_slice(const kvmem_tensor *k, size_t l, size_t j0, size_t n, size_t part, size_t parts) {
+    const size_t es = kvm_dtype_size(k->dtype), D = (size_t)k->shape[3], H = (size_t)k->shape[2];
+    if (k->strides[3] != 1 || (size_t)k->strides[2] != D || (size_t)k->strides[1] != H * D) return 0;
+    const char *base = (const char *)k->data + (size_t)((int64_t)l * k->strides[0] + (int64_t)j0 * k->strides[1]) * es;
+    const size_t run = n * H * D * es, a = (run * part / parts) & ~(size_t)63, b = run * (part + 1) / parts;
+    for (size_t x = a; x < b; x += 64) __builtin_prefetch(base + x, 0, 3);
+    return 1;
 }
 
 /* logits[g * G + i][j0 .. j0 + n) of layer l: the G query rows of KV head g
@@ -108,7 +125,7 @@ static void qk_rows(const qs_job *q, size_t l, size_t g, size_t j0, size_t n, fl
  * tile (one token's keys of all heads are contiguous, so memory is read in
  * order; a tile and the next one prefetched stay in L1: tiles of 128 KiB
  * ran at half the speed), head-major K one head at a time (its rows are one
- * run), QS_TILE rows per step. */
+ * run), hm_tile rows (16 KiB) per step. */
 static void qs_chunk(qs_job *q, size_t c, float *lg, float *conv) {
     float *acc = q->partial + c * q->N;
     memset(acc, 0, q->N * sizeof *acc);
@@ -116,8 +133,8 @@ static void qs_chunk(qs_job *q, size_t c, float *lg, float *conv) {
     for (size_t l = l0; l < l1; l++) {
         if (q->head_major) {
             for (size_t g = 0; g < q->Hkv; g++)
-                for (size_t j0 = 0; j0 < q->N; j0 += QS_TILE) {
-                    const size_t n = KVM_MIN(q->N - j0, (size_t)QS_TILE), nn = KVM_MIN(q->N - j0 - n, (size_t)QS_TILE);
+                for (size_t j0 = 0; j0 < q->N; j0 += q->hm_tile) {
+                    const size_t n = KVM_MIN(q->N - j0, q->hm_tile), nn = KVM_MIN(q->N - j0 - n, q->hm_tile);
                     k_prefetch(q->k, l, g, j0 + n, nn, q->D);
                     qk_rows(q, l, g, j0, n, conv, lg);
                 }
@@ -125,7 +142,7 @@ static void qs_chunk(qs_job *q, size_t c, float *lg, float *conv) {
             for (size_t j0 = 0; j0 < q->N; j0 += q->pm_tile) {
                 const size_t n = KVM_MIN(q->N - j0, q->pm_tile), nn = KVM_MIN(q->N - j0 - n, q->pm_tile);
                 for (size_t g = 0; g < q->Hkv; g++) {
-                    k_prefetch(q->k, l, g, j0 + n, nn, q->D);
+                    if (!pm_prefetch_slice(q->k, l, j0 + n, nn, g, q->Hkv)) k_prefetch(q->k, l, g, j0 + n, nn, q->D);
                     qk_rows(q, l, g, j0, n, conv, lg);
                 }
             }
@@ -184,7 +201,13 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     q.scale = (float)(1.0 / sqrt((double)q.D));
     q.rows_dt = k->strides[3] == 1 || q.D == 1 ? k->dtype : KVMEM_F32;
     q.head_major = q.Hkv > 1 && k->strides[2] > k->strides[1];
-    q.pm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, ((size_t)16384 / (q.Hkv * q.D * kvm_dtype_size(q.rows_dt))) & ~(size_t)3));
+    /* f32 tiles of 16 KiB, 16-bit ones of 32 KiB (16 positions of Qwen3-8B's
+     * heads): with the faster q.k kernel, 16 KiB f16 tiles ran 7.0-8.3 ms
+     * where 32 KiB ran 6.0-6.7 (8 layers, 8k), f32 tiles of 32 KiB 15-16
+     * ms against 12-13 */
+    const size_t es = kvm_dtype_size(q.rows_dt), tile_bytes = es == 4 ? 16384 : 32768;
+    q.hm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, (size_t)16384 / (q.D * es)));
+    q.pm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, (tile_bytes / (q.Hkv * q.D * es)) & ~(size_t)3));
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
     q.n_workers = KVM_MIN(q.n_chunks, (size_t)kvm_threadpool_size(tp));
     size_t np, nl, nc = 0;

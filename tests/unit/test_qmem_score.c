@@ -326,13 +326,11 @@ static void snapkv_kernels_match_reference(void **state) {
 /* K as HF caches hold it ([n_layers][n_kv_heads][N][head_dim], viewed
  * through strides as [n_layers][N][n_kv_heads][head_dim]), position-major,
  * and with an element stride of 2, in f32, f16 and bf16 (values on a 1/64
- * grid in [-4, 4]: exact in all three), 8 KV heads under 32 query heads,
- * 2500 candidates: every layout and dtype matches the reference, on one and
- * three threads; one layout's result does not depend on the thread count. */
-static void head_major_and_half_keys_match_reference(void **state) {
-    (void)state;
-    const int L = 3, HQ = 32, HKV = 8, D = 128;
-    const int64_t N = 2500;
+ * grid in [-4, 4]: exact in all three), 8 KV heads under 32 query heads:
+ * every layout and dtype matches the reference, on one and three threads;
+ * one layout's result does not depend on the thread count. */
+static void layouts_case(int L, int64_t N) {
+    const int HQ = 32, HKV = 8, D = 128;
     kvmem_model_spec s = tu_spec(L, D);
     s.n_q_heads = HQ, s.n_kv_heads = HKV;
     uint64_t rng = 31;
@@ -385,6 +383,15 @@ static void head_major_and_half_keys_match_reference(void **state) {
     kvmem_context_free(c1);
     kvmem_context_free(c3);
     free(m), free(k), free(a), free(b), free(buf), free(ref);
+}
+
+static void head_major_and_half_keys_match_reference(void **state) {
+    (void)state;
+    layouts_case(3, 2500);
+    /* 1001 = 62 position-major 16-bit tiles of 16 positions + 9, 250 f32
+     * tiles of 4 + 1: the kernels' one-key tail after a 4-key block, and a
+     * last tile with nothing after it to prefetch */
+    layouts_case(1, 1001);
 }
 
 static void bad_input(void **state) {
