@@ -67,17 +67,13 @@ static void x_qk(const float *m, size_t G, size_t D, const float *k, size_t n, s
     }
 }
 
-static void x_softmax_acc(float *x, size_t n, float *acc) {
+/* x[j] = exp(x[j] - mx) for j < n, in place; returns their sum. */
+static float exp_sum(float *x, size_t n, float mx) {
     const size_t n8 = n & ~(size_t)7;
-    __m256 mxv = _mm256_set1_ps(-INFINITY);
-    for (size_t j = 0; j < n8; j += 8) mxv = _mm256_max_ps(mxv, _mm256_loadu_ps(x + j));
-    float tmp[8], mx = -INFINITY;
-    _mm256_storeu_ps(tmp, mxv);
-    for (int i = 0; i < 8; i++) mx = tmp[i] > mx ? tmp[i] : mx;
-    for (size_t j = n8; j < n; j++) mx = x[j] > mx ? x[j] : mx;
-    __m256 m = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 sv = _mm256_setzero_ps();
     for (size_t j = 0; j < n8; j += 8) {
-        __m256 e = kvm_exp_neg256_flush(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+        const __m256 e = kvm_exp_neg256_flush(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
         _mm256_storeu_ps(x + j, e);
         sv = _mm256_add_ps(sv, e);
     }
@@ -86,16 +82,23 @@ static void x_softmax_acc(float *x, size_t n, float *acc) {
         x[j] = expf(x[j] - mx);
         sum += x[j];
     }
+    return sum;
+}
+
+static void x_softmax_acc(float *x, size_t n, float *acc) {
+    const size_t n8 = n & ~(size_t)7;
+    __m256 mxv = _mm256_set1_ps(-INFINITY);
+    for (size_t j = 0; j < n8; j += 8) mxv = _mm256_max_ps(mxv, _mm256_loadu_ps(x + j));
+    float tmp[8], mx = -INFINITY;
+    _mm256_storeu_ps(tmp, mxv);
+    for (int i = 0; i < 8; i++) mx = tmp[i] > mx ? tmp[i] : mx;
+    for (size_t j = n8; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    float sum = exp_sum(x, n, mx);
     float inv = 1.0f / sum;
     __m256 iv = _mm256_set1_ps(inv);
     for (size_t j = 0; j < n8; j += 8)
         _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(_mm256_loadu_ps(x + j), iv, _mm256_loadu_ps(acc + j)));
     for (size_t j = n8; j < n; j++) acc[j] += x[j] * inv;
-}
-
-static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) {
-    for (size_t d = 0; d < D; d++)
-        for (size_t j = 0; j < KVM_QK_TILE; j++) kt[d * KVM_QK_TILE + j] = j < nk ? rows[j][d] : 0.0f;
 }
 
 /* 4 query rows x 16 keys in 8 accumulators (16 registers in all). */
@@ -148,17 +151,7 @@ static float x_exp_row(float *x, size_t n, size_t nz, float *mxo) {
         nf |= !isfinite(x[j]);
         mx = x[j] > mx ? x[j] : mx;
     }
-    __m256 m = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
-    for (size_t j = 0; j < n8; j += 8) {
-        const __m256 e = kvm_exp_neg256_flush(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
-        _mm256_storeu_ps(x + j, e);
-        sv = _mm256_add_ps(sv, e);
-    }
-    float sum = hsum256(sv);
-    for (size_t j = n8; j < n; j++) {
-        x[j] = expf(x[j] - mx);
-        sum += x[j];
-    }
+    float sum = exp_sum(x, n, mx);
     for (size_t j = n; j < nz; j++) x[j] = 0.0f;
     *mxo = mx;
     return nf ? NAN : sum;
@@ -188,5 +181,5 @@ static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum, NULL};
+static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, kvm_qk_kt_pack_plain, x_qk_tile, x_exp_row, x_wsum, NULL};
 const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return &k_avx2; }

@@ -139,15 +139,17 @@ static inline void transpose16(__m512 r[16]) {
 
 /* Keys packed by dimension: 16 rows at a time through the register
  * transpose (paid once per tile, against 128 query rows' FMAs at Llama-8B
- * geometry). */
-static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) {
+ * geometry). Rows of f32, or of f16 (f16 = 1) widened in the load (F16C):
+ * f16 rows are read once, in place, with no f32 copy between. */
+static inline __attribute__((always_inline)) void kt_pack_impl(const void *const *rows, size_t nk, size_t D, float *kt,
+                                                               int f16) {
     for (size_t h = 0; h < KVM_QK_TILE; h += 16) {
         if (h >= nk) {
             for (size_t d = 0; d < D; d++) _mm512_store_ps(kt + d * KVM_QK_TILE + h, _mm512_setzero_ps());
             continue;
         }
         /* rows past nk: a masked load of nothing (no fault), zeros */
-        const float *p[16];
+        const void *p[16];
         __mmask16 live[16];
         for (size_t i = 0; i < 16; i++) {
             p[i] = h + i < nk ? rows[h + i] : rows[0];
@@ -157,7 +159,9 @@ static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) 
             const __mmask16 md = tmask(D - d0);
             __m512 r[16];
 #pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(md & live[i], p[i] + d0);
+            for (int i = 0; i < 16; i++)
+                r[i] = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(md & live[i], (const uint16_t *)p[i] + d0))
+                           : _mm512_maskz_loadu_ps(md & live[i], (const float *)p[i] + d0);
             transpose16(r);
             float *o = kt + d0 * KVM_QK_TILE + h;
             const size_t nd = D - d0; /* dimensions of this block: 16 but in the tail */
@@ -168,33 +172,12 @@ static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) 
     }
 }
 
-/* As x_kt_pack from f16 rows: 16 halves widened per load (F16C), so the
- * rows are read once, in place, with no f32 copy between. */
+static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) {
+    kt_pack_impl((const void *const *)rows, nk, D, kt, 0);
+}
+
 static void x_kt_pack_f16(const uint16_t *const *rows, size_t nk, size_t D, float *kt) {
-    for (size_t h = 0; h < KVM_QK_TILE; h += 16) {
-        if (h >= nk) {
-            for (size_t d = 0; d < D; d++) _mm512_store_ps(kt + d * KVM_QK_TILE + h, _mm512_setzero_ps());
-            continue;
-        }
-        const uint16_t *p[16];
-        __mmask16 live[16];
-        for (size_t i = 0; i < 16; i++) {
-            p[i] = h + i < nk ? rows[h + i] : rows[0];
-            live[i] = h + i < nk ? (__mmask16)0xffff : 0;
-        }
-        for (size_t d0 = 0; d0 < D; d0 += 16) {
-            const __mmask16 md = tmask(D - d0);
-            __m512 r[16];
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) r[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(md & live[i], p[i] + d0));
-            transpose16(r);
-            float *o = kt + d0 * KVM_QK_TILE + h;
-            const size_t nd = D - d0;
-#pragma GCC unroll 16
-            for (size_t c = 0; c < 16; c++)
-                if (c < nd) _mm512_store_ps(o + c * KVM_QK_TILE, r[c]);
-        }
-    }
+    kt_pack_impl((const void *const *)rows, nk, D, kt, 1);
 }
 
 /* 8 query rows x 32 keys in 16 accumulators: per dimension two packed key

@@ -53,6 +53,9 @@ typedef struct kvm_qk_kernels {
 } kvm_qk_kernels;
 
 const kvm_qk_kernels *kvm_qk_kernels_get(void);
+/* The plain C kt_pack (scalar table; the AVX2 table's too: it is bound by
+ * the rows' loads, not by the loop). */
+void kvm_qk_kt_pack_plain(const float *const *rows, size_t nk, size_t D, float *kt);
 const kvm_qk_kernels *kvm_qk_kernels_scalar(void);
 const kvm_qk_kernels *kvm_qk_kernels_avx2(void);   /* NULL when not compiled in */
 const kvm_qk_kernels *kvm_qk_kernels_avx512(void); /* NULL when not compiled in */
