@@ -239,6 +239,8 @@ static void f16_box_check_counts_what_the_floats_say(void **state) {
         b[3 * 2 * D + 7] = kvm_f32_to_f16(-3.0f), b[3 * 2 * D + D + 7] = kvm_f32_to_f16(2.0f); /* inverted */
         b[4 * 2 * D + 1] = 0x8000, b[4 * 2 * D + D + 1] = 0x0000; /* max -0, min +0: equal, sane */
         b[5 * 2 * D + D - 1] = kvm_f32_to_f16(1.0f), b[5 * 2 * D + 2 * D - 1] = kvm_f32_to_f16(1.0f); /* min == max */
+        b[0 * 2 * D + 9] = 0xfc00, b[0 * 2 * D + D + 9] = 0xfc00; /* -Inf both: two non-finite, not inverted */
+        b[5 * 2 * D + 0] = 0x7c00, b[5 * 2 * D + D + 0] = 0x7c00; /* +Inf both */
         size_t want = 0;
         for (size_t i = 0; i < n; i++) {
             int inv = 0;
@@ -249,7 +251,7 @@ static void f16_box_check_counts_what_the_floats_say(void **state) {
             }
             want += (size_t)inv;
         }
-        assert_int_equal(want, 3);
+        assert_int_equal(want, 7);
         for (int t = 0; t < 3; t++)
             if (tabs[t]) {
                 assert_int_equal(tabs[t]->f16_boxes_bad(b, n, D), want);
