@@ -1,10 +1,16 @@
 /* The counting, failing side of the core's allocator (core/alloc.h). Only
  * reached once a test called kvm_alloc_test_begin(). */
+#if !defined(_DEFAULT_SOURCE)
+#  define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
+#endif
 #include "alloc.h"
 #include "internal.h"
 
 #include <pthread.h>
 #include <string.h>
+#if !defined(__EMSCRIPTEN__)
+#  include <sys/mman.h>
+#endif
 
 atomic_int kvm_alloc_testing;
 
@@ -65,6 +71,14 @@ void *kvm_aligned_test(size_t rounded, const char *site) {
     return p;
 }
 
+void *kvm_huge_test(size_t size, const char *site) {
+    if (must_fail(site)) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, (size_t)2 << 20, size) != 0) return NULL;
+    atomic_fetch_add(&g_live, 1);
+    return p;
+}
+
 void kvm_free_test(void *p) {
     if (!p) return;
     atomic_fetch_sub(&g_live, 1);
@@ -88,6 +102,23 @@ void *kvm_aligned_alloc_at(size_t size, const char *site) {
     rounded &= ~(size_t)63;
     if (KVM_ALLOC_TESTING_()) return kvm_aligned_test(rounded, site);
     return aligned_alloc(64, rounded);
+}
+
+void *kvm_huge_alloc_at(size_t size, const char *site) {
+#if defined(MADV_HUGEPAGE) && !defined(__EMSCRIPTEN__)
+    const size_t huge = (size_t)2 << 20;
+    if (size < huge) return kvm_aligned_alloc_at(size, site);
+    void *p = NULL;
+    if (KVM_ALLOC_TESTING_()) p = kvm_huge_test(size, site);
+    else if (posix_memalign(&p, huge, size) != 0) p = NULL;
+    /* Advice only, on the whole 2 MiB pages the buffer covers (a partial
+     * one would make the kernel back memory the buffer does not use):
+     * where THP is off or no huge page is free, pages stay 4 KiB. */
+    if (p) (void)madvise(p, size & ~(huge - 1), MADV_HUGEPAGE);
+    return p;
+#else /* no transparent huge pages (and in WebAssembly a 2 MiB alignment would only waste the heap) */
+    return kvm_aligned_alloc_at(size, site);
+#endif
 }
 
 void kvm_alloc_test_begin(void) { atomic_store(&kvm_alloc_testing, 1); }

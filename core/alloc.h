@@ -42,6 +42,7 @@ void *kvm_malloc_test(size_t size, const char *site) KVM_ALLOC_COLD;
 void *kvm_calloc_test(size_t n, size_t size, const char *site) KVM_ALLOC_COLD;
 void *kvm_realloc_test(void *p, size_t size, const char *site) KVM_ALLOC_COLD;
 void *kvm_aligned_test(size_t rounded, const char *site) KVM_ALLOC_COLD;
+void *kvm_huge_test(size_t size, const char *site) KVM_ALLOC_COLD;
 void kvm_free_test(void *p) KVM_ALLOC_COLD;
 
 static inline void *kvm_malloc_at(size_t size, const char *site) {
@@ -69,6 +70,11 @@ char *kvm_strndup_at(const char *s, size_t n, const char *site);
 /* 64-byte aligned (cache line, AVX-512 vector), size rounded up; freed with
  * kvm_aligned_free (== kvm_free). */
 void *kvm_aligned_alloc_at(size_t size, const char *site);
+/* For KV blocks: from 2 MiB up, 2 MiB aligned and advised onto
+ * transparent huge pages (as numpy does for its large arrays), so one TLB
+ * entry covers a whole block instead of 512 page walks; smaller sizes as
+ * kvm_aligned_alloc. Freed with kvm_free. */
+void *kvm_huge_alloc_at(size_t size, const char *site);
 
 #define kvm_malloc(n) kvm_malloc_at((n), KVM_SITE)
 #define kvm_calloc(n, s) kvm_calloc_at((n), (s), KVM_SITE)
@@ -76,6 +82,7 @@ void *kvm_aligned_alloc_at(size_t size, const char *site);
 #define kvm_strdup(s) kvm_strdup_at((s), KVM_SITE)
 #define kvm_strndup(s, n) kvm_strndup_at((s), (n), KVM_SITE)
 #define kvm_aligned_alloc(n) kvm_aligned_alloc_at((n), KVM_SITE)
+#define kvm_huge_alloc(n) kvm_huge_alloc_at((n), KVM_SITE)
 #define kvm_aligned_free(p) kvm_free(p)
 
 /* ---- the test side (tests/oom; never called by the library itself) ----

@@ -180,7 +180,7 @@ void *kvm_block_alloc(kvmem_pool *p, int32_t n_tokens) {
         pthread_mutex_unlock(&p->mu);
         if (b) return b;
     }
-    return kvm_aligned_alloc(kvm_block_kv_bytes(p, n_tokens));
+    return kvm_huge_alloc(kvm_block_kv_bytes(p, n_tokens));
 }
 
 void kvm_block_free(kvmem_pool *p, kvm_block *blocks, int32_t n) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every allocation in core/ goes through core/alloc.h (kvm_malloc, kvm_calloc,
-# kvm_realloc, kvm_strdup, kvm_strndup, kvm_aligned_alloc, kvm_free), so
+# kvm_realloc, kvm_strdup, kvm_strndup, kvm_aligned_alloc, kvm_huge_alloc,
+# kvm_free), so
 # tests/oom can fail each one. A plain malloc/free there would escape the
 # allocation-failure test (and a kvm_malloc'd block freed with free() would
 # unbalance its leak count).
@@ -16,6 +17,6 @@ if [ -n "$bad" ]; then
   echo "$bad"
   exit 1
 fi
-sites=$(grep -rhoE 'kvm_(malloc|calloc|realloc|strdup|strndup|aligned_alloc)\(' core --include='*.c' | wc -l)
-lines=$(grep -rlE 'kvm_(malloc|calloc|realloc|strdup|strndup|aligned_alloc)\(' core --include='*.c' | xargs grep -nE 'kvm_(malloc|calloc|realloc|strdup|strndup|aligned_alloc)\(' | grep -v '^core/alloc\.c' | wc -l)
+sites=$(grep -rhoE 'kvm_(malloc|calloc|realloc|strdup|strndup|aligned_alloc|huge_alloc)\(' core --include='*.c' | wc -l)
+lines=$(grep -rlE 'kvm_(malloc|calloc|realloc|strdup|strndup|aligned_alloc|huge_alloc)\(' core --include='*.c' | xargs grep -nE 'kvm_(malloc|calloc|realloc|strdup|strndup|aligned_alloc|huge_alloc)\(' | grep -v '^core/alloc\.c' | wc -l)
 echo "$sites allocation calls on $lines source lines, all through core/alloc.h"

@@ -126,43 +126,59 @@ static void snap_equal(const snap *x, const snap *y, int32_t L, int32_t D) {
 
 static void snap_free(snap *s) { free(s->k), free(s->v), free(s->aabb), free(s->ids), free(s->text); }
 
+/* Fill, save, drop, load and compare bit for bit: 2 sealed blocks of 8, a
+ * short sealed block, a tail. */
+static void round_trip(kvmem_context *ctx, int32_t L, int32_t D, kvmem_dtype dt, uint64_t seed) {
+    kvmem_pool *p = make_pool(ctx, L, D, dt, NULL, 0, 0);
+    kvmem_agent *a;
+    assert_ok(kvmem_agent_open(p, "agent-1", &a));
+    fill_agent(a, L, D, 21, 5 + seed); /* 2 sealed blocks of 8 + tail of 5 */
+    assert_ok(kvmem_agent_flush(a));   /* a short sealed block */
+    fill_agent(a, L, D, 3, 50 + seed); /* and a tail again */
+    snap before = take(a, L, D);
+    char path[300];
+    path_of(path, sizeof path, "agent-1.safetensors");
+    assert_ok(kvmem_agent_save(a, path));
+    kvmem_agent_close(a);
+    assert_ok(kvmem_pool_remove_agent(p, "agent-1"));
+    assert_ok(kvmem_agent_open(p, "agent-1", &a));
+    assert_ok(kvmem_agent_load(a, path));
+    snap after = take(a, L, D);
+    snap_equal(&before, &after, L, D);
+    /* the pool accounts exactly what the agent holds */
+    kvmem_pool_info pi;
+    assert_ok(kvmem_pool_get_info(p, &pi));
+    assert_int_equal(pi.used_bytes, after.info.bytes);
+    /* and the agent keeps working: append seals the reloaded tail */
+    fill_agent(a, L, D, 9, 77);
+    kvmem_agent_info info;
+    assert_ok(kvmem_agent_get_info(a, &info));
+    assert_int_equal(info.n_tokens, 33);
+    snap_free(&before);
+    snap_free(&after);
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    unlink(path);
+}
+
 static void every_dtype_saves_and_loads_bit_exact(void **state) {
     (void)state;
     kvmem_context *ctx = tu_context(2);
     const kvmem_dtype dts[] = {KVMEM_F32, KVMEM_F16, KVMEM_BF16, KVMEM_Q8, KVMEM_Q4, KVMEM_Q4_KIVI};
-    for (size_t t = 0; t < 6; t++) {
-        const int32_t L = 2, D = t % 2 ? 80 : 64;
-        kvmem_pool *p = make_pool(ctx, L, D, dts[t], NULL, 0, 0);
-        kvmem_agent *a;
-        assert_ok(kvmem_agent_open(p, "agent-1", &a));
-        fill_agent(a, L, D, 21, 5 + t); /* 2 sealed blocks of 8 + tail of 5 */
-        assert_ok(kvmem_agent_flush(a)); /* a short sealed block */
-        fill_agent(a, L, D, 3, 50 + t);  /* and a tail again */
-        snap before = take(a, L, D);
-        char path[300];
-        path_of(path, sizeof path, "agent-1.safetensors");
-        assert_ok(kvmem_agent_save(a, path));
-        kvmem_agent_close(a);
-        assert_ok(kvmem_pool_remove_agent(p, "agent-1"));
-        assert_ok(kvmem_agent_open(p, "agent-1", &a));
-        assert_ok(kvmem_agent_load(a, path));
-        snap after = take(a, L, D);
-        snap_equal(&before, &after, L, D);
-        /* the pool accounts exactly what the agent holds */
-        kvmem_pool_info pi;
-        assert_ok(kvmem_pool_get_info(p, &pi));
-        assert_int_equal(pi.used_bytes, after.info.bytes);
-        /* and the agent keeps working: append seals the reloaded tail */
-        fill_agent(a, L, D, 9, 77);
-        kvmem_agent_info info;
-        assert_ok(kvmem_agent_get_info(a, &info));
-        assert_int_equal(info.n_tokens, 33);
-        snap_free(&before);
-        snap_free(&after);
-        kvmem_agent_close(a);
-        kvmem_pool_free(p);
-        unlink(path);
-    }
+    for (size_t t = 0; t < 6; t++) round_trip(ctx, 2, t % 2 ? 80 : 64, dts[t], t);
+    kvmem_context_free(ctx);
+}
+
+/* Blocks of 2 MiB and more come from the huge-page allocator (2 MiB
+ * aligned, advised onto THP): exactly 2 MiB (64 layers of 2 heads x 8
+ * tokens x 256 f32), 2.5 MiB (80 layers: the advice covers only the
+ * whole 2 MiB page), and 1.25 MiB of f16 (below: the plain allocator). */
+static void large_blocks_save_and_load_bit_exact(void **state) {
+    (void)state;
+    kvmem_context *ctx = tu_context(2);
+    round_trip(ctx, 64, 256, KVMEM_F32, 101);
+    round_trip(ctx, 80, 256, KVMEM_F32, 102);
+    round_trip(ctx, 80, 256, KVMEM_F16, 103);
     kvmem_context_free(ctx);
 }
 
@@ -783,6 +799,7 @@ static void acc64_lanes_agree_across_isas(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_dtype_saves_and_loads_bit_exact),
+        cmocka_unit_test(large_blocks_save_and_load_bit_exact),
         cmocka_unit_test(empty_agent_round_trips),
         cmocka_unit_test(loader_refuses_hostile_files_with_the_right_code),
         cmocka_unit_test(spec_dtype_and_agent_mismatches_are_refused),

@@ -3,8 +3,11 @@
  * call returns the right status and message and changes nothing. */
 #include "testutil.h"
 #include "internal.h" /* kvm_convert_host: an independent f16 decode of the output */
+#include "alloc.h"    /* kvm_huge_alloc: the KV blocks' allocator */
 
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -607,6 +610,58 @@ static void null_outputs_and_handles_are_refused(void **state) {
     destroy(f);
 }
 
+/* The VmFlags line of the mapping in /proc/self/smaps holding addr (the
+ * kernel's own record of the advice), into flags; 0 if none was found. */
+static int vm_flags_of(const void *addr, char *flags, size_t n) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    char line[512];
+    int in = 0, found = 0;
+    const uintptr_t a = (uintptr_t)addr;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) in = a >= lo && a < hi;
+        else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            snprintf(flags, n, "%s", line + 8);
+            found = 1;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Buffers of 2 MiB and more start on a 2 MiB boundary, and the kernel
+ * records the huge-page advice ("hg") for their whole 2 MiB pages; smaller
+ * ones keep the 64-byte alignment; both hold what is written. */
+static void large_buffers_start_on_huge_pages(void **state) {
+    (void)state;
+    const size_t mib2 = (size_t)2 << 20, sizes[] = {mib2, mib2 * 2 + 4096, 4096 + 64};
+    for (size_t i = 0; i < 3; i++) {
+        unsigned char *p = kvm_huge_alloc(sizes[i]);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        memset(p, 0x5a, sizes[i]);
+        for (size_t o = 0; o < sizes[i]; o += 4093) assert_int_equal(p[o], 0x5a);
+#if defined(__linux__)
+        if (sizes[i] >= mib2) {
+            assert_int_equal((uintptr_t)p % mib2, 0);
+            char flags[512] = "";
+            FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+            if (!thp) {
+                print_message("skipped (huge-page advice): this kernel has no transparent huge pages\n");
+            } else {
+                fclose(thp);
+                assert_true(vm_flags_of(p, flags, sizeof flags));
+                assert_non_null(strstr(flags, " hg"));
+                assert_true(vm_flags_of(p + (sizes[i] & ~(mib2 - 1)) - 1, flags, sizeof flags));
+                assert_non_null(strstr(flags, " hg"));
+            }
+        }
+#endif
+        kvm_free(p);
+    }
+}
+
 static void agents_are_isolated(void **state) {
     (void)state;
     fixture *f = make(1, 8, 4, KVMEM_F32, 0);
@@ -651,6 +706,7 @@ int main(void) {
         cmocka_unit_test(capacity_refuses_without_dropping),
         cmocka_unit_test(null_outputs_and_handles_are_refused),
         cmocka_unit_test(agents_are_isolated),
+        cmocka_unit_test(large_buffers_start_on_huge_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
