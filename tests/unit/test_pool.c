@@ -647,10 +647,15 @@ static void large_buffers_start_on_huge_pages(void **state) {
             assert_int_equal((uintptr_t)p % mib2, 0);
             char flags[512] = "";
             FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-            if (!thp) {
-                print_message("skipped (huge-page advice): this kernel has no transparent huge pages\n");
+            FILE *smaps = fopen("/proc/self/smaps", "r");
+            if (!thp || !smaps) {
+                print_message("skipped (huge-page advice): %s\n", !thp ? "this kernel has no transparent huge pages"
+                                                                        : "no /proc/self/smaps to read it from");
+                if (thp) fclose(thp);
+                if (smaps) fclose(smaps);
             } else {
                 fclose(thp);
+                fclose(smaps);
                 assert_true(vm_flags_of(p, flags, sizeof flags));
                 assert_non_null(strstr(flags, " hg"));
                 assert_true(vm_flags_of(p + (sizes[i] & ~(mib2 - 1)) - 1, flags, sizeof flags));
