@@ -64,17 +64,10 @@ void *kvm_realloc_test(void *old, size_t size, const char *site) {
     return p;
 }
 
-void *kvm_aligned_test(size_t rounded, const char *site) {
-    if (must_fail(site)) return NULL;
-    void *p = aligned_alloc(64, rounded);
-    if (p) atomic_fetch_add(&g_live, 1);
-    return p;
-}
-
-void *kvm_huge_test(size_t size, const char *site) {
+void *kvm_aligned_test(size_t size, size_t align, const char *site) {
     if (must_fail(site)) return NULL;
     void *p = NULL;
-    if (posix_memalign(&p, (size_t)2 << 20, size) != 0) return NULL;
+    if (posix_memalign(&p, align, size) != 0) return NULL;
     atomic_fetch_add(&g_live, 1);
     return p;
 }
@@ -100,7 +93,7 @@ void *kvm_aligned_alloc_at(size_t size, const char *site) {
     size_t rounded;
     if (!kvm_add_size(size ? size : 1, 63, &rounded)) return NULL;
     rounded &= ~(size_t)63;
-    if (KVM_ALLOC_TESTING_()) return kvm_aligned_test(rounded, site);
+    if (KVM_ALLOC_TESTING_()) return kvm_aligned_test(rounded, 64, site);
     return aligned_alloc(64, rounded);
 }
 
@@ -109,7 +102,7 @@ void *kvm_huge_alloc_at(size_t size, const char *site) {
     const size_t huge = (size_t)2 << 20;
     if (size < huge) return kvm_aligned_alloc_at(size, site);
     void *p = NULL;
-    if (KVM_ALLOC_TESTING_()) p = kvm_huge_test(size, site);
+    if (KVM_ALLOC_TESTING_()) p = kvm_aligned_test(size, huge, site);
     else if (posix_memalign(&p, huge, size) != 0) p = NULL;
     /* Advice only, on the whole 2 MiB pages the buffer covers (a partial
      * one would make the kernel back memory the buffer does not use):

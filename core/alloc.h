@@ -41,8 +41,7 @@ extern atomic_int kvm_alloc_testing;
 void *kvm_malloc_test(size_t size, const char *site) KVM_ALLOC_COLD;
 void *kvm_calloc_test(size_t n, size_t size, const char *site) KVM_ALLOC_COLD;
 void *kvm_realloc_test(void *p, size_t size, const char *site) KVM_ALLOC_COLD;
-void *kvm_aligned_test(size_t rounded, const char *site) KVM_ALLOC_COLD;
-void *kvm_huge_test(size_t size, const char *site) KVM_ALLOC_COLD;
+void *kvm_aligned_test(size_t size, size_t align, const char *site) KVM_ALLOC_COLD;
 void kvm_free_test(void *p) KVM_ALLOC_COLD;
 
 static inline void *kvm_malloc_at(size_t size, const char *site) {
