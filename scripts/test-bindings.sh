@@ -96,6 +96,16 @@ elif ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
 else
   # -rs: a skipped test says why (kvmem.torch's without torch, the model's without the model)
   run python '[0-9]+ passed' "$py" -m pytest -p no:cacheprovider -q -rs "$root/bindings/python/tests" "$root/examples/python"
+  # Both kvmem's kernels and PyTorch's pick their code by this CPU, so a suite that
+  # passed here can fail on CI's other machine: run it again as an AVX2-only machine
+  # would and on the plain kernels (each setting falls back to what the CPU has). The
+  # scenario fixture is exact for one kernel table, so each run computes its own.
+  for isa in avx2:avx2 scalar:default; do
+    KVMEM_CPU=${isa%%:*} "$build/bindings/kvmem_scenario_fixture" "$log/scenario-${isa%%:*}.json" >/dev/null
+    run "python-${isa%%:*}" '[0-9]+ passed' env KVMEM_CPU="${isa%%:*}" ATEN_CPU_CAPABILITY="${isa#*:}" \
+      KVMEM_FIXTURE="$log/scenario-${isa%%:*}.json" \
+      "$py" -m pytest -p no:cacheprovider -q "$root/bindings/python/tests" "$root/examples/python"
+  done
   KVMEM_PYTHON=$py package python-package python
 fi
 
