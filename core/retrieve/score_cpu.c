@@ -5,14 +5,19 @@
  * block's K half streamed once through the exact kernels, which widen f16 in
  * registers and keep the max over the block's rows) in chunks of consecutive blocks, each
  * chunk scored for every (layer, KV head) item into a [block][item][row]
- * score array, then normalised in place while it is in cache: the chunk's
- * column maxima m_c and e = exp(tau (I - m_c)) with their column sums z_c.
+ * score array, then its part of the softmax taken while it is in cache: the
+ * chunk's column maxima m_c and sums z_c = sum_j exp(tau (I_j - m_c)).
  * Once every chunk is done, the global maxima m and normalisers
- * Z = sum_c z_c exp(tau (m_c - m)) give each chunk a column weight
- * w_c = exp(tau (m_c - m)) / Z, and a block's set score is one dot product
- * of its e row with w_c (aggregation over tokens folded in). The agent's
- * boxes are read once, as a few sequential streams, and nothing is sorted
- * (RR norm ranks per column instead).
+ * Z = sum_c z_c exp(tau (m_c - m)) (chunks in order) are known, and a
+ * block's set score is one dot product of e = exp(tau (I - m)) with 1 / Z
+ * (aggregation over tokens folded in). e is taken from the global m, never
+ * from the chunk's m_c rescaled: a block's score is then a function of its
+ * box and the query alone (and of the call's m and Z), so identical boxes
+ * score identically wherever the chunk boundaries fall. Chunks depend on
+ * the problem, not on the thread count, so Z (and every score) is the
+ * same on any number of threads. The agent's boxes are read once, as a
+ * few sequential streams, and nothing is sorted (RR norm ranks per column
+ * instead).
  *
  * Larger problems (prefill: many rows) run ITEM-MAJOR: each (layer, KV head)
  * item scores its query rows against every candidate with the panel kernel,
@@ -61,6 +66,8 @@ const kvm_score_kernels *kvm_score_kernels_get(void) {
 /* Blocks scored per kernel call in the block-major pass (a multiple of
  * every table's tile: 2 and 3). */
 #define BM_GROUP 3
+/* Chunks the block-major pass aims at, for the threads to share. */
+#define BM_MIN_CHUNKS 64
 
 /* Blocks scored per item-major kernel call: 64 AABBs of head_dim 128 are 64
  * KiB (f32), kept in L2 while every row panel of the prefill passes over them. */
@@ -84,6 +91,9 @@ static int rank_cmp(const void *a, const void *b) {
 typedef struct slot {
     /* EXACT: keys of one (block, layer, head) as f32; item-major: their row scores */
     float *kbuf, *tmp;
+    /* block-major SOFTMAX: a chunk's exponentials (their sums are wanted, the
+     * scores are kept), a block's column sums nobody reads */
+    float *ebuf, *zdump;
     /* item-major */
     float *qbuf, *sc, *colm, *boxf;
     const float **bp;
@@ -229,21 +239,26 @@ static void bm_chunk(score_job *job, const slot *s, size_t c) {
         }
     }
     if (d->norm != KVMEM_NORM_SOFTMAX) return;
-    /* the chunk's part of the softmax, while its scores are in cache */
+    /* the chunk's part of the softmax, while its scores are in cache: its
+     * maxima and the sums of its exponentials (taken in a copy: the scores
+     * themselves are exponentiated again from the global maxima) */
     float *m = job->cm + c * cols, *z = job->cz + c * cols;
     for (size_t k = 0; k < cols; k++) m[k] = -INFINITY, z[k] = 0.0f;
     job->kern->col_max(job->sc + j0 * cols, j1 - j0, cols, cols, m);
-    job->kern->col_exp_sum(job->sc + j0 * cols, j1 - j0, cols, cols, m, d->tau, z);
+    memcpy(s->ebuf, job->sc + j0 * cols, (j1 - j0) * cols * sizeof(float));
+    job->kern->col_exp_sum(s->ebuf, j1 - j0, cols, cols, m, d->tau, z);
 }
 
-/* Set scores of the chunk's blocks: e rows against the chunk's weights. */
-static void bm_finish(score_job *job, size_t c) {
+/* Set scores of the chunk's blocks: e = exp(tau (I - m)) rows against the
+ * weights 1 / Z (job->cm's first row after combine_chunks). */
+static void bm_finish(score_job *job, const slot *sl, size_t c) {
     const kvm_score_desc *d = job->d;
     const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols;
     const size_t per = cols / (size_t)d->n_sets, nq = job->nq;
-    const float *w = job->cm + c * cols;
+    const float *w = job->cz + (job->n_chunks + 1) * cols, *m = job->cz + job->n_chunks * cols;
     for (size_t j = j0; j < j1; j++) {
-        const float *e = job->sc + j * cols;
+        float *e = job->sc + j * cols;
+        job->kern->col_exp_sum(e, 1, cols, cols, m, d->tau, sl->zdump);
         for (size_t s = 0; s < (size_t)d->n_sets; s++) {
             if (d->agg == KVMEM_AGG_SUM || nq == 1) {
                 d->out[s * job->nc + j] = job->kern->dot(e + s * per, w + s * per, per);
@@ -284,7 +299,7 @@ static void slot_task(void *arg, size_t b, size_t e) {
             size_t w = atomic_fetch_add(&job->next, 1);
             if (w >= job->n_work) break;
             if (ph->what == W_SCORE) bm_chunk(job, &job->slots[si], w);
-            else if (ph->what == W_FINISH) bm_finish(job, w);
+            else if (ph->what == W_FINISH) bm_finish(job, &job->slots[si], w);
             else if (ph->what == W_RANK) bm_rank_item(job, &job->slots[si], w);
             else item_major(job, &job->slots[si], w);
         }
@@ -297,8 +312,8 @@ static void run_phase(score_job *job, kvm_threadpool *tp, size_t n_slots, size_t
     kvm_parallel_for(tp, n_slots, 1, slot_task, &ph);
 }
 
-/* Global maxima and normalisers from the chunks' parts; each chunk's m_c
- * becomes its weight w_c = exp(tau (m_c - m)) / Z. */
+/* Global maxima m and the weights 1 / Z, Z = sum_c z_c exp(tau (m_c - m))
+ * over the chunks in order, from the chunks' parts (m_c is overwritten). */
 static void combine_chunks(score_job *job, float *m, float *zsum) {
     const kvm_score_desc *d = job->d;
     const size_t cols = job->cols, nch = job->n_chunks;
@@ -312,10 +327,6 @@ static void combine_chunks(score_job *job, float *m, float *zsum) {
         for (size_t k = 0; k < cols; k++) zsum[k] += z[k] * f[k];
     }
     for (size_t k = 0; k < cols; k++) zsum[k] = 1.0f / zsum[k];
-    for (size_t c = 0; c < nch; c++) {
-        float *f = job->cm + c * cols;
-        for (size_t k = 0; k < cols; k++) f[k] *= zsum[k];
-    }
 }
 
 /* ---- item-major pass (prefill, or block-major too large) ---- */
@@ -403,6 +414,9 @@ static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major
         if (rr) {
             s.ranks = kvm_carve_take(c, nc, sizeof(rank_item));
             if (block_major) s.col = kvm_carve_take(c, nc, R * sizeof(float));
+        } else if (block_major) {
+            s.ebuf = kvm_carve_take(c, job->chunk, job->cols * sizeof(float));
+            s.zdump = kvm_carve_take(c, job->cols, sizeof(float));
         }
         if (c->base) job->slots[i] = s;
     }
@@ -442,11 +456,13 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     if (block_major && !job.exact && job.nc * kvm_aabb_block_bytes(p) < ((size_t)1 << 20)) tp = NULL;
     const size_t n_slots = (size_t)kvm_threadpool_size(tp);
     if (block_major) {
-        /* chunks of about 2 MB of boxes, at least 4 per thread when there
-         * are blocks enough, a multiple of the kernel group */
+        /* chunks of about 2 MB of boxes, and at least BM_MIN_CHUNKS of them
+         * when there are blocks enough (4 per thread up to 16 threads), a
+         * multiple of the kernel group; never from the thread count, which
+         * would make the normalisers depend on it */
         size_t box_bytes = kvm_aabb_block_bytes(p) * (job.exact ? 8 : 1);
         size_t ch = KVM_MAX((size_t)1, ((size_t)2 << 20) / KVM_MAX(box_bytes, (size_t)1));
-        ch = KVM_MIN(ch, (job.nc + 4 * n_slots - 1) / (4 * n_slots));
+        ch = KVM_MIN(ch, (job.nc + BM_MIN_CHUNKS - 1) / BM_MIN_CHUNKS);
         ch = KVM_MAX((size_t)BM_GROUP, (ch + BM_GROUP - 1) / BM_GROUP * BM_GROUP);
         job.chunk = ch;
         job.n_chunks = (job.nc + ch - 1) / ch;
