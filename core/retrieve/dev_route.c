@@ -97,22 +97,6 @@ done:
     return st;
 }
 
-/* Write rows [M][H][D] of layer l into a [L][M][H][D] tensor view. */
-static void write_layer(const kvmem_tensor *t, int64_t l, const float *rows, size_t M, size_t H, size_t D) {
-    const int heads_contig = t->strides[3] == 1 && t->strides[2] == (int64_t)D;
-    for (size_t r = 0; r < M; r++) {
-        if (heads_contig) {
-            int64_t idx[3] = {l, (int64_t)r, 0};
-            kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + r * H * D, H * D);
-        } else {
-            for (size_t h = 0; h < H; h++) {
-                int64_t idx[3] = {l, (int64_t)r, (int64_t)h};
-                kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + (r * H + h) * D, D);
-            }
-        }
-    }
-}
-
 kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     static const char *op = "kvmem_gather";
     const kvmem_pool *p = d->pool;
@@ -189,8 +173,8 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
             }
         }
     for (size_t l = 0; l < L; l++) {
-        if (d->k_out) write_layer(d->k_out, (int64_t)l, res + l * M * row, M, H, D);
-        if (d->v_out) write_layer(d->v_out, (int64_t)l, res + ((d->k_out ? L : 0) + l) * M * row, M, H, D);
+        if (d->k_out) kvm_gather_write_layer(d->k_out, (int64_t)l, res + l * M * row, M, H, D);
+        if (d->v_out) kvm_gather_write_layer(d->v_out, (int64_t)l, res + ((d->k_out ? L : 0) + l) * M * row, M, H, D);
     }
 done:
     be->iface->buffer_free(be, bsrc);

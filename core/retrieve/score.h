@@ -131,6 +131,8 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
 kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int32_t k, int32_t *out_idx,
                           int32_t *n_out);
 kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d);
+/* Rows [M][H][D] (f32) of layer l into a [L][M][H][D] tensor view. */
+void kvm_gather_write_layer(const kvmem_tensor *t, int64_t l, const float *rows, size_t M, size_t H, size_t D);
 
 /* The CPU backend's device kernels (score_dev.c; contracts in core/backend/backend.h,
  * argument checks in dev_args.h). */
