@@ -316,6 +316,9 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         else
             st = kvm_cpu_aabb_score(be, &d);
         if ((st = kvm_mapped_check(m, st, "kvmem_retrieve")) != KVMEM_OK) return st; /* before the commit */
+        /* every backend: scores are finite, or the call is refused */
+        for (size_t i = 0; i < (size_t)n_sets * (size_t)nc; i++)
+            if (!isfinite(c.out[i])) return kvm_score_overflow(&d);
     }
     for (int32_t s = 0; s < n_sets; s++) {
         float *all = nr.all + (size_t)s * (size_t)nb;

@@ -125,6 +125,9 @@ extern size_t kvm_score_block_major_max_bytes;
 /* Retrieval on the CPU (kvmem_retrieve and kvmem_gather call them directly;
  * be is the context's CPU backend, whose scratch and worker pool they use). */
 kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
+/* KVMEM_ERR_INVALID_ARG with the message for a query whose relevance to
+ * some block (or whose normalised scores) is not finite. */
+kvmem_status kvm_score_overflow(const kvm_score_desc *d);
 /* Indices of the k largest of score[0..n) (NaN never selected), ties toward
  * the lower index, written to out_idx in descending score order; *n_out gets
  * min(k, number of non-NaN scores). */

@@ -115,7 +115,15 @@ typedef struct score_job {
     slot *slots;
     atomic_size_t next;
     size_t n_work;
+    atomic_int overflow; /* a relevance I was not finite (the query's products overflow f32) */
 } score_job;
+
+/* Relevances are finite for finite inputs unless a product or sum
+ * overflows; such a call is refused (kvm_cpu_aabb_score) rather than
+ * normalised into infinities or NaNs. */
+static void check_finite(score_job *job, const float *x, size_t n) {
+    if (kvm_cpu_kernels_get()->count_nonfinite(x, n)) atomic_store(&job->overflow, 1);
+}
 
 /* Query rows of item (l, g), r = gi * n_q + t, raw or split into [q+ || q-]. */
 static void pack_rows(const score_job *job, size_t item, float *dst, int split) {
@@ -238,6 +246,7 @@ static void bm_chunk(score_job *job, const slot *s, size_t c) {
             }
         }
     }
+    check_finite(job, job->sc + j0 * cols, (j1 - j0) * cols);
     if (d->norm != KVMEM_NORM_SOFTMAX) return;
     /* the chunk's part of the softmax, while its scores are in cache: its
      * maxima and the sums of its exponentials (taken in a copy: the scores
@@ -379,6 +388,7 @@ static void item_major(score_job *job, const slot *s, size_t item) {
                 for (size_t r = 0; r < ldo; r++) o[r] = s->tmp[i * ldo + r] > o[r] ? s->tmp[i * ldo + r] : o[r];
         }
     }
+    check_finite(job, sc, nc * ldo);
     normalise_item(job, sc, ldo, s->colm, s->ranks, job->oi + item * nc);
 }
 
@@ -481,9 +491,14 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     c.off = 0;
     layout(&job, &c, n_slots, block_major);
 
+    atomic_init(&job.overflow, 0);
     if (block_major) {
         for (size_t it = 0; it < job.items; it++) pack_rows(&job, it, job.qpack + it * job.R * job.D, 0);
         run_phase(&job, tp, n_slots, job.n_chunks, W_SCORE);
+        if (atomic_load(&job.overflow)) {
+            kvm_workbuf_release(&local);
+            return kvm_score_overflow(d);
+        }
         if (d->norm == KVMEM_NORM_SOFTMAX) {
             float *m = job.cz + job.n_chunks * job.cols, *z = m + job.cols;
             combine_chunks(&job, m, z);
@@ -497,7 +512,19 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         sum_sets(&job);
     }
     kvm_workbuf_release(&local);
-    return KVMEM_OK;
+    return atomic_load(&job.overflow) ? kvm_score_overflow(d) : KVMEM_OK;
+}
+
+/* score.h */
+kvmem_status kvm_score_overflow(const kvm_score_desc *d) {
+    const kvmem_model_spec *s = &d->pool->spec;
+    const size_t n = (size_t)d->n_q * (size_t)s->n_layers * (size_t)s->n_q_heads * (size_t)s->head_dim;
+    float big = 0.0f;
+    for (size_t i = 0; i < n; i++) big = fabsf(d->q[i]) > big ? fabsf(d->q[i]) : big;
+    return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                    "kvmem_retrieve: a block's relevance to the query overflows f32 (the query's largest magnitude is "
+                    "%g): scale the query down",
+                    (double)big);
 }
 
 /* ---- top-k ---- */
