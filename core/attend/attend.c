@@ -329,8 +329,16 @@ static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_pla
         const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
         n_live_tiles += (pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0) > 0;
     }
+    for (int32_t g = 0; g < H; g++) /* a non-finite logit where the device read (dev_attend's contract) */
+        if (visited[g] < 0)
+            return -1 - (int64_t)visited[g] < pl->T
+                       ? kvm_fail(KVMEM_ERR_INVALID_ARG,
+                                  "%s: K at position %lld, KV head %d is not finite (or its logit overflows)", fn,
+                                  (long long)(-1 - (int64_t)visited[g]), g)
+                       : kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d", fn, be_name,
+                                  visited[g], g);
     for (int32_t g = 0; g < H; g++) {
-        if (visited[g] < 0 || visited[g] > n_live_tiles)
+        if (visited[g] > n_live_tiles)
             return kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d of %lld", fn, be_name,
                             visited[g], g, (long long)n_live_tiles);
         int32_t seen = 0;

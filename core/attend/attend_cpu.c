@@ -623,7 +623,10 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
         }
     kvm_parallel_for(tp, items, 1, attend_task, &j);
     for (size_t i = 0; i < items; i++) /* the first in item order: the same message on any thread count */
-        if (j.item_stats[i].bad) {
+        if (j.item_stats[i].bad && p->stream_visited && p->n_rows == 1) {
+            /* dev_attend's form (core/backend/backend.h): the stream reports it */
+            p->stream_visited[j.item_stats[i].bad_head] = (int32_t)(-1 - j.item_stats[i].bad_pos);
+        } else if (j.item_stats[i].bad) {
             kvmem_status bad = kvm_fail(KVMEM_ERR_INVALID_ARG,
                                         "kvmem_attend: K at position %lld, KV head %d is not finite (or its logit overflows)",
                                         (long long)j.item_stats[i].bad_pos, j.item_stats[i].bad_head);

@@ -33,8 +33,9 @@
  * 5: the table holds buffers and device ops only: the host-level entries
  *    (aabb_score, topk, gather, qmem_score, attend) became core functions and
  *    the entries nothing used (synchronize, convert, aabb_build, quantize,
- *    dequantize) are gone */
-#define KVMEM_BACKEND_API_VERSION 5u
+ *    dequantize) are gone
+ * 6: dev_attend reports a non-finite logit in visited (-1 - position) */
+#define KVMEM_BACKEND_API_VERSION 6u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
@@ -166,6 +167,11 @@ typedef struct kvm_dev_gather_args {
  * tau_d = 0: never stops. q f32 [n_q_heads][head_dim]; out f32
  * [n_q_heads][head_dim] (zeros for a head that saw no live position);
  * visited int32 [n_kv_heads] = tiles with a live position the stream read.
+ * A live position the kernel reads whose logit (scale * q . k for some query
+ * head of the stream) is not finite (K not finite there, or the product
+ * overflows) stops that stream with visited[g] = -1 - such a position; the
+ * other outputs of that call are unspecified, and the core refuses it,
+ * naming the position, as kvm_attend_cpu refuses the same.
  * scale > 0 is resolved by the core. kvm_attend_cpu is the reference.
  * Contents only device memory holds: the CPU reference refuses a live slot
  * >= n_slots and tile ids outside [0, ceil(n_pos / tile)) or repeated

@@ -147,6 +147,7 @@ typedef struct kvm_cu_dev_attend_plan {
     /* workspace pieces, byte offsets (256-aligned) */
     size_t off_part;         /* f32 [Hq][tpw][head_dim + 2]: o, m, l of each tile */
     size_t off_live;         /* int32 [Hkv][tpw]: live positions of each tile */
+    size_t off_bad;          /* int32 [Hkv][tpw]: lowest position of the tile with a non-finite logit, INT32_MAX: none */
     size_t off_o, off_ml;    /* f32 [Hq][head_dim]; f32 [Hq][2] running m, l */
     size_t off_z;            /* f32 [Hkv][32] previous probe */
     size_t off_rule;         /* kvm_cu_rule [Hkv] */

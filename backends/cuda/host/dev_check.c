@@ -153,6 +153,8 @@ kvmem_status kvm_cu_check_dev_attend(const kvm_dev_attend_args *a, size_t q_size
     at += align256(Hq * (size_t)p.tiles_per_wave * (D + 2) * 4);
     p.off_live = at;
     at += align256(Hkv * (size_t)p.tiles_per_wave * 4);
+    p.off_bad = at;
+    at += align256(Hkv * (size_t)p.tiles_per_wave * 4);
     p.off_o = at;
     at += align256(Hq * D * 4);
     p.off_ml = at;
