@@ -106,18 +106,15 @@ static void w_rows(const float *q, size_t R, const float *const *b, size_t n, si
             out[(j + 1) * ldo + r] = row_dot(q0, b1, K, K4, a1);
         }
     }
+    /* the last block alone: one accumulator per output, as in the pairs, so
+     * a block's scores do not depend on where it falls in the tiling */
     for (; j < n; j++) {
         const float *b0 = b[j];
         for (size_t r = 0; r < R; r++) {
             const float *q0 = q + r * K;
-            V a0 = VSPLAT(0), a1 = a0;
-            size_t k = 0;
-            for (; k + 8 <= K4; k += 8) {
-                a0 = VMADD(VLOAD(b0 + k), VLOAD(q0 + k), a0);
-                a1 = VMADD(VLOAD(b0 + k + 4), VLOAD(q0 + k + 4), a1);
-            }
-            for (; k < K4; k += 4) a0 = VMADD(VLOAD(b0 + k), VLOAD(q0 + k), a0);
-            out[j * ldo + r] = row_dot(q0, b0, K, K4, wasm_f32x4_add(a0, a1));
+            V a0 = VSPLAT(0);
+            for (size_t k = 0; k < K4; k += 4) a0 = VMADD(VLOAD(b0 + k), VLOAD(q0 + k), a0);
+            out[j * ldo + r] = row_dot(q0, b0, K, K4, a0);
         }
     }
 }
