@@ -20,7 +20,7 @@ common=(-std=c11 -g -O1 -D_POSIX_C_SOURCE=200809L -DKVMEM_EXPERIMENTAL -I"$root/
         -fno-omit-frame-pointer)
 core=()
 simd=()
-for f in "$root"/core/*.c "$root"/core/*/*.c; do
+for f in "$root"/core/*.c "$root"/core/*/*.c "$root"/core/*/*/*/*.c; do
   # *_wasm128.c: WebAssembly SIMD, only for the Emscripten build (as in core/CMakeLists.txt)
   case "$f" in *_wasm128.c) ;; *_avx2.c|*_avx512.c) simd+=("$f");; *) core+=("$f");; esac
 done

@@ -236,7 +236,7 @@ static int cmd_inspect(int argc, char **argv) {
     uint64_t data = (uint64_t)sz - 8 - hl;
     char computed[32];
     { /* the file's checksum rule, computed here independently of the loader */
-        const kvm_acc64_fn stripes = kvm_acc64_pick(kvm_cpu_kernels_get()->name);
+        const kvm_acc64_fn stripes = kvm_cpu_kernels_get()->acc64_stripes;
         kvm_xxh64_state h;
         kvm_xxh64_init(&h, 0);
         for (uint64_t c = 0; c < data; c += (uint64_t)1 << 20) {

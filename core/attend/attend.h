@@ -1,6 +1,5 @@
 /* ART attention (internal): the validated plan kvmem_attend() hands to a
- * backend's `attend` op, and the CPU micro-kernel tables (scalar reference,
- * AVX2, AVX-512). */
+ * backend's `attend` op (its CPU micro-kernels: cpu/kernels.h). */
 #ifndef KVMEM_ATTEND_H
 #define KVMEM_ATTEND_H
 
@@ -86,44 +85,5 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *plan, kvme
  * host buffers. Also rejects what a device cannot check: a live slot
  * >= n_slots, tile ids outside [0, n_tiles) or repeated. */
 kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a);
-
-/* Micro-kernels over rows of head_dim floats. */
-typedef struct kvm_attend_kernels {
-    const char *name;
-    /* s[g * lds + i] = scale * dot(q[g], k[i]), g < nq, i < nk */
-    void (*qk)(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
-               float scale, float *s, size_t lds);
-    /* s[i] = exp(s[i] - m) in place (s[i] <= m); returns the sum */
-    float (*exp_sum)(float *s, size_t n, float m);
-    /* acc[g][:] = c[g] * acc[g][:] + sum_i p[g * ldp + i] * v[i][:], g < nq */
-    void (*pv)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-               const float *const *v, size_t nk, size_t dim);
-    /* qk and pv over f16 rows, converted in registers: caller f16 caches are
-     * read once, with no f32 copy */
-    void (*qk_f16)(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
-                   float scale, float *s, size_t lds);
-    void (*pv_f16)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-                   const uint16_t *const *v, size_t nk, size_t dim);
-    /* the same over bf16 rows (HF caches are often bf16) */
-    void (*qk_bf16)(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
-                    float scale, float *s, size_t lds);
-    void (*pv_bf16)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-                    const uint16_t *const *v, size_t nk, size_t dim);
-    /* One online-softmax step over nq rows of nk >= 1 scores s[g * lds + i]:
-     * with mn = max(m[g], max_i s[g][i]), c[g] = exp(m[g] - mn) (0 while
-     * m[g] = -inf), s[g][i] = exp(s[g][i] - mn), l[g] = l[g] * c[g] +
-     * sum_i s[g][i], m[g] = mn. Returns the first row holding a score that
-     * is not finite (rows from it on are left in any state), else -1: a NaN
-     * would be skipped by max and clamped by a vector exp. */
-    int (*softmax_step)(float *s, size_t lds, size_t nq, size_t nk, float *m, float *l, float *c);
-} kvm_attend_kernels;
-
-const kvm_attend_kernels *kvm_attend_kernels_scalar(void);
-const kvm_attend_kernels *kvm_attend_kernels_avx2(void);   /* NULL when not compiled in */
-const kvm_attend_kernels *kvm_attend_kernels_avx512(void); /* NULL when not compiled in */
-/* The table matching the CPU kernel table in use (KVMEM_CPU can force scalar). */
-const kvm_attend_kernels *kvm_attend_kernels_get(void);
-/* A named table ("scalar", "avx2", "avx512"), NULL if this CPU or build lacks it. */
-const kvm_attend_kernels *kvm_attend_kernels_named(const char *name);
 
 #endif

@@ -4,6 +4,7 @@
  * stop rule fires. The rule reads 32 (or N) floats of the item's own
  * accumulators per tile: a constant cost and no extra memory traffic. */
 #include "attend.h"
+#include "../cpu/kernels.h"
 #include "../context.h"
 #include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
@@ -562,7 +563,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     attend_job j;
     memset(&j, 0, sizeof j);
     j.p = p;
-    j.kern = kvm_attend_kernels_get();
+    j.kern = kvm_cpu_kernels_get()->attend;
     kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
     const int32_t nt = tp ? kvm_threadpool_size(tp) : 1;
     /* each item takes a run of KV heads (read together, so the KV of one

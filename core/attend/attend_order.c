@@ -13,6 +13,7 @@
  * floats per block and head instead of the block's rows), RoPE included:
  * see agent_bound. */
 #include "attend.h"
+#include "../cpu/kernels.h"
 #include "../alloc.h"
 #include "../context.h"
 #include "../cpu/scratch.h"
@@ -405,7 +406,7 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
     scan_job j;
     memset(&j, 0, sizeof j);
     j.p = p;
-    j.kern = kvm_attend_kernels_get();
+    j.kern = kvm_cpu_kernels_get()->attend;
     j.logits = p->kind == KVMEM_ATTEND_SRC_AGENT ? NULL : logits;
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) j.np4 = (p->pool->rope.n_pairs + 3) / 4 * 4;
     /* a few chunks of tiles per thread keep the threads evenly busy */

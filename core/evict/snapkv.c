@@ -11,7 +11,6 @@
 #include "../context.h"
 #include "../cpu/kernels.h"
 #include "../cpu/scratch.h"
-#include "../qmem/qk_kernels.h"
 #include "../qmem/qmem_internal.h"
 
 #include <math.h>
@@ -199,7 +198,7 @@ kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec
     memset(&s, 0, sizeof s);
     s.q = q_obs;
     s.k = k;
-    s.kk = kvm_qk_kernels_get();
+    s.kk = kvm_cpu_kernels_get()->qk;
     s.Hq = (size_t)spec->n_q_heads;
     s.Hkv = (size_t)spec->n_kv_heads;
     s.G = s.Hq / s.Hkv;

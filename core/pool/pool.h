@@ -21,6 +21,7 @@
 #include "../context.h"
 #include "../internal.h"
 #include "../quant/quant.h"
+#include "../cpu/quant_codec.h"
 #include "../rope/rope.h"
 
 #include <pthread.h>

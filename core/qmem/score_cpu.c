@@ -4,7 +4,6 @@
  * score. Work is split into a fixed number of chunks, each with its own
  * partial sum, reduced in chunk order, so the result does not depend on
  * the thread count. */
-#include "qk_kernels.h"
 #include "qmem_internal.h"
 
 #include "../attend/attend.h"
@@ -189,8 +188,8 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     memset(&q, 0, sizeof q);
     q.k = k;
     q.mem = memory;
-    q.ak = kvm_attend_kernels_get();
-    q.kk = kvm_qk_kernels_get();
+    q.ak = kvm_cpu_kernels_get()->attend;
+    q.kk = kvm_cpu_kernels_get()->qk;
     q.Hq = (size_t)spec->n_q_heads;
     q.Hkv = (size_t)spec->n_kv_heads;
     q.G = q.Hq / q.Hkv;

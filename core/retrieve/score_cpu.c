@@ -42,25 +42,6 @@
 #  define KVM_PREFETCH(p) ((void)(p))
 #endif
 
-#if !defined(KVMEM_HAVE_AVX2)
-const kvm_score_kernels *kvm_score_kernels_avx2(void) { return NULL; }
-#endif
-#if !defined(KVMEM_HAVE_AVX512)
-const kvm_score_kernels *kvm_score_kernels_avx512(void) { return NULL; }
-#endif
-#if !defined(__wasm_simd128__) /* score_wasm128.c: WebAssembly build only */
-const kvm_score_kernels *kvm_score_kernels_wasm128(void) { return NULL; }
-#endif
-
-const kvm_score_kernels *kvm_score_kernels_get(void) {
-    const char *name = kvm_cpu_kernels_get()->name;
-    const kvm_score_kernels *k = NULL;
-    if (strcmp(name, "avx512") == 0) k = kvm_score_kernels_avx512();
-    else if (strcmp(name, "avx2") == 0) k = kvm_score_kernels_avx2();
-    else if (strcmp(name, "wasm128") == 0) k = kvm_score_kernels_wasm128();
-    return k ? k : kvm_score_kernels_scalar();
-}
-
 /* ---- shared pieces ---- */
 
 /* Blocks scored per kernel call in the block-major pass (a multiple of
@@ -438,7 +419,7 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     score_job job;
     memset(&job, 0, sizeof job);
     job.d = d;
-    job.kern = d->kern ? d->kern : kvm_score_kernels_get();
+    job.kern = d->kern ? d->kern : kvm_cpu_kernels_get()->score;
     job.L = (size_t)p->spec.n_layers;
     job.H = (size_t)p->spec.n_kv_heads;
     job.NQ = (size_t)p->spec.n_q_heads;

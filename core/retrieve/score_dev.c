@@ -148,7 +148,7 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     job.smin = at(a->s_min, a->s_off);
     job.smax = at(a->s_max, a->s_off);
     job.out = at(a->out, a->out_off);
-    job.kern = kvm_score_kernels_get();
+    job.kern = kvm_cpu_kernels_get()->score;
     job.G = (size_t)(a->n_q_heads / a->n_kv_heads);
     job.tc = DEV_SCORE_CHUNK_FLOATS / ((size_t)a->n_blocks * job.G);
     job.tc = KVM_MAX((size_t)1, KVM_MIN(job.tc, (size_t)a->n_q));

@@ -143,7 +143,7 @@ static void scores_depend_only_on_the_box_and_ties_go_to_the_older_block(void **
                 snprintf(what, sizeof what, "%s %s %s %s n_q %d %s (table %s)", dts[di] == KVMEM_F32 ? "f32" : "f16",
                          p.norm == KVMEM_NORM_RR ? "RR" : "SOFTMAX", p.agg == KVMEM_AGG_SUM ? "SUM" : "MAX",
                          p.mode == KVMEM_RETRIEVE_EXACT ? "EXACT" : "AABB", nq, combo & 8 ? "item-major" : "default",
-                         kvm_score_kernels_get()->name);
+                         kvm_cpu_kernels_get()->score->name);
                 all_scores(one.ag, &q, p, r1, S1);
                 all_scores(many.ag, &q, p, r4, S4);
                 for (int b = 0; b < NB; b++) {

@@ -1,8 +1,8 @@
 /* AVX2 + FMA + F16C kernels. Compiled with -mavx2 -mfma -mf16c; only called
  * after run-time detection says the CPU has them. Tails use the scalar code
  * so results match the reference bit for bit. */
-#include "half.h"
-#include "kernels.h"
+#include "../../half.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
 
@@ -106,9 +106,7 @@ static float a_dot(const float *a, const float *b, size_t n) {
     return s;
 }
 
-static const kvm_cpu_kernels k_avx2 = {
-    "avx2", a_f16_to_f32, a_f32_to_f16, a_bf16_to_f32, a_f32_to_bf16,
-    a_minmax_rows, a_count_nonfinite, a_dot,
+const kvm_cpu_kernels kvm_cpu_avx2 = {
+    "avx2", a_f16_to_f32, a_f32_to_f16, a_bf16_to_f32, a_f32_to_bf16, a_minmax_rows, a_count_nonfinite, a_dot,
+    &kvm_score_avx2, &kvm_attend_avx2, &kvm_qk_avx2, &kvm_quant_avx2, kvm_rope_rows_neox_avx2, kvm_acc64_stripes_avx2,
 };
-
-const kvm_cpu_kernels *kvm_cpu_kernels_avx2(void) { return &k_avx2; }

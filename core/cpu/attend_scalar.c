@@ -1,8 +1,7 @@
-/* Scalar reference micro-kernels for ART attention, and the run-time choice
- * of the SIMD tables. The SIMD tables are tested against these. */
-#include "attend.h"
-#include "../cpu/half.h"
-#include "../cpu/kernels.h"
+/* Scalar reference micro-kernels for ART attention. The SIMD tables are
+ * tested against these. */
+#include "half.h"
+#include "kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -97,30 +96,5 @@ static int s_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
     return -1;
 }
 
-static const kvm_attend_kernels scalar_table = {"scalar",  s_qk,      s_exp_sum, s_pv,          s_qk_f16,
+const kvm_attend_kernels kvm_attend_scalar = {"scalar",  s_qk,      s_exp_sum, s_pv,          s_qk_f16,
                                                 s_pv_f16,  s_qk_bf16, s_pv_bf16, s_softmax_step};
-
-const kvm_attend_kernels *kvm_attend_kernels_scalar(void) { return &scalar_table; }
-
-#if !defined(KVMEM_HAVE_AVX2)
-const kvm_attend_kernels *kvm_attend_kernels_avx2(void) { return NULL; }
-#endif
-#if !defined(KVMEM_HAVE_AVX512)
-const kvm_attend_kernels *kvm_attend_kernels_avx512(void) { return NULL; }
-#endif
-
-const kvm_attend_kernels *kvm_attend_kernels_named(const char *name) {
-    if (!name) return NULL;
-    if (strcmp(name, "scalar") == 0) return kvm_attend_kernels_scalar();
-    /* the CPU kernel table decides whether the instruction set is usable */
-    if (!kvm_cpu_kernels_named(name)) return NULL;
-    if (strcmp(name, "avx2") == 0) return kvm_attend_kernels_avx2();
-    if (strcmp(name, "avx512") == 0) return kvm_attend_kernels_avx512();
-    return NULL;
-}
-
-/* Follow the CPU kernel table, so KVMEM_CPU=scalar|avx2|avx512 forces both. */
-const kvm_attend_kernels *kvm_attend_kernels_get(void) {
-    const kvm_attend_kernels *k = kvm_attend_kernels_named(kvm_cpu_kernels_get()->name);
-    return k ? k : kvm_attend_kernels_scalar();
-}

@@ -1,8 +1,8 @@
 /* AVX-512 (F, BW, VL) kernels. Compiled with -mavx512f -mavx512bw -mavx512vl
  * -mfma -mf16c; only called after run-time detection. Tails go through masked
  * loads so results match the scalar reference bit for bit. */
-#include "half.h"
-#include "kernels.h"
+#include "../../half.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
 
@@ -90,9 +90,8 @@ static float x_dot(const float *a, const float *b, size_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-static const kvm_cpu_kernels k_avx512 = {
-    "avx512", x_f16_to_f32, x_f32_to_f16, x_bf16_to_f32, x_f32_to_bf16,
-    x_minmax_rows, x_count_nonfinite, x_dot,
+const kvm_cpu_kernels kvm_cpu_avx512 = {
+    "avx512", x_f16_to_f32, x_f32_to_f16, x_bf16_to_f32, x_f32_to_bf16, x_minmax_rows, x_count_nonfinite, x_dot,
+    &kvm_score_avx512, &kvm_attend_avx512, &kvm_qk_avx512, &kvm_quant_avx512, kvm_rope_rows_neox_avx512,
+    kvm_acc64_stripes_avx512,
 };
-
-const kvm_cpu_kernels *kvm_cpu_kernels_avx512(void) { return &k_avx512; }

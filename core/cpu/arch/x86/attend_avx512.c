@@ -1,10 +1,10 @@
 /* AVX-512 micro-kernels for ART attention. Compiled with -mavx512f
  * -mavx512bw -mavx512vl -mfma; only called after run-time detection.
  * Dimension tails use masked loads, so any head_dim works. */
-#include "attend.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
-#include "../cpu/simd_exp.h"
+#include "../../simd_math.h"
 #include <math.h>
 
 static inline __mmask16 tail_mask(size_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
@@ -283,7 +283,5 @@ static int x_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
     return -1;
 }
 
-static const kvm_attend_kernels avx512_table = {"avx512", x_qk,      x_exp_sum, x_pv,          x_qk_f16,
+const kvm_attend_kernels kvm_attend_avx512 = {"avx512", x_qk,      x_exp_sum, x_pv,          x_qk_f16,
                                                 x_pv_f16, x_qk_bf16, x_pv_bf16, x_softmax_step};
-
-const kvm_attend_kernels *kvm_attend_kernels_avx512(void) { return &avx512_table; }

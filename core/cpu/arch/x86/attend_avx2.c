@@ -1,11 +1,11 @@
 /* AVX2 + FMA micro-kernels for ART attention. Compiled with -mavx2 -mfma;
  * only called after run-time detection. Dimension tails (head_dim not a
  * multiple of 8) run scalar. */
-#include "attend.h"
-#include "../cpu/half.h"
+#include "../../half.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
-#include "../cpu/simd_exp.h"
+#include "../../simd_math.h"
 #include <math.h>
 
 static inline float hsum256(__m256 v) {
@@ -169,7 +169,5 @@ static int a_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
     return -1;
 }
 
-static const kvm_attend_kernels avx2_table = {"avx2",   a_qk,      a_exp_sum, a_pv,          a_qk_f16,
+const kvm_attend_kernels kvm_attend_avx2 = {"avx2",   a_qk,      a_exp_sum, a_pv,          a_qk_f16,
                                               a_pv_f16, a_qk_bf16, a_pv_bf16, a_softmax_step};
-
-const kvm_attend_kernels *kvm_attend_kernels_avx2(void) { return &avx2_table; }

@@ -3,8 +3,9 @@
 #ifndef KVMEM_QUANT_REF_H
 #define KVMEM_QUANT_REF_H
 
-#include "../cpu/half.h"
-#include "quant.h"
+#include "half.h"
+#include "kernels.h"
+#include "../quant/quant.h"
 
 #include <math.h>
 

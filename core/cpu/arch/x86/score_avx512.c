@@ -1,6 +1,6 @@
 /* AVX-512 scoring kernels: 16 query rows per vector. */
 #include <immintrin.h>
-#include "../cpu/simd_exp.h"
+#include "../../simd_math.h"
 
 typedef __m512 V;
 #define VW 16
@@ -22,7 +22,7 @@ typedef __m512 V;
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define SIMD_NAME "avx512"
-#define SIMD_GETTER kvm_score_kernels_avx512
+#define SIMD_TABLE kvm_score_avx512
 
 static inline float vhsum(V v) { return _mm512_reduce_add_ps(v); }
 

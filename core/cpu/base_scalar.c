@@ -41,9 +41,9 @@ static float s_dot(const float *a, const float *b, size_t n) {
     return s;
 }
 
-static const kvm_cpu_kernels k_scalar = {
-    "scalar", s_f16_to_f32, s_f32_to_f16, s_bf16_to_f32, s_f32_to_bf16,
-    s_minmax_rows, s_count_nonfinite, s_dot,
+const kvm_cpu_kernels kvm_cpu_scalar = {
+    "scalar", s_f16_to_f32, s_f32_to_f16, s_bf16_to_f32, s_f32_to_bf16, s_minmax_rows, s_count_nonfinite, s_dot,
+    &kvm_score_scalar, &kvm_attend_scalar, &kvm_qk_scalar, &kvm_quant_scalar,
+    NULL, /* RoPE rows: kvm_rope_rotate */
+    NULL, /* the checksum: format/hash.c's scalar stripes */
 };
-
-const kvm_cpu_kernels *kvm_cpu_kernels_scalar(void) { return &k_scalar; }

@@ -71,8 +71,6 @@ static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
     for (size_t i = 0; i < n; i++) out[i] = up ? kvm_f16_up_inline(x[i]) : kvm_f16_down_inline(x[i]);
 }
 
-static const kvm_quant_kernels scalar_table = {
+const kvm_quant_kernels kvm_quant_scalar = {
     "scalar", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round, kvm_f16_boxes_bad_ref,
 };
-
-const kvm_quant_kernels *kvm_quant_kernels_scalar(void) { return &scalar_table; }

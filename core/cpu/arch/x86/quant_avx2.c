@@ -3,7 +3,7 @@
  * bias equals the scalar table's (same per-group parameters, RNE rounding,
  * multiply then add, no FMA). */
 #define KVM_QUANT_F16C
-#include "quant_ref.h"
+#include "../../quant_ref.h"
 
 #include <immintrin.h>
 
@@ -112,7 +112,7 @@ static void q4_dequant(const uint32_t *words, const uint16_t *scales, const uint
 
 static void q4c_quant(const float *x, size_t n, size_t dim, const float *mn, const float *mx, uint32_t *words,
                       uint16_t *scales, uint16_t *biases) {
-    kvm_quant_kernels_scalar()->q4c_quant(x, n, dim, mn, mx, words, scales, biases);
+    kvm_quant_scalar.q4c_quant(x, n, dim, mn, mx, words, scales, biases);
 }
 
 static void q4c_dequant(const uint32_t *words, const uint16_t *scales, const uint16_t *biases, size_t n,
@@ -216,8 +216,6 @@ static size_t f16_boxes_bad(const uint16_t *boxes, size_t n, size_t dim) {
     return bad;
 }
 
-static const kvm_quant_kernels avx2_table = {
+const kvm_quant_kernels kvm_quant_avx2 = {
     "avx2", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round, f16_boxes_bad,
 };
-
-const kvm_quant_kernels *kvm_quant_kernels_avx2(void) { return &avx2_table; }

@@ -1,6 +1,6 @@
 /* AVX2 + FMA scoring kernels: 8 query rows per vector. */
 #include <immintrin.h>
-#include "../cpu/simd_exp.h"
+#include "../../simd_math.h"
 
 typedef __m256 V;
 #define VW 8
@@ -27,7 +27,7 @@ typedef __m256 V;
         _mm_storeu_ps(f, _mm_add_ps(_mm256_castps256_ps128(t_), _mm256_extractf128_ps(t_, 1)));        \
     } while (0)
 #define SIMD_NAME "avx2"
-#define SIMD_GETTER kvm_score_kernels_avx2
+#define SIMD_TABLE kvm_score_avx2
 
 static inline float vhsum(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

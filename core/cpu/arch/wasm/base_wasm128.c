@@ -4,8 +4,8 @@
  * conversions are the scalar bit recipes of half.h done four lanes at a time,
  * and equal the scalar reference bit for bit, as do minmax and the NaN
  * count; dot sums in four lanes (order differs, like the x86 paths). */
-#include "half.h"
-#include "kernels.h"
+#include "../../half.h"
+#include "../../kernels.h"
 
 #include <wasm_simd128.h>
 
@@ -145,9 +145,9 @@ static float w_dot(const float *a, const float *b, size_t n) {
     return r;
 }
 
-static const kvm_cpu_kernels k_wasm128 = {
-    "wasm128", w_f16_to_f32, w_f32_to_f16, w_bf16_to_f32, w_f32_to_bf16,
-    w_minmax_rows, w_count_nonfinite, w_dot,
+/* Scoring has SIMD128 kernels; attention, the rule score and quantization
+ * run the scalar ones here. */
+const kvm_cpu_kernels kvm_cpu_wasm128 = {
+    "wasm128", w_f16_to_f32, w_f32_to_f16, w_bf16_to_f32, w_f32_to_bf16, w_minmax_rows, w_count_nonfinite, w_dot,
+    &kvm_score_wasm128, &kvm_attend_scalar, &kvm_qk_scalar, &kvm_quant_scalar, NULL, NULL,
 };
-
-const kvm_cpu_kernels *kvm_cpu_kernels_wasm128(void) { return &k_wasm128; }

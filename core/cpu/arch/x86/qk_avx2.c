@@ -1,10 +1,10 @@
 /* AVX2 + FMA kernels of the rule score (a 4x2 register tile of dot products
  * and a vector exp) and of SnapKV (a 4 x 16 GEMM tile against packed keys).
  * Only called after run-time detection. */
-#include "qk_kernels.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
-#include "../cpu/simd_exp.h"
+#include "../../simd_math.h"
 #include <math.h>
 
 static inline float hsum256(__m256 v) {
@@ -181,5 +181,4 @@ static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-static const kvm_qk_kernels k_avx2 = {"avx2", x_qk, x_softmax_acc, kvm_qk_kt_pack_plain, x_qk_tile, x_exp_row, x_wsum, NULL};
-const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return &k_avx2; }
+const kvm_qk_kernels kvm_qk_avx2 = {"avx2", x_qk, x_softmax_acc, kvm_qk_kt_pack_plain, x_qk_tile, x_exp_row, x_wsum, NULL};

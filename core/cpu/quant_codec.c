@@ -1,14 +1,13 @@
-/* Quantized sections: layout, encode/decode entry points, f16 directed
- * rounding and the choice of kernel table. */
+/* Quantized sections: encode/decode entry points through the kernel table,
+ * f16 directed rounding. */
+#include "quant_codec.h"
 #include "quant_ref.h"
-#include "../cpu/kernels.h"
-#include "../internal.h"
 
 #include <string.h>
 
 void kvm_quant_section(kvmem_dtype dt, int which, const float *x, size_t n, size_t dim, const float *mn,
                        const float *mx, void *dst) {
-    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    const kvm_quant_kernels *k = kvm_cpu_kernels_get()->quant;
     kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
     unsigned char *d = dst;
     if (dt == KVMEM_Q8) {
@@ -30,7 +29,7 @@ void kvm_quant_section(kvmem_dtype dt, int which, const float *x, size_t n, size
 
 void kvm_dequant_section(kvmem_dtype dt, int which, const void *src, size_t n, size_t dim, size_t row0,
                          size_t cnt, float *out) {
-    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    const kvm_quant_kernels *k = kvm_cpu_kernels_get()->quant;
     kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
     const unsigned char *s = src;
     size_t W = (dim + 7) / 8;
@@ -51,7 +50,7 @@ void kvm_dequant_section(kvmem_dtype dt, int which, const void *src, size_t n, s
 
 void kvm_quant_parts(kvmem_dtype dt, int which, const float *x, size_t n, size_t dim, const float *mn,
                      const float *mx, kvm_qparts dst) {
-    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    const kvm_quant_kernels *k = kvm_cpu_kernels_get()->quant;
     kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
     if (dt == KVMEM_Q8)
         k->q8_quant(x, n, dim, (uint16_t *)(void *)dst.scales, (int8_t *)dst.codes);
@@ -65,7 +64,7 @@ void kvm_quant_parts(kvmem_dtype dt, int which, const float *x, size_t n, size_t
 
 void kvm_dequant_parts(kvmem_dtype dt, int which, kvm_qparts src, size_t n, size_t dim, size_t row0, size_t cnt,
                        float *out) {
-    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    const kvm_quant_kernels *k = kvm_cpu_kernels_get()->quant;
     kvm_qsection q = kvm_qsection_layout(dt, which, n, dim);
     const size_t W = (dim + 7) / 8;
     if (dt == KVMEM_Q8) {
@@ -85,18 +84,3 @@ void kvm_dequant_parts(kvmem_dtype dt, int which, kvm_qparts src, size_t n, size
 
 uint16_t kvm_f16_round_down(float x) { return kvm_f16_down_inline(x); }
 uint16_t kvm_f16_round_up(float x) { return kvm_f16_up_inline(x); }
-
-#if !defined(KVMEM_HAVE_AVX2)
-const kvm_quant_kernels *kvm_quant_kernels_avx2(void) { return NULL; }
-#endif
-#if !defined(KVMEM_HAVE_AVX512)
-const kvm_quant_kernels *kvm_quant_kernels_avx512(void) { return NULL; }
-#endif
-
-const kvm_quant_kernels *kvm_quant_kernels_get(void) {
-    const char *name = kvm_cpu_kernels_get()->name;
-    const kvm_quant_kernels *k = NULL;
-    if (strcmp(name, "avx512") == 0) k = kvm_quant_kernels_avx512();
-    if (!k && (strcmp(name, "avx512") == 0 || strcmp(name, "avx2") == 0)) k = kvm_quant_kernels_avx2();
-    return k ? k : kvm_quant_kernels_scalar();
-}

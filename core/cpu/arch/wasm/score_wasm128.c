@@ -1,13 +1,13 @@
 /* WebAssembly SIMD128 scoring kernels (the browser build): the products of
- * score.h over 4-lane vectors. Built only by wasm/CMakeLists.txt
- * (-msimd128); chosen by kvm_score_kernels_get() when the CPU table is
- * "wasm128". Written out with named accumulators rather than through
+ * kernels.h over 4-lane vectors. Built only by wasm/CMakeLists.txt
+ * (-msimd128); the "wasm128" kernel table's. Written out with named accumulators rather than through
  * score_simd.inc: clang does not unroll that file's loops over the
  * accumulator arrays for wasm, which leaves them in linear memory (a load
  * and a store per multiply-add, 5x slower). SIMD128 has no fused
  * multiply-add: a multiply and an add (two roundings), within the
  * tolerance the tests allow the x86 paths. */
-#include "score.h"
+#include "../../kernels.h"
+#include "../../simd_math.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -119,23 +119,7 @@ static void w_rows(const float *q, size_t R, const float *const *b, size_t n, si
     }
 }
 
-/* exp(x) for x <= 0: the Cephes expf polynomial of score_avx2.c (clamped at
- * -87), 2^n through the exponent bits. */
-static inline V vexp_neg(V x) {
-    x = wasm_f32x4_max(x, VSPLAT(-87.0f));
-    V n = wasm_f32x4_nearest(wasm_f32x4_mul(x, VSPLAT(1.44269504088896341f)));
-    x = wasm_f32x4_sub(x, wasm_f32x4_mul(n, VSPLAT(0.693359375f)));
-    x = wasm_f32x4_sub(x, wasm_f32x4_mul(n, VSPLAT(-2.12194440e-4f)));
-    V p = VSPLAT(1.9875691500e-4f);
-    p = VMADD(p, x, VSPLAT(1.3981999507e-3f));
-    p = VMADD(p, x, VSPLAT(8.3334519073e-3f));
-    p = VMADD(p, x, VSPLAT(4.1665795894e-2f));
-    p = VMADD(p, x, VSPLAT(1.6666665459e-1f));
-    p = VMADD(p, x, VSPLAT(5.0000001201e-1f));
-    V y = VMADD(p, wasm_f32x4_mul(x, x), wasm_f32x4_add(x, VSPLAT(1.0f)));
-    V e = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
-    return wasm_f32x4_mul(y, e);
-}
+#define vexp_neg kvm_exp_neg128 /* simd_math.h */
 
 static void w_exp_neg(float *x, size_t n) {
     size_t i = 0;
@@ -359,8 +343,6 @@ static float w_dot(const float *a, const float *b, size_t n) {
 
 /* rows_below 16: a decode step's 4-8 query rows would be padded to a
  * 16-row panel; the row product is faster below that. */
-static const kvm_score_kernels k_wasm128 = {"wasm128",       w_panel,         w_rows,    w_exp_neg,     16,
+const kvm_score_kernels kvm_score_wasm128 = {"wasm128",       w_panel,         w_rows,    w_exp_neg,     16,
                                             w_aabb_rows_f16, w_aabb_rows_f32, w_col_max, w_col_exp_sum, w_dot,
                                             w_exact_f16,     w_exact_f32};
-
-const kvm_score_kernels *kvm_score_kernels_wasm128(void) { return &k_wasm128; }

@@ -1,7 +1,7 @@
 /* Scalar scoring kernels: the reference the SIMD tables are tested against.
  * Plain loops, f32 accumulation in index order. */
-#include "score.h"
-#include "../cpu/half.h"
+#include "kernels.h"
+#include "half.h"
 
 #include <math.h>
 
@@ -98,8 +98,6 @@ static void s_exact_f32(const float *q, size_t R, const float *k, size_t n, size
     }
 }
 
-static const kvm_score_kernels k_scalar = {"scalar",          s_panel,     s_rows,          s_exp_neg, 1,
+const kvm_score_kernels kvm_score_scalar = {"scalar",          s_panel,     s_rows,          s_exp_neg, 1,
                                            s_aabb_rows_f16,   s_aabb_rows_f32, s_col_max, s_col_exp_sum, s_dot,
                                            s_exact_f16,       s_exact_f32};
-
-const kvm_score_kernels *kvm_score_kernels_scalar(void) { return &k_scalar; }

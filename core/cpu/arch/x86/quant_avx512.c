@@ -2,7 +2,7 @@
  * blocks); Q8 and KIVI reuse the AVX2 table. Bit-identical to the scalar
  * reference: same per-group parameters, RNE conversion, multiply then add. */
 #define KVM_QUANT_F16C
-#include "quant_ref.h"
+#include "../../quant_ref.h"
 
 #include <immintrin.h>
 
@@ -95,18 +95,18 @@ static void q4_dequant(const uint32_t *words, const uint16_t *scales, const uint
 }
 
 static void q8_quant(const float *x, size_t n, size_t dim, uint16_t *scales, int8_t *codes) {
-    kvm_quant_kernels_avx2()->q8_quant(x, n, dim, scales, codes);
+    kvm_quant_avx2.q8_quant(x, n, dim, scales, codes);
 }
 static void q8_dequant(const uint16_t *scales, const int8_t *codes, size_t n, size_t dim, float *out) {
-    kvm_quant_kernels_avx2()->q8_dequant(scales, codes, n, dim, out);
+    kvm_quant_avx2.q8_dequant(scales, codes, n, dim, out);
 }
 static void q4c_quant(const float *x, size_t n, size_t dim, const float *mn, const float *mx, uint32_t *words,
                       uint16_t *scales, uint16_t *biases) {
-    kvm_quant_kernels_avx2()->q4c_quant(x, n, dim, mn, mx, words, scales, biases);
+    kvm_quant_avx2.q4c_quant(x, n, dim, mn, mx, words, scales, biases);
 }
 static void q4c_dequant(const uint32_t *words, const uint16_t *scales, const uint16_t *biases, size_t n,
                         size_t dim, float *out) {
-    kvm_quant_kernels_avx2()->q4c_dequant(words, scales, biases, n, dim, out);
+    kvm_quant_avx2.q4c_dequant(words, scales, biases, n, dim, out);
 }
 
 static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
@@ -119,15 +119,13 @@ static void f16_round(const float *x, size_t n, int up, uint16_t *out) {
         for (; i + 16 <= n; i += 16)
             _mm256_storeu_si256((__m256i *)(void *)(out + i),
                                 _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
-    kvm_quant_kernels_avx2()->f16_round(x + i, n - i, up, out + i);
+    kvm_quant_avx2.f16_round(x + i, n - i, up, out + i);
 }
 
 static size_t f16_boxes_bad(const uint16_t *boxes, size_t n, size_t dim) {
-    return kvm_quant_kernels_avx2()->f16_boxes_bad(boxes, n, dim); /* bound by memory: 256-bit is enough */
+    return kvm_quant_avx2.f16_boxes_bad(boxes, n, dim); /* bound by memory: 256-bit is enough */
 }
 
-static const kvm_quant_kernels avx512_table = {
+const kvm_quant_kernels kvm_quant_avx512 = {
     "avx512", q8_quant, q8_dequant, q4_quant, q4_dequant, q4c_quant, q4c_dequant, f16_round, f16_boxes_bad,
 };
-
-const kvm_quant_kernels *kvm_quant_kernels_avx512(void) { return &avx512_table; }

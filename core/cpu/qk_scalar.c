@@ -1,17 +1,8 @@
-/* Scalar reference kernels of the rule score, and the table choice. */
-#include "qk_kernels.h"
-
-#include "../cpu/kernels.h"
+/* Scalar reference kernels of the rule score and SnapKV. */
+#include "kernels.h"
 
 #include <math.h>
 #include <string.h>
-
-#if !defined(KVMEM_HAVE_AVX2)
-const kvm_qk_kernels *kvm_qk_kernels_avx2(void) { return NULL; }
-#endif
-#if !defined(KVMEM_HAVE_AVX512)
-const kvm_qk_kernels *kvm_qk_kernels_avx512(void) { return NULL; }
-#endif
 
 static void s_qk(const float *m, size_t G, size_t D, const float *k, size_t n, size_t kstride,
                  float scale, float *out, size_t out_stride) {
@@ -80,15 +71,4 @@ static void s_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-static const kvm_qk_kernels k_scalar = {"scalar", s_qk, s_softmax_acc, kvm_qk_kt_pack_plain, s_qk_tile, s_exp_row, s_wsum, NULL};
-
-const kvm_qk_kernels *kvm_qk_kernels_scalar(void) { return &k_scalar; }
-
-/* Follow the core's table so one switch (KVMEM_CPU) forces every kernel. */
-const kvm_qk_kernels *kvm_qk_kernels_get(void) {
-    const char *name = kvm_cpu_kernels_get()->name;
-    const kvm_qk_kernels *k = NULL;
-    if (strcmp(name, "avx512") == 0) k = kvm_qk_kernels_avx512();
-    if (!k && (strcmp(name, "avx512") == 0 || strcmp(name, "avx2") == 0)) k = kvm_qk_kernels_avx2();
-    return k ? k : &k_scalar;
-}
+const kvm_qk_kernels kvm_qk_scalar = {"scalar", s_qk, s_softmax_acc, kvm_qk_kt_pack_plain, s_qk_tile, s_exp_row, s_wsum, NULL};

@@ -2,10 +2,10 @@
  * row) dot products, and a vector exp for the softmax) and of SnapKV (a
  * GEMM tile against keys packed by dimension). Compiled with
  * -mavx512f..., only called after run-time detection. */
-#include "qk_kernels.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
-#include "../cpu/simd_exp.h"
+#include "../../simd_math.h"
 #include <math.h>
 
 static inline __mmask16 tmask(size_t left) {
@@ -277,5 +277,4 @@ static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-static const kvm_qk_kernels k_avx512 = {"avx512", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum, x_kt_pack_f16};
-const kvm_qk_kernels *kvm_qk_kernels_avx512(void) { return &k_avx512; }
+const kvm_qk_kernels kvm_qk_avx512 = {"avx512", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum, x_kt_pack_f16};

@@ -1,7 +1,7 @@
 /* acc64 stripes with AVX2: two ymm of four lanes per 64-byte stripe.
  * acc[i ^ 1] += d[i] is summed unswapped and swapped once at the end
  * (addition mod 2^64 commutes): no shuffle per stripe. */
-#include "hash.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
 

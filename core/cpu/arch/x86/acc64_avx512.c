@@ -2,7 +2,7 @@
  * acc[i ^ 1] += d[i] is summed unswapped in its own accumulators and
  * swapped once at the end (addition mod 2^64 commutes): one shuffle per
  * call instead of one per stripe, and four independent add chains. */
-#include "hash.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
 

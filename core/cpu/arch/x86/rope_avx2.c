@@ -1,6 +1,6 @@
-/* avx2 NEOX row rotation (see rope_rows.c). No FMA: products are rounded
+/* avx2 NEOX row rotation (see core/cpu/rope_rows.c). No FMA: products are rounded
  * separately, as in the scalar kvm_rope_rotate. */
-#include "rope.h"
+#include "../../kernels.h"
 
 #include <immintrin.h>
 
