@@ -59,7 +59,7 @@ static void fill(float *x, size_t n, uint64_t *rng, int finite) {
 /* out[j * ldo + r] = sum_k q_r[k] * b_j[k] for both kernel shapes, against
  * double sums (tolerance: f32 accumulation over K terms); exp_neg against exp. */
 static void check_score(uint64_t *rng) {
-    const kvm_score_kernels *w = kvm_score_kernels_wasm128();
+    const kvm_score_kernels *w = &kvm_score_wasm128;
     check(w != NULL && kvm_cpu_kernels_get()->score == w, "score kernels: wasm128 chosen", 0);
     if (!w) return;
     enum { K = 128, R = 37, N = 11, RP = 48 };
