@@ -2,8 +2,8 @@
  * visiting order and per-row visibility (the plan), runs the backend's
  * `attend` op and writes the output only when everything succeeded. */
 #include "attend.h"
-#include "../context.h"
-#include "../tensor.h"
+#include "../backend/route/context.h"
+#include "../cpu/tensor.h"
 #include "../cpu/scratch.h"
 #include "../pool/resident.h"
 

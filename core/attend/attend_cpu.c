@@ -5,10 +5,10 @@
  * accumulators per tile: a constant cost and no extra memory traffic. */
 #include "attend.h"
 #include "../cpu/kernels.h"
-#include "../context.h"
+#include "../backend/route/context.h"
 #include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <math.h>
 #include <stdlib.h>

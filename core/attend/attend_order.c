@@ -15,10 +15,10 @@
 #include "attend.h"
 #include "../cpu/kernels.h"
 #include "../alloc.h"
-#include "../context.h"
+#include "../backend/route/context.h"
 #include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <math.h>
 #include <stdlib.h>

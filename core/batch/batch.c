@@ -1,7 +1,7 @@
 /* Batch merge/extract: several agents' memory in one left-padded batched
  * layout [B][n_kv_heads][max_len][head_dim], one layer per call. */
 #include "../pool/pool.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <stdlib.h>
 #include <string.h>

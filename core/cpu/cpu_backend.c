@@ -3,10 +3,8 @@
  * qmem/qmem_dev.c, which read the buffers in place. Also the host dtype
  * conversion the core uses (kvm_convert_host). */
 #include "cpu_backend.h"
-#include "../context.h"
 #include "../internal.h"
 #include "../attend/attend.h"
-#include "half.h"
 #include "kernels.h"
 #include "scratch.h"
 #include "../retrieve/score.h" /* retrieval device ops */
@@ -20,10 +18,27 @@ struct kvmem_buffer {
     unsigned char *data;
 };
 
+/* The backend's own state: the context's worker pool (not owned) and the
+ * cache of per-call work memory. */
+typedef struct cpu_impl {
+    kvm_threadpool *tp;
+    kvm_scratch *scratch;
+} cpu_impl;
+
 static void cpu_free(kvmem_backend *be) {
     if (!be) return;
-    kvm_scratch_free(be->impl);
+    cpu_impl *c = be->impl;
+    if (c) kvm_scratch_free(c->scratch);
+    kvm_free(c);
     kvm_free(be);
+}
+
+kvm_threadpool *kvm_cpu_backend_tp(const kvmem_backend *be) {
+    return be && be->impl ? ((const cpu_impl *)be->impl)->tp : NULL;
+}
+
+kvm_scratch *kvm_cpu_backend_scratch(const kvmem_backend *be) {
+    return be && be->impl ? ((const cpu_impl *)be->impl)->scratch : NULL;
 }
 
 static kvmem_status cpu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
@@ -115,40 +130,21 @@ static const kvmem_backend_iface cpu_iface = {
     .get_proc_address = cpu_proc,
 };
 
-kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out) {
+kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvm_threadpool *tp, kvmem_backend **out) {
     kvmem_backend *be = kvm_calloc(1, sizeof *be);
-    kvm_scratch *sc = kvm_scratch_create(); /* impl: the cache of per-call work memory */
-    if (!be || !sc) {
+    cpu_impl *c = kvm_calloc(1, sizeof *c);
+    kvm_scratch *sc = kvm_scratch_create();
+    if (!be || !c || !sc) {
         kvm_free(be);
+        kvm_free(c);
         kvm_scratch_free(sc);
         return KVMEM_ERR_NOMEM;
     }
-    be->impl = sc;
+    c->tp = tp;
+    c->scratch = sc;
+    be->impl = c;
     be->iface = &cpu_iface;
     be->ctx = ctx;
     *out = be;
     return KVMEM_OK;
-}
-
-/* Host conversion between tensor dtypes through the chosen kernel table. */
-void kvm_convert_host(void *dst, kvmem_dtype ddt, const void *src, kvmem_dtype sdt, size_t n) {
-    const kvm_cpu_kernels *k = kvm_cpu_kernels_get();
-    if (ddt == sdt) {
-        memcpy(dst, src, n * kvm_dtype_size(ddt));
-    } else if (sdt == KVMEM_F32) {
-        if (ddt == KVMEM_F16) k->f32_to_f16(src, dst, n);
-        else k->f32_to_bf16(src, dst, n);
-    } else if (ddt == KVMEM_F32) {
-        if (sdt == KVMEM_F16) k->f16_to_f32(src, dst, n);
-        else k->bf16_to_f32(src, dst, n);
-    } else { /* f16 <-> bf16 through f32, in chunks on the stack */
-        float tmp[256];
-        const uint16_t *s = src;
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i += 256) {
-            size_t c = KVM_MIN(n - i, (size_t)256);
-            kvm_convert_host(tmp, KVMEM_F32, s + i, sdt, c);
-            kvm_convert_host(d + i, ddt, tmp, KVMEM_F32, c);
-        }
-    }
 }

@@ -7,7 +7,14 @@
 
 #include "../backend/backend.h"
 
-kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out);
+#include "scratch.h"
+#include "threadpool.h"
+
+/* tp: the context's worker pool, used by the ops (not owned). */
+kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvm_threadpool *tp, kvmem_backend **out);
+/* The worker pool (NULL: run inline) and the work-memory cache of a CPU backend. */
+kvm_threadpool *kvm_cpu_backend_tp(const kvmem_backend *be);
+kvm_scratch *kvm_cpu_backend_scratch(const kvmem_backend *be);
 /* The host address and byte size of a CPU buffer, and the address of bytes
  * [off, off + n), NULL when outside the buffer or off is not a multiple of 4. */
 void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);

@@ -8,7 +8,7 @@
  * every query row of the group and window (qk_tile). The softmax runs per
  * span of positions while the span's logits are still in L2 (its max and
  * sum per row), and the spans are weighted into the votes at the end. */
-#include "../context.h"
+#include "../backend/route/context.h"
 #include "../cpu/kernels.h"
 #include "../cpu/scratch.h"
 #include "../qmem/qmem_internal.h"

@@ -2,7 +2,7 @@
  * per-turn update and the public rule-score entry point. */
 #include "qmem_internal.h"
 
-#include "../context.h"
+#include "../backend/route/context.h"
 #include "../cpu/kernels.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
 
 #include "../backend/backend.h"
 #include "../internal.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 /* Validate spec and K = [n_layers][N][n_kv_heads][head_dim] with N >= 1;
  * *n gets N. `fn` names the caller in messages. */

@@ -7,7 +7,7 @@
 #include "qmem_internal.h"
 
 #include "../attend/attend.h"
-#include "../context.h"
+#include "../backend/route/context.h"
 #include "../cpu/kernels.h"
 #include "../cpu/scratch.h"
 

@@ -9,7 +9,7 @@
  * status with the backend's message: no silent fallback to the CPU. */
 #include "score.h"
 #include "../pool/resident.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 #include "../rope/rope.h"
 
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * once (in parallel), then every (block, layer) streams its K and V rows
  * through one decode -> rotate -> convert pass into the caller's tensors. */
 #include "score.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* kvmem_retrieve and the kvmem_retrieval result object. */
 #include "score.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <math.h>
 #include <stdlib.h>

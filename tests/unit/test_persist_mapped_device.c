@@ -4,7 +4,7 @@
  * what the same file loaded into memory gives on the same context. Without
  * a usable Vulkan backend every test says "skipped: why". */
 #include "testutil.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "backend/backend.h"
 
 #include <stdio.h>

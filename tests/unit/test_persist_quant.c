@@ -3,7 +3,7 @@
  * MLX packing decoded independently, and pool round trips in every dtype. */
 #include "testutil.h"
 #include "internal.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 #include "quant/quant.h"

@@ -2,8 +2,8 @@
 #ifndef KVMEM_CONTEXT_H
 #define KVMEM_CONTEXT_H
 
-#include "backend/backend.h"
-#include "cpu/threadpool.h"
+#include "../backend.h"
+#include "../../cpu/threadpool.h"
 
 #include <stdatomic.h>
 
@@ -33,6 +33,10 @@ static inline kvmem_status kvm_be_download(kvmem_backend *be, const kvmem_buffer
     if (st == KVMEM_OK && be->ctx) atomic_fetch_add_explicit(&be->ctx->d2h_bytes, size, memory_order_relaxed);
     return st;
 }
+
+/* The work-memory cache of the context's CPU backend (cpu/scratch.h), or
+ * NULL (ctx NULL). */
+struct kvm_scratch *kvm_ctx_scratch(const kvmem_context *ctx);
 
 /* Try to load the plugin for `name` ("cuda", "vulkan"); on failure write the
  * reason into why. Plugins stay loaded once opened (registry/plugin.h). */

@@ -1,4 +1,5 @@
 #include "tensor.h"
+#include "kernels.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -91,4 +92,27 @@ void kvm_tensor_write_f32(const kvmem_tensor *t, int64_t off, const float *src, 
         return;
     }
     for (size_t i = 0; i < n; i++) kvm_convert_host(base + (size_t)s * i * es, t->dtype, src + i, KVMEM_F32, 1);
+}
+
+/* Host conversion between tensor dtypes through the chosen kernel table. */
+void kvm_convert_host(void *dst, kvmem_dtype ddt, const void *src, kvmem_dtype sdt, size_t n) {
+    const kvm_cpu_kernels *k = kvm_cpu_kernels_get();
+    if (ddt == sdt) {
+        memcpy(dst, src, n * kvm_dtype_size(ddt));
+    } else if (sdt == KVMEM_F32) {
+        if (ddt == KVMEM_F16) k->f32_to_f16(src, dst, n);
+        else k->f32_to_bf16(src, dst, n);
+    } else if (ddt == KVMEM_F32) {
+        if (sdt == KVMEM_F16) k->f16_to_f32(src, dst, n);
+        else k->bf16_to_f32(src, dst, n);
+    } else { /* f16 <-> bf16 through f32, in chunks on the stack */
+        float tmp[256];
+        const uint16_t *s = src;
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i += 256) {
+            size_t c = KVM_MIN(n - i, (size_t)256);
+            kvm_convert_host(tmp, KVMEM_F32, s + i, sdt, c);
+            kvm_convert_host(d + i, ddt, tmp, KVMEM_F32, c);
+        }
+    }
 }

@@ -1,9 +1,9 @@
 /* Contexts and the backend registry. */
 #include "context.h"
-#include "internal.h"
-#include "cpu/cpu_backend.h"
-#include "cpu/kernels.h"
-#include "registry/plugin.h"
+#include "../../internal.h"
+#include "../../cpu/cpu_backend.h"
+#include "../../cpu/kernels.h"
+#include "../../registry/plugin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +44,8 @@ kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend
     (*out)->fail = kvm_fail; /* plugins report op errors through the core's kvm_fail */
     return KVMEM_OK;
 }
+
+kvm_scratch *kvm_ctx_scratch(const kvmem_context *ctx) { return ctx && ctx->cpu ? kvm_cpu_backend_scratch(ctx->cpu) : NULL; }
 
 /* ---- kvmem_backends ---- */
 
@@ -137,7 +139,7 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
     }
     ctx->n_threads = n;
     ctx->tp = kvm_threadpool_create(n);
-    st = ctx->tp ? kvm_cpu_backend_create(ctx, &ctx->cpu) : KVMEM_ERR_NOMEM;
+    st = ctx->tp ? kvm_cpu_backend_create(ctx, ctx->tp, &ctx->cpu) : KVMEM_ERR_NOMEM;
     if (st != KVMEM_OK) {
         kvmem_context_free(ctx);
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory for the worker pool (%d threads) and CPU backend", n);

@@ -1,9 +1,13 @@
-/* Internal helpers for kvmem_tensor views: validation against an expected
- * shape and row-wise reads/writes converting to and from f32. */
+/* Host tensor views (kvmem_tensor): validation against an expected shape,
+ * and rows read and written in any tensor dtype through the CPU kernels. */
 #ifndef KVMEM_TENSOR_H
 #define KVMEM_TENSOR_H
 
-#include "internal.h"
+#include "../internal.h"
+
+/* Convert n elements between F32/F16/BF16 on the host (the CPU kernels). */
+void kvm_convert_host(void *dst, kvmem_dtype dst_dtype, const void *src, kvmem_dtype src_dtype,
+                      size_t n);
 
 /* Check that t is a readable/writable view of dtype F32/F16/BF16 with
  * exactly `shape` (ndim dims). `what` names it in messages ("K"), `dims`
