@@ -4,19 +4,13 @@
  * conversion the core uses (kvm_convert_host). */
 #include "cpu_backend.h"
 #include "../internal.h"
-#include "../attend/attend.h"
 #include "kernels.h"
 #include "scratch.h"
-#include "../retrieve/score.h" /* retrieval device ops */
 #include "../qmem/qmem_internal.h" /* eviction: dev_qmem_score */
+#include "../attend/attend.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-struct kvmem_buffer {
-    size_t size;
-    unsigned char *data;
-};
 
 /* The backend's own state: the context's worker pool (not owned) and the
  * cache of per-call work memory. */

@@ -331,7 +331,7 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
     if (st == KVMEM_OK) st = kvm_be_upload(be, bk, 0, kh, kb);
     if (st == KVMEM_OK) {
         kvm_dev_qmem_args a = {bm, bk, bs, 0, 0, 0, spec->n_layers, spec->n_q_heads, spec->n_kv_heads,
-                               spec->head_dim, (int32_t)N};
+                               spec->head_dim, (int32_t)N, NULL};
         st = f->dev_qmem_score(be, &a);
     }
     if (st == KVMEM_OK) st = kvm_be_download(be, bs, 0, out, N * sizeof(float));

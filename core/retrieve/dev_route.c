@@ -77,7 +77,7 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     const size_t s_off = res ? (size_t)d->cand[0] * L * H * D * sizeof(float) : 0;
     kvm_dev_score_args a = {bq,        res ? res->smin : bmn, res ? res->smax : bmx, bo, 0, s_off, 0,
                             d->n_q,    (int32_t)nc, p->spec.n_layers, p->spec.n_q_heads, p->spec.n_kv_heads,
-                            p->spec.head_dim, d->norm, d->agg, d->tau, d->rr_c};
+                            p->spec.head_dim, d->norm, d->agg, d->tau, d->rr_c, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL};
     /* [layer][query head][cand] summed on the device into [set][cand]: the
      * only bytes that come back are the scores the result holds */
     kvm_dev_score_reduce_args ra = {bo, bs, 0, 0, p->spec.n_layers, p->spec.n_q_heads, (int32_t)nc, d->n_sets};
@@ -164,7 +164,7 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
             const kvmem_buffer *src = mir ? (which ? mir->v[l] : mir->k[l]) : bsrc;
             kvm_dev_gather_args a = {src, bidx, which ? NULL : bcs, bout, 0, 0, 0, 0, mir ? (size_t)mir->cap_tok : M,
                                      row, M, H, D, which ? 0 : (size_t)p->rope.rotary_dim,
-                                     p->rope.style == KVMEM_ROPE_GPTJ, which ? 1.0f : (float)p->rope.attn_factor};
+                                     p->rope.style == KVMEM_ROPE_GPTJ, which ? 1.0f : (float)p->rope.attn_factor, NULL, NULL, 0, 0, 0};
             if ((!mir && (st = kvm_be_upload(be, bsrc, 0, stage, lb)) != KVMEM_OK) ||
                 (st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK ||
                 (st = kvm_be_download(be, bout, 0, dst, lb)) != KVMEM_OK) {

@@ -4,6 +4,7 @@
  * once (in parallel), then every (block, layer) streams its K and V rows
  * through one decode -> rotate -> convert pass into the caller's tensors. */
 #include "score.h"
+#include "../cpu/cpu_backend.h"
 #include "../cpu/tensor.h"
 
 #include <stdatomic.h>
@@ -23,101 +24,66 @@ static void cs_task(void *arg, size_t b, size_t e) {
         kvm_rope_cos_sin(j->rope, (double)(j->base + (int64_t)i), j->cs + i * 2 * np, j->cs + i * 2 * np + np);
 }
 
-typedef struct gather_job {
-    const kvm_gather_desc *d;
-    const float *cs;
-    float *work;  /* per slot: a block's rows of one head, then its token rows */
-    size_t slot_floats;
-    atomic_size_t next;
-} gather_job;
+/* The blocks' rows, for the gather op's reader. */
+typedef struct block_rows {
+    const kvmem_pool *p;
+    const kvm_agent_mem *m;
+    const int32_t *blocks;
+} block_rows;
 
-/* Item = (block index i, layer l): all KV heads of that layer of the block.
- * A caller tensor whose rows of one head are adjacent (head-major: HF
- * caches, [n_kv_heads][M][head_dim] per layer) takes each head's n rows in
- * one convert-and-store from the block's own head-major rows. One whose
- * heads of a token are adjacent (contiguous [M][n_kv_heads][head_dim])
- * takes token rows of H * D elements, staged token-major. Any other
- * strides: one D row at a time. */
-static void gather_item(const gather_job *job, size_t it, float *tmp, float *stage) {
-    const kvm_gather_desc *d = job->d;
-    const kvmem_pool *p = d->pool;
-    const size_t L = (size_t)p->spec.n_layers, D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads;
-    const size_t np = (size_t)p->rope.n_pairs;
-    const size_t i = it / L;
-    const int32_t l = (int32_t)(it % L);
-    const kvm_block *blk = &d->mem->blocks[d->blocks[i]];
-    const size_t n = (size_t)blk->n_tokens;
-    const int64_t row0 = d->first[i];
-    for (int which = 0; which < 2; which++) {
-        const kvmem_tensor *t = which ? d->v_out : d->k_out;
-        if (!t) continue;
-        const int rows_contig = t->strides[3] == 1 && t->strides[1] == (int64_t)D;
-        const int heads_contig = !rows_contig && t->strides[3] == 1 && t->strides[2] == (int64_t)D;
-        for (size_t h = 0; h < H; h++) {
-            kvm_block_read_f32(p, blk, which, l, (int32_t)h, 0, blk->n_tokens, tmp);
-            if (!which) kvm_rope_rotate_rows(&p->rope, tmp, n, D, job->cs + (size_t)row0 * 2 * np, 2 * np);
-            if (rows_contig) {
-                int64_t idx[3] = {l, row0, (int64_t)h};
-                kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), tmp, n * D);
-            } else if (heads_contig) {
-                for (size_t r = 0; r < n; r++) memcpy(stage + (r * H + h) * D, tmp + r * D, D * sizeof(float));
-            } else {
-                for (size_t r = 0; r < n; r++) {
-                    int64_t idx[3] = {l, row0 + (int64_t)r, (int64_t)h};
-                    kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), tmp + r * D, D);
-                }
-            }
-        }
-        for (size_t r = 0; heads_contig && r < n; r++) {
-            int64_t idx[3] = {l, row0 + (int64_t)r, 0};
-            kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), stage + r * H * D, H * D);
-        }
-    }
+static void read_block_rows(void *ctx, int32_t seg, int which, int32_t l, int32_t h, float *dst) {
+    const block_rows *b = ctx;
+    const kvm_block *blk = &b->m->blocks[b->blocks[seg]];
+    kvm_block_read_f32(b->p, blk, which, l, h, 0, blk->n_tokens, dst);
 }
 
-/* Slots [b, e) take items by atomic counter, each with its own rows. */
-static void gather_task(void *arg, size_t b, size_t e) {
-    gather_job *job = arg;
-    const size_t BS = (size_t)job->d->pool->params.block_size, D = (size_t)job->d->pool->spec.head_dim;
-    const size_t n_items = (size_t)job->d->n_blocks * (size_t)job->d->pool->spec.n_layers;
-    for (size_t si = b; si < e; si++) {
-        float *tmp = job->work + si * job->slot_floats, *stage = tmp + BS * D;
-        for (size_t it; (it = atomic_fetch_add(&job->next, 1)) < n_items;) gather_item(job, it, tmp, stage);
-    }
-}
-
-/* Every allocation comes before the first write to the caller's tensors:
- * a failure leaves them as they were. */
+/* The CPU backend's gather (its dev_gather_rope entry) over the blocks in
+ * place: K rotated at the new positions, then V, into the caller's tensors.
+ * Every allocation comes before the first write: a failure leaves them as
+ * they were. */
 kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     const kvmem_pool *p = d->pool;
     const int64_t M = d->first[d->n_blocks];
     if (M == 0) return KVMEM_OK;
-    kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
-    const size_t n_slots = (size_t)kvm_threadpool_size(tp);
-    const size_t BS = (size_t)p->params.block_size, D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads;
-    gather_job job;
-    memset(&job, 0, sizeof job);
-    job.d = d;
-    job.slot_floats = (BS * D + BS * H * D + 15) / 16 * 16; /* 64-byte aligned slots */
-    atomic_init(&job.next, 0);
-    job.work = kvm_aligned_alloc(n_slots * job.slot_floats * sizeof(float));
-    float *cs = NULL;
     const size_t np = (size_t)p->rope.n_pairs;
-    if (d->k_out) cs = kvm_aligned_alloc((size_t)M * 2 * (np ? np : 1) * sizeof(float));
-    if (!job.work || (d->k_out && !cs)) {
-        kvm_aligned_free(job.work);
-        kvm_aligned_free(cs);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for %lld positions' staging", (long long)M);
-    }
-    if (cs) {
+    float *cs = NULL;
+    if (d->k_out && np) {
+        cs = kvm_aligned_alloc((size_t)M * 2 * np * sizeof(float));
+        if (!cs) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for %lld positions' cos/sin", (long long)M);
         cs_job cj = {&p->rope, d->base, cs};
-        kvm_parallel_for(tp, (size_t)M, 256, cs_task, &cj);
+        kvm_parallel_for(kvm_cpu_backend_tp(be), (size_t)M, 256, cs_task, &cj);
     }
-    job.cs = cs;
-    kvm_parallel_for(tp, n_slots, 1, gather_task, &job);
+    block_rows br = {p, d->mem, d->blocks};
+    const kvm_dev_rows rows = {&br, d->n_blocks, p->params.block_size, d->first, read_block_rows};
+    kvmem_buffer vcs;
+    kvm_dev_gather_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = &rows;
+    a.n_src = a.n_out = (size_t)M;
+    a.n_heads = (size_t)p->spec.n_kv_heads;
+    a.head_dim = (size_t)p->spec.head_dim;
+    a.n_layers = p->spec.n_layers;
+    a.gptj = p->rope.style == KVMEM_ROPE_GPTJ;
+    a.cs_rows = 1;
+    kvmem_status st = KVMEM_OK;
+    if (d->k_out) {
+        a.out_view = d->k_out;
+        a.which = 0;
+        a.rotary_dim = cs ? (size_t)p->rope.rotary_dim : 0;
+        a.cs = cs ? kvm_cpu_buffer_view(&vcs, cs, (size_t)M * 2 * np * sizeof(float)) : NULL;
+        a.attn_factor = (float)p->rope.attn_factor;
+        st = be->iface->dev_gather_rope(be, &a);
+    }
+    if (st == KVMEM_OK && d->v_out) {
+        a.out_view = d->v_out;
+        a.which = 1;
+        a.rotary_dim = 0;
+        a.cs = NULL;
+        a.attn_factor = 1.0f;
+        st = be->iface->dev_gather_rope(be, &a);
+    }
     kvm_aligned_free(cs);
-    kvm_aligned_free(job.work);
-    return KVMEM_OK;
+    return st;
 }
 
 /* score.h: rows [M][H][D] of layer l into a [L][M][H][D] tensor view. */

@@ -1,4 +1,5 @@
-/* The CPU backend's retrieval scoring (op aabb_score) and top-k (op topk).
+/* The CPU backend's retrieval scoring: its dev_score entry, every form of
+ * it (core/backend/backend.h), the only normalisation the CPU runs.
  *
  * Decode-sized problems (few query rows) run BLOCK-MAJOR: one pass over the
  * candidates' boxes (or keys, EXACT: F16 and F32 blocks read in place, each
@@ -25,11 +26,22 @@
  * [tokens][layers][heads][blocks] tensor is never materialised (at 64k
  * tokens and 32 query tokens it would be 0.5 GB).
  *
- * Working memory comes from the caller's kvm_workbuf (a kvmem_retrieval
- * keeps it between calls); threads take work by atomic counter, each with
- * its own slot of that memory. */
-#include "score.h"
-#include "../cpu/kernels.h"
+ * Boxes are read where they lie: the pool's own array (PAIRED, f16 or f32,
+ * the candidates named by a list) for the core's calls; the SPLIT form of
+ * the buffer-level contract is first packed into that layout. Keys (EXACT)
+ * come through the caller's callbacks: F16 and F32 rows in memory in place,
+ * others decoded. Outputs are the per-set sums (n_sets > 0: what retrieval
+ * keeps) or the per (layer, query head) scores of the buffer-level form,
+ * from the same normalisation.
+ *
+ * Working memory comes from the backend's cache (cpu/scratch.h); threads
+ * take work by atomic counter, each with its own slot of that memory. */
+
+#include "cpu_backend.h"
+#include "kernels.h"
+#include "workbuf.h"
+#include "../internal.h"
+#include "../backend/dev_args.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -84,15 +96,20 @@ typedef struct slot {
 } slot;
 
 typedef struct score_job {
-    const kvm_score_desc *d;
+    const kvm_dev_score_args *d;
     const kvm_score_kernels *kern;
+    const float *q;             /* [n_q][L][NQ][D] */
+    const unsigned char *boxes; /* [.][L][H][2][D] of esz, s_max then s_min */
+    const int32_t *blocks;      /* candidate j's box, or NULL: j */
+    float *out;
     size_t L, H, NQ, D, G, R, K, items, cols, nc, nq, ldo, kbuf_rows, esz;
-    int exact, use_rows;
+    size_t n_sets;              /* sets of the output; per_head: L * NQ, one (layer, query head) each */
+    int exact, use_rows, per_head;
     float *qpack; /* block-major: [item][R][D] raw query rows */
     float *sc;    /* block-major: scores [n_cand][cols], cols = items * R */
     size_t chunk, n_chunks;
     float *cm, *cz; /* softmax: per chunk column maxima and sums [n_chunks][cols]; cm becomes w_c */
-    float *oi;      /* per item results [items][n_cand] (RR, item-major) */
+    float *oi;      /* per item results [items][n_cand], per_head [items][G][n_cand] (RR, item-major) */
     slot *slots;
     atomic_size_t next;
     size_t n_work;
@@ -100,19 +117,31 @@ typedef struct score_job {
 } score_job;
 
 /* Relevances are finite for finite inputs unless a product or sum
- * overflows; such a call is refused (kvm_cpu_aabb_score) rather than
- * normalised into infinities or NaNs. */
+ * overflows; such a call's scores are all NaN (the contract's signal, which
+ * the core refuses) rather than normalised into plausible numbers. */
 static void check_finite(score_job *job, const float *x, size_t n) {
     if (kvm_cpu_kernels_get()->count_nonfinite(x, n)) atomic_store(&job->overflow, 1);
 }
 
+/* The box of candidate j for (l, g): 2 * D elements of esz. */
+static inline const void *box_at(const score_job *job, size_t j, size_t l, size_t g) {
+    const size_t b = job->blocks ? (size_t)job->blocks[j] : j;
+    return job->boxes + ((b * job->L + l) * job->H + g) * 2 * job->D * job->esz;
+}
+
+/* The same box as 2 * D floats. */
+static void box_f32(const score_job *job, size_t j, size_t l, size_t g, float *dst) {
+    const void *b = box_at(job, j, l, g);
+    if (job->esz == 4) memcpy(dst, b, 2 * job->D * sizeof(float));
+    else kvm_cpu_kernels_get()->f16_to_f32(b, dst, 2 * job->D);
+}
+
 /* Query rows of item (l, g), r = gi * n_q + t, raw or split into [q+ || q-]. */
 static void pack_rows(const score_job *job, size_t item, float *dst, int split) {
-    const kvm_score_desc *d = job->d;
     const size_t l = item / job->H, g = item % job->H, D = job->D, nq = job->nq;
     for (size_t gi = 0; gi < job->G; gi++)
         for (size_t t = 0; t < nq; t++) {
-            const float *src = d->q + ((t * job->L + l) * job->NQ + g * job->G + gi) * D;
+            const float *src = job->q + ((t * job->L + l) * job->NQ + g * job->G + gi) * D;
             float *row = dst + (gi * nq + t) * (split ? 2 * D : D);
             if (!split) {
                 memcpy(row, src, D * sizeof(float));
@@ -127,9 +156,10 @@ static void pack_rows(const score_job *job, size_t item, float *dst, int split) 
 
 /* Per-token normalisation of one item's scores sc[n_cand][ldo] (rows r < R)
  * over the candidates, aggregation over tokens and the sum over the group:
- * o[j] for every candidate. sc is overwritten. */
+ * o[j] for every candidate (per_head: o[gi][j] per query head of the
+ * group). sc is overwritten. */
 static void normalise_item(const score_job *job, float *sc, size_t ldo, float *colm, rank_item *ranks, float *o) {
-    const kvm_score_desc *d = job->d;
+    const kvm_dev_score_args *d = job->d;
     const size_t G = job->G, R = job->R, nq = job->nq, nc = job->nc;
     if (d->norm == KVMEM_NORM_SOFTMAX) {
         float *cols = colm + ldo;
@@ -158,56 +188,61 @@ static void normalise_item(const score_job *job, float *sc, size_t ldo, float *c
                 for (size_t t = 1; t < nq; t++) a = s[gi * nq + t] > a ? s[gi * nq + t] : a;
             else
                 for (size_t t = 1; t < nq; t++) a += s[gi * nq + t];
+            if (job->per_head) o[gi * nc + j] = a;
             total += a;
         }
-        o[j] = total;
+        if (!job->per_head) o[j] = total;
     }
 }
 
 /* out[s][j] = sum of oi[item][j] over the items of set s (layer order, in
- * double: up to n_layers * n_kv_heads terms). */
+ * double: up to n_layers * n_kv_heads terms); per_head: oi is the output. */
 static void sum_sets(const score_job *job) {
-    const kvm_score_desc *d = job->d;
-    const size_t nc = job->nc, per = job->items / (size_t)d->n_sets;
-    for (size_t s = 0; s < (size_t)d->n_sets; s++)
+    const size_t nc = job->nc, per = job->items / job->n_sets;
+    if (job->per_head) {
+        memcpy(job->out, job->oi, job->items * job->G * nc * sizeof(float));
+        return;
+    }
+    for (size_t s = 0; s < job->n_sets; s++)
         for (size_t j = 0; j < nc; j++) {
             double acc = 0;
             for (size_t it = s * per; it < (s + 1) * per; it++) acc += job->oi[it * nc + j];
-            d->out[s * nc + j] = (float)acc;
+            job->out[s * nc + j] = (float)acc;
         }
 }
 
 /* ---- block-major pass (decode) ---- */
 
-/* EXACT, block-major: block j's scores for every item. F16 and F32 blocks
- * in memory are read in place, their K half ([L][H] sections of n rows, in
- * item order) streamed once front to back; other dtypes and a mapped
- * agent's blocks are decoded section by section through the block reader
- * into the slot's buffer, then scored by exact_f32 (the same arithmetic as
- * exact_f16 on the widened values: a mapped agent scores bit for bit as
- * the loaded one). */
+/* EXACT, block-major: block j's scores for every item. Keys in memory as
+ * F16 or F32 are read in place, the block's K half ([L][H] sections of n
+ * rows, in item order) streamed once front to back; others (other storage
+ * dtypes, a mapped agent's blocks) are decoded section by section into the
+ * slot's buffer, then scored by exact_f32 (the same arithmetic as exact_f16
+ * on the widened values: a mapped agent scores bit for bit as the loaded
+ * one). */
 static void exact_row(const score_job *job, const slot *s, size_t j, float *out) {
-    const kvm_score_desc *d = job->d;
-    const kvm_block *blk = &d->mem->blocks[d->cand[j]];
-    const kvmem_dtype dt = d->pool->params.storage_dtype;
-    const size_t R = job->R, D = job->D, n = (size_t)blk->n_tokens;
-    const int in_place = blk->kv && (dt == KVMEM_F16 || dt == KVMEM_F32);
+    const kvm_dev_keys *keys = job->d->keys;
+    const int32_t b = job->blocks ? job->blocks[j] : (int32_t)j;
+    const size_t R = job->R, D = job->D;
     for (size_t item = 0; item < job->items; item++) {
         const float *q = job->qpack + item * R * D;
         const int32_t l = (int32_t)(item / job->H), g = (int32_t)(item % job->H);
-        if (!in_place) {
-            kvm_block_read_f32(d->pool, blk, 0, l, g, 0, blk->n_tokens, s->kbuf);
-            job->kern->exact_f32(q, R, s->kbuf, n, D, out + item * R);
+        int32_t n = 0;
+        kvmem_dtype dt = KVMEM_F32;
+        const void *rows = keys->rows ? keys->rows(keys->ctx, b, l, g, &n, &dt) : NULL;
+        if (!rows) {
+            keys->read(keys->ctx, b, l, g, s->kbuf, &n);
+            job->kern->exact_f32(q, R, s->kbuf, (size_t)n, D, out + item * R);
         } else if (dt == KVMEM_F16) {
-            job->kern->exact_f16(q, R, kvm_block_rows(d->pool, blk, 0, l, g), n, D, out + item * R);
+            job->kern->exact_f16(q, R, rows, (size_t)n, D, out + item * R);
         } else {
-            job->kern->exact_f32(q, R, kvm_block_rows(d->pool, blk, 0, l, g), n, D, out + item * R);
+            job->kern->exact_f32(q, R, rows, (size_t)n, D, out + item * R);
         }
     }
 }
 
 static void bm_chunk(score_job *job, const slot *s, size_t c) {
-    const kvm_score_desc *d = job->d;
+    const kvm_dev_score_args *d = job->d;
     const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols, R = job->R;
     for (size_t j = j0; job->exact && j < j1; j++) exact_row(job, s, j, job->sc + j * cols);
     for (size_t j = j0; !job->exact && j < j1; j += BM_GROUP) {
@@ -218,11 +253,11 @@ static void bm_chunk(score_job *job, const slot *s, size_t c) {
             float *out = job->sc + j * cols + item * R;
             if (job->esz == 2) {
                 const uint16_t *bp[BM_GROUP];
-                for (size_t x = 0; x < n; x++) bp[x] = kvm_block_aabb(d->pool, d->mem, d->cand[j + x], l, g);
+                for (size_t x = 0; x < n; x++) bp[x] = box_at(job, j + x, (size_t)l, (size_t)g);
                 job->kern->aabb_rows_f16(q, R, bp, n, job->D, out, cols);
             } else {
                 const float *bp[BM_GROUP];
-                for (size_t x = 0; x < n; x++) bp[x] = kvm_block_aabb(d->pool, d->mem, d->cand[j + x], l, g);
+                for (size_t x = 0; x < n; x++) bp[x] = box_at(job, j + x, (size_t)l, (size_t)g);
                 job->kern->aabb_rows_f32(q, R, bp, n, job->D, out, cols);
             }
         }
@@ -240,18 +275,20 @@ static void bm_chunk(score_job *job, const slot *s, size_t c) {
 }
 
 /* Set scores of the chunk's blocks: e = exp(tau (I - m)) rows against the
- * weights 1 / Z (job->cm's first row after combine_chunks). */
+ * weights 1 / Z (after combine_chunks: m and 1 / Z follow the chunks'
+ * sums). A set is `per` consecutive columns: a layer's or every layer's
+ * items, or per_head one (layer, query head)'s n_q tokens. */
 static void bm_finish(score_job *job, const slot *sl, size_t c) {
-    const kvm_score_desc *d = job->d;
+    const kvm_dev_score_args *d = job->d;
     const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols;
-    const size_t per = cols / (size_t)d->n_sets, nq = job->nq;
+    const size_t per = cols / job->n_sets, nq = job->nq;
     const float *w = job->cz + (job->n_chunks + 1) * cols, *m = job->cz + job->n_chunks * cols;
     for (size_t j = j0; j < j1; j++) {
         float *e = job->sc + j * cols;
         job->kern->col_exp_sum(e, 1, cols, cols, m, d->tau, sl->zdump);
-        for (size_t s = 0; s < (size_t)d->n_sets; s++) {
+        for (size_t s = 0; s < job->n_sets; s++) {
             if (d->agg == KVMEM_AGG_SUM || nq == 1) {
-                d->out[s * job->nc + j] = job->kern->dot(e + s * per, w + s * per, per);
+                job->out[s * job->nc + j] = job->kern->dot(e + s * per, w + s * per, per);
                 continue;
             }
             float total = 0.0f;
@@ -260,7 +297,7 @@ static void bm_finish(score_job *job, const slot *sl, size_t c) {
                 for (size_t t = 1; t < nq; t++) a = e[gr + t] * w[gr + t] > a ? e[gr + t] * w[gr + t] : a;
                 total += a;
             }
-            d->out[s * job->nc + j] = total;
+            job->out[s * job->nc + j] = total;
         }
     }
 }
@@ -269,7 +306,7 @@ static void bm_finish(score_job *job, const slot *sl, size_t c) {
 static void bm_rank_item(score_job *job, const slot *s, size_t item) {
     const size_t nc = job->nc, R = job->R, cols = job->cols;
     for (size_t j = 0; j < nc; j++) memcpy(s->col + j * R, job->sc + j * cols + item * R, R * sizeof(float));
-    normalise_item(job, s->col, R, NULL, s->ranks, job->oi + item * nc);
+    normalise_item(job, s->col, R, NULL, s->ranks, job->oi + item * (job->per_head ? job->G : 1) * nc);
 }
 
 enum { W_SCORE, W_FINISH, W_RANK, W_ITEM };
@@ -305,7 +342,7 @@ static void run_phase(score_job *job, kvm_threadpool *tp, size_t n_slots, size_t
 /* Global maxima m and the weights 1 / Z, Z = sum_c z_c exp(tau (m_c - m))
  * over the chunks in order, from the chunks' parts (m_c is overwritten). */
 static void combine_chunks(score_job *job, float *m, float *zsum) {
-    const kvm_score_desc *d = job->d;
+    const kvm_dev_score_args *d = job->d;
     const size_t cols = job->cols, nch = job->n_chunks;
     for (size_t k = 0; k < cols; k++) m[k] = -INFINITY, zsum[k] = 0.0f;
     job->kern->col_max(job->cm, nch, cols, cols, m);
@@ -322,8 +359,6 @@ static void combine_chunks(score_job *job, float *m, float *zsum) {
 /* ---- item-major pass (prefill, or block-major too large) ---- */
 
 static void item_major(score_job *job, const slot *s, size_t item) {
-    const kvm_score_desc *d = job->d;
-    const kvmem_pool *p = d->pool;
     const size_t D = job->D, R = job->R, K = job->K, ldo = job->ldo, nc = job->nc;
     const size_t l = item / job->H, g = item % job->H;
     if (job->use_rows) {
@@ -345,21 +380,22 @@ static void item_major(score_job *job, const slot *s, size_t item) {
             size_t n = KVM_MIN((size_t)SCORE_CHUNK, nc - j0);
             for (size_t j = 0; j < n; j++) {
                 if (j0 + j + ahead < nc) {
-                    const char *pf = kvm_block_aabb(p, d->mem, d->cand[j0 + j + ahead], (int32_t)l, (int32_t)g);
+                    const char *pf = box_at(job, j0 + j + ahead, l, g);
                     for (size_t c = 0; c < box_bytes; c += 64) KVM_PREFETCH(pf + c);
                 }
                 float *f = s->boxf + j * 2 * D;
-                kvm_block_aabb_f32(p, d->mem, d->cand[j0 + j], (int32_t)l, (int32_t)g, f);
+                box_f32(job, j0 + j, l, g, f);
                 s->bp[j] = f;
             }
             if (job->use_rows) job->kern->rows(s->qbuf, R, s->bp, n, K, sc + j0 * ldo, ldo);
             else job->kern->panel(s->qbuf, ldo, s->bp, n, K, sc + j0 * ldo, ldo);
         }
     } else {
+        const kvm_dev_keys *keys = job->d->keys;
         for (size_t j = 0; j < nc; j++) {
-            const kvm_block *blk = &d->mem->blocks[d->cand[j]];
-            const size_t n = (size_t)blk->n_tokens;
-            kvm_block_read_f32(p, blk, 0, (int32_t)l, (int32_t)g, 0, blk->n_tokens, s->kbuf);
+            int32_t nr = 0;
+            keys->read(keys->ctx, job->blocks ? job->blocks[j] : (int32_t)j, (int32_t)l, (int32_t)g, s->kbuf, &nr);
+            const size_t n = (size_t)nr;
             for (size_t i = 0; i < n; i++) s->bp[i] = s->kbuf + i * D;
             if (job->use_rows) job->kern->rows(s->qbuf, R, s->bp, n, K, s->tmp, ldo);
             else job->kern->panel(s->qbuf, ldo, s->bp, n, K, s->tmp, ldo);
@@ -370,7 +406,7 @@ static void item_major(score_job *job, const slot *s, size_t item) {
         }
     }
     check_finite(job, sc, nc * ldo);
-    normalise_item(job, sc, ldo, s->colm, s->ranks, job->oi + item * nc);
+    normalise_item(job, sc, ldo, s->colm, s->ranks, job->oi + item * (job->per_head ? job->G : 1) * nc);
 }
 
 /* ---- the op ---- */
@@ -387,7 +423,7 @@ static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major
             job->cz = kvm_carve_take(c, job->n_chunks + 2, job->cols * sizeof(float)); /* + m and Z of the combine */
         }
     }
-    if (!block_major || rr) job->oi = kvm_carve_take(c, job->items, nc * sizeof(float));
+    if (!block_major || rr) job->oi = kvm_carve_take(c, job->items * (job->per_head ? job->G : 1), nc * sizeof(float));
     for (size_t i = 0; i < n_slots; i++) {
         slot s;
         memset(&s, 0, sizeof s);
@@ -413,63 +449,93 @@ static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major
     }
 }
 
-kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
-    const kvmem_pool *p = d->pool;
-    if (d->n_cand <= 0 || d->n_q <= 0) return KVMEM_OK;
+/* The SPLIT form's boxes as PAIRED f32, [n_blocks][L][H][2][D]. */
+static void pair_boxes(const float *smin, const float *smax, size_t n, size_t LH, size_t D, float *dst) {
+    for (size_t i = 0; i < n * LH; i++) {
+        memcpy(dst + i * 2 * D, smax + i * D, D * sizeof(float));
+        memcpy(dst + (i * 2 + 1) * D, smin + i * D, D * sizeof(float));
+    }
+}
+
+static size_t cpu_size(const kvmem_buffer *b) {
+    size_t n = 0;
+    kvm_cpu_buffer_span(b, &n);
+    return n;
+}
+
+static const void *host(const kvmem_buffer *b, size_t off) {
+    size_t n;
+    return (const unsigned char *)kvm_cpu_buffer_span(b, &n) + off;
+}
+
+kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
+    char msg[256];
+    kvmem_status st = kvm_dev_score_check(d, cpu_size, msg, sizeof msg);
+    if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
     score_job job;
     memset(&job, 0, sizeof job);
     job.d = d;
-    job.kern = d->kern ? d->kern : kvm_cpu_kernels_get()->score;
-    job.L = (size_t)p->spec.n_layers;
-    job.H = (size_t)p->spec.n_kv_heads;
-    job.NQ = (size_t)p->spec.n_q_heads;
-    job.D = (size_t)p->spec.head_dim;
+    job.kern = kvm_cpu_kernels_get()->score;
+    job.L = (size_t)d->n_layers;
+    job.H = (size_t)d->n_kv_heads;
+    job.NQ = (size_t)d->n_q_heads;
+    job.D = (size_t)d->head_dim;
     job.G = job.NQ / job.H;
     job.nq = (size_t)d->n_q;
-    job.nc = (size_t)d->n_cand;
+    job.nc = (size_t)d->n_blocks;
     job.R = job.G * job.nq;
     job.items = job.L * job.H;
     job.cols = job.items * job.R;
     job.exact = d->mode == KVMEM_RETRIEVE_EXACT;
     job.K = job.D * (job.exact ? 1 : 2);
-    job.esz = kvm_aabb_esize(p);
+    job.per_head = d->n_sets == 0;
+    job.n_sets = job.per_head ? job.L * job.NQ : (size_t)d->n_sets;
+    job.q = host(d->q, d->q_off);
+    job.out = (float *)(uintptr_t)host(d->out, d->out_off);
+    job.blocks = d->blocks;
+    job.esz = d->box_layout == KVM_BOXES_PAIRED_F16 ? 2 : 4;
     job.use_rows = job.R < job.kern->rows_below;
     job.ldo = job.use_rows ? job.R : (job.R + KVM_SCORE_ROW_PAD - 1) / KVM_SCORE_ROW_PAD * KVM_SCORE_ROW_PAD;
-    int32_t maxrows = 1;
-    for (int32_t j = 0; j < d->n_cand; j++) maxrows = KVM_MAX(maxrows, d->mem->blocks[d->cand[j]].n_tokens);
-    job.kbuf_rows = (size_t)maxrows;
-    kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
+    job.kbuf_rows = job.exact ? (size_t)KVM_MAX(d->keys->max_rows, 1) : 1;
+    const size_t box_block = 2 * job.L * job.H * job.D * job.esz; /* one block's boxes */
+    kvm_threadpool *tp = kvm_cpu_backend_tp(be);
     size_t sc_bytes = 0;
     const int block_major = job.use_rows && kvm_mul_size(job.nc * job.cols, sizeof(float), &sc_bytes) &&
                             sc_bytes <= kvm_score_block_major_max_bytes;
     /* a decode pass over less than 1 MiB of boxes takes microseconds: waking
      * the other threads would cost more than it saves */
-    if (block_major && !job.exact && job.nc * kvm_aabb_block_bytes(p) < ((size_t)1 << 20)) tp = NULL;
+    if (block_major && !job.exact && job.nc * box_block < ((size_t)1 << 20)) tp = NULL;
     const size_t n_slots = (size_t)kvm_threadpool_size(tp);
     if (block_major) {
         /* chunks of about 2 MB of boxes, and at least BM_MIN_CHUNKS of them
          * when there are blocks enough (4 per thread up to 16 threads), a
          * multiple of the kernel group; never from the thread count, which
          * would make the normalisers depend on it */
-        size_t box_bytes = kvm_aabb_block_bytes(p) * (job.exact ? 8 : 1);
+        size_t box_bytes = box_block * (job.exact ? 8 : 1);
         size_t ch = KVM_MAX((size_t)1, ((size_t)2 << 20) / KVM_MAX(box_bytes, (size_t)1));
         ch = KVM_MIN(ch, (job.nc + BM_MIN_CHUNKS - 1) / BM_MIN_CHUNKS);
         ch = KVM_MAX((size_t)BM_GROUP, (ch + BM_GROUP - 1) / BM_GROUP * BM_GROUP);
         job.chunk = ch;
         job.n_chunks = (job.nc + ch - 1) / ch;
     }
+    const int split = d->box_layout == KVM_BOXES_SPLIT_F32 && !job.exact;
     kvm_carve c = {NULL, 0, 0};
+    float *paired = split ? kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * sizeof(float)) : NULL;
     layout(&job, &c, n_slots, block_major);
-    kvm_workbuf local = {NULL, 0};
-    kvm_workbuf *scr = d->scratch ? d->scratch : &local;
-    void *base = c.overflow ? NULL : kvm_workbuf_get(scr, c.off);
-    if (!base) {
-        kvm_workbuf_release(&local);
-        return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_retrieve: out of memory for %zu bytes of scoring scratch (%zu candidates)",
-                        c.off, job.nc);
+    kvm_scratch *scr = kvm_cpu_backend_scratch(be);
+    void *base = c.overflow ? NULL : kvm_scratch_take(scr, c.off);
+    if (!base)
+        return kvm_fail(KVMEM_ERR_NOMEM, "scoring: out of memory for %zu bytes of work memory (%zu candidates)", c.off,
+                        job.nc);
+    c = (kvm_carve){base, 0, 0};
+    if (split) {
+        paired = kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * sizeof(float));
+        pair_boxes(host(d->s_min, d->s_off), host(d->s_max, d->s_off), job.nc, job.L * job.H, job.D, paired);
+        job.boxes = (const unsigned char *)paired;
+        job.blocks = NULL;
+    } else if (!job.exact) {
+        job.boxes = host(d->s_max, d->s_off);
     }
-    c.base = base;
-    c.off = 0;
     layout(&job, &c, n_slots, block_major);
 
     atomic_init(&job.overflow, 0);
@@ -477,10 +543,8 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         for (size_t it = 0; it < job.items; it++) pack_rows(&job, it, job.qpack + it * job.R * job.D, 0);
         run_phase(&job, tp, n_slots, job.n_chunks, W_SCORE);
         if (atomic_load(&job.overflow)) {
-            kvm_workbuf_release(&local);
-            return kvm_score_overflow(d);
-        }
-        if (d->norm == KVMEM_NORM_SOFTMAX) {
+            /* nothing to normalise: every score NaN below */
+        } else if (d->norm == KVMEM_NORM_SOFTMAX) {
             float *m = job.cz + job.n_chunks * job.cols, *z = m + job.cols;
             combine_chunks(&job, m, z);
             run_phase(&job, tp, n_slots, job.n_chunks, W_FINISH);
@@ -492,72 +556,44 @@ kvmem_status kvm_cpu_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         run_phase(&job, tp, n_slots, job.items, W_ITEM);
         sum_sets(&job);
     }
-    kvm_workbuf_release(&local);
-    return atomic_load(&job.overflow) ? kvm_score_overflow(d) : KVMEM_OK;
+    if (atomic_load(&job.overflow))
+        for (size_t i = 0; i < job.n_sets * job.nc; i++) job.out[i] = NAN;
+    kvm_scratch_give(scr, base);
+    return KVMEM_OK;
 }
 
-/* score.h */
-kvmem_status kvm_score_overflow(const kvm_score_desc *d) {
-    const kvmem_model_spec *s = &d->pool->spec;
-    const size_t n = (size_t)d->n_q * (size_t)s->n_layers * (size_t)s->n_q_heads * (size_t)s->head_dim;
-    float big = 0.0f;
-    for (size_t i = 0; i < n; i++) big = fabsf(d->q[i]) > big ? fabsf(d->q[i]) : big;
-    return kvm_fail(KVMEM_ERR_INVALID_ARG,
-                    "kvmem_retrieve: a block's relevance to the query overflows f32 (the query's largest magnitude is "
-                    "%g): scale the query down",
-                    (double)big);
-}
+/* ---- dev_score_reduce ---- */
 
-/* ---- top-k ---- */
+typedef struct dev_reduce_job {
+    const kvm_dev_score_reduce_args *a;
+    const float *in;
+    float *out;
+} dev_reduce_job;
 
-/* a ranks before b: larger value, ties toward the lower index */
-static int before(const float *v, int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
-
-/* Heap of the k best so far in out_idx[0..m), the worst at the root. */
-static void sift_down(const float *v, int32_t *h, int32_t m, int32_t i) {
-    for (;;) {
-        int32_t w = i, l = 2 * i + 1, r = l + 1;
-        if (l < m && before(v, h[w], h[l])) w = l;
-        if (r < m && before(v, h[w], h[r])) w = r;
-        if (w == i) return;
-        int32_t t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
-}
-
-kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int32_t k, int32_t *out_idx,
-                          int32_t *n_out) {
-    (void)be;
-    *n_out = 0;
-    if (n <= 0 || k <= 0) return KVMEM_OK;
-    /* a bounded heap: O(n log k), no allocation, no sort of all n */
-    int32_t m = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (isnan(score[i])) continue;
-        if (m < k) {
-            out_idx[m++] = i;
-            for (int32_t c = m - 1; c > 0;) { /* sift up: the worst to the root */
-                int32_t par = (c - 1) / 2;
-                if (!before(score, out_idx[par], out_idx[c])) break;
-                int32_t t = out_idx[par];
-                out_idx[par] = out_idx[c];
-                out_idx[c] = t;
-                c = par;
-            }
-        } else if (before(score, i, out_idx[0])) {
-            out_idx[0] = i;
-            sift_down(score, out_idx, m, 0);
+/* Items [b, e) of out, item = s * n + j: the contract's order, spelled out
+ * (a compiler may not reassociate float sums: no -ffast-math here). */
+static void dev_reduce_task(void *arg, size_t b, size_t e) {
+    const dev_reduce_job *job = arg;
+    const size_t n = (size_t)job->a->n, Hn = (size_t)job->a->n_heads;
+    const size_t per = (size_t)(job->a->n_layers / job->a->n_sets); /* layers of a set */
+    for (size_t it = b; it < e; it++) {
+        const size_t s = it / n, j = it % n;
+        float acc = 0.0f;
+        for (size_t l = s * per; l < (s + 1) * per; l++) {
+            const float *x = job->in + l * Hn * n + j;
+            float layer = 0.0f;
+            for (size_t h = 0; h < Hn; h++) layer += x[h * n];
+            acc += layer;
         }
+        job->out[it] = acc;
     }
-    /* heap sort in place: the worst goes last */
-    for (int32_t e = m - 1; e > 0; e--) {
-        int32_t t = out_idx[0];
-        out_idx[0] = out_idx[e];
-        out_idx[e] = t;
-        sift_down(score, out_idx, e, 0);
-    }
-    *n_out = m;
+}
+
+kvmem_status kvm_cpu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
+    char msg[256];
+    kvmem_status st = kvm_dev_score_reduce_check(a, cpu_size, msg, sizeof msg);
+    if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
+    dev_reduce_job job = {a, host(a->in, a->in_off), (float *)(uintptr_t)host(a->out, a->out_off)};
+    kvm_parallel_for(kvm_cpu_backend_tp(be), (size_t)a->n_sets * (size_t)a->n, 256, dev_reduce_task, &job);
     return KVMEM_OK;
 }
