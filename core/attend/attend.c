@@ -83,6 +83,17 @@ static void bufs_free(attend_bufs *b) {
 }
 
 /* Geometry and T of the source; checks the source's own fields. */
+/* An agent's rows for the attend op (kvm_attend_agent; ctx is the plan). */
+static void agent_read(void *ctx, int32_t t, int which, int32_t l, int32_t h, int32_t row0, int32_t n, float *dst) {
+    const kvm_attend_plan *pl = ctx;
+    kvm_block_read_f32(pl->pool, &pl->mem->blocks[t], which, l, h, row0, n, dst);
+}
+
+static const float *agent_tail(void *ctx, int which, int32_t l, int32_t h) {
+    const kvm_attend_plan *pl = ctx;
+    return kvm_tail_rows(pl->pool, pl->mem, which, l, h);
+}
+
 static kvmem_status check_source(const kvmem_attend_source *src, kvm_attend_plan *pl, int32_t *is_agent) {
     const char *fn = "kvmem_attend";
     kvmem_status st;
@@ -144,6 +155,11 @@ static kvmem_status check_source(const kvmem_attend_source *src, kvm_attend_plan
         pl->head_dim = pool->spec.head_dim;
         pl->pool = pool;
         pl->mem = m;
+        pl->agent.ctx = pl;
+        pl->agent.n_sealed = m->n_sealed;
+        pl->agent.read = agent_read;
+        pl->agent.tail = agent_tail;
+        pl->agent.rope = &pool->rope;
         pl->layer = src->layer;
         pl->positions = src->positions;
         pl->base_position = src->base_position;

@@ -1,13 +1,11 @@
-/* The CPU backend: buffers are host memory; its device ops are the CPU
- * references in retrieve/score_dev.c, attend/attend_dev.c and
- * qmem/qmem_dev.c, which read the buffers in place. Also the host dtype
- * conversion the core uses (kvm_convert_host). */
+/* The CPU backend: buffers are host memory, and its table's entries are
+ * the CPU ops the core runs (ops_*.c), on buffers the core allocated or on
+ * views of memory it already holds. */
 #include "cpu_backend.h"
 #include "../internal.h"
 #include "kernels.h"
 #include "scratch.h"
-#include "../qmem/qmem_internal.h" /* eviction: dev_qmem_score */
-#include "../attend/attend.h"
+#include "attend_plan.h"
 
 #include <stdlib.h>
 #include <string.h>

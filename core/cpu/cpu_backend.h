@@ -41,6 +41,17 @@ kvmem_status kvm_cpu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_red
 kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a);          /* ops_topk.c */
 kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a); /* ops_gather.c */
 
+kvmem_status kvm_cpu_dev_qmem_score(kvmem_backend *be, const kvm_dev_qmem_args *a); /* ops_qmem.c */
+
+/* The rule score (kvmem_qmem_score; inputs validated by the caller): the
+ * work of dev_qmem_score on the caller's K view. */
+kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec, const float *memory,
+                                const kvmem_tensor *k, float *scores);
+
+/* SnapKV's scores (kvmem_snapkv_score; inputs validated by the caller). */
+kvmem_status kvm_cpu_snapkv_score(kvmem_backend *be, const kvmem_model_spec *spec, const kvmem_tensor *q_obs,
+                                  const kvmem_tensor *k, int32_t pool_kernel, float *scores); /* ops_snapkv.c */
+
 /* Largest score buffer (bytes) for which few-row (decode) scoring runs
  * block-major (one pass over the boxes, normalisation fused per chunk of
  * blocks); larger problems go item-major. Tests lower it to reach both. */

@@ -1,6 +1,7 @@
 /* QueryMemory: the LRU store of session memories, session keys, the
  * per-turn update and the public rule-score entry point. */
 #include "qmem_internal.h"
+#include "../cpu/cpu_backend.h"
 
 #include "../backend/route/context.h"
 #include "../cpu/kernels.h"
@@ -291,6 +292,25 @@ kvmem_status kvmem_qmem_get(kvmem_qmem_store *s, const kvmem_session_key *key, f
     return KVMEM_OK;
 }
 
+kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
+                              int64_t *n) {
+    if (!spec) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: spec is NULL", fn);
+    kvmem_status st = kvmem_model_spec_validate(spec);
+    if (st != KVMEM_OK) return st;
+    if (!k) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K is NULL", fn);
+    if (k->ndim != 4)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K has %d dims, expected 4 [n_layers][N][n_kv_heads][head_dim]",
+                        fn, k->ndim);
+    if (k->shape[1] < 1 || k->shape[1] > INT32_MAX)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K has N = %lld candidates, expected [1, INT32_MAX]", fn,
+                        (long long)k->shape[1]);
+    int64_t shape[4] = {spec->n_layers, k->shape[1], spec->n_kv_heads, spec->head_dim};
+    st = kvm_tensor_expect(k, "K", "[n_layers][N][n_kv_heads][head_dim]", 4, shape);
+    if (st != KVMEM_OK) return st;
+    *n = k->shape[1];
+    return KVMEM_OK;
+}
+
 /* The rule score on a device backend (dev_qmem_score): K converted to a
  * contiguous f32 host array [L][N][Hkv][D] (any dtype and strides), memory
  * and K uploaded, the scores read back into a scratch copy so a failure
@@ -363,5 +383,11 @@ kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, 
         /* sizes past the device's limits: the CPU below takes them */
         if (st != KVMEM_ERR_UNSUPPORTED) return st;
     }
-    return kvm_cpu_qmem_score(ctx->cpu, spec, memory, k, scores);
+    /* the CPU backend's entry on the caller's memory in place */
+    kvmem_buffer vm, vs;
+    kvmem_backend *cpu = ctx->cpu;
+    kvm_dev_qmem_args a = {kvm_cpu_buffer_view(&vm, memory, E * sizeof(float)), NULL,
+                           kvm_cpu_buffer_view(&vs, scores, (size_t)n * sizeof(float)), 0, 0, 0, spec->n_layers,
+                           spec->n_q_heads, spec->n_kv_heads, spec->head_dim, (int32_t)n, k};
+    return cpu->iface->dev_qmem_score(cpu, &a);
 }

@@ -3,12 +3,11 @@
  * the plan's order with an online softmax, and stopping each stream when the
  * stop rule fires. The rule reads 32 (or N) floats of the item's own
  * accumulators per tile: a constant cost and no extra memory traffic. */
-#include "attend.h"
-#include "../cpu/kernels.h"
-#include "../backend/route/context.h"
-#include "../cpu/scratch.h"
-#include "../cpu/threadpool.h"
-#include "../cpu/tensor.h"
+#include "attend_plan.h"
+#include "cpu_backend.h"
+#include "kernels.h"
+#include "tensor.h"
+#include "../backend/attend_dev.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -205,26 +204,25 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
         return;
     }
     /* an agent's block: head-major storage, so read each head's runs */
-    const kvm_agent_mem *m = p->mem;
+    const kvm_attend_agent *ag = &p->agent;
     for (int32_t h = ha; h < hb; h++) {
         const size_t hh = (size_t)(h - ha);
         float *kb = kbuf + hh * (size_t)mt * D, *vb = vbuf + hh * (size_t)mt * D;
         const size_t at = (size_t)(h - h0) * (size_t)mt;
-        if (tile < m->n_sealed) {
-            const kvm_block *b = &m->blocks[tile];
+        const int64_t first = p->tile_start[tile];
+        if (tile < ag->n_sealed) {
             for (int32_t i = 0; i < n;) { /* runs of consecutive live positions: one read each */
                 int32_t e = i + 1;
                 while (e < n && pos[e] == pos[e - 1] + 1) e++;
-                const int32_t row0 = (int32_t)(pos[i] - b->first_token);
-                kvm_block_read_f32(p->pool, b, 0, p->layer, h, row0, e - i, kb + (size_t)i * D);
-                kvm_block_read_f32(p->pool, b, 1, p->layer, h, row0, e - i, vb + (size_t)i * D);
+                const int32_t row0 = (int32_t)(pos[i] - first);
+                ag->read(ag->ctx, tile, 0, p->layer, h, row0, e - i, kb + (size_t)i * D);
+                ag->read(ag->ctx, tile, 1, p->layer, h, row0, e - i, vb + (size_t)i * D);
                 i = e;
             }
             for (int32_t i = 0; i < n; i++) vrow[at + (size_t)i] = vb + (size_t)i * D;
         } else {
-            const int64_t first = m->n_tokens - m->tail_n;
-            const float *kt = kvm_tail_rows(p->pool, m, 0, p->layer, h);
-            const float *vt = kvm_tail_rows(p->pool, m, 1, p->layer, h);
+            const float *kt = ag->tail(ag->ctx, 0, p->layer, h);
+            const float *vt = ag->tail(ag->ctx, 1, p->layer, h);
             for (int32_t i = 0; i < n; i++) {
                 memcpy(kb + (size_t)i * D, kt + (size_t)(pos[i] - first) * D, D * sizeof(float));
                 vrow[at + (size_t)i] = vt + (size_t)(pos[i] - first) * D;
@@ -238,7 +236,7 @@ static void fetch_rows(const kvm_attend_plan *p, int32_t h0, int32_t ha, int32_t
         rope_at(rc, p->positions ? p->positions[t] : p->base_position + t);
         for (int32_t h = ha; h < hb; h++) {
             float *x = kbuf + ((size_t)(h - ha) * (size_t)mt + (size_t)i) * D;
-            kvm_rope_rotate(&p->pool->rope, x, rc->cf, rc->sf, 0);
+            kvm_rope_rotate(p->agent.rope, x, rc->cf, rc->sf, 0);
             krow[(size_t)(h - h0) * (size_t)mt + (size_t)i] = x;
         }
     }
@@ -400,7 +398,7 @@ static void attend_item(attend_job *j, size_t item) {
     rope_cursor rc;
     memset(&rc, 0, sizeof rc);
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) {
-        const kvm_rope *r = &p->pool->rope;
+        const kvm_rope *r = p->agent.rope;
         rc.r = r;
         rc.c = rd;
         rc.s = rd + KVM_ROPE_MAX_PAIRS;
@@ -564,7 +562,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     memset(&j, 0, sizeof j);
     j.p = p;
     j.kern = kvm_cpu_kernels_get()->attend;
-    kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
+    kvm_threadpool *tp = kvm_cpu_backend_tp(be);
     const int32_t nt = tp ? kvm_threadpool_size(tp) : 1;
     /* each item takes a run of KV heads (read together, so the KV of one
      * position streams from memory) and, when there are fewer KV heads than
@@ -596,7 +594,7 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     const size_t per = item_layout(&j, &o);
     size_t items = (size_t)j.n_head_chunks * (size_t)j.n_row_chunks;
     j.scratch_floats = per;
-    kvm_scratch *sc = kvm_ctx_scratch(be ? be->ctx : NULL);
+    kvm_scratch *sc = kvm_cpu_backend_scratch(be);
     j.scratch = kvm_scratch_take(sc, items * per * sizeof(float));
     j.item_stats = kvm_calloc(items, sizeof *j.item_stats);
     if (!j.scratch || !j.item_stats) {
@@ -651,4 +649,104 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
     kvm_scratch_give(sc, j.scratch);
     kvm_free(j.item_stats);
     return KVMEM_OK;
+}
+
+/* ---- dev_attend ----
+ * The buffer-level form (core/backend/backend.h) as a one-row SLOTMAP plan
+ * run by kvm_attend_cpu, so the device kernels are compared with exactly the
+ * rule kvmem_attend() runs. */
+
+kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a) {
+    const char *fn = "dev_attend";
+    if (!a) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: args is NULL", fn);
+    const kvmem_buffer *bufs[KVM_DA_N] = {a->q, a->k, a->v, a->slot_map, a->order, a->out, a->visited};
+    unsigned char *host[KVM_DA_N];
+    size_t size[KVM_DA_N];
+    for (int i = 0; i < KVM_DA_N; i++) {
+        size[i] = 0;
+        host[i] = bufs[i] ? kvm_cpu_buffer_span(bufs[i], &size[i]) : NULL;
+    }
+    char msg[256];
+    if (!kvm_dev_attend_check(a, size, msg, sizeof msg)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s", fn, msg);
+
+    const int64_t T = a->n_pos, ts = a->tile, n_tiles = (T + ts - 1) / ts;
+    int32_t *slots = kvm_malloc(((size_t)T + 1) * sizeof *slots);
+    int32_t *order = kvm_malloc(((size_t)a->n_visit + 1) * sizeof *order);
+    int64_t *tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof *tile_start);
+    int64_t *live = kvm_malloc(((size_t)T + 1) * sizeof *live);
+    int32_t *seen = kvm_calloc((size_t)n_tiles + 1, sizeof *seen);
+    kvmem_status st = KVMEM_OK;
+    if (!slots || !order || !tile_start || !live || !seen) {
+        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
+        goto done;
+    }
+    /* every negative slot is dead: one dead id (-1) for the plan */
+    const int32_t *sm = (const int32_t *)(const void *)(host[KVM_DA_SLOTS] + a->slot_map_off);
+    live[0] = 0;
+    for (int64_t j = 0; j < T; j++) {
+        int32_t s = sm[j] < 0 ? -1 : sm[j];
+        if (s >= a->n_slots) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: slot_map[%lld] = %d outside [0, %lld) and not dead (< 0)", fn,
+                          (long long)j, s, (long long)a->n_slots);
+            goto done;
+        }
+        slots[j] = s;
+        live[j + 1] = live[j] + (s >= 0);
+    }
+    const int32_t *om = (const int32_t *)(const void *)(host[KVM_DA_ORDER] + a->order_off);
+    for (int32_t i = 0; i < a->n_visit; i++) {
+        if (om[i] < 0 || om[i] >= n_tiles || seen[om[i]]) {
+            st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: order[%d] = %d is outside [0, %lld) or repeated", fn, i, om[i],
+                          (long long)n_tiles);
+            goto done;
+        }
+        seen[om[i]] = 1;
+        order[i] = om[i];
+    }
+    for (int64_t t = 0; t < n_tiles; t++) tile_start[t] = t * ts;
+    tile_start[n_tiles] = T;
+
+    kvmem_tensor k, v;
+    const int64_t shape[3] = {a->n_slots, a->n_kv_heads, a->head_dim};
+    if ((st = kvmem_tensor_init(&k, host[KVM_DA_K] + a->k_off, a->dtype, 3, shape)) != KVMEM_OK) goto done;
+    if ((st = kvmem_tensor_init(&v, host[KVM_DA_V] + a->v_off, a->dtype, 3, shape)) != KVMEM_OK) goto done;
+    int64_t row_lo = 0, row_hi = T;
+    kvm_attend_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.n_rows = 1;
+    pl.n_q_heads = a->n_q_heads;
+    pl.n_kv_heads = a->n_kv_heads;
+    pl.head_dim = a->head_dim;
+    pl.group = a->n_q_heads / a->n_kv_heads;
+    pl.scale = a->scale;
+    pl.q = (const float *)(const void *)(host[KVM_DA_Q] + a->q_off);
+    pl.out = (float *)(void *)(host[KVM_DA_OUT] + a->out_off);
+    pl.kind = KVMEM_ATTEND_SRC_SLOTMAP;
+    pl.T = T;
+    pl.k = &k;
+    pl.v = &v;
+    pl.slots = slots;
+    pl.dead_slot = -1;
+    pl.n_tiles = (int32_t)n_tiles;
+    pl.tile_start = tile_start;
+    pl.order = order;
+    pl.n_order = a->n_visit;
+    pl.live_prefix = live;
+    pl.row_lo = &row_lo;
+    pl.row_hi = &row_hi;
+    pl.stop_enabled = a->tau_s > 0 || a->tau_d > 0;
+    pl.tau_s = a->tau_s;
+    pl.tau_d = a->tau_d;
+    pl.patience = a->patience;
+    pl.probe = KVMEM_ATTEND_PROBE_STRIDED;
+    pl.stream_visited = (int32_t *)(void *)(host[KVM_DA_VISITED] + a->visited_off);
+    kvmem_attend_stats stats;
+    st = kvm_attend_cpu(be, &pl, &stats);
+done:
+    kvm_free(slots);
+    kvm_free(order);
+    kvm_free(tile_start);
+    kvm_free(live);
+    kvm_free(seen);
+    return st;
 }

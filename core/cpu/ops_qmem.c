@@ -1,15 +1,13 @@
-/* The rule score on the CPU: for each (layer, KV head) the G query heads of
- * the group read the same key rows once (one register-tiled pass), then a
+/* The CPU backend's rule score (its dev_qmem_score entry): for each (layer,
+ * KV head) the G query heads of the group read the same key rows once (one
+ * register-tiled pass), then a
  * softmax per query head over all candidates is accumulated into a partial
  * score. Work is split into a fixed number of chunks, each with its own
  * partial sum, reduced in chunk order, so the result does not depend on
  * the thread count. */
-#include "qmem_internal.h"
-
-#include "../attend/attend.h"
-#include "../backend/route/context.h"
-#include "../cpu/kernels.h"
-#include "../cpu/scratch.h"
+#include "cpu_backend.h"
+#include "kernels.h"
+#include "tensor.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -18,25 +16,6 @@
 #define QS_MAX_CHUNKS 16
 #define QS_TILE 64      /* most key rows per kernel call */
 #define QS_MAX_GROUP 64 /* query heads per kernel call */
-
-kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
-                              int64_t *n) {
-    if (!spec) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: spec is NULL", fn);
-    kvmem_status st = kvmem_model_spec_validate(spec);
-    if (st != KVMEM_OK) return st;
-    if (!k) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K is NULL", fn);
-    if (k->ndim != 4)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K has %d dims, expected 4 [n_layers][N][n_kv_heads][head_dim]",
-                        fn, k->ndim);
-    if (k->shape[1] < 1 || k->shape[1] > INT32_MAX)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K has N = %lld candidates, expected [1, INT32_MAX]", fn,
-                        (long long)k->shape[1]);
-    int64_t shape[4] = {spec->n_layers, k->shape[1], spec->n_kv_heads, spec->head_dim};
-    st = kvm_tensor_expect(k, "K", "[n_layers][N][n_kv_heads][head_dim]", 4, shape);
-    if (st != KVMEM_OK) return st;
-    *n = k->shape[1];
-    return KVMEM_OK;
-}
 
 typedef struct {
     const kvmem_tensor *k;
@@ -207,7 +186,7 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
     const size_t es = kvm_dtype_size(q.rows_dt), tile_bytes = es == 4 ? 16384 : 32768;
     q.hm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, (size_t)16384 / (q.D * es)));
     q.pm_tile = KVM_MAX((size_t)4, KVM_MIN((size_t)QS_TILE, (tile_bytes / (q.Hkv * q.D * es)) & ~(size_t)3));
-    kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
+    kvm_threadpool *tp = kvm_cpu_backend_tp(be);
     q.n_workers = KVM_MIN(q.n_chunks, (size_t)kvm_threadpool_size(tp));
     size_t np, nl, nc = 0;
     if (!kvm_mul_size(q.n_chunks, q.N, &np) || !kvm_mul_size(q.n_workers * q.Hq, q.N, &nl) || nl > SIZE_MAX / 8 ||
@@ -215,7 +194,7 @@ kvmem_status kvm_cpu_qmem_score(kvmem_backend *be, const kvmem_model_spec *spec,
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for scratch of N = %zu candidates (its size overflows)", fn, q.N);
     if (k->strides[3] != 1 && q.D > 1) nc = q.n_workers * QS_TILE * q.D; /* rows converted */
     /* work memory from the context's cache: nothing allocated per call once warm */
-    kvm_scratch *sc = kvm_ctx_scratch(be ? be->ctx : NULL);
+    kvm_scratch *sc = kvm_cpu_backend_scratch(be);
     q.partial = kvm_scratch_take(sc, np * sizeof(float));
     q.logits = kvm_scratch_take(sc, nl * sizeof(float));
     if (nc) q.conv = kvm_scratch_take(sc, nc * sizeof(float));
@@ -238,4 +217,54 @@ done:
     kvm_scratch_give(sc, q.logits);
     kvm_scratch_give(sc, q.conv);
     return st;
+}
+
+/* The table's entry: the buffer-level form, or the caller's K in place. */
+kvmem_status kvm_cpu_dev_qmem_score(kvmem_backend *be, const kvm_dev_qmem_args *a) {
+    static const char op[] = "dev_qmem_score";
+    if (!a) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: args is NULL", op);
+    if (a->n_layers < 1 || a->n_q_heads < 1 || a->n_kv_heads < 1 || a->head_dim < 1 || a->n < 1 ||
+        a->n_q_heads % a->n_kv_heads)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                        "%s: need n_layers, n_q_heads, n_kv_heads, head_dim, n >= 1 and n_q_heads a multiple of "
+                        "n_kv_heads (got %d, %d, %d, %d, %d)",
+                        op, a->n_layers, a->n_q_heads, a->n_kv_heads, a->head_dim, a->n);
+    size_t L = (size_t)a->n_layers, Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads, D = (size_t)a->head_dim,
+           N = (size_t)a->n, mb, kb;
+    if (a->mem_off % 4 || a->k_off % 4 || a->scores_off % 4)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: offsets must be multiples of 4 bytes", op);
+    const float *mem = NULL, *k = NULL;
+    float *scores = NULL;
+    if (kvm_mul_size(L * Hq, D * 4, &mb) && kvm_mul_size(L * N, Hkv, &kb) && kvm_mul_size(kb, D * 4, &kb)) {
+        mem = kvm_cpu_buf_at(a->mem, a->mem_off, mb);
+        k = a->k_view ? NULL : kvm_cpu_buf_at(a->k, a->k_off, kb);
+        scores = kvm_cpu_buf_at(a->scores, a->scores_off, N * 4);
+    }
+    if (a->k_view) { /* the host-side form: the caller's K in place, any dtype and strides */
+        const kvmem_tensor *v = a->k_view;
+        if (v->ndim != 4 || v->shape[0] != a->n_layers || v->shape[1] != a->n || v->shape[2] != a->n_kv_heads ||
+            v->shape[3] != a->head_dim)
+            return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: k_view is not [n_layers][n][n_kv_heads][head_dim]", op);
+        k = (const float *)v->data;
+    }
+    if (!mem || !k || !scores) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: ranges outside the buffers", op);
+    kvmem_model_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.n_layers = a->n_layers;
+    spec.n_q_heads = a->n_q_heads;
+    spec.n_kv_heads = a->n_kv_heads;
+    spec.head_dim = a->head_dim;
+    kvmem_tensor kt;
+    memset(&kt, 0, sizeof kt);
+    kt.data = (void *)(uintptr_t)k; /* read only */
+    kt.dtype = KVMEM_F32;
+    kt.ndim = 4;
+    int64_t shape[4] = {a->n_layers, a->n, a->n_kv_heads, a->head_dim};
+    int64_t stride = 1;
+    for (int d = 3; d >= 0; d--) {
+        kt.shape[d] = shape[d];
+        kt.strides[d] = stride;
+        stride *= shape[d];
+    }
+    return kvm_cpu_qmem_score(be, &spec, mem, a->k_view ? a->k_view : &kt, scores);
 }
