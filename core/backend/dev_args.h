@@ -18,6 +18,27 @@
 
 typedef size_t (*kvm_dev_size_fn)(const kvmem_buffer *b);
 
+/* Whether the arguments of op are in the buffer-level form every backend
+ * takes (none of the host-side fields of core/backend/backend.h, which are
+ * the CPU backend's): what a device's supports_op asks first, and the
+ * router before it asks a device at all. args NULL: yes. */
+static inline int kvm_dev_args_buffer_form(kvm_op op, const void *args) {
+    if (!args) return 1;
+    switch (op) {
+    case KVM_OP_SCORE: {
+        const kvm_dev_score_args *a = (const kvm_dev_score_args *)args;
+        return a->n_sets == 0 && a->box_layout == KVM_BOXES_SPLIT_F32 && !a->blocks &&
+               a->mode == KVMEM_RETRIEVE_AABB && !a->keys;
+    }
+    case KVM_OP_GATHER_ROPE: {
+        const kvm_dev_gather_args *a = (const kvm_dev_gather_args *)args;
+        return !a->rows && !a->out_view && a->n_layers <= 1 && !a->cs_rows;
+    }
+    case KVM_OP_QMEM_SCORE: return !((const kvm_dev_qmem_args *)args)->k_view;
+    default: return 1;
+    }
+}
+
 /* Write the message, return KVMEM_ERR_INVALID_ARG. */
 static inline kvmem_status kvm_dev_bad(char *msg, size_t msg_size, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -4,6 +4,7 @@
  * once (in parallel), then every (block, layer) streams its K and V rows
  * through one decode -> rotate -> convert pass into the caller's tensors. */
 #include "score.h"
+#include "../backend/route/route.h"
 #include "../cpu/cpu_backend.h"
 #include "../cpu/tensor.h"
 
@@ -184,10 +185,19 @@ static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int3
         return st;
     }
     kvm_gather_desc d = {p, m, blocks, n_blocks, first, base, k_out, v_out};
-    kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
-    if (dev && dev != be && dev->iface->dev_gather_rope) st = kvm_dev_gather(dev, &d);
-    else if (m->mapped) st = gather_staged(be, &d, "kvmem_gather");
-    else st = kvm_cpu_gather(be, &d);
+    /* the router's choice: a device's gather (the buffer-level form), else
+     * the CPU's over the blocks in place */
+    kvm_dev_gather_args shape;
+    memset(&shape, 0, sizeof shape);
+    shape.n_src = shape.n_out = (size_t)KVM_MAX(M, 1);
+    shape.n_heads = (size_t)p->spec.n_kv_heads;
+    shape.head_dim = (size_t)p->spec.head_dim;
+    shape.rotary_dim = (size_t)p->rope.rotary_dim;
+    shape.gptj = p->rope.style == KVMEM_ROPE_GPTJ;
+    shape.attn_factor = (float)p->rope.attn_factor;
+    kvmem_backend *cpu = p->ctx->cpu, *be = kvm_route(p->ctx, KVM_OP_GATHER_ROPE, &shape);
+    st = be != cpu ? kvm_dev_gather(be, &d) : KVMEM_OK;
+    if (be == cpu || kvm_route_to_cpu(st)) st = m->mapped ? gather_staged(cpu, &d, "kvmem_gather") : kvm_cpu_gather(cpu, &d);
     kvm_free(first);
     return kvm_mapped_check(m, st, "kvmem_gather");
 }

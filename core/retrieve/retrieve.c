@@ -1,5 +1,6 @@
 /* kvmem_retrieve and the kvmem_retrieval result object. */
 #include "score.h"
+#include "../backend/route/route.h"
 #include "../cpu/tensor.h"
 
 #include <math.h>
@@ -373,13 +374,24 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         d.rr_c = prm.rr_c > 0 ? prm.rr_c : 60.0f;
         d.n_sets = n_sets;
         d.out = c.out;
-        /* AABB scoring runs on a device backend that has the kernels; EXACT
-         * reads every key and stays on the CPU. */
-        kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
-        if (dev && dev != be && dev->iface->dev_score && dev->iface->dev_score_reduce && d.mode == KVMEM_RETRIEVE_AABB)
-            st = kvm_dev_aabb_score(dev, &d);
-        else
-            st = score_on_cpu(be, &d);
+        /* the router's choice: AABB scoring on a device that takes it; EXACT
+         * reads every key, which only the CPU's form of the op does */
+        kvm_dev_score_args shape;
+        memset(&shape, 0, sizeof shape);
+        shape.n_q = n_q;
+        shape.n_blocks = nc;
+        shape.n_layers = L;
+        shape.n_q_heads = p->spec.n_q_heads;
+        shape.n_kv_heads = p->spec.n_kv_heads;
+        shape.head_dim = p->spec.head_dim;
+        shape.norm = d.norm;
+        shape.agg = d.agg;
+        shape.tau = d.tau;
+        shape.rr_c = d.rr_c;
+        shape.mode = d.mode;
+        kvmem_backend *cpu = p->ctx->cpu, *be = kvm_route(p->ctx, KVM_OP_SCORE, &shape);
+        st = be != cpu ? kvm_dev_aabb_score(be, &d) : KVMEM_OK;
+        if (be == cpu || kvm_route_to_cpu(st)) st = score_on_cpu(cpu, &d);
         if ((st = kvm_mapped_check(m, st, "kvmem_retrieve")) != KVMEM_OK) return st; /* before the commit */
         /* every backend: scores are finite, or the call is refused */
         for (size_t i = 0; i < (size_t)n_sets * (size_t)nc; i++)

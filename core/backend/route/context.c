@@ -1,5 +1,6 @@
 /* Contexts and the backend registry. */
 #include "context.h"
+#include "route.h"
 #include "../../internal.h"
 #include "../../cpu/cpu_backend.h"
 #include "../../cpu/kernels.h"
@@ -9,41 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#ifndef KVMEM_PLUGIN_CUDA_BUILT
-#  define KVMEM_PLUGIN_CUDA_BUILT 0
-#endif
-#ifndef KVMEM_PLUGIN_VULKAN_BUILT
-#  define KVMEM_PLUGIN_VULKAN_BUILT 0
-#endif
-
-static const char *const k_plugins[] = {"cuda", "vulkan"};
-
-kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend **out, char *why,
-                             size_t why_size) {
-    *out = NULL;
-    char reason[256] = "";
-    kvmem_backend_plugin_init_fn init;
-    *(void **)(&init) = kvm_plugin_symbol(name, KVMEM_BACKEND_PLUGIN_INIT, reason, sizeof reason);
-    if (!init) {
-        int built = strcmp(name, "cuda") == 0 ? KVMEM_PLUGIN_CUDA_BUILT : KVMEM_PLUGIN_VULKAN_BUILT;
-        if (!built)
-            snprintf(why, why_size, "not built: configure with -DKVMEM_%s=ON (libkvmem-%s.so not found)",
-                     strcmp(name, "cuda") == 0 ? "CUDA" : "VULKAN", name);
-        else
-            snprintf(why, why_size, "plugin libkvmem-%s.so not loadable: %s", name, reason);
-        return KVMEM_ERR_UNSUPPORTED;
-    }
-    why[0] = '\0';
-    kvmem_status st = init(KVMEM_BACKEND_API_VERSION, ctx, out, why, why_size);
-    if (st != KVMEM_OK || !*out) {
-        if (!why[0]) snprintf(why, why_size, "libkvmem-%s.so failed to initialise", name);
-        *out = NULL;
-        return st != KVMEM_OK ? st : KVMEM_ERR_BACKEND;
-    }
-    (*out)->fail = kvm_fail; /* plugins report op errors through the core's kvm_fail */
-    return KVMEM_OK;
-}
 
 kvm_scratch *kvm_ctx_scratch(const kvmem_context *ctx) { return ctx && ctx->cpu ? kvm_cpu_backend_scratch(ctx->cpu) : NULL; }
 
@@ -68,7 +34,7 @@ kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *co
     if (!count) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_backends: count is NULL");
     if (capacity > 0 && !out)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_backends: out is NULL with capacity %zu", capacity);
-    size_t total = 1 + sizeof k_plugins / sizeof k_plugins[0];
+    size_t total = 1 + sizeof kvm_route_plugins / sizeof kvm_route_plugins[0];
     *count = total;
     if (capacity == 0) return KVMEM_OK;
     pthread_mutex_lock(&g_backends_mu);
@@ -78,7 +44,7 @@ kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *co
     out[0].detail = g_cpu_detail;
     for (size_t i = 0; i < total - 1 && i + 1 < capacity; i++) {
         kvmem_backend_info *bi = &out[i + 1];
-        bi->name = k_plugins[i];
+        bi->name = kvm_route_plugins[i];
         char why[256] = {0};
         kvmem_backend *be = NULL;
         /* Probing means initialising: a plugin can only say it has a device
@@ -86,7 +52,7 @@ kvmem_status kvmem_backends(kvmem_backend_info *out, size_t capacity, size_t *co
         kvmem_context probe;
         memset(&probe, 0, sizeof probe);
         probe.n_threads = 1;
-        if (kvm_plugin_load(&probe, k_plugins[i], &be, why, sizeof why) == KVMEM_OK) {
+        if (kvm_plugin_load(&probe, kvm_route_plugins[i], &be, why, sizeof why) == KVMEM_OK) {
             bi->available = 1;
             snprintf(g_plugin_detail[i], sizeof g_plugin_detail[i], "%s",
                      be->detail ? be->detail : be->iface->name);
@@ -123,8 +89,8 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "n_threads %d: must be in [0, 1024] (0 = all cores)",
                         p.n_threads);
     int known = strcmp(name, "auto") == 0 || strcmp(name, "cpu") == 0;
-    for (size_t i = 0; i < sizeof k_plugins / sizeof k_plugins[0]; i++)
-        known |= strcmp(name, k_plugins[i]) == 0;
+    for (size_t i = 0; i < sizeof kvm_route_plugins / sizeof kvm_route_plugins[0]; i++)
+        known |= strcmp(name, kvm_route_plugins[i]) == 0;
     if (!known)
         return kvm_fail(KVMEM_ERR_NOT_FOUND,
                         "unknown backend '%.32s': expected \"cpu\", \"cuda\", \"vulkan\" or \"auto\"",
@@ -145,32 +111,14 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
         return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory for the worker pool (%d threads) and CPU backend", n);
     }
     ctx->n_threads = kvm_threadpool_size(ctx->tp);
-    ctx->backend = ctx->cpu;
-    snprintf(ctx->backend_name, sizeof ctx->backend_name, "cpu");
-
-    if (strcmp(name, "cpu") != 0) {
-        int is_auto = strcmp(name, "auto") == 0;
-        char why[256] = {0};
-        for (size_t i = 0; i < sizeof k_plugins / sizeof k_plugins[0]; i++) {
-            if (!is_auto && strcmp(name, k_plugins[i]) != 0) continue;
-            kvmem_backend *be = NULL;
-            if (kvm_plugin_load(ctx, k_plugins[i], &be, why, sizeof why) == KVMEM_OK) {
-                /* "auto" wants speed: a plugin whose device is a CPU (lavapipe)
-                 * loses to the native CPU backend, so it is put back. */
-                if (is_auto && be->cpu_device) {
-                    be->iface->free(be);
-                    continue;
-                }
-                ctx->backend = be;
-                snprintf(ctx->backend_name, sizeof ctx->backend_name, "%s", k_plugins[i]);
-                break;
-            }
-        }
-        if (!is_auto && ctx->backend == ctx->cpu) {
-            kvmem_context_free(ctx);
-            return kvm_fail(KVMEM_ERR_UNSUPPORTED, "backend '%s' is unusable here: %s", name, why);
-        }
+    char why[256] = {0};
+    kvmem_backend *be = ctx->cpu;
+    if (kvm_route_context_backend(ctx, name, &be, why, sizeof why) != KVMEM_OK) {
+        kvmem_context_free(ctx);
+        return kvm_fail(KVMEM_ERR_UNSUPPORTED, "backend '%s' is unusable here: %s", name, why);
     }
+    ctx->backend = be;
+    snprintf(ctx->backend_name, sizeof ctx->backend_name, "%s", be->iface->name);
     *out = ctx;
     return KVMEM_OK;
 }

@@ -38,9 +38,4 @@ static inline kvmem_status kvm_be_download(kvmem_backend *be, const kvmem_buffer
  * NULL (ctx NULL). */
 struct kvm_scratch *kvm_ctx_scratch(const kvmem_context *ctx);
 
-/* Try to load the plugin for `name` ("cuda", "vulkan"); on failure write the
- * reason into why. Plugins stay loaded once opened (registry/plugin.h). */
-kvmem_status kvm_plugin_load(kvmem_context *ctx, const char *name, kvmem_backend **out, char *why,
-                             size_t why_size);
-
 #endif
