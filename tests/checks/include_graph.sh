@@ -27,31 +27,32 @@ cd "$src" || exit 1
 
 declare -A deps # file -> space-separated resolved includes (paths from $src)
 files=$(find core stores -name '*.[ch]' 2>/dev/null | sort)
-resolve() { # $1 = including file, $2 = include text
-  local dir cand
-  dir=$(dirname "$1")
-  for cand in "$dir/$2" "core/$2" "include/$2"; do
-    if [ -f "$cand" ]; then realpath -m --relative-to="$src" "$cand"; return; fi
-  done
-}
-for f in $files; do
-  list=""
-  while IFS= read -r inc; do
-    r=$(resolve "$f" "$inc")
-    [ -n "$r" ] && list+="$r "
-  done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
-  deps[$f]=$list
-done
-room() { case "$1" in core/pool/*) echo pool ;; core/store/*) echo store ;; core/format/*) echo format ;; *) echo "" ;; esac; }
+# resolved like the compiler: the including file's folder, then core/, then include/
+while IFS=$'\t' read -r f list; do deps[$f]=$list; done < <(python3 - $files <<'PYEOF'
+import os, re, sys
+inc = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]*)"', re.M)
+for f in sys.argv[1:]:
+    out = []
+    for name in inc.findall(open(f, encoding='utf-8', errors='replace').read()):
+        for cand in (os.path.join(os.path.dirname(f), name), os.path.join('core', name), os.path.join('include', name)):
+            if os.path.isfile(cand):
+                out.append(os.path.normpath(cand))
+                break
+    print(f + '\t' + ' '.join(out))
+PYEOF
+)
+room() { case "$1" in core/pool/*) room=pool ;; core/store/*) room=store ;; core/format/*) room=format ;; *) room="" ;; esac; }
 
 fail=0
 # 1. room graph among pool, store, format
 declare -A edge why
 for f in $files; do
-  a=$(room "$f")
+  room "$f"
+  a=$room
   [ -n "$a" ] || continue
   for d in ${deps[$f]}; do
-    b=$(room "$d")
+    room "$d"
+    b=$room
     if [ -n "$b" ] && [ "$a" != "$b" ]; then
       edge["$a $b"]=1
       why["$a $b"]="$f includes $d"
