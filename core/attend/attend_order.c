@@ -125,7 +125,7 @@ static float keys_max(const scan_job *j, int32_t h, const void *const *krow, con
 
 /* Prefetch K's rows of KV head h at the live positions [a, b) (a tile the
  * scan reads next) while the current one computes: the hardware prefetcher
- * of the machine measured does not follow these reads (see attend_cpu.c). */
+ * of the machine measured does not follow these reads (see core/cpu/ops_attend.c). */
 static void prefetch_k(const kvm_attend_plan *p, int64_t a, int64_t b, int32_t h) {
     const kvmem_tensor *k = p->k;
     const size_t es = kvm_dtype_size(k->dtype);

@@ -1,23 +1,26 @@
 /* The backend interface (internal). A backend is a table of function pointers
  * plus its own context, in the manner of ggml-backend: buffers (alloc, free,
  * upload, download) and the buffer-level device ops (dev_*), nothing that
- * names the core's pools or agents. The CPU backend (core/cpu/cpu_backend.c)
- * fills every entry and is the reference the conformance suite compares with;
- * CUDA and Vulkan are plugins loaded with dlopen that export one init symbol
- * and are checked for the exact KVMEM_BACKEND_API_VERSION. Entries marked
- * (optional) may be NULL. The core routes each op itself: a device op on a
- * device context whose backend has it, the core's own CPU code over its
- * pools and agents (retrieve/, attend/, qmem/) otherwise.
+ * names the core's pools or agents. The CPU backend (core/cpu) fills every
+ * entry: its entries are the CPU ops the core runs (the host-side forms of
+ * the arguments let them read the core's memory in place), so the
+ * conformance suite, which compares every backend with them, checks what
+ * CPU users run. CUDA and Vulkan are plugins loaded with dlopen that export
+ * one init symbol and are checked for the exact KVMEM_BACKEND_API_VERSION.
+ * Entries marked (optional) may be NULL. The core's router
+ * (core/backend/route) picks the backend of each op by one policy, from
+ * the entries a table has and its supports_op.
  *
  * Buffers: backend memory is reached through kvmem_buffer handles plus byte
  * offsets, never raw device pointers, so Vulkan (VkBuffer) and CUDA (device
  * pointers) fit the same table. For the CPU backend a buffer is host memory.
  *
- * This header and the others of core/backend/ are the whole interface a
- * plugin sees (with include/kvmem.h): they include nothing else of the core
- * and name none of its internal types, and plugins are built with only this
- * folder of the core on their include path (tests/checks/backend_includes.sh
- * keeps it so). */
+ * This header and the others directly in core/backend/ are the whole
+ * interface a plugin sees (with include/kvmem.h): they include nothing else
+ * of the core and name none of its internal types, and plugins are built
+ * with only this folder of the core on their include path
+ * (tests/checks/backend_includes.sh keeps it so); core/backend/route is the
+ * core's side. */
 #ifndef KVMEM_BACKEND_H
 #define KVMEM_BACKEND_H
 

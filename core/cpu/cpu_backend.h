@@ -1,7 +1,7 @@
-/* The CPU backend (core/cpu/cpu_backend.c): the reference implementation of
- * the backend table (core/backend/backend.h), always built. Core-only: its
- * buffers are host memory, which the CPU reference entries of the device
- * ops (score_dev.c, attend_dev.c, qmem_dev.c) read in place. */
+/* The CPU backend: the backend table (core/backend/backend.h) over host
+ * memory, always built, whose entries are the CPU ops the core runs
+ * (ops_*.c), and the ops the table's buffer-level forms do not cover
+ * (attention's whole plan: attend_plan.h; SnapKV). */
 #ifndef KVMEM_CPU_BACKEND_H
 #define KVMEM_CPU_BACKEND_H
 

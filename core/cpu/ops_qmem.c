@@ -20,7 +20,7 @@
 typedef struct {
     const kvmem_tensor *k;
     const float *mem;
-    const kvm_attend_kernels *ak; /* the q.k kernels over f32 / f16 / bf16 rows (attend/attend.h) */
+    const kvm_attend_kernels *ak; /* the q.k kernels over f32 / f16 / bf16 rows (the attention family) */
     const kvm_qk_kernels *kk;     /* softmax_acc */
     size_t L, Hq, Hkv, G, D, N, n_chunks, n_workers;
     float scale;

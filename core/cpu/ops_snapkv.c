@@ -71,7 +71,7 @@ static void pool_add(const float *v, size_t b, size_t e, int32_t radius, float *
 
 /* The rows of KV head g at positions [j0, j0 + n) of layer l, ascending,
  * for the tile kernel to prefetch: the hardware prefetcher of the machine
- * measured does not follow a head's rows (see attend_cpu.c). */
+ * measured does not follow a head's rows (see ops_attend.c). */
 static kvm_qk_prefetch k_rows(const kvmem_tensor *k, size_t l, size_t g, size_t j0, size_t n, size_t D) {
     const size_t es = kvm_dtype_size(k->dtype);
     kvm_qk_prefetch p;

@@ -4,16 +4,13 @@
 #define KVMEM_RETRIEVE_SCORE_H
 
 #include "../backend/backend.h"
-#include "../cpu/cpu_backend.h" /* the CPU reference entries read CPU buffers in place */
+#include "../cpu/cpu_backend.h"
 #include "../pool/pool.h"
 #include "../cpu/workbuf.h"
 #include "../cpu/kernels.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* ---- backend op descriptors ---- */
-
 
 /* aabb_score: the relevance of every candidate block per set, normalised per
  * query token over the candidates, aggregated over tokens and summed over

@@ -1,5 +1,5 @@
-/* avx512 NEOX row rotation (see core/cpu/rope_rows.c). No FMA: products are rounded
- * separately, as in the scalar kvm_rope_rotate. */
+/* avx512 NEOX row rotation (see core/cpu/rope_rows.c). No FMA: products are
+ * rounded separately, as in the scalar kvm_rope_rotate. */
 #include "../../kernels.h"
 
 #include <immintrin.h>
