@@ -1319,12 +1319,17 @@ typedef struct kvmem_device_memory {
                                default stream); VULKAN: NULL */
 } kvmem_device_memory;
 
-/* The defaults of that many bytes: zeros and struct_size ("ABI and
- * versioning"). Errors: KVMEM_ERR_INVALID_ARG (NULL, impossible size). */
-KVMEM_API kvmem_status kvmem_device_memory_init(kvmem_device_memory *mem, size_t struct_size);
+/* Every field's default is zero: the struct zeroed, struct_size set (the
+ * library reads it by the rules of params structs, "ABI and versioning"). */
 static inline kvmem_device_memory kvmem_device_memory_default(void) {
     kvmem_device_memory m;
-    kvmem_device_memory_init(&m, sizeof m);
+    m.struct_size = sizeof m; /* every byte set: the struct has no padding */
+    m.kind = KVMEM_MEMORY_HOST;
+    m.device = 0;
+    m.handle = 0;
+    m.offset = 0;
+    m.size = 0;
+    m.stream = NULL;
     return m;
 }
 

@@ -135,6 +135,16 @@ def _elem_dtype(v: View, dtype: Optional[Any], what: str) -> int:
     return want
 
 
+class _NoView:
+    """What tensor() holds for a DeviceTensor: nothing to release."""
+
+    def close(self) -> None:
+        pass
+
+
+_NO_VIEW = _NoView()
+
+
 def tensor(obj: Any, what: str, shape: Optional[Sequence[int]] = None, dtype: Optional[Any] = None,
            writable: bool = False) -> Tuple[_lib.kvmem_tensor, View]:
     """A kvmem_tensor over obj's memory, and the held View (close it after the call).
@@ -144,6 +154,14 @@ def tensor(obj: Any, what: str, shape: Optional[Sequence[int]] = None, dtype: Op
     contiguous and its element count fits; a buffer of the same rank must match
     it (-1 entries match anything) and may be strided.
     """
+    dev = getattr(obj, "_kvmem_device_tensor", None)
+    if dev is not None:  # a DeviceTensor: the C call checks it against its context
+        t = dev()
+        if shape is not None and (len(shape) != t.ndim or
+                                  any(w >= 0 and w != t.shape[i] for i, w in enumerate(shape))):
+            raise ValueError(f"kvmem: {what} has shape {tuple(t.shape[:t.ndim])}, expected "
+                             f"{tuple(x if x >= 0 else '*' for x in shape)}")
+        return t, _NO_VIEW
     v = View(obj, writable, what)
     try:
         code = _elem_dtype(v, dtype, what)

@@ -291,6 +291,16 @@ class Context(_Handle):
         """Set the transfer counters to 0 (experimental)."""
         L.kvmem_context_transfer_reset(self.handle)
 
+    def vulkan_device(self) -> Dict[str, int]:
+        """The Vulkan objects a "vulkan" context runs on (experimental), as
+        integers: instance, physical_device, device, queue (handles),
+        queue_family, api_version. Buffers made on this device can be passed as
+        DeviceTensor(kind="vulkan", ...)."""
+        out = L.kvmem_vulkan_device()
+        out.struct_size = ctypes.sizeof(out)
+        L.kvmem_context_vulkan_device(self.handle, byref(out))
+        return {f: int(getattr(out, f) or 0) for f, _ in L.kvmem_vulkan_device._fields_ if f != "struct_size"}
+
     def pool_create(self, spec: Any, **params: Any) -> "Pool":
         """A Pool for spec (a ModelSpec or a dict of its fields); params as Pool()."""
         return Pool(self, spec, **params)
@@ -940,3 +950,37 @@ def batch_extract(batch: Any, row: int, length: int, first: int, n: int, *, out:
         return out
     finally:
         bv.close()
+
+
+class DeviceTensor:
+    """A view of device memory that kvmem calls take where they take tensors
+    (experimental; kvmem.h, "Device tensors"): a CUDA device pointer or a
+    VkBuffer handle, with the memory's size in bytes, the byte offset of
+    element 0, the dtype, shape and strides in elements (default row-major).
+    The memory is the caller's: it must stay allocated while a call uses it.
+    Only a context of the matching backend accepts it ("cuda" / "vulkan")."""
+
+    _KINDS = {"cuda": 1, "vulkan": 2}
+
+    def __init__(self, kind: str, handle: int, size: int, dtype: Any, shape: Sequence[int],
+                 strides: Optional[Sequence[int]] = None, offset: int = 0, device: int = 0,
+                 stream: Optional[int] = None):
+        if kind not in self._KINDS:
+            raise InvalidArgumentError(f"kvmem: DeviceTensor kind {kind!r} is not 'cuda' or 'vulkan'")
+        mem = L.kvmem_device_memory()
+        mem.struct_size = ctypes.sizeof(mem)
+        mem.kind, mem.device, mem.handle = self._KINDS[kind], int(device), int(handle)
+        mem.offset, mem.size, mem.stream = int(offset), int(size), stream
+        t = L.kvmem_tensor()
+        shp = (ctypes.c_int64 * max(len(shape), 1))(*[int(x) for x in shape])
+        L.kvmem_tensor_init_device(byref(t), byref(mem), B.dtype_code(dtype), len(shape), shp)
+        if strides is not None:
+            if len(strides) != len(shape):
+                raise InvalidArgumentError(f"kvmem: DeviceTensor has {len(shape)} dims and {len(strides)} strides")
+            for i, st in enumerate(strides):
+                t.strides[i] = int(st)
+        self._mem, self._t = mem, t  # the tensor's data points at _mem: both live as long as self
+        self.kind, self.shape = kind, tuple(int(x) for x in shape)
+
+    def _kvmem_device_tensor(self) -> Any:
+        return self._t

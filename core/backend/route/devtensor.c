@@ -7,12 +7,6 @@
 
 #include <string.h>
 
-kvmem_status kvmem_device_memory_init(kvmem_device_memory *mem, size_t struct_size) {
-    kvmem_device_memory d;
-    memset(&d, 0, sizeof d);
-    return KVM_PARAMS_INIT(kvmem_device_memory, mem, struct_size, &d, "kvmem_device_memory_init");
-}
-
 static const char *kind_name(kvmem_memory_kind k) {
     return k == KVMEM_MEMORY_CUDA ? "CUDA" : k == KVMEM_MEMORY_VULKAN ? "Vulkan" : "host";
 }
