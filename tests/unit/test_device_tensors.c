@@ -10,6 +10,14 @@
  *    the context's backend, and calls that take host memory only say so;
  *    the handles are never dereferenced (they are made up), the agent is
  *    unchanged, the outputs untouched.
+ * On a stand-in "cuda" backend (a second CPU backend under that name, whose
+ * buffer_wrap takes host memory as the "device pointer": no GPU here), the
+ * core's routing of CUDA tensors: append downloads K and V once, another
+ * device ordinal and Vulkan memory are refused with the backend's / the
+ * core's message, gather writes in place (d2h 0, the host-tensor gather's
+ * d2h its whole output, the same uploads, equal bits), attention reads K/V
+ * in place (its uploads exactly K and V fewer, equal output), and every
+ * wrapper is released by the end of each call.
  * On "vulkan" (lavapipe here; skipped with the reason where it cannot run),
  * with VkBuffers the test creates on the context's own VkDevice
  * (kvmem_context_vulkan_device), and an agent fed the same data from host
@@ -30,6 +38,9 @@
  *    tensor given to a host-only call are refused, nothing written. */
 #include "testutil.h"
 #include "cpu/half.h"
+#include "internal.h"
+#include "backend/route/context.h"
+#include "cpu/cpu_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -176,6 +187,193 @@ static void test_cpu_context_refuses(void **state) {
     kvmem_context_free(ctx);
 }
 
+static void stats(kvmem_context *ctx, uint64_t *h, uint64_t *d) { assert_ok(kvmem_context_transfer_stats(ctx, h, d)); }
+
+/* ---- the core's device-tensor routing, on a stand-in "cuda" backend ----
+ * No GPU here: a second CPU backend named "cuda" stands in for the plugin
+ * (a device whose buffers the core cannot view, so it stages and counts as
+ * for a GPU), with a buffer_wrap that makes a buffer of the "device
+ * pointer" (host memory here) and refuses another device ordinal as the
+ * plugin does. What runs is the core's side: the memory kind matched with
+ * the context, the wrap, the in-place gather and attention, the transfer
+ * counts, the refusals. */
+static const kvmem_backend_iface *g_cpu_iface;
+static kvmem_backend_iface g_fake_iface;
+static kvmem_buffer *g_wrapped[16];
+static int g_n_wrapped, g_wraps;
+
+static kvmem_status fake_wrap(kvmem_backend *be, const kvmem_device_memory *m, kvmem_buffer **out) {
+    (void)be;
+    if (m->kind != KVMEM_MEMORY_CUDA || m->device != 0)
+        return kvm_fail(KVMEM_ERR_UNSUPPORTED, "stand-in cuda: the tensor is on CUDA device %d, the context on device 0",
+                        m->device);
+    kvmem_buffer *b = malloc(sizeof *b);
+    assert_non_null(b);
+    kvm_cpu_buffer_view(b, (const void *)(uintptr_t)m->handle, (size_t)m->size);
+    assert_true(g_n_wrapped < 16);
+    g_wrapped[g_n_wrapped++] = b;
+    g_wraps++;
+    *out = b;
+    return KVMEM_OK;
+}
+
+static void fake_buffer_free(kvmem_backend *be, kvmem_buffer *b) {
+    for (int i = 0; i < g_n_wrapped; i++)
+        if (g_wrapped[i] == b) { /* the caller's memory: only the wrapper goes */
+            g_wrapped[i] = g_wrapped[--g_n_wrapped];
+            free(b);
+            return;
+        }
+    g_cpu_iface->buffer_free(be, b);
+}
+
+static void *fake_proc(kvmem_backend *be, const char *name) {
+    if (name && strcmp(name, KVM_PROC_BUFFER_WRAP) == 0) {
+        kvm_buffer_wrap_fn f = fake_wrap;
+        void *p;
+        memcpy(&p, &f, sizeof p);
+        return p;
+    }
+    return g_cpu_iface->get_proc_address ? g_cpu_iface->get_proc_address(be, name) : NULL;
+}
+
+static kvmem_context *fake_cuda_context(void) {
+    kvmem_context *ctx = tu_context(2);
+    kvmem_backend *be = NULL;
+    assert_ok(kvm_cpu_backend_create(ctx, kvm_cpu_backend_tp(ctx->cpu), &be));
+    g_cpu_iface = be->iface;
+    g_fake_iface = *be->iface;
+    g_fake_iface.name = "cuda";
+    g_fake_iface.buffer_free = fake_buffer_free;
+    g_fake_iface.get_proc_address = fake_proc;
+    be->iface = &g_fake_iface;
+    ctx->backend = be; /* kvmem_context_free frees it */
+    snprintf(ctx->backend_name, sizeof ctx->backend_name, "cuda");
+    return ctx;
+}
+
+static kvmem_device_memory cuda_mem(void *p, size_t size, int32_t device) {
+    kvmem_device_memory m = kvmem_device_memory_default();
+    m.kind = KVMEM_MEMORY_CUDA;
+    m.handle = (uint64_t)(uintptr_t)p;
+    m.size = size;
+    m.device = device;
+    return m;
+}
+
+static void test_cuda_routing_on_a_stand_in(void **state) {
+    (void)state;
+    kvmem_context *ctx = fake_cuda_context();
+    kvmem_model_spec sp = tu_spec(L, D);
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BS;
+    kvmem_pool *pool = NULL;
+    kvmem_agent *ah = NULL, *ad = NULL;
+    assert_ok(kvmem_pool_create(ctx, &sp, &pp, &pool));
+    assert_ok(kvmem_agent_open(pool, "host", &ah));
+    assert_ok(kvmem_agent_open(pool, "dev", &ad));
+    const size_t n_kv = (size_t)L * T * H * D, kv_bytes = n_kv * 4;
+    float *k = malloc(kv_bytes), *v = malloc(kv_bytes), *dkm = malloc(kv_bytes), *dvm = malloc(kv_bytes);
+    uint64_t rng = 23;
+    make_kv(k, v, T, &rng);
+    memcpy(dkm, k, kv_bytes);
+    memcpy(dvm, v, kv_bytes);
+    int64_t sh[4] = {L, T, H, D};
+    kvmem_tensor hk, hv, dk, dv;
+    assert_ok(kvmem_tensor_init(&hk, k, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_tensor_init(&hv, v, KVMEM_F32, 4, sh));
+    kvmem_device_memory mk = cuda_mem(dkm, kv_bytes, 0), mv = cuda_mem(dvm, kv_bytes, 0);
+    assert_ok(kvmem_tensor_init_device(&dk, &mk, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_tensor_init_device(&dv, &mv, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_agent_append(ah, &hk, &hv, NULL));
+    uint64_t h0, d0, h1, d1;
+    assert_ok(kvmem_context_transfer_reset(ctx));
+    assert_ok(kvmem_agent_append(ad, &dk, &dv, NULL));
+    stats(ctx, &h1, &d1);
+    assert_true(d1 == 2 * kv_bytes && h1 == 0 && g_wraps == 2 && g_n_wrapped == 0); /* unwrapped after the call */
+    assert_ok(kvmem_agent_flush(ah));
+    assert_ok(kvmem_agent_flush(ad));
+
+    /* another device ordinal: the backend's refusal, with its message */
+    kvmem_device_memory m1 = cuda_mem(dkm, kv_bytes, 1);
+    kvmem_tensor d1t;
+    assert_ok(kvmem_tensor_init_device(&d1t, &m1, KVMEM_F32, 4, sh));
+    assert_status(kvmem_agent_append(ad, &d1t, &dv, NULL), KVMEM_ERR_UNSUPPORTED, "on CUDA device 1, the context on device 0");
+    /* Vulkan memory on a "cuda" context */
+    kvmem_device_memory vm = kvmem_device_memory_default();
+    vm.kind = KVMEM_MEMORY_VULKAN;
+    vm.handle = 0xdead0000;
+    vm.size = kv_bytes;
+    kvmem_tensor vt;
+    assert_ok(kvmem_tensor_init_device(&vt, &vm, KVMEM_F32, 4, sh));
+    assert_status(kvmem_agent_append(ad, &vt, &dv, NULL), KVMEM_ERR_UNSUPPORTED, "K is in Vulkan device memory but the context runs on cuda");
+    kvmem_agent_info info;
+    assert_ok(kvmem_agent_get_info(ad, &info));
+    assert_true(info.n_tokens == T && g_n_wrapped == 0);
+
+    /* gather: in place into "device" memory, nothing comes back */
+    const int32_t blocks[3] = {1, 4, 9};
+    const int64_t M = 3 * BS;
+    const size_t gb = (size_t)L * (size_t)M * H * D * 4;
+    int64_t gsh[4] = {L, M, H, D};
+    float *gk = malloc(gb), *gv = malloc(gb), *dgk = malloc(gb), *dgv = malloc(gb);
+    kvmem_tensor tgk, tgv, dgkt, dgvt;
+    assert_ok(kvmem_tensor_init(&tgk, gk, KVMEM_F32, 4, gsh));
+    assert_ok(kvmem_tensor_init(&tgv, gv, KVMEM_F32, 4, gsh));
+    kvmem_device_memory mgk = cuda_mem(dgk, gb, 0), mgv = cuda_mem(dgv, gb, 0);
+    assert_ok(kvmem_tensor_init_device(&dgkt, &mgk, KVMEM_F32, 4, gsh));
+    assert_ok(kvmem_tensor_init_device(&dgvt, &mgv, KVMEM_F32, 4, gsh));
+    assert_ok(kvmem_gather(ah, blocks, 3, 5, &tgk, &tgv)); /* the mirrors go up */
+    assert_ok(kvmem_gather(ad, blocks, 3, 5, &tgk, &tgv));
+    assert_ok(kvmem_context_transfer_reset(ctx));
+    assert_ok(kvmem_gather(ah, blocks, 3, 5, &tgk, &tgv));
+    stats(ctx, &h0, &d0);
+    assert_ok(kvmem_context_transfer_reset(ctx));
+    assert_ok(kvmem_gather(ad, blocks, 3, 5, &dgkt, &dgvt));
+    stats(ctx, &h1, &d1);
+    assert_true(d0 == gb * 2 && d1 == 0 && h1 == h0);
+    assert_memory_equal(dgk, gk, gb);
+    assert_memory_equal(dgv, gv, gb);
+
+    /* attention over "device" K/V: in place, q and out through the host */
+    int64_t s3[3] = {T, H, D}, qs[3] = {1, HQ, D};
+    float q[HQ * D], oh[HQ * D], od[HQ * D];
+    for (int i = 0; i < HQ * D; i++) q[i] = tu_normal(&rng);
+    kvmem_tensor tq, ak, av, adk, adv, toh, tod;
+    assert_ok(kvmem_tensor_init(&tq, q, KVMEM_F32, 3, qs));
+    assert_ok(kvmem_tensor_init(&ak, k, KVMEM_F32, 3, s3)); /* layer 0 of the history */
+    assert_ok(kvmem_tensor_init(&av, v, KVMEM_F32, 3, s3));
+    kvmem_device_memory mak = cuda_mem(dkm, kv_bytes, 0), mav = cuda_mem(dvm, kv_bytes, 0);
+    assert_ok(kvmem_tensor_init_device(&adk, &mak, KVMEM_F32, 3, s3));
+    assert_ok(kvmem_tensor_init_device(&adv, &mav, KVMEM_F32, 3, s3));
+    assert_ok(kvmem_tensor_init(&toh, oh, KVMEM_F32, 3, qs));
+    assert_ok(kvmem_tensor_init(&tod, od, KVMEM_F32, 3, qs));
+    kvmem_attend_params ap = kvmem_attend_default_params();
+    ap.order = KVMEM_ATTEND_RECENT;
+    kvmem_attend_source src;
+    memset(&src, 0, sizeof src);
+    src.kind = KVMEM_ATTEND_SRC_TENSORS;
+    src.k = &ak;
+    src.v = &av;
+    assert_ok(kvmem_context_transfer_reset(ctx));
+    assert_ok(kvmem_attend(ctx, &tq, &src, &ap, &toh, NULL));
+    stats(ctx, &h0, &d0);
+    src.k = &adk;
+    src.v = &adv;
+    assert_ok(kvmem_context_transfer_reset(ctx));
+    assert_ok(kvmem_attend(ctx, &tq, &src, &ap, &tod, NULL));
+    stats(ctx, &h1, &d1);
+    assert_memory_equal(oh, od, sizeof oh);
+    assert_true(h0 - h1 == 2ull * T * H * D * 4 && d0 == d1); /* K and V did not go up */
+    assert_true(g_n_wrapped == 0);
+
+    free(gk), free(gv), free(dgk), free(dgv), free(k), free(v), free(dkm), free(dvm);
+    kvmem_agent_close(ah);
+    kvmem_agent_close(ad);
+    kvmem_pool_free(pool);
+    kvmem_context_free(ctx);
+}
+
 /* ---- Vulkan: caller-owned VkBuffers ---- */
 
 #if defined(KVMEM_TEST_VOLK)
@@ -258,7 +456,6 @@ static kvmem_device_memory vk_mem(const vkbuf *b, size_t offset) {
     return m;
 }
 
-static void stats(kvmem_context *ctx, uint64_t *h, uint64_t *d) { assert_ok(kvmem_context_transfer_stats(ctx, h, d)); }
 
 static void test_vulkan_buffers(void **state) {
     (void)state;
@@ -564,6 +761,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_descriptor_refusals),
         cmocka_unit_test(test_cpu_context_refuses),
+        cmocka_unit_test(test_cuda_routing_on_a_stand_in),
         cmocka_unit_test(test_vulkan_buffers),
         cmocka_unit_test(test_vulkan_attend),
         cmocka_unit_test(test_vulkan_refusals),
