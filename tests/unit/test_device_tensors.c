@@ -33,7 +33,8 @@
  *    same statistics, and uploads q, the slot map and the tile order only:
  *    never K or V (the host call's h2d includes them); SCORED (which orders
  *    tiles from K on the host) reads them down once and still equals;
- *  - a query in a VkBuffer retrieves the same blocks and scores;
+ *  - a query in a VkBuffer retrieves the same blocks and scores; q and out
+ *    of an attention in VkBuffers: q down once, out up once, equal output;
  *  - a CUDA tensor on this context, a span past the buffer, and a device
  *    tensor given to a host-only call are refused, nothing written. */
 #include "testutil.h"
@@ -693,6 +694,58 @@ static void test_vulkan_attend(void **state) {
     kvmem_context_free(ctx);
 }
 
+/* q and out in VkBuffers (K and V on the host): q comes down once, out goes
+ * up once after the call, the output equals the host call's. */
+static void test_vulkan_q_out(void **state) {
+    (void)state;
+    char why[512];
+    kvmem_context *ctx = vk_context(why, sizeof why);
+    if (!ctx) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    const size_t n = (size_t)T * H * D, qb = HQ * D * 4;
+    float *k = malloc(n * 4), *v = malloc(n * 4), q[HQ * D], oh[HQ * D];
+    uint64_t rng = 41;
+    for (size_t i = 0; i < n; i++) k[i] = tu_normal(&rng), v[i] = tu_normal(&rng);
+    for (int i = 0; i < HQ * D; i++) q[i] = tu_normal(&rng);
+    vkbuf bq, bo;
+    vkbuf_create(&bq, qb);
+    vkbuf_create(&bo, qb);
+    memcpy(bq.map, q, qb);
+    memset(bo.map, 0x7f, qb);
+    int64_t s3[3] = {T, H, D}, qs[3] = {1, HQ, D};
+    kvmem_tensor tk, tv, tq, toh, dq, dout;
+    assert_ok(kvmem_tensor_init(&tk, k, KVMEM_F32, 3, s3));
+    assert_ok(kvmem_tensor_init(&tv, v, KVMEM_F32, 3, s3));
+    assert_ok(kvmem_tensor_init(&tq, q, KVMEM_F32, 3, qs));
+    assert_ok(kvmem_tensor_init(&toh, oh, KVMEM_F32, 3, qs));
+    kvmem_device_memory mq = vk_mem(&bq, 0), mo = vk_mem(&bo, 0);
+    assert_ok(kvmem_tensor_init_device(&dq, &mq, KVMEM_F32, 3, qs));
+    assert_ok(kvmem_tensor_init_device(&dout, &mo, KVMEM_F32, 3, qs));
+    kvmem_attend_source src;
+    memset(&src, 0, sizeof src);
+    src.kind = KVMEM_ATTEND_SRC_TENSORS;
+    src.k = &tk;
+    src.v = &tv;
+    kvmem_attend_params p = kvmem_attend_default_params();
+    p.order = KVMEM_ATTEND_RECENT;
+    uint64_t h0, d0, h1, d1;
+    assert_ok(kvmem_context_transfer_reset(ctx));
+    assert_ok(kvmem_attend(ctx, &tq, &src, &p, &toh, NULL));
+    stats(ctx, &h0, &d0);
+    assert_ok(kvmem_context_transfer_reset(ctx));
+    assert_ok(kvmem_attend(ctx, &dq, &src, &p, &dout, NULL));
+    stats(ctx, &h1, &d1);
+    assert_memory_equal(bo.map, oh, qb);
+    assert_true(h1 == h0 + qb && d1 == d0 + qb);
+    vkbuf_destroy(&bq);
+    vkbuf_destroy(&bo);
+    free(k);
+    free(v);
+    kvmem_context_free(ctx);
+}
+
 /* Refusals on a Vulkan context: CUDA memory, a span past the buffer,
  * host-only calls; nothing written. */
 static void test_vulkan_refusals(void **state) {
@@ -750,6 +803,11 @@ static void test_vulkan_refusals(void **state) {
     print_message("skipped: built without the Vulkan plugin (no VkBuffer to make)\n");
     skip();
 }
+static void test_vulkan_q_out(void **state) {
+    (void)state;
+    print_message("skipped: built without the Vulkan plugin (no VkBuffer to make)\n");
+    skip();
+}
 static void test_vulkan_buffers(void **state) {
     (void)state;
     print_message("skipped: built without the Vulkan plugin (no VkBuffer to make)\n");
@@ -764,6 +822,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_routing_on_a_stand_in),
         cmocka_unit_test(test_vulkan_buffers),
         cmocka_unit_test(test_vulkan_attend),
+        cmocka_unit_test(test_vulkan_q_out),
         cmocka_unit_test(test_vulkan_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
