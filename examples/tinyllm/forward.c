@@ -228,6 +228,8 @@ void tl_state_allow_past_window(tl_state *s, int allow) {
 
 const char *tl_state_error(const tl_state *s) { return s ? s->err : "no state"; }
 
+int32_t tl_state_max_chunk(const tl_state *s) { return s ? s->max_chunk : 0; }
+
 /* The working set after the chunk must fit the trained window: no more rows
  * than seq_len, and no query further from a key than seq_len - 1 positions
  * (RoPE sees only the distance). Past that the model was never trained. */

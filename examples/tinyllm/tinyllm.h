@@ -174,6 +174,8 @@ void tl_state_free(tl_state *s);
 void tl_state_allow_past_window(tl_state *s, int allow);
 /* Why the last tl_forward on this state failed ("" after a success). */
 const char *tl_state_error(const tl_state *s);
+/* The most tokens one tl_forward on this state takes. */
+int32_t tl_state_max_chunk(const tl_state *s);
 
 /* Run n tokens (n <= max_chunk) at the given positions through the model.
  * Each token's K/V row is appended to kv, then each token attends to every
