@@ -261,14 +261,17 @@ done:
 }
 
 /* Put the history rows `kept` (ascending positions) into kv at their
- * original positions. k, v: raw [L][N][kv_dim] of the whole history. */
+ * original positions, or (reencode) at contiguous positions 0.. as a cache
+ * that must fit the model's window does. k, v: raw [L][N][kv_dim] of the
+ * whole history. */
 static int put_kept(tl_history *h, const float *k, const float *v, const int32_t *kept,
-                    int64_t n_kept, tl_kv *kv, char *err, size_t err_size) {
+                    int64_t n_kept, int reencode, tl_kv *kv, char *err, size_t err_size) {
     size_t kvd = (size_t)h->kv_dim, N = (size_t)h->n;
     float *kk = malloc((size_t)h->n_layers * (size_t)n_kept * kvd * sizeof(float) + 1);
     float *vv = malloc((size_t)h->n_layers * (size_t)n_kept * kvd * sizeof(float) + 1);
+    int32_t *pos = malloc((size_t)n_kept * sizeof(int32_t) + 1);
     int rc = 0;
-    if (!kk || !vv) {
+    if (!kk || !vv || !pos) {
         rc = tl_errf(err, err_size, "out of memory");
         goto out;
     }
@@ -277,11 +280,13 @@ static int put_kept(tl_history *h, const float *k, const float *v, const int32_t
             memcpy(kk + ((size_t)l * (size_t)n_kept + (size_t)i) * kvd, k + ((size_t)l * N + (size_t)kept[i]) * kvd, kvd * sizeof(float));
             memcpy(vv + ((size_t)l * (size_t)n_kept + (size_t)i) * kvd, v + ((size_t)l * N + (size_t)kept[i]) * kvd, kvd * sizeof(float));
         }
-    if ((rc = tl_history_rotate(h, kk, n_kept, kept, err, err_size)) != 0) goto out;
-    if (tl_kv_append(kv, kk, vv, (int32_t)n_kept, kept)) rc = tl_errf(err, err_size, "working set full");
+    for (int64_t i = 0; i < n_kept; i++) pos[i] = reencode ? (int32_t)i : kept[i];
+    if ((rc = tl_history_rotate(h, kk, n_kept, pos, err, err_size)) != 0) goto out;
+    if (tl_kv_append(kv, kk, vv, (int32_t)n_kept, pos)) rc = tl_errf(err, err_size, "working set full");
 out:
     free(kk);
     free(vv);
+    free(pos);
     return rc;
 }
 
@@ -518,7 +523,7 @@ int tl_memory_build_info(tl_history *h, const tl_method *m, int64_t budget, cons
         rc = tl_errf(err, err_size, "method %s is not in this build", m->name);
         goto done;
     }
-    rc = put_kept(h, k, v, kept, n_kept, kv, err, err_size);
+    rc = put_kept(h, k, v, kept, n_kept, m->reencode, kv, err, err_size);
 done:
     free(k);
     free(v);

@@ -276,6 +276,8 @@ typedef struct tl_method {
     float art_tau_scale;     /* ART: multiply the default tau_s, tau_d (0 = 1) */
     int32_t art_order;       /* ART: kvmem_attend_order + 1 (0 = kvmem's default) */
     int32_t art_patience;    /* ART: patience (0 = kvmem's default) */
+    int32_t reencode;        /* eviction methods: the kept rows at contiguous positions 0.. (a cache
+                                that must fit the model's window), not at their own */
 } tl_method;
 
 /* The methods this build supports, in table order. Returns the count
