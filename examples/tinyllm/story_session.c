@@ -336,7 +336,7 @@ static int probe(tl_story *s, const int32_t *prompt, int32_t np, char *err, size
 }
 
 /* The window's shares for a session of np tokens, and where the live context starts. */
-static int plan(const tl_story *s, const tl_story_opts *o, int32_t np, tl_story_run *r, int64_t *live_first) {
+static void plan(const tl_story *s, const tl_story_opts *o, int32_t np, tl_story_run *r, int64_t *live_first) {
     int32_t W = s->m.cfg.seq_len, bs = s->h.block_size;
     r->split = tl_window_split(W, np + GEN, o->mem_frac, o->live_frac, bs);
     r->order = o->order - 1;
@@ -345,7 +345,6 @@ static int plan(const tl_story *s, const tl_story_opts *o, int32_t np, tl_story_
     int64_t first = (N - live + bs - 1) / bs * bs;
     *live_first = first < N ? first : N;
     r->budget = r->split.memory + r->split.live;
-    return 0;
 }
 
 /* kvmem's context for the prompt into kv (reset first): the retrieved
