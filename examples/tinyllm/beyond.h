@@ -84,7 +84,8 @@ typedef enum tl_order {
 } tl_order;
 
 const char *tl_order_name(tl_order o);
-/* ids[n] (any order, distinct), scores[n] (NULL for CHRONO) -> out[n]. 0, or -1 (bad order, n < 0). */
+/* ids[n] (any order, distinct, >= 0), scores[n] (NULL for CHRONO) -> out[n] (kvmem_arrange).
+ * 0, or -1 (bad order, n < 0, a repeated id, a NaN score). */
 int tl_place(const int32_t *ids, const float *scores, int32_t n, tl_order order, int32_t *out);
 
 /* ---- The split of a window ---- */
@@ -96,7 +97,8 @@ typedef struct tl_split {
 /* A window of `window` tokens holding `reserve` tokens of the turn itself
  * (its prompt and what it will generate): memory = mem_frac of the window,
  * rounded down to whole blocks; live = live_frac of the window (0: all that
- * is left), never more than what is left. Both >= 0. */
+ * is left), never more than what is left. Both >= 0 (kvmem_window_split;
+ * 0 and 0 when reserve is larger than the window). */
 tl_split tl_window_split(int32_t window, int32_t reserve, double mem_frac, double live_frac, int32_t block);
 
 /* ---- The window: history rows re-encoded at contiguous positions ---- */

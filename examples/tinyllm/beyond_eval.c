@@ -31,6 +31,8 @@
  * (time to first token), also after a restart (the agent saved as f16 or Q4
  * and loaded into a fresh pool). */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -628,7 +630,7 @@ static void inspect(bx_results *res, bx_case *bc, int which, const bx_out *o) {
 }
 
 static int run_one_case(const tl_recall_suite *s, int32_t ci, const tl_model *m, const bx_cfg *c, kvmem_context *ctx,
-                        bx_results *res, char *err, size_t err_size) {
+                        bx_results *res, bx_out *outs, char *err, size_t err_size) {
     const tl_recall_case *rc = &s->cases[ci];
     bx_case bc;
     memset(&bc, 0, sizeof bc);
@@ -658,10 +660,6 @@ static int run_one_case(const tl_recall_suite *s, int32_t ci, const tl_model *m,
         if (tl_history_ingest(&bc.h, m, bc.s, rc->tok + a, e - a, c->sink_tokens, e - a, err, err_size)) goto out;
     }
     res->ingest_ms[ci] = 1e3 * (tl_now_s() - t0);
-    res->ingest_seconds += tl_now_s() - t0;
-    res->hist_tokens += bc.N;
-    if (!res->hist_min || bc.N < res->hist_min) res->hist_min = bc.N;
-    if (bc.N > res->hist_max) res->hist_max = bc.N;
     for (int32_t i = 0; i < bc.K && bc.n_name_blocks < 4; i++) {
         int32_t b = tl_history_block_of(&bc.h, rc->name_at + i);
         if (b >= 0 && !in_list(bc.name_blocks, bc.n_name_blocks, b)) bc.name_blocks[bc.n_name_blocks++] = b;
@@ -721,17 +719,11 @@ static int run_one_case(const tl_recall_suite *s, int32_t ci, const tl_model *m,
             tl_errf(err, err_size, "case %s, %s at %g%%: %s", rc->id, me->name, 100 * me->mem_frac, e2);
             goto out;
         }
-        tally(&res->score[mi], &o, rc, bc.W, ci);
-        for (int w = 0; w < 2; w++)
-            if (mi == (w ? res->best[0] : res->deployed[0])) {
-                bx_case_note *nt = &res->notes[ci];
-                nt->rank[w] = o.rank;
-                nt->n_blocks[w] = o.n_order < 16 ? o.n_order : 16;
-                memcpy(nt->blocks[w], o.order, (size_t)nt->n_blocks[w] * sizeof(int32_t));
-                nt->name_block = bc.name_blocks[0];
-                inspect(res, &bc, w, &o);
-            }
+        outs[mi] = o;
     }
+    memcpy(res->notes[ci].name_blocks, bc.name_blocks, sizeof bc.name_blocks);
+    res->notes[ci].n_name_blocks = bc.n_name_blocks;
+    res->notes[ci].name_block = bc.name_blocks[0];
     rcode = 0;
 out:
     for (int d = 0; d < 2; d++)
@@ -749,6 +741,61 @@ out:
     return rcode;
 }
 
+/* Cases run by worker threads; results are tallied in case order after. */
+typedef struct bx_pool {
+    const tl_recall_suite *s;
+    const tl_model *m;
+    const bx_cfg *c;
+    bx_results *res;
+    atomic_int next, failed, done;
+    pthread_mutex_t lock;
+    char err[TL_ERR_SIZE];
+} bx_pool;
+
+typedef struct bx_worker {
+    bx_pool *p;
+    kvmem_context *given; /* the caller's context (the calling thread), else NULL: a context of its own */
+} bx_worker;
+
+static void *worker(void *arg) {
+    bx_pool *p = ((bx_worker *)arg)->p;
+    kvmem_context *ctx = ((bx_worker *)arg)->given;
+    char err[TL_ERR_SIZE] = "";
+    if (!ctx) {
+        kvmem_context_params cp = kvmem_context_default_params();
+        cp.backend = "cpu";
+        cp.n_threads = 1;
+        if (kvmem_context_create(&cp, &ctx) != KVMEM_OK) {
+            tl_errf(err, sizeof err, "context: %s", kvmem_last_error());
+            ctx = NULL;
+        }
+    }
+    for (int32_t ci; ctx && !atomic_load(&p->failed) && (ci = atomic_fetch_add(&p->next, 1)) < p->s->n_cases;) {
+        bx_out *outs = (bx_out *)p->res->outs + (size_t)ci * (size_t)p->res->n_methods;
+        if (run_one_case(p->s, ci, p->m, p->c, ctx, p->res, outs, err, sizeof err)) {
+            atomic_store(&p->failed, 1);
+            break;
+        }
+        int k = atomic_fetch_add(&p->done, 1) + 1;
+        if (p->c->progress) {
+            const tl_recall_case *rc = &p->s->cases[ci];
+            pthread_mutex_lock(&p->lock);
+            fprintf(stderr, "%sbeyond: %d/%d cases (%s, %d tokens, name %.1f windows back)%s",
+                    p->c->progress == 2 ? "\r\033[K" : "", k, p->s->n_cases, rc->id, rc->n_hist,
+                    (double)rc->distance / p->m->cfg.seq_len, p->c->progress == 2 ? "" : "\n");
+            pthread_mutex_unlock(&p->lock);
+        }
+    }
+    if (err[0]) {
+        atomic_store(&p->failed, 1);
+        pthread_mutex_lock(&p->lock);
+        if (!p->err[0]) snprintf(p->err, sizeof p->err, "%s", err);
+        pthread_mutex_unlock(&p->lock);
+    }
+    if (ctx != ((bx_worker *)arg)->given) kvmem_context_free(ctx);
+    return NULL;
+}
+
 int tl_beyond_run(const tl_recall_suite *s, const tl_model *m, const bx_cfg *c, kvmem_context *ctx, bx_results *res,
                   char *err, size_t err_size) {
     double t0 = tl_now_s();
@@ -760,7 +807,8 @@ int tl_beyond_run(const tl_recall_suite *s, const tl_model *m, const bx_cfg *c, 
     res->load_ms[0] = calloc(nc, sizeof(double));
     res->load_ms[1] = calloc(nc, sizeof(double));
     res->notes = calloc(nc, sizeof *res->notes);
-    if (!res->ingest_ms || !res->load_ms[0] || !res->load_ms[1] || !res->notes)
+    res->outs = calloc(nc * (size_t)res->n_methods, sizeof(bx_out));
+    if (!res->ingest_ms || !res->load_ms[0] || !res->load_ms[1] || !res->notes || !res->outs)
         return tl_errf(err, err_size, "out of memory");
     for (int32_t mi = 0; mi < res->n_methods; mi++) {
         res->score[mi].rank = calloc(nc, sizeof(int32_t));
@@ -769,15 +817,59 @@ int tl_beyond_run(const tl_recall_suite *s, const tl_model *m, const bx_cfg *c, 
         if (!res->score[mi].rank || !res->score[mi].seconds || !res->score[mi].cpu)
             return tl_errf(err, err_size, "out of memory");
     }
+    bx_pool p;
+    memset(&p, 0, sizeof p);
+    p.s = s;
+    p.m = m;
+    p.c = c;
+    p.res = res;
+    pthread_mutex_init(&p.lock, NULL);
+    int32_t nt = c->threads < 1 ? 1 : c->threads > 16 ? 16 : c->threads;
+    pthread_t th[16];
+    bx_worker wk[16];
+    int32_t started = 0;
+    for (int32_t i = 0; i < nt; i++) {
+        wk[i].p = &p;
+        wk[i].given = i == 0 ? ctx : NULL;
+    }
+    for (int32_t i = 1; i < nt; i++)
+        if (pthread_create(&th[i], NULL, worker, &wk[i]) == 0) started = i;
+        else break;
+    worker(&wk[0]); /* this thread works too, on the caller's context */
+    for (int32_t i = 1; i <= started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&p.lock);
+    if (c->progress == 2) fprintf(stderr, "\r\033[K");
+    if (atomic_load(&p.failed)) return tl_errf(err, err_size, "%s", p.err[0] ? p.err : "a worker failed");
+    /* tally in case order: the same numbers whatever the threads did */
     for (int32_t ci = 0; ci < s->n_cases; ci++) {
         const tl_recall_case *rc = &s->cases[ci];
-        if (c->progress)
-            fprintf(stderr, "%sbeyond: case %d/%d (%s, %d tokens, name %.1f windows back)%s", c->progress == 2 ? "\r\033[K" : "",
-                    ci + 1, s->n_cases, rc->id, rc->n_hist, (double)rc->distance / m->cfg.seq_len,
-                    c->progress == 2 ? "" : "\n");
-        if (run_one_case(s, ci, m, c, ctx, res, err, err_size)) return -1;
+        bx_case bc;
+        memset(&bc, 0, sizeof bc);
+        bc.rc = rc;
+        bc.m = m;
+        bc.tok = s->tok;
+        bc.W = m->cfg.seq_len;
+        bc.N = rc->n_hist;
+        bc.P = rc->n_prompt;
+        memcpy(bc.name_blocks, res->notes[ci].name_blocks, sizeof bc.name_blocks);
+        bc.n_name_blocks = res->notes[ci].n_name_blocks;
+        res->ingest_seconds += res->ingest_ms[ci] / 1e3;
+        res->hist_tokens += rc->n_hist;
+        if (!res->hist_min || rc->n_hist < res->hist_min) res->hist_min = rc->n_hist;
+        if (rc->n_hist > res->hist_max) res->hist_max = rc->n_hist;
+        for (int32_t mi = 0; mi < res->n_methods; mi++) {
+            const bx_out *o = (const bx_out *)res->outs + (size_t)ci * (size_t)res->n_methods + mi;
+            tally(&res->score[mi], o, rc, bc.W, ci);
+            for (int w = 0; w < 2; w++)
+                if (mi == (w ? res->best[0] : res->deployed[0])) {
+                    bx_case_note *nt2 = &res->notes[ci];
+                    nt2->rank[w] = o->rank;
+                    nt2->n_blocks[w] = o->n_order < 16 ? o->n_order : 16;
+                    memcpy(nt2->blocks[w], o->order, (size_t)nt2->n_blocks[w] * sizeof(int32_t));
+                    inspect(res, &bc, w, o);
+                }
+        }
     }
-    if (c->progress == 2) fprintf(stderr, "\r\033[K");
     res->seconds = tl_now_s() - t0;
     return 0;
 }
@@ -793,5 +885,6 @@ void tl_beyond_free(bx_results *res) {
     free(res->load_ms[1]);
     free(res->notes);
     free(res->inspect);
+    free(res->outs);
     memset(res, 0, sizeof *res);
 }

@@ -63,6 +63,7 @@ typedef struct bx_case_note {
     int32_t blocks[2][16];/* their blocks in window order */
     int32_t n_blocks[2];
     int32_t name_block;
+    int32_t name_blocks[4], n_name_blocks; /* the blocks of the name's first mention */
 } bx_case_note;
 
 typedef struct bx_results {
@@ -80,6 +81,7 @@ typedef struct bx_results {
     int32_t n_inspected[2];
     char *inspect; /* markdown: failures, with the window decoded */
     size_t inspect_len, inspect_cap;
+    void *outs;    /* [cases][methods] what each method gave on each case (beyond_eval.c) */
 } bx_results;
 
 typedef struct bx_cfg {
@@ -91,6 +93,7 @@ typedef struct bx_cfg {
     bx_sink best_sink;
     double best_live;     /* the default live share (0: fill) */
     int progress;
+    int32_t threads;      /* cases run at once, each on its own kvmem context (results do not depend on it) */
 } bx_cfg;
 
 int tl_beyond_run(const tl_recall_suite *s, const tl_model *m, const bx_cfg *c, kvmem_context *ctx,

@@ -511,7 +511,8 @@ static const char k_usage[] =
     "  --beyond FILE        instead: the beyond-the-window suite (histories longer than the model's\n"
     "                       window; every method in the same window; text RAG, oracles, placement)\n"
     "  --place O,S,L        with --beyond: the default placement: order chrono|score|runs, sink\n"
-    "                       none|bos|block, live share (0 = the rest of the window)\n";
+    "                       none|bos|block, live share (0 = the rest of the window)\n"
+    "  --threads N          with --beyond: cases run at once (default 1; the numbers do not change)\n";
 
 int tl_eval_main(int argc, char **argv) {
     tl_eval_cfg c = {.n_seqs = 8, .n_turns = 0, .turn_len = 64, .prompt_len = 16, .first_turn = 2,
@@ -523,7 +524,7 @@ int tl_eval_main(int argc, char **argv) {
     int32_t recall_cases = 0; /* 0 = all */
     const char *beyond_path = NULL;
     bx_cfg bx = {.sink_tokens = 4, .probe_window = 32, .storage = KVMEM_F32, .best_order = TL_ORDER_CHRONO,
-                 .best_sink = BX_SINK_NONE, .best_live = 0};
+                 .best_sink = BX_SINK_NONE, .best_live = 0, .threads = 1};
     static const struct option opts[] = {
         {"quick", no_argument, NULL, 'q'},       {"seqs", required_argument, NULL, 's'},
         {"turns", required_argument, NULL, 't'}, {"turn-len", required_argument, NULL, 'T'},
@@ -535,6 +536,7 @@ int tl_eval_main(int argc, char **argv) {
         {"quiet", no_argument, NULL, 'Q'},       {"help", no_argument, NULL, 'h'},
         {"recall-cases", required_argument, NULL, 'R'},
         {"beyond", required_argument, NULL, 'Y'}, {"place", required_argument, NULL, 'L'},
+        {"threads", required_argument, NULL, 'H'},
         {NULL, 0, NULL, 0}};
     optind = 1;
     opterr = 0;
@@ -578,6 +580,7 @@ int tl_eval_main(int argc, char **argv) {
         case 'm': md_path = optarg; break;
         case 'Q': c.progress = 0; break;
         case 'Y': beyond_path = optarg; break;
+        case 'H': if (int_opt("--threads", optarg, 1, 16, &bx.threads)) return 2; break;
         case 'L': {
             char od[16] = "", sk[16] = "";
             double lv = -1;
