@@ -470,3 +470,10 @@ class QueryCapture:
             raise ValueError(f"kvmem.torch: QueryCapture: layers saw different numbers of tokens {sorted(n)}")
         return _torch.stack(per_layer, dim=1)
 
+
+def __getattr__(name: str) -> Any:
+    # kvmem.torch.KvmemCache: the HF-style cache lives in kvmem.hf, which imports this module
+    if name == "KvmemCache":
+        from .hf import KvmemCache
+        return KvmemCache
+    raise AttributeError(f"module 'kvmem.torch' has no attribute {name!r}")
