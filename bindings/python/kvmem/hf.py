@@ -223,6 +223,11 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         return self.get_seq_length(layer_idx) + int(_torch.as_tensor(cache_position).shape[0]), 0
 
     @property
+    def is_sliding(self) -> List[bool]:
+        """Per layer: no sliding-window layers (every layer sees the whole context)."""
+        return [False] * self.spec.n_layers
+
+    @property
     def seen_tokens(self) -> int:
         """The context length (older transformers read it for the next position)."""
         return self.get_seq_length(0)
@@ -485,23 +490,24 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
     def _load(self, blocks: List[int], live_first: int, info: Any) -> None:
         """Context = blocks, then the live sealed blocks, then the tail, at positions 0.."""
         seq = blocks + list(range(live_first, info.n_sealed))
-        tail_first = self._block_start(info.n_sealed, info)
+        spans = [(bi.first_token, bi.n_tokens) for bi in map(self.agent.block_info, seq)]
+        tail_first = spans[-1][0] + spans[-1][1] if live_first < info.n_sealed else \
+            self._block_start(info.n_sealed, info)
         runs: List[List[int]] = []
-        for first, n in [(self.agent.block_info(b).first_token, self.agent.block_info(b).n_tokens) for b in seq] \
-                + [(tail_first, info.n_tokens - tail_first)]:
+        for first, n in spans + [(tail_first, info.n_tokens - tail_first)]:
             if runs and runs[-1][0] + runs[-1][1] == first:
                 runs[-1][1] += n
             elif n:
                 runs.append([first, n])
         self.blocks = blocks
-        self.memory_tokens = sum(self.agent.block_info(b).n_tokens for b in blocks)
+        self.memory_tokens = sum(n for _, n in spans[:len(blocks)])
         if runs == self._runs and self._K is not None and max(self._lens) == self._committed:
             return  # the context is already this one (e.g. the whole session, every token at its own position)
         total = sum(n for _, n in runs)
         self._allocate(1, total)
         self._lens = [total] * self.spec.n_layers
         self._committed, self._runs = total, runs
-        m = sum(self.agent.block_info(b).n_tokens for b in seq)
+        m = sum(n for _, n in spans)
         if seq:
             _kt.gather(self.agent, seq, 0, out=self._layer_views())
         n_tail = total - m

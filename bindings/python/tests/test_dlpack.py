@@ -26,15 +26,10 @@ if not hasattr(np, "from_dlpack"):  # numpy < 1.22
 
 
 @pytest.fixture
-def pool():
+def agent():
     spec = kvmem.ModelSpec(n_layers=L, n_q_heads=HQ, n_kv_heads=HKV, head_dim=D)
-    with kvmem.Context("cpu", 1) as ctx, ctx.pool_create(spec, block_size=BS, storage_dtype="f32") as p:
-        yield p
-
-
-@pytest.fixture
-def agent(pool):
-    with pool.agent_open("d") as a:
+    with kvmem.Context("cpu", 1) as ctx, ctx.pool_create(spec, block_size=BS, storage_dtype="f32") as pool, \
+            pool.agent_open("d") as a:
         yield a
 
 

@@ -7,7 +7,6 @@ histories of thousands of tokens; the rest of the Cache protocol (lengths,
 layers, legacy tuples, beams, crop) and its refusals."""
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -48,17 +47,13 @@ def ids(n, seed):
 
 
 def rope_ref(x, pos, theta=10000.0):
-    """NEOX RoPE in float64 plain loops over [..., T, D] at positions pos."""
+    """NEOX RoPE as complex rotation in float64: (x_i + j x_{i+D/2}) e^{j p theta^(-2i/D)}, [..., T, D]."""
     x = x.double()
-    out = x.clone()
     half = x.shape[-1] // 2
-    for t, p in enumerate(pos):
-        for i in range(half):
-            a = p * theta ** (-2.0 * i / x.shape[-1])
-            c, s = math.cos(a), math.sin(a)
-            out[..., t, i] = x[..., t, i] * c - x[..., t, i + half] * s
-            out[..., t, i + half] = x[..., t, i] * s + x[..., t, i + half] * c
-    return out
+    ang = torch.tensor(list(pos), dtype=torch.float64)[:, None] * theta ** (
+        -2.0 * torch.arange(half, dtype=torch.float64) / x.shape[-1])
+    z = torch.complex(x[..., :half], x[..., half:]) * torch.polar(torch.ones_like(ang), ang)
+    return torch.cat([z.real, z.imag], dim=-1)
 
 
 # ---- full budget: the model's own tokens -----------------------------------------------------------
