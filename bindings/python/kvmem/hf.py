@@ -460,8 +460,12 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         T = n - self._committed
         ids = self._ids.reshape(-1) if self._ids is not None and self._ids.numel() == T else None
         first = self.agent.get_info().n_tokens
-        _kt.append(self.agent, self._layer_views(), start=self._committed, stop=n, positions=self._committed,
-                   token_ids=ids)
+        try:
+            _kt.append(self.agent, self._layer_views(), start=self._committed, stop=n,
+                       positions=self._committed, token_ids=ids)
+        except BaseException:  # (non-finite values): the forward's rows leave the context as well
+            self._lens = [self._committed] * self.spec.n_layers
+            raise
         if self._runs and self._runs[-1][0] + self._runs[-1][1] == first:
             self._runs[-1][1] += T
         else:

@@ -269,6 +269,11 @@ def test_refusals_change_nothing(pool):
         with pytest.raises(TypeError, match="must be a torch.Tensor"):
             cache.update(k.numpy(), k, 0)
         assert agent.get_info().n_tokens == n and cache.get_seq_length() == length
+        # rows C refuses (non-finite) when the last layer hands them over: none of the forward stays
+        cache.update(k, k, 0)
+        with pytest.raises(kvmem.InvalidArgumentError, match="non-finite"):
+            cache.update(k * float("nan"), k, 1)
+        assert agent.get_info().n_tokens == n and cache.get_seq_length(0) == cache.get_seq_length(1) == length
         with pytest.raises(ValueError, match="budget must be a non-negative int"):
             KvmemCache(agent, -1)
         with pytest.raises(TypeError, match=r"retrieve_params\['top_k'\] is set by the cache"):
