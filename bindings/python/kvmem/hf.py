@@ -48,6 +48,14 @@ one session, so rows produced while the batch is larger than one stay in the
 cache until ``keep_row(i)`` picks the row to keep. ``reorder_cache`` and the
 other batch methods act on the cache's rows.
 
+Storage. The context of every layer lives in one tensor per K and V
+([n_layers, batch, n_kv_heads, capacity, head_dim], grown by half when full);
+``update``, ``key_cache``, ``value_cache`` and ``to_legacy_cache`` return views
+of it. A turn's rows stay where they are until the next ``begin_turn`` or
+``load``, which writes the new context into the same storage when it fits
+(as transformers' StaticCache reuses its buffers): clone what you keep across
+turns.
+
 CPU tensors only, as kvmem.torch: device tensors are refused with the reason.
 """
 from __future__ import annotations
@@ -341,19 +349,19 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         cand_tokens = self._block_start(live_first, info)
         if self.budget is None or cand_tokens <= self.budget:
             self.retrieval = None
-            self._load(list(range(live_first)), live_first, info)
+            self._load(list(range(live_first)), live_first, info, reuse=(self._K, self._V))
         else:
             if queries is None and (ids is None or self.model is None):
                 raise ValueError("kvmem.hf: begin_turn(): the memory is larger than the budget, so the turn "
                                  "needs query states to retrieve with: give the new token ids and "
                                  "model= to the constructor, or queries=")
             state = self._state()
-            try:  # the probe replaces the context; a failure puts the previous one back
+            try:  # the probe replaces the context (in new storage); a failure puts the previous one back
                 if queries is None:
                     queries = self._probe(ids, live_first, info)
                 r = _kt.retrieve(self.agent, queries, top_k=self.budget // self.block_size,
                                  skip_recent=info.n_sealed - live_first, **self.retrieve_params)
-                self._load([int(b) for b in r.get()[0]], live_first, info)
+                self._load([int(b) for b in r.get()[0]], live_first, info, reuse=state[:2])
             except BaseException:
                 self._restore(state)
                 raise
@@ -372,7 +380,7 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         if bad:
             raise ValueError(f"kvmem.hf: load(): blocks {bad} are not sealed blocks before the live window "
                              f"(blocks 0..{live_first - 1})")
-        self._load(ids, live_first, info)
+        self._load(ids, live_first, info, reuse=(self._K, self._V))
 
     def context_ids(self, unknown: int = 0) -> Any:
         """The token ids of the committed context rows, [1, n] (ids the agent does
@@ -435,18 +443,18 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
     def _allocate(self, B: int, rows: int) -> None:
         cap = rows + max(64, rows // 2)
         shape = (self.spec.n_layers, B, self.spec.n_kv_heads, cap, self.spec.head_dim)
-        self._K = _torch.zeros(shape, dtype=self._dtype)
-        self._V = _torch.zeros(shape, dtype=self._dtype)
+        self._K = _torch.empty(shape, dtype=self._dtype)  # rows past the context are never read
+        self._V = _torch.empty(shape, dtype=self._dtype)
 
     def _reserve(self, rows: int) -> None:
         cap = self._K.shape[3]
         if rows <= cap:
             return
-        new = max(rows, cap + cap // 2)
+        new, used = max(rows, cap + cap // 2), max(self._lens)
         for name in ("_K", "_V"):
             old = getattr(self, name)
-            t = _torch.zeros(old.shape[:3] + (new, old.shape[4]), dtype=old.dtype)
-            t[:, :, :, :cap] = old
+            t = _torch.empty(old.shape[:3] + (new, old.shape[4]), dtype=old.dtype)
+            t[:, :, :, :used] = old[:, :, :, :used]
             setattr(self, name, t)
 
     def _layer_views(self) -> Tuple[Tuple[Any, Any], ...]:
@@ -491,8 +499,10 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
             b -= 1
         return b
 
-    def _load(self, blocks: List[int], live_first: int, info: Any) -> None:
-        """Context = blocks, then the live sealed blocks, then the tail, at positions 0.."""
+    def _load(self, blocks: List[int], live_first: int, info: Any, reuse: Tuple[Any, Any] = (None, None)) -> None:
+        """Context = blocks, then the live sealed blocks, then the tail, at positions 0..;
+        written into the storage `reuse` when it fits (a new context's pages cost
+        more than its copy where memory is first touched), else into new storage."""
         seq = blocks + list(range(live_first, info.n_sealed))
         spans = [(bi.first_token, bi.n_tokens) for bi in map(self.agent.block_info, seq)]
         tail_first = spans[-1][0] + spans[-1][1] if live_first < info.n_sealed else \
@@ -508,7 +518,11 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         if runs == self._runs and self._K is not None and max(self._lens) == self._committed:
             return  # the context is already this one (e.g. the whole session, every token at its own position)
         total = sum(n for _, n in runs)
-        self._allocate(1, total)
+        K, V = reuse
+        if K is not None and K.shape[1] == 1 and K.dtype == self._dtype and K.shape[3] >= total:
+            self._K, self._V = K, V
+        else:
+            self._allocate(1, total)
         self._lens = [total] * self.spec.n_layers
         self._committed, self._runs = total, runs
         m = sum(n for _, n in spans)

@@ -159,7 +159,7 @@ def test_at_a_budget_the_model_reads_the_memory_retrieve_and_gather_give(pool):
     with pool.agent_open("budget") as agent:
         cache = KvmemCache(agent, budget, window=window, model=m)
         conv = ids(30, 4)
-        selected = []
+        selected, storage = [], set()
         for turn in range(4):
             new = conv[:, agent.get_info().n_tokens:]
             blocks, ctx_kv = by_hand_turn(m, agent, new, budget, window)
@@ -185,8 +185,10 @@ def test_at_a_budget_the_model_reads_the_memory_retrieve_and_gather_give(pool):
             want, want_logits = greedy_generate(m, inp, plain, 5)
             assert torch.equal(got, want) and torch.equal(got_logits, want_logits)
             selected.append(blocks)
+            storage.add(cache.key_cache[0].data_ptr())
             conv = torch.cat([conv, got[:, inp.shape[1]:], ids(7, 20 + turn)], dim=1)
         assert any(s and s != list(range(len(s))) for s in selected)  # retrieval chose, not a prefix
+        assert len(storage) == 1  # each turn's context went into the storage of the last one
         assert agent.tokens() == conv[0, :agent.get_info().n_tokens].tolist()
 
 
