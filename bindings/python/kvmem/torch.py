@@ -29,6 +29,16 @@ in one allocation): the tuple is usable as ``past_key_values`` directly
 (``DynamicCache.from_legacy_cache(past)`` for transformers versions that want
 a Cache object). dtypes: float32, float16, bfloat16.
 
+Besides torch tensors, every tensor argument takes any object exporting
+DLPack (``__dlpack__``: numpy >= 1.22 arrays, CuPy, JAX, ...) or a DLPack
+capsule (``torch.utils.dlpack.to_dlpack``): it is imported with
+``torch.utils.dlpack.from_dlpack``, sharing the producer's memory (no copy,
+its strides kept) and keeping the producer alive while kvmem uses it. A
+capsule is consumed once (the same capsule may appear several times in one
+call; a used one is refused). The capsule is read first, so a dtype kvmem
+does not take, negative strides or another device are refused before
+anything consumes it.
+
 Device tensors are refused with a message saying to move them to the CPU:
 kvmem's C ABI takes host memory until device tensors are part of it.
 """
@@ -45,6 +55,7 @@ except ImportError as e:  # pragma: no cover - the suite skips without torch
     raise ImportError("kvmem.torch needs PyTorch (Debian: apt-get install python3-torch; "
                       "or pip install torch); `import kvmem` works without it") from e
 
+from . import _dlpack
 from . import _lib as L
 from ._errors import UnsupportedError
 from ._objects import F16, F32, BF16, Agent, Retrieval
@@ -75,14 +86,41 @@ class TensorView:
         return tuple(self.c.strides[i] for i in range(self.c.ndim))
 
 
+def _refuse_device(what: str, device: Any) -> None:
+    # Where device tensors go once kvmem's C ABI takes them: until then, host memory only.
+    raise UnsupportedError(
+        f"kvmem.torch: {what} is on {device}; kvmem's C ABI reads and writes host memory only "
+        f"(device tensors are not in it yet): move it to the CPU first, e.g. "
+        f"tuple((k.cpu(), v.cpu()) for k, v in past_key_values)")
+
+
+def _as_tensor(x: Any, what: str, memo: Optional[dict] = None) -> Any:
+    """x itself when it is a torch.Tensor (or nothing DLPack: _check refuses it);
+    a DLPack export as a torch.Tensor over the producer's memory. memo maps the
+    capsules already imported in this call (a capsule is consumed once)."""
+    if isinstance(x, _torch.Tensor) or not _dlpack.is_dlpack(x):
+        return x
+    if memo is not None and id(x) in memo:
+        return memo[id(x)][1]
+    cap = _dlpack.export(x, f"kvmem.torch: {what}", lambda dev: _refuse_device(what, dev))
+    info = _dlpack.peek(cap, f"kvmem.torch: {what}")
+    if not info.on_host:
+        _refuse_device(what, info.device_name)
+    if info.dtype is None:
+        raise TypeError(f"kvmem.torch: {what} is {info.dtype_name} (DLPack); kvmem takes float32, "
+                        f"float16 or bfloat16")
+    t = _torch.utils.dlpack.from_dlpack(cap)
+    if memo is not None and cap is x:
+        memo[id(x)] = (x, t)  # the capsule is kept so its id stays unique for the call
+    return t
+
+
 def _check(t: Any, what: str) -> None:
     if not isinstance(t, _torch.Tensor):
-        raise TypeError(f"kvmem.torch: {what} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"kvmem.torch: {what} must be a torch.Tensor or an object exporting DLPack "
+                        f"(__dlpack__), got {type(t).__name__}")
     if t.device.type != "cpu":
-        raise UnsupportedError(
-            f"kvmem.torch: {what} is on {t.device}; kvmem's C ABI reads and writes host memory only "
-            f"(device tensors are not in it yet): move it to the CPU first, e.g. "
-            f"tuple((k.cpu(), v.cpu()) for k, v in past_key_values)")
+        _refuse_device(what, t.device)
     if t.layout != _torch.strided:
         raise TypeError(f"kvmem.torch: {what} has layout {t.layout}; kvmem takes dense (strided) tensors")
     if t.dtype not in _DTYPES:
@@ -134,6 +172,9 @@ def _layers(cache: Any, what: str) -> Tuple[List[Any], List[Any]]:
                         f"key_cache/value_cache lists (HF DynamicCache), got {type(cache).__name__}")
     if not ks or len(ks) != len(vs):
         raise ValueError(f"kvmem.torch: {what} has {len(ks)} key and {len(vs)} value layers")
+    memo: dict = {}
+    ks = [_as_tensor(t, f"{what} layer {i} k", memo) for i, t in enumerate(ks)]
+    vs = [_as_tensor(t, f"{what} layer {i} v", memo) for i, t in enumerate(vs)]
     for name, lst in (("k", ks), ("v", vs)):
         for i, t in enumerate(lst):
             _check(t, f"{what} layer {i} {name}")
@@ -237,6 +278,7 @@ def query_view(queries: Any, spec: L.kvmem_model_spec, *, batch_index: int = 0) 
     [batch, n_q_heads, q_len, head_dim] (HF's query_states before RoPE)."""
     if isinstance(queries, QueryCapture):
         queries = queries.queries(spec, batch_index=batch_index)
+    queries = _as_tensor(queries, "queries")
     if isinstance(queries, _torch.Tensor):
         _check(queries, "queries")
         if queries.dim() != 4:
@@ -245,7 +287,8 @@ def query_view(queries: Any, spec: L.kvmem_model_spec, *, batch_index: int = 0) 
                              f"head_dim] tensor per layer)")
         return TensorView(_ctensor(queries.data_ptr(), queries.dtype, queries.shape, queries.stride()),
                           queries, False)
-    qs = list(queries)
+    memo: dict = {}
+    qs = [_as_tensor(q, f"queries layer {i}", memo) for i, q in enumerate(queries)]
     if not qs:
         raise ValueError("kvmem.torch: queries: no layers")
     for i, q in enumerate(qs):
@@ -426,3 +469,11 @@ class QueryCapture:
         if len(n) != 1:
             raise ValueError(f"kvmem.torch: QueryCapture: layers saw different numbers of tokens {sorted(n)}")
         return _torch.stack(per_layer, dim=1)
+
+
+def __getattr__(name: str) -> Any:
+    # kvmem.torch.KvmemCache: the HF-style cache lives in kvmem.hf, which imports this module
+    if name == "KvmemCache":
+        from .hf import KvmemCache
+        return KvmemCache
+    raise AttributeError(f"module 'kvmem.torch' has no attribute {name!r}")
