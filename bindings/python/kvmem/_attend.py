@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _buffers as B
 from . import _lib as L
+from ._errors import InvalidTypeError
 from ._objects import Agent, Context, _in_array, _params, _struct_dict
 
 ATTEND_SRC_TENSORS, ATTEND_SRC_AGENT, ATTEND_SRC_SLOTMAP = 0, 1, 2
@@ -40,7 +41,7 @@ def attend(ctx: Context, q: Any, *, k: Any = None, v: Any = None, agent: Optiona
                 src.positions = ptr
         else:
             if k is None or v is None:
-                raise TypeError("kvmem: attend() needs agent=, or k= and v=")
+                raise InvalidTypeError("attend() needs agent=, or k= and v=")
             qt, h = B.tensor(q, "q", None, dtype)
             held.append(h)
             kt, h = B.tensor(k, "k", None, dtype)

@@ -10,7 +10,9 @@ from ctypes import byref, c_int32, c_int64, c_void_p
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import _buffers as B
+from . import _ints
 from . import _lib as L
+from ._errors import InvalidTypeError
 from ._cstr import c_id_or_none, c_path
 from ._info import KVStoreInfo, SlotMapInfo, from_struct
 from ._objects import Context, ModelSpec, _Handle, _in_array, _params, _to_result
@@ -135,7 +137,7 @@ class QmemHead(_Handle):
     def __init__(self, path: Optional[str] = None, *, data: Any = None):
         h = c_void_p()
         if (path is None) == (data is None):
-            raise TypeError("kvmem: QmemHead(path) or QmemHead(data=bytes)")
+            raise InvalidTypeError("QmemHead(path) or QmemHead(data=bytes)")
         if path is not None:
             L.kvmem_qmem_head_load(c_path(path), byref(h))
         else:
@@ -190,16 +192,19 @@ def select_keep(scores: Any, budget: int, protect: int = 0, span: Tuple[int, int
 
 def streaming_keep(n: int, n_sink: int, window: int) -> Any:
     """kvmem_streaming_keep (StreamingLLM): the first n_sink and last window positions."""
+    # kept positions are int32: a larger n is refused before its n-entry output is allocated
+    n = _ints.check(n, "n", c_int32)
     return _kept(n, lambda kept, nk: L.kvmem_streaming_keep(n, n_sink, window, kept, nk))
 
 
 def h2o_accumulate(probs: Any, n_rows: int, n: int, acc: Any) -> Any:
     """kvmem_h2o_accumulate: acc[j] += sum over rows of probs[r][j]; acc (n f32) is updated in place."""
+    n_rows, n = _ints.check(n_rows, "n_rows", c_int64), _ints.check(n, "n", c_int64)
     pp, keep = _f32_in(probs, n_rows * n, "probs")
     try:
         with B.View(acc, True, "acc") as av:
             if av.format != "f" or av.count() != n or not av.contiguous():
-                raise TypeError(f"kvmem: acc must be {n} contiguous float32 values")
+                raise InvalidTypeError(f"acc must be {n} contiguous float32 values")
             L.kvmem_h2o_accumulate(pp, n_rows, n, av.address)
         return acc
     finally:

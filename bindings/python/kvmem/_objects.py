@@ -19,10 +19,11 @@ from ctypes import byref, c_size_t, c_uint64, c_void_p
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import _buffers as B
+from . import _ints
 from . import _lib as L
 from ._cstr import c_id, c_path
 from ._info import AgentInfo, BlockInfo, GroupInfo, PoolInfo, SegmentInfo, SegmentsInfo, from_struct
-from ._errors import ClosedError, InvalidArgumentError
+from ._errors import ClosedError, InvalidArgumentError, InvalidTypeError
 
 F32, F16, BF16 = B.F32, B.F16, B.BF16
 Q8, Q4, Q4_KIVI = 3, 4, 5
@@ -121,7 +122,7 @@ class ModelSpec(L.kvmem_model_spec):
         known = dict(L.kvmem_model_spec._fields_)
         for k, val in fields.items():
             if k not in known:
-                raise TypeError(f"kvmem: ModelSpec() got an unknown field {k!r}")
+                raise InvalidTypeError(f"ModelSpec() got an unknown field {k!r}")
             setattr(self, k, val)
 
     @classmethod
@@ -131,7 +132,7 @@ class ModelSpec(L.kvmem_model_spec):
             return spec
         if isinstance(spec, Mapping):
             return cls(**spec)
-        raise TypeError(f"kvmem: a model spec must be a ModelSpec or a mapping of its fields, "
+        raise InvalidTypeError(f"a model spec must be a ModelSpec or a mapping of its fields, "
                         f"not {type(spec).__name__}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -140,7 +141,7 @@ class ModelSpec(L.kvmem_model_spec):
         elif name == "model_id" and isinstance(value, (bytes, bytearray)) and b"\x00" in value:
             raise InvalidArgumentError(f"model_id {bytes(value)!r} contains a NUL character")
         elif name == "layer_window" and value is not None and not isinstance(value, ctypes._Pointer):
-            arr = (ctypes.c_int32 * len(value))(*value)
+            arr = _ints.array(ctypes.c_int32, value, "layer_window")
             object.__setattr__(self, "_layer_window_keep", arr)
             value = ctypes.cast(arr, L.i32_p)
         elif name not in dict(L.kvmem_model_spec._fields_) and not name.startswith("_"):
@@ -167,9 +168,9 @@ def rope_apply(spec: Any, x: Any, positions: Any, *, inverse: bool = False) -> N
             n_rows *= t.shape[i]
         stride = t.strides[t.ndim - 2] if t.ndim > 1 else t.shape[0]
         if t.ndim > 2 and not v.contiguous():
-            raise TypeError("kvmem: rope_apply: x must be contiguous rows (2-D may have a row stride)")
+            raise InvalidTypeError("rope_apply: x must be contiguous rows (2-D may have a row stride)")
         if t.strides[t.ndim - 1] != 1:
-            raise TypeError("kvmem: rope_apply: each row of x must be contiguous")
+            raise InvalidTypeError("rope_apply: each row of x must be contiguous")
         pp, pk = B.int32s(positions, "positions", n_rows)
         try:
             L.kvmem_rope_apply(byref(ModelSpec.of(spec)), t.data, n_rows, stride, pp, int(bool(inverse)))
@@ -312,10 +313,10 @@ class Pool(_Handle):
         for k, val in params.items():
             if k == "storage_dtype" and isinstance(val, str):
                 if val.lower() not in _STORAGE:
-                    raise ValueError(f"kvmem: storage_dtype {val!r} is not one of {sorted(_STORAGE)}")
+                    raise InvalidArgumentError(f"storage_dtype {val!r} is not one of {sorted(_STORAGE)}")
                 val = _STORAGE[val.lower()]
             if k not in dict(L.kvmem_pool_params._fields_) or k in _NOT_PARAMS:
-                raise TypeError(f"kvmem: Pool() got an unknown parameter {k!r}")
+                raise InvalidTypeError(f"Pool() got an unknown parameter {k!r}")
             if k == "store_dir":
                 val = c_path(val, "store_dir")  # C copies it at create
             setattr(pp, k, val)
@@ -406,6 +407,16 @@ class Agent(_Handle):
         self._kind = f"Agent {self.id!r}"
         return self
 
+    def _span(self, first: Any, n: Any, fn: str) -> Tuple[int, int]:
+        """first and n (None: to the end) checked against the agent's tokens before
+        an output of n tokens is allocated (n = 2**40 would ask for terabytes)."""
+        first = _ints.check(first, "first", ctypes.c_int64)
+        total = self.get_info().n_tokens
+        n = _ints.check(total - first if n is None else n, "n", ctypes.c_int64)
+        if first < 0 or n < 0 or first > total - n:
+            raise InvalidArgumentError(f"{fn}: tokens [{first}, {first + n}) outside [0, {total})")
+        return first, n
+
     def _kv_shape(self, n: int = -1) -> Tuple[int, int, int, int]:
         s = self.pool.spec
         return (s.n_layers, n, s.n_kv_heads, s.head_dim)
@@ -441,8 +452,7 @@ class Agent(_Handle):
         """Raw KV of tokens [first, first+n) (n: to the end) as (k, v), each
         [n_layers][n][n_kv_heads][head_dim]. Given k_out/v_out buffers are
         written in place (any strides); otherwise new arrays of dtype."""
-        if n is None:
-            n = self.get_info().n_tokens - first
+        first, n = self._span(first, n, "kvmem_agent_read")
         shape = self._kv_shape(n)
         if keys and k_out is None:
             k_out = B.new_array(shape, dtype)
@@ -472,8 +482,8 @@ class Agent(_Handle):
         return mn, mx
 
     def tokens(self, first: int = 0, n: Optional[int] = None) -> List[int]:
-        if n is None:
-            n = self.get_info().n_tokens - first
+        """The token ids of tokens [first, first+n) (n: to the end); -1 where none was given."""
+        first, n = self._span(first, n, "kvmem_agent_tokens")
         arr = (ctypes.c_int32 * max(n, 1))()
         L.kvmem_agent_tokens(self.handle, first, n, arr)
         return list(arr[:n])
@@ -520,7 +530,7 @@ class Agent(_Handle):
         for k, val in params.items():
             if (k not in dict(L.kvmem_retrieve_params._fields_) or k.startswith("n_") or k in _NOT_PARAMS
                     or k in ("exclude", "always_include")):
-                raise TypeError(f"kvmem: retrieve() got an unknown parameter {k!r}")
+                raise InvalidTypeError(f"retrieve() got an unknown parameter {k!r}")
             setattr(rp, k, val)
         held: List[Any] = []
         try:
@@ -543,7 +553,7 @@ class Agent(_Handle):
                dtype: Any = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
         """kvmem_gather: the KV of sealed `blocks` concatenated and re-encoded with
         RoPE at positions base_position.. as (k, v) [n_layers][M][n_kv_heads][head_dim]."""
-        ids = [int(b) for b in blocks]
+        ids = [_ints.check(b, f"blocks[{i}]", ctypes.c_int32) for i, b in enumerate(blocks)]
         m = sum(self.block_info(b).n_tokens for b in ids)
         shape = self._kv_shape(m)
         if keys and k_out is None:
@@ -648,7 +658,7 @@ def _struct_dict(x: Any) -> Dict[str, Any]:
 def _params(struct: Any, what: str, params: Dict[str, Any]) -> Any:
     for k, val in params.items():
         if k not in dict(type(struct)._fields_) or k in _NOT_PARAMS:
-            raise TypeError(f"kvmem: {what} got an unknown parameter {k!r}")
+            raise InvalidTypeError(f"{what} got an unknown parameter {k!r}")
         setattr(struct, k, val)
     return struct
 
@@ -686,6 +696,10 @@ class Segments(_Handle):
 
     def drain_events(self, max_events: Optional[int] = None) -> List[Dict[str, Any]]:
         """Queued events, oldest first, as dicts (kind, group, segment, step); all of them by default."""
+        if max_events is not None:
+            max_events = _ints.check(max_events, "max_events", ctypes.c_int64)
+            if max_events < 0:
+                raise InvalidArgumentError(f"max_events = {max_events} is negative")
         out: List[Dict[str, Any]] = []
         while max_events is None or len(out) < max_events:
             cap = 64 if max_events is None else min(64, max_events - len(out))
@@ -792,17 +806,17 @@ def _in_array(obj: Any, ctype: Any, n: Optional[int], what: str) -> Tuple[Any, A
             else:
                 flat.append(x)
         if n is not None and len(flat) != n:
-            raise ValueError(f"kvmem: {what} has {len(flat)} values, expected {n}")
-        arr = (ctype * max(len(flat), 1))(*flat)
+            raise InvalidArgumentError(f"{what} has {len(flat)} values, expected {n}")
+        arr = _ints.array(ctype, flat, what) if flat else (ctype * 1)()
         return ctypes.cast(arr, c_void_p), _Copied(arr, len(flat))
     v = B.View(obj, False, what)
     try:
         if v.format not in _FMT[ctype] or v.itemsize != ctypes.sizeof(ctype):
-            raise TypeError(f"kvmem: {what} must hold {ctype.__name__[2:]} values, got format {v.format!r}")
+            raise InvalidTypeError(f"{what} must hold {ctype.__name__[2:]} values, got format {v.format!r}")
         if not v.contiguous():
-            raise TypeError(f"kvmem: {what} must be contiguous")
+            raise InvalidTypeError(f"{what} must be contiguous")
         if n is not None and v.count() != n:
-            raise ValueError(f"kvmem: {what} has {v.count()} values, expected {n}")
+            raise InvalidArgumentError(f"{what} has {v.count()} values, expected {n}")
         return c_void_p(v.address), v
     except BaseException:
         v.close()
@@ -822,6 +836,7 @@ def _to_result(arr: Any, n: int, np_dtype: str) -> Any:
 def cluster_kmeans(emb: Any, n: int, dim: int, **params: Any) -> Tuple[Any, Any, int]:
     """kvmem_cluster_kmeans over emb [n][dim] f32: (labels, centroids [k][dim], iters).
     params: k, max_iters, seed."""
+    n, dim = _ints.check(n, "n", c_size_t), _ints.check(dim, "dim", c_size_t)
     kp = _params(L.kvmem_kmeans_default_params(), "cluster_kmeans()", params)
     ep, keep = _in_array(emb, ctypes.c_float, n * dim, "emb")
     try:
@@ -839,6 +854,8 @@ def multihop_select(q2s: Any, n_query: int, s2s: Any, n_segments: int, candidate
     """kvmem_multihop_select: (selected 0/1 per segment, importance, result dict).
     q2s [n_query][n_segments], s2s [n_segments][n_segments] f32; candidates 0/1 bytes or None.
     params: ratio, max_iters."""
+    n_query = _ints.check(n_query, "n_query", ctypes.c_int32)
+    n_segments = _ints.check(n_segments, "n_segments", ctypes.c_int32)
     mp = _params(L.kvmem_multihop_default_params(), "multihop_select()", params)
     held: List[Any] = []
     try:
@@ -859,6 +876,7 @@ def multihop_select(q2s: Any, n_query: int, s2s: Any, n_segments: int, candidate
 
 def multihop_schedule(n_layers: int, avg: float) -> Any:
     """kvmem_multihop_schedule: per-layer recompute ratios (n_layers floats)."""
+    n_layers = _ints.check(n_layers, "n_layers", ctypes.c_int32)
     out = _out_array(ctypes.c_float, n_layers)
     L.kvmem_multihop_schedule(n_layers, avg, out)
     return _to_result(out, n_layers, "float32")
@@ -869,6 +887,8 @@ def load_plan(compute_ms: Any, n_layers: int, load_bytes: Any, n_segments: int, 
     """kvmem_load_plan: (items of the balanced plan, layer_start_ms, stats).
     compute_ms n_layers f64, load_bytes n_segments u64, recompute [n_layers][n_segments] 0/1 bytes.
     params: bandwidth_gbps, max_ahead."""
+    n_layers = _ints.check(n_layers, "n_layers", ctypes.c_int32)
+    n_segments = _ints.check(n_segments, "n_segments", ctypes.c_int32)
     lp = _params(L.kvmem_load_plan_default_params(), "load_plan()", params)
     held: List[Any] = []
     try:
@@ -898,10 +918,11 @@ def batch_merge(agents: Sequence[Agent], layer: int, max_len: Optional[int] = No
     """kvmem_batch_merge: one layer of several agents, left-padded, as
     (k, v [B][n_kv_heads][max_len][head_dim], lengths)."""
     if not agents:
-        raise ValueError("kvmem: batch_merge needs at least one agent")
+        raise InvalidArgumentError("batch_merge needs at least one agent")
     s = agents[0].pool.spec
     if max_len is None:
         max_len = max(a.get_info().n_tokens for a in agents)
+    max_len = _ints.check(max_len, "max_len", ctypes.c_int64)
     shape = (len(agents), s.n_kv_heads, max_len, s.head_dim)
     if k_out is None:
         k_out = B.new_array(shape, dtype)
@@ -928,8 +949,8 @@ def batch_extract(batch: Any, row: int, length: int, first: int, n: int, *, out:
     bt, bv = B.tensor(batch, "batch", None, dtype)
     try:
         if bt.ndim != 4:
-            raise ValueError("kvmem: batch must be [B][n_kv_heads][max_len][head_dim]")
-        shape = (n, bt.shape[1], bt.shape[3])
+            raise InvalidArgumentError("batch must be [B][n_kv_heads][max_len][head_dim]")
+        shape = (_ints.check(n, "n", ctypes.c_int64), bt.shape[1], bt.shape[3])
         if out is None:
             out = B.new_array(shape, "f32")
         ot, ov = B.tensor(out, "out", shape, None, writable=True)
