@@ -133,15 +133,30 @@ const registry = new FinalizationRegistry(({ free, handle }) => {
   try { free(handle); } catch { /* never throw from a finalizer */ }
 });
 
+const noop = () => undefined;
+
 class Handle {
   _own(handle, free, kind) {
     this._h = handle;
     this._kind = kind;
-    this._busy = 0;
+    this._busy = 0;    // async calls made on this object (or writing into it) not yet settled
+    this._pins = 0;    // async calls on other objects that use this one (close() waits for them)
+    this._turn = false;
+    this._tail = null;
     this._free = free;
     registry.register(this, { free, handle }, this);
   }
+  // The C handle for a synchronous call. Refused with BusyError while an async call
+  // made on this object has not settled: the sync call would run before it (the async
+  // one waits for its turn) or beside it on another thread.
   get handle() {
+    const h = this._ptr();
+    if (this._busy && !this._turn)
+      throw new errors.BusyError(`${this._kind}: an async call made on it has not settled; await it before a synchronous call`);
+    return h;
+  }
+  // the C handle, whatever runs on it (what an async call takes when its turn comes)
+  _ptr() {
     if (this._h === null) throw new errors.ClosedError(`${this._kind} is closed`);
     return this._h;
   }
@@ -149,21 +164,36 @@ class Handle {
   _forget() { registry.unregister(this); this._h = null; }
   close() {
     if (this._h === null) return;
-    if (this._busy) throw new errors.BusyError(`${this._kind}: an async call is still running on it; await it before close()`);
+    if (this._busy || this._pins) throw new errors.BusyError(`${this._kind}: an async call is still running on it; await it before close()`);
     const h = this._h;
     this._forget();
     this._free(h);
   }
-  // Run a koffi async call, keeping this object alive and open until it settles. The
-  // library takes one call per object at a time (a second concurrent one fails with
-  // KVMEM_ERR_BUSY), and koffi runs async calls on a pool of worker threads: so the
-  // async calls on one object wait for each other, in the order they were made.
-  _async(fn, ...args) {
+  // An async call on this object: koffi runs it on a worker thread. It marks the
+  // object busy at once (so a synchronous call made after it is refused rather than
+  // run first), and waits for the async calls made on this object before it, so they
+  // run in the order they were made. prepare() runs when its turn comes and may make
+  // synchronous calls on this object (sizes, output arrays); it returns {args, out}.
+  // `marks`: other objects the call writes (busy too); `pins`: objects it only
+  // reads, kept open until it settles.
+  _async(fn, prepare, { marks = [], pins = [] } = {}) {
+    this._ptr();
     this._busy++;
-    const run = () => fn.async(...args);
-    const p = (this._tail || Promise.resolve()).then(run, run);
-    this._tail = p.then(() => undefined, () => undefined);
-    return p.finally(() => { this._busy--; });
+    for (const m of marks) m._busy++;
+    for (const p of pins) p._pins++;
+    const turn = () => {
+      let job;
+      this._turn = true;
+      try { job = prepare(); } finally { this._turn = false; }
+      return fn.async(...job.args).then(() => (job.done ? job.done() : job.out));
+    };
+    const p = (this._tail || Promise.resolve()).then(turn, turn);
+    this._tail = p.then(noop, noop);
+    return p.finally(() => {
+      this._busy--;
+      for (const m of marks) m._busy--;
+      for (const q of pins) q._pins--;
+    });
   }
 }
 if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
@@ -191,6 +221,25 @@ function kvArgs(spec, k, v, options, what) {
   return [kt, vt, ap];
 }
 
+// A copy of an input's bytes. An async call reads its inputs on a worker thread when
+// its turn comes, maybe after the caller has moved on: it takes copies when it is
+// made, so the caller may refill its arrays at once (an engine reuses one scratch
+// buffer per step), as after a synchronous call. Outputs are not copied: an async
+// call writes them when it runs, and they are ready when its promise resolves.
+function copyOf(x) {
+  if (x === null || x === undefined) return x;
+  if (Buffer.isBuffer(x)) return Buffer.from(x);
+  if (x instanceof ArrayBuffer) return x.slice(0);
+  if (x instanceof DataView) return new Uint8Array(x.buffer, x.byteOffset, x.byteLength).slice();
+  if (ArrayBuffer.isView(x)) return x.slice();
+  return x;
+}
+const copyTensor = (t) => (t ? { ...t, data: copyOf(t.data) } : t);
+function copyKv([kt, vt, ap]) {
+  return [copyTensor(kt), copyTensor(vt), { ...ap, token_ids: copyOf(ap.token_ids), text: copyOf(ap.text),
+                                            token_text_offsets: copyOf(ap.token_text_offsets), positions: copyOf(ap.positions) }];
+}
+
 class Context extends Handle {
   // backend: 'cpu', 'cuda', 'vulkan' or 'auto'; nThreads 0 = online cores
   constructor(options) {
@@ -212,6 +261,7 @@ class Context extends Handle {
   transferReset() { C.kvmem_context_transfer_reset(this.handle); }
   poolCreate(spec, params) { return new Pool(this, spec, params); }
   close() {
+    if (this._h !== null && (this._busy || this._pins)) throw new errors.BusyError('Context: an async call is still running on it');
     for (const p of this._pools) if (p._busyTree()) throw new errors.BusyError('Context: an async call is still running on one of its agents');
     for (const p of [...this._pools]) p.close();
     super.close();
@@ -277,8 +327,8 @@ class Pool extends Handle {
     this.spec = this.getSpec();
   }
   _busyTree() {
-    if (this._busy) return true;
-    for (const r of this._agents) { const a = r.deref(); if (a && a._busy) return true; }
+    if (this._busy || this._pins) return true;
+    for (const r of this._agents) { const a = r.deref(); if (a && (a._busy || a._pins)) return true; }
     return false;
   }
   close() {
@@ -312,7 +362,7 @@ class Pool extends Handle {
   }
   // kvmem_pool_sync: write changed agents to the pool's store
   sync() { C.kvmem_pool_sync(this.handle); }
-  syncAsync() { return this._async(C.kvmem_pool_sync, this.handle).then(() => undefined); }
+  syncAsync() { return this._async(C.kvmem_pool_sync, () => ({ args: [this._ptr()] })); }
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, cId(id, 'agent id')); }
 }
@@ -329,24 +379,28 @@ class Agent extends Handle {
     if (opened === null) C.kvmem_agent_open(pool.handle, cId(id, 'agent id'), out);
     else id = C.kvmem_agent_get_id(opened);
     this._own(out[0], C.kvmem_agent_close, `Agent '${id}'`);
+    this._id = id;
     this.pool = pool;
     const ref = new WeakRef(this);
     pool._agents.add(ref);
     this._ref = ref;
   }
   close() {
-    if (this._h !== null && !this._busy) this.pool._agents.delete(this._ref);
+    if (this._h !== null && !this._busy && !this._pins) this.pool._agents.delete(this._ref);
     super.close();
   }
-  get id() { return C.kvmem_agent_get_id(this.handle); }
+  // an agent's id never changes: read once, so it stays readable while an async call runs
+  get id() { this._ptr(); return this._id; }
   _kvShape(n = -1) { const s = this.pool.spec; return [s.nLayers, n, s.nKvHeads, s.headDim]; }
-
-  _appendArgs(k, v, opts) { return [this.handle, ...kvArgs(this.pool.spec, k, v, opts, 'append')]; }
 
   // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
   // positions (post-RoPE keys), keysRotated, dtype
-  append(k, v, opts) { C.kvmem_agent_append(...this._appendArgs(k, v, opts)); }
-  appendAsync(k, v, opts) { return this._async(C.kvmem_agent_append, ...this._appendArgs(k, v, opts)).then(() => undefined); }
+  append(k, v, opts) { C.kvmem_agent_append(this.handle, ...kvArgs(this.pool.spec, k, v, opts, 'append')); }
+  // the inputs are copied when the call is made (copyOf): the caller may reuse them at once
+  appendAsync(k, v, opts) {
+    const kv = copyKv(kvArgs(this.pool.spec, k, v, opts, 'append'));
+    return this._async(C.kvmem_agent_append, () => ({ args: [this._ptr(), ...kv] }));
+  }
   flush() { C.kvmem_agent_flush(this.handle); }
   getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return fromC(o); }
   blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return fromC(o, ['sealed']); }
@@ -366,7 +420,11 @@ class Agent extends Handle {
   }
   // Raw KV of tokens [first, first+n) as {k, v, shape}; opts: kOut/vOut (written in place), dtype, keys, values
   read(first, n, opts) { const r = this._readArgs(first, n, opts); C.kvmem_agent_read(...r.args); return r.out; }
-  async readAsync(first, n, opts) { const r = this._readArgs(first, n, opts); await this._async(C.kvmem_agent_read, ...r.args); return r.out; }
+  // n (when not given) and the outputs are taken when the read's turn comes, after the calls before it
+  readAsync(first, n, opts) {
+    readKeys(opts, OUT_KEYS, 'read options');
+    return this._async(C.kvmem_agent_read, () => this._readArgs(first, n, opts));
+  }
 
   blockAabb(block) {
     const s = this.pool.spec;
@@ -391,9 +449,9 @@ class Agent extends Handle {
 
   // kvmem_agent_save / kvmem_agent_load: a crash-safe safetensors file (path null: the pool's store)
   save(path = null) { C.kvmem_agent_save(this.handle, cPath(path)); }
-  saveAsync(path = null) { return this._async(C.kvmem_agent_save, this.handle, cPath(path)).then(() => undefined); }
+  saveAsync(path = null) { const p = cPath(path); return this._async(C.kvmem_agent_save, () => ({ args: [this._ptr(), p] })); }
   load(path = null) { C.kvmem_agent_load(this.handle, cPath(path)); }
-  loadAsync(path = null) { return this._async(C.kvmem_agent_load, this.handle, cPath(path)).then(() => undefined); }
+  loadAsync(path = null) { const p = cPath(path); return this._async(C.kvmem_agent_load, () => ({ args: [this._ptr(), p] })); }
   truncate(nTokens) { C.kvmem_agent_truncate(this.handle, nTokens); }
   // kvmem_prefix_match: {kind, reuseTokens, commonBytes, processFrom (a byte offset into the UTF-8 text)}
   prefixMatch(newText, opts) {
@@ -404,7 +462,7 @@ class Agent extends Handle {
     return fromC(out);
   }
 
-  _retrieveArgs(query, options) {
+  _retrieveArgs(query, options, h = this.handle) {
     const s = this.pool.spec;
     const { result, dtype, exclude, alwaysInclude, ...params } =
       readKeys(options, RETRIEVE_KEYS, 'retrieve options');
@@ -415,17 +473,20 @@ class Agent extends Handle {
     rp.n_always_include = rp.always_include ? rp.always_include.length : 0;
     const qt = tensor(query, 'query', [-1, s.nLayers, s.nQHeads, s.headDim], dtype);
     const r = result ?? new Retrieval();
-    return { args: [this.handle, qt, rp, r.handle], result: r };
+    return { args: [h, qt, rp, r.handle], result: r };
   }
   // kvmem_retrieve: query rows [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE).
   // opts: topK, mode, norm, agg, scope, tau, rrC, exclude, alwaysInclude, recentWindow,
   // skipRecent, result (a Retrieval to reuse), dtype. Returns the Retrieval.
   retrieve(query, opts) { const r = this._retrieveArgs(query, opts); C.kvmem_retrieve(...r.args); return r.result; }
-  async retrieveAsync(query, opts) {
-    const r = this._retrieveArgs(query, opts);
-    r.result._busy++;
-    try { await this._async(C.kvmem_retrieve, ...r.args); } finally { r.result._busy--; }
-    return r.result;
+  // the query and the block lists are copied when the call is made; the result is
+  // busy (its sync calls refused) until the promise settles
+  retrieveAsync(query, opts) {
+    const r = this._retrieveArgs(query, opts, this._ptr());
+    const [, qt, rp] = r.args;
+    const args = [qt && copyTensor(qt), { ...rp, exclude: copyOf(rp.exclude), always_include: copyOf(rp.always_include) }];
+    return this._async(C.kvmem_retrieve, () => ({ args: [this._ptr(), ...args, r.result._ptr()], out: r.result }),
+                       { marks: [r.result] });
   }
 
   _gatherArgs(blocks, basePosition = 0, options) {
@@ -445,7 +506,12 @@ class Agent extends Handle {
   }
   // kvmem_gather: sealed blocks concatenated, re-encoded at positions basePosition..; {k, v, shape}
   gather(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); C.kvmem_gather(...r.args); return r.out; }
-  async gatherAsync(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); await this._async(C.kvmem_gather, ...r.args); return r.out; }
+  // the block list is copied when the call is made; sizes and outputs are taken when its turn comes
+  gatherAsync(blocks, basePosition, opts) {
+    readKeys(opts, OUT_KEYS, 'gather options');
+    const ids = Array.from(int32s(Array.from(blocks), 'blocks'));
+    return this._async(C.kvmem_gather, () => this._gatherArgs(ids, basePosition, opts));
+  }
 }
 
 // retrieve options: the kvmem_retrieve_params fields (camelCase) but the
@@ -792,7 +858,7 @@ const ATTEND_KEYS = ATTEND_OWN_KEYS.concat(Object.keys(C.kvmem_attend_default_pa
 // post-RoPE), plus {slots, deadSlot} for a slot map. opts: mask, out, dtype,
 // tileOrder, and the params (order, nSink, tileSize, scale, tauS, tauD,
 // patience, probe, causal, compare).
-function attendArgs(ctx, q, options) {
+function attendArgs(ctx, q, options, forAsync = false) {
   const opts = readKeys(options, ATTEND_KEYS, 'attend options');
   const { agent, layer = 0, positions, basePosition = 0, k, v, slots, deadSlot = 0, mask, out, dtype, tileOrder } = opts;
   for (const key of ATTEND_OWN_KEYS) delete opts[key];
@@ -804,7 +870,7 @@ function attendArgs(ctx, q, options) {
   if (agent) {
     const s = agent.pool.spec;
     qt = tensor(q, 'q', [-1, s.nQHeads, s.headDim], dtype);
-    Object.assign(src, { kind: 1, agent: agent.handle, layer, base_position: basePosition, positions: int32s(positions, 'positions') });
+    Object.assign(src, { kind: 1, agent: forAsync ? agent._ptr() : agent.handle, layer, base_position: basePosition, positions: int32s(positions, 'positions') });
   } else {
     if (!k || !v) throw new TypeError('kvmem: attend needs {agent} or {k, v}');
     qt = tensor(q, 'q', null, dtype);
@@ -821,7 +887,7 @@ function attendArgs(ctx, q, options) {
   const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
   const ot = tensor(o, 'out', shape, out ? dtype : 'f32');
   const stats = {};
-  return { args: [ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
+  return { args: [forAsync ? ctx._ptr() : ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
 }
 // kvmem_attend: {out, stats}
 function attend(ctx, q, opts) {
@@ -829,12 +895,20 @@ function attend(ctx, q, opts) {
   C.kvmem_attend(...a.args);
   return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
 }
-async function attendAsync(ctx, q, opts) {
-  const a = attendArgs(ctx, q, opts);
+// The inputs are copied when the call is made. With an agent source the call takes its
+// turn among the agent's async calls (the agent is busy until it settles); the context
+// is kept open until it settles.
+function attendAsync(ctx, q, opts) {
+  const a = attendArgs(ctx, q, opts, true);
+  const [c, qt, src, ap, ot, stats] = a.args;
+  const args = [c, copyTensor(qt), { ...src, k: copyTensor(src.k), v: copyTensor(src.v), positions: copyOf(src.positions),
+                                     slots: copyOf(src.slots), mask: copyOf(src.mask) },
+                { ...ap, tile_order: copyOf(ap.tile_order) }, ot, stats];
+  const done = () => ({ out: a.out, stats: fromC(stats, ['stopped_early']) });
   const agent = opts && opts.agent;
-  if (agent) agent._busy++;
-  try { await ctx._async(C.kvmem_attend, ...a.args); } finally { if (agent) agent._busy--; }
-  return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
+  if (agent) return agent._async(C.kvmem_attend, () => ({ args, done }), { pins: [ctx] });
+  ctx._pins++;
+  return C.kvmem_attend.async(...args).then(done).finally(() => { ctx._pins--; });
 }
 
 // kvmem_batch_merge: one layer of several agents, left-padded: {k, v, lengths, shape}
