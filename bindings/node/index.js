@@ -20,6 +20,7 @@ const L = require('./lib');
 const errors = require('./errors');
 const { cId, cPath } = require('./cstr');
 const { camel, readKeys, fromC, toC, NOT_FIELDS } = require('./names');
+const { checkInt, intArray } = require('./ints');
 
 const { fns: C, koffi } = L;
 const F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q4_KIVI = 5;
@@ -85,7 +86,8 @@ function tensor(x, what, shape, dtype) {
     throw new TypeError(`kvmem: ${what}: byte offset ${data.byteOffset} is not aligned to ${isz}`);
   let ext;
   if (given) {
-    ext = Array.from(given, Number);
+    ext = Array.from(given, (e, i) => Number(checkInt(e, `${what} shape[${i}]`, 'Int64')));
+    if (ext.some((e) => e < 0)) throw new errors.InvalidArgumentError(`${what}: shape [${ext}] has a negative extent`);
     if (shape && (ext.length !== shape.length || ext.some((e, i) => shape[i] >= 0 && shape[i] !== e)))
       throw new RangeError(`kvmem: ${what} has shape [${ext}], expected [${shape.map(s => s < 0 ? '*' : s)}]`);
   } else {
@@ -102,6 +104,7 @@ function tensor(x, what, shape, dtype) {
     let acc = 1;
     for (let i = ext.length - 1; i >= 0; i--) { strides[i] = acc; acc *= ext[i]; }
   }
+  if (given && strides.length === ext.length) strides = Array.from(strides, (st, i) => Number(checkInt(st, `${what} strides[${i}]`, 'Int64')));
   if (strides.length !== ext.length || strides.some(s => !Number.isInteger(s) || s < 0))
     throw new TypeError(`kvmem: ${what}: strides [${strides}] must be ${ext.length} non-negative integers (elements)`);
   // the furthest element the view reaches must lie inside the array: C trusts it
@@ -120,7 +123,7 @@ function newArray(n, dtype) {
 
 function int32s(x, what, n) {
   if (x === undefined || x === null) return null;
-  const a = x instanceof Int32Array ? x : Int32Array.from(x); // arrays of numbers are converted (copied)
+  const a = intArray(x, Int32Array, 'Int32', what); // arrays of numbers are converted (copied), each checked
   if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} entries, expected ${n}`);
   return a;
 }
@@ -210,7 +213,9 @@ function kvArgs(spec, k, v, options, what) {
   const ap = C.kvmem_append_default_params();
   ap.token_ids = int32s(opts.tokenIds, 'tokenIds', T);
   if (opts.text !== undefined && opts.text !== null) {
-    const tb = Buffer.isBuffer(opts.text) ? opts.text : Buffer.from(String(opts.text), 'utf8');
+    if (typeof opts.text !== 'string' && !(opts.text instanceof Uint8Array))
+      throw new TypeError(`kvmem: ${what} options: text must be a string or a Buffer, not ${typeof opts.text}`);
+    const tb = typeof opts.text === 'string' ? Buffer.from(opts.text, 'utf8') : Buffer.from(opts.text.buffer, opts.text.byteOffset, opts.text.byteLength);
     // koffi passes a Buffer as a pointer to its bytes (no NUL needed: text_len says how many)
     ap.text = tb.length ? tb : null;
     ap.text_len = tb.length;
@@ -281,7 +286,7 @@ function cSpec(spec, what = 'model spec') {
   SPEC_FIELDS.forEach((field, i) => { if (f[SPEC_KEYS[i]] !== undefined) s[field] = f[SPEC_KEYS[i]]; });
   if (f.modelId !== undefined) s.model_id = cId(f.modelId, 'modelId');
   const w = f.layerWindow;
-  s.layer_window = w === undefined || w === null ? null : (w instanceof Int32Array ? w : Int32Array.from(w));
+  s.layer_window = w === undefined || w === null ? null : intArray(w, Int32Array, 'Int32', 'layerWindow');
   // C reads n_layers entries: a shorter array would be read past its end
   if (s.layer_window && s.layer_window.length !== s.n_layers)
     throw new RangeError(`kvmem: ${what}: layerWindow has ${s.layer_window.length} entries, nLayers is ${s.n_layers}`);
@@ -405,9 +410,23 @@ class Agent extends Handle {
   getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return fromC(o); }
   blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return fromC(o, ['sealed']); }
 
+  // first and n (undefined: to the end) checked against the agent's tokens before an
+  // output of n tokens is allocated (n = 2**40 would ask for 16 TiB)
+  _span(first, n, fn) {
+    first = Number(checkInt(first, 'first', 'Int64'));
+    const total = Number(this.getInfo().nTokens);
+    n = n === undefined || n === null ? total - first : Number(checkInt(n, 'n', 'Int64'));
+    if (first < 0 || n < 0 || first > total - n)
+      throw new errors.InvalidArgumentError(`${fn}: tokens [${first}, ${first + n}) outside [0, ${total})`);
+    return [first, n];
+  }
+
   _readArgs(first = 0, n, options) {
     const opts = readKeys(options, OUT_KEYS, 'read options');
-    if (n === undefined || n === null) n = this.getInfo().nTokens - first;
+    first = checkInt(first, 'first', 'Int64');
+    n = n === undefined || n === null ? Number(this.getInfo().nTokens) - Number(first) : checkInt(n, 'n', 'Int64');
+    // the span checked by C (no outputs: nothing read) before n tokens of output are allocated
+    C.kvmem_agent_read(this.handle, first, n, null, null);
     const shape = this._kvShape(n);
     const count = shape.reduce((a, b) => a * b, 1);
     const dtype = opts.dtype ?? 'f32';
@@ -434,7 +453,7 @@ class Agent extends Handle {
     return { min, max };
   }
   tokens(first = 0, n) {
-    if (n === undefined) n = this.getInfo().nTokens - first;
+    [first, n] = this._span(first, n, 'kvmem_agent_tokens');
     const out = new Int32Array(n);
     C.kvmem_agent_tokens(this.handle, first, n, n ? out : null);
     return out;
@@ -581,6 +600,8 @@ class Segments extends Handle {
   step() { C.kvmem_segments_step(this.handle); }
   // queued events, oldest first (all of them unless max is given)
   drainEvents(max = Infinity) {
+    if (max !== Infinity && (checkInt(max, 'max', 'Int64') < 0)) throw new errors.InvalidArgumentError(`max = ${max} is negative`);
+    max = Number(max);
     const out = [];
     while (out.length < max) {
       const cap = Math.min(64, max - out.length);
@@ -627,11 +648,13 @@ class Segments extends Handle {
 }
 
 const asF32 = (x, n, what) => { const a = x instanceof Float32Array ? x : Float32Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
-const asU8 = (x, n, what) => { const a = x instanceof Uint8Array ? x : Uint8Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
+const asU8 = (x, n, what) => { const a = intArray(x, Uint8Array, 'UInt8', what); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
 
 // kvmem_cluster_kmeans over emb [n][dim] f32: {labels, centroids, iters}; params: k, maxIters, seed
 function clusterKmeans(emb, n, dim, params) {
+  n = Number(checkInt(n, 'n', 'UInt64')); dim = Number(checkInt(dim, 'dim', 'UInt64'));
   const kp = toC(C.kvmem_kmeans_default_params(), params, 'clusterKmeans params');
+  checkInt(kp.k, 'k', 'Int32'); // sizes the centroids below
   const e = asF32(emb, n * dim, 'emb');
   const labels = new Int32Array(n), centroids = new Float32Array(Math.max(kp.k, 0) * dim), iters = [0];
   C.kvmem_cluster_kmeans(e, n, dim, kp, labels, centroids, iters);
@@ -640,6 +663,7 @@ function clusterKmeans(emb, n, dim, params) {
 
 // kvmem_multihop_select: q2s [nQuery][nSegments], s2s [nSegments][nSegments]; {selected, importance, result}
 function multihopSelect(q2s, nQuery, s2s, nSegments, candidates = null, params) {
+  nQuery = checkInt(nQuery, 'nQuery', 'Int32'); nSegments = checkInt(nSegments, 'nSegments', 'Int32');
   const mp = toC(C.kvmem_multihop_default_params(), params, 'multihopSelect params');
   const selected = new Uint8Array(nSegments), importance = new Float32Array(nSegments), result = {};
   C.kvmem_multihop_select(mp, asF32(q2s, nQuery * nSegments, 'q2s'), nQuery, asF32(s2s, nSegments * nSegments, 's2s'), nSegments,
@@ -648,6 +672,7 @@ function multihopSelect(q2s, nQuery, s2s, nSegments, candidates = null, params) 
 }
 
 function multihopSchedule(nLayers, avg) {
+  nLayers = checkInt(nLayers, 'nLayers', 'Int32');
   const r = new Float32Array(nLayers);
   C.kvmem_multihop_schedule(nLayers, avg, r);
   return r;
@@ -655,9 +680,10 @@ function multihopSchedule(nLayers, avg) {
 
 // kvmem_load_plan: {items, layerStartMs, stats}; params: bandwidthGbps, maxAhead
 function loadPlan(computeMs, nLayers, loadBytes, nSegments, recompute, params) {
+  nLayers = checkInt(nLayers, 'nLayers', 'Int32'); nSegments = checkInt(nSegments, 'nSegments', 'Int32');
   const lp = toC(C.kvmem_load_plan_default_params(), params, 'loadPlan params');
   const cm = computeMs instanceof Float64Array ? computeMs : Float64Array.from(computeMs);
-  const lb = loadBytes instanceof BigUint64Array ? loadBytes : BigUint64Array.from(loadBytes, BigInt);
+  const lb = intArray(loadBytes, BigUint64Array, 'UInt64', 'loadBytes');
   if (cm.length !== nLayers || lb.length !== nSegments) throw new RangeError('kvmem: loadPlan: computeMs needs nLayers values, loadBytes nSegments');
   const rc = asU8(recompute, nLayers * nSegments, 'recompute');
   const n = [0];
@@ -744,7 +770,9 @@ class QmemHead extends Handle {
   }
 }
 
+// n entries of room: refused before allocating when the positions could not be int32
 function keptOf(n, call) {
+  n = checkInt(n, 'n', 'Int32');
   const kept = new Int32Array(Math.max(n, 1)), nk = [0];
   call(kept, nk);
   return kept.slice(0, Number(nk[0]));
@@ -757,6 +785,7 @@ function selectKeep(scores, budget, protect = 0, span = [0, 0]) {
 function streamingKeep(n, nSink, window) { return keptOf(n, (kept, nk) => C.kvmem_streaming_keep(n, nSink, window, kept, nk)); }
 // acc (Float32Array of n) += column sums of probs [nRows][n], in place
 function h2oAccumulate(probs, nRows, n, acc) {
+  nRows = Number(checkInt(nRows, 'nRows', 'Int64')); n = Number(checkInt(n, 'n', 'Int64'));
   if (!(acc instanceof Float32Array) || acc.length !== n) throw new TypeError(`kvmem: acc must be a Float32Array of ${n}`);
   C.kvmem_h2o_accumulate(f32In(probs, nRows * n, 'probs'), nRows, n, acc);
   return acc;
@@ -881,7 +910,7 @@ function attendArgs(ctx, q, options, forAsync = false) {
       Object.assign(src, { kind: 2, slots: sl, n_positions: sl.length, dead_slot: deadSlot });
     }
   }
-  if (mask != null) src.mask = mask instanceof Uint8Array ? mask : Uint8Array.from(mask);
+  if (mask != null) src.mask = intArray(mask, Uint8Array, 'UInt8', 'mask');
   if (tileOrder != null) { ap.tile_order = int32s(tileOrder, 'tileOrder'); ap.n_tile_order = ap.tile_order.length; }
   const shape = qt.shape.slice(0, qt.ndim);
   const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
@@ -916,7 +945,8 @@ function batchMerge(agents, layer, opts) {
   const { maxLen, dtype = 'f32', kOut, vOut } = readKeys(opts, ['maxLen', 'dtype', 'kOut', 'vOut'], 'batchMerge options');
   if (!agents.length) throw new RangeError('kvmem: batchMerge needs at least one agent');
   const s = agents[0].pool.spec;
-  const ml = maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().nTokens)));
+  const ml = Number(checkInt(maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().nTokens))), 'maxLen', 'Int64'));
+  if (ml < 0) throw new errors.InvalidArgumentError(`maxLen = ${ml} is negative`);
   const shape = [agents.length, s.nKvHeads, ml, s.headDim];
   const count = shape.reduce((a, b) => a * b, 1);
   const k = kOut ?? newArray(count, dtype), v = vOut ?? newArray(count, dtype);
@@ -930,6 +960,8 @@ function batchExtract(batch, row, length, first, n, opts) {
   const { out, dtype } = readKeys(opts, ['out', 'dtype'], 'batchExtract options');
   const bt = tensor(batch, 'batch', null, dtype);
   if (bt.ndim !== 4) throw new TypeError('kvmem: batch must be a {data, shape: [B, H, max_len, D]} view');
+  n = Number(checkInt(n, 'n', 'Int64'));
+  if (n < 0) throw new errors.InvalidArgumentError(`n = ${n} is negative`);
   const shape = [n, bt.shape[1], bt.shape[3]];
   const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
   C.kvmem_batch_extract(bt, row, length, first, n, tensor(o, 'out', shape, out ? undefined : 'f32'));
@@ -953,7 +985,7 @@ function ropeApply(spec, x, positions, opts) {
   const { inverse = false, stride } = readKeys(opts, ['inverse', 'stride'], 'ropeApply options');
   const cs = cSpec(spec);
   if (!(x instanceof Float32Array)) throw new TypeError('kvmem: ropeApply: x must be a Float32Array');
-  const st = stride ?? cs.head_dim;
+  const st = Number(checkInt(stride ?? cs.head_dim, 'stride', 'UInt64'));
   const pos = int32s(positions, 'positions');
   const nRows = pos.length;
   if (nRows && (nRows - 1) * st + cs.head_dim > x.length)
