@@ -46,10 +46,11 @@ run() {
 skip() { echo "=== bindings: $1: skipped: $2"; skipped+=("$1: $2"); }
 
 # The packages (scripts/test-packages.sh): installed as a user would, outside
-# the repository. They share one Release build of the library alone, kept in
-# the build tree so a later run rebuilds only what changed; pip, npm pack and
-# cmake --install reuse it through KVMEM_BUILD_DIR (same configuration as
-# bindings/python/setup.py and bindings/node/scripts/build.js).
+# the repository. Node and Go share one Release build of the library alone,
+# kept in the build tree so a later run rebuilds only what changed; npm pack
+# and cmake --install reuse it through KVMEM_BUILD_DIR (same configuration as
+# bindings/node/scripts/build.js). pip builds as a user's pip does, with no
+# environment variable (in bindings/python/build/cmake, reused the same way).
 pkglib="$build/packages/libkvmem"
 pkglib_state=""
 pkglib_build() {

@@ -5,9 +5,12 @@
 # LIBBUILD is a CMake build of the library alone (KVMEM_LIBRARY_ONLY, Release,
 # targets kvmem and kvmem_static) that the packagers reuse through
 # KVMEM_BUILD_DIR (scripts/test-bindings.sh makes it once per build tree).
-#   python: pip install --no-build-isolation --no-index into a fresh venv; a
-#           wheel (python3 -m build --no-isolation) into a venv without
-#           system packages; KVMEM_LIBRARY still overrides
+#   python: pip install --no-index ./bindings/python (in-tree backend, nothing
+#           to download) into plain venvs of the PATH's python3 and of
+#           /usr/bin/python3: import kvmem, the kvmem tool, python -m kvmem; the
+#           wheel's tag and contents; --no-build-isolation into a venv with
+#           Debian's numpy: the README example and examples/python copied out
+#           of the tree; KVMEM_LIBRARY still overrides
 #   node:   npm pack, npm install of the tarball into a fresh project (offline:
 #           koffi is packed from bindings/node/node_modules)
 #   go:     cmake --install into a prefix, its pkg-config files, a fresh module
@@ -38,24 +41,78 @@ unset KVMEM_LIBRARY KVMEM_FIXTURE
 
 python_package() {
   local py=${KVMEM_PYTHON:-/usr/bin/python3}
-  "$py" -c 'import setuptools, wheel' 2>/dev/null ||
-    skip "python: $py lacks setuptools or wheel (apt-get install python3-setuptools python3-wheel)"
   "$py" -c 'import ensurepip' 2>/dev/null || skip "python: no venv with pip (apt-get install python3-venv)"
-  # 1) pip install from the source folder, offline, in a fresh venv (Debian's
-  #    setuptools and wheel seen through --system-site-packages; numpy too)
+  command -v cmake >/dev/null || skip "python: cmake not found (the package builds libkvmem with it)"
+  mkdir -p "$tmp/run" && cd "$tmp/run"
+  local want
+  want=$(sed -n 's/^#define KVMEM_VERSION_STRING "\(.*\)"/\1/p' "$root/include/kvmem.h")
+  # 1) the README's install command in a plain venv (no system packages, no wheel,
+  #    no index: offline) of the PATH's python3 and of Debian's, with no environment
+  #    variable; the CMake build lands in bindings/python/build/cmake and is reused
+  local pys=() p
+  for p in "$(command -v python3 || true)" /usr/bin/python3; do
+    [ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import ensurepip' 2>/dev/null && pys+=("$p")
+  done
+  local i=0 venv
+  for p in "${pys[@]}"; do
+    i=$((i + 1)); venv=$tmp/plain$i
+    "$p" -m venv "$venv"
+    ! "$venv/bin/python" -c 'import wheel' 2>/dev/null || echo "note: $venv has the wheel package"
+    clean "/usr/bin:/bin" "$venv/bin/pip" install --no-index "$root/bindings/python" >"$tmp/pip$i.log" 2>&1 ||
+      { cat "$tmp/pip$i.log"; fail "pip install --no-index ./bindings/python in a plain venv of $p"; }
+    local where
+    where=$(clean /usr/bin:/bin "$venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)') || fail "import kvmem ($p)"
+    [[ $where == "$venv/lib/"*"/site-packages/kvmem/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
+    # the kvmem tool: on the venv's PATH, the library's version
+    local ver=--version
+    grep -q -- '--version' "$root/tools/main.c" || ver=version  # `--version` comes with tools/ of this tree or later
+    clean "$venv/bin:/usr/bin:/bin" kvmem $ver >ver.txt 2>&1 || { cat ver.txt; fail "kvmem $ver from the venv ($p)"; }
+    grep -q "$want" ver.txt || { cat ver.txt; fail "kvmem $ver does not say $want"; }
+    clean /usr/bin:/bin "$venv/bin/python" -m kvmem >self.txt 2>&1 && grep -q '^self-check ok$' self.txt ||
+      { cat self.txt; fail "python -m kvmem ($p)"; }
+    ok "pip install --no-index ./bindings/python in a plain venv of $p ($("$p" --version 2>&1)): import kvmem, kvmem $ver, python -m kvmem, no environment variable"
+  done
+  [ "$i" -ge 1 ] || skip "python: no python3 with venv"
+  # 2) the wheel: platform tag from the binaries' glibc needs, contents, LICENSE
+  clean /usr/bin:/bin "$tmp/plain1/bin/pip" wheel --no-index --no-deps -w "$tmp/dist" "$root/bindings/python" >"$tmp/wheel.log" 2>&1 ||
+    { cat "$tmp/wheel.log"; fail "pip wheel ./bindings/python"; }
+  local whl
+  whl=$(ls "$tmp"/dist/kvmem-*.whl)
+  "$py" - "$whl" "$root/bindings/python/backend" <<'PYEOF' || fail "the wheel $whl"
+import re, sys, tempfile, zipfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import kvmem_backend as b
+whl = Path(sys.argv[1])
+z = zipfile.ZipFile(whl)
+names = set(z.namelist())
+need = {"kvmem/__init__.py", "kvmem/py.typed", "kvmem/libkvmem.so.0", "kvmem-0.1.0.data/scripts/kvmem",
+        "kvmem-0.1.0.dist-info/LICENSE", "kvmem-0.1.0.dist-info/METADATA", "kvmem-0.1.0.dist-info/RECORD"}
+missing = need - names
+assert not missing, f"missing {missing}"
+assert "MIT License" in z.read("kvmem-0.1.0.dist-info/LICENSE").decode()
+assert "License: MIT" in z.read("kvmem-0.1.0.dist-info/METADATA").decode()
+with tempfile.TemporaryDirectory() as d:
+    needs = []
+    for n in ("kvmem/libkvmem.so.0", "kvmem-0.1.0.data/scripts/kvmem"):
+        z.extract(n, d)
+        needs += b.glibc_needs(Path(d) / n)
+m = re.search(r"-py3-none-(manylinux_(\d+)_(\d+)_x86_64|linux_\w+)\.whl$", whl.name)
+assert m, whl.name
+if m.group(2):
+    assert max(needs) == (int(m.group(2)), int(m.group(3))), (whl.name, max(needs))
+print(f"{whl.name}: glibc >= {max(needs)[0]}.{max(needs)[1]} (the newest symbol version the binaries need)")
+PYEOF
+  ok "$(basename "$whl"): kvmem/, py.typed, libkvmem.so.0, the kvmem tool, LICENSE; tagged by the glibc its binaries need"
+  # 3) without build isolation, in a venv seeing Debian's numpy: the README example
+  #    and the examples copied out of the tree
+  "$py" -c 'import numpy' 2>/dev/null || { echo "skipped: python examples: $py has no numpy (apt-get install python3-numpy)"; return 0; }
   "$py" -m venv --system-site-packages "$tmp/venv"
   "$tmp/venv/bin/pip" install -q --no-build-isolation --no-index "$root/bindings/python" >"$tmp/pip.log" 2>&1 ||
     { cat "$tmp/pip.log"; fail "pip install --no-build-isolation --no-index ./bindings/python"; }
-  ok "pip install --no-build-isolation --no-index ./bindings/python into a fresh venv"
-  mkdir "$tmp/run" && cd "$tmp/run"
   example "$root/bindings/python/README.md" python >example.py
   clean /usr/bin:/bin "$tmp/venv/bin/python" example.py >out.txt 2>&1 || { cat out.txt; fail "README example"; }
-  cat out.txt
-  grep -q '^AgentInfo(n_tokens=96, ' out.txt && grep -q '^96 tokens back$' out.txt || fail "README example printed the wrong memory"
-  local where
-  where=$(clean /usr/bin:/bin "$tmp/venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)')
-  [[ $where == "$tmp/venv/lib/"*"/site-packages/kvmem/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
-  ok "the README example runs with no environment variable, on the packaged $where"
+  grep -q '^AgentInfo(n_tokens=96, ' out.txt && grep -q '^96 tokens back$' out.txt || { cat out.txt; fail "README example printed the wrong memory"; }
   # KVMEM_LIBRARY still overrides, and a wrong one is an error naming it
   where=$(clean /usr/bin:/bin env KVMEM_LIBRARY="$libbuild/core/libkvmem.so.0" "$tmp/venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)')
   [ "$where" = "$libbuild/core/libkvmem.so.0" ] || fail "KVMEM_LIBRARY did not override: $where"
@@ -63,25 +120,23 @@ python_package() {
      ! grep -q "$tmp/none.so (no such file)" err.txt; then
     cat err.txt; fail "a missing KVMEM_LIBRARY should fail the import, naming it"
   fi
-  ok "KVMEM_LIBRARY overrides the packaged library"
-  # 2) a wheel, installed where there is nothing else (no numpy, no setuptools)
-  if ! "$py" -c 'import build' 2>/dev/null; then
-    echo "skipped: python wheel: $py has no build module (apt-get install python3-build)"
-    return 0
+  ok "pip install --no-build-isolation: the README example runs with no environment variable; KVMEM_LIBRARY overrides"
+  mkdir "$tmp/ex" && cp "$root/examples/python/agent_loop.py" "$root/examples/python/torch_agent.py" "$tmp/ex/"
+  cd "$tmp/ex"
+  clean /usr/bin:/bin "$tmp/venv/bin/python" agent_loop.py >loop.txt 2>&1 || { cat loop.txt; fail "examples/python/agent_loop.py outside the tree"; }
+  grep -q 'memory: 52 tokens in 6 blocks' loop.txt && grep -q 'allergic to peanuts' loop.txt || { cat loop.txt; fail "agent_loop.py printed the wrong memory"; }
+  ok "examples/python/agent_loop.py copied out of the tree runs on the installed package"
+  local model=${KVMEM_TEST_MODEL:-$root/../shared/models/stories260K.bin}
+  if ! "$tmp/venv/bin/python" -c 'import torch' 2>/dev/null; then
+    echo "skipped: examples/python/torch_agent.py: no torch (apt-get install python3-torch)"
+  elif [ ! -f "$model" ] || [ ! -f "$(dirname "$model")/tok512.bin" ]; then
+    echo "skipped: examples/python/torch_agent.py: no model at $model"
+  else
+    clean /usr/bin:/bin "$tmp/venv/bin/python" torch_agent.py --model "$model" --state "$tmp/ex" >torch.txt 2>&1 ||
+      { cat torch.txt; fail "examples/python/torch_agent.py outside the tree"; }
+    grep -q 'logits identical to phase 1' torch.txt || { cat torch.txt; fail "torch_agent.py: the reloaded agent's logits differ"; }
+    ok "examples/python/torch_agent.py copied out of the tree runs on the installed package and the real model"
   fi
-  "$py" -m build --no-isolation --wheel --outdir "$tmp/dist" "$root/bindings/python" >"$tmp/wheel.log" 2>&1 ||
-    { cat "$tmp/wheel.log"; fail "python3 -m build --no-isolation --wheel"; }
-  local whl
-  whl=$(ls "$tmp"/dist/kvmem-*.whl)
-  [[ $whl == *-py3-none-linux_* ]] || [[ $(uname) != Linux ]] || fail "$whl is not a platform wheel"
-  "$py" -m zipfile -l "$whl" >"$tmp/whl.txt"  # (listed first: grep -q would cut the pipe)
-  grep -q '^kvmem/libkvmem.so.0 ' "$tmp/whl.txt" || fail "$whl does not carry kvmem/libkvmem.so.0"
-  "$py" -m venv "$tmp/bare"
-  "$tmp/bare/bin/pip" install -q --no-index "$whl"
-  clean /usr/bin:/bin "$tmp/bare/bin/python" -m kvmem >self.txt 2>&1 || { cat self.txt; fail "python -m kvmem from the wheel"; }
-  grep -q "^library: $tmp/bare/lib/.*/site-packages/kvmem/libkvmem.so.0$" self.txt && grep -q '^self-check ok$' self.txt ||
-    { cat self.txt; fail "the wheel's library"; }
-  ok "$(basename "$whl") installs into a bare venv (no numpy) and passes python -m kvmem"
 }
 
 node_package() {

@@ -21,9 +21,9 @@ const { spawnSync } = require('node:child_process');
 const pkg = path.resolve(__dirname, '..');
 const checkout = path.resolve(pkg, '..', '..');
 const csrc = path.join(pkg, 'csrc');
-// What a KVMEM_LIBRARY_ONLY configure reads (as bindings/python/setup.py)
+// What a KVMEM_LIBRARY_ONLY configure of the library alone reads
 const C_SOURCES = ['CMakeLists.txt', 'cmake', 'core', 'include'];
-// The same configuration as bindings/python/setup.py: one build serves both.
+// The same configuration as scripts/test-bindings.sh's package build: one build serves the Node and Go checks.
 const CMAKE_ARGS = ['-DCMAKE_BUILD_TYPE=Release', '-DKVMEM_LIBRARY_ONLY=ON', '-DKVMEM_CUDA=OFF', '-DKVMEM_VULKAN=OFF',
                     '-DKVMEM_BUILD_TESTS=OFF', '-DKVMEM_BUILD_TOOLS=OFF', '-DKVMEM_BUILD_BENCH=OFF'];
 const LIB = process.platform === 'darwin' ? 'libkvmem.0.dylib' : 'libkvmem.so.0';

@@ -267,15 +267,18 @@ def query_view(queries: Any, spec: L.kvmem_model_spec, *, batch_index: int = 0) 
 
 def retrieve(agent: Agent, queries: Any, *, batch_index: int = 0, result: Optional[Retrieval] = None,
              exclude: Optional[Iterable[int]] = None, always_include: Optional[Iterable[int]] = None,
-             **params: Any) -> Retrieval:
-    """kvmem_retrieve with an engine's pre-RoPE query states (see query_view).
-    params: those of Agent.retrieve (top_k, mode, norm, agg, scope, tau, rr_c,
-    recent_window, skip_recent)."""
+             top_k: Optional[int] = None, mode: Optional[int] = None, norm: Optional[int] = None,
+             agg: Optional[int] = None, scope: Optional[int] = None, tau: Optional[float] = None,
+             rr_c: Optional[float] = None, recent_window: Optional[int] = None,
+             skip_recent: Optional[int] = None) -> Retrieval:
+    """kvmem_retrieve with an engine's pre-RoPE query states (see query_view);
+    top_k, mode, norm, agg, scope, tau, rr_c, recent_window, skip_recent as in
+    Agent.retrieve (None keeps the default)."""
     rp = L.kvmem_retrieve_default_params()
-    for k, val in params.items():
-        if k not in dict(L.kvmem_retrieve_params._fields_) or k.startswith("n_") or k in ("exclude", "always_include"):
-            raise InvalidTypeError(f"retrieve() got an unknown parameter {k!r}")
-        setattr(rp, k, val)
+    for k, val in ((k, v) for k, v in locals().items() if k in (
+            "top_k", "mode", "norm", "agg", "scope", "tau", "rr_c", "recent_window", "skip_recent")):
+        if val is not None:
+            setattr(rp, k, val)
     held: List[Any] = []
     for name, lst in (("exclude", exclude), ("always_include", always_include)):
         if lst is not None:

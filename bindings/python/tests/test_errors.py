@@ -56,11 +56,19 @@ def test_dtype_and_type_errors_are_kvmem_errors_and_type_errors(agent):
     caught_both_ways(lambda: agent.append(k, k, dtype="int8"), TypeError, kvmem.InvalidTypeError)
     caught_both_ways(lambda: agent.append([1.0], [1.0]), TypeError, kvmem.InvalidTypeError)
     caught_both_ways(lambda: agent.append(k, k, token_ids=np.zeros(4, np.int64)), TypeError, kvmem.InvalidTypeError)
-    caught_both_ways(lambda: agent.retrieve(np.zeros((1, L, HQ, D), np.float32), topk=2), TypeError,
-                     kvmem.InvalidTypeError)
-    caught_both_ways(lambda: kvmem.ModelSpec(n_layer=2), TypeError, kvmem.InvalidTypeError)
+    caught_both_ways(lambda: agent.append(k, k, token_ids=[1.5, 2, 3, 4]), TypeError, kvmem.InvalidTypeError)
     caught_both_ways(lambda: kvmem.ModelSpec(rope_theta="high"), TypeError, kvmem.InvalidTypeError)
     assert agent.get_info().n_tokens == 0
+
+
+def test_a_misspelt_keyword_is_the_languages_type_error_naming_it(agent):
+    """The options are real keyword parameters, so an editor flags topk= and
+    Python refuses it naming the keyword, before any kvmem code runs."""
+    q = np.zeros((1, L, HQ, D), np.float32)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'topk'"):
+        agent.retrieve(q, topk=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_layer'"):
+        kvmem.ModelSpec(n_layer=2)
 
 
 def test_the_package_raises_no_bare_builtin_error():

@@ -244,13 +244,22 @@ def test_an_integer_out_of_its_c_range_is_refused_naming_it(world, name, rng, ca
     assert world.state() == before
 
 
+# keyword options whose None keeps the library's default
+NONE_IS_DEFAULT = {c[0] for c in CASES if c[0].startswith((
+    "ModelSpec(", "Pool(", "Segments(", "QmemStore(", "KVStore(")) and "layer_window" not in c[0]} | {
+    f"Agent.retrieve({p})" for p in ("top_k", "mode", "norm", "agg", "scope", "recent_window", "skip_recent")} | {
+    f"attend({p})" for p in ("n_sink", "tile_size", "patience", "order", "probe", "causal", "compare")} | {
+    "cluster_kmeans(k)", "cluster_kmeans(max_iters)", "cluster_kmeans(seed)", "multihop_select(max_iters)",
+    "load_plan(max_ahead)"}
+
+
 @pytest.mark.parametrize("name,rng,call", CASES, ids=[c[0] for c in CASES])
 def test_a_non_integer_is_refused_naming_it(world, name, rng, call):
     before = world.state()
     for x in NOT_INTS:
-        if x is None and name.startswith(("Agent.read(n)", "Agent.tokens(n)", "batch_merge(max_len)",
-                                          "Segments.drain_events")):
-            continue  # None there means "to the end" / "the longest agent" / "all"
+        if x is None and (name.startswith(("Agent.read(n)", "Agent.tokens(n)", "batch_merge(max_len)",
+                                           "Segments.drain_events")) or name in NONE_IS_DEFAULT):
+            continue  # None there means "to the end" / "the longest agent" / "all" / "the default"
         if x == "3" and name == "Pool(storage_dtype)":
             continue  # a str names the dtype ("f16"): an unknown name is InvalidArgumentError
         with pytest.raises(TypeError) as ei:
@@ -333,11 +342,15 @@ def test_every_integer_parameter_of_the_public_api_has_a_row():
     covered |= {(c[0][:c[0].index("(")] + ".__init__", _arg(c[0])) for c in CASES}
     # parameters whose integers never reach C as such (or reach it checked elsewhere)
     exempt = {("SlotMap", "handle")}  # made by KVStore.slotmap_create, not by users
+    # the same parameters reached another way: Context.pool_create is Pool(), Pool.segments_create is Segments()
+    alias = {"Context.pool_create": "Pool", "Pool.segments_create": "Segments"}
     missing = []
     for name, fn in _public_callables():
         for p in _int_params(fn):
+            if p == "dtype":
+                continue  # an element type: F32/F16/BF16 or a name, checked by membership
             key = (name, p)
-            init = (name.replace(".__init__", ""), p)
+            init = (alias.get(name, name.replace(".__init__", "")), p)
             if key not in covered and init not in covered and key not in exempt:
                 missing.append(f"{name}({p})")
     assert not missing, f"integer parameters without a row in CASES: {missing}"
