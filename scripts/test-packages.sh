@@ -12,7 +12,9 @@
 #           Debian's numpy: the README example and examples/python copied out
 #           of the tree; KVMEM_LIBRARY still overrides
 #   node:   npm pack, npm install of the tarball into a fresh project (offline:
-#           koffi is packed from bindings/node/node_modules)
+#           koffi is packed from bindings/node/node_modules): the README example,
+#           every name of index.d.ts imported as an ES module and required as
+#           CommonJS, examples/node/memory-service copied out of the tree
 #   go:     cmake --install into a prefix, its pkg-config files, a fresh module
 #           importing the binding built shared (rpath) and -tags kvmem_static
 #           (the prefix and Go's caches sit beside LIBBUILD, reused)
@@ -170,6 +172,65 @@ node_package() {
   where=$(clean "$nodebin:/usr/bin:/bin" node -p "require('kvmem').libraryPath")
   [[ $where == "$tmp/proj/node_modules/kvmem/prebuilds/"*"/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
   ok "the README example runs with no environment variable, on the packaged $where"
+  # every value index.d.ts declares, imported by name as an ES module and required as CommonJS
+  clean "$nodebin:/usr/bin:/bin" node -e '
+    const fs = require("fs");
+    const dts = fs.readFileSync("node_modules/kvmem/index.d.ts", "utf8").replace(/\/\*[\s\S]*?\*\//g, "");
+    const names = new Set();
+    for (const m of dts.matchAll(/^export (?:declare )?(?:abstract )?(?:class|function) (\w+)/gm)) names.add(m[1]);
+    for (const m of dts.matchAll(/^export const ([^;]+);/gm))
+      for (const p of m[1].split(/,(?![^{]*})/)) names.add(p.trim().split(":")[0].trim());
+    fs.writeFileSync("names.json", JSON.stringify([...names]));
+    fs.writeFileSync("all.mjs", `import kvmem, { ${[...names].join(", ")} } from "kvmem";\n` +
+      `const v = [${[...names].join(", ")}];\nif (v.some((x, i) => x === undefined || x !== kvmem[${JSON.stringify([...names])}[i]])) throw new Error("mismatch");\n` +
+      "console.log(\"esm: \" + v.length + \" names\");\n");' || fail "reading the installed index.d.ts"
+  clean "$nodebin:/usr/bin:/bin" node all.mjs >esm.txt 2>&1 || { cat esm.txt; fail "import { ...every declared name } from 'kvmem' (ESM)"; }
+  clean "$nodebin:/usr/bin:/bin" node -e '
+    const k = require("kvmem"), names = require("./names.json");
+    const miss = names.filter((n) => k[n] === undefined);
+    if (miss.length || names.length !== Object.keys(k).length) throw new Error(`require: missing ${miss}, ${Object.keys(k).length} keys`);
+    console.log(`cjs: ${names.length} names`);' >cjs.txt 2>&1 || { cat cjs.txt; fail "require('kvmem') (CommonJS)"; }
+  grep -q '^esm: 106 names$' esm.txt && grep -q '^cjs: 106 names$' cjs.txt || { cat esm.txt cjs.txt; fail "not 106 names both ways"; }
+  grep -q '^package/LICENSE$' "$tmp/tgz.txt" && [ ! -e "$root/bindings/node/LICENSE" ] || fail "the tarball has no LICENSE (or npm pack left bindings/node/LICENSE behind)"
+  ok "the 106 names of index.d.ts import by name as an ES module and require as CommonJS; LICENSE in the tarball"
+  # the example service copied out of the tree, on the installed package
+  mkdir "$tmp/svc" && cp "$root/examples/node/memory-service/server.js" "$root/examples/node/memory-service/package.json" "$tmp/svc/"
+  cd "$tmp/svc"
+  npm install --offline "${npmq[@]}" "$tmp"/koffi-*.tgz "$tgz" >"$tmp/svc-install.log" 2>&1 ||
+    { cat "$tmp/svc-install.log"; fail "npm install in the copied examples/node/memory-service"; }
+  serve "Node memory-service" clean "$nodebin:/usr/bin:/bin" env PORT=0 node server.js
+  ok "examples/node/memory-service copied out of the tree serves requests on the installed package"
+}
+
+# serve WHAT CMD...: starts a service that prints "listening on http://HOST:PORT"
+# (PORT=0), checks it answers from its kvmem pool (the agent list, a 404 for an
+# unknown agent), and stops it
+serve() {
+  local what=$1
+  shift
+  "$@" >"$tmp/serve.log" 2>&1 &
+  local pid=$! url="" i
+  for i in $(seq 1 100); do
+    url=$(grep -o 'http://[0-9.:]*' "$tmp/serve.log" | head -1 || true)
+    [ -n "$url" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { kill "$pid" 2>/dev/null; cat "$tmp/serve.log"; fail "$what did not start"; }
+  local rc=0
+  node -e '
+    const url = process.argv[1];
+    (async () => {
+      const list = await fetch(`${url}/agents`);
+      const body = await list.json();
+      if (list.status !== 200 || !Array.isArray(body.agents)) throw new Error(`GET /agents: ${list.status} ${JSON.stringify(body)}`);
+      const none = await fetch(`${url}/agents/nobody`);
+      const err = await none.text();
+      if (none.status !== 404 || !/not.?found|no agent/i.test(err)) throw new Error(`GET /agents/nobody: ${none.status} ${err}`);
+      console.log(`${url}: GET /agents ${list.status}, GET /agents/nobody ${none.status}`);
+    })().catch((e) => { console.error(e.message); process.exit(1); });' "$url" || rc=$?
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+  [ "$rc" -eq 0 ] || { cat "$tmp/serve.log"; fail "$what at $url"; }
 }
 
 go_package() {

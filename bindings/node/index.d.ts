@@ -34,6 +34,8 @@ export class MismatchError extends KvmemError {}
 export class ConflictError extends KvmemError {}
 export class InternalError extends KvmemError {}
 export class BusyError extends KvmemError {}
+/** The KvmemError subclass of a kvmem_status (KvmemError itself for an unknown code). */
+export function errorFor(status: number, message: string, code?: string): KvmemError;
 
 /** kvmem_model_spec: optional fields left out keep kvmem_model_spec_default()'s values. */
 export interface ModelSpec {
@@ -236,6 +238,11 @@ export const LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3;
 export const libraryPath: string;
 /** Whether the binding declares the C function `name` and the loaded library has it. */
 export function hasFunction(name: string): boolean;
+/** Low level: the kvmem_tensor descriptor (koffi struct object) a call would hand to C for x,
+ *  `shape` the shape it expects (-1: inferred). Throws as the calls do. */
+export function tensor(x: TensorLike, what: string, shape: number[] | null, dtype?: DType): unknown;
+/** Low level, unstable: the koffi layer (lib.js): C functions by their C names, the loaded library's path. */
+export const _lib: { libraryPath: string; fns: Record<string, (...args: any[]) => any>; declared: Record<string, string> };
 
 // ---- IntentKV ----
 export interface SessionKey { hi: bigint | number; lo: bigint | number; kind: number; }

@@ -16,6 +16,7 @@
 //
 // Names: every key of a spec, an options object or a result is the camelCase
 // form of its C field (n_kv_heads -> nKvHeads); unknown keys throw (names.js).
+const util = require('node:util');
 const L = require('./lib');
 const errors = require('./errors');
 const { cId, cPath } = require('./cstr');
@@ -200,6 +201,19 @@ class Handle {
   }
 }
 if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
+// util.inspect / console.log: what the object is (its describe(), e.g. an agent's id and
+// token counts), not the binding's internals (the C pointer, counters, queues)
+Handle.prototype[util.inspect.custom] = function (depth, options, inspect) {
+  let body;
+  if (this._h === null) body = { closed: true };
+  else if (this._busy) body = { pending: 'an async call has not settled' };
+  else {
+    try { body = this._describe(); } catch (e) { body = { error: e.message }; }
+  }
+  if (this._id !== undefined && !('id' in body)) body = { id: this._id, ...body };
+  return `${this.constructor.name} ${inspect(body, { ...options, depth: options.depth === null ? null : options.depth - 1 })}`;
+};
+Handle.prototype._describe = function () { return {}; };
 
 const APPEND_KEYS = ['tokenIds', 'text', 'tokenTextOffsets', 'positions', 'keysRotated', 'dtype'];
 
@@ -264,6 +278,7 @@ class Context extends Handle {
     return { h2dBytes: Number(h[0]), d2hBytes: Number(d[0]) };
   }
   transferReset() { C.kvmem_context_transfer_reset(this.handle); }
+  _describe() { return { backend: this.backend, nThreads: this.nThreads }; }
   poolCreate(spec, params) { return new Pool(this, spec, params); }
   close() {
     if (this._h !== null && (this._busy || this._pins)) throw new errors.BusyError('Context: an async call is still running on it');
@@ -347,6 +362,12 @@ class Pool extends Handle {
     super.close();
   }
   getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return fromC(o); }
+  _describe() {
+    const i = this.getInfo(), s = this.spec;
+    return { nLayers: s.nLayers, nQHeads: s.nQHeads, nKvHeads: s.nKvHeads, headDim: s.headDim, blockSize: i.blockSize,
+             storageDtype: C.kvmem_dtype_name(i.storageDtype), nAgents: i.nAgents, usedBytes: i.usedBytes,
+             capacityBytes: i.capacityBytes };
+  }
   getSpec() { const o = {}; C.kvmem_pool_get_spec(this.handle, o); return specFromC(o); }
   agentId(index) {
     const len = [0];
@@ -408,6 +429,7 @@ class Agent extends Handle {
   }
   flush() { C.kvmem_agent_flush(this.handle); }
   getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return fromC(o); }
+  _describe() { const i = this.getInfo(); return { id: this._id, nTokens: i.nTokens, nBlocks: i.nBlocks, nSealed: i.nSealed, bytes: i.bytes }; }
   blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return fromC(o, ['sealed']); }
 
   // first and n (undefined: to the end) checked against the agent's tokens before an
@@ -549,6 +571,12 @@ class Retrieval extends Handle {
     this._own(out[0], C.kvmem_retrieval_free, 'Retrieval');
   }
   get nSets() { return C.kvmem_retrieval_n_sets(this.handle); }
+  _describe() {
+    const n = this.nSets;
+    if (!n) return { nSets: 0 };
+    const { blocks, scores } = this.get(0);
+    return { nSets: n, blocks: Array.from(blocks), scores: Array.from(scores) };
+  }
   // {blocks: Int32Array, scores: Float32Array} of a set, chronological (copies)
   get(set = 0) {
     const n = [0];
@@ -617,6 +645,7 @@ class Segments extends Handle {
   storeSegment(index, k, v, opts) { C.kvmem_segments_store_segment(this.handle, index, ...kvArgs(this.pool.spec, k, v, opts, 'storeSegment')); }
   storeGroup(group, k, v, opts) { C.kvmem_segments_store_group(this.handle, group, ...kvArgs(this.pool.spec, k, v, opts, 'storeGroup')); }
   getInfo() { const o = {}; C.kvmem_segments_get_info(this.handle, o); return fromC(o); }
+  _describe() { return this.getInfo(); }
   segmentInfo(index) { const o = {}; C.kvmem_segments_segment_info(this.handle, index, o); return fromC(o, ['alive', 'has_kv']); }
   groupInfo(group) { const o = {}; C.kvmem_segments_group_info(this.handle, group, o); return fromC(o, ['has_kv']); }
   find(name) { const i = [0]; C.kvmem_segments_find(this.handle, cId(name, 'segment name'), i); return i[0]; }
@@ -731,6 +760,7 @@ class QmemStore extends Handle {
   }
   get(key) { const mem = new Float32Array(memLen(this.spec)); C.kvmem_qmem_get(this.handle, cKey(key), mem); return mem; }
   get count() { return C.kvmem_qmem_count(this.handle); }
+  _describe() { return { sessions: this.count }; }
 }
 
 function f32In(x, n, what) {
@@ -760,6 +790,7 @@ class QmemHead extends Handle {
   }
   get headDim() { return C.kvmem_qmem_head_dim(this.handle); }
   get alpha() { return C.kvmem_qmem_head_alpha(this.handle); }
+  _describe() { return { headDim: this.headDim, alpha: this.alpha }; }
   apply(spec, memory, k, rule, spanBegin, spanEnd, dtype) {
     const cs = cSpec(spec), s = specFromC(cs);
     const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
@@ -821,6 +852,7 @@ class KVStore extends Handle {
     super.close();
   }
   getInfo() { const o = {}; C.kvmem_kvstore_get_info(this.handle, o); return fromC(o); }
+  _describe() { return this.getInfo(); }
   slotRefs(slot) { const r = [0]; C.kvmem_kvstore_slot_refs(this.handle, slot, r); return r[0]; }
   readSlot(slot) {
     const n = this.spec.nLayers * this.spec.nKvHeads * this.spec.headDim;
@@ -857,6 +889,7 @@ class SlotMap extends Handle {
     return { slots: len ? Int32Array.from(koffi.decode(p[0], 'int32_t', len)) : new Int32Array(0), deadSlot: dead[0] };
   }
   getInfo() { const o = {}; C.kvmem_slotmap_get_info(this.handle, o); return fromC(o); }
+  _describe() { return this.getInfo(); }
   // the live rows in position order: {k, v, positions, shape}
   gather(dtype = 'f32') {
     const s = this.store.spec;

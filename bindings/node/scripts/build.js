@@ -8,8 +8,9 @@
 //                                    prebuilt library fits this platform, or in a checkout
 //                                    (there the library comes from `make build`)
 //   node scripts/build.js --prepack  npm pack: the library for this platform into
-//                                    prebuilds/<platform>-<arch>/, the C sources into csrc/
-//   node scripts/build.js --postpack npm pack is done: remove csrc/ and prebuilds/ again
+//                                    prebuilds/<platform>-<arch>/, the C sources into csrc/,
+//                                    the repository's LICENSE beside package.json
+//   node scripts/build.js --postpack npm pack is done: remove csrc/, prebuilds/ and LICENSE again
 //
 // KVMEM_BUILD_DIR names the CMake build directory (default build/cmake), so the
 // Python package and this one can share one build. Needs cmake and a C compiler.
@@ -60,10 +61,12 @@ function main(mode) {
   if (mode === '--postpack') {
     fs.rmSync(csrc, { recursive: true, force: true });
     fs.rmSync(path.join(pkg, 'prebuilds'), { recursive: true, force: true });
+    fs.rmSync(path.join(pkg, 'LICENSE'), { force: true });
     return;
   }
   if (mode === '--prepack') {
     if (!isSources(checkout)) throw new Error('kvmem: npm pack runs in a kvmem checkout (bindings/node)');
+    fs.copyFileSync(path.join(checkout, 'LICENSE'), path.join(pkg, 'LICENSE')); // the repository's, in the package
     fs.rmSync(csrc, { recursive: true, force: true });
     for (const rel of C_SOURCES) fs.cpSync(path.join(checkout, rel), path.join(csrc, rel), { recursive: true });
     console.log(`kvmem: prebuilt ${copyLib(cmakeBuild(checkout), prebuildDir)}`);
