@@ -137,8 +137,9 @@ elif [ ! -f "$build/kvmem-uninstalled.pc" ]; then
   skip go "$build has no kvmem-uninstalled.pc (configured before it existed: re-run cmake)"
 else
   # `#cgo pkg-config: kvmem` finds the build tree's kvmem-uninstalled.pc
-  export CGO_ENABLED=1 PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
-         CGO_LDFLAGS="-Wl,-rpath,$build/core" GOFLAGS=-count=1
+  # the binding's one link recipe (bindings/go/README.md): pkg-config's libdir as the rpath
+  export PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export CGO_ENABLED=1 CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" GOFLAGS=-count=1
   export GOCACHE=${GOCACHE:-$build/bindings/gocache} GOPATH=${GOPATH:-$build/bindings/gopath} GOPROXY=off
   run go 'lines:^--- PASS' bash -c "cd '$root/bindings/go' && go vet ./... && go test -v ./... && go vet -tags kvmem_static ./... && cd '$root/examples/go/memsvc' && go vet ./... && go test -v ./..."
   package go-package go

@@ -15,9 +15,11 @@
 #           koffi is packed from bindings/node/node_modules): the README example,
 #           every name of index.d.ts imported as an ES module and required as
 #           CommonJS, examples/node/memory-service copied out of the tree
-#   go:     cmake --install into a prefix, its pkg-config files, a fresh module
-#           importing the binding built shared (rpath) and -tags kvmem_static
-#           (the prefix and Go's caches sit beside LIBBUILD, reused)
+#   go:     cmake --install into a prefix, its pkg-config files; the module as
+#           `go get` fetches it once tagged bindings/go/vX.Y.Z (a file:// module
+#           proxy), a fresh module's README program built shared (rpath) and
+#           -tags kvmem_static, examples/go/memsvc copied out of the tree (the
+#           prefix and Go's caches sit beside LIBBUILD, reused)
 # Prints "ok: ..." per check; exit 77 with "skipped: <why>" without a tool.
 set -euo pipefail
 lang=$1
@@ -257,15 +259,40 @@ go_package() {
   pkg-config --static --libs kvmem | grep -q -- '-ldl' || fail "pkg-config --static --libs kvmem lacks -ldl"
   [ -f "$(pkg-config --libs kvmem-static | awk '{print $1}')" ] || fail "kvmem-static.pc: $(pkg-config --libs kvmem-static)"
   ok "cmake --install: kvmem.pc and kvmem-static.pc name the prefix's header and libraries (version $want)"
-  # a module of its own outside the repository: go.mod, the README's program
-  mkdir "$tmp/mod" && cd "$tmp/mod"
-  printf 'module example.com/kvmemuser\n\ngo 1.19\n\nrequire github.com/kvmem/kvmem/bindings/go v0.0.0\n\nreplace github.com/kvmem/kvmem/bindings/go => %s\n' \
-    "$root/bindings/go" >go.mod
-  example "$root/bindings/go/README.md" go >main.go
+  # The module as `go get` fetches it once the repository is tagged bindings/go/vX.Y.Z:
+  # a file:// module proxy holding what the go command makes of that tag (the files
+  # of bindings/go, and the repository's LICENSE, which it adds to a nested module)
+  local proxy=$tmp/goproxy mpath=github.com/kvmem/kvmem/bindings/go
+  python3 - "$root" "$proxy" "$mpath" "v$want" <<'PYEOF' || fail "making the module zip"
+import json, os, sys, zipfile
+root, proxy, mpath, ver = sys.argv[1:]
+d = os.path.join(proxy, mpath, "@v")
+os.makedirs(d)
+src = os.path.join(root, "bindings", "go")
+with zipfile.ZipFile(os.path.join(d, ver + ".zip"), "w") as z:
+    for name in sorted(os.listdir(src)):
+        if os.path.isfile(os.path.join(src, name)) and not os.path.islink(os.path.join(src, name)):
+            z.write(os.path.join(src, name), f"{mpath}@{ver}/{name}")
+    if not os.path.exists(os.path.join(src, "LICENSE")):
+        z.write(os.path.join(root, "LICENSE"), f"{mpath}@{ver}/LICENSE")
+open(os.path.join(d, ver + ".mod"), "w").write(open(os.path.join(src, "go.mod")).read())
+json.dump({"Version": ver, "Time": "2026-01-01T00:00:00Z"}, open(os.path.join(d, ver + ".info"), "w"))
+open(os.path.join(d, "list"), "w").write(ver + "\n")
+PYEOF
   unset CGO_CFLAGS CGO_LDFLAGS
-  export GOFLAGS=-mod=mod GOPROXY=off CGO_ENABLED=1
+  export GOFLAGS=-mod=mod GOPROXY=file://$proxy GOSUMDB=off CGO_ENABLED=1
   export GOCACHE=$libbuild/../gocache GOPATH=$libbuild/../gopath
-  CGO_LDFLAGS="-Wl,-rpath,$libdir" go build -o app-shared . || fail "go build against the installed prefix"
+  go clean -modcache  # this run's binding, not one fetched by an earlier run at the same version
+  # a module of its own outside the repository: the README's program, `go get` of the tagged module
+  mkdir "$tmp/mod" && cd "$tmp/mod"
+  printf 'module example.com/kvmemuser\n\ngo 1.19\n' >go.mod
+  example "$root/bindings/go/README.md" go >main.go
+  go get "$mpath@v$want" >get.log 2>&1 || { cat get.log; fail "go get $mpath@v$want from the module proxy"; }
+  grep -q "^require $mpath v$want" go.mod && python3 -m zipfile -l "$proxy/$mpath/@v/v$want.zip" | grep -q "@v$want/LICENSE " ||
+    { cat go.mod; fail "go.mod does not require $mpath v$want, or the module has no LICENSE"; }
+  ok "go get $mpath@v$want (tag bindings/go/v$want) into a fresh module, through a module proxy"
+  # the one link recipe: pkg-config finds kvmem, its libdir goes into the rpath
+  CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" go build -o app-shared . || fail "go build against the installed prefix"
   go build -tags kvmem_static -o app-static . || fail "go build -tags kvmem_static"
   local app
   for app in app-shared app-static; do
@@ -278,10 +305,23 @@ go_package() {
     readelf -d app-shared >shared.txt
     readelf -d app-static >static.txt
     grep -q 'NEEDED.*\[libkvmem.so.0\]' shared.txt || fail "app-shared does not link libkvmem.so.0"
-    grep -Eq "(RUNPATH|RPATH).*\[$libdir\]" shared.txt || fail "app-shared has no rpath to $libdir"
+    local rpath
+    rpath=$(sed -n 's/.*(R[UN]*PATH).*\[\(.*\)\]/\1/p' shared.txt | head -1)
+    [ -n "$rpath" ] && [ "$(cd "$rpath" 2>/dev/null && pwd)" = "$libdir" ] || fail "app-shared's rpath '$rpath' is not $libdir"
     ! grep -q 'NEEDED.*libkvmem' static.txt || fail "app-static still needs libkvmem.so"
   fi
   ok "a fresh module's README program runs with no environment variable, shared (rpath) and -tags kvmem_static"
+  # examples/go/memsvc copied out of the tree: its replace (the checkout) dropped, the tagged module fetched
+  mkdir "$tmp/memsvc" && cd "$tmp/memsvc"
+  local f
+  for f in "$root"/examples/go/memsvc/*.go "$root/examples/go/memsvc/go.mod"; do
+    [[ $f == *_test.go ]] || cp "$f" .
+  done
+  go mod edit -dropreplace="$mpath" -require="$mpath@v$want"
+  go mod tidy >tidy.log 2>&1 || { cat tidy.log; fail "go mod tidy in the copied memsvc"; }
+  CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" go build -o memsvc . || fail "go build of the copied memsvc"
+  serve "Go memsvc" clean /usr/bin:/bin env PORT=0 ./memsvc
+  ok "examples/go/memsvc copied out of the tree builds on the fetched module and serves requests"
 }
 
 case $lang in
