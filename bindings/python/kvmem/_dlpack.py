@@ -21,6 +21,7 @@ from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint
 from typing import Any, Callable, Optional, Tuple
 
 from ._buffers import BF16, F16, F32
+from ._errors import InvalidArgumentError, InvalidTypeError
 
 # DLDeviceType (dlpack.h)
 CPU = 1
@@ -109,13 +110,13 @@ def export(obj: Any, what: str, device_check: Callable[[str], None]) -> Any:
         dev = obj.__dlpack_device__()
         dev_type, dev_id = int(dev[0]), int(dev[1])
     except Exception as e:
-        raise TypeError(f"{what}: __dlpack_device__() failed: {e}") from None
+        raise InvalidTypeError(f"{what}: __dlpack_device__() failed: {e}") from None
     if dev_type != CPU:
         device_check(device_name(dev_type, dev_id))
     try:
         return obj.__dlpack__()
     except Exception as e:  # numpy refuses read-only arrays, others their own cases
-        raise TypeError(f"{what}: its DLPack export (__dlpack__) failed: "
+        raise InvalidTypeError(f"{what}: its DLPack export (__dlpack__) failed: "
                         f"{type(e).__name__}: {e}") from None
 
 
@@ -126,10 +127,10 @@ def peek(capsule: Any, what: str) -> Export:
     if not _is_valid(capsule, b"dltensor"):
         name = _get_name(capsule)
         if name == b"used_dltensor":
-            raise ValueError(f"{what}: this DLPack capsule was already consumed (a capsule can be "
+            raise InvalidArgumentError(f"{what}: this DLPack capsule was already consumed (a capsule can be "
                              f"used once); pass the tensor itself, or a new capsule (to_dlpack) for "
                              f"each use")
-        raise ValueError(f"{what}: a capsule named {name!r} is not a DLPack tensor "
+        raise InvalidArgumentError(f"{what}: a capsule named {name!r} is not a DLPack tensor "
                          f"(expected 'dltensor')")
     m = _DLManagedTensor.from_address(_get_pointer(capsule, b"dltensor"))
     t = m.dl_tensor
@@ -138,10 +139,10 @@ def peek(capsule: Any, what: str) -> Export:
     dname = f"{_CODES.get(code, f'code{code}_')}{bits}" + (f"x{lanes}" if lanes != 1 else "")
     ndim = int(t.ndim)
     if not 0 <= ndim <= _MAX_NDIM:
-        raise ValueError(f"{what}: DLPack tensor with ndim {ndim}")
+        raise InvalidArgumentError(f"{what}: DLPack tensor with ndim {ndim}")
     shape = tuple(int(t.shape[i]) for i in range(ndim)) if ndim else ()
     if any(e < 0 for e in shape):
-        raise ValueError(f"{what}: DLPack shape {shape} has a negative extent")
+        raise InvalidArgumentError(f"{what}: DLPack shape {shape} has a negative extent")
     if t.strides:
         strides = tuple(int(t.strides[i]) for i in range(ndim))
     else:  # NULL strides: compact row-major
@@ -151,12 +152,12 @@ def peek(capsule: Any, what: str) -> Export:
             acc *= e
         strides = tuple(reversed(rev))
     if any(s < 0 for s in strides):
-        raise ValueError(f"{what}: strides {strides} (elements) are negative; kvmem takes "
+        raise InvalidArgumentError(f"{what}: strides {strides} (elements) are negative; kvmem takes "
                          f"non-negative strides: copy it first (numpy.ascontiguousarray, .contiguous())")
     # the farthest element's byte offset must fit in the address space
     isz = max(bits * lanes // 8, 1)
     span = sum((e - 1) * s for e, s in zip(shape, strides) if e > 0) * isz + int(t.byte_offset)
     if span >= 1 << 62:
-        raise ValueError(f"{what}: DLPack shape {shape} with strides {strides} spans {span} bytes")
+        raise InvalidArgumentError(f"{what}: DLPack shape {shape} with strides {strides} spans {span} bytes")
     data = (int(t.data or 0) + int(t.byte_offset)) if t.data else 0
     return Export(data, (int(t.device.device_type), int(t.device.device_id)), kv, dname, shape, strides)

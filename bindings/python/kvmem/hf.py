@@ -67,6 +67,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch as _torch
 
 from . import torch as _kt
+from ._errors import InvalidArgumentError, InvalidTypeError
 from ._objects import Agent, Retrieval, SCOPE_GLOBAL, rope_apply
 
 __all__ = ["KvmemCache"]
@@ -113,18 +114,18 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
             except (TypeError, ValueError):  # newer transformers' Cache wants layer objects we do not use
                 pass
         if not isinstance(agent, Agent):
-            raise TypeError(f"kvmem.hf: agent must be a kvmem.Agent, got {type(agent).__name__}")
+            raise InvalidTypeError(f"kvmem.hf: agent must be a kvmem.Agent, got {type(agent).__name__}")
         for name, val in (("budget", budget), ("window", window)):
             if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
-                raise ValueError(f"kvmem.hf: {name} must be a non-negative int, got {val!r}")
+                raise InvalidArgumentError(f"kvmem.hf: {name} must be a non-negative int, got {val!r}")
         params = dict(retrieve_params or {})
         for k in params:
             if k in _DERIVED:
-                raise TypeError(f"kvmem.hf: retrieve_params[{k!r}] is set by the cache ({_DERIVED[k]})")
+                raise InvalidTypeError(f"kvmem.hf: retrieve_params[{k!r}] is set by the cache ({_DERIVED[k]})")
         if params.get("scope", SCOPE_GLOBAL) != SCOPE_GLOBAL:
-            raise ValueError("kvmem.hf: the context is one block set for every layer: scope must be GLOBAL")
+            raise InvalidArgumentError("kvmem.hf: the context is one block set for every layer: scope must be GLOBAL")
         if dtype is not None and dtype not in _kt._DTYPES:
-            raise TypeError(f"kvmem.hf: dtype {dtype} is not float32, float16 or bfloat16")
+            raise InvalidTypeError(f"kvmem.hf: dtype {dtype} is not float32, float16 or bfloat16")
         self.agent = agent
         self.spec = agent.pool.spec
         self.block_size = agent.pool.get_info().block_size
@@ -171,12 +172,12 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         _kt._check(v, "value_states")
         H, D, n_layers = self.spec.n_kv_heads, self.spec.head_dim, self.spec.n_layers
         if k.dim() != 4 or k.shape != v.shape or k.shape[1] != H or k.shape[3] != D:
-            raise ValueError(f"kvmem.hf: update(): key_states {tuple(k.shape)} and value_states "
+            raise InvalidArgumentError(f"kvmem.hf: update(): key_states {tuple(k.shape)} and value_states "
                              f"{tuple(v.shape)} must both be [batch, {H}, T, {D}] (the pool's spec)")
         if k.dtype != v.dtype:
-            raise TypeError(f"kvmem.hf: update(): key_states is {k.dtype}, value_states {v.dtype}")
+            raise InvalidTypeError(f"kvmem.hf: update(): key_states is {k.dtype}, value_states {v.dtype}")
         if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < n_layers:
-            raise ValueError(f"kvmem.hf: update(): layer_idx {layer_idx!r} is outside [0, {n_layers})")
+            raise InvalidArgumentError(f"kvmem.hf: update(): layer_idx {layer_idx!r} is outside [0, {n_layers})")
         B, T = k.shape[0], k.shape[2]
         start = self._lens[layer_idx]
         cp = (cache_kwargs or {}).get("cache_position")
@@ -184,14 +185,14 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
             cp = _torch.as_tensor(cp).reshape(-1)
             if not _torch.equal(cp.cpu().long(), _torch.arange(start, start + T)):
                 first = int(cp[0]) if cp.numel() else None
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"kvmem.hf: update(): layer {layer_idx} got cache_position from {first} for {T} tokens, "
                     f"but the cache's context holds {start}: run new tokens at cache_position = "
                     f"arange(cache.get_seq_length(), ...) and position_ids = cache_position[None] (the "
                     f"context sits at positions 0..{start - 1}); with generate(), pass input_ids = "
                     f"cache.begin_turn(new_ids)")
         if self._K is not None and self._K.shape[1] not in (1, B):
-            raise ValueError(f"kvmem.hf: update(): a batch of {B} rows, the cache holds {self._K.shape[1]}")
+            raise InvalidArgumentError(f"kvmem.hf: update(): a batch of {B} rows, the cache holds {self._K.shape[1]}")
         if self._K is None:
             self._dtype = k.dtype
             self._allocate(B, T)
@@ -279,7 +280,7 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         if past_key_values is not None:
             ks, vs = _kt._layers(past_key_values, "past_key_values")
             if len(ks) != cache.spec.n_layers:
-                raise ValueError(f"kvmem.hf: past_key_values has {len(ks)} layers, the pool's spec "
+                raise InvalidArgumentError(f"kvmem.hf: past_key_values has {len(ks)} layers, the pool's spec "
                                  f"{cache.spec.n_layers}")
             for i, (k, v) in enumerate(zip(ks, vs)):
                 cache.update(k, v, i)
@@ -311,13 +312,13 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         if m >= total:
             return
         if m < self.memory_tokens:
-            raise ValueError(f"kvmem.hf: crop({max_length}): the first {self.memory_tokens} rows are retrieved "
+            raise InvalidArgumentError(f"kvmem.hf: crop({max_length}): the first {self.memory_tokens} rows are retrieved "
                              f"memory, not the session's newest tokens; crop cannot remove them")
         if m < self._committed:
             drop = self._committed - m
             n_agent = self.agent.get_info().n_tokens
             if sum(n for _, n in self._runs[-1:]) < drop or self._runs[-1][0] + self._runs[-1][1] != n_agent:
-                raise ValueError(f"kvmem.hf: crop({max_length}): the agent's newest tokens are not the "
+                raise InvalidArgumentError(f"kvmem.hf: crop({max_length}): the agent's newest tokens are not the "
                                  f"context's last rows (it was appended to beside this cache)")
             self.agent.truncate(n_agent - drop)
             self._runs[-1][1] -= drop
@@ -352,7 +353,7 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
             self._load(list(range(live_first)), live_first, info, reuse=(self._K, self._V))
         else:
             if queries is None and (ids is None or self.model is None):
-                raise ValueError("kvmem.hf: begin_turn(): the memory is larger than the budget, so the turn "
+                raise InvalidArgumentError("kvmem.hf: begin_turn(): the memory is larger than the budget, so the turn "
                                  "needs query states to retrieve with: give the new token ids and "
                                  "model= to the constructor, or queries=")
             state = self._state()
@@ -378,7 +379,7 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
         ids = [int(b) for b in blocks]
         bad = [b for b in ids if not 0 <= b < live_first]
         if bad:
-            raise ValueError(f"kvmem.hf: load(): blocks {bad} are not sealed blocks before the live window "
+            raise InvalidArgumentError(f"kvmem.hf: load(): blocks {bad} are not sealed blocks before the live window "
                              f"(blocks 0..{live_first - 1})")
         self._load(ids, live_first, info, reuse=(self._K, self._V))
 
@@ -398,7 +399,7 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
             return
         B = self._K.shape[1]
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < B:
-            raise ValueError(f"kvmem.hf: keep_row({row!r}): the batch has {B} rows")
+            raise InvalidArgumentError(f"kvmem.hf: keep_row({row!r}): the batch has {B} rows")
         self._K, self._V = self._K[:, row:row + 1].clone(), self._V[:, row:row + 1].clone()
         self._ids = None  # the recorded ids are the batch's, not this row's alone
         self._commit()
@@ -426,7 +427,7 @@ class KvmemCache(_CacheBase):  # type: ignore[misc, valid-type]
 
     def _need_one_row(self, what: str) -> None:
         if self._K is not None and self._K.shape[1] != 1 and min(self._lens) > self._committed:
-            raise ValueError(f"kvmem.hf: {what}(): the batch has {self._K.shape[1]} rows not yet in the "
+            raise InvalidArgumentError(f"kvmem.hf: {what}(): the batch has {self._K.shape[1]} rows not yet in the "
                              f"agent; keep_row(i) picks the one the session keeps")
 
     _STATE = ("_K", "_V", "_lens", "_committed", "_runs", "blocks", "memory_tokens", "retrieval")
