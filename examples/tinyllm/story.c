@@ -17,6 +17,7 @@
  *
  * A session is story_session.c's (the browser page runs the same code);
  * this file prints it. */
+#include <ctype.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -80,6 +81,8 @@ static const char *const k_sessions[] = {
     "The next morning,",
 };
 #define N_SESSIONS ((int)(sizeof k_sessions / sizeof k_sessions[0]))
+/* The girl session 1 names: what a continuation of the last session recalls or not. */
+static const char k_name[] = "Sue";
 #define PHASE1_SESSIONS (N_SESSIONS - 1)
 
 /* One line of text, line breaks as spaces, cut after `max` bytes (0: whole)
@@ -108,6 +111,16 @@ static int print_range(tl_story *s, int64_t first, int64_t n, char *err, size_t 
     if (!t) return tl_errf(err, err_size, "history text: %s", kvmem_last_error());
     print_text(t, 0);
     free(t);
+    return 0;
+}
+
+/* Whether text holds word as a word of its own (not inside a longer one). */
+static int says_word(const char *text, const char *word) {
+    size_t n = strlen(word);
+    for (const char *p = strstr(text, word); p; p = strstr(p + 1, word)) {
+        int before = p > text && isalnum((unsigned char)p[-1]), after = isalnum((unsigned char)p[n]);
+        if (!before && !after) return 1;
+    }
     return 0;
 }
 
@@ -168,7 +181,28 @@ static int print_compared(tl_story *s, const tl_story_run *r, char *err, size_t 
     printf("\n  (the recent window and the whole history keep their KV cached; the whole history, %lld tokens, "
            "is past the model's window of %d; re-read as text: %lld tokens)\n",
            (long long)r->history, W, (long long)(r->history + np));
-    return rc;
+    if (rc) return rc;
+    /* the verdict, from the continuations as decoded */
+    const int32_t *ids[4] = {r->gen, r->rag, r->recent, r->full};
+    const int32_t n[4] = {r->n_gen, r->n_rag, r->n_recent, r->n_full};
+    static const char *const who[4] = {"kvmem's memory", "text RAG", "the recent window", "the whole history"};
+    int named[4];
+    for (int i = 0; i < 4; i++) {
+        char *t = tl_story_decode(s, ids[i], n[i]);
+        if (!t) return tl_errf(err, err_size, "out of memory");
+        named[i] = says_word(t, k_name);
+        free(t);
+    }
+    printf("\nRecall of %s, named in session 1, %.1f windows back:", k_name, windows(s, r->history));
+    for (int yes = 1, sep = 0; yes >= 0; yes--) {
+        int k = 0;
+        for (int i = 0; i < 4; i++)
+            if (named[i] == yes) printf("%s %s", k++ ? "," : sep ? ";" : "", who[i]);
+        if (k) fputs(yes ? (k == 1 ? " says it" : " say it") : (k == 1 ? " does not" : " do not"), stdout);
+        sep |= k;
+    }
+    printf(".\n");
+    return 0;
 }
 
 /* The story on the model, with --tokenizer, else the model's own vocabulary,
@@ -292,11 +326,11 @@ static int phase2(const char *model, const char *tok, const char *dir) {
     memset(&r, 0, sizeof r);
     if (!rc) rc = tl_story_step(s, last, strlen(last), NULL, &r, err, sizeof err);
     if (!rc) {
-        printf("\nsession %d (history %lld tokens, %.1f windows; the girl was named in session 1, %.1f windows "
-               "back): ",
-               N_SESSIONS, (long long)r.history, windows(s, r.history), windows(s, r.history));
+        printf("\nsession %d (history %lld tokens, %.1f windows of the model): ", N_SESSIONS, (long long)r.history,
+               windows(s, r.history));
         print_text(last, 0);
-        printf("\n");
+        printf("\n  (the next word, in a story of this kind, is its girl's name: %s, named in session 1 only)\n",
+               k_name);
         rc = print_memories(s, &r, err, sizeof err);
     }
     if (!rc) rc = print_compared(s, &r, err, sizeof err);
