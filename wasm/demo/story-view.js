@@ -1,6 +1,6 @@
 // The real-model mode of the demo page: the model (served, or picked from
 // disk), the story's sessions, and per session what kvmem did. Plain DOM.
-import { PRESETS, runSessions, servedModel } from './story.js';
+import { PRESETS, introducedName, recallVerdict, runSessions, servedModel } from './story.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -76,7 +76,8 @@ function continuationRow(kind, label, c, tokens, note = '') {
     el('td', { class: 'tokens' }, tokens), el('td', {}, quoted(c.text, 'text continuation'), note ? el('span', { class: 'note' }, ` ${note}`) : ''));
 }
 
-function sessionView(r, model, patience) {
+// name: who the story's first session named (null: nobody), looked for in the continuations.
+function sessionView(r, model, patience, name) {
   const card = el('article', { class: 'session', 'data-session': r.session, 'data-history': r.history,
     'data-budget': r.budget });
   const windows = (r.history / model.seqLen).toFixed(1);
@@ -98,6 +99,10 @@ function sessionView(r, model, patience) {
     t.append(continuationRow('kvmem', 'continued', r.kvmem, `${np} tokens run: the text`));
   }
   card.append(t);
+  if (r.full && name && r.session > 1) {
+    const v = recallVerdict(r, name, model.seqLen);
+    card.append(el('p', { class: 'verdict', 'data-named': Object.keys(v.named).filter((k) => v.named[k]).join(' ') }, v.line));
+  }
   card.append(el('p', { class: 'note tokens' }, `a text agent re-reading the whole history would run ${r.tokens.reread} tokens`));
   return card;
 }
@@ -171,7 +176,8 @@ export function initStoryMode(km) {
         await new Promise((r) => setTimeout(r, 0));
         try {
           const [r] = runSessions(story, [text], opts);
-          results.append(sessionView(r, story.model, patience));
+          const first = window.kvmemStory.length ? window.kvmemStory[0].text : r.text;
+          results.append(sessionView(r, story.model, patience, introducedName(first)));
           window.kvmemStory.push(r);
         } catch (e) {
           results.append(errorView(window.kvmemStory.length, e));

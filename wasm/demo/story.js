@@ -88,3 +88,25 @@ export function runSessions(story, texts, { art = true, artTile = 0 } = {}, onSe
   });
   return out;
 }
+
+/** The name the first session gives someone ("a little girl named Sue"), or
+ *  null: what the verdict looks for in a later session's continuations. */
+export function introducedName(firstText) {
+  const m = /\bnamed ([A-Z][A-Za-z]*)/.exec(firstText || '');
+  return m ? m[1] : null;
+}
+
+const WHO = [['kvmem', "kvmem's memory"], ['rag', 'text RAG'], ['recent', 'the recent window'], ['full', 'the whole history']];
+
+/** Which of a session's four continuations say the name as a word of its
+ *  own, and the line `tinyllm demo` prints for it (story.c's verdict):
+ *  { named: { kvmem, rag, recent, full }, line }. */
+export function recallVerdict(r, name, seqLen) {
+  const word = new RegExp(`(^|[^A-Za-z0-9])${name}([^A-Za-z0-9]|$)`);
+  const named = Object.fromEntries(WHO.map(([k]) => [k, word.test(r[k].text)]));
+  const yes = WHO.filter(([k]) => named[k]).map(([, w]) => w), no = WHO.filter(([k]) => !named[k]).map(([, w]) => w);
+  const parts = [];
+  if (yes.length) parts.push(`${yes.join(', ')} ${yes.length === 1 ? 'says it' : 'say it'}`);
+  if (no.length) parts.push(`${no.join(', ')} ${no.length === 1 ? 'does not' : 'do not'}`);
+  return { named, line: `Recall of ${name}, named in session 1, ${(r.history / seqLen).toFixed(1)} windows back: ${parts.join('; ')}.` };
+}

@@ -144,6 +144,7 @@ function demoStory(model, tok) {
       else if ((m = /^ {2}both end with the live context, the newest \d+ tokens: "(.*)"$/.exec(line))) last.live = m[1];
       else if ((m = /^ {4}(kvmem's memory|text RAG|the recent +\d+ tokens|the whole history) +\d+: [^"]*"(.*)"$/.exec(line)))
         last.cont[{ "kvmem's memory": 'kvmem', 'text RAG': 'rag', 'the whole history': 'full' }[m[1]] || 'recent'] = m[2];
+      else if ((m = /^(Recall of .*)$/.exec(line))) last.verdict = m[1];
     }
     return { sessions, last };
   } finally {
@@ -158,7 +159,7 @@ async function shownStory(page) {
     const ids = (e) => e.dataset.ids.split(' ').filter(Boolean).map(Number);
     const text = (e) => e.querySelector('q').textContent;
     const row = (kind) => { const r = q(`tr[data-kind="${kind}"]`); return r && { ids: ids(r), text: text(r) }; };
-    const live = q('p.live'), art = q('.art[data-visited]');
+    const live = q('p.live'), art = q('.art[data-visited]'), verdict = q('p.verdict');
     return {
       error: a.classList.contains('error') ? a.textContent : null,
       session: Number(a.dataset.session), history: Number(a.dataset.history), budget: Number(a.dataset.budget),
@@ -171,6 +172,7 @@ async function shownStory(page) {
       chunks: Array.from(a.querySelectorAll('li.chunk')).map((c) => ({ first: Number(c.dataset.first), n: Number(c.dataset.n),
         ids: ids(c), text: text(c) })),
       kvmem: row('kvmem'), rag: row('rag'), full: row('full'), recent: row('recent'),
+      verdict: verdict && { text: verdict.textContent, named: verdict.dataset.named.split(' ').filter(Boolean) },
     };
   }));
 }
@@ -228,6 +230,15 @@ function compareDemo(label, ui, demo) {
   check((u.live ? u.live.text : null) === last.live, `${L}: the live context`, `${u.live && u.live.text} vs ${last.live}`);
   for (const kind of ['kvmem', 'rag', 'recent', 'full'])
     check(u[kind] && u[kind].text === last.cont[kind], `${L}: continued on ${kind}`, `${u[kind] && u[kind].text} vs ${last.cont[kind]}`);
+  // the verdict: the page's line is tinyllm demo's, and the continuations it says name session 1's person are
+  // the ones whose text holds the name as a word (looked for here)
+  const name = /named ([A-Z][A-Za-z]*)/.exec((ui[0] && ui[0].newText) || '');
+  check(u.verdict && u.verdict.text === last.verdict, `${L}: the verdict line`, `${u.verdict && u.verdict.text} vs ${last.verdict}`);
+  if (name && u.verdict) {
+    const says = ['kvmem', 'rag', 'recent', 'full'].filter((k) => u[k] && new RegExp(`(^|[^A-Za-z0-9])${name[1]}([^A-Za-z0-9]|$)`).test(u[k].text));
+    check(JSON.stringify(u.verdict.named) === JSON.stringify(says), `${L}: the verdict names the continuations that say ${name[1]}`,
+      `${u.verdict.named} vs ${says}`);
+  }
 }
 
 const storyStatus = (page) => page.evaluate(() => document.getElementById('story-model').textContent);
