@@ -866,6 +866,10 @@ int tl_beyond_run(const tl_recall_suite *s, const tl_model *m, const bx_cfg *c, 
                     nt2->rank[w] = o->rank;
                     nt2->n_blocks[w] = o->n_order < 16 ? o->n_order : 16;
                     memcpy(nt2->blocks[w], o->order, (size_t)nt2->n_blocks[w] * sizeof(int32_t));
+                    nt2->selected[w] = o->selected;
+                    nt2->mem_rows[w] = o->mem_rows;
+                    nt2->live_rows[w] = o->live_rows;
+                    nt2->prefill[w] = o->prefill;
                     inspect(res, &bc, w, o);
                 }
         }

@@ -396,9 +396,22 @@ void tl_beyond_write_json(FILE *f, const bx_cfg *c, const bx_results *r, const t
     fprintf(f, ",\"cases_detail\":[");
     for (int32_t i = 0; i < s->n_cases; i++) {
         const tl_recall_case *rc = &s->cases[i];
-        fprintf(f, "%s{\"id\":\"%s\",\"history\":%d,\"distance\":%d,\"before\":%d,\"name_block\":%d,"
-                "\"rank_deployed\":%d,\"rank_default\":%d}", i ? "," : "", rc->id, rc->n_hist, rc->distance,
-                rc->n_before, r->notes[i].name_block, r->notes[i].rank[0], r->notes[i].rank[1]);
+        const bx_case_note *nt = &r->notes[i];
+        fprintf(f, "%s{\"id\":\"%s\",\"history\":%d,\"prompt\":%d,\"name_tokens\":%d,\"name_at\":%d,"
+                "\"distance\":%d,\"before\":%d,\"name_block\":%d,\"name_blocks\":[", i ? "," : "", rc->id,
+                rc->n_hist, rc->n_prompt, rc->n_name, rc->name_at, rc->distance, rc->n_before, nt->name_block);
+        for (int32_t b = 0; b < nt->n_name_blocks; b++) fprintf(f, "%s%d", b ? "," : "", nt->name_blocks[b]);
+        fprintf(f, "]");
+        /* MemArt at the first memory share, as deployed and with the default placement: its window */
+        static const char *const which[2] = {"deployed", "default"};
+        for (int w = 0; w < 2; w++) {
+            fprintf(f, ",\"%s\":{\"rank\":%d,\"selected\":%d,\"memory_rows\":%lld,\"live_rows\":%lld,"
+                    "\"prefill\":%lld,\"blocks\":[", which[w], nt->rank[w], nt->selected[w], (long long)nt->mem_rows[w],
+                    (long long)nt->live_rows[w], (long long)nt->prefill[w]);
+            for (int32_t b = 0; b < nt->n_blocks[w]; b++) fprintf(f, "%s%d", b ? "," : "", nt->blocks[w][b]);
+            fprintf(f, "]}");
+        }
+        fprintf(f, "}");
     }
     fprintf(f, "]}\n");
 }
