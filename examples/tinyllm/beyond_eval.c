@@ -690,8 +690,8 @@ static int run_one_case(const tl_recall_suite *s, int32_t ci, const tl_model *m,
     int need_restart = 0;
     for (int32_t mi = 0; mi < res->n_methods; mi++) need_restart |= res->methods[mi].group == BX_G_RESTART;
     for (int d = 0; d < 2 && need_restart; d++) {
-        snprintf(bc.path[d], sizeof bc.path[d], "%s/tinyllm-beyond-%d-%d.safetensors",
-                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid(), d);
+        snprintf(bc.path[d], sizeof bc.path[d], "%s/tinyllm-beyond-%d-%d-%d.safetensors",
+                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid(), (int)ci, d);
         if (save_copy(&bc, ctx, d ? KVMEM_Q4 : KVMEM_F16, bc.path[d], err, err_size)) goto out;
     }
     for (int32_t mi = 0; mi < res->n_methods; mi++) {
@@ -866,6 +866,10 @@ int tl_beyond_run(const tl_recall_suite *s, const tl_model *m, const bx_cfg *c, 
                     nt2->rank[w] = o->rank;
                     nt2->n_blocks[w] = o->n_order < 16 ? o->n_order : 16;
                     memcpy(nt2->blocks[w], o->order, (size_t)nt2->n_blocks[w] * sizeof(int32_t));
+                    nt2->selected[w] = o->selected;
+                    nt2->mem_rows[w] = o->mem_rows;
+                    nt2->live_rows[w] = o->live_rows;
+                    nt2->prefill[w] = o->prefill;
                     inspect(res, &bc, w, o);
                 }
         }

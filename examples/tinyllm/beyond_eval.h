@@ -62,6 +62,8 @@ typedef struct bx_case_note {
     int32_t rank[2];      /* memart deployed and memart default at 25%: rank of the name */
     int32_t blocks[2][16];/* their blocks in window order */
     int32_t n_blocks[2];
+    int32_t selected[2];  /* a block naming the character among them (or the BOS row, when it does) */
+    int64_t mem_rows[2], live_rows[2], prefill[2];
     int32_t name_block;
     int32_t name_blocks[4], n_name_blocks; /* the blocks of the name's first mention */
 } bx_case_note;

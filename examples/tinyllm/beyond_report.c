@@ -285,6 +285,67 @@ void tl_beyond_write_md(FILE *f, const bx_cfg *c, const bx_results *r, const tl_
     }
 }
 
+/* The headline tables, one per memory share: the baselines, text RAG, the oracles and MemArt as deployed and
+ * with the default placement, each with what the goal is judged on. */
+static void write_tables(FILE *f, const bx_results *r) {
+    static const struct {
+        const char *label;
+        bx_sel sel;
+        bx_oracle oracle;
+        tl_chunking ch;
+        int which; /* 0: by kind; 1: MemArt as deployed; 2: MemArt, default placement; 3: the same, EXACT */
+    } rows[] = {
+        {"recent window", BX_RECENT, BX_ORACLE_NONE, 0, 0},
+        {"StreamingLLM", BX_STREAMING, BX_ORACLE_NONE, 0, 0},
+        {"H2O eviction", BX_H2O, BX_ORACLE_NONE, 0, 0},
+        {"SnapKV eviction", BX_SNAPKV, BX_ORACLE_NONE, 0, 0},
+        {"IntentKV eviction", BX_INTENTKV, BX_ORACLE_NONE, 0, 0},
+        {"recent text re-prefilled", BX_RECENT_TEXT, BX_ORACLE_NONE, 0, 0},
+        {"BM25 text RAG, 16-token chunks", BX_BM25, BX_ORACLE_NONE, TL_CHUNK_TOKENS, 0},
+        {"BM25 text RAG, sentences", BX_BM25, BX_ORACLE_NONE, TL_CHUNK_SENTENCES, 0},
+        {"text oracle: the name's chunk in BM25's set", BX_BM25, BX_ORACLE_SET, TL_CHUNK_TOKENS, 0},
+        {"text oracle: the name's chunk before the live context", BX_BM25, BX_ORACLE_NEAR, TL_CHUNK_TOKENS, 0},
+        {"MemArt as deployed (AABB, chronological, live the rest)", BX_MEMART, BX_ORACLE_NONE, 0, 1},
+        {"MemArt, default placement", BX_MEMART, BX_ORACLE_NONE, 0, 2},
+        {"MemArt EXACT, default placement", BX_MEMART, BX_ORACLE_NONE, 0, 3},
+        {"block oracle: the name's block in MemArt's set", BX_MEMART, BX_ORACLE_SET, 0, 0},
+        {"block oracle: the name's block before the live context", BX_MEMART, BX_ORACLE_NEAR, 0, 0},
+    };
+    fprintf(f, "\"tables\":[");
+    int nf = 0;
+    for (int fi = 0; fi < 3; fi++) nf += r->best[fi] > 0 || fi == 0;
+    for (int fi = 0; fi < nf; fi++) {
+        fprintf(f, "%s{\"mem_frac\":%g,\"rows\":[", fi ? "," : "", k_fr[fi]);
+        int first = 1;
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+            int32_t j = -1;
+            if (rows[ri].which == 1) j = r->deployed[fi];
+            else if (rows[ri].which == 2) j = r->best[fi];
+            else if (rows[ri].which == 3) j = r->best_exact[fi];
+            else
+                for (int32_t mi = 0; mi < r->n_methods && j < 0; mi++) {
+                    const bx_method *me = &r->methods[mi];
+                    if (me->group == BX_G_MAIN && me->sel == rows[ri].sel && me->oracle == rows[ri].oracle &&
+                        me->order == TL_ORDER_CHRONO && me->live_frac == 0 &&
+                        (me->sel != BX_BM25 || me->chunking == rows[ri].ch) &&
+                        (budget_free(me) || fabs(me->mem_frac - k_fr[fi]) < 1e-9))
+                        j = mi;
+                }
+            if (j < 0) continue;
+            const bx_score *a = &r->score[j];
+            double n = a->n ? (double)a->n : 1;
+            fprintf(f, "%s{\"method\":\"%s\",\"name\":\"%s\",\"n\":%lld,\"top1\":%.4f,\"top1_first\":%.4f,"
+                    "\"top1_before\":%.4f,\"rank_median\":%.1f,\"prefill_mean\":%.1f,\"selected\":%.4f}",
+                    first ? "" : ",", rows[ri].label, r->methods[j].name, (long long)a->n, (double)a->hits / n,
+                    a->n_g[0] ? (double)a->hits_g[0] / a->n_g[0] : 0, a->n_g[1] ? (double)a->hits_g[1] / a->n_g[1] : 0,
+                    median_rank(a, r->n_cases), (double)a->prefill / n, (double)a->selected / n);
+            first = 0;
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "]");
+}
+
 void tl_beyond_write_json(FILE *f, const bx_cfg *c, const bx_results *r, const tl_model *m, const char *model_path,
                           const tl_recall_suite *s) {
     int32_t W = m->cfg.seq_len;
@@ -330,12 +391,27 @@ void tl_beyond_write_json(FILE *f, const bx_cfg *c, const bx_results *r, const t
                     (long long)a->bn_g[1][b], a->bn_g[1][b] ? (double)a->bh_g[1][b] / a->bn_g[1][b] : 0);
         fprintf(f, "]}");
     }
-    fprintf(f, "],\"cases_detail\":[");
+    fprintf(f, "],");
+    write_tables(f, r);
+    fprintf(f, ",\"cases_detail\":[");
     for (int32_t i = 0; i < s->n_cases; i++) {
         const tl_recall_case *rc = &s->cases[i];
-        fprintf(f, "%s{\"id\":\"%s\",\"history\":%d,\"distance\":%d,\"before\":%d,\"name_block\":%d,"
-                "\"rank_deployed\":%d,\"rank_default\":%d}", i ? "," : "", rc->id, rc->n_hist, rc->distance,
-                rc->n_before, r->notes[i].name_block, r->notes[i].rank[0], r->notes[i].rank[1]);
+        const bx_case_note *nt = &r->notes[i];
+        fprintf(f, "%s{\"id\":\"%s\",\"history\":%d,\"prompt\":%d,\"name_tokens\":%d,\"name_at\":%d,"
+                "\"distance\":%d,\"before\":%d,\"name_block\":%d,\"name_blocks\":[", i ? "," : "", rc->id,
+                rc->n_hist, rc->n_prompt, rc->n_name, rc->name_at, rc->distance, rc->n_before, nt->name_block);
+        for (int32_t b = 0; b < nt->n_name_blocks; b++) fprintf(f, "%s%d", b ? "," : "", nt->name_blocks[b]);
+        fprintf(f, "]");
+        /* MemArt at the first memory share, as deployed and with the default placement: its window */
+        static const char *const which[2] = {"deployed", "default"};
+        for (int w = 0; w < 2; w++) {
+            fprintf(f, ",\"%s\":{\"rank\":%d,\"selected\":%d,\"memory_rows\":%lld,\"live_rows\":%lld,"
+                    "\"prefill\":%lld,\"blocks\":[", which[w], nt->rank[w], nt->selected[w], (long long)nt->mem_rows[w],
+                    (long long)nt->live_rows[w], (long long)nt->prefill[w]);
+            for (int32_t b = 0; b < nt->n_blocks[w]; b++) fprintf(f, "%s%d", b ? "," : "", nt->blocks[w][b]);
+            fprintf(f, "]}");
+        }
+        fprintf(f, "}");
     }
     fprintf(f, "]}\n");
 }
