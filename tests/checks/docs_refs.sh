@@ -2,7 +2,7 @@
 # Every file, link, path, make target and countable number named in README.md
 # and docs/*.md exists in the tree (tests/checks/docs_refs.py says what is
 # checked). Then the checker itself: a copy of the README with one broken
-# reference of each kind must fail, naming it.
+# reference of each kind must fail, naming it, and so must a 250-line one.
 # Args: SOURCE_DIR BINARY_DIR LIBKVMEM CLI CC SANITIZE
 set -uo pipefail
 src=$1
@@ -36,5 +36,12 @@ broken 'Then `make benchmark`.' "names \`make benchmark\`, which the Makefile do
 broken 'It comes with three example services.' "says 'three example services': the tree has"
 broken 'There are four bindings.' "says 'four bindings': the tree has"
 broken 'See [up](../outside.md).' "link to ../outside.md leaves the repository"
-[ $fail -eq 0 ] && echo "the checker fails on each of 10 broken references"
+# a README padded to 250 lines
+{ cat "$src/README.md"; yes '' | head -n $((250 - $(wc -l <"$src/README.md"))); } >"$work/README.md"
+if python3 "$checker" "$src" "$work/README.md=README.md" >"$work/out"; then
+  echo "FAIL: the checker passed a README of $(wc -l <"$work/README.md") lines"; fail=1
+elif ! grep -qF "README.md: 250 lines" "$work/out"; then
+  echo "FAIL: for a 250-line README the checker said: $(grep FAIL "$work/out")"; fail=1
+fi
+[ $fail -eq 0 ] && echo "the checker fails on each of 10 broken references and on a 250-line README"
 exit $fail
