@@ -81,9 +81,9 @@ static const char *const k_sessions[] = {
     "The next morning,",
 };
 #define N_SESSIONS ((int)(sizeof k_sessions / sizeof k_sessions[0]))
+#define PHASE1_SESSIONS (N_SESSIONS - 1)
 /* The girl session 1 names: what a continuation of the last session recalls or not. */
 static const char k_name[] = "Sue";
-#define PHASE1_SESSIONS (N_SESSIONS - 1)
 
 /* One line of text, line breaks as spaces, cut after `max` bytes (0: whole)
  * on a character boundary. */
