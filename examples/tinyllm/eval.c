@@ -511,7 +511,8 @@ static const char k_usage[] =
     "  --beyond FILE        instead: the beyond-the-window suite (histories longer than the model's\n"
     "                       window; every method in the same window; text RAG, oracles, placement)\n"
     "  --place O,S,L        with --beyond: the default placement: order chrono|score|runs, sink\n"
-    "                       none|bos|block, live share (0 = the rest of the window)\n"
+    "                       none|bos|block, live share (0 = the rest of the window); default\n"
+    "                       score,bos,0.25: best on both models (BENCHMARKS.md)\n"
     "  --threads N          with --beyond: cases run at once (default 1; the numbers do not change)\n";
 
 int tl_eval_main(int argc, char **argv) {
@@ -523,8 +524,8 @@ int tl_eval_main(int argc, char **argv) {
     int quick = 0;
     int32_t recall_cases = 0; /* 0 = all */
     const char *beyond_path = NULL;
-    bx_cfg bx = {.sink_tokens = 4, .probe_window = 32, .storage = KVMEM_F32, .best_order = TL_ORDER_CHRONO,
-                 .best_sink = BX_SINK_NONE, .best_live = 0, .threads = 1};
+    bx_cfg bx = {.sink_tokens = 4, .probe_window = 32, .storage = KVMEM_F32, .best_order = TL_ORDER_SCORE,
+                 .best_sink = BX_SINK_BOS, .best_live = 0.25, .threads = 1};
     static const struct option opts[] = {
         {"quick", no_argument, NULL, 'q'},       {"seqs", required_argument, NULL, 's'},
         {"turns", required_argument, NULL, 't'}, {"turn-len", required_argument, NULL, 'T'},
