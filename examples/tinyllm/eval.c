@@ -430,19 +430,25 @@ static int int_opt(const char *opt, const char *arg, int32_t lo, int32_t hi, int
     return 0;
 }
 
+/* The report files, opened before any work (markdown to stdout without a path). */
+static int open_reports(const char *md_path, const char *json_path, FILE **md, FILE **js) {
+    if (md_path && !(*md = fopen(md_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
+        return 1;
+    }
+    if (json_path && !(*js = fopen(json_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
+        if (*md != stdout) fclose(*md);
+        return 1;
+    }
+    return 0;
+}
+
 /* tinyllm eval --beyond: the suite past the window, its reports. */
 static int beyond_main(const char *model_path, const char *suite_path, const char *tok_path, const char *json_path,
                        const char *md_path, int quick, int32_t n_cases, kvmem_dtype storage, int progress, bx_cfg *bx) {
     FILE *md = stdout, *js = NULL;
-    if (md_path && !(md = fopen(md_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
-        return 1;
-    }
-    if (json_path && !(js = fopen(json_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
-        if (md != stdout) fclose(md);
-        return 1;
-    }
+    if (open_reports(md_path, json_path, &md, &js)) return 1;
     tl_model m;
     char err[TL_ERR_SIZE];
     int rc = 1;
@@ -617,15 +623,7 @@ int tl_eval_main(int argc, char **argv) {
     }
     /* Files are checked before the run, not after it. */
     FILE *md = stdout, *js = NULL;
-    if (md_path && !(md = fopen(md_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
-        return 1;
-    }
-    if (json_path && !(js = fopen(json_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
-        if (md != stdout) fclose(md);
-        return 1;
-    }
+    if (open_reports(md_path, json_path, &md, &js)) return 1;
     tl_model m;
     char err[TL_ERR_SIZE];
     int rc = 1;
