@@ -629,19 +629,24 @@ static void inspect(bx_results *res, bx_case *bc, int which, const bx_out *o) {
     put_text(&res->inspect, &res->inspect_len, &res->inspect_cap, bc->tok, rc->tok + rc->n_hist, bc->P, line, "`\n");
 }
 
+static void case_init(bx_case *bc, const tl_recall_suite *s, int32_t ci, const tl_model *m) {
+    const tl_recall_case *rc = &s->cases[ci];
+    memset(bc, 0, sizeof *bc);
+    bc->rc = rc;
+    bc->m = m;
+    bc->tok = s->tok;
+    bc->W = m->cfg.seq_len;
+    bc->N = rc->n_hist;
+    bc->P = rc->n_prompt;
+    bc->K = rc->n_name;
+    bc->R = bc->P + bc->K;
+}
+
 static int run_one_case(const tl_recall_suite *s, int32_t ci, const tl_model *m, const bx_cfg *c, kvmem_context *ctx,
                         bx_results *res, bx_out *outs, char *err, size_t err_size) {
     const tl_recall_case *rc = &s->cases[ci];
     bx_case bc;
-    memset(&bc, 0, sizeof bc);
-    bc.rc = rc;
-    bc.m = m;
-    bc.tok = s->tok;
-    bc.W = m->cfg.seq_len;
-    bc.N = rc->n_hist;
-    bc.P = rc->n_prompt;
-    bc.K = rc->n_name;
-    bc.R = bc.P + bc.K;
+    case_init(&bc, s, ci, m);
     int rcode = -1;
     tl_kv kv;
     memset(&kv, 0, sizeof kv);
@@ -844,13 +849,7 @@ int tl_beyond_run(const tl_recall_suite *s, const tl_model *m, const bx_cfg *c, 
     for (int32_t ci = 0; ci < s->n_cases; ci++) {
         const tl_recall_case *rc = &s->cases[ci];
         bx_case bc;
-        memset(&bc, 0, sizeof bc);
-        bc.rc = rc;
-        bc.m = m;
-        bc.tok = s->tok;
-        bc.W = m->cfg.seq_len;
-        bc.N = rc->n_hist;
-        bc.P = rc->n_prompt;
+        case_init(&bc, s, ci, m);
         memcpy(bc.name_blocks, res->notes[ci].name_blocks, sizeof bc.name_blocks);
         bc.n_name_blocks = res->notes[ci].n_name_blocks;
         res->ingest_seconds += res->ingest_ms[ci] / 1e3;

@@ -430,19 +430,25 @@ static int int_opt(const char *opt, const char *arg, int32_t lo, int32_t hi, int
     return 0;
 }
 
+/* The report files, opened before any work (markdown to stdout without a path). */
+static int open_reports(const char *md_path, const char *json_path, FILE **md, FILE **js) {
+    if (md_path && !(*md = fopen(md_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
+        return 1;
+    }
+    if (json_path && !(*js = fopen(json_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
+        if (*md != stdout) fclose(*md);
+        return 1;
+    }
+    return 0;
+}
+
 /* tinyllm eval --beyond: the suite past the window, its reports. */
 static int beyond_main(const char *model_path, const char *suite_path, const char *tok_path, const char *json_path,
                        const char *md_path, int quick, int32_t n_cases, kvmem_dtype storage, int progress, bx_cfg *bx) {
     FILE *md = stdout, *js = NULL;
-    if (md_path && !(md = fopen(md_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
-        return 1;
-    }
-    if (json_path && !(js = fopen(json_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
-        if (md != stdout) fclose(md);
-        return 1;
-    }
+    if (open_reports(md_path, json_path, &md, &js)) return 1;
     tl_model m;
     char err[TL_ERR_SIZE];
     int rc = 1;
@@ -511,7 +517,8 @@ static const char k_usage[] =
     "  --beyond FILE        instead: the beyond-the-window suite (histories longer than the model's\n"
     "                       window; every method in the same window; text RAG, oracles, placement)\n"
     "  --place O,S,L        with --beyond: the default placement: order chrono|score|runs, sink\n"
-    "                       none|bos|block, live share (0 = the rest of the window)\n"
+    "                       none|bos|block, live share (0 = the rest of the window); default\n"
+    "                       score,bos,0.25: best on both models (BENCHMARKS.md)\n"
     "  --threads N          with --beyond: cases run at once (default 1; the numbers do not change)\n";
 
 int tl_eval_main(int argc, char **argv) {
@@ -523,8 +530,8 @@ int tl_eval_main(int argc, char **argv) {
     int quick = 0;
     int32_t recall_cases = 0; /* 0 = all */
     const char *beyond_path = NULL;
-    bx_cfg bx = {.sink_tokens = 4, .probe_window = 32, .storage = KVMEM_F32, .best_order = TL_ORDER_CHRONO,
-                 .best_sink = BX_SINK_NONE, .best_live = 0, .threads = 1};
+    bx_cfg bx = {.sink_tokens = 4, .probe_window = 32, .storage = KVMEM_F32, .best_order = TL_ORDER_SCORE,
+                 .best_sink = BX_SINK_BOS, .best_live = 0.25, .threads = 1};
     static const struct option opts[] = {
         {"quick", no_argument, NULL, 'q'},       {"seqs", required_argument, NULL, 's'},
         {"turns", required_argument, NULL, 't'}, {"turn-len", required_argument, NULL, 'T'},
@@ -616,15 +623,7 @@ int tl_eval_main(int argc, char **argv) {
     }
     /* Files are checked before the run, not after it. */
     FILE *md = stdout, *js = NULL;
-    if (md_path && !(md = fopen(md_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
-        return 1;
-    }
-    if (json_path && !(js = fopen(json_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
-        if (md != stdout) fclose(md);
-        return 1;
-    }
+    if (open_reports(md_path, json_path, &md, &js)) return 1;
     tl_model m;
     char err[TL_ERR_SIZE];
     int rc = 1;
