@@ -4,8 +4,8 @@
 // the main thread for small bodies and on codec threads (codec-pool.js) for
 // large ones, where parsing megabytes of JSON would stall every other client.
 //
-// A body is JSON (Content-Type application/json, or none) or the binary
-// tensor layout (Content-Type application/x-kvmem-tensors):
+// A body is the binary tensor layout (Content-Type application/x-kvmem-tensors)
+// or JSON (any other Content-Type, or none):
 //
 //   bytes 0..8        N, unsigned 64-bit little-endian: the header's length
 //   bytes 8..8+N      the header: a JSON object with the request's fields, as
@@ -141,7 +141,8 @@ function decodeRequest(route, ctype, buf) {
     try { obj = JSON.parse(buf.toString('utf8', 8, 8 + hl)); } catch (e) { throw bad(`invalid JSON header: ${e.message}`); }
     data = buf.subarray(8 + hl);
     if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) throw bad(`the ${CT_TENSORS} header must be a JSON object`);
-  } else if (mt === '' || mt === CT_JSON) {
+  } else {
+    // any other Content-Type is read as JSON (curl -d sends form-urlencoded)
     if (buf.length === 0) obj = {};
     else {
       try { obj = JSON.parse(buf.toString('utf8')); } catch (e) { throw bad(`invalid JSON: ${e.message}`); }
@@ -150,8 +151,6 @@ function decodeRequest(route, ctype, buf) {
       if (!Object.keys(spec).length) throw noFields(route, obj);
       throw bad(`${route}: the body must be a JSON object, not ${typeName(obj)}`);
     }
-  } else {
-    throw new BodyError(415, 'unsupported_media_type', `Content-Type ${JSON.stringify(ctype)}: send ${CT_JSON} or ${CT_TENSORS}`);
   }
   const keys = Object.keys(obj);
   if (!Object.keys(spec).length && keys.length) throw noFields(route, obj, keys.map((k) => JSON.stringify(k)).join(', '));
