@@ -103,10 +103,10 @@ func loadConfig(getenv func(string) string) (*config, error) {
 	c.MaxBodyBytes = size("KVMEM_MAX_BODY_BYTES", 8<<20, 1024, 1<<30)
 	c.MaxResponseBytes = size("KVMEM_MAX_RESPONSE_BYTES", 8<<20, 1024, 1<<30)
 	c.MaxAgentTokens = integer("KVMEM_MAX_AGENT_TOKENS", 65536, 1, math.MaxInt32)
-	// one more request at work than cores, and one client holds at most one
-	// fewer than that: a newcomer always finds a free slot
+	// one more request at work than cores, and one client holds at most all
+	// cores but one: a newcomer finds a free slot and a core to run on
 	c.Workers = int(integer("KVMEM_WORKERS", int64(runtime.NumCPU()+1), 1, 1024))
-	c.ClientRunning = int(integer("KVMEM_CLIENT_RUNNING", int64(max(1, c.Workers-1)), 1, int64(c.Workers)))
+	c.ClientRunning = int(integer("KVMEM_CLIENT_RUNNING", int64(max(1, min(c.Workers-1, runtime.NumCPU()-1))), 1, int64(c.Workers)))
 	c.ClientQueue = int(integer("KVMEM_CLIENT_QUEUE", 64, 1, 1<<20))
 	c.ClientHeader = strings.ToLower(strings.TrimSpace(getenv("KVMEM_CLIENT_HEADER")))
 	if c.ClientHeader != "" && !regexp.MustCompile(`^[a-z0-9-]+$`).MatchString(c.ClientHeader) {
@@ -138,6 +138,13 @@ func loadConfig(getenv func(string) string) (*config, error) {
 			c.BudgetBytes, c.PoolCapacity, runtimeBytes, c.Workers, c.perRequestBytes())
 	}
 	return c, nil
+}
+
+func min(a, b int) int {
+	if a < b {
+		return a
+	}
+	return b
 }
 
 func max(a, b int) int {

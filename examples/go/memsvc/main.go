@@ -1,7 +1,7 @@
 // Command memsvc is a net/http memory service over kvmem, with the same API
 // and settings as examples/node/memory-service:
 //
-//	GET    /healthz                  200 {status: "ok"}; 503 while shutting down or when the store does not answer
+//	GET    /healthz                  200 {status: "ok", pid, started, ...}; 503 while shutting down or when the store does not answer
 //	GET    /health                   {version, spec, limits, pool}
 //	GET    /agents                   {agents: [id...]}: the pool's agents and the store's
 //	GET    /agents/{id}              agent info
@@ -96,6 +96,7 @@ type service struct {
 	mu        sync.Mutex
 	entries   map[string]*agentEntry
 	known     map[string]bool // the agents: those in the store at startup and those created since
+	started   time.Time
 	closeOnce sync.Once
 }
 
@@ -123,7 +124,7 @@ func newService(cfg *config) (*service, error) {
 		ctx.Close()
 		return nil, fmt.Errorf("cannot list the store's agents: %v", err)
 	}
-	s := &service{cfg: cfg, ctx: ctx, pool: pool, store: store, hasStore: spec != "", log: log.New(os.Stderr, "memsvc: ", 0),
+	s := &service{cfg: cfg, ctx: ctx, pool: pool, store: store, hasStore: spec != "", log: log.New(os.Stderr, "memsvc: ", 0), started: time.Now(),
 		sched: newFairScheduler(cfg.Workers, cfg.ClientRunning, cfg.ClientQueue), entries: map[string]*agentEntry{}, known: map[string]bool{}}
 	if _, ok := store.(dirStore); ok && spec != filepath.VolumeName(spec)+string(filepath.Separator) {
 		s.storeDir = spec
@@ -557,7 +558,8 @@ func (s *service) clientOf(r *http.Request) string {
 	return host
 }
 
-// countingWriter counts the answer's bytes for the access log
+// countingWriter counts the answer's bytes for the access log; status 499
+// (nginx's code): the client went away before an answer was written
 type countingWriter struct {
 	http.ResponseWriter
 	n      int64
@@ -566,6 +568,9 @@ type countingWriter struct {
 
 func (w *countingWriter) WriteHeader(code int) { w.status = code; w.ResponseWriter.WriteHeader(code) }
 func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.status == 499 {
+		w.status = 200
+	}
 	n, err := w.ResponseWriter.Write(b)
 	w.n += int64(n)
 	return n, err
@@ -573,7 +578,7 @@ func (w *countingWriter) Write(b []byte) (int, error) {
 
 func (s *service) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	w := &countingWriter{ResponseWriter: rw, status: 200}
+	w := &countingWriter{ResponseWriter: rw, status: 499}
 	client := s.clientOf(r)
 	var queued time.Duration
 	var inBytes int
@@ -646,7 +651,8 @@ func (s *service) handle(w http.ResponseWriter, r *http.Request, client string, 
 		s.mu.Lock()
 		n := len(s.known)
 		s.mu.Unlock()
-		return map[string]any{"status": "ok", "store": s.store.kind(), "agents": n, "running": st.Running, "queued": st.Queued, "clients": st.Clients}, nil
+		return map[string]any{"status": "ok", "store": s.store.kind(), "agents": n, "running": st.Running, "queued": st.Queued, "clients": st.Clients,
+			"pid": os.Getpid(), "started": s.started.UnixMilli()}, nil
 	case "health":
 		sp := s.pool.Spec
 		pi, err := s.pool.GetInfo()

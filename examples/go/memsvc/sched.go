@@ -15,9 +15,9 @@ import (
 // client. A free slot goes to the waiting client with the fewest requests at
 // work, ties to the one served least recently, so a client that floods the
 // service with connections gets no more turns than one that sends a request
-// now and then. One client holds at most clientRunning slots (by default one
-// fewer than there are), so a newcomer never waits for a flood's requests to
-// finish; and at most clientQueue requests (at work and waiting): the next
+// now and then. One client holds at most clientRunning slots (by default all
+// cores but one, and fewer than there are slots), so a newcomer never waits
+// for a flood's requests to finish; and at most clientQueue requests (at work and waiting): the next
 // one is refused at once (429), before its body is read.
 type fairScheduler struct {
 	mu                                  sync.Mutex

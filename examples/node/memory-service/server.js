@@ -1,7 +1,7 @@
 'use strict';
 // An HTTP memory service over kvmem: one pool, agents by id.
 //
-//   GET    /healthz                     200 {status: "ok"}; 503 while shutting down or when the store does not answer
+//   GET    /healthz                     200 {status: "ok", pid, started, ...}; 503 while shutting down or when the store does not answer
 //   GET    /health                      {version, spec, limits, pool}
 //   GET    /agents                      {agents: [id...]}: the pool's agents and the store's
 //   GET    /agents/:id                  agent info
@@ -48,7 +48,7 @@ const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
 const kvmem = require(path.join(__dirname, '..', '..', '..', 'bindings', 'node'));
-const { loadConfig } = require('./lib/config');
+const { loadConfig, perRequestBytes } = require('./lib/config');
 const { FairScheduler, QueueFullError, DrainingError } = require('./lib/sched');
 const codec = require('./lib/codec');
 const { CodecPool } = require('./lib/codec-pool');
@@ -99,10 +99,13 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
     throw new Error(`memory-service: cannot list the store's agents: ${e.message}`);
   }
   const sched = new FairScheduler({ workers: cfg.workers, clientRunning: cfg.clientRunning, clientQueue: cfg.clientQueue });
-  const codecs = new CodecPool(cfg.workers);
+  // a codec thread's heap: what one request may take (lib/config.js)
+  const codecs = new CodecPool(cfg.workers, { heapMb: Math.ceil(perRequestBytes(cfg) / 2 ** 20) + 32 });
+  await codecs.start();
   const entries = new Map(); // id -> {id, refs, tail, agent, dead}: the agents requests are using
   const { nLayers: L, nKvHeads: H, headDim: D } = pool.spec;
   let draining = false;
+  const started = Date.now();
 
   // kvmem's messages may name the store's files: clients see <store>, not the server's directories
   const hidden = storeSpec !== null && store.kind === 'dir' && storeSpec !== path.parse(storeSpec).root ? storeSpec : null;
@@ -329,8 +332,9 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       ended();
       if (accessOut) {
         const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+        // 499: the client went away before its answer (nginx's code for it)
         accessOut.write(JSON.stringify({ time: new Date().toISOString(), client, method: req.method, path: req.url.split('?')[0].slice(0, 300),
-          status: code, in: inBytes, out: outBytes, ms: Math.round(ms * 100) / 100, queue_ms: Math.round(queueMs * 100) / 100 }) + '\n');
+          status: res.writableFinished ? code : 499, in: inBytes, out: outBytes, ms: Math.round(ms * 100) / 100, queue_ms: Math.round(queueMs * 100) / 100 }) + '\n');
       }
     });
     const send = (status, chunks, ctype, close = false) => {
@@ -355,7 +359,7 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         } catch (err) {
           return sendJson(503, { status: 'store_unavailable', message: hideStore(err.message) });
         }
-        return sendJson(200, { status: 'ok', store: store.kind, agents: known.size, ...sched.stats() });
+        return sendJson(200, { status: 'ok', store: store.kind, agents: known.size, ...sched.stats(), pid: process.pid, started });
       }
       if (route === 'health') {
         const pi = pool.getInfo();

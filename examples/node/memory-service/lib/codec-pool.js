@@ -27,23 +27,38 @@ if (!isMainThread && parentPort) {
 }
 
 class CodecPool {
-  constructor(n, inlineBytes = 16384) {
+  // heapMb: each thread's V8 heap limit. V8 lets a busy heap grow with its
+  // garbage (hundreds of MB under a flood of large bodies) before it
+  // collects; a limit sized to one request's work holds it to that.
+  constructor(n, { inlineBytes = 16384, heapMb = 256 } = {}) {
     this.inlineBytes = inlineBytes;
+    this.heapMb = heapMb;
     this.n = n;
     this.workers = [];
-    this.next = 0;
     this.seq = 0;
     this.pending = new Map(); // id -> {resolve, reject, w}
   }
 
+  // start every thread now (a new V8 isolate takes 50-300 ms): the first
+  // large bodies then find them ready
+  async start() {
+    while (this.workers.length < this.n) {
+      const w = this._worker();
+      await new Promise((resolve, reject) => { w.once('online', resolve); w.once('error', reject); });
+    }
+  }
+
   _worker() {
     if (this.workers.length < this.n) {
-      const w = new Worker(path.join(__dirname, 'codec-pool.js'));
+      const w = new Worker(path.join(__dirname, 'codec-pool.js'),
+        { resourceLimits: { maxOldGenerationSizeMb: this.heapMb, maxYoungGenerationSizeMb: 8 } });
       w.unref();
+      w.jobs = 0;
       w.on('message', (m) => {
         const p = this.pending.get(m.id);
         if (!p) return;
         this.pending.delete(m.id);
+        w.jobs--;
         if (m.ok) p.resolve(m);
         else p.reject(m.httpCode ? new codec.BodyError(m.httpCode, m.error, m.message) : new Error(m.message));
       });
@@ -57,13 +72,16 @@ class CodecPool {
       this.workers.push(w);
       return w;
     }
-    return this.workers[this.next++ % this.workers.length];
+    // the least busy thread: a small body never waits behind a flood's large one
+    // (there are as many threads as requests at work)
+    return this.workers.reduce((a, b) => (b.jobs < a.jobs ? b : a));
   }
 
   _run(msg, transfer) {
     return new Promise((resolve, reject) => {
       const id = ++this.seq;
       const w = this._worker();
+      w.jobs++;
       this.pending.set(id, { resolve, reject, w });
       w.postMessage({ ...msg, id }, transfer);
     });

@@ -171,9 +171,16 @@ function responseBound(binary, nFloats, nBlocks, nTokenIds) {
   return 256 + nBlocks * 160 + nTokenIds * 12 + nFloats * (binary ? BINARY_FLOAT_BYTES : JSON_FLOAT_BYTES);
 }
 
-// JSON of a result whose Float32Arrays become arrays of numbers
+// JSON of a result whose typed arrays become arrays of numbers. Not with a
+// JSON.stringify replacer: that is called for every element (2.5x slower).
 function jsonBytes(obj) {
-  return Buffer.from(JSON.stringify(obj, (k, v) => (v instanceof Float32Array || v instanceof Int32Array ? Array.from(v) : v)), 'utf8');
+  const walk = (v) => {
+    if (v instanceof Float32Array || v instanceof Int32Array) return Array.from(v);
+    if (Array.isArray(v)) return v.map(walk);
+    if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, walk(x)]));
+    return v;
+  };
+  return Buffer.from(JSON.stringify(walk(obj)), 'utf8');
 }
 
 // The binary layout of a result: its typed arrays (at any depth) become

@@ -31,10 +31,11 @@ function int(env, name, def, min, max) {
 // Memory the service keeps outside the pool, counted against the budget: the
 // runtime itself (the main thread and the JSON codec threads, measured idle
 // at 60-90 MB RSS), and per request at work its body, the decoded arrays
-// (a JSON number becomes an 8-byte double, then a 4-byte float), the
-// response and the copies between threads.
+// and the answer. A JSON body of one-digit numbers ("0,") holds a number
+// every 2 bytes, an 8-byte double each while parsed (twice that while V8
+// grows the array): up to 8 x the body, plus its text and the float32 copy.
 const RUNTIME_BYTES = 128 * 1024 ** 2;
-const perRequestBytes = (c) => 4 * c.maxBodyBytes + 3 * c.maxResponseBytes;
+const perRequestBytes = (c) => 10 * c.maxBodyBytes + 3 * c.maxResponseBytes;
 
 function loadConfig(env = process.env) {
   const cpus = Math.max(1, os.availableParallelism ? os.availableParallelism() : os.cpus().length);
@@ -52,8 +53,8 @@ function loadConfig(env = process.env) {
     maxBodyBytes: size(env, 'KVMEM_MAX_BODY_BYTES', 8 * 1024 ** 2, 1024, 1024 ** 3),
     maxResponseBytes: size(env, 'KVMEM_MAX_RESPONSE_BYTES', 8 * 1024 ** 2, 1024, 1024 ** 3),
     maxAgentTokens: int(env, 'KVMEM_MAX_AGENT_TOKENS', 65536, 1, 2 ** 31 - 1),
-    // one more request at work than cores, and one client holds at most one
-    // fewer than that: a newcomer always finds a free slot
+    // one more request at work than cores, and one client holds at most all
+    // cores but one: a newcomer finds a free slot and a core to run on
     workers: int(env, 'KVMEM_WORKERS', cpus + 1, 1, 1024),
     clientRunning: 0,
     clientQueue: int(env, 'KVMEM_CLIENT_QUEUE', 64, 1, 1 << 20),
@@ -61,7 +62,7 @@ function loadConfig(env = process.env) {
     accessLog: env.KVMEM_ACCESS_LOG ?? '-',
     shutdownMs: int(env, 'KVMEM_SHUTDOWN_TIMEOUT_MS', 30000, 0, 24 * 3600 * 1000),
   };
-  c.clientRunning = int(env, 'KVMEM_CLIENT_RUNNING', Math.max(1, c.workers - 1), 1, c.workers);
+  c.clientRunning = int(env, 'KVMEM_CLIENT_RUNNING', Math.max(1, Math.min(c.workers - 1, cpus - 1)), 1, c.workers);
   if (c.clientHeader !== null && !/^[a-z0-9-]+$/.test(c.clientHeader))
     throw new ConfigError(`KVMEM_CLIENT_HEADER=${JSON.stringify(env.KVMEM_CLIENT_HEADER)}: expected a header name`);
   // KVMEM_STORE: a directory or a redis:// / unix:// URL; KVMEM_STORE_DIR, its older name
@@ -73,8 +74,8 @@ function loadConfig(env = process.env) {
   if (c.poolCapacityBytes < 16 * 1024 ** 2)
     throw new ConfigError(`KVMEM_MEMORY_BUDGET=${c.budgetBytes} bytes leaves ${c.poolCapacityBytes} for agents (under 16 MiB): `
       + `the runtime takes ${RUNTIME_BYTES} and each of the ${c.workers} requests at work up to ${perRequestBytes(c)} `
-      + '(4 x KVMEM_MAX_BODY_BYTES + 3 x KVMEM_MAX_RESPONSE_BYTES); raise the budget or lower the limits');
+      + '(10 x KVMEM_MAX_BODY_BYTES + 3 x KVMEM_MAX_RESPONSE_BYTES); raise the budget or lower the limits');
   return c;
 }
 
-module.exports = { loadConfig, ConfigError, RUNTIME_BYTES };
+module.exports = { loadConfig, ConfigError, RUNTIME_BYTES, perRequestBytes };

@@ -115,7 +115,8 @@ test('kill -9: what append acknowledged with saved: true is there after the rest
 
 test('races: DELETE while other requests use the agent answers each of them 200 or 404, never 500', async () => {
   const store = tmpdir('store');
-  const { child, call } = await startService({ KVMEM_STORE_DIR: store });
+  // one client sends up to 180 requests at once here: room for them in its queue
+  const { child, call } = await startService({ KVMEM_STORE_DIR: store, KVMEM_CLIENT_QUEUE: '1000' });
   const pause = (ms) => new Promise((r) => setTimeout(r, ms));
   try {
     const codes = {};

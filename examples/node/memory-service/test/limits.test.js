@@ -45,8 +45,8 @@ test('limits: tokens per agent, body and answer sizes are refused with 413 and c
 });
 
 test('limits: the memory budget bounds the pool: 507 with a message once it is full, nothing appended', async () => {
-  // 16 MiB of the budget left for agents: 128 MiB for the runtime, 3 requests at work of 4 x 1 MiB + 3 x 64 KiB
-  const budget = 128 * 2 ** 20 + 3 * (4 * 2 ** 20 + 3 * 65536) + 16 * 2 ** 20;
+  // 16 MiB of the budget left for agents: 128 MiB for the runtime, 3 requests at work of 10 x 1 MiB + 3 x 64 KiB
+  const budget = 128 * 2 ** 20 + 3 * (10 * 2 ** 20 + 3 * 65536) + 16 * 2 ** 20;
   const env = { KVMEM_MEMORY_BUDGET: String(budget), KVMEM_MAX_BODY_BYTES: '1M', KVMEM_MAX_RESPONSE_BYTES: '64K',
     KVMEM_WORKERS: '3', KVMEM_HEAD_DIM: '256', KVMEM_KV_HEADS: '8', KVMEM_Q_HEADS: '8' };
   const { child, call } = await startService(env);
