@@ -4,9 +4,9 @@
 //     then retrieve 4 blocks with their KV as JSON), every answer checked;
 //     each request's time goes to DIR/light.jsonl
 //   --mode flood: 32 connections sending the largest bodies the service
-//     takes (JSON and binary appends to 256 agents) and asking for the
-//     largest answers (gathers), as fast as they are answered; codes and
-//     times go to DIR/flood-PID.json
+//     takes (binary appends 60%, JSON appends 20%, to 256 agents) and asking
+//     for the largest answers (gathers, 20%), as fast as they are answered;
+//     codes and times go to DIR/flood-PID.json
 //   node flood-client.js --mode light|flood --base URL --until EPOCH_MS --dir DIR --max-body BYTES --max-response BYTES
 const fs = require('node:fs');
 const path = require('node:path');
@@ -70,8 +70,9 @@ async function flood() {
   let a = 0;
   await Promise.all(Array.from({ length: 32 }, async () => {
     while (Date.now() < until) {
+      // binary appends fill the pool fastest; JSON ones cost the service the most per byte
       const id = `flood-${a++ % 256}`, x = rand();
-      if (x < 0.5) {
+      if (x < 0.2) {
         st.bytes_sent += jsonBody.b.length;
         rec('append-json', await call(base, 'POST', `/agents/${id}/append`, { body: jsonBody.b, raw: true }));
       } else if (x < 0.8) {

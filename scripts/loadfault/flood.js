@@ -82,6 +82,12 @@ async function main() {
     c.exited = new Promise((r) => c.on('exit', r));
     return c;
   };
+  // the Node service's event-loop delay, per second, read from /health
+  const loopDelays = [];
+  const poller = setInterval(async () => {
+    const h = await call(base, 'GET', '/health', { timeoutMs: 5000 });
+    if (h.body?.event_loop_delay_ms) loopDelays.push({ t: Date.now(), ...h.body.event_loop_delay_ms });
+  }, 1000);
   await sleep(Math.max(0, phases[0].start - Date.now()));
   const light = client('light', end);
   for (const p of phases) {
@@ -98,6 +104,7 @@ async function main() {
   await sleep(1000);
   const rssAfter = rssKb(svc.pid);
   clearInterval(sampler);
+  clearInterval(poller);
   const pool = (await call(base, 'GET', '/health')).body.pool;
   svc.kill('SIGTERM');
   await new Promise((r) => svc.on('exit', r));
@@ -120,7 +127,10 @@ async function main() {
       sent_mb: Math.round(floods.reduce((a, f) => a + f.bytes_sent, 0) / 2 ** 20), json_tokens: floods[0]?.json_tokens, bin_tokens: floods[0]?.bin_tokens },
     rss_mb: { before: Math.round(rssBefore / 1024), peak: Math.round(rssPeak / 1024), after: Math.round(rssAfter / 1024),
       peak_per_phase: phases.map((p) => `${p.kind} ${Math.round(p.rssPeakKb / 1024)}`) },
-    within_budget: rssPeak * 1024 <= bytes(budget), pool_after: pool, out,
+    within_budget: rssPeak * 1024 <= bytes(budget), pool_after: pool,
+    ...(loopDelays.length ? { event_loop_delay_max_ms: Object.fromEntries(['alone', 'flood'].map((kind) => [kind,
+      Math.max(0, ...loopDelays.filter((d) => phases.some((p) => p.kind === kind && d.t >= p.start + 1000 && d.t < p.start + phaseMs)).map((d) => d.max))])) } : {}),
+    out,
   };
   fs.writeFileSync(path.join(out, 'report.json'), JSON.stringify(report, null, 1));
   process.stdout.write(JSON.stringify(report) + '\n');

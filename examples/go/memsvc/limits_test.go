@@ -120,7 +120,7 @@ func TestFairTurnsAFloodGets429BeyondItsQueueAndAnotherClientIsServed(t *testing
 	defer c1.Close()
 	defer c2.Close()
 	var hz map[string]any
-	for i := 0; i < 100; i++ {
+	for i := 0; i < 250; i++ {
 		_, hz = call("GET", "/healthz", nil)
 		if hz["running"].(float64)+hz["queued"].(float64) == 2 {
 			break

@@ -47,6 +47,7 @@
 const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
+const { monitorEventLoopDelay } = require('node:perf_hooks');
 const kvmem = require(path.join(__dirname, '..', '..', '..', 'bindings', 'node'));
 const { loadConfig, perRequestBytes } = require('./lib/config');
 const { FairScheduler, QueueFullError, DrainingError } = require('./lib/sched');
@@ -106,6 +107,8 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
   const { nLayers: L, nKvHeads: H, headDim: D } = pool.spec;
   let draining = false;
   const started = Date.now();
+  const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+  loopDelay.enable();
 
   // kvmem's messages may name the store's files: clients see <store>, not the server's directories
   const hidden = storeSpec !== null && store.kind === 'dir' && storeSpec !== path.parse(storeSpec).root ? storeSpec : null;
@@ -363,11 +366,14 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       }
       if (route === 'health') {
         const pi = pool.getInfo();
+        // how long the event loop was held since the last /health: what every client waited at worst
+        const loop = { p50: loopDelay.percentile(50) / 1e6, p99: loopDelay.percentile(99) / 1e6, max: loopDelay.max / 1e6 };
+        loopDelay.reset();
         return sendJson(200, { version: kvmem.version(), spec: snake(pool.spec), limits: {
           memory_budget_bytes: cfg.budgetBytes, pool_capacity_bytes: cfg.poolCapacityBytes, max_body_bytes: cfg.maxBodyBytes,
           max_response_bytes: cfg.maxResponseBytes, max_agent_tokens: cfg.maxAgentTokens, workers: cfg.workers,
           client_running: cfg.clientRunning, client_queue: cfg.clientQueue,
-        }, pool: { used_bytes: pi.usedBytes, n_agents: pi.nAgents } });
+        }, pool: { used_bytes: pi.usedBytes, n_agents: pi.nAgents }, event_loop_delay_ms: loop });
       }
       if (draining) throw new DrainingError('the service is shutting down');
       const cl = req.headers['content-length'];

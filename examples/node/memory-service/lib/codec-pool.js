@@ -3,7 +3,9 @@
 // large answer) takes tens to hundreds of milliseconds, and on the main
 // thread every other client would wait for it. Bodies and answers above
 // `inlineBytes` go to one of these threads instead; the buffers move between
-// threads without copies (transferred).
+// threads without copies (transferred). Small ones (a 64 KiB body parses in
+// about a millisecond) stay on the main thread: a hop to a thread waits for
+// a core, and under load that costs more than the parse.
 const path = require('node:path');
 const { Worker, isMainThread, parentPort } = require('node:worker_threads');
 const codec = require('./codec');
@@ -30,7 +32,7 @@ class CodecPool {
   // heapMb: each thread's V8 heap limit. V8 lets a busy heap grow with its
   // garbage (hundreds of MB under a flood of large bodies) before it
   // collects; a limit sized to one request's work holds it to that.
-  constructor(n, { inlineBytes = 16384, heapMb = 256 } = {}) {
+  constructor(n, { inlineBytes = 65536, heapMb = 256 } = {}) {
     this.inlineBytes = inlineBytes;
     this.heapMb = heapMb;
     this.n = n;

@@ -89,7 +89,7 @@ test('fair turns: a client with requests stuck in every slot it may hold gets 42
   const socks = [];
   try {
     socks.push(stuckRequest(base, 'flood'), stuckRequest(base, 'flood'));
-    for (let i = 0; i < 50; i++) {
+    for (let i = 0; i < 250; i++) {
       const hz = await call('GET', '/healthz');
       if (hz.body.running + hz.body.queued === 2) break;
       await new Promise((r) => setTimeout(r, 20));
