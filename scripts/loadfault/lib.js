@@ -4,6 +4,8 @@
 // process can check any read without a copy of what was sent), the binary
 // tensor body, an HTTP call with a timeout, percentiles.
 const http = require('node:http');
+const path = require('node:path');
+const { tensorChunks } = require(path.join(__dirname, '..', '..', 'examples', 'node', 'memory-service', 'lib', 'codec'));
 
 const SPEC = { L: 2, HQ: 4, HKV: 2, D: 64 };
 const PER = SPEC.L * SPEC.HKV * SPEC.D;
@@ -69,21 +71,9 @@ function query(rand) {
   return Array.from({ length: SPEC.L * SPEC.HQ * SPEC.D }, () => Math.round((rand() * 2 - 1) * 16) / 16);
 }
 
-// the binary tensor body: u64 LE header length, JSON header, data
+// the binary tensor body (docs/reliability.md): the Node service's own encoder
 function tensorBody(fields, tensors) {
-  const header = { ...fields };
-  const parts = [];
-  let off = 0;
-  for (const [name, arr] of Object.entries(tensors)) {
-    const b = Buffer.from(arr.buffer, arr.byteOffset, arr.byteLength);
-    header[name] = { dtype: arr instanceof Float32Array ? 'F32' : 'I32', shape: [arr.length], data_offsets: [off, off + b.length] };
-    parts.push(b);
-    off += b.length;
-  }
-  const hb = Buffer.from(JSON.stringify(header));
-  const len = Buffer.alloc(8);
-  len.writeBigUInt64LE(BigInt(hb.length));
-  return Buffer.concat([len, hb, ...parts]);
+  return Buffer.concat(tensorChunks({ ...fields, ...tensors }));
 }
 
 function readTensorBody(buf) {

@@ -228,54 +228,50 @@ func numbers(raw []byte, bits int, each func(x float64) bool) bool {
 	}
 }
 
-func checkF32s(raw json.RawMessage, name string) ([]float32, error) {
-	out := make([]float32, 0, len(raw)/8)
-	if numbers(raw, 32, func(x float64) bool { out = append(out, float32(x)); return true }) {
+// checkNumbers: a JSON array of numbers as []T. fits says whether a number
+// is a T; refusal words what went wrong with element i (isNum: it is a number).
+func checkNumbers[T float32 | int32](raw json.RawMessage, name, what string, bits int, fits func(x float64) bool,
+	refusal func(i int, e json.RawMessage, isNum bool) error) ([]T, error) {
+	out := make([]T, 0, len(raw)/8)
+	if numbers(raw, bits, func(x float64) bool { out = append(out, T(x)); return fits(x) }) {
 		return out, nil
 	}
 	els, ok := elements(raw)
 	if !ok {
-		return nil, bad("%s must be an array of numbers (float32), not %s", name, typeName(raw))
+		return nil, bad("%s must be %s, not %s", name, what, typeName(raw))
 	}
-	out = make([]float32, len(els))
+	out = make([]T, len(els))
 	for i, e := range els {
 		x, isNum := number(e)
-		if !isNum {
-			return nil, bad("%s must be an array of numbers (float32): element %d is %s", name, i, typeName(e))
+		if !isNum || !fits(x) {
+			return nil, refusal(i, e, isNum)
 		}
-		if !(x >= -math.MaxFloat32 && x <= math.MaxFloat32) {
-			return nil, bad("%s element %d (%s) is not a finite float32", name, i, bytes.TrimSpace(e))
-		}
-		out[i] = float32(x)
+		out[i] = T(x)
 	}
 	return out, nil
 }
 
-func checkI32s(raw json.RawMessage, name string) ([]int32, error) {
-	var out []int32
-	if numbers(raw, 64, func(x float64) bool {
-		out = append(out, int32(x))
-		return x == math.Trunc(x) && x >= math.MinInt32 && x <= math.MaxInt32
-	}) {
-		return out, nil
-	}
-	els, ok := elements(raw)
-	if !ok {
-		return nil, bad("%s must be an array of 32-bit integers, not %s", name, typeName(raw))
-	}
-	out = make([]int32, len(els))
-	for i, e := range els {
-		x, isNum := number(e)
-		if !isNum || x != math.Trunc(x) || x < math.MinInt32 || x > math.MaxInt32 {
-			what := typeName(e)
-			if isNum {
-				what = string(bytes.TrimSpace(e))
+func checkF32s(raw json.RawMessage, name string) ([]float32, error) {
+	const what = "an array of numbers (float32)"
+	return checkNumbers[float32](raw, name, what, 32, func(x float64) bool { return x >= -math.MaxFloat32 && x <= math.MaxFloat32 },
+		func(i int, e json.RawMessage, isNum bool) error {
+			if !isNum {
+				return bad("%s must be %s: element %d is %s", name, what, i, typeName(e))
 			}
-			return nil, bad("%s must be an array of 32-bit integers: element %d is %s", name, i, what)
-		}
-		out[i] = int32(x)
-	}
-	return out, nil
+			return bad("%s element %d (%s) is not a finite float32", name, i, bytes.TrimSpace(e))
+		})
+}
+
+func checkI32s(raw json.RawMessage, name string) ([]int32, error) {
+	const what = "an array of 32-bit integers"
+	return checkNumbers[int32](raw, name, what, 64, func(x float64) bool { return x == math.Trunc(x) && x >= math.MinInt32 && x <= math.MaxInt32 },
+		func(i int, e json.RawMessage, isNum bool) error {
+			got := typeName(e)
+			if isNum {
+				got = string(bytes.TrimSpace(e))
+			}
+			return bad("%s must be %s: element %d is %s", name, what, i, got)
+		})
 }
 
 // a tensor descriptor of the binary layout -> a slice over a copy of its bytes

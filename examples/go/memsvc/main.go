@@ -147,20 +147,24 @@ func newService(cfg *config) (*service, error) {
 	return s, nil
 }
 
+// closeHandles closes the agents' handles (their memory stays in the pool).
+func (s *service) closeHandles() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.entries {
+		e.mu.Lock()
+		if e.agent != nil {
+			e.agent.Close()
+			e.agent = nil
+		}
+		e.mu.Unlock()
+	}
+}
+
 // Close frees the pool without saving (shutdown saves). Idempotent.
 func (s *service) Close() {
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		for _, e := range s.entries {
-			e.mu.Lock()
-			if e.agent != nil {
-				e.agent.Close()
-				e.agent = nil
-			}
-			e.mu.Unlock()
-		}
-		s.entries = map[string]*agentEntry{}
-		s.mu.Unlock()
+		s.closeHandles()
 		s.pool.Close()
 		s.ctx.Close()
 		if f, ok := s.access.(*os.File); ok && f != os.Stdout {
@@ -175,16 +179,7 @@ func (s *service) Close() {
 func (s *service) shutdown() error {
 	var err error
 	if s.hasStore {
-		s.mu.Lock()
-		for _, e := range s.entries {
-			e.mu.Lock()
-			if e.agent != nil {
-				e.agent.Close()
-				e.agent = nil
-			}
-			e.mu.Unlock()
-		}
-		s.mu.Unlock()
+		s.closeHandles()
 		until := time.Now().Add(s.cfg.Shutdown)
 		for wait := 100 * time.Millisecond; ; wait = minDuration(2*wait, 2*time.Second) {
 			if err = s.pool.Sync(); err == nil {
