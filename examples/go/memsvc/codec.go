@@ -184,13 +184,17 @@ func numbers(raw []byte, bits int, each func(x float64) bool) bool {
 		} else {
 			return false
 		}
-		if j < n && raw[j] == '.' {
-			j++
+		// one digit or more at j: whether there were any
+		digits := func() bool {
 			k := j
 			for j < n && raw[j] >= '0' && raw[j] <= '9' {
 				j++
 			}
-			if j == k {
+			return j > k
+		}
+		if j < n && raw[j] == '.' {
+			j++
+			if !digits() {
 				return false
 			}
 		}
@@ -199,11 +203,7 @@ func numbers(raw []byte, bits int, each func(x float64) bool) bool {
 			if j < n && (raw[j] == '+' || raw[j] == '-') {
 				j++
 			}
-			k := j
-			for j < n && raw[j] >= '0' && raw[j] <= '9' {
-				j++
-			}
-			if j == k {
+			if !digits() {
 				return false
 			}
 		}
