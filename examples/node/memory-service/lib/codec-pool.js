@@ -6,11 +6,16 @@
 // threads without copies (transferred). Small ones (a 64 KiB body parses in
 // about a millisecond) stay on the main thread: a hop to a thread waits for
 // a core, and under load that costs more than the parse.
+const os = require('node:os');
 const path = require('node:path');
 const { Worker, isMainThread, parentPort } = require('node:worker_threads');
 const codec = require('./codec');
 
 if (!isMainThread && parentPort) {
+  // this thread does the large bodies' and answers' work: at a lower CPU
+  // priority (Linux: per thread), a flood of them leaves the cores to the
+  // small requests on the main thread
+  try { os.setPriority(0, Math.max(os.getPriority(0), 10)); } catch { /* not permitted: same priority */ }
   parentPort.on('message', ({ id, op, route, ctype, bytes, obj }) => {
     try {
       if (op === 'decode') {
