@@ -1,13 +1,13 @@
 'use strict';
 // The flood run: one client floods the service (32 connections, the largest
 // bodies and answers it takes) while another sends one small request at a
-// time, in alternating phases: light alone, light under the flood, light
-// alone, light under the flood. Reports the light client's p50/p99 alone and
+// time, in alternating phases: light alone, light under the flood, for
+// --rounds rounds. Reports the light client's p50/p99 alone and
 // under the flood, the flood's answers, and the service's RSS (sampled every
 // 100 ms) against the configured memory budget.
 //
 //   node scripts/loadfault/flood.js --service node|go --store none|dir|redis [--budget 512M]
-//        [--phase-seconds 15] [--go-bin PATH] [--out DIR] [--service-env K=V,...]
+//        [--phase-seconds 15] [--rounds 2] [--go-bin PATH] [--out DIR] [--service-env K=V,...]
 const { spawn } = require('node:child_process');
 const fs = require('node:fs');
 const net = require('node:net');
@@ -66,8 +66,9 @@ async function main() {
   }
   const limits = health.body.limits;
   log(`${args.service} on ${base}, store ${args.store}, budget ${budget}: pool ${limits.pool_capacity_bytes} bytes, ${limits.workers} workers`);
-  const phases = ['alone', 'flood', 'alone', 'flood'].map((kind, i) => ({ kind, start: Date.now() + 500 + i * phaseMs, rssPeakKb: 0 }));
-  const end = phases[3].start + phaseMs;
+  const rounds = Number(args.rounds ?? 2);
+  const phases = Array.from({ length: 2 * rounds }, (_, i) => ({ kind: i % 2 ? 'flood' : 'alone', start: Date.now() + 500 + i * phaseMs, rssPeakKb: 0 }));
+  const end = phases[phases.length - 1].start + phaseMs;
   const rssBefore = rssKb(svc.pid);
   let rssPeak = 0;
   const sampler = setInterval(() => {
@@ -115,13 +116,21 @@ async function main() {
   const summary = (xs) => ({ n: xs.length, p50_ms: percentile(xs.map((r) => r.ms), 50), p99_ms: percentile(xs.map((r) => r.ms), 99),
     errors: xs.filter((r) => r.code !== 200).length });
   const alone = summary(inPhase('alone')), flooded = summary(inPhase('flood'));
+  // each round's ratio (a flood phase against the alone phase before it): the machine's own
+  // noise moves both, so their spread says how far one ratio can be trusted
+  const inOne = (p) => rows.filter((r) => r.op !== 'mixed' && r.t >= p.start + 1000 && r.t < p.start + phaseMs);
+  const roundRatios = [];
+  for (let i = 0; i + 1 < phases.length; i += 2) {
+    const a = summary(inOne(phases[i])), f = summary(inOne(phases[i + 1]));
+    roundRatios.push(Math.round((f.p99_ms / a.p99_ms) * 100) / 100);
+  }
   const floods = fs.readdirSync(out).filter((f) => /^flood-\d+\.json$/.test(f)).map((f) => JSON.parse(fs.readFileSync(path.join(out, f), 'utf8')));
   const fcodes = {};
   for (const f of floods) for (const [k, n] of Object.entries(f.codes)) fcodes[k] = (fcodes[k] ?? 0) + n;
   const report = {
     service: args.service, store: args.store, budget_mb: Math.round(bytes(budget) / 2 ** 20), limits,
     machine: `${os.cpus().length} vCPU ${os.cpus()[0]?.model ?? ''}, load average at the end ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}`,
-    light_alone: alone, light_under_flood: flooded, p99_ratio: flooded.p99_ms / alone.p99_ms,
+    light_alone: alone, light_under_flood: flooded, p99_ratio: flooded.p99_ms / alone.p99_ms, round_p99_ratios: roundRatios,
     light_mixed_up: rows.filter((r) => r.op === 'mixed').length,
     flood: { codes: fcodes, ok_per_s: Math.round(floods.reduce((a, f) => a + f.lat.length, 0) / (2 * phaseMs / 1000)),
       sent_mb: Math.round(floods.reduce((a, f) => a + f.bytes_sent, 0) / 2 ** 20), json_tokens: floods[0]?.json_tokens, bin_tokens: floods[0]?.bin_tokens },

@@ -25,13 +25,13 @@ if (faults.length) {
 const floods = reports('flood-');
 if (floods.length) {
   console.log(`Flood: one client with 32 connections and the largest bodies and answers, another one request at a time; machine: ${floods[0].machine}\n`);
-  console.log('| service | store | budget MB | light p50 / p99 ms alone | light p50 / p99 ms under flood | p99 ratio | light errors | flood answers (code: count) | RSS MB before / peak / after |');
+  console.log('| service | store | budget MB | light p50 / p99 ms alone | light p50 / p99 ms under flood | p99 ratio (per round) | light errors | flood answers (code: count) | RSS MB before / peak / after |');
   console.log('|---|---|---|---|---|---|---|---|---|');
   for (const r of floods) {
     const codes = {};
     for (const [k, n] of Object.entries(r.flood.codes)) { const c = k.split(' ').pop(); codes[c] = (codes[c] ?? 0) + n; }
     console.log(`| ${r.service} | ${r.store} | ${r.budget_mb} | ${ms(r.light_alone.p50_ms)} / ${ms(r.light_alone.p99_ms)} | `
-      + `${ms(r.light_under_flood.p50_ms)} / ${ms(r.light_under_flood.p99_ms)} | ${r.p99_ratio.toFixed(2)} | ${r.light_alone.errors + r.light_under_flood.errors} | `
+      + `${ms(r.light_under_flood.p50_ms)} / ${ms(r.light_under_flood.p99_ms)} | ${r.p99_ratio.toFixed(2)} (${(r.round_p99_ratios ?? []).join(', ')}) | ${r.light_alone.errors + r.light_under_flood.errors} | `
       + `${Object.entries(codes).map(([c, n]) => `${c}: ${n}`).join(', ')} | ${r.rss_mb.before} / ${r.rss_mb.peak} / ${r.rss_mb.after} |`);
   }
 }

@@ -6,7 +6,8 @@
 # Not part of make test: it takes about 15 minutes.
 #   scripts/loadfault/run.sh [OUT_DIR]
 #   env: BUILD (build/default), SECONDS_PER_RUN (60), CLIENTS (8), AGENTS (8),
-#        PHASE_SECONDS (15), BUDGET (512M), SERVICES ("node go"), STORES ("dir redis")
+#        PHASE_SECONDS (15), ROUNDS (3), BUDGET (Node 512M, Go 256M), SERVICES ("node go"),
+#        STORES ("dir redis")
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${BUILD:-$root/build/default}" && pwd)
@@ -36,8 +37,10 @@ done
 for svc in ${SERVICES:-node go}; do
   for store in ${STORES:-dir redis}; do
     echo "=== flood $svc $store" >&2
-    node "$root/scripts/loadfault/flood.js" --service "$svc" --store "$store" --budget "${BUDGET:-512M}" \
-      --phase-seconds "${PHASE_SECONDS:-15}" --go-bin "$out/memsvc" --out "$out/flood-$svc-$store" >/dev/null
+    # budgets that leave each service's pool a few tens of MB (Node 72, Go 56), so the flood fills it
+    budget=${BUDGET:-$([ "$svc" = node ] && echo 512M || echo 256M)}
+    node "$root/scripts/loadfault/flood.js" --service "$svc" --store "$store" --budget "$budget" \
+      --phase-seconds "${PHASE_SECONDS:-15}" --rounds "${ROUNDS:-3}" --go-bin "$out/memsvc" --out "$out/flood-$svc-$store" >/dev/null
   done
 done
 node "$root/scripts/loadfault/report.js" "$out" | tee "$out/summary.md"
