@@ -66,6 +66,14 @@ function rssKb(pid) {
   } catch { return 0; }
 }
 
+// CPU seconds a process has used (user + system)
+function cpuSeconds(pid) {
+  try {
+    const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    return (Number(f[11]) + Number(f[12])) / 100;
+  } catch { return 0; }
+}
+
 function serviceCmd() {
   if (args.service === 'go') return [args['go-bin'] ?? path.join(out, 'memsvc'), []];
   return [process.execPath, [path.join(root, 'examples', 'node', 'memory-service', 'server.js')]];
@@ -110,7 +118,10 @@ async function main() {
   delete env.KVMEM_STORE_DIR;
   let svc = await startService(env);
   const rss = { before_kb: rssKb(svc.pid), peak_kb: 0, after_kb: 0 };
-  const sampler = setInterval(() => { rss.peak_kb = Math.max(rss.peak_kb, rssKb(svc.pid)); }, 250);
+  // the service's CPU: its instances' last readings, summed (a killed one's from just before)
+  let cpuDone = 0, cpuNow = 0;
+  const loadStart = Date.now();
+  const sampler = setInterval(() => { rss.peak_kb = Math.max(rss.peak_kb, rssKb(svc.pid)); cpuNow = cpuSeconds(svc.pid) || cpuNow; }, 250);
   log(`${args.service} service on ${base}, store ${args.store}, RSS ${rss.before_kb} kB`);
 
   const until = Date.now() + seconds * 1000;
@@ -143,9 +154,12 @@ async function main() {
     } else if (kind === 'service-kill' || kind === 'service-term') {
       rss.peak_kb = Math.max(rss.peak_kb, rssKb(svc.pid));
       const t = Date.now();
+      cpuNow = cpuSeconds(svc.pid) || cpuNow;
       svc.kill(kind === 'service-kill' ? 'SIGKILL' : 'SIGTERM');
       f.exit = await svc.exited;
       f.stop_ms = Date.now() - t;
+      cpuDone += cpuNow;
+      cpuNow = 0;
       svc = await startService(env);
       await healthy();
     } else if (kind === 'redis-kill') {
@@ -166,6 +180,7 @@ async function main() {
   clearInterval(sampler);
   rss.peak_kb = Math.max(rss.peak_kb, rssKb(svc.pid));
   rss.after_kb = rssKb(svc.pid);
+  const serviceCores = (cpuDone + cpuSeconds(svc.pid)) / ((Date.now() - loadStart) / 1000);
   log(`load over; RSS ${rss.after_kb} kB (peak ${rss.peak_kb} kB)`);
 
   // the final check: a graceful restart, then every agent read back whole
@@ -205,7 +220,7 @@ async function main() {
   const report = {
     service: args.service, store: args.store, seconds, clients: nClients, agents_per_client: nAgents,
     machine: `${os.cpus().length} vCPU ${os.cpus()[0]?.model ?? ''}, load average at the end ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}`,
-    requests: total, ok, throughput_rps: Math.round(ok / seconds),
+    requests: total, ok, throughput_rps: Math.round(ok / seconds), service_cores: Math.round(serviceCores * 100) / 100,
     p50_ms: percentile(all, 50), p99_ms: percentile(all, 99),
     per_op: Object.fromEntries(Object.entries(lat).map(([op, xs]) => [op, { n: xs.length, p50_ms: percentile(xs, 50), p99_ms: percentile(xs, 99) }])),
     codes,

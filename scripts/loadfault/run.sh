@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The load-and-fault runs of docs/reliability.md, against both services:
-# loadfault.js (N clients x M agents, kill -9 of the service, of Redis and
-# of clients, SIGTERM) on a directory and a Redis store, then flood.js (one
-# client floods, another's latency and the service's RSS are watched).
-# Not part of make test: it takes about 15 minutes.
+# loadfault.js (N clients x M agents, without faults, then with kill -9 of
+# the service, of Redis and of clients, and SIGTERM) on a directory and a
+# Redis store, then flood.js (one client floods, another's latency and the
+# service's RSS are watched). Not part of make test: about 30 minutes.
 #   scripts/loadfault/run.sh [OUT_DIR]
 #   env: BUILD (build/default), SECONDS_PER_RUN (60), CLIENTS (8), AGENTS (8),
 #        PHASE_SECONDS (15), ROUNDS (3), BUDGET (Node 512M, Go 256M), SERVICES ("node go"),
@@ -29,6 +29,9 @@ export KVMEM_LIBRARY="$build/core/libkvmem.so.0"
 echo "run.sh: results in $out" >&2
 for svc in ${SERVICES:-node go}; do
   for store in ${STORES:-dir redis}; do
+    echo "=== load $svc $store" >&2
+    node "$root/scripts/loadfault/loadfault.js" --service "$svc" --store "$store" --seconds "${SECONDS_PER_RUN:-60}" \
+      --clients "${CLIENTS:-8}" --agents "${AGENTS:-8}" --go-bin "$out/memsvc" --out "$out/steady-$svc-$store" >/dev/null
     echo "=== loadfault $svc $store" >&2
     node "$root/scripts/loadfault/loadfault.js" --service "$svc" --store "$store" --faults --seconds "${SECONDS_PER_RUN:-60}" \
       --clients "${CLIENTS:-8}" --agents "${AGENTS:-8}" --go-bin "$out/memsvc" --out "$out/fault-$svc-$store" >/dev/null
