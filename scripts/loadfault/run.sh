@@ -22,9 +22,15 @@ export KVMEM_LIBRARY="$build/core/libkvmem.so.0"
 
 # the Go service against the build tree, as scripts/test-bindings.sh builds it
 (cd "$root/examples/go/memsvc" &&
-  CGO_ENABLED=1 PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" CGO_LDFLAGS="-Wl,-rpath,$build/core" \
+  export PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" &&
+  CGO_ENABLED=1 CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" \
   GOCACHE=${GOCACHE:-$build/bindings/gocache} GOPATH=${GOPATH:-$build/bindings/gopath} GOPROXY=off \
   go build -o "$out/memsvc" .)
+
+# the Node service requires 'kvmem' as a package: link the checkout's binding, as
+# npm links its file: dependency (and as scripts/test-bindings.sh does)
+mkdir -p "$root/examples/node/memory-service/node_modules"
+ln -sfn "$root/bindings/node" "$root/examples/node/memory-service/node_modules/kvmem"
 
 echo "run.sh: results in $out" >&2
 for svc in ${SERVICES:-node go}; do

@@ -42,13 +42,14 @@
 // large bodies are decoded on codec threads, so the event loop keeps serving;
 // calls on one agent are queued, as kvmem wants one thread per agent at a time.
 //
-// Run: KVMEM_STORE=/var/lib/kvmem node examples/node/memory-service/server.js
+// Run: npm install (the kvmem package: file:../../../bindings/node in a checkout,
+//      or npm install kvmem-X.tgz), then KVMEM_STORE=/var/lib/kvmem node server.js
 //      (HOST, PORT; PORT=0 picks a free port; without a store, save/load answer 501)
 const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
 const { monitorEventLoopDelay } = require('node:perf_hooks');
-const kvmem = require(path.join(__dirname, '..', '..', '..', 'bindings', 'node'));
+const kvmem = require('kvmem');
 const { loadConfig, perRequestBytes } = require('./lib/config');
 const { FairScheduler, QueueFullError, DrainingError } = require('./lib/sched');
 const codec = require('./lib/codec');

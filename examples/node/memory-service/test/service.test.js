@@ -6,7 +6,7 @@ const { spawn } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const kvmem = require(path.join(__dirname, '..', '..', '..', '..', 'bindings', 'node'));
+const kvmem = require('kvmem');
 
 const { L, HKV, D, SERVER, startService: start, caller, stop, wordKV, queryFor } = require('../testing/harness');
 
