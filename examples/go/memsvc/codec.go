@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"math"
 	"mime"
-	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -83,18 +82,6 @@ func (f fields) integer(k string, def int64) int64 {
 		return v
 	}
 	return def
-}
-
-type bodyError struct {
-	code    int
-	kind    string
-	message string
-}
-
-func (e *bodyError) Error() string { return e.message }
-
-func bad(format string, a ...any) error {
-	return &bodyError{http.StatusBadRequest, "bad_request", fmt.Sprintf(format, a...)}
 }
 
 // typeName describes a JSON value the way the Node service does
@@ -238,7 +225,7 @@ func checkNumbers[T float32 | int32](raw json.RawMessage, name, what string, bit
 	}
 	els, ok := elements(raw)
 	if !ok {
-		return nil, bad("%s must be %s, not %s", name, what, typeName(raw))
+		return nil, badRequest("%s must be %s, not %s", name, what, typeName(raw))
 	}
 	out = make([]T, len(els))
 	for i, e := range els {
@@ -256,9 +243,9 @@ func checkF32s(raw json.RawMessage, name string) ([]float32, error) {
 	return checkNumbers[float32](raw, name, what, 32, func(x float64) bool { return x >= -math.MaxFloat32 && x <= math.MaxFloat32 },
 		func(i int, e json.RawMessage, isNum bool) error {
 			if !isNum {
-				return bad("%s must be %s: element %d is %s", name, what, i, typeName(e))
+				return badRequest("%s must be %s: element %d is %s", name, what, i, typeName(e))
 			}
-			return bad("%s element %d (%s) is not a finite float32", name, i, bytes.TrimSpace(e))
+			return badRequest("%s element %d (%s) is not a finite float32", name, i, bytes.TrimSpace(e))
 		})
 }
 
@@ -270,7 +257,7 @@ func checkI32s(raw json.RawMessage, name string) ([]int32, error) {
 			if isNum {
 				got = string(bytes.TrimSpace(e))
 			}
-			return bad("%s must be %s: element %d is %s", name, what, i, got)
+			return badRequest("%s must be %s: element %d is %s", name, what, i, got)
 		})
 }
 
@@ -278,7 +265,7 @@ func checkI32s(raw json.RawMessage, name string) ([]int32, error) {
 func fromDescriptor(raw json.RawMessage, kind fieldKind, name string, data []byte) (any, error) {
 	var d map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &d); err != nil {
-		return nil, bad("%s: a tensor descriptor must be a JSON object", name)
+		return nil, badRequest("%s: a tensor descriptor must be a JSON object", name)
 	}
 	keys := make([]string, 0, len(d))
 	for k := range d {
@@ -287,23 +274,23 @@ func fromDescriptor(raw json.RawMessage, kind fieldKind, name string, data []byt
 	sort.Strings(keys)
 	for _, k := range keys {
 		if k != "dtype" && k != "shape" && k != "data_offsets" {
-			return nil, bad("%s: unknown descriptor field %q (dtype, shape, data_offsets)", name, k)
+			return nil, badRequest("%s: unknown descriptor field %q (dtype, shape, data_offsets)", name, k)
 		}
 	}
 	want := map[fieldKind]string{kF32s: "F32", kI32s: "I32"}[kind]
 	var dtype string
 	if err := json.Unmarshal(d["dtype"], &dtype); err != nil || dtype != want {
-		return nil, bad("%s: dtype must be %q (got %s)", name, want, typeName(d["dtype"]))
+		return nil, badRequest("%s: dtype must be %q (got %s)", name, want, typeName(d["dtype"]))
 	}
 	shapeEls, ok := elements(d["shape"])
 	n := int64(1)
 	if !ok || len(shapeEls) > 8 {
-		return nil, bad("%s: shape must be an array of at most 8 non-negative integers", name)
+		return nil, badRequest("%s: shape must be an array of at most 8 non-negative integers", name)
 	}
 	for _, e := range shapeEls {
 		x, isNum := number(e)
 		if !isNum || x != math.Trunc(x) || x < 0 || x > 1<<40 {
-			return nil, bad("%s: shape must be an array of at most 8 non-negative integers", name)
+			return nil, badRequest("%s: shape must be an array of at most 8 non-negative integers", name)
 		}
 		if n = n * int64(x); n > 1<<40 {
 			n = 1 << 40
@@ -318,14 +305,14 @@ func fromDescriptor(raw json.RawMessage, kind fieldKind, name string, data []byt
 		off[i] = int64(x)
 	}
 	if !okOff || off[0] > off[1] {
-		return nil, bad("%s: data_offsets must be [BEGIN, END] with 0 <= BEGIN <= END <= %d (the data section's length)", name, len(data))
+		return nil, badRequest("%s: data_offsets must be [BEGIN, END] with 0 <= BEGIN <= END <= %d (the data section's length)", name, len(data))
 	}
 	if off[1]-off[0] != n*4 {
 		var dims []string
 		for _, e := range shapeEls {
 			dims = append(dims, string(bytes.TrimSpace(e)))
 		}
-		return nil, bad("%s: data_offsets span %d bytes, shape [%s] needs %d", name, off[1]-off[0], strings.Join(dims, ","), n*4)
+		return nil, badRequest("%s: data_offsets span %d bytes, shape [%s] needs %d", name, off[1]-off[0], strings.Join(dims, ","), n*4)
 	}
 	b := data[off[0]:off[1]]
 	if kind == kI32s {
@@ -339,7 +326,7 @@ func fromDescriptor(raw json.RawMessage, kind fieldKind, name string, data []byt
 	for i := range out {
 		x := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 		if !(x >= -math.MaxFloat32 && x <= math.MaxFloat32) {
-			return nil, bad("%s element %d (%s) is not a finite float32", name, i, jsNumber(float64(x)))
+			return nil, badRequest("%s element %d (%s) is not a finite float32", name, i, jsNumber(float64(x)))
 		}
 		out[i] = x
 	}
@@ -380,11 +367,11 @@ func checkField(route, name string, raw json.RawMessage, spec fieldSpec, data []
 		if data != nil {
 			alt = " or a tensor descriptor"
 		}
-		return nil, bad("%s must be %s%s, not %s", full, what, alt, typeName(raw))
+		return nil, badRequest("%s must be %s%s, not %s", full, what, alt, typeName(raw))
 	case kString:
 		var s string
 		if len(trimmed) == 0 || trimmed[0] != '"' || json.Unmarshal(trimmed, &s) != nil {
-			return nil, bad("%s must be a string, not %s", full, typeName(raw))
+			return nil, badRequest("%s must be a string, not %s", full, typeName(raw))
 		}
 		return s, nil
 	case kBool:
@@ -394,7 +381,7 @@ func checkField(route, name string, raw json.RawMessage, spec fieldSpec, data []
 		case "false":
 			return false, nil
 		}
-		return nil, bad("%s must be true or false, not %s", full, typeName(raw))
+		return nil, badRequest("%s must be true or false, not %s", full, typeName(raw))
 	case kInt:
 		x, isNum := number(trimmed)
 		if !isNum || x != math.Trunc(x) || x < float64(spec.lo) || x > float64(spec.hi) {
@@ -402,7 +389,7 @@ func checkField(route, name string, raw json.RawMessage, spec fieldSpec, data []
 			if isNum {
 				what = string(trimmed)
 			}
-			return nil, bad("%s must be an integer in [%d, %d], not %s", full, spec.lo, spec.hi, what)
+			return nil, badRequest("%s must be an integer in [%d, %d], not %s", full, spec.lo, spec.hi, what)
 		}
 		return int64(x), nil
 	}
@@ -417,7 +404,7 @@ func noFields(route, got string) error {
 	if route != "flush" {
 		msg += ": agents are kept in the store set when the service started"
 	}
-	return bad("%s", msg)
+	return badRequest("%s", msg)
 }
 
 // decodeRequest: the fields of a body for route, checked; slices for tensors.
@@ -438,11 +425,11 @@ func decodeRequest(route, ctype string, body []byte) (fields, error) {
 	switch mt {
 	case ctTensors:
 		if len(body) < 8 {
-			return nil, bad("a %s body starts with its header's length (8 bytes), got %d bytes", ctTensors, len(body))
+			return nil, badRequest("a %s body starts with its header's length (8 bytes), got %d bytes", ctTensors, len(body))
 		}
 		n := binary.LittleEndian.Uint64(body)
 		if n > uint64(len(body)-8) || n > maxHeader {
-			return nil, bad("the %s header length %d exceeds the body (%d bytes after it) or 1 MiB", ctTensors, n, len(body)-8)
+			return nil, badRequest("the %s header length %d exceeds the body (%d bytes after it) or 1 MiB", ctTensors, n, len(body)-8)
 		}
 		header, data = body[8:8+n], body[8+n:]
 		if data == nil {
@@ -458,17 +445,17 @@ func decodeRequest(route, ctype string, body []byte) (fields, error) {
 		var v json.RawMessage
 		if err := json.Unmarshal(t, &v); err != nil {
 			if data != nil {
-				return nil, bad("invalid JSON header: %v", err)
+				return nil, badRequest("invalid JSON header: %v", err)
 			}
-			return nil, bad("invalid JSON: %v", err)
+			return nil, badRequest("invalid JSON: %v", err)
 		}
 		if data != nil {
-			return nil, bad("the %s header must be a JSON object", ctTensors)
+			return nil, badRequest("the %s header must be a JSON object", ctTensors)
 		}
 		if len(spec) == 0 {
 			return nil, noFields(route, "")
 		}
-		return nil, bad("%s: the body must be a JSON object, not %s", route, typeName(v))
+		return nil, badRequest("%s: the body must be a JSON object, not %s", route, typeName(v))
 	}
 	keys := make([]string, 0, len(obj))
 	for k := range obj {
@@ -491,7 +478,7 @@ func decodeRequest(route, ctype string, body []byte) (fields, error) {
 				names = append(names, n)
 			}
 			sort.Strings(names)
-			return nil, bad("%s: unknown field %q (fields: %s)", route, k, strings.Join(names, ", "))
+			return nil, badRequest("%s: unknown field %q (fields: %s)", route, k, strings.Join(names, ", "))
 		}
 		v, err := checkField(route, k, obj[k], fs, data)
 		if err != nil {
@@ -501,7 +488,7 @@ func decodeRequest(route, ctype string, body []byte) (fields, error) {
 	}
 	for _, k := range requiredFields[route] {
 		if _, ok := out[k]; !ok {
-			return nil, bad("%s: %s is required", route, k)
+			return nil, badRequest("%s: %s is required", route, k)
 		}
 	}
 	return out, nil

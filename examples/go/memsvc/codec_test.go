@@ -16,7 +16,7 @@ import (
 func refused(t *testing.T, route, ctype string, body []byte, code int, re string) {
 	t.Helper()
 	_, err := decodeRequest(route, ctype, body)
-	var be *bodyError
+	var be *httpError
 	if !errors.As(err, &be) || be.code != code || !regexp.MustCompile(re).MatchString(be.message) {
 		t.Errorf("%s %.80q: got %v, want %d and %q", route, body, err, code, re)
 	}

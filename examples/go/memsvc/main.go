@@ -506,15 +506,12 @@ func routeOf(method, escapedPath string) (string, string, error) {
 
 func (s *service) errorAnswer(err error) (int, map[string]any) {
 	var he *httpError
-	var be *bodyError
 	var ke *kvmem.Error
 	var qf *queueFullError
 	var mb *http.MaxBytesError
 	switch {
 	case errors.As(err, &he):
 		return he.code, map[string]any{"error": he.kind, "message": he.message}
-	case errors.As(err, &be):
-		return be.code, map[string]any{"error": be.kind, "message": be.message}
 	case errors.As(err, &qf):
 		return 429, map[string]any{"error": "too_many_requests", "message": qf.msg}
 	case errors.Is(err, errDraining):
