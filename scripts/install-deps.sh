@@ -14,7 +14,8 @@
 # koffi and TypeScript from bindings/node/package-lock.json.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
+# python3 and ca-certificates also fetch make demo's model over HTTPS (scripts/fetch-model.py)
+pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3 ca-certificates)
 # Vulkan backend: headers and loader, volk, the shader compiler and
 # validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
 pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
