@@ -1,7 +1,7 @@
 /* The file-mapped tier: reading a mapped agent's blocks from its file
  * (see mapped.h for why pread and no cache of our own). */
 #include "mapped.h"
-#include "agent_file.h"
+#include "agent_io.h"
 
 #include <stdatomic.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* Public persistence API: save/load an agent, sync a pool to its store, and
  * the store tier the pool uses to spill and reload closed agents. The bytes
  * go through the byte-store interface (core/store/store.h) only. */
-#include "agent_file.h"
+#include "agent_io.h"
 #include "mapped.h"
 
 #include <string.h>

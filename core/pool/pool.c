@@ -2,7 +2,7 @@
 #include "pool.h"
 #include "resident.h"
 #include "../cpu/kernels.h"
-#include "agent_file.h"
+#include "agent_io.h"
 #include "mapped.h"
 
 #include <sched.h>
@@ -367,19 +367,6 @@ kvmem_status kvmem_pool_get_spec(kvmem_pool *p, kvmem_model_spec *out) {
     if (!p || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_get_spec: %s is NULL", p ? "out" : "pool");
     *out = p->spec;
     return KVMEM_OK;
-}
-
-int32_t kvmem_agent_id_valid(const char *id) {
-    if (!id || id[0] == '\0' || id[0] == '.') return 0;
-    size_t n = 0;
-    for (const char *c = id; *c; c++, n++) {
-        if (n >= KVMEM_MAX_AGENT_ID) return 0;
-        char ch = *c;
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                 ch == '.' || ch == '_' || ch == '-';
-        if (!ok) return 0;
-    }
-    return 1;
 }
 
 static kvmem_status check_id(const char *id, const char *fn) {
