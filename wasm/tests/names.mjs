@@ -38,7 +38,7 @@ const ONLY = {
       transferReset: 'the transfer counters (no device in the module)' },
   },
   Pool: {
-    wasm: { synthCreate: 'the generator of `kvmem demo` (tools/synth.c), compiled into the module for the demo page' },
+    wasm: { synthCreate: 'the generator of `kvmem demo` (synth/synth.c), compiled into the module for the demo page' },
     node: { sync: 'no agent store (store_dir) in the module', syncAsync: 'no agent store in the module',
       segmentsCreate: 'KEEP segments are not in the WebAssembly API yet',
       agentOpenFile: 'agent files opened in place: no file system in the module' },
