@@ -191,6 +191,15 @@ function kvArgs(spec, k, v, options, what) {
   return [kt, vt, ap];
 }
 
+// An object's own copy of its last failure (kvmem_X_last_error): what the
+// last failed call on it said, on whichever thread it ran.
+function objectError(fn, handle) {
+  let buf = Buffer.alloc(512);
+  const n = Number(fn(handle, buf, buf.length));
+  if (n >= buf.length) fn(handle, buf = Buffer.alloc(n + 1), buf.length);
+  return buf.toString('utf8', 0, Math.min(n, buf.length - 1));
+}
+
 class Context extends Handle {
   // backend: 'cpu', 'cuda', 'vulkan' or 'auto'; nThreads 0 = online cores
   constructor(options) {
@@ -203,6 +212,8 @@ class Context extends Handle {
   }
   get backend() { return C.kvmem_context_backend(this.handle); }
   get nThreads() { return C.kvmem_context_n_threads(this.handle); }
+  // the message of the last failed call on this context (attend, qmemScore), from any thread
+  lastError() { return objectError(C.kvmem_context_last_error, this.handle); }
   // (experimental) bytes the library moved to / from this context's backend buffers
   transferStats() {
     const h = [0], d = [0];
@@ -313,6 +324,8 @@ class Pool extends Handle {
   // kvmem_pool_sync: write changed agents to the pool's store
   sync() { C.kvmem_pool_sync(this.handle); }
   syncAsync() { return this._async(C.kvmem_pool_sync, this.handle).then(() => undefined); }
+  // the message of the last failed call on this pool (sync, agentOpen, ...), from any thread
+  lastError() { return objectError(C.kvmem_pool_last_error, this.handle); }
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, cId(id, 'agent id')); }
 }
@@ -339,6 +352,8 @@ class Agent extends Handle {
     super.close();
   }
   get id() { return C.kvmem_agent_get_id(this.handle); }
+  // the message of the last failed call on this agent, from any thread
+  lastError() { return objectError(C.kvmem_agent_last_error, this.handle); }
   _kvShape(n = -1) { const s = this.pool.spec; return [s.nLayers, n, s.nKvHeads, s.headDim]; }
 
   _appendArgs(k, v, opts) { return [this.handle, ...kvArgs(this.pool.spec, k, v, opts, 'append')]; }

@@ -2,6 +2,7 @@
  * back in the caller's buffer (what a koffi async call needs), equal to what
  * kvmem_last_error() says on that thread; success empties the buffer; the
  * buffer is cut, never overrun; the call runs once. */
+#define KVMEM_ALLOW_DEPRECATED /* these tests call the deprecated *_errbuf forms on purpose */
 #include "testutil.h"
 #include "internal.h" /* kvm_clear_error */
 

@@ -306,6 +306,11 @@ _d("const char *kvmem_version(void)", c_char_p)
 # Status and errors
 _d("const char *kvmem_status_str(kvmem_status status)", c_char_p, c_status)
 _d("const char *kvmem_last_error(void)", c_char_p)
+_d("size_t kvmem_agent_last_error(const kvmem_agent *agent, char *buf, size_t size)", c_size_t, agent_p, c_char_p,
+   c_size_t)
+_d("size_t kvmem_pool_last_error(const kvmem_pool *pool, char *buf, size_t size)", c_size_t, pool_p, c_char_p, c_size_t)
+_d("size_t kvmem_context_last_error(const kvmem_context *ctx, char *buf, size_t size)", c_size_t, ctx_p, c_char_p,
+   c_size_t)
 _d("void kvmem_log_set(kvmem_log_callback callback, void *user_data)", None, kvmem_log_callback, c_void_p)
 _d("void kvmem_free(void *ptr)", None, c_void_p)
 # Tensors
@@ -523,9 +528,8 @@ _d("kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t n_agents,
    STATUS, POINTER(c_void_p), c_int32, c_int32, T_p, T_p, c_void_p)
 _d("kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, "
    "int64_t n, const kvmem_tensor *out)", STATUS, T_p, c_int32, c_int64, c_int64, c_int64, T_p)
-# The failure message in a caller buffer: for bindings whose async calls run on
-# worker threads they cannot run code on (Node's koffi). Python calls on its own
-# thread and reads kvmem_last_error(), so these are declared, not used.
+# Deprecated: the failure message in a caller buffer (kvmem_agent_last_error
+# and co replace them). Declared, not used.
 _d("kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size)",
    STATUS, pool_p, c_void_p, c_size_t)
 _d("kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, "

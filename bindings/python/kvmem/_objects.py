@@ -259,6 +259,17 @@ def _call_kv(spec: Any, fn: Any, lead: Tuple[Any, ...], k: Any, v: Any, token_id
         B.release(*held)
 
 
+def _object_error(fn: Any, handle: int) -> str:
+    """An object's own copy of its last failure (kvmem_X_last_error): what the
+    last failed call on it said, on whichever thread it ran."""
+    buf = ctypes.create_string_buffer(512)
+    n = int(fn(handle, buf, len(buf)))
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        fn(handle, buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
 class Context(_Handle):
     """kvmem_context: a backend ("cpu", "cuda", "vulkan", "auto") and worker threads."""
     _kind = "Context"
@@ -279,6 +290,12 @@ class Context(_Handle):
     @property
     def n_threads(self) -> int:
         return int(L.kvmem_context_n_threads(self.handle))
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this context (attend,
+        qmem_score), whichever thread made it (kvmem_context_last_error)."""
+        return _object_error(L.kvmem_context_last_error, self.handle)
 
     def transfer_stats(self) -> "tuple[int, int]":
         """(h2d_bytes, d2h_bytes) the library moved to and from this context's
@@ -338,6 +355,12 @@ class Pool(_Handle):
 
     def segments_create(self, owner: str, **params: Any) -> "Segments":
         return Segments(self, owner, **params)
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this pool (sync,
+        agent_open, ...), whichever thread made it (kvmem_pool_last_error)."""
+        return _object_error(L.kvmem_pool_last_error, self.handle)
 
     def get_info(self) -> PoolInfo:
         info = L.kvmem_pool_info()
@@ -413,6 +436,12 @@ class Agent(_Handle):
     @property
     def id(self) -> str:
         return _s(L.kvmem_agent_get_id(self.handle))
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this agent, whichever
+        thread made it (kvmem_agent_last_error)."""
+        return _object_error(L.kvmem_agent_last_error, self.handle)
 
     def append(self, k: Any, v: Any, *, token_ids: Any = None, text: Optional[str | bytes] = None,
                token_text_offsets: Any = None, positions: Any = None,
