@@ -279,7 +279,9 @@ typedef struct kvmem_model_spec {
 } kvmem_model_spec;
 
 /* Defaults: a 1-layer, 1-head, head_dim 64 shape with NEOX RoPE, theta 10000,
- * no scaling. Callers set at least the geometry. */
+ * no scaling. Callers set at least the geometry. The spec has no struct_size
+ * and is returned by value, so it cannot grow within this major version
+ * (docs/abi.md, "Structs without a size field"). */
 KVMEM_API kvmem_model_spec kvmem_model_spec_default(void);
 
 /* Check a spec: KVMEM_OK, or KVMEM_ERR_INVALID_ARG with a message naming the
@@ -626,7 +628,8 @@ typedef struct kvmem_session_key {
     int32_t reserved;
 } kvmem_session_key;
 
-/* What a session key is derived from, tried in this order: session_id
+/* (Frozen, no struct_size: kvmem_session_source_v2 below is the form that
+ * grows.) What a session key is derived from, tried in this order: session_id
  * (non-NULL, non-empty); the marked span [mark_begin, mark_end) of token_ids
  * (when mark_end > mark_begin); the first prefix_tokens token ids (when the
  * request has at least that many); else a request-local key. */
@@ -670,6 +673,32 @@ KVMEM_API void kvmem_qmem_store_free(kvmem_qmem_store *store);
 KVMEM_API kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store,
                                                 const kvmem_session_source *src,
                                                 kvmem_session_key *out);
+
+/* The same source with struct_size first, so it can grow ("ABI and
+ * versioning"; kvmem_session_source is frozen): the same fields, the same
+ * meaning. kvmem_session_source_v2_init zeroes it and sets struct_size;
+ * set fields after it. */
+typedef struct kvmem_session_source_v2 {
+    size_t struct_size; /* sizeof(kvmem_session_source_v2), set by kvmem_session_source_v2_init() */
+    const char *session_id;
+    const int32_t *token_ids;
+    int64_t n_tokens;
+    int64_t mark_begin, mark_end;
+} kvmem_session_source_v2;
+
+static inline void kvmem_session_source_v2_init(kvmem_session_source_v2 *src) {
+    unsigned char *b = (unsigned char *)src;
+    for (size_t i = 0; i < sizeof *src; i++) b[i] = 0;
+    src->struct_size = sizeof *src;
+}
+
+/* kvmem_session_key_derive from a kvmem_session_source_v2. struct_size is
+ * read as for params structs; errors as kvmem_session_key_derive, plus
+ * KVMEM_ERR_INVALID_ARG / KVMEM_ERR_UNSUPPORTED for a struct_size no version
+ * has or a newer struct setting fields this library lacks. */
+KVMEM_API kvmem_status kvmem_session_key_derive_v2(const kvmem_qmem_store *store,
+                                                   const kvmem_session_source_v2 *src,
+                                                   kvmem_session_key *out);
 
 /* Fold one turn into the memory of `key`:
  * Enc = mean over rows [span_begin, span_end) of q, M = exp(-lambda) M + Enc
@@ -931,7 +960,8 @@ typedef enum kvmem_attend_source_kind {
 } kvmem_attend_source_kind;
 
 /* Where the keys and values come from. Zero-initialise, then set `kind` and
- * that kind's fields; unused fields must stay zero/NULL. All borrowed. */
+ * that kind's fields; unused fields must stay zero/NULL. All borrowed. Frozen
+ * (no struct_size): kvmem_attend_source_v2 below is the form that grows. */
 typedef struct kvmem_attend_source {
     kvmem_attend_source_kind kind;
     int32_t layer;              /* AGENT: the layer the queries belong to */
@@ -1053,6 +1083,42 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
                                     const kvmem_attend_source *source,
                                     const kvmem_attend_params *params, const kvmem_tensor *out,
                                     kvmem_attend_stats *stats);
+
+/* The same source with struct_size first, so it can grow ("ABI and
+ * versioning"; kvmem_attend_source is frozen): the same fields, the same
+ * meaning. kvmem_attend_source_v2_init zeroes it and sets struct_size; set
+ * `kind` and that kind's fields after it. */
+typedef struct kvmem_attend_source_v2 {
+    size_t struct_size; /* sizeof(kvmem_attend_source_v2), set by kvmem_attend_source_v2_init() */
+    kvmem_attend_source_kind kind;
+    int32_t layer;
+    const kvmem_tensor *k;
+    const kvmem_tensor *v;
+    const int32_t *slots;
+    int64_t n_positions;
+    int32_t dead_slot;
+    int32_t reserved; /* 0 */
+    kvmem_agent *agent;
+    const int32_t *positions;
+    int64_t base_position;
+    const uint8_t *mask;
+} kvmem_attend_source_v2;
+
+static inline void kvmem_attend_source_v2_init(kvmem_attend_source_v2 *src) {
+    unsigned char *b = (unsigned char *)src;
+    for (size_t i = 0; i < sizeof *src; i++) b[i] = 0;
+    src->struct_size = sizeof *src;
+}
+
+/* kvmem_attend with a kvmem_attend_source_v2. struct_size is read as for
+ * params structs; errors, threading and the last error as kvmem_attend,
+ * plus KVMEM_ERR_INVALID_ARG / KVMEM_ERR_UNSUPPORTED for a struct_size no
+ * version has, a newer struct setting fields this library lacks or a
+ * nonzero reserved. */
+KVMEM_API kvmem_status kvmem_attend_v2(kvmem_context *ctx, const kvmem_tensor *q,
+                                       const kvmem_attend_source_v2 *source,
+                                       const kvmem_attend_params *params, const kvmem_tensor *out,
+                                       kvmem_attend_stats *stats);
 
 /* ------------------------------------------------------------------------- */
 /* Persistence, quantized storage, prefix reuse, batching                     */

@@ -641,7 +641,9 @@ class QmemStore extends Handle {
     const src = { session_id: sessionId === null ? null : cId(sessionId, 'sessionId'), token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
                   mark_begin: mark ? mark[0] : 0, mark_end: mark ? mark[1] : 0 };
     const key = {};
-    C.kvmem_session_key_derive(this.handle, src, key);
+    // the growable source where the library has it
+    if (L.missing.has('kvmem_session_key_derive_v2')) C.kvmem_session_key_derive(this.handle, src, key);
+    else C.kvmem_session_key_derive_v2(this.handle, { struct_size: L.koffi.sizeof(L.types.kvmem_session_source_v2), ...src }, key);
     return fromC(key);
   }
   // fold q [n_q][n_layers][n_q_heads][head_dim] rows [spanBegin, spanEnd) into key's memory; the new memory
@@ -836,19 +838,22 @@ function attendArgs(ctx, q, options) {
   const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
   const ot = tensor(o, 'out', shape, out ? dtype : 'f32');
   const stats = {};
+  if (ATTEND_V2) src.struct_size = L.koffi.sizeof(L.types.kvmem_attend_source_v2);
   return { args: [ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
 }
+// the growable source where the library has it
+const ATTEND_V2 = !L.missing.has('kvmem_attend_v2');
 // kvmem_attend: {out, stats}
 function attend(ctx, q, opts) {
   const a = attendArgs(ctx, q, opts);
-  C.kvmem_attend(...a.args);
+  (ATTEND_V2 ? C.kvmem_attend_v2 : C.kvmem_attend)(...a.args);
   return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
 }
 async function attendAsync(ctx, q, opts) {
   const a = attendArgs(ctx, q, opts);
   const agent = opts && opts.agent;
   if (agent) agent._busy++;
-  try { await ctx._async(C.kvmem_attend, ...a.args); } finally { if (agent) agent._busy--; }
+  try { await ctx._async(ATTEND_V2 ? C.kvmem_attend_v2 : C.kvmem_attend, ...a.args); } finally { if (agent) agent._busy--; }
   return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
 }
 

@@ -141,6 +141,10 @@ const types = {
   kvmem_session_source: koffi.struct('kvmem_session_source', {
     session_id: 'const char *', token_ids: 'const int32_t *', n_tokens: 'int64_t', mark_begin: 'int64_t', mark_end: 'int64_t',
   }),
+  kvmem_session_source_v2: koffi.struct('kvmem_session_source_v2', {
+    struct_size: 'size_t', session_id: 'const char *', token_ids: 'const int32_t *', n_tokens: 'int64_t', mark_begin: 'int64_t',
+    mark_end: 'int64_t',
+  }),
   kvmem_qmem_params: koffi.struct('kvmem_qmem_params', { struct_size: 'size_t', capacity: 'int32_t', prefix_tokens: 'int32_t', lambda: 'double' }),
   kvmem_kvstore_params: koffi.struct('kvmem_kvstore_params', { struct_size: 'size_t', page_slots: 'int32_t', max_slots: 'int64_t' }),
   kvmem_kvstore_info: koffi.struct('kvmem_kvstore_info', {
@@ -150,6 +154,11 @@ const types = {
   kvmem_attend_source: koffi.struct('kvmem_attend_source', {
     kind: 'kvmem_attend_source_kind', layer: 'int32_t', k: 'const kvmem_tensor *', v: 'const kvmem_tensor *',
     slots: 'const int32_t *', n_positions: 'int64_t', dead_slot: 'int32_t', reserved: 'int32_t',
+    agent: 'kvmem_agent *', positions: 'const int32_t *', base_position: 'int64_t', mask: 'const uint8_t *',
+  }),
+  kvmem_attend_source_v2: koffi.struct('kvmem_attend_source_v2', {
+    struct_size: 'size_t', kind: 'kvmem_attend_source_kind', layer: 'int32_t', k: 'const kvmem_tensor *',
+    v: 'const kvmem_tensor *', slots: 'const int32_t *', n_positions: 'int64_t', dead_slot: 'int32_t', reserved: 'int32_t',
     agent: 'kvmem_agent *', positions: 'const int32_t *', base_position: 'int64_t', mask: 'const uint8_t *',
   }),
   kvmem_attend_params: koffi.struct('kvmem_attend_params', {
@@ -263,6 +272,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params, _Out_ kvmem_qmem_store **out)',
   'void kvmem_qmem_store_free(kvmem_qmem_store *store)',
   'kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store, const kvmem_session_source *src, _Out_ kvmem_session_key *out)',
+  'kvmem_status kvmem_session_key_derive_v2(const kvmem_qmem_store *store, const kvmem_session_source_v2 *src, _Out_ kvmem_session_key *out)',
   'kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key, const kvmem_tensor *q, int64_t span_begin, int64_t span_end, float *memory_out)',
   'kvmem_status kvmem_qmem_get(kvmem_qmem_store *store, const kvmem_session_key *key, float *out)',
   'int32_t kvmem_qmem_count(const kvmem_qmem_store *store)',
@@ -297,6 +307,7 @@ const DECLARATIONS = [
   // ART attention
   'kvmem_status kvmem_attend_params_init(_Out_ kvmem_attend_params *params, size_t struct_size)',
   'kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats)',
+  'kvmem_status kvmem_attend_v2(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source_v2 *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats)',
   // Persistence, prefix, batch
   'kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)',
   'kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)',
@@ -335,7 +346,7 @@ const ERRBUF_SIZE = 512;
 
 // The calls that do real work get `.async` (a koffi worker-thread call).
 const ASYNC_CALLS = ['kvmem_pool_sync', 'kvmem_agent_append', 'kvmem_agent_read', 'kvmem_agent_save',
-                     'kvmem_agent_load', 'kvmem_retrieve', 'kvmem_gather', 'kvmem_attend'];
+                     'kvmem_agent_load', 'kvmem_retrieve', 'kvmem_gather', 'kvmem_attend', 'kvmem_attend_v2'];
 
 // The `.async` form of a status function: a koffi async call runs on a worker
 // thread, where kvmem_last_error() stays, so a failure's message is read from

@@ -27,7 +27,10 @@ def attend(ctx: Context, q: Any, *, k: Any = None, v: Any = None, agent: Optiona
     scale, tau_s, tau_d, patience, probe, causal, compare; tile_order a list.
     Returns (out [n_rows][n_q_heads][head_dim] f32 unless given, stats dict)."""
     ap = _params(L.kvmem_attend_default_params(), "attend()", params)
-    src = L.kvmem_attend_source()
+    v2 = "kvmem_attend_v2" not in L.MISSING  # the growable source where the library has it
+    src = L.kvmem_attend_source_v2() if v2 else L.kvmem_attend_source()
+    if v2:
+        src.struct_size = ctypes.sizeof(src)
     held: List[Any] = []
     try:
         if agent is not None:
@@ -69,7 +72,8 @@ def attend(ctx: Context, q: Any, *, k: Any = None, v: Any = None, agent: Optiona
         ot, h = B.tensor(out, "out", shape, None, writable=True)
         held.append(h)
         stats = L.kvmem_attend_stats()
-        L.kvmem_attend(ctx.handle, byref(qt), byref(src), byref(ap), byref(ot), byref(stats))
+        (L.kvmem_attend_v2 if v2 else L.kvmem_attend)(ctx.handle, byref(qt), byref(src), byref(ap), byref(ot),
+                                                      byref(stats))
         return out, _struct_dict(stats)
     finally:
         B.release(*held)

@@ -204,6 +204,10 @@ class kvmem_session_source(Structure):
                 ("mark_begin", c_int64), ("mark_end", c_int64)]
 
 
+class kvmem_session_source_v2(Structure):  # the same fields after struct_size
+    _fields_ = [("struct_size", c_size_t)] + kvmem_session_source._fields_
+
+
 class kvmem_qmem_params(Structure):
     _fields_ = [("struct_size", c_size_t), ("capacity", c_int32), ("prefix_tokens", c_int32), ("lambda", c_double)]
 
@@ -226,6 +230,10 @@ class kvmem_attend_source(Structure):
                 ("slots", POINTER(c_int32)), ("n_positions", c_int64), ("dead_slot", c_int32), ("reserved", c_int32),
                 ("agent", c_void_p), ("positions", POINTER(c_int32)), ("base_position", c_int64),
                 ("mask", POINTER(ctypes.c_uint8))]
+
+
+class kvmem_attend_source_v2(Structure):  # the same fields after struct_size
+    _fields_ = [("struct_size", c_size_t)] + kvmem_attend_source._fields_
 
 
 class kvmem_attend_params(Structure):
@@ -450,6 +458,8 @@ _d("kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvm
 _d("void kvmem_qmem_store_free(kvmem_qmem_store *store)", None, qstore_p)
 _d("kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store, const kvmem_session_source *src, "
    "kvmem_session_key *out)", STATUS, qstore_p, POINTER(kvmem_session_source), POINTER(kvmem_session_key))
+_d("kvmem_status kvmem_session_key_derive_v2(const kvmem_qmem_store *store, const kvmem_session_source_v2 *src, "
+   "kvmem_session_key *out)", STATUS, qstore_p, POINTER(kvmem_session_source_v2), POINTER(kvmem_session_key))
 _d("kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key, const kvmem_tensor *q, "
    "int64_t span_begin, int64_t span_end, float *memory_out)",
    STATUS, qstore_p, POINTER(kvmem_session_key), T_p, c_int64, c_int64, c_void_p)
@@ -514,6 +524,9 @@ _d("kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const k
    "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats)",
    STATUS, ctx_p, T_p, POINTER(kvmem_attend_source), POINTER(kvmem_attend_params), T_p, POINTER(kvmem_attend_stats))
 # Persistence, prefix, batch
+_d("kvmem_status kvmem_attend_v2(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source_v2 *source, "
+   "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats)",
+   STATUS, ctx_p, T_p, POINTER(kvmem_attend_source_v2), POINTER(kvmem_attend_params), T_p, POINTER(kvmem_attend_stats))
 _d("kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)", STATUS, agent_p, c_char_p)
 _d("kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)", STATUS, agent_p, c_char_p)
 _d("kvmem_status kvmem_pool_sync(kvmem_pool *pool)", STATUS, pool_p)
