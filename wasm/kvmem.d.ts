@@ -311,8 +311,8 @@ export declare class Story extends Handle {
 
 /** The loaded module: what Node's `require('kvmem')` is. */
 export declare class Kvmem {
-  /** kvmem_version() (a string; Node has kvmem.version()) */
-  readonly version: string;
+  /** kvmem_version(): the library's version string, as Node's kvmem.version() */
+  version(): string;
   /** kvmem_version_number(): X*1000000 + Y*1000 + Z */
   versionNumber(): number;
   /** the CPU kernel table in use ("wasm128", or "scalar" with ENV.KVMEM_CPU=scalar) */

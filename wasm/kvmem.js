@@ -439,7 +439,8 @@ export class Kvmem {
     this._defaultsCache = {};
     // scratch for out-parameters (pointers, counts, small structs): 256 bytes
     this._scratch = M._malloc(256);
-    this.version = this._fn('kvmem_version', 'string', [])();
+    const version = this._fn('kvmem_version', 'string', [])();
+    this.version = () => version; // a function, as Node's kvmem.version()
     this.kernels = this._fn('kvmw_cpu_kernels', 'string', [])();
     /** whether the module holds the tinyllm engine (storyOpen) */
     this.hasStory = typeof M._kvmw_story_open === 'function';

@@ -164,8 +164,12 @@ func Attend(ctx *Context, q Tensor, src AttendSource, p AttendParams, out Tensor
 	if len(src.Mask) > 0 {
 		mask = (*C.uint8_t)(unsafe.Pointer(&src.Mask[0]))
 	}
+	nto, err := i32("len(TileOrder)", len(p.TileOrder))
+	if err != nil {
+		return st, err
+	}
 	cpar := C.kvmem_attend_default_params()
-	cpar.order, cpar.n_sink, cpar.n_tile_order = C.kvmem_attend_order(p.Order), C.int32_t(p.NSink), C.int32_t(len(p.TileOrder))
+	cpar.order, cpar.n_sink, cpar.n_tile_order = C.kvmem_attend_order(p.Order), C.int32_t(p.NSink), nto
 	cpar.tile_size, cpar.scale, cpar.tau_s, cpar.tau_d = C.int32_t(p.TileSize), C.float(p.Scale), C.float(p.TauS), C.float(p.TauD)
 	cpar.patience, cpar.probe = C.int32_t(p.Patience), C.kvmem_attend_probe(p.Probe)
 	cpar.causal, cpar.compare = 0, 0

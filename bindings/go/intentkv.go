@@ -91,6 +91,7 @@ static kvmem_status kvgo_kvstore_create(kvmem_model_spec *spec, const int32_t *w
 import "C"
 
 import (
+	"math"
 	"runtime"
 	"unsafe"
 )
@@ -369,8 +370,9 @@ func (h *QmemHead) Apply(spec ModelSpec, memory []float32, k Tensor, rule []floa
 }
 
 func keep(n int64, f func(kept *C.int32_t, nk *C.int64_t) C.kvmem_status) ([]int32, error) {
-	if n < 0 {
-		return nil, argErr("n = %d", n)
+	// kept positions are int32: a larger n is refused before its n entries are allocated
+	if n < 0 || n > math.MaxInt32 {
+		return nil, argErr("n = %d is outside [0, %d]", n, math.MaxInt32)
 	}
 	kept := make([]int32, n+1)
 	var nk C.int64_t
@@ -398,7 +400,7 @@ func StreamingKeep(n, nSink, window int64) ([]int32, error) {
 // H2OAccumulate is kvmem_h2o_accumulate: acc[j] += sum over the nRows rows of probs[r][j], in place.
 func H2OAccumulate(probs []float32, nRows int64, acc []float32) error {
 	n := int64(len(acc))
-	if nRows < 0 || int64(len(probs)) != nRows*n {
+	if nRows < 0 || (n == 0 && len(probs) != 0) || (n > 0 && (int64(len(probs))%n != 0 || int64(len(probs))/n != nRows)) {
 		return argErr("H2OAccumulate: probs has %d values, expected %d rows of %d", len(probs), nRows, n)
 	}
 	return call(func() C.kvmem_status {

@@ -10,6 +10,8 @@ const fs = require('node:fs');
 const path = require('node:path');
 const koffi = require('koffi');
 const errors = require('./errors');
+const { checkInt, isInt } = require('./ints');
+const { camel } = require('./names');
 
 const SONAMES = process.platform === 'darwin' ? ['libkvmem.0.dylib', 'libkvmem.dylib'] : ['libkvmem.so.0', 'libkvmem.so'];
 
@@ -383,6 +385,40 @@ function asyncForm(name, f) {
   });
 }
 
+// f with its integer arguments, and the integer fields of the structs it takes by
+// pointer, checked before C (ints.js): koffi would wrap them.
+function guarded(f, proto) {
+  const inner = proto.slice(proto.indexOf('(') + 1, proto.lastIndexOf(')')).trim();
+  const params = inner === 'void' || !inner ? [] : inner.split(',').map((p) => p.trim());
+  const checks = [];
+  f.info.arguments.forEach((t, i) => {
+    const p = params[i], what = camel(p.split(/[\s*]+/).pop());
+    const ti = koffi.introspect(t);
+    if (isInt(ti.primitive)) {
+      checks.push((a) => { a[i] = checkInt(a[i], what, ti.primitive); });
+    } else if (ti.primitive === 'Pointer' && !p.startsWith('_Out_') && ti.ref && koffi.introspect(ti.ref).primitive === 'Record') {
+      const ints = Object.values(koffi.introspect(ti.ref).members)
+        .map((m) => [m.name, koffi.introspect(m.type).primitive]).filter(([, prim]) => isInt(prim));
+      if (ints.length) {
+        checks.push((a) => {
+          const o = a[i];
+          if (!o || typeof o !== 'object' || ArrayBuffer.isView(o)) return;
+          for (const [name, prim] of ints) if (o[name] !== undefined) checkInt(o[name], camel(name), prim);
+        });
+      }
+    }
+  });
+  if (!checks.length) return f;
+  const run = (a) => { for (const c of checks) c(a); return a; };
+  const g = (...a) => f(...run(a));
+  g.async = (...a) => {
+    try { run(a); } catch (e) { return a[a.length - 1](e); } // the callback: the call rejects
+    return f.async(...a);
+  };
+  g.info = f.info;
+  return g;
+}
+
 for (const proto of DECLARATIONS) {
   const name = proto.slice(0, proto.indexOf('(')).trim().split(/[\s*]+/).pop();
   declared[name] = proto;
@@ -397,6 +433,7 @@ for (const proto of DECLARATIONS) {
     fail.async = async () => fail();
     continue;
   }
+  f = guarded(f, proto);
   raw[name] = f;
   fns[name] = /^kvmem_status\s/.test(proto) ? (...args) => check(f(...args)) : f;
 }

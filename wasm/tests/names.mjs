@@ -78,7 +78,7 @@ const ONLY = {
   },
 };
 // Names in both whose kind differs (a value here, a function there).
-const KIND_DIFFERS = { version: 'km.version is the version string (since the first release); Node has kvmem.version()' };
+const KIND_DIFFERS = {};
 
 const isCamel = (k) => /^[a-z][a-zA-Z0-9]*$/.test(k);
 

@@ -13,12 +13,13 @@ import ctypes
 import ctypes.util
 import os
 import sys
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32,
+from ctypes import (CFUNCTYPE, POINTER, c_char, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 from typing import Any, Dict, List, Set
 
-from ._errors import UnsupportedError, error_for
+from . import _ints
+from ._errors import InvalidTypeError, UnsupportedError, error_for
 
 # --------------------------------------------------------------------------
 # Finding the library
@@ -77,6 +78,30 @@ OPEN_FILE_NO_VERIFY = 0x1
 
 c_status = c_int  # kvmem_status (an int-sized enum)
 c_enum = c_int
+
+
+class Structure(ctypes.Structure):
+    """ctypes.Structure whose integer fields refuse what does not fit (ctypes
+    would store 2**32 + 4 in an int32_t field as 4), and whose other fields
+    turn ctypes' TypeError for a wrong value into InvalidTypeError naming the field."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        cls = type(self)
+        fields = cls.__dict__.get("_kvmem_field_types")
+        if fields is None:
+            fields = {}
+            for klass in reversed(cls.__mro__):
+                fields.update(dict(klass.__dict__.get("_fields_", ())))
+            cls._kvmem_field_types = fields
+        t = fields.get(name)
+        if t is not None and _ints.int_range(t) is not None:
+            value = _ints.check(value, name, t)
+        try:
+            super().__setattr__(name, value)
+        except TypeError as e:
+            if t is None:
+                raise
+            raise InvalidTypeError(f"{name}: {e}") from None
 
 
 class kvmem_tensor(Structure):
@@ -304,7 +329,34 @@ def _declare(proto: str, restype: Any, *argtypes: Any) -> None:
         fn.errcheck = _raise_status
     else:
         fn.restype = restype
-    _ns[name] = fn
+    _ns[name] = _checked(fn, proto, argtypes)
+
+
+def _param_names(proto: str) -> List[str]:
+    """The parameter names of a C prototype ("int32_t block" -> "block")."""
+    inner = proto[proto.index("(") + 1:proto.rindex(")")].strip()
+    if inner in ("", "void"):
+        return []
+    return [p.replace("*", " ").split()[-1] for p in inner.split(",")]
+
+
+def _checked(fn: Any, proto: str, argtypes: Any) -> Any:
+    """fn, or a wrapper that checks its integer arguments (_ints.check) first."""
+    names = _param_names(proto)
+    ints = [(i, names[i], t) for i, t in enumerate(argtypes) if _ints.int_range(t) is not None]
+    if not ints:
+        return fn
+    ranges = [(i, what, t, *_ints.int_range(t)[:2]) for i, what, t in ints]
+
+    def call(*args: Any) -> Any:
+        for i, what, t, lo, hi in ranges:
+            a = args[i]
+            if type(a) is not int or a < lo or a > hi:
+                args = args[:i] + (_ints.check(a, what, t),) + args[i + 1:]
+        return fn(*args)
+    call.__name__ = call.__qualname__ = fn.__name__
+    call.__doc__ = proto
+    return call
 
 
 _d = _declare

@@ -19,10 +19,12 @@
 // request can write or read outside the store; messages name the store
 // <store>, and what is wrong inside a damaged file goes to the log only.
 //
-// Run (from a checkout, after make build):
+// Run (the binding's link recipe: pkg-config finds kvmem, installed or a build tree,
+// and its libdir goes into the rpath; or -tags kvmem_static):
 //
-//	CGO_CFLAGS=-I$PWD/include CGO_LDFLAGS="-L$PWD/build/default/core -Wl,-rpath,$PWD/build/default/core" \
-//	  KVMEM_STORE_DIR=/var/lib/kvmem go run ./examples/go/memsvc
+//	export PKG_CONFIG_PATH=$PWD/build/default   # a checkout after make build; an install: <prefix>/lib/pkgconfig
+//	cd examples/go/memsvc && CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" \
+//	  KVMEM_STORE_DIR=/var/lib/kvmem go run .
 //	(HOST, PORT; PORT=0 picks a free port; without KVMEM_STORE_DIR, save/load answer 501)
 package main
 

@@ -24,12 +24,13 @@
 // agent at a time. Errors come back as {error, status, message} with the
 // kvmem message, and an HTTP code from the kvmem status.
 //
-// Run: KVMEM_STORE_DIR=/var/lib/kvmem node examples/node/memory-service/server.js
+// Run: npm install (the kvmem package: file:../../../bindings/node in a checkout,
+//      or npm install kvmem-X.tgz), then KVMEM_STORE_DIR=/var/lib/kvmem node server.js
 //      (HOST, PORT; PORT=0 picks a free port; without KVMEM_STORE_DIR, save/load answer 501)
 const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
-const kvmem = require(path.join(__dirname, '..', '..', '..', 'bindings', 'node'));
+const kvmem = require('kvmem');
 
 const HTTP_FOR_STATUS = {
   KVMEM_ERR_INVALID_ARG: 400, KVMEM_ERR_MISMATCH: 400, KVMEM_ERR_FORMAT: 400, KVMEM_ERR_NOT_FOUND: 404,
