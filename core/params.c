@@ -31,7 +31,7 @@ KVM_PARAMS_LAYOUT(kvmem_kmeans_params, seed);
 KVM_PARAMS_LAYOUT(kvmem_multihop_params, max_iters);
 KVM_PARAMS_LAYOUT(kvmem_load_plan_params, reserved);
 /* the growable forms of the source structs follow the same rules */
-KVM_PARAMS_LAYOUT(kvmem_attend_source_v2, mask);
+KVM_PARAMS_LAYOUT(kvmem_attend_source_v2, base_position);
 KVM_PARAMS_LAYOUT(kvmem_session_source_v2, mark_end);
 
 /* The function that sets a struct's size, for messages:

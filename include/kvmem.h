@@ -1100,8 +1100,8 @@ typedef struct kvmem_attend_source_v2 {
     int32_t reserved; /* 0 */
     kvmem_agent *agent;
     const int32_t *positions;
-    int64_t base_position;
     const uint8_t *mask;
+    int64_t base_position; /* last: no trailing padding where pointers are 4 bytes (wasm32) */
 } kvmem_attend_source_v2;
 
 static inline void kvmem_attend_source_v2_init(kvmem_attend_source_v2 *src) {

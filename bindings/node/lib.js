@@ -161,7 +161,7 @@ const types = {
   kvmem_attend_source_v2: koffi.struct('kvmem_attend_source_v2', {
     struct_size: 'size_t', kind: 'kvmem_attend_source_kind', layer: 'int32_t', k: 'const kvmem_tensor *',
     v: 'const kvmem_tensor *', slots: 'const int32_t *', n_positions: 'int64_t', dead_slot: 'int32_t', reserved: 'int32_t',
-    agent: 'kvmem_agent *', positions: 'const int32_t *', base_position: 'int64_t', mask: 'const uint8_t *',
+    agent: 'kvmem_agent *', positions: 'const int32_t *', mask: 'const uint8_t *', base_position: 'int64_t',
   }),
   kvmem_attend_params: koffi.struct('kvmem_attend_params', {
     struct_size: 'size_t',

@@ -257,8 +257,9 @@ class kvmem_attend_source(Structure):
                 ("mask", POINTER(ctypes.c_uint8))]
 
 
-class kvmem_attend_source_v2(Structure):  # the same fields after struct_size
-    _fields_ = [("struct_size", c_size_t)] + kvmem_attend_source._fields_
+class kvmem_attend_source_v2(Structure):  # the same fields after struct_size, base_position last
+    _fields_ = ([("struct_size", c_size_t)] + [f for f in kvmem_attend_source._fields_ if f[0] != "base_position"]
+                + [f for f in kvmem_attend_source._fields_ if f[0] == "base_position"])
 
 
 class kvmem_attend_params(Structure):
