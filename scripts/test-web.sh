@@ -29,6 +29,8 @@ if [ ! -d "$root/core/retrieve" ] || [ ! -d "$root/core/attend" ]; then
 fi
 echo "== JavaScript API (Node)"
 node "$root/wasm/tests/api_test.mjs" "$www" || fail=1
+echo "== the README's WebAssembly example (Node)"
+node "$root/wasm/tests/readme_test.mjs" "$www" || fail=1
 echo "== the tinyllm engine in the module, on the real model (Node)"
 if [ ! -f "$model" ] || [ ! -f "$tok" ]; then
   echo "real-model test skipped: no model at $model or tokenizer at $tok (set KVMEM_TEST_MODEL)"

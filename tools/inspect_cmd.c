@@ -54,6 +54,78 @@ static void json_str(const kvm_json *v) {
     else printf("null");
 }
 
+/* Whether s[0..n) is a JSON number that a double holds as a finite value: it
+ * is then printed as the file wrote it, so no digit is lost or added. */
+static int json_number_ok(const char *s, size_t n) {
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    if (i < n && s[i] == '0') i++;
+    else if (i < n && s[i] >= '1' && s[i] <= '9')
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    else return 0;
+    if (i < n && s[i] == '.') {
+        if (++i == n || s[i] < '0' || s[i] > '9') return 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        if (++i < n && (s[i] == '+' || s[i] == '-')) i++;
+        if (i == n || s[i] < '0' || s[i] > '9') return 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    if (i != n || n > 64) return 0;
+    char buf[65];
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    double d = strtod(buf, NULL);
+    return d - d == 0; /* finite: 1e999 is a valid JSON number but no double */
+}
+
+/* Metadata values are strings in every safetensors file; --json gives the
+ * numbers among them as numbers, and null where the string is not one. */
+static void json_num(const char *s, size_t n) {
+    if (json_number_ok(s, n)) fwrite(s, 1, n, stdout);
+    else printf("null");
+}
+
+/* The model spec ("n_layers=32;...;layer_window=0,0,...") as an object of
+ * kvmem_model_spec's fields: numbers (enums as their C values), layer_window
+ * an array. null when a piece is not key=value. */
+static void json_spec(const kvm_json *v) {
+    const char *s = v->str, *end = v->str + v->len;
+    int ok = 1;
+    for (const char *p = s; p < end;) {
+        const char *semi = memchr(p, ';', (size_t)(end - p)), *stop = semi ? semi : end;
+        ok &= memchr(p, '=', (size_t)(stop - p)) != NULL;
+        p = semi ? semi + 1 : end;
+    }
+    if (!ok) {
+        printf("null");
+        return;
+    }
+    putchar('{');
+    for (const char *p = s; p < end;) {
+        const char *semi = memchr(p, ';', (size_t)(end - p)), *stop = semi ? semi : end;
+        const char *eq = memchr(p, '=', (size_t)(stop - p));
+        printf("%s", p == s ? "" : ",");
+        json_escape(stdout, p, (size_t)(eq - p));
+        putchar(':');
+        if ((size_t)(eq - p) == strlen("layer_window") && !memcmp(p, "layer_window", (size_t)(eq - p))) {
+            putchar('[');
+            for (const char *e = eq + 1; e < stop;) {
+                const char *comma = memchr(e, ',', (size_t)(stop - e)), *to = comma ? comma : stop;
+                printf("%s", e == eq + 1 ? "" : ",");
+                json_num(e, (size_t)(to - e));
+                e = comma ? comma + 1 : stop;
+            }
+            putchar(']');
+        } else {
+            json_num(eq + 1, (size_t)(stop - eq - 1));
+        }
+        p = semi ? semi + 1 : end;
+    }
+    putchar('}');
+}
+
 /* A failure before the file could be described: to stderr, and with --json
  * also as one object on stdout, so a script reading stdout always gets one. */
 static int inspect_fail(int json, const char *path, const char *why) {
@@ -237,8 +309,13 @@ static int cmd_inspect(int argc, char **argv) {
                                            KVM_AF_MODEL_ID,      KVM_AF_MODEL_SPEC,     KVM_AF_STORAGE_DTYPE,
                                            KVM_AF_BLOCK_SIZE,    KVM_AF_N_TOKENS,       KVM_AF_CHECKSUM};
         for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+            const kvm_json *v = meta_v[shown[i]];
             printf(",\"%s\":", kvm_af_keys[shown[i]]);
-            json_str(meta_v[shown[i]]);
+            if (!v) printf("null");
+            else if (shown[i] == KVM_AF_MODEL_SPEC) json_spec(v);
+            else if (shown[i] == KVM_AF_FORMAT_VERSION || shown[i] == KVM_AF_BLOCK_SIZE || shown[i] == KVM_AF_N_TOKENS)
+                json_num(v->str, v->len);
+            else json_str(v);
         }
         printf(",\"n_blocks\":%d,\"checksum_ok\":%s,\"valid\":%s,\"validation\":", n_blocks, sum_ok ? "true" : "false",
                vst == KVMEM_OK ? "true" : "false");

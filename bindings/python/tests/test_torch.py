@@ -368,8 +368,8 @@ def test_bad_caches_are_refused_and_nothing_is_appended(agent):
 
 
 def test_readme_torch_example_runs(agent):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
-    section = readme[readme.index("## Bindings"):]
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "python.md")).read()
+    section = doc[doc.index("## PyTorch"):]
     code = next(c for c in re.findall(r"```python\n(.*?)```", section, re.S) if "kvmem.torch" in c)
     m = TinyLlama()
     env = {"torch": torch, "model": m, "agent": agent, "T": 16, "n": 3,

@@ -48,7 +48,7 @@ function defaultSpec() {
            headDim: n('KVMEM_HEAD_DIM', 64), modelId: 'memory-service' };
 }
 
-// The HTTP API speaks snake_case JSON (as the Go and Python services do); the
+// The HTTP API speaks snake_case JSON (as the Go service does); the
 // binding's objects are camelCase.
 const snake = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => '_' + c.toLowerCase()), v]));
 
