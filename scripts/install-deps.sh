@@ -30,7 +30,8 @@ for g in "${groups[@]}"; do
 done
 
 pkgs=()
-want build && pkgs+=(build-essential cmake pkgconf libcmocka-dev binutils python3)
+# python3 and ca-certificates also fetch make demo's model over HTTPS (scripts/fetch-model.py)
+want build && pkgs+=(build-essential cmake pkgconf libcmocka-dev binutils python3 ca-certificates)
 # Vulkan backend: headers and loader, volk, the shader compiler and
 # validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
 want test && pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)

@@ -196,7 +196,7 @@ node_package() {
   grep -q '^package/LICENSE$' "$tmp/tgz.txt" && [ ! -e "$root/bindings/node/LICENSE" ] || fail "the tarball has no LICENSE (or npm pack left bindings/node/LICENSE behind)"
   ok "the 106 names of index.d.ts import by name as an ES module and require as CommonJS; LICENSE in the tarball"
   # the example service copied out of the tree, on the installed package
-  mkdir "$tmp/svc" && cp "$root/examples/node/memory-service/server.js" "$root/examples/node/memory-service/package.json" "$tmp/svc/"
+  mkdir "$tmp/svc" && cp -r "$root/examples/node/memory-service/server.js" "$root/examples/node/memory-service/package.json" "$root/examples/node/memory-service/lib" "$tmp/svc/"
   cd "$tmp/svc"
   npm install --offline "${npmq[@]}" "$tmp"/koffi-*.tgz "$tgz" >"$tmp/svc-install.log" 2>&1 ||
     { cat "$tmp/svc-install.log"; fail "npm install in the copied examples/node/memory-service"; }
