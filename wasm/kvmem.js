@@ -813,7 +813,7 @@ export class Pool extends Handle {
     this._km._check(this._km._fn('kvmem_pool_remove_agent', 'number', ['number', 'string'])(this._live(), cId(id, 'agent id')));
   }
 
-  /** The synthetic session generator of `kvmem demo` (tools/synth.c) for this pool's model. */
+  /** The synthetic session generator of `kvmem demo` (synth/synth.c) for this pool's model. */
   synthCreate(nTopics, seed) {
     const km = this._km;
     const s = BigInt.asUintN(64, BigInt(seed));

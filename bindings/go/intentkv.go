@@ -11,8 +11,17 @@ static void kvgo_ikv_tensor(kvmem_tensor *t, void *data, const int64_t *meta) {
 	for (int i = 0; i < KVMEM_MAX_DIMS; i++) { t->shape[i] = meta[2 + i]; t->strides[i] = meta[2 + KVMEM_MAX_DIMS + i]; }
 }
 
+// The growable source form where the loaded library has it (see attend.go).
+#pragma weak kvmem_session_key_derive_v2
+
 static kvmem_status kvgo_session_key_derive(const kvmem_qmem_store *s, const char *sid, const int32_t *ids,
                                             int64_t n, int64_t mb, int64_t me, kvmem_session_key *out) {
+	if (kvmem_session_key_derive_v2) {
+		kvmem_session_source_v2 v2;
+		kvmem_session_source_v2_init(&v2);
+		v2.session_id = sid, v2.token_ids = ids, v2.n_tokens = n, v2.mark_begin = mb, v2.mark_end = me;
+		return kvmem_session_key_derive_v2(s, &v2, out);
+	}
 	kvmem_session_source src;
 	src.session_id = sid;
 	src.token_ids = ids;

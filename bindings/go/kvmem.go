@@ -215,6 +215,21 @@ func VersionNumber() int { return int(C.kvmem_version_number()) }
 // StatusStr is kvmem_status_str.
 func StatusStr(s Status) string { return C.GoString(C.kvmem_status_str(C.kvmem_status(s))) }
 
+// objectError copies an object's last failure (kvmem_X_last_error): what the
+// last failed call on it said, on whichever OS thread it ran.
+func objectError(f func(buf *C.char, size C.size_t) C.size_t) string {
+	buf := make([]byte, 512)
+	n := int(f((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf))))
+	if n >= len(buf) {
+		buf = make([]byte, n+1)
+		f((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	}
+	if n > len(buf)-1 {
+		n = len(buf) - 1
+	}
+	return string(buf[:n])
+}
+
 // LastError is kvmem_last_error of the current OS thread; errors returned by
 // this package already carry their message, so this is rarely needed.
 func LastError() string { return C.GoString(C.kvmem_last_error()) }
@@ -708,6 +723,19 @@ func (c *Context) NThreads() int {
 	return int(C.kvmem_context_n_threads((*C.kvmem_context)(p)))
 }
 
+// LastError is kvmem_context_last_error: the message of the last failed call
+// on this context (Attend, QmemScore), whichever OS thread made it ("" once
+// closed).
+func (c *Context) LastError() string {
+	p, err := c.n.get()
+	if err != nil {
+		return ""
+	}
+	return objectError(func(b *C.char, n C.size_t) C.size_t {
+		return C.kvmem_context_last_error((*C.kvmem_context)(p), b, n)
+	})
+}
+
 // TransferStats is kvmem_context_transfer_stats (experimental): the bytes the
 // library moved to (h2d) and from (d2h) the context's backend buffers.
 func (c *Context) TransferStats() (h2d, d2h uint64, err error) {
@@ -805,6 +833,16 @@ func (p *Pool) Close() { p.n.close() }
 func (p *Pool) ptr() (*C.kvmem_pool, error) {
 	h, err := p.n.get()
 	return (*C.kvmem_pool)(h), err
+}
+
+// LastError is kvmem_pool_last_error: the message of the last failed call on
+// this pool, whichever OS thread made it ("" once closed).
+func (p *Pool) LastError() string {
+	h, err := p.ptr()
+	if err != nil {
+		return ""
+	}
+	return objectError(func(b *C.char, n C.size_t) C.size_t { return C.kvmem_pool_last_error(h, b, n) })
 }
 
 // GetInfo is kvmem_pool_get_info.
@@ -918,6 +956,16 @@ func (a *Agent) Close() { a.n.close() }
 func (a *Agent) ptr() (*C.kvmem_agent, error) {
 	h, err := a.n.get()
 	return (*C.kvmem_agent)(h), err
+}
+
+// LastError is kvmem_agent_last_error: the message of the last failed call
+// on this agent, whichever OS thread made it ("" once closed).
+func (a *Agent) LastError() string {
+	h, err := a.ptr()
+	if err != nil {
+		return ""
+	}
+	return objectError(func(b *C.char, n C.size_t) C.size_t { return C.kvmem_agent_last_error(h, b, n) })
 }
 
 // ID is kvmem_agent_get_id ("" once closed).

@@ -91,6 +91,8 @@ export class Context extends Handle {
   constructor(opts?: { backend?: 'cpu' | 'cuda' | 'vulkan' | 'auto' | string; nThreads?: number });
   readonly backend: string;
   readonly nThreads: number;
+  /** the message of the last failed call on this context (attend, qmemScore), whichever thread ran it */
+  lastError(): string;
   /** (experimental) bytes moved to (h2d) and from (d2h) the context's backend buffers */
   transferStats(): { h2dBytes: number; d2hBytes: number };
   transferReset(): void;
@@ -112,6 +114,8 @@ export class Pool extends Handle {
   sync(): void;
   /** kvmem_pool_sync on a worker thread; the pool is busy until it settles (see Handle) */
   syncAsync(): Promise<void>;
+  /** the message of the last failed call on this pool (sync, agentOpen, ...), whichever thread ran it */
+  lastError(): string;
   segmentsCreate(owner: string, params?: SegmentsParams): Segments;
 }
 
@@ -119,6 +123,8 @@ export class Agent extends Handle {
   constructor(pool: Pool, id: string);
   readonly pool: Pool;
   readonly id: string;
+  /** the message of the last failed call on this agent, whichever thread ran it */
+  lastError(): string;
   /** k, v: [n_layers][T][n_kv_heads][head_dim] */
   append(k: TensorLike, v: TensorLike, opts?: AppendOptions): void;
   /** append on a worker thread, after the agent's earlier async calls; k, v and opts' arrays are copied at the call */

@@ -240,6 +240,15 @@ function kvArgs(spec, k, v, options, what) {
   return [kt, vt, ap];
 }
 
+// An object's own copy of its last failure (kvmem_X_last_error): what the
+// last failed call on it said, on whichever thread it ran.
+function objectError(fn, handle) {
+  let buf = Buffer.alloc(512);
+  const n = Number(fn(handle, buf, buf.length));
+  if (n >= buf.length) fn(handle, buf = Buffer.alloc(n + 1), buf.length);
+  return buf.toString('utf8', 0, Math.min(n, buf.length - 1));
+}
+
 // A copy of an input's bytes. An async call reads its inputs on a worker thread when
 // its turn comes, maybe after the caller has moved on: it takes copies when it is
 // made, so the caller may refill its arrays at once (an engine reuses one scratch
@@ -271,6 +280,8 @@ class Context extends Handle {
   }
   get backend() { return C.kvmem_context_backend(this.handle); }
   get nThreads() { return C.kvmem_context_n_threads(this.handle); }
+  // the message of the last failed call on this context (attend, qmemScore), from any thread
+  lastError() { return objectError(C.kvmem_context_last_error, this.handle); }
   // (experimental) bytes the library moved to / from this context's backend buffers
   transferStats() {
     const h = [0], d = [0];
@@ -389,6 +400,8 @@ class Pool extends Handle {
   // kvmem_pool_sync: write changed agents to the pool's store
   sync() { C.kvmem_pool_sync(this.handle); }
   syncAsync() { return this._async(C.kvmem_pool_sync, () => ({ args: [this._ptr()] })); }
+  // the message of the last failed call on this pool (sync, agentOpen, ...), from any thread
+  lastError() { return objectError(C.kvmem_pool_last_error, this.handle); }
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, cId(id, 'agent id')); }
 }
@@ -417,6 +430,8 @@ class Agent extends Handle {
   }
   // an agent's id never changes: read once, so it stays readable while an async call runs
   get id() { this._ptr(); return this._id; }
+  // the message of the last failed call on this agent, from any thread
+  lastError() { return objectError(C.kvmem_agent_last_error, this.handle); }
   _kvShape(n = -1) { const s = this.pool.spec; return [s.nLayers, n, s.nKvHeads, s.headDim]; }
 
   // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
@@ -747,7 +762,9 @@ class QmemStore extends Handle {
     const src = { session_id: sessionId === null ? null : cId(sessionId, 'sessionId'), token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
                   mark_begin: mark ? mark[0] : 0, mark_end: mark ? mark[1] : 0 };
     const key = {};
-    C.kvmem_session_key_derive(this.handle, src, key);
+    // the growable source where the library has it
+    if (L.missing.has('kvmem_session_key_derive_v2')) C.kvmem_session_key_derive(this.handle, src, key);
+    else C.kvmem_session_key_derive_v2(this.handle, { struct_size: L.koffi.sizeof(L.types.kvmem_session_source_v2), ...src }, key);
     return fromC(key);
   }
   // fold q [n_q][n_layers][n_q_heads][head_dim] rows [spanBegin, spanEnd) into key's memory; the new memory
@@ -949,12 +966,16 @@ function attendArgs(ctx, q, options, forAsync = false) {
   const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
   const ot = tensor(o, 'out', shape, out ? dtype : 'f32');
   const stats = {};
+  if (ATTEND_V2) src.struct_size = L.koffi.sizeof(L.types.kvmem_attend_source_v2);
   return { args: [forAsync ? ctx._ptr() : ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
 }
+// the growable source where the library has it
+const ATTEND_V2 = !L.missing.has('kvmem_attend_v2');
+const ATTEND_FN = ATTEND_V2 ? C.kvmem_attend_v2 : C.kvmem_attend;
 // kvmem_attend: {out, stats}
 function attend(ctx, q, opts) {
   const a = attendArgs(ctx, q, opts);
-  C.kvmem_attend(...a.args);
+  ATTEND_FN(...a.args);
   return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
 }
 // The inputs are copied when the call is made. With an agent source the call takes its
@@ -968,9 +989,9 @@ function attendAsync(ctx, q, opts) {
                 { ...ap, tile_order: copyOf(ap.tile_order) }, ot, stats];
   const done = () => ({ out: a.out, stats: fromC(stats, ['stopped_early']) });
   const agent = opts && opts.agent;
-  if (agent) return agent._async(C.kvmem_attend, () => ({ args, done }), { pins: [ctx] });
+  if (agent) return agent._async(ATTEND_FN, () => ({ args, done }), { pins: [ctx] });
   ctx._pins++;
-  return C.kvmem_attend.async(...args).then(done).finally(() => { ctx._pins--; });
+  return ATTEND_FN.async(...args).then(done).finally(() => { ctx._pins--; });
 }
 
 // kvmem_batch_merge: one layer of several agents, left-padded: {k, v, lengths, shape}

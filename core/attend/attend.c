@@ -680,9 +680,11 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
                           const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
     /* an AGENT source is taken for the call, like every call on an agent */
     kvmem_agent *a = source && source->kind == KVMEM_ATTEND_SRC_AGENT ? source->agent : NULL;
-    kvmem_status st;
-    if (a && (st = kvm_agent_enter(a, "kvmem_attend")) != KVMEM_OK) return st;
-    st = attend_call(ctx, q, source, params, out, stats);
-    if (a) kvm_agent_leave(a);
+    int own = ctx ? kvm_err_begin(&ctx->err) : 0; /* failures are the context's last error too */
+    kvmem_status st = a ? kvm_agent_enter(a, "kvmem_attend") : KVMEM_OK;
+    const int taken = a && st == KVMEM_OK;
+    if (st == KVMEM_OK) st = attend_call(ctx, q, source, params, out, stats);
+    if (taken) kvm_agent_leave(a);
+    kvm_err_end(own);
     return st;
 }

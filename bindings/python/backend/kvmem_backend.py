@@ -43,7 +43,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent.parent  # bindings/python (or an unpacked sdist)
 # What a KVMEM_LIBRARY_ONLY configure with the tool reads, relative to the repository root.
-C_SOURCES = ("CMakeLists.txt", "cmake", "core", "include", "tools", "bench",
+C_SOURCES = ("CMakeLists.txt", "cmake", "core", "include", "tools", "bench", "synth",
              "backends/vulkan/vk_ops.h", "backends/cuda/kvmem_cuda.h")
 # The same configuration as bindings/node/scripts/build.js and scripts/test-bindings.sh:
 # one build directory serves all three (the Node package's sources have no tools/).

@@ -37,7 +37,10 @@ def attend(ctx: Context, q: TensorLike, *, k: Optional[TensorLike] = None, v: Op
                          "compare")}
     params = {key: int(val) if isinstance(val, bool) else val for key, val in params.items()}
     ap = _params(L.kvmem_attend_default_params(), "attend()", params)
-    src = L.kvmem_attend_source()
+    v2 = "kvmem_attend_v2" not in L.MISSING  # the growable source where the library has it
+    src = L.kvmem_attend_source_v2() if v2 else L.kvmem_attend_source()
+    if v2:
+        src.struct_size = ctypes.sizeof(src)
     held: List[Any] = []
     try:
         if agent is not None:
@@ -79,7 +82,8 @@ def attend(ctx: Context, q: TensorLike, *, k: Optional[TensorLike] = None, v: Op
         ot, h = B.tensor(out, "out", shape, None, writable=True)
         held.append(h)
         stats = L.kvmem_attend_stats()
-        L.kvmem_attend(ctx.handle, byref(qt), byref(src), byref(ap), byref(ot), byref(stats))
+        (L.kvmem_attend_v2 if v2 else L.kvmem_attend)(ctx.handle, byref(qt), byref(src), byref(ap), byref(ot),
+                                                      byref(stats))
         return out, _struct_dict(stats)
     finally:
         B.release(*held)

@@ -71,7 +71,10 @@ class QmemStore(_Handle):
     def session_key(self, session_id: Optional[str] = None, token_ids: Optional[IntsLike] = None,
                     mark: Optional[Tuple[int, int]] = None) -> "SessionKey":
         """kvmem_session_key_derive: explicit id, else marked span, else prefix, else local."""
-        src = L.kvmem_session_source()
+        v2 = "kvmem_session_key_derive_v2" not in L.MISSING  # the growable source where the library has it
+        src = L.kvmem_session_source_v2() if v2 else L.kvmem_session_source()
+        if v2:
+            src.struct_size = ctypes.sizeof(src)
         sid = c_id_or_none(session_id, "session_id")
         src.session_id = sid
         ptr, keep = B.int32s(token_ids, "token_ids")
@@ -82,7 +85,7 @@ class QmemStore(_Handle):
             if mark is not None:
                 src.mark_begin, src.mark_end = mark
             key = SessionKey()
-            L.kvmem_session_key_derive(self.handle, byref(src), byref(key))
+            (L.kvmem_session_key_derive_v2 if v2 else L.kvmem_session_key_derive)(self.handle, byref(src), byref(key))
             return key
         finally:
             B.release(keep)

@@ -277,6 +277,17 @@ def _call_kv(spec: SpecLike, fn: Any, lead: Tuple[Any, ...], k: TensorLike, v: T
         B.release(*held)
 
 
+def _object_error(fn: Any, handle: int) -> str:
+    """An object's own copy of its last failure (kvmem_X_last_error): what the
+    last failed call on it said, on whichever thread it ran."""
+    buf = ctypes.create_string_buffer(512)
+    n = int(fn(handle, buf, len(buf)))
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        fn(handle, buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
 class Context(_Handle):
     """kvmem_context: a backend ("cpu", "cuda", "vulkan", "auto") and worker threads."""
     _kind = "Context"
@@ -299,6 +310,12 @@ class Context(_Handle):
     def n_threads(self) -> int:
         """The number of worker threads the context uses."""
         return int(L.kvmem_context_n_threads(self.handle))
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this context (attend,
+        qmem_score), whichever thread made it (kvmem_context_last_error)."""
+        return _object_error(L.kvmem_context_last_error, self.handle)
 
     def transfer_stats(self) -> "tuple[int, int]":
         """(h2d_bytes, d2h_bytes) the library moved to and from this context's
@@ -377,6 +394,12 @@ class Pool(_Handle):
         params = _given(locals())
         del params["owner"]
         return Segments(self, owner, **params)
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this pool (sync,
+        agent_open, ...), whichever thread made it (kvmem_pool_last_error)."""
+        return _object_error(L.kvmem_pool_last_error, self.handle)
 
     def get_info(self) -> PoolInfo:
         """kvmem_pool_get_info: bytes used, capacity, agents, block size, storage dtype."""
@@ -468,6 +491,12 @@ class Agent(_Handle):
     def id(self) -> str:
         """The agent's id."""
         return _s(L.kvmem_agent_get_id(self.handle))
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this agent, whichever
+        thread made it (kvmem_agent_last_error)."""
+        return _object_error(L.kvmem_agent_last_error, self.handle)
 
     def append(self, k: TensorLike, v: TensorLike, *, token_ids: Optional[IntsLike] = None, text: Optional[str | bytes] = None,
                token_text_offsets: Optional[IntsLike] = None, positions: Optional[IntsLike] = None,
