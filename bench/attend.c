@@ -47,7 +47,7 @@
  * Queries are u plus noise. Real-model numbers: `tinyllm eval` (examples/). */
 #include "bench.h"
 #include "attend/attend.h" /* KVM_ATTEND_DEFAULT_TILE */
-#include "context.h"        /* the backend's device timer (get_proc_address) */
+#include "backend/route/context.h"        /* the backend's device timer (get_proc_address) */
 #include "kvmem.h"
 
 #include <math.h>

@@ -7,7 +7,7 @@
  * nothing in the library used.) On a CPU-type Vulkan device (lavapipe) the
  * numbers are no performance claim: the "note" key says so. */
 #include "bench.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "vk_ops.h" /* Vulkan kernels reached by name ahead of their table entries */
 
 #include <stdlib.h>

@@ -16,7 +16,7 @@
  * (scripts/gpu-check.sh runs both). Without a usable GPU the suite prints
  * one line with "skipped" and the reason. */
 #include "bench.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "kvmem.h"
 #include "../backends/cuda/kvmem_cuda.h"
 

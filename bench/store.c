@@ -21,6 +21,7 @@
  * same agent in memory ("config":"mapped_*", bench/store_mapped.c). */
 #include "bench.h"
 #include "kvmem.h"
+#include "cpu/kernels.h"
 #include "quant/quant.h"
 
 #include <stdlib.h>
@@ -52,11 +53,11 @@ typedef struct q_arg {
 
 static void do_quant(void *p) {
     q_arg *a = p;
-    kvm_quant_kernels_get()->q4_quant(a->x, a->rows, a->dim, a->w, a->s, a->b);
+    kvm_cpu_kernels_get()->quant->q4_quant(a->x, a->rows, a->dim, a->w, a->s, a->b);
 }
 static void do_dequant(void *p) {
     q_arg *a = p;
-    kvm_quant_kernels_get()->q4_dequant(a->w, a->s, a->b, a->rows, a->dim, a->y);
+    kvm_cpu_kernels_get()->quant->q4_dequant(a->w, a->s, a->b, a->rows, a->dim, a->y);
 }
 
 /* memcpy into memory allocated just before (first touch included): what a
@@ -302,7 +303,7 @@ static int run_store(const kvm_bench_opts *o) {
     if (o->json) {
         kvm_json_begin(o->out, "store");
         kvm_json_str(o->out, "config", "q4_kernels");
-        kvm_json_str(o->out, "isa", kvm_quant_kernels_get()->name);
+        kvm_json_str(o->out, "isa", kvm_cpu_kernels_get()->quant->name);
         kvm_json_num(o->out, "q4_quant_gbps", qg);
         kvm_json_num(o->out, "q4_dequant_gbps", dg);
         kvm_json_int(o->out, "f16_file_bytes", f16);
@@ -314,7 +315,7 @@ static int run_store(const kvm_bench_opts *o) {
         kvm_json_end(o->out);
     } else {
         fprintf(o->out, "q4 kernels (%s, one core): quantize %.1f GB/s, dequantize %.1f GB/s (f16 bytes); F16/Q4 file size %.2fx\n",
-                kvm_quant_kernels_get()->name, qg, dg, q4 ? (double)f16 / (double)q4 : 0);
+                kvm_cpu_kernels_get()->quant->name, qg, dg, q4 ? (double)f16 / (double)q4 : 0);
     }
     free(x), free(y), free(q.w), free(q.s), free(q.b);
     return rc;

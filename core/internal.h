@@ -71,8 +71,4 @@ static inline bool kvm_is_tensor_dtype(kvmem_dtype dt) {
     return dt == KVMEM_F32 || dt == KVMEM_F16 || dt == KVMEM_BF16;
 }
 
-/* Convert n elements between F32/F16/BF16 on the host (the CPU kernels). */
-void kvm_convert_host(void *dst, kvmem_dtype dst_dtype, const void *src, kvmem_dtype src_dtype,
-                      size_t n);
-
 #endif

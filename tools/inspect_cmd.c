@@ -260,7 +260,7 @@ static int cmd_inspect(int argc, char **argv) {
     const kvm_json *textv = meta_v[KVM_AF_TEXT];
     uint64_t data = (uint64_t)sz - 8 - hl;
     char computed[KVM_AF_CHECKSUM_LEN + 1]; /* the file's checksum rule, computed here, not by the loader */
-    kvm_af_checksum_text(kvm_af_checksum(blob + 8 + hl, data, kvm_acc64_pick(kvm_cpu_kernels_get()->name)), computed);
+    kvm_af_checksum_text(kvm_af_checksum(blob + 8 + hl, data, kvm_cpu_kernels_get()->acc64_stripes), computed);
     int sum_ok = sum && !strcmp(sum->str, computed);
     int n_blocks = blocks && *blocks->str ? 1 : 0;
     for (const char *c = blocks ? blocks->str : ""; *c; c++) n_blocks += *c == ',';

@@ -17,10 +17,16 @@
 //     once, so at most one wave of work is spent past the stop.
 // Then attend_final writes out = o / l per query head and visited per
 // stream. With tau_s = tau_d = 0 the rule never fires: full attention.
+// A live position whose logit is not finite (K not finite there, or the
+// product overflows) is noted per tile by the partial CTAs (the lowest such
+// position); the fold stops the stream at that tile with visited = -1 -
+// that position, the contract's report the core refuses.
 #include "backend_impl.h"
 #include "common.cuh"
 #include "host/rules.h"
 
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 
 namespace {
@@ -37,6 +43,7 @@ struct AttendDims {
 struct AttendWs {
     float *part;      // [Hq][tpw][D + 2]
     int *live;        // [Hkv][tpw]
+    int *bad;         // [Hkv][tpw]: lowest position with a non-finite logit, INT_MAX: none
     float *o;         // [Hq][D]
     float *ml;        // [Hq][2]
     float *z;         // [Hkv][32]
@@ -51,6 +58,9 @@ __global__ void attend_init_kernel(AttendWs w, AttendDims p) {
         w.ml[2 * i] = -INFINITY;
         w.ml[2 * i + 1] = 0.0f;
     }
+    const size_t n_bad = (size_t)p.Hkv * p.tpw;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_bad; i += (size_t)gridDim.x * blockDim.x)
+        w.bad[i] = INT_MAX; // a stream with a bad tile stops there: a slot is never reused after one
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)p.Hkv; i += (size_t)gridDim.x * blockDim.x) {
         kvm_cu_rule r = {0.0, 0, 0, 0, 0};
         w.rule[i] = r;
@@ -112,6 +122,7 @@ attend_partial_kernel(const float *__restrict__ q, const T *__restrict__ k, cons
 #pragma unroll
                 for (int e = 0; e < VEC; e++) dot = fmaf(qr[g][e], kv[e], dot);
                 const float sc = kvmcu::warp_sum(dot) * p.scale;
+                if (!(fabsf(sc) <= FLT_MAX) && lane == 0) atomicMin(&w.bad[hkv * p.tpw + slot], (int)pos); // NaN or inf
                 const float mn = fmaxf(m[g], sc), a = expf(m[g] - mn), b = expf(sc - mn);
                 l[g] = l[g] * a + b;
 #pragma unroll
@@ -166,6 +177,19 @@ __global__ void __launch_bounds__(256) attend_fold_kernel(AttendWs w, int wave, 
     const int n_in_wave = min(p.tpw, p.n_visit - wave * p.tpw);
     for (int t = 0; t < n_in_wave && !s_done; t++) {
         if (w.live[hkv * p.tpw + t] == 0) continue; // no live position: not a visited tile
+        const int bad = w.bad[hkv * p.tpw + t];
+        if (bad != INT_MAX) { // uniform: every thread reads the same word
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                kvm_cu_rule r = w.rule[hkv];
+                r.done = 1;
+                r.visited = -1 - bad;
+                w.rule[hkv] = r;
+                s_done = 1;
+            }
+            __syncthreads();
+            break;
+        }
         // o = o * exp(m - m') + o_t * exp(m_t - m'), m' = max(m, m_t)
         for (int e = threadIdx.x; e < N; e += blockDim.x) {
             const int h = h0 + e / p.D, d = e % p.D;
@@ -306,6 +330,7 @@ kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     AttendWs w;
     w.part = reinterpret_cast<float *>(ws + plan.off_part);
     w.live = reinterpret_cast<int *>(ws + plan.off_live);
+    w.bad = reinterpret_cast<int *>(ws + plan.off_bad);
     w.o = reinterpret_cast<float *>(ws + plan.off_o);
     w.ml = reinterpret_cast<float *>(ws + plan.off_ml);
     w.z = reinterpret_cast<float *>(ws + plan.off_z);
@@ -328,7 +353,8 @@ kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     p.tau_s = a->tau_s;
     p.tau_d = a->tau_d;
     const uint32_t cap = (uint32_t)b->props.multiProcessorCount * 4u;
-    kvm_cu_grid g = kvm_cu_grid_1d((size_t)p.Hq * p.D, 256, cap);
+    const size_t n_o = (size_t)p.Hq * p.D, n_bad = (size_t)p.Hkv * p.tpw;
+    kvm_cu_grid g = kvm_cu_grid_1d(n_o > n_bad ? n_o : n_bad, 256, cap);
     attend_init_kernel<<<g.blocks, g.threads, 0, b->stream>>>(w, p);
     cudaError_t e = cudaGetLastError();
     for (int wave = 0; wave < plan.n_waves && e == cudaSuccess; wave++) {

@@ -308,6 +308,7 @@ static kvmem_backend_iface cu_iface = [] {
     t.dev_gather_rope = e_dev_gather_rope;
     t.dev_attend = e_dev_attend;
     t.dev_qmem_score = e_dev_qmem_score;
+    t.supports_op = kvm_cu_supports_op;
     t.get_proc_address = cu_proc;
     return t;
 }();

@@ -3,6 +3,7 @@
  * backend's command buffer, submits and waits (synchronous like the CPU
  * backend), and records the device time of the submission. */
 #include "vk_internal.h"
+#include "dev_args.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -124,6 +125,14 @@ static void *vk_proc(kvmem_backend *be, const char *name) {
     return name ? kvm_vk_retrieval_proc(name) : NULL;
 }
 
+/* The buffer-level forms only (the host-side ones are the CPU backend's);
+ * shapes beyond the kernels' limits are refused by the entries themselves
+ * (KVMEM_ERR_UNSUPPORTED: the core then runs the op on the CPU). */
+static int vk_supports(kvmem_backend *be, kvm_op op, const void *args) {
+    (void)be;
+    return kvm_dev_args_buffer_form(op, args);
+}
+
 static const kvmem_backend_iface vk_iface = {
     .name = "vulkan",
     .free = vk_free,
@@ -142,6 +151,7 @@ static const kvmem_backend_iface vk_iface = {
     .dev_qmem_score = kvm_vk_dev_qmem_score,
     /* -- attention -- */
     .dev_attend = kvm_vk_dev_attend,
+    .supports_op = vk_supports,
     .get_proc_address = vk_proc,
 };
 

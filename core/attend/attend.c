@@ -2,8 +2,8 @@
  * visiting order and per-row visibility (the plan), runs the backend's
  * `attend` op and writes the output only when everything succeeded. */
 #include "attend.h"
-#include "../context.h"
-#include "../tensor.h"
+#include "../backend/route/route.h"
+#include "../cpu/tensor.h"
 #include "../cpu/scratch.h"
 #include "../pool/resident.h"
 
@@ -83,6 +83,17 @@ static void bufs_free(attend_bufs *b) {
 }
 
 /* Geometry and T of the source; checks the source's own fields. */
+/* An agent's rows for the attend op (kvm_attend_agent; ctx is the plan). */
+static void agent_read(void *ctx, int32_t t, int which, int32_t l, int32_t h, int32_t row0, int32_t n, float *dst) {
+    const kvm_attend_plan *pl = ctx;
+    kvm_block_read_f32(pl->pool, &pl->mem->blocks[t], which, l, h, row0, n, dst);
+}
+
+static const float *agent_tail(void *ctx, int which, int32_t l, int32_t h) {
+    const kvm_attend_plan *pl = ctx;
+    return kvm_tail_rows(pl->pool, pl->mem, which, l, h);
+}
+
 static kvmem_status check_source(const kvmem_attend_source *src, kvm_attend_plan *pl, int32_t *is_agent) {
     const char *fn = "kvmem_attend";
     kvmem_status st;
@@ -144,6 +155,11 @@ static kvmem_status check_source(const kvmem_attend_source *src, kvm_attend_plan
         pl->head_dim = pool->spec.head_dim;
         pl->pool = pool;
         pl->mem = m;
+        pl->agent.ctx = pl;
+        pl->agent.n_sealed = m->n_sealed;
+        pl->agent.read = agent_read;
+        pl->agent.tail = agent_tail;
+        pl->agent.rope = &pool->rope;
         pl->layer = src->layer;
         pl->positions = src->positions;
         pl->base_position = src->base_position;
@@ -329,8 +345,16 @@ static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_pla
         const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
         n_live_tiles += (pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0) > 0;
     }
+    for (int32_t g = 0; g < H; g++) /* a non-finite logit where the device read (dev_attend's contract) */
+        if (visited[g] < 0)
+            return -1 - (int64_t)visited[g] < pl->T
+                       ? kvm_fail(KVMEM_ERR_INVALID_ARG,
+                                  "%s: K at position %lld, KV head %d is not finite (or its logit overflows)", fn,
+                                  (long long)(-1 - (int64_t)visited[g]), g)
+                       : kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d", fn, be_name,
+                                  visited[g], g);
     for (int32_t g = 0; g < H; g++) {
-        if (visited[g] < 0 || visited[g] > n_live_tiles)
+        if (visited[g] > n_live_tiles)
             return kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d of %lld", fn, be_name,
                             visited[g], g, (long long)n_live_tiles);
         int32_t seen = 0;
@@ -353,10 +377,11 @@ static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_pla
 }
 
 /* Run dev_attend with a's buffers, slot count, tile and dtype set by the
- * caller and the rest from the plan; download the output into pl->out and
- * the per-KV-head tile counts into visited, and fill *s from them. */
-static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl, kvm_dev_attend_args *a,
-                                   int32_t *visited, kvmem_attend_stats *s) {
+ * caller and the rest from the plan, read the staged outputs back (pl->out
+ * and the per-KV-head tile counts in visited: kvm_stage_end) and fill *s
+ * from them. */
+static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl, kvm_dev_attend_args *a, kvm_stage *stg,
+                                   int n_stg, const int32_t *visited, kvmem_attend_stats *s) {
     a->n_pos = pl->T;
     a->n_q_heads = pl->n_q_heads;
     a->n_kv_heads = pl->n_kv_heads;
@@ -367,9 +392,8 @@ static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl,
     a->tau_d = pl->tau_d;
     a->patience = pl->patience;
     kvmem_status st = be->iface->dev_attend(be, a);
-    if (st == KVMEM_OK)
-        st = kvm_be_download(be, a->out, 0, pl->out, (size_t)pl->n_q_heads * (size_t)pl->head_dim * 4);
-    if (st == KVMEM_OK) st = kvm_be_download(be, a->visited, 0, visited, (size_t)pl->n_kv_heads * 4);
+    if (st != KVMEM_OK) st = kvm_route_failed(be, "kvmem_attend", st);
+    st = kvm_stage_end(be, "kvmem_attend", stg, n_stg, st);
     if (st == KVMEM_OK) st = stats_from_visited(be->iface->name, pl, visited, s);
     return st;
 }
@@ -379,7 +403,6 @@ static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl,
  * this shape (the caller then runs the plan on the CPU). */
 static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s) {
     const char *fn = "kvmem_attend";
-    const kvmem_backend_iface *bi = be->iface;
     const kvmem_tensor *k = pl->k, *v = pl->v;
     const kvmem_dtype dt = k->dtype == KVMEM_F16 && v->dtype == KVMEM_F16 ? KVMEM_F16 : KVMEM_F32;
     const int64_t n_slots = k->shape[0], T = pl->T;
@@ -389,7 +412,6 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
         !kvm_mul_size(kv_bytes, (size_t)D * kvm_dtype_size(dt), &kv_bytes) || T > INT32_MAX)
         return KVMEM_ERR_UNSUPPORTED;
     const size_t q_bytes = (size_t)Hq * (size_t)D * 4;
-    kvmem_buffer *bq = NULL, *bk = NULL, *bv = NULL, *bs = NULL, *bo = NULL, *bout = NULL, *bvis = NULL;
     int32_t *slots = kvm_malloc(((size_t)T + 1) * sizeof *slots);
     int32_t *visited = kvm_malloc((size_t)H * sizeof *visited);
     void *pack = NULL;
@@ -406,56 +428,47 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     }
     for (int64_t j = 0; j < T; j++) /* TENSORS: the identity map; dead slots as -1 */
         slots[j] = !pl->slots ? (int32_t)j : pl->slots[j] == pl->dead_slot ? -1 : pl->slots[j];
-    /* buffers of at least 4 bytes: empty ones are legal but pointless to bind */
-#define KVM_ALLOC(b, n) \
-    if (st == KVMEM_OK) st = bi->buffer_alloc(be, KVM_MAX((size_t)(n), (size_t)4), &(b))
-    KVM_ALLOC(bq, q_bytes);
-    KVM_ALLOC(bk, kv_bytes);
-    KVM_ALLOC(bv, kv_bytes);
-    KVM_ALLOC(bs, (size_t)T * 4);
-    KVM_ALLOC(bo, (size_t)pl->n_order * 4);
-    KVM_ALLOC(bout, q_bytes);
-    KVM_ALLOC(bvis, (size_t)H * 4);
-#undef KVM_ALLOC
-    if (st != KVMEM_OK) goto done;
-    if ((st = kvm_be_upload(be, bq, 0, pl->q, q_bytes)) != KVMEM_OK) goto done;
-    if ((st = kvm_be_upload(be, bs, 0, slots, (size_t)T * 4)) != KVMEM_OK) goto done;
-    if ((st = kvm_be_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4)) != KVMEM_OK) goto done;
+    /* K and V go up one after the other through one packing buffer (when
+     * they are not contiguous in the kernel's dtype) */
+    kvm_stage stg[7] = {{KVM_STAGE_IN, (void *)(uintptr_t)pl->q, q_bytes, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_WORK, NULL, kv_bytes, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_WORK, NULL, kv_bytes, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_IN, slots, (size_t)T * 4, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_IN, (void *)(uintptr_t)pl->order, (size_t)pl->n_order * 4, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_OUT, pl->out, q_bytes, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_OUT, visited, (size_t)H * 4, NULL, NULL, {0, NULL}}};
+    if ((st = kvm_stage_begin(be, fn, stg, 7)) != KVMEM_OK) goto done;
     const kvmem_tensor *kv[2] = {k, v};
-    kvmem_buffer *bkv[2] = {bk, bv};
-    for (int x = 0; x < 2; x++) {
+    for (int x = 0; x < 2 && st == KVMEM_OK; x++) {
         const void *src = kv[x]->data;
         if (kv[x]->dtype != dt || !is_contiguous(kv[x])) {
             if (!pack && !(pack = kvm_malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
                 st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for packing %zu bytes of K/V", fn, kv_bytes);
-                goto done;
+                break;
             }
             pack_kv(kv[x], dt, pack);
             src = pack;
         }
-        if ((st = kvm_be_upload(be, bkv[x], 0, src, kv_bytes)) != KVMEM_OK) goto done;
+        if ((st = kvm_be_upload(be, stg[1 + x].buf, 0, src, kv_bytes)) != KVMEM_OK) st = kvm_route_failed(be, fn, st);
+    }
+    if (st != KVMEM_OK) {
+        kvm_stage_end(be, fn, stg, 7, st);
+        goto done;
     }
     kvm_dev_attend_args a;
     memset(&a, 0, sizeof a);
-    a.q = bq;
-    a.k = bk;
-    a.v = bv;
-    a.slot_map = bs;
-    a.order = bo;
-    a.out = bout;
-    a.visited = bvis;
+    a.q = stg[0].buf;
+    a.k = stg[1].buf;
+    a.v = stg[2].buf;
+    a.slot_map = stg[3].buf;
+    a.order = stg[4].buf;
+    a.out = stg[5].buf;
+    a.visited = stg[6].buf;
     a.n_slots = n_slots;
     a.tile = (int32_t)(pl->n_tiles > 0 ? pl->tile_start[1] - pl->tile_start[0] : 1);
     a.dtype = dt;
-    st = dev_attend_run(be, pl, &a, visited, s);
+    st = dev_attend_run(be, pl, &a, stg, 7, visited, s);
 done:
-    if (bq) bi->buffer_free(be, bq);
-    if (bk) bi->buffer_free(be, bk);
-    if (bv) bi->buffer_free(be, bv);
-    if (bs) bi->buffer_free(be, bs);
-    if (bo) bi->buffer_free(be, bo);
-    if (bout) bi->buffer_free(be, bout);
-    if (bvis) bi->buffer_free(be, bvis);
     kvm_free(slots);
     kvm_free(visited);
     kvm_free(pack);
@@ -467,7 +480,6 @@ done:
  * neither oldest-first nor RECENT's) and downloads the output and the tile
  * counts. */
 static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s) {
-    const kvmem_backend_iface *bi = be->iface;
     /* the mirror is a cache on the agent, which this call has taken */
     kvm_agent_mem *m = (kvm_agent_mem *)(uintptr_t)pl->mem;
     kvm_resident *r = NULL;
@@ -492,34 +504,26 @@ static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_p
     }
     int32_t visited[1024];
     if (H > 1024) return KVMEM_ERR_UNSUPPORTED;
-    kvmem_buffer *bq = NULL, *bo = NULL, *bout = NULL, *bvis = NULL;
-    st = bi->buffer_alloc(be, q_bytes, &bq);
-    if (st == KVMEM_OK) st = bi->buffer_alloc(be, q_bytes, &bout);
-    if (st == KVMEM_OK) st = bi->buffer_alloc(be, (size_t)H * 4, &bvis);
-    if (st == KVMEM_OK && !order) st = bi->buffer_alloc(be, KVM_MAX((size_t)pl->n_order * 4, (size_t)4), &bo);
-    if (st == KVMEM_OK) st = kvm_be_upload(be, bq, 0, pl->q, q_bytes);
-    if (st == KVMEM_OK && !order) st = kvm_be_upload(be, bo, 0, pl->order, (size_t)pl->n_order * 4);
-    if (st == KVMEM_OK) {
-        kvm_dev_attend_args a;
-        memset(&a, 0, sizeof a);
-        a.q = bq;
-        a.k = r->krot[pl->layer];
-        a.v = r->v[pl->layer];
-        a.slot_map = r->ident; /* position p is slot p */
-        a.order = order ? order : bo;
-        a.order_off = order_off;
-        a.out = bout;
-        a.visited = bvis;
-        a.n_slots = r->cap_tok;
-        a.tile = pl->pool->params.block_size;
-        a.dtype = KVMEM_F32;
-        st = dev_attend_run(be, pl, &a, visited, s);
-    }
-    if (bq) bi->buffer_free(be, bq);
-    if (bo) bi->buffer_free(be, bo);
-    if (bout) bi->buffer_free(be, bout);
-    if (bvis) bi->buffer_free(be, bvis);
-    return st;
+    kvm_stage stg[4] = {{KVM_STAGE_IN, (void *)(uintptr_t)pl->q, q_bytes, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_OUT, pl->out, q_bytes, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_OUT, visited, (size_t)H * 4, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_IN, (void *)(uintptr_t)pl->order, (size_t)pl->n_order * 4,
+                         (kvmem_buffer *)(uintptr_t)order, NULL, {0, NULL}}};
+    if ((st = kvm_stage_begin(be, "kvmem_attend", stg, 4)) != KVMEM_OK) return st;
+    kvm_dev_attend_args a;
+    memset(&a, 0, sizeof a);
+    a.q = stg[0].buf;
+    a.k = r->krot[pl->layer];
+    a.v = r->v[pl->layer];
+    a.slot_map = r->ident; /* position p is slot p */
+    a.order = stg[3].buf;
+    a.order_off = order ? order_off : 0;
+    a.out = stg[1].buf;
+    a.visited = stg[2].buf;
+    a.n_slots = r->cap_tok;
+    a.tile = pl->pool->params.block_size;
+    a.dtype = KVMEM_F32;
+    return dev_attend_run(be, pl, &a, stg, 4, visited, s);
 }
 
 static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
@@ -627,13 +631,25 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
     kvmem_attend_stats s;
     /* a device backend with the buffer-level kernel runs the plans it
      * covers; the rest (and shapes it refuses as unsupported) run here */
-    kvmem_backend *dev = ctx->backend;
-    st = KVMEM_ERR_UNSUPPORTED;
-    if (dev && dev != ctx->cpu && dev->iface->dev_attend && device_eligible(&pl))
-        st = attend_on_device(dev, &pl, &s);
-    else if (dev && dev != ctx->cpu && dev->iface->dev_attend && agent_device_eligible(&pl))
-        st = attend_agent_on_device(dev, &pl, &s);
-    if (st == KVMEM_ERR_UNSUPPORTED) st = kvm_attend_cpu(ctx->cpu, &pl, &s);
+    kvmem_backend *cpu = ctx->cpu, *be = cpu;
+    const int dev_plan = device_eligible(&pl), dev_agent = !dev_plan && agent_device_eligible(&pl);
+    if (dev_plan || dev_agent) { /* the plans the buffer-level form covers: the router's choice */
+        kvm_dev_attend_args shape;
+        memset(&shape, 0, sizeof shape);
+        shape.n_pos = pl.T;
+        shape.n_q_heads = pl.n_q_heads;
+        shape.n_kv_heads = pl.n_kv_heads;
+        shape.head_dim = pl.head_dim;
+        shape.n_visit = pl.n_order;
+        shape.dtype = dev_plan && pl.k->dtype == KVMEM_F16 && pl.v->dtype == KVMEM_F16 ? KVMEM_F16 : KVMEM_F32;
+        shape.scale = pl.scale;
+        shape.tau_s = pl.tau_s;
+        shape.tau_d = pl.tau_d;
+        shape.patience = pl.patience;
+        be = kvm_route(ctx, KVM_OP_ATTEND, &shape);
+    }
+    st = be == cpu ? KVMEM_OK : dev_plan ? attend_on_device(be, &pl, &s) : attend_agent_on_device(be, &pl, &s);
+    if (be == cpu || kvm_route_to_cpu(st)) st = kvm_attend_cpu(cpu, &pl, &s);
     if (agent) st = kvm_mapped_check(pl.mem, st, fn); /* before out is written */
     if (st != KVMEM_OK) {
         bufs_free(&b);

@@ -1,64 +1,12 @@
-/* ART attention (internal): the validated plan kvmem_attend() hands to a
- * backend's `attend` op, and the CPU micro-kernel tables (scalar reference,
- * AVX2, AVX-512). */
+/* ART attention (internal): the planning kvmem_attend() does before an
+ * attend op runs the plan (cpu/attend_plan.h). */
 #ifndef KVMEM_ATTEND_H
 #define KVMEM_ATTEND_H
 
 #include "../internal.h"
 #include "../backend/backend.h"
+#include "../cpu/attend_plan.h"
 #include "../pool/pool.h"
-
-/* tile_size 0: positions per tile of TENSORS and SLOTMAP sources */
-#define KVM_ATTEND_DEFAULT_TILE KVMEM_ATTEND_DEFAULT_TILE
-/* SCORED keeps the scan's logits up to this many floats (16 MiB: decode
- * with 32 query heads up to 128k positions) */
-#define KVM_ATTEND_MAX_LOGITS (4.0 * 1024 * 1024)
-
-/* Everything a backend needs, resolved and checked: no field is invalid. */
-typedef struct kvm_attend_plan {
-    int32_t n_rows, n_q_heads, n_kv_heads, head_dim, group; /* group = n_q_heads / n_kv_heads */
-    float scale;
-    const float *q;  /* [n_rows][n_q_heads][head_dim] f32, contiguous (a copy) */
-    float *out;      /* [n_rows][n_q_heads][head_dim] f32 scratch the op fills */
-
-    kvmem_attend_source_kind kind;
-    int64_t T;                  /* logical positions */
-    const kvmem_tensor *k, *v;  /* TENSORS / SLOTMAP */
-    const int32_t *slots;       /* SLOTMAP */
-    int32_t dead_slot;
-    const uint8_t *mask;        /* or NULL */
-    const kvmem_pool *pool;     /* AGENT */
-    const kvm_agent_mem *mem;
-    int32_t layer;
-    const int32_t *positions;   /* AGENT, or NULL */
-    int64_t base_position;
-
-    /* tiles: id i covers positions [tile_start[i], tile_start[i + 1]) */
-    int32_t n_tiles;
-    const int64_t *tile_start;  /* n_tiles + 1 */
-    const int32_t *order;       /* visiting order, n_order tile ids */
-    int32_t n_order;
-    const int32_t *head_order;  /* (optional) SCORED: [n_kv_heads][n_order], KV head h
-                                   visits head_order[h * n_order ..]; NULL: `order` for all */
-    const float *logits;        /* (optional) SCORED on caller K: [n_rows][n_q_heads][T]
-                                   scale * q.k of every position a row sees, from the scan;
-                                   the attention reads these instead of K */
-    const int64_t *live_prefix; /* T + 1 counts of live positions, or NULL (all live) */
-    const int64_t *row_lo;      /* n_rows: first visible position */
-    const int64_t *row_hi;      /* n_rows: one past the last visible position */
-    int32_t causal;
-
-    /* the stop rule */
-    int32_t stop_enabled;       /* 0 when tau_s = tau_d = 0 */
-    float tau_s, tau_d;
-    int32_t patience;
-    kvmem_attend_probe probe;
-    int32_t compare;
-
-    /* (optional) [n_rows][n_kv_heads]: tiles each stream read before it
-     * stopped (its tiles_visited share); NULL when not wanted */
-    int32_t *stream_visited;
-} kvm_attend_plan;
 
 /* SCORED: fill head_order [n_kv_heads][n_tiles] from each tile's score per
  * KV head, its largest logit over the rows and the group's query heads (the
@@ -76,54 +24,5 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
 
 /* Tiles with a live position some row sees. */
 int32_t kvm_attend_tiles_seen(const kvm_attend_plan *plan);
-
-/* Run the plan on the CPU (the reference for every backend). Fills
- * plan->out and *stats. Allocation failure: KVMEM_ERR_NOMEM. */
-kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *plan, kvmem_attend_stats *stats);
-
-/* The CPU backend's dev_attend entry (attend_dev.c; argument checks in
- * core/backend/attend_dev.h): runs kvm_attend_cpu on a plan built from the
- * host buffers. Also rejects what a device cannot check: a live slot
- * >= n_slots, tile ids outside [0, n_tiles) or repeated. */
-kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a);
-
-/* Micro-kernels over rows of head_dim floats. */
-typedef struct kvm_attend_kernels {
-    const char *name;
-    /* s[g * lds + i] = scale * dot(q[g], k[i]), g < nq, i < nk */
-    void (*qk)(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
-               float scale, float *s, size_t lds);
-    /* s[i] = exp(s[i] - m) in place (s[i] <= m); returns the sum */
-    float (*exp_sum)(float *s, size_t n, float m);
-    /* acc[g][:] = c[g] * acc[g][:] + sum_i p[g * ldp + i] * v[i][:], g < nq */
-    void (*pv)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-               const float *const *v, size_t nk, size_t dim);
-    /* qk and pv over f16 rows, converted in registers: caller f16 caches are
-     * read once, with no f32 copy */
-    void (*qk_f16)(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
-                   float scale, float *s, size_t lds);
-    void (*pv_f16)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-                   const uint16_t *const *v, size_t nk, size_t dim);
-    /* the same over bf16 rows (HF caches are often bf16) */
-    void (*qk_bf16)(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
-                    float scale, float *s, size_t lds);
-    void (*pv_bf16)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
-                    const uint16_t *const *v, size_t nk, size_t dim);
-    /* One online-softmax step over nq rows of nk >= 1 scores s[g * lds + i]:
-     * with mn = max(m[g], max_i s[g][i]), c[g] = exp(m[g] - mn) (0 while
-     * m[g] = -inf), s[g][i] = exp(s[g][i] - mn), l[g] = l[g] * c[g] +
-     * sum_i s[g][i], m[g] = mn. Returns the first row holding a score that
-     * is not finite (rows from it on are left in any state), else -1: a NaN
-     * would be skipped by max and clamped by a vector exp. */
-    int (*softmax_step)(float *s, size_t lds, size_t nq, size_t nk, float *m, float *l, float *c);
-} kvm_attend_kernels;
-
-const kvm_attend_kernels *kvm_attend_kernels_scalar(void);
-const kvm_attend_kernels *kvm_attend_kernels_avx2(void);   /* NULL when not compiled in */
-const kvm_attend_kernels *kvm_attend_kernels_avx512(void); /* NULL when not compiled in */
-/* The table matching the CPU kernel table in use (KVMEM_CPU can force scalar). */
-const kvm_attend_kernels *kvm_attend_kernels_get(void);
-/* A named table ("scalar", "avx2", "avx512"), NULL if this CPU or build lacks it. */
-const kvm_attend_kernels *kvm_attend_kernels_named(const char *name);
 
 #endif

@@ -13,11 +13,12 @@
  * floats per block and head instead of the block's rows), RoPE included:
  * see agent_bound. */
 #include "attend.h"
+#include "../cpu/kernels.h"
 #include "../alloc.h"
-#include "../context.h"
+#include "../backend/route/context.h"
 #include "../cpu/scratch.h"
 #include "../cpu/threadpool.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -124,7 +125,7 @@ static float keys_max(const scan_job *j, int32_t h, const void *const *krow, con
 
 /* Prefetch K's rows of KV head h at the live positions [a, b) (a tile the
  * scan reads next) while the current one computes: the hardware prefetcher
- * of the machine measured does not follow these reads (see attend_cpu.c). */
+ * of the machine measured does not follow these reads (see core/cpu/ops_attend.c). */
 static void prefetch_k(const kvm_attend_plan *p, int64_t a, int64_t b, int32_t h) {
     const kvmem_tensor *k = p->k;
     const size_t es = kvm_dtype_size(k->dtype);
@@ -405,7 +406,7 @@ kvmem_status kvm_attend_scored_order(kvmem_context *ctx, const kvm_attend_plan *
     scan_job j;
     memset(&j, 0, sizeof j);
     j.p = p;
-    j.kern = kvm_attend_kernels_get();
+    j.kern = kvm_cpu_kernels_get()->attend;
     j.logits = p->kind == KVMEM_ATTEND_SRC_AGENT ? NULL : logits;
     if (p->kind == KVMEM_ATTEND_SRC_AGENT) j.np4 = (p->pool->rope.n_pairs + 3) / 4 * 4;
     /* a few chunks of tiles per thread keep the threads evenly busy */

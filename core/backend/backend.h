@@ -1,23 +1,26 @@
 /* The backend interface (internal). A backend is a table of function pointers
  * plus its own context, in the manner of ggml-backend: buffers (alloc, free,
  * upload, download) and the buffer-level device ops (dev_*), nothing that
- * names the core's pools or agents. The CPU backend (core/cpu/cpu_backend.c)
- * fills every entry and is the reference the conformance suite compares with;
- * CUDA and Vulkan are plugins loaded with dlopen that export one init symbol
- * and are checked for the exact KVMEM_BACKEND_API_VERSION. Entries marked
- * (optional) may be NULL. The core routes each op itself: a device op on a
- * device context whose backend has it, the core's own CPU code over its
- * pools and agents (retrieve/, attend/, qmem/) otherwise.
+ * names the core's pools or agents. The CPU backend (core/cpu) fills every
+ * entry: its entries are the CPU ops the core runs (the host-side forms of
+ * the arguments let them read the core's memory in place), so the
+ * conformance suite, which compares every backend with them, checks what
+ * CPU users run. CUDA and Vulkan are plugins loaded with dlopen that export
+ * one init symbol and are checked for the exact KVMEM_BACKEND_API_VERSION.
+ * Entries marked (optional) may be NULL. The core's router
+ * (core/backend/route) picks the backend of each op by one policy, from
+ * the entries a table has and its supports_op.
  *
  * Buffers: backend memory is reached through kvmem_buffer handles plus byte
  * offsets, never raw device pointers, so Vulkan (VkBuffer) and CUDA (device
  * pointers) fit the same table. For the CPU backend a buffer is host memory.
  *
- * This header and the others of core/backend/ are the whole interface a
- * plugin sees (with include/kvmem.h): they include nothing else of the core
- * and name none of its internal types, and plugins are built with only this
- * folder of the core on their include path (tests/checks/backend_includes.sh
- * keeps it so). */
+ * This header and the others directly in core/backend/ are the whole
+ * interface a plugin sees (with include/kvmem.h): they include nothing else
+ * of the core and name none of its internal types, and plugins are built
+ * with only this folder of the core on their include path
+ * (tests/checks/backend_includes.sh keeps it so); core/backend/route is the
+ * core's side. */
 #ifndef KVMEM_BACKEND_H
 #define KVMEM_BACKEND_H
 
@@ -33,11 +36,26 @@
  * 5: the table holds buffers and device ops only: the host-level entries
  *    (aabb_score, topk, gather, qmem_score, attend) became core functions and
  *    the entries nothing used (synchronize, convert, aabb_build, quantize,
- *    dequantize) are gone */
-#define KVMEM_BACKEND_API_VERSION 5u
+ *    dequantize) are gone
+ * 6: dev_attend reports a non-finite logit in visited (-1 - position)
+ * 7: supports_op; the CPU backend's entries are the CPU ops the core runs,
+ *    so dev_score, dev_gather_rope and dev_qmem_score gained host-side forms
+ *    (the pool's own box layout and a candidate list, keys and rows read
+ *    through callbacks, caller tensors) that a device's supports_op refuses */
+#define KVMEM_BACKEND_API_VERSION 7u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
+
+/* The ops of the table, for supports_op. */
+typedef enum kvm_op {
+    KVM_OP_SCORE,
+    KVM_OP_SCORE_REDUCE,
+    KVM_OP_TOPK,
+    KVM_OP_GATHER_ROPE,
+    KVM_OP_ATTEND,
+    KVM_OP_QMEM_SCORE
+} kvm_op;
 /* Arguments of the device kernels (defined below the table). */
 struct kvm_dev_score_args;
 struct kvm_dev_topk_args;
@@ -77,6 +95,14 @@ typedef struct kvmem_backend_iface {
     kvmem_status (*dev_qmem_score)(kvmem_backend *be, const struct kvm_dev_qmem_args *a);
     kvmem_status (*dev_score_reduce)(kvmem_backend *be, const struct kvm_dev_score_reduce_args *a);
 
+    /* Whether the entry of `op` takes these arguments (ggml's supports_op;
+     * args: that entry's argument struct): nonzero when it does. The core's
+     * router (core/backend/route) asks before it routes an op to a device,
+     * so a device refuses here the host-side forms of the arguments and the
+     * shapes beyond its kernels it can see from the arguments; an entry then
+     * still refuses what only a run can tell (KVMEM_ERR_UNSUPPORTED). */
+    int (*supports_op)(kvmem_backend *be, kvm_op op, const void *args);
+
     /* (optional) escape hatch for entries a newer core knows and an older
      * backend does not: returns NULL for unknown names. */
     void *(*get_proc_address)(kvmem_backend *be, const char *name);
@@ -102,6 +128,36 @@ struct kvmem_backend {
 
 /* ---- arguments of the device kernels ---- */
 
+/* Host-side forms (the CPU backend's; a device's supports_op refuses them):
+ * the core hands its own memory to the CPU ops in place, through these.
+ * Keys of the candidate blocks (dev_score, EXACT): block b is an index into
+ * the box array. rows (optional) returns the rows of (b, layer l, KV head g)
+ * where they lie in memory as f32 or f16 (*n rows, *dtype), NULL otherwise;
+ * read decodes them into dst, f32 [*n][head_dim] (a failed read leaves
+ * zeros, which the core checks after the call). */
+typedef struct kvm_dev_keys {
+    void *ctx;
+    int32_t max_rows; /* the most rows a block has */
+    const void *(*rows)(void *ctx, int32_t b, int32_t l, int32_t g, int32_t *n, kvmem_dtype *dtype);
+    void (*read)(void *ctx, int32_t b, int32_t l, int32_t g, float *dst, int32_t *n);
+} kvm_dev_keys;
+
+/* Source rows of dev_gather_rope: output rows [first[s], first[s + 1]) come
+ * from segment s (a block), whose rows of (which: K 0 or V 1, layer, head)
+ * read decodes into dst, f32 [rows][head_dim] (failures as above). */
+typedef struct kvm_dev_rows {
+    void *ctx;
+    int32_t n_segs, max_rows;
+    const int64_t *first; /* n_segs + 1 */
+    void (*read)(void *ctx, int32_t seg, int which, int32_t layer, int32_t head, float *dst);
+} kvm_dev_rows;
+
+/* dev_score's box layouts */
+#define KVM_BOXES_SPLIT_F32 0  /* s_min and s_max: two f32 [n_blocks][n_layers][n_kv_heads][head_dim] arrays */
+#define KVM_BOXES_PAIRED_F32 1 /* s_max: one f32 [.][n_layers][n_kv_heads][2][head_dim] array, each box's
+                                  s_max then its s_min (the pool's); s_min unused */
+#define KVM_BOXES_PAIRED_F16 2 /* the same in f16 */
+
 /* dev_score: MemArt block scores, normalised and aggregated per query head.
  * For query token t, layer l, query head h (KV head g = h / (Hq / Hkv)) and
  * block j:
@@ -111,7 +167,14 @@ struct kvmem_backend {
  *                the lower j ranks first
  *   out[l][h][j] = MAX or SUM over t of p
  * dev_score_reduce sums out into the per-set scores retrieval returns.
- * tau > 0 and rr_c > 0 are resolved by the core. */
+ * tau > 0 and rr_c > 0 are resolved by the core. A relevance I that is not
+ * finite (the query's products overflow f32) leaves NaN or infinite scores
+ * (the CPU backend makes every score NaN then), which the core refuses.
+ * Host-side forms (all zero: the form above): n_sets > 0 writes the per-set
+ * sums of out instead, out f32 [n_sets][n_blocks] (as dev_score_reduce
+ * would, summed in the backend's own order); box_layout PAIRED reads the
+ * boxes of blocks[j] (host, ascending; NULL: j) from s_max at s_off; mode
+ * EXACT takes I = max over the block's keys of q . k, keys from `keys`. */
 typedef struct kvm_dev_score_args {
     const kvmem_buffer *q;              /* f32 [n_q][n_layers][n_q_heads][head_dim] */
     const kvmem_buffer *s_min, *s_max;  /* f32 [n_blocks][n_layers][n_kv_heads][head_dim] */
@@ -121,6 +184,12 @@ typedef struct kvm_dev_score_args {
     kvmem_retrieve_norm norm;
     kvmem_retrieve_agg agg;
     float tau, rr_c;
+    /* host-side forms */
+    int32_t n_sets;
+    int32_t box_layout;        /* KVM_BOXES_* */
+    const int32_t *blocks;     /* (host) */
+    kvmem_retrieve_mode mode;
+    const kvm_dev_keys *keys;  /* (host) EXACT */
 } kvm_dev_score_args;
 
 /* dev_topk: the min(k, #non-NaN) indices of the largest scores (NaN never
@@ -144,7 +213,13 @@ typedef struct kvm_dev_topk_args {
  * (NEOX: d and d + rotary_dim/2; GPT-J: 2d and 2d + 1), both results times
  * attn_factor; dims >= rotary_dim copied. rotary_dim 0: a plain gather
  * (values; cs unused, may be NULL). idx are uint32; an index >= n_src gives
- * a zero row (the host cannot check device memory), never a stray read. */
+ * a zero row (the host cannot check device memory), never a stray read.
+ * Host-side forms (all zero: the form above): `rows` reads the source rows
+ * (src, idx, n_src and src_rs unused); out_view (host) takes the rows
+ * instead of out, a [n_layers][n_out][n_heads][head_dim] view of any tensor
+ * dtype and strides; n_layers (0: 1) layers in one call, `which` passed to
+ * the reader; cs_rows 1: cs holds row i's cos then sin at i * rotary_dim
+ * (the row kernel's layout) instead of the two planes. */
 typedef struct kvm_dev_gather_args {
     const kvmem_buffer *src, *idx, *cs;
     kvmem_buffer *out;
@@ -152,6 +227,10 @@ typedef struct kvm_dev_gather_args {
     size_t n_src, src_rs, n_out, n_heads, head_dim, rotary_dim;
     int gptj;          /* 0 NEOX, 1 GPT-J pairing */
     float attn_factor; /* YaRN's; 1 otherwise */
+    /* host-side forms */
+    const kvm_dev_rows *rows;     /* (host) */
+    const kvmem_tensor *out_view; /* (host) */
+    int32_t n_layers, which, cs_rows;
 } kvm_dev_gather_args;
 
 /* dev_attend: one decode row of ART attention, kvmem_attend()'s rule on a
@@ -166,6 +245,11 @@ typedef struct kvm_dev_gather_args {
  * tau_d = 0: never stops. q f32 [n_q_heads][head_dim]; out f32
  * [n_q_heads][head_dim] (zeros for a head that saw no live position);
  * visited int32 [n_kv_heads] = tiles with a live position the stream read.
+ * A live position the kernel reads whose logit (scale * q . k for some query
+ * head of the stream) is not finite (K not finite there, or the product
+ * overflows) stops that stream with visited[g] = -1 - such a position; the
+ * other outputs of that call are unspecified, and the core refuses it,
+ * naming the position, as kvm_attend_cpu refuses the same.
  * scale > 0 is resolved by the core. kvm_attend_cpu is the reference.
  * Contents only device memory holds: the CPU reference refuses a live slot
  * >= n_slots and tile ids outside [0, ceil(n_pos / tile)) or repeated
@@ -185,12 +269,14 @@ typedef struct kvm_dev_attend_args {
 
 /* dev_qmem_score: IntentKV's rule score (kvmem_qmem_score) of n tokens:
  * mem f32 [n_layers][n_q_heads][head_dim], k f32 [n_layers][n][n_kv_heads][head_dim],
- * scores f32 [n]. */
+ * scores f32 [n]. Host-side form: k_view (host), a view of that shape in
+ * any tensor dtype and strides (head-major caches too), instead of k. */
 typedef struct kvm_dev_qmem_args {
     const kvmem_buffer *mem, *k;
     kvmem_buffer *scores;
     size_t mem_off, k_off, scores_off;
     int32_t n_layers, n_q_heads, n_kv_heads, head_dim, n;
+    const kvmem_tensor *k_view; /* (host) */
 } kvm_dev_qmem_args;
 
 /* dev_score_reduce: dev_score's out summed into per-set block scores, the

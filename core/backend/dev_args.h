@@ -1,6 +1,6 @@
 /* Validation of the retrieval device kernels' arguments (dev_score, dev_topk,
- * dev_gather_rope: contracts in core/backend/backend.h), shared by the CPU reference
- * entries (core/retrieve/score_dev.c) and the device plugins, which cannot
+ * dev_gather_rope: contracts in core/backend/backend.h), shared by the CPU
+ * backend's entries (core/cpu/ops_*.c) and the device plugins, which cannot
  * link the core's hidden symbols: header-only, so every backend rejects the
  * same inputs with the same messages. Each check writes a message into msg
  * and returns the status (KVMEM_OK: valid, msg untouched). The *_sizes forms
@@ -17,6 +17,27 @@
 #include <stdio.h>
 
 typedef size_t (*kvm_dev_size_fn)(const kvmem_buffer *b);
+
+/* Whether the arguments of op are in the buffer-level form every backend
+ * takes (none of the host-side fields of core/backend/backend.h, which are
+ * the CPU backend's): what a device's supports_op asks first, and the
+ * router before it asks a device at all. args NULL: yes. */
+static inline int kvm_dev_args_buffer_form(kvm_op op, const void *args) {
+    if (!args) return 1;
+    switch (op) {
+    case KVM_OP_SCORE: {
+        const kvm_dev_score_args *a = (const kvm_dev_score_args *)args;
+        return a->n_sets == 0 && a->box_layout == KVM_BOXES_SPLIT_F32 && !a->blocks &&
+               a->mode == KVMEM_RETRIEVE_AABB && !a->keys;
+    }
+    case KVM_OP_GATHER_ROPE: {
+        const kvm_dev_gather_args *a = (const kvm_dev_gather_args *)args;
+        return !a->rows && !a->out_view && a->n_layers <= 1 && !a->cs_rows;
+    }
+    case KVM_OP_QMEM_SCORE: return !((const kvm_dev_qmem_args *)args)->k_view;
+    default: return 1;
+    }
+}
 
 /* Write the message, return KVMEM_ERR_INVALID_ARG. */
 static inline kvmem_status kvm_dev_bad(char *msg, size_t msg_size, const char *fmt, ...)
@@ -64,16 +85,36 @@ static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a
     if (!(a->tau > 0 && isfinite(a->tau)) || !(a->rr_c > 0 && isfinite(a->rr_c)))
         return kvm_dev_bad(msg, msg_size, "dev_score: tau %g and rr_c %g must be finite and > 0", (double)a->tau,
                            (double)a->rr_c);
-    if (!a->q || !a->s_min || !a->s_max || !a->out)
+    const int exact = a->mode == KVMEM_RETRIEVE_EXACT, split = a->box_layout == KVM_BOXES_SPLIT_F32;
+    if (a->mode != KVMEM_RETRIEVE_AABB && !exact)
+        return kvm_dev_bad(msg, msg_size, "dev_score: mode %d is not AABB or EXACT", (int)a->mode);
+    if (a->box_layout < KVM_BOXES_SPLIT_F32 || a->box_layout > KVM_BOXES_PAIRED_F16)
+        return kvm_dev_bad(msg, msg_size, "dev_score: box_layout %d is unknown", a->box_layout);
+    if (a->n_sets != 0 && a->n_sets != 1 && a->n_sets != a->n_layers)
+        return kvm_dev_bad(msg, msg_size, "dev_score: n_sets %d is not 0, 1 or n_layers %d", a->n_sets, a->n_layers);
+    if (exact && (!a->keys || !a->keys->read || a->keys->max_rows < 1))
+        return kvm_dev_bad(msg, msg_size, "dev_score: EXACT needs keys with a reader and max_rows >= 1");
+    if (!a->q || !a->out || (!exact && (!a->s_max || (split && !a->s_min))))
         return kvm_dev_bad(msg, msg_size, "dev_score: a buffer is NULL");
     if (a->q_off % 4 || a->s_off % 4 || a->out_off % 4)
         return kvm_dev_bad(msg, msg_size, "dev_score: offsets must be multiples of 4 bytes");
     size_t nq, ns, no;
     size_t L = (size_t)a->n_layers, D = (size_t)a->head_dim, NB = (size_t)a->n_blocks;
+    size_t n_box = NB; /* blocks of the box array the call reads */
+    if (a->blocks) {
+        n_box = 0;
+        for (size_t j = 0; j < NB; j++) {
+            if (a->blocks[j] < 0) return kvm_dev_bad(msg, msg_size, "dev_score: blocks[%zu] = %d < 0", j, a->blocks[j]);
+            if ((size_t)a->blocks[j] + 1 > n_box) n_box = (size_t)a->blocks[j] + 1;
+        }
+    }
+    /* in f32 elements: a PAIRED box is 2 * D elements, f16 ones half as many */
+    const size_t box_elems = split ? D : a->box_layout == KVM_BOXES_PAIRED_F32 ? 2 * D : D;
     if (!kvm_dev_prod(&nq, (size_t)a->n_q, L, (size_t)a->n_q_heads, D) ||
-        !kvm_dev_prod(&ns, NB, L, (size_t)a->n_kv_heads, D) || !kvm_dev_prod(&no, L, (size_t)a->n_q_heads, NB, 1) ||
-        !kvm_dev_holds(size[0], a->q, a->q_off, nq) || !kvm_dev_holds(size[1], a->s_min, a->s_off, ns) ||
-        !kvm_dev_holds(size[2], a->s_max, a->s_off, ns) || !kvm_dev_holds(size[3], a->out, a->out_off, no))
+        !kvm_dev_prod(&ns, n_box, L, (size_t)a->n_kv_heads, box_elems) ||
+        !kvm_dev_prod(&no, a->n_sets ? (size_t)a->n_sets : L * (size_t)a->n_q_heads, NB, 1, 1) ||
+        !kvm_dev_holds(size[0], a->q, a->q_off, nq) || (!exact && split && !kvm_dev_holds(size[1], a->s_min, a->s_off, ns)) ||
+        (!exact && !kvm_dev_holds(size[2], a->s_max, a->s_off, ns)) || !kvm_dev_holds(size[3], a->out, a->out_off, no))
         return kvm_dev_bad(msg, msg_size, "dev_score: ranges outside the buffers");
     return KVMEM_OK;
 }
@@ -108,15 +149,28 @@ static inline kvmem_status kvm_dev_gather_check_sizes(const kvm_dev_gather_args 
                            a->rotary_dim, a->head_dim);
     if (!(a->attn_factor > 0 && isfinite(a->attn_factor)))
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: attn_factor %g must be finite and > 0", (double)a->attn_factor);
-    if (!a->src || !a->idx || !a->out || (a->rotary_dim && !a->cs))
+    if (a->which != 0 && a->which != 1)
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: which %d is not 0 (K) or 1 (V)", a->which);
+    if (a->n_layers < 0 || (a->n_layers > 1 && !a->out_view) || (a->cs_rows != 0 && a->cs_rows != 1))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: n_layers %d (more than 1 needs out_view), cs_rows %d (0 or 1)",
+                           a->n_layers, a->cs_rows);
+    if (a->rows && (!a->rows->read || a->rows->n_segs < 1 || a->rows->max_rows < 1 || !a->rows->first ||
+                    a->rows->first[0] != 0 || a->rows->first[a->rows->n_segs] != (int64_t)a->n_out))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: rows needs a reader and n_segs + 1 offsets from 0 to n_out");
+    if (a->out_view && (a->out_view->ndim != 4 || a->out_view->shape[0] != (a->n_layers ? a->n_layers : 1) ||
+                        a->out_view->shape[1] != (int64_t)a->n_out || a->out_view->shape[2] != (int64_t)a->n_heads ||
+                        a->out_view->shape[3] != (int64_t)a->head_dim))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: out_view must be [n_layers][n_out][n_heads][head_dim]");
+    if ((!a->rows && (!a->src || !a->idx)) || (!a->out_view && !a->out) || (a->rotary_dim && !a->cs))
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: a buffer is NULL");
     if (a->src_off % 4 || a->idx_off % 4 || a->cs_off % 4 || a->out_off % 4)
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: offsets must be multiples of 4 bytes");
     size_t row, se, oe;
-    if (!kvm_mul_size(a->n_heads, a->head_dim, &row) || a->src_rs < row ||
+    if (!kvm_mul_size(a->n_heads, a->head_dim, &row) || (!a->rows && a->src_rs < row) ||
         !kvm_mul_size(a->n_src - 1, a->src_rs, &se) || !kvm_add_size(se, row, &se) ||
-        !kvm_mul_size(a->n_out, row, &oe) || !kvm_dev_holds(size[0], a->src, a->src_off, se) ||
-        !kvm_dev_holds(size[3], a->out, a->out_off, oe) || !kvm_dev_holds(size[1], a->idx, a->idx_off, a->n_out) ||
+        !kvm_mul_size(a->n_out, row, &oe) || (!a->rows && !kvm_dev_holds(size[0], a->src, a->src_off, se)) ||
+        (!a->out_view && !kvm_dev_holds(size[3], a->out, a->out_off, oe)) ||
+        (!a->rows && !kvm_dev_holds(size[1], a->idx, a->idx_off, a->n_out)) ||
         (a->rotary_dim && !kvm_dev_prod(&se, a->n_out, a->rotary_dim, 1, 1)) ||
         (a->rotary_dim && !kvm_dev_holds(size[2], a->cs, a->cs_off, se)))
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: ranges outside the buffers (or src_rs < n_heads * head_dim)");

@@ -1,7 +1,7 @@
 /* Batch merge/extract: several agents' memory in one left-padded batched
  * layout [B][n_kv_heads][max_len][head_dim], one layer per call. */
 #include "../pool/pool.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -114,8 +114,8 @@ kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t
     if (length < 0 || length > max_len)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_batch_extract: length %lld outside [0, %lld]", (long long)length, (long long)max_len);
     if (first < 0 || n < 0 || first > length || n > length - first)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_batch_extract: tokens [%lld, %lld) outside the row's %lld", (long long)first,
-                        (long long)(first + n), (long long)length);
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_batch_extract: %lld tokens from %lld outside the row's %lld", (long long)n,
+                        (long long)first, (long long)length); /* first + n may overflow: not formed */
     if (D > 4096) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_batch_extract: head_dim %lld too large", (long long)D);
     int64_t oshape[3] = {n, H, D};
     if ((st = kvm_tensor_expect(out, "out", "[n][n_kv_heads][head_dim]", 3, oshape)) != KVMEM_OK) return st;

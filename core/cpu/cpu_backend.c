@@ -1,29 +1,36 @@
-/* The CPU backend: buffers are host memory; its device ops are the CPU
- * references in retrieve/score_dev.c, attend/attend_dev.c and
- * qmem/qmem_dev.c, which read the buffers in place. Also the host dtype
- * conversion the core uses (kvm_convert_host). */
+/* The CPU backend: buffers are host memory, and its table's entries are
+ * the CPU ops the core runs (ops_*.c), on buffers the core allocated or on
+ * views of memory it already holds. */
 #include "cpu_backend.h"
-#include "../context.h"
 #include "../internal.h"
-#include "../attend/attend.h"
-#include "half.h"
 #include "kernels.h"
 #include "scratch.h"
-#include "../retrieve/score.h" /* retrieval device ops */
-#include "../qmem/qmem_internal.h" /* eviction: dev_qmem_score */
+#include "attend_plan.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-struct kvmem_buffer {
-    size_t size;
-    unsigned char *data;
-};
+/* The backend's own state: the context's worker pool (not owned) and the
+ * cache of per-call work memory. */
+typedef struct cpu_impl {
+    kvm_threadpool *tp;
+    kvm_scratch *scratch;
+} cpu_impl;
 
 static void cpu_free(kvmem_backend *be) {
     if (!be) return;
-    kvm_scratch_free(be->impl);
+    cpu_impl *c = be->impl;
+    if (c) kvm_scratch_free(c->scratch);
+    kvm_free(c);
     kvm_free(be);
+}
+
+kvm_threadpool *kvm_cpu_backend_tp(const kvmem_backend *be) {
+    return be && be->impl ? ((const cpu_impl *)be->impl)->tp : NULL;
+}
+
+kvm_scratch *kvm_cpu_backend_scratch(const kvmem_backend *be) {
+    return be && be->impl ? ((const cpu_impl *)be->impl)->scratch : NULL;
 }
 
 static kvmem_status cpu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
@@ -70,12 +77,6 @@ static kvmem_status cpu_download(kvmem_backend *be, const kvmem_buffer *src, siz
     return KVMEM_OK;
 }
 
-/* cpu_backend.h: for the CPU reference entries of the device ops. */
-void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size) {
-    *size = b->size;
-    return b->data;
-}
-
 static void *cpu_host_ptr(kvmem_backend *be, kvmem_buffer *b) {
     (void)be;
     return b ? b->data : NULL;
@@ -84,6 +85,12 @@ static void *cpu_host_ptr(kvmem_backend *be, kvmem_buffer *b) {
 /* cpu_backend.h: bytes [off, off + n) of a CPU buffer, NULL outside or unaligned. */
 void *kvm_cpu_buf_at(const kvmem_buffer *b, size_t off, size_t n) {
     return in_range(b, off, n) && off % 4 == 0 ? b->data + off : NULL;
+}
+
+/* Every form of every op (the host-side ones are the CPU backend's). */
+static int cpu_supports(kvmem_backend *be, kvm_op op, const void *args) {
+    (void)be, (void)op, (void)args;
+    return 1;
 }
 
 static void *cpu_proc(kvmem_backend *be, const char *name) {
@@ -112,43 +119,25 @@ static const kvmem_backend_iface cpu_iface = {
     /* -- attention -- */
     .dev_attend = kvm_attend_dev_cpu,
 
+    .supports_op = cpu_supports,
     .get_proc_address = cpu_proc,
 };
 
-kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvmem_backend **out) {
+kvmem_status kvm_cpu_backend_create(kvmem_context *ctx, kvm_threadpool *tp, kvmem_backend **out) {
     kvmem_backend *be = kvm_calloc(1, sizeof *be);
-    kvm_scratch *sc = kvm_scratch_create(); /* impl: the cache of per-call work memory */
-    if (!be || !sc) {
+    cpu_impl *c = kvm_calloc(1, sizeof *c);
+    kvm_scratch *sc = kvm_scratch_create();
+    if (!be || !c || !sc) {
         kvm_free(be);
+        kvm_free(c);
         kvm_scratch_free(sc);
         return KVMEM_ERR_NOMEM;
     }
-    be->impl = sc;
+    c->tp = tp;
+    c->scratch = sc;
+    be->impl = c;
     be->iface = &cpu_iface;
     be->ctx = ctx;
     *out = be;
     return KVMEM_OK;
-}
-
-/* Host conversion between tensor dtypes through the chosen kernel table. */
-void kvm_convert_host(void *dst, kvmem_dtype ddt, const void *src, kvmem_dtype sdt, size_t n) {
-    const kvm_cpu_kernels *k = kvm_cpu_kernels_get();
-    if (ddt == sdt) {
-        memcpy(dst, src, n * kvm_dtype_size(ddt));
-    } else if (sdt == KVMEM_F32) {
-        if (ddt == KVMEM_F16) k->f32_to_f16(src, dst, n);
-        else k->f32_to_bf16(src, dst, n);
-    } else if (ddt == KVMEM_F32) {
-        if (sdt == KVMEM_F16) k->f16_to_f32(src, dst, n);
-        else k->bf16_to_f32(src, dst, n);
-    } else { /* f16 <-> bf16 through f32, in chunks on the stack */
-        float tmp[256];
-        const uint16_t *s = src;
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i += 256) {
-            size_t c = KVM_MIN(n - i, (size_t)256);
-            kvm_convert_host(tmp, KVMEM_F32, s + i, sdt, c);
-            kvm_convert_host(d + i, ddt, tmp, KVMEM_F32, c);
-        }
-    }
 }

@@ -1,23 +1,13 @@
-/* Run-time choice of the CPU kernel table. The SIMD files are compiled only
- * on x86-64 (KVMEM_HAVE_AVX2 / KVMEM_HAVE_AVX512 come from CMake), and
- * kernels_wasm128.c only by the Emscripten build with -msimd128 (a wasm
- * module either validates with SIMD or does not load, so there is nothing
- * to detect at run time). */
+/* The one choice of CPU kernel table, made once per process. The x86 tables
+ * are compiled only on x86-64 (KVMEM_HAVE_AVX2 / KVMEM_HAVE_AVX512 come
+ * from CMake) and the SIMD128 one only by the Emscripten build with
+ * -msimd128 (a wasm module either validates with SIMD or does not load, so
+ * there is nothing to detect at run time); this is the only file that asks
+ * which were built. */
 #include "kernels.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#if !defined(KVMEM_HAVE_AVX2)
-const kvm_cpu_kernels *kvm_cpu_kernels_avx2(void) { return NULL; }
-#endif
-#if !defined(KVMEM_HAVE_AVX512)
-const kvm_cpu_kernels *kvm_cpu_kernels_avx512(void) { return NULL; }
-#endif
-
-#if !defined(__wasm_simd128__)
-const kvm_cpu_kernels *kvm_cpu_kernels_wasm128(void) { return NULL; }
-#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 /* __builtin_cpu_supports also checks that the OS saves the wide registers. */
@@ -37,18 +27,26 @@ int kvm_cpu_has_avx512(void) { return 0; }
 
 const kvm_cpu_kernels *kvm_cpu_kernels_named(const char *name) {
     if (!name) return NULL;
-    if (strcmp(name, "scalar") == 0) return kvm_cpu_kernels_scalar();
-    if (strcmp(name, "avx2") == 0) return kvm_cpu_has_avx2() ? kvm_cpu_kernels_avx2() : NULL;
-    if (strcmp(name, "avx512") == 0) return kvm_cpu_has_avx512() ? kvm_cpu_kernels_avx512() : NULL;
-    if (strcmp(name, "wasm128") == 0) return kvm_cpu_kernels_wasm128();
+    if (strcmp(name, "scalar") == 0) return &kvm_cpu_scalar;
+#if defined(KVMEM_HAVE_AVX2)
+    if (strcmp(name, "avx2") == 0) return kvm_cpu_has_avx2() ? &kvm_cpu_avx2 : NULL;
+#endif
+#if defined(KVMEM_HAVE_AVX512)
+    if (strcmp(name, "avx512") == 0) return kvm_cpu_has_avx512() ? &kvm_cpu_avx512 : NULL;
+#endif
+#if defined(__wasm_simd128__)
+    if (strcmp(name, "wasm128") == 0) return &kvm_cpu_wasm128;
+#endif
     return NULL;
 }
 
 static const kvm_cpu_kernels *best(void) {
-    const kvm_cpu_kernels *k = kvm_cpu_kernels_named("avx512");
-    if (!k) k = kvm_cpu_kernels_named("avx2");
-    if (!k) k = kvm_cpu_kernels_wasm128();
-    return k ? k : kvm_cpu_kernels_scalar();
+    static const char *const order[] = {"avx512", "avx2", "wasm128"};
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        const kvm_cpu_kernels *k = kvm_cpu_kernels_named(order[i]);
+        if (k) return k;
+    }
+    return &kvm_cpu_scalar;
 }
 
 /* Resolved on every call from a cached pointer: cheap, and the environment

@@ -4,7 +4,6 @@
  * back. */
 #include "scratch.h"
 #include "../alloc.h"
-#include "../context.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -92,8 +91,4 @@ void kvm_scratch_give(kvm_scratch *s, void *p) {
         pthread_mutex_unlock(&s->mu);
     }
     kvm_aligned_free(p); /* not a cached block */
-}
-
-kvm_scratch *kvm_ctx_scratch(const struct kvmem_context *ctx) {
-    return ctx && ctx->cpu ? (kvm_scratch *)ctx->cpu->impl : NULL;
 }

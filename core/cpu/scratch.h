@@ -10,7 +10,6 @@
 #include <stddef.h>
 
 typedef struct kvm_scratch kvm_scratch;
-struct kvmem_context;
 
 /* NULL when out of memory. */
 kvm_scratch *kvm_scratch_create(void);
@@ -23,8 +22,5 @@ void kvm_scratch_free(kvm_scratch *s);
 void *kvm_scratch_take(kvm_scratch *s, size_t bytes);
 /* Give back a block from kvm_scratch_take on the same s (NULL: no-op). */
 void kvm_scratch_give(kvm_scratch *s, void *p);
-
-/* The cache of the context's CPU backend, or NULL (ctx NULL). */
-kvm_scratch *kvm_ctx_scratch(const struct kvmem_context *ctx);
 
 #endif

@@ -2,7 +2,7 @@
  * redirection to the dead slot with alias-aware free, sibling sharing by
  * reference counts, and compaction for comparison. */
 #include "../rope/rope.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 #include "../cpu/kernels.h"
 
 #include <math.h>

@@ -117,23 +117,6 @@ static void acc64_stripes_scalar(uint64_t acc[8], const unsigned char *p, size_t
         }
 }
 
-#if !defined(KVMEM_HAVE_AVX2)
-void kvm_acc64_stripes_avx2(uint64_t acc[8], const unsigned char *p, size_t n_stripes) { acc64_stripes_scalar(acc, p, n_stripes); }
-#endif
-#if !defined(KVMEM_HAVE_AVX512)
-void kvm_acc64_stripes_avx512(uint64_t acc[8], const unsigned char *p, size_t n_stripes) { acc64_stripes_scalar(acc, p, n_stripes); }
-#endif
-
-kvm_acc64_fn kvm_acc64_pick(const char *cpu_name) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (cpu_name && strcmp(cpu_name, "avx512") == 0) return kvm_acc64_stripes_avx512;
-    if (cpu_name && strcmp(cpu_name, "avx2") == 0) return kvm_acc64_stripes_avx2;
-#else
-    (void)cpu_name; /* the SIMD kernels load little-endian words */
-#endif
-    return acc64_stripes_scalar;
-}
-
 void kvm_acc64_init(kvm_acc64_state *s, uint64_t total, kvm_acc64_fn stripes) {
     for (int i = 0; i < 8; i++) s->acc[i] = kvm_acc64_keys[i] ^ total;
     s->n = total;

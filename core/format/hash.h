@@ -20,8 +20,6 @@ void kvm_xxh64_update(kvm_xxh64_state *h, const void *data, size_t n);
 uint64_t kvm_xxh64_final(const kvm_xxh64_state *h);
 uint64_t kvm_xxh64_once(const void *data, size_t n, uint64_t seed);
 
-#endif
-
 /* kvmem's chunk checksum "acc64": eight 64-bit lanes accumulate each 64-byte
  * stripe (lane i: acc[i] += lo32(d ^ K[i]) * hi32(d ^ K[i]), acc[i ^ 1] += d,
  * the XXH3 accumulation step), the last partial stripe zero-padded, then the
@@ -31,21 +29,15 @@ uint64_t kvm_xxh64_once(const void *data, size_t n, uint64_t seed);
  * acc64 digests. */
 uint64_t kvm_acc64(const void *data, size_t n); /* scalar kernel */
 
-/* Lane update over n_stripes 64-byte stripes (the SIMD tables). */
+/* Lane update over n_stripes 64-byte stripes: the SIMD kernels are the CPU
+ * kernel table's (cpu/kernels.h, acc64_stripes). */
 typedef void (*kvm_acc64_fn)(uint64_t acc[8], const unsigned char *p, size_t n_stripes);
-void kvm_acc64_stripes_avx2(uint64_t acc[8], const unsigned char *p, size_t n_stripes);
-void kvm_acc64_stripes_avx512(uint64_t acc[8], const unsigned char *p, size_t n_stripes);
 extern const uint64_t kvm_acc64_keys[8];
 
-/* The stripe kernel for the CPU kernel table named `cpu_name`
- * (kvm_cpu_kernels_get()->name: "scalar", "avx2", "avx512"), so KVMEM_CPU
- * forces it too. Passed in rather than looked up: this format module stays
- * below the CPU backend in the include graph (tests/checks/include_graph.sh).
- * NULL or an unknown name: the scalar reference. */
-kvm_acc64_fn kvm_acc64_pick(const char *cpu_name);
-
 /* Streaming form; the total length is part of the initial state. stripes:
- * from kvm_acc64_pick (NULL: scalar). Every kernel gives the same digest. */
+ * the kernel table's acc64_stripes, passed in (this format module stays
+ * below the CPU backend in the include graph); NULL: the scalar reference.
+ * Every kernel gives the same digest. */
 typedef struct kvm_acc64_state {
     uint64_t acc[8];
     uint64_t n;
@@ -58,3 +50,5 @@ void kvm_acc64_update(kvm_acc64_state *s, const void *data, size_t n);
 uint64_t kvm_acc64_final(kvm_acc64_state *s);
 /* One call; stripes as for kvm_acc64_init. */
 uint64_t kvm_acc64_with(kvm_acc64_fn stripes, const void *data, size_t n);
+
+#endif

@@ -4,7 +4,7 @@
 #include "mapped.h"
 #include "resident.h"
 #include "../cpu/kernels.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <float.h>
 #include <math.h>

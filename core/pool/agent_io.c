@@ -137,7 +137,7 @@ static size_t piece_at(const pieces *ps, uint64_t at) {
 }
 
 /* The acc64 stripe kernel of the CPU kernel table in use (KVMEM_CPU forces it). */
-static kvm_acc64_fn acc64_kernel(void) { return kvm_acc64_pick(kvm_cpu_kernels_get()->name); }
+static kvm_acc64_fn acc64_kernel(void) { return kvm_cpu_kernels_get()->acc64_stripes; }
 
 typedef struct chunk_job {
     const pieces *ps;
@@ -491,7 +491,7 @@ static void aabb_task(void *arg, size_t b0, size_t b1) {
                 kvm_aabb_store(p, src + g * 2 * D, kvm_block_aabb(p, j->f, (int32_t)b, (int32_t)(g / H), (int32_t)(g % H)));
         }
         if (kvm_aabb_esize(p) == 2) { /* checked as stored */
-            bad += kvm_quant_kernels_get()->f16_boxes_bad(kvm_block_aabb(p, j->f, (int32_t)b, 0, 0), L * H, D);
+            bad += kvm_cpu_kernels_get()->quant->f16_boxes_bad(kvm_block_aabb(p, j->f, (int32_t)b, 0, 0), L * H, D);
             continue;
         }
         for (size_t g = 0; g < L * H && !bad; g++) {

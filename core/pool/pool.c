@@ -46,7 +46,7 @@ void kvm_aabb_store(const kvmem_pool *p, const float *box, void *dst) {
         memcpy(dst, box, 2 * D * sizeof(float));
         return;
     }
-    const kvm_quant_kernels *k = kvm_quant_kernels_get();
+    const kvm_quant_kernels *k = kvm_cpu_kernels_get()->quant;
     k->f16_round(box, D, 1, dst);
     k->f16_round(box + D, D, 0, (uint16_t *)dst + D);
 }

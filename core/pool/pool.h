@@ -18,9 +18,11 @@
 #ifndef KVMEM_POOL_H
 #define KVMEM_POOL_H
 
-#include "../context.h"
+#include "../backend/route/context.h"
 #include "../internal.h"
 #include "../quant/quant.h"
+#include "../cpu/quant_codec.h"
+#include "../cpu/tensor.h"
 #include "../rope/rope.h"
 
 #include <pthread.h>

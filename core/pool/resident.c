@@ -207,7 +207,7 @@ static kvmem_status rotate(const kvmem_pool *p, kvm_resident *r, int32_t l, int6
     if (st == KVMEM_OK) {
         kvm_dev_gather_args a = {r->k[l], r->ident, bcs, r->krot[l], 0, (size_t)s0 * 4, 0, (size_t)s0 * H * D * 4,
                                  (size_t)r->cap_tok, H * D, (size_t)n, H, D, (size_t)p->rope.rotary_dim,
-                                 p->rope.style == KVMEM_ROPE_GPTJ, (float)p->rope.attn_factor};
+                                 p->rope.style == KVMEM_ROPE_GPTJ, (float)p->rope.attn_factor, NULL, NULL, 0, 0, 0};
         if ((st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK) st = dev_failed(be, "rotating keys", st);
     }
     if (bcs) be->iface->buffer_free(be, bcs);

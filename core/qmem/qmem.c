@@ -1,8 +1,9 @@
 /* QueryMemory: the LRU store of session memories, session keys, the
  * per-turn update and the public rule-score entry point. */
 #include "qmem_internal.h"
+#include "../cpu/cpu_backend.h"
 
-#include "../context.h"
+#include "../backend/route/route.h"
 #include "../cpu/kernels.h"
 
 #include <math.h>
@@ -291,6 +292,25 @@ kvmem_status kvmem_qmem_get(kvmem_qmem_store *s, const kvmem_session_key *key, f
     return KVMEM_OK;
 }
 
+kvmem_status kvm_qmem_check_k(const char *fn, const kvmem_model_spec *spec, const kvmem_tensor *k,
+                              int64_t *n) {
+    if (!spec) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: spec is NULL", fn);
+    kvmem_status st = kvmem_model_spec_validate(spec);
+    if (st != KVMEM_OK) return st;
+    if (!k) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K is NULL", fn);
+    if (k->ndim != 4)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K has %d dims, expected 4 [n_layers][N][n_kv_heads][head_dim]",
+                        fn, k->ndim);
+    if (k->shape[1] < 1 || k->shape[1] > INT32_MAX)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K has N = %lld candidates, expected [1, INT32_MAX]", fn,
+                        (long long)k->shape[1]);
+    int64_t shape[4] = {spec->n_layers, k->shape[1], spec->n_kv_heads, spec->head_dim};
+    st = kvm_tensor_expect(k, "K", "[n_layers][N][n_kv_heads][head_dim]", 4, shape);
+    if (st != KVMEM_OK) return st;
+    *n = k->shape[1];
+    return KVMEM_OK;
+}
+
 /* The rule score on a device backend (dev_qmem_score): K converted to a
  * contiguous f32 host array [L][N][Hkv][D] (any dtype and strides), memory
  * and K uploaded, the scores read back into a scratch copy so a failure
@@ -322,23 +342,18 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
         kvm_free(out);
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K holds a non-finite value", fn);
     }
-    const kvmem_backend_iface *f = be->iface;
-    kvmem_buffer *bm = NULL, *bk = NULL, *bs = NULL;
-    kvmem_status st = f->buffer_alloc(be, mb, &bm);
-    if (st == KVMEM_OK) st = f->buffer_alloc(be, kb, &bk);
-    if (st == KVMEM_OK) st = f->buffer_alloc(be, N * sizeof(float), &bs);
-    if (st == KVMEM_OK) st = kvm_be_upload(be, bm, 0, memory, mb);
-    if (st == KVMEM_OK) st = kvm_be_upload(be, bk, 0, kh, kb);
+    kvm_stage s[3] = {{KVM_STAGE_IN, (void *)(uintptr_t)memory, mb, NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_IN, kh, kb, NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_OUT, out, N * sizeof(float), NULL, NULL, {0, NULL}}};
+    kvmem_status st = kvm_stage_begin(be, fn, s, 3);
     if (st == KVMEM_OK) {
-        kvm_dev_qmem_args a = {bm, bk, bs, 0, 0, 0, spec->n_layers, spec->n_q_heads, spec->n_kv_heads,
-                               spec->head_dim, (int32_t)N};
-        st = f->dev_qmem_score(be, &a);
+        kvm_dev_qmem_args a = {s[0].buf, s[1].buf, s[2].buf, 0, 0, 0, spec->n_layers, spec->n_q_heads, spec->n_kv_heads,
+                               spec->head_dim, (int32_t)N, NULL};
+        st = be->iface->dev_qmem_score(be, &a);
+        if (st != KVMEM_OK) st = kvm_route_failed(be, fn, st);
+        st = kvm_stage_end(be, fn, s, 3, st);
     }
-    if (st == KVMEM_OK) st = kvm_be_download(be, bs, 0, out, N * sizeof(float));
     if (st == KVMEM_OK) memcpy(scores, out, N * sizeof(float));
-    f->buffer_free(be, bm);
-    f->buffer_free(be, bk);
-    f->buffer_free(be, bs);
     kvm_free(kh);
     kvm_free(out);
     return st;
@@ -357,13 +372,18 @@ static kvmem_status qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec,
     for (size_t i = 0; i < E; i++)
         if (!isfinite(memory[i]))
             return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: memory[%zu] is not finite", fn, i);
-    kvmem_backend *dev = ctx->backend;
-    if (dev && dev != ctx->cpu && dev->iface->dev_qmem_score) {
-        st = qmem_score_device(dev, spec, memory, k, (size_t)n, scores);
-        /* sizes past the device's limits: the CPU below takes them */
-        if (st != KVMEM_ERR_UNSUPPORTED) return st;
+    /* the CPU backend's form: the caller's K in place (a device's: K packed) */
+    kvmem_buffer vm, vs;
+    kvm_dev_qmem_args a = {kvm_cpu_buffer_view(&vm, memory, E * sizeof(float)), NULL,
+                           kvm_cpu_buffer_view(&vs, scores, (size_t)n * sizeof(float)), 0, 0, 0, spec->n_layers,
+                           spec->n_q_heads, spec->n_kv_heads, spec->head_dim, (int32_t)n, NULL};
+    kvmem_backend *be = kvm_route(ctx, KVM_OP_QMEM_SCORE, &a);
+    if (be != ctx->cpu) {
+        st = qmem_score_device(be, spec, memory, k, (size_t)n, scores);
+        if (!kvm_route_to_cpu(st)) return st;
     }
-    return kvm_cpu_qmem_score(ctx->cpu, spec, memory, k, scores);
+    a.k_view = k;
+    return ctx->cpu->iface->dev_qmem_score(ctx->cpu, &a);
 }
 
 kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory,

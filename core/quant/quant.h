@@ -1,7 +1,7 @@
-/* Quantized KV storage: the host kernels of the Q8, Q4 and Q4 KIVI formats
- * and a pool block's layout of its sections. The formats themselves (groups,
- * rounding, error bounds, a section's byte layout) are defined in
- * quant_layout.h. */
+/* Quantized KV storage: a pool block's layout of its sections. The formats
+ * themselves (groups, rounding, error bounds, a section's byte layout) are
+ * defined in quant_layout.h; encoding and decoding sections is the CPU
+ * backend's (cpu/quant_codec.h). */
 #ifndef KVMEM_QUANT_H
 #define KVMEM_QUANT_H
 
@@ -10,36 +10,6 @@
 
 #include "kvmem.h"
 #include "quant_layout.h" /* the formats: groups, section layout */
-
-/* Host kernels on one section. `n` rows of `dim` floats, rows `dim` apart. */
-typedef struct kvm_quant_kernels {
-    const char *name;
-    void (*q8_quant)(const float *x, size_t n, size_t dim, uint16_t *scales, int8_t *codes);
-    void (*q8_dequant)(const uint16_t *scales, const int8_t *codes, size_t n, size_t dim, float *out);
-    void (*q4_quant)(const float *x, size_t n, size_t dim, uint32_t *words, uint16_t *scales,
-                     uint16_t *biases);
-    void (*q4_dequant)(const uint32_t *words, const uint16_t *scales, const uint16_t *biases, size_t n,
-                       size_t dim, float *out);
-    /* KIVI keys: per-channel scale/bias from the channel min/max over the
-     * n rows (mn, mx given: the block's AABB). */
-    void (*q4c_quant)(const float *x, size_t n, size_t dim, const float *mn, const float *mx,
-                      uint32_t *words, uint16_t *scales, uint16_t *biases);
-    void (*q4c_dequant)(const uint32_t *words, const uint16_t *scales, const uint16_t *biases, size_t n,
-                        size_t dim, float *out);
-    /* out[i] = x[i] rounded to f16 toward +inf (up) or -inf (AABB corners:
-     * a box rounded outward still holds its keys). Bit-identical across tables. */
-    void (*f16_round)(const float *x, size_t n, int up, uint16_t *out);
-    /* Checks n f16 boxes of 2*dim values (s_max, then s_min) as a loader
-     * must: the number of non-finite values plus the number of boxes with
-     * some s_min > s_max (+0 and -0 equal). 0: all sane. */
-    size_t (*f16_boxes_bad)(const uint16_t *boxes, size_t n, size_t dim);
-} kvm_quant_kernels;
-
-/* The table matching the CPU kernel table in use (KVMEM_CPU forces it). */
-const kvm_quant_kernels *kvm_quant_kernels_get(void);
-const kvm_quant_kernels *kvm_quant_kernels_scalar(void);
-const kvm_quant_kernels *kvm_quant_kernels_avx2(void);   /* NULL when not compiled in */
-const kvm_quant_kernels *kvm_quant_kernels_avx512(void); /* NULL when not compiled in */
 
 static inline int kvm_is_quant_dtype(kvmem_dtype dt) {
     return dt == KVMEM_Q8 || dt == KVMEM_Q4 || dt == KVMEM_Q4_KIVI;
@@ -84,24 +54,5 @@ static inline kvm_qparts kvm_qblock_parts(const kvm_qblock *b, void *base, int w
     q.biases = p + b->biases[which] + g * b->sec[which].biases_bytes;
     return q;
 }
-
-/* Encode n rows into the parts of one section (as kvm_quant_section). */
-void kvm_quant_parts(kvmem_dtype dt, int which, const float *x, size_t n, size_t dim, const float *mn,
-                     const float *mx, kvm_qparts dst);
-/* Decode rows [row0, row0 + cnt) of a section of n rows from its parts. */
-void kvm_dequant_parts(kvmem_dtype dt, int which, kvm_qparts src, size_t n, size_t dim, size_t row0, size_t cnt,
-                       float *out);
-
-/* Encode n f32 rows into a section at dst. mn/mx: per-channel min/max over
- * the rows (needed for KIVI keys, ignored otherwise; may be NULL then). */
-void kvm_quant_section(kvmem_dtype dt, int which, const float *x, size_t n, size_t dim, const float *mn,
-                       const float *mx, void *dst);
-/* Decode rows [row0, row0 + cnt) of a section of n rows into out. */
-void kvm_dequant_section(kvmem_dtype dt, int which, const void *src, size_t n, size_t dim, size_t row0,
-                         size_t cnt, float *out);
-
-/* f16 rounding toward -inf / +inf (scales up, biases down keep the bound). */
-uint16_t kvm_f16_round_down(float x);
-uint16_t kvm_f16_round_up(float x);
 
 #endif

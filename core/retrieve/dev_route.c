@@ -1,32 +1,22 @@
-/* Retrieval on a device backend (the context's backend is not the CPU one
- * and has the device kernels): dev_score / dev_gather_rope read the agent's
+/* Retrieval on a device backend (the router's choice: core/backend/route):
+ * dev_score / dev_gather_rope read the agent's
  * blocks from its device-resident mirror (core/pool/resident.h), so a call
  * uploads only its query (scoring) or its slot list and cos/sin (gather) and
  * reads back the per-set block scores (dev_score_reduce sums them on the
  * device) or the gathered rows. Where the mirror cannot serve (blocks not
  * contiguous, candidates not one run of blocks) the host packs the blocks
- * into transient buffers as before. A device failure returns its
- * status with the backend's message: no silent fallback to the CPU. */
+ * into transient buffers. A device failure returns its status with the
+ * backend's message (the router's policy: only KVMEM_ERR_UNSUPPORTED goes on
+ * to the CPU). */
 #include "score.h"
+#include "../backend/route/route.h"
 #include "../pool/resident.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 #include "../rope/rope.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Prefix the backend's message with the op and backend names. */
-static kvmem_status dev_failed(kvmem_backend *be, const char *op, kvmem_status st) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", kvmem_last_error());
-    return kvm_fail(st, "%s on backend %s: %s", op, be->iface->name, msg);
-}
-
-static kvmem_status dev_alloc(kvmem_backend *be, const char *op, size_t n, kvmem_buffer **out) {
-    kvmem_status st = be->iface->buffer_alloc(be, n ? n : 4, out);
-    return st == KVMEM_OK ? KVMEM_OK : dev_failed(be, op, st);
-}
 
 kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     static const char *op = "kvmem_retrieve";
@@ -49,10 +39,10 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
         if (st != KVMEM_OK) return st;
     }
     float *mn = res ? NULL : kvm_malloc(sb), *mx = res ? NULL : kvm_malloc(sb);
-    kvmem_buffer *bq = NULL, *bmn = NULL, *bmx = NULL, *bo = NULL, *bs = NULL;
     if (!res && (!mn || !mx)) {
-        st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu candidate AABBs", op, nc);
-        goto done;
+        kvm_free(mn);
+        kvm_free(mx);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu candidate AABBs", op, nc);
     }
     /* The agent keeps [block][layer][KV head][s_max; s_min]; the kernel
      * takes s_min and s_max as two [block][layer][KV head][head_dim] arrays. */
@@ -64,53 +54,30 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
                 memcpy(mx + ((j * L + l) * H + g) * D, box, D * sizeof(float));
                 memcpy(mn + ((j * L + l) * H + g) * D, box + D, D * sizeof(float));
             }
-    if ((st = dev_alloc(be, op, qb, &bq)) != KVMEM_OK || (!res && (st = dev_alloc(be, op, sb, &bmn)) != KVMEM_OK) ||
-        (!res && (st = dev_alloc(be, op, sb, &bmx)) != KVMEM_OK) || (st = dev_alloc(be, op, ob, &bo)) != KVMEM_OK ||
-        (st = dev_alloc(be, op, ns * nc * 4, &bs)) != KVMEM_OK)
-        goto done;
-    if ((st = kvm_be_upload(be, bq, 0, d->q, qb)) != KVMEM_OK ||
-        (!res && (st = kvm_be_upload(be, bmn, 0, mn, sb)) != KVMEM_OK) ||
-        (!res && (st = kvm_be_upload(be, bmx, 0, mx, sb)) != KVMEM_OK)) {
-        st = dev_failed(be, op, st);
-        goto done;
-    }
-    const size_t s_off = res ? (size_t)d->cand[0] * L * H * D * sizeof(float) : 0;
-    kvm_dev_score_args a = {bq,        res ? res->smin : bmn, res ? res->smax : bmx, bo, 0, s_off, 0,
-                            d->n_q,    (int32_t)nc, p->spec.n_layers, p->spec.n_q_heads, p->spec.n_kv_heads,
-                            p->spec.head_dim, d->norm, d->agg, d->tau, d->rr_c};
     /* [layer][query head][cand] summed on the device into [set][cand]: the
      * only bytes that come back are the scores the result holds */
-    kvm_dev_score_reduce_args ra = {bo, bs, 0, 0, p->spec.n_layers, p->spec.n_q_heads, (int32_t)nc, d->n_sets};
-    if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->dev_score_reduce(be, &ra)) != KVMEM_OK ||
-        (st = kvm_be_download(be, bs, 0, d->out, ns * nc * 4)) != KVMEM_OK) {
-        st = dev_failed(be, op, st);
-        goto done;
+    kvm_stage s[5] = {{KVM_STAGE_IN, (void *)(uintptr_t)d->q, qb, NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_IN, mn, sb, res ? res->smin : NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_IN, mx, sb, res ? res->smax : NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_WORK, NULL, ob, NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_OUT, d->out, ns * nc * 4, NULL, NULL, {0, NULL}}};
+    st = kvm_stage_begin(be, op, s, 5);
+    if (st == KVMEM_OK) {
+        const size_t s_off = res ? (size_t)d->cand[0] * L * H * D * sizeof(float) : 0;
+        kvm_dev_score_args a = {s[0].buf,         s[1].buf,         s[2].buf,          s[3].buf, 0, s_off, 0,
+                                d->n_q,           (int32_t)nc,      p->spec.n_layers,  p->spec.n_q_heads,
+                                p->spec.n_kv_heads, p->spec.head_dim, d->norm,          d->agg,   d->tau,
+                                d->rr_c,          0,                KVM_BOXES_SPLIT_F32, NULL, KVMEM_RETRIEVE_AABB,
+                                NULL};
+        kvm_dev_score_reduce_args ra = {s[3].buf, s[4].buf, 0, 0, p->spec.n_layers, p->spec.n_q_heads, (int32_t)nc,
+                                        d->n_sets};
+        if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->dev_score_reduce(be, &ra)) != KVMEM_OK)
+            st = kvm_route_failed(be, op, st);
+        st = kvm_stage_end(be, op, s, 5, st);
     }
-done:
-    be->iface->buffer_free(be, bq);
-    if (bmn) be->iface->buffer_free(be, bmn);
-    if (bmx) be->iface->buffer_free(be, bmx);
-    be->iface->buffer_free(be, bo);
-    be->iface->buffer_free(be, bs);
     kvm_free(mn);
     kvm_free(mx);
     return st;
-}
-
-/* Write rows [M][H][D] of layer l into a [L][M][H][D] tensor view. */
-static void write_layer(const kvmem_tensor *t, int64_t l, const float *rows, size_t M, size_t H, size_t D) {
-    const int heads_contig = t->strides[3] == 1 && t->strides[2] == (int64_t)D;
-    for (size_t r = 0; r < M; r++) {
-        if (heads_contig) {
-            int64_t idx[3] = {l, (int64_t)r, 0};
-            kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + r * H * D, H * D);
-        } else {
-            for (size_t h = 0; h < H; h++) {
-                int64_t idx[3] = {l, (int64_t)r, (int64_t)h};
-                kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + (r * H + h) * D, D);
-            }
-        }
-    }
 }
 
 kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
@@ -138,7 +105,6 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     float *tmp = mir ? NULL : kvm_malloc((size_t)p->params.block_size * D * sizeof(float));
     float *cs = d->k_out ? kvm_malloc(2 * M * np * sizeof(float)) : NULL;
     uint32_t *idx = kvm_malloc(M * sizeof *idx);
-    kvmem_buffer *bsrc = NULL, *bidx = NULL, *bcs = NULL, *bout = NULL;
     if ((!mir && (!stage || !tmp)) || !res || !idx || (d->k_out && !cs)) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu rows", op, M);
         goto done;
@@ -149,23 +115,22 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
             idx[d->first[i] + r] = mir ? (uint32_t)(blk->first_token + r) : (uint32_t)(d->first[i] + r);
     }
     if (cs) {
-        float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
+        float c[KVM_ROPE_MAX_PAIRS], sn[KVM_ROPE_MAX_PAIRS];
         for (size_t i = 0; i < M; i++) {
-            kvm_rope_cos_sin(&p->rope, (double)(d->base + (int64_t)i), c, s);
+            kvm_rope_cos_sin(&p->rope, (double)(d->base + (int64_t)i), c, sn);
             memcpy(cs + i * np, c, np * sizeof(float));
-            memcpy(cs + (M + i) * np, s, np * sizeof(float));
+            memcpy(cs + (M + i) * np, sn, np * sizeof(float));
         }
     }
-    if ((!mir && (st = dev_alloc(be, op, lb, &bsrc)) != KVMEM_OK) || (st = dev_alloc(be, op, lb, &bout)) != KVMEM_OK ||
-        (st = dev_alloc(be, op, M * 4, &bidx)) != KVMEM_OK || (cs && (st = dev_alloc(be, op, 2 * M * np * 4, &bcs)) != KVMEM_OK))
-        goto done;
-    if ((st = kvm_be_upload(be, bidx, 0, idx, M * 4)) != KVMEM_OK ||
-        (cs && (st = kvm_be_upload(be, bcs, 0, cs, 2 * M * np * 4)) != KVMEM_OK)) {
-        st = dev_failed(be, op, st);
-        goto done;
-    }
-    for (size_t l = 0; l < L; l++)
-        for (int which = 0; which < 2; which++) {
+    /* the rows of a layer go up (or are resident) and come back one layer
+     * at a time through src and out */
+    kvm_stage s[4] = {{KVM_STAGE_IN, idx, M * 4, NULL, NULL, {0, NULL}},
+                      {cs ? KVM_STAGE_IN : KVM_STAGE_WORK, cs, cs ? 2 * M * np * 4 : 4, NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_WORK, NULL, mir ? 4 : lb, NULL, NULL, {0, NULL}},
+                      {KVM_STAGE_WORK, NULL, lb, NULL, NULL, {0, NULL}}};
+    if ((st = kvm_stage_begin(be, op, s, 4)) != KVMEM_OK) goto done;
+    for (size_t l = 0; l < L && st == KVMEM_OK; l++)
+        for (int which = 0; which < 2 && st == KVMEM_OK; which++) {
             const kvmem_tensor *t = which ? d->v_out : d->k_out;
             if (!t) continue;
             float *dst = res + ((which && d->k_out ? L : 0) + l) * M * row;
@@ -177,26 +142,22 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
                     for (size_t r = 0; r < n; r++) memcpy(stage + ((r0 + r) * H + h) * D, tmp + r * D, D * sizeof(float));
                 }
             }
-            const kvmem_buffer *src = mir ? (which ? mir->v[l] : mir->k[l]) : bsrc;
-            kvm_dev_gather_args a = {src, bidx, which ? NULL : bcs, bout, 0, 0, 0, 0, mir ? (size_t)mir->cap_tok : M,
-                                     row, M, H, D, which ? 0 : (size_t)p->rope.rotary_dim,
-                                     p->rope.style == KVMEM_ROPE_GPTJ, which ? 1.0f : (float)p->rope.attn_factor};
-            if ((!mir && (st = kvm_be_upload(be, bsrc, 0, stage, lb)) != KVMEM_OK) ||
+            const kvmem_buffer *src = mir ? (which ? mir->v[l] : mir->k[l]) : s[2].buf;
+            kvm_dev_gather_args a = {src, s[0].buf, which ? NULL : s[1].buf, s[3].buf, 0, 0, 0, 0,
+                                     mir ? (size_t)mir->cap_tok : M, row, M, H, D,
+                                     which ? 0 : (size_t)p->rope.rotary_dim, p->rope.style == KVMEM_ROPE_GPTJ,
+                                     which ? 1.0f : (float)p->rope.attn_factor, NULL, NULL, 0, 0, 0};
+            if ((!mir && (st = kvm_be_upload(be, s[2].buf, 0, stage, lb)) != KVMEM_OK) ||
                 (st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK ||
-                (st = kvm_be_download(be, bout, 0, dst, lb)) != KVMEM_OK) {
-                st = dev_failed(be, op, st);
-                goto done;
-            }
+                (st = kvm_be_download(be, s[3].buf, 0, dst, lb)) != KVMEM_OK)
+                st = kvm_route_failed(be, op, st);
         }
-    for (size_t l = 0; l < L; l++) {
-        if (d->k_out) write_layer(d->k_out, (int64_t)l, res + l * M * row, M, H, D);
-        if (d->v_out) write_layer(d->v_out, (int64_t)l, res + ((d->k_out ? L : 0) + l) * M * row, M, H, D);
+    st = kvm_stage_end(be, op, s, 4, st);
+    for (size_t l = 0; st == KVMEM_OK && l < L; l++) {
+        if (d->k_out) kvm_gather_write_layer(d->k_out, (int64_t)l, res + l * M * row, M, H, D);
+        if (d->v_out) kvm_gather_write_layer(d->v_out, (int64_t)l, res + ((d->k_out ? L : 0) + l) * M * row, M, H, D);
     }
 done:
-    be->iface->buffer_free(be, bsrc);
-    be->iface->buffer_free(be, bidx);
-    be->iface->buffer_free(be, bcs);
-    be->iface->buffer_free(be, bout);
     kvm_free(stage);
     kvm_free(res);
     kvm_free(tmp);

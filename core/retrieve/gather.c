@@ -4,7 +4,9 @@
  * once (in parallel), then every (block, layer) streams its K and V rows
  * through one decode -> rotate -> convert pass into the caller's tensors. */
 #include "score.h"
-#include "../tensor.h"
+#include "../backend/route/route.h"
+#include "../cpu/cpu_backend.h"
+#include "../cpu/tensor.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -23,90 +25,117 @@ static void cs_task(void *arg, size_t b, size_t e) {
         kvm_rope_cos_sin(j->rope, (double)(j->base + (int64_t)i), j->cs + i * 2 * np, j->cs + i * 2 * np + np);
 }
 
-typedef struct gather_job {
-    const kvm_gather_desc *d;
-    const float *cs;
-    atomic_int failed;
-} gather_job;
+/* The blocks' rows, for the gather op's reader. */
+typedef struct block_rows {
+    const kvmem_pool *p;
+    const kvm_agent_mem *m;
+    const int32_t *blocks;
+} block_rows;
 
-/* Item = (block index i, layer l): all KV heads of that layer of the block.
- * A caller tensor whose rows of one head are adjacent (head-major: HF
- * caches, [n_kv_heads][M][head_dim] per layer) takes each head's n rows in
- * one convert-and-store from the block's own head-major rows. One whose
- * heads of a token are adjacent (contiguous [M][n_kv_heads][head_dim])
- * takes token rows of H * D elements, staged token-major. Any other
- * strides: one D row at a time. */
-static void gather_task(void *arg, size_t b, size_t e) {
-    gather_job *job = arg;
-    const kvm_gather_desc *d = job->d;
-    const kvmem_pool *p = d->pool;
-    const size_t L = (size_t)p->spec.n_layers, D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads;
-    const size_t np = (size_t)p->rope.n_pairs, BS = (size_t)p->params.block_size;
-    float *tmp = kvm_aligned_alloc(BS * D * sizeof(float)), *stage = kvm_aligned_alloc(BS * H * D * sizeof(float));
-    if (!tmp || !stage) {
-        atomic_store(&job->failed, 1);
-        kvm_aligned_free(tmp);
-        kvm_aligned_free(stage);
-        return;
-    }
-    for (size_t it = b; it < e; it++) {
-        const size_t i = it / L;
-        const int32_t l = (int32_t)(it % L);
-        const kvm_block *blk = &d->mem->blocks[d->blocks[i]];
-        const size_t n = (size_t)blk->n_tokens;
-        const int64_t row0 = d->first[i];
-        for (int which = 0; which < 2; which++) {
-            const kvmem_tensor *t = which ? d->v_out : d->k_out;
-            if (!t) continue;
-            const int rows_contig = t->strides[3] == 1 && t->strides[1] == (int64_t)D;
-            const int heads_contig = !rows_contig && t->strides[3] == 1 && t->strides[2] == (int64_t)D;
-            for (size_t h = 0; h < H; h++) {
-                kvm_block_read_f32(p, blk, which, l, (int32_t)h, 0, blk->n_tokens, tmp);
-                if (!which) kvm_rope_rotate_rows(&p->rope, tmp, n, D, job->cs + (size_t)row0 * 2 * np, 2 * np);
-                if (rows_contig) {
-                    int64_t idx[3] = {l, row0, (int64_t)h};
-                    kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), tmp, n * D);
-                } else if (heads_contig) {
-                    for (size_t r = 0; r < n; r++) memcpy(stage + (r * H + h) * D, tmp + r * D, D * sizeof(float));
-                } else {
-                    for (size_t r = 0; r < n; r++) {
-                        int64_t idx[3] = {l, row0 + (int64_t)r, (int64_t)h};
-                        kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), tmp + r * D, D);
-                    }
-                }
-            }
-            for (size_t r = 0; heads_contig && r < n; r++) {
-                int64_t idx[3] = {l, row0 + (int64_t)r, 0};
-                kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), stage + r * H * D, H * D);
-            }
-        }
-    }
-    kvm_aligned_free(tmp);
-    kvm_aligned_free(stage);
+static void read_block_rows(void *ctx, int32_t seg, int which, int32_t l, int32_t h, float *dst) {
+    const block_rows *b = ctx;
+    const kvm_block *blk = &b->m->blocks[b->blocks[seg]];
+    kvm_block_read_f32(b->p, blk, which, l, h, 0, blk->n_tokens, dst);
 }
 
+/* The CPU backend's gather (its dev_gather_rope entry) over the blocks in
+ * place: K rotated at the new positions, then V, into the caller's tensors.
+ * Every allocation comes before the first write: a failure leaves them as
+ * they were. */
 kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     const kvmem_pool *p = d->pool;
     const int64_t M = d->first[d->n_blocks];
     if (M == 0) return KVMEM_OK;
-    kvm_threadpool *tp = be && be->ctx ? be->ctx->tp : NULL;
-    gather_job job;
-    memset(&job, 0, sizeof job);
-    job.d = d;
-    atomic_init(&job.failed, 0);
+    const size_t np = (size_t)p->rope.n_pairs;
     float *cs = NULL;
-    if (d->k_out) {
-        const size_t np = (size_t)p->rope.n_pairs;
-        cs = kvm_aligned_alloc((size_t)M * 2 * (np ? np : 1) * sizeof(float));
-        if (!cs) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for %lld positions", (long long)M);
+    if (d->k_out && np) {
+        cs = kvm_aligned_alloc((size_t)M * 2 * np * sizeof(float));
+        if (!cs) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for %lld positions' cos/sin", (long long)M);
         cs_job cj = {&p->rope, d->base, cs};
-        kvm_parallel_for(tp, (size_t)M, 256, cs_task, &cj);
+        kvm_parallel_for(kvm_cpu_backend_tp(be), (size_t)M, 256, cs_task, &cj);
     }
-    job.cs = cs;
-    kvm_parallel_for(tp, (size_t)d->n_blocks * (size_t)p->spec.n_layers, 1, gather_task, &job);
+    block_rows br = {p, d->mem, d->blocks};
+    const kvm_dev_rows rows = {&br, d->n_blocks, p->params.block_size, d->first, read_block_rows};
+    kvmem_buffer vcs;
+    kvm_dev_gather_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = &rows;
+    a.n_src = a.n_out = (size_t)M;
+    a.n_heads = (size_t)p->spec.n_kv_heads;
+    a.head_dim = (size_t)p->spec.head_dim;
+    a.n_layers = p->spec.n_layers;
+    a.gptj = p->rope.style == KVMEM_ROPE_GPTJ;
+    a.cs_rows = 1;
+    kvmem_status st = KVMEM_OK;
+    if (d->k_out) {
+        a.out_view = d->k_out;
+        a.which = 0;
+        a.rotary_dim = cs ? (size_t)p->rope.rotary_dim : 0;
+        a.cs = cs ? kvm_cpu_buffer_view(&vcs, cs, (size_t)M * 2 * np * sizeof(float)) : NULL;
+        a.attn_factor = (float)p->rope.attn_factor;
+        st = be->iface->dev_gather_rope(be, &a);
+    }
+    if (st == KVMEM_OK && d->v_out) {
+        a.out_view = d->v_out;
+        a.which = 1;
+        a.rotary_dim = 0;
+        a.cs = NULL;
+        a.attn_factor = 1.0f;
+        st = be->iface->dev_gather_rope(be, &a);
+    }
     kvm_aligned_free(cs);
-    if (atomic_load(&job.failed)) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_gather: out of memory for per-thread staging rows");
-    return KVMEM_OK;
+    return st;
+}
+
+/* score.h: rows [M][H][D] of layer l into a [L][M][H][D] tensor view. */
+void kvm_gather_write_layer(const kvmem_tensor *t, int64_t l, const float *rows, size_t M, size_t H, size_t D) {
+    const int heads_contig = t->strides[3] == 1 && t->strides[2] == (int64_t)D;
+    for (size_t r = 0; r < M; r++) {
+        if (heads_contig) {
+            int64_t idx[3] = {l, (int64_t)r, 0};
+            kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + r * H * D, H * D);
+        } else {
+            for (size_t h = 0; h < H; h++) {
+                int64_t idx[3] = {l, (int64_t)r, (int64_t)h};
+                kvm_tensor_write_f32(t, kvm_tensor_row_offset(t, idx), rows + (r * H + h) * D, D);
+            }
+        }
+    }
+}
+
+/* A mapped agent's blocks are read from its file while the rows are
+ * written, and a read can fail half way (the file shrank): the rows go to
+ * private f32 tensors first and reach the caller's only once every read
+ * succeeded. f32 staging converts once, at the final write, as the direct
+ * path does. */
+static kvmem_status gather_staged(kvmem_backend *be, const kvm_gather_desc *d, const char *fn) {
+    const kvmem_pool *p = d->pool;
+    const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
+    const size_t M = (size_t)d->first[d->n_blocks];
+    size_t bytes = 0;
+    if (!kvm_mul_size(L * M, H * D * sizeof(float), &bytes))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large to stage", fn, M);
+    float *sk = d->k_out ? kvm_aligned_alloc(bytes ? bytes : 4) : NULL, *sv = d->v_out ? kvm_aligned_alloc(bytes ? bytes : 4) : NULL;
+    if ((d->k_out && !sk) || (d->v_out && !sv)) {
+        kvm_aligned_free(sk);
+        kvm_aligned_free(sv);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu bytes of staged rows", fn, bytes);
+    }
+    const int64_t shape[4] = {(int64_t)L, (int64_t)M, (int64_t)H, (int64_t)D};
+    kvmem_tensor tk, tv;
+    if (sk) kvmem_tensor_init(&tk, sk, KVMEM_F32, 4, shape);
+    if (sv) kvmem_tensor_init(&tv, sv, KVMEM_F32, 4, shape);
+    kvm_gather_desc sd = *d;
+    sd.k_out = sk ? &tk : NULL;
+    sd.v_out = sv ? &tv : NULL;
+    kvmem_status st = kvm_mapped_check(d->mem, kvm_cpu_gather(be, &sd), fn);
+    for (size_t l = 0; st == KVMEM_OK && l < L; l++) {
+        if (sk) kvm_gather_write_layer(d->k_out, (int64_t)l, sk + l * M * H * D, M, H, D);
+        if (sv) kvm_gather_write_layer(d->v_out, (int64_t)l, sv + l * M * H * D, M, H, D);
+    }
+    kvm_aligned_free(sk);
+    kvm_aligned_free(sv);
+    return st;
 }
 
 static kvmem_status check_out(const kvmem_tensor *t, const char *what, const kvmem_model_spec *s, int64_t M) {
@@ -156,9 +185,19 @@ static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int3
         return st;
     }
     kvm_gather_desc d = {p, m, blocks, n_blocks, first, base, k_out, v_out};
-    kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
-    if (dev && dev != be && dev->iface->dev_gather_rope) st = kvm_dev_gather(dev, &d);
-    else st = kvm_cpu_gather(be, &d);
+    /* the router's choice: a device's gather (the buffer-level form), else
+     * the CPU's over the blocks in place */
+    kvm_dev_gather_args shape;
+    memset(&shape, 0, sizeof shape);
+    shape.n_src = shape.n_out = (size_t)KVM_MAX(M, 1);
+    shape.n_heads = (size_t)p->spec.n_kv_heads;
+    shape.head_dim = (size_t)p->spec.head_dim;
+    shape.rotary_dim = (size_t)p->rope.rotary_dim;
+    shape.gptj = p->rope.style == KVMEM_ROPE_GPTJ;
+    shape.attn_factor = (float)p->rope.attn_factor;
+    kvmem_backend *cpu = p->ctx->cpu, *be = kvm_route(p->ctx, KVM_OP_GATHER_ROPE, &shape);
+    st = be != cpu ? kvm_dev_gather(be, &d) : KVMEM_OK;
+    if (be == cpu || kvm_route_to_cpu(st)) st = m->mapped ? gather_staged(cpu, &d, "kvmem_gather") : kvm_cpu_gather(cpu, &d);
     kvm_free(first);
     return kvm_mapped_check(m, st, "kvmem_gather");
 }

@@ -1,6 +1,7 @@
 /* kvmem_retrieve and the kvmem_retrieval result object. */
 #include "score.h"
-#include "../tensor.h"
+#include "../backend/route/route.h"
+#include "../cpu/tensor.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -21,8 +22,8 @@ struct kvmem_retrieval {
     /* Memory kept between calls, so a retrieval in steady state allocates
      * nothing: the current result's arrays (res), the next one's (spare,
      * swapped in at commit), the call's query copy and candidate lists
-     * (call) and the scoring op's working memory (work). */
-    kvm_workbuf res, spare, call, work;
+     * (call); the scoring op's working memory is the CPU backend's cache. */
+    kvm_workbuf res, spare, call;
 };
 
 kvmem_status kvmem_retrieve_params_init(kvmem_retrieve_params *params, size_t struct_size) {
@@ -40,7 +41,6 @@ static void release(kvmem_retrieval *r) {
     kvm_workbuf_release(&r->res);
     kvm_workbuf_release(&r->spare);
     kvm_workbuf_release(&r->call);
-    kvm_workbuf_release(&r->work);
 }
 
 kvmem_status kvmem_retrieval_create(kvmem_retrieval **out) {
@@ -208,6 +208,73 @@ static kvmem_status load_query(const kvmem_tensor *q, const kvmem_model_spec *s,
 }
 
 
+/* Keys of the agent's blocks for the score op's EXACT mode (callbacks of
+ * kvm_dev_keys): F16 and F32 blocks in memory in place, the rest decoded. */
+typedef struct agent_keys {
+    const kvmem_pool *p;
+    const kvm_agent_mem *m;
+} agent_keys;
+
+static const void *key_rows(void *ctx, int32_t b, int32_t l, int32_t g, int32_t *n, kvmem_dtype *dt) {
+    const agent_keys *a = ctx;
+    const kvm_block *blk = &a->m->blocks[b];
+    *n = blk->n_tokens;
+    *dt = a->p->params.storage_dtype;
+    return blk->kv && (*dt == KVMEM_F16 || *dt == KVMEM_F32) ? kvm_block_rows(a->p, blk, 0, l, g) : NULL;
+}
+
+static void key_read(void *ctx, int32_t b, int32_t l, int32_t g, float *dst, int32_t *n) {
+    const agent_keys *a = ctx;
+    const kvm_block *blk = &a->m->blocks[b];
+    *n = blk->n_tokens;
+    kvm_block_read_f32(a->p, blk, 0, l, g, 0, blk->n_tokens, dst);
+}
+
+/* The CPU backend's dev_score on the agent's boxes (or keys) in place. */
+static kvmem_status score_on_cpu(kvmem_backend *be, const kvm_score_desc *d) {
+    const kvmem_pool *p = d->pool;
+    const kvm_agent_mem *m = d->mem;
+    const size_t L = (size_t)p->spec.n_layers, Hq = (size_t)p->spec.n_q_heads, D = (size_t)p->spec.head_dim;
+    int32_t max_rows = 1;
+    for (int32_t j = 0; j < d->n_cand; j++) max_rows = KVM_MAX(max_rows, m->blocks[d->cand[j]].n_tokens);
+    agent_keys ak = {p, m};
+    const kvm_dev_keys keys = {&ak, max_rows, key_rows, key_read};
+    kvmem_buffer vq, vbox, vout;
+    kvm_dev_score_args a;
+    memset(&a, 0, sizeof a);
+    a.q = kvm_cpu_buffer_view(&vq, d->q, (size_t)d->n_q * L * Hq * D * sizeof(float));
+    a.s_max = kvm_cpu_buffer_view(&vbox, m->aabb, (size_t)m->n_sealed * kvm_aabb_block_bytes(p));
+    a.out = kvm_cpu_buffer_view(&vout, d->out, (size_t)d->n_sets * (size_t)d->n_cand * sizeof(float));
+    a.n_q = d->n_q;
+    a.n_blocks = d->n_cand;
+    a.n_layers = p->spec.n_layers;
+    a.n_q_heads = p->spec.n_q_heads;
+    a.n_kv_heads = p->spec.n_kv_heads;
+    a.head_dim = p->spec.head_dim;
+    a.norm = d->norm;
+    a.agg = d->agg;
+    a.tau = d->tau;
+    a.rr_c = d->rr_c;
+    a.n_sets = d->n_sets;
+    a.box_layout = kvm_aabb_esize(p) == 2 ? KVM_BOXES_PAIRED_F16 : KVM_BOXES_PAIRED_F32;
+    a.blocks = d->cand;
+    a.mode = d->mode;
+    a.keys = &keys;
+    return be->iface->dev_score(be, &a);
+}
+
+/* score.h */
+kvmem_status kvm_score_overflow(const kvm_score_desc *d) {
+    const kvmem_model_spec *s = &d->pool->spec;
+    const size_t n = (size_t)d->n_q * (size_t)s->n_layers * (size_t)s->n_q_heads * (size_t)s->head_dim;
+    float big = 0.0f;
+    for (size_t i = 0; i < n; i++) big = fabsf(d->q[i]) > big ? fabsf(d->q[i]) : big;
+    return kvm_fail(KVMEM_ERR_INVALID_ARG,
+                    "kvmem_retrieve: a block's relevance to the query overflows f32 (the query's largest magnitude is "
+                    "%g): scale the query down",
+                    (double)big);
+}
+
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -307,15 +374,28 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         d.rr_c = prm.rr_c > 0 ? prm.rr_c : 60.0f;
         d.n_sets = n_sets;
         d.out = c.out;
-        d.scratch = &result->work;
-        /* AABB scoring runs on a device backend that has the kernels; EXACT
-         * reads every key and stays on the CPU. */
-        kvmem_backend *dev = p->ctx->backend, *be = p->ctx->cpu;
-        if (dev && dev != be && dev->iface->dev_score && dev->iface->dev_score_reduce && d.mode == KVMEM_RETRIEVE_AABB)
-            st = kvm_dev_aabb_score(dev, &d);
-        else
-            st = kvm_cpu_aabb_score(be, &d);
+        /* the router's choice: AABB scoring on a device that takes it; EXACT
+         * reads every key, which only the CPU's form of the op does */
+        kvm_dev_score_args shape;
+        memset(&shape, 0, sizeof shape);
+        shape.n_q = n_q;
+        shape.n_blocks = nc;
+        shape.n_layers = L;
+        shape.n_q_heads = p->spec.n_q_heads;
+        shape.n_kv_heads = p->spec.n_kv_heads;
+        shape.head_dim = p->spec.head_dim;
+        shape.norm = d.norm;
+        shape.agg = d.agg;
+        shape.tau = d.tau;
+        shape.rr_c = d.rr_c;
+        shape.mode = d.mode;
+        kvmem_backend *cpu = p->ctx->cpu, *be = kvm_route(p->ctx, KVM_OP_SCORE, &shape);
+        st = be != cpu ? kvm_dev_aabb_score(be, &d) : KVMEM_OK;
+        if (be == cpu || kvm_route_to_cpu(st)) st = score_on_cpu(cpu, &d);
         if ((st = kvm_mapped_check(m, st, "kvmem_retrieve")) != KVMEM_OK) return st; /* before the commit */
+        /* every backend: scores are finite, or the call is refused */
+        for (size_t i = 0; i < (size_t)n_sets * (size_t)nc; i++)
+            if (!isfinite(c.out[i])) return kvm_score_overflow(&d);
     }
     for (int32_t s = 0; s < n_sets; s++) {
         float *all = nr.all + (size_t)s * (size_t)nb;
@@ -330,8 +410,12 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         int32_t n_sel = 0, n_top = 0;
         for (int32_t j = 0; j < nc; j++)
             if (c.flag[c.cand[j]] == 2) sel[n_sel++] = c.cand[j];
-        if ((st = kvm_cpu_topk(p->ctx->cpu, c.set_s, nc, KVM_MAX(0, prm.top_k - n_forced), c.idx, &n_top)) != KVMEM_OK)
-            return st;
+        kvmem_buffer vs, vi;
+        kvmem_backend *cpu = p->ctx->cpu;
+        kvm_dev_topk_args ta = {kvm_cpu_buffer_view(&vs, c.set_s, (size_t)nc * sizeof(float)),
+                                kvm_cpu_buffer_view(&vi, c.idx, ((size_t)nb + 1) * sizeof(int32_t)),
+                                0, 0, nc, KVM_MAX(0, prm.top_k - n_forced), &n_top};
+        if ((st = cpu->iface->dev_topk(cpu, &ta)) != KVMEM_OK) return st;
         for (int32_t i = 0; i < n_top; i++) sel[n_sel++] = c.cand[c.idx[i]];
         qsort(sel, (size_t)n_sel, sizeof *sel, cmp_i32);
         int64_t tok = 0;

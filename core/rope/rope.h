@@ -25,14 +25,4 @@ void kvm_rope_cos_sin(const kvm_rope *r, double pos, float *cos_out, float *sin_
 /* Rotate one head vector in place: forward x <- af * R x, inverse x <- R^T x / af. */
 void kvm_rope_rotate(const kvm_rope *r, float *x, const float *c, const float *s, int inverse);
 
-/* Rotate n_rows rows forward (x <- af * R x) in place, rows `stride` floats
- * apart; row i uses cos = cs + i * cs_stride and sin = cos + n_pairs.
- * SIMD for NEOX; bit-identical to kvm_rope_rotate on every path. */
-void kvm_rope_rotate_rows(const kvm_rope *r, float *x, size_t n_rows, size_t stride, const float *cs,
-                          size_t cs_stride);
-void kvm_rope_rows_neox_avx2(const kvm_rope *r, float *x, size_t n_rows, size_t stride, const float *cs,
-                             size_t cs_stride);
-void kvm_rope_rows_neox_avx512(const kvm_rope *r, float *x, size_t n_rows, size_t stride, const float *cs,
-                               size_t cs_stride);
-
 #endif

@@ -2,7 +2,7 @@
  * STATIC/DYNAMIC state machine with its event queue, KV storage as pool
  * agents (one per unit), and the retrieval plan. */
 #include "../pool/pool.h"
-#include "../tensor.h"
+#include "../cpu/tensor.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
 #define KVMEM_TEST_CONFORMANCE_H
 
 #include "testutil.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "internal.h"
 
 #include <stdio.h>

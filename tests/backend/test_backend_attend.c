@@ -683,6 +683,43 @@ static void test_out_of_range_ids(void **state) {
     case_free(&c);
 }
 
+/* A live position whose logit is not finite (a NaN or infinite K element,
+ * or a query so large the product overflows) is reported by the stream that
+ * reads it, visited = -1 - a position where it is so, for the CPU entry and
+ * every device (the other outputs of such a call are unspecified). */
+static void test_nonfinite_logits_are_reported(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    const kvmem_dtype dts[2] = {KVMEM_F32, KVMEM_F16};
+    for (int di = 0; di < 2; di++)
+        for (int kind = 0; kind < 3; kind++) {
+            acase c;
+            case_make(&c, 31 + (uint64_t)kind, 3, 2, 32, 200, 16, dts[di], 10, ORD_SHUFFLE);
+            const int32_t g = 1; /* the stream with the bad value */
+            int64_t j = 137;     /* a live position of it */
+            while (!is_live(&c, j)) j++;
+            const size_t row = ((size_t)c.slots[j] * (size_t)c.H + (size_t)g) * (size_t)c.D;
+            if (kind == 0) { /* NaN in K */
+                c.k[row + 5] = NAN;
+                c.kh[row + 5] = 0x7e00;
+            } else if (kind == 1) { /* +inf in K */
+                c.k[row + 3] = INFINITY;
+                c.kh[row + 3] = 0x7c00;
+            } else { /* finite K, a query head of the stream whose products overflow */
+                for (int32_t d = 0; d < c.D; d++) c.q[((size_t)g * c.G + 1) * c.D + (size_t)d] = 3e38f;
+            }
+            float *out = malloc((size_t)c.H * c.G * c.D * 4);
+            int32_t vis[3];
+            assert_ok(run_on(g_be, &c, out, vis));
+            if (vis[g] >= 0) fail_msg("%s, kind %d: stream %d reported %d tiles, not its non-finite logit", g_name, kind, g, vis[g]);
+            const int64_t p = -1 - (int64_t)vis[g];
+            assert_true(p >= 0 && p < c.n_pos && is_live(&c, p));
+            if (kind < 2) assert_int_equal(p, j); /* the only position with a bad K row */
+            free(out);
+            case_free(&c);
+        }
+}
+
 /* A shape beyond a device's limits: computed, or refused as unsupported
  * with a message and nothing written. */
 static void test_large_group_supported_or_refused(void **state) {
@@ -775,6 +812,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_state_across_dispatches),
     cmocka_unit_test(test_empty_and_dead_streams),
     cmocka_unit_test(test_out_of_range_ids),
+    cmocka_unit_test(test_nonfinite_logits_are_reported),
     cmocka_unit_test(test_large_group_supported_or_refused),
     cmocka_unit_test(test_bad_input),
 };

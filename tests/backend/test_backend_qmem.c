@@ -83,7 +83,7 @@ static void run(kvmem_backend *be, const qcase *c, const float *mem, const float
     float *pre = malloc(c->scores_off + N * 4 + 4);
     memset(pre, 0x7f, c->scores_off + N * 4 + 4);
     bput(be, bs, 0, pre, c->scores_off + N * 4 + 4);
-    kvm_dev_qmem_args a = {bm, bk, bs, c->mem_off, c->k_off, c->scores_off, c->L, c->Hq, c->Hkv, c->D, c->n};
+    kvm_dev_qmem_args a = {bm, bk, bs, c->mem_off, c->k_off, c->scores_off, c->L, c->Hq, c->Hkv, c->D, c->n, NULL};
     assert_ok(be->iface->dev_qmem_score(be, &a));
     unsigned char *all = malloc(c->scores_off + N * 4 + 4);
     bget(be, bs, 0, all, c->scores_off + N * 4 + 4);
@@ -178,7 +178,7 @@ static void test_qmem_score_rejects_bad_input_and_changes_nothing(void **state) 
     for (int i = 0; i < 6; i++) pre[i] = -1.0f - (float)i;
     kvmem_buffer *bm = bnew(g_be, mem, sizeof mem), *bk = bnew(g_be, k, sizeof k), *bs = bnew(g_be, pre, sizeof pre);
     kvmem_backend *be = g_be;
-    kvm_dev_qmem_args ok = {bm, bk, bs, 0, 0, 0, L, Hq, Hkv, D, N}, a;
+    kvm_dev_qmem_args ok = {bm, bk, bs, 0, 0, 0, L, Hq, Hkv, D, N, NULL}, a;
     assert_status(be->iface->dev_qmem_score(be, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
 #define BAD(field, value, msg)                                                            \
     do {                                                                                  \

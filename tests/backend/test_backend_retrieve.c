@@ -128,7 +128,7 @@ static float *run_score(kvmem_backend *be, const score_data *sd, kvmem_retrieve_
     for (size_t i = 0; i < (2 * off) / 4 + sd->no_el; i++) frame[i] = -777.0f;
     bput(be, bo, 0, frame, 2 * off + sd->no_el * 4);
     kvm_dev_score_args a = {bq, bmn, bmx, bo, off, off, off, s->n_q, s->nb, s->L, s->Hq, s->Hkv, s->D,
-                            norm, agg, tau, rr_c};
+                            norm, agg, tau, rr_c, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL};
     assert_ok(be->iface->dev_score(be, &a));
     bget(be, bo, 0, frame, 2 * off + sd->no_el * 4);
     for (size_t i = 0; i < off / 4; i++) {
@@ -355,7 +355,7 @@ static void test_dev_score_rejects_bad_input_and_changes_nothing(void **state) {
     for (int i = 0; i < 64; i++) z[i] = 0.5f, init[i] = -1.0f;
     kvmem_buffer *b = bnew(g_be, z, sizeof z), *bo = bnew(g_be, init, sizeof init);
     /* 1 token, 2 blocks, 1 layer, 2 q heads, 1 KV head, dim 4: q 8, s 8, out 4 floats */
-    kvm_dev_score_args a = {b, b, b, bo, 0, 0, 0, 1, 2, 1, 2, 1, 4, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0.5f, 60.0f};
+    kvm_dev_score_args a = {b, b, b, bo, 0, 0, 0, 1, 2, 1, 2, 1, 4, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0.5f, 60.0f, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL};
     kvm_dev_score_args g = a;
     assert_status(g_be->iface->dev_score(g_be, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
     a.n_q = 0;
@@ -816,7 +816,7 @@ static void gather_case(kvmem_rope_style style, int32_t D, int32_t rot, double a
         }
     }
     kvm_dev_gather_args a = {NULL, NULL, NULL, NULL, off, off + 4, off, off, n_src, src_rs, n_out, H, (size_t)D,
-                             (size_t)rot, style == KVMEM_ROPE_GPTJ, (float)af};
+                             (size_t)rot, style == KVMEM_ROPE_GPTJ, (float)af, NULL, NULL, 0, 0, 0};
     float *got = run_gather(g_be, &a, src, src_el, idx, cs, cs_el);
     float *cpu = run_gather(g_cpu, &a, src, src_el, idx, cs, cs_el);
     const size_t step = style == KVMEM_ROPE_NEOX ? 1 : 2, poff = style == KVMEM_ROPE_NEOX ? np : 1;
@@ -871,7 +871,7 @@ static void test_dev_gather_rope_rejects_bad_input_and_changes_nothing(void **st
     for (int i = 0; i < 64; i++) z[i] = (float)i, init[i] = -1.0f;
     kvmem_buffer *b = bnew(g_be, z, sizeof z), *bo = bnew(g_be, init, sizeof init);
     /* 1 source row of 8, one output row, rotary 8 */
-    kvm_dev_gather_args a = {b, b, b, bo, 0, 0, 0, 0, 1, 8, 1, 1, 8, 8, 0, 1.0f}, g = a;
+    kvm_dev_gather_args a = {b, b, b, bo, 0, 0, 0, 0, 1, 8, 1, 1, 8, 8, 0, 1.0f, NULL, NULL, 0, 0, 0}, g = a;
     assert_status(g_be->iface->dev_gather_rope(g_be, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
     a.n_out = 0;
     assert_status(g_be->iface->dev_gather_rope(g_be, &a), KVMEM_ERR_INVALID_ARG, "empty");

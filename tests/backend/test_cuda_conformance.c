@@ -14,7 +14,7 @@
  *     double reference, 1e-5 vs the CPU backend's entry; visited exact.
  *   qmem_score: f32 accumulation and __expf: 2e-3 absolute. */
 #include "testutil.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "cpu/half.h"
 #include "internal.h"
 #include "kvmem_cuda.h"

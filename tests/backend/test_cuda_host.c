@@ -338,7 +338,7 @@ static void dev_topk_gather_qmem_check_their_ranges(void **state) {
     g.gptj = 2;
     assert_int_equal(kvm_cu_check_dev_gather(&g, src, 20, cs, out), KVMEM_ERR_INVALID_ARG);
 
-    kvm_dev_qmem_args m = {FAKE(1), FAKE(2), FAKE(3), 0, 0, 0, 2, 8, 2, 64, 50};
+    kvm_dev_qmem_args m = {FAKE(1), FAKE(2), FAKE(3), 0, 0, 0, 2, 8, 2, 64, 50, NULL};
     const size_t mb = 2 * 8 * 64 * 4, kb = 2 * 50 * 2 * 64 * 4;
     assert_int_equal(kvm_cu_check_dev_qmem(&m, mb, kb, 200), KVMEM_OK);
     assert_int_equal(kvm_cu_check_dev_qmem(&m, mb, kb - 4, 200), KVMEM_ERR_INVALID_ARG);

@@ -47,7 +47,7 @@
 #include "testutil.h"
 #include "alloc.h"
 #include "cpu/cpu_backend.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "pool/pool.h"
 #include "store/store.h"
 
@@ -208,7 +208,7 @@ static void base(void) {
 }
 
 static void make_dev(void) {
-    assert_ok(kvm_cpu_backend_create(F.ctx, &F.dev));
+    assert_ok(kvm_cpu_backend_create(F.ctx, F.ctx->tp, &F.dev));
     F.ctx->backend = F.dev;
 }
 

@@ -23,7 +23,7 @@
 #include "testutil.h"
 #include "attend_ref.h"
 #include "backend/backend.h"
-#include "context.h"
+#include "backend/route/context.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -11,6 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A SIMD table's attention kernels, NULL where this CPU or build has none. */
+static const kvm_attend_kernels *attend_named(const char *isa) {
+    const kvm_cpu_kernels *k = kvm_cpu_kernels_named(isa);
+    return k ? k->attend : NULL;
+}
+
 static const char *const simd_names[2] = {"avx2", "avx512"};
 
 static void fill(float *x, size_t n, uint64_t *rng) {
@@ -218,8 +224,8 @@ static void check_softmax_step(const kvm_attend_kernels *kt, size_t nq, size_t n
 
 static void every_table_matches_double_loops(void **state) {
     (void)state;
-    const kvm_attend_kernels *tables[3] = {kvm_attend_kernels_scalar(), kvm_attend_kernels_named("avx2"),
-                                           kvm_attend_kernels_named("avx512")};
+    const kvm_attend_kernels *tables[3] = {(&kvm_attend_scalar), attend_named("avx2"),
+                                           attend_named("avx512")};
     const size_t dims[7] = {2, 8, 16, 40, 64, 128, 136};
     const size_t nqs[6] = {1, 2, 3, 4, 5, 9};
     const size_t nks[6] = {1, 3, 4, 7, 17, 64};
@@ -252,10 +258,10 @@ static void every_table_matches_double_loops(void **state) {
  * inputs; skipped (not passed) where the CPU lacks them. */
 static void simd_tables_equal_scalar(void **state) {
     (void)state;
-    const kvm_attend_kernels *sc = kvm_attend_kernels_scalar();
+    const kvm_attend_kernels *sc = (&kvm_attend_scalar);
     int ran = 0;
     for (int t = 0; t < 2; t++) {
-        const kvm_attend_kernels *kt = kvm_attend_kernels_named(simd_names[t]);
+        const kvm_attend_kernels *kt = attend_named(simd_names[t]);
         if (!kt) continue;
         ran++;
         uint64_t rng = 5;
@@ -286,12 +292,12 @@ static void simd_tables_equal_scalar(void **state) {
 static void kvmem_cpu_forces_the_table(void **state) {
     (void)state;
     const char *force = getenv("KVMEM_CPU");
-    const kvm_attend_kernels *k = kvm_attend_kernels_get();
+    const kvm_attend_kernels *k = kvm_cpu_kernels_get()->attend;
     assert_non_null(k);
     assert_string_equal(k->name, kvm_cpu_kernels_get()->name);
     if (force && strcmp(force, "scalar") == 0) assert_string_equal(k->name, "scalar");
-    assert_null(kvm_attend_kernels_named("neon-nope"));
-    assert_null(kvm_attend_kernels_named(NULL));
+    assert_null(kvm_cpu_kernels_named("neon-nope"));
+    assert_null(kvm_cpu_kernels_named(NULL));
 }
 
 int main(void) {

@@ -68,7 +68,7 @@ static void scalar_f16_known_values(void **state) {
 
 static void simd_conversions_equal_scalar(void **state) {
     (void)state;
-    const kvm_cpu_kernels *s = kvm_cpu_kernels_scalar();
+    const kvm_cpu_kernels *s = (&kvm_cpu_scalar);
     int tested = 0;
     for (int t = 0; t < 2; t++) {
         const kvm_cpu_kernels *k = simd_tables(t);
@@ -116,14 +116,14 @@ static void count_nonfinite_counts(void **state) {
     x[20] = -INFINITY;
     x[36] = NAN;
     x[10] = kvm_bits_f32(0x00000001u); /* denormal: finite */
-    assert_int_equal(kvm_cpu_kernels_scalar()->count_nonfinite(x, 37), 3);
+    assert_int_equal((&kvm_cpu_scalar)->count_nonfinite(x, 37), 3);
     assert_int_equal(kvm_cpu_kernels_get()->count_nonfinite(x, 37), 3);
 }
 
 static void minmax_equals_reference_and_scalar(void **state) {
     (void)state;
     uint64_t rng = 99;
-    const kvm_cpu_kernels *tabs[3] = {kvm_cpu_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_cpu_kernels *tabs[3] = {(&kvm_cpu_scalar), simd_tables(0), simd_tables(1)};
     for (size_t dim = 1; dim <= 70; dim += 3) {
         for (size_t rows = 1; rows <= 17; rows += 4) {
             size_t stride = dim + (rows % 3);
@@ -157,7 +157,7 @@ static void minmax_nan_behaviour_is_the_same_everywhere(void **state) {
     for (int i = 0; i < 60; i++) x[i] = (float)(i % 7) - 3.0f;
     x[20 + 5] = NAN;
     x[0 + 9] = NAN;
-    const kvm_cpu_kernels *tabs[3] = {kvm_cpu_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_cpu_kernels *tabs[3] = {(&kvm_cpu_scalar), simd_tables(0), simd_tables(1)};
     for (int t = 0; t < 3; t++) {
         if (!tabs[t]) continue;
         float mn[20], mx[20];
@@ -170,7 +170,7 @@ static void minmax_nan_behaviour_is_the_same_everywhere(void **state) {
 static void dot_matches_double_reference(void **state) {
     (void)state;
     uint64_t rng = 5;
-    const kvm_cpu_kernels *tabs[3] = {kvm_cpu_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_cpu_kernels *tabs[3] = {(&kvm_cpu_scalar), simd_tables(0), simd_tables(1)};
     for (size_t n = 0; n < 300; n += 7) {
         float a[300], b[300];
         double ref = 0, mag = 0;

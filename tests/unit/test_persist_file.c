@@ -772,13 +772,13 @@ static void acc64_lanes_agree_across_isas(void **state) {
     uint64_t want[8], got[8];
     for (int i = 0; i < 8; i++) want[i] = got[i] = kvm_acc64_keys[i] * 3;
     ref_acc64_lanes(want, buf, 37);
-    if (kvm_cpu_has_avx2()) {
-        kvm_acc64_stripes_avx2(got, buf, 37);
+    if (kvm_cpu_kernels_named("avx2")) {
+        kvm_cpu_kernels_named("avx2")->acc64_stripes(got, buf, 37);
         assert_memory_equal(want, got, sizeof want);
     }
     for (int i = 0; i < 8; i++) got[i] = kvm_acc64_keys[i] * 3;
-    if (kvm_cpu_has_avx512()) {
-        kvm_acc64_stripes_avx512(got, buf, 37);
+    if (kvm_cpu_kernels_named("avx512")) {
+        kvm_cpu_kernels_named("avx512")->acc64_stripes(got, buf, 37);
         assert_memory_equal(want, got, sizeof want);
     }
     /* streaming in odd pieces equals one shot; a flipped bit changes the digest */

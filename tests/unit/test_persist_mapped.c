@@ -422,7 +422,14 @@ static void bad_files_fail_with_a_status_at_open_or_at_the_read(void **state) {
     int64_t gs[4] = {L, BS, H, D};
     assert_ok(kvmem_tensor_init(&tgk, gk, KVMEM_F32, 4, gs));
     assert_ok(kvmem_tensor_init(&tgv, gv, KVMEM_F32, 4, gs));
+    memset(gk, 0x5a, gn * 4);
+    memset(gv, 0x5a, gn * 4);
     assert_int_equal(kvmem_gather(a, &last, 1, 0, &tgk, &tgv), KVMEM_ERR_CORRUPT);
+    /* nothing written on error: every output byte is as the caller left it */
+    for (size_t i = 0; i < gn * 4; i++)
+        if (((unsigned char *)gk)[i] != 0x5a || ((unsigned char *)gv)[i] != 0x5a)
+            fail_msg("kvmem_gather failed but changed output byte %zu of %s", i % (gn * 4),
+                     ((unsigned char *)gk)[i] != 0x5a ? "k_out" : "v_out");
     /* the note was consumed: a call that reads only what is still there
      * (layer 0: the file holds the f32 tails, then layer 0's K and V, ...) works */
     float out[HQ * D];

@@ -4,7 +4,7 @@
  * what the same file loaded into memory gives on the same context. Without
  * a usable Vulkan backend every test says "skipped: why". */
 #include "testutil.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "backend/backend.h"
 
 #include <stdio.h>
@@ -134,9 +134,107 @@ static void mapped_agent_on_a_device_equals_the_loaded_agent(void **state) {
     free(k), free(v), free(ol), free(om);
 }
 
+/* The data offset of tensor `name` in a safetensors file (from its JSON
+ * header), or -1. */
+static long tensor_offset(const char *path, const char *name) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    unsigned char len8[8];
+    long hl = 0, off = -1;
+    if (fread(len8, 1, 8, f) == 8) {
+        for (int i = 0; i < 8; i++) hl |= (long)len8[i] << (8 * i);
+        char *h = calloc((size_t)hl + 1, 1);
+        char key[64];
+        snprintf(key, sizeof key, "\"%s\"", name);
+        const char *at = h && fread(h, 1, (size_t)hl, f) == (size_t)hl ? strstr(h, key) : NULL;
+        const char *d = at ? strstr(at, "\"data_offsets\":[") : NULL;
+        long a = 0;
+        if (d && sscanf(d, "\"data_offsets\":[%ld", &a) == 1) off = 8 + hl + a;
+        free(h);
+    }
+    fclose(f);
+    return off;
+}
+
+/* A mapped file rewritten in place with a non-finite key (documented as
+ * undetected in general): attention on the device refuses it as attention
+ * on the CPU does, naming the position, instead of answering OK with wrong
+ * values (the device kernel reports the non-finite logit). */
+static void rewritten_key_is_refused_on_the_device_as_on_the_cpu(void **state) {
+    (void)state;
+    if (!g_dev) {
+        print_message("skipped: %s\n", g_why);
+        skip();
+    }
+    size_t n = (size_t)L * T * H * D;
+    float *k = malloc(n * 4), *v = malloc(n * 4), q[HQ * D], out[HQ * D];
+    uint64_t seed = 8;
+    tu_fill_kv(k, n, &seed);
+    tu_fill_kv(v, n, &seed);
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = tu_normal(&seed);
+    char path[300];
+    snprintf(path, sizeof path, "%s/rw.safetensors", g_dir);
+    {
+        kvmem_pool *pw = make_pool(KVMEM_F16, 0);
+        kvmem_agent *w;
+        assert_ok(kvmem_agent_open(pw, "a", &w));
+        kvmem_tensor tk, tv;
+        int64_t shape[4] = {L, T, H, D};
+        assert_ok(kvmem_tensor_init(&tk, k, KVMEM_F32, 4, shape));
+        assert_ok(kvmem_tensor_init(&tv, v, KVMEM_F32, 4, shape));
+        assert_ok(kvmem_agent_append(w, &tk, &tv, NULL));
+        assert_ok(kvmem_agent_save(w, path));
+        kvmem_agent_close(w);
+        kvmem_pool_free(pw);
+    }
+    kvmem_context *cpu = tu_context(2);
+    kvmem_model_spec spec = tu_spec(L, D);
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.storage_dtype = KVMEM_F16;
+    pp.block_size = BS;
+    kvmem_pool *pc, *pd = make_pool(KVMEM_F16, 0);
+    assert_ok(kvmem_pool_create(cpu, &spec, &pp, &pc));
+    kvmem_agent *ac, *ad;
+    assert_ok(kvmem_agent_open_file(pc, path, 0, &ac));
+    assert_ok(kvmem_agent_open_file(pd, path, 0, &ad));
+    /* layer_0_k is [H][sealed tokens][D] f16: head 1's key of position 70 becomes NaNs */
+    const long k0 = tensor_offset(path, "layer_0_k");
+    assert_true(k0 > 0);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    unsigned char ff[8];
+    memset(ff, 0xff, sizeof ff);
+    assert_int_equal(fseek(f, k0 + ((long)BS * NB + 70) * D * 2 + 10, SEEK_SET), 0); /* sealed rows only */
+    assert_int_equal(fwrite(ff, 1, sizeof ff, f), sizeof ff);
+    fclose(f);
+    kvmem_tensor aq, ao;
+    int64_t as[3] = {1, HQ, D};
+    assert_ok(kvmem_tensor_init(&aq, q, KVMEM_F32, 3, as));
+    assert_ok(kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as));
+    kvmem_attend_params ap = kvmem_attend_default_params();
+    ap.order = KVMEM_ATTEND_RECENT; /* the device's kernel (SCORED reads K on the host first) */
+    ap.tau_s = ap.tau_d = 0.0f;     /* every position read */
+    kvmem_attend_source src;
+    memset(&src, 0, sizeof src);
+    src.kind = KVMEM_ATTEND_SRC_AGENT;
+    src.agent = ac;
+    assert_status(kvmem_attend(cpu, &aq, &src, &ap, &ao, NULL), KVMEM_ERR_INVALID_ARG, "K at position 70, KV head 1");
+    src.agent = ad;
+    for (size_t i = 0; i < sizeof out / sizeof *out; i++) out[i] = 7.0f;
+    assert_status(kvmem_attend(g_dev, &aq, &src, &ap, &ao, NULL), KVMEM_ERR_INVALID_ARG, "K at position 70, KV head 1");
+    for (size_t i = 0; i < sizeof out / sizeof *out; i++) assert_true(out[i] == 7.0f); /* nothing written */
+    kvmem_agent_close(ac);
+    kvmem_agent_close(ad);
+    kvmem_pool_free(pc);
+    kvmem_pool_free(pd);
+    kvmem_context_free(cpu);
+    free(k), free(v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mapped_agent_on_a_device_equals_the_loaded_agent),
+        cmocka_unit_test(rewritten_key_is_refused_on_the_device_as_on_the_cpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,10 +3,11 @@
  * MLX packing decoded independently, and pool round trips in every dtype. */
 #include "testutil.h"
 #include "internal.h"
-#include "context.h"
+#include "backend/route/context.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 #include "quant/quant.h"
+#include "cpu/quant_codec.h"
 #include "pool/pool.h"
 
 static size_t kvm_block_kv_bytes_for_test(kvmem_pool *p, int32_t n) { return kvm_block_kv_bytes(p, n); }
@@ -42,7 +43,7 @@ static unsigned code_at(const uint32_t *row_words, size_t i) { return (row_words
 static void q4_codes_follow_the_mlx_layout_and_bound(void **state) {
     (void)state;
     uint64_t rng = 7;
-    const kvm_quant_kernels *ref = kvm_quant_kernels_scalar();
+    const kvm_quant_kernels *ref = (&kvm_quant_scalar);
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
         size_t D = dims[di], n = 5, W = (D + 7) / 8, G = (D + 63) / 64;
         float *x = malloc(n * D * 4), *y = malloc(n * D * 4);
@@ -80,7 +81,7 @@ static void q4_codes_follow_the_mlx_layout_and_bound(void **state) {
 static void q8_within_bound(void **state) {
     (void)state;
     uint64_t rng = 9;
-    const kvm_quant_kernels *ref = kvm_quant_kernels_scalar();
+    const kvm_quant_kernels *ref = (&kvm_quant_scalar);
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
         size_t D = dims[di], n = 4, G = (D + 31) / 32;
         float *x = malloc(n * D * 4), *y = malloc(n * D * 4);
@@ -118,8 +119,8 @@ static void kivi_keys_use_channel_groups(void **state) {
     }
     uint32_t w[16 * 12];
     uint16_t s[96], b[96];
-    kvm_quant_kernels_scalar()->q4c_quant(x, n, D, mn, mx, w, s, b);
-    kvm_quant_kernels_scalar()->q4c_dequant(w, s, b, n, D, y);
+    kvm_quant_scalar.q4c_quant(x, n, D, mn, mx, w, s, b);
+    kvm_quant_scalar.q4c_dequant(w, s, b, n, D, y);
     for (size_t r = 0; r < n; r++)
         for (size_t d = 0; d < D; d++) {
             double sc = kvm_f16_to_f32(s[d]);
@@ -133,9 +134,9 @@ static void kivi_keys_use_channel_groups(void **state) {
 
 static void simd_tables_match_scalar_bit_for_bit(void **state) {
     (void)state;
-    const kvm_quant_kernels *tabs[2] = {kvm_cpu_has_avx2() ? kvm_quant_kernels_avx2() : NULL,
-                                        kvm_cpu_has_avx512() ? kvm_quant_kernels_avx512() : NULL};
-    const kvm_quant_kernels *ref = kvm_quant_kernels_scalar();
+    const kvm_quant_kernels *tabs[2] = {kvm_cpu_has_avx2() ? &kvm_quant_avx2 : NULL,
+                                        kvm_cpu_has_avx512() ? &kvm_quant_avx512 : NULL};
+    const kvm_quant_kernels *ref = (&kvm_quant_scalar);
     int ran = 0;
     uint64_t rng = 3;
     for (int t = 0; t < 2; t++) {
@@ -186,8 +187,8 @@ static void simd_tables_match_scalar_bit_for_bit(void **state) {
  * the range; vector bodies and scalar tails alike (n = 1037). */
 static void directed_f16_rounding_brackets_its_input_on_every_table(void **state) {
     (void)state;
-    const kvm_quant_kernels *tabs[3] = {kvm_quant_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_quant_kernels_avx2() : NULL,
-                                        kvm_cpu_has_avx512() ? kvm_quant_kernels_avx512() : NULL};
+    const kvm_quant_kernels *tabs[3] = {(&kvm_quant_scalar), kvm_cpu_has_avx2() ? &kvm_quant_avx2 : NULL,
+                                        kvm_cpu_has_avx512() ? &kvm_quant_avx512 : NULL};
     enum { N = 1037 };
     float x[N];
     uint16_t up[N], dn[N];
@@ -221,8 +222,8 @@ static void directed_f16_rounding_brackets_its_input_on_every_table(void **state
  * (+0 and -0 are equal, so a box [+0, -0] is sane). */
 static void f16_box_check_counts_what_the_floats_say(void **state) {
     (void)state;
-    const kvm_quant_kernels *tabs[3] = {kvm_quant_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_quant_kernels_avx2() : NULL,
-                                        kvm_cpu_has_avx512() ? kvm_quant_kernels_avx512() : NULL};
+    const kvm_quant_kernels *tabs[3] = {(&kvm_quant_scalar), kvm_cpu_has_avx2() ? &kvm_quant_avx2 : NULL,
+                                        kvm_cpu_has_avx512() ? &kvm_quant_avx512 : NULL};
     const size_t box_dims[] = {16, 48, 64, 128, 40};
     uint64_t rng = 17;
     for (size_t di = 0; di < sizeof box_dims / sizeof *box_dims; di++) {

@@ -11,6 +11,8 @@
 #include "internal.h"
 #include "cpu/half.h"
 #include "quant/quant.h"
+#include "cpu/quant_codec.h"
+#include "cpu/kernels.h"
 #include "format/hash.h"
 
 #include <math.h>
@@ -78,7 +80,7 @@ static void rows_of(const hist *s, int which, int32_t l, int32_t h, int32_t t0, 
  * spec string. aabb_scale multiplies the boxes written (1: the true ones). */
 static void write_v1(const char *path, const hist *s, kvmem_dtype dt, const char *spec_str, float aabb_scale) {
     buf hdr = {0}, data = {0};
-    const kvm_quant_kernels *q = kvm_quant_kernels_scalar();
+    const kvm_quant_kernels *q = (&kvm_quant_scalar);
     const int32_t ts = s->T - s->tail;
     const size_t W = (D + 7) / 8, G4 = (D + 63) / 64, G8 = (D + 31) / 32;
     char shape[64];

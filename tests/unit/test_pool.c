@@ -2,7 +2,8 @@
  * de-rotation of post-RoPE keys, capacity, isolation, and that every bad
  * call returns the right status and message and changes nothing. */
 #include "testutil.h"
-#include "internal.h" /* kvm_convert_host: an independent f16 decode of the output */
+#include "internal.h"
+#include "cpu/tensor.h" /* kvm_convert_host: an independent f16 decode of the output */
 #include "alloc.h"    /* kvm_huge_alloc: the KV blocks' allocator */
 
 #include <math.h>

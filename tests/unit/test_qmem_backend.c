@@ -11,7 +11,7 @@
  * themselves (a softmax mass of 1 per layer and head). */
 #include "testutil.h"
 
-#include "context.h"
+#include "backend/route/context.h"
 #include "cpu/half.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
 #include "testutil.h"
 
 #include "cpu/kernels.h"
-#include "qmem/qk_kernels.h"
+#include "cpu/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -161,9 +161,9 @@ static void independent_of_threads_and_f16_keys_match(void **state) {
 
 static void simd_tables_match_scalar(void **state) {
     (void)state;
-    const kvm_qk_kernels *sc = kvm_qk_kernels_scalar();
-    const kvm_qk_kernels *t[2] = {kvm_cpu_has_avx2() ? kvm_qk_kernels_avx2() : NULL,
-                                  kvm_cpu_has_avx512() ? kvm_qk_kernels_avx512() : NULL};
+    const kvm_qk_kernels *sc = (&kvm_qk_scalar);
+    const kvm_qk_kernels *t[2] = {kvm_cpu_has_avx2() ? &kvm_qk_avx2 : NULL,
+                                  kvm_cpu_has_avx512() ? &kvm_qk_avx512 : NULL};
     int ran = 0;
     uint64_t rng = 77;
     for (int ti = 0; ti < 2; ti++) {
@@ -210,8 +210,8 @@ static void simd_tables_match_scalar(void **state) {
  * past, NaN for a non-finite input) and the window's weighted sum. */
 static void snapkv_kernels_match_reference(void **state) {
     (void)state;
-    const kvm_qk_kernels *t[3] = {kvm_qk_kernels_scalar(), kvm_cpu_has_avx2() ? kvm_qk_kernels_avx2() : NULL,
-                                  kvm_cpu_has_avx512() ? kvm_qk_kernels_avx512() : NULL};
+    const kvm_qk_kernels *t[3] = {(&kvm_qk_scalar), kvm_cpu_has_avx2() ? &kvm_qk_avx2 : NULL,
+                                  kvm_cpu_has_avx512() ? &kvm_qk_avx512 : NULL};
     const size_t T = KVM_QK_TILE, LDO = 40;
     uint64_t rng = 91;
     for (int ti = 0; ti < 3; ti++) {
@@ -231,8 +231,8 @@ static void snapkv_kernels_match_reference(void **state) {
                 if (t[ti]->kt_pack_f16) { /* from f16 rows: the halves' exact values */
                     uint16_t *kh = malloc(T * D * 2);
                     float *kw = malloc(T * D * 4);
-                    kvm_cpu_kernels_scalar()->f32_to_f16(kr, kh, T * D);
-                    kvm_cpu_kernels_scalar()->f16_to_f32(kh, kw, T * D);
+                    (&kvm_cpu_scalar)->f32_to_f16(kr, kh, T * D);
+                    (&kvm_cpu_scalar)->f16_to_f32(kh, kw, T * D);
                     const uint16_t *kp16[KVM_QK_TILE];
                     for (size_t j = 0; j < T; j++) kp16[j] = kh + (T - 1 - j) * D;
                     for (size_t i = 0; i < D * T; i++) kt[i] = -99.0f;

@@ -206,10 +206,81 @@ static void bad_result_accessors(void **state) {
     teardown_env(&e);
 }
 
+/* A finite query whose relevance to a block overflows f32 (3e38 against
+ * keys of about 1) is refused with a message, for every mode, norm and
+ * aggregation and both box types, and the result keeps its content; a
+ * large query that does not overflow (1e30) still scores, finitely. */
+static void queries_whose_scores_overflow_are_refused(void **state) {
+    (void)state;
+    const kvmem_dtype dts[2] = {KVMEM_F32, KVMEM_F16};
+    for (int di = 0; di < 2; di++) {
+        kvmem_context *ctx = tu_context(2);
+        kvmem_model_spec spec = tu_spec(2, 16);
+        kvmem_pool_params pp = kvmem_pool_default_params();
+        pp.storage_dtype = dts[di];
+        pp.block_size = 4;
+        kvmem_pool *pool;
+        kvmem_agent *ag;
+        assert_ok(kvmem_pool_create(ctx, &spec, &pp, &pool));
+        assert_ok(kvmem_agent_open(pool, "o", &ag));
+        uint64_t rng = 3;
+        const size_t n = 2 * 80 * 2 * 16;
+        float *kv = malloc(n * sizeof(float));
+        tu_fill_kv(kv, n, &rng);
+        int64_t sh[4] = {2, 80, 2, 16};
+        kvmem_tensor kt;
+        assert_ok(kvmem_tensor_init(&kt, kv, KVMEM_F32, 4, sh));
+        assert_ok(kvmem_agent_append(ag, &kt, &kt, NULL)); /* 20 sealed blocks */
+        free(kv);
+        const size_t nq = 2 * 2 * 4 * 16;
+        float *q = malloc(nq * sizeof(float));
+        int64_t qs[4] = {2, 2, 4, 16};
+        kvmem_tensor qt;
+        assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+        kvmem_retrieval *r;
+        assert_ok(kvmem_retrieval_create(&r));
+        for (int combo = 0; combo < 8; combo++) {
+            kvmem_retrieve_params p = kvmem_retrieve_default_params();
+            p.top_k = 3;
+            p.norm = combo & 1 ? KVMEM_NORM_RR : KVMEM_NORM_SOFTMAX;
+            p.agg = combo & 2 ? KVMEM_AGG_SUM : KVMEM_AGG_MAX;
+            p.mode = combo & 4 ? KVMEM_RETRIEVE_EXACT : KVMEM_RETRIEVE_AABB;
+            tu_fill_kv(q, nq, &rng);
+            assert_ok(kvmem_retrieve(ag, &qt, &p, r));
+            int32_t before[3], after[3], nb = 0, na = 0;
+            assert_ok(kvmem_retrieval_copy(r, 0, before, NULL, 3, &nb));
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass == 0) /* every value: both signs of the products overflow */
+                    for (size_t i = 0; i < nq; i++) q[i] = i % 3 ? 3e38f : -3e38f;
+                else /* one value of one token and head */
+                    tu_fill_kv(q, nq, &rng), q[nq - 5] = 3e38f;
+                assert_status(kvmem_retrieve(ag, &qt, &p, r), KVMEM_ERR_INVALID_ARG, "overflow");
+                assert_ok(kvmem_retrieval_copy(r, 0, after, NULL, 3, &na));
+                assert_int_equal(na, nb);
+                assert_memory_equal(before, after, sizeof before);
+            }
+            tu_fill_kv(q, nq, &rng); /* about 1e30: large, finite scores */
+            for (size_t i = 0; i < nq; i++) q[i] *= 1e30f;
+            assert_ok(kvmem_retrieve(ag, &qt, &p, r));
+            const float *all;
+            int32_t nblk;
+            assert_ok(kvmem_retrieval_block_scores(r, 0, &all, &nblk));
+            assert_int_equal(nblk, 20);
+            for (int b = 0; b < nblk; b++) assert_true(isfinite(all[b]));
+        }
+        kvmem_retrieval_free(r);
+        free(q);
+        kvmem_agent_close(ag);
+        kvmem_pool_free(pool);
+        kvmem_context_free(ctx);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_retrieve_calls_fail_cleanly),
         cmocka_unit_test(bad_result_accessors),
+        cmocka_unit_test(queries_whose_scores_overflow_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,13 +11,13 @@
 #include <string.h>
 
 static const kvm_score_kernels *simd_tables(int i) {
-    if (i == 0) return kvm_cpu_has_avx2() ? kvm_score_kernels_avx2() : NULL;
-    return kvm_cpu_has_avx512() ? kvm_score_kernels_avx512() : NULL;
+    const kvm_cpu_kernels *k = kvm_cpu_kernels_named(i == 0 ? "avx2" : "avx512");
+    return k ? k->score : NULL;
 }
 
 /* |simd - scalar| <= 1e-5 * sum_k |q_k b_k| (different summation order) */
 static void compare(const kvm_score_kernels *t, size_t R, size_t n, size_t K, uint64_t *rng) {
-    const kvm_score_kernels *s = kvm_score_kernels_scalar();
+    const kvm_score_kernels *s = (&kvm_score_scalar);
     size_t rp = (R + KVM_SCORE_ROW_PAD - 1) / KVM_SCORE_ROW_PAD * KVM_SCORE_ROW_PAD;
     float *q = malloc(R * K * sizeof(float)), *qt = calloc(K * rp, sizeof(float));
     float *b = malloc(n * K * sizeof(float) + 64);
@@ -86,7 +86,7 @@ static void simd_kernels_equal_scalar(void **state) {
  * queries with exact zeros. */
 static void aabb_row_kernels_equal_the_definition(void **state) {
     (void)state;
-    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_score_kernels *tabs[3] = {(&kvm_score_scalar), simd_tables(0), simd_tables(1)};
     const size_t Rs[] = {1, 2, 3, 4, 5, 8, 13}, ns[] = {1, 2, 3, 4, 5, 7}, Ds[] = {8, 24, 64, 72, 128};
     uint64_t rng = 31;
     for (int t = 0; t < 3; t++) {
@@ -141,7 +141,7 @@ static void aabb_row_kernels_equal_the_definition(void **state) {
  * and a row whose best key is not the first (the max really is taken). */
 static void exact_kernels_equal_the_definition(void **state) {
     (void)state;
-    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_score_kernels *tabs[3] = {(&kvm_score_scalar), simd_tables(0), simd_tables(1)};
     const size_t Rs[] = {1, 2, 3, 4, 5, 8, 13}, ns[] = {1, 2, 3, 4, 5, 7, 16, 17}, Ds[] = {8, 24, 64, 72, 128};
     uint64_t rng = 43;
     for (int t = 0; t < 3; t++) {
@@ -189,7 +189,7 @@ static void exact_kernels_equal_the_definition(void **state) {
  * rounding (exp_neg's accuracy; sums in another order). */
 static void column_kernels_equal_plain_loops(void **state) {
     (void)state;
-    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_score_kernels *tabs[3] = {(&kvm_score_scalar), simd_tables(0), simd_tables(1)};
     uint64_t rng = 44;
     const size_t rows = 9, cols = 37, ld = 41;
     float x[9 * 41], e[9 * 41], m[41], z[41], mref[41];
@@ -227,7 +227,7 @@ static void column_kernels_equal_plain_loops(void **state) {
 
 static void vector_exp_is_accurate(void **state) {
     (void)state;
-    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_score_kernels *tabs[3] = {(&kvm_score_scalar), simd_tables(0), simd_tables(1)};
     float x[1003], y[1003];
     for (int t = 0; t < 3; t++) {
         if (!tabs[t]) continue;
@@ -292,7 +292,7 @@ static void bounds_case(kvmem_dtype dt) {
         for (int i = 0; i < 2 * D; i++) box16[(size_t)b * 2 * D + (size_t)i] = kvm_f32_to_f16(box[(size_t)b * 2 * D + (size_t)i]);
         bp16[b] = box16 + (size_t)b * 2 * D;
     }
-    const kvm_score_kernels *tabs[3] = {kvm_score_kernels_scalar(), simd_tables(0), simd_tables(1)};
+    const kvm_score_kernels *tabs[3] = {(&kvm_score_scalar), simd_tables(0), simd_tables(1)};
     for (int t = 0; t < 3; t++) {
         if (!tabs[t]) continue;
         for (int path = 0; path < 3; path++) {

@@ -41,12 +41,12 @@ static void simd_rows_equal_scalar_rotation(void **state) {
     (void)state;
     check(kvm_rope_rotate_rows, "kvm_rope_rotate_rows (dispatched)");
     int ran = 0;
-    if (kvm_cpu_has_avx2() && kvm_cpu_kernels_avx2()) {
-        check(kvm_rope_rows_neox_avx2, "avx2");
+    if (kvm_cpu_kernels_named("avx2")) {
+        check(kvm_cpu_kernels_named("avx2")->rope_rows_neox, "avx2");
         ran++;
     }
-    if (kvm_cpu_has_avx512() && kvm_cpu_kernels_avx512()) {
-        check(kvm_rope_rows_neox_avx512, "avx512");
+    if (kvm_cpu_kernels_named("avx512")) {
+        check(kvm_cpu_kernels_named("avx512")->rope_rows_neox, "avx512");
         ran++;
     }
     if (!ran) skip(); /* skipped: no AVX2/AVX-512 on this CPU */

@@ -59,8 +59,8 @@ static void fill(float *x, size_t n, uint64_t *rng, int finite) {
 /* out[j * ldo + r] = sum_k q_r[k] * b_j[k] for both kernel shapes, against
  * double sums (tolerance: f32 accumulation over K terms); exp_neg against exp. */
 static void check_score(uint64_t *rng) {
-    const kvm_score_kernels *w = kvm_score_kernels_wasm128();
-    check(w != NULL && kvm_score_kernels_get() == w, "score kernels: wasm128 chosen", 0);
+    const kvm_score_kernels *w = &kvm_score_wasm128;
+    check(w != NULL && kvm_cpu_kernels_get()->score == w, "score kernels: wasm128 chosen", 0);
     if (!w) return;
     enum { K = 128, R = 37, N = 11, RP = 48 };
     static float qrow[R * K], qt[K * RP], blk[N][K], out[N * RP];
@@ -113,7 +113,7 @@ static void check_score(uint64_t *rng) {
     static uint16_t bh[BN][2 * BDMAX];
     const float *pf[BN];
     const uint16_t *ph[BN];
-    const kvm_cpu_kernels *sc = kvm_cpu_kernels_scalar();
+    const kvm_cpu_kernels *sc = (&kvm_cpu_scalar);
     static const size_t widths[3] = {72, 76, 78};
     ok = 1;
     for (int pass = 0; pass < 3; pass++) {
@@ -199,7 +199,7 @@ static void check_score(uint64_t *rng) {
 #endif
 
 int main(void) {
-    const kvm_cpu_kernels *s = kvm_cpu_kernels_scalar(), *w = kvm_cpu_kernels_named("wasm128");
+    const kvm_cpu_kernels *s = (&kvm_cpu_scalar), *w = kvm_cpu_kernels_named("wasm128");
     check(w != NULL && strcmp(w->name, "wasm128") == 0, "wasm128 table present", 0);
     check(kvm_cpu_kernels_get() == w, "dispatch picks wasm128 under __wasm_simd128__", 0);
     if (!w) {

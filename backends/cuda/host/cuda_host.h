@@ -7,6 +7,7 @@
 #define KVMEM_CUDA_HOST_H
 
 #include "kvmem.h"
+#include "backend.h" /* kvm_op, for supports_op */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -147,6 +148,7 @@ typedef struct kvm_cu_dev_attend_plan {
     /* workspace pieces, byte offsets (256-aligned) */
     size_t off_part;         /* f32 [Hq][tpw][head_dim + 2]: o, m, l of each tile */
     size_t off_live;         /* int32 [Hkv][tpw]: live positions of each tile */
+    size_t off_bad;          /* int32 [Hkv][tpw]: lowest position of the tile with a non-finite logit, INT32_MAX: none */
     size_t off_o, off_ml;    /* f32 [Hq][head_dim]; f32 [Hq][2] running m, l */
     size_t off_z;            /* f32 [Hkv][32] previous probe */
     size_t off_rule;         /* kvm_cu_rule [Hkv] */
@@ -155,6 +157,11 @@ typedef struct kvm_cu_dev_attend_plan {
 kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t q_size, size_t k_size,
                                      size_t v_size, size_t slot_map_size, size_t order_size, size_t out_size,
                                      size_t visited_size, int32_t n_sms, kvm_cu_dev_attend_plan *plan);
+
+/* supports_op: the buffer-level forms only (the host-side ones are the CPU
+ * backend's); shapes beyond the kernels' limits are refused by the entries
+ * (KVMEM_ERR_UNSUPPORTED: the core then runs the op on the CPU). */
+int kvm_cu_supports_op(kvmem_backend *be, kvm_op op, const void *args);
 
 kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem_size, size_t k_size,
                                    size_t scores_size);

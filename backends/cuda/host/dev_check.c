@@ -153,6 +153,8 @@ kvmem_status kvm_cu_check_dev_attend(const kvm_dev_attend_args *a, size_t q_size
     at += align256(Hq * (size_t)p.tiles_per_wave * (D + 2) * 4);
     p.off_live = at;
     at += align256(Hkv * (size_t)p.tiles_per_wave * 4);
+    p.off_bad = at;
+    at += align256(Hkv * (size_t)p.tiles_per_wave * 4);
     p.off_o = at;
     at += align256(Hq * D * 4);
     p.off_ml = at;
@@ -195,4 +197,11 @@ kvmem_status kvm_cu_check_dev_qmem(const kvm_dev_qmem_args *a, size_t mem_size, 
 
 void kvm_cu_host_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1) {
     kvm_cu_rope_pair(x0, x1, c, s, af, y0, y1);
+}
+
+/* ---- supports_op ---- */
+
+int kvm_cu_supports_op(kvmem_backend *be, kvm_op op, const void *args) {
+    (void)be;
+    return kvm_dev_args_buffer_form(op, args);
 }

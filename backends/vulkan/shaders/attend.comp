@@ -19,6 +19,10 @@
 // (the difference form keeps float precision where 1 - cos is tiny; the CPU
 // computes 1 - dot/(|z||z'|) in double: the same quantity). The stream stops
 // after `patience` passing tiles in a row (never when stop_enabled is 0).
+// A live position whose logit is not finite (K not finite there, or the
+// product overflows) stops the stream at once with visited = -1 - that
+// position (the lowest of its chunk): the core refuses such a call, as the
+// CPU does.
 //
 // Bounded dispatches: a dispatch runs at most max_steps steps, then saves the
 // stream's state (cursors in the order and in the tile, the rule's state, m,
@@ -80,6 +84,7 @@ shared int sslot[KVM_WG]; // slot of each chunk position, -1 when dead
 shared float sm[KVM_WG], sl[KVM_WG], scorr[KVM_WG]; // per query head: max, denominator, rescale
 shared float sz[PROBE], sprev[PROBE];
 shared uint slive;
+shared uint sbad; // lowest position of the chunk with a non-finite logit, 0xffffffff: none
 
 float load_kv(bool is_k, uint e) {
     uint w = is_k ? kw[p.f16 != 0u ? e >> 1 : e] : vw[p.f16 != 0u ? e >> 1 : e];
@@ -172,7 +177,10 @@ void main() {
         const uint half0 = pow2_ceil(cn) / 2u;
         barrier(); // the last step's reads of shared memory are done
         // 1. slots and scores
-        if (tid == 0u) slive = 0u;
+        if (tid == 0u) {
+            slive = 0u;
+            sbad = 0xffffffffu;
+        }
         if (act && h == 0u) {
             int s = -1;
             if (c < cn) {
@@ -189,9 +197,15 @@ void main() {
             float d = 0.0;
             for (uint i = 0u; i < D; i++) d += q[qb + i] * load_kv(true, kb + i);
             sc = p.scale * d;
+            if (!(abs(sc) <= 3.402823466e38)) atomicMin(sbad, c0 + c); // NaN or infinite
         }
         red[tid] = sc;
         barrier();
+        if (sbad != 0xffffffffu) { // uniform: read after the barrier
+            vis = -1 - int(sbad);
+            stop = true;
+            break;
+        }
         // 2. per-head max over the chunk's positions: red[h] (c = 0)
         for (uint w = half0; w > 0u; w >>= 1) {
             if (act && c < w && c + w < cn) red[tid] = max(red[tid], red[tid + w * G]);

@@ -1,0 +1,184 @@
+/* AVX2 + FMA kernels of the rule score (a 4x2 register tile of dot products
+ * and a vector exp) and of SnapKV (a 4 x 16 GEMM tile against packed keys).
+ * Only called after run-time detection. */
+#include "../../kernels.h"
+
+#include <immintrin.h>
+#include "../../simd_math.h"
+#include <math.h>
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static float dot_tail(const float *a, const float *b, size_t d0, size_t D) {
+    float s = 0.0f;
+    for (size_t d = d0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+static void x_qk(const float *m, size_t G, size_t D, const float *k, size_t n, size_t kstride,
+                 float scale, float *out, size_t out_stride) {
+    const size_t D8 = D & ~(size_t)7;
+    size_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const float *k0 = k + j * kstride, *k1 = k0 + kstride;
+        size_t g = 0;
+        for (; g + 4 <= G; g += 4) {
+            const float *mr[4] = {m + g * D, m + (g + 1) * D, m + (g + 2) * D, m + (g + 3) * D};
+            __m256 a[4][2];
+            for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+            for (size_t d = 0; d < D8; d += 8) {
+                __m256 kv0 = _mm256_loadu_ps(k0 + d), kv1 = _mm256_loadu_ps(k1 + d);
+                for (int u = 0; u < 4; u++) {
+                    __m256 mv = _mm256_loadu_ps(mr[u] + d);
+                    a[u][0] = _mm256_fmadd_ps(mv, kv0, a[u][0]);
+                    a[u][1] = _mm256_fmadd_ps(mv, kv1, a[u][1]);
+                }
+            }
+            for (int u = 0; u < 4; u++) {
+                out[(g + (size_t)u) * out_stride + j] = (hsum256(a[u][0]) + dot_tail(mr[u], k0, D8, D)) * scale;
+                out[(g + (size_t)u) * out_stride + j + 1] = (hsum256(a[u][1]) + dot_tail(mr[u], k1, D8, D)) * scale;
+            }
+        }
+        for (; g < G; g++) {
+            const float *mg = m + g * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (size_t d = 0; d < D8; d += 8) {
+                __m256 mv = _mm256_loadu_ps(mg + d);
+                a0 = _mm256_fmadd_ps(mv, _mm256_loadu_ps(k0 + d), a0);
+                a1 = _mm256_fmadd_ps(mv, _mm256_loadu_ps(k1 + d), a1);
+            }
+            out[g * out_stride + j] = (hsum256(a0) + dot_tail(mg, k0, D8, D)) * scale;
+            out[g * out_stride + j + 1] = (hsum256(a1) + dot_tail(mg, k1, D8, D)) * scale;
+        }
+    }
+    for (; j < n; j++) {
+        const float *kr = k + j * kstride;
+        for (size_t g = 0; g < G; g++) {
+            const float *mg = m + g * D;
+            __m256 a = _mm256_setzero_ps();
+            for (size_t d = 0; d < D8; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(mg + d), _mm256_loadu_ps(kr + d), a);
+            out[g * out_stride + j] = (hsum256(a) + dot_tail(mg, kr, D8, D)) * scale;
+        }
+    }
+}
+
+/* x[j] = exp(x[j] - mx) for j < n, in place; returns their sum. */
+static float exp_sum(float *x, size_t n, float mx) {
+    const size_t n8 = n & ~(size_t)7;
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 sv = _mm256_setzero_ps();
+    for (size_t j = 0; j < n8; j += 8) {
+        const __m256 e = kvm_exp_neg256_flush(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+        _mm256_storeu_ps(x + j, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum256(sv);
+    for (size_t j = n8; j < n; j++) {
+        x[j] = expf(x[j] - mx);
+        sum += x[j];
+    }
+    return sum;
+}
+
+static void x_softmax_acc(float *x, size_t n, float *acc) {
+    const size_t n8 = n & ~(size_t)7;
+    __m256 mxv = _mm256_set1_ps(-INFINITY);
+    for (size_t j = 0; j < n8; j += 8) mxv = _mm256_max_ps(mxv, _mm256_loadu_ps(x + j));
+    float tmp[8], mx = -INFINITY;
+    _mm256_storeu_ps(tmp, mxv);
+    for (int i = 0; i < 8; i++) mx = tmp[i] > mx ? tmp[i] : mx;
+    for (size_t j = n8; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    float sum = exp_sum(x, n, mx);
+    float inv = 1.0f / sum;
+    __m256 iv = _mm256_set1_ps(inv);
+    for (size_t j = 0; j < n8; j += 8)
+        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(_mm256_loadu_ps(x + j), iv, _mm256_loadu_ps(acc + j)));
+    for (size_t j = n8; j < n; j++) acc[j] += x[j] * inv;
+}
+
+/* 4 query rows x 16 keys in 8 accumulators (16 registers in all). */
+static void x_qk_tile(const float *qp, size_t nr, const float *kt, size_t nk, size_t D, float scale, float *out,
+                      size_t ldo, const kvm_qk_prefetch *pf) {
+    (void)pf; /* a hint only */
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (size_t r0 = 0; r0 < nr; r0 += 4)
+        for (size_t h = 0; h < nk; h += 16) {
+            __m256 a[4][2];
+            for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+            const float *q = qp + (r0 / 8) * D * 8 + r0 % 8, *kp = kt + h;
+            for (size_t d = 0; d < D; d++, q += 8, kp += KVM_QK_TILE) {
+                const __m256 k0 = _mm256_load_ps(kp), k1 = _mm256_load_ps(kp + 8);
+                for (int u = 0; u < 4; u++) {
+                    const __m256 b = _mm256_set1_ps(q[u]);
+                    a[u][0] = _mm256_fmadd_ps(b, k0, a[u][0]);
+                    a[u][1] = _mm256_fmadd_ps(b, k1, a[u][1]);
+                }
+            }
+            const size_t nj = nk - h < 16 ? nk - h : 16;
+            for (size_t u = 0; u < 4 && r0 + u < nr; u++) {
+                float *o = out + (r0 + u) * ldo + h;
+                if (nj == 16) {
+                    _mm256_storeu_ps(o, _mm256_mul_ps(a[u][0], vs));
+                    _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[u][1], vs));
+                } else {
+                    float t[16];
+                    _mm256_storeu_ps(t, _mm256_mul_ps(a[u][0], vs));
+                    _mm256_storeu_ps(t + 8, _mm256_mul_ps(a[u][1], vs));
+                    for (size_t j = 0; j < nj; j++) o[j] = t[j];
+                }
+            }
+        }
+}
+
+static float x_exp_row(float *x, size_t n, size_t nz, float *mxo) {
+    const size_t n8 = n & ~(size_t)7;
+    __m256 mxv = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
+    for (size_t j = 0; j < n8; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        mxv = _mm256_max_ps(mxv, v);
+        bad = _mm256_fmadd_ps(v, _mm256_setzero_ps(), bad); /* 0 unless some v is inf or NaN */
+    }
+    float tmp[8], mx = -INFINITY;
+    _mm256_storeu_ps(tmp, mxv);
+    for (int i = 0; i < 8; i++) mx = tmp[i] > mx ? tmp[i] : mx;
+    int nf = hsum256(bad) != 0.0f;
+    for (size_t j = n8; j < n; j++) {
+        nf |= !isfinite(x[j]);
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    float sum = exp_sum(x, n, mx);
+    for (size_t j = n; j < nz; j++) x[j] = 0.0f;
+    *mxo = mx;
+    return nf ? NAN : sum;
+}
+
+static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t n, float *vote) {
+    size_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t i = 0; i < nr; i++) {
+            const __m256 w = _mm256_set1_ps(f[i]);
+            const float *r = e + i * lde + j;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 24), a3);
+        }
+        _mm256_storeu_ps(vote + j, a0);
+        _mm256_storeu_ps(vote + j + 8, a1);
+        _mm256_storeu_ps(vote + j + 16, a2);
+        _mm256_storeu_ps(vote + j + 24, a3);
+    }
+    for (; j < n; j++) {
+        float s = 0.0f;
+        for (size_t i = 0; i < nr; i++) s += f[i] * e[i * lde + j];
+        vote[j] = s;
+    }
+}
+
+const kvm_qk_kernels kvm_qk_avx2 = {"avx2", x_qk, x_softmax_acc, kvm_qk_kt_pack_plain, x_qk_tile, x_exp_row, x_wsum, NULL};
