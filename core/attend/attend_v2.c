@@ -2,7 +2,7 @@
  * and versioning"), read as params structs are (core/params.h), then the
  * same call. New source fields are read here when they come. */
 #include "attend.h"
-#include "../context.h"
+#include "../backend/route/context.h"
 
 kvmem_status kvmem_attend_v2(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source_v2 *source,
                              const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
