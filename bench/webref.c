@@ -3,7 +3,7 @@
  * so BENCHMARKS.md can put the WebAssembly build beside the native one on
  * the same data: the demo model (8 layers, 8/2 heads, head_dim 64, block
  * size 16, f16 storage), 8192 tokens appended in 256-token turns (topic =
- * turn % 9, tools/synth.c, seed 42), retrieval of the top 16 blocks
+ * turn % 9, synth/synth.c, seed 42), retrieval of the top 16 blocks
  * (SOFTMAX-MAX, GLOBAL) for 1 query token (decode) and 32 (prefill), AABB
  * and EXACT. The browser side times the JavaScript API (agent.retrieve into
  * a reused Retrieval), which adds the query copy to the C call.

@@ -8,6 +8,7 @@
 #include "params.h"
 #include "backend/arith.h" /* checked size arithmetic, KVM_MIN, KVM_MAX */
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,6 +26,25 @@
 kvmem_status kvm_fail(kvmem_status status, const char *fmt, ...) KVMEM_PRINTF(2, 3);
 /* Forget the last message (successful calls do not need to; kept for tests). */
 void kvm_clear_error(void);
+
+/* The last failure on an object (kvmem_agent_last_error, kvmem_pool_last_error,
+ * kvmem_context_last_error): while a call runs on an object, kvm_fail copies
+ * its message into the object's slot as well as the thread's, so a caller
+ * whose call ran on a worker thread (a binding's async form) reads it from
+ * the object. A slot is zeroed memory or kvm_errslot_init'ed. */
+typedef struct kvm_errslot {
+    atomic_int lock; /* writers and readers may be on different threads */
+    char msg[512];
+} kvm_errslot;
+void kvm_errslot_init(kvm_errslot *s);
+/* From here until kvm_err_end(the value returned), the calling thread's
+ * failures also go to s, unless a slot is taken on this thread already (a
+ * call on an agent inside a call on a context: the outer object keeps it). */
+int kvm_err_begin(kvm_errslot *s);
+void kvm_err_end(int token);
+/* s's message into buf (NUL-terminated, cut to size - 1 bytes; buf may be
+ * NULL when size is 0); returns its full length. s NULL: "" and 0. */
+size_t kvm_errslot_copy(kvm_errslot *s, char *buf, size_t size);
 
 /* Log through the user's callback, if any. */
 void kvm_log(kvmem_log_level level, const char *fmt, ...) KVMEM_PRINTF(2, 3);

@@ -4,6 +4,7 @@
 #include "internal.h"
 
 #include <stdalign.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Each params struct: struct_size first, and no trailing padding (a
@@ -29,30 +30,37 @@ KVM_PARAMS_LAYOUT(kvmem_segments_params, max_segments);
 KVM_PARAMS_LAYOUT(kvmem_kmeans_params, seed);
 KVM_PARAMS_LAYOUT(kvmem_multihop_params, max_iters);
 KVM_PARAMS_LAYOUT(kvmem_load_plan_params, reserved);
+/* the growable forms of the source structs follow the same rules */
+KVM_PARAMS_LAYOUT(kvmem_attend_source_v2, base_position);
+KVM_PARAMS_LAYOUT(kvmem_session_source_v2, mark_end);
 
-/* "kvmem_attend" of "kvmem_attend_params": the prefix of the matching
- * *_default_params() function, for messages. */
-static int default_fn_len(const char *type) {
+/* The function that sets a struct's size, for messages:
+ * "kvmem_attend_default_params()" for "kvmem_attend_params",
+ * "kvmem_attend_source_v2_init()" for the other growable structs. */
+static void setter_name(const char *type, char *out, size_t size) {
     size_t n = strlen(type);
     const size_t suffix = sizeof "_params" - 1;
-    return (int)(n > suffix ? n - suffix : n);
+    if (n > suffix && strcmp(type + n - suffix, "_params") == 0)
+        snprintf(out, size, "%.*s_default_params()", (int)(n - suffix), type);
+    else
+        snprintf(out, size, "%s_init()", type);
 }
 
 /* A size some version of a params struct can have: it holds struct_size,
  * is a multiple of that field's alignment (every struct holding a size_t
  * is), and stays below the bound. */
 static kvmem_status check_size(size_t size, size_t dst_size, const char *type, const char *fn) {
-    const int dn = default_fn_len(type);
+    char setter[96];
+    setter_name(type, setter, sizeof setter);
+    const int is_params = strstr(setter, "_default_params()") != NULL;
     if (size == 0)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG,
-                        "%s: %s.struct_size is 0: start from %.*s_default_params(), which sets it, "
-                        "or pass NULL for the defaults",
-                        fn, type, dn, type);
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s.struct_size is 0: start from %s, which sets it%s", fn, type,
+                        setter, is_params ? ", or pass NULL for the defaults" : "");
     if (size < sizeof(size_t) || size % alignof(size_t) != 0 || size > KVM_PARAMS_MAX_SIZE)
         return kvm_fail(KVMEM_ERR_INVALID_ARG,
                         "%s: %s.struct_size %zu is not the size of any version of it (this library's is "
-                        "%zu): start from %.*s_default_params(), which sets it",
-                        fn, type, size, dst_size, dn, type);
+                        "%zu): start from %s, which sets it",
+                        fn, type, size, dst_size, setter);
     return KVMEM_OK;
 }
 

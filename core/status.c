@@ -31,20 +31,65 @@ const char *kvmem_status_str(kvmem_status s) {
     return "KVMEM_ERR_UNKNOWN";
 }
 
-/* One buffer per thread: messages never cross threads and need no lock. */
+/* One buffer per thread: messages never cross threads and need no lock.
+ * tls_slot: the slot of the object the thread's call runs on (kvm_err_begin). */
 static _Thread_local char tls_error[512];
+static _Thread_local kvm_errslot *tls_slot;
 
 const char *kvmem_last_error(void) { return tls_error; }
 
 void kvm_clear_error(void) { tls_error[0] = '\0'; }
+
+static void slot_lock(kvm_errslot *s) {
+    while (atomic_exchange_explicit(&s->lock, 1, memory_order_acquire)) {
+    }
+}
+static void slot_unlock(kvm_errslot *s) { atomic_store_explicit(&s->lock, 0, memory_order_release); }
 
 kvmem_status kvm_fail(kvmem_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tls_error, sizeof tls_error, fmt, ap);
     va_end(ap);
+    kvm_errslot *s = tls_slot;
+    if (s) {
+        slot_lock(s);
+        memcpy(s->msg, tls_error, sizeof s->msg);
+        slot_unlock(s);
+    }
     kvm_log(KVMEM_LOG_DEBUG, "%s: %s", kvmem_status_str(status), tls_error);
     return status;
+}
+
+void kvm_errslot_init(kvm_errslot *s) {
+    atomic_init(&s->lock, 0);
+    s->msg[0] = '\0';
+}
+
+int kvm_err_begin(kvm_errslot *s) {
+    if (tls_slot) return 0;
+    tls_slot = s;
+    return 1;
+}
+
+void kvm_err_end(int token) {
+    if (token) tls_slot = NULL;
+}
+
+size_t kvm_errslot_copy(kvm_errslot *s, char *buf, size_t size) {
+    if (!s) {
+        if (buf && size) buf[0] = '\0';
+        return 0;
+    }
+    slot_lock(s);
+    size_t n = strnlen(s->msg, sizeof s->msg);
+    if (buf && size) {
+        size_t k = n < size - 1 ? n : size - 1;
+        memcpy(buf, s->msg, k);
+        buf[k] = '\0';
+    }
+    slot_unlock(s);
+    return n;
 }
 
 /* The callback and its user data change together; a reader must never see
@@ -105,57 +150,4 @@ const char *kvmem_dtype_name(kvmem_dtype dt) {
     case KVMEM_Q4_KIVI: return "q4_kivi";
     }
     return "?";
-}
-
-/* The *_errbuf forms: the plain call, then this thread's message copied out
- * before anything else can run on the thread (see kvmem.h). */
-static kvmem_status copy_error(kvmem_status st, char *errbuf, size_t errbuf_size) {
-    if (!errbuf || errbuf_size == 0) return st;
-    const char *msg = st == KVMEM_OK ? "" : tls_error;
-    size_t n = strlen(msg);
-    if (n > errbuf_size - 1) n = errbuf_size - 1;
-    memcpy(errbuf, msg, n);
-    errbuf[n] = '\0';
-    return st;
-}
-
-kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size) {
-    return copy_error(kvmem_pool_sync(pool), errbuf, errbuf_size);
-}
-
-kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v,
-                                       const kvmem_append_params *params, char *errbuf, size_t errbuf_size) {
-    return copy_error(kvmem_agent_append(agent, k, v, params), errbuf, errbuf_size);
-}
-
-kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens,
-                                     const kvmem_tensor *k_out, const kvmem_tensor *v_out, char *errbuf,
-                                     size_t errbuf_size) {
-    return copy_error(kvmem_agent_read(agent, first_token, n_tokens, k_out, v_out), errbuf, errbuf_size);
-}
-
-kvmem_status kvmem_agent_save_errbuf(kvmem_agent *agent, const char *path, char *errbuf, size_t errbuf_size) {
-    return copy_error(kvmem_agent_save(agent, path), errbuf, errbuf_size);
-}
-
-kvmem_status kvmem_agent_load_errbuf(kvmem_agent *agent, const char *path, char *errbuf, size_t errbuf_size) {
-    return copy_error(kvmem_agent_load(agent, path), errbuf, errbuf_size);
-}
-
-kvmem_status kvmem_retrieve_errbuf(kvmem_agent *agent, const kvmem_tensor *query,
-                                   const kvmem_retrieve_params *params, kvmem_retrieval *result, char *errbuf,
-                                   size_t errbuf_size) {
-    return copy_error(kvmem_retrieve(agent, query, params, result), errbuf, errbuf_size);
-}
-
-kvmem_status kvmem_gather_errbuf(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
-                                 int64_t base_position, const kvmem_tensor *k_out, const kvmem_tensor *v_out,
-                                 char *errbuf, size_t errbuf_size) {
-    return copy_error(kvmem_gather(agent, blocks, n_blocks, base_position, k_out, v_out), errbuf, errbuf_size);
-}
-
-kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
-                                 const kvmem_attend_params *params, const kvmem_tensor *out,
-                                 kvmem_attend_stats *stats, char *errbuf, size_t errbuf_size) {
-    return copy_error(kvmem_attend(ctx, q, source, params, out, stats), errbuf, errbuf_size);
 }

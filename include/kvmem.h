@@ -37,7 +37,9 @@
 #  endif
 #endif
 
-#if defined(__GNUC__) || defined(__clang__)
+/* Define KVMEM_ALLOW_DEPRECATED before including to use deprecated forms
+ * without a warning (the library's own tests of them do). */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(KVMEM_ALLOW_DEPRECATED)
 #  define KVMEM_DEPRECATED(msg) __attribute__((deprecated(msg)))
 #else
 #  define KVMEM_DEPRECATED(msg)
@@ -68,46 +70,35 @@ KVMEM_API const char *kvmem_version(void);
 /* ABI and versioning                                                         */
 /* ------------------------------------------------------------------------- */
 
-/* Stable and experimental. Everything declared outside the section
- * "Experimental" at the end of this header is stable: within a major
- * version a stable function keeps its name, arguments and meaning (it may
- * gain params fields, below, and new error cases); one that must change
- * gets a _v2 and the old one stays, marked KVMEM_DEPRECATED. The
- * experimental section holds parts still moving; it is declared only when
- * the includer defines KVMEM_EXPERIMENTAL before including this header
- * (zstd's ZSTD_STATIC_LINKING_ONLY). The library always exports those
- * functions, but they may change or go in any release.
- *
- * Parameter structs (kvmem_*_params) start with `size_t struct_size`.
- * kvmem_X_default_params() (inline, here) sets it to the sizeof this header
- * gives and asks the library for the defaults of that many bytes
- * (kvmem_X_params_init); set fields after it, or pass NULL params for the
- * defaults. Fields are only ever appended (each struct ends without
- * padding: a `reserved` field fills it), and a field added later means
- * "as before" when zero. So, from the library's side:
- *  - struct_size smaller than its own (a binary built against an older
- *    header): it reads only those bytes and uses the defaults for the
- *    fields that binary does not have; nothing past struct_size is read;
- *  - larger (a binary built against a newer header): accepted when every
- *    byte past its own layout is zero, refused with KVMEM_ERR_UNSUPPORTED
- *    when one is not (a field this library cannot honour);
- *  - 0 (a struct not made by kvmem_X_default_params) or a size no version
- *    can have (below sizeof(size_t), not a multiple of its alignment,
- *    above 4096): KVMEM_ERR_INVALID_ARG.
- * A `reserved` field must be 0 (KVMEM_ERR_UNSUPPORTED otherwise).
- * kvmem_X_params_init(params, struct_size) writes the first struct_size
- * bytes of *params: the library's defaults, zeros for fields it does not
- * have, struct_size itself. Errors: KVMEM_ERR_INVALID_ARG (params NULL, or
- * a size no version can have); nothing is written then. It is what the
- * inline default functions call, and what bindings call with the size of
- * their own declaration of the struct: unlike a struct returned by value,
- * it never writes past a caller's struct that is older than the library.
- * Structs the library fills (*_info, *_stats, *_result) have no size
- * field: their layout changes only with the major version. */
+/* docs/abi.md gives the reasons and the cases; the contract:
+ *  - Stable: everything outside the "Experimental" section. Within a major
+ *    version a stable function keeps its name, arguments and meaning (it
+ *    may gain params fields and error cases); one that must change gets a
+ *    _v2 and the old one stays, marked KVMEM_DEPRECATED.
+ *  - Experimental: declared only when the includer defines
+ *    KVMEM_EXPERIMENTAL; always exported, may change in any release.
+ *  - Parameter structs (kvmem_*_params) start with `size_t struct_size`,
+ *    set by the inline kvmem_X_default_params() through
+ *    kvmem_X_params_init(params, struct_size), which writes the first
+ *    struct_size bytes: the library's defaults, zeros for fields it lacks.
+ *    Fields are only appended; a field added later means "as before" when
+ *    zero. A smaller struct_size (an older binary): only those bytes are
+ *    read, the rest defaults. A larger one: accepted when every byte past
+ *    the library's layout is zero, else KVMEM_ERR_UNSUPPORTED. 0, below
+ *    sizeof(size_t), not a multiple of its alignment or above 4096:
+ *    KVMEM_ERR_INVALID_ARG, and params_init writes nothing. A `reserved`
+ *    field must be 0 (KVMEM_ERR_UNSUPPORTED otherwise).
+ *  - Structs the library fills (*_info, *_stats, *_result) have no size
+ *    field: their layout changes only with the major version. */
 
 /* ------------------------------------------------------------------------- */
 /* Status and errors                                                          */
 /* ------------------------------------------------------------------------- */
+
+/* The objects (opaque handles; their functions below). */
+typedef struct kvmem_context kvmem_context;
+typedef struct kvmem_pool kvmem_pool;
+typedef struct kvmem_agent kvmem_agent;
 
 typedef enum kvmem_status {
     KVMEM_OK = 0,
@@ -135,6 +126,25 @@ KVMEM_API const char *kvmem_status_str(kvmem_status status);
 /* Message describing the last failure on the calling thread (thread-local,
  * valid until the next kvmem call on this thread fails). "" if none. */
 KVMEM_API const char *kvmem_last_error(void);
+
+/* The same message, kept by the object the call was made on, for callers
+ * whose call ran on a thread they cannot run code on afterwards (koffi's
+ * `.async`, N-API async work, a worker pool): kvmem_agent_last_error after
+ * a failed call on an agent (append, read, save, load, retrieve, gather,
+ * ...), kvmem_pool_last_error after one on a pool (sync, agent_open,
+ * remove_agent, ...), kvmem_context_last_error after kvmem_attend or
+ * kvmem_qmem_score on a context. It is what kvmem_last_error() said on
+ * the calling thread right after the call. A call that succeeds leaves it as
+ * it was; a call refused before it could take the object (a NULL or closed
+ * handle, an agent busy on another thread) does not set it. Pools and
+ * contexts are shared between threads: theirs is the latest failure on any
+ * thread, so read it from the caller that serialises calls on the object.
+ * Copies the message into buf (NUL-terminated, cut to size - 1 bytes; buf
+ * may be NULL when size is 0) and returns its full length; "" and 0 for a
+ * NULL object or when no call on it failed yet. Thread-safe. */
+KVMEM_API size_t kvmem_agent_last_error(const kvmem_agent *agent, char *buf, size_t size);
+KVMEM_API size_t kvmem_pool_last_error(const kvmem_pool *pool, char *buf, size_t size);
+KVMEM_API size_t kvmem_context_last_error(const kvmem_context *ctx, char *buf, size_t size);
 
 /* Logging. kvmem never writes to stdout/stderr; it hands messages to the
  * callback set here (process-wide; NULL turns logging off, the default). */
@@ -190,8 +200,6 @@ KVMEM_API kvmem_status kvmem_tensor_init(kvmem_tensor *out, void *data, kvmem_dt
 /* ------------------------------------------------------------------------- */
 /* Context and backends                                                       */
 /* ------------------------------------------------------------------------- */
-
-typedef struct kvmem_context kvmem_context;
 
 typedef struct kvmem_backend_info {
     const char *name;     /* "cpu", "cuda", "vulkan" */
@@ -271,7 +279,9 @@ typedef struct kvmem_model_spec {
 } kvmem_model_spec;
 
 /* Defaults: a 1-layer, 1-head, head_dim 64 shape with NEOX RoPE, theta 10000,
- * no scaling. Callers set at least the geometry. */
+ * no scaling. Callers set at least the geometry. The spec has no struct_size
+ * and is returned by value, so it cannot grow within this major version
+ * (docs/abi.md, "Structs without a size field"). */
 KVMEM_API kvmem_model_spec kvmem_model_spec_default(void);
 
 /* Check a spec: KVMEM_OK, or KVMEM_ERR_INVALID_ARG with a message naming the
@@ -291,9 +301,6 @@ KVMEM_API kvmem_status kvmem_rope_apply(const kvmem_model_spec *spec, float *x, 
 /* ------------------------------------------------------------------------- */
 /* Pool and agents                                                            */
 /* ------------------------------------------------------------------------- */
-
-typedef struct kvmem_pool kvmem_pool;
-typedef struct kvmem_agent kvmem_agent;
 
 typedef struct kvmem_pool_params {
     size_t struct_size; /* sizeof(kvmem_pool_params), set by kvmem_pool_default_params() */
@@ -621,7 +628,8 @@ typedef struct kvmem_session_key {
     int32_t reserved;
 } kvmem_session_key;
 
-/* What a session key is derived from, tried in this order: session_id
+/* (Frozen, no struct_size: kvmem_session_source_v2 below is the form that
+ * grows.) What a session key is derived from, tried in this order: session_id
  * (non-NULL, non-empty); the marked span [mark_begin, mark_end) of token_ids
  * (when mark_end > mark_begin); the first prefix_tokens token ids (when the
  * request has at least that many); else a request-local key. */
@@ -665,6 +673,32 @@ KVMEM_API void kvmem_qmem_store_free(kvmem_qmem_store *store);
 KVMEM_API kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store,
                                                 const kvmem_session_source *src,
                                                 kvmem_session_key *out);
+
+/* The same source with struct_size first, so it can grow ("ABI and
+ * versioning"; kvmem_session_source is frozen): the same fields, the same
+ * meaning. kvmem_session_source_v2_init zeroes it and sets struct_size;
+ * set fields after it. */
+typedef struct kvmem_session_source_v2 {
+    size_t struct_size; /* sizeof(kvmem_session_source_v2), set by kvmem_session_source_v2_init() */
+    const char *session_id;
+    const int32_t *token_ids;
+    int64_t n_tokens;
+    int64_t mark_begin, mark_end;
+} kvmem_session_source_v2;
+
+static inline void kvmem_session_source_v2_init(kvmem_session_source_v2 *src) {
+    unsigned char *b = (unsigned char *)src;
+    for (size_t i = 0; i < sizeof *src; i++) b[i] = 0;
+    src->struct_size = sizeof *src;
+}
+
+/* kvmem_session_key_derive from a kvmem_session_source_v2. struct_size is
+ * read as for params structs; errors as kvmem_session_key_derive, plus
+ * KVMEM_ERR_INVALID_ARG / KVMEM_ERR_UNSUPPORTED for a struct_size no version
+ * has or a newer struct setting fields this library lacks. */
+KVMEM_API kvmem_status kvmem_session_key_derive_v2(const kvmem_qmem_store *store,
+                                                   const kvmem_session_source_v2 *src,
+                                                   kvmem_session_key *out);
 
 /* Fold one turn into the memory of `key`:
  * Enc = mean over rows [span_begin, span_end) of q, M = exp(-lambda) M + Enc
@@ -891,9 +925,9 @@ KVMEM_API kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvme
  * Orders. The rule is safe only if the tiles come in falling order of
  * attention mass: it bets that the tiles it has not reached matter less
  * than those it has. RECENT (newest first) wins that bet where attention
- * decays with age and loses it on far tokens that matter: on the
- * recall-heavy history of bench/attend.c (16k tokens) it stops with ~20%
- * relative error at every threshold. SCORED, the default, needs no caller
+ * decays with age and loses it on far tokens that matter (on recall-heavy
+ * histories its error stays high at every threshold: docs/attend-defaults.md).
+ * SCORED, the default, needs no caller
  * input: each KV head visits the tiles by their largest logit (over the
  * rows and the head's group of query heads), highest first:
  *  - TENSORS / SLOTMAP: exact. A first pass reads every visible K row and
@@ -910,12 +944,9 @@ KVMEM_API kvmem_status kvmem_slotmap_gather(const kvmem_slotmap *map, const kvme
  * order and is as safe as that order; RECENT suits histories whose
  * attention decays with age.
  *
- * Defaults (measured, BENCHMARKS.md "attend"): SCORED, tiles of 16,
- * tau_s 0.001, tau_d 0.0001, patience 8. On the recall-heavy bench (16k
- * tokens): 0.5% relative error, reading 51% of full attention's KV bytes
- * from caller tensors (the K pass, then V of 2.8% of the tiles) and 3.7%
- * from an agent; on stories260K (histories of 128..512 tokens), 99.97% top-1
- * agreement with full attention at 83% of its bytes. */
+ * Defaults: SCORED, tiles of 16, tau_s 0.001, tau_d 0.0001, patience 8,
+ * chosen by a measured sweep (docs/attend-defaults.md has the error and
+ * the bytes read they give). */
 
 #define KVMEM_ATTEND_MAX_ROWS 64
 #define KVMEM_ATTEND_PROBE_SIZE 32
@@ -929,7 +960,8 @@ typedef enum kvmem_attend_source_kind {
 } kvmem_attend_source_kind;
 
 /* Where the keys and values come from. Zero-initialise, then set `kind` and
- * that kind's fields; unused fields must stay zero/NULL. All borrowed. */
+ * that kind's fields; unused fields must stay zero/NULL. All borrowed. Frozen
+ * (no struct_size): kvmem_attend_source_v2 below is the form that grows. */
 typedef struct kvmem_attend_source {
     kvmem_attend_source_kind kind;
     int32_t layer;              /* AGENT: the layer the queries belong to */
@@ -1052,6 +1084,42 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
                                     const kvmem_attend_params *params, const kvmem_tensor *out,
                                     kvmem_attend_stats *stats);
 
+/* The same source with struct_size first, so it can grow ("ABI and
+ * versioning"; kvmem_attend_source is frozen): the same fields, the same
+ * meaning. kvmem_attend_source_v2_init zeroes it and sets struct_size; set
+ * `kind` and that kind's fields after it. */
+typedef struct kvmem_attend_source_v2 {
+    size_t struct_size; /* sizeof(kvmem_attend_source_v2), set by kvmem_attend_source_v2_init() */
+    kvmem_attend_source_kind kind;
+    int32_t layer;
+    const kvmem_tensor *k;
+    const kvmem_tensor *v;
+    const int32_t *slots;
+    int64_t n_positions;
+    int32_t dead_slot;
+    int32_t reserved; /* 0 */
+    kvmem_agent *agent;
+    const int32_t *positions;
+    const uint8_t *mask;
+    int64_t base_position; /* last: no trailing padding where pointers are 4 bytes (wasm32) */
+} kvmem_attend_source_v2;
+
+static inline void kvmem_attend_source_v2_init(kvmem_attend_source_v2 *src) {
+    unsigned char *b = (unsigned char *)src;
+    for (size_t i = 0; i < sizeof *src; i++) b[i] = 0;
+    src->struct_size = sizeof *src;
+}
+
+/* kvmem_attend with a kvmem_attend_source_v2. struct_size is read as for
+ * params structs; errors, threading and the last error as kvmem_attend,
+ * plus KVMEM_ERR_INVALID_ARG / KVMEM_ERR_UNSUPPORTED for a struct_size no
+ * version has, a newer struct setting fields this library lacks or a
+ * nonzero reserved. */
+KVMEM_API kvmem_status kvmem_attend_v2(kvmem_context *ctx, const kvmem_tensor *q,
+                                       const kvmem_attend_source_v2 *source,
+                                       const kvmem_attend_params *params, const kvmem_tensor *out,
+                                       kvmem_attend_stats *stats);
+
 /* ------------------------------------------------------------------------- */
 /* Persistence, quantized storage, prefix reuse, batching                     */
 /* ------------------------------------------------------------------------- */
@@ -1073,21 +1141,11 @@ KVMEM_API kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q,
  * and token offsets) as one safetensors file. path NULL = the pool's store
  * (store_dir/ID.safetensors). The write is crash-safe: a temporary file in
  * the same directory, fsync, rename, fsync of the directory, so a crash
- * leaves the old file or the new one. The agent is not changed.
- * File layout (format version 2; DESIGN.md): tensors layer_{L}_k / layer_{L}_v
- * [n_kv_heads][T][head_dim] (raw dtypes); for quantized dtypes k_weights,
- * v_weights (U32 [rows][ceil(D/8)] Q4, I8 [rows][D] Q8), k_scales, v_scales,
- * k_biases, v_biases (F16 [rows][groups]; KIVI keys [n_blocks * L * H][D]),
- * one row per (block, layer, KV head, token) in that order, so each block
- * loads in a few large pieces; aabb [n_blocks][L][n_kv_heads][2][D], s_max
- * then s_min, F16 rounded outward (F32 for F32 and BF16 pools); the unsealed
- * tail (fewer than block_size tokens) as layer_{L}_k_tail / layer_{L}_v_tail
- * F32 [H][tail][D], so a reload restores it exactly. T counts
- * the tokens of sealed blocks. __metadata__ (strings only) holds the format
- * version, agent id, model id and spec, dtype, block size, block lengths,
- * token count, token ids, text, token offsets and a checksum of the data
- * section (XXH64 over the acc64 digests of its 1 MiB chunks, see core/format/hash.h).
- * Only a regular file is ever replaced: a path naming a directory, FIFO,
+ * leaves the old file or the new one. The agent is not changed. The file is
+ * format version 2 (docs/format.md): safetensors, readable by any
+ * safetensors reader, its metadata naming the model, spec, storage dtype and
+ * block size it was written for and carrying the token ids, text and a
+ * checksum of the data. Only a regular file is ever replaced: a path naming a directory, FIFO,
  * socket, device or symbolic link fails with KVMEM_ERR_INVALID_ARG and is
  * left as it is.
  * Errors: KVMEM_ERR_INVALID_ARG, KVMEM_ERR_CLOSED, KVMEM_ERR_NOT_FOUND (no
@@ -1096,9 +1154,8 @@ KVMEM_API kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path);
 
 /* Replace an agent's memory with the content of a file written by
  * kvmem_agent_save (path NULL = the pool's store): format version 2, or
- * version 1 (per-layer [H][T] quantized tensors, per-layer f32 AABBs
- * layer_{L}_aabb_min|max [n_blocks][H][D], converted on load; a box beyond
- * f16's range is refused as corrupt for pools with f16 boxes). The loader validates
+ * version 1, converted on load (docs/format.md; a version 1 box beyond f16's
+ * range is refused as corrupt for pools with f16 boxes). The loader validates
  * everything before changing anything: header length, strict JSON, dtypes,
  * shapes, offsets inside the file, contiguous and non-overlapping, the
  * metadata (no string may hold a NUL), the data checksum. All or nothing.
@@ -1186,39 +1243,45 @@ KVMEM_API kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t ro
                                            int64_t first, int64_t n, const kvmem_tensor *out);
 
 /* ------------------------------------------------------------------------- */
-/* The failure message in a caller buffer                                     */
+/* Deprecated                                                                 */
 /* ------------------------------------------------------------------------- */
 
-/* kvmem_last_error() is per thread. A binding whose asynchronous calls run
- * on worker threads it cannot run its own code on (koffi's `.async`, N-API
- * async work) would never see the message of a call that failed there. Each
- * function below is the call named without the `_errbuf` suffix, plus: when
- * it fails, the message kvmem_last_error() gives on that thread right after
- * it is copied into errbuf (NUL-terminated, cut to errbuf_size - 1 bytes);
- * when it succeeds errbuf becomes "". errbuf may be NULL (or errbuf_size 0):
- * then nothing is written. Statuses, threading and ownership are those of
- * the plain call, which runs exactly once. */
-KVMEM_API kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size);
+/* The *_errbuf forms: the call named without the suffix, plus: when it
+ * fails, the message kvmem_last_error() gives on that thread right after it
+ * is copied into errbuf (NUL-terminated, cut to errbuf_size - 1 bytes); when
+ * it succeeds errbuf becomes "". errbuf may be NULL (or errbuf_size 0).
+ * Replaced by the object's own message (kvmem_agent_last_error,
+ * kvmem_pool_last_error, kvmem_context_last_error), one mechanism for every
+ * call instead of a twin of each. */
+KVMEM_API kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_pool_last_error after kvmem_pool_sync");
 KVMEM_API kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k,
                                                  const kvmem_tensor *v, const kvmem_append_params *params,
-                                                 char *errbuf, size_t errbuf_size);
+                                                 char *errbuf, size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_agent_last_error after kvmem_agent_append");
 KVMEM_API kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens,
                                                const kvmem_tensor *k_out, const kvmem_tensor *v_out,
-                                               char *errbuf, size_t errbuf_size);
+                                               char *errbuf, size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_agent_last_error after kvmem_agent_read");
 KVMEM_API kvmem_status kvmem_agent_save_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
-                                               size_t errbuf_size);
+                                               size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_agent_last_error after kvmem_agent_save");
 KVMEM_API kvmem_status kvmem_agent_load_errbuf(kvmem_agent *agent, const char *path, char *errbuf,
-                                               size_t errbuf_size);
+                                               size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_agent_last_error after kvmem_agent_load");
 KVMEM_API kvmem_status kvmem_retrieve_errbuf(kvmem_agent *agent, const kvmem_tensor *query,
                                              const kvmem_retrieve_params *params, kvmem_retrieval *result,
-                                             char *errbuf, size_t errbuf_size);
+                                             char *errbuf, size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_agent_last_error after kvmem_retrieve");
 KVMEM_API kvmem_status kvmem_gather_errbuf(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks,
                                            int64_t base_position, const kvmem_tensor *k_out,
-                                           const kvmem_tensor *v_out, char *errbuf, size_t errbuf_size);
+                                           const kvmem_tensor *v_out, char *errbuf, size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_agent_last_error after kvmem_gather");
 KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tensor *q,
                                            const kvmem_attend_source *source, const kvmem_attend_params *params,
                                            const kvmem_tensor *out, kvmem_attend_stats *stats, char *errbuf,
-                                           size_t errbuf_size);
+                                           size_t errbuf_size)
+    KVMEM_DEPRECATED("kvmem_context_last_error after kvmem_attend");
 
 /* ------------------------------------------------------------------------- */
 /* Experimental (KVMEM_EXPERIMENTAL)                                          */
@@ -1241,7 +1304,9 @@ KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tenso
  *  - the context's transfer counters: what counts follows device residency,
  *    which is still growing;
  *  - device tensors: which calls read device memory in place grows with the
- *    device paths, and engines may want kvmem on their own Vulkan device. */
+ *    device paths, and engines may want kvmem on their own Vulkan device;
+ *  - placement and the window split: measured on two small models
+ *    (examples/tinyllm eval --beyond); their defaults follow more models. */
 #ifdef KVMEM_EXPERIMENTAL
 
 /* ---- Context: host <-> device transfer counters ---------------------------- */
@@ -1836,6 +1901,48 @@ KVMEM_API kvmem_status kvmem_load_plan(const kvmem_load_plan_params *params, con
  * Threading: as kvmem_agent_open. */
 KVMEM_API kvmem_status kvmem_agent_open_file(kvmem_pool *pool, const char *path, uint32_t flags,
                                              kvmem_agent **out);
+
+/* ---- The window: where retrieved memory goes, and how much it gets ------- */
+
+/* Past the model's trained window, an engine fills one window with retrieved blocks (kvmem_gather,
+ * re-encoded at contiguous positions), then the live context (the newest history tokens), then the new
+ * tokens. Where each retrieved block sits changes what the model recalls (BENCHMARKS.md, "Memory beyond
+ * the window"): on stories15M and stories260K, SCORE with the live context at a quarter of the window
+ * (kvmem_window_split live_share 0.25) recalled best on both. */
+typedef enum kvmem_arrange_order {
+    KVMEM_ARRANGE_CHRONO = 0, /* ascending block id: the history's own order (MemArt's paper) */
+    KVMEM_ARRANGE_SCORE = 1,  /* ascending score: the most relevant block last, right before the
+                                 live context; ties: the older block farther away */
+    KVMEM_ARRANGE_RUNS = 2    /* runs of adjacent blocks kept whole and chronological inside, the
+                                 runs by ascending best score: the best run last */
+} kvmem_arrange_order;
+
+/* The order to pass to kvmem_gather: blocks[n] (distinct ids >= 0, e.g. a
+ * retrieval set from kvmem_retrieval_get) with their scores (NULL is
+ * allowed for CHRONO) written to out[n], first = farthest from the new
+ * tokens. A sink block (the one holding BOS) is best kept apart: exclude it
+ * from retrieval (kvmem_retrieve_params.exclude) and gather it first.
+ * out may not alias blocks. Nothing is written on error.
+ * Errors: KVMEM_ERR_INVALID_ARG (n < 0, NULL arrays with n > 0, a negative
+ * or repeated id, a NaN score, an unknown order, no scores for SCORE/RUNS),
+ * KVMEM_ERR_NOMEM. Thread-safe. */
+KVMEM_API kvmem_status kvmem_arrange(const int32_t *blocks, const float *scores, int32_t n,
+                                     kvmem_arrange_order order, int32_t *out);
+
+typedef struct kvmem_window_plan {
+    int32_t memory_tokens; /* retrieved memory, whole blocks */
+    int32_t top_k;         /* blocks to retrieve: memory_tokens / block_size */
+    int32_t live_tokens;   /* newest history tokens kept as the live context */
+} kvmem_window_plan;
+
+/* Share a window of `window` tokens, `reserve` of them for the turn itself
+ * (its prompt and what it generates): memory gets memory_share of the window
+ * rounded down to whole blocks (never more than window - reserve), the live
+ * context live_share of the window (0: all that is left), never more than is
+ * left. Errors: KVMEM_ERR_INVALID_ARG (NULL out, window < 1, reserve outside
+ * [0, window], a share outside [0, 1] or NaN, block_size < 1); out unchanged. */
+KVMEM_API kvmem_status kvmem_window_split(int32_t window, int32_t reserve, float memory_share, float live_share,
+                                          int32_t block_size, kvmem_window_plan *out);
 
 #endif /* KVMEM_EXPERIMENTAL */
 

@@ -2,27 +2,44 @@
 # Installs what kvmem's build and tests need on Debian 12, and nothing more.
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 #
-# Two groups: the C build (required), and the WebAssembly build and its
-# browser test (emscripten, node-acorn for Debian's emcc, chromium, nodejs;
-# then playwright-core from wasm/package-lock.json with npm, which ships with
-# the nodejs package where that comes from NodeSource: Debian's own `npm`
-# package is installed only when no npm is present). The web group is
-# optional: without root it is reported and `make test-web` skips with the
-# reason. The Python, Node and Go bindings' toolchains (and what packaging
-# them needs: Debian's setuptools, wheel, build, venv) are a third optional
-# group (`make test-bindings` skips a language without its toolchain), then
-# koffi and TypeScript from bindings/node/package-lock.json.
+# Usage: scripts/install-deps.sh [GROUP...]   (no GROUP: every group)
+#   build     the C build: compiler, CMake, cmocka (required)
+#   test      what the C test suites use besides: the Vulkan backend's
+#             toolchain and Mesa's lavapipe, hiredis and redis-server (required)
+#   fuzz      the libFuzzer harness: clang and its fuzzer runtime (required)
+#   web       the WebAssembly build and its browser test: emscripten,
+#             node-acorn for Debian's emcc, chromium, nodejs, then
+#             playwright-core from wasm/package-lock.json with npm (which
+#             ships with the nodejs package where that comes from NodeSource:
+#             Debian's own `npm` package is installed only when no npm is
+#             present). Optional: without root it is reported and `make
+#             test-web` skips with the reason.
+#   bindings  the Python, Node and Go toolchains and what packaging them
+#             needs (Debian's setuptools, wheel, build, venv), then koffi and
+#             TypeScript from bindings/node/package-lock.json. Optional:
+#             `make test-bindings` skips a language without its toolchain.
+# `make build` and `make demo` install the build group, each `make test-*`
+# stage its own, `make test` every group.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkgconf libcmocka-dev binutils python3)
+groups=("$@")
+[ ${#groups[@]} -gt 0 ] || groups=(build test fuzz web bindings)
+want() { local g; for g in "${groups[@]}"; do [ "$g" = "$1" ] && return 0; done; return 1; }
+for g in "${groups[@]}"; do
+  case "$g" in build|test|fuzz|web|bindings) ;; *) echo "install-deps: unknown group '$g' (build, test, fuzz, web, bindings)" >&2; exit 2 ;; esac
+done
+
+pkgs=()
+# python3 and ca-certificates also fetch make demo's model over HTTPS (scripts/fetch-model.py)
+want build && pkgs+=(build-essential cmake pkgconf libcmocka-dev binutils python3 ca-certificates)
 # Vulkan backend: headers and loader, volk, the shader compiler and
 # validator, and Mesa's lavapipe (Vulkan on the CPU) for the conformance run.
-pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
-# The libFuzzer harness (make fuzz): clang and its fuzzer runtime.
-pkgs+=(clang-14 libclang-rt-14-dev)
+want test && pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools mesa-vulkan-drivers)
 # The Redis store plugin (libhiredis-dev) and its tests (redis-server and
 # redis-tools: tests/checks/redis_store.sh starts a server on loopback).
-pkgs+=(libhiredis-dev redis-server redis-tools)
+want test && pkgs+=(libhiredis-dev redis-server redis-tools)
+# The libFuzzer harness (make fuzz): clang and its fuzzer runtime.
+want fuzz && pkgs+=(clang-14 libclang-rt-14-dev)
 web_pkgs=(emscripten node-acorn chromium nodejs)
 
 missing_of() {
@@ -43,26 +60,30 @@ install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
 
-mapfile -t missing < <(missing_of "${pkgs[@]}")
+missing=()
+[ ${#pkgs[@]} -eq 0 ] || mapfile -t missing < <(missing_of "${pkgs[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "kvmem needs these Debian packages: ${missing[*]}" >&2
   install "${missing[@]}" || exit 1
 fi
 
-mapfile -t web_missing < <(missing_of "${web_pkgs[@]}")
-command -v npm >/dev/null || web_missing+=(npm)
-if [ ${#web_missing[@]} -gt 0 ]; then
-  echo "the WebAssembly build and browser test need: ${web_missing[*]}" >&2
-  install "${web_missing[@]}" || echo "(optional: make test-web skips without them)" >&2
-fi
-
-# playwright-core, pinned by wasm/package-lock.json (it drives Debian's
-# chromium; it downloads no browser of its own).
 root=$(cd "$(dirname "$0")/.." && pwd)
-if command -v npm >/dev/null && [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
-  (cd "$root/wasm" && npm ci --no-audit --no-fund --loglevel=error) ||
-    echo "npm ci in wasm/ failed (optional: make test-web skips without playwright-core)" >&2
+if want web; then
+  mapfile -t web_missing < <(missing_of "${web_pkgs[@]}")
+  command -v npm >/dev/null || web_missing+=(npm)
+  if [ ${#web_missing[@]} -gt 0 ]; then
+    echo "the WebAssembly build and browser test need: ${web_missing[*]}" >&2
+    install "${web_missing[@]}" || echo "(optional: make test-web skips without them)" >&2
+  fi
+
+  # playwright-core, pinned by wasm/package-lock.json (it drives Debian's
+  # chromium; it downloads no browser of its own).
+  if command -v npm >/dev/null && [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
+    (cd "$root/wasm" && npm ci --no-audit --no-fund --loglevel=error) ||
+      echo "npm ci in wasm/ failed (optional: make test-web skips without playwright-core)" >&2
+  fi
 fi
+want bindings || exit 0
 # The bindings' toolchains count as present when the tool works, however it
 # was installed (a NodeSource nodejs ships its own npm).
 bind_missing=()

@@ -14,11 +14,17 @@ fixture="$build/bindings/scenario.json"
 for f in "$lib" "$fixture"; do
   [ -f "$f" ] || { echo "test-bindings: $f is missing: run make build" >&2; exit 1; }
 done
-export KVMEM_LIBRARY="$lib" KVMEM_FIXTURE="$fixture"
-
 failed=() ran=() skipped=()
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
+# The scenario fixture is exact for one kernel table: run with KVMEM_CPU set
+# (as an AVX2-only machine would run), the suites compare with a fixture the
+# same kernels computed, as that machine's own build would have made it.
+if [ -n "${KVMEM_CPU:-}" ]; then
+  "$build/bindings/kvmem_scenario_fixture" "$log/scenario-env.json" >/dev/null || { echo "test-bindings: the fixture program failed" >&2; exit 1; }
+  fixture=$log/scenario-env.json
+fi
+export KVMEM_LIBRARY="$lib" KVMEM_FIXTURE="$fixture"
 
 # run NAME COUNT COMMAND...: runs the command, shows its output, and fails it
 # when it ran zero tests. COUNT is a regex whose matches' numbers are summed,
@@ -46,10 +52,11 @@ run() {
 skip() { echo "=== bindings: $1: skipped: $2"; skipped+=("$1: $2"); }
 
 # The packages (scripts/test-packages.sh): installed as a user would, outside
-# the repository. They share one Release build of the library alone, kept in
-# the build tree so a later run rebuilds only what changed; pip, npm pack and
-# cmake --install reuse it through KVMEM_BUILD_DIR (same configuration as
-# bindings/python/setup.py and bindings/node/scripts/build.js).
+# the repository. Node and Go share one Release build of the library alone,
+# kept in the build tree so a later run rebuilds only what changed; npm pack
+# and cmake --install reuse it through KVMEM_BUILD_DIR (same configuration as
+# bindings/node/scripts/build.js). pip builds as a user's pip does, with no
+# environment variable (in bindings/python/build/cmake, reused the same way).
 pkglib="$build/packages/libkvmem"
 pkglib_state=""
 pkglib_build() {
@@ -117,6 +124,10 @@ elif [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 18 ]; then
 elif [ ! -d "$root/bindings/node/node_modules/koffi" ]; then
   skip node "koffi is not installed (scripts/install-deps.sh, or: cd bindings/node && npm ci)"
 else
+  # the example service requires 'kvmem' as an installed package: node_modules/kvmem
+  # links to the checkout's binding, as npm links a file: dependency
+  mkdir -p "$root/examples/node/memory-service/node_modules"
+  ln -sfn "$root/bindings/node" "$root/examples/node/memory-service/node_modules/kvmem"
   run node '^# pass [0-9]+' node --test "$root/bindings/node/test/" "$root/examples/node/"
   package node-package node
 fi
@@ -132,8 +143,9 @@ elif [ ! -f "$build/kvmem-uninstalled.pc" ]; then
   skip go "$build has no kvmem-uninstalled.pc (configured before it existed: re-run cmake)"
 else
   # `#cgo pkg-config: kvmem` finds the build tree's kvmem-uninstalled.pc
-  export CGO_ENABLED=1 PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
-         CGO_LDFLAGS="-Wl,-rpath,$build/core" GOFLAGS=-count=1
+  # the binding's one link recipe (bindings/go/README.md): pkg-config's libdir as the rpath
+  export PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export CGO_ENABLED=1 CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" GOFLAGS=-count=1
   export GOCACHE=${GOCACHE:-$build/bindings/gocache} GOPATH=${GOPATH:-$build/bindings/gopath} GOPROXY=off
   run go 'lines:^--- PASS' bash -c "cd '$root/bindings/go' && go vet ./... && go test -v ./... && go vet -tags kvmem_static ./... && cd '$root/examples/go/memsvc' && go vet ./... && go test -v ./..."
   package go-package go

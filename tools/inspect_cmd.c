@@ -2,14 +2,15 @@
  * blocks, tensors, sizes, tokens, a text preview), whether its checksum
  * matches, and whether kvmem's strict loader accepts it (by loading it into a
  * pool built from the file's own spec). The header is read by the core's one
- * strict safetensors reader (core/format/safetensors.h); a file it refuses
- * is still described as far as its JSON parsed, with the reader's reason. */
+ * strict safetensors reader (core/format/safetensors.h), the metadata by
+ * the agent-file format's own names, spec string and checksum rule
+ * (core/format/agent_file.h); a file the reader refuses is still described
+ * as far as its JSON parsed, with the reader's reason. */
 #include "args.h"
 #include "commands.h"
 #include "kvmem.h"
 #include "cpu/kernels.h"
-#include "format/hash.h"
-#include "format/safetensors.h"
+#include "format/agent_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,63 +25,13 @@
  * read (the loader, which validates, has its own limit). */
 #define INSPECT_MAX_HEADER UINT64_MAX
 
-/* Build a spec from the file's canonical "key=value;..." string. */
-static int spec_from(const char *s, kvmem_model_spec *spec, int32_t *window, int32_t max_layers) {
-    *spec = kvmem_model_spec_default();
-    char *copy = strdup(s);
-    if (!copy) return 0;
-    int ok = 1;
-    for (char *save = NULL, *kv = strtok_r(copy, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
-        char *eq = strchr(kv, '=');
-        if (!eq) {
-            ok = 0;
-            break;
-        }
-        *eq = '\0';
-        const char *k = kv, *v = eq + 1;
-        if (!strcmp(k, "n_layers")) spec->n_layers = atoi(v);
-        else if (!strcmp(k, "n_q_heads")) spec->n_q_heads = atoi(v);
-        else if (!strcmp(k, "n_kv_heads")) spec->n_kv_heads = atoi(v);
-        else if (!strcmp(k, "head_dim")) spec->head_dim = atoi(v);
-        else if (!strcmp(k, "rotary_dim")) spec->rotary_dim = atoi(v);
-        else if (!strcmp(k, "rope_style")) spec->rope_style = (kvmem_rope_style)atoi(v);
-        else if (!strcmp(k, "rope_theta")) spec->rope_theta = strtod(v, NULL);
-        else if (!strcmp(k, "rope_scaling")) spec->rope_scaling = (kvmem_rope_scaling)atoi(v);
-        else if (!strcmp(k, "rope_factor")) spec->rope_factor = strtod(v, NULL);
-        else if (!strcmp(k, "rope_low_freq_factor")) spec->rope_low_freq_factor = strtod(v, NULL);
-        else if (!strcmp(k, "rope_high_freq_factor")) spec->rope_high_freq_factor = strtod(v, NULL);
-        else if (!strcmp(k, "rope_original_max_pos")) spec->rope_original_max_pos = atoi(v);
-        else if (!strcmp(k, "yarn_beta_fast")) spec->yarn_beta_fast = strtod(v, NULL);
-        else if (!strcmp(k, "yarn_beta_slow")) spec->yarn_beta_slow = strtod(v, NULL);
-        else if (!strcmp(k, "yarn_attn_factor")) spec->yarn_attn_factor = strtod(v, NULL);
-        else if (!strcmp(k, "layer_window")) {
-            int32_t n = 0, any = 0;
-            for (const char *c = v; *c && n < max_layers; n++) {
-                window[n] = (int32_t)strtol(c, NULL, 10);
-                any |= window[n] != 0;
-                c = strchr(c, ',');
-                if (!c) {
-                    n++;
-                    break;
-                }
-                c++;
-            }
-            spec->layer_window = any ? window : NULL;
-        }
-    }
-    free(copy);
-    return ok && spec->n_layers >= 1 && spec->n_layers <= max_layers;
-}
-
+/* s[0..n) as a JSON string, escaped as the agent files' own writer does. */
 static void json_escape(FILE *f, const char *s, size_t n) {
-    fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
+    kvm_jbuf b = {0};
+    kvm_jbuf_str(&b, s, n);
+    if (b.oom) fputs("null", f);
+    else fwrite(b.s, 1, b.n, f);
+    kvm_jbuf_free(&b);
 }
 
 /* A metadata value for the human-readable output: as is, or escaped when it
@@ -101,6 +52,78 @@ static void show(const kvm_json *v, const char *none) {
 static void json_str(const kvm_json *v) {
     if (v) json_escape(stdout, v->str, v->len);
     else printf("null");
+}
+
+/* Whether s[0..n) is a JSON number that a double holds as a finite value: it
+ * is then printed as the file wrote it, so no digit is lost or added. */
+static int json_number_ok(const char *s, size_t n) {
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    if (i < n && s[i] == '0') i++;
+    else if (i < n && s[i] >= '1' && s[i] <= '9')
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    else return 0;
+    if (i < n && s[i] == '.') {
+        if (++i == n || s[i] < '0' || s[i] > '9') return 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        if (++i < n && (s[i] == '+' || s[i] == '-')) i++;
+        if (i == n || s[i] < '0' || s[i] > '9') return 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    if (i != n || n > 64) return 0;
+    char buf[65];
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    double d = strtod(buf, NULL);
+    return d - d == 0; /* finite: 1e999 is a valid JSON number but no double */
+}
+
+/* Metadata values are strings in every safetensors file; --json gives the
+ * numbers among them as numbers, and null where the string is not one. */
+static void json_num(const char *s, size_t n) {
+    if (json_number_ok(s, n)) fwrite(s, 1, n, stdout);
+    else printf("null");
+}
+
+/* The model spec ("n_layers=32;...;layer_window=0,0,...") as an object of
+ * kvmem_model_spec's fields: numbers (enums as their C values), layer_window
+ * an array. null when a piece is not key=value. */
+static void json_spec(const kvm_json *v) {
+    const char *s = v->str, *end = v->str + v->len;
+    int ok = 1;
+    for (const char *p = s; p < end;) {
+        const char *semi = memchr(p, ';', (size_t)(end - p)), *stop = semi ? semi : end;
+        ok &= memchr(p, '=', (size_t)(stop - p)) != NULL;
+        p = semi ? semi + 1 : end;
+    }
+    if (!ok) {
+        printf("null");
+        return;
+    }
+    putchar('{');
+    for (const char *p = s; p < end;) {
+        const char *semi = memchr(p, ';', (size_t)(end - p)), *stop = semi ? semi : end;
+        const char *eq = memchr(p, '=', (size_t)(stop - p));
+        printf("%s", p == s ? "" : ",");
+        json_escape(stdout, p, (size_t)(eq - p));
+        putchar(':');
+        if ((size_t)(eq - p) == strlen("layer_window") && !memcmp(p, "layer_window", (size_t)(eq - p))) {
+            putchar('[');
+            for (const char *e = eq + 1; e < stop;) {
+                const char *comma = memchr(e, ',', (size_t)(stop - e)), *to = comma ? comma : stop;
+                printf("%s", e == eq + 1 ? "" : ",");
+                json_num(e, (size_t)(to - e));
+                e = comma ? comma + 1 : stop;
+            }
+            putchar(']');
+        } else {
+            json_num(eq + 1, (size_t)(stop - eq - 1));
+        }
+        p = semi ? semi + 1 : end;
+    }
+    putchar('}');
 }
 
 /* A failure before the file could be described: to stderr, and with --json
@@ -227,27 +250,17 @@ static int cmd_inspect(int argc, char **argv) {
     if (vst != KVMEM_OK) snprintf(vmsg, sizeof vmsg, "%s", kvmem_last_error());
     const kvm_json_doc *dp = &hdr.doc;
     const kvm_json *root = hdr.root, *meta = hdr.meta;
-    const kvm_json *fmt = kvm_st_meta(&hdr, "format"), *ver = kvm_st_meta(&hdr, "format_version");
-    const kvm_json *id = kvm_st_meta(&hdr, "agent_id"), *model = kvm_st_meta(&hdr, "model_id");
-    const kvm_json *specs = kvm_st_meta(&hdr, "model_spec"), *dt = kvm_st_meta(&hdr, "storage_dtype");
-    const kvm_json *bs = kvm_st_meta(&hdr, "block_size"), *nt = kvm_st_meta(&hdr, "n_tokens");
-    const kvm_json *blocks = kvm_st_meta(&hdr, "block_tokens"), *sum = kvm_st_meta(&hdr, "checksum");
-    const kvm_json *textv = kvm_st_meta(&hdr, "text");
+    const kvm_json *meta_v[KVM_AF_N_KEYS];
+    for (int k = 0; k < KVM_AF_N_KEYS; k++) meta_v[k] = kvm_st_meta(&hdr, kvm_af_keys[k]);
+    const kvm_json *fmt = meta_v[KVM_AF_FORMAT], *ver = meta_v[KVM_AF_FORMAT_VERSION];
+    const kvm_json *id = meta_v[KVM_AF_AGENT_ID], *model = meta_v[KVM_AF_MODEL_ID];
+    const kvm_json *specs = meta_v[KVM_AF_MODEL_SPEC], *dt = meta_v[KVM_AF_STORAGE_DTYPE];
+    const kvm_json *bs = meta_v[KVM_AF_BLOCK_SIZE], *nt = meta_v[KVM_AF_N_TOKENS];
+    const kvm_json *blocks = meta_v[KVM_AF_BLOCK_TOKENS], *sum = meta_v[KVM_AF_CHECKSUM];
+    const kvm_json *textv = meta_v[KVM_AF_TEXT];
     uint64_t data = (uint64_t)sz - 8 - hl;
-    char computed[32];
-    { /* the file's checksum rule, computed here independently of the loader */
-        const kvm_acc64_fn stripes = kvm_cpu_kernels_get()->acc64_stripes;
-        kvm_xxh64_state h;
-        kvm_xxh64_init(&h, 0);
-        for (uint64_t c = 0; c < data; c += (uint64_t)1 << 20) {
-            uint64_t d = kvm_acc64_with(stripes, blob + 8 + hl + c,
-                                        (size_t)(data - c < ((uint64_t)1 << 20) ? data - c : ((uint64_t)1 << 20)));
-            unsigned char le[8];
-            for (int b = 0; b < 8; b++) le[b] = (unsigned char)(d >> (8 * b));
-            kvm_xxh64_update(&h, le, 8);
-        }
-        snprintf(computed, sizeof computed, "acc64-1m:%016" PRIx64, kvm_xxh64_final(&h));
-    }
+    char computed[KVM_AF_CHECKSUM_LEN + 1]; /* the file's checksum rule, computed here, not by the loader */
+    kvm_af_checksum_text(kvm_af_checksum(blob + 8 + hl, data, kvm_cpu_kernels_get()->acc64_stripes), computed);
     int sum_ok = sum && !strcmp(sum->str, computed);
     int n_blocks = blocks && *blocks->str ? 1 : 0;
     for (const char *c = blocks ? blocks->str : ""; *c; c++) n_blocks += *c == ',';
@@ -261,8 +274,9 @@ static int cmd_inspect(int argc, char **argv) {
         int32_t window[4096];
         kvmem_model_spec spec;
         struct stat now;
-        if (!spec_from(specs->str, &spec, window, 4096)) {
-            snprintf(vmsg, sizeof vmsg, "its model_spec cannot be read");
+        spec = kvmem_model_spec_default();
+        if (kvm_af_spec_read(specs->str, specs->len, &spec, window, 4096) != KVMEM_OK) {
+            snprintf(vmsg, sizeof vmsg, "its model_spec cannot be read: %s", kvmem_last_error());
         } else if (stat(path, &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
             /* the loader opens the path again: it must still be this file */
             snprintf(vmsg, sizeof vmsg, "the file was replaced while being inspected");
@@ -291,11 +305,17 @@ static int cmd_inspect(int argc, char **argv) {
         printf("{\"file\":");
         json_escape(stdout, path, strlen(path));
         printf(",\"bytes\":%zu,\"header_bytes\":%" PRIu64 ",\"data_bytes\":%" PRIu64, sz, hl, data);
-        const char *keys[] = {"format", "format_version", "agent_id", "model_id", "model_spec", "storage_dtype", "block_size", "n_tokens", "checksum"};
-        const kvm_json *vals[] = {fmt, ver, id, model, specs, dt, bs, nt, sum};
-        for (int i = 0; i < 9; i++) {
-            printf(",\"%s\":", keys[i]);
-            json_str(vals[i]);
+        static const kvm_af_key shown[] = {KVM_AF_FORMAT,        KVM_AF_FORMAT_VERSION, KVM_AF_AGENT_ID,
+                                           KVM_AF_MODEL_ID,      KVM_AF_MODEL_SPEC,     KVM_AF_STORAGE_DTYPE,
+                                           KVM_AF_BLOCK_SIZE,    KVM_AF_N_TOKENS,       KVM_AF_CHECKSUM};
+        for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+            const kvm_json *v = meta_v[shown[i]];
+            printf(",\"%s\":", kvm_af_keys[shown[i]]);
+            if (!v) printf("null");
+            else if (shown[i] == KVM_AF_MODEL_SPEC) json_spec(v);
+            else if (shown[i] == KVM_AF_FORMAT_VERSION || shown[i] == KVM_AF_BLOCK_SIZE || shown[i] == KVM_AF_N_TOKENS)
+                json_num(v->str, v->len);
+            else json_str(v);
         }
         printf(",\"n_blocks\":%d,\"checksum_ok\":%s,\"valid\":%s,\"validation\":", n_blocks, sum_ok ? "true" : "false",
                vst == KVMEM_OK ? "true" : "false");

@@ -12,7 +12,7 @@ int kvm_tool_error(const char *what, int status) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kvmem COMMAND [options]\n\ncommands:\n");
+    fprintf(f, "usage: kvmem COMMAND [options]\n       kvmem --version\n\ncommands:\n");
     for (int i = 0; kvm_commands[i]; i++) fprintf(f, "  %-10s %s\n", kvm_commands[i]->name, kvm_commands[i]->usage);
 }
 
@@ -21,8 +21,10 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    /* --version is what users of other tools type first: the same as `kvmem version` */
+    const char *name = strcmp(argv[1], "--version") == 0 ? "version" : argv[1];
     for (int i = 0; kvm_commands[i]; i++)
-        if (strcmp(argv[1], kvm_commands[i]->name) == 0) return kvm_commands[i]->run(argc - 1, argv + 1);
+        if (strcmp(name, kvm_commands[i]->name) == 0) return kvm_commands[i]->run(argc - 1, argv + 1);
     fprintf(stderr, "kvmem: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

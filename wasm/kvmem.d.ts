@@ -234,14 +234,14 @@ export interface StoryModel {
   nKvHeads: number;
   headDim: number;
   vocab: number;
-  /** the model's context length: a story ends there */
+  /** the model's trained window; the story's history may grow to 8 of them */
   seqLen: number;
   /** the kvmem agent's block size (16) and storage ('f16') */
   blockSize: number;
   storage: string;
   /** tokens generated per continuation (20) */
   gen: number;
-  /** the longest session text, in tokens (128) */
+  /** the longest session text, in tokens (160) */
   maxPrompt: number;
   /** history tokens the retrieval probe sees (32) */
   probeWindow: number;
@@ -259,31 +259,39 @@ export interface StoryRange extends StoryText { first: number; n: number; }
 /** ART stats summed over layers, KV heads and rows (kvmem_attend's). */
 export interface StoryArtStats { tilesVisited: number; tilesTotal: number; positionsRead: number; }
 
-/** One session of a Story (story.session(text)). */
+/** One session of a Story (story.session(text)). Every context but the whole history gets one
+ *  window of the model (seqLen tokens) for its memory, the text and the continuation. */
 export interface StorySession {
   /** 1, 2, ... since the story began (or was reset) */
   session: number;
-  /** tokens in the agent's history before this session */
+  /** tokens in the agent's history before this session (it may be several windows long) */
   history: number;
-  /** the memory budget: a quarter of the history in whole blocks, at least 32 */
+  /** memory + live context: what kvmem and the recent window get of the window besides the text */
   budget: number;
+  /** the window's shares: retrieved memory and live context (tokens), and how the retrieved
+   *  blocks are placed ('chrono', 'score' or 'runs') */
+  split: { memory: number; live: number; order: string };
   text: string;
   /** the text's token ids (BOS first in the first session) */
   prompt: number[];
-  /** what kvmem gave the prompt (null in the first session): the live context (the newest
-   *  history, at its own positions) and the retrieved blocks (chronological, re-encoded
-   *  just before the live context) */
+  /** what kvmem gave the prompt (null in the first session): the retrieved blocks (in window
+   *  order, with their retrieval scores), re-encoded before the live context (the newest history) */
   memory: null | { rows: number; localRows: number; retrievedRows: number;
-    blocks: (StoryRange & { id: number })[]; live: StoryRange };
+    blocks: (StoryRange & { id: number; score: number })[]; live: StoryRange };
   /** null unless the session ran with { art: true }: where ART stopped */
   art: null | { tileSize: number; prefill: StoryArtStats; decode: StoryArtStats };
-  /** the continuation on kvmem's memory (appended to the agent with the text) */
+  /** the continuation on kvmem's memory (the text, not the continuation, goes into the agent) */
   kvmem: StoryText;
-  /** the same session on the full history and on the last `budget` tokens (null in the first) */
-  full: StoryText | null;
+  /** the same session on text RAG (BOS, the history's 16-token chunks BM25 ranks best against
+   *  the text, the live context, all prefilled as text), on the last `window` tokens, and on the
+   *  whole history at its own positions (pastWindow: past the model's trained window); null in
+   *  the first session */
+  rag: (StoryText & { chunks: StoryRange[] }) | null;
   recent: (StoryText & { window: number }) | null;
-  /** tokens through the model: the text, the retrieval probe, and what a text agent re-reads */
-  tokens: { prefilled: number; probed: number; reread: number };
+  full: (StoryText & { pastWindow: boolean }) | null;
+  /** tokens run through the model: the text, kvmem's retrieval probe, text RAG's whole context
+   *  with the text, and what a text agent re-reading the whole history runs */
+  tokens: { prefilled: number; probed: number; ragPrefilled: number; reread: number };
 }
 
 /** What owns wasm memory (or a C object): close() frees it, once; `using` works where Symbol.dispose exists. */
@@ -300,8 +308,9 @@ export declare class Story extends Handle {
   readonly model: Readonly<StoryModel>;
   /** tokens in the agent's history */
   readonly historyTokens: number;
-  /** One session: retrieve, prefill, continue greedily, append. Throws InvalidArgumentError
-   *  for empty text, more than model.maxPrompt tokens or a story past model.seqLen (unchanged). */
+  /** One session: retrieve, prefill, continue greedily (four ways), append the text. Throws
+   *  InvalidArgumentError for empty text, more than model.maxPrompt tokens (or too many for the
+   *  window), or a story past 8 windows (the story unchanged). */
   session(text: string, options?: { art?: boolean; artTile?: number }): StorySession;
   /** forget the history */
   reset(): void;
@@ -311,8 +320,8 @@ export declare class Story extends Handle {
 
 /** The loaded module: what Node's `require('kvmem')` is. */
 export declare class Kvmem {
-  /** kvmem_version() (a string; Node has kvmem.version()) */
-  readonly version: string;
+  /** kvmem_version(): the library's version string, as Node's kvmem.version() */
+  version(): string;
   /** kvmem_version_number(): X*1000000 + Y*1000 + Z */
   versionNumber(): number;
   /** the CPU kernel table in use ("wasm128", or "scalar" with ENV.KVMEM_CPU=scalar) */

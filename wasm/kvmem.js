@@ -439,7 +439,8 @@ export class Kvmem {
     this._defaultsCache = {};
     // scratch for out-parameters (pointers, counts, small structs): 256 bytes
     this._scratch = M._malloc(256);
-    this.version = this._fn('kvmem_version', 'string', [])();
+    const version = this._fn('kvmem_version', 'string', [])();
+    this.version = () => version; // a function, as Node's kvmem.version()
     this.kernels = this._fn('kvmw_cpu_kernels', 'string', [])();
     /** whether the module holds the tinyllm engine (storyOpen) */
     this.hasStory = typeof M._kvmw_story_open === 'function';
@@ -812,7 +813,7 @@ export class Pool extends Handle {
     this._km._check(this._km._fn('kvmem_pool_remove_agent', 'number', ['number', 'string'])(this._live(), cId(id, 'agent id')));
   }
 
-  /** The synthetic session generator of `kvmem demo` (tools/synth.c) for this pool's model. */
+  /** The synthetic session generator of `kvmem demo` (synth/synth.c) for this pool's model. */
   synthCreate(nTopics, seed) {
     const km = this._km;
     const s = BigInt.asUintN(64, BigInt(seed));
@@ -1209,11 +1210,12 @@ function camel(x) {
   return out;
 }
 
-/** A story agent on a real model (examples/tinyllm/story_session.c): each session
- *  asks kvmem for memory (MemArt as deployed: the live context plus the blocks the
- *  new text's queries retrieve, a quarter of the history), prefills the text on it,
- *  continues greedily and appends both to the agent; beside it the same session
- *  runs on full context and on a recent window of the same budget. close() it. */
+/** A story agent on a real model (examples/tinyllm/story_session.c), its history
+ *  up to 8 windows of the model: each session asks kvmem for memory (the blocks the
+ *  new text's queries retrieve, then the live context, within one window), prefills
+ *  the text on it, continues greedily and appends the text to the agent; beside it
+ *  the same session runs on text RAG, on the recent window and on the whole
+ *  history. close() it. */
 export class Story extends Handle {
   constructor(km, ptr) {
     super(km, ptr, 'Story');
@@ -1228,9 +1230,10 @@ export class Story extends Handle {
 
   /** One session of text. options: { art = false (kvmem's run attends with ART and
    *  reports where it stopped), artTile = 0 (ART tile size; 0 = kvmem's default) }.
-   *  Returns { session, history, budget, text, prompt, memory, art, kvmem, full, recent,
-   *  tokens } (kvmem.d.ts: StorySession). Refused (KvmemError, the story unchanged):
-   *  empty text, more than model.maxPrompt tokens, a story past the model's context. */
+   *  Returns { session, history, budget, split, text, prompt, memory, art, kvmem, rag,
+   *  recent, full, tokens } (kvmem.d.ts: StorySession). Refused (KvmemError, the story
+   *  unchanged): empty text, more than model.maxPrompt tokens (or too many for the
+   *  window), a story past 8 windows of the model. */
   session(text, options) {
     const km = this._km;
     const { art = false, artTile = 0 } = readKeys(options, ['art', 'artTile'], 'session options');

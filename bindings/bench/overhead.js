@@ -1,6 +1,6 @@
 'use strict';
-// Binding overhead, Node: a near-empty call (getInfo), append/read of one turn
-// at a Llama-3-8B shape, and the async forms. Run: node bindings/bench/overhead.js
+// Binding overhead, Node: near-empty calls (getInfo, blockInfo with its integer
+// argument checked), append/read of one turn at a Llama-3-8B shape, and the async forms. Run: node bindings/bench/overhead.js
 const kvmem = require('../node');
 const L = 32, H = 8, D = 128, T = 16;
 
@@ -39,5 +39,9 @@ async function medianUsAsync(fn, reps, inner) {
   line('read_16tok_l32_into', medianUs(() => a.read(0, T, { kOut: out, values: false }), 9, 50));
   line('read_16tok_l32_new', medianUs(() => a.read(0, T, { values: false }), 9, 50));
   line('read_16tok_l32_async', await medianUsAsync(() => a.readAsync(0, T, { kOut: out, values: false }), 9, 50));
+  // a call with an integer argument (checked against its C type before the call)
+  line('block_info', medianUs(() => a.blockInfo(0), 9, 2000));
+  // the async append takes a copy of its inputs (4 MiB here) when it is made
+  line('append_16tok_l32_async', await medianUsAsync(() => a.appendAsync(k, k), 9, 20));
   ctx.close();
 })();

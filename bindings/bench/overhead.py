@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Binding overhead, Python: a call that does almost nothing (Agent.get_info),
-and append/read of one turn at a Llama-3-8B shape, median of repeated runs.
+"""Binding overhead, Python: calls that do almost nothing (Agent.get_info, and
+Agent.block_info with its integer argument checked), and append/read of one
+turn at a Llama-3-8B shape, median of repeated runs.
 Prints flat JSON lines. Run: /usr/bin/python3 bindings/bench/overhead.py"""
 import json
 import os
@@ -35,4 +36,6 @@ with kvmem.Context("cpu", 1) as ctx, ctx.pool_create(
     print(json.dumps({"lang": "python", "op": "get_info", "us": round(median_us(a.get_info, 9, 2000), 3)}))
     print(json.dumps({"lang": "python", "op": "append_16tok_l32", "us": round(median_us(lambda: a.append(k, k), 9, 20), 1)}))
     print(json.dumps({"lang": "python", "op": "read_16tok_l32_into", "us": round(median_us(lambda: a.read(0, T, k_out=out, values=False), 9, 50), 1)}))
+    # a call with integer arguments (each checked against its C type before the call)
+    print(json.dumps({"lang": "python", "op": "block_info", "us": round(median_us(lambda: a.block_info(0), 9, 2000), 3)}))
     print(json.dumps({"lang": "python", "op": "read_16tok_l32_new", "us": round(median_us(lambda: a.read(0, T, values=False), 9, 50), 1)}))

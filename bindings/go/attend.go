@@ -5,6 +5,11 @@ package kvmem
 #include <string.h>
 #include <kvmem.h>
 
+// The growable source form where the loaded library has it: a weak
+// reference is NULL against an older libkvmem of the same SONAME, which gets
+// the frozen form (the same fields, the same meaning).
+#pragma weak kvmem_attend_v2
+
 static void kvgo_att_tensor(kvmem_tensor *t, void *data, const int64_t *meta) {
 	t->data = data;
 	t->dtype = (kvmem_dtype)meta[0];
@@ -36,6 +41,14 @@ static kvmem_status kvgo_attend(kvmem_context *ctx, void *qd, const int64_t *qm,
 	s.base_position = base_position;
 	s.mask = mask;
 	p.tile_order = tile_order;
+	if (kvmem_attend_v2) {
+		kvmem_attend_source_v2 s2;
+		kvmem_attend_source_v2_init(&s2);
+		s2.kind = s.kind, s2.layer = s.layer, s2.k = s.k, s2.v = s.v, s2.slots = s.slots;
+		s2.n_positions = s.n_positions, s2.dead_slot = s.dead_slot, s2.agent = s.agent;
+		s2.positions = s.positions, s2.base_position = s.base_position, s2.mask = s.mask;
+		return kvmem_attend_v2(ctx, &q, &s2, &p, &o, stats);
+	}
 	return kvmem_attend(ctx, &q, &s, &p, &o, stats);
 }
 */
@@ -151,8 +164,12 @@ func Attend(ctx *Context, q Tensor, src AttendSource, p AttendParams, out Tensor
 	if len(src.Mask) > 0 {
 		mask = (*C.uint8_t)(unsafe.Pointer(&src.Mask[0]))
 	}
+	nto, err := i32("len(TileOrder)", len(p.TileOrder))
+	if err != nil {
+		return st, err
+	}
 	cpar := C.kvmem_attend_default_params()
-	cpar.order, cpar.n_sink, cpar.n_tile_order = C.kvmem_attend_order(p.Order), C.int32_t(p.NSink), C.int32_t(len(p.TileOrder))
+	cpar.order, cpar.n_sink, cpar.n_tile_order = C.kvmem_attend_order(p.Order), C.int32_t(p.NSink), nto
 	cpar.tile_size, cpar.scale, cpar.tau_s, cpar.tau_d = C.int32_t(p.TileSize), C.float(p.Scale), C.float(p.TauS), C.float(p.TauD)
 	cpar.patience, cpar.probe = C.int32_t(p.Patience), C.kvmem_attend_probe(p.Probe)
 	cpar.causal, cpar.compare = 0, 0

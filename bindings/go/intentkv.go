@@ -11,8 +11,17 @@ static void kvgo_ikv_tensor(kvmem_tensor *t, void *data, const int64_t *meta) {
 	for (int i = 0; i < KVMEM_MAX_DIMS; i++) { t->shape[i] = meta[2 + i]; t->strides[i] = meta[2 + KVMEM_MAX_DIMS + i]; }
 }
 
+// The growable source form where the loaded library has it (see attend.go).
+#pragma weak kvmem_session_key_derive_v2
+
 static kvmem_status kvgo_session_key_derive(const kvmem_qmem_store *s, const char *sid, const int32_t *ids,
                                             int64_t n, int64_t mb, int64_t me, kvmem_session_key *out) {
+	if (kvmem_session_key_derive_v2) {
+		kvmem_session_source_v2 v2;
+		kvmem_session_source_v2_init(&v2);
+		v2.session_id = sid, v2.token_ids = ids, v2.n_tokens = n, v2.mark_begin = mb, v2.mark_end = me;
+		return kvmem_session_key_derive_v2(s, &v2, out);
+	}
 	kvmem_session_source src;
 	src.session_id = sid;
 	src.token_ids = ids;
@@ -82,6 +91,7 @@ static kvmem_status kvgo_kvstore_create(kvmem_model_spec *spec, const int32_t *w
 import "C"
 
 import (
+	"math"
 	"runtime"
 	"unsafe"
 )
@@ -360,8 +370,9 @@ func (h *QmemHead) Apply(spec ModelSpec, memory []float32, k Tensor, rule []floa
 }
 
 func keep(n int64, f func(kept *C.int32_t, nk *C.int64_t) C.kvmem_status) ([]int32, error) {
-	if n < 0 {
-		return nil, argErr("n = %d", n)
+	// kept positions are int32: a larger n is refused before its n entries are allocated
+	if n < 0 || n > math.MaxInt32 {
+		return nil, argErr("n = %d is outside [0, %d]", n, math.MaxInt32)
 	}
 	kept := make([]int32, n+1)
 	var nk C.int64_t
@@ -389,7 +400,7 @@ func StreamingKeep(n, nSink, window int64) ([]int32, error) {
 // H2OAccumulate is kvmem_h2o_accumulate: acc[j] += sum over the nRows rows of probs[r][j], in place.
 func H2OAccumulate(probs []float32, nRows int64, acc []float32) error {
 	n := int64(len(acc))
-	if nRows < 0 || int64(len(probs)) != nRows*n {
+	if nRows < 0 || (n == 0 && len(probs) != 0) || (n > 0 && (int64(len(probs))%n != 0 || int64(len(probs))/n != nRows)) {
 		return argErr("H2OAccumulate: probs has %d values, expected %d rows of %d", len(probs), nRows, n)
 	}
 	return call(func() C.kvmem_status {

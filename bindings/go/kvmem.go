@@ -97,6 +97,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -186,6 +187,25 @@ func argErr(format string, a ...any) error {
 	return &Error{Code: StatusInvalidArg, Msg: fmt.Sprintf(format, a...)}
 }
 
+// i32 is v as an int32_t argument, or an ErrInvalidArg naming it: C.int32_t(v)
+// of a Go int wraps modulo 2^32 (BlockInfo(1<<32) read block 0).
+func i32(what string, v int) (C.int32_t, error) {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, argErr("%s = %d is outside the range of int32 [%d, %d]", what, v, math.MinInt32, math.MaxInt32)
+	}
+	return C.int32_t(v), nil
+}
+
+// span checks tokens [first, first+n) against an agent of total tokens before
+// an output of n tokens is allocated: make() of a size no agent can have
+// (Tokens(0, 1<<40)) would end the process ("out of memory"), not return an error.
+func span(fn string, first, n, total int64) error {
+	if first < 0 || n < 0 || first > total || n > total-first {
+		return argErr("%s: tokens [%d, %d) outside [0, %d)", fn, first, first+n, total)
+	}
+	return nil
+}
+
 // cString is C.CString for an id or a path, refusing a NUL byte: C reads up
 // to the first NUL, so "alice\x00-evil" would be agent "alice" and
 // "a.kvm\x00.bak" the file "a.kvm". The caller frees the result.
@@ -208,6 +228,21 @@ func VersionNumber() int { return int(C.kvmem_version_number()) }
 
 // StatusStr is kvmem_status_str.
 func StatusStr(s Status) string { return C.GoString(C.kvmem_status_str(C.kvmem_status(s))) }
+
+// objectError copies an object's last failure (kvmem_X_last_error): what the
+// last failed call on it said, on whichever OS thread it ran.
+func objectError(f func(buf *C.char, size C.size_t) C.size_t) string {
+	buf := make([]byte, 512)
+	n := int(f((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf))))
+	if n >= len(buf) {
+		buf = make([]byte, n+1)
+		f((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	}
+	if n > len(buf)-1 {
+		n = len(buf) - 1
+	}
+	return string(buf[:n])
+}
 
 // LastError is kvmem_last_error of the current OS thread; errors returned by
 // this package already carry their message, so this is rarely needed.
@@ -401,7 +436,7 @@ func RopeApply(spec ModelSpec, x []float32, stride int, positions []int32, inver
 	if n == 0 {
 		return nil
 	}
-	if stride < int(spec.HeadDim) || (n-1)*stride+int(spec.HeadDim) > len(x) {
+	if stride < int(spec.HeadDim) || stride > len(x) || (n-1)*stride+int(spec.HeadDim) > len(x) {
 		return argErr("RopeApply: %d rows of stride %d (head_dim %d) exceed x (%d floats)", n, stride, spec.HeadDim, len(x))
 	}
 	inv := C.int32_t(0)
@@ -530,6 +565,10 @@ func (t *Tensor) view(what string, want []int64) (unsafe.Pointer, [14]C.int64_t,
 		}
 		if shape[i] == 0 {
 			empty = true
+		}
+		// (shape-1)*stride + last computed without wrapping: a wrapped sum would pass the check below
+		if shape[i] > 1 && strides[i] > 0 && shape[i]-1 > (math.MaxInt64-last)/strides[i] {
+			return nil, meta, argErr("%s: shape %v with strides %v reaches past the int64 range", what, shape, strides)
 		}
 		last += (shape[i] - 1) * strides[i]
 	}
@@ -698,6 +737,19 @@ func (c *Context) NThreads() int {
 	return int(C.kvmem_context_n_threads((*C.kvmem_context)(p)))
 }
 
+// LastError is kvmem_context_last_error: the message of the last failed call
+// on this context (Attend, QmemScore), whichever OS thread made it ("" once
+// closed).
+func (c *Context) LastError() string {
+	p, err := c.n.get()
+	if err != nil {
+		return ""
+	}
+	return objectError(func(b *C.char, n C.size_t) C.size_t {
+		return C.kvmem_context_last_error((*C.kvmem_context)(p), b, n)
+	})
+}
+
 // TransferStats is kvmem_context_transfer_stats (experimental): the bytes the
 // library moved to (h2d) and from (d2h) the context's backend buffers.
 func (c *Context) TransferStats() (h2d, d2h uint64, err error) {
@@ -843,6 +895,16 @@ func (p *Pool) ptr() (*C.kvmem_pool, error) {
 	return (*C.kvmem_pool)(h), err
 }
 
+// LastError is kvmem_pool_last_error: the message of the last failed call on
+// this pool, whichever OS thread made it ("" once closed).
+func (p *Pool) LastError() string {
+	h, err := p.ptr()
+	if err != nil {
+		return ""
+	}
+	return objectError(func(b *C.char, n C.size_t) C.size_t { return C.kvmem_pool_last_error(h, b, n) })
+}
+
 // GetInfo is kvmem_pool_get_info.
 func (p *Pool) GetInfo() (PoolInfo, error) {
 	h, err := p.ptr()
@@ -873,10 +935,14 @@ func (p *Pool) AgentID(index int) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	ci, err := i32("index", index)
+	if err != nil {
+		return "", err
+	}
 	var buf [C.KVMEM_MAX_AGENT_ID + 1]C.char
 	var n C.size_t
 	if err := call(func() C.kvmem_status {
-		return C.kvmem_pool_agent_id(h, C.int32_t(index), &buf[0], C.size_t(len(buf)), &n)
+		return C.kvmem_pool_agent_id(h, ci, &buf[0], C.size_t(len(buf)), &n)
 	}); err != nil {
 		return "", err
 	}
@@ -950,6 +1016,16 @@ func (a *Agent) Close() { a.n.close() }
 func (a *Agent) ptr() (*C.kvmem_agent, error) {
 	h, err := a.n.get()
 	return (*C.kvmem_agent)(h), err
+}
+
+// LastError is kvmem_agent_last_error: the message of the last failed call
+// on this agent, whichever OS thread made it ("" once closed).
+func (a *Agent) LastError() string {
+	h, err := a.ptr()
+	if err != nil {
+		return ""
+	}
+	return objectError(func(b *C.char, n C.size_t) C.size_t { return C.kvmem_agent_last_error(h, b, n) })
 }
 
 // ID is kvmem_agent_get_id ("" once closed).
@@ -1067,8 +1143,12 @@ func (a *Agent) BlockInfo(block int) (BlockInfo, error) {
 	if err != nil {
 		return BlockInfo{}, err
 	}
+	cb, err := i32("block", block)
+	if err != nil {
+		return BlockInfo{}, err
+	}
 	var b C.kvmem_block_info
-	err = call(func() C.kvmem_status { return C.kvmem_agent_block_info(h, C.int32_t(block), &b) })
+	err = call(func() C.kvmem_status { return C.kvmem_agent_block_info(h, cb, &b) })
 	return BlockInfo{int64(b.first_token), int32(b.n_tokens), b.sealed != 0}, err
 }
 
@@ -1106,15 +1186,15 @@ func (a *Agent) Read(first, n int64, kOut, vOut *Tensor) error {
 
 // ReadF32 reads tokens [first, first+n) (n < 0: to the end) into new f32 slices.
 func (a *Agent) ReadF32(first, n int64) (k, v []float32, err error) {
+	info, err := a.GetInfo()
+	if err != nil {
+		return nil, nil, err
+	}
 	if n < 0 {
-		info, err := a.GetInfo()
-		if err != nil {
-			return nil, nil, err
-		}
 		n = info.NTokens - first
-		if n < 0 {
-			n = 0
-		}
+	}
+	if err := span("ReadF32", first, n, info.NTokens); err != nil {
+		return nil, nil, err
 	}
 	s := a.pool.Spec
 	size := int(int64(s.NLayers) * n * int64(s.NKVHeads) * int64(s.HeadDim))
@@ -1133,11 +1213,15 @@ func (a *Agent) BlockAABB(block int) (min, max []float32, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	cb, err := i32("block", block)
+	if err != nil {
+		return nil, nil, err
+	}
 	s := a.pool.Spec
 	n := int(s.NLayers * s.NKVHeads * s.HeadDim)
 	min, max = make([]float32, n), make([]float32, n)
 	err = call(func() C.kvmem_status {
-		return C.kvmem_agent_block_aabb(h, C.int32_t(block), (*C.float)(unsafe.Pointer(&min[0])), (*C.float)(unsafe.Pointer(&max[0])))
+		return C.kvmem_agent_block_aabb(h, cb, (*C.float)(unsafe.Pointer(&min[0])), (*C.float)(unsafe.Pointer(&max[0])))
 	})
 	if err != nil {
 		return nil, nil, err
@@ -1151,8 +1235,12 @@ func (a *Agent) Tokens(first, n int64) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n < 0 {
-		return nil, argErr("Tokens: n = %d", n)
+	info, err := a.GetInfo()
+	if err != nil {
+		return nil, err
+	}
+	if err := span("Tokens", first, n, info.NTokens); err != nil {
+		return nil, err
 	}
 	out := make([]int32, n)
 	err = call(func() C.kvmem_status { return C.kvmem_agent_tokens(h, C.int64_t(first), C.int64_t(n), ptr32(out)) })

@@ -31,6 +31,7 @@ static kvmem_status kvgo_batch_extract(void *bd, const int64_t *bm, int32_t row,
 import "C"
 
 import (
+	"math"
 	"runtime"
 	"unsafe"
 )
@@ -164,6 +165,10 @@ func BatchMerge(agents []*Agent, layer int32, maxLen int64) (k, v []float32, len
 	if len(agents) == 0 {
 		return nil, nil, nil, argErr("BatchMerge: no agents")
 	}
+	cn, err := i32("len(agents)", len(agents))
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	hs := (*[1 << 28]*C.kvmem_agent)(C.malloc(C.size_t(len(agents)) * C.size_t(unsafe.Sizeof(uintptr(0)))))[:len(agents):len(agents)]
 	defer C.free(unsafe.Pointer(&hs[0]))
 	for i, a := range agents {
@@ -184,6 +189,9 @@ func BatchMerge(agents []*Agent, layer int32, maxLen int64) (k, v []float32, len
 	}
 	s := agents[0].pool.Spec
 	shape := []int64{int64(len(agents)), int64(s.NKVHeads), maxLen, int64(s.HeadDim)}
+	if maxLen < 0 || maxLen > math.MaxInt64/(shape[0]*shape[1]*shape[3]) {
+		return nil, nil, nil, argErr("BatchMerge: maxLen = %d is outside [0, %d]", maxLen, math.MaxInt64/(shape[0]*shape[1]*shape[3]))
+	}
 	size := int(shape[0] * shape[1] * shape[2] * shape[3])
 	k, v, lengths = make([]float32, size), make([]float32, size), make([]int64, len(agents))
 	kt, vt := Tensor{Data: k, DType: F32, Shape: shape}, Tensor{Data: v, DType: F32, Shape: shape}
@@ -196,7 +204,7 @@ func BatchMerge(agents []*Agent, layer int32, maxLen int64) (k, v []float32, len
 		return nil, nil, nil, err
 	}
 	err = call(func() C.kvmem_status {
-		return C.kvgo_batch_merge(&hs[0], C.int32_t(len(agents)), C.int32_t(layer), kd, &km[0], vd, &vm[0],
+		return C.kvgo_batch_merge(&hs[0], cn, C.int32_t(layer), kd, &km[0], vd, &vm[0],
 			(*C.int64_t)(unsafe.Pointer(&lengths[0])))
 	})
 	runtime.KeepAlive(k)

@@ -102,8 +102,12 @@ func (r *Retrieval) Get(set int) (blocks []int32, scores []float32, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	cs, err := i32("set", set)
+	if err != nil {
+		return nil, nil, err
+	}
 	var n C.int32_t
-	if err := call(func() C.kvmem_status { return C.kvmem_retrieval_copy(h, C.int32_t(set), nil, nil, 0, &n) }); err != nil {
+	if err := call(func() C.kvmem_status { return C.kvmem_retrieval_copy(h, cs, nil, nil, 0, &n) }); err != nil {
 		return nil, nil, err
 	}
 	blocks, scores = make([]int32, int(n)), make([]float32, int(n))
@@ -111,7 +115,7 @@ func (r *Retrieval) Get(set int) (blocks []int32, scores []float32, err error) {
 		return blocks, scores, nil
 	}
 	err = call(func() C.kvmem_status {
-		return C.kvmem_retrieval_copy(h, C.int32_t(set), ptr32(blocks), (*C.float)(unsafe.Pointer(&scores[0])), n, &n)
+		return C.kvmem_retrieval_copy(h, cs, ptr32(blocks), (*C.float)(unsafe.Pointer(&scores[0])), n, &n)
 	})
 	return blocks, scores, err
 }
@@ -122,10 +126,14 @@ func (r *Retrieval) View(set int) (blocks []int32, scores []float32, err error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	cs, err := i32("set", set)
+	if err != nil {
+		return nil, nil, err
+	}
 	var b *C.int32_t
 	var s *C.float
 	var n C.int32_t
-	if err := call(func() C.kvmem_status { return C.kvmem_retrieval_get(h, C.int32_t(set), &b, &s, &n) }); err != nil {
+	if err := call(func() C.kvmem_status { return C.kvmem_retrieval_get(h, cs, &b, &s, &n) }); err != nil {
 		return nil, nil, err
 	}
 	if n == 0 {
@@ -141,9 +149,13 @@ func (r *Retrieval) BlockScores(set int) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	cs, err := i32("set", set)
+	if err != nil {
+		return nil, err
+	}
 	var s *C.float
 	var n C.int32_t
-	if err := call(func() C.kvmem_status { return C.kvmem_retrieval_block_scores(h, C.int32_t(set), &s, &n) }); err != nil {
+	if err := call(func() C.kvmem_status { return C.kvmem_retrieval_block_scores(h, cs, &s, &n) }); err != nil {
 		return nil, err
 	}
 	if n == 0 {
@@ -158,8 +170,12 @@ func (r *Retrieval) NTokens(set int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	cs, err := i32("set", set)
+	if err != nil {
+		return 0, err
+	}
 	var n C.int64_t
-	err = call(func() C.kvmem_status { return C.kvmem_retrieval_n_tokens(h, C.int32_t(set), &n) })
+	err = call(func() C.kvmem_status { return C.kvmem_retrieval_n_tokens(h, cs, &n) })
 	return int64(n), err
 }
 
@@ -184,10 +200,18 @@ func (a *Agent) Retrieve(query Tensor, p RetrieveParams, result *Retrieval) (*Re
 	if err != nil {
 		return nil, err
 	}
+	nex, err := i32("len(Exclude)", len(p.Exclude))
+	if err != nil {
+		return nil, err
+	}
+	nai, err := i32("len(AlwaysInclude)", len(p.AlwaysInclude))
+	if err != nil {
+		return nil, err
+	}
 	cp := C.kvmem_retrieve_default_params()
 	cp.top_k, cp.mode, cp.norm = C.int32_t(p.TopK), C.kvmem_retrieve_mode(p.Mode), C.kvmem_retrieve_norm(p.Norm)
 	cp.agg, cp.scope, cp.tau, cp.rr_c = C.kvmem_retrieve_agg(p.Agg), C.kvmem_retrieve_scope(p.Scope), C.float(p.Tau), C.float(p.RRC)
-	cp.n_exclude, cp.n_always_include = C.int32_t(len(p.Exclude)), C.int32_t(len(p.AlwaysInclude))
+	cp.n_exclude, cp.n_always_include = nex, nai
 	cp.recent_window, cp.skip_recent = C.int32_t(p.RecentWindow), C.int32_t(p.SkipRecent)
 	err = call(func() C.kvmem_status {
 		return C.kvgo_retrieve(h, qd, &qm[0], cp, ptr32(p.Exclude), ptr32(p.AlwaysInclude), rh)
@@ -206,6 +230,10 @@ func (a *Agent) Retrieve(query Tensor, p RetrieveParams, result *Retrieval) (*Re
 // ([n_layers][M][n_kv_heads][head_dim]; either may be nil).
 func (a *Agent) Gather(blocks []int32, basePosition int64, kOut, vOut *Tensor) error {
 	h, err := a.ptr()
+	if err != nil {
+		return err
+	}
+	nb, err := i32("len(blocks)", len(blocks))
 	if err != nil {
 		return err
 	}
@@ -233,7 +261,7 @@ func (a *Agent) Gather(blocks []int32, basePosition int64, kOut, vOut *Tensor) e
 		vmp = &vm[0]
 	}
 	err = call(func() C.kvmem_status {
-		return C.kvgo_gather(h, ptr32(blocks), C.int32_t(len(blocks)), C.int64_t(basePosition), kd, kmp, vd, vmp)
+		return C.kvgo_gather(h, ptr32(blocks), nb, C.int64_t(basePosition), kd, kmp, vd, vmp)
 	})
 	if kOut != nil {
 		runtime.KeepAlive(kOut.Data)

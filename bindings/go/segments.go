@@ -364,7 +364,8 @@ func KmeansDefaultParams() KmeansParams {
 
 // ClusterKmeans is kvmem_cluster_kmeans over emb [n][dim]: labels, centroids [k][dim], rounds run.
 func ClusterKmeans(emb []float32, n, dim int, p KmeansParams) (labels []int32, centroids []float32, iters int32, err error) {
-	if n <= 0 || dim <= 0 || len(emb) != n*dim {
+	// len(emb)/dim, not n*dim: a product that wraps could match len(emb) and size labels past it
+	if n <= 0 || dim <= 0 || len(emb)%dim != 0 || n != len(emb)/dim {
 		return nil, nil, 0, argErr("ClusterKmeans: emb has %d values, n*dim is %d*%d", len(emb), n, dim)
 	}
 	if p.K < 1 || int(p.K) > n {
@@ -406,9 +407,19 @@ type MultihopResult struct {
 // MultihopSelect is kvmem_multihop_select: q2s [nQuery][nSegments], s2s
 // [nSegments][nSegments], candidates nSegments 0/1 bytes or nil.
 func MultihopSelect(p MultihopParams, q2s []float32, nQuery int, s2s []float32, nSegments int, candidates []uint8) (selected []uint8, importance []float32, res MultihopResult, err error) {
-	if nQuery < 1 || nSegments < 1 || len(q2s) != nQuery*nSegments || len(s2s) != nSegments*nSegments || (candidates != nil && len(candidates) != nSegments) {
-		return nil, nil, res, argErr("MultihopSelect: sizes of q2s (%d), s2s (%d), candidates (%d) do not match %d queries x %d segments",
+	// sizes compared by division: products that wrap could match the slices' lengths
+	if nQuery < 1 || nSegments < 1 || len(q2s)%nSegments != 0 || len(q2s)/nSegments != nQuery ||
+		len(s2s)%nSegments != 0 || len(s2s)/nSegments != nSegments || (candidates != nil && len(candidates) != nSegments) {
+		return nil, nil, res, argErr("MultihopSelect: sizes of q2s (%d), s2s (%d), candidates (%d) do not match nQuery = %d x nSegments = %d",
 			len(q2s), len(s2s), len(candidates), nQuery, nSegments)
+	}
+	cq, err := i32("nQuery", nQuery)
+	if err != nil {
+		return nil, nil, res, err
+	}
+	cs, err := i32("nSegments", nSegments)
+	if err != nil {
+		return nil, nil, res, err
 	}
 	selected, importance = make([]uint8, nSegments), make([]float32, nSegments)
 	mp := C.kvmem_multihop_default_params() // sets struct_size
@@ -419,8 +430,8 @@ func MultihopSelect(p MultihopParams, q2s []float32, nQuery int, s2s []float32, 
 	}
 	var r C.kvmem_multihop_result
 	err = call(func() C.kvmem_status {
-		return C.kvmem_multihop_select(&mp, (*C.float)(unsafe.Pointer(&q2s[0])), C.int32_t(nQuery), (*C.float)(unsafe.Pointer(&s2s[0])),
-			C.int32_t(nSegments), cand, (*C.uint8_t)(unsafe.Pointer(&selected[0])), (*C.float)(unsafe.Pointer(&importance[0])), &r)
+		return C.kvmem_multihop_select(&mp, (*C.float)(unsafe.Pointer(&q2s[0])), cq, (*C.float)(unsafe.Pointer(&s2s[0])),
+			cs, cand, (*C.uint8_t)(unsafe.Pointer(&selected[0])), (*C.float)(unsafe.Pointer(&importance[0])), &r)
 	})
 	if err != nil {
 		return nil, nil, res, err

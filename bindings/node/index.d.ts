@@ -34,6 +34,8 @@ export class MismatchError extends KvmemError {}
 export class ConflictError extends KvmemError {}
 export class InternalError extends KvmemError {}
 export class BusyError extends KvmemError {}
+/** The KvmemError subclass of a kvmem_status (KvmemError itself for an unknown code). */
+export function errorFor(status: number, message: string, code?: string): KvmemError;
 
 /** kvmem_model_spec: optional fields left out keep kvmem_model_spec_default()'s values. */
 export interface ModelSpec {
@@ -66,8 +68,18 @@ export interface AppendOptions {
 export interface ReadOptions { kOut?: TensorLike; vOut?: TensorLike; dtype?: DType; keys?: boolean; values?: boolean; }
 export interface ReadResult<T = Float32Array | Uint16Array> { k: T | null; v: T | null; shape: number[]; }
 
+/**
+ * Async calls (`...Async`): each runs on a worker thread and takes its turn among the
+ * async calls made on the same object, in the order they were made. From the moment
+ * it is made until its promise settles the object is busy: a synchronous call on it
+ * throws BusyError (await the promise first), and close() throws BusyError. Inputs
+ * (tensors, token ids, text, block lists) are copied when the call is made, so the
+ * caller may reuse its arrays at once; outputs (kOut, vOut, out) are written when the
+ * call runs and are ready when the promise resolves. Argument errors throw at the
+ * call; failures of the C call reject.
+ */
 declare class Handle {
-  /** the C pointer; throws ClosedError once closed */
+  /** the C pointer; throws ClosedError once closed, BusyError while an async call on it is pending */
   readonly handle: unknown;
   readonly closed: boolean;
   /** Free the C object; later calls do nothing. Throws BusyError while an async call runs on it. */
@@ -79,6 +91,8 @@ export class Context extends Handle {
   constructor(opts?: { backend?: 'cpu' | 'cuda' | 'vulkan' | 'auto' | string; nThreads?: number });
   readonly backend: string;
   readonly nThreads: number;
+  /** the message of the last failed call on this context (attend, qmemScore), whichever thread ran it */
+  lastError(): string;
   /** (experimental) bytes moved to (h2d) and from (d2h) the context's backend buffers */
   transferStats(): { h2dBytes: number; d2hBytes: number };
   transferReset(): void;
@@ -103,7 +117,10 @@ export class Pool extends Handle {
   agentOpenFile(path: string, opts?: { verify?: boolean }): Agent;
   removeAgent(id: string): void;
   sync(): void;
+  /** kvmem_pool_sync on a worker thread; the pool is busy until it settles (see Handle) */
   syncAsync(): Promise<void>;
+  /** the message of the last failed call on this pool (sync, agentOpen, ...), whichever thread ran it */
+  lastError(): string;
   segmentsCreate(owner: string, params?: SegmentsParams): Segments;
 }
 
@@ -111,13 +128,17 @@ export class Agent extends Handle {
   constructor(pool: Pool, id: string);
   readonly pool: Pool;
   readonly id: string;
+  /** the message of the last failed call on this agent, whichever thread ran it */
+  lastError(): string;
   /** k, v: [n_layers][T][n_kv_heads][head_dim] */
   append(k: TensorLike, v: TensorLike, opts?: AppendOptions): void;
+  /** append on a worker thread, after the agent's earlier async calls; k, v and opts' arrays are copied at the call */
   appendAsync(k: TensorLike, v: TensorLike, opts?: AppendOptions): Promise<void>;
   flush(): void;
   getInfo(): AgentInfo;
   blockInfo(block: number): BlockInfo;
   read(first?: number, n?: number, opts?: ReadOptions): ReadResult;
+  /** read on a worker thread, after the agent's earlier async calls (n omitted: to the end as it is then) */
   readAsync(first?: number, n?: number, opts?: ReadOptions): Promise<ReadResult>;
   blockAabb(block: number): { min: Float32Array; max: Float32Array };
   tokens(first?: number, n?: number): Int32Array;
@@ -131,9 +152,11 @@ export class Agent extends Handle {
   prefixMatch(newText: string | Buffer, opts?: { minRatio?: number }): PrefixMatch;
   /** kvmem_retrieve: query [n_q][n_layers][n_q_heads][head_dim], raw (pre-RoPE). */
   retrieve(query: TensorLike, opts?: RetrieveOptions): Retrieval;
+  /** retrieve on a worker thread; the query and block lists are copied at the call; opts.result is busy until it settles */
   retrieveAsync(query: TensorLike, opts?: RetrieveOptions): Promise<Retrieval>;
   /** kvmem_gather: sealed blocks concatenated and re-encoded at positions basePosition.. */
   gather(blocks: Int32Like, basePosition?: number, opts?: ReadOptions): ReadResult;
+  /** gather on a worker thread, after the agent's earlier async calls; blocks copied at the call */
   gatherAsync(blocks: Int32Like, basePosition?: number, opts?: ReadOptions): Promise<ReadResult>;
 }
 
@@ -226,6 +249,11 @@ export const LOG_DEBUG: 0, LOG_INFO: 1, LOG_WARN: 2, LOG_ERROR: 3;
 export const libraryPath: string;
 /** Whether the binding declares the C function `name` and the loaded library has it. */
 export function hasFunction(name: string): boolean;
+/** Low level: the kvmem_tensor descriptor (koffi struct object) a call would hand to C for x,
+ *  `shape` the shape it expects (-1: inferred). Throws as the calls do. */
+export function tensor(x: TensorLike, what: string, shape: number[] | null, dtype?: DType): unknown;
+/** Low level, unstable: the koffi layer (lib.js): C functions by their C names, the loaded library's path. */
+export const _lib: { libraryPath: string; fns: Record<string, (...args: any[]) => any>; declared: Record<string, string> };
 
 // ---- IntentKV ----
 export interface SessionKey { hi: bigint | number; lo: bigint | number; kind: number; }
@@ -284,6 +312,8 @@ export interface AttendStats {
 }
 /** kvmem_attend: q [n_rows][n_q_heads][head_dim] post-RoPE over an agent layer, tensors or a slot map. */
 export function attend(ctx: Context, q: TensorLike, opts: AttendOptions): { out: TensorData; stats: AttendStats };
+/** attend on a worker thread: with an agent source, after that agent's earlier async calls (the agent is busy until it
+ * settles); q, k, v, positions, slots, mask and tileOrder are copied at the call; the context stays open until it settles */
 export function attendAsync(ctx: Context, q: TensorLike, opts: AttendOptions): Promise<{ out: TensorData; stats: AttendStats }>;
 export const ATTEND_SRC_TENSORS: 0, ATTEND_SRC_AGENT: 1, ATTEND_SRC_SLOTMAP: 2;
 export const ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_SCORED: 3, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1;

@@ -16,10 +16,12 @@
 //
 // Names: every key of a spec, an options object or a result is the camelCase
 // form of its C field (n_kv_heads -> nKvHeads); unknown keys throw (names.js).
+const util = require('node:util');
 const L = require('./lib');
 const errors = require('./errors');
 const { cId, cPath } = require('./cstr');
 const { camel, readKeys, fromC, toC, NOT_FIELDS } = require('./names');
+const { checkInt, intArray } = require('./ints');
 
 const { fns: C, koffi } = L;
 const F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q4_KIVI = 5;
@@ -91,7 +93,8 @@ function tensor(x, what, shape, dtype) {
     throw new TypeError(`kvmem: ${what}: byte offset ${data.byteOffset} is not aligned to ${isz}`);
   let ext;
   if (given) {
-    ext = Array.from(given, Number);
+    ext = Array.from(given, (e, i) => Number(checkInt(e, `${what} shape[${i}]`, 'Int64')));
+    if (ext.some((e) => e < 0)) throw new errors.InvalidArgumentError(`${what}: shape [${ext}] has a negative extent`);
     if (shape && (ext.length !== shape.length || ext.some((e, i) => shape[i] >= 0 && shape[i] !== e)))
       throw new RangeError(`kvmem: ${what} has shape [${ext}], expected [${shape.map(s => s < 0 ? '*' : s)}]`);
   } else {
@@ -108,6 +111,7 @@ function tensor(x, what, shape, dtype) {
     let acc = 1;
     for (let i = ext.length - 1; i >= 0; i--) { strides[i] = acc; acc *= ext[i]; }
   }
+  if (given && strides.length === ext.length) strides = Array.from(strides, (st, i) => Number(checkInt(st, `${what} strides[${i}]`, 'Int64')));
   if (strides.length !== ext.length || strides.some(s => !Number.isInteger(s) || s < 0))
     throw new TypeError(`kvmem: ${what}: strides [${strides}] must be ${ext.length} non-negative integers (elements)`);
   // the furthest element the view reaches must lie inside the array: C trusts it
@@ -149,7 +153,7 @@ function newArray(n, dtype) {
 
 function int32s(x, what, n) {
   if (x === undefined || x === null) return null;
-  const a = x instanceof Int32Array ? x : Int32Array.from(x); // arrays of numbers are converted (copied)
+  const a = intArray(x, Int32Array, 'Int32', what); // arrays of numbers are converted (copied), each checked
   if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} entries, expected ${n}`);
   return a;
 }
@@ -162,15 +166,30 @@ const registry = new FinalizationRegistry(({ free, handle }) => {
   try { free(handle); } catch { /* never throw from a finalizer */ }
 });
 
+const noop = () => undefined;
+
 class Handle {
   _own(handle, free, kind) {
     this._h = handle;
     this._kind = kind;
-    this._busy = 0;
+    this._busy = 0;    // async calls made on this object (or writing into it) not yet settled
+    this._pins = 0;    // async calls on other objects that use this one (close() waits for them)
+    this._turn = false;
+    this._tail = null;
     this._free = free;
     registry.register(this, { free, handle }, this);
   }
+  // The C handle for a synchronous call. Refused with BusyError while an async call
+  // made on this object has not settled: the sync call would run before it (the async
+  // one waits for its turn) or beside it on another thread.
   get handle() {
+    const h = this._ptr();
+    if (this._busy && !this._turn)
+      throw new errors.BusyError(`${this._kind}: an async call made on it has not settled; await it before a synchronous call`);
+    return h;
+  }
+  // the C handle, whatever runs on it (what an async call takes when its turn comes)
+  _ptr() {
     if (this._h === null) throw new errors.ClosedError(`${this._kind} is closed`);
     return this._h;
   }
@@ -178,24 +197,52 @@ class Handle {
   _forget() { registry.unregister(this); this._h = null; }
   close() {
     if (this._h === null) return;
-    if (this._busy) throw new errors.BusyError(`${this._kind}: an async call is still running on it; await it before close()`);
+    if (this._busy || this._pins) throw new errors.BusyError(`${this._kind}: an async call is still running on it; await it before close()`);
     const h = this._h;
     this._forget();
     this._free(h);
   }
-  // Run a koffi async call, keeping this object alive and open until it settles. The
-  // library takes one call per object at a time (a second concurrent one fails with
-  // KVMEM_ERR_BUSY), and koffi runs async calls on a pool of worker threads: so the
-  // async calls on one object wait for each other, in the order they were made.
-  _async(fn, ...args) {
+  // An async call on this object: koffi runs it on a worker thread. It marks the
+  // object busy at once (so a synchronous call made after it is refused rather than
+  // run first), and waits for the async calls made on this object before it, so they
+  // run in the order they were made. prepare() runs when its turn comes and may make
+  // synchronous calls on this object (sizes, output arrays); it returns {args, out}.
+  // `marks`: other objects the call writes (busy too); `pins`: objects it only
+  // reads, kept open until it settles.
+  _async(fn, prepare, { marks = [], pins = [] } = {}) {
+    this._ptr();
     this._busy++;
-    const run = () => fn.async(...args);
-    const p = (this._tail || Promise.resolve()).then(run, run);
-    this._tail = p.then(() => undefined, () => undefined);
-    return p.finally(() => { this._busy--; });
+    for (const m of marks) m._busy++;
+    for (const p of pins) p._pins++;
+    const turn = () => {
+      let job;
+      this._turn = true;
+      try { job = prepare(); } finally { this._turn = false; }
+      return fn.async(...job.args).then(() => (job.done ? job.done() : job.out));
+    };
+    const p = (this._tail || Promise.resolve()).then(turn, turn);
+    this._tail = p.then(noop, noop);
+    return p.finally(() => {
+      this._busy--;
+      for (const m of marks) m._busy--;
+      for (const q of pins) q._pins--;
+    });
   }
 }
 if (Symbol.dispose) Handle.prototype[Symbol.dispose] = function () { this.close(); };
+// util.inspect / console.log: what the object is (its describe(), e.g. an agent's id and
+// token counts), not the binding's internals (the C pointer, counters, queues)
+Handle.prototype[util.inspect.custom] = function (depth, options, inspect) {
+  let body;
+  if (this._h === null) body = { closed: true };
+  else if (this._busy) body = { pending: 'an async call has not settled' };
+  else {
+    try { body = this._describe(); } catch (e) { body = { error: e.message }; }
+  }
+  if (this._id !== undefined && !('id' in body)) body = { id: this._id, ...body };
+  return `${this.constructor.name} ${inspect(body, { ...options, depth: options.depth === null ? null : options.depth - 1 })}`;
+};
+Handle.prototype._describe = function () { return {}; };
 
 const APPEND_KEYS = ['tokenIds', 'text', 'tokenTextOffsets', 'positions', 'keysRotated', 'dtype'];
 
@@ -209,7 +256,9 @@ function kvArgs(spec, k, v, options, what) {
   const ap = C.kvmem_append_default_params();
   ap.token_ids = int32s(opts.tokenIds, 'tokenIds', T);
   if (opts.text !== undefined && opts.text !== null) {
-    const tb = Buffer.isBuffer(opts.text) ? opts.text : Buffer.from(String(opts.text), 'utf8');
+    if (typeof opts.text !== 'string' && !(opts.text instanceof Uint8Array))
+      throw new TypeError(`kvmem: ${what} options: text must be a string or a Buffer, not ${typeof opts.text}`);
+    const tb = typeof opts.text === 'string' ? Buffer.from(opts.text, 'utf8') : Buffer.from(opts.text.buffer, opts.text.byteOffset, opts.text.byteLength);
     // koffi passes a Buffer as a pointer to its bytes (no NUL needed: text_len says how many)
     ap.text = tb.length ? tb : null;
     ap.text_len = tb.length;
@@ -218,6 +267,34 @@ function kvArgs(spec, k, v, options, what) {
   ap.positions = int32s(opts.positions, 'positions', T);
   ap.keys_rotated = (opts.keysRotated ?? (opts.positions != null)) ? 1 : 0;
   return [kt, vt, ap];
+}
+
+// An object's own copy of its last failure (kvmem_X_last_error): what the
+// last failed call on it said, on whichever thread it ran.
+function objectError(fn, handle) {
+  let buf = Buffer.alloc(512);
+  const n = Number(fn(handle, buf, buf.length));
+  if (n >= buf.length) fn(handle, buf = Buffer.alloc(n + 1), buf.length);
+  return buf.toString('utf8', 0, Math.min(n, buf.length - 1));
+}
+
+// A copy of an input's bytes. An async call reads its inputs on a worker thread when
+// its turn comes, maybe after the caller has moved on: it takes copies when it is
+// made, so the caller may refill its arrays at once (an engine reuses one scratch
+// buffer per step), as after a synchronous call. Outputs are not copied: an async
+// call writes them when it runs, and they are ready when its promise resolves.
+function copyOf(x) {
+  if (x === null || x === undefined) return x;
+  if (Buffer.isBuffer(x)) return Buffer.from(x);
+  if (x instanceof ArrayBuffer) return x.slice(0);
+  if (x instanceof DataView) return new Uint8Array(x.buffer, x.byteOffset, x.byteLength).slice();
+  if (ArrayBuffer.isView(x)) return x.slice();
+  return x;
+}
+const copyTensor = (t) => (t ? { ...t, data: copyOf(t.data) } : t);
+function copyKv([kt, vt, ap]) {
+  return [copyTensor(kt), copyTensor(vt), { ...ap, token_ids: copyOf(ap.token_ids), text: copyOf(ap.text),
+                                            token_text_offsets: copyOf(ap.token_text_offsets), positions: copyOf(ap.positions) }];
 }
 
 class Context extends Handle {
@@ -232,6 +309,8 @@ class Context extends Handle {
   }
   get backend() { return C.kvmem_context_backend(this.handle); }
   get nThreads() { return C.kvmem_context_n_threads(this.handle); }
+  // the message of the last failed call on this context (attend, qmemScore), from any thread
+  lastError() { return objectError(C.kvmem_context_last_error, this.handle); }
   // (experimental) bytes the library moved to / from this context's backend buffers
   transferStats() {
     const h = [0], d = [0];
@@ -250,8 +329,10 @@ class Context extends Handle {
   // they take tensors: kind 'cuda' (handle: the device pointer) or 'vulkan'
   // (handle: the VkBuffer), size in bytes, offset of element 0 in bytes
   deviceTensor(opts) { return new DeviceTensor(opts); }
+  _describe() { return { backend: this.backend, nThreads: this.nThreads }; }
   poolCreate(spec, params) { return new Pool(this, spec, params); }
   close() {
+    if (this._h !== null && (this._busy || this._pins)) throw new errors.BusyError('Context: an async call is still running on it');
     for (const p of this._pools) if (p._busyTree()) throw new errors.BusyError('Context: an async call is still running on one of its agents');
     for (const p of [...this._pools]) p.close();
     super.close();
@@ -271,7 +352,7 @@ function cSpec(spec, what = 'model spec') {
   SPEC_FIELDS.forEach((field, i) => { if (f[SPEC_KEYS[i]] !== undefined) s[field] = f[SPEC_KEYS[i]]; });
   if (f.modelId !== undefined) s.model_id = cId(f.modelId, 'modelId');
   const w = f.layerWindow;
-  s.layer_window = w === undefined || w === null ? null : (w instanceof Int32Array ? w : Int32Array.from(w));
+  s.layer_window = w === undefined || w === null ? null : intArray(w, Int32Array, 'Int32', 'layerWindow');
   // C reads n_layers entries: a shorter array would be read past its end
   if (s.layer_window && s.layer_window.length !== s.n_layers)
     throw new RangeError(`kvmem: ${what}: layerWindow has ${s.layer_window.length} entries, nLayers is ${s.n_layers}`);
@@ -317,8 +398,8 @@ class Pool extends Handle {
     this.spec = this.getSpec();
   }
   _busyTree() {
-    if (this._busy) return true;
-    for (const r of this._agents) { const a = r.deref(); if (a && a._busy) return true; }
+    if (this._busy || this._pins) return true;
+    for (const r of this._agents) { const a = r.deref(); if (a && (a._busy || a._pins)) return true; }
     return false;
   }
   close() {
@@ -332,6 +413,12 @@ class Pool extends Handle {
     super.close();
   }
   getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return fromC(o); }
+  _describe() {
+    const i = this.getInfo(), s = this.spec;
+    return { nLayers: s.nLayers, nQHeads: s.nQHeads, nKvHeads: s.nKvHeads, headDim: s.headDim, blockSize: i.blockSize,
+             storageDtype: C.kvmem_dtype_name(i.storageDtype), nAgents: i.nAgents, usedBytes: i.usedBytes,
+             capacityBytes: i.capacityBytes };
+  }
   getSpec() { const o = {}; C.kvmem_pool_get_spec(this.handle, o); return specFromC(o); }
   agentId(index) {
     const len = [0];
@@ -352,7 +439,9 @@ class Pool extends Handle {
   }
   // kvmem_pool_sync: write changed agents to the pool's store
   sync() { C.kvmem_pool_sync(this.handle); }
-  syncAsync() { return this._async(C.kvmem_pool_sync, this.handle).then(() => undefined); }
+  syncAsync() { return this._async(C.kvmem_pool_sync, () => ({ args: [this._ptr()] })); }
+  // the message of the last failed call on this pool (sync, agentOpen, ...), from any thread
+  lastError() { return objectError(C.kvmem_pool_last_error, this.handle); }
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, cId(id, 'agent id')); }
 }
@@ -369,31 +458,52 @@ class Agent extends Handle {
     if (opened === null) C.kvmem_agent_open(pool.handle, cId(id, 'agent id'), out);
     else id = C.kvmem_agent_get_id(opened);
     this._own(out[0], C.kvmem_agent_close, `Agent '${id}'`);
+    this._id = id;
     this.pool = pool;
     const ref = new WeakRef(this);
     pool._agents.add(ref);
     this._ref = ref;
   }
   close() {
-    if (this._h !== null && !this._busy) this.pool._agents.delete(this._ref);
+    if (this._h !== null && !this._busy && !this._pins) this.pool._agents.delete(this._ref);
     super.close();
   }
-  get id() { return C.kvmem_agent_get_id(this.handle); }
+  // an agent's id never changes: read once, so it stays readable while an async call runs
+  get id() { this._ptr(); return this._id; }
+  // the message of the last failed call on this agent, from any thread
+  lastError() { return objectError(C.kvmem_agent_last_error, this.handle); }
   _kvShape(n = -1) { const s = this.pool.spec; return [s.nLayers, n, s.nKvHeads, s.headDim]; }
-
-  _appendArgs(k, v, opts) { return [this.handle, ...kvArgs(this.pool.spec, k, v, opts, 'append')]; }
 
   // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
   // positions (post-RoPE keys), keysRotated, dtype
-  append(k, v, opts) { C.kvmem_agent_append(...this._appendArgs(k, v, opts)); }
-  appendAsync(k, v, opts) { return this._async(C.kvmem_agent_append, ...this._appendArgs(k, v, opts)).then(() => undefined); }
+  append(k, v, opts) { C.kvmem_agent_append(this.handle, ...kvArgs(this.pool.spec, k, v, opts, 'append')); }
+  // the inputs are copied when the call is made (copyOf): the caller may reuse them at once
+  appendAsync(k, v, opts) {
+    const kv = copyKv(kvArgs(this.pool.spec, k, v, opts, 'append'));
+    return this._async(C.kvmem_agent_append, () => ({ args: [this._ptr(), ...kv] }));
+  }
   flush() { C.kvmem_agent_flush(this.handle); }
   getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return fromC(o); }
+  _describe() { const i = this.getInfo(); return { id: this._id, nTokens: i.nTokens, nBlocks: i.nBlocks, nSealed: i.nSealed, bytes: i.bytes }; }
   blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return fromC(o, ['sealed']); }
+
+  // first and n (undefined: to the end) checked against the agent's tokens before an
+  // output of n tokens is allocated (n = 2**40 would ask for 16 TiB)
+  _span(first, n, fn) {
+    first = Number(checkInt(first, 'first', 'Int64'));
+    const total = Number(this.getInfo().nTokens);
+    n = n === undefined || n === null ? total - first : Number(checkInt(n, 'n', 'Int64'));
+    if (first < 0 || n < 0 || first > total - n)
+      throw new errors.InvalidArgumentError(`${fn}: tokens [${first}, ${first + n}) outside [0, ${total})`);
+    return [first, n];
+  }
 
   _readArgs(first = 0, n, options) {
     const opts = readKeys(options, OUT_KEYS, 'read options');
-    if (n === undefined || n === null) n = this.getInfo().nTokens - first;
+    first = checkInt(first, 'first', 'Int64');
+    n = n === undefined || n === null ? Number(this.getInfo().nTokens) - Number(first) : checkInt(n, 'n', 'Int64');
+    // the span checked by C (no outputs: nothing read) before n tokens of output are allocated
+    C.kvmem_agent_read(this.handle, first, n, null, null);
     const shape = this._kvShape(n);
     const count = shape.reduce((a, b) => a * b, 1);
     const dtype = opts.dtype ?? 'f32';
@@ -406,7 +516,11 @@ class Agent extends Handle {
   }
   // Raw KV of tokens [first, first+n) as {k, v, shape}; opts: kOut/vOut (written in place), dtype, keys, values
   read(first, n, opts) { const r = this._readArgs(first, n, opts); C.kvmem_agent_read(...r.args); return r.out; }
-  async readAsync(first, n, opts) { const r = this._readArgs(first, n, opts); await this._async(C.kvmem_agent_read, ...r.args); return r.out; }
+  // n (when not given) and the outputs are taken when the read's turn comes, after the calls before it
+  readAsync(first, n, opts) {
+    readKeys(opts, OUT_KEYS, 'read options');
+    return this._async(C.kvmem_agent_read, () => this._readArgs(first, n, opts));
+  }
 
   blockAabb(block) {
     const s = this.pool.spec;
@@ -416,7 +530,7 @@ class Agent extends Handle {
     return { min, max };
   }
   tokens(first = 0, n) {
-    if (n === undefined) n = this.getInfo().nTokens - first;
+    [first, n] = this._span(first, n, 'kvmem_agent_tokens');
     const out = new Int32Array(n);
     C.kvmem_agent_tokens(this.handle, first, n, n ? out : null);
     return out;
@@ -431,9 +545,9 @@ class Agent extends Handle {
 
   // kvmem_agent_save / kvmem_agent_load: a crash-safe safetensors file (path null: the pool's store)
   save(path = null) { C.kvmem_agent_save(this.handle, cPath(path)); }
-  saveAsync(path = null) { return this._async(C.kvmem_agent_save, this.handle, cPath(path)).then(() => undefined); }
+  saveAsync(path = null) { const p = cPath(path); return this._async(C.kvmem_agent_save, () => ({ args: [this._ptr(), p] })); }
   load(path = null) { C.kvmem_agent_load(this.handle, cPath(path)); }
-  loadAsync(path = null) { return this._async(C.kvmem_agent_load, this.handle, cPath(path)).then(() => undefined); }
+  loadAsync(path = null) { const p = cPath(path); return this._async(C.kvmem_agent_load, () => ({ args: [this._ptr(), p] })); }
   truncate(nTokens) { C.kvmem_agent_truncate(this.handle, nTokens); }
   // kvmem_prefix_match: {kind, reuseTokens, commonBytes, processFrom (a byte offset into the UTF-8 text)}
   prefixMatch(newText, opts) {
@@ -444,7 +558,7 @@ class Agent extends Handle {
     return fromC(out);
   }
 
-  _retrieveArgs(query, options) {
+  _retrieveArgs(query, options, h = this.handle) {
     const s = this.pool.spec;
     const { result, dtype, exclude, alwaysInclude, ...params } =
       readKeys(options, RETRIEVE_KEYS, 'retrieve options');
@@ -455,17 +569,20 @@ class Agent extends Handle {
     rp.n_always_include = rp.always_include ? rp.always_include.length : 0;
     const qt = tensor(query, 'query', [-1, s.nLayers, s.nQHeads, s.headDim], dtype);
     const r = result ?? new Retrieval();
-    return { args: [this.handle, qt, rp, r.handle], result: r };
+    return { args: [h, qt, rp, r.handle], result: r };
   }
   // kvmem_retrieve: query rows [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE).
   // opts: topK, mode, norm, agg, scope, tau, rrC, exclude, alwaysInclude, recentWindow,
   // skipRecent, result (a Retrieval to reuse), dtype. Returns the Retrieval.
   retrieve(query, opts) { const r = this._retrieveArgs(query, opts); C.kvmem_retrieve(...r.args); return r.result; }
-  async retrieveAsync(query, opts) {
-    const r = this._retrieveArgs(query, opts);
-    r.result._busy++;
-    try { await this._async(C.kvmem_retrieve, ...r.args); } finally { r.result._busy--; }
-    return r.result;
+  // the query and the block lists are copied when the call is made; the result is
+  // busy (its sync calls refused) until the promise settles
+  retrieveAsync(query, opts) {
+    const r = this._retrieveArgs(query, opts, this._ptr());
+    const [, qt, rp] = r.args;
+    const args = [qt && copyTensor(qt), { ...rp, exclude: copyOf(rp.exclude), always_include: copyOf(rp.always_include) }];
+    return this._async(C.kvmem_retrieve, () => ({ args: [this._ptr(), ...args, r.result._ptr()], out: r.result }),
+                       { marks: [r.result] });
   }
 
   _gatherArgs(blocks, basePosition = 0, options) {
@@ -485,7 +602,12 @@ class Agent extends Handle {
   }
   // kvmem_gather: sealed blocks concatenated, re-encoded at positions basePosition..; {k, v, shape}
   gather(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); C.kvmem_gather(...r.args); return r.out; }
-  async gatherAsync(blocks, basePosition, opts) { const r = this._gatherArgs(blocks, basePosition, opts); await this._async(C.kvmem_gather, ...r.args); return r.out; }
+  // the block list is copied when the call is made; sizes and outputs are taken when its turn comes
+  gatherAsync(blocks, basePosition, opts) {
+    readKeys(opts, OUT_KEYS, 'gather options');
+    const ids = Array.from(int32s(Array.from(blocks), 'blocks'));
+    return this._async(C.kvmem_gather, () => this._gatherArgs(ids, basePosition, opts));
+  }
 }
 
 // retrieve options: the kvmem_retrieve_params fields (camelCase) but the
@@ -504,6 +626,12 @@ class Retrieval extends Handle {
     this._own(out[0], C.kvmem_retrieval_free, 'Retrieval');
   }
   get nSets() { return C.kvmem_retrieval_n_sets(this.handle); }
+  _describe() {
+    const n = this.nSets;
+    if (!n) return { nSets: 0 };
+    const { blocks, scores } = this.get(0);
+    return { nSets: n, blocks: Array.from(blocks), scores: Array.from(scores) };
+  }
   // {blocks: Int32Array, scores: Float32Array} of a set, chronological (copies)
   get(set = 0) {
     const n = [0];
@@ -555,6 +683,8 @@ class Segments extends Handle {
   step() { C.kvmem_segments_step(this.handle); }
   // queued events, oldest first (all of them unless max is given)
   drainEvents(max = Infinity) {
+    if (max !== Infinity && (checkInt(max, 'max', 'Int64') < 0)) throw new errors.InvalidArgumentError(`max = ${max} is negative`);
+    max = Number(max);
     const out = [];
     while (out.length < max) {
       const cap = Math.min(64, max - out.length);
@@ -570,6 +700,7 @@ class Segments extends Handle {
   storeSegment(index, k, v, opts) { C.kvmem_segments_store_segment(this.handle, index, ...kvArgs(this.pool.spec, k, v, opts, 'storeSegment')); }
   storeGroup(group, k, v, opts) { C.kvmem_segments_store_group(this.handle, group, ...kvArgs(this.pool.spec, k, v, opts, 'storeGroup')); }
   getInfo() { const o = {}; C.kvmem_segments_get_info(this.handle, o); return fromC(o); }
+  _describe() { return this.getInfo(); }
   segmentInfo(index) { const o = {}; C.kvmem_segments_segment_info(this.handle, index, o); return fromC(o, ['alive', 'has_kv']); }
   groupInfo(group) { const o = {}; C.kvmem_segments_group_info(this.handle, group, o); return fromC(o, ['has_kv']); }
   find(name) { const i = [0]; C.kvmem_segments_find(this.handle, cId(name, 'segment name'), i); return i[0]; }
@@ -601,11 +732,13 @@ class Segments extends Handle {
 }
 
 const asF32 = (x, n, what) => { const a = x instanceof Float32Array ? x : Float32Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
-const asU8 = (x, n, what) => { const a = x instanceof Uint8Array ? x : Uint8Array.from(x); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
+const asU8 = (x, n, what) => { const a = intArray(x, Uint8Array, 'UInt8', what); if (n !== undefined && a.length !== n) throw new RangeError(`kvmem: ${what} has ${a.length} values, expected ${n}`); return a; };
 
 // kvmem_cluster_kmeans over emb [n][dim] f32: {labels, centroids, iters}; params: k, maxIters, seed
 function clusterKmeans(emb, n, dim, params) {
+  n = Number(checkInt(n, 'n', 'UInt64')); dim = Number(checkInt(dim, 'dim', 'UInt64'));
   const kp = toC(C.kvmem_kmeans_default_params(), params, 'clusterKmeans params');
+  checkInt(kp.k, 'k', 'Int32'); // sizes the centroids below
   const e = asF32(emb, n * dim, 'emb');
   const labels = new Int32Array(n), centroids = new Float32Array(Math.max(kp.k, 0) * dim), iters = [0];
   C.kvmem_cluster_kmeans(e, n, dim, kp, labels, centroids, iters);
@@ -614,6 +747,7 @@ function clusterKmeans(emb, n, dim, params) {
 
 // kvmem_multihop_select: q2s [nQuery][nSegments], s2s [nSegments][nSegments]; {selected, importance, result}
 function multihopSelect(q2s, nQuery, s2s, nSegments, candidates = null, params) {
+  nQuery = checkInt(nQuery, 'nQuery', 'Int32'); nSegments = checkInt(nSegments, 'nSegments', 'Int32');
   const mp = toC(C.kvmem_multihop_default_params(), params, 'multihopSelect params');
   const selected = new Uint8Array(nSegments), importance = new Float32Array(nSegments), result = {};
   C.kvmem_multihop_select(mp, asF32(q2s, nQuery * nSegments, 'q2s'), nQuery, asF32(s2s, nSegments * nSegments, 's2s'), nSegments,
@@ -622,6 +756,7 @@ function multihopSelect(q2s, nQuery, s2s, nSegments, candidates = null, params) 
 }
 
 function multihopSchedule(nLayers, avg) {
+  nLayers = checkInt(nLayers, 'nLayers', 'Int32');
   const r = new Float32Array(nLayers);
   C.kvmem_multihop_schedule(nLayers, avg, r);
   return r;
@@ -629,9 +764,10 @@ function multihopSchedule(nLayers, avg) {
 
 // kvmem_load_plan: {items, layerStartMs, stats}; params: bandwidthGbps, maxAhead
 function loadPlan(computeMs, nLayers, loadBytes, nSegments, recompute, params) {
+  nLayers = checkInt(nLayers, 'nLayers', 'Int32'); nSegments = checkInt(nSegments, 'nSegments', 'Int32');
   const lp = toC(C.kvmem_load_plan_default_params(), params, 'loadPlan params');
   const cm = computeMs instanceof Float64Array ? computeMs : Float64Array.from(computeMs);
-  const lb = loadBytes instanceof BigUint64Array ? loadBytes : BigUint64Array.from(loadBytes, BigInt);
+  const lb = intArray(loadBytes, BigUint64Array, 'UInt64', 'loadBytes');
   if (cm.length !== nLayers || lb.length !== nSegments) throw new RangeError('kvmem: loadPlan: computeMs needs nLayers values, loadBytes nSegments');
   const rc = asU8(recompute, nLayers * nSegments, 'recompute');
   const n = [0];
@@ -666,7 +802,9 @@ class QmemStore extends Handle {
     const src = { session_id: sessionId === null ? null : cId(sessionId, 'sessionId'), token_ids: ids && ids.length ? ids : null, n_tokens: ids ? ids.length : 0,
                   mark_begin: mark ? mark[0] : 0, mark_end: mark ? mark[1] : 0 };
     const key = {};
-    C.kvmem_session_key_derive(this.handle, src, key);
+    // the growable source where the library has it
+    if (L.missing.has('kvmem_session_key_derive_v2')) C.kvmem_session_key_derive(this.handle, src, key);
+    else C.kvmem_session_key_derive_v2(this.handle, { struct_size: L.koffi.sizeof(L.types.kvmem_session_source_v2), ...src }, key);
     return fromC(key);
   }
   // fold q [n_q][n_layers][n_q_heads][head_dim] rows [spanBegin, spanEnd) into key's memory; the new memory
@@ -679,6 +817,7 @@ class QmemStore extends Handle {
   }
   get(key) { const mem = new Float32Array(memLen(this.spec)); C.kvmem_qmem_get(this.handle, cKey(key), mem); return mem; }
   get count() { return C.kvmem_qmem_count(this.handle); }
+  _describe() { return { sessions: this.count }; }
 }
 
 function f32In(x, n, what) {
@@ -708,6 +847,7 @@ class QmemHead extends Handle {
   }
   get headDim() { return C.kvmem_qmem_head_dim(this.handle); }
   get alpha() { return C.kvmem_qmem_head_alpha(this.handle); }
+  _describe() { return { headDim: this.headDim, alpha: this.alpha }; }
   apply(spec, memory, k, rule, spanBegin, spanEnd, dtype) {
     const cs = cSpec(spec), s = specFromC(cs);
     const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
@@ -718,7 +858,9 @@ class QmemHead extends Handle {
   }
 }
 
+// n entries of room: refused before allocating when the positions could not be int32
 function keptOf(n, call) {
+  n = checkInt(n, 'n', 'Int32');
   const kept = new Int32Array(Math.max(n, 1)), nk = [0];
   call(kept, nk);
   return kept.slice(0, Number(nk[0]));
@@ -731,6 +873,7 @@ function selectKeep(scores, budget, protect = 0, span = [0, 0]) {
 function streamingKeep(n, nSink, window) { return keptOf(n, (kept, nk) => C.kvmem_streaming_keep(n, nSink, window, kept, nk)); }
 // acc (Float32Array of n) += column sums of probs [nRows][n], in place
 function h2oAccumulate(probs, nRows, n, acc) {
+  nRows = Number(checkInt(nRows, 'nRows', 'Int64')); n = Number(checkInt(n, 'n', 'Int64'));
   if (!(acc instanceof Float32Array) || acc.length !== n) throw new TypeError(`kvmem: acc must be a Float32Array of ${n}`);
   C.kvmem_h2o_accumulate(f32In(probs, nRows * n, 'probs'), nRows, n, acc);
   return acc;
@@ -766,6 +909,7 @@ class KVStore extends Handle {
     super.close();
   }
   getInfo() { const o = {}; C.kvmem_kvstore_get_info(this.handle, o); return fromC(o); }
+  _describe() { return this.getInfo(); }
   slotRefs(slot) { const r = [0]; C.kvmem_kvstore_slot_refs(this.handle, slot, r); return r[0]; }
   readSlot(slot) {
     const n = this.spec.nLayers * this.spec.nKvHeads * this.spec.headDim;
@@ -802,6 +946,7 @@ class SlotMap extends Handle {
     return { slots: len ? Int32Array.from(koffi.decode(p[0], 'int32_t', len)) : new Int32Array(0), deadSlot: dead[0] };
   }
   getInfo() { const o = {}; C.kvmem_slotmap_get_info(this.handle, o); return fromC(o); }
+  _describe() { return this.getInfo(); }
   // the live rows in position order: {k, v, positions, shape}
   gather(dtype = 'f32') {
     const s = this.store.spec;
@@ -832,7 +977,7 @@ const ATTEND_KEYS = ATTEND_OWN_KEYS.concat(Object.keys(C.kvmem_attend_default_pa
 // post-RoPE), plus {slots, deadSlot} for a slot map. opts: mask, out, dtype,
 // tileOrder, and the params (order, nSink, tileSize, scale, tauS, tauD,
 // patience, probe, causal, compare).
-function attendArgs(ctx, q, options) {
+function attendArgs(ctx, q, options, forAsync = false) {
   const opts = readKeys(options, ATTEND_KEYS, 'attend options');
   const { agent, layer = 0, positions, basePosition = 0, k, v, slots, deadSlot = 0, mask, out, dtype, tileOrder } = opts;
   for (const key of ATTEND_OWN_KEYS) delete opts[key];
@@ -844,7 +989,7 @@ function attendArgs(ctx, q, options) {
   if (agent) {
     const s = agent.pool.spec;
     qt = tensor(q, 'q', [-1, s.nQHeads, s.headDim], dtype);
-    Object.assign(src, { kind: 1, agent: agent.handle, layer, base_position: basePosition, positions: int32s(positions, 'positions') });
+    Object.assign(src, { kind: 1, agent: forAsync ? agent._ptr() : agent.handle, layer, base_position: basePosition, positions: int32s(positions, 'positions') });
   } else {
     if (!k || !v) throw new TypeError('kvmem: attend needs {agent} or {k, v}');
     qt = tensor(q, 'q', null, dtype);
@@ -855,26 +1000,38 @@ function attendArgs(ctx, q, options) {
       Object.assign(src, { kind: 2, slots: sl, n_positions: sl.length, dead_slot: deadSlot });
     }
   }
-  if (mask != null) src.mask = mask instanceof Uint8Array ? mask : Uint8Array.from(mask);
+  if (mask != null) src.mask = intArray(mask, Uint8Array, 'UInt8', 'mask');
   if (tileOrder != null) { ap.tile_order = int32s(tileOrder, 'tileOrder'); ap.n_tile_order = ap.tile_order.length; }
   const shape = qt.shape.slice(0, qt.ndim);
   const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
   const ot = tensor(o, 'out', shape, out ? dtype : 'f32');
   const stats = {};
-  return { args: [ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
+  if (ATTEND_V2) src.struct_size = L.koffi.sizeof(L.types.kvmem_attend_source_v2);
+  return { args: [forAsync ? ctx._ptr() : ctx.handle, qt, src, ap, ot, stats], out: o, stats, holders };
 }
+// the growable source where the library has it
+const ATTEND_V2 = !L.missing.has('kvmem_attend_v2');
+const ATTEND_FN = ATTEND_V2 ? C.kvmem_attend_v2 : C.kvmem_attend;
 // kvmem_attend: {out, stats}
 function attend(ctx, q, opts) {
   const a = attendArgs(ctx, q, opts);
-  C.kvmem_attend(...a.args);
+  ATTEND_FN(...a.args);
   return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
 }
-async function attendAsync(ctx, q, opts) {
-  const a = attendArgs(ctx, q, opts);
+// The inputs are copied when the call is made. With an agent source the call takes its
+// turn among the agent's async calls (the agent is busy until it settles); the context
+// is kept open until it settles.
+function attendAsync(ctx, q, opts) {
+  const a = attendArgs(ctx, q, opts, true);
+  const [c, qt, src, ap, ot, stats] = a.args;
+  const args = [c, copyTensor(qt), { ...src, k: copyTensor(src.k), v: copyTensor(src.v), positions: copyOf(src.positions),
+                                     slots: copyOf(src.slots), mask: copyOf(src.mask) },
+                { ...ap, tile_order: copyOf(ap.tile_order) }, ot, stats];
+  const done = () => ({ out: a.out, stats: fromC(stats, ['stopped_early']) });
   const agent = opts && opts.agent;
-  if (agent) agent._busy++;
-  try { await ctx._async(C.kvmem_attend, ...a.args); } finally { if (agent) agent._busy--; }
-  return { out: a.out, stats: fromC(a.stats, ['stopped_early']) };
+  if (agent) return agent._async(ATTEND_FN, () => ({ args, done }), { pins: [ctx] });
+  ctx._pins++;
+  return ATTEND_FN.async(...args).then(done).finally(() => { ctx._pins--; });
 }
 
 // kvmem_batch_merge: one layer of several agents, left-padded: {k, v, lengths, shape}
@@ -882,7 +1039,8 @@ function batchMerge(agents, layer, opts) {
   const { maxLen, dtype = 'f32', kOut, vOut } = readKeys(opts, ['maxLen', 'dtype', 'kOut', 'vOut'], 'batchMerge options');
   if (!agents.length) throw new RangeError('kvmem: batchMerge needs at least one agent');
   const s = agents[0].pool.spec;
-  const ml = maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().nTokens)));
+  const ml = Number(checkInt(maxLen ?? Math.max(...agents.map((a) => Number(a.getInfo().nTokens))), 'maxLen', 'Int64'));
+  if (ml < 0) throw new errors.InvalidArgumentError(`maxLen = ${ml} is negative`);
   const shape = [agents.length, s.nKvHeads, ml, s.headDim];
   const count = shape.reduce((a, b) => a * b, 1);
   const k = kOut ?? newArray(count, dtype), v = vOut ?? newArray(count, dtype);
@@ -896,6 +1054,8 @@ function batchExtract(batch, row, length, first, n, opts) {
   const { out, dtype } = readKeys(opts, ['out', 'dtype'], 'batchExtract options');
   const bt = tensor(batch, 'batch', null, dtype);
   if (bt.ndim !== 4) throw new TypeError('kvmem: batch must be a {data, shape: [B, H, max_len, D]} view');
+  n = Number(checkInt(n, 'n', 'Int64'));
+  if (n < 0) throw new errors.InvalidArgumentError(`n = ${n} is negative`);
   const shape = [n, bt.shape[1], bt.shape[3]];
   const o = out ?? new Float32Array(shape.reduce((a, b) => a * b, 1));
   C.kvmem_batch_extract(bt, row, length, first, n, tensor(o, 'out', shape, out ? undefined : 'f32'));
@@ -919,7 +1079,7 @@ function ropeApply(spec, x, positions, opts) {
   const { inverse = false, stride } = readKeys(opts, ['inverse', 'stride'], 'ropeApply options');
   const cs = cSpec(spec);
   if (!(x instanceof Float32Array)) throw new TypeError('kvmem: ropeApply: x must be a Float32Array');
-  const st = stride ?? cs.head_dim;
+  const st = Number(checkInt(stride ?? cs.head_dim, 'stride', 'UInt64'));
   const pos = int32s(positions, 'positions');
   const nRows = pos.length;
   if (nRows && (nRows - 1) * st + cs.head_dim > x.length)

@@ -10,6 +10,8 @@ const fs = require('node:fs');
 const path = require('node:path');
 const koffi = require('koffi');
 const errors = require('./errors');
+const { checkInt, isInt } = require('./ints');
+const { camel } = require('./names');
 
 const SONAMES = process.platform === 'darwin' ? ['libkvmem.0.dylib', 'libkvmem.dylib'] : ['libkvmem.so.0', 'libkvmem.so'];
 
@@ -141,6 +143,10 @@ const types = {
   kvmem_session_source: koffi.struct('kvmem_session_source', {
     session_id: 'const char *', token_ids: 'const int32_t *', n_tokens: 'int64_t', mark_begin: 'int64_t', mark_end: 'int64_t',
   }),
+  kvmem_session_source_v2: koffi.struct('kvmem_session_source_v2', {
+    struct_size: 'size_t', session_id: 'const char *', token_ids: 'const int32_t *', n_tokens: 'int64_t', mark_begin: 'int64_t',
+    mark_end: 'int64_t',
+  }),
   kvmem_qmem_params: koffi.struct('kvmem_qmem_params', { struct_size: 'size_t', capacity: 'int32_t', prefix_tokens: 'int32_t', lambda: 'double' }),
   kvmem_kvstore_params: koffi.struct('kvmem_kvstore_params', { struct_size: 'size_t', page_slots: 'int32_t', max_slots: 'int64_t' }),
   kvmem_kvstore_info: koffi.struct('kvmem_kvstore_info', {
@@ -151,6 +157,11 @@ const types = {
     kind: 'kvmem_attend_source_kind', layer: 'int32_t', k: 'const kvmem_tensor *', v: 'const kvmem_tensor *',
     slots: 'const int32_t *', n_positions: 'int64_t', dead_slot: 'int32_t', reserved: 'int32_t',
     agent: 'kvmem_agent *', positions: 'const int32_t *', base_position: 'int64_t', mask: 'const uint8_t *',
+  }),
+  kvmem_attend_source_v2: koffi.struct('kvmem_attend_source_v2', {
+    struct_size: 'size_t', kind: 'kvmem_attend_source_kind', layer: 'int32_t', k: 'const kvmem_tensor *',
+    v: 'const kvmem_tensor *', slots: 'const int32_t *', n_positions: 'int64_t', dead_slot: 'int32_t', reserved: 'int32_t',
+    agent: 'kvmem_agent *', positions: 'const int32_t *', mask: 'const uint8_t *', base_position: 'int64_t',
   }),
   kvmem_attend_params: koffi.struct('kvmem_attend_params', {
     struct_size: 'size_t',
@@ -185,6 +196,9 @@ const DECLARATIONS = [
   // Status and errors
   'const char *kvmem_status_str(kvmem_status status)',
   'const char *kvmem_last_error(void)',
+  'size_t kvmem_agent_last_error(const kvmem_agent *agent, void *buf, size_t size)',
+  'size_t kvmem_pool_last_error(const kvmem_pool *pool, void *buf, size_t size)',
+  'size_t kvmem_context_last_error(const kvmem_context *ctx, void *buf, size_t size)',
   'void kvmem_log_set(kvmem_log_callback *callback, void *user_data)',
   'void kvmem_free(void *ptr)',
   // Tensors
@@ -270,6 +284,7 @@ const DECLARATIONS = [
   'kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvmem_qmem_params *params, _Out_ kvmem_qmem_store **out)',
   'void kvmem_qmem_store_free(kvmem_qmem_store *store)',
   'kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store, const kvmem_session_source *src, _Out_ kvmem_session_key *out)',
+  'kvmem_status kvmem_session_key_derive_v2(const kvmem_qmem_store *store, const kvmem_session_source_v2 *src, _Out_ kvmem_session_key *out)',
   'kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key, const kvmem_tensor *q, int64_t span_begin, int64_t span_end, float *memory_out)',
   'kvmem_status kvmem_qmem_get(kvmem_qmem_store *store, const kvmem_session_key *key, float *out)',
   'int32_t kvmem_qmem_count(const kvmem_qmem_store *store)',
@@ -304,6 +319,7 @@ const DECLARATIONS = [
   // ART attention
   'kvmem_status kvmem_attend_params_init(_Out_ kvmem_attend_params *params, size_t struct_size)',
   'kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats)',
+  'kvmem_status kvmem_attend_v2(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source_v2 *source, const kvmem_attend_params *params, const kvmem_tensor *out, _Out_ kvmem_attend_stats *stats)',
   // Persistence, prefix, batch
   'kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)',
   'kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)',
@@ -313,7 +329,8 @@ const DECLARATIONS = [
   'kvmem_status kvmem_prefix_match(kvmem_agent *agent, const char *new_text, size_t new_len, const kvmem_prefix_params *params, _Out_ kvmem_prefix_result *out)',
   'kvmem_status kvmem_batch_merge(kvmem_agent **agents, int32_t n_agents, int32_t layer, const kvmem_tensor *k_out, const kvmem_tensor *v_out, int64_t *lengths)',
   'kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, int64_t n, const kvmem_tensor *out)',
-  // The failure message in a caller buffer: what `.async` calls run (see asyncForm)
+  // Deprecated: the failure message in a caller buffer (asyncForm's fallback for a library
+  // older than kvmem_agent_last_error and co)
   'kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, void *errbuf, size_t errbuf_size)',
   'kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, const kvmem_append_params *params, void *errbuf, size_t errbuf_size)',
   'kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens, const kvmem_tensor *k_out, const kvmem_tensor *v_out, void *errbuf, size_t errbuf_size)',
@@ -339,30 +356,77 @@ function check(st) {
 // kvmem_last_error()'s buffer size in the core: no message is longer
 const ERRBUF_SIZE = 512;
 
+// The calls that do real work get `.async` (a koffi worker-thread call).
+const ASYNC_CALLS = ['kvmem_pool_sync', 'kvmem_agent_append', 'kvmem_agent_read', 'kvmem_agent_save',
+                     'kvmem_agent_load', 'kvmem_retrieve', 'kvmem_gather', 'kvmem_attend', 'kvmem_attend_v2'];
+
 // The `.async` form of a status function: a koffi async call runs on a worker
-// thread, where kvmem_last_error() stays, so it calls NAME_errbuf, which copies
-// the message into a buffer on that thread right after the call. The call runs
-// once; a failure rejects with its own message. Resolves with the status.
+// thread, where kvmem_last_error() stays, so a failure's message is read from
+// the object the call was made on (its first argument: kvmem_agent_last_error,
+// kvmem_pool_last_error, kvmem_context_last_error) once the call has settled.
+// The call runs once; a failure rejects with its own message. Resolves with the
+// status. A library older than those falls back to NAME_errbuf.
 function asyncForm(name, f) {
+  const kind = /\(\s*(?:const\s+)?kvmem_(agent|pool|context)\s*\*/.exec(declared[name] || '');
+  const objError = kind && raw[`kvmem_${kind[1]}_last_error`];
+  const eb = raw[name + '_errbuf'];
+  const text = (buf) => { const end = buf.indexOf(0); return buf.toString('utf8', 0, end < 0 ? buf.length : end); };
   return (...args) => new Promise((resolve, reject) => {
-    const eb = raw[name + '_errbuf'];
-    if (!eb) { // a library older than the _errbuf forms: the status, and why there is no message
-      f.async(...args, (err, st) => {
+    if (!objError && eb) {
+      const buf = Buffer.alloc(ERRBUF_SIZE);
+      eb.async(...args, buf, buf.length, (err, st) => {
         if (err) return reject(err);
         if (st === 0) return resolve(st);
-        reject(errors.errorFor(st, `${name} failed on a worker thread (${statusStr(st)}); ${libraryPath} has no ` +
-                                   `${name}_errbuf to say why: use the synchronous call or a newer libkvmem`, statusStr(st)));
+        reject(errors.errorFor(st, text(buf), statusStr(st)));
       });
       return;
     }
-    const buf = Buffer.alloc(ERRBUF_SIZE);
-    eb.async(...args, buf, buf.length, (err, st) => {
+    f.async(...args, (err, st) => {
       if (err) return reject(err);
       if (st === 0) return resolve(st);
-      const end = buf.indexOf(0);
-      reject(errors.errorFor(st, buf.toString('utf8', 0, end < 0 ? buf.length : end), statusStr(st)));
+      if (!objError) { // neither: the status, and why there is no message
+        return reject(errors.errorFor(st, `${name} failed on a worker thread (${statusStr(st)}); ${libraryPath} has no ` +
+                                          'kvmem_*_last_error to say why: use the synchronous call or a newer libkvmem', statusStr(st)));
+      }
+      const buf = Buffer.alloc(ERRBUF_SIZE);
+      objError(args[0], buf, buf.length);
+      reject(errors.errorFor(st, text(buf), statusStr(st)));
     });
   });
+}
+
+// f with its integer arguments, and the integer fields of the structs it takes by
+// pointer, checked before C (ints.js): koffi would wrap them.
+function guarded(f, proto) {
+  const inner = proto.slice(proto.indexOf('(') + 1, proto.lastIndexOf(')')).trim();
+  const params = inner === 'void' || !inner ? [] : inner.split(',').map((p) => p.trim());
+  const checks = [];
+  f.info.arguments.forEach((t, i) => {
+    const p = params[i], what = camel(p.split(/[\s*]+/).pop());
+    const ti = koffi.introspect(t);
+    if (isInt(ti.primitive)) {
+      checks.push((a) => { a[i] = checkInt(a[i], what, ti.primitive); });
+    } else if (ti.primitive === 'Pointer' && !p.startsWith('_Out_') && ti.ref && koffi.introspect(ti.ref).primitive === 'Record') {
+      const ints = Object.values(koffi.introspect(ti.ref).members)
+        .map((m) => [m.name, koffi.introspect(m.type).primitive]).filter(([, prim]) => isInt(prim));
+      if (ints.length) {
+        checks.push((a) => {
+          const o = a[i];
+          if (!o || typeof o !== 'object' || ArrayBuffer.isView(o)) return;
+          for (const [name, prim] of ints) if (o[name] !== undefined) checkInt(o[name], camel(name), prim);
+        });
+      }
+    }
+  });
+  if (!checks.length) return f;
+  const run = (a) => { for (const c of checks) c(a); return a; };
+  const g = (...a) => f(...run(a));
+  g.async = (...a) => {
+    try { run(a); } catch (e) { return a[a.length - 1](e); } // the callback: the call rejects
+    return f.async(...a);
+  };
+  g.info = f.info;
+  return g;
 }
 
 for (const proto of DECLARATIONS) {
@@ -379,15 +443,11 @@ for (const proto of DECLARATIONS) {
     fail.async = async () => fail();
     continue;
   }
+  f = guarded(f, proto);
   raw[name] = f;
   fns[name] = /^kvmem_status\s/.test(proto) ? (...args) => check(f(...args)) : f;
 }
-// `.async` for the calls that have an _errbuf form (those that do real work);
-// asyncForm copes with a library that lacks the _errbuf symbol
-for (const name of Object.keys(declared)) {
-  const plain = name.endsWith('_errbuf') ? name.slice(0, -'_errbuf'.length) : null;
-  if (plain && raw[plain]) fns[plain].async = asyncForm(plain, raw[plain]);
-}
+for (const name of ASYNC_CALLS) if (raw[name]) fns[name].async = asyncForm(name, raw[name]);
 
 // kvmem.h's inline kvmem_X_default_params(): struct_size is the size of the
 // struct mirrored here, so against a newer library this binding gets the

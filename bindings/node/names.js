@@ -64,6 +64,10 @@ function fromC(o, flags = []) {
   return r;
 }
 
+// The 0/1 flag fields of the params structs: they take booleans. A boolean
+// anywhere else is refused at the C boundary (ints.js), not read as 0 or 1.
+const FLAGS = new Set(['causal', 'compare', 'keys_rotated']);
+
 // Fill the C params struct `defaults` (snake_case, from *_default_params())
 // from options with camelCase keys; `skip` lists C fields the caller sets
 // itself (counts, pointers given another way).
@@ -73,7 +77,8 @@ function toC(defaults, opts, what, skip = []) {
   const o = readKeys(opts, [...byCamel.keys()], what);
   for (const [k, v] of Object.entries(o)) {
     if (v === undefined) continue;
-    defaults[byCamel.get(k)] = typeof v === 'boolean' ? (v ? 1 : 0) : v;
+    const f = byCamel.get(k);
+    defaults[f] = typeof v === 'boolean' && FLAGS.has(f) ? (v ? 1 : 0) : v;
   }
   return defaults;
 }

@@ -748,14 +748,18 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
                           const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
     /* an AGENT source is taken for the call, like every call on an agent */
     kvmem_agent *a = source && source->kind == KVMEM_ATTEND_SRC_AGENT ? source->agent : NULL;
-    kvmem_status st;
-    if (a && (st = kvm_agent_enter(a, "kvmem_attend")) != KVMEM_OK) return st;
+    int own = ctx ? kvm_err_begin(&ctx->err) : 0; /* failures are the context's last error too */
+    kvmem_status st = a ? kvm_agent_enter(a, "kvmem_attend") : KVMEM_OK;
+    const int taken = a && st == KVMEM_OK;
     const int kv_kind = source && source->kind != KVMEM_ATTEND_SRC_AGENT;
-    if (ctx && source && (kvm_devt_is_device(q) || kvm_devt_is_device(out) ||
-                          (kv_kind && (kvm_devt_is_device(source->k) || kvm_devt_is_device(source->v)))))
-        st = attend_device_tensors(ctx, q, source, params, out, stats);
-    else
-        st = attend_call(ctx, q, source, params, out, stats, NULL);
-    if (a) kvm_agent_leave(a);
+    if (st == KVMEM_OK) {
+        if (ctx && source && (kvm_devt_is_device(q) || kvm_devt_is_device(out) ||
+                              (kv_kind && (kvm_devt_is_device(source->k) || kvm_devt_is_device(source->v)))))
+            st = attend_device_tensors(ctx, q, source, params, out, stats);
+        else
+            st = attend_call(ctx, q, source, params, out, stats, NULL);
+    }
+    if (taken) kvm_agent_leave(a);
+    kvm_err_end(own);
     return st;
 }

@@ -77,12 +77,6 @@ static kvmem_status cpu_download(kvmem_backend *be, const kvmem_buffer *src, siz
     return KVMEM_OK;
 }
 
-/* cpu_backend.h: for the CPU reference entries of the device ops. */
-void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size) {
-    *size = b->size;
-    return b->data;
-}
-
 static void *cpu_host_ptr(kvmem_backend *be, kvmem_buffer *b) {
     (void)be;
     return b ? b->data : NULL;

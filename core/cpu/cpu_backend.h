@@ -28,9 +28,14 @@ static inline kvmem_buffer *kvm_cpu_buffer_view(kvmem_buffer *b, const void *p, 
     return b;
 }
 
-/* The host address and byte size of a CPU buffer, and the address of bytes
- * [off, off + n), NULL when outside the buffer or off is not a multiple of 4. */
-void *kvm_cpu_buffer_span(const kvmem_buffer *b, size_t *size);
+/* The byte size of a CPU buffer (the argument checks' kvm_dev_size_fn) and
+ * the host address of byte off of it (checked by the caller's argument
+ * checks first). */
+static inline size_t kvm_cpu_buffer_size(const kvmem_buffer *b) { return b->size; }
+static inline void *kvm_cpu_at(const kvmem_buffer *b, size_t off) { return b->data + off; }
+
+/* The address of bytes [off, off + n) of a CPU buffer, NULL when outside
+ * the buffer or off is not a multiple of 4. */
 void *kvm_cpu_buf_at(const kvmem_buffer *b, size_t off, size_t n);
 
 /* ---- the CPU ops: the table's entries (contracts in core/backend/backend.h,

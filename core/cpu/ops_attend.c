@@ -663,8 +663,8 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     unsigned char *host[KVM_DA_N];
     size_t size[KVM_DA_N];
     for (int i = 0; i < KVM_DA_N; i++) {
-        size[i] = 0;
-        host[i] = bufs[i] ? kvm_cpu_buffer_span(bufs[i], &size[i]) : NULL;
+        size[i] = bufs[i] ? kvm_cpu_buffer_size(bufs[i]) : 0;
+        host[i] = bufs[i] ? kvm_cpu_at(bufs[i], 0) : NULL;
     }
     char msg[256];
     if (!kvm_dev_attend_check(a, size, msg, sizeof msg)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s", fn, msg);

@@ -102,22 +102,11 @@ static void gather_task(void *arg, size_t b, size_t e) {
     }
 }
 
-static size_t cpu_size(const kvmem_buffer *b) {
-    size_t n = 0;
-    kvm_cpu_buffer_span(b, &n);
-    return n;
-}
-
-static void *at(const kvmem_buffer *b, size_t off) {
-    size_t n;
-    return (unsigned char *)kvm_cpu_buffer_span(b, &n) + off;
-}
-
 /* Every allocation comes before the first write to the output: a failure
  * leaves it as it was. */
 kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a) {
     char msg[256];
-    kvmem_status st = kvm_dev_gather_check(a, cpu_size, msg, sizeof msg);
+    kvmem_status st = kvm_dev_gather_check(a, kvm_cpu_buffer_size, msg, sizeof msg);
     if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
     if (a->rotary_dim / 2 > KVM_ROPE_MAX_PAIRS)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "dev_gather_rope: rotary_dim %zu > %d", a->rotary_dim,
@@ -128,15 +117,15 @@ kvmem_status kvm_cpu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_arg
     job.n_layers = a->n_layers > 1 ? (size_t)a->n_layers : 1;
     job.max_rows = a->rows ? (size_t)a->rows->max_rows : 1;
     job.n_items = (a->rows ? (size_t)a->rows->n_segs : a->n_out) * job.n_layers;
-    job.cs = a->rotary_dim ? at(a->cs, a->cs_off) : NULL;
+    job.cs = a->rotary_dim ? kvm_cpu_at(a->cs, a->cs_off) : NULL;
     if (!a->rows) {
-        job.src = at(a->src, a->src_off);
-        job.idx = at(a->idx, a->idx_off);
+        job.src = kvm_cpu_at(a->src, a->src_off);
+        job.idx = kvm_cpu_at(a->idx, a->idx_off);
     }
     kvmem_tensor out;
     if (!a->out_view) { /* the buffer: f32 [1][n_out][n_heads][head_dim] */
         const int64_t shape[4] = {1, (int64_t)a->n_out, (int64_t)a->n_heads, (int64_t)a->head_dim};
-        kvmem_tensor_init(&out, at(a->out, a->out_off), KVMEM_F32, 4, shape);
+        kvmem_tensor_init(&out, kvm_cpu_at(a->out, a->out_off), KVMEM_F32, 4, shape);
     }
     job.out = a->out_view ? a->out_view : &out;
     kvm_threadpool *tp = kvm_cpu_backend_tp(be);

@@ -457,20 +457,9 @@ static void pair_boxes(const float *smin, const float *smax, size_t n, size_t LH
     }
 }
 
-static size_t cpu_size(const kvmem_buffer *b) {
-    size_t n = 0;
-    kvm_cpu_buffer_span(b, &n);
-    return n;
-}
-
-static const void *host(const kvmem_buffer *b, size_t off) {
-    size_t n;
-    return (const unsigned char *)kvm_cpu_buffer_span(b, &n) + off;
-}
-
 kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
     char msg[256];
-    kvmem_status st = kvm_dev_score_check(d, cpu_size, msg, sizeof msg);
+    kvmem_status st = kvm_dev_score_check(d, kvm_cpu_buffer_size, msg, sizeof msg);
     if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
     score_job job;
     memset(&job, 0, sizeof job);
@@ -490,8 +479,8 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
     job.K = job.D * (job.exact ? 1 : 2);
     job.per_head = d->n_sets == 0;
     job.n_sets = job.per_head ? job.L * job.NQ : (size_t)d->n_sets;
-    job.q = host(d->q, d->q_off);
-    job.out = (float *)(uintptr_t)host(d->out, d->out_off);
+    job.q = kvm_cpu_at(d->q, d->q_off);
+    job.out = (float *)kvm_cpu_at(d->out, d->out_off);
     job.blocks = d->blocks;
     job.esz = d->box_layout == KVM_BOXES_PAIRED_F16 ? 2 : 4;
     job.use_rows = job.R < job.kern->rows_below;
@@ -530,11 +519,11 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
     c = (kvm_carve){base, 0, 0};
     if (split) {
         paired = kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * sizeof(float));
-        pair_boxes(host(d->s_min, d->s_off), host(d->s_max, d->s_off), job.nc, job.L * job.H, job.D, paired);
+        pair_boxes(kvm_cpu_at(d->s_min, d->s_off), kvm_cpu_at(d->s_max, d->s_off), job.nc, job.L * job.H, job.D, paired);
         job.boxes = (const unsigned char *)paired;
         job.blocks = NULL;
     } else if (!job.exact) {
-        job.boxes = host(d->s_max, d->s_off);
+        job.boxes = kvm_cpu_at(d->s_max, d->s_off);
     }
     layout(&job, &c, n_slots, block_major);
 
@@ -591,9 +580,9 @@ static void dev_reduce_task(void *arg, size_t b, size_t e) {
 
 kvmem_status kvm_cpu_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
     char msg[256];
-    kvmem_status st = kvm_dev_score_reduce_check(a, cpu_size, msg, sizeof msg);
+    kvmem_status st = kvm_dev_score_reduce_check(a, kvm_cpu_buffer_size, msg, sizeof msg);
     if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
-    dev_reduce_job job = {a, host(a->in, a->in_off), (float *)(uintptr_t)host(a->out, a->out_off)};
+    dev_reduce_job job = {a, kvm_cpu_at(a->in, a->in_off), (float *)kvm_cpu_at(a->out, a->out_off)};
     kvm_parallel_for(kvm_cpu_backend_tp(be), (size_t)a->n_sets * (size_t)a->n, 256, dev_reduce_task, &job);
     return KVMEM_OK;
 }

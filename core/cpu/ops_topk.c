@@ -60,17 +60,6 @@ kvmem_status kvm_cpu_topk(kvmem_backend *be, const float *score, int32_t n, int3
     return KVMEM_OK;
 }
 
-static size_t cpu_size(const kvmem_buffer *b) {
-    size_t n = 0;
-    kvm_cpu_buffer_span(b, &n);
-    return n;
-}
-
-static void *at(const kvmem_buffer *b, size_t off) {
-    size_t n;
-    return (unsigned char *)kvm_cpu_buffer_span(b, &n) + off;
-}
-
 static int cmp_i32(const void *x, const void *y) {
     int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
     return (a > b) - (a < b);
@@ -78,7 +67,7 @@ static int cmp_i32(const void *x, const void *y) {
 
 kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {
     char msg[256];
-    kvmem_status st = kvm_dev_topk_check(a, cpu_size, msg, sizeof msg);
+    kvmem_status st = kvm_dev_topk_check(a, kvm_cpu_buffer_size, msg, sizeof msg);
     if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
     if (a->n == 0 || a->k == 0) {
         *a->n_out = 0;
@@ -86,8 +75,8 @@ kvmem_status kvm_cpu_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) {
     }
     /* the heap works in idx itself (min(k, n) entries, checked), then the
      * chosen indices are put in ascending order: nothing to allocate */
-    int32_t c = 0, *idx = at(a->idx, a->idx_off);
-    st = kvm_cpu_topk(be, (const float *)at(a->scores, a->scores_off), a->n, a->k, idx, &c);
+    int32_t c = 0, *idx = kvm_cpu_at(a->idx, a->idx_off);
+    st = kvm_cpu_topk(be, (const float *)kvm_cpu_at(a->scores, a->scores_off), a->n, a->k, idx, &c);
     if (st == KVMEM_OK) {
         qsort(idx, (size_t)c, sizeof *idx, cmp_i32);
         *a->n_out = c;

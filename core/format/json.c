@@ -1,5 +1,6 @@
 /* Strict JSON reader: recursive descent over a byte range, every access
- * bounds-checked, depth-limited, duplicate keys refused. */
+ * bounds-checked, depth-limited, duplicate keys refused; and the small
+ * writer kvmem's own headers are built with. */
 #include "json.h"
 #include "../internal.h"
 
@@ -397,4 +398,83 @@ const kvm_json *kvm_json_get(const kvm_json_doc *doc, const kvm_json *obj, const
         if (m->key_len == k && memcmp(m->key, key, k) == 0) return m;
     }
     return NULL;
+}
+
+int kvm_json_utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = utf8_len((const unsigned char *)s + i, n - i))) return 0;
+    return 1;
+}
+
+/* ---- writing ---- */
+
+void kvm_jbuf_put(kvm_jbuf *b, const char *s, size_t n) {
+    if (b->oom || n == 0) return;
+    size_t need;
+    if (!kvm_add_size(b->n, n, &need) || !kvm_add_size(need, 1, &need)) {
+        b->oom = 1;
+        return;
+    }
+    if (need > b->cap) {
+        size_t nc;
+        char *ns = kvm_grow_cap(b->cap, need, 4096, PTRDIFF_MAX, 1, &nc) ? kvm_realloc(b->s, nc) : NULL;
+        if (!ns) {
+            b->oom = 1;
+            return;
+        }
+        b->s = ns;
+        b->cap = nc;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+}
+
+void kvm_jbuf_puts(kvm_jbuf *b, const char *s) { kvm_jbuf_put(b, s, strlen(s)); }
+
+void kvm_jbuf_fmt(kvm_jbuf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (k < 0) {
+        b->oom = 1;
+        return;
+    }
+    if ((size_t)k < sizeof tmp) {
+        kvm_jbuf_put(b, tmp, (size_t)k);
+        return;
+    }
+    char *big = kvm_malloc((size_t)k + 1); /* a long piece: formatted again at its length */
+    if (!big) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    kvm_jbuf_put(b, big, (size_t)k);
+    kvm_free(big);
+}
+
+void kvm_jbuf_str(kvm_jbuf *b, const char *s, size_t n) {
+    kvm_jbuf_put(b, "\"", 1);
+    size_t run = 0; /* bytes copied as they are, flushed before an escape */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : NULL;
+        if (!esc && c >= 0x20) continue;
+        kvm_jbuf_put(b, s + run, i - run);
+        run = i + 1;
+        if (esc) kvm_jbuf_puts(b, esc);
+        else kvm_jbuf_fmt(b, "\\u%04x", c);
+    }
+    kvm_jbuf_put(b, s + run, n - run);
+    kvm_jbuf_put(b, "\"", 1);
+}
+
+void kvm_jbuf_free(kvm_jbuf *b) {
+    kvm_free(b->s);
+    memset(b, 0, sizeof *b);
 }

@@ -4,9 +4,12 @@
  * an exact int64 when they are integers, numbers beyond a double's range
  * (1e999: not finite) refused, nothing after the value except whitespace.
  * Never reads outside [s, s + n). The safetensors reader
- * (core/format/safetensors.h) is its user. */
+ * (core/format/safetensors.h) is its user. Beside it, the small writer the
+ * agent-file format (core/format/agent_file.h) builds its headers with. */
 #ifndef KVMEM_JSON_H
 #define KVMEM_JSON_H
+
+#include "../internal.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -57,5 +60,28 @@ static inline const kvm_json *kvm_json_child(const kvm_json_doc *doc, const kvm_
 static inline const kvm_json *kvm_json_next(const kvm_json_doc *doc, const kvm_json *v) {
     return v->next >= 0 ? &doc->nodes[v->next] : NULL;
 }
+
+/* 1 if s[0..n) is valid UTF-8 by the reader's rules (no overlong forms, no
+ * surrogates, nothing past U+10FFFF). */
+int kvm_json_utf8_valid(const char *s, size_t n);
+
+/* ---- writing ----
+ * A growable text buffer. A failure (out of memory, a size past what
+ * size_t counts) sticks in `oom` and makes later calls do nothing, so a
+ * writer checks once, at the end. s is NUL-terminated while n > 0. */
+typedef struct kvm_jbuf {
+    char *s;
+    size_t n, cap;
+    int oom;
+} kvm_jbuf;
+
+void kvm_jbuf_put(kvm_jbuf *b, const char *s, size_t n);
+void kvm_jbuf_puts(kvm_jbuf *b, const char *s);
+void kvm_jbuf_fmt(kvm_jbuf *b, const char *fmt, ...) KVMEM_PRINTF(2, 3);
+/* s[0..n) as a JSON string (quoted; '"', '\\' and control characters
+ * escaped). The bytes must be valid UTF-8 without NUL for the reader to take
+ * them back (kvm_json_utf8_valid). */
+void kvm_jbuf_str(kvm_jbuf *b, const char *s, size_t n);
+void kvm_jbuf_free(kvm_jbuf *b);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -498,6 +499,16 @@ static int32_t block_of(const kvm_agent_mem *m, int64_t t) {
     return ans;
 }
 
+/* "[first, first + n)" for a message, the end computed where it fits int64
+ * and written as a sum where it does not (a caller may pass any values). */
+static const char *range_text(char *buf, size_t size, int64_t first, int64_t n) {
+    if ((n > 0 && first > INT64_MAX - n) || (n < 0 && first < INT64_MIN - n))
+        snprintf(buf, size, "[%lld, %lld + %lld)", (long long)first, (long long)first, (long long)n);
+    else
+        snprintf(buf, size, "[%lld, %lld)", (long long)first, (long long)(first + n));
+    return buf;
+}
+
 static kvmem_status agent_read_taken(kvmem_agent *a, int64_t first, int64_t T, const kvmem_tensor *k_out,
                               const kvmem_tensor *v_out) {
     kvmem_status st = kvm_agent_check(a, "kvmem_agent_read");
@@ -507,8 +518,8 @@ static kvmem_status agent_read_taken(kvmem_agent *a, int64_t first, int64_t T, c
     const int32_t L = p->spec.n_layers, H = p->spec.n_kv_heads, D = p->spec.head_dim;
     const int32_t BS = p->params.block_size;
     if (first < 0 || T < 0 || first > m->n_tokens || T > m->n_tokens - first)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_read: tokens [%lld, %lld) outside [0, %lld)",
-                        (long long)first, (long long)(first + T), (long long)m->n_tokens);
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_read: tokens %s outside [0, %lld)",
+                        range_text((char[64]){0}, 64, first, T), (long long)m->n_tokens);
     const char *dims = "[n_layers][T][n_kv_heads][head_dim]";
     int64_t shape[4] = {L, T, H, D};
     if (k_out && (st = kvm_tensor_expect(k_out, "k_out", dims, 4, shape)) != KVMEM_OK) return st;
@@ -594,8 +605,8 @@ static kvmem_status agent_tokens_taken(kvmem_agent *a, int64_t first, int64_t n,
     if (st != KVMEM_OK) return st;
     const kvm_agent_mem *m = a->mem;
     if (first < 0 || n < 0 || first > m->n_tokens || n > m->n_tokens - first)
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_tokens: [%lld, %lld) outside [0, %lld)", (long long)first,
-                        (long long)(first + n), (long long)m->n_tokens);
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_tokens: %s outside [0, %lld)",
+                        range_text((char[64]){0}, 64, first, n), (long long)m->n_tokens);
     if (n > 0 && !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_tokens: out is NULL");
     if (n > 0) memcpy(out, m->token_ids + first, (size_t)n * sizeof *out);
     return KVMEM_OK;

@@ -1,7 +1,7 @@
 /* The file-mapped tier: reading a mapped agent's blocks from its file
  * (see mapped.h for why pread and no cache of our own). */
 #include "mapped.h"
-#include "agent_file.h"
+#include "agent_io.h"
 
 #include <stdatomic.h>
 #include <string.h>
@@ -127,7 +127,7 @@ void kvm_mapped_free(kvm_mapped *mp) {
     kvm_free(mp);
 }
 
-kvmem_status kvmem_agent_open_file(kvmem_pool *p, const char *path, uint32_t flags, kvmem_agent **out) {
+static kvmem_status open_file(kvmem_pool *p, const char *path, uint32_t flags, kvmem_agent **out) {
     const char *fn = "kvmem_agent_open_file";
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: out is NULL", fn);
     *out = NULL;
@@ -149,5 +149,12 @@ kvmem_status kvmem_agent_open_file(kvmem_pool *p, const char *path, uint32_t fla
         kvm_agent_mem_clear(m);
         kvm_free(m);
     }
+    return st;
+}
+
+kvmem_status kvmem_agent_open_file(kvmem_pool *p, const char *path, uint32_t flags, kvmem_agent **out) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = open_file(p, path, flags, out);
+    kvm_err_end(own);
     return st;
 }

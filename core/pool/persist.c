@@ -1,7 +1,7 @@
 /* Public persistence API: save/load an agent, sync a pool to its store, and
  * the store tier the pool uses to spill and reload closed agents. The bytes
  * go through the byte-store interface (core/store/store.h) only. */
-#include "agent_file.h"
+#include "agent_io.h"
 #include "mapped.h"
 
 #include <string.h>
@@ -84,7 +84,7 @@ kvmem_status kvmem_agent_load(kvmem_agent *a, const char *path) {
     return st;
 }
 
-kvmem_status kvmem_pool_sync(kvmem_pool *p) {
+static kvmem_status pool_sync(kvmem_pool *p) {
     if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_sync: pool is NULL");
     if (!p->store) return kvm_fail(KVMEM_ERR_NOT_FOUND, "kvmem_pool_sync: the pool has no store_dir");
     kvmem_status st = KVMEM_OK;
@@ -96,5 +96,12 @@ kvmem_status kvmem_pool_sync(kvmem_pool *p) {
         st = kvm_store_save_mem(p, m);
     }
     pthread_mutex_unlock(&p->mu);
+    return st;
+}
+
+kvmem_status kvmem_pool_sync(kvmem_pool *p) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = pool_sync(p);
+    kvm_err_end(own);
     return st;
 }

@@ -2,7 +2,7 @@
 #include "pool.h"
 #include "resident.h"
 #include "../cpu/kernels.h"
-#include "agent_file.h"
+#include "agent_io.h"
 #include "mapped.h"
 
 #include <sched.h>
@@ -72,6 +72,7 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "head_dim %d too large", spec->head_dim);
 
     kvmem_pool *p = kvm_calloc(1, sizeof *p);
+    if (p) kvm_errslot_init(&p->err);
     if (!p) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_pool_create: out of memory for the pool");
     p->ctx = ctx;
     p->spec = *spec;
@@ -350,7 +351,7 @@ void kvmem_pool_free(kvmem_pool *p) {
     kvm_free(p);
 }
 
-kvmem_status kvmem_pool_get_info(kvmem_pool *p, kvmem_pool_info *out) {
+static kvmem_status pool_get_info_call(kvmem_pool *p, kvmem_pool_info *out) {
     if (!p || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_get_info: %s is NULL", p ? "out" : "pool");
     pthread_mutex_lock(&p->mu);
     memset(out, 0, sizeof *out);
@@ -363,23 +364,10 @@ kvmem_status kvmem_pool_get_info(kvmem_pool *p, kvmem_pool_info *out) {
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_pool_get_spec(kvmem_pool *p, kvmem_model_spec *out) {
+static kvmem_status pool_get_spec_call(kvmem_pool *p, kvmem_model_spec *out) {
     if (!p || !out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_get_spec: %s is NULL", p ? "out" : "pool");
     *out = p->spec;
     return KVMEM_OK;
-}
-
-int32_t kvmem_agent_id_valid(const char *id) {
-    if (!id || id[0] == '\0' || id[0] == '.') return 0;
-    size_t n = 0;
-    for (const char *c = id; *c; c++, n++) {
-        if (n >= KVMEM_MAX_AGENT_ID) return 0;
-        char ch = *c;
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                 ch == '.' || ch == '_' || ch == '-';
-        if (!ok) return 0;
-    }
-    return 1;
 }
 
 static kvmem_status check_id(const char *id, const char *fn) {
@@ -404,7 +392,7 @@ static int32_t find_agent(const kvmem_pool *p, const char *id) {
     return -lo - 1;
 }
 
-kvmem_status kvmem_pool_agent_id(kvmem_pool *p, int32_t index, char *buf, size_t size, size_t *len) {
+static kvmem_status pool_agent_id_call(kvmem_pool *p, int32_t index, char *buf, size_t size, size_t *len) {
     if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_agent_id: pool is NULL");
     if (size > 0 && !buf) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_agent_id: buf is NULL with size %zu", size);
     pthread_mutex_lock(&p->mu);
@@ -425,7 +413,7 @@ kvmem_status kvmem_pool_agent_id(kvmem_pool *p, int32_t index, char *buf, size_t
     return KVMEM_OK;
 }
 
-kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) {
+static kvmem_status agent_open_call(kvmem_pool *p, const char *id, kvmem_agent **out) {
     if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_open: out is NULL");
     *out = NULL;
     if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_agent_open: pool is NULL");
@@ -479,6 +467,7 @@ kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) 
     h->mem = m;
     snprintf(h->id, sizeof h->id, "%s", id);
     atomic_init(&h->busy, 0);
+    kvm_errslot_init(&h->err);
     h->magic = KVM_AGENT_MAGIC;
     m->handle = h; /* from here on no spill touches m */
     m->lru_tick = ++p->tick;
@@ -566,6 +555,7 @@ kvmem_status kvm_pool_adopt(kvmem_pool *p, kvm_agent_mem *fresh, const char *fn,
     h->mem = fresh;
     snprintf(h->id, sizeof h->id, "%s", fresh->id);
     atomic_init(&h->busy, 0);
+    kvm_errslot_init(&h->err);
     h->magic = KVM_AGENT_MAGIC;
     fresh->handle = h;
     fresh->lru_tick = ++p->tick;
@@ -596,6 +586,7 @@ kvmem_status kvm_agent_enter(kvmem_agent *a, const char *fn) {
     if (atomic_exchange_explicit(&a->busy, 1, memory_order_acquire))
         return kvm_fail(KVMEM_ERR_BUSY, "%s: agent '%s' is in use by a call on another thread: use one agent from one thread at a time",
                         fn, a->id);
+    a->err_own = kvm_err_begin(&a->err);
     if ((st = kvm_agent_check(a, fn)) != KVMEM_OK) kvm_agent_leave(a); /* closed before it was taken */
     return st;
 }
@@ -635,7 +626,7 @@ const char *kvmem_agent_get_id(const kvmem_agent *a) {
     return (a && atomic_load(&a->magic) == KVM_AGENT_MAGIC) ? a->id : "";
 }
 
-kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {
+static kvmem_status pool_remove_agent_call(kvmem_pool *p, const char *id) {
     if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_remove_agent: pool is NULL");
     kvmem_status st = check_id(id, "kvmem_pool_remove_agent");
     if (st != KVMEM_OK) return st;
@@ -672,4 +663,48 @@ kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {
     kvm_agent_mem_release(p, m);
     kvm_free(m);
     return KVMEM_OK;
+}
+
+kvmem_status kvmem_pool_get_info(kvmem_pool *p, kvmem_pool_info *out) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = pool_get_info_call(p, out);
+    kvm_err_end(own);
+    return st;
+}
+
+kvmem_status kvmem_pool_get_spec(kvmem_pool *p, kvmem_model_spec *out) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = pool_get_spec_call(p, out);
+    kvm_err_end(own);
+    return st;
+}
+
+kvmem_status kvmem_pool_agent_id(kvmem_pool *p, int32_t index, char *buf, size_t size, size_t *len) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = pool_agent_id_call(p, index, buf, size, len);
+    kvm_err_end(own);
+    return st;
+}
+
+kvmem_status kvmem_agent_open(kvmem_pool *p, const char *id, kvmem_agent **out) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = agent_open_call(p, id, out);
+    kvm_err_end(own);
+    return st;
+}
+
+kvmem_status kvmem_pool_remove_agent(kvmem_pool *p, const char *id) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = pool_remove_agent_call(p, id);
+    kvm_err_end(own);
+    return st;
+}
+
+size_t kvmem_agent_last_error(const kvmem_agent *agent, char *buf, size_t size) {
+    if (!agent) return kvm_errslot_copy(NULL, buf, size);
+    return kvm_errslot_copy((kvm_errslot *)(uintptr_t)&agent->err, buf, size); /* its lock changes, not the message */
+}
+
+size_t kvmem_pool_last_error(const kvmem_pool *pool, char *buf, size_t size) {
+    return kvm_errslot_copy(pool ? (kvm_errslot *)(uintptr_t)&pool->err : NULL, buf, size);
 }

@@ -68,6 +68,8 @@ typedef struct kvm_agent_mem {
 struct kvmem_agent {
     _Atomic uint32_t magic;
     atomic_int busy;   /* 1 while a call runs on the handle: a second one gets KVMEM_ERR_BUSY */
+    kvm_errslot err;   /* kvmem_agent_last_error */
+    int err_own;       /* this call's kvm_err_begin took the thread's slot (read under busy) */
     kvmem_pool *pool;
     kvm_agent_mem *mem;
     char id[KVMEM_MAX_AGENT_ID + 1]; /* a copy, readable without taking the handle */
@@ -75,6 +77,7 @@ struct kvmem_agent {
 
 struct kvmem_pool {
     kvmem_context *ctx;
+    kvm_errslot err; /* kvmem_pool_last_error */
     kvmem_model_spec spec;
     int32_t *layer_window; /* owned copy, or NULL */
     kvm_rope rope;
@@ -105,9 +108,14 @@ kvmem_status kvm_agent_check(const kvmem_agent *a, const char *fn);
  * atomic exchange. A handle already taken by a call on another thread (the
  * contract says one thread at a time per agent) gives KVMEM_ERR_BUSY naming
  * the agent instead of a crash; a closed one KVMEM_ERR_CLOSED. Every
- * KVMEM_OK is paired with kvm_agent_leave. */
+ * KVMEM_OK is paired with kvm_agent_leave. While taken, the call's failures
+ * are the agent's last error too (kvmem_agent_last_error). */
 kvmem_status kvm_agent_enter(kvmem_agent *a, const char *fn);
-static inline void kvm_agent_leave(kvmem_agent *a) { atomic_store_explicit(&a->busy, 0, memory_order_release); }
+static inline void kvm_agent_leave(kvmem_agent *a) {
+    kvm_err_end(a->err_own);
+    a->err_own = 0;
+    atomic_store_explicit(&a->busy, 0, memory_order_release);
+}
 
 /* Bytes of one sealed block holding n tokens, AABB included. */
 size_t kvm_block_bytes(const kvmem_pool *p, int32_t n_tokens);

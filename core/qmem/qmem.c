@@ -359,8 +359,8 @@ static kvmem_status qmem_score_device(kvmem_backend *be, const kvmem_model_spec 
     return st;
 }
 
-kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory,
-                              const kvmem_tensor *k, float *scores) {
+static kvmem_status qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory,
+                               const kvmem_tensor *k, float *scores) {
     static const char fn[] = "kvmem_qmem_score";
     if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
     int64_t n;
@@ -384,4 +384,12 @@ kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, 
     }
     a.k_view = k;
     return ctx->cpu->iface->dev_qmem_score(ctx->cpu, &a);
+}
+
+kvmem_status kvmem_qmem_score(kvmem_context *ctx, const kvmem_model_spec *spec, const float *memory,
+                              const kvmem_tensor *k, float *scores) {
+    int own = ctx ? kvm_err_begin(&ctx->err) : 0; /* failures are the context's last error too */
+    kvmem_status st = qmem_score(ctx, spec, memory, k, scores);
+    kvm_err_end(own);
+    return st;
 }

@@ -8,20 +8,18 @@ attention layers; here a toy "model" gives every word a sparse key vector per
 layer and KV head, so a message about mountains attends to the turn that
 talked about mountains, which is what the printout shows.
 
-Run from a checkout after `make build`:
-    /usr/bin/python3 examples/python/agent_loop.py
-(or with KVMEM_LIBRARY=/path/to/libkvmem.so and bindings/python on PYTHONPATH).
+Run with the kvmem package installed (pip install ./bindings/python) and numpy:
+    python3 agent_loop.py
+(from a checkout after `make build`: PYTHONPATH=bindings/python /usr/bin/python3 examples/python/agent_loop.py).
 """
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python"))
-import kvmem  # noqa: E402
+import kvmem
 
 L, HQ, HKV, D, BS = 2, 4, 2, 64, 16
 CONVERSATION = [

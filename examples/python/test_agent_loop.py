@@ -10,8 +10,10 @@ from kvmem import _lib  # noqa: E402
 
 
 def test_agent_loop_recalls_the_relevant_turn():
+    # the checkout's package, as an installed one would be found
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "bindings", "python"))
     r = subprocess.run([sys.executable, os.path.join(HERE, "agent_loop.py")], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     turns = re.split(r"^turn \d+: ", out, flags=re.M)[1:]

@@ -56,7 +56,9 @@ def tok(model):
 
 
 def run(*cmd, cwd=None) -> str:
-    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120, cwd=cwd)
+    # the checkout's package, as an installed one would be found
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
     assert r.returncode == 0, f"{cmd[:3]} exited {r.returncode}: {r.stderr[-2000:]}"
     return r.stdout
 

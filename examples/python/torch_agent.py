@@ -18,8 +18,10 @@ the agent is the C story demo's (examples/tinyllm/story.c) in Python:
     process, loads it, checks that the next prompt's logits are the ones
     phase 1 computed, and runs the last session.
 
-Run from a checkout after `make build` (Debian: apt-get install python3-torch):
-    /usr/bin/python3 examples/python/torch_agent.py [--state DIR] [--phase 1|2|all]
+Run with the kvmem package installed (pip install ./bindings/python) and PyTorch
+(Debian: apt-get install python3-torch):
+    python3 torch_agent.py --model stories260K.bin [--state DIR] [--phase 1|2|all]
+(from a checkout after `make build`: PYTHONPATH=bindings/python /usr/bin/python3 examples/python/torch_agent.py).
 examples/python/test_torch_agent.py checks it against the C engine.
 """
 from __future__ import annotations
@@ -32,7 +34,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
 
 try:
     import torch

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "app.h"
+#include "beyond_eval.h"
 #include "cli.h"
 #include "eval.h"
 #include "internal.h"
@@ -429,6 +430,73 @@ static int int_opt(const char *opt, const char *arg, int32_t lo, int32_t hi, int
     return 0;
 }
 
+/* The report files, opened before any work (markdown to stdout without a path). */
+static int open_reports(const char *md_path, const char *json_path, FILE **md, FILE **js) {
+    if (md_path && !(*md = fopen(md_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
+        return 1;
+    }
+    if (json_path && !(*js = fopen(json_path, "w"))) {
+        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
+        if (*md != stdout) fclose(*md);
+        return 1;
+    }
+    return 0;
+}
+
+/* tinyllm eval --beyond: the suite past the window, its reports. */
+static int beyond_main(const char *model_path, const char *suite_path, const char *tok_path, const char *json_path,
+                       const char *md_path, int quick, int32_t n_cases, kvmem_dtype storage, int progress, bx_cfg *bx) {
+    FILE *md = stdout, *js = NULL;
+    if (open_reports(md_path, json_path, &md, &js)) return 1;
+    tl_model m;
+    char err[TL_ERR_SIZE];
+    int rc = 1;
+    kvmem_context *ctx = NULL;
+    tl_recall_suite suite;
+    memset(&suite, 0, sizeof suite);
+    bx_results *res = calloc(1, sizeof *res);
+    if (!res) goto close_files;
+    if (tl_model_load(model_path, &m, err, sizeof err)) {
+        fprintf(stderr, "tinyllm eval: %s\n", err);
+        goto close_files;
+    }
+    if (tl_recall_load_ex(&suite, suite_path, tok_path, model_path, &m, 1, err, sizeof err)) {
+        fprintf(stderr, "tinyllm eval: %s\n", err);
+        goto free_model;
+    }
+    if (!n_cases && quick) n_cases = 4;
+    if (n_cases && n_cases < suite.n_cases) suite.n_cases = n_cases;
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = "cpu";
+    cp.n_threads = 1;
+    if (kvmem_context_create(&cp, &ctx) != KVMEM_OK) {
+        fprintf(stderr, "tinyllm eval: context: %s\n", kvmem_last_error());
+        goto free_model;
+    }
+    bx->quick = quick;
+    bx->storage = storage;
+    bx->progress = progress;
+    if (tl_beyond_run(&suite, &m, bx, ctx, res, err, sizeof err)) {
+        if (progress == 2) fprintf(stderr, "\r\033[K");
+        fprintf(stderr, "tinyllm eval --beyond: %s\n", err);
+    } else {
+        tl_beyond_write_md(md, bx, res, &m, model_path, &suite);
+        if (js) tl_beyond_write_json(js, bx, res, &m, model_path, &suite);
+        rc = 0;
+    }
+    kvmem_context_free(ctx);
+free_model:
+    tl_recall_free(&suite);
+    tl_model_free(&m);
+close_files:
+    if (res) tl_beyond_free(res);
+    free(res);
+    if (md != stdout && fclose(md) != 0) rc = 1;
+    if (js && fclose(js) != 0) rc = 1;
+    return rc;
+}
+
 static const char k_usage[] =
     "usage: tinyllm eval MODEL [options]\n"
     "  --quick              a small run (one sequence, short histories; seconds)\n"
@@ -445,7 +513,13 @@ static const char k_usage[] =
     "  --recall-cases N     only its first N cases\n"
     "  --tokenizer FILE     tokenizer (default: tok512.bin beside the model)\n"
     "  --json FILE, --md FILE  write results (markdown goes to stdout without --md)\n"
-    "  --quiet              no progress on stderr\n";
+    "  --quiet              no progress on stderr\n"
+    "  --beyond FILE        instead: the beyond-the-window suite (histories longer than the model's\n"
+    "                       window; every method in the same window; text RAG, oracles, placement)\n"
+    "  --place O,S,L        with --beyond: the default placement: order chrono|score|runs, sink\n"
+    "                       none|bos|block, live share (0 = the rest of the window); default\n"
+    "                       score,bos,0.25: best on both models (BENCHMARKS.md)\n"
+    "  --threads N          with --beyond: cases run at once (default 1; the numbers do not change)\n";
 
 int tl_eval_main(int argc, char **argv) {
     tl_eval_cfg c = {.n_seqs = 8, .n_turns = 0, .turn_len = 64, .prompt_len = 16, .first_turn = 2,
@@ -455,6 +529,9 @@ int tl_eval_main(int argc, char **argv) {
     const char *json_path = NULL, *md_path = NULL, *recall_path = NULL, *tok_path = NULL;
     int quick = 0;
     int32_t recall_cases = 0; /* 0 = all */
+    const char *beyond_path = NULL;
+    bx_cfg bx = {.sink_tokens = 4, .probe_window = 32, .storage = KVMEM_F32, .best_order = TL_ORDER_SCORE,
+                 .best_sink = BX_SINK_BOS, .best_live = 0.25, .threads = 1};
     static const struct option opts[] = {
         {"quick", no_argument, NULL, 'q'},       {"seqs", required_argument, NULL, 's'},
         {"turns", required_argument, NULL, 't'}, {"turn-len", required_argument, NULL, 'T'},
@@ -465,6 +542,8 @@ int tl_eval_main(int argc, char **argv) {
         {"json", required_argument, NULL, 'j'},  {"md", required_argument, NULL, 'm'},
         {"quiet", no_argument, NULL, 'Q'},       {"help", no_argument, NULL, 'h'},
         {"recall-cases", required_argument, NULL, 'R'},
+        {"beyond", required_argument, NULL, 'Y'}, {"place", required_argument, NULL, 'L'},
+        {"threads", required_argument, NULL, 'H'},
         {NULL, 0, NULL, 0}};
     optind = 1;
     opterr = 0;
@@ -507,6 +586,24 @@ int tl_eval_main(int argc, char **argv) {
         case 'j': json_path = optarg; break;
         case 'm': md_path = optarg; break;
         case 'Q': c.progress = 0; break;
+        case 'Y': beyond_path = optarg; break;
+        case 'H': if (int_opt("--threads", optarg, 1, 16, &bx.threads)) return 2; break;
+        case 'L': {
+            char od[16] = "", sk[16] = "";
+            double lv = -1;
+            int ok = sscanf(optarg, "%15[a-z],%15[a-z],%lf", od, sk, &lv) == 3 && lv >= 0 && lv < 1;
+            int oi = !strcmp(od, "chrono") ? 0 : !strcmp(od, "score") ? 1 : !strcmp(od, "runs") ? 2 : -1;
+            int si = !strcmp(sk, "none") ? 0 : !strcmp(sk, "bos") ? 1 : !strcmp(sk, "block") ? 2 : -1;
+            if (!ok || oi < 0 || si < 0) {
+                fprintf(stderr, "tinyllm eval: --place '%s': expected ORDER,SINK,LIVE: chrono|score|runs, "
+                        "none|bos|block, a share in [0, 1)\n", optarg);
+                return 2;
+            }
+            bx.best_order = (tl_order)oi;
+            bx.best_sink = (bx_sink)si;
+            bx.best_live = lv;
+            break;
+        }
         case 'h': fputs(k_usage, stdout); return 0;
         default: return tl_cli_bad_option("eval", argc, argv, o, k_usage);
         }
@@ -518,21 +615,15 @@ int tl_eval_main(int argc, char **argv) {
         if (!turns_given) c.n_turns = 4;
         if (!budgets_given) parse_budgets("32,64,25%", &c);
     }
+    if (beyond_path) return beyond_main(model_path, beyond_path, tok_path, json_path, md_path, quick, recall_cases,
+                                        c.storage, c.progress, &bx);
     if (c.prompt_len >= c.turn_len) {
         fprintf(stderr, "tinyllm eval: --prompt-len %d must be below --turn-len %d\n", c.prompt_len, c.turn_len);
         return 2;
     }
     /* Files are checked before the run, not after it. */
     FILE *md = stdout, *js = NULL;
-    if (md_path && !(md = fopen(md_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --md %s: %s\n", md_path, strerror(errno));
-        return 1;
-    }
-    if (json_path && !(js = fopen(json_path, "w"))) {
-        fprintf(stderr, "tinyllm eval: --json %s: %s\n", json_path, strerror(errno));
-        if (md != stdout) fclose(md);
-        return 1;
-    }
+    if (open_reports(md_path, json_path, &md, &js)) return 1;
     tl_model m;
     char err[TL_ERR_SIZE];
     int rc = 1;

@@ -70,6 +70,10 @@ typedef struct tl_recall_case {
     int32_t n_sessions;
     int32_t *session_start; /* [n_sessions] first token of each session */
     int32_t distance;       /* tokens from the name's last mention to the prompt's end */
+    int32_t n_before;       /* sessions before the intro */
+    int32_t intro_start;    /* first token of the intro */
+    int32_t name_at;        /* first token of the name's first mention (in the intro) */
+    double windows;         /* the distance asked for, in model windows (beyond suites) */
 } tl_recall_case;
 
 typedef struct tl_recall_suite {
@@ -84,6 +88,10 @@ typedef struct tl_recall_suite {
  * (NULL: the model's own vocab, else tok512.bin beside the model). */
 int tl_recall_load(tl_recall_suite *s, const char *path, const char *tok_path, const char *model_path,
                    const tl_model *m, char *err, size_t err_size);
+/* beyond = 1: a suite with 'windows:' whose histories run past the model's
+ * window (tinyllm eval --beyond); 0: every case must fit the window. */
+int tl_recall_load_ex(tl_recall_suite *s, const char *path, const char *tok_path, const char *model_path,
+                      const tl_model *m, int beyond, char *err, size_t err_size);
 void tl_recall_free(tl_recall_suite *s);
 /* Every method at every budget on every case; scores into res->rec. */
 int tl_recall_run(const tl_recall_suite *s, const tl_model *m, const tl_eval_cfg *c, kvmem_context *ctx,

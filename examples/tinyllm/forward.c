@@ -7,9 +7,11 @@
 
 struct tl_state {
     int32_t max_chunk;
+    int32_t past_window; /* 1: attention may span more than the trained window */
     float *x, *xb, *q, *k, *v, *att_out, *hb, *hb2, *att, *tmp;
     int32_t *pos;
     size_t att_cap;
+    char err[TL_ERR_SIZE]; /* why the last tl_forward failed */
 };
 
 tl_state *tl_state_create(const tl_config *c, int32_t max_chunk) {
@@ -24,9 +26,9 @@ tl_state *tl_state_create(const tl_config *c, int32_t max_chunk) {
     s->k = malloc(n * kvd * sizeof(float));
     s->v = malloc(n * kvd * sizeof(float));
     s->att_out = malloc(n * d * sizeof(float));
-    s->hb = malloc((size_t)c->hidden_dim * sizeof(float));
-    s->hb2 = malloc((size_t)c->hidden_dim * sizeof(float));
-    s->tmp = malloc(d * sizeof(float));
+    s->hb = malloc(n * (size_t)c->hidden_dim * sizeof(float));
+    s->hb2 = malloc(n * (size_t)c->hidden_dim * sizeof(float));
+    s->tmp = malloc(n * d * sizeof(float));
     s->pos = malloc(n * sizeof(int32_t));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->hb || !s->hb2 || !s->tmp ||
         !s->pos) {
@@ -98,20 +100,33 @@ static void rmsnorm(float *o, const float *x, const float *w, int32_t n, float e
     for (int32_t i = 0; i < n; i++) o[i] = w[i] * (x[i] * r);
 }
 
-/* o[out] = W[out][in] . x[in] */
-static void matvec(float *o, const float *x, const float *W, int32_t in, int32_t out) {
-    for (int32_t r = 0; r < out; r++) {
-        const float *w = W + (size_t)r * (size_t)in;
-        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        int32_t i = 0;
-        for (; i + 4 <= in; i += 4) {
-            a0 += w[i] * x[i];
-            a1 += w[i + 1] * x[i + 1];
-            a2 += w[i + 2] * x[i + 2];
-            a3 += w[i + 3] * x[i + 3];
+static float dot(const float *w, const float *x, int32_t in) {
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    int32_t i = 0;
+    for (; i + 4 <= in; i += 4) {
+        a0 += w[i] * x[i];
+        a1 += w[i + 1] * x[i + 1];
+        a2 += w[i + 2] * x[i + 2];
+        a3 += w[i + 3] * x[i + 3];
+    }
+    for (; i < in; i++) a0 += w[i] * x[i];
+    return (a0 + a1) + (a2 + a3);
+}
+
+/* o[t][out] = W[out][in] . x[t][in] for the n tokens of a chunk (rows of x
+ * and o `in` and `out` floats apart). Each weight row is read once for the
+ * whole chunk: a prefill streams the weights once, not once per token. The
+ * sum per output is the same as one token alone, so results do not depend
+ * on how a sequence is cut into chunks. */
+static void matmul(float *o, const float *x, const float *W, int32_t n, int32_t in, int32_t out) {
+    enum { TILE = 64 }; /* output rows whose weights stay in cache across the tokens */
+    for (int32_t r0 = 0; r0 < out; r0 += TILE) {
+        int32_t r1 = r0 + TILE < out ? r0 + TILE : out;
+        for (int32_t t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * (size_t)in;
+            float *ot = o + (size_t)t * (size_t)out;
+            for (int32_t r = r0; r < r1; r++) ot[r] = dot(W + (size_t)r * (size_t)in, xt, in);
         }
-        for (; i < in; i++) a0 += w[i] * x[i];
-        o[r] = (a0 + a1) + (a2 + a3);
     }
 }
 
@@ -207,18 +222,54 @@ static int attend_art(const tl_model *m, tl_state *s, const tl_kv *kv, int32_t l
 }
 #endif
 
+void tl_state_allow_past_window(tl_state *s, int allow) {
+    if (s) s->past_window = allow != 0;
+}
+
+const char *tl_state_error(const tl_state *s) { return s ? s->err : "no state"; }
+
+int32_t tl_state_max_chunk(const tl_state *s) { return s ? s->max_chunk : 0; }
+
+/* The working set after the chunk must fit the trained window: no more rows
+ * than seq_len, and no query further from a key than seq_len - 1 positions
+ * (RoPE sees only the distance). Past that the model was never trained. */
+static int window_check(const tl_model *m, tl_state *s, const tl_kv *kv, int32_t n, const int32_t *positions) {
+    int32_t W = m->cfg.seq_len, rows = kv->n + n;
+    int64_t lo = positions[0], hi = positions[0];
+    for (int32_t i = 0; i < kv->n; i++) {
+        if (kv->pos[i] < lo) lo = kv->pos[i];
+        if (kv->pos[i] > hi) hi = kv->pos[i];
+    }
+    for (int32_t i = 1; i < n; i++) {
+        if (positions[i] < lo) lo = positions[i];
+        if (positions[i] > hi) hi = positions[i];
+    }
+    if (rows <= W && hi - lo < W) return 0;
+    return tl_errf(s->err, sizeof s->err,
+                   "attention past the model's trained window: %d rows at positions %lld..%lld, the model "
+                   "was trained on %d (tl_state_allow_past_window, or --past-window, to run it anyway)",
+                   rows, (long long)lo, (long long)hi, W);
+}
+
 int tl_forward(const tl_model *m, tl_state *s, tl_kv *kv, const int32_t *tokens, int32_t n,
                const int32_t *positions, float *logits, tl_trace *trace, tl_art *art,
                int64_t *kv_rows_read) {
     const tl_config *c = &m->cfg;
     const tl_weights *w = &m->w;
-    if (n < 1 || n > s->max_chunk || kv->n + n > kv->cap) return -1;
+    s->err[0] = '\0';
+    if (n < 1 || n > s->max_chunk)
+        return tl_errf(s->err, sizeof s->err, "chunk of %d tokens: the state takes 1..%d", n, s->max_chunk);
+    if (kv->n + n > kv->cap)
+        return tl_errf(s->err, sizeof s->err, "working set full: %d rows + %d > %d", kv->n, n, kv->cap);
     for (int32_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->vocab_size || positions[i] < 0) return -1;
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size || positions[i] < 0)
+            return tl_errf(s->err, sizeof s->err, "token %d (id %d, position %d) out of range", i, tokens[i],
+                           positions[i]);
+    if (!s->past_window && window_check(m, s, kv, n, positions)) return -1;
 #ifndef TINYLLM_HAVE_ATTEND
-    if (art) return -1;
+    if (art) return tl_errf(s->err, sizeof s->err, "ART is not in this build");
 #endif
-    int32_t d = c->dim, hd = c->head_dim, kvd = kv->kv_dim, L = c->n_layers, H = c->hidden_dim;
+    int32_t d = c->dim, kvd = kv->kv_dim, L = c->n_layers, H = c->hidden_dim;
     kvmem_model_spec spec = tl_model_spec(m);
     int32_t base = kv->n;
     for (int32_t i = 0; i < n; i++)
@@ -226,18 +277,16 @@ int tl_forward(const tl_model *m, tl_state *s, tl_kv *kv, const int32_t *tokens,
     memcpy(kv->pos + base, positions, (size_t)n * sizeof(int32_t));
 
     for (int32_t l = 0; l < L; l++) {
-        for (int32_t i = 0; i < n; i++) {
-            float *xb = s->xb + (size_t)i * d;
-            rmsnorm(xb, s->x + (size_t)i * d, w->rms_att + (size_t)l * d, d, c->norm_eps);
-            matvec(s->q + (size_t)i * d, xb, w->wq + (size_t)l * d * d, d, d);
-            matvec(s->k + (size_t)i * kvd, xb, w->wk + (size_t)l * kvd * d, d, kvd);
-            matvec(s->v + (size_t)i * kvd, xb, w->wv + (size_t)l * kvd * d, d, kvd);
-        }
+        for (int32_t i = 0; i < n; i++)
+            rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)i * d, w->rms_att + (size_t)l * d, d, c->norm_eps);
+        matmul(s->q, s->xb, w->wq + (size_t)l * d * d, n, d, d);
+        matmul(s->k, s->xb, w->wk + (size_t)l * kvd * d, n, d, kvd);
+        matmul(s->v, s->xb, w->wv + (size_t)l * kvd * d, n, d, kvd);
         if (trace && trace->q_raw)
             for (int32_t i = 0; i < n; i++)
                 memcpy(trace->q_raw + ((size_t)i * L + l) * d, s->q + (size_t)i * d, (size_t)d * sizeof(float));
         if (rope(m, s->q, n, c->n_heads, positions, &spec) || rope(m, s->k, n, c->n_kv_heads, positions, &spec))
-            return -1;
+            return tl_errf(s->err, sizeof s->err, "rope: %s", kvmem_last_error());
         if (trace && trace->q_rot)
             for (int32_t i = 0; i < n; i++)
                 memcpy(trace->q_rot + ((size_t)i * L + l) * d, s->q + (size_t)i * d, (size_t)d * sizeof(float));
@@ -257,29 +306,28 @@ int tl_forward(const tl_model *m, tl_state *s, tl_kv *kv, const int32_t *tokens,
 #endif
             rc = attend_exact(m, s, kv, l, n, base, trace, kv_rows_read);
         kv->n = base;
-        if (rc) return -1;
-        for (int32_t i = 0; i < n; i++) {
-            float *x = s->x + (size_t)i * d;
-            matvec(s->tmp, s->att_out + (size_t)i * d, w->wo + (size_t)l * d * d, d, d);
-            for (int32_t e = 0; e < d; e++) x[e] += s->tmp[e];
-            rmsnorm(s->xb, x, w->rms_ffn + (size_t)l * d, d, c->norm_eps);
-            matvec(s->hb, s->xb, w->w1 + (size_t)l * H * d, d, H);
-            matvec(s->hb2, s->xb, w->w3 + (size_t)l * H * d, d, H);
-            for (int32_t e = 0; e < H; e++) {
-                float g = s->hb[e];
-                s->hb[e] = g / (1.0f + expf(-g)) * s->hb2[e];
-            }
-            matvec(s->tmp, s->hb, w->w2 + (size_t)l * d * H, H, d);
-            for (int32_t e = 0; e < d; e++) x[e] += s->tmp[e];
+        if (rc)
+            return tl_errf(s->err, sizeof s->err, "attention failed%s%s", art ? ": " : " (out of memory)",
+                           art ? kvmem_last_error() : "");
+        matmul(s->tmp, s->att_out, w->wo + (size_t)l * d * d, n, d, d);
+        for (size_t e = 0; e < (size_t)n * (size_t)d; e++) s->x[e] += s->tmp[e];
+        for (int32_t i = 0; i < n; i++)
+            rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)i * d, w->rms_ffn + (size_t)l * d, d, c->norm_eps);
+        matmul(s->hb, s->xb, w->w1 + (size_t)l * H * d, n, d, H);
+        matmul(s->hb2, s->xb, w->w3 + (size_t)l * H * d, n, d, H);
+        for (size_t e = 0; e < (size_t)n * (size_t)H; e++) {
+            float g = s->hb[e];
+            s->hb[e] = g / (1.0f + expf(-g)) * s->hb2[e];
         }
+        matmul(s->tmp, s->hb, w->w2 + (size_t)l * d * H, n, H, d);
+        for (size_t e = 0; e < (size_t)n * (size_t)d; e++) s->x[e] += s->tmp[e];
     }
     kv->n = base + n;
-    (void)hd;
-    if (logits)
-        for (int32_t i = 0; i < n; i++) {
-            rmsnorm(s->xb, s->x + (size_t)i * d, w->rms_final, d, c->norm_eps);
-            matvec(logits + (size_t)i * c->vocab_size, s->xb, w->wcls, d, c->vocab_size);
-        }
+    if (logits) {
+        for (int32_t i = 0; i < n; i++)
+            rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)i * d, w->rms_final, d, c->norm_eps);
+        matmul(logits, s->xb, w->wcls, n, d, c->vocab_size);
+    }
     return 0;
 }
 

@@ -8,6 +8,16 @@
 #define TL_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
 #define TL_PRINTF(a, b)
+/* The history (methods.c): tl_history_append with the flush of the tail
+ * optional (flush = 0 keeps blocks aligned to BS tokens across appends). */
+int tl_history_append_ex(tl_history *h, const float *k_rot, const float *v, int32_t T,
+                         const int32_t *positions, const int32_t *tokens, const float *q_rot,
+                         const float *acc, int32_t prompt_len, int flush, char *err, size_t err_size);
+/* Raw K, V of history tokens [first, first + T) as [L][T][kv_dim] f32. */
+int tl_history_read_raw(tl_history *h, int64_t first, int64_t T, float *k, float *v, char *err, size_t err_size);
+/* Rotate raw keys [L][T][kv_dim] to the positions pos[T] in place. */
+int tl_history_rotate(tl_history *h, float *k, int64_t T, const int32_t *pos, char *err, size_t err_size);
+
 #endif
 
 /* Write a message to err (if any) and return -1. */
@@ -31,5 +41,15 @@ int tl_tok_finish(tl_tokenizer *t, char *err, size_t err_size);
 tl_tokenizer *tl_tok_clone(const tl_tokenizer *t);
 /* The byte a "<0xNN>" piece stands for, or -1 for any other piece. */
 int tl_tok_byte_value(const char *p, size_t n);
+
+/* The history (methods.c): tl_history_append with the flush of the tail
+ * optional (flush = 0 keeps blocks aligned to BS tokens across appends). */
+int tl_history_append_ex(tl_history *h, const float *k_rot, const float *v, int32_t T,
+                         const int32_t *positions, const int32_t *tokens, const float *q_rot,
+                         const float *acc, int32_t prompt_len, int flush, char *err, size_t err_size);
+/* Raw K, V of history tokens [first, first + T) as [L][T][kv_dim] f32. */
+int tl_history_read_raw(tl_history *h, int64_t first, int64_t T, float *k, float *v, char *err, size_t err_size);
+/* Rotate raw keys [L][T][kv_dim] to the positions pos[T] in place. */
+int tl_history_rotate(tl_history *h, float *k, int64_t T, const int32_t *pos, char *err, size_t err_size);
 
 #endif

@@ -13,7 +13,8 @@
 
 #define GENERATE_USAGE                                                                          \
     "usage: tinyllm generate MODEL [--prompt TEXT] [--tokenizer FILE] [-n N] [--seed S] "       \
-    "[--temp T] [--ids]\n"
+    "[--temp T] [--ids] [--past-window]\n"                                                      \
+    "  --past-window  let -n exceed the model's trained length (it attends past its window)\n"
 #define TOKENIZE_USAGE "usage: tinyllm tokenize MODEL [--tokenizer FILE] [--no-bos] [--decode] [TEXT]\n"
 
 /* The tokenizer for a model: the file given, else the vocabulary a GGUF
@@ -51,8 +52,9 @@ static int generate(int argc, char **argv) {
         {"prompt", required_argument, NULL, 'p'}, {"tokenizer", required_argument, NULL, 'k'},
         {"seed", required_argument, NULL, 's'},   {"temp", required_argument, NULL, 't'},
         {"ids", no_argument, NULL, 'i'},          {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+        {"past-window", no_argument, NULL, 'w'},  {NULL, 0, NULL, 0}};
     const char *prompt = NULL, *tok_file = NULL;
+    int past_window = 0;
     int64_t n = -1; /* default: 256 tokens of text, 64 ids */
     uint64_t seed = 42;
     float temp = 1.0f;
@@ -73,6 +75,7 @@ static int generate(int argc, char **argv) {
         case 'p': prompt = optarg; break;
         case 'k': tok_file = optarg; break;
         case 'i': ids = 1; break;
+        case 'w': past_window = 1; break;
         case 'h': fputs(GENERATE_USAGE, stdout); return 0;
         default: return tl_cli_bad_option("generate", argc, argv, c, GENERATE_USAGE);
         }
@@ -96,9 +99,9 @@ static int generate(int argc, char **argv) {
     tl_kv kv;
     memset(&kv, 0, sizeof kv);
     if (n > m.cfg.seq_len && !n_given) n = m.cfg.seq_len;
-    if (n > m.cfg.seq_len) {
+    if (n > m.cfg.seq_len && !past_window) {
         fprintf(stderr, "tinyllm generate: -n %lld: the model's context is %d tokens (-n counts them "
-                "all, BOS and prompt included)\n", (long long)n, m.cfg.seq_len);
+                "all, BOS and prompt included; --past-window runs past it)\n", (long long)n, m.cfg.seq_len);
         rc = 2;
         goto out;
     }
@@ -133,6 +136,7 @@ static int generate(int argc, char **argv) {
         fprintf(stderr, "tinyllm generate: out of memory\n");
         goto out;
     }
+    tl_state_allow_past_window(s, past_window);
     /* the prompt in one pass, then a token at a time; the RNG is drawn only
      * for sampled tokens, so with no prompt the ids are tl_sample_sequence's */
     int32_t *pos = malloc((size_t)n * sizeof *pos);
@@ -165,7 +169,7 @@ static int generate(int argc, char **argv) {
     }
     free(pos);
     if (failed) {
-        fprintf(stderr, "tinyllm generate: the forward pass failed\n");
+        fprintf(stderr, "tinyllm generate: the forward pass failed: %s\n", tl_state_error(s));
         goto out;
     }
     if (ids)

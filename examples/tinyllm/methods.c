@@ -75,6 +75,12 @@ void tl_history_free(tl_history *h) {
 int tl_history_append(tl_history *h, const float *k_rot, const float *v, int32_t T,
                       const int32_t *positions, const int32_t *tokens, const float *q_rot,
                       const float *acc, int32_t prompt_len, char *err, size_t err_size) {
+    return tl_history_append_ex(h, k_rot, v, T, positions, tokens, q_rot, acc, prompt_len, 1, err, err_size);
+}
+
+int tl_history_append_ex(tl_history *h, const float *k_rot, const float *v, int32_t T,
+                         const int32_t *positions, const int32_t *tokens, const float *q_rot,
+                         const float *acc, int32_t prompt_len, int flush, char *err, size_t err_size) {
     int rc = 0;
     if (T < 1 || h->n + T > h->cap) return tl_errf(err, err_size, "history: %d tokens do not fit", T);
     kvmem_tensor kt, vt;
@@ -86,7 +92,7 @@ int tl_history_append(tl_history *h, const float *k_rot, const float *v, int32_t
     ap.positions = positions;
     ap.keys_rotated = 1;
     KCHECK(kvmem_agent_append(h->agent, &kt, &vt, &ap), "append");
-    KCHECK(kvmem_agent_flush(h->agent), "flush");
+    if (flush) KCHECK(kvmem_agent_flush(h->agent), "flush");
     size_t qrow = (size_t)h->n_layers * (size_t)h->q_dim;
     if (q_rot) memcpy(h->q_rot + (size_t)h->n * qrow, q_rot, (size_t)T * qrow * sizeof(float));
     if (acc) memcpy(h->acc, acc, (size_t)(h->n + T) * sizeof(float));
@@ -225,7 +231,7 @@ int32_t tl_method_list(tl_method *out, int32_t cap, char *missing, size_t missin
 }
 
 /* Raw K, V of history tokens [first, first + T) as [L][T][kv_dim] f32. */
-static int read_raw(tl_history *h, int64_t first, int64_t T, float *k, float *v, char *err,
+int tl_history_read_raw(tl_history *h, int64_t first, int64_t T, float *k, float *v, char *err,
                     size_t err_size) {
     int rc = 0;
     kvmem_tensor kt, vt;
@@ -238,7 +244,7 @@ done:
 }
 
 /* Rotate raw keys [L][T][kv_dim] to the positions pos[T] in place. */
-static int rotate(tl_history *h, float *k, int64_t T, const int32_t *pos, char *err, size_t err_size) {
+int tl_history_rotate(tl_history *h, float *k, int64_t T, const int32_t *pos, char *err, size_t err_size) {
     int rc = 0;
     size_t rows = (size_t)T * (size_t)h->n_kv_heads;
     int32_t *p = malloc(rows * sizeof(int32_t));
@@ -255,14 +261,17 @@ done:
 }
 
 /* Put the history rows `kept` (ascending positions) into kv at their
- * original positions. k, v: raw [L][N][kv_dim] of the whole history. */
+ * original positions, or (reencode) at contiguous positions 0.. as a cache
+ * that must fit the model's window does. k, v: raw [L][N][kv_dim] of the
+ * whole history. */
 static int put_kept(tl_history *h, const float *k, const float *v, const int32_t *kept,
-                    int64_t n_kept, tl_kv *kv, char *err, size_t err_size) {
+                    int64_t n_kept, int reencode, tl_kv *kv, char *err, size_t err_size) {
     size_t kvd = (size_t)h->kv_dim, N = (size_t)h->n;
     float *kk = malloc((size_t)h->n_layers * (size_t)n_kept * kvd * sizeof(float) + 1);
     float *vv = malloc((size_t)h->n_layers * (size_t)n_kept * kvd * sizeof(float) + 1);
+    int32_t *pos = malloc((size_t)n_kept * sizeof(int32_t) + 1);
     int rc = 0;
-    if (!kk || !vv) {
+    if (!kk || !vv || !pos) {
         rc = tl_errf(err, err_size, "out of memory");
         goto out;
     }
@@ -271,11 +280,13 @@ static int put_kept(tl_history *h, const float *k, const float *v, const int32_t
             memcpy(kk + ((size_t)l * (size_t)n_kept + (size_t)i) * kvd, k + ((size_t)l * N + (size_t)kept[i]) * kvd, kvd * sizeof(float));
             memcpy(vv + ((size_t)l * (size_t)n_kept + (size_t)i) * kvd, v + ((size_t)l * N + (size_t)kept[i]) * kvd, kvd * sizeof(float));
         }
-    if ((rc = rotate(h, kk, n_kept, kept, err, err_size)) != 0) goto out;
-    if (tl_kv_append(kv, kk, vv, (int32_t)n_kept, kept)) rc = tl_errf(err, err_size, "working set full");
+    for (int64_t i = 0; i < n_kept; i++) pos[i] = reencode ? (int32_t)i : kept[i];
+    if ((rc = tl_history_rotate(h, kk, n_kept, pos, err, err_size)) != 0) goto out;
+    if (tl_kv_append(kv, kk, vv, (int32_t)n_kept, pos)) rc = tl_errf(err, err_size, "working set full");
 out:
     free(kk);
     free(vv);
+    free(pos);
     return rc;
 }
 
@@ -291,8 +302,8 @@ static int put_range(tl_history *h, int64_t first, int64_t n, tl_kv *kv, char *e
         goto out;
     }
     for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(first + i);
-    if ((rc = read_raw(h, first, n, k, v, err, err_size)) != 0) goto out;
-    if ((rc = rotate(h, k, n, pos, err, err_size)) != 0) goto out;
+    if ((rc = tl_history_read_raw(h, first, n, k, v, err, err_size)) != 0) goto out;
+    if ((rc = tl_history_rotate(h, k, n, pos, err, err_size)) != 0) goto out;
     if (tl_kv_append(kv, k, v, (int32_t)n, pos)) rc = tl_errf(err, err_size, "working set full");
 out:
     free(k);
@@ -450,7 +461,7 @@ int tl_memory_build_info(tl_history *h, const tl_method *m, int64_t budget, cons
         rc = tl_errf(err, err_size, "out of memory");
         goto done;
     }
-    if ((rc = read_raw(h, 0, N, k, v, err, err_size)) != 0) goto done;
+    if ((rc = tl_history_read_raw(h, 0, N, k, v, err, err_size)) != 0) goto done;
     switch (m->kind) {
     case TL_M_FULL:
         for (int64_t i = 0; i < N; i++) kept[i] = (int32_t)i;
@@ -481,7 +492,7 @@ int tl_memory_build_info(tl_history *h, const tl_method *m, int64_t budget, cons
         }
         memcpy(krot, k, n * sizeof(float));
         for (int64_t i = 0; i < N; i++) allpos[i] = (int32_t)i;
-        rc = rotate(h, krot, N, allpos, err, err_size);
+        rc = tl_history_rotate(h, krot, N, allpos, err, err_size);
         free(allpos);
         if (rc) goto done;
         kvmem_tensor kt;
@@ -512,7 +523,7 @@ int tl_memory_build_info(tl_history *h, const tl_method *m, int64_t budget, cons
         rc = tl_errf(err, err_size, "method %s is not in this build", m->name);
         goto done;
     }
-    rc = put_kept(h, k, v, kept, n_kept, kv, err, err_size);
+    rc = put_kept(h, k, v, kept, n_kept, m->reencode, kv, err, err_size);
 done:
     free(k);
     free(v);

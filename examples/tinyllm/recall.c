@@ -21,6 +21,9 @@ typedef struct rc_file {
     rc_text intro[RC_MAX_PIECES], filler[RC_MAX_PIECES], prompt[RC_MAX_PIECES];
     int32_t n_intro, n_filler, n_prompt;
     int32_t counts[64], n_counts;
+    int32_t before[64], n_before; /* sessions before the intro (cycle) */
+    double windows[64];           /* the name's distance in model windows (cycle; replaces counts) */
+    int32_t n_windows;
 } rc_file;
 
 static void rc_file_free(rc_file *f) {
@@ -64,7 +67,8 @@ static int parse_file(rc_file *f, const char *path, char *err, size_t err_size) 
         if (!*s || *s == '#') continue;
         char *colon = strchr(s, ':');
         if (!colon) {
-            rc = tl_errf(err, err_size, "%s:%d: expected 'intro NAME:', 'filler:', 'prompt:' or 'counts:'", path, line);
+            rc = tl_errf(err, err_size, "%s:%d: expected 'intro NAME:', 'filler:', 'prompt:', 'counts:', 'before:' "
+                         "or 'windows:'", path, line);
             break;
         }
         *colon = '\0';
@@ -94,17 +98,47 @@ static int parse_file(rc_file *f, const char *path, char *err, size_t err_size) 
                 e = end;
                 while (*e == ',' || *e == ' ') e++;
             }
+        } else if (!strcmp(key, "before")) {
+            f->n_before = 0;
+            for (char *e = val; *e;) {
+                char *end;
+                long v = strtol(e, &end, 10);
+                if (end == e || v < 0 || v > 64 || f->n_before == 64) {
+                    rc = tl_errf(err, err_size, "%s:%d: before: up to 64 session counts in [0, 64]", path, line);
+                    break;
+                }
+                f->before[f->n_before++] = (int32_t)v;
+                e = end;
+                while (*e == ',' || *e == ' ') e++;
+            }
+        } else if (!strcmp(key, "windows")) {
+            f->n_windows = 0;
+            for (char *e = val; *e;) {
+                char *end;
+                double v = strtod(e, &end);
+                if (end == e || !(v > 0 && v <= 1000) || f->n_windows == 64) {
+                    rc = tl_errf(err, err_size, "%s:%d: windows: up to 64 distances in (0, 1000] windows", path, line);
+                    break;
+                }
+                f->windows[f->n_windows++] = v;
+                e = end;
+                while (*e == ',' || *e == ' ') e++;
+            }
         } else {
             rc = tl_errf(err, err_size, "%s:%d: unknown key '%s'", path, line, key);
         }
     }
     if (!rc && ferror(fp)) rc = tl_errf(err, err_size, "recall suite %s: read error", path);
     fclose(fp);
-    if (!rc && (!f->n_intro || !f->n_prompt || !f->n_counts))
-        rc = tl_errf(err, err_size, "recall suite %s: needs intros, prompts and counts", path);
-    if (!rc && !f->n_filler)
+    if (!rc && (!f->n_intro || !f->n_prompt || (!f->n_counts && !f->n_windows)))
+        rc = tl_errf(err, err_size, "recall suite %s: needs intros, prompts and counts (or windows)", path);
+    if (!rc && !f->n_filler) {
         for (int32_t i = 0; i < f->n_counts && !rc; i++)
             if (f->counts[i]) rc = tl_errf(err, err_size, "recall suite %s: counts > 0 but no fillers", path);
+        for (int32_t i = 0; i < f->n_before && !rc; i++)
+            if (f->before[i]) rc = tl_errf(err, err_size, "recall suite %s: before > 0 but no fillers", path);
+        if (!rc && f->n_windows) rc = tl_errf(err, err_size, "recall suite %s: windows but no fillers", path);
+    }
     if (rc) rc_file_free(f);
     return rc;
 }
@@ -145,8 +179,33 @@ void tl_recall_free(tl_recall_suite *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* The first occurrence of the name's ids in ids[from, n). */
+static int32_t first_mention(const int32_t *ids, int32_t from, int32_t n, const int32_t *name, int32_t nn) {
+    for (int32_t i = from; i + nn <= n; i++)
+        if (!memcmp(ids + i, name, (size_t)nn * sizeof(int32_t))) return i;
+    return -1;
+}
+
+/* Session starts grow as sessions are added. */
+static int add_session(tl_recall_case *c, int32_t *cap, int32_t start) {
+    if (c->n_sessions == *cap) {
+        int32_t nc = *cap ? 2 * *cap : 16;
+        int32_t *p = realloc(c->session_start, (size_t)nc * sizeof(int32_t));
+        if (!p) return -1;
+        c->session_start = p;
+        *cap = nc;
+    }
+    c->session_start[c->n_sessions++] = start;
+    return 0;
+}
+
 int tl_recall_load(tl_recall_suite *s, const char *path, const char *tok_path, const char *model_path,
                    const tl_model *m, char *err, size_t err_size) {
+    return tl_recall_load_ex(s, path, tok_path, model_path, m, 0, err, err_size);
+}
+
+int tl_recall_load_ex(tl_recall_suite *s, const char *path, const char *tok_path, const char *model_path,
+                      const tl_model *m, int beyond, char *err, size_t err_size) {
     memset(s, 0, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", path);
     char buf[4096];
@@ -164,34 +223,69 @@ int tl_recall_load(tl_recall_suite *s, const char *path, const char *tok_path, c
         return -1;
     }
     int rc = 0;
-    s->cases = calloc((size_t)f.n_intro, sizeof *s->cases);
-    if (!s->cases) rc = tl_errf(err, err_size, "out of memory");
+    if (beyond && !f.n_windows) rc = tl_errf(err, err_size, "recall suite %s: a beyond-the-window suite gives 'windows:'", path);
+    if (!beyond && f.n_windows)
+        rc = tl_errf(err, err_size, "recall suite %s: has 'windows:' (histories past the window): run it with --beyond", path);
+    if (!rc) {
+        s->cases = calloc((size_t)f.n_intro, sizeof *s->cases);
+        if (!s->cases) rc = tl_errf(err, err_size, "out of memory");
+    }
+    int32_t W = m->cfg.seq_len;
     for (int32_t i = 0; i < f.n_intro && !rc; i++) {
         tl_recall_case *c = &s->cases[i];
-        int32_t k = f.counts[i % f.n_counts], cap = 0, n = 0, *ids = NULL;
-        snprintf(c->id, sizeof c->id, "%.32s-%d", f.intro[i].name, k);
+        int32_t k = f.n_counts ? f.counts[i % f.n_counts] : 0, before = f.n_before ? f.before[i % f.n_before] : 0;
+        int32_t cap = 0, n = 0, *ids = NULL, scap = 0;
+        double wins = f.n_windows ? f.windows[i % f.n_windows] : 0;
+        if (f.n_windows) snprintf(c->id, sizeof c->id, "%.24s-b%d-w%g", f.intro[i].name, before, wins);
+        else if (before) snprintf(c->id, sizeof c->id, "%.32s-b%d-%d", f.intro[i].name, before, k);
+        else snprintf(c->id, sizeof c->id, "%.32s-%d", f.intro[i].name, k);
         snprintf(c->name, sizeof c->name, "%s", f.intro[i].name);
         s->n_loaded = i + 1; /* freed from here on, even if it fails half-built */
-        c->session_start = malloc((size_t)(k + 1) * sizeof(int32_t));
-        if (!c->session_start) {
-            rc = tl_errf(err, err_size, "out of memory");
-            break;
+        c->n_before = before;
+        c->windows = wins;
+        for (int32_t j = 0; j < before && !rc; j++) {
+            if (add_session(c, &scap, n)) rc = tl_errf(err, err_size, "out of memory");
+            else rc = push_text(s->tok, f.filler[(7 * i + 40 + j) % f.n_filler].s, j == 0, &ids, &n, &cap, err, err_size);
         }
-        c->session_start[c->n_sessions++] = 0;
-        rc = push_text(s->tok, f.intro[i].s, 1, &ids, &n, &cap, err, err_size);
-        for (int32_t j = 0; j < k && !rc; j++) {
-            c->session_start[c->n_sessions++] = n;
-            rc = push_text(s->tok, f.filler[(7 * i + j) % f.n_filler].s, 0, &ids, &n, &cap, err, err_size);
+        if (!rc && add_session(c, &scap, n)) rc = tl_errf(err, err_size, "out of memory");
+        c->intro_start = n;
+        if (!rc) rc = push_text(s->tok, f.intro[i].s, before == 0, &ids, &n, &cap, err, err_size);
+        int32_t intro_end = n;
+        /* the name as the prompt's continuation (with its leading space) */
+        int32_t *name_ids = NULL, nn = 0, ncap = 0;
+        if (!rc) rc = push_text(s->tok, c->name, 0, &name_ids, &nn, &ncap, err, err_size);
+        int32_t prompt_len = 0;
+        if (!rc) {
+            int32_t *p_ids = NULL, pcap = 0;
+            rc = push_text(s->tok, f.prompt[i % f.n_prompt].s, 0, &p_ids, &prompt_len, &pcap, err, err_size);
+            free(p_ids);
         }
+        int32_t last = rc ? -1 : last_mention(ids, n, name_ids, nn);
+        if (!rc && last < 0)
+            rc = tl_errf(err, err_size, "recall case %s: the name's tokens never occur in the intro "
+                         "(it is tokenized differently there)", c->id);
+        if (!rc) c->name_at = first_mention(ids, c->intro_start, n, name_ids, nn);
+        /* fillers: a count, or until the name is `wins` windows before the prompt's end */
+        for (int32_t j = 0; !rc && (f.n_windows ? (n + prompt_len - last) < (int32_t)(wins * W + 0.5) : j < k); j++) {
+            if (add_session(c, &scap, n)) rc = tl_errf(err, err_size, "out of memory");
+            else rc = push_text(s->tok, f.filler[(7 * i + j) % f.n_filler].s, 0, &ids, &n, &cap, err, err_size);
+        }
+        (void)intro_end;
         c->n_hist = n;
         if (!rc) rc = push_text(s->tok, f.prompt[i % f.n_prompt].s, 0, &ids, &n, &cap, err, err_size);
         c->n_prompt = n - c->n_hist;
         if (!rc) rc = push_text(s->tok, c->name, 0, &ids, &n, &cap, err, err_size);
         c->n_name = n - c->n_hist - c->n_prompt;
         c->tok = ids;
+        free(name_ids);
         if (rc) break;
-        if (n > m->cfg.seq_len) {
-            rc = tl_errf(err, err_size, "recall case %s: %d tokens, more than the model's %d", c->id, n, m->cfg.seq_len);
+        if (!beyond && n > W) {
+            rc = tl_errf(err, err_size, "recall case %s: %d tokens, more than the model's %d", c->id, n, W);
+            break;
+        }
+        if (beyond && c->n_prompt + c->n_name > W / 4) {
+            rc = tl_errf(err, err_size, "recall case %s: its prompt and name take %d of the model's %d tokens", c->id,
+                         c->n_prompt + c->n_name, W);
             break;
         }
         int32_t at = last_mention(ids, c->n_hist, ids + c->n_hist + c->n_prompt, c->n_name);

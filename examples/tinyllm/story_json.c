@@ -2,10 +2,11 @@
  * printed as JSON. The page runs the same code (story_session.c, compiled
  * to WebAssembly); wasm/tests/browser_test.mjs compares the two.
  *
- *   tinyllm-story MODEL [--tokenizer FILE] [--art] [--art-tile N] [--bytes]
- *                 [--repeat R] TEXT...
+ *   tinyllm-story MODEL [--tokenizer FILE] [--art] [--art-tile N] [--mem F]
+ *                 [--live F] [--order chrono|score|runs] [--bytes] [--repeat R] TEXT...
  *
- * Each TEXT is one session, in order. Prints one JSON document:
+ * Each TEXT is one session, in order. --mem, --live, --order: the window's
+ * shares and the placement (tl_story_opts). Prints one JSON document:
  * {"model": {...}, "sessions": [...]} (story_session.h describes both).
  * --bytes: open the story from the files' bytes (tl_story_open_bytes, the
  * page's way). --repeat R: run the whole story R times (reset between) and
@@ -21,7 +22,8 @@
 #include "story_session.h"
 
 static const char k_usage[] =
-    "usage: tinyllm-story MODEL [--tokenizer FILE] [--art] [--art-tile N] [--bytes] [--repeat R] TEXT...\n";
+    "usage: tinyllm-story MODEL [--tokenizer FILE] [--art] [--art-tile N] [--mem F] [--live F]\n"
+    "                     [--order chrono|score|runs] [--bytes] [--repeat R] TEXT...\n";
 
 static double now_ms(void) {
     struct timespec t;
@@ -50,6 +52,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--art")) o.art = 1;
         else if (!strcmp(a, "--art-tile") && i + 1 < argc) o.art_tile = atoi(argv[++i]);
         else if (!strcmp(a, "--bytes")) bytes = 1;
+        else if (!strcmp(a, "--mem") && i + 1 < argc) o.mem_frac = atof(argv[++i]);
+        else if (!strcmp(a, "--live") && i + 1 < argc) o.live_frac = atof(argv[++i]);
+        else if (!strcmp(a, "--order") && i + 1 < argc) {
+            const char *v = argv[++i];
+            o.order = 0;
+            for (int k = 0; k <= TL_ORDER_RUNS; k++)
+                if (!strcmp(v, tl_order_name((tl_order)k))) o.order = k + 1;
+            if (!o.order) {
+                fprintf(stderr, "tinyllm-story: --order %s: expected chrono, score or runs\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
         else if (!strncmp(a, "--", 2)) {
             fprintf(stderr, "tinyllm-story: unknown option %s\n%s", a, k_usage);

@@ -1,12 +1,23 @@
 /* A story agent one session at a time, for programs that are not the
- * `tinyllm demo` command line: the browser page (wasm/glue/tinyllm.c) and
- * its native reference (story_json.c). A session does what story.c's does:
- * encode the new text; ask kvmem for memory (MemArt as deployed: the live
- * context plus the blocks the prompt's queries retrieve, a quarter of the
- * history); prefill the text on it, continue greedily, append both to the
- * agent; and, beside it, continue on full context and on a recent window of
- * the same budget. Optionally kvmem's run attends with ART (kvmem_attend),
- * and the session reports where ART stopped. The result is JSON.
+ * `tinyllm demo` command line: the browser page (wasm/glue/story.c) and its
+ * native reference (story_json.c). A story's history may grow to several
+ * windows of the model: past its trained window the model alone cannot read
+ * it, and every memory gets the same window. A session encodes the new text
+ * and continues it greedily on four contexts, each within the model's window
+ * except the last:
+ *   - kvmem: the blocks the text's queries retrieve (MemArt: AABB scores of
+ *     the text run over the newest history, the probe), placed before the
+ *     live context (the newest history), re-encoded at contiguous positions;
+ *   - text RAG: the history's text in 16-token chunks, ranked by BM25
+ *     against the new text, the chosen chunks' text prefilled again before
+ *     the same live context, with the same token budget;
+ *   - the recent window: the newest history tokens that fill the same room;
+ *   - the whole history at its own positions, past the window once it is
+ *     longer (what the model alone makes of it).
+ * kvmem's run is the one kept: the new text (not a continuation: the history
+ * is what the sessions said) goes into the agent. Optionally kvmem's run
+ * attends with ART (kvmem_attend), and the session reports where ART
+ * stopped. The result is JSON.
  *
  * Not thread-safe: one story is used by one thread at a time. */
 #ifndef TINYLLM_STORY_SESSION_H
@@ -15,23 +26,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "beyond.h"
 #include "tinyllm.h"
 
-/* The session limits of story.c: tokens generated per continuation, tokens
- * of history the probe sees, the smallest memory budget, the longest prompt. */
-enum { TL_STORY_GEN = 20, TL_STORY_PROBE_WINDOW = 32, TL_STORY_MIN_BUDGET = 32, TL_STORY_MAX_PROMPT = 128 };
+/* The session limits: tokens generated per continuation, tokens of history
+ * the probe sees, the longest prompt, the agent's capacity in windows of
+ * the model, the most text-RAG chunks one session takes. */
+enum { TL_STORY_GEN = 20, TL_STORY_PROBE_WINDOW = 32, TL_STORY_MAX_PROMPT = 160, TL_STORY_WINDOWS = 8,
+       TL_STORY_MAX_CHUNKS = 64 };
+
+/* How the window is shared (tl_story_opts; 0 = the default): retrieved memory
+ * and live context as shares of the model's window, and the order retrieved
+ * blocks are placed in. */
+#define TL_STORY_MEM_FRAC 0.25
+#define TL_STORY_LIVE_FRAC 0.125
+#define TL_STORY_ORDER TL_ORDER_RUNS
 
 typedef struct tl_story tl_story;
 
 typedef struct tl_story_opts {
     int32_t art;      /* 1: kvmem's run (prefill and decode) attends with ART, kvmem_attend at its
-                         default thresholds; 0: the engine's exact attention (as story.c) */
+                         default thresholds; 0: the engine's exact attention */
     int32_t art_tile; /* ART tile size in positions, 0 = kvmem's default */
+    double mem_frac;  /* retrieved memory, a share of the window (whole blocks); 0 = TL_STORY_MEM_FRAC */
+    double live_frac; /* live context, a share of the window; 0 = TL_STORY_LIVE_FRAC */
+    int32_t order;    /* tl_order + 1 of the retrieved blocks before the live context; 0 = TL_STORY_ORDER */
+    int32_t kvmem_only; /* 1: kvmem's run alone, none of the others (rag, recent, full null) */
 } tl_story_opts;
-
-/* The memory budget story.c gives a history of n tokens: a quarter of it in
- * whole blocks of 16, at least TL_STORY_MIN_BUDGET. */
-int64_t tl_story_budget(int64_t n);
 
 /* Open a story on a model and a tokenizer file (NULL: the model's own
  * vocabulary, GGUF). Returns 0, or -1 with a message in err. */
@@ -57,18 +78,28 @@ char *tl_story_describe(const tl_story *s);
 
 /* One session in steps, for a caller that shows it its own way (story.c):
  * tl_story_step runs it (encode, memory, the three continuations) without
- * changing the story; tl_story_commit appends kvmem's run to the agent;
+ * changing the story; tl_story_commit appends the session's text to the agent;
  * tl_story_run_free releases the run (committed or not). */
 typedef struct tl_story_run {
     int32_t session;              /* 1-based */
-    int64_t history, budget;      /* tokens before the session, the memory budget */
+    int64_t history, budget;      /* tokens before the session; memory + live context: what every memory
+                                     gets of the window besides the text and the continuation */
+    tl_split split;               /* the window's shares: retrieved memory, live context */
+    int32_t order;                /* tl_order of the retrieved blocks */
     int32_t prompt[TL_STORY_MAX_PROMPT], n_prompt;
     int32_t has_memory;           /* 0 in the first session */
-    int32_t mem_rows;             /* memory rows kvmem's run attended to */
-    tl_build_info info;           /* the live context and the retrieved blocks */
+    int32_t compared;             /* the other contexts ran (not the first session, not kvmem_only) */
+    int32_t mem_rows;             /* rows kvmem's run attended to before the text */
+    tl_build_info info;           /* the live context and the retrieved blocks, in window order */
+    float scores[TL_MAX_BLOCKS];  /* the retrieved blocks' retrieval scores */
     int32_t gen[TL_STORY_GEN], n_gen;       /* kvmem's continuation */
-    int32_t full[TL_STORY_GEN], n_full;     /* on full context */
+    int32_t full[TL_STORY_GEN], n_full;     /* on the whole history at its own positions */
+    int32_t full_past_window;               /* 1: that passed the model's trained window */
     int32_t recent[TL_STORY_GEN], n_recent; /* on the newest `budget` tokens */
+    int32_t rag[TL_STORY_GEN], n_rag;       /* text RAG's */
+    tl_chunk rag_chunks[TL_STORY_MAX_CHUNKS];
+    int32_t n_rag_chunks, rag_tokens;       /* chosen chunks (chronological); the tokens of its context
+                                               (BOS, the chunks, the live context), all prefilled */
     int32_t art_on;
     tl_art art, art_prefill;      /* ART stats, all and after the prefill */
     tl_kv kv;                     /* kvmem's working set (what commit appends from) */
@@ -85,9 +116,10 @@ char *tl_story_run_json(tl_story *s, const char *text, size_t len, const tl_stor
 char *tl_story_text(tl_story *s, int64_t first, int64_t n);
 
 /* kvmem's logits for a session's prompt over the memory as it stands, without
- * running the session: [n_prompt][vocab] into logits (room for cap_rows rows). */
-int tl_story_prompt_logits(tl_story *s, const char *text, size_t len, float *logits, int32_t cap_rows,
-                           int32_t *n_prompt, char *err, size_t err_size);
+ * running the session (opts as tl_story_step's): [n_prompt][vocab] into
+ * logits (room for cap_rows rows). */
+int tl_story_prompt_logits(tl_story *s, const char *text, size_t len, const tl_story_opts *opts, float *logits,
+                           int32_t cap_rows, int32_t *n_prompt, char *err, size_t err_size);
 
 /* Persistence: the agent to one safetensors file, and back (the history is replaced). */
 int tl_story_save(tl_story *s, const char *path, char *err, size_t err_size);
@@ -99,18 +131,22 @@ int tl_story_block_info(tl_story *s, int32_t block, kvmem_block_info *out);
 const tl_model *tl_story_model(const tl_story *s);
 const char *tl_story_agent_id(const tl_story *s);
 
-/* Run one session on `len` bytes of UTF-8 text (opts NULL: exact attention).
+/* Run one session on `len` bytes of UTF-8 text (opts NULL: the defaults).
  * On success *json gets the session (caller frees with free()):
- *   session, history, budget, text, prompt (ids), memory (null in the first
- *   session, else rows, local_rows, retrieved_rows, blocks [{id,
- *   first, n, ids, text}], live {first, n, ids, text}), art (null, or
- *   tile_size and prefill / decode {tiles_visited, tiles_total,
- *   positions_read}), kvmem / full / recent continuations {ids, text}
- *   (full and recent null in the first session; recent has its window),
- *   tokens {prefilled, probed, reread}.
+ *   session, history, budget, split {memory, live, order}, text, prompt
+ *   (ids), memory (null in the first session, else rows, local_rows,
+ *   retrieved_rows, blocks [{id, score, first, n, ids, text}] in window
+ *   order, live {first, n, ids, text}), art (null, or tile_size and
+ *   prefill / decode {tiles_visited, tiles_total, positions_read}), kvmem /
+ *   rag / recent / full continuations {ids, text} (all but kvmem null in the
+ *   first session; rag has chunks [{first, n, text}], recent its window,
+ *   full past_window), tokens {prefilled, probed, rag_prefilled, reread}:
+ *   what each context ran through the model (kvmem: the text, and the text
+ *   again as the probe; text RAG: BOS, the chunks, the live context and the
+ *   text; a text agent re-reading the whole history: all of it).
  * Refused (-1, the story unchanged): empty text, a prompt over
- * TL_STORY_MAX_PROMPT tokens, a history that would pass the model's
- * context length. */
+ * TL_STORY_MAX_PROMPT tokens or one that leaves no room in the window, a
+ * history that would pass TL_STORY_WINDOWS windows, bad options. */
 int tl_story_session(tl_story *s, const char *text, size_t len, const tl_story_opts *opts, char **json, char *err,
                      size_t err_size);
 

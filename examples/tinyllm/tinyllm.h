@@ -167,6 +167,15 @@ typedef struct tl_state tl_state; /* scratch buffers of one model */
 
 tl_state *tl_state_create(const tl_config *cfg, int32_t max_chunk);
 void tl_state_free(tl_state *s);
+/* tl_forward refuses a working set the model was not trained for: more rows
+ * than its trained length (seq_len), or a query further than seq_len - 1
+ * positions from a key. allow = 1 runs it anyway (a baseline that shows what
+ * happens past the window). */
+void tl_state_allow_past_window(tl_state *s, int allow);
+/* Why the last tl_forward on this state failed ("" after a success). */
+const char *tl_state_error(const tl_state *s);
+/* The most tokens one tl_forward on this state takes. */
+int32_t tl_state_max_chunk(const tl_state *s);
 
 /* Run n tokens (n <= max_chunk) at the given positions through the model.
  * Each token's K/V row is appended to kv, then each token attends to every
@@ -174,7 +183,8 @@ void tl_state_free(tl_state *s);
  * causally). logits: [n][vocab] (NULL: none). art: NULL for the engine's
  * exact attention. kv_rows_read (may be NULL) += K/V rows read per layer
  * summed over layers (the bytes read are that times kv_dim * 2 * 4).
- * Returns 0, or -1 (capacity, bad argument, an ART failure). */
+ * Returns 0, or -1 (capacity, bad argument, past the trained window, an ART
+ * failure) with the reason in tl_state_error(s). */
 int tl_forward(const tl_model *m, tl_state *s, tl_kv *kv, const int32_t *tokens, int32_t n,
                const int32_t *positions, float *logits, tl_trace *trace, tl_art *art,
                int64_t *kv_rows_read);
@@ -266,6 +276,8 @@ typedef struct tl_method {
     float art_tau_scale;     /* ART: multiply the default tau_s, tau_d (0 = 1) */
     int32_t art_order;       /* ART: kvmem_attend_order + 1 (0 = kvmem's default) */
     int32_t art_patience;    /* ART: patience (0 = kvmem's default) */
+    int32_t reencode;        /* eviction methods: the kept rows at contiguous positions 0.. (a cache
+                                that must fit the model's window), not at their own */
 } tl_method;
 
 /* The methods this build supports, in table order. Returns the count

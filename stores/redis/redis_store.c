@@ -1087,44 +1087,65 @@ static kvmem_status parse_options(rs_store *s, const char *q, const char *url) {
     return KVMEM_OK;
 }
 
+/* The URL as messages show it: the user name kept, the password replaced
+ * by "***" (a message may end up in a log or before a user who must not
+ * learn it). Everything between "redis://" and the last '@' is credentials,
+ * whatever it holds ('?', '/' and ':' included). */
+static void url_shown(const char *url, char *out, size_t n) {
+    const char *at = strncmp(url, "redis://", 8) == 0 ? strrchr(url + 8, '@') : NULL;
+    if (!at) {
+        snprintf(out, n, "%s", url);
+        return;
+    }
+    const char *user = url + 8, *colon = memchr(user, ':', (size_t)(at - user));
+    if (colon) snprintf(out, n, "redis://%.*s:***%s", (int)(colon - user), user, at);
+    else snprintf(out, n, "redis://***%s", at);
+}
+
 static kvmem_status parse_url(rs_store *s, const char *url) {
-    const char *q = strchr(url, '?');
-    size_t main_len = q ? (size_t)(q - url) : strlen(url);
-    char buf[1024];
-    if (main_len >= sizeof buf) return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL too long");
-    memcpy(buf, url, main_len);
-    buf[main_len] = '\0';
-    if (strncmp(buf, "unix://", 7) == 0) {
-        if (buf[7] != '/') return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': unix:// needs an absolute socket path", url);
-        if (!(s->sock = rs_strdup(buf + 7))) return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the socket path");
-    } else {
-        char *p = buf + 8; /* after redis:// */
-        char *at = strrchr(p, '@');
+    char shown[1100];
+    url_shown(url, shown, sizeof shown);
+    /* credentials first: a password may hold '?' or '/' */
+    const char *rest = url;
+    if (strncmp(url, "redis://", 8) == 0) {
+        const char *at = strrchr(url + 8, '@');
         if (at) {
-            *at = '\0';
-            char *colon = strchr(p, ':');
+            const char *user = url + 8, *colon = memchr(user, ':', (size_t)(at - user));
             if (colon) {
-                if (colon > p && !(s->user = dup_n(p, (size_t)(colon - p))))
+                if (colon > user && !(s->user = dup_n(user, (size_t)(colon - user))))
                     return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the user name");
-                if (!(s->pass = rs_strdup(colon + 1))) return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the password");
-            } else if (*p && !(s->pass = rs_strdup(p))) {
+                if (!(s->pass = dup_n(colon + 1, (size_t)(at - colon - 1))))
+                    return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the password");
+            } else if (at > user && !(s->pass = dup_n(user, (size_t)(at - user)))) {
                 return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the password");
             }
-            p = at + 1;
+            rest = at + 1;
         }
+    }
+    const char *q = strchr(rest, '?');
+    size_t main_len = q ? (size_t)(q - rest) : strlen(rest);
+    char buf[1024];
+    if (main_len >= sizeof buf) return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL too long");
+    memcpy(buf, rest, main_len);
+    buf[main_len] = '\0';
+    if (strncmp(buf, "unix://", 7) == 0) {
+        if (buf[7] != '/') return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': unix:// needs an absolute socket path", shown);
+        if (!(s->sock = rs_strdup(buf + 7))) return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the socket path");
+    } else {
+        char *p = rest == url ? buf + 8 : buf; /* after redis:// or user:pass@ */
         char *slash = strchr(p, '/');
         if (slash) {
             *slash = '\0';
             uint64_t db;
             if (slash[1] && !parse_u64(slash + 1, strlen(slash + 1), 0, 100000, &db))
-                return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': database '%s' is not a number", url, slash + 1);
+                return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': database '%s' is not a number", shown, slash + 1);
             if (slash[1]) s->db = (int)db;
         }
         char *host = p;
         char *port = NULL;
         if (*host == '[') { /* [::1]:6379 */
             char *rb = strchr(host, ']');
-            if (!rb) return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': unclosed '['", url);
+            if (!rb) return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': unclosed '['", shown);
             *rb = '\0';
             host++;
             if (rb[1] == ':') port = rb + 2;
@@ -1132,14 +1153,14 @@ static kvmem_status parse_url(rs_store *s, const char *url) {
             char *colon = strrchr(host, ':');
             if (colon) *colon = '\0', port = colon + 1;
         }
-        if (!*host) return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': no host", url);
+        if (!*host) return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': no host", shown);
         uint64_t pn = 6379;
         if (port && !parse_u64(port, strlen(port), 1, 65535, &pn))
-            return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': bad port '%s'", url, port);
+            return FAIL(KVMEM_ERR_INVALID_ARG, "redis store URL '%s': bad port '%s'", shown, port);
         if (!(s->host = rs_strdup(host))) return FAIL(KVMEM_ERR_NOMEM, "redis store: out of memory for the host name");
         s->port = (int)pn;
     }
-    return parse_options(s, q ? q + 1 : NULL, url);
+    return parse_options(s, q ? q + 1 : NULL, shown);
 }
 
 __attribute__((visibility("default"))) kvmem_status kvmem_store_plugin_init(uint32_t api_version, const kvm_store_host *host,

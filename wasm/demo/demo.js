@@ -179,7 +179,7 @@ async function main() {
   const qs = questions(script);
   const qsel = $('question');
   qs.forEach((q, i) => qsel.append(el('option', { value: i }, `${q.agent} · turn ${q.turn} · asks about ${script.topics[q.topic]}`)));
-  $('meta').textContent = `kvmem ${km.version} · WebAssembly, ${km.kernels} kernels${km.hasStory ? ' · tinyllm engine' : ''} · ` +
+  $('meta').textContent = `kvmem ${km.version()} · WebAssembly, ${km.kernels} kernels${km.hasStory ? ' · tinyllm engine' : ''} · ` +
     `synthetic model ${script.model.id} (${script.model.nLayers} layers, ${script.model.nQHeads}/${script.model.nKvHeads} heads, ` +
     `head_dim ${script.model.headDim}) · seed 42`;
 

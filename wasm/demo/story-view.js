@@ -1,6 +1,6 @@
 // The real-model mode of the demo page: the model (served, or picked from
 // disk), the story's sessions, and per session what kvmem did. Plain DOM.
-import { PRESETS, runSessions, servedModel } from './story.js';
+import { PRESETS, introducedName, recallVerdict, runSessions, servedModel } from './story.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -18,18 +18,29 @@ const plural = (n, one, many = one + 's') => `${n} ${n === 1 ? one : many}`;
 function memoryView(r) {
   const m = r.memory;
   const box = el('div', { class: 'memory', 'data-rows': m.rows });
-  box.append(el('p', {}, `kvmem memory: ${m.rows} of ${r.history} history tokens — the live context ` +
-    `(${plural(m.localRows, 'token')}) and ${plural(m.blocks.length, 'retrieved block')} ` +
-    `(${plural(m.retrievedRows, 'token')}, re-encoded just before it):`));
+  box.append(el('p', {}, `kvmem memory: ${m.rows} of ${r.history} history tokens — ` +
+    `${plural(m.blocks.length, 'retrieved block')} (${plural(m.retrievedRows, 'token')}, placed ${r.split.order === 'chrono'
+      ? 'in the history\'s order' : r.split.order === 'score' ? 'the best nearest the text' : 'in runs of adjacent blocks, the best run nearest the text'}, ` +
+    `re-encoded before the live context) and the live context (${plural(m.localRows, 'token')}):`));
   const ul = el('ul', { class: 'blocks' });
   for (const b of m.blocks)
     ul.append(el('li', { class: 'block', 'data-block': b.id, 'data-first': b.first, 'data-n': b.n, 'data-ids': b.ids.join(' ') },
       el('span', { class: 'label' }, `retrieved block ${b.id} · tokens ${b.first}–${b.first + b.n - 1}`), ' ', quoted(b.text)));
-  if (!m.blocks.length) ul.append(el('li', { class: 'none' }, 'no block retrieved (the budget is the live context)'));
+  if (!m.blocks.length) ul.append(el('li', { class: 'none' }, 'no block retrieved (the history fits the live context)'));
   box.append(ul);
   box.append(el('p', { class: 'live', 'data-first': m.live.first, 'data-n': m.live.n, 'data-ids': m.live.ids.join(' ') },
     el('span', { class: 'label' }, `live context · tokens ${m.live.first}–${m.live.first + m.live.n - 1}`), ' ',
     quoted(m.live.text)));
+  if (r.rag) {
+    box.append(el('p', {}, `text RAG: ${plural(r.rag.chunks.length, 'chunk')} of the history's text (16 tokens each), ` +
+      'ranked by BM25 against the new text, prefilled again after BOS and before the live context\'s text:'));
+    const cl = el('ul', { class: 'chunks' });
+    for (const c of r.rag.chunks)
+      cl.append(el('li', { class: 'chunk', 'data-first': c.first, 'data-n': c.n, 'data-ids': c.ids.join(' ') },
+        el('span', { class: 'label' }, `chunk · tokens ${c.first}–${c.first + c.n - 1}`), ' ', quoted(c.text)));
+    if (!r.rag.chunks.length) cl.append(el('li', { class: 'none' }, 'no chunk shares a word with the new text'));
+    box.append(cl);
+  }
   return box;
 }
 
@@ -60,31 +71,39 @@ function artView(r, model, patience) {
   return box;
 }
 
-function continuationRow(kind, label, c, same) {
+function continuationRow(kind, label, c, tokens, note = '') {
   return el('tr', { 'data-kind': kind, 'data-ids': c.ids.join(' ') }, el('th', {}, label),
-    el('td', {}, quoted(c.text, 'text continuation'), same ? el('span', { class: 'same', title: 'the same tokens as with full context' }, ' = full') : ''));
+    el('td', { class: 'tokens' }, tokens), el('td', {}, quoted(c.text, 'text continuation'), note ? el('span', { class: 'note' }, ` ${note}`) : ''));
 }
 
-function sessionView(r, model, patience) {
+// name: who the story's first session named (null: nobody), looked for in the continuations.
+function sessionView(r, model, patience, name) {
   const card = el('article', { class: 'session', 'data-session': r.session, 'data-history': r.history,
     'data-budget': r.budget });
+  const windows = (r.history / model.seqLen).toFixed(1);
   card.append(el('h3', {}, `Session ${r.session} `,
-    el('span', { class: 'note' }, `history ${r.history} tokens · memory budget ${r.budget} · ${r.ms.toFixed(1)} ms in this page`)));
+    el('span', { class: 'note' }, `history ${r.history} tokens (${windows} windows of ${model.seqLen}) · memory ${r.split.memory} + live ` +
+      `${r.split.live} · ${r.ms.toFixed(1)} ms in this page`)));
   card.append(el('p', { class: 'newtext' }, el('span', { class: 'label' }, 'new text'), ' ', quoted(r.text)));
   if (r.memory) card.append(memoryView(r));
   card.append(artView(r, model, patience));
   const t = el('table', { class: 'continuations' });
-  const sameIds = (a, b) => a.ids.length === b.ids.length && a.ids.every((x, i) => x === b.ids[i]);
+  const np = r.tokens.prefilled;
   if (r.full) {
-    t.append(continuationRow('kvmem', 'continued with kvmem memory', r.kvmem, sameIds(r.kvmem, r.full)));
-    t.append(continuationRow('full', 'with full context', r.full, false));
-    t.append(continuationRow('recent', `with the last ${r.recent.window} tokens`, r.recent, sameIds(r.recent, r.full)));
+    t.append(continuationRow('kvmem', 'kvmem\'s memory', r.kvmem, `${np + r.tokens.probed} tokens run: the text${r.tokens.probed ? ' + its probe' : ''}`));
+    t.append(continuationRow('rag', 'text RAG', r.rag, `${r.tokens.ragPrefilled} tokens run: BOS, chunks, live context, text`));
+    t.append(continuationRow('recent', `the recent ${r.recent.window} tokens`, r.recent, `${np} tokens run: the text (the window's KV kept)`));
+    t.append(continuationRow('full', 'the whole history', r.full, `${np} tokens run: the text (its KV kept)`,
+      r.full.pastWindow ? `(${r.history} tokens at their own positions: past the model's window of ${model.seqLen})` : ''));
   } else {
-    t.append(continuationRow('kvmem', 'continued', r.kvmem, false));
+    t.append(continuationRow('kvmem', 'continued', r.kvmem, `${np} tokens run: the text`));
   }
   card.append(t);
-  card.append(el('p', { class: 'note tokens' }, `tokens through the model: ${r.tokens.prefilled} new + ${r.tokens.probed} ` +
-    `probe (a text agent re-reading its history: ${r.tokens.reread})`));
+  if (r.full && name && r.session > 1) {
+    const v = recallVerdict(r, name, model.seqLen);
+    card.append(el('p', { class: 'verdict', 'data-named': Object.keys(v.named).filter((k) => v.named[k]).join(' ') }, v.line));
+  }
+  card.append(el('p', { class: 'note tokens' }, `a text agent re-reading the whole history would run ${r.tokens.reread} tokens`));
   return card;
 }
 
@@ -157,7 +176,8 @@ export function initStoryMode(km) {
         await new Promise((r) => setTimeout(r, 0));
         try {
           const [r] = runSessions(story, [text], opts);
-          results.append(sessionView(r, story.model, patience));
+          const first = window.kvmemStory.length ? window.kvmemStory[0].text : r.text;
+          results.append(sessionView(r, story.model, patience, introducedName(first)));
           window.kvmemStory.push(r);
         } catch (e) {
           results.append(errorView(window.kvmemStory.length, e));
@@ -193,7 +213,7 @@ export function initStoryMode(km) {
   $('story-load-files').addEventListener('click', async () => {
     const mf = $('story-model-file').files[0], tf = $('story-tok-file').files[0];
     if (!mf) {
-      status(['pick a model file first (stories260K.bin), and its tokenizer (tok512.bin)'], 'error');
+      status(['pick a model file first (stories15M.bin), and its tokenizer (tokenizer.bin)'], 'error');
       return;
     }
     try {
@@ -216,8 +236,9 @@ export function initStoryMode(km) {
         await runAll();
         return;
       }
-      status(['No model is served with this page (scripts/wasm-build.sh copies ../shared/models/stories260K.bin ' +
-        'and tok512.bin, or $KVMEM_TEST_MODEL, when it finds them). Pick a model file and its tokenizer above.']);
+      status(['No model is served with this page (scripts/wasm-build.sh copies $KVMEM_TEST_MODEL, or ' +
+        '../shared/models/stories260K.bin and tok512.bin, when it finds them). Pick a model file and its tokenizer ' +
+        'above: stories15M.bin and tokenizer.bin, which make demo fetches into ~/.cache/kvmem/stories15M.']);
     } catch (e) {
       status([`the served model did not load: ${e.message}. Pick a model file and its tokenizer above.`], 'error');
     }

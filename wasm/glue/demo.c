@@ -1,4 +1,4 @@
-/* The scripted session of `kvmem demo` (tools/demo_script.c) as JSON, so
+/* The scripted session of `kvmem demo` (synth/demo_script.c) as JSON, so
  * the browser demo replays exactly the turns the native demo runs. */
 #include "glue.h"
 

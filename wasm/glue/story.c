@@ -41,7 +41,9 @@ kvmem_status kvmw_story_describe(tl_story *s, char **out) {
 kvmem_status kvmw_story_session(tl_story *s, const char *text, int32_t len, int32_t art, int32_t art_tile,
                                 char **json) {
     if (!s || !json || len < 0 || (!text && len)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "bad story session arguments");
-    tl_story_opts o = {art != 0, art_tile};
+    tl_story_opts o = {0}; /* the defaults but ART */
+    o.art = art != 0;
+    o.art_tile = art_tile;
     char err[TL_ERR_SIZE] = "";
     if (tl_story_session(s, text, (size_t)len, &o, json, err, sizeof err))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s", err[0] ? err : "the session failed");

@@ -13,6 +13,7 @@
 //
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --kvmem build/default/tools/kvmem [--screenshot out.png]
 //        [--model M --tokenizer T --tinyllm DIR]   (DIR holds tinyllm and tinyllm-story)
+//        [--model15m stories15M.bin --tokenizer15m tokenizer.bin | --skip15m WHY]
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --bench out.json   (bench.html only; no checks)
 //   node wasm/tests/browser_test.mjs --www build/wasm/www --bench-story out.json [--repeat R]
 //        (the real-model story R times in the page, ART on: the median time of each session; no checks)
@@ -123,29 +124,29 @@ function nativeStory(model, tok, texts, { art = true, artTile = 0 } = {}) {
   return JSON.parse(execFileSync(path.join(tinyllmDir, 'tinyllm-story'), a, { encoding: 'utf8' })).sessions;
 }
 
-// `tinyllm demo`'s printed story (story.c, both processes), parsed.
+// `tinyllm demo`'s printed story (story.c, both processes), parsed: phase 1's
+// sessions (their history after each) and phase 2's last session in full.
 function demoStory(model, tok) {
   const dir = mkdtempSync(path.join(tmpdir(), 'kvmem-story-'));
   try {
     const out = execFileSync(path.join(tinyllmDir, 'tinyllm'), ['demo', model, '--tokenizer', tok, '--state', dir], { encoding: 'utf8' });
     const sessions = [];
-    let s = null, m;
+    let last = null, m;
     for (const line of out.split('\n')) {
-      if ((m = /^session (\d+) \(history (\d+) tokens; memory budget (\d+)\):$/.exec(line)))
-        sessions.push(s = { session: +m[1], history: +m[2], budget: +m[3], blocks: [], live: null, kvmem: null, full: null, recent: null });
-      else if (!s) continue;
-      else if ((m = /^ {2}new text: "(.*)"$/.exec(line))) s.newText = m[1];
-      else if ((m = /^ {2}kvmem memory, (\d+) of \d+ history tokens: the live context \((\d+) tokens?\)/.exec(line))) {
-        s.rows = +m[1];
-        s.localRows = +m[2];
-      } else if ((m = /^ {4}retrieved block (\d+) \(tokens (\d+)-(\d+)\): "(.*)"$/.exec(line)))
-        s.blocks.push({ id: +m[1], first: +m[2], n: +m[3] - +m[2] + 1, text: m[4] });
-      else if ((m = /^ {4}live context: "(.*)"$/.exec(line))) s.live = m[1];
-      else if ((m = /^ {2}continued(?: with kvmem memory)?: +"(.*)"$/.exec(line))) s.kvmem = m[1];
-      else if ((m = /^ {2}with full context: +"(.*)"$/.exec(line))) s.full = m[1];
-      else if ((m = /^ {2}with the last (\d+) tokens: +"(.*)"$/.exec(line))) s.recent = { window: +m[1], text: m[2] };
+      if ((m = /^ {2}session +(\d+), +(\d+) tokens \(history +(\d+), [^)]*\) "(.*?)(?: \.\.\.)?"$/.exec(line)))
+        sessions.push({ session: +m[1], n: +m[2], historyAfter: +m[3], excerpt: m[4] });
+      else if ((m = /^session (\d+) \(history (\d+) tokens, [^)]*\): "(.*)"$/.exec(line)))
+        last = { session: +m[1], history: +m[2], newText: m[3], blocks: [], chunks: [], live: null, cont: {} };
+      else if (!last) continue;
+      else if ((m = /^ {4}block +(\d+) {2}tokens +(\d+)-(\d+) +"(.*)"$/.exec(line)))
+        last.blocks.push({ id: +m[1], first: +m[2], n: +m[3] - +m[2] + 1, text: m[4] });
+      else if ((m = /^ {15}tokens +(\d+)-(\d+) +"(.*)"$/.exec(line))) last.chunks.push({ first: +m[1], n: +m[2] - +m[1] + 1, text: m[3] });
+      else if ((m = /^ {2}both end with the live context, the newest \d+ tokens: "(.*)"$/.exec(line))) last.live = m[1];
+      else if ((m = /^ {4}(kvmem's memory|text RAG|the recent +\d+ tokens|the whole history) +\d+: [^"]*"(.*)"$/.exec(line)))
+        last.cont[{ "kvmem's memory": 'kvmem', 'text RAG': 'rag', 'the whole history': 'full' }[m[1]] || 'recent'] = m[2];
+      else if ((m = /^(Recall of .*)$/.exec(line))) last.verdict = m[1];
     }
-    return sessions;
+    return { sessions, last };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -158,7 +159,7 @@ async function shownStory(page) {
     const ids = (e) => e.dataset.ids.split(' ').filter(Boolean).map(Number);
     const text = (e) => e.querySelector('q').textContent;
     const row = (kind) => { const r = q(`tr[data-kind="${kind}"]`); return r && { ids: ids(r), text: text(r) }; };
-    const live = q('p.live'), art = q('.art[data-visited]');
+    const live = q('p.live'), art = q('.art[data-visited]'), verdict = q('p.verdict');
     return {
       error: a.classList.contains('error') ? a.textContent : null,
       session: Number(a.dataset.session), history: Number(a.dataset.history), budget: Number(a.dataset.budget),
@@ -168,7 +169,10 @@ async function shownStory(page) {
       live: live && { first: Number(live.dataset.first), n: Number(live.dataset.n), ids: ids(live), text: text(live) },
       art: art && { visited: Number(art.dataset.visited), total: Number(art.dataset.total), positions: Number(art.dataset.positions),
         tile: Number(art.dataset.tile) },
-      kvmem: row('kvmem'), full: row('full'), recent: row('recent'),
+      chunks: Array.from(a.querySelectorAll('li.chunk')).map((c) => ({ first: Number(c.dataset.first), n: Number(c.dataset.n),
+        ids: ids(c), text: text(c) })),
+      kvmem: row('kvmem'), rag: row('rag'), full: row('full'), recent: row('recent'),
+      verdict: verdict && { text: verdict.textContent, named: verdict.dataset.named.split(' ').filter(Boolean) },
     };
   }));
 }
@@ -196,7 +200,10 @@ function compareStory(label, ui, nat) {
       check(u.art && u.art.visited === n.art.decode.tiles_visited && u.art.total === n.art.decode.tiles_total &&
         u.art.positions === n.art.decode.positions_read && u.art.tile === n.art.tile_size, `${L}: the ART stop point`,
       `${JSON.stringify(u.art)} vs ${JSON.stringify(n.art.decode)}`);
-    for (const kind of ['kvmem', 'full', 'recent']) {
+    const nc = n.rag ? n.rag.chunks : [];
+    check(JSON.stringify(u.chunks.map((c) => [c.first, c.n, c.ids.join(' '), c.text])) ===
+      JSON.stringify(nc.map((c) => [c.first, c.n, c.ids.join(' '), flat(c.text)])), `${L}: text RAG's chunks`);
+    for (const kind of ['kvmem', 'rag', 'full', 'recent']) {
       if (!n[kind]) continue;
       check(u[kind] && sameList(u[kind].ids, n[kind].ids) && u[kind].text === flat(n[kind].text), `${L}: the ${kind} continuation's tokens`,
         `${u[kind] && u[kind].ids} vs ${n[kind].ids}`);
@@ -204,23 +211,34 @@ function compareStory(label, ui, nat) {
   });
 }
 
-// The page (ART off) against `tinyllm demo`'s printed text: another program, story.c.
+// The page (ART off) against `tinyllm demo`'s printed text: another program,
+// story.c: every session's history, and the last session's memories and continuations.
 function compareDemo(label, ui, demo) {
-  check(ui.length === demo.length, `${label}: as many sessions as tinyllm demo`, `${ui.length} vs ${demo.length}`);
-  ui.forEach((u, i) => {
-    const d = demo[i], L = `${label}, session ${i + 1}`;
-    if (!d) return;
-    check(u.history === d.history && u.budget === d.budget && u.newText === d.newText, `${L}: history, budget and text`,
-      `${u.history}/${u.budget}/${u.newText} vs ${d.history}/${d.budget}/${d.newText}`);
-    check(JSON.stringify(u.blocks.map((b) => [b.id, b.first, b.n, b.text])) === JSON.stringify(d.blocks.map((b) => [b.id, b.first, b.n, b.text])),
-      `${L}: the same retrieved blocks, tokens and text`,
-      `${JSON.stringify(u.blocks.map((b) => [b.id, b.first]))} vs ${JSON.stringify(d.blocks.map((b) => [b.id, b.first]))}`);
-    check((u.live ? u.live.text : null) === d.live, `${L}: the live context`, `${u.live && u.live.text} vs ${d.live}`);
-    check(u.kvmem && u.kvmem.text === d.kvmem, `${L}: continued with kvmem memory`, `${u.kvmem && u.kvmem.text} vs ${d.kvmem}`);
-    check((u.full ? u.full.text : null) === d.full, `${L}: with full context`, `${u.full && u.full.text} vs ${d.full}`);
-    check(JSON.stringify(u.recent ? [u.budget, u.recent.text] : null) === JSON.stringify(d.recent ? [d.recent.window, d.recent.text] : null),
-      `${L}: with the recent window`, `${u.recent && u.recent.text} vs ${d.recent && d.recent.text}`);
-  });
+  const { sessions, last } = demo;
+  check(ui.length === sessions.length + 1 && last, `${label}: as many sessions as tinyllm demo`, `${ui.length} vs ${sessions.length} + 1`);
+  ui.slice(1).forEach((u, i) => check(sessions[i] && u.history === sessions[i].historyAfter,
+    `${label}, session ${i + 2}: the history tinyllm demo had`, `${u.history} vs ${sessions[i] && sessions[i].historyAfter}`));
+  const u = ui[ui.length - 1];
+  if (!u || !last) return;
+  const L = `${label}, the last session`;
+  check(u.history === last.history && u.newText === last.newText, `${L}: history and text`);
+  check(JSON.stringify(u.blocks.map((b) => [b.id, b.first, b.n, b.text])) === JSON.stringify(last.blocks.map((b) => [b.id, b.first, b.n, b.text])),
+    `${L}: the same retrieved blocks, tokens and text`,
+    `${JSON.stringify(u.blocks.map((b) => [b.id, b.first]))} vs ${JSON.stringify(last.blocks.map((b) => [b.id, b.first]))}`);
+  check(JSON.stringify(u.chunks.map((c) => [c.first, c.n, c.text])) === JSON.stringify(last.chunks.map((c) => [c.first, c.n, c.text])),
+    `${L}: the same text RAG chunks`);
+  check((u.live ? u.live.text : null) === last.live, `${L}: the live context`, `${u.live && u.live.text} vs ${last.live}`);
+  for (const kind of ['kvmem', 'rag', 'recent', 'full'])
+    check(u[kind] && u[kind].text === last.cont[kind], `${L}: continued on ${kind}`, `${u[kind] && u[kind].text} vs ${last.cont[kind]}`);
+  // the verdict: the page's line is tinyllm demo's, and the continuations it says name session 1's person are
+  // the ones whose text holds the name as a word (looked for here)
+  const name = /named ([A-Z][A-Za-z]*)/.exec((ui[0] && ui[0].newText) || '');
+  check(u.verdict && u.verdict.text === last.verdict, `${L}: the verdict line`, `${u.verdict && u.verdict.text} vs ${last.verdict}`);
+  if (name && u.verdict) {
+    const says = ['kvmem', 'rag', 'recent', 'full'].filter((k) => u[k] && new RegExp(`(^|[^A-Za-z0-9])${name[1]}([^A-Za-z0-9]|$)`).test(u[k].text));
+    check(JSON.stringify(u.verdict.named) === JSON.stringify(says), `${L}: the verdict names the continuations that say ${name[1]}`,
+      `${u.verdict.named} vs ${says}`);
+  }
 }
 
 const storyStatus = (page) => page.evaluate(() => document.getElementById('story-model').textContent);
@@ -267,7 +285,8 @@ async function storyChecks(page, errors, model, tok) {
   check(/served with the page/.test(await status()), 'the story mode loads the served model', await status());
   const preset = await texts();
   const demo = demoStory(model, tok);
-  check(sameList(preset, demo.map((d) => d.newText)), 'the page\'s default sessions are tinyllm demo\'s', JSON.stringify(preset));
+  check(preset.length === demo.sessions.length + 1 && preset[preset.length - 1] === demo.last.newText &&
+    demo.sessions.every((d, i) => preset[i].startsWith(d.excerpt)), 'the page\'s default sessions are tinyllm demo\'s', JSON.stringify(preset));
   compareStory('story, ART at kvmem\'s default tile', await shownStory(page), nativeStory(model, tok, preset, { art: true }));
   if (args.screenshot) {
     const shot = args.screenshot.replace(/(\.\w+)$/, '-story$1');
@@ -298,8 +317,37 @@ async function storyChecks(page, errors, model, tok) {
   // and types the next session
   await page.fill('#story-next', 'The next day,');
   await act(() => page.click('#story-continue'));
-  compareStory('story with a typed sixth session', await shownStory(page), nativeStory(model, tok, [...preset, 'The next day,'], { art: true, artTile: 8 }));
+  compareStory('story with a typed session after it', await shownStory(page), nativeStory(model, tok, [...preset, 'The next day,'], { art: true, artTile: 8 }));
   check(errors.length === 0, 'no page errors in the story mode', errors.join(' | '));
+}
+
+// stories15M (trained on 256 tokens) picked from disk: make demo's story runs
+// about four windows past it. With exact attention, the page against
+// tinyllm-story's JSON (every id, every session) and `tinyllm demo`'s printed
+// story (another program: the histories, the last session's memories and its
+// four continuations).
+async function story15mChecks(page, errors, model, tok) {
+  const act = async (fn, timeout = 60000) => {
+    const before = await page.evaluate(() => window.kvmemStoryRuns || 0);
+    await fn();
+    await page.waitForFunction((b) => (window.kvmemStoryRuns || 0) > b, before, { timeout });
+  };
+  if (await page.isChecked('#story-art')) await act(() => page.uncheck('#story-art'));
+  await act(() => page.selectOption('#story-preset', '1'));
+  await act(() => page.selectOption('#story-preset', '0'));
+  await page.setInputFiles('#story-model-file', model);
+  await page.setInputFiles('#story-tok-file', tok);
+  const t0 = Date.now();
+  await act(() => page.click('#story-load-files'), 900000);
+  const st = await storyStatus(page);
+  check(/from disk/.test(st) && /vocab 32000, context 256/.test(st), 'the story mode loads stories15M picked from disk', st);
+  const texts = await page.evaluate(() => Array.from(document.querySelectorAll('#story-sessions textarea')).map((t) => t.value.trim()));
+  const ui = await shownStory(page);
+  console.log(`stories15M: ${ui.length} sessions, ${ui.length ? ui[ui.length - 1].history : 0} tokens of history, ` +
+    `in ${((Date.now() - t0) / 1000).toFixed(1)} s in the page`);
+  compareStory('stories15M from disk, exact attention', ui, nativeStory(model, tok, texts, { art: false }));
+  compareDemo('stories15M vs tinyllm demo', ui, demoStory(model, tok));
+  check(errors.length === 0, 'no page errors with stories15M', errors.join(' | '));
 }
 
 const profile = mkdtempSync(path.join(tmpdir(), 'kvmem-chromium-'));
@@ -413,6 +461,10 @@ try {
   await noModelChecks(page, errors);
   if (why) console.log(`real-model browser checks skipped: ${why}`);
   else await storyChecks(page, errors, model, tok);
+  const m15 = args.model15m && path.resolve(args.model15m), t15 = args.tokenizer15m && path.resolve(args.tokenizer15m);
+  if (why) console.log('stories15M browser checks skipped: the story mode was not checked');
+  else if (!m15 || !existsSync(m15) || !t15 || !existsSync(t15)) console.log(`stories15M browser checks skipped: ${args['skip15m'] || 'no --model15m and --tokenizer15m given'}`);
+  else await story15mChecks(page, errors, m15, t15);
 
   // opened from disk the page cannot load its module: it must say how to serve it
   fromDisk = true;

@@ -35,17 +35,20 @@ const ONLY = {
   Context: {
     wasm: [],
     node: { transferStats: 'host<->device transfer counters: the module has only the CPU backend',
-      transferReset: 'the transfer counters (no device in the module)' },
+      transferReset: 'the transfer counters (no device in the module)',
+      lastError: 'a failure\'s message kept by the object, for async calls on worker threads (the module has none)' },
   },
   Pool: {
-    wasm: { synthCreate: 'the generator of `kvmem demo` (tools/synth.c), compiled into the module for the demo page' },
+    wasm: { synthCreate: 'the generator of `kvmem demo` (synth/synth.c), compiled into the module for the demo page' },
     node: { sync: 'no agent store (store_dir) in the module', syncAsync: 'no agent store in the module',
       segmentsCreate: 'KEEP segments are not in the WebAssembly API yet',
-      agentOpenFile: 'agent files opened in place: no file system in the module' },
+      agentOpenFile: 'agent files opened in place: no file system in the module',
+      lastError: 'a failure\'s message kept by the object, for async calls on worker threads (the module has none)' },
   },
   Agent: {
     wasm: {},
-    node: { save: 'no file system in the module', saveAsync: 'no file system', load: 'no file system', loadAsync: 'no file system' },
+    node: { save: 'no file system in the module', saveAsync: 'no file system', load: 'no file system', loadAsync: 'no file system',
+      lastError: 'a failure\'s message kept by the object, for async calls on worker threads (the module has none)' },
   },
   Retrieval: { wasm: { sets: 'every set as plain data, what retrieve() returned before it returned a Retrieval' }, node: {} },
   module: {
@@ -75,7 +78,7 @@ const ONLY = {
   },
 };
 // Names in both whose kind differs (a value here, a function there).
-const KIND_DIFFERS = { version: 'km.version is the version string (since the first release); Node has kvmem.version()' };
+const KIND_DIFFERS = {};
 
 const isCamel = (k) => /^[a-z][a-zA-Z0-9]*$/.test(k);
 

@@ -4,7 +4,7 @@
 // plain double-precision JavaScript (the first session's continuation is
 // its greedy decoding), the story's own token history (every retrieved
 // block and the live context are the history's tokens at their places),
-// story.c's budget rule, block alignment. Also: bad files and bad sessions
+// story_session.h's window shares, block alignment. Also: bad files and bad sessions
 // are refused with the C status and message and leave the story unchanged,
 // a reset story repeats itself exactly, closed stories are refused; the
 // names follow the API's rule (unknown option keys refused naming the key,
@@ -181,40 +181,61 @@ const texts = PRESETS[0].sessions;
 const run = () => texts.map((t) => story.session(t, { art: true }));
 const results = run();
 const history = []; // every token the agent holds, as the sessions report them
+// story_session.h's shares of the window (beyond.h's tl_window_split): a quarter for memory, an eighth live
+const split = (np) => {
+  const room = M.seqLen - np - M.gen;
+  const memory = Math.min(Math.floor(0.25 * M.seqLen / M.blockSize) * M.blockSize, Math.floor(room / M.blockSize) * M.blockSize);
+  return { memory, live: Math.max(0, Math.min(Math.floor(0.125 * M.seqLen), room - memory)) };
+};
 results.forEach((r, i) => {
-  const N = history.length;
+  const N = history.length, np = r.prompt.length, sp = split(np);
   check(r.session === i + 1 && r.history === N, `session ${i + 1}: its history is the tokens before it`, `${r.history} vs ${N}`);
   check(same(r.prompt, story.encode(texts[i], { bos: N === 0 })), `session ${i + 1}: the prompt is the text's tokens`);
-  const budget = Math.max(32, Math.floor((Math.floor(N / 4) + 8) / 16) * 16);
-  check(r.budget === budget, `session ${i + 1}: budget is story.c's (a quarter of the history, whole blocks, at least 32)`,
-    `${r.budget} vs ${budget}`);
+  check(r.split.memory === sp.memory && r.split.live === sp.live && r.budget === sp.memory + sp.live,
+    `session ${i + 1}: the window's shares are story_session.h's (a quarter memory, an eighth live context)`,
+    `${JSON.stringify(r.split)} vs ${JSON.stringify(sp)}`);
   if (N === 0) {
-    check(r.memory === null && r.full === null && r.recent === null, 'session 1: no memory, nothing to compare with');
+    check(r.memory === null && r.full === null && r.recent === null && r.rag === null, 'session 1: no memory, nothing to compare with');
   } else {
     const m = r.memory;
-    check(m.rows === m.localRows + m.retrievedRows && m.rows <= budget, `session ${i + 1}: memory within the budget`,
-      JSON.stringify({ rows: m.rows, localRows: m.localRows, retrievedRows: m.retrievedRows, budget }));
-    let prevEnd = -1, blocksOk = true, nRetrieved = 0;
+    check(m.rows === m.localRows + m.retrievedRows && m.retrievedRows <= sp.memory && m.localRows <= sp.live &&
+      m.rows + np + M.gen <= M.seqLen, `session ${i + 1}: kvmem's memory, the text and the continuation fit the window`,
+      JSON.stringify({ rows: m.rows, localRows: m.localRows, retrievedRows: m.retrievedRows, sp }));
+    let blocksOk = true, nRetrieved = 0;
+    const ids = new Set();
     for (const b of m.blocks) {
-      blocksOk &&= b.n >= 1 && b.n <= M.blockSize && b.first > prevEnd &&
+      blocksOk &&= b.n === M.blockSize && b.first === b.id * M.blockSize && !ids.has(b.id) &&
         b.first + b.n <= m.live.first && same(b.ids, history.slice(b.first, b.first + b.n)) && b.text === story.decode(b.ids);
-      prevEnd = b.first + b.n - 1;
+      ids.add(b.id);
       nRetrieved += b.n;
     }
-    check(blocksOk && nRetrieved === m.retrievedRows, `session ${i + 1}: retrieved blocks are chronological, older than ` +
+    check(blocksOk && nRetrieved === m.retrievedRows, `session ${i + 1}: retrieved blocks are whole, distinct, older than ` +
       'the live context, and hold the history\'s tokens', JSON.stringify(m.blocks.map((b) => [b.id, b.first, b.n])));
-    check(m.live.first + m.live.n === N && m.live.n === m.localRows && same(m.live.ids, history.slice(m.live.first)),
-      `session ${i + 1}: the live context is the newest history`);
-    check(r.recent.window === budget && r.full.ids.length <= M.gen, `session ${i + 1}: full and recent continuations`);
+    check(m.live.first + m.live.n === N && m.live.n === m.localRows && m.live.first % M.blockSize === 0 &&
+      same(m.live.ids, history.slice(m.live.first)), `session ${i + 1}: the live context is the newest history, from a block boundary`);
+    let prev = -1, chunksOk = true, nChunk = 0;
+    for (const c of r.rag.chunks) {
+      chunksOk &&= c.first > prev && c.first + c.n <= m.live.first && same(c.ids, history.slice(c.first, c.first + c.n));
+      prev = c.first + c.n - 1;
+      nChunk += c.n;
+    }
+    check(chunksOk && nChunk < sp.memory, `session ${i + 1}: text RAG's chunks are chronological, older than the live context, ` +
+      'within the memory share, and hold the history\'s tokens', JSON.stringify(r.rag.chunks.map((c) => [c.first, c.n])));
+    check(r.tokens.ragPrefilled === 1 + nChunk + m.live.n + np, `session ${i + 1}: text RAG prefills BOS, its chunks, the live context and the text`);
+    check(r.recent.window === Math.min(N, r.budget) && r.full.pastWindow === (N + np + M.gen > M.seqLen) &&
+      [r.full, r.recent, r.rag].every((c) => c.ids.length <= M.gen && c.text === story.decode(c.ids)),
+    `session ${i + 1}: the recent window, the whole history and text RAG continued`);
   }
-  check(r.art && r.art.decode.tilesVisited <= r.art.decode.tilesTotal && r.art.decode.tilesTotal > 0 && r.art.tileSize === M.artDefaultTile,
-    `session ${i + 1}: ART stats`, JSON.stringify(r.art));
+  // a decode step per continued token (none when the story ends at once)
+  check(r.art && r.art.decode.tilesVisited <= r.art.decode.tilesTotal && (r.art.decode.tilesTotal > 0) === (r.kvmem.ids.length > 0) &&
+    r.art.prefill.tilesTotal > 0 && r.art.tileSize === M.artDefaultTile, `session ${i + 1}: ART stats`, JSON.stringify(r.art));
   check(r.kvmem.ids.length <= M.gen && r.kvmem.text === story.decode(r.kvmem.ids), `session ${i + 1}: the continuation's text is its ids'`);
-  check(r.tokens.prefilled === r.prompt.length && r.tokens.reread === N + r.prompt.length, `session ${i + 1}: token counts`);
-  history.push(...r.prompt, ...r.kvmem.ids);
+  check(r.tokens.prefilled === np && r.tokens.probed === (r.memory && r.memory.blocks.length ? np : 0) &&
+    r.tokens.reread === N + np, `session ${i + 1}: token counts`);
+  history.push(...r.prompt);
 });
-check(story.historyTokens === history.length, 'the agent holds every session\'s prompt and continuation',
-  `${story.historyTokens} vs ${history.length}`);
+check(story.historyTokens === history.length && history.length > M.seqLen, 'the agent holds every session\'s text (not the ' +
+  'continuations), past the model\'s window', `${story.historyTokens} vs ${history.length}`);
 
 // session 1 has no memory: its continuation is the model's greedy decoding of the text alone
 {
@@ -247,15 +268,17 @@ throwsStatus(() => story.session('x', { artTile: 5000 }), Status.INVALID_ARG, 't
 check(story.historyTokens === before, 'refused sessions leave the history unchanged');
 {
   let full = null;
-  for (let i = 0; i < 40 && !full; i++) {
+  const long = 'The cat sat on the mat and the dog ran in the sun. They played all day long. '.repeat(3);
+  for (let i = 0; i < 80 && !full; i++) {
     try {
-      story.session('The cat sat on the mat and the dog ran in the sun. They played all day long.');
+      story.session(long, { artTile: 0 });
     } catch (e) {
       full = e;
     }
   }
-  check(full instanceof KvmemError && /story is full/.test(full.message) && story.historyTokens + M.gen <= M.seqLen,
-    'a story past the model\'s context is refused', full && full.message);
+  const cap = 8 * M.seqLen, np = story.encode(long).length;
+  check(full instanceof KvmemError && /story is full/.test(full.message) && story.historyTokens <= cap &&
+    story.historyTokens + np > cap, 'a story past the agent\'s eight windows is refused', full && full.message);
 }
 
 // ---- names: unknown option keys are refused naming the key, results are camelCase ----

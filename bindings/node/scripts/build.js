@@ -8,8 +8,9 @@
 //                                    prebuilt library fits this platform, or in a checkout
 //                                    (there the library comes from `make build`)
 //   node scripts/build.js --prepack  npm pack: the library for this platform into
-//                                    prebuilds/<platform>-<arch>/, the C sources into csrc/
-//   node scripts/build.js --postpack npm pack is done: remove csrc/ and prebuilds/ again
+//                                    prebuilds/<platform>-<arch>/, the C sources into csrc/,
+//                                    the repository's LICENSE beside package.json
+//   node scripts/build.js --postpack npm pack is done: remove csrc/, prebuilds/ and LICENSE again
 //
 // KVMEM_BUILD_DIR names the CMake build directory (default build/cmake), so the
 // Python package and this one can share one build. Needs cmake and a C compiler.
@@ -21,9 +22,9 @@ const { spawnSync } = require('node:child_process');
 const pkg = path.resolve(__dirname, '..');
 const checkout = path.resolve(pkg, '..', '..');
 const csrc = path.join(pkg, 'csrc');
-// What a KVMEM_LIBRARY_ONLY configure reads (as bindings/python/setup.py)
+// What a KVMEM_LIBRARY_ONLY configure of the library alone reads
 const C_SOURCES = ['CMakeLists.txt', 'cmake', 'core', 'include'];
-// The same configuration as bindings/python/setup.py: one build serves both.
+// The same configuration as scripts/test-bindings.sh's package build: one build serves the Node and Go checks.
 const CMAKE_ARGS = ['-DCMAKE_BUILD_TYPE=Release', '-DKVMEM_LIBRARY_ONLY=ON', '-DKVMEM_CUDA=OFF', '-DKVMEM_VULKAN=OFF',
                     '-DKVMEM_BUILD_TESTS=OFF', '-DKVMEM_BUILD_TOOLS=OFF', '-DKVMEM_BUILD_BENCH=OFF'];
 const LIB = process.platform === 'darwin' ? 'libkvmem.0.dylib' : 'libkvmem.so.0';
@@ -60,10 +61,12 @@ function main(mode) {
   if (mode === '--postpack') {
     fs.rmSync(csrc, { recursive: true, force: true });
     fs.rmSync(path.join(pkg, 'prebuilds'), { recursive: true, force: true });
+    fs.rmSync(path.join(pkg, 'LICENSE'), { force: true });
     return;
   }
   if (mode === '--prepack') {
     if (!isSources(checkout)) throw new Error('kvmem: npm pack runs in a kvmem checkout (bindings/node)');
+    fs.copyFileSync(path.join(checkout, 'LICENSE'), path.join(pkg, 'LICENSE')); // the repository's, in the package
     fs.rmSync(csrc, { recursive: true, force: true });
     for (const rel of C_SOURCES) fs.cpSync(path.join(checkout, rel), path.join(csrc, rel), { recursive: true });
     console.log(`kvmem: prebuilt ${copyLib(cmakeBuild(checkout), prebuildDir)}`);

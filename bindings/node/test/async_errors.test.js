@@ -1,6 +1,6 @@
 'use strict';
 // A failed async call rejects with the message of its own failure, taken on the
-// worker thread it ran on (the C *_errbuf forms), and is never run again.
+// object it was made on (kvmem_agent_last_error and co), and is never run again.
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const fs = require('node:fs');

@@ -9,7 +9,7 @@
 The low-level C functions are in ``kvmem._lib`` (one declaration each).
 """
 from ._errors import (BusyError, CapacityError, ClosedError, ConflictError, CorruptError,
-                      ExistsError, FormatError, InternalError, InvalidArgumentError,
+                      ExistsError, FormatError, InternalError, InvalidArgumentError, InvalidTypeError,
                       IOFailedError, KvmemError, MismatchError, NoMemoryError, NotFoundError,
                       UnsupportedError, BackendError)
 from ._lib import LIBRARY_PATH, has_function

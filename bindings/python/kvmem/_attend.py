@@ -7,7 +7,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _buffers as B
 from . import _lib as L
-from ._objects import Agent, Context, _in_array, _params, _struct_dict
+from ._errors import InvalidTypeError
+from ._objects import Agent, Context, _given, _in_array, _params, _struct_dict
+from ._types import Array, DTypeLike, IntsLike, OutTensor, TensorLike
 
 ATTEND_SRC_TENSORS, ATTEND_SRC_AGENT, ATTEND_SRC_SLOTMAP = 0, 1, 2
 ATTEND_RECENT, ATTEND_IMPORTANCE, ATTEND_INDEX, ATTEND_SCORED = 0, 1, 2, 3
@@ -15,10 +17,14 @@ ATTEND_PROBE_STRIDED, ATTEND_PROBE_ORACLE = 0, 1
 ATTEND_MAX_ROWS, ATTEND_PROBE_SIZE = 64, 32
 
 
-def attend(ctx: Context, q: Any, *, k: Any = None, v: Any = None, agent: Optional[Agent] = None,
-           layer: int = 0, positions: Any = None, base_position: int = 0, slots: Any = None,
-           dead_slot: int = 0, mask: Any = None, out: Any = None, dtype: Any = None,
-           tile_order: Any = None, **params: Any) -> Tuple[Any, Dict[str, Any]]:
+def attend(ctx: Context, q: TensorLike, *, k: Optional[TensorLike] = None, v: Optional[TensorLike] = None,
+           agent: Optional[Agent] = None, layer: int = 0, positions: Optional[IntsLike] = None,
+           base_position: int = 0, slots: Optional[IntsLike] = None, dead_slot: int = 0,
+           mask: Optional[IntsLike] = None, out: Optional[OutTensor] = None, dtype: DTypeLike = None,
+           tile_order: Optional[IntsLike] = None, order: Optional[int] = None, n_sink: Optional[int] = None,
+           tile_size: Optional[int] = None, scale: Optional[float] = None, tau_s: Optional[float] = None,
+           tau_d: Optional[float] = None, patience: Optional[int] = None, probe: Optional[int] = None,
+           causal: Optional[int] = None, compare: Optional[int] = None) -> Tuple[Array, Dict[str, Any]]:
     """kvmem_attend: attention of q [n_rows][n_q_heads][head_dim] (post-RoPE) over
     an agent's layer (agent=, layer=, positions= or base_position=), caller
     tensors k, v [T][n_kv_heads][head_dim] (keys post-RoPE), or a slot map's
@@ -26,8 +32,15 @@ def attend(ctx: Context, q: Any, *, k: Any = None, v: Any = None, agent: Optiona
     dead_slot=. mask: T bytes, 0 = skip. params: order, n_sink, tile_size,
     scale, tau_s, tau_d, patience, probe, causal, compare; tile_order a list.
     Returns (out [n_rows][n_q_heads][head_dim] f32 unless given, stats dict)."""
+    params = {key: val for key, val in _given(locals()).items()
+              if key in ("order", "n_sink", "tile_size", "scale", "tau_s", "tau_d", "patience", "probe", "causal",
+                         "compare")}
+    params = {key: int(val) if isinstance(val, bool) else val for key, val in params.items()}
     ap = _params(L.kvmem_attend_default_params(), "attend()", params)
-    src = L.kvmem_attend_source()
+    v2 = "kvmem_attend_v2" not in L.MISSING  # the growable source where the library has it
+    src = L.kvmem_attend_source_v2() if v2 else L.kvmem_attend_source()
+    if v2:
+        src.struct_size = ctypes.sizeof(src)
     held: List[Any] = []
     try:
         if agent is not None:
@@ -40,7 +53,7 @@ def attend(ctx: Context, q: Any, *, k: Any = None, v: Any = None, agent: Optiona
                 src.positions = ptr
         else:
             if k is None or v is None:
-                raise TypeError("kvmem: attend() needs agent=, or k= and v=")
+                raise InvalidTypeError("attend() needs agent=, or k= and v=")
             qt, h = B.tensor(q, "q", None, dtype)
             held.append(h)
             kt, h = B.tensor(k, "k", None, dtype)
@@ -69,7 +82,8 @@ def attend(ctx: Context, q: Any, *, k: Any = None, v: Any = None, agent: Optiona
         ot, h = B.tensor(out, "out", shape, None, writable=True)
         held.append(h)
         stats = L.kvmem_attend_stats()
-        L.kvmem_attend(ctx.handle, byref(qt), byref(src), byref(ap), byref(ot), byref(stats))
+        (L.kvmem_attend_v2 if v2 else L.kvmem_attend)(ctx.handle, byref(qt), byref(src), byref(ap), byref(ot),
+                                                      byref(stats))
         return out, _struct_dict(stats)
     finally:
         B.release(*held)

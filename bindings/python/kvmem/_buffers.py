@@ -16,7 +16,8 @@ import ctypes
 from ctypes import POINTER, Structure, c_char_p, c_int, c_ssize_t, c_void_p, py_object
 from typing import Any, List, Optional, Sequence, Tuple
 
-from . import _lib
+from . import _ints, _lib
+from ._errors import InvalidArgumentError, InvalidTypeError
 
 F32, F16, BF16 = 0, 1, 2
 _DTYPES = {"f32": F32, "float32": F32, "f16": F16, "float16": F16, "bf16": BF16, "bfloat16": BF16}
@@ -46,7 +47,7 @@ def dtype_code(dtype: Any) -> int:
         return dtype
     key = str(getattr(dtype, "name", dtype)).lower()
     if key not in _DTYPES:
-        raise TypeError(f"kvmem: dtype {dtype!r} is not one of f32, f16, bf16")
+        raise InvalidTypeError(f"dtype {dtype!r} is not one of f32, f16, bf16")
     return _DTYPES[key]
 
 
@@ -59,16 +60,16 @@ class View:
         flags = _PyBUF_STRIDES | _PyBUF_FORMAT | (_PyBUF_WRITABLE if writable else 0)
         try:
             if _get(obj, ctypes.byref(self._buf), flags) != 0:
-                raise TypeError  # pragma: no cover  (ctypes raises the Python error itself)
+                raise BufferError  # pragma: no cover  (ctypes raises the Python error itself)
         except (TypeError, BufferError, ValueError) as e:
             need = "a writable" if writable else "a"
-            raise TypeError(f"kvmem: {what} must be {need} buffer (numpy array, memoryview, "
+            raise InvalidTypeError(f"{what} must be {need} buffer (numpy array, memoryview, "
                             f"bytearray, array.array), got {type(obj).__name__}: {e}") from None
         self._held = True
         b = self._buf
         if b.suboffsets:
             self.close()
-            raise TypeError(f"kvmem: {what}: indirect (PIL-style) buffers are not supported")
+            raise InvalidTypeError(f"{what}: indirect (PIL-style) buffers are not supported")
         self.address = b.buf or 0
         self.itemsize = b.itemsize
         fmt = (b.format or b"B").decode()
@@ -76,7 +77,7 @@ class View:
             fmt = fmt[1:]
         elif fmt[:1] in ">!":
             self.close()
-            raise TypeError(f"kvmem: {what} is big-endian ({fmt}); kvmem takes native little-endian data")
+            raise InvalidTypeError(f"{what} is big-endian ({fmt}); kvmem takes native little-endian data")
         self.format = fmt
         if b.ndim == 0:
             self.shape: List[int] = [b.len // max(b.itemsize, 1)]
@@ -123,14 +124,14 @@ def _elem_dtype(v: View, dtype: Optional[Any], what: str) -> int:
     if v.format in ("B", "b", "c") and want is not None:
         return want  # raw bytes: the caller names the element type
     if ok is None:
-        raise TypeError(f"kvmem: {what} has element format {v.format!r}; kvmem takes float32 "
+        raise InvalidTypeError(f"{what} has element format {v.format!r}; kvmem takes float32 "
                         f"('f'), float16 ('e') or bfloat16 bits as uint16 with dtype='bf16'")
     if want is None:
         if v.format == "H":
-            raise TypeError(f"kvmem: {what} is uint16: pass dtype='bf16' (or 'f16') to say what it holds")
+            raise InvalidTypeError(f"{what} is uint16: pass dtype='bf16' (or 'f16') to say what it holds")
         return ok[0]
     if want not in ok:
-        raise TypeError(f"kvmem: {what} has element format {v.format!r}, which cannot hold dtype "
+        raise InvalidTypeError(f"{what} has element format {v.format!r}, which cannot hold dtype "
                         f"{['f32', 'f16', 'bf16'][want]}")
     return want
 
@@ -168,13 +169,13 @@ def tensor(obj: Any, what: str, shape: Optional[Sequence[int]] = None, dtype: Op
         isz = _ITEMSIZE[code]
         if v.format in ("B", "b", "c"):  # raw bytes reinterpreted as elements
             if not v.contiguous():
-                raise TypeError(f"kvmem: {what}: a byte buffer must be contiguous")
+                raise InvalidTypeError(f"{what}: a byte buffer must be contiguous")
             if v.count() % isz:
-                raise TypeError(f"kvmem: {what}: {v.count()} bytes is not a whole number of {isz}-byte elements")
+                raise InvalidTypeError(f"{what}: {v.count()} bytes is not a whole number of {isz}-byte elements")
             v.shape, v.byte_strides, v.itemsize = [v.count() // isz], [isz], isz
         for st in v.byte_strides:
             if st < 0 or st % isz:
-                raise TypeError(f"kvmem: {what}: strides {v.byte_strides} bytes must be non-negative "
+                raise InvalidTypeError(f"{what}: strides {v.byte_strides} bytes must be non-negative "
                                 f"multiples of {isz} (copy it, e.g. numpy.ascontiguousarray)")
         ext = list(v.shape)
         strides = [st // isz for st in v.byte_strides]
@@ -182,27 +183,27 @@ def tensor(obj: Any, what: str, shape: Optional[Sequence[int]] = None, dtype: Op
             want = list(shape)
             if len(want) != len(ext):
                 if not v.contiguous():
-                    raise TypeError(f"kvmem: {what} has shape {tuple(ext)}; a buffer of another rank "
+                    raise InvalidTypeError(f"{what} has shape {tuple(ext)}; a buffer of another rank "
                                     f"than {len(want)} must be contiguous to be read as {tuple(want)}")
                 known = 1
                 for w in want:
                     known *= w if w >= 0 else 1
                 n = v.count()
                 if want.count(-1) > 1 or known == 0 or n % known:
-                    raise ValueError(f"kvmem: {what} holds {n} elements, which is not a whole "
+                    raise InvalidArgumentError(f"{what} holds {n} elements, which is not a whole "
                                      f"tensor of shape {tuple(want)}")
                 ext = [w if w >= 0 else n // known for w in want]
                 if ext and _prod(ext) != n:
-                    raise ValueError(f"kvmem: {what} holds {n} elements, expected {_prod(ext)} "
+                    raise InvalidArgumentError(f"{what} holds {n} elements, expected {_prod(ext)} "
                                      f"for shape {tuple(ext)}")
                 strides = _row_major(ext)
             else:
                 for i, (w, e) in enumerate(zip(want, ext)):
                     if w >= 0 and w != e:
-                        raise ValueError(f"kvmem: {what} has shape {tuple(ext)}, expected "
+                        raise InvalidArgumentError(f"{what} has shape {tuple(ext)}, expected "
                                          f"{tuple(x if x >= 0 else '*' for x in want)}")
         if not 1 <= len(ext) <= _lib.MAX_DIMS:
-            raise TypeError(f"kvmem: {what} has {len(ext)} dimensions, at most {_lib.MAX_DIMS}")
+            raise InvalidTypeError(f"{what} has {len(ext)} dimensions, at most {_lib.MAX_DIMS}")
         t = _lib.kvmem_tensor()
         t.data = v.address or None
         t.dtype = code
@@ -236,18 +237,18 @@ def int32s(obj: Any, what: str, n: Optional[int] = None) -> Tuple[Any, Any]:
     if obj is None:
         return None, None
     if isinstance(obj, (list, tuple, range)):
-        arr = (ctypes.c_int32 * len(obj))(*obj)
         if n is not None and len(obj) != n:
-            raise ValueError(f"kvmem: {what} has {len(obj)} entries, expected {n}")
+            raise InvalidArgumentError(f"{what} has {len(obj)} entries, expected {n}")
+        arr = _ints.array(ctypes.c_int32, obj, what)
         return ctypes.cast(arr, _lib.i32_p), arr
     v = View(obj, False, what)
     try:
         if v.itemsize != 4 or v.format not in ("i", "l" if ctypes.sizeof(ctypes.c_long) == 4 else "i"):
-            raise TypeError(f"kvmem: {what} must hold int32 values (format 'i'), got {v.format!r}")
+            raise InvalidTypeError(f"{what} must hold int32 values (format 'i'), got {v.format!r}")
         if not v.contiguous():
-            raise TypeError(f"kvmem: {what} must be contiguous")
+            raise InvalidTypeError(f"{what} must be contiguous")
         if n is not None and v.count() != n:
-            raise ValueError(f"kvmem: {what} has {v.count()} entries, expected {n}")
+            raise InvalidArgumentError(f"{what} has {v.count()} entries, expected {n}")
         return ctypes.cast(c_void_p(v.address), _lib.i32_p), v
     except BaseException:
         v.close()
@@ -272,6 +273,8 @@ def new_array(shape: Sequence[int], dtype: Any = "f32") -> Any:
     (bf16 as uint16 bits), else a memoryview of that shape over a bytearray
     (f32 as "f"; f16 and bf16 as uint16 bits, format "H")."""
     code = dtype_code(dtype)
+    if any(e < 0 for e in shape):
+        raise InvalidArgumentError(f"an output of shape {tuple(shape)}: extents must not be negative")
     if _np is not None:
         return _np.zeros(tuple(shape), dtype={F32: _np.float32, F16: _np.float16, BF16: _np.uint16}[code])
     n = _prod(shape) * _ITEMSIZE[code]

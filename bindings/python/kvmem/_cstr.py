@@ -3,21 +3,21 @@
 C reads a string up to its first NUL, so ``pool.agent_open("alice\\x00-evil")``
 would open agent "alice" and a path "a.kvm\\x00.bak" would write "a.kvm". A NUL
 is refused here with InvalidArgumentError (a ValueError, as ``os.open``
-raises for one), and a value of the wrong type with TypeError.
+raises for one), and a value of the wrong type with InvalidTypeError (a TypeError).
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Optional
 
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, InvalidTypeError
 
 
 def c_id(value: Any, what: str) -> bytes:
     """An id or name (agent id, segment name, owner, session id, backend,
     model id): a str without NUL, as UTF-8."""
     if not isinstance(value, str):
-        raise TypeError(f"kvmem: {what} must be a str, not {type(value).__name__}")
+        raise InvalidTypeError(f"{what} must be a str, not {type(value).__name__}")
     if "\x00" in value:
         raise InvalidArgumentError(f"{what} {value!r} contains a NUL character")
     return value.encode()
@@ -35,7 +35,7 @@ def c_path(value: Any, what: str = "path") -> Optional[bytes]:
     try:
         b = os.fsencode(value)
     except TypeError:
-        raise TypeError(f"kvmem: {what} must be a str, bytes or os.PathLike, not {type(value).__name__}") from None
+        raise InvalidTypeError(f"{what} must be a str, bytes or os.PathLike, not {type(value).__name__}") from None
     if b"\x00" in b:
         raise InvalidArgumentError(f"{what} {value!r} contains a NUL character")
     return b

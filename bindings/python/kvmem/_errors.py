@@ -1,4 +1,10 @@
-"""Exceptions: one class per kvmem_status, all deriving from KvmemError."""
+"""Exceptions: one class per kvmem_status, all deriving from KvmemError.
+
+Arguments the binding refuses before C (a wrong shape, dtype, type or an
+integer out of its C type's range) raise InvalidArgumentError, a ValueError,
+or InvalidTypeError, a TypeError: both are KvmemError, so one
+``except kvmem.KvmemError`` sees every failure, while ``except ValueError`` /
+``except TypeError`` keep working as for any Python API."""
 from __future__ import annotations
 
 from typing import Dict, Type
@@ -26,6 +32,13 @@ class KvmemError(Exception):
 
 class InvalidArgumentError(KvmemError, ValueError):
     status, name = -1, "KVMEM_ERR_INVALID_ARG"
+
+
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (a float or a str where an integer goes, a
+    buffer of the wrong element type). Status KVMEM_ERR_INVALID_ARG, as the C
+    library would report it; a TypeError too (and, as an InvalidArgumentError,
+    a ValueError)."""
 
 
 class NoMemoryError(KvmemError, MemoryError):

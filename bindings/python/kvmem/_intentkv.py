@@ -7,20 +7,23 @@ from __future__ import annotations
 import ctypes
 import weakref
 from ctypes import byref, c_int32, c_int64, c_void_p
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _buffers as B
+from . import _ints
 from . import _lib as L
+from ._errors import InvalidTypeError
 from ._cstr import c_id_or_none, c_path
 from ._info import KVStoreInfo, SlotMapInfo, from_struct
-from ._objects import Context, ModelSpec, _Handle, _in_array, _params, _to_result
+from ._objects import Context, ModelSpec, _given, _Handle, _in_array, _params, _to_result
+from ._types import DTypeLike, FloatsLike, IntsLike, PathLike, SpecLike, TensorLike
 
 SESSION_EXPLICIT, SESSION_MARKED, SESSION_PREFIX, SESSION_LOCAL = 1, 2, 3, 4
 DEAD_SLOT = 0
 SENTINEL_K = -1.0e4
 
 
-def _mem_len(spec: Any) -> int:
+def _mem_len(spec: SpecLike) -> int:
     return spec.n_layers * spec.n_q_heads * spec.head_dim
 
 
@@ -47,11 +50,15 @@ class SessionKey(L.kvmem_session_key):
 
 
 class QmemStore(_Handle):
-    """kvmem_qmem_store: per-session query memories. params: capacity,
-    prefix_tokens, lambda_ (the C field `lambda`)."""
+    """kvmem_qmem_store: per-session query memories (IntentKV). capacity
+    (sessions kept, LRU), prefix_tokens (token ids hashed for a session key),
+    lambda_ (the decay, the C field `lambda`); None keeps the default."""
     _kind = "QmemStore"
 
-    def __init__(self, spec: Any, **params: Any):
+    def __init__(self, spec: SpecLike, *, capacity: Optional[int] = None, prefix_tokens: Optional[int] = None,
+                 lambda_: Optional[float] = None) -> None:
+        params = _given(locals())
+        del params["spec"]
         spec = ModelSpec.of(spec)
         if "lambda_" in params:
             params["lambda"] = params.pop("lambda_")
@@ -61,10 +68,13 @@ class QmemStore(_Handle):
         self._init_handle(h.value, L.kvmem_qmem_store_free)
         self.spec = spec
 
-    def session_key(self, session_id: Optional[str] = None, token_ids: Any = None,
+    def session_key(self, session_id: Optional[str] = None, token_ids: Optional[IntsLike] = None,
                     mark: Optional[Tuple[int, int]] = None) -> "SessionKey":
         """kvmem_session_key_derive: explicit id, else marked span, else prefix, else local."""
-        src = L.kvmem_session_source()
+        v2 = "kvmem_session_key_derive_v2" not in L.MISSING  # the growable source where the library has it
+        src = L.kvmem_session_source_v2() if v2 else L.kvmem_session_source()
+        if v2:
+            src.struct_size = ctypes.sizeof(src)
         sid = c_id_or_none(session_id, "session_id")
         src.session_id = sid
         ptr, keep = B.int32s(token_ids, "token_ids")
@@ -75,13 +85,13 @@ class QmemStore(_Handle):
             if mark is not None:
                 src.mark_begin, src.mark_end = mark
             key = SessionKey()
-            L.kvmem_session_key_derive(self.handle, byref(src), byref(key))
+            (L.kvmem_session_key_derive_v2 if v2 else L.kvmem_session_key_derive)(self.handle, byref(src), byref(key))
             return key
         finally:
             B.release(keep)
 
-    def update(self, key: L.kvmem_session_key, q: Any, span_begin: int, span_end: int,
-               dtype: Any = None) -> Any:
+    def update(self, key: L.kvmem_session_key, q: TensorLike, span_begin: int, span_end: int,
+               dtype: DTypeLike = None) -> Any:
         """Fold q [n_q][n_layers][n_q_heads][head_dim] (post-RoPE) rows [span_begin,
         span_end) into the key's memory; returns the new memory [n_layers][n_q_heads][head_dim]."""
         s = self.spec
@@ -95,6 +105,7 @@ class QmemStore(_Handle):
             qv.close()
 
     def get(self, key: L.kvmem_session_key) -> Any:
+        """kvmem_qmem_get: the session's memory [n_layers][n_q_heads][head_dim] (zeros if none yet)."""
         s = self.spec
         out = _out_f32((s.n_layers, s.n_q_heads, s.head_dim))
         with B.View(out, True, "memory") as ov:
@@ -103,6 +114,7 @@ class QmemStore(_Handle):
 
     @property
     def count(self) -> int:
+        """kvmem_qmem_count: the number of sessions with a memory."""
         return int(L.kvmem_qmem_count(self.handle))
 
 
@@ -110,7 +122,7 @@ def _f32_in(obj: Any, n: int, what: str) -> Tuple[Any, Any]:
     return _in_array(obj, ctypes.c_float, n, what)
 
 
-def qmem_score(ctx: Context, spec: Any, memory: Any, k: Any, dtype: Any = None) -> Any:
+def qmem_score(ctx: Context, spec: SpecLike, memory: FloatsLike, k: TensorLike, dtype: DTypeLike = None) -> Any:
     """kvmem_qmem_score: the rule score of each of the N positions of k
     [n_layers][N][n_kv_heads][head_dim] (post-RoPE) under memory."""
     spec = ModelSpec.of(spec)
@@ -132,10 +144,10 @@ class QmemHead(_Handle):
     """kvmem_qmem_head: the trained residual head (safetensors)."""
     _kind = "QmemHead"
 
-    def __init__(self, path: Optional[str] = None, *, data: Any = None):
+    def __init__(self, path: Optional[PathLike] = None, *, data: Optional[Union[bytes, bytearray, memoryview]] = None) -> None:
         h = c_void_p()
         if (path is None) == (data is None):
-            raise TypeError("kvmem: QmemHead(path) or QmemHead(data=bytes)")
+            raise InvalidTypeError("QmemHead(path) or QmemHead(data=bytes)")
         if path is not None:
             L.kvmem_qmem_head_load(c_path(path), byref(h))
         else:
@@ -145,14 +157,16 @@ class QmemHead(_Handle):
 
     @property
     def head_dim(self) -> int:
+        """The head_dim the residual head was trained for."""
         return int(L.kvmem_qmem_head_dim(self.handle))
 
     @property
     def alpha(self) -> float:
+        """The residual head's weight alpha (clipped to [-5, 5])."""
         return float(L.kvmem_qmem_head_alpha(self.handle))
 
-    def apply(self, spec: Any, memory: Any, k: Any, rule: Any, span_begin: int,
-              span_end: int, dtype: Any = None) -> Any:
+    def apply(self, spec: SpecLike, memory: FloatsLike, k: TensorLike, rule: FloatsLike, span_begin: int,
+              span_end: int, dtype: DTypeLike = None) -> Any:
         """scores = rule + alpha * MLP(...) for the N positions of k."""
         spec = ModelSpec.of(spec)
         kt, kv = B.tensor(k, "k", (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim), dtype)
@@ -178,7 +192,7 @@ def _kept(n: int, fn: Any) -> Any:
     return _to_result(kept, nk.value, "int32")
 
 
-def select_keep(scores: Any, budget: int, protect: int = 0, span: Tuple[int, int] = (0, 0)) -> Any:
+def select_keep(scores: FloatsLike, budget: int, protect: int = 0, span: Tuple[int, int] = (0, 0)) -> Any:
     """kvmem_select_keep: kept positions (ascending) of N scored positions."""
     sp, keep = _f32_in(scores, None, "scores")
     try:
@@ -190,23 +204,26 @@ def select_keep(scores: Any, budget: int, protect: int = 0, span: Tuple[int, int
 
 def streaming_keep(n: int, n_sink: int, window: int) -> Any:
     """kvmem_streaming_keep (StreamingLLM): the first n_sink and last window positions."""
+    # kept positions are int32: a larger n is refused before its n-entry output is allocated
+    n = _ints.check(n, "n", c_int32)
     return _kept(n, lambda kept, nk: L.kvmem_streaming_keep(n, n_sink, window, kept, nk))
 
 
-def h2o_accumulate(probs: Any, n_rows: int, n: int, acc: Any) -> Any:
+def h2o_accumulate(probs: FloatsLike, n_rows: int, n: int, acc: FloatsLike) -> Any:
     """kvmem_h2o_accumulate: acc[j] += sum over rows of probs[r][j]; acc (n f32) is updated in place."""
+    n_rows, n = _ints.check(n_rows, "n_rows", c_int64), _ints.check(n, "n", c_int64)
     pp, keep = _f32_in(probs, n_rows * n, "probs")
     try:
         with B.View(acc, True, "acc") as av:
             if av.format != "f" or av.count() != n or not av.contiguous():
-                raise TypeError(f"kvmem: acc must be {n} contiguous float32 values")
+                raise InvalidTypeError(f"acc must be {n} contiguous float32 values")
             L.kvmem_h2o_accumulate(pp, n_rows, n, av.address)
         return acc
     finally:
         B.release(keep)
 
 
-def h2o_keep(acc: Any, budget: int, recent: int) -> Any:
+def h2o_keep(acc: FloatsLike, budget: int, recent: int) -> Any:
     """kvmem_h2o_keep: the recent floor plus the heavy hitters."""
     ap, keep = _f32_in(acc, None, "acc")
     try:
@@ -216,8 +233,8 @@ def h2o_keep(acc: Any, budget: int, recent: int) -> Any:
         B.release(keep)
 
 
-def snapkv_score(ctx: Context, spec: Any, q_obs: Any, k: Any, pool_kernel: int = 7,
-                 dtype: Any = None) -> Any:
+def snapkv_score(ctx: Context, spec: SpecLike, q_obs: TensorLike, k: TensorLike, pool_kernel: int = 7,
+                 dtype: DTypeLike = None) -> Any:
     """kvmem_snapkv_score: q_obs [W][n_layers][n_q_heads][head_dim], k
     [n_layers][N][n_kv_heads][head_dim], both post-RoPE; N scores."""
     spec = ModelSpec.of(spec)
@@ -235,11 +252,14 @@ def snapkv_score(ctx: Context, spec: Any, q_obs: Any, k: Any, pool_kernel: int =
 
 
 class KVStore(_Handle):
-    """kvmem_kvstore: paged physical KV that slot maps point into. params:
-    page_slots, max_slots. Closing it closes its slot maps first."""
+    """kvmem_kvstore: paged physical KV that slot maps point into. page_slots
+    (slots per page), max_slots; None keeps the default. Closing it closes its
+    slot maps first."""
     _kind = "KVStore"
 
-    def __init__(self, spec: Any, **params: Any):
+    def __init__(self, spec: SpecLike, *, page_slots: Optional[int] = None, max_slots: Optional[int] = None) -> None:
+        params = _given(locals())
+        del params["spec"]
         spec = ModelSpec.of(spec)
         kp = _params(L.kvmem_kvstore_default_params(), "KVStore()", params)
         h = c_void_p()
@@ -249,16 +269,19 @@ class KVStore(_Handle):
         self._maps: "weakref.WeakSet[SlotMap]" = weakref.WeakSet()
 
     def close(self) -> None:
+        """Close the store's slot maps, then free it; idempotent."""
         for m in list(self._maps):
             m.close()
         super().close()
 
     def get_info(self) -> KVStoreInfo:
+        """kvmem_kvstore_get_info: slots, used, free, page size, the dead slot."""
         x = L.kvmem_kvstore_info()
         L.kvmem_kvstore_get_info(self.handle, byref(x))
         return from_struct(KVStoreInfo, x)
 
     def slot_refs(self, slot: int) -> int:
+        """kvmem_kvstore_slot_refs: how many slot-map positions point at slot."""
         r = c_int32()
         L.kvmem_kvstore_slot_refs(self.handle, slot, byref(r))
         return r.value
@@ -273,6 +296,7 @@ class KVStore(_Handle):
         return k, v
 
     def slotmap_create(self) -> "SlotMap":
+        """kvmem_slotmap_create: a new, empty slot map over this store."""
         h = c_void_p()
         L.kvmem_slotmap_create(self.handle, byref(h))
         return SlotMap(self, h.value)
@@ -282,17 +306,18 @@ class SlotMap(_Handle):
     """kvmem_slotmap: one request's logical positions -> slots of a KVStore."""
     _kind = "SlotMap"
 
-    def __init__(self, store: KVStore, handle: int):
+    def __init__(self, store: KVStore, handle: int) -> None:
         self._init_handle(handle, L.kvmem_slotmap_free)
         self.store = store
         store._maps.add(self)
 
     def fork(self, prefix_len: int) -> "SlotMap":
+        """kvmem_slotmap_fork: a new map sharing the first prefix_len positions' slots."""
         h = c_void_p()
         L.kvmem_slotmap_fork(self.handle, prefix_len, byref(h))
         return SlotMap(self.store, h.value)
 
-    def append(self, k: Any, v: Any, dtype: Any = None) -> None:
+    def append(self, k: TensorLike, v: TensorLike, dtype: DTypeLike = None) -> None:
         """T tokens, k and v [n_layers][T][n_kv_heads][head_dim], post-RoPE keys."""
         s = self.store.spec
         shape = (s.n_layers, -1, s.n_kv_heads, s.head_dim)
@@ -307,9 +332,10 @@ class SlotMap(_Handle):
             kv.close()
 
     def set_protected(self, protect: int) -> None:
+        """kvmem_slotmap_set_protected: positions [0, protect) are never freed."""
         L.kvmem_slotmap_set_protected(self.handle, protect)
 
-    def _kept_call(self, fn: Any, kept: Any) -> int:
+    def _kept_call(self, fn: Any, kept: IntsLike) -> int:
         kp, keep = B.int32s(kept if not isinstance(kept, range) else list(kept), "kept")
         try:
             n = 0 if keep is None else (keep.count() if isinstance(keep, B.View) else len(kept))
@@ -319,11 +345,11 @@ class SlotMap(_Handle):
         finally:
             B.release(keep)
 
-    def evict(self, kept: Any) -> int:
+    def evict(self, kept: IntsLike) -> int:
         """Point every position not in kept at the dead slot; returns slots freed."""
         return self._kept_call(L.kvmem_slotmap_evict, kept)
 
-    def compact(self, kept: Any) -> int:
+    def compact(self, kept: IntsLike) -> int:
         """Move kept rows to positions 0..n_kept-1 (re-rotating moved keys); returns slots freed."""
         return self._kept_call(L.kvmem_slotmap_compact, kept)
 
@@ -335,11 +361,12 @@ class SlotMap(_Handle):
         return _to_result(arr, n.value, "int32"), dead.value
 
     def get_info(self) -> SlotMapInfo:
+        """kvmem_slotmap_get_info: length, live positions, protected prefix, parked slots."""
         x = L.kvmem_slotmap_info()
         L.kvmem_slotmap_get_info(self.handle, byref(x))
         return from_struct(SlotMapInfo, x)
 
-    def gather(self, dtype: Any = "f32") -> Tuple[Any, Any, Any]:
+    def gather(self, dtype: DTypeLike = "f32") -> Tuple[Any, Any, Any]:
         """The live rows in position order: (k, v, positions)."""
         s = self.store.spec
         n = self.get_info().n_live

@@ -13,12 +13,13 @@ import ctypes
 import ctypes.util
 import os
 import sys
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32,
+from ctypes import (CFUNCTYPE, POINTER, c_char, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 from typing import Any, Dict, List, Set
 
-from ._errors import UnsupportedError, error_for
+from . import _ints
+from ._errors import InvalidTypeError, UnsupportedError, error_for
 
 # --------------------------------------------------------------------------
 # Finding the library
@@ -77,6 +78,30 @@ OPEN_FILE_NO_VERIFY = 0x1
 
 c_status = c_int  # kvmem_status (an int-sized enum)
 c_enum = c_int
+
+
+class Structure(ctypes.Structure):
+    """ctypes.Structure whose integer fields refuse what does not fit (ctypes
+    would store 2**32 + 4 in an int32_t field as 4), and whose other fields
+    turn ctypes' TypeError for a wrong value into InvalidTypeError naming the field."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        cls = type(self)
+        fields = cls.__dict__.get("_kvmem_field_types")
+        if fields is None:
+            fields = {}
+            for klass in reversed(cls.__mro__):
+                fields.update(dict(klass.__dict__.get("_fields_", ())))
+            cls._kvmem_field_types = fields
+        t = fields.get(name)
+        if t is not None and _ints.int_range(t) is not None:
+            value = _ints.check(value, name, t)
+        try:
+            super().__setattr__(name, value)
+        except TypeError as e:
+            if t is None:
+                raise
+            raise InvalidTypeError(f"{name}: {e}") from None
 
 
 class kvmem_tensor(Structure):
@@ -215,6 +240,10 @@ class kvmem_session_source(Structure):
                 ("mark_begin", c_int64), ("mark_end", c_int64)]
 
 
+class kvmem_session_source_v2(Structure):  # the same fields after struct_size
+    _fields_ = [("struct_size", c_size_t)] + kvmem_session_source._fields_
+
+
 class kvmem_qmem_params(Structure):
     _fields_ = [("struct_size", c_size_t), ("capacity", c_int32), ("prefix_tokens", c_int32), ("lambda", c_double)]
 
@@ -237,6 +266,11 @@ class kvmem_attend_source(Structure):
                 ("slots", POINTER(c_int32)), ("n_positions", c_int64), ("dead_slot", c_int32), ("reserved", c_int32),
                 ("agent", c_void_p), ("positions", POINTER(c_int32)), ("base_position", c_int64),
                 ("mask", POINTER(ctypes.c_uint8))]
+
+
+class kvmem_attend_source_v2(Structure):  # the same fields after struct_size, base_position last
+    _fields_ = ([("struct_size", c_size_t)] + [f for f in kvmem_attend_source._fields_ if f[0] != "base_position"]
+                + [f for f in kvmem_attend_source._fields_ if f[0] == "base_position"])
 
 
 class kvmem_attend_params(Structure):
@@ -307,7 +341,34 @@ def _declare(proto: str, restype: Any, *argtypes: Any) -> None:
         fn.errcheck = _raise_status
     else:
         fn.restype = restype
-    _ns[name] = fn
+    _ns[name] = _checked(fn, proto, argtypes)
+
+
+def _param_names(proto: str) -> List[str]:
+    """The parameter names of a C prototype ("int32_t block" -> "block")."""
+    inner = proto[proto.index("(") + 1:proto.rindex(")")].strip()
+    if inner in ("", "void"):
+        return []
+    return [p.replace("*", " ").split()[-1] for p in inner.split(",")]
+
+
+def _checked(fn: Any, proto: str, argtypes: Any) -> Any:
+    """fn, or a wrapper that checks its integer arguments (_ints.check) first."""
+    names = _param_names(proto)
+    ints = [(i, names[i], t) for i, t in enumerate(argtypes) if _ints.int_range(t) is not None]
+    if not ints:
+        return fn
+    ranges = [(i, what, t, *_ints.int_range(t)[:2]) for i, what, t in ints]
+
+    def call(*args: Any) -> Any:
+        for i, what, t, lo, hi in ranges:
+            a = args[i]
+            if type(a) is not int or a < lo or a > hi:
+                args = args[:i] + (_ints.check(a, what, t),) + args[i + 1:]
+        return fn(*args)
+    call.__name__ = call.__qualname__ = fn.__name__
+    call.__doc__ = proto
+    return call
 
 
 _d = _declare
@@ -317,6 +378,11 @@ _d("const char *kvmem_version(void)", c_char_p)
 # Status and errors
 _d("const char *kvmem_status_str(kvmem_status status)", c_char_p, c_status)
 _d("const char *kvmem_last_error(void)", c_char_p)
+_d("size_t kvmem_agent_last_error(const kvmem_agent *agent, char *buf, size_t size)", c_size_t, agent_p, c_char_p,
+   c_size_t)
+_d("size_t kvmem_pool_last_error(const kvmem_pool *pool, char *buf, size_t size)", c_size_t, pool_p, c_char_p, c_size_t)
+_d("size_t kvmem_context_last_error(const kvmem_context *ctx, char *buf, size_t size)", c_size_t, ctx_p, c_char_p,
+   c_size_t)
 _d("void kvmem_log_set(kvmem_log_callback callback, void *user_data)", None, kvmem_log_callback, c_void_p)
 _d("void kvmem_free(void *ptr)", None, c_void_p)
 # Tensors
@@ -462,6 +528,8 @@ _d("kvmem_status kvmem_qmem_store_create(const kvmem_model_spec *spec, const kvm
 _d("void kvmem_qmem_store_free(kvmem_qmem_store *store)", None, qstore_p)
 _d("kvmem_status kvmem_session_key_derive(const kvmem_qmem_store *store, const kvmem_session_source *src, "
    "kvmem_session_key *out)", STATUS, qstore_p, POINTER(kvmem_session_source), POINTER(kvmem_session_key))
+_d("kvmem_status kvmem_session_key_derive_v2(const kvmem_qmem_store *store, const kvmem_session_source_v2 *src, "
+   "kvmem_session_key *out)", STATUS, qstore_p, POINTER(kvmem_session_source_v2), POINTER(kvmem_session_key))
 _d("kvmem_status kvmem_qmem_update(kvmem_qmem_store *store, const kvmem_session_key *key, const kvmem_tensor *q, "
    "int64_t span_begin, int64_t span_end, float *memory_out)",
    STATUS, qstore_p, POINTER(kvmem_session_key), T_p, c_int64, c_int64, c_void_p)
@@ -526,6 +594,9 @@ _d("kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const k
    "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats)",
    STATUS, ctx_p, T_p, POINTER(kvmem_attend_source), POINTER(kvmem_attend_params), T_p, POINTER(kvmem_attend_stats))
 # Persistence, prefix, batch
+_d("kvmem_status kvmem_attend_v2(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source_v2 *source, "
+   "const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats)",
+   STATUS, ctx_p, T_p, POINTER(kvmem_attend_source_v2), POINTER(kvmem_attend_params), T_p, POINTER(kvmem_attend_stats))
 _d("kvmem_status kvmem_agent_save(kvmem_agent *agent, const char *path)", STATUS, agent_p, c_char_p)
 _d("kvmem_status kvmem_agent_load(kvmem_agent *agent, const char *path)", STATUS, agent_p, c_char_p)
 _d("kvmem_status kvmem_pool_sync(kvmem_pool *pool)", STATUS, pool_p)
@@ -540,9 +611,8 @@ _d("kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t n_agents,
    STATUS, POINTER(c_void_p), c_int32, c_int32, T_p, T_p, c_void_p)
 _d("kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, "
    "int64_t n, const kvmem_tensor *out)", STATUS, T_p, c_int32, c_int64, c_int64, c_int64, T_p)
-# The failure message in a caller buffer: for bindings whose async calls run on
-# worker threads they cannot run code on (Node's koffi). Python calls on its own
-# thread and reads kvmem_last_error(), so these are declared, not used.
+# Deprecated: the failure message in a caller buffer (kvmem_agent_last_error
+# and co replace them). Declared, not used.
 _d("kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size)",
    STATUS, pool_p, c_void_p, c_size_t)
 _d("kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, "

@@ -16,13 +16,15 @@ from __future__ import annotations
 import ctypes
 import weakref
 from ctypes import byref, c_size_t, c_uint64, c_void_p
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _buffers as B
+from . import _ints
 from . import _lib as L
 from ._cstr import c_id, c_path
 from ._info import AgentInfo, BlockInfo, GroupInfo, PoolInfo, SegmentInfo, SegmentsInfo, from_struct
-from ._errors import ClosedError, InvalidArgumentError
+from ._errors import ClosedError, InvalidArgumentError, InvalidTypeError
+from ._types import Array, DTypeLike, FloatsLike, IntsLike, OutTensor, PathLike, SpecLike, TensorLike, TextLike
 
 F32, F16, BF16 = B.F32, B.F16, B.BF16
 Q8, Q4, Q4_KIVI = 3, 4, 5
@@ -41,6 +43,12 @@ _STORAGE = {"f32": F32, "f16": F16, "bf16": BF16, "q8": Q8, "q4": Q4, "q4_kivi":
 _NOT_PARAMS = ("struct_size", "reserved")
 
 
+def _given(values: Dict[str, Any]) -> Dict[str, Any]:
+    """The keyword arguments a call was given (those not None), from its locals():
+    None leaves the library's default."""
+    return {k: v for k, v in values.items() if v is not None and k not in ("self", "__class__")}
+
+
 def _s(b: Optional[bytes]) -> str:
     return b.decode("utf-8", "replace") if b else ""
 
@@ -55,10 +63,12 @@ def version() -> str:
 
 
 def version_number() -> int:
+    """kvmem_version_number: the loaded library's version as X*1000000 + Y*1000 + Z."""
     return int(L.kvmem_version_number())
 
 
 def status_str(status: int) -> str:
+    """kvmem_status_str: the C name of a status code ("KVMEM_ERR_INVALID_ARG")."""
     return _s(L.kvmem_status_str(status))
 
 
@@ -68,10 +78,12 @@ def last_error() -> str:
 
 
 def dtype_name(dtype: int) -> str:
+    """kvmem_dtype_name: the name of a dtype code ("f16")."""
     return _s(L.kvmem_dtype_name(dtype))
 
 
 def agent_id_valid(agent_id: str) -> bool:
+    """Whether agent_id is a valid agent id ([A-Za-z0-9._-]{1,128}, not starting with ".")."""
     if isinstance(agent_id, str) and "\x00" in agent_id:
         return False  # C would judge only the part before the NUL
     return bool(L.kvmem_agent_id_valid(c_id(agent_id, "agent id")))
@@ -110,28 +122,33 @@ def backends() -> List[Dict[str, Any]]:
 
 
 class ModelSpec(L.kvmem_model_spec):
-    """kvmem_model_spec, starting from kvmem_model_spec_default(); keyword
-    arguments set fields (an unknown one is a TypeError naming it). model_id
-    takes a str, layer_window a sequence of ints (kept alive by the spec;
-    pools copy it)."""
+    """kvmem_model_spec: a model's geometry, starting from
+    kvmem_model_spec_default(); each keyword sets the C field of that name
+    (None keeps the default). model_id takes a str, layer_window a sequence of
+    n_layers ints (0: full attention; kept alive by the spec, pools copy it)."""
 
-    def __init__(self, **fields: Any):
+    def __init__(self, *, n_layers: Optional[int] = None, n_q_heads: Optional[int] = None,
+                 n_kv_heads: Optional[int] = None, head_dim: Optional[int] = None, rotary_dim: Optional[int] = None,
+                 rope_style: Optional[int] = None, rope_theta: Optional[float] = None,
+                 rope_scaling: Optional[int] = None, rope_factor: Optional[float] = None,
+                 rope_low_freq_factor: Optional[float] = None, rope_high_freq_factor: Optional[float] = None,
+                 rope_original_max_pos: Optional[int] = None, yarn_beta_fast: Optional[float] = None,
+                 yarn_beta_slow: Optional[float] = None, yarn_attn_factor: Optional[float] = None,
+                 layer_window: Optional[IntsLike] = None, model_id: Optional[str] = None) -> None:
+        fields = _given(locals())
         super().__init__()
         ctypes.memmove(byref(self), byref(L.kvmem_model_spec_default()), ctypes.sizeof(self))
-        known = dict(L.kvmem_model_spec._fields_)
         for k, val in fields.items():
-            if k not in known:
-                raise TypeError(f"kvmem: ModelSpec() got an unknown field {k!r}")
             setattr(self, k, val)
 
     @classmethod
-    def of(cls, spec: Any) -> "L.kvmem_model_spec":
+    def of(cls, spec: SpecLike) -> "L.kvmem_model_spec":
         """A spec from a ModelSpec / kvmem_model_spec (as is) or a mapping of fields."""
         if isinstance(spec, L.kvmem_model_spec):
             return spec
         if isinstance(spec, Mapping):
             return cls(**spec)
-        raise TypeError(f"kvmem: a model spec must be a ModelSpec or a mapping of its fields, "
+        raise InvalidTypeError(f"a model spec must be a ModelSpec or a mapping of its fields, "
                         f"not {type(spec).__name__}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -140,7 +157,7 @@ class ModelSpec(L.kvmem_model_spec):
         elif name == "model_id" and isinstance(value, (bytes, bytearray)) and b"\x00" in value:
             raise InvalidArgumentError(f"model_id {bytes(value)!r} contains a NUL character")
         elif name == "layer_window" and value is not None and not isinstance(value, ctypes._Pointer):
-            arr = (ctypes.c_int32 * len(value))(*value)
+            arr = _ints.array(ctypes.c_int32, value, "layer_window")
             object.__setattr__(self, "_layer_window_keep", arr)
             value = ctypes.cast(arr, L.i32_p)
         elif name not in dict(L.kvmem_model_spec._fields_) and not name.startswith("_"):
@@ -157,7 +174,7 @@ class ModelSpec(L.kvmem_model_spec):
                 f"rope_theta={self.rope_theta:g}, model_id={_s(self.model_id)!r})")
 
 
-def rope_apply(spec: Any, x: Any, positions: Any, *, inverse: bool = False) -> None:
+def rope_apply(spec: SpecLike, x: OutTensor, positions: IntsLike, *, inverse: bool = False) -> None:
     """Rotate x in place: rows of head_dim f32 values (x is [..., head_dim],
     contiguous rows, row stride in elements taken from x), one position per row."""
     t, v = B.tensor(x, "x", dtype="f32", writable=True)
@@ -167,9 +184,9 @@ def rope_apply(spec: Any, x: Any, positions: Any, *, inverse: bool = False) -> N
             n_rows *= t.shape[i]
         stride = t.strides[t.ndim - 2] if t.ndim > 1 else t.shape[0]
         if t.ndim > 2 and not v.contiguous():
-            raise TypeError("kvmem: rope_apply: x must be contiguous rows (2-D may have a row stride)")
+            raise InvalidTypeError("rope_apply: x must be contiguous rows (2-D may have a row stride)")
         if t.strides[t.ndim - 1] != 1:
-            raise TypeError("kvmem: rope_apply: each row of x must be contiguous")
+            raise InvalidTypeError("rope_apply: each row of x must be contiguous")
         pp, pk = B.int32s(positions, "positions", n_rows)
         try:
             L.kvmem_rope_apply(byref(ModelSpec.of(spec)), t.data, n_rows, stride, pp, int(bool(inverse)))
@@ -206,6 +223,7 @@ class _Handle:
 
     @property
     def closed(self) -> bool:
+        """Whether close() has run (or the owner closed this object)."""
         return self._h is None
 
     def _forget(self) -> None:
@@ -226,8 +244,8 @@ class _Handle:
         self.close()
 
 
-def _call_kv(spec: Any, fn: Any, lead: Tuple[Any, ...], k: Any, v: Any, token_ids: Any, text: Any,
-             token_text_offsets: Any, positions: Any, keys_rotated: Any, dtype: Any) -> None:
+def _call_kv(spec: SpecLike, fn: Any, lead: Tuple[Any, ...], k: TensorLike, v: TensorLike, token_ids: IntsLike, text: TextLike,
+             token_text_offsets: IntsLike, positions: IntsLike, keys_rotated: Any, dtype: Any) -> None:
     """fn(*lead, &k, &v, &append_params) with K, V [n_layers][T][n_kv_heads][head_dim]."""
     shape = (spec.n_layers, -1, spec.n_kv_heads, spec.head_dim)
     kt, kv = B.tensor(k, "k", shape, dtype)
@@ -259,11 +277,22 @@ def _call_kv(spec: Any, fn: Any, lead: Tuple[Any, ...], k: Any, v: Any, token_id
         B.release(*held)
 
 
+def _object_error(fn: Any, handle: int) -> str:
+    """An object's own copy of its last failure (kvmem_X_last_error): what the
+    last failed call on it said, on whichever thread it ran."""
+    buf = ctypes.create_string_buffer(512)
+    n = int(fn(handle, buf, len(buf)))
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        fn(handle, buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
 class Context(_Handle):
     """kvmem_context: a backend ("cpu", "cuda", "vulkan", "auto") and worker threads."""
     _kind = "Context"
 
-    def __init__(self, backend: str = "auto", n_threads: int = 0):
+    def __init__(self, backend: str = "auto", n_threads: int = 0) -> None:
         p = L.kvmem_context_default_params()
         p.backend = c_id(backend, "backend")
         p.n_threads = n_threads
@@ -274,11 +303,19 @@ class Context(_Handle):
 
     @property
     def backend(self) -> str:
+        """The backend this context runs on ("cpu", "cuda", "vulkan")."""
         return _s(L.kvmem_context_backend(self.handle))
 
     @property
     def n_threads(self) -> int:
+        """The number of worker threads the context uses."""
         return int(L.kvmem_context_n_threads(self.handle))
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this context (attend,
+        qmem_score), whichever thread made it (kvmem_context_last_error)."""
+        return _object_error(L.kvmem_context_last_error, self.handle)
 
     def transfer_stats(self) -> "tuple[int, int]":
         """(h2d_bytes, d2h_bytes) the library moved to and from this context's
@@ -301,31 +338,45 @@ class Context(_Handle):
         L.kvmem_context_vulkan_device(self.handle, byref(out))
         return {f: int(getattr(out, f) or 0) for f, _ in L.kvmem_vulkan_device._fields_ if f != "struct_size"}
 
-    def pool_create(self, spec: Any, **params: Any) -> "Pool":
-        """A Pool for spec (a ModelSpec or a dict of its fields); params as Pool()."""
+    def pool_create(self, spec: SpecLike, *, block_size: Optional[int] = None,
+                    storage_dtype: Union[str, int, None] = None, capacity_bytes: Optional[int] = None,
+                    max_agents: Optional[int] = None, max_tokens_per_agent: Optional[int] = None,
+                    store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None) -> "Pool":
+        """A Pool for spec (a ModelSpec or a dict of its fields); the parameters as Pool()."""
+        params = _given(locals())
+        del params["spec"]
         return Pool(self, spec, **params)
 
     def close(self) -> None:
+        """Close the context's pools, then free it; calling it again does nothing."""
         for p in list(self._pools):
             p.close()
         super().close()
 
 
 class Pool(_Handle):
-    """kvmem_pool for one model spec. params: block_size, storage_dtype ("f16",
-    "f32", "bf16" or a code), capacity_bytes, max_agents, max_tokens_per_agent."""
+    """kvmem_pool: the memory of agents of one model spec. block_size (tokens per
+    block, a power of two), storage_dtype ("f16", "f32", "bf16", "q8", "q4",
+    "q4_kivi" or a code), capacity_bytes (host memory for blocks, 0: no limit),
+    max_agents, max_tokens_per_agent, store_dir (a directory where agents
+    persist), host_budget_bytes; None keeps kvmem_pool_default_params()'s value."""
     _kind = "Pool"
 
-    def __init__(self, ctx: Context, spec: Any, **params: Any):
+    def __init__(self, ctx: Context, spec: SpecLike, *, block_size: Optional[int] = None,
+                 storage_dtype: Union[str, int, None] = None, capacity_bytes: Optional[int] = None,
+                 max_agents: Optional[int] = None, max_tokens_per_agent: Optional[int] = None,
+                 store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None) -> None:
+        params = _given(locals())
+        del params["ctx"], params["spec"]
         spec = ModelSpec.of(spec)
         pp = L.kvmem_pool_default_params()
         for k, val in params.items():
             if k == "storage_dtype" and isinstance(val, str):
                 if val.lower() not in _STORAGE:
-                    raise ValueError(f"kvmem: storage_dtype {val!r} is not one of {sorted(_STORAGE)}")
+                    raise InvalidArgumentError(f"storage_dtype {val!r} is not one of {sorted(_STORAGE)}")
                 val = _STORAGE[val.lower()]
             if k not in dict(L.kvmem_pool_params._fields_) or k in _NOT_PARAMS:
-                raise TypeError(f"kvmem: Pool() got an unknown parameter {k!r}")
+                raise InvalidTypeError(f"Pool() got an unknown parameter {k!r}")
             if k == "store_dir":
                 val = c_path(val, "store_dir")  # C copies it at create
             setattr(pp, k, val)
@@ -339,6 +390,7 @@ class Pool(_Handle):
         self.spec = self.get_spec()
 
     def close(self) -> None:
+        """Close the pool's segment stores, forget its agents (C frees them), free it; idempotent."""
         if self._h is not None:
             for sg in list(self._segments):
                 sg.close()   # the pool must outlive its segment stores
@@ -346,10 +398,21 @@ class Pool(_Handle):
                 a._forget()  # kvmem_pool_free frees every agent handle
         super().close()
 
-    def segments_create(self, owner: str, **params: Any) -> "Segments":
+    def segments_create(self, owner: str, *, static_after_steps: Optional[int] = None,
+                        max_segments: Optional[int] = None) -> "Segments":
+        """A KEEP segment store whose KV lives in this pool (see Segments)."""
+        params = _given(locals())
+        del params["owner"]
         return Segments(self, owner, **params)
 
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this pool (sync,
+        agent_open, ...), whichever thread made it (kvmem_pool_last_error)."""
+        return _object_error(L.kvmem_pool_last_error, self.handle)
+
     def get_info(self) -> PoolInfo:
+        """kvmem_pool_get_info: bytes used, capacity, agents, block size, storage dtype."""
         info = L.kvmem_pool_info()
         L.kvmem_pool_get_info(self.handle, byref(info))
         return from_struct(PoolInfo, info)
@@ -365,6 +428,7 @@ class Pool(_Handle):
         return spec
 
     def agent_id(self, index: int) -> str:
+        """kvmem_pool_agent_id: the id of the agent at index (agents sorted by id)."""
         n = c_size_t()
         L.kvmem_pool_agent_id(self.handle, index, None, 0, byref(n))
         buf = ctypes.create_string_buffer(n.value + 1)
@@ -372,6 +436,7 @@ class Pool(_Handle):
         return _s(buf.value)
 
     def agent_ids(self) -> List[str]:
+        """The ids of every agent in the pool, sorted."""
         return [self.agent_id(i) for i in range(self.get_info().n_agents)]
 
     def sync(self) -> None:
@@ -379,9 +444,10 @@ class Pool(_Handle):
         L.kvmem_pool_sync(self.handle)
 
     def agent_open(self, agent_id: str) -> "Agent":
+        """kvmem_agent_open: the agent of that id (created empty, or the one the pool's store holds)."""
         return Agent(self, agent_id)
 
-    def agent_open_file(self, path: Any, *, verify: bool = True) -> "Agent":
+    def agent_open_file(self, path: PathLike, *, verify: bool = True) -> "Agent":
         """kvmem_agent_open_file (experimental): a saved agent file opened in place, read-only;
         its KV blocks stay in the file and are read when used, so the agent may be larger
         than capacity_bytes. The agent takes the file's agent id. verify=False skips the
@@ -391,6 +457,7 @@ class Pool(_Handle):
         return Agent._adopt(self, h.value)
 
     def remove_agent(self, agent_id: str) -> None:
+        """kvmem_pool_remove_agent: drop the agent from the pool (and from its store)."""
         L.kvmem_pool_remove_agent(self.handle, c_id(agent_id, "agent id"))
 
 
@@ -398,7 +465,7 @@ class Agent(_Handle):
     """kvmem_agent: one agent's memory in a pool. Open with Pool.agent_open."""
     _kind = "Agent"
 
-    def __init__(self, pool: Pool, agent_id: str):
+    def __init__(self, pool: Pool, agent_id: str) -> None:
         h = c_void_p()
         L.kvmem_agent_open(pool.handle, c_id(agent_id, "agent id"), byref(h))
         self._init_handle(h.value, L.kvmem_agent_close)
@@ -416,17 +483,34 @@ class Agent(_Handle):
         self._kind = f"Agent {self.id!r}"
         return self
 
+    def _span(self, first: Any, n: Any, fn: str) -> Tuple[int, int]:
+        """first and n (None: to the end) checked against the agent's tokens before
+        an output of n tokens is allocated (n = 2**40 would ask for terabytes)."""
+        first = _ints.check(first, "first", ctypes.c_int64)
+        total = self.get_info().n_tokens
+        n = _ints.check(total - first if n is None else n, "n", ctypes.c_int64)
+        if first < 0 or n < 0 or first > total - n:
+            raise InvalidArgumentError(f"{fn}: tokens [{first}, {first + n}) outside [0, {total})")
+        return first, n
+
     def _kv_shape(self, n: int = -1) -> Tuple[int, int, int, int]:
         s = self.pool.spec
         return (s.n_layers, n, s.n_kv_heads, s.head_dim)
 
     @property
     def id(self) -> str:
+        """The agent's id."""
         return _s(L.kvmem_agent_get_id(self.handle))
 
-    def append(self, k: Any, v: Any, *, token_ids: Any = None, text: Optional[str | bytes] = None,
-               token_text_offsets: Any = None, positions: Any = None,
-               keys_rotated: Optional[bool] = None, dtype: Any = None) -> None:
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this agent, whichever
+        thread made it (kvmem_agent_last_error)."""
+        return _object_error(L.kvmem_agent_last_error, self.handle)
+
+    def append(self, k: TensorLike, v: TensorLike, *, token_ids: Optional[IntsLike] = None, text: Optional[str | bytes] = None,
+               token_text_offsets: Optional[IntsLike] = None, positions: Optional[IntsLike] = None,
+               keys_rotated: Optional[bool] = None, dtype: DTypeLike = None) -> None:
         """Append T tokens. k, v: [n_layers][T][n_kv_heads][head_dim] buffers (any strides;
         flat contiguous buffers are read in that shape). positions (T int32) with
         post-RoPE keys; keys_rotated defaults to positions is not None."""
@@ -434,25 +518,27 @@ class Agent(_Handle):
                  token_text_offsets, positions, keys_rotated, dtype)
 
     def flush(self) -> None:
+        """kvmem_agent_flush: seal the partial last block so retrieval sees it."""
         L.kvmem_agent_flush(self.handle)
 
     def get_info(self) -> AgentInfo:
+        """kvmem_agent_get_info: tokens, blocks, sealed blocks, bytes, text bytes."""
         info = L.kvmem_agent_info()
         L.kvmem_agent_get_info(self.handle, byref(info))
         return from_struct(AgentInfo, info)
 
     def block_info(self, block: int) -> BlockInfo:
+        """kvmem_agent_block_info: a block's first token, token count and whether it is sealed."""
         bi = L.kvmem_block_info()
         L.kvmem_agent_block_info(self.handle, block, byref(bi))
         return from_struct(BlockInfo, bi)
 
-    def read(self, first: int = 0, n: Optional[int] = None, *, k_out: Any = None, v_out: Any = None,
-             dtype: Any = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
+    def read(self, first: int = 0, n: Optional[int] = None, *, k_out: Optional[OutTensor] = None, v_out: Optional[OutTensor] = None,
+             dtype: DTypeLike = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
         """Raw KV of tokens [first, first+n) (n: to the end) as (k, v), each
         [n_layers][n][n_kv_heads][head_dim]. Given k_out/v_out buffers are
         written in place (any strides); otherwise new arrays of dtype."""
-        if n is None:
-            n = self.get_info().n_tokens - first
+        first, n = self._span(first, n, "kvmem_agent_read")
         shape = self._kv_shape(n)
         if keys and k_out is None:
             k_out = B.new_array(shape, dtype)
@@ -482,29 +568,32 @@ class Agent(_Handle):
         return mn, mx
 
     def tokens(self, first: int = 0, n: Optional[int] = None) -> List[int]:
-        if n is None:
-            n = self.get_info().n_tokens - first
+        """The token ids of tokens [first, first+n) (n: to the end); -1 where none was given."""
+        first, n = self._span(first, n, "kvmem_agent_tokens")
         arr = (ctypes.c_int32 * max(n, 1))()
         L.kvmem_agent_tokens(self.handle, first, n, arr)
         return list(arr[:n])
 
     def text_bytes(self) -> bytes:
+        """The text kept with the agent's tokens, as stored (UTF-8 bytes, copied)."""
         p, n = c_void_p(), c_size_t()
         L.kvmem_agent_text(self.handle, byref(p), byref(n))
         return ctypes.string_at(p.value, n.value) if n.value else b""
 
     def text(self) -> str:
+        """The text kept with the agent's tokens, decoded from UTF-8."""
         return self.text_bytes().decode("utf-8", "replace")
 
-    def save(self, path: Optional[str] = None) -> None:
+    def save(self, path: Optional[PathLike] = None) -> None:
         """kvmem_agent_save: crash-safe safetensors file (None: the pool's store)."""
         L.kvmem_agent_save(self.handle, c_path(path))
 
-    def load(self, path: Optional[str] = None) -> None:
+    def load(self, path: Optional[PathLike] = None) -> None:
         """kvmem_agent_load: replace this agent's memory with a saved file (all or nothing)."""
         L.kvmem_agent_load(self.handle, c_path(path))
 
     def truncate(self, n_tokens: int) -> None:
+        """kvmem_agent_truncate: keep the first n_tokens tokens (their blocks, ids and text)."""
         L.kvmem_agent_truncate(self.handle, n_tokens)
 
     def prefix_match(self, new_text: "str | bytes", min_ratio: Optional[float] = None) -> Dict[str, Any]:
@@ -518,19 +607,24 @@ class Agent(_Handle):
         L.kvmem_prefix_match(self.handle, ctypes.c_char_p(tb), len(tb), byref(pp), byref(res))
         return _struct_dict(res)
 
-    def retrieve(self, query: Any, *, result: Optional["Retrieval"] = None, dtype: Any = None,
-                 exclude: Optional[Sequence[int]] = None, always_include: Optional[Sequence[int]] = None,
-                 **params: Any) -> "Retrieval":
+    def retrieve(self, query: TensorLike, *, top_k: Optional[int] = None, mode: Optional[int] = None,
+                 norm: Optional[int] = None, agg: Optional[int] = None, scope: Optional[int] = None,
+                 tau: Optional[float] = None, rr_c: Optional[float] = None, recent_window: Optional[int] = None,
+                 skip_recent: Optional[int] = None, exclude: Optional[IntsLike] = None,
+                 always_include: Optional[IntsLike] = None, result: Optional["Retrieval"] = None,
+                 dtype: DTypeLike = None) -> "Retrieval":
         """kvmem_retrieve: score the sealed blocks against query rows
-        [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE). params: top_k, mode,
-        norm, agg, scope, tau, rr_c, recent_window, skip_recent. Fills and returns
-        `result` (a new Retrieval when None; reuse one to avoid allocations)."""
+        [n_q][n_layers][n_q_heads][head_dim] (raw, pre-RoPE) and keep the top_k.
+        mode (RETRIEVE_AABB / RETRIEVE_EXACT), norm (NORM_SOFTMAX / NORM_RR), agg
+        (AGG_MAX / AGG_SUM), scope (SCOPE_GLOBAL / SCOPE_PER_LAYER), tau, rr_c,
+        recent_window, skip_recent, exclude and always_include (block ids) as in
+        kvmem_retrieve_params; None keeps the default. Fills and returns `result`
+        (a new Retrieval when None; reuse one to avoid allocations)."""
+        params = {k: v for k, v in _given(locals()).items()
+                  if k not in ("query", "exclude", "always_include", "result", "dtype")}
         s = self.pool.spec
         rp = L.kvmem_retrieve_default_params()
         for k, val in params.items():
-            if (k not in dict(L.kvmem_retrieve_params._fields_) or k.startswith("n_") or k in _NOT_PARAMS
-                    or k in ("exclude", "always_include")):
-                raise TypeError(f"kvmem: retrieve() got an unknown parameter {k!r}")
             setattr(rp, k, val)
         held: List[Any] = []
         try:
@@ -549,11 +643,11 @@ class Agent(_Handle):
         finally:
             B.release(*held)
 
-    def gather(self, blocks: Any, base_position: int = 0, *, k_out: Any = None, v_out: Any = None,
-               dtype: Any = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
+    def gather(self, blocks: IntsLike, base_position: int = 0, *, k_out: Optional[OutTensor] = None, v_out: Optional[OutTensor] = None,
+               dtype: DTypeLike = "f32", keys: bool = True, values: bool = True) -> Tuple[Any, Any]:
         """kvmem_gather: the KV of sealed `blocks` concatenated and re-encoded with
         RoPE at positions base_position.. as (k, v) [n_layers][M][n_kv_heads][head_dim]."""
-        ids = [int(b) for b in blocks]
+        ids = [_ints.check(b, f"blocks[{i}]", ctypes.c_int32) for i, b in enumerate(blocks)]
         m = sum(self.block_info(b).n_tokens for b in ids)
         shape = self._kv_shape(m)
         if keys and k_out is None:
@@ -645,7 +739,7 @@ SEG_UNIT_SEGMENT, SEG_UNIT_GROUP = 0, 1
 _FLAGS = {"needs_compute", "converged", "stopped_early"}
 
 
-def _struct_dict(x: Any) -> Dict[str, Any]:
+def _struct_dict(x: OutTensor) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for name, _t in x._fields_:
         if name == "reserved":
@@ -658,18 +752,22 @@ def _struct_dict(x: Any) -> Dict[str, Any]:
 def _params(struct: Any, what: str, params: Dict[str, Any]) -> Any:
     for k, val in params.items():
         if k not in dict(type(struct)._fields_) or k in _NOT_PARAMS:
-            raise TypeError(f"kvmem: {what} got an unknown parameter {k!r}")
+            raise InvalidTypeError(f"{what} got an unknown parameter {k!r}")
         setattr(struct, k, val)
     return struct
 
 
 class Segments(_Handle):
-    """kvmem_segments: a KEEP segment store whose KV lives in a Pool. params:
-    static_after_steps, max_segments. Closing it (or its pool) frees it and
+    """kvmem_segments: a KEEP segment store whose KV lives in a Pool.
+    static_after_steps (steps without a change before a group turns STATIC),
+    max_segments; None keeps the default. Closing it (or its pool) frees it and
     removes its agents from the pool."""
     _kind = "Segments"
 
-    def __init__(self, pool: Pool, owner: str, **params: Any):
+    def __init__(self, pool: Pool, owner: str, *, static_after_steps: Optional[int] = None,
+                 max_segments: Optional[int] = None) -> None:
+        params = _given(locals())
+        del params["pool"], params["owner"]
         sp = _params(L.kvmem_segments_default_params(), "Segments()", params)
         h = c_void_p()
         L.kvmem_segments_create(pool.handle, c_id(owner, "owner"), byref(sp), byref(h))
@@ -678,24 +776,33 @@ class Segments(_Handle):
         pool._segments.add(self)
 
     def add(self, name: str, group: int) -> int:
+        """kvmem_segments_add: a new segment in group; its index."""
         i = ctypes.c_int32()
         L.kvmem_segments_add(self.handle, c_id(name, "segment name"), group, byref(i))
         return i.value
 
     def update(self, index: int) -> None:
+        """kvmem_segments_update: the segment changed (its KV is stale until stored again)."""
         L.kvmem_segments_update(self.handle, index)
 
     def remove(self, index: int) -> None:
+        """kvmem_segments_remove: drop the segment and its KV."""
         L.kvmem_segments_remove(self.handle, index)
 
     def assign(self, index: int, group: int) -> None:
+        """kvmem_segments_assign: move the segment to another group."""
         L.kvmem_segments_assign(self.handle, index, group)
 
     def step(self) -> None:
+        """kvmem_segments_step: one step of time (groups unchanged long enough turn STATIC)."""
         L.kvmem_segments_step(self.handle)
 
     def drain_events(self, max_events: Optional[int] = None) -> List[Dict[str, Any]]:
         """Queued events, oldest first, as dicts (kind, group, segment, step); all of them by default."""
+        if max_events is not None:
+            max_events = _ints.check(max_events, "max_events", ctypes.c_int64)
+            if max_events < 0:
+                raise InvalidArgumentError(f"max_events = {max_events} is negative")
         out: List[Dict[str, Any]] = []
         while max_events is None or len(out) < max_events:
             cap = 64 if max_events is None else min(64, max_events - len(out))
@@ -707,41 +814,46 @@ class Segments(_Handle):
                 break
         return out
 
-    def store_segment(self, index: int, k: Any, v: Any, *, token_ids: Any = None, text: Any = None,
-                      token_text_offsets: Any = None, positions: Any = None,
-                      keys_rotated: Optional[bool] = None, dtype: Any = None) -> None:
+    def store_segment(self, index: int, k: TensorLike, v: TensorLike, *, token_ids: Optional[IntsLike] = None, text: Optional[TextLike] = None,
+                      token_text_offsets: Optional[IntsLike] = None, positions: Optional[IntsLike] = None,
+                      keys_rotated: Optional[bool] = None, dtype: DTypeLike = None) -> None:
         """Hand over the KV of one segment, [n_layers][T][n_kv_heads][head_dim] (as Agent.append)."""
         _call_kv(self.pool.spec, L.kvmem_segments_store_segment, (self.handle, index), k, v, token_ids,
                  text, token_text_offsets, positions, keys_rotated, dtype)
 
-    def store_group(self, group: int, k: Any, v: Any, *, token_ids: Any = None, text: Any = None,
-                    token_text_offsets: Any = None, positions: Any = None,
-                    keys_rotated: Optional[bool] = None, dtype: Any = None) -> None:
+    def store_group(self, group: int, k: TensorLike, v: TensorLike, *, token_ids: Optional[IntsLike] = None, text: Optional[TextLike] = None,
+                    token_text_offsets: Optional[IntsLike] = None, positions: Optional[IntsLike] = None,
+                    keys_rotated: Optional[bool] = None, dtype: DTypeLike = None) -> None:
         """Hand over the joint KV of a STATIC group (members in group_members order)."""
         _call_kv(self.pool.spec, L.kvmem_segments_store_group, (self.handle, group), k, v, token_ids,
                  text, token_text_offsets, positions, keys_rotated, dtype)
 
     def get_info(self) -> SegmentsInfo:
+        """kvmem_segments_get_info: step, segments, groups, static groups, events."""
         x = L.kvmem_segments_info()
         L.kvmem_segments_get_info(self.handle, byref(x))
         return from_struct(SegmentsInfo, x)
 
     def segment_info(self, index: int) -> SegmentInfo:
+        """kvmem_segments_segment_info: a segment's group, state and KV."""
         x = L.kvmem_segment_info()
         L.kvmem_segments_segment_info(self.handle, index, byref(x))
         return from_struct(SegmentInfo, x)
 
     def group_info(self, group: int) -> GroupInfo:
+        """kvmem_segments_group_info: a group's state (STATIC / DYNAMIC), members and KV."""
         x = L.kvmem_group_info()
         L.kvmem_segments_group_info(self.handle, group, byref(x))
         return from_struct(GroupInfo, x)
 
     def find(self, name: str) -> int:
+        """kvmem_segments_find: the index of the segment of that name."""
         i = ctypes.c_int32()
         L.kvmem_segments_find(self.handle, c_id(name, "segment name"), byref(i))
         return i.value
 
     def name(self, index: int) -> str:
+        """kvmem_segments_name: the name of the segment at index."""
         n = c_size_t()
         L.kvmem_segments_name(self.handle, index, None, 0, byref(n))
         buf = ctypes.create_string_buffer(n.value + 1)
@@ -749,13 +861,14 @@ class Segments(_Handle):
         return _s(buf.value)
 
     def group_members(self, group: int) -> List[int]:
+        """kvmem_segments_group_members: the segment indices in a group, in order."""
         n = c_size_t()
         L.kvmem_segments_group_members(self.handle, group, None, 0, byref(n))
         arr = (ctypes.c_int32 * max(n.value, 1))()
         L.kvmem_segments_group_members(self.handle, group, arr, n.value, byref(n))
         return list(arr[:n.value])
 
-    def plan(self, scores: Any = None, max_units: int = 0) -> List[Dict[str, Any]]:
+    def plan(self, scores: Optional[FloatsLike] = None, max_units: int = 0) -> List[Dict[str, Any]]:
         """Units to load for a query, best first: dicts of kind, group, segment,
         needs_compute, score, first_token, n_tokens, agent_id."""
         sp, keep = _in_array(scores, ctypes.c_float, None, "scores")
@@ -802,17 +915,17 @@ def _in_array(obj: Any, ctype: Any, n: Optional[int], what: str) -> Tuple[Any, A
             else:
                 flat.append(x)
         if n is not None and len(flat) != n:
-            raise ValueError(f"kvmem: {what} has {len(flat)} values, expected {n}")
-        arr = (ctype * max(len(flat), 1))(*flat)
+            raise InvalidArgumentError(f"{what} has {len(flat)} values, expected {n}")
+        arr = _ints.array(ctype, flat, what) if flat else (ctype * 1)()
         return ctypes.cast(arr, c_void_p), _Copied(arr, len(flat))
     v = B.View(obj, False, what)
     try:
         if v.format not in _FMT[ctype] or v.itemsize != ctypes.sizeof(ctype):
-            raise TypeError(f"kvmem: {what} must hold {ctype.__name__[2:]} values, got format {v.format!r}")
+            raise InvalidTypeError(f"{what} must hold {ctype.__name__[2:]} values, got format {v.format!r}")
         if not v.contiguous():
-            raise TypeError(f"kvmem: {what} must be contiguous")
+            raise InvalidTypeError(f"{what} must be contiguous")
         if n is not None and v.count() != n:
-            raise ValueError(f"kvmem: {what} has {v.count()} values, expected {n}")
+            raise InvalidArgumentError(f"{what} has {v.count()} values, expected {n}")
         return c_void_p(v.address), v
     except BaseException:
         v.close()
@@ -829,9 +942,12 @@ def _to_result(arr: Any, n: int, np_dtype: str) -> Any:
     return list(arr[:n])
 
 
-def cluster_kmeans(emb: Any, n: int, dim: int, **params: Any) -> Tuple[Any, Any, int]:
-    """kvmem_cluster_kmeans over emb [n][dim] f32: (labels, centroids [k][dim], iters).
-    params: k, max_iters, seed."""
+def cluster_kmeans(emb: FloatsLike, n: int, dim: int, *, k: Optional[int] = None, max_iters: Optional[int] = None,
+                   seed: Optional[int] = None) -> Tuple[Array, Array, int]:
+    """kvmem_cluster_kmeans over emb [n][dim] f32, cosine k-means into k groups:
+    (labels, centroids [k][dim], iterations run). max_iters, seed; None keeps the default."""
+    params = {key: val for key, val in _given(locals()).items() if key not in ("emb", "n", "dim")}
+    n, dim = _ints.check(n, "n", c_size_t), _ints.check(dim, "dim", c_size_t)
     kp = _params(L.kvmem_kmeans_default_params(), "cluster_kmeans()", params)
     ep, keep = _in_array(emb, ctypes.c_float, n * dim, "emb")
     try:
@@ -844,11 +960,16 @@ def cluster_kmeans(emb: Any, n: int, dim: int, **params: Any) -> Tuple[Any, Any,
     return _to_result(labels, n, "int32"), _to_result(cents, kp.k * dim, "float32"), it.value
 
 
-def multihop_select(q2s: Any, n_query: int, s2s: Any, n_segments: int, candidates: Any = None,
-                    **params: Any) -> Tuple[Any, Any, Dict[str, Any]]:
+def multihop_select(q2s: FloatsLike, n_query: int, s2s: FloatsLike, n_segments: int,
+                    candidates: Optional[IntsLike] = None, *, ratio: Optional[float] = None,
+                    max_iters: Optional[int] = None) -> Tuple[Array, Array, Dict[str, Any]]:
     """kvmem_multihop_select: (selected 0/1 per segment, importance, result dict).
     q2s [n_query][n_segments], s2s [n_segments][n_segments] f32; candidates 0/1 bytes or None.
-    params: ratio, max_iters."""
+    ratio (the fraction kept), max_iters; None keeps the default."""
+    params = {key: val for key, val in _given(locals()).items()
+              if key not in ("q2s", "n_query", "s2s", "n_segments", "candidates")}
+    n_query = _ints.check(n_query, "n_query", ctypes.c_int32)
+    n_segments = _ints.check(n_segments, "n_segments", ctypes.c_int32)
     mp = _params(L.kvmem_multihop_default_params(), "multihop_select()", params)
     held: List[Any] = []
     try:
@@ -869,16 +990,23 @@ def multihop_select(q2s: Any, n_query: int, s2s: Any, n_segments: int, candidate
 
 def multihop_schedule(n_layers: int, avg: float) -> Any:
     """kvmem_multihop_schedule: per-layer recompute ratios (n_layers floats)."""
+    n_layers = _ints.check(n_layers, "n_layers", ctypes.c_int32)
     out = _out_array(ctypes.c_float, n_layers)
     L.kvmem_multihop_schedule(n_layers, avg, out)
     return _to_result(out, n_layers, "float32")
 
 
-def load_plan(compute_ms: Any, n_layers: int, load_bytes: Any, n_segments: int, recompute: Any,
-              **params: Any) -> Tuple[List[Dict[str, Any]], Any, Dict[str, Any]]:
+def load_plan(compute_ms: FloatsLike, n_layers: int, load_bytes: IntsLike, n_segments: int, recompute: IntsLike,
+              *, bandwidth_gbps: Optional[float] = None,
+              max_ahead: Optional[int] = None) -> Tuple[List[Dict[str, Any]], Array, Dict[str, Any]]:
     """kvmem_load_plan: (items of the balanced plan, layer_start_ms, stats).
     compute_ms n_layers f64, load_bytes n_segments u64, recompute [n_layers][n_segments] 0/1 bytes.
-    params: bandwidth_gbps, max_ahead."""
+    bandwidth_gbps (the load stream's speed), max_ahead (layers a load may run
+    ahead); None keeps the default."""
+    params = {key: val for key, val in _given(locals()).items()
+              if key not in ("compute_ms", "n_layers", "load_bytes", "n_segments", "recompute")}
+    n_layers = _ints.check(n_layers, "n_layers", ctypes.c_int32)
+    n_segments = _ints.check(n_segments, "n_segments", ctypes.c_int32)
     lp = _params(L.kvmem_load_plan_default_params(), "load_plan()", params)
     held: List[Any] = []
     try:
@@ -903,15 +1031,16 @@ def load_plan(compute_ms: Any, n_layers: int, load_bytes: Any, n_segments: int, 
 PREFIX_EXACT, PREFIX_EXTEND, PREFIX_DIVERGE = 0, 1, 2
 
 
-def batch_merge(agents: Sequence[Agent], layer: int, max_len: Optional[int] = None, *, k_out: Any = None,
-                v_out: Any = None, dtype: Any = "f32") -> Tuple[Any, Any, List[int]]:
+def batch_merge(agents: Sequence[Agent], layer: int, max_len: Optional[int] = None, *, k_out: Optional[OutTensor] = None,
+                v_out: Optional[OutTensor] = None, dtype: DTypeLike = "f32") -> Tuple[Any, Any, List[int]]:
     """kvmem_batch_merge: one layer of several agents, left-padded, as
     (k, v [B][n_kv_heads][max_len][head_dim], lengths)."""
     if not agents:
-        raise ValueError("kvmem: batch_merge needs at least one agent")
+        raise InvalidArgumentError("batch_merge needs at least one agent")
     s = agents[0].pool.spec
     if max_len is None:
         max_len = max(a.get_info().n_tokens for a in agents)
+    max_len = _ints.check(max_len, "max_len", ctypes.c_int64)
     shape = (len(agents), s.n_kv_heads, max_len, s.head_dim)
     if k_out is None:
         k_out = B.new_array(shape, dtype)
@@ -931,15 +1060,15 @@ def batch_merge(agents: Sequence[Agent], layer: int, max_len: Optional[int] = No
     return k_out, v_out, list(lengths)
 
 
-def batch_extract(batch: Any, row: int, length: int, first: int, n: int, *, out: Any = None,
-                  dtype: Any = None) -> Any:
+def batch_extract(batch: TensorLike, row: int, length: int, first: int, n: int, *, out: Optional[OutTensor] = None,
+                  dtype: DTypeLike = None) -> Any:
     """kvmem_batch_extract: n tokens of row `row` of a left-padded batch
     [B][n_kv_heads][max_len][head_dim], as [n][n_kv_heads][head_dim]."""
     bt, bv = B.tensor(batch, "batch", None, dtype)
     try:
         if bt.ndim != 4:
-            raise ValueError("kvmem: batch must be [B][n_kv_heads][max_len][head_dim]")
-        shape = (n, bt.shape[1], bt.shape[3])
+            raise InvalidArgumentError("batch must be [B][n_kv_heads][max_len][head_dim]")
+        shape = (_ints.check(n, "n", ctypes.c_int64), bt.shape[1], bt.shape[3])
         if out is None:
             out = B.new_array(shape, "f32")
         ot, ov = B.tensor(out, "out", shape, None, writable=True)

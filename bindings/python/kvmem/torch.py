@@ -29,6 +29,16 @@ in one allocation): the tuple is usable as ``past_key_values`` directly
 (``DynamicCache.from_legacy_cache(past)`` for transformers versions that want
 a Cache object). dtypes: float32, float16, bfloat16.
 
+Besides torch tensors, every tensor argument takes any object exporting
+DLPack (``__dlpack__``: numpy >= 1.22 arrays, CuPy, JAX, ...) or a DLPack
+capsule (``torch.utils.dlpack.to_dlpack``): it is imported with
+``torch.utils.dlpack.from_dlpack``, sharing the producer's memory (no copy,
+its strides kept) and keeping the producer alive while kvmem uses it. A
+capsule is consumed once (the same capsule may appear several times in one
+call; a used one is refused). The capsule is read first, so a dtype kvmem
+does not take, negative strides or another device are refused before
+anything consumes it.
+
 Device tensors are refused with a message saying to move them to the CPU:
 kvmem's C ABI takes host memory until device tensors are part of it.
 """
@@ -45,8 +55,10 @@ except ImportError as e:  # pragma: no cover - the suite skips without torch
     raise ImportError("kvmem.torch needs PyTorch (Debian: apt-get install python3-torch; "
                       "or pip install torch); `import kvmem` works without it") from e
 
+from . import _dlpack
+from . import _ints
 from . import _lib as L
-from ._errors import UnsupportedError
+from ._errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 from ._objects import F16, F32, BF16, Agent, Retrieval
 
 __all__ = ["append", "kv_views", "query_view", "retrieve", "gather", "read", "QueryCapture", "TensorView"]
@@ -75,18 +87,45 @@ class TensorView:
         return tuple(self.c.strides[i] for i in range(self.c.ndim))
 
 
+def _refuse_device(what: str, device: Any) -> None:
+    # Where device tensors go once kvmem's C ABI takes them: until then, host memory only.
+    raise UnsupportedError(
+        f"kvmem.torch: {what} is on {device}; kvmem's C ABI reads and writes host memory only "
+        f"(device tensors are not in it yet): move it to the CPU first, e.g. "
+        f"tuple((k.cpu(), v.cpu()) for k, v in past_key_values)")
+
+
+def _as_tensor(x: Any, what: str, memo: Optional[dict] = None) -> Any:
+    """x itself when it is a torch.Tensor (or nothing DLPack: _check refuses it);
+    a DLPack export as a torch.Tensor over the producer's memory. memo maps the
+    capsules already imported in this call (a capsule is consumed once)."""
+    if isinstance(x, _torch.Tensor) or not _dlpack.is_dlpack(x):
+        return x
+    if memo is not None and id(x) in memo:
+        return memo[id(x)][1]
+    cap = _dlpack.export(x, f"kvmem.torch: {what}", lambda dev: _refuse_device(what, dev))
+    info = _dlpack.peek(cap, f"kvmem.torch: {what}")
+    if not info.on_host:
+        _refuse_device(what, info.device_name)
+    if info.dtype is None:
+        raise InvalidTypeError(f"kvmem.torch: {what} is {info.dtype_name} (DLPack); kvmem takes float32, "
+                        f"float16 or bfloat16")
+    t = _torch.utils.dlpack.from_dlpack(cap)
+    if memo is not None and cap is x:
+        memo[id(x)] = (x, t)  # the capsule is kept so its id stays unique for the call
+    return t
+
+
 def _check(t: Any, what: str) -> None:
     if not isinstance(t, _torch.Tensor):
-        raise TypeError(f"kvmem.torch: {what} must be a torch.Tensor, got {type(t).__name__}")
+        raise InvalidTypeError(f"kvmem.torch: {what} must be a torch.Tensor or an object exporting "
+                               f"DLPack (__dlpack__), got {type(t).__name__}")
     if t.device.type != "cpu":
-        raise UnsupportedError(
-            f"kvmem.torch: {what} is on {t.device}; kvmem's C ABI reads and writes host memory only "
-            f"(device tensors are not in it yet): move it to the CPU first, e.g. "
-            f"tuple((k.cpu(), v.cpu()) for k, v in past_key_values)")
+        _refuse_device(what, t.device)
     if t.layout != _torch.strided:
-        raise TypeError(f"kvmem.torch: {what} has layout {t.layout}; kvmem takes dense (strided) tensors")
+        raise InvalidTypeError(f"kvmem.torch: {what} has layout {t.layout}; kvmem takes dense (strided) tensors")
     if t.dtype not in _DTYPES:
-        raise TypeError(f"kvmem.torch: {what} is {t.dtype}; kvmem takes float32, float16 or bfloat16")
+        raise InvalidTypeError(f"kvmem.torch: {what} is {t.dtype}; kvmem takes float32, float16 or bfloat16")
 
 
 def _ctensor(ptr: int, dtype: Any, shape: Sequence[int], strides: Sequence[int]) -> L.kvmem_tensor:
@@ -126,25 +165,28 @@ def _layers(cache: Any, what: str) -> Tuple[List[Any], List[Any]]:
         ks, vs = [], []
         for i, pair in enumerate(cache):
             if not isinstance(pair, (list, tuple)) or len(pair) < 2:
-                raise TypeError(f"kvmem.torch: {what}[{i}] must be a (k, v) pair, got {type(pair).__name__}")
+                raise InvalidTypeError(f"kvmem.torch: {what}[{i}] must be a (k, v) pair, got {type(pair).__name__}")
             ks.append(pair[0])
             vs.append(pair[1])
     else:
-        raise TypeError(f"kvmem.torch: {what} must be a tuple of (k, v) per layer or an object with "
+        raise InvalidTypeError(f"kvmem.torch: {what} must be a tuple of (k, v) per layer or an object with "
                         f"key_cache/value_cache lists (HF DynamicCache), got {type(cache).__name__}")
     if not ks or len(ks) != len(vs):
-        raise ValueError(f"kvmem.torch: {what} has {len(ks)} key and {len(vs)} value layers")
+        raise InvalidArgumentError(f"kvmem.torch: {what} has {len(ks)} key and {len(vs)} value layers")
+    memo: dict = {}
+    ks = [_as_tensor(t, f"{what} layer {i} k", memo) for i, t in enumerate(ks)]
+    vs = [_as_tensor(t, f"{what} layer {i} v", memo) for i, t in enumerate(vs)]
     for name, lst in (("k", ks), ("v", vs)):
         for i, t in enumerate(lst):
             _check(t, f"{what} layer {i} {name}")
             if t.dim() != 4:
-                raise ValueError(f"kvmem.torch: {what} layer {i} {name} has shape {tuple(t.shape)}; "
+                raise InvalidArgumentError(f"kvmem.torch: {what} layer {i} {name} has shape {tuple(t.shape)}; "
                                  f"expected [batch, n_kv_heads, seq, head_dim]")
             if t.shape != lst[0].shape or t.dtype != lst[0].dtype:
-                raise ValueError(f"kvmem.torch: {what} layer {i} {name} is {tuple(t.shape)} {t.dtype}, "
+                raise InvalidArgumentError(f"kvmem.torch: {what} layer {i} {name} is {tuple(t.shape)} {t.dtype}, "
                                  f"layer 0 is {tuple(lst[0].shape)} {lst[0].dtype}")
     if ks[0].shape != vs[0].shape:
-        raise ValueError(f"kvmem.torch: {what}: keys are {tuple(ks[0].shape)}, values {tuple(vs[0].shape)}")
+        raise InvalidArgumentError(f"kvmem.torch: {what}: keys are {tuple(ks[0].shape)}, values {tuple(vs[0].shape)}")
     return ks, vs
 
 
@@ -160,7 +202,7 @@ def _head_major(ts: List[Any], b: int, start: int, stop: int, writable: bool, wh
         return TensorView(_ctensor(t0.data_ptr() + off * t0.element_size(), t0.dtype, shape,
                                    (step, ss, sh, sd)), ts, False)
     if writable:
-        raise ValueError(f"kvmem.torch: {what}: the layers are separate allocations, not evenly spaced "
+        raise InvalidArgumentError(f"kvmem.torch: {what}: the layers are separate allocations, not evenly spaced "
                          f"in memory, so no single view can write into them; gather into new tensors "
                          f"(out=None) or give a cache whose layers are slices of one tensor")
     st = _torch.stack([t[b, :, start:stop] for t in ts])  # [L, heads, T, dim]: one copy, head-major kept
@@ -175,10 +217,10 @@ def kv_views(cache: Any, *, batch_index: int = 0, start: int = 0, stop: Optional
     ks, vs = _layers(cache, "cache")
     B, _, S, _ = ks[0].shape
     if not 0 <= batch_index < B:
-        raise ValueError(f"kvmem.torch: batch_index {batch_index} is outside the cache's batch of {B}")
+        raise InvalidArgumentError(f"kvmem.torch: batch_index {batch_index} is outside the cache's batch of {B}")
     stop = S if stop is None else stop
     if not 0 <= start <= stop <= S:
-        raise ValueError(f"kvmem.torch: tokens [{start}, {stop}) are outside the cache's {S} positions")
+        raise InvalidArgumentError(f"kvmem.torch: tokens [{start}, {stop}) are outside the cache's {S} positions")
     return (_head_major(ks, batch_index, start, stop, writable, "cache keys"),
             _head_major(vs, batch_index, start, stop, writable, "cache values"))
 
@@ -189,10 +231,10 @@ def _int32s(x: Any, what: str, n: int) -> Tuple[Any, Any]:
         return None, None
     if isinstance(x, _torch.Tensor):
         x = x.reshape(-1).tolist()
-    vals = [int(i) for i in x]
+    vals = list(x)
     if len(vals) != n:
-        raise ValueError(f"kvmem.torch: {what} has {len(vals)} entries, expected {n}")
-    arr = (ctypes.c_int32 * max(n, 1))(*vals)
+        raise InvalidArgumentError(f"kvmem.torch: {what} has {len(vals)} entries, expected {n}")
+    arr = _ints.array(ctypes.c_int32, vals, what) if n else (ctypes.c_int32 * 1)()
     return ctypes.cast(arr, L.i32_p), arr
 
 
@@ -207,7 +249,7 @@ def append(agent: Agent, cache: Any, *, batch_index: int = 0, start: int = 0, st
     kv, vv = kv_views(cache, batch_index=batch_index, start=start, stop=stop)
     T = kv.shape[1]
     if isinstance(positions, bool):
-        raise TypeError("kvmem.torch: positions must be the first position (an int) or T of them, not a bool")
+        raise InvalidTypeError("kvmem.torch: positions must be the first position (an int) or T of them, not a bool")
     try:  # one integer (int, numpy or 0-d tensor): the first position, the rest follow on
         first = operator.index(positions) if positions is not None else None
     except TypeError:
@@ -237,25 +279,27 @@ def query_view(queries: Any, spec: L.kvmem_model_spec, *, batch_index: int = 0) 
     [batch, n_q_heads, q_len, head_dim] (HF's query_states before RoPE)."""
     if isinstance(queries, QueryCapture):
         queries = queries.queries(spec, batch_index=batch_index)
+    queries = _as_tensor(queries, "queries")
     if isinstance(queries, _torch.Tensor):
         _check(queries, "queries")
         if queries.dim() != 4:
-            raise ValueError(f"kvmem.torch: queries has shape {tuple(queries.shape)}; expected "
+            raise InvalidArgumentError(f"kvmem.torch: queries has shape {tuple(queries.shape)}; expected "
                              f"[n_q, n_layers, n_q_heads, head_dim] (or one [batch, n_q_heads, q_len, "
                              f"head_dim] tensor per layer)")
         return TensorView(_ctensor(queries.data_ptr(), queries.dtype, queries.shape, queries.stride()),
                           queries, False)
-    qs = list(queries)
+    memo: dict = {}
+    qs = [_as_tensor(q, f"queries layer {i}", memo) for i, q in enumerate(queries)]
     if not qs:
-        raise ValueError("kvmem.torch: queries: no layers")
+        raise InvalidArgumentError("kvmem.torch: queries: no layers")
     for i, q in enumerate(qs):
         _check(q, f"queries layer {i}")
         if q.dim() != 4 or q.shape != qs[0].shape or q.dtype != qs[0].dtype:
-            raise ValueError(f"kvmem.torch: queries layer {i} is {tuple(q.shape)} {q.dtype}; every layer "
+            raise InvalidArgumentError(f"kvmem.torch: queries layer {i} is {tuple(q.shape)} {q.dtype}; every layer "
                              f"must be [batch, n_q_heads, q_len, head_dim] like layer 0 "
                              f"({tuple(qs[0].shape)} {qs[0].dtype})")
     if not 0 <= batch_index < qs[0].shape[0]:
-        raise ValueError(f"kvmem.torch: batch_index {batch_index} is outside the queries' batch of "
+        raise InvalidArgumentError(f"kvmem.torch: batch_index {batch_index} is outside the queries' batch of "
                          f"{qs[0].shape[0]}")
     view = _head_major(qs, batch_index, 0, qs[0].shape[2], False, "queries")
     c = view.c  # [L][q_len][heads][dim] -> [q_len][L][heads][dim]
@@ -266,20 +310,23 @@ def query_view(queries: Any, spec: L.kvmem_model_spec, *, batch_index: int = 0) 
 
 def retrieve(agent: Agent, queries: Any, *, batch_index: int = 0, result: Optional[Retrieval] = None,
              exclude: Optional[Iterable[int]] = None, always_include: Optional[Iterable[int]] = None,
-             **params: Any) -> Retrieval:
-    """kvmem_retrieve with an engine's pre-RoPE query states (see query_view).
-    params: those of Agent.retrieve (top_k, mode, norm, agg, scope, tau, rr_c,
-    recent_window, skip_recent)."""
+             top_k: Optional[int] = None, mode: Optional[int] = None, norm: Optional[int] = None,
+             agg: Optional[int] = None, scope: Optional[int] = None, tau: Optional[float] = None,
+             rr_c: Optional[float] = None, recent_window: Optional[int] = None,
+             skip_recent: Optional[int] = None) -> Retrieval:
+    """kvmem_retrieve with an engine's pre-RoPE query states (see query_view);
+    top_k, mode, norm, agg, scope, tau, rr_c, recent_window, skip_recent as in
+    Agent.retrieve (None keeps the default)."""
     rp = L.kvmem_retrieve_default_params()
-    for k, val in params.items():
-        if k not in dict(L.kvmem_retrieve_params._fields_) or k.startswith("n_") or k in ("exclude", "always_include"):
-            raise TypeError(f"kvmem: retrieve() got an unknown parameter {k!r}")
-        setattr(rp, k, val)
+    for k, val in ((k, v) for k, v in locals().items() if k in (
+            "top_k", "mode", "norm", "agg", "scope", "tau", "rr_c", "recent_window", "skip_recent")):
+        if val is not None:
+            setattr(rp, k, val)
     held: List[Any] = []
     for name, lst in (("exclude", exclude), ("always_include", always_include)):
         if lst is not None:
-            vals = [int(i) for i in lst]
-            arr = (ctypes.c_int32 * max(len(vals), 1))(*vals)
+            vals = list(lst)
+            arr = _ints.array(ctypes.c_int32, vals, name) if vals else (ctypes.c_int32 * 1)()
             held.append(arr)
             setattr(rp, name, ctypes.cast(arr, L.i32_p))
             setattr(rp, "n_" + name, len(vals))
@@ -293,7 +340,7 @@ def _new_cache(spec: L.kvmem_model_spec, n: int, dtype: Any) -> Tuple[Any, Any, 
     """K, V [n_layers, 1, n_kv_heads, n, head_dim] (one allocation each) and the
     per-layer ((k, v), ...) tuple of views into them."""
     if dtype not in _DTYPES:
-        raise TypeError(f"kvmem.torch: dtype {dtype} is not float32, float16 or bfloat16")
+        raise InvalidTypeError(f"kvmem.torch: dtype {dtype} is not float32, float16 or bfloat16")
     shape = (spec.n_layers, 1, spec.n_kv_heads, n, spec.head_dim)
     K, V = _torch.empty(shape, dtype=dtype), _torch.empty(shape, dtype=dtype)
     return K, V, tuple((K[i], V[i]) for i in range(spec.n_layers))
@@ -315,7 +362,7 @@ def gather(agent: Agent, blocks: Iterable[int], base_position: int = 0, *, dtype
     layer, each [1, n_kv_heads, M, head_dim] of dtype. out: an existing cache to
     write into instead (row batch_index, seq positions out_start..), its layers
     slices of one tensor; it is returned."""
-    ids = [int(b) for b in blocks]
+    ids = [_ints.check(b, f"blocks[{i}]", ctypes.c_int32) for i, b in enumerate(blocks)]
     m = sum(agent.block_info(b).n_tokens for b in ids)
     kv, vv, out = _out_views(out, agent.pool.spec, m, dtype, batch_index, out_start)
     arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
@@ -340,7 +387,7 @@ def read(agent: Agent, first: int = 0, n: Optional[int] = None, *, dtype: Any = 
             return tuple((k.to(dtype), v.to(dtype)) for k, v in f32)
         ks, vs = _layers(out, "out")
         if not (0 <= batch_index < ks[0].shape[0] and 0 <= out_start <= out_start + n <= ks[0].shape[2]):
-            raise ValueError(f"kvmem.torch: out: row {batch_index}, tokens [{out_start}, {out_start + n}) "
+            raise InvalidArgumentError(f"kvmem.torch: out: row {batch_index}, tokens [{out_start}, {out_start + n}) "
                              f"are outside its shape {tuple(ks[0].shape)}")
         for i, (k, v) in enumerate(f32):
             ks[i][batch_index, :, out_start:out_start + n].copy_(k[0])
@@ -355,7 +402,7 @@ def read(agent: Agent, first: int = 0, n: Optional[int] = None, *, dtype: Any = 
         for k in _layers(out, "out")[0]:
             rows = k[batch_index, :, out_start:out_start + n]  # [heads, n, dim]
             if rows.stride(2) != 1:
-                raise ValueError("kvmem.torch: read(rotate=True): out's head_dim must be contiguous")
+                raise InvalidArgumentError("kvmem.torch: read(rotate=True): out's head_dim must be contiguous")
             for h in range(rows.shape[0]):  # one call per head: its n rows are evenly spaced
                 L.kvmem_rope_apply(byref(spec), c_void_p(rows[h].data_ptr()), n, rows.stride(1),
                                    c_void_p(pos.data_ptr()), 0)
@@ -374,10 +421,10 @@ class QueryCapture:
     def __init__(self, model: Any = None, *, name: str = "q_proj", modules: Optional[Sequence[Any]] = None):
         if modules is None:
             if model is None:
-                raise TypeError("kvmem.torch: QueryCapture needs a model or modules=[...]")
+                raise InvalidTypeError("kvmem.torch: QueryCapture needs a model or modules=[...]")
             modules = [m for n, m in model.named_modules() if n == name or n.endswith("." + name)]
             if not modules:
-                raise ValueError(f"kvmem.torch: QueryCapture: no module named {name!r} in "
+                raise InvalidArgumentError(f"kvmem.torch: QueryCapture: no module named {name!r} in "
                                  f"{type(model).__name__}; pass name= (the query projection's "
                                  f"attribute name) or modules=[one per layer]")
         self._rows: List[List[Any]] = [[] for _ in modules]
@@ -414,15 +461,23 @@ class QueryCapture:
         per_layer = []
         for i, rows in enumerate(self._rows):
             if not rows:
-                raise ValueError(f"kvmem.torch: QueryCapture: layer {i} has seen no forward pass")
+                raise InvalidArgumentError(f"kvmem.torch: QueryCapture: layer {i} has seen no forward pass")
             x = _torch.cat([r if r.dim() == 3 else r.unsqueeze(0) for r in rows], dim=1)
             if x.shape[-1] != H * D:
-                raise ValueError(f"kvmem.torch: QueryCapture: layer {i}'s projection gives {x.shape[-1]} "
+                raise InvalidArgumentError(f"kvmem.torch: QueryCapture: layer {i}'s projection gives {x.shape[-1]} "
                                  f"values per token, the model spec n_q_heads * head_dim = {H * D}")
             if not 0 <= batch_index < x.shape[0]:
-                raise ValueError(f"kvmem.torch: batch_index {batch_index} is outside the batch of {x.shape[0]}")
+                raise InvalidArgumentError(f"kvmem.torch: batch_index {batch_index} is outside the batch of {x.shape[0]}")
             per_layer.append(x[batch_index].reshape(x.shape[1], H, D))
         n = {p.shape[0] for p in per_layer}
         if len(n) != 1:
-            raise ValueError(f"kvmem.torch: QueryCapture: layers saw different numbers of tokens {sorted(n)}")
+            raise InvalidArgumentError(f"kvmem.torch: QueryCapture: layers saw different numbers of tokens {sorted(n)}")
         return _torch.stack(per_layer, dim=1)
+
+
+def __getattr__(name: str) -> Any:
+    # kvmem.torch.KvmemCache: the HF-style cache lives in kvmem.hf, which imports this module
+    if name == "KvmemCache":
+        from .hf import KvmemCache
+        return KvmemCache
+    raise AttributeError(f"module 'kvmem.torch' has no attribute {name!r}")

@@ -54,7 +54,7 @@ def test_pool_params_and_spec_validation():
     with kvmem.Context("cpu", 1) as ctx:
         with pytest.raises(kvmem.InvalidArgumentError, match="block"):
             ctx.pool_create(spec(), block_size=3)
-        with pytest.raises(TypeError, match="unknown parameter"):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
             ctx.pool_create(spec(), blocksize=4)
         bad = kvmem.ModelSpec(n_layers=1, n_q_heads=3, n_kv_heads=2, head_dim=4)
         with pytest.raises(kvmem.InvalidArgumentError) as ei:

@@ -53,10 +53,10 @@ def test_struct_size_zero_is_refused_with_the_libraries_message():
 def test_struct_size_and_reserved_are_not_parameters():
     ctx = kvmem.Context("cpu", 1)
     pool = ctx.pool_create(kvmem.ModelSpec(n_layers=1, n_q_heads=2, n_kv_heads=1, head_dim=4))
-    with pytest.raises(TypeError, match="unknown parameter 'struct_size'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'struct_size'"):
         kvmem.Segments(pool, "s", struct_size=8)
-    with pytest.raises(TypeError, match="unknown parameter 'struct_size'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'struct_size'"):
         ctx.pool_create(kvmem.ModelSpec(n_layers=1, n_q_heads=2, n_kv_heads=1, head_dim=4), struct_size=8)
-    with pytest.raises(TypeError, match="unknown parameter 'reserved'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'reserved'"):
         kvmem.cluster_kmeans([1.0, 0.0, 0.0, 1.0], 2, 2, k=1, reserved=1)
     ctx.close()

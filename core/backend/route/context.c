@@ -98,6 +98,7 @@ kvmem_status kvmem_context_create(const kvmem_context_params *params, kvmem_cont
 
     kvmem_context *ctx = kvm_calloc(1, sizeof *ctx);
     if (!ctx) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_context_create: out of memory for the context");
+    kvm_errslot_init(&ctx->err);
     int n = p.n_threads;
     if (n == 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -149,4 +150,8 @@ kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx) {
     atomic_store_explicit(&ctx->h2d_bytes, 0, memory_order_relaxed);
     atomic_store_explicit(&ctx->d2h_bytes, 0, memory_order_relaxed);
     return KVMEM_OK;
+}
+
+size_t kvmem_context_last_error(const kvmem_context *ctx, char *buf, size_t size) {
+    return kvm_errslot_copy(ctx ? (kvm_errslot *)(uintptr_t)&ctx->err : NULL, buf, size); /* its lock changes */
 }

@@ -2,6 +2,7 @@
 #ifndef KVMEM_CONTEXT_H
 #define KVMEM_CONTEXT_H
 
+#include "../../internal.h"
 #include "../backend.h"
 #include "../../cpu/threadpool.h"
 
@@ -17,6 +18,7 @@ struct kvmem_context {
      * context's backends (kvmem_context_transfer_stats); atomic: agents of
      * one context run on many threads */
     _Atomic uint64_t h2d_bytes, d2h_bytes;
+    kvm_errslot err; /* kvmem_context_last_error: calls on the context (kvmem_attend, kvmem_qmem_score) */
 };
 
 /* Every buffer_upload / buffer_download the core issues goes through these,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -36,17 +37,34 @@ func wordKV(words []string) []float32 {
 	return k
 }
 
+// caller: one request; body nil = none, []byte = as it is, anything else JSON
 type caller func(method, path string, body any) (int, map[string]any)
 
-// startSvc runs the service on a free loopback port with this store
-// directory ("" = none) until the test ends; its log goes to logBuf.
+// testEnv: the settings every test service gets (the tests' model dims), then env
+func testEnv(env map[string]string) func(string) string {
+	base := map[string]string{"KVMEM_LAYERS": fmt.Sprint(tL), "KVMEM_Q_HEADS": fmt.Sprint(tHQ), "KVMEM_KV_HEADS": fmt.Sprint(tHKV),
+		"KVMEM_HEAD_DIM": fmt.Sprint(tD), "KVMEM_ACCESS_LOG": "off"}
+	for k, v := range env {
+		base[k] = v
+	}
+	return func(k string) string { return base[k] }
+}
+
+// startSvc runs the service in this process on a free loopback port with
+// this store directory ("" = none) until the test ends; its log goes to logBuf.
 func startSvc(t *testing.T, storeDir string, logBuf *bytes.Buffer) caller {
 	t.Helper()
-	spec := kvmem.ModelSpecDefault()
-	spec.NLayers, spec.NQHeads, spec.NKVHeads, spec.HeadDim = tL, tHQ, tHKV, tD
-	params := kvmem.PoolDefaultParams()
-	params.BlockSize = 16
-	svc, err := newService(spec, params, storeDir)
+	_, call := startSvcEnv(t, map[string]string{"KVMEM_STORE_DIR": storeDir}, logBuf)
+	return call
+}
+
+func startSvcEnv(t *testing.T, env map[string]string, logBuf *bytes.Buffer) (string, caller) {
+	t.Helper()
+	cfg, err := loadConfig(testEnv(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := newService(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,29 +87,56 @@ func startSvc(t *testing.T, storeDir string, logBuf *bytes.Buffer) caller {
 		if _, err := http.Get(base + "/health"); err == nil {
 			t.Fatal("the service still answers after it was stopped")
 		}
-		svc.Close()
 	})
+	return base, httpCaller(t, base)
+}
+
+func httpCaller(t *testing.T, base string) caller {
 	return func(method, path string, body any) (int, map[string]any) {
 		t.Helper()
-		var rd *bytes.Reader
-		if body != nil {
-			b, _ := json.Marshal(body)
-			rd = bytes.NewReader(b)
-		} else {
-			rd = bytes.NewReader(nil)
-		}
-		req, _ := http.NewRequest(method, base+path, rd)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, out
+		code, out, _ := do(t, base, method, path, body, nil)
+		return code, out
 	}
+}
+
+// do: one request with headers; a JSON answer decoded, any other returned raw
+func do(t *testing.T, base, method, path string, body any, headers map[string]string) (int, map[string]any, []byte) {
+	t.Helper()
+	var rd *bytes.Reader
+	switch b := body.(type) {
+	case nil:
+		rd = bytes.NewReader(nil)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		j, _ := json.Marshal(body)
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, base+path, rd)
+	if err != nil { // a path Go would not parse (a bad escape) goes as it is
+		req, _ = http.NewRequest(method, base+"/", rd)
+		req.URL.Opaque = path
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(resp.Header.Get("content-type"), "application/json") {
+		return resp.StatusCode, nil, raw
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("%s %s: %v: %s", method, path, err, raw)
+	}
+	return resp.StatusCode, out, raw
 }
 
 func TestMemsvc(t *testing.T) {
@@ -252,9 +297,11 @@ func TestMemsvcWithoutAStore(t *testing.T) {
 			t.Fatalf("%s without a store: %d %v", op, code, out)
 		}
 	}
-	spec := kvmem.ModelSpecDefault()
-	spec.NLayers, spec.NQHeads, spec.NKVHeads, spec.HeadDim = tL, tHQ, tHKV, tD
-	if _, err := newService(spec, kvmem.PoolDefaultParams(), "/nonexistent/kvmem-store"); err == nil ||
+	cfg, err := loadConfig(testEnv(map[string]string{"KVMEM_STORE_DIR": "/nonexistent/kvmem-store"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newService(cfg); err == nil ||
 		!strings.Contains(err.Error(), "store directory /nonexistent/kvmem-store does not exist") {
 		t.Fatalf("a missing store directory: %v", err)
 	}

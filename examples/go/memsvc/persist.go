@@ -1,32 +1,40 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"sort"
-	"strings"
 
 	kvmem "github.com/kvmem/kvmem/bindings/go"
 )
 
+func (s *service) persistable(op string) error {
+	if !s.hasStore {
+		return &httpError{http.StatusNotImplemented, "no_store", op + ": this service has no store (start it with KVMEM_STORE=DIR or a redis:// URL)"}
+	}
+	return nil
+}
+
 // persist: kvmem_agent_save / kvmem_agent_load through the pool's store
 // only. The client names the agent (checked by kvmem), never a file.
-func (s *service) persist(op, id string, r *http.Request) (any, error) {
-	if err := noBodyFields(op, r); err != nil {
+func (s *service) persist(op, id string) (any, error) {
+	if err := s.persistable(op); err != nil {
 		return nil, err
 	}
-	if s.storeDir == "" {
-		return nil, &httpError{http.StatusNotImplemented, "no_store", op + ": this service has no store (start it with KVMEM_STORE_DIR=DIR)"}
-	}
-	return s.withAgent(id, func(a *kvmem.Agent) (any, error) {
+	return s.withEntry(id, func(e *agentEntry) (any, error) {
+		a, _, err := s.open(e, id, false)
+		if err != nil {
+			return nil, err
+		}
 		if op == "save" {
 			if err := a.Save(""); err != nil {
 				return nil, err
 			}
-			return info(a)
+			out, err := info(a)
+			if err == nil {
+				out["saved"] = id
+			}
+			return out, err
 		}
 		if err := a.Load(""); err != nil {
 			// what is wrong inside a damaged file stays in the service's log:
@@ -44,29 +52,4 @@ func (s *service) persist(op, id string, r *http.Request) (any, error) {
 		}
 		return info(a)
 	})
-}
-
-// noBodyFields: save and load take no body, or an empty object.
-func noBodyFields(op string, r *http.Request) error {
-	raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
-	if err != nil {
-		return badRequest("%s: reading the body: %v", op, err)
-	}
-	if strings.TrimSpace(string(raw)) == "" {
-		return nil
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
-		return badRequest("%s takes no body fields: agents are kept in the store directory set when the service started", op)
-	}
-	if len(fields) > 0 {
-		names := make([]string, 0, len(fields))
-		for k := range fields {
-			names = append(names, fmt.Sprintf("%q", k))
-		}
-		sort.Strings(names)
-		return badRequest("%s takes no body fields (got %s): agents are kept in the store directory set when the service started",
-			op, strings.Join(names, ", "))
-	}
-	return nil
 }

@@ -6,50 +6,12 @@ const { spawn } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const kvmem = require(path.join(__dirname, '..', '..', '..', '..', 'bindings', 'node'));
+const kvmem = require('kvmem');
 
-const L = 2, HQ = 4, HKV = 2, D = 8;
+const { L, HKV, D, SERVER, startService: start, caller, stop, wordKV, queryFor } = require('../testing/harness');
 
 // storeDir: KVMEM_STORE_DIR for the service (undefined: none)
-function startService(storeDir) {
-  const env = { ...process.env, HOST: '127.0.0.1', PORT: '0', KVMEM_LAYERS: L, KVMEM_Q_HEADS: HQ, KVMEM_KV_HEADS: HKV, KVMEM_HEAD_DIM: D };
-  delete env.KVMEM_STORE_DIR;
-  if (storeDir !== undefined) env.KVMEM_STORE_DIR = storeDir;
-  // stderr: the service's log (a refused load logs the loader's message there)
-  const child = spawn(process.execPath, [path.join(__dirname, '..', 'server.js')], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-  child.log = '';
-  child.stderr.on('data', (d) => { child.log += d; });
-  return new Promise((resolve, reject) => {
-    let out = '';
-    child.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/127\.0\.0\.1:\d+)/);
-      if (m) resolve({ child, base: m[1] });
-    });
-    child.on('exit', (code) => reject(new Error(`service exited (${code}) before listening: ${out} ${child.log}`)));
-  });
-}
-
-// a token's key: one-hot in a dimension chosen by the word, per layer and head
-function wordKV(words) {
-  const k = new Array(L * words.length * HKV * D).fill(0);
-  words.forEach((w, t) => {
-    const h0 = [...w].reduce((a, c) => (a * 31 + c.charCodeAt(0)) >>> 0, 7);
-    for (let l = 0; l < L; l++) for (let h = 0; h < HKV; h++) k[((l * words.length + t) * HKV + h) * D + ((h0 >>> (l + h)) % D)] = 1;
-  });
-  return k;
-}
-
-const caller = (base) => async (method, p, body) => {
-  const r = await fetch(base + p, { method, headers: { 'content-type': 'application/json' }, body: body && JSON.stringify(body) });
-  return { code: r.status, body: await r.json() };
-};
-
-async function stop(child) {
-  child.kill('SIGTERM');
-  const code = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? sig)));
-  assert.equal(code, 0, 'the service stops cleanly on SIGTERM');
-}
+const startService = (storeDir) => start(storeDir === undefined ? {} : { KVMEM_STORE_DIR: storeDir });
 
 test('memory service: append, flush, info, retrieve, save/load, errors', async () => {
   const store = fs.mkdtempSync(path.join(os.tmpdir(), 'kvmem-svc-store-'));
@@ -97,9 +59,7 @@ test('memory service: append, flush, info, retrieve, save/load, errors', async (
     assert.equal(r.code, 404);
 
     // retrieve: a query about the sister finds her turn's block (501 before retrieval landed)
-    const q = [];
-    const qk = wordKV(['peanuts']);
-    for (let l = 0; l < L; l++) for (let hq = 0; hq < HQ; hq++) for (let d = 0; d < D; d++) q.push(qk[(l * HKV + Math.floor(hq / (HQ / HKV))) * D + d]);
+    const q = queryFor('peanuts');
     r = await call('POST', '/agents/alice/retrieve', { query: q, top_k: 1, gather: true, base_position: 5 });
     if (!kvmem.hasFunction('kvmem_retrieve')) {
       assert.equal(r.code, 501);
@@ -207,7 +167,7 @@ test('memory service: without a store, save/load say so; a missing store directo
   } finally {
     await stop(child);
   }
-  const bad = spawn(process.execPath, [path.join(__dirname, '..', 'server.js')],
+  const bad = spawn(process.execPath, [SERVER],
     { env: { ...process.env, PORT: '0', KVMEM_STORE_DIR: '/nonexistent/kvmem-store' }, stdio: ['ignore', 'ignore', 'pipe'] });
   let err = '';
   bad.stderr.on('data', (d) => { err += d; });

@@ -1,18 +1,13 @@
-/* The agent file format (internal): the one interface between the pool and
- * persistence. The pool owns the format (agent_file.c writes and loads one
- * agent's memory as safetensors, through the strict reader of
- * core/format/safetensors.h); a store (core/store/store.h) only moves the
- * bytes by key and knows nothing of pools or agents. The include graph runs
- * one way, pool -> format and pool -> store, never back
- * (tests/checks/include_graph.sh). */
-#ifndef KVMEM_AGENT_FILE_H
-#define KVMEM_AGENT_FILE_H
+/* An agent's memory to and from an agent file (internal): the one interface
+ * between the pool and persistence. The format is core/format/agent_file.h
+ * (it knows no pool); a store (core/store/store.h) only moves the bytes by
+ * key and knows nothing of pools or agents. The include graph runs one way,
+ * pool -> format and pool -> store, never back (tests/checks/include_graph.sh). */
+#ifndef KVMEM_AGENT_IO_H
+#define KVMEM_AGENT_IO_H
 
 #include "pool.h"
 #include "../store/store.h"
-
-#define KVM_FORMAT_VERSION 2 /* 2: quantized blocks part by part, AABBs in one tensor (f16); 1 is still read */
-#define KVM_MAX_HEADER ((uint64_t)64 << 20) /* refuse larger JSON headers */
 
 /* Write agent memory m (not changed) as a safetensors file to w, then
  * commit (or abort on failure). */

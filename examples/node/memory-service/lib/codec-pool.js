@@ -1,0 +1,114 @@
+'use strict';
+// Codec threads: JSON.parse of a multi-megabyte body (or JSON.stringify of a
+// large answer) takes tens to hundreds of milliseconds, and on the main
+// thread every other client would wait for it. Bodies and answers above
+// `inlineBytes` go to one of these threads instead; the buffers move between
+// threads without copies (transferred). Small ones (a 64 KiB body parses in
+// about a millisecond) stay on the main thread: a hop to a thread waits for
+// a core, and under load that costs more than the parse.
+const os = require('node:os');
+const path = require('node:path');
+const { Worker, isMainThread, parentPort } = require('node:worker_threads');
+const codec = require('./codec');
+
+if (!isMainThread && parentPort) {
+  // this thread does the large bodies' and answers' work: at a lower CPU
+  // priority (Linux: per thread), a flood of them leaves the cores to the
+  // small requests on the main thread
+  try { os.setPriority(0, Math.max(os.getPriority(0), 10)); } catch { /* not permitted: same priority */ }
+  parentPort.on('message', ({ id, op, route, ctype, bytes, obj }) => {
+    try {
+      if (op === 'decode') {
+        const fields = codec.decodeRequest(route, ctype, Buffer.from(bytes));
+        const moved = Object.values(fields).filter(ArrayBuffer.isView).map((a) => a.buffer);
+        parentPort.postMessage({ id, ok: true, fields }, moved);
+      } else {
+        const b = codec.jsonBytes(obj);
+        const ab = b.buffer.slice(b.byteOffset, b.byteOffset + b.length);
+        parentPort.postMessage({ id, ok: true, bytes: ab }, [ab]);
+      }
+    } catch (e) {
+      parentPort.postMessage({ id, ok: false, httpCode: e.httpCode, error: e.error, message: e.message });
+    }
+  });
+}
+
+class CodecPool {
+  // heapMb: each thread's V8 heap limit. V8 lets a busy heap grow with its
+  // garbage (hundreds of MB under a flood of large bodies) before it
+  // collects; a limit sized to one request's work holds it to that.
+  constructor(n, { inlineBytes = 65536, heapMb = 256 } = {}) {
+    this.inlineBytes = inlineBytes;
+    this.heapMb = heapMb;
+    this.n = n;
+    this.workers = [];
+    this.seq = 0;
+    this.pending = new Map(); // id -> {resolve, reject, w}
+  }
+
+  // start every thread now (a new V8 isolate takes 50-300 ms): the first
+  // large bodies then find them ready
+  async start() {
+    while (this.workers.length < this.n) {
+      const w = this._worker();
+      await new Promise((resolve, reject) => { w.once('online', resolve); w.once('error', reject); });
+    }
+  }
+
+  _worker() {
+    if (this.workers.length < this.n) {
+      const w = new Worker(path.join(__dirname, 'codec-pool.js'),
+        { resourceLimits: { maxOldGenerationSizeMb: this.heapMb, maxYoungGenerationSizeMb: 8 } });
+      w.unref();
+      w.jobs = 0;
+      w.on('message', (m) => {
+        const p = this.pending.get(m.id);
+        if (!p) return;
+        this.pending.delete(m.id);
+        w.jobs--;
+        if (m.ok) p.resolve(m);
+        else p.reject(m.httpCode ? new codec.BodyError(m.httpCode, m.error, m.message) : new Error(m.message));
+      });
+      const fail = (err) => {
+        // a thread that died (out of memory, a bug) fails its requests and is replaced
+        this.workers = this.workers.filter((x) => x !== w);
+        for (const [id, p] of this.pending) if (p.w === w) { this.pending.delete(id); p.reject(new Error(`codec thread: ${err.message ?? err}`)); }
+      };
+      w.on('error', fail);
+      w.on('exit', (code) => fail(new Error(`exited with code ${code}`)));
+      this.workers.push(w);
+      return w;
+    }
+    // the least busy thread: a small body never waits behind a flood's large one
+    // (there are as many threads as requests at work)
+    return this.workers.reduce((a, b) => (b.jobs < a.jobs ? b : a));
+  }
+
+  _run(msg, transfer) {
+    return new Promise((resolve, reject) => {
+      const id = ++this.seq;
+      const w = this._worker();
+      w.jobs++;
+      this.pending.set(id, { resolve, reject, w });
+      w.postMessage({ ...msg, id }, transfer);
+    });
+  }
+
+  // codec.decodeRequest, off the main thread when the body is large
+  async decode(route, ctype, buf) {
+    if (buf.length <= this.inlineBytes) return codec.decodeRequest(route, ctype, buf);
+    const bytes = buf.byteOffset === 0 && buf.length === buf.buffer.byteLength ? buf.buffer : buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.length);
+    return (await this._run({ op: 'decode', route, ctype, bytes }, [bytes])).fields;
+  }
+
+  // codec.jsonBytes, off the main thread when `arrays` (typed arrays inside
+  // obj, moved to the thread) hold more than inlineBytes
+  async json(obj, arrays = []) {
+    if (arrays.reduce((a, x) => a + x.byteLength, 0) <= this.inlineBytes) return codec.jsonBytes(obj);
+    return Buffer.from((await this._run({ op: 'json', obj }, arrays.map((a) => a.buffer))).bytes);
+  }
+
+  close() { for (const w of this.workers) w.terminate(); this.workers = []; }
+}
+
+module.exports = { CodecPool };
