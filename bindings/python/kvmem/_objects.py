@@ -19,6 +19,7 @@ from ctypes import byref, c_size_t, c_uint64, c_void_p
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _buffers as B
+from . import _dlpack
 from . import _ints
 from . import _lib as L
 from ._cstr import c_id, c_path
@@ -1101,15 +1102,34 @@ class DeviceTensor:
         mem.kind, mem.device, mem.handle = self._KINDS[kind], int(device), int(handle)
         mem.offset, mem.size, mem.stream = int(offset), int(size), stream
         t = L.kvmem_tensor()
-        shp = (ctypes.c_int64 * max(len(shape), 1))(*[int(x) for x in shape])
-        L.kvmem_tensor_init_device(byref(t), byref(mem), B.dtype_code(dtype), len(shape), shp)
-        if strides is not None:
-            if len(strides) != len(shape):
-                raise InvalidArgumentError(f"kvmem: DeviceTensor has {len(shape)} dims and {len(strides)} strides")
-            for i, st in enumerate(strides):
-                t.strides[i] = int(st)
+        if strides is not None and len(strides) != len(shape):
+            raise InvalidArgumentError(f"kvmem: DeviceTensor has {len(shape)} dims and {len(strides)} strides")
+        dims = [int(x) for x in shape]
+        if strides is not None and shape:
+            # a strided view (a slice, a broadcast) may span less than its row-major
+            # size: the descriptor is checked over the elements it spans, then the
+            # view takes its own shape and strides (each call checks them again)
+            span = 0 if 0 in dims else 1 + sum((e - 1) * int(s) for e, s in zip(dims, strides))
+            flat = (ctypes.c_int64 * 1)(max(span, 0))
+            L.kvmem_tensor_init_device(byref(t), byref(mem), B.dtype_code(dtype), 1, flat)
+            t.ndim = len(dims)
+            for i, (e, st) in enumerate(zip(dims, strides)):
+                t.shape[i], t.strides[i] = e, int(st)
+        else:
+            shp = (ctypes.c_int64 * max(len(dims), 1))(*dims)
+            L.kvmem_tensor_init_device(byref(t), byref(mem), B.dtype_code(dtype), len(dims), shp)
         self._mem, self._t = mem, t  # the tensor's data points at _mem: both live as long as self
         self.kind, self.shape = kind, tuple(int(x) for x in shape)
 
     def _kvmem_device_tensor(self) -> Any:
         return self._t
+
+    @classmethod
+    def from_dlpack(cls, obj: object, stream: Optional[int] = None) -> "DeviceTensor":
+        """A view of a CUDA tensor exported by DLPack (CuPy, PyTorch, JAX: an
+        object with ``__dlpack__`` or a capsule), no copy; the producer stays
+        alive as long as the view. stream: the CUDA stream kvmem's calls are
+        ordered on, passed to ``__dlpack__(stream=)`` as the array API says
+        (None: the legacy default stream). Host and other devices' exports
+        are refused naming the device."""
+        return _dlpack.device_tensor(obj, "kvmem: DeviceTensor.from_dlpack", stream)
