@@ -119,12 +119,13 @@ class Export:
         return self.device[0] == CPU
 
 
-def export(obj: Any, what: str, device_check: Callable[[str], None],
+def export(obj: Any, what: str, device_check: Callable[[int, int], None],
            stream_for: Optional[Callable[[int, int], Optional[int]]] = None) -> Any:
     """(what: the subject of error messages, e.g. "kvmem.torch: cache layer 0 k".)
     The DLPack capsule of obj (obj itself when it is one). An exporter's
-    device goes through ``device_check(name)`` (which raises to refuse it)
-    before ``__dlpack__`` is called, so a refused tensor is never exported.
+    device goes through ``device_check(device_type, device_id)`` (which
+    raises to refuse it) before ``__dlpack__`` is called, so a refused tensor
+    is never exported.
     ``stream_for(device_type, device_id)``: the consumer's stream for a CUDA
     export, passed as ``__dlpack__(stream=...)`` (None: not passed)."""
     if is_capsule(obj):
@@ -134,8 +135,7 @@ def export(obj: Any, what: str, device_check: Callable[[str], None],
         dev_type, dev_id = int(dev[0]), int(dev[1])
     except Exception as e:
         raise InvalidTypeError(f"{what}: __dlpack_device__() failed: {e}") from None
-    if dev_type != CPU:
-        device_check(device_name(dev_type, dev_id))
+    device_check(dev_type, dev_id)
     stream = stream_for(dev_type, dev_id) if stream_for is not None and dev_type in CUDA_TYPES else None
     try:
         return obj.__dlpack__() if stream is None else obj.__dlpack__(stream=stream)
@@ -180,14 +180,20 @@ def peek(capsule: Any, what: str) -> Export:
                          f"non-negative strides: copy it first (numpy.ascontiguousarray, .contiguous())")
     # the farthest element's byte offset must fit in the address space
     isz = max(bits * lanes // 8, 1)
-    span = sum((e - 1) * s for e, s in zip(shape, strides) if e > 0) * isz + int(t.byte_offset)
-    if span >= 1 << 62:
-        raise InvalidArgumentError(f"{what}: DLPack shape {shape} with strides {strides} spans {span} bytes")
+    reach = sum((e - 1) * s for e, s in zip(shape, strides) if e > 0) * isz + int(t.byte_offset)
+    if reach >= 1 << 62:
+        raise InvalidArgumentError(f"{what}: DLPack shape {shape} with strides {strides} spans {reach} bytes")
     data = (int(t.data or 0) + int(t.byte_offset)) if t.data else 0
-    last = sum((e - 1) * s for e, s in zip(shape, strides))
-    nbytes = 0 if any(e == 0 for e in shape) else (last + 1) * isz
     return Export(data, (int(t.device.device_type), int(t.device.device_id)), kv, dname, shape, strides,
-                  int(t.data or 0), int(t.byte_offset), nbytes, ctypes.addressof(m))
+                  int(t.data or 0), int(t.byte_offset), span_bytes(shape, strides, isz), ctypes.addressof(m))
+
+
+def span_bytes(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
+    """Bytes from element 0 to one past the last of a view with non-negative
+    strides (in elements): what its memory must hold; 0 when it is empty."""
+    if any(int(e) == 0 for e in shape):
+        return 0
+    return (1 + sum((int(e) - 1) * int(s) for e, s in zip(shape, strides))) * itemsize
 
 
 class _Owner:
@@ -259,18 +265,7 @@ def device_tensor(obj: Any, what: str, stream: Optional[int] = None) -> Any:
                                    f"device tensor")
         refuse_device(info_device, what)
 
-    def on_export(name: str) -> None:
-        pass  # checked below with the type number, which the message names
-
-    if not is_capsule(obj):
-        try:
-            dev = obj.__dlpack_device__()
-            check((int(dev[0]), int(dev[1])))
-        except (InvalidTypeError, UnsupportedError):
-            raise
-        except Exception as e:
-            raise InvalidTypeError(f"{what}: __dlpack_device__() failed: {e}") from None
-    cap = export(obj, what, on_export, lambda t, i: stream)
+    cap = export(obj, what, lambda t, i: check((t, i)), lambda t, i: stream)
     info = peek(cap, what)
     check(info.device)
     if info.dtype is None:

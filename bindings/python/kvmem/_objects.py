@@ -1109,8 +1109,7 @@ class DeviceTensor:
             # a strided view (a slice, a broadcast) may span less than its row-major
             # size: the descriptor is checked over the elements it spans, then the
             # view takes its own shape and strides (each call checks them again)
-            span = 0 if 0 in dims else 1 + sum((e - 1) * int(s) for e, s in zip(dims, strides))
-            flat = (ctypes.c_int64 * 1)(max(span, 0))
+            flat = (ctypes.c_int64 * 1)(max(_dlpack.span_bytes(dims, strides, 1), 0))
             L.kvmem_tensor_init_device(byref(t), byref(mem), B.dtype_code(dtype), 1, flat)
             t.ndim = len(dims)
             for i, (e, st) in enumerate(zip(dims, strides)):

@@ -99,11 +99,12 @@ def _refuse_device(what: str, device: Any) -> None:
         f"CPU first, e.g. tuple((k.cpu(), v.cpu()) for k, v in past_key_values)")
 
 
-def _check_dlpack_device(what: str, device: str) -> None:
+def _check_dlpack_device(what: str, dev_type: int, dev_id: int) -> None:
     # torch imports a CUDA export only when it was built with CUDA
-    if device.startswith("cuda:") and _torch.cuda.is_available():
+    device = _dlpack.device_name(dev_type, dev_id)
+    if dev_type == _dlpack.CPU or (dev_type == _dlpack.CUDA and _torch.cuda.is_available()):
         return
-    if device.startswith("cuda:"):
+    if dev_type == _dlpack.CUDA:
         raise UnsupportedError(
             f"kvmem.torch: {what} is on {device} but this torch has no CUDA (torch.cuda.is_available() is "
             f"False), so it cannot import it; pass it to kvmem's own calls instead "
@@ -125,10 +126,10 @@ def _as_tensor(x: Any, what: str, memo: Optional[dict] = None) -> Any:
         return x
     if memo is not None and id(x) in memo:
         return memo[id(x)][1]
-    cap = _dlpack.export(x, f"kvmem.torch: {what}", lambda dev: _check_dlpack_device(what, dev), _stream)
+    cap = _dlpack.export(x, f"kvmem.torch: {what}", lambda t, i: _check_dlpack_device(what, t, i), _stream)
     info = _dlpack.peek(cap, f"kvmem.torch: {what}")
     if not info.on_host:
-        _check_dlpack_device(what, info.device_name)
+        _check_dlpack_device(what, *info.device)
     if info.dtype is None:
         raise InvalidTypeError(f"kvmem.torch: {what} is {info.dtype_name} (DLPack); kvmem takes float32, "
                         f"float16 or bfloat16")
@@ -156,8 +157,7 @@ def _ctensor(ptr: int, dtype: Any, shape: Sequence[int], strides: Sequence[int],
     then a device tensor whose descriptor (kept alive by the struct) names the
     span the view reaches, ordered on torch's current stream."""
     if device is not None and device.type == "cuda":
-        isz = _torch.empty((), dtype=dtype).element_size()
-        span = 0 if 0 in shape else (1 + sum((int(e) - 1) * int(s) for e, s in zip(shape, strides))) * isz
+        span = _dlpack.span_bytes(shape, strides, _torch.empty((), dtype=dtype).element_size())
         idx = device.index if device.index is not None else _torch.cuda.current_device()
         stream = _torch.cuda.current_stream(idx).cuda_stream or None
         dt = _dlpack.cuda_tensor(ptr, 0, span, idx, _DTYPES[dtype], shape, strides, stream)
