@@ -1092,11 +1092,21 @@ class DeviceTensor:
 
     _KINDS = {"cuda": 1, "vulkan": 2}
 
-    def __init__(self, kind: str, handle: int, size: int, dtype: Any, shape: Sequence[int],
+    def __init__(self, kind: str, handle: int, size: int, dtype: DTypeLike, shape: Sequence[int],
                  strides: Optional[Sequence[int]] = None, offset: int = 0, device: int = 0,
-                 stream: Optional[int] = None):
+                 stream: Optional[int] = None) -> None:
         if kind not in self._KINDS:
             raise InvalidArgumentError(f"kvmem: DeviceTensor kind {kind!r} is not 'cuda' or 'vulkan'")
+        # each integer as the C field or array it goes to holds it: never wrapped
+        handle = _ints.check(handle, "handle", ctypes.c_uint64)
+        size = _ints.check(size, "size", ctypes.c_uint64)
+        offset = _ints.check(offset, "offset", ctypes.c_uint64)
+        device = _ints.check(device, "device", ctypes.c_int32)
+        if stream is not None:
+            stream = _ints.check(stream, "stream", ctypes.c_uint64)
+        shape = list(_ints.array(ctypes.c_int64, shape, "shape"))
+        if strides is not None:
+            strides = list(_ints.array(ctypes.c_int64, strides, "strides"))
         mem = L.kvmem_device_memory()
         mem.struct_size = ctypes.sizeof(mem)
         mem.kind, mem.device, mem.handle = self._KINDS[kind], int(device), int(handle)
