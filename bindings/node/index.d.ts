@@ -275,6 +275,15 @@ export class QmemHead extends Handle {
 export function qmemScore(ctx: Context, spec: ModelSpec, memory: ArrayLike<number>, k: TensorLike, dtype?: DType): Float32Array;
 export function selectKeep(scores: ArrayLike<number>, budget: number, protect?: number, span?: [number, number]): Int32Array;
 export function streamingKeep(n: number, nSink: number, window: number): Int32Array;
+/** kvmem_arrange (experimental): the order to gather `blocks` in, first = farthest from the new tokens.
+ *  'score': ascending score (the most relevant block last); 'chrono': ascending id (scores may be null);
+ *  'runs': runs of adjacent ids kept whole, the runs by ascending best score. */
+export function arrange(blocks: Int32Like, scores?: ArrayLike<number> | null, order?: ArrangeOrder): Int32Array;
+export type ArrangeOrder = 'chrono' | 'score' | 'runs';
+/** kvmem_window_plan: retrieved memory in whole blocks, the blocks to retrieve, the live context. */
+export interface WindowPlan { memoryTokens: number; topK: number; liveTokens: number; }
+/** kvmem_window_split (experimental): share a window of `window` tokens, `reserve` for the turn itself. */
+export function windowSplit(window: number, reserve: number, memoryShare: number, liveShare: number, blockSize: number): WindowPlan;
 export function h2oAccumulate(probs: ArrayLike<number>, nRows: number, n: number, acc: Float32Array): Float32Array;
 export function h2oKeep(acc: ArrayLike<number>, budget: number, recent: number): Int32Array;
 export function snapkvScore(ctx: Context, spec: ModelSpec, qObs: TensorLike, k: TensorLike, poolKernel?: number, dtype?: DType): Float32Array;

@@ -871,6 +871,31 @@ function selectKeep(scores, budget, protect = 0, span = [0, 0]) {
   return keptOf(sc.length, (kept, nk) => C.kvmem_select_keep(sc, sc.length, budget, protect, span[0], span[1], kept, nk));
 }
 function streamingKeep(n, nSink, window) { return keptOf(n, (kept, nk) => C.kvmem_streaming_keep(n, nSink, window, kept, nk)); }
+
+// kvmem_arrange_order by name
+const ARRANGE_ORDERS = { chrono: 0, score: 1, runs: 2 };
+// kvmem_arrange: the order to gather `blocks` (distinct ids >= 0) in, first = farthest from the
+// new tokens. order 'score' (ascending score: the most relevant block last), 'chrono' (ascending
+// id; scores may be null) or 'runs' (runs of adjacent ids kept whole, by ascending best score).
+function arrange(blocks, scores = null, order = 'score') {
+  if (typeof order !== 'string') throw new TypeError(`kvmem: order must be one of ${Object.keys(ARRANGE_ORDERS).join(', ')}, not ${typeof order}`);
+  if (!Object.prototype.hasOwnProperty.call(ARRANGE_ORDERS, order))
+    throw new errors.InvalidArgumentError(`order '${order}' is not one of ${Object.keys(ARRANGE_ORDERS).join(', ')}`);
+  const ids = intArray(blocks, Int32Array, 'Int32', 'blocks');
+  const sc = scores == null ? null : f32In(scores, ids.length, 'scores');
+  const out = new Int32Array(Math.max(ids.length, 1));
+  C.kvmem_arrange(ids, sc, ids.length, ARRANGE_ORDERS[order], out);
+  return out.slice(0, ids.length);
+}
+// kvmem_window_split: {memoryTokens (whole blocks), topK, liveTokens} for a window of `window`
+// tokens, `reserve` of them for the turn itself; shares in [0, 1] (liveShare 0: all that is left)
+function windowSplit(window, reserve, memoryShare, liveShare, blockSize) {
+  for (const [what, x] of [['memoryShare', memoryShare], ['liveShare', liveShare]])
+    if (typeof x !== 'number') throw new TypeError(`kvmem: ${what} must be a number, not ${typeof x}`);
+  const out = {};
+  C.kvmem_window_split(window, reserve, memoryShare, liveShare, blockSize, out);
+  return fromC(out);
+}
 // acc (Float32Array of n) += column sums of probs [nRows][n], in place
 function h2oAccumulate(probs, nRows, n, acc) {
   nRows = Number(checkInt(nRows, 'nRows', 'Int64')); n = Number(checkInt(n, 'n', 'Int64'));
@@ -1107,6 +1132,7 @@ module.exports = {
   ATTEND_RECENT: 0, ATTEND_IMPORTANCE: 1, ATTEND_INDEX: 2, ATTEND_SCORED: 3, ATTEND_PROBE_STRIDED: 0, ATTEND_PROBE_ORACLE: 1,
   ATTEND_MAX_ROWS: 64, ATTEND_PROBE_SIZE: 32,
   QmemStore, QmemHead, KVStore, SlotMap, qmemScore, selectKeep, streamingKeep, h2oAccumulate, h2oKeep, snapkvScore,
+  arrange, windowSplit,
   SESSION_EXPLICIT: 1, SESSION_MARKED: 2, SESSION_PREFIX: 3, SESSION_LOCAL: 4, DEAD_SLOT: 0, SENTINEL_K: -1.0e4,
   GROUP_DYNAMIC: 0, GROUP_STATIC: 1, SEG_EVENT_SEGMENT_STALE: 1, SEG_EVENT_GROUP_STATIC: 2, SEG_EVENT_GROUP_DYNAMIC: 3,
   SEG_UNIT_SEGMENT: 0, SEG_UNIT_GROUP: 1,

@@ -63,6 +63,7 @@ for (const e of ['kvmem_retrieve_mode', 'kvmem_retrieve_norm', 'kvmem_retrieve_a
 koffi.alias('kvmem_group_state', 'int');
 koffi.alias('kvmem_session_kind', 'int');
 koffi.alias('kvmem_prefix_kind', 'int');
+koffi.alias('kvmem_arrange_order', 'int');
 for (const e of ['kvmem_attend_source_kind', 'kvmem_attend_order', 'kvmem_attend_probe']) koffi.alias(e, 'int');
 for (const o of ['kvmem_qmem_store', 'kvmem_qmem_head', 'kvmem_kvstore', 'kvmem_slotmap']) koffi.opaque(o);
 for (const o of ['kvmem_context', 'kvmem_pool', 'kvmem_agent', 'kvmem_retrieval', 'kvmem_segments']) koffi.opaque(o);
@@ -185,6 +186,7 @@ const types = {
   kvmem_prefix_result: koffi.struct('kvmem_prefix_result', {
     kind: 'kvmem_prefix_kind', reserved: 'int32_t', reuse_tokens: 'int64_t', common_bytes: 'size_t', process_from: 'size_t',
   }),
+  kvmem_window_plan: koffi.struct('kvmem_window_plan', { memory_tokens: 'int32_t', top_k: 'int32_t', live_tokens: 'int32_t' }),
 };
 types.kvmem_log_callback = koffi.proto('void kvmem_log_callback(kvmem_log_level level, const char *message, void *user_data)');
 
@@ -300,6 +302,8 @@ const DECLARATIONS = [
   'kvmem_status kvmem_h2o_accumulate(const float *probs, int64_t n_rows, int64_t n, float *acc)',
   'kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int64_t recent, int32_t *kept, _Out_ int64_t *n_kept)',
   'kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_tensor *q_obs, const kvmem_tensor *k, int32_t pool_kernel, float *scores)',
+  'kvmem_status kvmem_arrange(const int32_t *blocks, const float *scores, int32_t n, kvmem_arrange_order order, int32_t *out)',
+  'kvmem_status kvmem_window_split(int32_t window, int32_t reserve, float memory_share, float live_share, int32_t block_size, _Out_ kvmem_window_plan *out)',
   'kvmem_status kvmem_kvstore_params_init(_Out_ kvmem_kvstore_params *params, size_t struct_size)',
   'kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvstore_params *params, _Out_ kvmem_kvstore **out)',
   'void kvmem_kvstore_free(kvmem_kvstore *store)',

@@ -5,18 +5,26 @@ The model is stories260K (llama2.c checkpoint, a Llama with grouped-query
 attention) run as a PyTorch module on the CPU in float32, with its tokenizer;
 the agent is the C story demo's (examples/tinyllm/story.c) in Python:
 
-  * Sessions of a story arrive as text. For each new prompt the agent asks
-    kvmem for memory, MemArt as deployed: the prompt's pre-RoPE queries
-    (collected by kvmem.torch.QueryCapture's hooks on the q_proj modules while
-    the prompt runs over the newest 32 tokens) score the agent's blocks; the
-    newest blocks stay as the live context at their own positions and the
-    retrieved blocks are re-encoded (RoPE) just before it.
-  * The engine prefills only the prompt on that memory (its past_key_values),
-    continues the story greedily, and the session and its continuation are
-    appended to the agent straight from the engine's cache (no copy).
-  * Phase 1 runs four sessions and saves the agent to one file; phase 2, a new
-    process, loads it, checks that the next prompt's logits are the ones
-    phase 1 computed, and runs the last session.
+  * Sessions of a story arrive as text; the story grows to several of the
+    model's windows (512 tokens for stories260K). Each session is read in one
+    window, shared as the C demo shares it (kvmem_window_split): a quarter of
+    it for retrieved memory (128 tokens), an eighth for the live context (the
+    newest 64 tokens, from a block boundary), the rest for the new text.
+  * The memory is MemArt as deployed: the prompt's pre-RoPE queries (collected
+    by kvmem.torch.QueryCapture's hooks on the q_proj modules while the prompt
+    runs over the newest 32 tokens) score the agent's blocks by their key
+    boxes; the 8 best are placed as runs of adjacent blocks, the best run
+    nearest the text (kvmem_arrange's RUNS order), re-encoded (RoPE) from
+    position 0, and the live context follows them, re-encoded too.
+  * The engine prefills only the prompt on that memory (its past_key_values)
+    and the session's text is appended to the agent straight from the
+    engine's cache (no copy).
+  * Phase 1 runs sixteen sessions and saves the agent to one file; phase 2, a
+    new process, loads it, checks that the next prompt's logits are the ones
+    phase 1 computed, and continues the last session, which begins a sentence
+    whose next word is a name said only in session 1, 3.6 windows back.
+    (The C demo also continues it on text RAG, the recent window and the
+    whole history; this example keeps to kvmem's part.)
 
 Run with the kvmem package installed (pip install ./bindings/python) and PyTorch
 (Debian: apt-get install python3-torch):
@@ -46,15 +54,58 @@ import kvmem.torch as kt  # noqa: E402
 
 # The C demo's sessions (examples/tinyllm/story.c), phase 1's then phase 2's.
 SESSIONS = [
-    "Once upon a time, there was a little girl named Sue. Sue had a red kite. She liked to fly her kite in the "
-    "park with her mom.",
-    "The sun was warm and the sky was blue. A little bird sat on a branch and sang a happy song.",
-    "A big brown cow lived on a farm. The cow ate green grass all day. At night, the cow slept in a warm barn.",
-    "In the forest, there was a tall tree. A family of squirrels lived in the tree. They gathered nuts for the "
-    "winter.",
-    "One day,",
+    'Once upon a time, there was a little girl named Sue. Sue had a red kite. Every day, Sue took her kite to '
+    'the park with her mom. Sue ran fast, and the kite flew high in the sky. Sue laughed and said, "Look, '
+    'Mom, my kite is dancing!"',
+    'The sun was warm and the sky was blue. A little bird sat on a branch and sang a happy song. The bird had '
+    'a nest with three small eggs. Every day, the bird sat on the eggs to keep them warm. One morning, the '
+    'eggs began to crack, and three baby birds came out.',
+    'A big brown cow lived on a farm. The cow ate green grass all day. At night, the cow slept in a warm '
+    'barn. The farmer had a dog named Spot. Spot liked to run around the cow and bark. The cow did not mind. '
+    'She just kept eating her grass and said, "Moo!"',
+    'In the forest, there was a tall tree. A family of squirrels lived in the tree. They gathered nuts for '
+    'the winter. The baby squirrel was very small, but he wanted to help. He found a big nut and carried it '
+    'all the way home. His mom was very proud of him.',
+    'The rain fell on the roof. Drip, drop, drip, drop. The puddles in the street got bigger and bigger, and '
+    'the frogs were very happy. They jumped from puddle to puddle and sang their froggy songs. When the rain '
+    'stopped, a big rainbow came out in the sky.',
+    'The moon was big and bright. The stars were shining in the dark sky. An owl sat on a fence and said, '
+    '"Hoo, hoo." A little mouse heard the owl and ran into his hole. He was scared, but the owl only wanted '
+    'to say hello.',
+    'A small fish swam in the river. The water was cool and clear. The fish saw a shiny stone at the bottom '
+    'and swam around it. A big turtle came by and said, "That stone is my friend." The fish and the turtle '
+    'played together all afternoon.',
+    'The bees were busy in the garden. They flew from flower to flower. They made sweet honey in their hive. '
+    'A bear smelled the honey and came to the hive. The bees buzzed very loud, and the bear ran away into the '
+    'woods.',
+    'The sea was big and blue. The waves went up and down. A crab walked sideways on the sand and hid under a '
+    'rock. A seagull flew over the water and looked for fish. The sun went down, and the sky turned orange '
+    'and pink.',
+    'The snow was white and cold. It covered the houses and the trees. A snowman with a carrot nose stood in '
+    'a yard. A little rabbit hopped by and looked at the carrot. The rabbit was hungry, but he did not eat '
+    "the snowman's nose.",
+    'A big red truck drove down the road. It was full of toys for the children in the town. The driver was a '
+    'kind man with a big smile. He stopped at every house and gave each child a toy. The children clapped and '
+    'cheered.',
+    'The wind blew through the tall grass. A lion sat on a hill and looked at the land. He was the king of '
+    'the animals. A small monkey came and sat next to him. Together they watched the sun go down over the '
+    'trees.',
+    'The old clock in the hall went tick, tock, tick, tock. A little mouse lived behind the clock. Every '
+    'night, when the house was quiet, the mouse came out to look for crumbs. One night he found a big piece '
+    'of cheese under the table.',
+    'A family of ducks lived by the pond. The mother duck had five yellow ducklings. They walked in a line '
+    'behind her, one, two, three, four, five. They jumped into the water and swam to the other side, where '
+    'the grass was soft and green.',
+    'The train went choo, choo over the hills. It carried people to the big city. A boy looked out of the '
+    'window and counted the cows in the fields. He saw ten cows, two horses and a big black dog.',
+    'The baker made bread every morning. The bread was warm and smelled very good. People came from all over '
+    'the town to buy it. The baker also made little cakes with pink icing, and the children loved them.',
+    'The next morning,',
 ]
-GEN, PROBE_WINDOW, MIN_BUDGET, BLOCK, LOCAL_FRAC = 20, 32, 32, 16, 0.75
+# The girl session 1 names: the word the last session's continuation recalls or not.
+NAME = "Sue"
+# story_session.h's: tokens generated, the probe's window, the window's shares (retrieved memory, live context)
+GEN, PROBE_WINDOW, BLOCK, MEM_SHARE, LIVE_SHARE = 20, 32, 16, 0.25, 0.125
 
 
 # ---------------------------------------------------------------------------
@@ -260,13 +311,47 @@ class Tokenizer:
 # The agent
 # ---------------------------------------------------------------------------
 
-def budget_for(history: int) -> int:
-    """The memory budget: a quarter of the history in whole blocks, at least MIN_BUDGET."""
-    return max(MIN_BUDGET, (history // 4 + 8) // 16 * 16)
+def window_split(window: int, reserve: int, memory_share: float, live_share: float, block: int):
+    """kvmem_window_split: (memory tokens in whole blocks, live context tokens);
+    the header's contract in plain Python where the binding lacks it."""
+    if hasattr(kvmem, "window_split"):
+        plan = kvmem.window_split(window, reserve, memory_share, live_share, block)
+        return plan.memory_tokens, plan.live_tokens
+    room = window - reserve
+    memory = int(math.floor(memory_share * window + 1e-9)) // block * block
+    if memory > room:
+        memory = room // block * block
+    left = room - memory
+    live = int(math.floor(live_share * window + 1e-9)) if live_share > 0 else left
+    return memory, min(live, left)
 
 
-def show(label: str, text: str) -> None:
-    print(f'{label}"{text.replace(chr(10), " ")}"')
+def arrange_runs(blocks: list, scores: list) -> list:
+    """kvmem_arrange's RUNS order (first = farthest from the new tokens): runs
+    of adjacent block ids kept whole and ascending inside, the runs by
+    ascending best score (ties: the older run first), the best run last; the
+    header's contract in plain Python where the binding lacks kvmem.arrange."""
+    if hasattr(kvmem, "arrange"):
+        return [int(b) for b in kvmem.arrange(blocks, scores, "runs")]
+    units = sorted(zip(blocks, scores))
+    runs = []
+    for b, sc in units:
+        if runs and b == runs[-1][-1][0] + 1:
+            runs[-1].append((b, sc))
+        else:
+            runs.append([(b, sc)])
+    order = sorted(range(len(runs)), key=lambda r: (max(sc for _, sc in runs[r]), r))
+    return [b for r in order for b, _ in runs[r]]
+
+
+def show(text: str, cut: int = 0) -> str:
+    """story.c's print_text: quoted, line breaks as spaces, cut after `cut` UTF-8 bytes (0: whole)."""
+    raw = text.encode()
+    if cut and len(raw) > cut:
+        while cut > 0 and (raw[cut] & 0xC0) == 0x80:
+            cut -= 1
+        return '"' + raw[:cut].decode("utf-8", "replace").replace("\n", " ") + ' ..."'
+    return '"' + text.replace("\n", " ") + '"'
 
 
 def kvmem_spec(c: Config) -> kvmem.ModelSpec:
@@ -289,114 +374,134 @@ class StoryAgent:
     def n(self) -> int:
         return self.agent.get_info().n_tokens
 
-    def probe(self, prompt: list, N: int) -> torch.Tensor:
-        """The prompt's pre-RoPE queries [n, n_layers, n_heads, head_dim] over the newest history."""
+    def windows(self, n: int) -> str:
+        return f"{n / self.cfg.seq_len:.1f}"
+
+    def put_tokens(self, first: int, n: int, cache: KVCache) -> None:
+        """History tokens [first, first + n) appended to the cache, keys re-encoded
+        at the cache's next positions (tinyllm's tl_window_put_tokens)."""
+        if n <= 0:
+            return
+        k, v = self.agent.read(first, n)  # raw keys [L, n, kv heads, head_dim]
+        L_, _, H, D = k.shape
+        pos = torch.arange(cache.n, cache.n + n, dtype=torch.int32)[None, :, None].expand(L_, n, H)
+        kvmem.rope_apply(self.spec, k.reshape(-1, D), pos.contiguous().numpy().reshape(-1))
+        cache.K[:, 0, :, cache.n:cache.n + n] = torch.from_numpy(k).permute(0, 2, 1, 3)
+        cache.V[:, 0, :, cache.n:cache.n + n] = torch.from_numpy(v).permute(0, 2, 1, 3)
+        cache.n += n
+
+    def probe(self, prompt: list) -> torch.Tensor:
+        """The prompt's pre-RoPE queries [n, n_layers, n_heads, head_dim] over the
+        newest history, re-encoded from position 0."""
+        N = self.n
         w = min(PROBE_WINDOW, N)
         cache = KVCache(self.cfg, w + len(prompt))
-        kt.read(self.agent, N - w, w, rotate=True, out=cache)
-        cache.n = w
+        self.put_tokens(N - w, w, cache)
         with kt.QueryCapture(self.model) as cap:
-            self.model(prompt, range(N, N + len(prompt)), cache)
+            self.model(prompt, range(w, w + len(prompt)), cache)
             return cap.queries(self.spec)
 
-    def memory(self, prompt: list, budget: int, cache: KVCache) -> dict:
-        """MemArt as deployed, into the cache: retrieved blocks re-encoded just
-        before the live context (the newest blocks at their own positions)."""
+    def memory(self, prompt: list, cache: KVCache) -> dict:
+        """kvmem's window for the prompt, as the C demo builds it: the window's
+        shares (retrieved memory, live context) and, from position 0, the
+        retrieved blocks placed as runs, then the live context (from a block
+        boundary), all re-encoded; the prompt follows."""
         N = self.n
-        b = 0 if budget >= N else budget  # 0: everything
-        local = n_local = 0
-        if b > 0:  # the live context takes up to LOCAL_FRAC of the budget, leaving a block to retrieval
-            room = min(int(b * LOCAL_FRAC), b - BLOCK)
-            for blk in range(self.agent.get_info().n_sealed - 1, -1, -1):
-                nt = self.agent.block_info(blk).n_tokens
-                if local + nt > room:
+        memory, live = window_split(self.cfg.seq_len, len(prompt) + GEN, MEM_SHARE, LIVE_SHARE, BLOCK)
+        live = min(live, N)
+        live_first = min(-(-(N - live) // BLOCK) * BLOCK, N)
+        blocks = []
+        if N:
+            info = self.agent.get_info()
+            cand = 0  # sealed blocks wholly before the live context
+            while cand < info.n_sealed:
+                bi = self.agent.block_info(cand)
+                if bi.first_token + bi.n_tokens > live_first:
                     break
-                local, n_local = local + nt, n_local + 1
-        hits = kt.retrieve(self.agent, self.probe(prompt, N), top_k=(b - local) // BLOCK if b else 2**30,
-                           skip_recent=n_local, mode=kvmem.RETRIEVE_AABB, norm=kvmem.NORM_SOFTMAX,
-                           agg=kvmem.AGG_MAX)
-        blocks, M = [int(x) for x in hits.get()[0]], hits.n_tokens()
-        if M:
-            kt.gather(self.agent, blocks, max(N - local - M, 0), out=cache)
-        if local:
-            kt.read(self.agent, N - local, local, rotate=True, out=cache, out_start=M)
-        cache.n = M + local
-        return {"blocks": blocks, "retrieved": M, "local": local}
+                cand += 1
+            top_k = memory // BLOCK
+            if cand > 0 and top_k > 0:
+                hits = kt.retrieve(self.agent, self.probe(prompt), top_k=top_k, skip_recent=info.n_sealed - cand,
+                                   mode=kvmem.RETRIEVE_AABB, norm=kvmem.NORM_SOFTMAX, agg=kvmem.AGG_MAX)
+                ids, scores = hits.get()
+                blocks = arrange_runs([int(b) for b in ids], [float(s) for s in scores])
+                if blocks:
+                    kt.gather(self.agent, blocks, 0, out=cache)
+                    cache.n = hits.n_tokens()
+        self.put_tokens(live_first, N - live_first, cache)
+        return {"blocks": blocks, "local": N - live_first}
 
-    def print_range(self, label: str, first: int, n: int) -> None:
-        show(label, self.tok.decode(self.agent.tokens(first, n)))
-
-    def kvmem_memory(self, prompt: list, cache: KVCache, verbose: bool) -> None:
-        N = self.n
-        info = self.memory(prompt, budget_for(N), cache)
-        if not verbose:
-            return
-        nb = len(info["blocks"])
-        print(f"  kvmem memory, {cache.n} of {N} history tokens: the live context ({info['local']} tokens) and "
-              f"{nb} retrieved block{'' if nb == 1 else 's'} ({info['retrieved']} tokens, re-encoded just "
-              f"before it):")
-        for blk in info["blocks"]:
-            bi = self.agent.block_info(blk)
-            self.print_range(f"    retrieved block {blk} (tokens {bi.first_token}-{bi.first_token + bi.n_tokens - 1}): ",
-                             bi.first_token, bi.n_tokens)
-        if info["local"]:
-            self.print_range("    live context: ", N - info["local"], info["local"])
-
-    def continue_text(self, cache: KVCache, prompt: list, N: int):
+    def continue_text(self, cache: KVCache, prompt: list):
         """Prefill the prompt on the memory in the cache, then continue greedily
-        for up to GEN tokens (to a story boundary); every token's K/V row ends
-        up in the cache. Returns (continuation ids, the prompt's logits)."""
-        logits = self.model(prompt, range(N, N + len(prompt)), cache)
+        for up to GEN tokens (to a story boundary). Returns (continuation ids,
+        the prompt's logits)."""
+        base = cache.n
+        logits = self.model(prompt, range(base, base + len(prompt)), cache)
         t, gen = int(logits[-1].argmax()), []
         while len(gen) < GEN and t > 2:  # 0 unk, 1 BOS, 2 EOS: the story ends
             gen.append(t)
-            t = int(self.model([t], [N + len(prompt) + len(gen) - 1], cache)[-1].argmax())
+            if len(gen) == GEN:
+                break  # nothing reads the last token's logits
+            t = int(self.model([t], [base + len(prompt) + len(gen) - 1], cache)[-1].argmax())
         return gen, logits
 
-    def session(self, no: int, text: str) -> None:
+    def window_cache(self) -> KVCache:
+        """One window of the model, as the C demo allocates it."""
+        return KVCache(self.cfg, self.cfg.seq_len)
+
+    def session(self, text: str) -> dict:
+        """One session of phase 1: the prompt read on kvmem's window, its rows
+        (the session's text, as the engine computed them) appended to the agent.
+        The continuation is the model's guess, not the story: it stays out."""
         N = self.n
         prompt = self.tok.encode(text, bos=N == 0)
-        print(f"\nsession {no} (history {N} tokens; memory budget {budget_for(N)}):")
-        show("  new text: ", text)
-        cache = KVCache(self.cfg, N + len(prompt) + GEN + 1)
-        if N > 0:
-            self.kvmem_memory(prompt, cache, True)
+        cache = self.window_cache()
+        info = self.memory(prompt, cache)
         mem_rows = cache.n
-        gen, _ = self.continue_text(cache, prompt, N)
-        show("  continued with kvmem memory: " if N > 0 else "  continued: ", self.tok.decode(gen))
-        # the session and its continuation, from the engine's cache as computed (post-RoPE keys)
-        ids = prompt + gen
-        kt.append(self.agent, cache, start=mem_rows, stop=mem_rows + len(ids), positions=N, token_ids=ids)
-        self.agent.flush()
-        print(f"  tokens through the model: {len(prompt)} new + {len(prompt) if N else 0} probe "
-              f"(a text agent re-reading its history: {N + len(prompt)})")
+        self.model(prompt, range(mem_rows, mem_rows + len(prompt)), cache)
+        kt.append(self.agent, cache, start=mem_rows, stop=mem_rows + len(prompt), positions=mem_rows,
+                  token_ids=prompt)
+        return {"prompt": prompt, "history": N, **info}
 
-    def last_session_logits(self) -> torch.Tensor:
-        """The last session's prompt logits over kvmem's memory of the agent as it stands."""
-        prompt = self.tok.encode(SESSIONS[-1], bos=False)
-        N = self.n
-        cache = KVCache(self.cfg, N + len(prompt))
-        self.kvmem_memory(prompt, cache, False)
-        return self.model(prompt, range(N, N + len(prompt)), cache)
+    def prompt_logits(self, text: str) -> torch.Tensor:
+        """A prompt's logits over kvmem's window of the agent as it stands."""
+        prompt = self.tok.encode(text, bos=self.n == 0)
+        cache = self.window_cache()
+        self.memory(prompt, cache)
+        return self.model(prompt, range(cache.n, cache.n + len(prompt)), cache)
+
+    def text(self, first: int, n: int) -> str:
+        return show(self.tok.decode(self.agent.tokens(first, n)))
 
 
 def phase1(agent: StoryAgent, state: str) -> None:
+    print(f"\nphase 1: {len(SESSIONS) - 1} sessions of a story go into the agent")
+    prefilled = probed = reread = 0
     for i, text in enumerate(SESSIONS[:-1]):
-        agent.session(i + 1, text)
-    logits = agent.last_session_logits()
+        r = agent.session(text)
+        np_, N = len(r["prompt"]), agent.n
+        print(f"  session {i + 1:2d}, {np_:3d} tokens (history {N:4d}, {agent.windows(N)} windows) {show(text, 44)}")
+        prefilled += np_
+        probed += np_ if r["blocks"] else 0
+        reread += r["history"] + np_
+    logits = agent.prompt_logits(SESSIONS[-1])
     path = os.path.join(state, "story-agent.safetensors")
     agent.agent.save(path)
     # the C demo's format: the prompt's logits as raw float32
     with open(os.path.join(state, "story-expect.bin"), "wb") as f:
         f.write(logits.contiguous().numpy().tobytes())
-    print(f"\nsaved the agent ({agent.n} tokens) to {path}")
+    N = agent.n
+    print(f"saved the agent ({N} tokens, {agent.windows(N)} windows of the model) to {path}\n"
+          f"kvmem ran {prefilled + probed} tokens through the model ({prefilled} of text, {probed} of probes); "
+          f"a text agent re-reading its history each session: {reread}")
 
 
 def phase2(agent: StoryAgent, state: str) -> int:
     path = os.path.join(state, "story-agent.safetensors")
     agent.agent.load(path)
-    print(f"\nrestart: a new process loaded the agent 'story-agent' ({agent.n} tokens) from {path}")
-    got = agent.last_session_logits()
+    N = agent.n
+    print(f"\nphase 2: a new process loaded the agent 'story-agent' ({N} tokens) from {path}")
+    got = agent.prompt_logits(SESSIONS[-1])
     with open(os.path.join(state, "story-expect.bin"), "rb") as f:
         want = torch.frombuffer(bytearray(f.read()), dtype=torch.float32).view(got.shape)
     worst = float((got - want).abs().max())
@@ -404,7 +509,26 @@ def phase2(agent: StoryAgent, state: str) -> int:
           f"{'identical to phase 1' if worst == 0 else 'DIFFER from phase 1'} (max difference {worst:g})")
     if worst != 0:
         return 1
-    agent.session(len(SESSIONS), SESSIONS[-1])
+    text = SESSIONS[-1]
+    prompt = agent.tok.encode(text, bos=N == 0)
+    cache = agent.window_cache()
+    info = agent.memory(prompt, cache)
+    print(f"\nsession {len(SESSIONS)} (history {N} tokens, {agent.windows(N)} windows of the model): {show(text)}")
+    print(f"  (the next word, in a story of this kind, is its girl's name: {NAME}, named in session 1 only)")
+    nb = len(info["blocks"])
+    print(f"  kvmem retrieved {nb} block{'' if nb == 1 else 's'} of 16 tokens by the text's queries against the "
+          f"blocks' key boxes (placed: runs of adjacent blocks, the best run nearest the text):")
+    for b in info["blocks"]:
+        bi = agent.agent.block_info(b)
+        print(f"    block {b:3d}  tokens {bi.first_token:4d}-{bi.first_token + bi.n_tokens - 1:<4d} "
+              f"{agent.text(bi.first_token, bi.n_tokens)}")
+    if info["local"]:
+        print(f"  it ends with the live context, the newest {info['local']} tokens: "
+              f"{agent.text(N - info['local'], info['local'])}")
+    gen, _ = agent.continue_text(cache, prompt)
+    print("  continued on               tokens run through the model")
+    print(f"    kvmem's memory           {f'{2 * len(prompt)}: the text + its probe':<28} "
+          f"{show(agent.tok.decode(gen))}")
     return 0
 
 

@@ -173,6 +173,10 @@ const CASES = [
   ['h2oKeep(budget)', I64, (w, x) => kvmem.h2oKeep([1, 1, 1, 1], x, 1)],
   ['h2oKeep(recent)', I64, (w, x) => kvmem.h2oKeep([1, 1, 1, 1], 2, x)],
   ['snapkvScore(poolKernel)', I32, (w, x) => kvmem.snapkvScore(w.ctx, spec, w.q, w.k, x)],
+  ['arrange(blocks)', I32, (w, x) => kvmem.arrange([1, x], [0.5, 0.25]), 'blocks[1]'],
+  ['windowSplit(window)', I32, (w, x) => kvmem.windowSplit(x, 0, 0.5, 0.25, 4)],
+  ['windowSplit(reserve)', I32, (w, x) => kvmem.windowSplit(64, x, 0.5, 0.25, 4)],
+  ['windowSplit(blockSize)', I32, (w, x) => kvmem.windowSplit(64, 0, 0.5, 0.25, x)],
   ['KVStore(pageSlots)', I32, (w, x) => new kvmem.KVStore(spec, { pageSlots: x })],
   ['KVStore(maxSlots)', I64, (w, x) => new kvmem.KVStore(spec, { maxSlots: x })],
   ['KVStore.slotRefs(slot)', I32, (w, x) => w.kvs.slotRefs(x)],
@@ -282,7 +286,8 @@ test('every integer parameter and option of index.d.ts has a row', () => {
   const dts = fs.readFileSync(path.join(__dirname, '..', 'index.d.ts'), 'utf8').replace(/\/\*[\s\S]*?\*\//g, '');
   const FLOATS = new Set(['ropeTheta', 'ropeFactor', 'ropeLowFreqFactor', 'ropeHighFreqFactor', 'yarnBetaFast', 'yarnBetaSlow',
     'yarnAttnFactor', 'tau', 'rrC', 'scale', 'tauS', 'tauD', 'avg', 'ratio', 'bandwidthGbps', 'lambda', 'minRatio', 'emb', 'q2s',
-    's2s', 'scores', 'computeMs', 'memory', 'rule', 'probs', 'acc', 'level', 'nThreads']);
+    's2s', 'scores', 'computeMs', 'memory', 'rule', 'probs', 'acc', 'level', 'nThreads',
+    'memoryShare', 'liveShare']);
   const INPUTS = ['ModelSpec', 'PoolParams', 'AppendOptions', 'RetrieveOptions', 'SegmentsParams', 'AttendOptions', 'TensorView'];
   const found = new Set();
   let owner = '';

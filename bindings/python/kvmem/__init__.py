@@ -35,6 +35,8 @@ from ._attend import (ATTEND_IMPORTANCE, ATTEND_INDEX, ATTEND_SCORED, ATTEND_MAX
                       ATTEND_PROBE_SIZE, ATTEND_PROBE_STRIDED, ATTEND_RECENT, ATTEND_SRC_AGENT,
                       ATTEND_SRC_SLOTMAP, ATTEND_SRC_TENSORS, attend)
 
+from ._window import WindowPlan, arrange, window_split
+
 __version__ = "0.1.0"
 
 __all__ = [n for n in dir() if not n.startswith("_")]

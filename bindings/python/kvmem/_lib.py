@@ -295,6 +295,10 @@ class kvmem_prefix_result(Structure):
                 ("process_from", c_size_t)]
 
 
+class kvmem_window_plan(Structure):
+    _fields_ = [("memory_tokens", c_int32), ("top_k", c_int32), ("live_tokens", c_int32)]
+
+
 # void (*kvmem_log_callback)(kvmem_log_level level, const char *message, void *user_data)
 kvmem_log_callback = CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
 
@@ -559,6 +563,11 @@ _d("kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budget, int
 _d("kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec, const kvmem_tensor *q_obs, "
    "const kvmem_tensor *k, int32_t pool_kernel, float *scores)",
    STATUS, ctx_p, POINTER(kvmem_model_spec), T_p, T_p, c_int32, c_void_p)
+_d("kvmem_status kvmem_arrange(const int32_t *blocks, const float *scores, int32_t n, kvmem_arrange_order order, "
+   "int32_t *out)", STATUS, c_void_p, c_void_p, c_int32, c_enum, c_void_p)
+_d("kvmem_status kvmem_window_split(int32_t window, int32_t reserve, float memory_share, float live_share, "
+   "int32_t block_size, kvmem_window_plan *out)",
+   STATUS, c_int32, c_int32, ctypes.c_float, ctypes.c_float, c_int32, POINTER(kvmem_window_plan))
 _d("kvmem_status kvmem_kvstore_params_init(kvmem_kvstore_params *params, size_t struct_size)", STATUS,
    POINTER(kvmem_kvstore_params), c_size_t)
 _d("kvmem_status kvmem_kvstore_create(const kvmem_model_spec *spec, const kvmem_kvstore_params *params, "
