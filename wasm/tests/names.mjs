@@ -74,6 +74,7 @@ const ONLY = {
         .map((n) => [n, 'IntentKV (eviction, slot maps) is not in the WebAssembly API yet']),
       ...['batchMerge', 'batchExtract'].map((n) => [n, 'batching is not in the WebAssembly API yet']),
       ...['LOG_DEBUG', 'LOG_INFO', 'LOG_WARN', 'LOG_ERROR'].map((n) => [n, 'no log callback in the module']),
+      ...['arrange', 'windowSplit'].map((n) => [n, 'the window placement helpers are not in the WebAssembly API yet']),
     ]),
   },
 };
