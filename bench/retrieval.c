@@ -59,11 +59,22 @@
  *   result_bytes            what the step returns: gathered K and V, attention outputs, the selection
  *   block_score_bytes       the result's per-block scores S(b) (kvmem_retrieval_block_scores), 4 bytes a
  *                           block: what retrieval reads back (summed over layers and heads on the device,
- *                           dev_score_reduce; before, the per-(layer, query head) scores, L x Hq times this) */
+ *                           dev_score_reduce; before, the per-(layer, query head) scores, L x Hq times this)
+ * Each decode_step line is preceded by a "decode_cases" line on the same agent:
+ *   host_bytes              the agent's KV and AABB bytes in host memory (kvmem_agent_info.bytes)
+ *   mirror_device_bytes     what its device mirror holds (core/pool/resident.h: f32 boxes, K, V and
+ *                           rotated K at their allocated capacity); mirror_per_host_byte the ratio;
+ *                           mirror_device_bytes_after_truncate after the truncate below (0: dropped)
+ *   <case>_h2d_bytes, _d2h_bytes  one whole step (retrieve, gather, attend every layer, full
+ *                           attention) in turn: steady; exclude_first (exclude = {block 0}: the
+ *                           candidates stay one run of blocks); exclude_middle (the middle block:
+ *                           two runs); steady_again; new_base (attention at base_position 7);
+ *                           truncate (after truncating the agent by 4 blocks) */
 #include "bench.h"
 #include "kvmem.h"
 #include "cpu/kernels.h"
 #include "pool/pool.h"
+#include "pool/resident.h"
 #include "synth.h"
 
 #include <math.h>
@@ -324,6 +335,64 @@ static int lay_gather(const lay_ctx *c, kvmem_dtype dt, const int32_t *blocks, i
     return rc;
 }
 
+/* One whole decode step (retrieve 1 query token, gather the selection, attend
+ * every layer over the agent at positions base + index, full attention) and
+ * its host <-> device bytes in x[0] (up) and x[1] (down). */
+static int whole_step(kvmem_context *ctx, kvmem_agent *ag, kvmem_retrieval *r, const kvmem_model_spec *spec,
+                      const float *q, float *gk, float *gv, float *out, int top_k, const int32_t *excl, int32_t n_excl,
+                      int64_t base, uint64_t x[2]) {
+    const int32_t L = spec->n_layers, H = spec->n_kv_heads, NQ = spec->n_q_heads, D = spec->head_dim;
+    uint64_t h0, d0, h1, d1;
+    kvmem_context_transfer_stats(ctx, &h0, &d0);
+    int64_t qs[4] = {1, L, NQ, D};
+    kvmem_tensor qt;
+    kvmem_tensor_init(&qt, (void *)(uintptr_t)q, KVMEM_F32, 4, qs);
+    kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+    rp.top_k = top_k;
+    rp.exclude = excl;
+    rp.n_exclude = n_excl;
+    const int32_t *sel = NULL;
+    int32_t n_sel = 0;
+    int64_t m = 0;
+    int rc = kvmem_retrieve(ag, &qt, &rp, r) != KVMEM_OK || kvmem_retrieval_get(r, 0, &sel, NULL, &n_sel) != KVMEM_OK ||
+             kvmem_retrieval_n_tokens(r, 0, &m) != KVMEM_OK;
+    int64_t gs[4] = {L, m, H, D};
+    kvmem_tensor kt, vt;
+    kvmem_tensor_init(&kt, gk, KVMEM_F32, 4, gs);
+    kvmem_tensor_init(&vt, gv, KVMEM_F32, 4, gs);
+    rc = rc || kvmem_gather(ag, sel, n_sel, 0, &kt, &vt) != KVMEM_OK;
+    kvmem_attend_params ap = kvmem_attend_default_params();
+    ap.order = KVMEM_ATTEND_RECENT;
+    ap.tau_s = ap.tau_d = 0;
+    for (int32_t l = 0; l < L && !rc; l++) {
+        int64_t as[3] = {1, NQ, D};
+        kvmem_tensor aq, ao;
+        kvmem_tensor_init(&aq, (void *)(uintptr_t)(q + (size_t)l * (size_t)NQ * (size_t)D), KVMEM_F32, 3, as);
+        kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as);
+        kvmem_attend_source src;
+        memset(&src, 0, sizeof src);
+        src.kind = KVMEM_ATTEND_SRC_AGENT;
+        src.agent = ag;
+        src.layer = l;
+        src.base_position = base;
+        rc = kvmem_attend(ctx, &aq, &src, &ap, &ao, NULL) != KVMEM_OK;
+    }
+    kvmem_context_transfer_stats(ctx, &h1, &d1);
+    x[0] = h1 - h0;
+    x[1] = d1 - d0;
+    return rc;
+}
+
+/* Bytes the agent's device mirror holds (core/pool/resident.h), 0 without one. */
+static uint64_t mirror_bytes(const kvmem_agent *ag, const kvmem_model_spec *spec) {
+    const kvm_resident *r = ag->mem ? ag->mem->res : NULL;
+    if (!r) return 0;
+    const uint64_t row = (uint64_t)spec->n_kv_heads * (uint64_t)spec->head_dim * 4, L = (uint64_t)spec->n_layers;
+    return 2 * (uint64_t)r->cap_blocks * L * row        /* s_max, s_min */
+           + 3 * L * (uint64_t)r->cap_tok * row         /* K, V, rotated K */
+           + (uint64_t)r->cap_tok * 4 + (uint64_t)(r->recent ? r->recent_cap : 0) * 4;
+}
+
 /* One decode step's transfers on an agent of T tokens (see "decode_step"). */
 static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const kvmem_model_spec *spec, kvm_synth *syn,
                             int64_t T, int top_k) {
@@ -392,6 +461,46 @@ static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const k
                 rc = kvmem_attend(ctx, &aq, &src, &ap, &ao, NULL) != KVMEM_OK;
             }
             kvmem_context_transfer_stats(ctx, &x[3 + stop][0], &x[3 + stop][1]);
+        }
+    }
+    /* the mirror's size, and the whole step again: steady, after an exclude
+     * list, after a new base_position, after a truncate (see "decode_cases") */
+    uint64_t cs[6][2] = {{0}}, mirror = 0, mirror_trunc = 0, host = 0;
+    if (!rc) {
+        kvmem_agent_info ai;
+        rc = kvmem_agent_get_info(ag, &ai) != KVMEM_OK;
+        host = ai.bytes;
+        mirror = mirror_bytes(ag, spec);
+        const int32_t excl_first[1] = {0}, excl_mid[1] = {(int32_t)(T / BS / 2)};
+        rc = rc || whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, NULL, 0, 0, cs[0]) ||
+             whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, excl_first, 1, 0, cs[1]) ||
+             whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, excl_mid, 1, 0, cs[2]) ||
+             whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, NULL, 0, 0, cs[3]) ||
+             whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, NULL, 0, 7, cs[4]) ||
+             kvmem_agent_truncate(ag, T - 4 * BS) != KVMEM_OK ||
+             whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, NULL, 0, 0, cs[5]);
+        mirror_trunc = mirror_bytes(ag, spec);
+        if (!rc && o->json) {
+            kvm_json_begin(o->out, "retrieval");
+            kvm_json_str(o->out, "kind", "decode_cases");
+            kvm_json_str(o->out, "backend", kvmem_context_backend(ctx));
+            kvm_json_str(o->out, "model", spec->model_id);
+            kvm_json_int(o->out, "tokens", (long long)T);
+            kvm_json_int(o->out, "top_k", top_k);
+            kvm_json_int(o->out, "host_bytes", (long long)host);
+            kvm_json_int(o->out, "mirror_device_bytes", (long long)mirror);
+            kvm_json_num(o->out, "mirror_per_host_byte", host ? (double)mirror / (double)host : 0);
+            kvm_json_int(o->out, "mirror_device_bytes_after_truncate", (long long)mirror_trunc);
+            static const char *cn[6] = {"steady", "exclude_first", "exclude_middle", "steady_again", "new_base",
+                                        "truncate"};
+            for (int i = 0; i < 6; i++) {
+                char key[48];
+                snprintf(key, sizeof key, "%s_h2d_bytes", cn[i]);
+                kvm_json_int(o->out, key, (long long)cs[i][0]);
+                snprintf(key, sizeof key, "%s_d2h_bytes", cn[i]);
+                kvm_json_int(o->out, key, (long long)cs[i][1]);
+            }
+            kvm_json_end(o->out);
         }
     }
     if (!rc) {

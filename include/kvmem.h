@@ -1303,6 +1303,8 @@ KVMEM_API kvmem_status kvmem_attend_errbuf(kvmem_context *ctx, const kvmem_tenso
  *    read-only rule may give way to appends kept in memory;
  *  - the context's transfer counters: what counts follows device residency,
  *    which is still growing;
+ *  - device tensors: which calls read device memory in place grows with the
+ *    device paths, and engines may want kvmem on their own Vulkan device;
  *  - placement and the window split: measured on two small models
  *    (examples/tinyllm eval --beyond); their defaults follow more models. */
 #ifdef KVMEM_EXPERIMENTAL
@@ -1320,6 +1322,109 @@ KVMEM_API kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, ui
                                                     uint64_t *d2h_bytes);
 /* Set both counters to 0. Errors: KVMEM_ERR_INVALID_ARG. Thread-safe. */
 KVMEM_API kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx);
+
+/* ---- Device tensors: K, V, Q and outputs in device memory ------------------ */
+
+/* A kvmem_tensor can name device memory instead of host memory: its dtype
+ * carries KVMEM_DTYPE_DEVICE and its data points to a kvmem_device_memory
+ * (host memory, borrowed for the call like the tensor) saying where the
+ * elements are. Shape and strides keep their meaning (elements from element
+ * 0). kvmem_tensor itself is unchanged, so binaries built against an older
+ * header are unaffected, and an older library refuses such a tensor as a
+ * bad dtype (KVMEM_ERR_INVALID_ARG) rather than reading it.
+ *
+ * Which calls take them: kvmem_agent_append (K, V), kvmem_retrieve (query),
+ * kvmem_gather (k_out, v_out), kvmem_attend (q, out, and a TENSORS or
+ * SLOTMAP source's k and v), on a context whose backend owns that memory
+ * ("vulkan" for KVMEM_MEMORY_VULKAN, "cuda" for KVMEM_MEMORY_CUDA). Every
+ * other call, and a device tensor on any other context (a CPU context
+ * included), is refused with KVMEM_ERR_UNSUPPORTED naming the tensor and
+ * the kind of memory; nothing is read or written then.
+ * What moves (kvmem_context_transfer_stats counts every byte):
+ *  - kvmem_gather on the device writes f32 outputs whose rows are
+ *    contiguous ([n_kv_heads][head_dim] dense, any layer stride) straight
+ *    into the caller's memory: nothing comes back to the host;
+ *  - kvmem_attend's device path reads F32 or F16 K and V (both the same
+ *    dtype, [T][n_kv_heads][head_dim] dense) where they are: nothing goes
+ *    up but q, the slot map and the visiting order;
+ *  - kvmem_agent_append copies K and V down once (the pool keeps its
+ *    blocks in host memory; the device mirror is filled from there);
+ *  - everything else (other dtypes or layouts, a query, q and out, a plan
+ *    that runs on the CPU) goes through one host copy of the tensor's
+ *    span: down for what the call reads, up for what it writes (preceded
+ *    by a copy down where the span has gaps the call does not write).
+ * Errors stay all-or-nothing, with one exception: a device failure
+ * (KVMEM_ERR_BACKEND) while results go into device outputs (gather's in
+ * place, or the write-back of two outputs) may leave them partly written;
+ * argument errors are found before any write.
+ * Synchronisation: the memory must be ready when the call starts and is
+ * ready when it returns (the calls are synchronous). Vulkan: the buffer
+ * must live on the context's VkDevice (kvmem_context_vulkan_device) with
+ * usage STORAGE_BUFFER | TRANSFER_SRC | TRANSFER_DST, and the caller must not
+ * use that device's queue from another thread during the call. CUDA: the
+ * backend orders its work after the tensor's stream and waits for its own
+ * before returning. */
+#define KVMEM_DTYPE_DEVICE 0x100
+
+typedef enum kvmem_memory_kind {
+    KVMEM_MEMORY_HOST = 0,   /* not a device tensor (refused in a descriptor) */
+    KVMEM_MEMORY_CUDA = 1,   /* a CUDA device pointer */
+    KVMEM_MEMORY_VULKAN = 2  /* a VkBuffer */
+} kvmem_memory_kind;
+
+typedef struct kvmem_device_memory {
+    size_t struct_size;     /* sizeof(kvmem_device_memory), set by kvmem_device_memory_default() */
+    kvmem_memory_kind kind;
+    int32_t device;         /* CUDA: the device ordinal; VULKAN: 0 */
+    uint64_t handle;        /* CUDA: the device pointer; VULKAN: the VkBuffer (a 64-bit handle) */
+    uint64_t offset;        /* bytes from handle to element 0 */
+    uint64_t size;          /* bytes of the allocation from handle (VkBuffer size, cudaMalloc size):
+                               every element must lie in [offset, size) */
+    void *stream;           /* CUDA: the cudaStream_t the data is ordered on (NULL: the legacy
+                               default stream); VULKAN: NULL */
+} kvmem_device_memory;
+
+/* Every field's default is zero: the struct zeroed, struct_size set (the
+ * library reads it by the rules of params structs, "ABI and versioning"). */
+static inline kvmem_device_memory kvmem_device_memory_default(void) {
+    kvmem_device_memory m;
+    m.struct_size = sizeof m; /* every byte set: the struct has no padding */
+    m.kind = KVMEM_MEMORY_HOST;
+    m.device = 0;
+    m.handle = 0;
+    m.offset = 0;
+    m.size = 0;
+    m.stream = NULL;
+    return m;
+}
+
+/* Fill *out as a contiguous row-major view of the memory mem describes
+ * (data = mem, dtype | KVMEM_DTYPE_DEVICE); set strides after it for other
+ * layouts. mem is borrowed: it must outlive every call given *out.
+ * Errors: KVMEM_ERR_INVALID_ARG (as kvmem_tensor_init; mem NULL, a kind
+ * that is not CUDA or VULKAN, handle 0, elements beyond size), nothing
+ * written then. */
+KVMEM_API kvmem_status kvmem_tensor_init_device(kvmem_tensor *out, const kvmem_device_memory *mem,
+                                                kvmem_dtype dtype, int32_t ndim, const int64_t *shape);
+
+/* The Vulkan objects a "vulkan" context runs on, so an engine creates its
+ * buffers on the same device. Handles are the Vulkan ones cast to
+ * pointers (VkInstance, VkPhysicalDevice, VkDevice, VkQueue), owned by the
+ * context: valid until kvmem_context_free, never destroyed by the caller. */
+typedef struct kvmem_vulkan_device {
+    size_t struct_size;       /* sizeof(kvmem_vulkan_device): set it before the call */
+    void *instance;
+    void *physical_device;
+    void *device;
+    void *queue;              /* the one queue kvmem submits to */
+    uint32_t queue_family;
+    uint32_t api_version;     /* VkPhysicalDeviceProperties.apiVersion */
+} kvmem_vulkan_device;
+
+/* Fill the first out->struct_size bytes of *out. Errors:
+ * KVMEM_ERR_INVALID_ARG (NULL, impossible struct_size), KVMEM_ERR_UNSUPPORTED
+ * (the context's backend is not "vulkan"). */
+KVMEM_API kvmem_status kvmem_context_vulkan_device(const kvmem_context *ctx, kvmem_vulkan_device *out);
 
 /* ---- Query memory: the residual head ------------------------------------ */
 

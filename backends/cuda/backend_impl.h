@@ -14,6 +14,7 @@ struct kvmem_buffer {
     void *dev;
     size_t size;    // bytes the caller asked for (ranges are checked against it)
     size_t granted; // bytes of the allocator's block
+    int borrowed;   // a caller's device memory (a device tensor): never released to the allocator
 };
 
 struct kvm_cu_backend {

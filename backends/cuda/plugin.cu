@@ -92,6 +92,45 @@ static kvmem_status cu_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer
         return kvm_cu_fail(KVMEM_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes of device memory", size);
     }
     buf->size = size;
+    buf->borrowed = 0;
+    *out = buf;
+    return KVMEM_OK;
+}
+
+// A caller's device memory (kvmem.h, "Device tensors"): checked against this
+// backend's device (host/wrap.c), then ordered after the caller's stream so
+// every kernel and copy of the call sees what the caller's queued work wrote.
+static kvmem_status cu_buffer_wrap(kvmem_backend *be, const kvmem_device_memory *mem, kvmem_buffer **out) {
+    kvm_cu_backend *b = cu_impl(be);
+    if (!out) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "cuda buffer_wrap: out is NULL");
+    *out = nullptr;
+    cudaSetDevice(b->device);
+    int is_dev = 0, dev = -1;
+    if (mem && mem->handle) {
+        cudaPointerAttributes pa;
+        if (cudaPointerGetAttributes(&pa, reinterpret_cast<const void *>(static_cast<uintptr_t>(mem->handle))) ==
+            cudaSuccess) {
+            is_dev = pa.type == cudaMemoryTypeDevice || pa.type == cudaMemoryTypeManaged;
+            dev = pa.device;
+        } else {
+            (void)cudaGetLastError(); // an unknown pointer is not sticky
+        }
+    }
+    kvmem_status st = kvm_cu_wrap_check(mem, b->device, dev, is_dev);
+    if (st != KVMEM_OK) return st;
+    cudaStream_t user = static_cast<cudaStream_t>(mem->stream);
+    if ((st = cu_check(cudaEventRecord(b->compute_done, user), "ordering after the tensor's stream")) != KVMEM_OK ||
+        (st = cu_check(cudaStreamWaitEvent(b->stream, b->compute_done, 0), "ordering after the tensor's stream")) !=
+            KVMEM_OK ||
+        (st = cu_check(cudaStreamWaitEvent(b->copy_stream, b->compute_done, 0), "ordering after the tensor's stream")) !=
+            KVMEM_OK)
+        return st;
+    kvmem_buffer *buf = static_cast<kvmem_buffer *>(malloc(sizeof *buf));
+    if (!buf) return kvm_cu_fail(KVMEM_ERR_NOMEM, "cuda backend: out of host memory");
+    buf->dev = reinterpret_cast<void *>(static_cast<uintptr_t>(mem->handle));
+    buf->size = static_cast<size_t>(mem->size);
+    buf->granted = 0;
+    buf->borrowed = 1;
     *out = buf;
     return KVMEM_OK;
 }
@@ -100,6 +139,14 @@ static void cu_buffer_free(kvmem_backend *be, kvmem_buffer *buf) {
     if (!buf) return;
     kvm_cu_backend *b = cu_impl(be);
     cudaSetDevice(b->device);
+    if (buf->borrowed) {
+        // the call ends here: the caller's memory is written and no kernel
+        // of this backend reads it any more when the call returns
+        cudaStreamSynchronize(b->stream);
+        cudaStreamSynchronize(b->copy_stream);
+        free(buf);
+        return;
+    }
     // a later upload into a block reused from this one must not overtake
     // kernels still reading it: order the copy stream behind the compute stream
     cudaEventRecord(b->free_done, b->stream);
@@ -198,6 +245,9 @@ static kvmem_status e_upload(kvmem_backend *be, kvmem_buffer *dst, size_t off, c
 static kvmem_status e_download(kvmem_backend *be, const kvmem_buffer *src, size_t off, void *dst, size_t n) {
     return cu_ret(be, cu_download(be, src, off, dst, n));
 }
+static kvmem_status e_buffer_wrap(kvmem_backend *be, const kvmem_device_memory *mem, kvmem_buffer **out) {
+    return cu_ret(be, cu_buffer_wrap(be, mem, out));
+}
 static kvmem_status e_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) { return cu_ret(be, kvm_cu_dev_score(be, a)); }
 static kvmem_status e_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
     return cu_ret(be, kvm_cu_dev_score_reduce(be, a));
@@ -286,6 +336,7 @@ static void *cu_proc(kvmem_backend *be, const char *name) {
         {KVMEM_CUDA_PROC_TOPK, (void *)kvm_cu_op_topk},
         {KVMEM_CUDA_PROC_GATHER_ROPE, (void *)kvm_cu_op_gather_rope},
         {KVMEM_CUDA_PROC_QMEM_SCORE, (void *)kvm_cu_op_qmem_score},
+        {KVM_PROC_BUFFER_WRAP, (void *)e_buffer_wrap},
     };
     for (const auto &p : procs)
         if (strcmp(p.name, name) == 0) return p.fn;

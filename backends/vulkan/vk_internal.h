@@ -60,9 +60,11 @@ struct kvmem_buffer {
     size_t size;     /* what the caller asked for */
     VkDeviceSize cap; /* allocated: size rounded up to whole words, at least 4 */
     void *map;       /* persistent mapping when host-visible and coherent, else NULL */
+    int borrowed;    /* a caller's VkBuffer (a device tensor): destroying frees only this struct */
 };
 
 typedef struct kvm_vk {
+    VkInstance inst; /* the process-wide instance (vk_device.c) */
     VkPhysicalDevice phys;
     VkDevice dev;
     struct VolkDeviceTable vk;
@@ -117,6 +119,8 @@ kvmem_status kvm_vk_buffer_create(kvm_vk *v, size_t size, int device, kvmem_buff
 void kvm_vk_buffer_destroy(kvm_vk *v, kvmem_buffer *b);
 kvmem_status kvm_vk_upload(kvm_vk *v, kvmem_buffer *dst, size_t off, const void *src, size_t n);
 kvmem_status kvm_vk_download(kvm_vk *v, const kvmem_buffer *src, size_t off, void *dst, size_t n);
+/* A caller's VkBuffer of mem->size bytes as a borrowed buffer (device tensors). */
+kvmem_status kvm_vk_buffer_wrap(kvm_vk *v, const kvmem_device_memory *mem, kvmem_buffer **out);
 
 /* ---- vk_exec.c ---- */
 /* Begin recording into v->cmd (v->mu held by the caller). */

@@ -4,6 +4,7 @@
  * staging buffer in chunks with vkCmdCopyBuffer. */
 #include "vk_internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,8 +51,29 @@ kvmem_status kvm_vk_buffer_create(kvm_vk *v, size_t size, int device, kvmem_buff
     return KVMEM_OK;
 }
 
+kvmem_status kvm_vk_buffer_wrap(kvm_vk *v, const kvmem_device_memory *mem, kvmem_buffer **out) {
+    *out = NULL;
+    if (mem->kind != KVMEM_MEMORY_VULKAN)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "vulkan: memory of kind %d is not a VkBuffer", (int)mem->kind);
+    if (mem->size > SIZE_MAX)
+        return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "vulkan: a buffer of %llu bytes does not fit this process",
+                           (unsigned long long)mem->size);
+    kvmem_buffer *b = calloc(1, sizeof *b);
+    if (!b) return kvm_vk_fail(v, KVMEM_ERR_NOMEM, "vulkan: out of host memory");
+    b->buf = (VkBuffer)(uintptr_t)mem->handle;
+    b->size = (size_t)mem->size;
+    b->cap = (VkDeviceSize)mem->size;
+    b->borrowed = 1; /* never mapped here: the caller's memory type may not be host-visible */
+    *out = b;
+    return KVMEM_OK;
+}
+
 void kvm_vk_buffer_destroy(kvm_vk *v, kvmem_buffer *b) {
     if (!b) return;
+    if (b->borrowed) {
+        free(b);
+        return;
+    }
     if (b->map) v->vk.vkUnmapMemory(v->dev, b->mem);
     if (b->buf) v->vk.vkDestroyBuffer(v->dev, b->buf, NULL);
     if (b->mem) v->vk.vkFreeMemory(v->dev, b->mem, NULL);

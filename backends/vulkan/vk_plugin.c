@@ -114,15 +114,42 @@ static double vk_last_op_seconds(kvmem_backend *be) {
     return s;
 }
 
+/* ---- device tensors ---- */
+
+static kvmem_status vk_buffer_wrap(kvmem_backend *be, const kvmem_device_memory *mem, kvmem_buffer **out) {
+    kvm_vk *v = impl(be);
+    if (!mem || !out) return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "vulkan buffer_wrap: %s is NULL", !mem ? "mem" : "out");
+    return kvm_vk_buffer_wrap(v, mem, out);
+}
+
+static void vk_device_handles(kvmem_backend *be, kvmem_vulkan_device *out) {
+    const kvm_vk *v = impl(be);
+    out->instance = (void *)v->inst;
+    out->physical_device = (void *)v->phys;
+    out->device = (void *)v->dev;
+    out->queue = (void *)v->queue;
+    out->queue_family = v->queue_family;
+    out->api_version = v->props.apiVersion;
+}
+
 static void *vk_proc(kvmem_backend *be, const char *name) {
     (void)be;
-    if (name && strcmp(name, KVM_PROC_LAST_OP_SECONDS) == 0) {
+    void *p = NULL;
+    if (!name) return NULL;
+    /* POSIX: function and data pointers have one size */
+    if (strcmp(name, KVM_PROC_LAST_OP_SECONDS) == 0) {
         kvm_last_op_seconds_fn f = vk_last_op_seconds;
-        void *p;
-        memcpy(&p, &f, sizeof p); /* POSIX: function and data pointers have one size */
-        return p;
+        memcpy(&p, &f, sizeof p);
+    } else if (strcmp(name, KVM_PROC_BUFFER_WRAP) == 0) {
+        kvm_buffer_wrap_fn f = vk_buffer_wrap;
+        memcpy(&p, &f, sizeof p);
+    } else if (strcmp(name, KVM_PROC_VULKAN_DEVICE) == 0) {
+        kvm_vulkan_device_fn f = vk_device_handles;
+        memcpy(&p, &f, sizeof p);
+    } else {
+        p = kvm_vk_retrieval_proc(name);
     }
-    return name ? kvm_vk_retrieval_proc(name) : NULL;
+    return p;
 }
 
 /* The buffer-level forms only (the host-side ones are the CPU backend's);
@@ -183,6 +210,7 @@ KVM_VK_EXPORT kvmem_status kvmem_backend_plugin_init(uint32_t api_version, kvmem
     be->iface = &vk_iface;
     be->impl = v;
     be->ctx = ctx;
+    v->inst = inst;
     st = kvm_vk_device_open(v, inst, why, why_size);
     if (st != KVMEM_OK) {
         vk_free(be);

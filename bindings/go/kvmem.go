@@ -27,6 +27,20 @@ package kvmem
 // arguments and these helpers build the structs on the C stack; C never
 // keeps any of them past the call.
 // meta: dtype, ndim, shape[6], strides[6]
+// A device tensor's descriptor checked by the library (it lives on the C
+// stack for the call only; Go's calls take slices, not device memory yet).
+static kvmem_status kvgo_device_check(int32_t kind, int32_t device, uint64_t handle, uint64_t offset,
+                                      uint64_t size, int32_t dtype, int32_t ndim, const int64_t *shape) {
+    kvmem_device_memory m = kvmem_device_memory_default();
+    m.kind = (kvmem_memory_kind)kind;
+    m.device = device;
+    m.handle = handle;
+    m.offset = offset;
+    m.size = size;
+    kvmem_tensor t;
+    return kvmem_tensor_init_device(&t, &m, (kvmem_dtype)dtype, ndim, shape);
+}
+
 static void kvgo_tensor(kvmem_tensor *t, void *data, const int64_t *meta) {
 	t->data = data;
 	t->dtype = (kvmem_dtype)meta[0];
@@ -755,6 +769,52 @@ func (c *Context) TransferReset() error {
 		return err
 	}
 	return call(func() C.kvmem_status { return C.kvmem_context_transfer_reset((*C.kvmem_context)(p)) })
+}
+
+// VulkanDevice is kvmem_context_vulkan_device (experimental): the Vulkan
+// objects a "vulkan" context runs on, as handle values, so an engine makes its
+// buffers on that device. They belong to the context.
+type VulkanDevice struct {
+	Instance, PhysicalDevice, Device, Queue uintptr
+	QueueFamily, APIVersion                 uint32
+}
+
+// VulkanDevice returns the context's Vulkan objects; an *Error with
+// KVMEM_ERR_UNSUPPORTED on a context of another backend.
+func (c *Context) VulkanDevice() (VulkanDevice, error) {
+	p, err := c.n.get()
+	if err != nil {
+		return VulkanDevice{}, err
+	}
+	var out C.kvmem_vulkan_device
+	out.struct_size = C.size_t(unsafe.Sizeof(out))
+	err = call(func() C.kvmem_status { return C.kvmem_context_vulkan_device((*C.kvmem_context)(p), &out) })
+	return VulkanDevice{uintptr(out.instance), uintptr(out.physical_device), uintptr(out.device), uintptr(out.queue),
+		uint32(out.queue_family), uint32(out.api_version)}, err
+}
+
+// Memory kinds of a device tensor (kvmem.h, "Device tensors").
+const (
+	MemoryCUDA   = 1
+	MemoryVulkan = 2
+)
+
+// CheckDeviceTensor is kvmem_tensor_init_device (experimental) for a
+// descriptor of device memory: nil when kvmem would take such a tensor (the
+// kind, handle and span within size), else the library's refusal. Go's calls
+// take slices; device tensors reach kvmem through C, Python or Node for now.
+func CheckDeviceTensor(kind int32, device int32, handle, offset, size uint64, dtype DType, shape ...int64) error {
+	if len(shape) == 0 || len(shape) > 6 {
+		return &Error{Code: StatusInvalidArg, Msg: "kvmem: a device tensor has 1 to 6 dimensions"}
+	}
+	var sh [6]C.int64_t
+	for i, e := range shape {
+		sh[i] = C.int64_t(e)
+	}
+	return call(func() C.kvmem_status {
+		return C.kvgo_device_check(C.int32_t(kind), C.int32_t(device), C.uint64_t(handle), C.uint64_t(offset),
+			C.uint64_t(size), C.int32_t(dtype), C.int32_t(len(shape)), &sh[0])
+	})
 }
 
 // ---------------------------------------------------------------------------

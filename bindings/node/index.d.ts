@@ -96,6 +96,11 @@ export class Context extends Handle {
   /** (experimental) bytes moved to (h2d) and from (d2h) the context's backend buffers */
   transferStats(): { h2dBytes: number; d2hBytes: number };
   transferReset(): void;
+  /** (experimental) the Vulkan objects a "vulkan" context runs on */
+  vulkanDevice(): { instance: unknown; physicalDevice: unknown; device: unknown; queue: unknown; queueFamily: number; apiVersion: number };
+  /** (experimental) a tensor in device memory, taken where tensors are taken on a context of that backend */
+  deviceTensor(opts: { kind: 'cuda' | 'vulkan'; handle: number | bigint; size: number | bigint; dtype?: DType;
+                       shape: number[]; strides?: number[]; offset?: number | bigint; device?: number }): { close(): void };
   poolCreate(spec: ModelSpec, params?: PoolParams): Pool;
 }
 

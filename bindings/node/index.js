@@ -71,6 +71,12 @@ function byteLength(data) { return data.byteLength; }
 // A kvmem_tensor (koffi struct object) over x's memory. `shape` is what the
 // call expects, -1 entries inferred (at most one).
 function tensor(x, what, shape, dtype) {
+  if (x instanceof DeviceTensor) { // device memory: the C call checks it against its context
+    const t = x._tensor;
+    if (shape && (t.ndim !== shape.length || shape.some((s, i) => s >= 0 && s !== Number(t.shape[i]))))
+      throw new RangeError(`kvmem: ${what} has shape [${t.shape.slice(0, t.ndim)}], expected [${shape.map(s => s < 0 ? '*' : s)}]`);
+    return t;
+  }
   let data = x, strides, given;
   if (Array.isArray(x))
     throw new TypeError(`kvmem: ${what} must be a Float32Array (or Uint16Array with dtype, or a {data, shape} view), not an array`);
@@ -115,6 +121,29 @@ function tensor(x, what, shape, dtype) {
   }
   const pad = (a) => a.concat(new Array(L.MAX_DIMS - a.length).fill(0));
   return { data, dtype: code, ndim: ext.length, shape: pad(ext), strides: pad(strides) };
+}
+
+// A view of device memory (kvmem.h, "Device tensors"): the descriptor lives
+// in memory koffi allocated, which the tensor's data points to, until close().
+class DeviceTensor {
+  constructor(opts) {
+    const o = readKeys(opts ?? {}, ['kind', 'handle', 'size', 'dtype', 'shape', 'strides', 'offset', 'device'], 'deviceTensor');
+    const kind = { cuda: 1, vulkan: 2 }[o.kind];
+    if (!kind) throw new TypeError(`kvmem: deviceTensor kind ${o.kind} is not 'cuda' or 'vulkan'`);
+    const shape = Array.from(o.shape ?? [], Number);
+    this._mem = L.koffi.alloc(L.types.kvmem_device_memory, 1);
+    L.koffi.encode(this._mem, L.types.kvmem_device_memory, {
+      struct_size: L.koffi.sizeof(L.types.kvmem_device_memory), kind, device: o.device ?? 0,
+      handle: BigInt(o.handle ?? 0), offset: BigInt(o.offset ?? 0), size: BigInt(o.size ?? 0), stream: null,
+    });
+    const t = {};
+    try {
+      C.kvmem_tensor_init_device(t, this._mem, dtypeCode(o.dtype ?? 'f32', 'dtype'), shape.length, shape);
+    } catch (e) { L.koffi.free(this._mem); throw e; }
+    if (o.strides) t.strides = Array.from(o.strides, Number).concat(new Array(L.MAX_DIMS - o.strides.length).fill(0));
+    this._tensor = t;
+  }
+  close() { if (this._mem) { L.koffi.free(this._mem); this._mem = null; } }
 }
 
 function newArray(n, dtype) {
@@ -289,6 +318,17 @@ class Context extends Handle {
     return { h2dBytes: Number(h[0]), d2hBytes: Number(d[0]) };
   }
   transferReset() { C.kvmem_context_transfer_reset(this.handle); }
+  // (experimental) the Vulkan objects a "vulkan" context runs on (pointers as koffi externals)
+  vulkanDevice() {
+    const out = { struct_size: L.koffi.sizeof(L.types.kvmem_vulkan_device) };
+    C.kvmem_context_vulkan_device(this.handle, out);
+    return { instance: out.instance, physicalDevice: out.physical_device, device: out.device, queue: out.queue,
+             queueFamily: out.queue_family, apiVersion: out.api_version };
+  }
+  // (experimental) a tensor in device memory this context's calls take where
+  // they take tensors: kind 'cuda' (handle: the device pointer) or 'vulkan'
+  // (handle: the VkBuffer), size in bytes, offset of element 0 in bytes
+  deviceTensor(opts) { return new DeviceTensor(opts); }
   _describe() { return { backend: this.backend, nThreads: this.nThreads }; }
   poolCreate(spec, params) { return new Pool(this, spec, params); }
   close() {

@@ -175,6 +175,14 @@ const types = {
     oracle_tiles: 'int64_t', oracle_agree: 'int64_t', positions_read: 'int64_t', stopped_early: 'int32_t', reserved: 'int32_t',
   }),
   kvmem_prefix_params: koffi.struct('kvmem_prefix_params', { struct_size: 'size_t', min_ratio: 'double' }),
+  kvmem_device_memory: koffi.struct('kvmem_device_memory', {
+    struct_size: 'size_t', kind: 'int', device: 'int32_t', handle: 'uint64_t', offset: 'uint64_t', size: 'uint64_t',
+    stream: 'void *',
+  }),
+  kvmem_vulkan_device: koffi.struct('kvmem_vulkan_device', {
+    struct_size: 'size_t', instance: 'void *', physical_device: 'void *', device: 'void *', queue: 'void *',
+    queue_family: 'uint32_t', api_version: 'uint32_t',
+  }),
   kvmem_prefix_result: koffi.struct('kvmem_prefix_result', {
     kind: 'kvmem_prefix_kind', reserved: 'int32_t', reuse_tokens: 'int64_t', common_bytes: 'size_t', process_from: 'size_t',
   }),
@@ -208,6 +216,8 @@ const DECLARATIONS = [
   // (experimental) host <-> device transfer counters
   'kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, _Out_ uint64_t *h2d_bytes, _Out_ uint64_t *d2h_bytes)',
   'kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)',
+  'kvmem_status kvmem_tensor_init_device(_Out_ kvmem_tensor *out, const kvmem_device_memory *mem, kvmem_dtype dtype, int32_t ndim, const int64_t *shape)',
+  'kvmem_status kvmem_context_vulkan_device(const kvmem_context *ctx, _Inout_ kvmem_vulkan_device *out)',
   // Model geometry
   'kvmem_model_spec kvmem_model_spec_default(void)',
   'kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec)',

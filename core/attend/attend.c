@@ -3,6 +3,7 @@
  * `attend` op and writes the output only when everything succeeded. */
 #include "attend.h"
 #include "../backend/route/route.h"
+#include "../backend/route/devtensor.h"
 #include "../cpu/tensor.h"
 #include "../cpu/scratch.h"
 #include "../pool/resident.h"
@@ -401,7 +402,8 @@ static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl,
 /* Upload, run dev_attend, download into pl->out and fill *s from the
  * per-stream tile counts. KVMEM_ERR_UNSUPPORTED: the backend cannot run
  * this shape (the caller then runs the plan on the CPU). */
-static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s) {
+static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s,
+                                     const kvm_devt *dkv) {
     const char *fn = "kvmem_attend";
     const kvmem_tensor *k = pl->k, *v = pl->v;
     const kvmem_dtype dt = k->dtype == KVMEM_F16 && v->dtype == KVMEM_F16 ? KVMEM_F16 : KVMEM_F32;
@@ -420,8 +422,12 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the slots of %lld positions", fn, (long long)T);
         goto done;
     }
+    /* K and V in this device's memory are read in place: the kernel reports
+     * a non-finite logit itself (visited = -1 - position) and the output is
+     * checked after, so nothing of them comes to the host */
+    const int in_place = dkv && dkv[0].device && dkv[1].device;
     int32_t bad_head = 0;
-    const int64_t bad = first_nonfinite_k(pl, &bad_head);
+    const int64_t bad = in_place ? -1 : first_nonfinite_k(pl, &bad_head);
     if (bad >= 0) {
         st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: K at position %lld, KV head %d is not finite", fn, (long long)bad, bad_head);
         goto done;
@@ -431,15 +437,15 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     /* K and V go up one after the other through one packing buffer (when
      * they are not contiguous in the kernel's dtype) */
     kvm_stage stg[7] = {{KVM_STAGE_IN, (void *)(uintptr_t)pl->q, q_bytes, NULL, NULL, {0, NULL}},
-                        {KVM_STAGE_WORK, NULL, kv_bytes, NULL, NULL, {0, NULL}},
-                        {KVM_STAGE_WORK, NULL, kv_bytes, NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_WORK, NULL, kv_bytes, in_place ? dkv[0].buf : NULL, NULL, {0, NULL}},
+                        {KVM_STAGE_WORK, NULL, kv_bytes, in_place ? dkv[1].buf : NULL, NULL, {0, NULL}},
                         {KVM_STAGE_IN, slots, (size_t)T * 4, NULL, NULL, {0, NULL}},
                         {KVM_STAGE_IN, (void *)(uintptr_t)pl->order, (size_t)pl->n_order * 4, NULL, NULL, {0, NULL}},
                         {KVM_STAGE_OUT, pl->out, q_bytes, NULL, NULL, {0, NULL}},
                         {KVM_STAGE_OUT, visited, (size_t)H * 4, NULL, NULL, {0, NULL}}};
     if ((st = kvm_stage_begin(be, fn, stg, 7)) != KVMEM_OK) goto done;
     const kvmem_tensor *kv[2] = {k, v};
-    for (int x = 0; x < 2 && st == KVMEM_OK; x++) {
+    for (int x = 0; x < 2 && st == KVMEM_OK && !in_place; x++) {
         const void *src = kv[x]->data;
         if (kv[x]->dtype != dt || !is_contiguous(kv[x])) {
             if (!pack && !(pack = kvm_malloc(KVM_MAX(kv_bytes, (size_t)1)))) {
@@ -460,6 +466,8 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     a.q = stg[0].buf;
     a.k = stg[1].buf;
     a.v = stg[2].buf;
+    a.k_off = in_place ? dkv[0].off : 0;
+    a.v_off = in_place ? dkv[1].off : 0;
     a.slot_map = stg[3].buf;
     a.order = stg[4].buf;
     a.out = stg[5].buf;
@@ -526,8 +534,12 @@ static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_p
     return dev_attend_run(be, pl, &a, stg, 4, visited, s);
 }
 
+/* dkv (NULL, or K and V of a TENSORS / SLOTMAP source): device tensors the
+ * device path may read in place; their host copies are filled here before
+ * any host code reads K or V (the SCORED scan, the CPU path). */
 static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
-                          const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
+                          const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats,
+                          kvm_devt *dkv) {
     const char *fn = "kvmem_attend";
     kvmem_status st;
     if (!ctx) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
@@ -608,6 +620,10 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
          (!agent && !keep_logits && kvm_attend_tiles_seen(&pl) <= 2 * ((int64_t)a.patience + 1))))
         pl.stop_enabled = 0;
     else if (a.order == KVMEM_ATTEND_SCORED) {
+        if (dkv && ((st = kvm_devt_read(&dkv[0], fn)) != KVMEM_OK || (st = kvm_devt_read(&dkv[1], fn)) != KVMEM_OK)) {
+            bufs_free(&b);
+            return st;
+        }
         b.head_order = kvm_scratch_take(b.sc, ((size_t)pl.n_kv_heads * (size_t)pl.n_tiles + 1) * sizeof(int32_t));
         if (keep_logits) b.logits = kvm_scratch_take(b.sc, ((size_t)R * (size_t)Hq * (size_t)pl.T + 1) * sizeof(float));
         if (!b.head_order || (keep_logits && !b.logits)) {
@@ -648,8 +664,16 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
         shape.patience = pl.patience;
         be = kvm_route(ctx, KVM_OP_ATTEND, &shape);
     }
-    st = be == cpu ? KVMEM_OK : dev_plan ? attend_on_device(be, &pl, &s) : attend_agent_on_device(be, &pl, &s);
-    if (be == cpu || kvm_route_to_cpu(st)) st = kvm_attend_cpu(cpu, &pl, &s);
+    const kvm_devt *in_place = dkv && !dkv[0].filled && !dkv[1].filled ? dkv : NULL;
+    st = be == cpu ? KVMEM_OK : dev_plan ? attend_on_device(be, &pl, &s, in_place) : attend_agent_on_device(be, &pl, &s);
+    if (be == cpu || kvm_route_to_cpu(st)) {
+        st = KVMEM_OK;
+        if (dkv && ((st = kvm_devt_read(&dkv[0], fn)) != KVMEM_OK || (st = kvm_devt_read(&dkv[1], fn)) != KVMEM_OK)) {
+            bufs_free(&b);
+            return st;
+        }
+        st = kvm_attend_cpu(cpu, &pl, &s);
+    }
     if (agent) st = kvm_mapped_check(pl.mem, st, fn); /* before out is written */
     if (st != KVMEM_OK) {
         bufs_free(&b);
@@ -676,6 +700,50 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
     return KVMEM_OK;
 }
 
+/* Whether K and V (resolved) can be read in place by dev_attend: both in
+ * device memory, one kernel dtype (F32 or F16), dense [n][n_kv_heads][head_dim]. */
+static int kv_in_place(const kvm_devt *dk, const kvm_devt *dv) {
+    if (!dk->device || !dv->device || dk->host.dtype != dv->host.dtype || dk->host.ndim != 3 || dv->host.ndim != 3)
+        return 0;
+    const kvmem_dtype dt = dk->host.dtype;
+    int64_t sk, sv;
+    if ((dt != KVMEM_F32 && dt != KVMEM_F16) || !kvm_devt_rows_dense(dk, dt, &sk) || !kvm_devt_rows_dense(dv, dt, &sv))
+        return 0;
+    const int64_t row = dk->host.shape[1] * dk->host.shape[2];
+    return sk == row && sv == row && dv->host.shape[1] * dv->host.shape[2] == row;
+}
+
+/* q, out or a TENSORS / SLOTMAP source's K and V in device memory (kvmem.h,
+ * "Device tensors"): q comes down, out goes up after success, K and V are
+ * read in place where the device path runs and come down where host code
+ * reads them. */
+static kvmem_status attend_device_tensors(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
+                                          const kvmem_attend_params *params, const kvmem_tensor *out,
+                                          kvmem_attend_stats *stats) {
+    static const char *fn = "kvmem_attend";
+    kvm_devt d[4]; /* q, out, k, v */
+    memset(d, 0, sizeof d);
+    const int kv_kind = source->kind != KVMEM_ATTEND_SRC_AGENT;
+    kvmem_status st;
+    if ((st = kvm_devt_open(ctx, q, fn, "q", &d[0])) == KVMEM_OK && (st = kvm_devt_open(ctx, out, fn, "out", &d[1])) == KVMEM_OK &&
+        (!kv_kind || ((st = kvm_devt_open(ctx, source->k, fn, "source k", &d[2])) == KVMEM_OK &&
+                      (st = kvm_devt_open(ctx, source->v, fn, "source v", &d[3])) == KVMEM_OK)) &&
+        (st = kvm_devt_read(&d[0], fn)) == KVMEM_OK) {
+        kvmem_attend_source src = *source;
+        kvm_devt *dkv = NULL;
+        if (kv_kind) {
+            src.k = kvm_devt_view(&d[2]);
+            src.v = kvm_devt_view(&d[3]);
+            if (kv_in_place(&d[2], &d[3])) dkv = &d[2];
+            else if ((st = kvm_devt_read(&d[2], fn)) == KVMEM_OK) st = kvm_devt_read(&d[3], fn);
+        }
+        if (st == KVMEM_OK) st = attend_call(ctx, kvm_devt_view(&d[0]), &src, params, kvm_devt_view(&d[1]), stats, dkv);
+        if (st == KVMEM_OK) st = kvm_devt_write(&d[1], fn);
+    }
+    kvm_devt_close_all(d, 4);
+    return st;
+}
+
 kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem_attend_source *source,
                           const kvmem_attend_params *params, const kvmem_tensor *out, kvmem_attend_stats *stats) {
     /* an AGENT source is taken for the call, like every call on an agent */
@@ -683,7 +751,14 @@ kvmem_status kvmem_attend(kvmem_context *ctx, const kvmem_tensor *q, const kvmem
     int own = ctx ? kvm_err_begin(&ctx->err) : 0; /* failures are the context's last error too */
     kvmem_status st = a ? kvm_agent_enter(a, "kvmem_attend") : KVMEM_OK;
     const int taken = a && st == KVMEM_OK;
-    if (st == KVMEM_OK) st = attend_call(ctx, q, source, params, out, stats);
+    const int kv_kind = source && source->kind != KVMEM_ATTEND_SRC_AGENT;
+    if (st == KVMEM_OK) {
+        if (ctx && source && (kvm_devt_is_device(q) || kvm_devt_is_device(out) ||
+                              (kv_kind && (kvm_devt_is_device(source->k) || kvm_devt_is_device(source->v)))))
+            st = attend_device_tensors(ctx, q, source, params, out, stats);
+        else
+            st = attend_call(ctx, q, source, params, out, stats, NULL);
+    }
     if (taken) kvm_agent_leave(a);
     kvm_err_end(own);
     return st;

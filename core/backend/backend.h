@@ -24,6 +24,11 @@
 #ifndef KVMEM_BACKEND_H
 #define KVMEM_BACKEND_H
 
+/* the device tensors' descriptor (kvmem_device_memory) is in the header's
+ * experimental section, which the backend interface uses */
+#ifndef KVMEM_EXPERIMENTAL
+#define KVMEM_EXPERIMENTAL
+#endif
 #include "kvmem.h"
 
 #include <stddef.h>
@@ -302,6 +307,23 @@ typedef struct kvm_dev_score_reduce_args {
  * (negative when the device has no timestamps). Used by benchmarks. */
 #define KVM_PROC_LAST_OP_SECONDS "last_op_seconds"
 typedef double (*kvm_last_op_seconds_fn)(kvmem_backend *be);
+
+/* -- device tensors (kvmem.h, "Device tensors") --
+ * Reached through get_proc_address, so a backend without them answers NULL
+ * and the core refuses device tensors on its context.
+ * KVM_PROC_BUFFER_WRAP: a kvm_buffer_wrap_fn that makes a kvmem_buffer of
+ * the caller's memory (mem->handle, mem->size bytes; mem->offset is the
+ * core's to apply) that the ops take like their own and buffer_free
+ * releases without freeing the memory. The core has checked the
+ * descriptor's fields and the tensor's extent; the backend refuses memory
+ * that is not its kind or not on its device (KVMEM_ERR_UNSUPPORTED, naming
+ * both) and orders its later work after mem->stream where it has streams.
+ * KVM_PROC_VULKAN_DEVICE: a kvm_vulkan_device_fn filling every field of
+ * *out but struct_size (the Vulkan backend only). */
+#define KVM_PROC_BUFFER_WRAP "buffer_wrap"
+typedef kvmem_status (*kvm_buffer_wrap_fn)(kvmem_backend *be, const kvmem_device_memory *mem, kvmem_buffer **out);
+#define KVM_PROC_VULKAN_DEVICE "vulkan_device"
+typedef void (*kvm_vulkan_device_fn)(kvmem_backend *be, kvmem_vulkan_device *out);
 
 /* The symbol every backend plugin exports. It fills *out or writes a plain
  * reason ("no device", "driver too old") into why and returns an error. */

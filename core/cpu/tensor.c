@@ -44,6 +44,12 @@ kvmem_status kvm_tensor_expect(const kvmem_tensor *t, const char *what, const ch
                                const int64_t *shape) {
     char got[128], want[128];
     if (!t) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s is NULL", what);
+    /* calls that take device tensors resolve them before they get here */
+    if ((unsigned)t->dtype & KVMEM_DTYPE_DEVICE)
+        return kvm_fail(KVMEM_ERR_UNSUPPORTED,
+                        "%s is a device tensor: this call reads and writes host memory only (device tensors go to "
+                        "kvmem_agent_append, kvmem_retrieve, kvmem_gather and kvmem_attend)",
+                        what);
     if (!kvm_is_tensor_dtype(t->dtype))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: dtype %d is not f32, f16 or bf16", what, (int)t->dtype);
     fmt_shape(want, sizeof want, ndim, shape);

@@ -3,6 +3,7 @@
 #include "pool.h"
 #include "mapped.h"
 #include "resident.h"
+#include "../backend/route/devtensor.h"
 #include "../cpu/kernels.h"
 #include "../cpu/tensor.h"
 
@@ -345,11 +346,29 @@ static kvmem_status agent_append_taken(kvmem_agent *a, const kvmem_tensor *k, co
     return KVMEM_OK;
 }
 
+/* K or V in device memory (kvmem.h, "Device tensors"): the pool keeps its
+ * blocks in host memory, so each comes down once and the host path runs. */
+static kvmem_status agent_append_device(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
+                                        const kvmem_append_params *params) {
+    static const char *fn = "kvmem_agent_append";
+    kvmem_status st = kvm_agent_check(a, fn);
+    if (st != KVMEM_OK) return st;
+    kvm_devt dev[2];
+    memset(dev, 0, sizeof dev);
+    kvmem_context *ctx = a->pool->ctx;
+    if ((st = kvm_devt_open(ctx, k, fn, "K", &dev[0])) == KVMEM_OK && (st = kvm_devt_open(ctx, v, fn, "V", &dev[1])) == KVMEM_OK &&
+        (st = kvm_devt_read(&dev[0], fn)) == KVMEM_OK && (st = kvm_devt_read(&dev[1], fn)) == KVMEM_OK)
+        st = agent_append_taken(a, kvm_devt_view(&dev[0]), kvm_devt_view(&dev[1]), params);
+    kvm_devt_close_all(dev, 2);
+    return st;
+}
+
 kvmem_status kvmem_agent_append(kvmem_agent *a, const kvmem_tensor *k, const kvmem_tensor *v,
                                 const kvmem_append_params *params) {
     kvmem_status st = kvm_agent_enter(a, "kvmem_agent_append");
     if (st != KVMEM_OK) return st;
-    st = agent_append_taken(a, k, v, params);
+    st = kvm_devt_is_device(k) || kvm_devt_is_device(v) ? agent_append_device(a, k, v, params)
+                                                         : agent_append_taken(a, k, v, params);
     kvm_agent_leave(a);
     return st;
 }

@@ -10,6 +10,7 @@
  * to the CPU). */
 #include "score.h"
 #include "../backend/route/route.h"
+#include "../backend/route/devtensor.h"
 #include "../pool/resident.h"
 #include "../cpu/tensor.h"
 #include "../rope/rope.h"
@@ -89,9 +90,14 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     size_t lb;
     if (!kvm_mul_size(M, row * sizeof(float), &lb))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large for backend %s", op, M, be->iface->name);
-    /* Results of every layer are held until all succeeded: a failed call
-     * leaves the caller's tensors unchanged. */
-    const size_t n_outs = (d->k_out != NULL) + (d->v_out != NULL);
+    /* Outputs in the device's memory as f32 rows of [n_kv_heads][head_dim]
+     * are written in place (kvmem.h, "Device tensors"); the others' results
+     * of every layer are held until all succeeded: a failed call leaves the
+     * caller's host tensors unchanged. */
+    int64_t lstride[2] = {0, 0};
+    const int direct[2] = {d->k_dev && d->k_out && kvm_devt_rows_dense(d->k_dev, KVMEM_F32, &lstride[0]),
+                           d->v_dev && d->v_out && kvm_devt_rows_dense(d->v_dev, KVMEM_F32, &lstride[1])};
+    const size_t n_outs = (d->k_out != NULL && !direct[0]) + (d->v_out != NULL && !direct[1]);
     size_t rb;
     if (!kvm_mul_size(lb, L * n_outs, &rb))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large for backend %s", op, M, be->iface->name);
@@ -101,7 +107,7 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     kvmem_status st = kvm_resident_sync(p, (kvm_agent_mem *)(uintptr_t)d->mem /* a cache: the agent is taken */, be, &mir);
     if (st == KVMEM_ERR_UNSUPPORTED) st = KVMEM_OK;
     if (st != KVMEM_OK) return st;
-    float *stage = mir ? NULL : kvm_malloc(lb), *res = kvm_malloc(rb);
+    float *stage = mir ? NULL : kvm_malloc(lb), *res = kvm_malloc(rb ? rb : 4);
     float *tmp = mir ? NULL : kvm_malloc((size_t)p->params.block_size * D * sizeof(float));
     float *cs = d->k_out ? kvm_malloc(2 * M * np * sizeof(float)) : NULL;
     uint32_t *idx = kvm_malloc(M * sizeof *idx);
@@ -127,13 +133,14 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     kvm_stage s[4] = {{KVM_STAGE_IN, idx, M * 4, NULL, NULL, {0, NULL}},
                       {cs ? KVM_STAGE_IN : KVM_STAGE_WORK, cs, cs ? 2 * M * np * 4 : 4, NULL, NULL, {0, NULL}},
                       {KVM_STAGE_WORK, NULL, mir ? 4 : lb, NULL, NULL, {0, NULL}},
-                      {KVM_STAGE_WORK, NULL, lb, NULL, NULL, {0, NULL}}};
+                      {KVM_STAGE_WORK, NULL, n_outs ? lb : 4, NULL, NULL, {0, NULL}}};
     if ((st = kvm_stage_begin(be, op, s, 4)) != KVMEM_OK) goto done;
     for (size_t l = 0; l < L && st == KVMEM_OK; l++)
         for (int which = 0; which < 2 && st == KVMEM_OK; which++) {
             const kvmem_tensor *t = which ? d->v_out : d->k_out;
             if (!t) continue;
-            float *dst = res + ((which && d->k_out ? L : 0) + l) * M * row;
+            float *dst = res + ((which && d->k_out && !direct[0] ? L : 0) + l) * M * row;
+            kvm_devt *dt = which ? d->v_dev : d->k_dev;
             for (int32_t i = 0; !mir && i < d->n_blocks; i++) {
                 const kvm_block *blk = &d->mem->blocks[d->blocks[i]];
                 const size_t n = (size_t)blk->n_tokens, r0 = (size_t)d->first[i];
@@ -147,16 +154,24 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
                                      mir ? (size_t)mir->cap_tok : M, row, M, H, D,
                                      which ? 0 : (size_t)p->rope.rotary_dim, p->rope.style == KVMEM_ROPE_GPTJ,
                                      which ? 1.0f : (float)p->rope.attn_factor, NULL, NULL, 0, 0, 0};
+            if (direct[which]) {
+                a.out = dt->buf;
+                a.out_off = dt->off + (size_t)l * (size_t)lstride[which] * sizeof(float);
+            }
             if ((!mir && (st = kvm_be_upload(be, s[2].buf, 0, stage, lb)) != KVMEM_OK) ||
                 (st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK ||
-                (st = kvm_be_download(be, s[3].buf, 0, dst, lb)) != KVMEM_OK)
+                (!direct[which] && (st = kvm_be_download(be, s[3].buf, 0, dst, lb)) != KVMEM_OK))
                 st = kvm_route_failed(be, op, st);
         }
     st = kvm_stage_end(be, op, s, 4, st);
     for (size_t l = 0; st == KVMEM_OK && l < L; l++) {
-        if (d->k_out) kvm_gather_write_layer(d->k_out, (int64_t)l, res + l * M * row, M, H, D);
-        if (d->v_out) kvm_gather_write_layer(d->v_out, (int64_t)l, res + ((d->k_out ? L : 0) + l) * M * row, M, H, D);
+        if (d->k_out && !direct[0]) kvm_gather_write_layer(d->k_out, (int64_t)l, res + l * M * row, M, H, D);
+        if (d->v_out && !direct[1])
+            kvm_gather_write_layer(d->v_out, (int64_t)l, res + ((d->k_out && !direct[0] ? L : 0) + l) * M * row, M, H, D);
     }
+    if (st == KVMEM_OK)
+        for (int x = 0; x < 2; x++)
+            if (direct[x]) (x ? d->v_dev : d->k_dev)->in_place = 1;
 done:
     kvm_free(stage);
     kvm_free(res);

@@ -5,6 +5,7 @@
  * through one decode -> rotate -> convert pass into the caller's tensors. */
 #include "score.h"
 #include "../backend/route/route.h"
+#include "../backend/route/devtensor.h"
 #include "../cpu/cpu_backend.h"
 #include "../cpu/tensor.h"
 
@@ -150,7 +151,7 @@ static kvmem_status check_out(const kvmem_tensor *t, const char *what, const kvm
 }
 
 static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
-                          const kvmem_tensor *k_out, const kvmem_tensor *v_out) {
+                          const kvmem_tensor *k_out, const kvmem_tensor *v_out, kvm_devt *dev) {
     kvmem_status st = kvm_agent_check(agent, "kvmem_gather");
     if (st != KVMEM_OK) return st;
     const kvmem_pool *p = agent->pool;
@@ -184,7 +185,7 @@ static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int3
         kvm_free(first);
         return st;
     }
-    kvm_gather_desc d = {p, m, blocks, n_blocks, first, base, k_out, v_out};
+    kvm_gather_desc d = {p, m, blocks, n_blocks, first, base, k_out, v_out, dev ? &dev[0] : NULL, dev ? &dev[1] : NULL};
     /* the router's choice: a device's gather (the buffer-level form), else
      * the CPU's over the blocks in place */
     kvm_dev_gather_args shape;
@@ -202,11 +203,33 @@ static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int3
     return kvm_mapped_check(m, st, "kvmem_gather");
 }
 
+/* Outputs in device memory (kvmem.h, "Device tensors"): the device gather
+ * writes those it can in place (dev_route.c); the rest take the host path
+ * into a host copy, written back once everything succeeded. */
+static kvmem_status gather_device_out(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
+                                      const kvmem_tensor *k_out, const kvmem_tensor *v_out) {
+    static const char *fn = "kvmem_gather";
+    kvmem_status st = kvm_agent_check(agent, fn);
+    if (st != KVMEM_OK) return st;
+    kvm_devt dev[2];
+    memset(dev, 0, sizeof dev);
+    kvmem_context *ctx = agent->pool->ctx;
+    if ((st = kvm_devt_open(ctx, k_out, fn, "k_out", &dev[0])) == KVMEM_OK &&
+        (st = kvm_devt_open(ctx, v_out, fn, "v_out", &dev[1])) == KVMEM_OK)
+        st = gather_taken(agent, blocks, n_blocks, base, kvm_devt_view(&dev[0]), kvm_devt_view(&dev[1]), dev);
+    for (int x = 0; x < 2 && st == KVMEM_OK; x++)
+        if (!dev[x].in_place) st = kvm_devt_write(&dev[x], fn);
+    kvm_devt_close_all(dev, 2);
+    return st;
+}
+
 kvmem_status kvmem_gather(kvmem_agent *agent, const int32_t *blocks, int32_t n_blocks, int64_t base,
                           const kvmem_tensor *k_out, const kvmem_tensor *v_out) {
     kvmem_status st = kvm_agent_enter(agent, "kvmem_gather");
     if (st != KVMEM_OK) return st;
-    st = gather_taken(agent, blocks, n_blocks, base, k_out, v_out);
+    st = kvm_devt_is_device(k_out) || kvm_devt_is_device(v_out)
+             ? gather_device_out(agent, blocks, n_blocks, base, k_out, v_out)
+             : gather_taken(agent, blocks, n_blocks, base, k_out, v_out, NULL);
     kvm_agent_leave(agent);
     return st;
 }

@@ -1,6 +1,7 @@
 /* kvmem_retrieve and the kvmem_retrieval result object. */
 #include "score.h"
 #include "../backend/route/route.h"
+#include "../backend/route/devtensor.h"
 #include "../cpu/tensor.h"
 
 #include <math.h>
@@ -446,7 +447,19 @@ kvmem_status kvmem_retrieve(kvmem_agent *agent, const kvmem_tensor *query, const
                             kvmem_retrieval *result) {
     kvmem_status st = kvm_agent_enter(agent, "kvmem_retrieve");
     if (st != KVMEM_OK) return st;
-    st = retrieve_taken(agent, query, params, result);
+    if (kvm_devt_is_device(query)) {
+        /* a query in device memory (kvmem.h, "Device tensors") comes down
+         * once: retrieval checks it on the host and scores it where it routes */
+        kvm_devt dq;
+        st = kvm_agent_check(agent, "kvmem_retrieve");
+        if (st == KVMEM_OK && (st = kvm_devt_open(agent->pool->ctx, query, "kvmem_retrieve", "query", &dq)) == KVMEM_OK) {
+            if ((st = kvm_devt_read(&dq, "kvmem_retrieve")) == KVMEM_OK)
+                st = retrieve_taken(agent, kvm_devt_view(&dq), params, result);
+            kvm_devt_close(&dq);
+        }
+    } else {
+        st = retrieve_taken(agent, query, params, result);
+    }
     kvm_agent_leave(agent);
     return st;
 }

@@ -44,6 +44,8 @@ typedef struct kvm_gather_desc {
     const int64_t *first; /* n_blocks + 1 prefix sums of block tokens (row of each block in the output) */
     int64_t base;
     const kvmem_tensor *k_out, *v_out; /* validated, either may be NULL */
+    struct kvm_devt *k_dev, *v_dev;    /* (optional) k_out / v_out name device memory: a device
+                                          path may write it in place (backend/route/devtensor.h) */
 } kvm_gather_desc;
 
 /* The CPU backend's retrieval ops run through its table (core/cpu); the

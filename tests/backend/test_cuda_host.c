@@ -564,8 +564,44 @@ static void allocator_respects_the_cache_cap_and_retries_after_trim(void **state
     assert_null(kvm_cu_alloc(NULL, 10, NULL));
 }
 
+/* Device tensors on CUDA: what the plugin checks before it wraps a
+ * caller's pointer, from the descriptor and what cudaPointerGetAttributes
+ * said of the pointer (passed in: no GPU here). */
+static void wrap_check_names_kind_device_and_pointer(void **state) {
+    (void)state;
+    kvmem_device_memory m;
+    memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    m.kind = KVMEM_MEMORY_CUDA;
+    m.handle = 0x7f0000000000ull;
+    m.size = 4096;
+    m.device = 1;
+    assert_int_equal(kvm_cu_wrap_check(&m, 1, 1, 1), KVMEM_OK);
+    assert_int_equal(kvm_cu_wrap_check(NULL, 1, 1, 1), KVMEM_ERR_INVALID_ARG);
+    /* the tensor names another device than the backend's */
+    assert_int_equal(kvm_cu_wrap_check(&m, 0, 1, 1), KVMEM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kvm_cu_last_error(), "the tensor is on CUDA device 1, the context on device 0"));
+    /* the pointer is host memory, or not one CUDA knows */
+    assert_int_equal(kvm_cu_wrap_check(&m, 1, -1, 0), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "is not device memory"));
+    /* the descriptor says device 1, the pointer lives on device 2 */
+    assert_int_equal(kvm_cu_wrap_check(&m, 1, 2, 1), KVMEM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kvm_cu_last_error(), "belongs to CUDA device 2"));
+    /* a VkBuffer handed to the CUDA backend */
+    m.kind = KVMEM_MEMORY_VULKAN;
+    assert_int_equal(kvm_cu_wrap_check(&m, 1, 1, 1), KVMEM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kvm_cu_last_error(), "not a CUDA device pointer"));
+    m.kind = KVMEM_MEMORY_CUDA;
+    m.handle = 0;
+    assert_int_equal(kvm_cu_wrap_check(&m, 1, 1, 1), KVMEM_ERR_INVALID_ARG);
+    m.handle = UINT64_MAX - 100; /* 4096 bytes from there wrap around */
+    assert_int_equal(kvm_cu_wrap_check(&m, 1, 1, 1), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "wrap around"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(wrap_check_names_kind_device_and_pointer),
         cmocka_unit_test(ranges_reject_overflow_and_outside),
         cmocka_unit_test(grids_cover_the_work_and_respect_caps),
         cmocka_unit_test(score_plan_pads_to_mma_tiles_and_falls_back_to_workspace),

@@ -36,6 +36,7 @@ const ONLY = {
     wasm: [],
     node: { transferStats: 'host<->device transfer counters: the module has only the CPU backend',
       transferReset: 'the transfer counters (no device in the module)',
+      deviceTensor: 'device memory: the module has only the CPU backend', vulkanDevice: 'no Vulkan in the module',
       lastError: 'a failure\'s message kept by the object, for async calls on worker threads (the module has none)' },
   },
   Pool: {

@@ -6,8 +6,7 @@
 #ifndef KVMEM_CUDA_HOST_H
 #define KVMEM_CUDA_HOST_H
 
-#include "kvmem.h"
-#include "backend.h" /* kvm_op, for supports_op */
+#include "backend.h" /* kvm_op, for supports_op; kvmem.h with its experimental section */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,6 +37,16 @@ bool kvm_cu_tensor_bytes(kvmem_dtype dt, size_t n, size_t *bytes);
 
 /* Head dims with a compiled kernel (DISPATCH_HEAD_DIM in common.cuh). */
 bool kvm_cu_head_dim_supported(int32_t head_dim);
+
+/* ---- device tensors ----
+ * Whether the plugin may wrap the caller's memory mem (kvmem.h, "Device
+ * tensors") for a backend on CUDA device backend_device: pointer_is_device
+ * and pointer_device are what cudaPointerGetAttributes said of
+ * mem->handle (0 and -1 when it did not know the pointer). KVMEM_OK, or the
+ * refusal with its message: INVALID_ARG for a descriptor that cannot name
+ * device memory, UNSUPPORTED for memory of another kind or device (named). */
+kvmem_status kvm_cu_wrap_check(const kvmem_device_memory *mem, int32_t backend_device, int32_t pointer_device,
+                               int pointer_is_device);
 
 /* ---- launch parameters ---- */
 

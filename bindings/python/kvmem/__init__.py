@@ -17,7 +17,7 @@ from ._info import (AgentInfo, BlockInfo, GroupInfo, KVStoreInfo, PoolInfo, Segm
                     SlotMapInfo)
 from ._objects import (BF16, F16, F32, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN, Q4, Q4_KIVI, Q8,
                        ROPE_GPTJ, ROPE_NEOX, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3,
-                       ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, ModelSpec, Pool, Retrieval,
+                       ROPE_SCALING_NONE, ROPE_SCALING_YARN, Agent, Context, DeviceTensor, ModelSpec, Pool, Retrieval,
                        RETRIEVE_AABB, RETRIEVE_EXACT, NORM_SOFTMAX, NORM_RR, AGG_MAX, AGG_SUM,
                        SCOPE_GLOBAL, SCOPE_PER_LAYER, Segments, GROUP_DYNAMIC, GROUP_STATIC,
                        SEG_EVENT_SEGMENT_STALE, SEG_EVENT_GROUP_STATIC, SEG_EVENT_GROUP_DYNAMIC,

@@ -136,6 +136,35 @@ def _elem_dtype(v: View, dtype: Optional[Any], what: str) -> int:
     return want
 
 
+class _NoView:
+    """What tensor() holds for a DeviceTensor: nothing to release."""
+
+    def close(self) -> None:
+        pass
+
+
+_NO_VIEW = _NoView()
+
+
+class _Held(_NoView):
+    """What tensor() holds for a DeviceTensor it made from a DLPack export:
+    the view (its descriptor and the producer) lives until the call is done."""
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def close(self) -> None:
+        self.obj = None
+
+
+def _is_buffer(obj: Any) -> bool:
+    try:
+        memoryview(obj).release()
+        return True
+    except TypeError:
+        return False
+
+
 def tensor(obj: Any, what: str, shape: Optional[Sequence[int]] = None, dtype: Optional[Any] = None,
            writable: bool = False) -> Tuple[_lib.kvmem_tensor, View]:
     """A kvmem_tensor over obj's memory, and the held View (close it after the call).
@@ -145,6 +174,20 @@ def tensor(obj: Any, what: str, shape: Optional[Sequence[int]] = None, dtype: Op
     contiguous and its element count fits; a buffer of the same rank must match
     it (-1 entries match anything) and may be strided.
     """
+    held: Any = _NO_VIEW
+    if getattr(obj, "_kvmem_device_tensor", None) is None and not _is_buffer(obj):
+        from . import _dlpack  # imports this module
+        if _dlpack.is_dlpack(obj):  # a CUDA export (CuPy, torch): a DeviceTensor, no copy
+            obj = _dlpack.device_tensor(obj, f"kvmem: {what}")
+            held = _Held(obj)
+    dev = getattr(obj, "_kvmem_device_tensor", None)
+    if dev is not None:  # a DeviceTensor: the C call checks it against its context
+        t = dev()
+        if shape is not None and (len(shape) != t.ndim or
+                                  any(w >= 0 and w != t.shape[i] for i, w in enumerate(shape))):
+            raise InvalidArgumentError(f"kvmem: {what} has shape {tuple(t.shape[:t.ndim])}, expected "
+                                       f"{tuple(x if x >= 0 else '*' for x in shape)}")
+        return t, held
     v = View(obj, writable, what)
     try:
         code = _elem_dtype(v, dtype, what)

@@ -10,21 +10,32 @@ PyTorch 1.13's importer aborts the process on) before anything takes
 ownership. A capsule is consumed once: a second ``peek`` of a used capsule
 says so.
 
-The device check sits in one place (``export`` asks ``__dlpack_device__``
-before the producer exports anything), so device tensors can be accepted
-there once kvmem's C ABI takes device memory.
+Device memory: ``device_tensor`` takes a CUDA export (kDLCUDA, and
+kDLCUDAManaged, whose pointers the CUDA backend reads in place) as a
+``DeviceTensor`` of kind "cuda" over the producer's own memory, no copy: the
+data pointer is the descriptor's handle, byte_offset its offset, the size
+the bytes the view spans. The consumer's stream goes to ``__dlpack__(stream=)``
+as the array API says (None or 1: the legacy default stream, 2: the
+per-thread one, a larger int: a cudaStream_t; -1: the producer does not
+synchronise) and into the descriptor, so kvmem's work is ordered after the
+producer's. The capsule is consumed (renamed ``"used_dltensor"``) and its
+deleter runs when the DeviceTensor goes, so the producer's memory lives as
+long as the view. kDLCUDAHost (pinned) is host memory and goes the host way;
+other device types are refused naming them, before anything is consumed.
 """
 from __future__ import annotations
 
 import ctypes
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p, py_object
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from ._buffers import BF16, F16, F32
-from ._errors import InvalidArgumentError, InvalidTypeError
+from ._errors import InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 # DLDeviceType (dlpack.h)
-CPU = 1
+CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
+HOST_TYPES = (CPU, CUDA_HOST)          # host-addressable memory (pinned included)
+CUDA_TYPES = (CUDA, CUDA_MANAGED)      # pointers the CUDA backend reads in place
 _DEVICES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi",
             10: "rocm", 11: "rocm_host", 12: "ext_dev", 13: "cuda_managed", 14: "oneapi",
             15: "webgpu", 16: "hexagon", 17: "maia"}
@@ -58,6 +69,11 @@ _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _get_pointer.argtypes, _get_pointer.restype = [py_object, c_char_p], c_void_p
 _get_name = ctypes.pythonapi.PyCapsule_GetName
 _get_name.argtypes, _get_name.restype = [py_object], c_char_p
+_set_name = ctypes.pythonapi.PyCapsule_SetName
+_set_name.argtypes, _set_name.restype = [py_object, c_void_p], c_int
+# PyCapsule_SetName keeps the pointer: the name must outlive every capsule
+_USED_NAME = ctypes.create_string_buffer(b"used_dltensor")
+_DELETER = ctypes.CFUNCTYPE(None, c_void_p)  # DLPack deleters may run without the GIL
 
 _MAX_NDIM = 64  # far beyond any tensor kvmem takes; guards the shape read against a corrupt ndim
 
@@ -86,9 +102,13 @@ class Export:
     other type, which ``dtype_name`` spells as DLPack does (``"int32"``)."""
 
     def __init__(self, data: int, device: Tuple[int, int], dtype: Optional[int], dtype_name: str,
-                 shape: Tuple[int, ...], strides: Tuple[int, ...]):
+                 shape: Tuple[int, ...], strides: Tuple[int, ...], handle: int = 0, byte_offset: int = 0,
+                 span: int = 0, managed: int = 0):
         self.data, self.device, self.dtype, self.dtype_name = data, device, dtype, dtype_name
         self.shape, self.strides = shape, strides
+        # the producer's data pointer and byte_offset as given; span: bytes from
+        # element 0 to one past the last (0 when empty); managed: the DLManagedTensor
+        self.handle, self.byte_offset, self.span, self.managed = handle, byte_offset, span, managed
 
     @property
     def device_name(self) -> str:
@@ -99,11 +119,15 @@ class Export:
         return self.device[0] == CPU
 
 
-def export(obj: Any, what: str, device_check: Callable[[str], None]) -> Any:
+def export(obj: Any, what: str, device_check: Callable[[int, int], None],
+           stream_for: Optional[Callable[[int, int], Optional[int]]] = None) -> Any:
     """(what: the subject of error messages, e.g. "kvmem.torch: cache layer 0 k".)
     The DLPack capsule of obj (obj itself when it is one). An exporter's
-    device goes through ``device_check(name)`` (which raises to refuse it)
-    before ``__dlpack__`` is called, so a refused tensor is never exported."""
+    device goes through ``device_check(device_type, device_id)`` (which
+    raises to refuse it) before ``__dlpack__`` is called, so a refused tensor
+    is never exported.
+    ``stream_for(device_type, device_id)``: the consumer's stream for a CUDA
+    export, passed as ``__dlpack__(stream=...)`` (None: not passed)."""
     if is_capsule(obj):
         return obj
     try:
@@ -111,10 +135,10 @@ def export(obj: Any, what: str, device_check: Callable[[str], None]) -> Any:
         dev_type, dev_id = int(dev[0]), int(dev[1])
     except Exception as e:
         raise InvalidTypeError(f"{what}: __dlpack_device__() failed: {e}") from None
-    if dev_type != CPU:
-        device_check(device_name(dev_type, dev_id))
+    device_check(dev_type, dev_id)
+    stream = stream_for(dev_type, dev_id) if stream_for is not None and dev_type in CUDA_TYPES else None
     try:
-        return obj.__dlpack__()
+        return obj.__dlpack__() if stream is None else obj.__dlpack__(stream=stream)
     except Exception as e:  # numpy refuses read-only arrays, others their own cases
         raise InvalidTypeError(f"{what}: its DLPack export (__dlpack__) failed: "
                         f"{type(e).__name__}: {e}") from None
@@ -156,8 +180,97 @@ def peek(capsule: Any, what: str) -> Export:
                          f"non-negative strides: copy it first (numpy.ascontiguousarray, .contiguous())")
     # the farthest element's byte offset must fit in the address space
     isz = max(bits * lanes // 8, 1)
-    span = sum((e - 1) * s for e, s in zip(shape, strides) if e > 0) * isz + int(t.byte_offset)
-    if span >= 1 << 62:
-        raise InvalidArgumentError(f"{what}: DLPack shape {shape} with strides {strides} spans {span} bytes")
+    reach = sum((e - 1) * s for e, s in zip(shape, strides) if e > 0) * isz + int(t.byte_offset)
+    if reach >= 1 << 62:
+        raise InvalidArgumentError(f"{what}: DLPack shape {shape} with strides {strides} spans {reach} bytes")
     data = (int(t.data or 0) + int(t.byte_offset)) if t.data else 0
-    return Export(data, (int(t.device.device_type), int(t.device.device_id)), kv, dname, shape, strides)
+    return Export(data, (int(t.device.device_type), int(t.device.device_id)), kv, dname, shape, strides,
+                  int(t.data or 0), int(t.byte_offset), span_bytes(shape, strides, isz), ctypes.addressof(m))
+
+
+def span_bytes(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
+    """Bytes from element 0 to one past the last of a view with non-negative
+    strides (in elements): what its memory must hold; 0 when it is empty."""
+    if any(int(e) == 0 for e in shape):
+        return 0
+    return (1 + sum((int(e) - 1) * int(s) for e, s in zip(shape, strides))) * itemsize
+
+
+class _Owner:
+    """A consumed DLPack tensor: its deleter runs once, when the last view of
+    its memory goes (the producer's memory lives until then)."""
+
+    def __init__(self, managed: int, deleter: int):
+        self._managed, self._deleter = managed, deleter
+
+    def __del__(self) -> None:
+        d, self._deleter = self._deleter, 0
+        if d:
+            _DELETER(d)(self._managed)
+
+
+def consume(capsule: Any, info: Export) -> _Owner:
+    """Take ownership of a peeked capsule, as a DLPack consumer does: renamed
+    ``"used_dltensor"`` (its own destructor then leaves the tensor alone, and
+    a second consumer is refused) and its deleter left to the returned owner."""
+    if _set_name(capsule, ctypes.addressof(_USED_NAME)) != 0:  # pragma: no cover - a valid capsule
+        raise InvalidArgumentError("kvmem: could not mark the DLPack capsule consumed")
+    return _Owner(info.managed, int(_DLManagedTensor.from_address(info.managed).deleter or 0))
+
+
+def check_stream(stream: Optional[int], what: str) -> Optional[int]:
+    """A consumer stream as the array API spells it: None, -1, 1, 2 or a
+    cudaStream_t as a positive int (0 is ambiguous and disallowed)."""
+    if stream is None:
+        return None
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream == 0 or not -1 <= stream < 1 << 64:
+        raise InvalidArgumentError(f"{what}: stream {stream!r} is not None, -1, 1 (legacy default), 2 "
+                                   f"(per-thread default) or a cudaStream_t as a positive int")
+    return stream
+
+
+def refuse_device(device: Tuple[int, int], what: str) -> None:
+    """The typed refusal of device memory no kvmem backend takes from DLPack."""
+    dt, di = device
+    raise UnsupportedError(f"{what} is on {device_name(dt, di)} (DLPack device type {dt}); kvmem takes "
+                           f"host memory (cpu, cuda_host) and CUDA memory (cuda, cuda_managed)")
+
+
+def cuda_tensor(handle: int, offset: int, span: int, device: int, dtype: int, shape: Sequence[int],
+                strides: Sequence[int], stream: Optional[int], keep: Any = None) -> Any:
+    """A DeviceTensor of kind "cuda" over [handle + offset, + span bytes);
+    keep: what must live as long as it (the producer, a consumed capsule's owner).
+    Stream -1 (no synchronisation asked of the producer) and None order
+    kvmem on the legacy default stream (the descriptor's NULL)."""
+    from ._objects import DeviceTensor  # _objects imports this module's users
+    s = None if stream in (None, -1) else stream
+    dt = DeviceTensor("cuda", handle=handle, size=offset + span, dtype=dtype, shape=shape, strides=strides,
+                      offset=offset, device=device, stream=s)
+    dt._keep = keep
+    return dt
+
+
+def device_tensor(obj: Any, what: str, stream: Optional[int] = None) -> Any:
+    """A DeviceTensor over the CUDA memory a DLPack exporter or capsule
+    describes (see the module doc). Host exports and other devices are
+    refused before anything is exported or consumed."""
+    stream = check_stream(stream, what)
+
+    def check(info_device: Tuple[int, int]) -> None:
+        if info_device[0] in CUDA_TYPES:
+            return
+        if info_device[0] in HOST_TYPES:
+            raise InvalidTypeError(f"{what} is in host memory ({device_name(*info_device)}): pass it as a "
+                                   f"buffer (a numpy array, memoryview) or through kvmem.torch, not as a "
+                                   f"device tensor")
+        refuse_device(info_device, what)
+
+    cap = export(obj, what, lambda t, i: check((t, i)), lambda t, i: stream)
+    info = peek(cap, what)
+    check(info.device)
+    if info.dtype is None:
+        raise InvalidTypeError(f"{what} is {info.dtype_name} (DLPack); kvmem takes float32, float16 or bfloat16")
+    dt = cuda_tensor(info.handle, info.byte_offset, info.span, info.device[1], info.dtype, info.shape,
+                     info.strides, stream)
+    dt._keep = (consume(cap, info), None if cap is obj else obj)
+    return dt

@@ -109,6 +109,17 @@ class kvmem_tensor(Structure):
                 ("shape", c_int64 * MAX_DIMS), ("strides", c_int64 * MAX_DIMS)]
 
 
+class kvmem_device_memory(Structure):
+    _fields_ = [("struct_size", c_size_t), ("kind", c_enum), ("device", c_int32), ("handle", c_uint64),
+                ("offset", c_uint64), ("size", c_uint64), ("stream", c_void_p)]
+
+
+class kvmem_vulkan_device(Structure):
+    _fields_ = [("struct_size", c_size_t), ("instance", c_void_p), ("physical_device", c_void_p),
+                ("device", c_void_p), ("queue", c_void_p), ("queue_family", ctypes.c_uint32),
+                ("api_version", ctypes.c_uint32)]
+
+
 class kvmem_backend_info(Structure):
     _fields_ = [("name", c_char_p), ("available", c_int32), ("detail", c_char_p)]
 
@@ -396,6 +407,12 @@ _d("int32_t kvmem_context_n_threads(const kvmem_context *ctx)", c_int32, ctx_p)
 _d("kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, uint64_t *h2d_bytes, uint64_t *d2h_bytes)",
    STATUS, ctx_p, POINTER(c_uint64), POINTER(c_uint64))
 _d("kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)", STATUS, ctx_p)
+# (experimental) device tensors
+_d("kvmem_status kvmem_tensor_init_device(kvmem_tensor *out, const kvmem_device_memory *mem, kvmem_dtype dtype, "
+   "int32_t ndim, const int64_t *shape)",
+   STATUS, POINTER(kvmem_tensor), POINTER(kvmem_device_memory), c_enum, c_int32, POINTER(c_int64))
+_d("kvmem_status kvmem_context_vulkan_device(const kvmem_context *ctx, kvmem_vulkan_device *out)",
+   STATUS, ctx_p, POINTER(kvmem_vulkan_device))
 # Model geometry
 _d("kvmem_model_spec kvmem_model_spec_default(void)", kvmem_model_spec)
 _d("kvmem_status kvmem_model_spec_validate(const kvmem_model_spec *spec)", STATUS, POINTER(kvmem_model_spec))

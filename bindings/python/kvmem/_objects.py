@@ -19,6 +19,7 @@ from ctypes import byref, c_size_t, c_uint64, c_void_p
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _buffers as B
+from . import _dlpack
 from . import _ints
 from . import _lib as L
 from ._cstr import c_id, c_path
@@ -327,6 +328,16 @@ class Context(_Handle):
     def transfer_reset(self) -> None:
         """Set the transfer counters to 0 (experimental)."""
         L.kvmem_context_transfer_reset(self.handle)
+
+    def vulkan_device(self) -> Dict[str, int]:
+        """The Vulkan objects a "vulkan" context runs on (experimental), as
+        integers: instance, physical_device, device, queue (handles),
+        queue_family, api_version. Buffers made on this device can be passed as
+        DeviceTensor(kind="vulkan", ...)."""
+        out = L.kvmem_vulkan_device()
+        out.struct_size = ctypes.sizeof(out)
+        L.kvmem_context_vulkan_device(self.handle, byref(out))
+        return {f: int(getattr(out, f) or 0) for f, _ in L.kvmem_vulkan_device._fields_ if f != "struct_size"}
 
     def pool_create(self, spec: SpecLike, *, block_size: Optional[int] = None,
                     storage_dtype: Union[str, int, None] = None, capacity_bytes: Optional[int] = None,
@@ -1069,3 +1080,65 @@ def batch_extract(batch: TensorLike, row: int, length: int, first: int, n: int, 
         return out
     finally:
         bv.close()
+
+
+class DeviceTensor:
+    """A view of device memory that kvmem calls take where they take tensors
+    (experimental; kvmem.h, "Device tensors"): a CUDA device pointer or a
+    VkBuffer handle, with the memory's size in bytes, the byte offset of
+    element 0, the dtype, shape and strides in elements (default row-major).
+    The memory is the caller's: it must stay allocated while a call uses it.
+    Only a context of the matching backend accepts it ("cuda" / "vulkan")."""
+
+    _KINDS = {"cuda": 1, "vulkan": 2}
+
+    def __init__(self, kind: str, handle: int, size: int, dtype: DTypeLike, shape: Sequence[int],
+                 strides: Optional[Sequence[int]] = None, offset: int = 0, device: int = 0,
+                 stream: Optional[int] = None) -> None:
+        if kind not in self._KINDS:
+            raise InvalidArgumentError(f"kvmem: DeviceTensor kind {kind!r} is not 'cuda' or 'vulkan'")
+        # each integer as the C field or array it goes to holds it: never wrapped
+        handle = _ints.check(handle, "handle", ctypes.c_uint64)
+        size = _ints.check(size, "size", ctypes.c_uint64)
+        offset = _ints.check(offset, "offset", ctypes.c_uint64)
+        device = _ints.check(device, "device", ctypes.c_int32)
+        if stream is not None:
+            stream = _ints.check(stream, "stream", ctypes.c_uint64)
+        shape = list(_ints.array(ctypes.c_int64, shape, "shape"))
+        if strides is not None:
+            strides = list(_ints.array(ctypes.c_int64, strides, "strides"))
+        mem = L.kvmem_device_memory()
+        mem.struct_size = ctypes.sizeof(mem)
+        mem.kind, mem.device, mem.handle = self._KINDS[kind], int(device), int(handle)
+        mem.offset, mem.size, mem.stream = int(offset), int(size), stream
+        t = L.kvmem_tensor()
+        if strides is not None and len(strides) != len(shape):
+            raise InvalidArgumentError(f"kvmem: DeviceTensor has {len(shape)} dims and {len(strides)} strides")
+        dims = [int(x) for x in shape]
+        if strides is not None and shape:
+            # a strided view (a slice, a broadcast) may span less than its row-major
+            # size: the descriptor is checked over the elements it spans, then the
+            # view takes its own shape and strides (each call checks them again)
+            flat = (ctypes.c_int64 * 1)(max(_dlpack.span_bytes(dims, strides, 1), 0))
+            L.kvmem_tensor_init_device(byref(t), byref(mem), B.dtype_code(dtype), 1, flat)
+            t.ndim = len(dims)
+            for i, (e, st) in enumerate(zip(dims, strides)):
+                t.shape[i], t.strides[i] = e, int(st)
+        else:
+            shp = (ctypes.c_int64 * max(len(dims), 1))(*dims)
+            L.kvmem_tensor_init_device(byref(t), byref(mem), B.dtype_code(dtype), len(dims), shp)
+        self._mem, self._t = mem, t  # the tensor's data points at _mem: both live as long as self
+        self.kind, self.shape = kind, tuple(int(x) for x in shape)
+
+    def _kvmem_device_tensor(self) -> Any:
+        return self._t
+
+    @classmethod
+    def from_dlpack(cls, obj: object, stream: Optional[int] = None) -> "DeviceTensor":
+        """A view of a CUDA tensor exported by DLPack (CuPy, PyTorch, JAX: an
+        object with ``__dlpack__`` or a capsule), no copy; the producer stays
+        alive as long as the view. stream: the CUDA stream kvmem's calls are
+        ordered on, passed to ``__dlpack__(stream=)`` as the array API says
+        (None: the legacy default stream). Host and other devices' exports
+        are refused naming the device."""
+        return _dlpack.device_tensor(obj, "kvmem: DeviceTensor.from_dlpack", stream)

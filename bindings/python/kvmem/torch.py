@@ -39,8 +39,14 @@ call; a used one is refused). The capsule is read first, so a dtype kvmem
 does not take, negative strides or another device are refused before
 anything consumes it.
 
-Device tensors are refused with a message saying to move them to the CPU:
-kvmem's C ABI takes host memory until device tensors are part of it.
+CUDA tensors are passed as device tensors (kvmem.h, "Device tensors"): the
+same strided view of the tensors' own memory, described as CUDA memory on
+the tensor's device and ordered on torch's current stream there, no copy; a
+context with backend "cuda" takes them, any other context refuses them with
+the C library's message. A CUDA DLPack export from another library is
+imported with torch (which needs a CUDA build of torch), its producer asked
+to order its work before that stream (``__dlpack__(stream=...)``). Other
+devices are refused with a message saying to move them to the CPU.
 """
 from __future__ import annotations
 
@@ -88,11 +94,28 @@ class TensorView:
 
 
 def _refuse_device(what: str, device: Any) -> None:
-    # Where device tensors go once kvmem's C ABI takes them: until then, host memory only.
     raise UnsupportedError(
-        f"kvmem.torch: {what} is on {device}; kvmem's C ABI reads and writes host memory only "
-        f"(device tensors are not in it yet): move it to the CPU first, e.g. "
-        f"tuple((k.cpu(), v.cpu()) for k, v in past_key_values)")
+        f"kvmem.torch: {what} is on {device}; kvmem takes host memory and CUDA memory: move it to the "
+        f"CPU first, e.g. tuple((k.cpu(), v.cpu()) for k, v in past_key_values)")
+
+
+def _check_dlpack_device(what: str, dev_type: int, dev_id: int) -> None:
+    # torch imports a CUDA export only when it was built with CUDA
+    device = _dlpack.device_name(dev_type, dev_id)
+    if dev_type == _dlpack.CPU or (dev_type == _dlpack.CUDA and _torch.cuda.is_available()):
+        return
+    if dev_type == _dlpack.CUDA:
+        raise UnsupportedError(
+            f"kvmem.torch: {what} is on {device} but this torch has no CUDA (torch.cuda.is_available() is "
+            f"False), so it cannot import it; pass it to kvmem's own calls instead "
+            f"(kvmem.DeviceTensor.from_dlpack, Agent.append)")
+    _refuse_device(what, device)
+
+
+def _stream(dev_type: int, dev_id: int) -> Optional[int]:
+    """torch's current stream on a CUDA device as the array API's stream int
+    (the legacy default stream, handle 0, is 1 there; 0 is disallowed)."""
+    return _torch.cuda.current_stream(dev_id).cuda_stream or 1
 
 
 def _as_tensor(x: Any, what: str, memo: Optional[dict] = None) -> Any:
@@ -103,10 +126,10 @@ def _as_tensor(x: Any, what: str, memo: Optional[dict] = None) -> Any:
         return x
     if memo is not None and id(x) in memo:
         return memo[id(x)][1]
-    cap = _dlpack.export(x, f"kvmem.torch: {what}", lambda dev: _refuse_device(what, dev))
+    cap = _dlpack.export(x, f"kvmem.torch: {what}", lambda t, i: _check_dlpack_device(what, t, i), _stream)
     info = _dlpack.peek(cap, f"kvmem.torch: {what}")
     if not info.on_host:
-        _refuse_device(what, info.device_name)
+        _check_dlpack_device(what, *info.device)
     if info.dtype is None:
         raise InvalidTypeError(f"kvmem.torch: {what} is {info.dtype_name} (DLPack); kvmem takes float32, "
                         f"float16 or bfloat16")
@@ -120,7 +143,7 @@ def _check(t: Any, what: str) -> None:
     if not isinstance(t, _torch.Tensor):
         raise InvalidTypeError(f"kvmem.torch: {what} must be a torch.Tensor or an object exporting "
                                f"DLPack (__dlpack__), got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         _refuse_device(what, t.device)
     if t.layout != _torch.strided:
         raise InvalidTypeError(f"kvmem.torch: {what} has layout {t.layout}; kvmem takes dense (strided) tensors")
@@ -128,7 +151,19 @@ def _check(t: Any, what: str) -> None:
         raise InvalidTypeError(f"kvmem.torch: {what} is {t.dtype}; kvmem takes float32, float16 or bfloat16")
 
 
-def _ctensor(ptr: int, dtype: Any, shape: Sequence[int], strides: Sequence[int]) -> L.kvmem_tensor:
+def _ctensor(ptr: int, dtype: Any, shape: Sequence[int], strides: Sequence[int],
+             device: Any = None) -> L.kvmem_tensor:
+    """A kvmem_tensor over host memory, or over CUDA memory on a cuda device:
+    then a device tensor whose descriptor (kept alive by the struct) names the
+    span the view reaches, ordered on torch's current stream."""
+    if device is not None and device.type == "cuda":
+        span = _dlpack.span_bytes(shape, strides, _torch.empty((), dtype=dtype).element_size())
+        idx = device.index if device.index is not None else _torch.cuda.current_device()
+        stream = _torch.cuda.current_stream(idx).cuda_stream or None
+        dt = _dlpack.cuda_tensor(ptr, 0, span, idx, _DTYPES[dtype], shape, strides, stream)
+        c = dt._kvmem_device_tensor()
+        c._kvmem_keep = dt  # the descriptor c.data points at lives as long as c
+        return c
     c = L.kvmem_tensor()
     c.data = ptr or None
     c.dtype = _DTYPES[dtype]
@@ -200,14 +235,14 @@ def _head_major(ts: List[Any], b: int, start: int, stop: int, writable: bool, wh
     step = _layer_stride(ts, off)
     if step is not None:
         return TensorView(_ctensor(t0.data_ptr() + off * t0.element_size(), t0.dtype, shape,
-                                   (step, ss, sh, sd)), ts, False)
+                                   (step, ss, sh, sd), t0.device), ts, False)
     if writable:
         raise InvalidArgumentError(f"kvmem.torch: {what}: the layers are separate allocations, not evenly spaced "
                          f"in memory, so no single view can write into them; gather into new tensors "
                          f"(out=None) or give a cache whose layers are slices of one tensor")
     st = _torch.stack([t[b, :, start:stop] for t in ts])  # [L, heads, T, dim]: one copy, head-major kept
     s = st.stride()
-    return TensorView(_ctensor(st.data_ptr(), st.dtype, shape, (s[0], s[2], s[1], s[3])), st, True)
+    return TensorView(_ctensor(st.data_ptr(), st.dtype, shape, (s[0], s[2], s[1], s[3]), st.device), st, True)
 
 
 def kv_views(cache: Any, *, batch_index: int = 0, start: int = 0, stop: Optional[int] = None,
@@ -286,8 +321,8 @@ def query_view(queries: Any, spec: L.kvmem_model_spec, *, batch_index: int = 0) 
             raise InvalidArgumentError(f"kvmem.torch: queries has shape {tuple(queries.shape)}; expected "
                              f"[n_q, n_layers, n_q_heads, head_dim] (or one [batch, n_q_heads, q_len, "
                              f"head_dim] tensor per layer)")
-        return TensorView(_ctensor(queries.data_ptr(), queries.dtype, queries.shape, queries.stride()),
-                          queries, False)
+        return TensorView(_ctensor(queries.data_ptr(), queries.dtype, queries.shape, queries.stride(),
+                                   queries.device), queries, False)
     memo: dict = {}
     qs = [_as_tensor(q, f"queries layer {i}", memo) for i, q in enumerate(queries)]
     if not qs:
@@ -336,35 +371,36 @@ def retrieve(agent: Agent, queries: Any, *, batch_index: int = 0, result: Option
     return r
 
 
-def _new_cache(spec: L.kvmem_model_spec, n: int, dtype: Any) -> Tuple[Any, Any, Tuple[Any, ...]]:
+def _new_cache(spec: L.kvmem_model_spec, n: int, dtype: Any, device: Any = None) -> Tuple[Any, Any, Tuple[Any, ...]]:
     """K, V [n_layers, 1, n_kv_heads, n, head_dim] (one allocation each) and the
     per-layer ((k, v), ...) tuple of views into them."""
     if dtype not in _DTYPES:
         raise InvalidTypeError(f"kvmem.torch: dtype {dtype} is not float32, float16 or bfloat16")
     shape = (spec.n_layers, 1, spec.n_kv_heads, n, spec.head_dim)
-    K, V = _torch.empty(shape, dtype=dtype), _torch.empty(shape, dtype=dtype)
+    K, V = _torch.empty(shape, dtype=dtype, device=device), _torch.empty(shape, dtype=dtype, device=device)
     return K, V, tuple((K[i], V[i]) for i in range(spec.n_layers))
 
 
 def _out_views(out: Any, spec: L.kvmem_model_spec, n: int, dtype: Any, batch_index: int,
-               out_start: int) -> Tuple[TensorView, TensorView, Any]:
+               out_start: int, device: Any = None) -> Tuple[TensorView, TensorView, Any]:
     if out is None:
-        _, _, out = _new_cache(spec, n, dtype)
+        _, _, out = _new_cache(spec, n, dtype, device)
         batch_index, out_start = 0, 0
     kv, vv = kv_views(out, batch_index=batch_index, start=out_start, stop=out_start + n, writable=True)
     return kv, vv, out
 
 
 def gather(agent: Agent, blocks: Iterable[int], base_position: int = 0, *, dtype: Any = _torch.float32,
-           out: Any = None, batch_index: int = 0, out_start: int = 0) -> Any:
+           out: Any = None, batch_index: int = 0, out_start: int = 0, device: Any = None) -> Any:
     """kvmem_gather: the sealed blocks' KV concatenated, keys re-encoded with RoPE
     at positions base_position.. (MemArt), as past_key_values: ((k, v), ...) per
-    layer, each [1, n_kv_heads, M, head_dim] of dtype. out: an existing cache to
-    write into instead (row batch_index, seq positions out_start..), its layers
-    slices of one tensor; it is returned."""
+    layer, each [1, n_kv_heads, M, head_dim] of dtype on device (default the
+    CPU; "cuda" on a CUDA context: written in place there). out: an existing
+    cache to write into instead (row batch_index, seq positions out_start..),
+    its layers slices of one tensor; it is returned."""
     ids = [_ints.check(b, f"blocks[{i}]", ctypes.c_int32) for i, b in enumerate(blocks)]
     m = sum(agent.block_info(b).n_tokens for b in ids)
-    kv, vv, out = _out_views(out, agent.pool.spec, m, dtype, batch_index, out_start)
+    kv, vv, out = _out_views(out, agent.pool.spec, m, dtype, batch_index, out_start, device)
     arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
     L.kvmem_gather(agent.handle, arr, len(ids), base_position, byref(kv.c), byref(vv.c))
     return out

@@ -174,16 +174,29 @@ def _fake_capsule(device_type, dtype=(2, 32), strides=None, shape=(1, HKV, 4, D)
 # ---- refusals: before anything is consumed or reaches C ------------------------------------------
 
 def test_device_exports_are_refused_naming_the_device_before_they_export(agent):
-    p = Producer(torch.zeros(1, HKV, 4, D), device=(2, 0))
-    with pytest.raises(kvmem.UnsupportedError, match=r"cache layer 0 k is on cuda:0.*move it to the CPU first"):
+    p = Producer(torch.zeros(1, HKV, 4, D), device=(10, 0))
+    with pytest.raises(kvmem.UnsupportedError, match=r"cache layer 0 k is on rocm:0.*move it to the CPU first"):
         kt.append(agent, ((p, p),) * L)
     assert p.exports == 0  # refused on __dlpack_device__, never exported
     with pytest.raises(kvmem.UnsupportedError, match="queries is on rocm:3"):
         kt.retrieve(agent, Producer(torch.zeros(2, L, HQ, D), device=(10, 3)))
-    cap, keep = _fake_capsule(2)  # a capsule (no __dlpack_device__) read before torch takes it
-    with pytest.raises(kvmem.UnsupportedError, match="is on cuda:1"):
+    cap, keep = _fake_capsule(10)  # a capsule (no __dlpack_device__) read before torch takes it
+    with pytest.raises(kvmem.UnsupportedError, match="is on rocm:1"):
         kt.append(agent, ((cap, cap),) * L)
     assert _dlpack._is_valid(cap, b"dltensor")  # not consumed
+    assert agent.get_info().n_tokens == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="skipped: this torch has CUDA, so it imports CUDA exports")
+def test_cuda_exports_a_cpu_only_torch_cannot_import_are_refused_before_they_export(agent):
+    p = Producer(torch.zeros(1, HKV, 4, D), device=(2, 0))
+    with pytest.raises(kvmem.UnsupportedError, match=r"cache layer 0 k is on cuda:0 but this torch has no CUDA"):
+        kt.append(agent, ((p, p),) * L)
+    assert p.exports == 0
+    cap, keep = _fake_capsule(2)
+    with pytest.raises(kvmem.UnsupportedError, match=r"is on cuda:1 but this torch has no CUDA.*DeviceTensor.from_dlpack"):
+        kt.append(agent, ((cap, cap),) * L)
+    assert _dlpack._is_valid(cap, b"dltensor")
     assert agent.get_info().n_tokens == 0
 
 
@@ -215,10 +228,10 @@ def test_dtypes_strides_and_shapes_kvmem_cannot_take_are_refused(agent):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device (torch here is CPU-only)")
 def test_cuda_tensors_through_dlpack(agent):  # pragma: no cover - needs a GPU
-    # Until kvmem's C ABI takes device tensors, CUDA memory is refused with the reason, through
-    # DLPack as directly, and nothing is copied behind the caller's back.
+    # CUDA memory goes to C as a device tensor, directly as through DLPack: the CPU context
+    # refuses it with the C library's message, and nothing is copied behind the caller's back.
     k = torch.randn(1, HKV, 4, D, device="cuda")
     for x in (k, Producer(k, device=k.__dlpack_device__())):
-        with pytest.raises(kvmem.UnsupportedError, match="is on cuda:0"):
+        with pytest.raises(kvmem.UnsupportedError, match="K is in CUDA device memory but the context runs on cpu"):
             kt.append(agent, ((x, x),) * L)
     assert agent.get_info().n_tokens == 0

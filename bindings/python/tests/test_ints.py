@@ -216,6 +216,13 @@ CASES = [
     ("attend(probe)", I32, lambda w, x: kvmem.attend(w.ctx, w.q[0, 0], agent=w.agent, probe=x)),
     ("attend(causal)", I32, lambda w, x: kvmem.attend(w.ctx, w.q[0, 0], agent=w.agent, causal=x)),
     ("attend(compare)", I32, lambda w, x: kvmem.attend(w.ctx, w.q[0, 0], agent=w.agent, compare=x)),
+    ("DeviceTensor(handle)", U64, lambda w, x: kvmem.DeviceTensor("cuda", x, 64, "f32", [4])),
+    ("DeviceTensor(size)", U64, lambda w, x: kvmem.DeviceTensor("cuda", 1, x, "f32", [4])),
+    ("DeviceTensor(shape)", I64, lambda w, x: kvmem.DeviceTensor("cuda", 1, 64, "f32", [x])),
+    ("DeviceTensor(strides)", I64, lambda w, x: kvmem.DeviceTensor("cuda", 1, 64, "f32", [4], strides=[x])),
+    ("DeviceTensor(offset)", U64, lambda w, x: kvmem.DeviceTensor("cuda", 1, 64, "f32", [4], offset=x)),
+    ("DeviceTensor(device)", I32, lambda w, x: kvmem.DeviceTensor("cuda", 1, 64, "f32", [4], device=x)),
+    ("DeviceTensor(stream)", U64, lambda w, x: kvmem.DeviceTensor("cuda", 1, 64, "f32", [4], stream=x)),
     ("status_str(status)", I32, lambda w, x: kvmem.status_str(x)),
     ("dtype_name(dtype)", I32, lambda w, x: kvmem.dtype_name(x)),
 ]
@@ -254,7 +261,7 @@ NONE_IS_DEFAULT = {c[0] for c in CASES if c[0].startswith((
     f"Agent.retrieve({p})" for p in ("top_k", "mode", "norm", "agg", "scope", "recent_window", "skip_recent")} | {
     f"attend({p})" for p in ("n_sink", "tile_size", "patience", "order", "probe", "causal", "compare")} | {
     "cluster_kmeans(k)", "cluster_kmeans(max_iters)", "cluster_kmeans(seed)", "multihop_select(max_iters)",
-    "load_plan(max_ahead)"}
+    "load_plan(max_ahead)", "DeviceTensor(stream)"}
 
 
 @pytest.mark.parametrize("name,rng,call", CASES, ids=[c[0] for c in CASES])
