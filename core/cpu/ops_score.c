@@ -450,10 +450,13 @@ static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major
 }
 
 /* The SPLIT form's boxes as PAIRED f32, [n_blocks][L][H][2][D]. */
-static void pair_boxes(const float *smin, const float *smax, size_t n, size_t LH, size_t D, float *dst) {
+/* SPLIT boxes (elements of es bytes) as PAIRED ones, the layout the CPU reads. */
+static void pair_boxes(const void *smin, const void *smax, size_t n, size_t LH, size_t D, size_t es, void *dst) {
+    const unsigned char *mn = smin, *mx = smax;
+    unsigned char *o = dst;
     for (size_t i = 0; i < n * LH; i++) {
-        memcpy(dst + i * 2 * D, smax + i * D, D * sizeof(float));
-        memcpy(dst + (i * 2 + 1) * D, smin + i * D, D * sizeof(float));
+        memcpy(o + i * 2 * D * es, mx + i * D * es, D * es);
+        memcpy(o + (i * 2 + 1) * D * es, mn + i * D * es, D * es);
     }
 }
 
@@ -482,7 +485,7 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
     job.q = kvm_cpu_at(d->q, d->q_off);
     job.out = (float *)kvm_cpu_at(d->out, d->out_off);
     job.blocks = d->blocks;
-    job.esz = d->box_layout == KVM_BOXES_PAIRED_F16 ? 2 : 4;
+    job.esz = d->box_layout == KVM_BOXES_PAIRED_F16 || d->box_layout == KVM_BOXES_SPLIT_F16 ? 2 : 4;
     job.use_rows = job.R < job.kern->rows_below;
     job.ldo = job.use_rows ? job.R : (job.R + KVM_SCORE_ROW_PAD - 1) / KVM_SCORE_ROW_PAD * KVM_SCORE_ROW_PAD;
     job.kbuf_rows = job.exact ? (size_t)KVM_MAX(d->keys->max_rows, 1) : 1;
@@ -507,9 +510,9 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
         job.chunk = ch;
         job.n_chunks = (job.nc + ch - 1) / ch;
     }
-    const int split = d->box_layout == KVM_BOXES_SPLIT_F32 && !job.exact;
+    const int split = (d->box_layout == KVM_BOXES_SPLIT_F32 || d->box_layout == KVM_BOXES_SPLIT_F16) && !job.exact;
     kvm_carve c = {NULL, 0, 0};
-    float *paired = split ? kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * sizeof(float)) : NULL;
+    void *paired = split ? kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * job.esz) : NULL;
     layout(&job, &c, n_slots, block_major);
     kvm_scratch *scr = kvm_cpu_backend_scratch(be);
     void *base = c.overflow ? NULL : kvm_scratch_take(scr, c.off);
@@ -518,8 +521,9 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
                         job.nc);
     c = (kvm_carve){base, 0, 0};
     if (split) {
-        paired = kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * sizeof(float));
-        pair_boxes(kvm_cpu_at(d->s_min, d->s_off), kvm_cpu_at(d->s_max, d->s_off), job.nc, job.L * job.H, job.D, paired);
+        paired = kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * job.esz);
+        pair_boxes(kvm_cpu_at(d->s_min, d->s_off), kvm_cpu_at(d->s_max, d->s_off), job.nc, job.L * job.H, job.D, job.esz,
+                   paired);
         job.boxes = (const unsigned char *)paired;
         job.blocks = NULL;
     } else if (!job.exact) {
