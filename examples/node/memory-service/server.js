@@ -120,6 +120,10 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
   // at a time. The handle stays open while requests for the agent are in, and
   // is closed after the last, so the pool may move the agent to the store when
   // it needs room. A request queued behind a DELETE starts over on a fresh entry.
+  // Opening, flushing and closing wait for the pool's mutex, which a spill to the
+  // store holds through its write (and a directory store's fsync): they run on
+  // worker threads (the binding's *Async), never on the event loop, so one
+  // client's spills hold up only the requests that need the pool, not every client.
   async function withEntry(id, fn) {
     checkId(id);
     for (;;) {
@@ -137,28 +141,33 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         if (!retry) return v;
       } finally {
         if (--e.refs === 0) {
-          if (e.agent) {
-            try { e.agent.close(); } catch (err) { log(`closing agent '${id}': ${err.message}`); }
-            e.agent = null;
-          }
-          if (entries.get(id) === e) entries.delete(id);
+          // closed in the entry's turn: a request that comes meanwhile queues behind the close
+          e.tail = e.tail.then(async () => {
+            if (e.agent && e.refs === 0) {
+              const a = e.agent;
+              e.agent = null;
+              try { await a.closeAsync(); } catch (err) { log(`closing agent '${id}': ${err.message}`); }
+            }
+            if (e.refs === 0 && entries.get(id) === e) entries.delete(id);
+          });
         }
       }
     }
   }
-  function open(e, create) {
+  async function open(e, create) {
     if (e.agent) return e.agent;
     if (!create && !known.has(e.id)) throw new HttpError(404, `no agent '${e.id}'`, 'not_found');
-    e.agent = pool.agentOpen(e.id);
+    e.agent = await pool.agentOpenAsync(e.id);
     known.add(e.id);
     return e.agent;
   }
   // an agent a failed first request created is removed again
-  function undoCreate(e) {
+  async function undoCreate(e) {
     try {
       if (e.agent.getInfo().nTokens !== 0) return;
-      e.agent.close();
+      const a = e.agent;
       e.agent = null;
+      await a.closeAsync();
       pool.removeAgent(e.id);
       known.delete(e.id);
     } catch (err) { log(`undoing the creation of '${e.id}': ${err.message}`); }
@@ -179,19 +188,20 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       const T = f.k.length / per;
       return withEntry(id, async (e) => {
         const created = !e.agent && !known.has(id);
-        const a = open(e, true);
+        const a = await open(e, true);
         try {
           const n = a.getInfo().nTokens;
           if (f.expect_tokens !== undefined && n !== f.expect_tokens)
             throw new HttpError(409, `agent '${id}' holds ${n} tokens, the request expected ${f.expect_tokens}`, 'conflict');
           if (Number.isInteger(T) && n + T > cfg.maxAgentTokens)
             throw new HttpError(413, `agent '${id}' holds ${n} tokens: ${T} more would pass the service's limit of ${cfg.maxAgentTokens} tokens per agent`, 'too_large');
-          await a.appendAsync(f.k, f.v, { tokenIds: f.token_ids, text: f.text, tokenTextOffsets: f.token_text_offsets, positions: f.positions });
+          // the decoded arrays are this request's alone: handed over without a copy
+          await a.appendAsync(f.k, f.v, { tokenIds: f.token_ids, text: f.text, tokenTextOffsets: f.token_text_offsets, positions: f.positions, copy: false });
         } catch (err) {
-          if (created) undoCreate(e);
+          if (created) await undoCreate(e);
           throw err;
         }
-        if (f.flush) a.flush();
+        if (f.flush) await a.flushAsync();
         if (f.save) {
           try {
             await a.saveAsync(null);
@@ -203,11 +213,11 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         return { ...infoOf(a), ...(f.save ? { saved: true } : {}) };
       });
     },
-    async flush(id) { return withEntry(id, async (e) => { const a = open(e, false); a.flush(); return infoOf(a); }); },
+    async flush(id) { return withEntry(id, async (e) => { const a = await open(e, false); await a.flushAsync(); return infoOf(a); }); },
     async retrieve(id, f, binary) {
       if (!kvmem.hasFunction('kvmem_retrieve')) throw new HttpError(501, 'this libkvmem has no kvmem_retrieve', 'not_implemented');
       return withEntry(id, async (e) => {
-        const a = open(e, false);
+        const a = await open(e, false);
         const r = await a.retrieveAsync(f.query, { topK: f.top_k ?? 8 });
         try {
           const { blocks, scores } = r.get(0);
@@ -231,12 +241,12 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
     },
     async save(id) {
       persistable('save');
-      return withEntry(id, async (e) => { const a = open(e, false); await a.saveAsync(null); return { saved: a.id, ...snake(a.getInfo()) }; });
+      return withEntry(id, async (e) => { const a = await open(e, false); await a.saveAsync(null); return { saved: a.id, ...snake(a.getInfo()) }; });
     },
     async load(id) {
       persistable('load');
       return withEntry(id, async (e) => {
-        const a = open(e, false);
+        const a = await open(e, false);
         try {
           await a.loadAsync(null);
         } catch (err) {
@@ -250,11 +260,11 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         return infoOf(a);
       });
     },
-    async info(id) { return withEntry(id, async (e) => infoOf(open(e, false))); },
+    async info(id) { return withEntry(id, async (e) => infoOf(await open(e, false))); },
     async remove(id) {
       return withEntry(id, async (e) => {
         if (!e.agent && !known.has(id)) throw new HttpError(404, `no agent '${id}'`, 'not_found');
-        if (e.agent) { e.agent.close(); e.agent = null; }
+        if (e.agent) { const a = e.agent; e.agent = null; await a.closeAsync(); }
         pool.removeAgent(id);
         known.delete(id);
         e.dead = true;
@@ -372,7 +382,7 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         return sendJson(200, { status: 'ok', store: store.kind, agents: known.size, ...sched.stats(), pid: process.pid, started });
       }
       if (route === 'health') {
-        const pi = pool.getInfo();
+        const pi = await pool.getInfoAsync();
         // how long the event loop was held since the last /health: what every client waited at worst
         const loop = { p50: loopDelay.percentile(50) / 1e6, p99: loopDelay.percentile(99) / 1e6, max: loopDelay.max / 1e6 };
         loopDelay.reset();
@@ -439,7 +449,9 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       clearTimeout(timer);
       server.closeAllConnections();
       await drained;
-      for (const e of entries.values()) if (e.agent) { e.agent.close(); e.agent = null; }
+      // the handles' closes queued on their entries, then any left open
+      await Promise.all([...entries.values()].map((e) => e.tail));
+      for (const e of entries.values()) if (e.agent) { const a = e.agent; e.agent = null; await a.closeAsync(); }
       let ok = true;
       if (storeSpec !== null) {
         const until = Date.now() + cfg.shutdownMs;
