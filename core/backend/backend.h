@@ -34,7 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue)
+/* 2: struct kvmem_backend gained fail, detail and cpu_device (the services a
+ *    plugin needs from the core and shows its users)
  * 3: the device kernels (dev_score, dev_topk, dev_gather_rope, dev_attend,
  *    dev_qmem_score)
  * 4: dev_score_reduce (a decode retrieval reads back per-set block scores)
@@ -120,7 +121,8 @@ struct kvmem_backend {
     const kvmem_backend_iface *iface;
     void *impl;          /* the backend's own state */
     kvmem_context *ctx;  /* owning context */
-    /* -- plugin services (Vulkan issue) -- */
+    /* -- plugin services: what a plugin, which links none of the core's
+     * hidden symbols, gets from the core and tells it -- */
     /* Set by the core's loader right after a plugin's init: a plugin cannot
      * link the core's hidden kvm_fail, so its ops report messages for
      * kvmem_last_error() through this pointer. NULL inside init. */
@@ -330,7 +332,8 @@ typedef struct kvm_dev_score_reduce_args {
     int32_t n_layers, n_heads, n, n_sets;
 } kvm_dev_score_reduce_args;
 
-/* -- device timing (Vulkan issue) -- */
+/* -- device timing: a device's own clock, because host timers around an
+ * asynchronous op measure the queue, not the kernel -- */
 /* get_proc_address(be, KVM_PROC_LAST_OP_SECONDS) returns a kvm_last_op_seconds_fn
  * (or NULL): device time of the backend's last op, from GPU timestamps
  * (negative when the device has no timestamps). Used by benchmarks. */
