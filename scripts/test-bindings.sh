@@ -34,7 +34,30 @@ run() {
   shift 2
   echo "=== bindings: $name: $*"
   "$@" 2>&1 | tee "$log/$name.out"
-  local rc=${PIPESTATUS[0]}
+  tally "$name" "$count_re" "${PIPESTATUS[0]}"
+}
+# start NAME COMMAND...: runs the command in the background, its output kept;
+# finish NAME COUNT: waits for it, then shows and counts its output as run does.
+# For suites independent of each other (own environment, own files), so the
+# two cores are both busy while one suite waits on a subprocess or a file.
+declare -A started=()
+start() {
+  local name=$1
+  shift
+  echo "=== bindings: $name: started in the background: $*"
+  "$@" >"$log/$name.out" 2>&1 &
+  started[$name]=$!
+}
+finish() {
+  local name=$1 count_re=$2 rc=0
+  wait "${started[$name]}" || rc=$?
+  echo "=== bindings: $name: its output"
+  cat "$log/$name.out"
+  tally "$name" "$count_re" "$rc"
+}
+# tally NAME COUNT RC: records NAME as failed, empty or passed
+tally() {
+  local name=$1 count_re=$2 rc=$3
   local n
   if [[ $count_re == lines:* ]]; then
     n=$(grep -Ec "${count_re#lines:}" "$log/$name.out")
@@ -101,18 +124,22 @@ if [ ! -x "$py" ]; then
 elif ! "$py" -c 'import pytest, numpy' 2>/dev/null; then
   skip python "$py cannot import pytest and numpy (apt-get install python3-pytest python3-numpy)"
 else
-  # -rs: a skipped test says why (kvmem.torch's without torch, the model's without the model)
-  run python '[0-9]+ passed' "$py" -m pytest -p no:cacheprovider -q -rs "$root/bindings/python/tests" "$root/examples/python"
   # Both kvmem's kernels and PyTorch's pick their code by this CPU, so a suite that
   # passed here can fail on CI's other machine: run it again as an AVX2-only machine
   # would and on the plain kernels (each setting falls back to what the CPU has). The
   # scenario fixture is exact for one kernel table, so each run computes its own.
+  # The three runs share no file (pytest's tmp_path is per session): the two
+  # reruns go in the background beside the first.
   for isa in avx2:avx2 scalar:default; do
     KVMEM_CPU=${isa%%:*} "$build/bindings/kvmem_scenario_fixture" "$log/scenario-${isa%%:*}.json" >/dev/null
-    run "python-${isa%%:*}" '[0-9]+ passed' env KVMEM_CPU="${isa%%:*}" ATEN_CPU_CAPABILITY="${isa#*:}" \
+    start "python-${isa%%:*}" env KVMEM_CPU="${isa%%:*}" ATEN_CPU_CAPABILITY="${isa#*:}" \
       KVMEM_FIXTURE="$log/scenario-${isa%%:*}.json" \
       "$py" -m pytest -p no:cacheprovider -q "$root/bindings/python/tests" "$root/examples/python"
   done
+  # -rs: a skipped test says why (kvmem.torch's without torch, the model's without the model)
+  run python '[0-9]+ passed' "$py" -m pytest -p no:cacheprovider -q -rs "$root/bindings/python/tests" "$root/examples/python"
+  finish python-avx2 '[0-9]+ passed'
+  finish python-scalar '[0-9]+ passed'
   KVMEM_PYTHON=$py package python-package python
 fi
 
