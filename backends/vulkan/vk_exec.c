@@ -25,8 +25,9 @@ static const struct {
     [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 16 * 4},
 
     /* -- attention -- */
-    [KVM_VK_ATTEND] = {"attend", 8, 23 * 4},
-    [KVM_VK_ATTEND_SG] = {"attend_sg", 8, 23 * 4},
+    [KVM_VK_ATTEND] = {"attend", 8, 25 * 4},
+    [KVM_VK_ATTEND_SG] = {"attend_sg", 8, 25 * 4},
+    [KVM_VK_TILE_ORDER] = {"tile_order", 5, 21 * 4},
 
 };
 

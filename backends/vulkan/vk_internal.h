@@ -43,6 +43,7 @@ typedef enum kvm_vk_kernel {
     /* -- attention (dev_attend) -- */
     KVM_VK_ATTEND,
     KVM_VK_ATTEND_SG, /* the probe reduced with subgroup operations */
+    KVM_VK_TILE_ORDER, /* the scored form's per-stream orders */
 
     KVM_VK_N_KERNELS
 } kvm_vk_kernel;

@@ -46,8 +46,9 @@
  * 7: supports_op; the CPU backend's entries are the CPU ops the core runs,
  *    so dev_score, dev_gather_rope and dev_qmem_score gained host-side forms
  *    (the pool's own box layout and a candidate list, keys and rows read
- *    through callbacks, caller tensors) that a device's supports_op refuses */
-#define KVMEM_BACKEND_API_VERSION 7u
+ *    through callbacks, caller tensors) that a device's supports_op refuses
+ * 8: dev_attend's scored form (the SCORED order found by the backend) */
+#define KVMEM_BACKEND_API_VERSION 8u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
@@ -256,6 +257,14 @@ typedef struct kvm_dev_gather_args {
  * other outputs of that call are unspecified, and the core refuses it,
  * naming the position, as kvm_attend_cpu refuses the same.
  * scale > 0 is resolved by the core. kvm_attend_cpu is the reference.
+ * scored = 1 (kvmem_attend's SCORED order, found by the backend): every tile
+ * is visited (n_visit = ceil(n_pos / tile)), each stream in its own order,
+ * tiles by their score = the largest logit over their live positions and
+ * the stream's query heads (NaN logits ignored; no live position: -inf),
+ * highest first, equal scores newest (highest id) first. order is then an
+ * output, int32 [n_kv_heads][n_visit]: stream g's order at g * n_visit;
+ * visited holds 2 * n_kv_heads entries, the second half the live positions
+ * each stream read (the tiles it counts in visited[g], whole).
  * Contents only device memory holds: the CPU reference refuses a live slot
  * >= n_slots and tile ids outside [0, ceil(n_pos / tile)) or repeated
  * (KVMEM_ERR_INVALID_ARG); a device skips such slots like dead ones and such
@@ -270,6 +279,7 @@ typedef struct kvm_dev_attend_args {
     kvmem_dtype dtype; /* of k and v */
     float scale, tau_s, tau_d;
     int32_t patience;
+    int32_t scored; /* 0 or 1 (above) */
 } kvm_dev_attend_args;
 
 /* dev_qmem_score: IntentKV's rule score (kvmem_qmem_score) of n tokens:

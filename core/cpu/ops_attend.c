@@ -8,6 +8,7 @@
 #include "kernels.h"
 #include "tensor.h"
 #include "../backend/attend_dev.h"
+#include "../attend/attend.h" /* kvm_attend_scored_order: the scored form's reference */
 
 #include <math.h>
 #include <stdlib.h>
@@ -675,6 +676,7 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     int64_t *tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof *tile_start);
     int64_t *live = kvm_malloc(((size_t)T + 1) * sizeof *live);
     int32_t *seen = kvm_calloc((size_t)n_tiles + 1, sizeof *seen);
+    int32_t *head_order = NULL;
     kvmem_status st = KVMEM_OK;
     if (!slots || !order || !tile_start || !live || !seen) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
@@ -694,7 +696,8 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
         live[j + 1] = live[j] + (s >= 0);
     }
     const int32_t *om = (const int32_t *)(const void *)(host[KVM_DA_ORDER] + a->order_off);
-    for (int32_t i = 0; i < a->n_visit; i++) {
+    for (int32_t i = 0; a->scored && i < a->n_visit; i++) order[i] = (int32_t)(n_tiles - 1 - i); /* every tile */
+    for (int32_t i = 0; !a->scored && i < a->n_visit; i++) {
         if (om[i] < 0 || om[i] >= n_tiles || seen[om[i]]) {
             st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: order[%d] = %d is outside [0, %lld) or repeated", fn, i, om[i],
                           (long long)n_tiles);
@@ -740,9 +743,34 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     pl.patience = a->patience;
     pl.probe = KVMEM_ATTEND_PROBE_STRIDED;
     pl.stream_visited = (int32_t *)(void *)(host[KVM_DA_VISITED] + a->visited_off);
+    if (a->scored) { /* kvmem_attend's own scan finds the order, written to `order` */
+        int64_t scan_rows;
+        head_order = kvm_malloc((size_t)a->n_kv_heads * (size_t)n_tiles * sizeof *head_order + 1);
+        if (!head_order) {
+            st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the order of %lld tiles", fn, (long long)n_tiles);
+            goto done;
+        }
+        if ((st = kvm_attend_scored_order(be->ctx, &pl, head_order, NULL, NULL, &scan_rows)) != KVMEM_OK) goto done;
+        pl.head_order = head_order;
+    }
     kvmem_attend_stats stats;
     st = kvm_attend_cpu(be, &pl, &stats);
+    if (st == KVMEM_OK && a->scored) {
+        int32_t *ord_out = (int32_t *)(void *)(host[KVM_DA_ORDER] + a->order_off);
+        memcpy(ord_out, head_order, (size_t)a->n_kv_heads * (size_t)n_tiles * sizeof *head_order);
+        for (int32_t g = 0; g < a->n_kv_heads; g++) { /* the live positions of the tiles stream g counted */
+            const int32_t *ho = head_order + (size_t)g * (size_t)n_tiles;
+            int64_t n = 0;
+            for (int32_t i = 0, seen_live = 0; i < n_tiles && seen_live < pl.stream_visited[g]; i++) {
+                const int64_t c = live[tile_start[ho[i] + 1]] - live[tile_start[ho[i]]];
+                seen_live += c > 0;
+                n += c;
+            }
+            pl.stream_visited[a->n_kv_heads + g] = (int32_t)n;
+        }
+    }
 done:
+    kvm_free(head_order);
     kvm_free(slots);
     kvm_free(order);
     kvm_free(tile_start);
