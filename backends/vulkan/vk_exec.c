@@ -19,6 +19,7 @@ static const struct {
     [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 16 * 4},
     [KVM_VK_TOPK] = {"topk", 3, 7 * 4},
     [KVM_VK_SCORE_SETS] = {"score_sets", 2, 9 * 4},
+    [KVM_VK_EXACT_SCORE] = {"exact_score", 3, 16 * 4},
 
     /* -- eviction -- */
     [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 16 * 4},

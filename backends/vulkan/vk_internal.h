@@ -35,6 +35,7 @@ typedef enum kvm_vk_kernel {
     KVM_VK_SCORE_REDUCE_SG, /* subgroup variant */
     KVM_VK_TOPK,
     KVM_VK_SCORE_SETS, /* dev_score_reduce */
+    KVM_VK_EXACT_SCORE, /* dev_score's EXACT relevance from key rows */
 
     /* -- eviction (dev_qmem_score) -- */
     KVM_VK_QMEM_SCORE,

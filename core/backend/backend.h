@@ -47,7 +47,8 @@
  *    so dev_score, dev_gather_rope and dev_qmem_score gained host-side forms
  *    (the pool's own box layout and a candidate list, keys and rows read
  *    through callbacks, caller tensors) that a device's supports_op refuses
- * 8: dev_attend's scored form (the SCORED order found by the backend) */
+ * 8: dev_attend's scored form (the SCORED order found by the backend);
+ *    dev_score's EXACT buffer form (keys read from device rows) */
 #define KVMEM_BACKEND_API_VERSION 8u
 
 typedef struct kvmem_backend kvmem_backend;
@@ -180,7 +181,11 @@ typedef struct kvm_dev_rows {
  * sums of out instead, out f32 [n_sets][n_blocks] (as dev_score_reduce
  * would, summed in the backend's own order); box_layout PAIRED reads the
  * boxes of blocks[j] (host, ascending; NULL: j) from s_max at s_off; mode
- * EXACT takes I = max over the block's keys of q . k, keys from `keys`. */
+ * EXACT takes I = max over the block's keys of q . k, keys from `keys`.
+ * EXACT's buffer form (keys NULL, key_rows set; s_min and s_max unused):
+ * block j's keys are rows [j * block_rows, (j + 1) * block_rows) of
+ * key_rows[l] for layer l, f32 (key_f16 0) or f16 rows [.][n_kv_heads]
+ * [head_dim] from byte s_off (an agent's resident raw keys). */
 typedef struct kvm_dev_score_args {
     const kvmem_buffer *q;              /* f32 [n_q][n_layers][n_q_heads][head_dim] */
     const kvmem_buffer *s_min, *s_max;  /* f32 [n_blocks][n_layers][n_kv_heads][head_dim] */
@@ -196,6 +201,9 @@ typedef struct kvm_dev_score_args {
     const int32_t *blocks;     /* (host) */
     kvmem_retrieve_mode mode;
     const kvm_dev_keys *keys;  /* (host) EXACT */
+    /* EXACT's buffer form */
+    const kvmem_buffer *const *key_rows; /* (host array) [n_layers] */
+    int32_t block_rows, key_f16;
 } kvm_dev_score_args;
 
 /* dev_topk: the min(k, #non-NaN) indices of the largest scores (NaN never

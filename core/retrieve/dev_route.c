@@ -34,9 +34,17 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     kvm_resident *res = NULL;
     kvmem_status st = KVMEM_OK;
     const int run = d->cand[nc - 1] - d->cand[0] + 1 == (int32_t)nc;
+    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
+    /* EXACT reads the candidates' raw keys where the mirror holds them:
+     * one run of full blocks, so block j's rows are block_size rows on from
+     * the first candidate's; anything else is the CPU's (it reads the host) */
+    const int32_t bs = p->params.block_size;
+    for (size_t j = 0; exact && run && j < nc; j++)
+        if (d->mem->blocks[d->cand[j]].n_tokens != bs) return KVMEM_ERR_UNSUPPORTED;
+    if (exact && !run) return KVMEM_ERR_UNSUPPORTED;
     if (run) {
         st = kvm_resident_sync(p, (kvm_agent_mem *)(uintptr_t)d->mem /* a cache: the agent is taken */, be, &res);
-        if (st == KVMEM_ERR_UNSUPPORTED) st = KVMEM_OK;
+        if (st == KVMEM_ERR_UNSUPPORTED) st = exact ? KVMEM_ERR_UNSUPPORTED : KVMEM_OK;
         if (st != KVMEM_OK) return st;
     }
     float *mn = res ? NULL : kvm_malloc(sb), *mx = res ? NULL : kvm_malloc(sb);
@@ -69,7 +77,13 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
                                 d->n_q,           (int32_t)nc,      p->spec.n_layers,  p->spec.n_q_heads,
                                 p->spec.n_kv_heads, p->spec.head_dim, d->norm,          d->agg,   d->tau,
                                 d->rr_c,          0,                KVM_BOXES_SPLIT_F32, NULL, KVMEM_RETRIEVE_AABB,
-                                NULL};
+                                NULL,             NULL,             0,                 0};
+        if (exact) { /* the raw keys of every layer, rows from the first candidate's first token */
+            a.mode = KVMEM_RETRIEVE_EXACT;
+            a.key_rows = (const kvmem_buffer *const *)res->k;
+            a.block_rows = bs;
+            a.s_off = (size_t)d->mem->blocks[d->cand[0]].first_token * H * D * sizeof(float);
+        }
         kvm_dev_score_reduce_args ra = {s[3].buf, s[4].buf, 0, 0, p->spec.n_layers, p->spec.n_q_heads, (int32_t)nc,
                                         d->n_sets};
         if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->dev_score_reduce(be, &ra)) != KVMEM_OK)
