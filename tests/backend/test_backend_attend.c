@@ -1029,9 +1029,18 @@ static void test_scored_attend_api_matches_cpu(void **state) {
         prm.tau_s = 0.01f, prm.tau_d = 0.001f, prm.patience = 2;
         kvmem_attend_stats st[2];
         kvmem_context *ctxs[2] = {g_ctx, cpu_ctx};
+        uint64_t h0, d0, h1, d1;
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h0, &d0));
         for (int i = 0; i < 2; i++) {
             assert_ok(kvmem_tensor_init(&to[i], out[i], KVMEM_F32, 3, qs));
             assert_ok(kvmem_attend(ctxs[i], &tq, &src, &prm, &to[i], &st[i]));
+        }
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h1, &d1));
+        if (g_be != g_cpu) { /* on the device: q, K and V up (host tensors), no tile list; out and 2 counts per stream down */
+            const uint64_t up = row * G * 4 + 2 * (uint64_t)T * row * (dt == KVMEM_F32 ? 4 : 2) + (uint64_t)T * 4;
+            if (h1 - h0 != up || d1 - d0 != row * G * 4 + 2 * (uint64_t)H * 4)
+                fail_msg("SCORED on %s moved %llu bytes up (%llu expected), %llu down", g_name,
+                         (unsigned long long)(h1 - h0), (unsigned long long)up, (unsigned long long)(d1 - d0));
         }
         print_message("kvmem_attend SCORED on %s: %lld of %lld tiles (cpu %lld), %lld positions read (cpu %lld)\n",
                       g_name, (long long)st[0].tiles_visited, (long long)st[0].tiles_total, (long long)st[1].tiles_visited,

@@ -425,6 +425,89 @@ static void test_dev_score_rejects_bad_input_and_changes_nothing(void **state) {
     bfree(g_be, bo);
 }
 
+/* kvmem_retrieve with mode EXACT on the backend's context and on a CPU
+ * context holding the same agent (f16 storage, blocks of 16, GQA): the same
+ * selection, block scores within 1e-4 relative, and after a first call
+ * (which makes the agent's resident copy) a call uploads the query alone
+ * and reads back the per-block scores: nothing that grows with the history
+ * goes up. */
+static void test_exact_retrieve_api_matches_cpu(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    enum { EL = 2, EHQ = 4, EH = 2, ED = 32, EBS = 16, ETOP = 5, ET = 64 * EBS };
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = "cpu";
+    cp.n_threads = 2;
+    kvmem_context *cctx = NULL;
+    assert_ok(kvmem_context_create(&cp, &cctx));
+    kvmem_context *ctxs[2] = {g_ctx, cctx};
+    kvmem_pool *pools[2];
+    kvmem_agent *ags[2];
+    kvmem_model_spec sp = tu_spec(EL, ED);
+    sp.n_q_heads = EHQ, sp.n_kv_heads = EH;
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = EBS;
+    pp.storage_dtype = KVMEM_F16;
+    uint64_t rng = 41;
+    const size_t cnt = (size_t)EL * ET * EH * ED;
+    float *k = malloc(cnt * 4), *v = malloc(cnt * 4);
+    for (size_t i = 0; i < cnt; i++) k[i] = tu_normal(&rng), v[i] = tu_normal(&rng);
+    int64_t sh[4] = {EL, ET, EH, ED};
+    kvmem_tensor kt, vt;
+    assert_ok(kvmem_tensor_init(&kt, k, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_tensor_init(&vt, v, KVMEM_F32, 4, sh));
+    for (int i = 0; i < 2; i++) {
+        assert_ok(kvmem_pool_create(ctxs[i], &sp, &pp, &pools[i]));
+        assert_ok(kvmem_agent_open(pools[i], "a", &ags[i]));
+        assert_ok(kvmem_agent_append(ags[i], &kt, &vt, NULL));
+    }
+    for (int call = 0; call < 3; call++) {
+        float q[EL * EHQ * ED];
+        for (int i = 0; i < EL * EHQ * ED; i++) q[i] = tu_normal(&rng);
+        int64_t qs[4] = {1, EL, EHQ, ED};
+        kvmem_tensor qt;
+        assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+        kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+        rp.top_k = ETOP;
+        rp.mode = KVMEM_RETRIEVE_EXACT;
+        kvmem_retrieval *r[2];
+        uint64_t h0, d0, h1, d1;
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h0, &d0));
+        for (int i = 0; i < 2; i++) {
+            assert_ok(kvmem_retrieval_create(&r[i]));
+            assert_ok(kvmem_retrieve(ags[i], &qt, &rp, r[i]));
+        }
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h1, &d1));
+        const float *all[2];
+        const int32_t *sel[2];
+        int32_t nb[2], ns[2];
+        for (int i = 0; i < 2; i++) {
+            assert_ok(kvmem_retrieval_block_scores(r[i], 0, &all[i], &nb[i]));
+            assert_ok(kvmem_retrieval_get(r[i], 0, &sel[i], NULL, &ns[i]));
+        }
+        assert_int_equal(nb[0], nb[1]);
+        assert_int_equal(ns[0], ns[1]);
+        for (int32_t j = 0; j < nb[0]; j++)
+            if (!(fabsf(all[0][j] - all[1][j]) <= 1e-4f * fabsf(all[1][j]) + 1e-7f))
+                fail_msg("EXACT on %s: block %d scores %.9g, cpu %.9g", g_name, j, (double)all[0][j], (double)all[1][j]);
+        for (int32_t i = 0; i < ns[0]; i++) assert_int_equal(sel[0][i], sel[1][i]);
+        if (g_be != g_cpu && call > 0) { /* the mirror is resident: the query up, the scores down */
+            if (h1 - h0 != sizeof q || d1 - d0 != (uint64_t)nb[0] * 4)
+                fail_msg("EXACT on %s moved %llu bytes up (query %zu), %llu down (scores %d)", g_name,
+                         (unsigned long long)(h1 - h0), sizeof q, (unsigned long long)(d1 - d0), nb[0] * 4);
+        }
+        kvmem_retrieval_free(r[0]);
+        kvmem_retrieval_free(r[1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        kvmem_agent_close(ags[i]);
+        kvmem_pool_free(pools[i]);
+    }
+    kvmem_context_free(cctx);
+    free(k);
+    free(v);
+}
+
 /* ---- EXACT's buffer form: keys from per-layer row buffers ----
  * Block j's keys are rows [j R, (j + 1) R) of layer l's buffer
  * ([rows][Hkv][D], from byte `off`), as an agent's resident raw keys. I is
@@ -1063,6 +1146,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_dev_score_many_blocks_and_tokens),
     cmocka_unit_test(test_dev_score_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_dev_score_exact_key_rows_match_reference),
+    cmocka_unit_test(test_exact_retrieve_api_matches_cpu),
     cmocka_unit_test(test_dev_score_reduce_follows_the_contract_order_bit_for_bit),
     cmocka_unit_test(test_dev_score_reduce_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_dev_topk_matches_reference_exactly),
