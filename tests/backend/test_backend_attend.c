@@ -328,6 +328,19 @@ typedef struct outcome {
     int32_t clear, stopped, ambiguous;
 } outcome;
 
+/* Count stream g's verdicts; where they were clear, the backend (vb) and
+ * the CPU entry (vc) read the reference's rv of n_live tiles. */
+static void tally(outcome *r, int clear, int32_t g, int32_t rv, int32_t n_live, int32_t vb, int32_t vc) {
+    if (!clear) {
+        r->ambiguous++;
+        return;
+    }
+    r->clear++;
+    r->stopped += rv < n_live;
+    if (vb != rv || vc != rv)
+        fail_msg("KV head %d: visited %d (%s), %d (cpu), reference %d of %d live tiles", g, vb, g_name, vc, rv, n_live);
+}
+
 /* The case on the backend under test and on the CPU entry, each against the
  * double-precision reference; returns counts over streams. */
 static outcome check_case_on(const acase *c, int with_cpu) {
@@ -349,15 +362,7 @@ static outcome check_case_on(const acase *c, int with_cpu) {
         int clear;
         const int32_t rv = ref_stream(c, g, -1, ref, tol, &clear); /* ref, tol: the output after rv tiles */
         if (!(c->tau_s > 0 || c->tau_d > 0)) assert_int_equal(rv, n_live);
-        if (clear) {
-            r.clear++;
-            r.stopped += rv < n_live;
-            if (vb[g] != rv || vc[g] != rv)
-                fail_msg("KV head %d: visited %d (%s), %d (cpu), reference %d of %d live tiles", g, vb[g], g_name, vc[g],
-                         rv, n_live);
-        } else {
-            r.ambiguous++;
-        }
+        tally(&r, clear, g, rv, n_live, vb[g], vc[g]);
         assert_true(vb[g] >= 0 && vb[g] <= n_live && vc[g] >= 0 && vc[g] <= n_live);
         const float *outs[2] = {ob, oc};
         const int32_t vis[2] = {vb[g], vc[g]};
@@ -898,15 +903,7 @@ static outcome check_scored(const acase *c) {
         int32_t *lt = malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
         const int32_t n_live = live_tiles(&cg, lt);
         const int32_t rv = ref_stream(&cg, g, -1, ref, tol, &clear);
-        if (clear) {
-            r.clear++;
-            r.stopped += rv < n_live;
-            if (vb[g] != rv || vc[g] != rv)
-                fail_msg("KV head %d: visited %d (%s), %d (cpu), reference %d of %d live tiles", g, vb[g], g_name, vc[g],
-                         rv, n_live);
-        } else {
-            r.ambiguous++;
-        }
+        tally(&r, clear, g, rv, n_live, vb[g], vc[g]);
         assert_true(vb[g] >= 0 && vb[g] <= n_live);
         int64_t pos = 0; /* the live positions of the first vb[g] live tiles */
         for (int32_t i = 0; i < vb[g]; i++)

@@ -115,6 +115,20 @@ static void free_score_data(score_data *sd) {
     free(sd->mx);
 }
 
+/* The n outputs of bo placed off bytes in, framed by -777 sentinels that
+ * must be left as they were (malloc'd; frees frame). */
+static float *framed_output(kvmem_backend *be, const kvmem_buffer *bo, float *frame, size_t n, size_t off) {
+    bget(be, bo, 0, frame, 2 * off + n * 4);
+    for (size_t i = 0; i < off / 4; i++) {
+        assert_true(frame[i] == -777.0f); /* nothing written outside the output */
+        assert_true(frame[off / 4 + n + i] == -777.0f);
+    }
+    float *out = malloc(n * 4);
+    memcpy(out, frame + off / 4, n * 4);
+    free(frame);
+    return out;
+}
+
 /* Run dev_score on `be` with the data placed `off` bytes into each buffer
  * (the output framed by sentinels); returns out [L][Hq][nb] (malloc'd). */
 static float *run_score(kvmem_backend *be, const score_data *sd, kvmem_retrieve_norm norm, kvmem_retrieve_agg agg,
@@ -131,14 +145,7 @@ static float *run_score(kvmem_backend *be, const score_data *sd, kvmem_retrieve_
     kvm_dev_score_args a = {bq, bmn, bmx, bo, off, off, off, s->n_q, s->nb, s->L, s->Hq, s->Hkv, s->D,
                             norm, agg, tau, rr_c, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL, NULL, 0, 0};
     assert_ok(be->iface->dev_score(be, &a));
-    bget(be, bo, 0, frame, 2 * off + sd->no_el * 4);
-    for (size_t i = 0; i < off / 4; i++) {
-        assert_true(frame[i] == -777.0f); /* nothing written outside the output */
-        assert_true(frame[off / 4 + sd->no_el + i] == -777.0f);
-    }
-    float *out = malloc(sd->no_el * 4);
-    memcpy(out, frame + off / 4, sd->no_el * 4);
-    free(frame);
+    float *out = framed_output(be, bo, frame, sd->no_el, off);
     bfree(be, bq);
     bfree(be, bmn);
     bfree(be, bmx);
@@ -538,14 +545,7 @@ static float *run_exact(kvmem_backend *be, const score_data *sd, float *const *k
     a.block_rows = R;
     a.key_f16 = keys16 != NULL;
     assert_ok(be->iface->dev_score(be, &a));
-    bget(be, bo, 0, frame, 2 * off + sd->no_el * 4);
-    for (size_t i = 0; i < off / 4; i++) {
-        assert_true(frame[i] == -777.0f);
-        assert_true(frame[off / 4 + sd->no_el + i] == -777.0f);
-    }
-    float *out = malloc(sd->no_el * 4);
-    memcpy(out, frame + off / 4, sd->no_el * 4);
-    free(frame);
+    float *out = framed_output(be, bo, frame, sd->no_el, off);
     bfree(be, bq);
     bfree(be, bo);
     for (int32_t l = 0; l < s->L; l++) bfree(be, bk[l]);
