@@ -793,6 +793,9 @@ static void test_bad_input(void **state) {
     BAD(a.out_off = 64, "outside the buffers");
     BAD(a.visited_off = 4096, "outside the buffers");
     BAD(a.head_dim = 32, "outside the buffers");
+    BAD(a.scored = 2, "scored");
+    BAD((a.scored = 1, a.n_visit = 4), "must be the 5 tiles");
+    BAD(a.scored = 1, "outside the buffers"); /* an order per KV head and two counts each: the buffers hold one */
 #undef BAD
     /* nothing written */
     float out[2 * 2 * 16];
