@@ -3,9 +3,10 @@
  *                 copy bandwidth (bytes read + written per second), the
  *                 denominator of kv_gbps ratios
  *   selection     MemArt block selection for Llama-3.1-8B geometry (32 layers,
- *                 32/8 heads, head_dim 128), 14k tokens in blocks of 16,
- *                 32 query tokens: query operand + fused tensor-core scores
- *                 with normalisation/aggregation + top-k (target <= 0.2 ms)
+ *                 32/8 heads, head_dim 128), 14k and 128k tokens in blocks
+ *                 of 16, 1 and 32 query tokens: query operand + fused
+ *                 tensor-core scores with normalisation/aggregation + top-k
+ *                 (target <= 0.2 ms at 14k, against MemArt's 117.5 ms)
  *   selection_f32 the same through the table entries the core uses
  *                 (dev_score in f32 on the CUDA cores, dev_topk)
  *   attend        decode attention (dev_attend, full: no early stop) over 32k
@@ -147,7 +148,10 @@ static void sel_line(FILE *f, const char *name, int rr, int64_t tokens, int64_t 
     kvm_json_int(f, "k", k);
     kvm_json_num(f, "ms", med * 1e3);
     kvm_json_num(f, "ms_pipelined", pip * 1e3);
-    kvm_json_num(f, "target_ms", 0.2);
+    if (tokens == 14000) { /* MemArt's reported block selection, 14k tokens of Llama-3.1-8B */
+        kvm_json_num(f, "target_ms", 0.2);
+        kvm_json_num(f, "x_memart", 117.5 / (med * 1e3));
+    }
 }
 
 static int fail(const kvm_bench_opts *o, kvmem_backend *be, const char *what) {
@@ -196,10 +200,12 @@ static int run_cuda(const kvm_bench_opts *o) {
     kvm_json_num(o->out, "copy_gbps", copy_gbps);
     kvm_json_end(o->out);
 
-    /* ---- selection: Llama-3.1-8B geometry ---- */
-    {
-        const int L = 32, Hq = 32, Hkv = 8, D = 128, BS = 16, nq = 32, k = 64;
-        const int tokens = o->quick ? 2048 : 14000, NB = tokens / BS, nb_pad = (NB + 15) / 16 * 16;
+    /* ---- selection: Llama-3.1-8B geometry, MemArt's 14k-token context and
+     * a 128k one, for a decode step (1 query token) and a 32-token prompt ---- */
+    static const int sel_tokens[2] = {14000, 131072}, sel_nq[2] = {1, 32};
+    for (int ci = 0; ci < (o->quick ? 1 : 4); ci++) {
+        const int L = 32, Hq = 32, Hkv = 8, D = 128, BS = 16, nq = o->quick ? 32 : sel_nq[ci % 2], k = 64;
+        const int tokens = o->quick ? 2048 : sel_tokens[ci / 2], NB = tokens / BS, nb_pad = (NB + 15) / 16 * 16;
         const size_t an = (size_t)NB * L * Hkv * D, qn = (size_t)nq * L * Hq * D;
         float *amin = malloc(an * 4), *amax = malloc(an * 4), *q = malloc(qn * 4);
         for (size_t i = 0; i < an; i++) {

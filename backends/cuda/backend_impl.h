@@ -1,6 +1,7 @@
 // The CUDA backend's state, shared by its translation units (C++, inside the
 // plugin only: templates and CUDA types never cross the backend table).
 #pragma once
+#include <pthread.h>
 
 #include <cuda_runtime.h>
 
@@ -20,6 +21,11 @@ struct kvmem_buffer {
 struct kvm_cu_backend {
     int device;
     cudaDeviceProp props;
+    char detail[192]; /* the device, for kvmem backends and messages: "NAME (sm_XY, N SMs, G GiB)" */
+    /* One caller at a time: the staging buffers, the scratch workspace and
+     * the allocator are shared by every call on this backend, which threads
+     * may make at once (kvmem.h: a context may be used from several threads). */
+    pthread_mutex_t lock;
     cudaStream_t stream;      // every kernel
     cudaStream_t copy_stream; // host<->device transfers, overlapping kernels
     cudaEvent_t copy_done, compute_done, free_done, slot_ev[2];

@@ -58,6 +58,7 @@ extern "C" kvmem_status kvm_cu_op_aabb_score(kvmem_backend *be, const kvmem_cuda
     p.n_kv_heads = a->n_kv_heads;
     p.n_q = a->n_q;
     p.n_blocks = a->n_blocks;
+    p.heads_per_cta = plan.heads_per_cta;
     p.rows_pad = plan.rows_pad;
     p.nb_pad = plan.nb_pad;
     p.sort_len = plan.sort_len;

@@ -18,7 +18,6 @@
 static const size_t kStagingChunk = (size_t)8 << 20;
 static const size_t kMaxCached = (size_t)4 << 30;
 
-static char g_name[192] = "cuda";
 
 // ---- allocator callbacks ----
 static void *raw_alloc(void *user, size_t size) {
@@ -74,6 +73,7 @@ static void cu_free(kvmem_backend *be) {
         if (b->free_done) cudaEventDestroy(b->free_done);
         if (b->stream) cudaStreamDestroy(b->stream);
         if (b->copy_stream) cudaStreamDestroy(b->copy_stream);
+        pthread_mutex_destroy(&b->lock);
         free(b);
     }
     free(be);
@@ -231,33 +231,57 @@ static kvmem_status cu_sync(kvmem_backend *be) {
 // The ops record their message with kvm_cu_fail (thread-local, also read by
 // the KVMEM_CUDA_PROC_LAST_ERROR hatch); the core set be->fail after init,
 // so every entry hands a failure's message on through it.
+// Holds the backend's lock for one table call (backend_impl.h, lock).
+struct CuLock {
+    pthread_mutex_t *m;
+    explicit CuLock(kvmem_backend *be) : m(be && be->impl ? &cu_impl(be)->lock : nullptr) {
+        if (m) pthread_mutex_lock(m);
+    }
+    ~CuLock() {
+        if (m) pthread_mutex_unlock(m);
+    }
+    CuLock(const CuLock &) = delete;
+    CuLock &operator=(const CuLock &) = delete;
+};
+
 static kvmem_status cu_ret(kvmem_backend *be, kvmem_status st) {
     if (st != KVMEM_OK && be && be->fail) return be->fail(st, "%s", kvm_cu_last_error());
     return st;
 }
 
+static void e_buffer_free(kvmem_backend *be, kvmem_buffer *buf) {
+    CuLock g(be);
+    cu_buffer_free(be, buf);
+}
 static kvmem_status e_buffer_alloc(kvmem_backend *be, size_t size, kvmem_buffer **out) {
+    CuLock g(be);
     return cu_ret(be, cu_buffer_alloc(be, size, out));
 }
 static kvmem_status e_upload(kvmem_backend *be, kvmem_buffer *dst, size_t off, const void *src, size_t n) {
+    CuLock g(be);
     return cu_ret(be, cu_upload(be, dst, off, src, n));
 }
 static kvmem_status e_download(kvmem_backend *be, const kvmem_buffer *src, size_t off, void *dst, size_t n) {
+    CuLock g(be);
     return cu_ret(be, cu_download(be, src, off, dst, n));
 }
 static kvmem_status e_buffer_wrap(kvmem_backend *be, const kvmem_device_memory *mem, kvmem_buffer **out) {
+    CuLock g(be);
     return cu_ret(be, cu_buffer_wrap(be, mem, out));
 }
-static kvmem_status e_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) { return cu_ret(be, kvm_cu_dev_score(be, a)); }
+static kvmem_status e_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) { CuLock g(be); return cu_ret(be, kvm_cu_dev_score(be, a)); }
 static kvmem_status e_dev_score_reduce(kvmem_backend *be, const kvm_dev_score_reduce_args *a) {
+    CuLock g(be);
     return cu_ret(be, kvm_cu_dev_score_reduce(be, a));
 }
-static kvmem_status e_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) { return cu_ret(be, kvm_cu_dev_topk(be, a)); }
+static kvmem_status e_dev_topk(kvmem_backend *be, const kvm_dev_topk_args *a) { CuLock g(be); return cu_ret(be, kvm_cu_dev_topk(be, a)); }
 static kvmem_status e_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args *a) {
+    CuLock g(be);
     return cu_ret(be, kvm_cu_dev_gather_rope(be, a));
 }
-static kvmem_status e_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) { return cu_ret(be, kvm_cu_dev_attend(be, a)); }
+static kvmem_status e_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) { CuLock g(be); return cu_ret(be, kvm_cu_dev_attend(be, a)); }
 static kvmem_status e_dev_qmem_score(kvmem_backend *be, const kvm_dev_qmem_args *a) {
+    CuLock g(be);
     return cu_ret(be, kvm_cu_dev_qmem_score(be, a));
 }
 
@@ -346,10 +370,10 @@ static void *cu_proc(kvmem_backend *be, const char *name) {
 static kvmem_backend_iface cu_iface = [] {
     kvmem_backend_iface t;
     memset(&t, 0, sizeof t);
-    t.name = g_name;
+    t.name = "cuda"; /* what contexts and device tensors are matched by; the device is in detail */
     t.free = cu_free;
     t.buffer_alloc = e_buffer_alloc;
-    t.buffer_free = cu_buffer_free;
+    t.buffer_free = e_buffer_free;
     t.buffer_upload = e_upload;
     t.buffer_download = e_download;
     t.buffer_host_ptr = cu_host_ptr;
@@ -414,6 +438,7 @@ kvmem_backend_plugin_init(uint32_t api_version, kvmem_context *ctx, kvmem_backen
     be->iface = &cu_iface;
     be->impl = b;
     be->ctx = ctx;
+    pthread_mutex_init(&b->lock, nullptr);
     b->device = dev;
     const char *step = "cudaSetDevice";
     e = cudaSetDevice(dev);
@@ -436,12 +461,9 @@ kvmem_backend_plugin_init(uint32_t api_version, kvmem_context *ctx, kvmem_backen
         cu_free(be);
         return refuse(why, why_size, KVMEM_ERR_BACKEND, msg);
     }
-    // the table's name is static: written once, by the first successful init
-    static std::once_flag named;
-    std::call_once(named, [b] {
-        snprintf(g_name, sizeof g_name, "cuda: %.120s (sm_%d%d, %d SMs, %.0f GiB)", b->props.name, b->props.major,
-                 b->props.minor, b->props.multiProcessorCount, (double)b->props.totalGlobalMem / (1024.0 * 1024 * 1024));
-    });
+    snprintf(b->detail, sizeof b->detail, "%.120s (sm_%d%d, %d SMs, %.0f GiB)", b->props.name, b->props.major,
+             b->props.minor, b->props.multiProcessorCount, (double)b->props.totalGlobalMem / (1024.0 * 1024 * 1024));
+    be->detail = b->detail;
     *out = be;
     return KVMEM_OK;
 }

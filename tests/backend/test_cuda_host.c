@@ -49,6 +49,9 @@ static void score_plan_pads_to_mma_tiles_and_falls_back_to_workspace(void **stat
     kvm_cu_score_shape s = {32, 32, 8, 128, 32, 875, 0};
     kvm_cu_score_plan p;
     assert_int_equal(kvm_cu_score_plan_make(&s, 227 * 1024, &p), KVMEM_OK);
+    /* the 4 heads of a KV head would need 128 rows: 450 KiB of scores; one
+     * head's 32 rows fit in shared memory */
+    assert_int_equal(p.heads_per_cta, 1);
     assert_int_equal(p.rows_pad, 32);
     assert_int_equal(p.nb_pad, 880);
     assert_int_equal(p.sort_len, 0);
@@ -64,13 +67,31 @@ static void score_plan_pads_to_mma_tiles_and_falls_back_to_workspace(void **stat
     assert_int_equal(kvm_cu_score_plan_make(&s, 227 * 1024, &p), KVMEM_OK);
     assert_int_equal(p.sort_len, 1024);
     assert_int_equal(p.smem_bytes, qp_tile + scores + 1024 * 8);
-    /* 200k tokens: scores no longer fit, they go to the workspace */
+    /* a decode step (1 query token): the 4 heads of a KV head share a CTA,
+     * their 4 rows padded to one 16-row tile, scores in shared memory */
+    s.norm_rr = 0;
+    s.n_q = 1;
+    assert_int_equal(kvm_cu_score_plan_make(&s, 227 * 1024, &p), KVMEM_OK);
+    assert_int_equal(p.heads_per_cta, 4);
+    assert_int_equal(p.rows_pad, 16);
+    assert_true(p.in_smem);
+    assert_int_equal(p.smem_bytes, (size_t)16 * 256 * 2 + (size_t)16 * 880 * 4);
+    assert_int_equal(p.qp_bytes, (size_t)32 * 8 * 16 * 256 * 2);
+    /* 200k tokens: scores no longer fit, they go to the workspace, and the
+     * CTA takes the whole group (its 128-row query operand fits) */
+    s.norm_rr = 1;
+    s.n_q = 32;
     s.n_blocks = 12500;
     assert_int_equal(kvm_cu_score_plan_make(&s, 227 * 1024, &p), KVMEM_OK);
     assert_false(p.in_smem);
-    assert_int_equal(p.smem_bytes, qp_tile);
-    size_t per_cta = (size_t)32 * 12512 * 4 + (size_t)16384 * 8;
-    assert_true(p.ws_bytes >= p.qp_bytes + (size_t)32 * 32 * per_cta);
+    assert_int_equal(p.heads_per_cta, 4);
+    assert_int_equal(p.rows_pad, 128);
+    assert_int_equal(p.smem_bytes, (size_t)128 * 256 * 2);
+    size_t per_cta = (size_t)128 * 12512 * 4 + (size_t)16384 * 8;
+    assert_true(p.ws_bytes >= p.qp_bytes + (size_t)32 * 8 * per_cta);
+    /* a query operand that fits no shared memory: refused, saying why */
+    assert_int_equal(kvm_cu_score_plan_make(&s, 8 * 1024, &p), KVMEM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kvm_cu_last_error(), "shared memory"));
     /* bad shapes */
     s.n_q = 65;
     assert_int_equal(kvm_cu_score_plan_make(&s, 227 * 1024, &p), KVMEM_ERR_INVALID_ARG);

@@ -59,7 +59,9 @@ typedef struct kvm_cu_grid {
 kvm_cu_grid kvm_cu_grid_1d(size_t n, uint32_t threads, uint32_t max_blocks);
 
 /* aabb_score (fused GEMM + per-token normalisation + aggregation), one CTA per
- * (layer, query head). */
+ * (layer, group of query heads sharing a KV head): the group's rows share one
+ * pass over the KV head's block operand, which grouped-query models would
+ * otherwise read once per query head. */
 typedef struct kvm_cu_score_shape {
     int32_t n_layers, n_q_heads, n_kv_heads, head_dim;
     int32_t n_q;      /* query tokens */
@@ -68,12 +70,13 @@ typedef struct kvm_cu_score_shape {
 } kvm_cu_score_shape;
 
 typedef struct kvm_cu_score_plan {
-    int32_t rows_pad;    /* n_q rounded up to the 16-row MMA tile */
+    int32_t heads_per_cta; /* query heads of one KV head per CTA (divides Hq/Hkv) */
+    int32_t rows_pad;    /* heads_per_cta * n_q rows (head-major) rounded up to the 16-row MMA tile */
     int32_t nb_pad;      /* n_blocks rounded up to the 16-column MMA tile */
     int32_t sort_len;    /* power of two >= n_blocks for the RR sort; 0 for softmax */
     int32_t in_smem;     /* 1: scores stay in shared memory; 0: in the workspace */
     size_t smem_bytes;   /* dynamic shared memory per CTA */
-    size_t qp_bytes;     /* [L][Hq][rows_pad][2D] half query operand */
+    size_t qp_bytes;     /* [L][Hq/heads_per_cta][rows_pad][2D] half query operand */
     size_t blk_bytes;    /* [L][Hkv][nb_pad][2D] half block operand */
     size_t ws_bytes;     /* workspace the caller provides (qp + global scores/sort when !in_smem) */
 } kvm_cu_score_plan;

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char g_err[512];
 
@@ -60,20 +61,35 @@ kvmem_status kvm_cu_score_plan_make(const kvm_cu_score_shape *s, size_t smem_lim
     if (s->n_blocks < 1 || s->n_blocks > (1 << 24))
         return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "aabb_score: %d blocks: must be in [1, 2^24]", s->n_blocks);
     kvm_cu_score_plan p;
-    p.rows_pad = (s->n_q + 15) / 16 * 16;
+    memset(&p, 0, sizeof p);
     p.nb_pad = (s->n_blocks + 15) / 16 * 16;
     p.sort_len = s->norm_rr ? pow2_at_least(s->n_blocks) : 0;
-    size_t k2 = 2 * (size_t)s->head_dim, lh_q = (size_t)s->n_layers * (size_t)s->n_q_heads;
-    size_t qp_tile = (size_t)p.rows_pad * k2 * 2;            /* one CTA's query operand */
-    size_t scores = (size_t)p.rows_pad * (size_t)p.nb_pad * 4; /* one CTA's scores */
-    size_t sort = (size_t)p.sort_len * 8;                      /* (key, index) pairs */
-    p.qp_bytes = lh_q * qp_tile;
+    const int32_t group = s->n_q_heads / s->n_kv_heads;
+    const size_t k2 = 2 * (size_t)s->head_dim, sort = (size_t)p.sort_len * 8; /* (key, index) pairs */
+    /* The most heads per CTA whose scores stay in shared memory; when none
+     * does, the most whose query operand fits (the scores go to the workspace). */
+    int32_t hp = 0;
+    for (int pass = 0; pass < 2 && !hp; pass++)
+        for (int32_t d = group; d >= 1 && !hp; d--) {
+            if (group % d) continue;
+            const size_t rows = ((size_t)d * s->n_q + 15) / 16 * 16;
+            const size_t qp_tile = rows * k2 * 2, scores = rows * (size_t)p.nb_pad * 4;
+            if (pass == 0 ? qp_tile + scores + sort <= smem_limit : qp_tile <= smem_limit) hp = d;
+        }
+    if (!hp)
+        return kvm_cu_fail(KVMEM_ERR_UNSUPPORTED, "aabb_score: %d query tokens of head_dim %d need more than %zu bytes of shared memory",
+                           s->n_q, s->head_dim, smem_limit);
+    p.heads_per_cta = hp;
+    p.rows_pad = (hp * s->n_q + 15) / 16 * 16;
+    const size_t n_cta = (size_t)s->n_layers * (size_t)(s->n_q_heads / hp);
+    const size_t qp_tile = (size_t)p.rows_pad * k2 * 2;            /* one CTA's query operand */
+    const size_t scores = (size_t)p.rows_pad * (size_t)p.nb_pad * 4; /* one CTA's scores */
+    p.qp_bytes = n_cta * qp_tile;
     p.blk_bytes = (size_t)s->n_layers * (size_t)s->n_kv_heads * (size_t)p.nb_pad * k2 * 2;
-    size_t smem_all = qp_tile + scores + sort;
-    p.in_smem = smem_all <= smem_limit;
-    p.smem_bytes = p.in_smem ? smem_all : qp_tile;
+    p.in_smem = qp_tile + scores + sort <= smem_limit;
+    p.smem_bytes = p.in_smem ? qp_tile + scores + sort : qp_tile;
     p.ws_bytes = round_up(p.qp_bytes, 256);
-    if (!p.in_smem) p.ws_bytes += round_up(lh_q * (scores + sort), 256);
+    if (!p.in_smem) p.ws_bytes += round_up(n_cta * (scores + sort), 256);
     *plan = p;
     return KVMEM_OK;
 }

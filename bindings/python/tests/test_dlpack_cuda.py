@@ -226,3 +226,41 @@ def test_kvmem_torch_passes_cuda_tensors_as_device_tensors_on_a_gpu():  # pragma
         rk, rv = a.read()
         np.testing.assert_array_equal(rk, k[:, 0, :, 1:1 + T].transpose(1, 2).cpu().numpy())
         np.testing.assert_array_equal(rv, v[:, 0, :, 1:1 + T].transpose(1, 2).cpu().numpy())
+
+
+def test_a_cuda_context_fed_cuda_tensors_equals_the_cpu_path_on_a_gpu():  # pragma: no cover - needs a GPU
+    """The whole memory loop on CUDA tensors as an HF cache holds them (head-major,
+    the history longer than a window): append, retrieve with a CUDA query, gather
+    written into CUDA tensors in place. The CPU context fed the same numbers from
+    host memory is the reference: the same blocks, the same gathered KV."""
+    torch = _torch_cuda()
+    import kvmem.torch as kt
+    try:
+        cu = kvmem.Context("cuda")
+    except kvmem.KvmemError as e:
+        pytest.skip(f"skipped: backend cuda: {e}")
+    nl, hq, hkv, d, n, bs = 2, 4, 2, 32, 1024, 16
+    g = torch.Generator(device="cpu").manual_seed(7)
+    k = torch.randn(nl, 1, hkv, n, d, generator=g).to("cuda")
+    v = torch.randn(nl, 1, hkv, n, d, generator=g).to("cuda")
+    q = [torch.randn(1, hq, 3, d, generator=g).to("cuda") for _ in range(nl)]  # HF query_states per layer
+    cache = tuple((k[i], v[i]) for i in range(nl))
+    host = tuple((k[i].cpu(), v[i].cpu()) for i in range(nl))
+    spec = kvmem.ModelSpec(n_layers=nl, n_q_heads=hq, n_kv_heads=hkv, head_dim=d)
+    got = {}
+    with kvmem.Context("cpu") as cpu:
+        for name, ctx, c, qq in (("cuda", cu, cache, q), ("cpu", cpu, host, [x.cpu() for x in q])):
+            with ctx.pool_create(spec, block_size=bs, storage_dtype="f32") as pool, pool.agent_open("a") as a:
+                kt.append(a, c)
+                r = kt.retrieve(a, qq, top_k=8)
+                blocks, _ = r.get()
+                dev = "cuda" if name == "cuda" else None
+                out = kt.gather(a, list(blocks), base_position=5, device=dev)
+                if name == "cuda":
+                    assert out[0][0].is_cuda and out[0][0].data_ptr() != 0
+                got[name] = (list(blocks), [(x.cpu(), y.cpu()) for x, y in out])
+    cu.close()
+    assert got["cuda"][0] == got["cpu"][0] and len(got["cpu"][0]) == 8
+    for (gk, gv), (hk, hv) in zip(got["cuda"][1], got["cpu"][1]):
+        torch.testing.assert_close(gv, hv, rtol=0, atol=0)  # values are copied, not computed
+        torch.testing.assert_close(gk, hk, rtol=1e-5, atol=1e-5)  # RoPE on the device vs the CPU
