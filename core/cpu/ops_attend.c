@@ -8,7 +8,6 @@
 #include "kernels.h"
 #include "tensor.h"
 #include "../backend/attend_dev.h"
-#include "../attend/attend.h" /* kvm_attend_scored_order: the scored form's reference */
 
 #include <math.h>
 #include <stdlib.h>
@@ -657,6 +656,63 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
  * run by kvm_attend_cpu, so the device kernels are compared with exactly the
  * rule kvmem_attend() runs. */
 
+/* The scored form's orders (backend.h): each KV head's tiles by their
+ * largest logit, highest first, equal scores newest first, the logits from
+ * the attention kernels as kvmem_attend's own scan takes them
+ * (core/attend/attend_order.c: runs of SCORED_RUN live positions of a tile,
+ * SCORED_RUN query heads a call), so the CPU entry orders as kvmem_attend
+ * does on the CPU. pl: a one-row SLOTMAP plan of contiguous F32 / F16 K. */
+#define SCORED_RUN 16
+typedef struct scored_tile {
+    float score;
+    int32_t tile;
+} scored_tile;
+
+static int scored_cmp(const void *a, const void *b) {
+    const scored_tile *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    return (x->tile < y->tile) - (x->tile > y->tile);
+}
+
+static kvmem_status dev_scored_order(const kvm_attend_plan *pl, int32_t *head_order) {
+    const kvm_attend_kernels *kern = kvm_cpu_kernels_get()->attend;
+    const int32_t H = pl->n_kv_heads, G = pl->group, NT = pl->n_tiles;
+    const size_t D = (size_t)pl->head_dim, es = kvm_dtype_size(pl->k->dtype);
+    scored_tile *st = kvm_malloc((size_t)NT * sizeof *st + 1);
+    if (!st) return kvm_fail(KVMEM_ERR_NOMEM, "dev_attend: out of memory for the scores of %d tiles", NT);
+    float s[SCORED_RUN * SCORED_RUN];
+    const void *kr[SCORED_RUN];
+    const float *qv[SCORED_RUN];
+    for (int32_t g = 0; g < H; g++) {
+        for (int32_t t = 0; t < NT; t++) {
+            float best = -INFINITY;
+            for (int64_t x = pl->tile_start[t]; x < pl->tile_start[t + 1];) {
+                size_t n = 0;
+                for (; x < pl->tile_start[t + 1] && n < SCORED_RUN; x++)
+                    if (pl->slots[x] >= 0)
+                        kr[n++] = (const unsigned char *)pl->k->data +
+                                  (size_t)(pl->slots[x] * pl->k->strides[0] + g * pl->k->strides[1]) * es;
+                for (int32_t g0 = 0; n > 0 && g0 < G; g0 += SCORED_RUN) {
+                    const size_t nq = (size_t)KVM_MIN(SCORED_RUN, G - g0);
+                    for (size_t i = 0; i < nq; i++) qv[i] = pl->q + ((size_t)g * (size_t)G + (size_t)g0 + i) * D;
+                    if (pl->k->dtype == KVMEM_F16)
+                        kern->qk_f16(qv, nq, (const uint16_t *const *)kr, n, D, pl->scale, s, SCORED_RUN);
+                    else
+                        kern->qk(qv, nq, (const float *const *)kr, n, D, pl->scale, s, SCORED_RUN);
+                    for (size_t i = 0; i < nq; i++)
+                        for (size_t j = 0; j < n; j++) best = s[i * SCORED_RUN + j] > best ? s[i * SCORED_RUN + j] : best;
+                }
+            }
+            st[t].score = best;
+            st[t].tile = t;
+        }
+        qsort(st, (size_t)NT, sizeof *st, scored_cmp);
+        for (int32_t t = 0; t < NT; t++) head_order[(size_t)g * (size_t)NT + (size_t)t] = st[t].tile;
+    }
+    kvm_free(st);
+    return KVMEM_OK;
+}
+
 kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a) {
     const char *fn = "dev_attend";
     if (!a) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: args is NULL", fn);
@@ -743,14 +799,13 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     pl.patience = a->patience;
     pl.probe = KVMEM_ATTEND_PROBE_STRIDED;
     pl.stream_visited = (int32_t *)(void *)(host[KVM_DA_VISITED] + a->visited_off);
-    if (a->scored) { /* kvmem_attend's own scan finds the order, written to `order` */
-        int64_t scan_rows;
+    if (a->scored) { /* the order as kvmem_attend's scan finds it, written to `order` */
         head_order = kvm_malloc((size_t)a->n_kv_heads * (size_t)n_tiles * sizeof *head_order + 1);
         if (!head_order) {
             st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the order of %lld tiles", fn, (long long)n_tiles);
             goto done;
         }
-        if ((st = kvm_attend_scored_order(be->ctx, &pl, head_order, NULL, NULL, &scan_rows)) != KVMEM_OK) goto done;
+        if ((st = dev_scored_order(&pl, head_order)) != KVMEM_OK) goto done;
         pl.head_order = head_order;
     }
     kvmem_attend_stats stats;
