@@ -62,8 +62,9 @@
  *                           dev_score_reduce; before, the per-(layer, query head) scores, L x Hq times this)
  * Each decode_step line is preceded by a "decode_cases" line on the same agent:
  *   host_bytes              the agent's KV and AABB bytes in host memory (kvmem_agent_info.bytes)
- *   mirror_device_bytes     what its device mirror holds (core/pool/resident.h: f32 boxes, K, V and
- *                           rotated K at their allocated capacity); mirror_per_host_byte the ratio;
+ *   mirror_device_bytes     what its device mirror holds (core/pool/resident.h: boxes, K and V in the
+ *                           pool's element type, the f32 tail, the RoPE table, at their allocated
+ *                           capacity); mirror_per_host_byte the ratio;
  *                           mirror_device_bytes_after_truncate after the truncate below (0: dropped)
  *   <case>_h2d_bytes, _d2h_bytes  one whole step (retrieve, gather, attend every layer, full
  *                           attention) in turn: steady; exclude_first (exclude = {block 0}: the
@@ -384,13 +385,9 @@ static int whole_step(kvmem_context *ctx, kvmem_agent *ag, kvmem_retrieval *r, c
 }
 
 /* Bytes the agent's device mirror holds (core/pool/resident.h), 0 without one. */
-static uint64_t mirror_bytes(const kvmem_agent *ag, const kvmem_model_spec *spec) {
+static uint64_t mirror_bytes(const kvmem_agent *ag) {
     const kvm_resident *r = ag->mem ? ag->mem->res : NULL;
-    if (!r) return 0;
-    const uint64_t row = (uint64_t)spec->n_kv_heads * (uint64_t)spec->head_dim * 4, L = (uint64_t)spec->n_layers;
-    return 2 * (uint64_t)r->cap_blocks * L * row        /* s_max, s_min */
-           + 3 * L * (uint64_t)r->cap_tok * row         /* K, V, rotated K */
-           + (uint64_t)r->cap_tok * 4 + (uint64_t)(r->recent ? r->recent_cap : 0) * 4;
+    return r ? r->bytes : 0;
 }
 
 /* One decode step's transfers on an agent of T tokens (see "decode_step"). */
@@ -470,7 +467,7 @@ static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const k
         kvmem_agent_info ai;
         rc = kvmem_agent_get_info(ag, &ai) != KVMEM_OK;
         host = ai.bytes;
-        mirror = mirror_bytes(ag, spec);
+        mirror = mirror_bytes(ag);
         const int32_t excl_first[1] = {0}, excl_mid[1] = {(int32_t)(T / BS / 2)};
         rc = rc || whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, NULL, 0, 0, cs[0]) ||
              whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, excl_first, 1, 0, cs[1]) ||
@@ -479,7 +476,7 @@ static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const k
              whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, NULL, 0, 7, cs[4]) ||
              kvmem_agent_truncate(ag, T - 4 * BS) != KVMEM_OK ||
              whole_step(ctx, ag, r, spec, q, gk, gv, out, top_k, NULL, 0, 0, cs[5]);
-        mirror_trunc = mirror_bytes(ag, spec);
+        mirror_trunc = mirror_bytes(ag);
         if (!rc && o->json) {
             kvm_json_begin(o->out, "retrieval");
             kvm_json_str(o->out, "kind", "decode_cases");

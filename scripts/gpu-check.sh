@@ -18,7 +18,7 @@
 # Each step has a time limit (KVMEM_GPU_STEP_S, default 240 s) so one lease
 # brings back every result; a failure is recorded and the next step runs.
 # Knobs for a short lease: KVMEM_GPU_DEADLINE_S (the whole run), KVMEM_GPU_CTEST_ARGS
-# (e.g. -R to run the tests a GPU changes), KVMEM_GPU_VULKAN=0, KVMEM_GPU_API_BENCH=0,
+# (e.g. -R to run the tests a GPU changes), KVMEM_GPU_VULKAN=0, KVMEM_GPU_BENCH=0, KVMEM_GPU_API_BENCH=0,
 # KVMEM_GPU_SANITIZER=0 or KVMEM_GPU_SANITIZER_TOOLS="memcheck"; a step not
 # run is reported as a failure, never as a pass.
 # Results (JSON lines and logs) go to $KVMEM_GPU_BUILD (default build/gpu)
@@ -113,14 +113,18 @@ fi
 save
 
 # ---- benchmarks ----
-step "kvmem bench --json cuda" "$B/bench_cuda.log" "$B/tools/kvmem" bench --json cuda
-cp "$B/bench_cuda.log" "$B/bench.jsonl"
-cat "$B/bench.jsonl"
-rc=0
-timeout "$STEP_S" python3 bench/cuda_torch_baseline.py >>"$B/bench.jsonl" 2>"$B/torch.log" || rc=$?
-[ "$rc" = 0 ] || [ "$rc" = 77 ] || { log "torch baseline failed ($rc)"; fail=1; }
-tail -n 5 "$B/bench.jsonl"
-save
+if [ "${KVMEM_GPU_BENCH:-1}" = 1 ]; then
+  step "kvmem bench --json cuda" "$B/bench_cuda.log" "$B/tools/kvmem" bench --json cuda
+  cp "$B/bench_cuda.log" "$B/bench.jsonl"
+  cat "$B/bench.jsonl"
+  rc=0
+  timeout "$STEP_S" python3 bench/cuda_torch_baseline.py >>"$B/bench.jsonl" 2>"$B/torch.log" || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 77 ] || { log "torch baseline failed ($rc)"; fail=1; }
+  tail -n 4 "$B/bench.jsonl"
+  save
+else
+  log "benchmarks: not run (KVMEM_GPU_BENCH=0)"
+fi
 if [ "${KVMEM_GPU_API_BENCH:-1}" = 1 ]; then
   step "kvmem bench --json --backend cuda retrieval" "$B/bench_api.log" \
     "$B/tools/kvmem" bench --json --backend cuda retrieval

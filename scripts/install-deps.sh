@@ -2,7 +2,7 @@
 # Installs what kvmem's build and tests need on Debian 12, and nothing more.
 # As root it runs apt-get; otherwise it prints the exact command and stops.
 #
-# Usage: scripts/install-deps.sh [GROUP...]   (no GROUP: every group)
+# Usage: scripts/install-deps.sh [GROUP...]   (no GROUP: every group but bench)
 #   build     the C build: compiler, CMake, cmocka (required)
 #   test      what the C test suites use besides: the Vulkan backend's
 #             toolchain and Mesa's lavapipe, hiredis and redis-server (required)
@@ -18,6 +18,12 @@
 #             needs (Debian's setuptools, wheel, build, venv), then koffi and
 #             TypeScript from bindings/node/package-lock.json. Optional:
 #             `make test-bindings` skips a language without its toolchain.
+#   bench     what bench/peers.py's PyTorch peer needs to be a fair one:
+#             OpenBLAS (libopenblas0-pthread; Debian's default libblas.so.3
+#             is the reference BLAS, about 40x slower). Installing it makes it
+#             the system's libblas.so.3 unless the alternative was set by
+#             hand; `LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread`
+#             picks it for one run. Optional: peers.py names the BLAS it ran.
 # `make build` and `make demo` install the build group, each `make test-*`
 # stage its own, `make test` every group.
 set -euo pipefail
@@ -26,7 +32,7 @@ groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=(build test fuzz web bindings)
 want() { local g; for g in "${groups[@]}"; do [ "$g" = "$1" ] && return 0; done; return 1; }
 for g in "${groups[@]}"; do
-  case "$g" in build|test|fuzz|web|bindings) ;; *) echo "install-deps: unknown group '$g' (build, test, fuzz, web, bindings)" >&2; exit 2 ;; esac
+  case "$g" in build|test|fuzz|web|bindings|bench) ;; *) echo "install-deps: unknown group '$g' (build, test, fuzz, web, bindings, bench)" >&2; exit 2 ;; esac
 done
 
 pkgs=()
@@ -40,6 +46,8 @@ want test && pkgs+=(libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools m
 want test && pkgs+=(libhiredis-dev redis-server redis-tools)
 # The libFuzzer harness (make fuzz): clang and its fuzzer runtime.
 want fuzz && pkgs+=(clang-14 libclang-rt-14-dev)
+# bench/peers.py's PyTorch peer: an optimised BLAS
+want bench && pkgs+=(libopenblas0-pthread)
 web_pkgs=(emscripten node-acorn chromium nodejs)
 
 missing_of() {

@@ -401,10 +401,12 @@ export declare class Pool extends Handle {
   /** getSpec(), read once */
   readonly spec: Readonly<FullModelSpec>;
   getInfo(): PoolInfo;
+  getInfoAsync(): Promise<PoolInfo>;
   getSpec(): FullModelSpec;
   agentId(index: number): string;
   agentIds(): string[];
   agentOpen(id: string): Agent;
+  agentOpenAsync(id: string): Promise<Agent>;
   removeAgent(id: string): void;
   /** the generator of `kvmem demo` (tools/synth.c) for this model */
   synthCreate(nTopics: number, seed: bigint | number): Synth;
@@ -429,6 +431,9 @@ export declare class Agent extends Handle {
   append(k: Float32Array, v: Float32Array, nTokens: number, options?: AppendOptions): void;
   appendAsync(k: TensorLike, v: TensorLike, options?: AppendOptions): Promise<void>;
   flush(): void;
+  flushAsync(): Promise<void>;
+  /** close() as a promise (the Node binding's closeAsync waits for the agent's async calls) */
+  closeAsync(): Promise<void>;
   getInfo(): AgentInfo;
   blockInfo(block: number): BlockInfo;
   /** [nLayers][nKvHeads][headDim] each */

@@ -775,6 +775,7 @@ export class Pool extends Handle {
     const d = km._f64.subarray(km._scratch >> 3, (km._scratch >> 3) + 5);
     return { usedBytes: d[0], capacityBytes: d[1], nAgents: d[2], blockSize: d[3], storageDtype: d[4] };
   }
+  getInfoAsync() { return promised(() => this.getInfo()); }
 
   /** kvmem_pool_get_spec: every field, camelCase (ropeStyle and ropeScaling as numbers). */
   getSpec() {
@@ -808,6 +809,7 @@ export class Pool extends Handle {
 
   /** Open (creating if needed) the agent `id`. */
   agentOpen(id) { return new Agent(this, id); }
+  agentOpenAsync(id) { return promised(() => this.agentOpen(id)); }
 
   removeAgent(id) {
     this._km._check(this._km._fn('kvmem_pool_remove_agent', 'number', ['number', 'string'])(this._live(), cId(id, 'agent id')));
@@ -896,6 +898,7 @@ export class Agent extends Handle {
   appendAsync(k, v, options) { return promised(() => this.append(k, v, options)); }
 
   flush() { this._km._check(this._km._fn('kvmem_agent_flush', 'number', ['number'])(this._live())); }
+  flushAsync() { return promised(() => this.flush()); }
 
   /** kvmem_agent_get_info: { nTokens, nBlocks, nSealed, bytes, textBytes } */
   getInfo() {
@@ -1056,6 +1059,7 @@ export class Agent extends Handle {
     this._ptr = 0;
     this.pool._agents.delete(this);
   }
+  closeAsync() { return promised(() => this.close()); }
 
   // ---- deprecated names ----
   /** @deprecated agent.getInfo() */

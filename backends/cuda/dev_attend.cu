@@ -43,6 +43,55 @@ struct AttendDims {
     float scale, tau_s, tau_d;
 };
 
+// The device mirror's fields (backend.h, dev_attend): f32 tail rows for
+// slots >= tail_slot, keys rotated on the fly to base + position.
+struct Mirror {
+    const float *kt, *vt, *cs; // tail K, V [.][Hkv][D]; RoPE rows of rot floats (row 0 base, 1 + pos)
+    long long tail_slot;       // LLONG_MAX: no tail
+    int rot, gptj;
+    float af;
+};
+
+// The mirror's read path, for any kernel that reads it: element d of slot
+// s's K row for KV head g, rotated to position base + pos, and of its V row
+// (the Vulkan attend shader's load_k_rot / load_v do the same maths).
+template <typename T>
+__device__ __forceinline__ float mirror_elem(const T *__restrict__ base, const float *__restrict__ tail, const Mirror &mi,
+                                             int s, int g, int Hkv, int D, int d) {
+    if (s >= mi.tail_slot) return tail[((size_t)(s - mi.tail_slot) * Hkv + g) * D + d];
+    return kvmcu::ld(base + ((size_t)s * Hkv + g) * D + d);
+}
+template <typename T>
+__device__ __forceinline__ float kvmcu_mirror_v(const T *__restrict__ v, const Mirror &mi, int s, int g, int Hkv, int D,
+                                                int d) {
+    return mirror_elem(v, mi.vt, mi, s, g, Hkv, D, d);
+}
+template <typename T>
+__device__ __forceinline__ float kvmcu_mirror_k(const T *__restrict__ k, const Mirror &mi, int s, int g, int Hkv, int D,
+                                                int d, long long pos) {
+    const float x = mirror_elem(k, mi.kt, mi, s, g, Hkv, D, d);
+    if (d >= mi.rot) return x;
+    const int np = mi.rot / 2;
+    int j, partner;
+    bool first;
+    if (mi.gptj) {
+        j = d >> 1;
+        first = (d & 1) == 0;
+        partner = first ? d + 1 : d - 1;
+    } else {
+        first = d < np;
+        j = first ? d : d - np;
+        partner = first ? d + np : d - np;
+    }
+    const float *rp = mi.cs + (size_t)(pos + 1) * mi.rot;
+    float c, sn, y0, y1;
+    kvm_cu_rope_angle_add(mi.cs[j], mi.cs[np + j], rp[j], rp[np + j], &c, &sn);
+    const float y = mirror_elem(k, mi.kt, mi, s, g, Hkv, D, partner);
+    if (first) kvm_cu_rope_pair(x, y, c, sn, mi.af, &y0, &y1);
+    else kvm_cu_rope_pair(y, x, c, sn, mi.af, &y0, &y1);
+    return first ? y0 : y1;
+}
+
 struct AttendWs {
     float *part;      // [Hq][tpw][D + 2]
     int *live;        // [Hkv][tpw]
@@ -79,7 +128,7 @@ template <int VEC, typename T>
 __global__ void __launch_bounds__(kWarps * 32)
 attend_partial_kernel(const float *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                       const int32_t *__restrict__ slot_map, const int32_t *__restrict__ order, int wave, AttendWs w,
-                      AttendDims p) {
+                      AttendDims p, Mirror mi) {
     const int slot = blockIdx.x, hkv = blockIdx.y, g0 = blockIdx.z * kChunk;
     const int idx = wave * p.tpw + slot;
     if (idx >= p.n_visit) return;
@@ -112,14 +161,23 @@ attend_partial_kernel(const float *__restrict__ q, const T *__restrict__ k, cons
         const int s = slot_map[pos];
         if (s < 0 || s >= p.n_slots) continue; // dead: never read
         n_live++;
-        const T *kr = k + (size_t)s * row + (size_t)hkv * p.D;
-        const T *vr = v + (size_t)s * row + (size_t)hkv * p.D;
         float kv[VEC], vv[VEC];
+        if (mi.rot > 0 || s >= mi.tail_slot) { // the device mirror's rows
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const int d = e * 32 + lane;
-            kv[e] = d < p.D ? kvmcu::ld(kr + d) : 0.0f;
-            vv[e] = d < p.D ? kvmcu::ld(vr + d) : 0.0f;
+            for (int e = 0; e < VEC; e++) {
+                const int d = e * 32 + lane;
+                kv[e] = d < p.D ? kvmcu_mirror_k(k, mi, s, hkv, p.Hkv, p.D, d, pos) : 0.0f;
+                vv[e] = d < p.D ? kvmcu_mirror_v(v, mi, s, hkv, p.Hkv, p.D, d) : 0.0f;
+            }
+        } else {
+            const T *kr = k + (size_t)s * row + (size_t)hkv * p.D;
+            const T *vr = v + (size_t)s * row + (size_t)hkv * p.D;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const int d = e * 32 + lane;
+                kv[e] = d < p.D ? kvmcu::ld(kr + d) : 0.0f;
+                vv[e] = d < p.D ? kvmcu::ld(vr + d) : 0.0f;
+            }
         }
 #pragma unroll
         for (int g = 0; g < kChunk; g++) {
@@ -342,12 +400,20 @@ cudaError_t launch_partials(const kvm_dev_attend_args *a, const kvm_cu_dev_atten
     const float *q = cu_at<const float>(a->q, a->q_off);
     const int32_t *sm = cu_at<const int32_t>(a->slot_map, a->slot_map_off);
     const int32_t *ord = cu_at<const int32_t>(a->order, a->order_off);
+    Mirror mi;
+    mi.kt = a->k_tail ? cu_at<const float>(a->k_tail, a->tail_off) : nullptr;
+    mi.vt = a->v_tail ? cu_at<const float>(a->v_tail, a->tail_off) : nullptr;
+    mi.cs = a->rotary_dim ? cu_at<const float>(a->rope_cs, a->rope_off) : nullptr;
+    mi.tail_slot = a->k_tail ? (long long)a->tail_slot : LLONG_MAX;
+    mi.rot = a->rotary_dim;
+    mi.gptj = a->gptj;
+    mi.af = a->attn_factor;
     if (a->dtype == KVMEM_F32)
         attend_partial_kernel<VEC, float><<<grid, kWarps * 32, 0, stream>>>(
-            q, cu_at<const float>(a->k, a->k_off), cu_at<const float>(a->v, a->v_off), sm, ord, wave, w, p);
+            q, cu_at<const float>(a->k, a->k_off), cu_at<const float>(a->v, a->v_off), sm, ord, wave, w, p, mi);
     else
         attend_partial_kernel<VEC, __half><<<grid, kWarps * 32, 0, stream>>>(
-            q, cu_at<const __half>(a->k, a->k_off), cu_at<const __half>(a->v, a->v_off), sm, ord, wave, w, p);
+            q, cu_at<const __half>(a->k, a->k_off), cu_at<const __half>(a->v, a->v_off), sm, ord, wave, w, p, mi);
     return cudaGetLastError();
 }
 
@@ -419,6 +485,9 @@ kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     kvmem_status st = kvm_cu_check_dev_attend(a, cu_size(a->q), cu_size(a->k), cu_size(a->v), cu_size(a->slot_map),
                                               cu_size(a->order), cu_size(a->out), cu_size(a->visited),
                                               b->props.multiProcessorCount, &plan);
+    if (st == KVMEM_OK)
+        st = kvm_cu_check_dev_attend_mirror(a, a->k_tail ? cu_size(a->k_tail) : 0, a->v_tail ? cu_size(a->v_tail) : 0,
+                                            a->rope_cs ? cu_size(a->rope_cs) : 0);
     if (st != KVMEM_OK) return st;
     cudaSetDevice(b->device);
     unsigned char *ws = static_cast<unsigned char *>(cu_scratch(b, plan.ws_bytes, &st));

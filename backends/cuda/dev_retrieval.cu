@@ -26,8 +26,10 @@ constexpr int kScoreBlocks = 64;  // candidate blocks per CTA (8 warps x 8)
 // CTA = (layer, KV head, chunk of 64 blocks); lane = query row (head of the
 // group, token) staged in shared memory, warp = block: every lane of a warp
 // reads the same AABB element (one broadcast load).
+// Boxes T: f32, or f16 (the device mirror's), decoded exactly.
+template <typename T>
 __global__ void __launch_bounds__(256)
-dev_score_kernel(const float *__restrict__ q, const float *__restrict__ smin, const float *__restrict__ smax,
+dev_score_kernel(const float *__restrict__ q, const T *__restrict__ smin, const T *__restrict__ smax,
                  float *__restrict__ S, ScoreDims p) {
     extern __shared__ float qs[]; // [kScoreRows][D + 1] (padded: lanes hit different banks)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -52,11 +54,11 @@ dev_score_kernel(const float *__restrict__ q, const float *__restrict__ smin, co
             const int j = jc * kScoreBlocks + jj;
             if (j >= p.nb) break; // uniform across the warp
             const size_t base = (((size_t)j * p.L + l) * p.Hkv + g) * D;
-            const float *a = smax + base, *b = smin + base;
+            const T *a = smax + base, *b = smin + base;
             float acc = 0.0f;
             for (int d = 0; d < D; d++) {
                 const float x = qr[d];
-                acc += fmaxf(x * a[d], x * b[d]);
+                acc += fmaxf(x * kvmcu::ld(a + d), x * kvmcu::ld(b + d));
             }
             if (r < R) {
                 const int gi = r / p.nq, t = r % p.nq;
@@ -271,7 +273,9 @@ struct GatherDims {
 // Row i of out = source row idx[i] rotated with row i's cos/sin (a zero row
 // for an index >= n_src). One thread per output element: the element's
 // pair is rotated by the shared rule (kvm_rope_rotate's arithmetic).
-__global__ void dev_gather_kernel(const float *__restrict__ src, const uint32_t *__restrict__ idx,
+// Source rows T: f32, or f16 (the device mirror's), decoded exactly.
+template <typename T>
+__global__ void dev_gather_kernel(const T *__restrict__ src, const uint32_t *__restrict__ idx,
                                   const float *__restrict__ cs, float *__restrict__ out, GatherDims p) {
     const size_t row = p.H * p.D, np = p.rot / 2;
     for (size_t i = blockIdx.x; i < p.n_out; i += gridDim.x) {
@@ -281,11 +285,11 @@ __global__ void dev_gather_kernel(const float *__restrict__ src, const uint32_t 
             for (size_t e = threadIdx.x; e < row; e += blockDim.x) o[e] = 0.0f;
             continue;
         }
-        const float *x = src + (size_t)r * p.src_rs;
+        const T *x = src + (size_t)r * p.src_rs;
         for (size_t e = threadIdx.x; e < row; e += blockDim.x) {
             const size_t d = e % p.D, h0 = e - d;
             if (d >= p.rot) {
-                o[e] = x[e];
+                o[e] = kvmcu::ld(x + e);
                 continue;
             }
             size_t j, a, b; // pair j: elements a (first) and b (partner)
@@ -299,7 +303,7 @@ __global__ void dev_gather_kernel(const float *__restrict__ src, const uint32_t 
                 b = j + np;
             }
             float y0, y1;
-            kvm_cu_rope_pair(x[h0 + a], x[h0 + b], cs[i * np + j], cs[(p.n_out + i) * np + j], p.af, &y0, &y1);
+            kvm_cu_rope_pair(kvmcu::ld(x + h0 + a), kvmcu::ld(x + h0 + b), cs[i * np + j], cs[(p.n_out + i) * np + j], p.af, &y0, &y1);
             o[e] = d == a ? y0 : y1;
         }
     }
@@ -354,8 +358,12 @@ kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
                     a->block_rows);
             st = cu_check(cudaGetLastError(), "dev_score");
         }
+    } else if (a->box_layout == KVM_BOXES_SPLIT_F16) {
+        dev_score_kernel<__half><<<(unsigned)plan.score_ctas, 256, qs_bytes, b->stream>>>(
+            cu_at<const float>(a->q, a->q_off), cu_at<const __half>(a->s_min, a->s_off),
+            cu_at<const __half>(a->s_max, a->s_off), S, p);
     } else {
-        dev_score_kernel<<<(unsigned)plan.score_ctas, 256, qs_bytes, b->stream>>>(
+        dev_score_kernel<float><<<(unsigned)plan.score_ctas, 256, qs_bytes, b->stream>>>(
             cu_at<const float>(a->q, a->q_off), cu_at<const float>(a->s_min, a->s_off),
             cu_at<const float>(a->s_max, a->s_off), S, p);
     }
@@ -408,8 +416,13 @@ kvmem_status kvm_cu_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args
     cudaSetDevice(b->device);
     GatherDims p = {a->n_src, a->src_rs, a->n_out, a->n_heads, a->head_dim, a->rotary_dim, a->gptj, a->attn_factor};
     kvm_cu_grid g = kvm_cu_grid_1d(a->n_out, 1, max_blocks(b) * 2);
-    dev_gather_kernel<<<g.blocks, 128, 0, b->stream>>>(
-        a->n_src ? cu_at<const float>(a->src, a->src_off) : nullptr, cu_at<const uint32_t>(a->idx, a->idx_off),
-        a->rotary_dim ? cu_at<const float>(a->cs, a->cs_off) : nullptr, cu_at<float>(a->out, a->out_off), p);
+    const uint32_t *idx = cu_at<const uint32_t>(a->idx, a->idx_off);
+    const float *cs = a->rotary_dim ? cu_at<const float>(a->cs, a->cs_off) : nullptr;
+    if (a->src_dtype == KVMEM_F16)
+        dev_gather_kernel<__half><<<g.blocks, 128, 0, b->stream>>>(cu_at<const __half>(a->src, a->src_off), idx, cs,
+                                                                    cu_at<float>(a->out, a->out_off), p);
+    else
+        dev_gather_kernel<float><<<g.blocks, 128, 0, b->stream>>>(cu_at<const float>(a->src, a->src_off), idx, cs,
+                                                                   cu_at<float>(a->out, a->out_off), p);
     return cu_check(cudaGetLastError(), "dev_gather_rope");
 }

@@ -131,8 +131,15 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     size_t size[KVM_DA_N];
     for (int i = 0; i < KVM_DA_N; i++) size[i] = bufs[i] ? bufs[i]->size : 0;
     char msg[256];
-    if (!kvm_dev_attend_check(a, size, msg, sizeof msg))
+    if (!kvm_dev_attend_check(a, size, msg, sizeof msg) ||
+        !kvm_dev_attend_check_mirror(a, a->k_tail ? a->k_tail->size : 0, a->v_tail ? a->v_tail->size : 0,
+                                     a->rope_cs ? a->rope_cs->size : 0, msg, sizeof msg))
         return kvm_vk_fail(v, KVMEM_ERR_INVALID_ARG, "dev_attend: %s", msg);
+    const kvmem_buffer *extra[3] = {a->k_tail, a->v_tail, a->rotary_dim ? a->rope_cs : NULL};
+    for (int i = 0; i < 3; i++)
+        if (extra[i] && (extra[i]->size / 4 > UINT32_MAX || extra[i]->cap > v->props.limits.maxStorageBufferRange))
+            return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_attend: the tail or RoPE buffer exceeds the shaders' "
+                               "32-bit indices or this device's storage buffer range");
     const int64_t G = a->n_q_heads / a->n_kv_heads, N = G * a->head_dim;
     if (G > KVM_VK_ATTEND_MAX_G || N > KVM_VK_ATTEND_MAX_N)
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
@@ -176,7 +183,7 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     if (max_steps > steps) max_steps = steps > 0 ? steps : 1;
     const uint64_t n_dispatch = steps > 0 ? (steps + max_steps - 1) / max_steps : 1;
 
-    uint32_t push[25];
+    uint32_t push[31];
     push[0] = (uint32_t)a->n_slots;
     push[1] = (uint32_t)a->n_pos;
     push[2] = (uint32_t)a->n_kv_heads;
@@ -200,9 +207,16 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     push[20] = (uint32_t)(a->visited_off / 4);
     push[21] = 0; /* first */
     push[22] = (uint32_t)max_steps;
-    push[23] = a->scored ? (uint32_t)n_tiles : 0; /* ord_stride: the streams' own orders */
-    push[24] = (uint32_t)a->scored;
-    uint32_t push_first[25];
+    /* slots past UINT32_MAX cannot occur (n_slots < 2^32 above) */
+    push[23] = a->k_tail ? (uint32_t)KVM_MIN(a->tail_slot, (int64_t)UINT32_MAX) : UINT32_MAX;
+    push[24] = (uint32_t)(a->tail_off / 4);
+    push[25] = (uint32_t)a->rotary_dim;
+    push[26] = (uint32_t)a->gptj;
+    memcpy(&push[27], &a->attn_factor, 4);
+    push[28] = (uint32_t)(a->rope_off / 4);
+    push[29] = a->scored ? (uint32_t)n_tiles : 0; /* ord_stride: the streams' own orders */
+    push[30] = (uint32_t)a->scored;
+    uint32_t push_first[31];
     memcpy(push_first, push, sizeof push);
     push_first[21] = 1;
 
@@ -216,15 +230,16 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     if (seconds < 0) timed = 0;
     if (st == KVMEM_OK) st = kvm_vk_buffer_create(v, (size_t)state_bytes, 1, &state);
     /* NULL slot_map / order (nothing to read): bind q in their place */
-    const kvmem_buffer *bind[KVM_DA_N + 1];
+    const kvmem_buffer *bind[KVM_DA_N + 4];
     for (int i = 0; i < KVM_DA_N; i++) bind[i] = bufs[i] ? bufs[i] : a->q;
     bind[KVM_DA_N] = state;
+    for (int i = 0; i < 3; i++) bind[KVM_DA_N + 1 + i] = extra[i] ? extra[i] : a->q; /* unused: any buffer */
     const uint32_t groups[3] = {(uint32_t)a->n_kv_heads, 1, 1};
     VkResult r = VK_SUCCESS;
     for (uint64_t sent = 0; st == KVMEM_OK && r == VK_SUCCESS && sent < n_dispatch;) {
         const uint32_t n = (uint32_t)(n_dispatch - sent < ATTEND_PER_SUBMIT ? n_dispatch - sent : ATTEND_PER_SUBMIT);
         if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;
-        r = kvm_vk_bind(v, kern, bind, KVM_DA_N + 1, sizeof push);
+        r = kvm_vk_bind(v, kern, bind, KVM_DA_N + 4, sizeof push);
         for (uint32_t i = 0; r == VK_SUCCESS && i < n; i++)
             r = kvm_vk_dispatch(v, kern, sent + i == 0 ? push_first : push, sizeof push, groups[0], groups[1],
                                 groups[2]);

@@ -252,7 +252,7 @@ kvmem_status kvm_vk_device_open(kvm_vk *v, VkInstance inst, char *why, size_t wh
     VkCommandPoolCreateInfo pci = {VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, NULL,
                                    VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, v->queue_family};
     VkFenceCreateInfo fci = {VK_STRUCTURE_TYPE_FENCE_CREATE_INFO, NULL, 0};
-    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 64};
+    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 16 * KVM_VK_MAX_BINDINGS};
     VkDescriptorPoolCreateInfo dpci = {VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, NULL, 0, 16, 1, &ps};
     if ((r = v->vk.vkCreateCommandPool(v->dev, &pci, NULL, &v->cmd_pool)) != VK_SUCCESS ||
         (r = v->vk.vkCreateFence(v->dev, &fci, NULL, &v->fence)) != VK_SUCCESS ||

@@ -12,8 +12,8 @@ static const struct {
     uint32_t n_bindings;
     uint32_t push_size;
 } k_kernels[KVM_VK_N_KERNELS] = {
-    [KVM_VK_AABB_SCORE] = {"aabb_score", 4, 14 * 4},
-    [KVM_VK_GATHER_ROPE] = {"gather_rope", 4, 12 * 4},
+    [KVM_VK_AABB_SCORE] = {"aabb_score", 4, 15 * 4},
+    [KVM_VK_GATHER_ROPE] = {"gather_rope", 4, 13 * 4},
     /* -- retrieval -- */
     [KVM_VK_SCORE_REDUCE] = {"score_reduce", 2, 16 * 4},
     [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 16 * 4},
@@ -26,8 +26,8 @@ static const struct {
     [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 16 * 4},
 
     /* -- attention -- */
-    [KVM_VK_ATTEND] = {"attend", 8, 25 * 4},
-    [KVM_VK_ATTEND_SG] = {"attend_sg", 8, 25 * 4},
+    [KVM_VK_ATTEND] = {"attend", 11, 31 * 4},
+    [KVM_VK_ATTEND_SG] = {"attend_sg", 11, 31 * 4},
     [KVM_VK_TILE_ORDER] = {"tile_order", 5, 21 * 4},
 
 };
@@ -42,7 +42,7 @@ static VkResult pipeline_create(kvm_vk *v, kvm_vk_kernel k) {
     kvm_vk_pipeline *p = &v->pipes[k];
     const kvm_vk_shader *sh = find_shader(k_kernels[k].shader);
     if (!sh) return VK_ERROR_INITIALIZATION_FAILED;
-    VkDescriptorSetLayoutBinding b[8];
+    VkDescriptorSetLayoutBinding b[KVM_VK_MAX_BINDINGS];
     for (uint32_t i = 0; i < k_kernels[k].n_bindings; i++)
         b[i] = (VkDescriptorSetLayoutBinding){i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
                                               VK_SHADER_STAGE_COMPUTE_BIT, NULL};
@@ -136,8 +136,8 @@ VkResult kvm_vk_bind(kvm_vk *v, kvm_vk_kernel k, const kvmem_buffer *const *bufs
     VkDescriptorSetAllocateInfo ai = {VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, NULL, v->desc_pool, 1, &p->dsl};
     VkDescriptorSet set;
     if ((r = v->vk.vkAllocateDescriptorSets(v->dev, &ai, &set)) != VK_SUCCESS) return r;
-    VkDescriptorBufferInfo bi[8];
-    VkWriteDescriptorSet w[8];
+    VkDescriptorBufferInfo bi[KVM_VK_MAX_BINDINGS];
+    VkWriteDescriptorSet w[KVM_VK_MAX_BINDINGS];
     for (uint32_t i = 0; i < n_bufs; i++) {
         bi[i] = (VkDescriptorBufferInfo){bufs[i]->buf, 0, VK_WHOLE_SIZE};
         w[i] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, set, i, 0, 1,

@@ -12,6 +12,7 @@
 #include <volk.h>
 
 #define KVM_VK_WG 128u /* workgroup size of every shader (common.glsl) */
+#define KVM_VK_MAX_BINDINGS 12u /* storage buffers a kernel binds at most (attend: 11) */
 
 /* Loop iterations one shader invocation may run in one dispatch. Mesa's
  * llvmpipe (lavapipe, which the tests run on) counts the iterations of all

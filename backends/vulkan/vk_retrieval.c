@@ -49,10 +49,10 @@ static kvmem_status vk_aabb_score(kvmem_backend *be, const kvm_vk_aabb_score_arg
     if ((a->n_blocks + 15) / 16 > lim[0] || (a->n_q + 15) / 16 > lim[1] || a->batch > lim[2])
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "aabb_score: %zu x %zu x %zu exceeds this device's dispatch limits",
                            a->n_q, a->n_blocks, a->batch);
-    uint32_t push[14] = {(uint32_t)a->n_q,   (uint32_t)a->n_blocks, (uint32_t)a->dim,     (uint32_t)a->batch,
+    uint32_t push[15] = {(uint32_t)a->n_q,   (uint32_t)a->n_blocks, (uint32_t)a->dim,     (uint32_t)a->batch,
                          (uint32_t)a->s_div, (uint32_t)(a->q_off / 4), (uint32_t)a->q_bs, (uint32_t)a->q_rs,
                          (uint32_t)(a->s_off / 4), (uint32_t)a->s_bs, (uint32_t)a->s_rs, (uint32_t)(a->out_off / 4),
-                         (uint32_t)a->o_bs, (uint32_t)a->o_rs};
+                         (uint32_t)a->o_bs, (uint32_t)a->o_rs, 0u /* f32 boxes */};
     const kvmem_buffer *bufs[4] = {a->q, a->s_min, a->s_max, a->out};
     return kvm_vk_run(v, "aabb_score", KVM_VK_AABB_SCORE, bufs, 4, push, sizeof push, 0, g);
 }
@@ -76,7 +76,8 @@ kvmem_status kvm_vk_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args
     kvmem_status st = kvm_dev_gather_check(a, vk_size, msg, sizeof msg);
     if (st != KVMEM_OK) return kvm_vk_fail(v, st, "%s", msg);
     size_t row = a->n_heads * a->head_dim, se, oe; /* products checked above */
-    if (!extent(&se, a->src_off / 4, a->n_src, a->src_rs, 1, 0, row) ||
+    const size_t sesz = a->src_dtype == KVMEM_F16 ? 2 : 4; /* src offsets and strides in its elements */
+    if (!extent(&se, a->src_off / sesz, a->n_src, a->src_rs, 1, 0, row) ||
         !extent(&oe, a->out_off / 4, a->n_out, row, 1, 0, row) || se > UINT32_MAX ||
         oe > UINT32_MAX - ((size_t)1 << 20) /* grid-stride loop headroom */ || a->idx_off / 4 + a->n_out > UINT32_MAX ||
         a->cs_off / 4 + a->n_out * a->rotary_dim > UINT32_MAX)
@@ -84,10 +85,10 @@ kvmem_status kvm_vk_dev_gather_rope(kvmem_backend *be, const kvm_dev_gather_args
     float af = a->attn_factor;
     uint32_t afb;
     memcpy(&afb, &af, 4);
-    uint32_t push[12] = {(uint32_t)a->n_out,  (uint32_t)a->n_heads, (uint32_t)a->head_dim, (uint32_t)a->rotary_dim,
-                         (uint32_t)a->gptj,   afb,                   (uint32_t)(a->src_off / 4), (uint32_t)a->src_rs,
+    uint32_t push[13] = {(uint32_t)a->n_out,  (uint32_t)a->n_heads, (uint32_t)a->head_dim, (uint32_t)a->rotary_dim,
+                         (uint32_t)a->gptj,   afb,                   (uint32_t)(a->src_off / sesz), (uint32_t)a->src_rs,
                          (uint32_t)(a->out_off / 4), (uint32_t)a->n_src, (uint32_t)(a->idx_off / 4),
-                         (uint32_t)(a->cs_off / 4)};
+                         (uint32_t)(a->cs_off / 4), a->src_dtype == KVMEM_F16};
     /* rotary_dim 0 reads no cos/sin: any buffer fills the binding */
     const kvmem_buffer *bufs[4] = {a->src, a->idx, a->rotary_dim ? a->cs : a->src, a->out};
     return kvm_vk_run(v, "dev_gather_rope", KVM_VK_GATHER_ROPE, bufs, 4, push, sizeof push, (uint64_t)a->n_out * row,
@@ -134,8 +135,10 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     if (exact && !a->key_rows)
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: vulkan reads EXACT's keys from key_rows only");
     /* element extents (their byte sizes were checked against the buffers) */
+    const int half = a->box_layout == KVM_BOXES_SPLIT_F16;
+    const size_t s_el = a->s_off / (half ? 2 : 4); /* the boxes' offset in their elements */
     const size_t box_el = exact ? a->s_off / (a->key_f16 ? 2 : 4) + NB * (size_t)a->block_rows * Hkv * D
-                                : a->s_off / 4 + NB * L * Hkv * D;
+                                : s_el + NB * L * Hkv * D;
     if (a->q_off / 4 + NQ * batch * D > UINT32_MAX || box_el > UINT32_MAX || a->out_off / 4 + batch * NB > UINT32_MAX)
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: sizes exceed the shaders' 32-bit indices");
     const kvmem_buffer *in[4] = {a->q, exact ? a->q : a->s_min, exact ? a->q : a->s_max, a->out};
@@ -221,10 +224,10 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
         if (r != VK_SUCCESS || (r = kvm_vk_begin(v)) != VK_SUCCESS) break;
         for (int c = 0; c < (exact ? 1 : DEV_SCORE_CHUNKS_PER_SUBMIT) && t0 < NQ && r == VK_SUCCESS; c++) {
             const size_t tc = KVM_MIN(tn, NQ - t0), rows = batch * tc;
-            uint32_t gemm[14] = {(uint32_t)tc, (uint32_t)NB, (uint32_t)D, (uint32_t)batch, (uint32_t)(Hq / Hkv),
+            uint32_t gemm[15] = {(uint32_t)tc, (uint32_t)NB, (uint32_t)D, (uint32_t)batch, (uint32_t)(Hq / Hkv),
                                  (uint32_t)(a->q_off / 4 + t0 * batch * D), (uint32_t)D, (uint32_t)(batch * D),
-                                 (uint32_t)(a->s_off / 4), (uint32_t)D, (uint32_t)(L * Hkv * D), 0u,
-                                 (uint32_t)(tc * NB), (uint32_t)NB};
+                                 (uint32_t)s_el, (uint32_t)D, (uint32_t)(L * Hkv * D), 0u,
+                                 (uint32_t)(tc * NB), (uint32_t)NB, (uint32_t)half};
             const kvmem_buffer *gb[4] = {a->q, a->s_min, a->s_max, scratch};
             if (!exact)
                 r = kvm_vk_record_dispatch3(v, KVM_VK_AABB_SCORE, gb, 4, gemm, sizeof gemm, (uint32_t)((NB + 15) / 16),

@@ -109,10 +109,14 @@ export class Pool extends Handle {
   readonly context: Context;
   readonly spec: FullModelSpec;
   getInfo(): PoolInfo;
+  /** getInfo on a worker thread (the pool's mutex may be held by a spill to the store) */
+  getInfoAsync(): Promise<PoolInfo>;
   getSpec(): FullModelSpec;
   agentId(index: number): string;
   agentIds(): string[];
   agentOpen(id: string): Agent;
+  /** agentOpen on a worker thread: an agent moved to the store is read back there */
+  agentOpenAsync(id: string): Promise<Agent>;
   /** kvmem_agent_open_file (experimental): a saved agent opened in place, read-only; its KV stays in the file. */
   agentOpenFile(path: string, opts?: { verify?: boolean }): Agent;
   removeAgent(id: string): void;
@@ -133,8 +137,12 @@ export class Agent extends Handle {
   /** k, v: [n_layers][T][n_kv_heads][head_dim] */
   append(k: TensorLike, v: TensorLike, opts?: AppendOptions): void;
   /** append on a worker thread, after the agent's earlier async calls; k, v and opts' arrays are copied at the call */
-  appendAsync(k: TensorLike, v: TensorLike, opts?: AppendOptions): Promise<void>;
+  /** copy: false leaves the inputs uncopied: keep them untouched until the promise settles */
+  appendAsync(k: TensorLike, v: TensorLike, opts?: AppendOptions & { copy?: boolean }): Promise<void>;
   flush(): void;
+  flushAsync(): Promise<void>;
+  /** close on a worker thread, after the async calls made before it */
+  closeAsync(): Promise<void>;
   getInfo(): AgentInfo;
   blockInfo(block: number): BlockInfo;
   read(first?: number, n?: number, opts?: ReadOptions): ReadResult;

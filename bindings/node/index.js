@@ -413,6 +413,23 @@ class Pool extends Handle {
     super.close();
   }
   getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return fromC(o); }
+  // The pool's calls that wait for its mutex (held while an agent is written to the
+  // store or read back) on a worker thread, so the event loop does not wait with them.
+  // The pool is thread-safe: these are not ordered with its other async calls; it
+  // only stays open until they settle.
+  _pinned(run) {
+    this._ptr();
+    this._pins++;
+    let p;
+    try { p = run(); } catch (e) { p = Promise.reject(e); }
+    return p.finally(() => { this._pins--; });
+  }
+  getInfoAsync() { const o = {}; return this._pinned(() => C.kvmem_pool_get_info.async(this._ptr(), o).then(() => fromC(o))); }
+  // agentOpen on a worker thread: an agent moved to the store is read back there
+  agentOpenAsync(id) {
+    const cid = cId(id, 'agent id'), out = [null];
+    return this._pinned(() => C.kvmem_agent_open.async(this._ptr(), cid, out).then(() => new Agent(this, null, out[0])));
+  }
   _describe() {
     const i = this.getInfo(), s = this.spec;
     return { nLayers: s.nLayers, nQHeads: s.nQHeads, nKvHeads: s.nKvHeads, headDim: s.headDim, blockSize: i.blockSize,
@@ -477,12 +494,34 @@ class Agent extends Handle {
   // k, v: [n_layers][T][n_kv_heads][head_dim]; opts: tokenIds, text, tokenTextOffsets,
   // positions (post-RoPE keys), keysRotated, dtype
   append(k, v, opts) { C.kvmem_agent_append(this.handle, ...kvArgs(this.pool.spec, k, v, opts, 'append')); }
-  // the inputs are copied when the call is made (copyOf): the caller may reuse them at once
+  // the inputs are copied when the call is made (copyOf): the caller may reuse them at once.
+  // { copy: false }: not copied (megabytes of KV held the event loop for tens of ms), for
+  // a caller that leaves k, v and the options' arrays untouched until the promise settles
   appendAsync(k, v, opts) {
-    const kv = copyKv(kvArgs(this.pool.spec, k, v, opts, 'append'));
-    return this._async(C.kvmem_agent_append, () => ({ args: [this._ptr(), ...kv] }));
+    let copy = true;
+    if (opts && typeof opts === 'object' && Object.hasOwn(opts, 'copy')) {
+      ({ copy, ...opts } = opts);
+      if (typeof copy !== 'boolean') throw new TypeError(`kvmem: append options: copy must be a boolean, not ${typeof copy}`);
+    }
+    const kv = kvArgs(this.pool.spec, k, v, opts, 'append');
+    const args = copy ? copyKv(kv) : kv;
+    return this._async(C.kvmem_agent_append, () => ({ args: [this._ptr(), ...args] }));
   }
   flush() { C.kvmem_agent_flush(this.handle); }
+  // sealing the tail reserves memory, which may write another agent to the store
+  flushAsync() { return this._async(C.kvmem_agent_flush, () => ({ args: [this._ptr()] })); }
+  // close() on a worker thread (kvmem_agent_close waits for the pool's mutex), after
+  // the async calls made before it; calls made after it get ClosedError
+  closeAsync() {
+    if (this._h === null) return Promise.resolve();
+    const close = { async: (h) => new Promise((resolve, reject) => {
+      if (this._pins) { reject(new errors.BusyError(`${this._kind}: an async call is still using it; await it before closeAsync()`)); return; }
+      this._forget();
+      this.pool._agents.delete(this._ref);
+      L.raw.kvmem_agent_close.async(h, (err) => (err ? reject(err) : resolve()));
+    }) };
+    return this._async(close, () => ({ args: [this._ptr()] }));
+  }
   getInfo() { const o = {}; C.kvmem_agent_get_info(this.handle, o); return fromC(o); }
   _describe() { const i = this.getInfo(); return { id: this._id, nTokens: i.nTokens, nBlocks: i.nBlocks, nSealed: i.nSealed, bytes: i.bytes }; }
   blockInfo(block) { const o = {}; C.kvmem_agent_block_info(this.handle, block, o); return fromC(o, ['sealed']); }

@@ -496,8 +496,8 @@ done:
     return st;
 }
 
-/* An AGENT source on the device: the agent's K (rotated to its positions)
- * and V are resident, so a call uploads q (and the visiting order when it is
+/* An AGENT source on the device: the agent's raw K (rotated to its
+ * positions on the fly) and V are resident, so a call uploads q (and the visiting order when it is
  * neither oldest-first nor RECENT's) and downloads the output and the tile
  * counts. */
 static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s) {
@@ -534,16 +534,12 @@ static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_p
     kvm_dev_attend_args a;
     memset(&a, 0, sizeof a);
     a.q = stg[0].buf;
-    a.k = r->krot[pl->layer];
-    a.v = r->v[pl->layer];
-    a.slot_map = r->ident; /* position p is slot p */
+    kvm_resident_attend_args(pl->pool, m, r, pl->layer, &a); /* K, V, the tail, keys rotated on the fly */
     a.order = stg[3].buf;
     a.order_off = order ? order_off : 0;
     a.out = stg[1].buf;
     a.visited = stg[2].buf;
-    a.n_slots = r->cap_tok;
     a.tile = pl->pool->params.block_size;
-    a.dtype = KVMEM_F32;
     return dev_attend_run(be, pl, &a, stg, 4, visited, s);
 }
 

@@ -39,6 +39,10 @@ static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_
         snprintf(msg, msg_size, "scored %d must be 0 or 1", a->scored);
         return 0;
     }
+    if (a->scored && (a->k_tail || a->rope_cs)) {
+        snprintf(msg, msg_size, "scored: the scored form reads caller K (no mirror tail or rotation)");
+        return 0;
+    }
     if (a->scored && a->n_visit != n_tiles) {
         snprintf(msg, msg_size, "scored: n_visit %d must be the %lld tiles", a->n_visit, (long long)n_tiles);
         return 0;
@@ -64,8 +68,10 @@ static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_
     const size_t es = a->dtype == KVMEM_F32 ? 4 : 2;
     size_t row, kv, need[KVM_DA_N];
     const size_t off[KVM_DA_N] = {a->q_off, a->k_off, a->v_off, a->slot_map_off, a->order_off, a->out_off, a->visited_off};
+    /* with tail rows, k and v hold the slots below tail_slot only */
+    const int64_t k_slots = a->k_tail && a->tail_slot < a->n_slots ? a->tail_slot : a->n_slots;
     int ok = kvm_mul_size((size_t)a->n_q_heads, (size_t)a->head_dim, &row) && kvm_mul_size(row, 4, &need[KVM_DA_Q]) &&
-             kvm_mul_size((size_t)a->n_slots, (size_t)a->n_kv_heads, &kv) && kvm_mul_size(kv, (size_t)a->head_dim, &kv) &&
+             kvm_mul_size((size_t)k_slots, (size_t)a->n_kv_heads, &kv) && kvm_mul_size(kv, (size_t)a->head_dim, &kv) &&
              kvm_mul_size(kv, es, &need[KVM_DA_K]);
     need[KVM_DA_V] = ok ? need[KVM_DA_K] : 0;
     need[KVM_DA_SLOTS] = (size_t)a->n_pos * 4;
@@ -80,6 +86,50 @@ static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_
         return 0;
     }
     return 1;
+}
+
+/* The device mirror's fields (backend.h, dev_attend): sizes of k_tail,
+ * v_tail and rope_cs in bytes (0 for NULL). 1 when valid (also when unused),
+ * else 0 with a message. Call after kvm_dev_attend_check. */
+static inline int kvm_dev_attend_check_mirror(const kvm_dev_attend_args *a, size_t kt_size, size_t vt_size,
+                                              size_t cs_size, char *msg, size_t msg_size) {
+    if (!a->k_tail != !a->v_tail || (a->k_tail && (a->tail_slot < 0 || a->tail_off % 4))) {
+        snprintf(msg, msg_size, "k_tail and v_tail must be given together, tail_slot >= 0, tail_off a multiple of 4");
+        return 0;
+    }
+    if (a->k_tail && a->tail_slot < a->n_slots) {
+        size_t n, need;
+        const int ok = kvm_mul_size((size_t)(a->n_slots - a->tail_slot), (size_t)a->n_kv_heads, &n) &&
+                       kvm_mul_size(n, (size_t)a->head_dim * 4, &need) && a->tail_off <= kt_size &&
+                       need <= kt_size - a->tail_off && a->tail_off <= vt_size && need <= vt_size - a->tail_off;
+        if (!ok) {
+            snprintf(msg, msg_size, "the tail rows (slots %lld to %lld) lie outside k_tail / v_tail",
+                     (long long)a->tail_slot, (long long)a->n_slots);
+            return 0;
+        }
+    }
+    if (a->rotary_dim < 0 || a->rotary_dim % 2 || a->rotary_dim > a->head_dim || (a->gptj != 0 && a->gptj != 1)) {
+        snprintf(msg, msg_size, "rotary_dim %d must be even in [0, head_dim %d], gptj 0 or 1", a->rotary_dim,
+                 a->head_dim);
+        return 0;
+    }
+    if (a->rotary_dim > 0) {
+        size_t need;
+        const int ok = a->rope_cs && a->rope_off % 4 == 0 && a->attn_factor > 0.0f && isfinite(a->attn_factor) &&
+                       kvm_mul_size((size_t)a->n_pos + 1, (size_t)a->rotary_dim * 4, &need) && a->rope_off <= cs_size &&
+                       need <= cs_size - a->rope_off;
+        if (!ok) {
+            snprintf(msg, msg_size, "rope_cs must hold 1 + n_pos (%lld) rows of rotary_dim %d floats at a multiple of 4 "
+                     "bytes, attn_factor %g finite and > 0", (long long)a->n_pos, a->rotary_dim, (double)a->attn_factor);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Whether any of the device mirror's fields is in use. */
+static inline int kvm_dev_attend_mirror_form(const kvm_dev_attend_args *a) {
+    return a->k_tail || a->v_tail || a->rotary_dim != 0;
 }
 
 #endif

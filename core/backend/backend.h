@@ -34,7 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 2: struct kvmem_backend gained fail, detail and cpu_device (Vulkan issue)
+/* 2: struct kvmem_backend gained fail, detail and cpu_device (the services a
+ *    plugin needs from the core and shows its users)
  * 3: the device kernels (dev_score, dev_topk, dev_gather_rope, dev_attend,
  *    dev_qmem_score)
  * 4: dev_score_reduce (a decode retrieval reads back per-set block scores)
@@ -47,9 +48,13 @@
  *    so dev_score, dev_gather_rope and dev_qmem_score gained host-side forms
  *    (the pool's own box layout and a candidate list, keys and rows read
  *    through callbacks, caller tensors) that a device's supports_op refuses
- * 8: dev_attend's scored form (the SCORED order found by the backend);
+ * 8: the device-resident mirror's forms: f16 split boxes (KVM_BOXES_SPLIT_F16),
+ *    dev_gather_rope's src_dtype, dev_attend's keys rotated on the fly
+ *    (rope_cs) and its f32 tail rows (k_tail, v_tail)
+
+ * 9: dev_attend's scored form (the SCORED order found by the backend);
  *    dev_score's EXACT buffer form (keys read from device rows) */
-#define KVMEM_BACKEND_API_VERSION 8u
+#define KVMEM_BACKEND_API_VERSION 9u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
@@ -119,7 +124,8 @@ struct kvmem_backend {
     const kvmem_backend_iface *iface;
     void *impl;          /* the backend's own state */
     kvmem_context *ctx;  /* owning context */
-    /* -- plugin services (Vulkan issue) -- */
+    /* -- plugin services: what a plugin, which links none of the core's
+     * hidden symbols, gets from the core and tells it -- */
     /* Set by the core's loader right after a plugin's init: a plugin cannot
      * link the core's hidden kvm_fail, so its ops report messages for
      * kvmem_last_error() through this pointer. NULL inside init. */
@@ -164,6 +170,8 @@ typedef struct kvm_dev_rows {
 #define KVM_BOXES_PAIRED_F32 1 /* s_max: one f32 [.][n_layers][n_kv_heads][2][head_dim] array, each box's
                                   s_max then its s_min (the pool's); s_min unused */
 #define KVM_BOXES_PAIRED_F16 2 /* the same in f16 */
+#define KVM_BOXES_SPLIT_F16 3  /* SPLIT_F32's two arrays in f16 (the device mirror's; s_off even in
+                                  halves, so a multiple of 4 bytes) */
 
 /* dev_score: MemArt block scores, normalised and aggregated per query head.
  * For query token t, layer l, query head h (KV head g = h / (Hq / Hkv)) and
@@ -188,7 +196,7 @@ typedef struct kvm_dev_rows {
  * [head_dim] from byte s_off (an agent's resident raw keys). */
 typedef struct kvm_dev_score_args {
     const kvmem_buffer *q;              /* f32 [n_q][n_layers][n_q_heads][head_dim] */
-    const kvmem_buffer *s_min, *s_max;  /* f32 [n_blocks][n_layers][n_kv_heads][head_dim] */
+    const kvmem_buffer *s_min, *s_max;  /* f32 (SPLIT_F32) or f16 (SPLIT_F16) [n_blocks][n_layers][n_kv_heads][head_dim] */
     kvmem_buffer *out;                  /* f32 [n_layers][n_q_heads][n_blocks] */
     size_t q_off, s_off, out_off;       /* s_off applies to both s_min and s_max */
     int32_t n_q, n_blocks, n_layers, n_q_heads, n_kv_heads, head_dim;
@@ -197,7 +205,7 @@ typedef struct kvm_dev_score_args {
     float tau, rr_c;
     /* host-side forms */
     int32_t n_sets;
-    int32_t box_layout;        /* KVM_BOXES_* */
+    int32_t box_layout;        /* KVM_BOXES_*; devices take SPLIT_F32 and SPLIT_F16 */
     const int32_t *blocks;     /* (host) */
     kvmem_retrieve_mode mode;
     const kvm_dev_keys *keys;  /* (host) EXACT */
@@ -226,7 +234,9 @@ typedef struct kvm_dev_topk_args {
  * sin (kvm_rope_cos_sin for the new positions), pairs as in kvm_rope_rotate
  * (NEOX: d and d + rotary_dim/2; GPT-J: 2d and 2d + 1), both results times
  * attn_factor; dims >= rotary_dim copied. rotary_dim 0: a plain gather
- * (values; cs unused, may be NULL). idx are uint32; an index >= n_src gives
+ * (values; cs unused, may be NULL). src_dtype F16: the source rows are f16
+ * (src_rs and n_src in elements, src_off a multiple of 4 bytes), decoded
+ * exactly to f32 before the rotation. idx are uint32; an index >= n_src gives
  * a zero row (the host cannot check device memory), never a stray read.
  * Host-side forms (all zero: the form above): `rows` reads the source rows
  * (src, idx, n_src and src_rs unused); out_view (host) takes the rows
@@ -245,6 +255,7 @@ typedef struct kvm_dev_gather_args {
     const kvm_dev_rows *rows;     /* (host) */
     const kvmem_tensor *out_view; /* (host) */
     int32_t n_layers, which, cs_rows;
+    kvmem_dtype src_dtype; /* F32 (0) or F16: the element type of src */
 } kvm_dev_gather_args;
 
 /* dev_attend: one decode row of ART attention, kvmem_attend()'s rule on a
@@ -277,7 +288,22 @@ typedef struct kvm_dev_gather_args {
  * >= n_slots and tile ids outside [0, ceil(n_pos / tile)) or repeated
  * (KVMEM_ERR_INVALID_ARG); a device skips such slots like dead ones and such
  * tile ids (never a stray read). A shape beyond a device kernel's limits:
- * KVMEM_ERR_UNSUPPORTED with a message (kvmem_attend then runs the CPU). */
+ * KVMEM_ERR_UNSUPPORTED with a message (kvmem_attend then runs the CPU).
+ * The device mirror's fields (zero: none; the CPU reference refuses them):
+ *  - k_tail, v_tail (both or neither): f32 rows [.][n_kv_heads][head_dim];
+ *    a live slot s >= tail_slot reads row s - tail_slot of them (at
+ *    tail_off bytes) instead of k and v: the unsealed tail, kept in f32;
+ *  - rotary_dim > 0: keys are raw (no RoPE) and rotated on the fly to
+ *    position base + p (p: the position being read) by angle addition:
+ *    rope_cs (f32 at rope_off bytes) holds rows of rotary_dim floats, cos
+ *    of the rotary_dim/2 pairs then sin; row 0 is the angle of base, row
+ *    1 + p that of p (both from kvm_rope_cos_sin), and the key's pair
+ *    (x0, x1) (NEOX: d, d + rotary_dim/2; GPT-J: 2d, 2d + 1) becomes
+ *      c = cb cp - sb sp, s = sb cp + cb sp (kvm_rope_cos_sin(base + p) up
+ *      to rounding: exact when base is 0),
+ *      y0 = (x0 c - x1 s) * attn_factor, y1 = (x0 s + x1 c) * attn_factor
+ *    (kvm_rope_rotate's operations); dims >= rotary_dim
+ *    as stored. So a new base uploads one row, not a key per position. */
 typedef struct kvm_dev_attend_args {
     const kvmem_buffer *q, *k, *v, *slot_map, *order;
     kvmem_buffer *out, *visited;
@@ -287,6 +313,12 @@ typedef struct kvm_dev_attend_args {
     kvmem_dtype dtype; /* of k and v */
     float scale, tau_s, tau_d;
     int32_t patience;
+    /* the device mirror's fields (above) */
+    const kvmem_buffer *k_tail, *v_tail, *rope_cs;
+    size_t tail_off, rope_off;
+    int64_t tail_slot;
+    int32_t rotary_dim, gptj;
+    float attn_factor;
     int32_t scored; /* 0 or 1 (above) */
 } kvm_dev_attend_args;
 
@@ -319,7 +351,8 @@ typedef struct kvm_dev_score_reduce_args {
     int32_t n_layers, n_heads, n, n_sets;
 } kvm_dev_score_reduce_args;
 
-/* -- device timing (Vulkan issue) -- */
+/* -- device timing: a device's own clock, because host timers around an
+ * asynchronous op measure the queue, not the kernel -- */
 /* get_proc_address(be, KVM_PROC_LAST_OP_SECONDS) returns a kvm_last_op_seconds_fn
  * (or NULL): device time of the backend's last op, from GPU timestamps
  * (negative when the device has no timestamps). Used by benchmarks. */

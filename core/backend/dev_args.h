@@ -27,8 +27,8 @@ static inline int kvm_dev_args_buffer_form(kvm_op op, const void *args) {
     switch (op) {
     case KVM_OP_SCORE: {
         const kvm_dev_score_args *a = (const kvm_dev_score_args *)args;
-        return a->n_sets == 0 && a->box_layout == KVM_BOXES_SPLIT_F32 && !a->blocks && !a->keys &&
-               (a->mode == KVMEM_RETRIEVE_AABB || a->key_rows);
+        return a->n_sets == 0 && (a->box_layout == KVM_BOXES_SPLIT_F32 || a->box_layout == KVM_BOXES_SPLIT_F16) &&
+               !a->blocks && !a->keys && (a->mode == KVMEM_RETRIEVE_AABB || a->key_rows);
     }
     case KVM_OP_GATHER_ROPE: {
         const kvm_dev_gather_args *a = (const kvm_dev_gather_args *)args;
@@ -86,10 +86,11 @@ static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a
     if (!(a->tau > 0 && isfinite(a->tau)) || !(a->rr_c > 0 && isfinite(a->rr_c)))
         return kvm_dev_bad(msg, msg_size, "dev_score: tau %g and rr_c %g must be finite and > 0", (double)a->tau,
                            (double)a->rr_c);
-    const int exact = a->mode == KVMEM_RETRIEVE_EXACT, split = a->box_layout == KVM_BOXES_SPLIT_F32;
+    const int exact = a->mode == KVMEM_RETRIEVE_EXACT;
+    const int split = a->box_layout == KVM_BOXES_SPLIT_F32 || a->box_layout == KVM_BOXES_SPLIT_F16;
     if (a->mode != KVMEM_RETRIEVE_AABB && !exact)
         return kvm_dev_bad(msg, msg_size, "dev_score: mode %d is not AABB or EXACT", (int)a->mode);
-    if (a->box_layout < KVM_BOXES_SPLIT_F32 || a->box_layout > KVM_BOXES_PAIRED_F16)
+    if (a->box_layout < KVM_BOXES_SPLIT_F32 || a->box_layout > KVM_BOXES_SPLIT_F16)
         return kvm_dev_bad(msg, msg_size, "dev_score: box_layout %d is unknown", a->box_layout);
     if (a->n_sets != 0 && a->n_sets != 1 && a->n_sets != a->n_layers)
         return kvm_dev_bad(msg, msg_size, "dev_score: n_sets %d is not 0, 1 or n_layers %d", a->n_sets, a->n_layers);
@@ -113,10 +114,12 @@ static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a
             if ((size_t)a->blocks[j] + 1 > n_box) n_box = (size_t)a->blocks[j] + 1;
         }
     }
-    /* in f32 elements: a PAIRED box is 2 * D elements, f16 ones half as many */
-    const size_t box_elems = split ? D : a->box_layout == KVM_BOXES_PAIRED_F32 ? 2 * D : D;
+    /* in f32 elements: a PAIRED box is 2 * D elements, f16 ones half as many;
+     * SPLIT_F16 arrays are D halves a box (rounded up to whole words) */
+    const int half = a->box_layout == KVM_BOXES_SPLIT_F16;
+    const size_t box_elems = a->box_layout == KVM_BOXES_SPLIT_F32 ? D : a->box_layout == KVM_BOXES_PAIRED_F32 ? 2 * D : D;
     if (!kvm_dev_prod(&nq, (size_t)a->n_q, L, (size_t)a->n_q_heads, D) ||
-        !kvm_dev_prod(&ns, n_box, L, (size_t)a->n_kv_heads, box_elems) ||
+        !kvm_dev_prod(&ns, n_box, L, (size_t)a->n_kv_heads, box_elems) || (half && (ns = ns / 2 + ns % 2, 0)) ||
         !kvm_dev_prod(&no, a->n_sets ? (size_t)a->n_sets : L * (size_t)a->n_q_heads, NB, 1, 1) ||
         !kvm_dev_holds(size[0], a->q, a->q_off, nq) || (!exact && split && !kvm_dev_holds(size[1], a->s_min, a->s_off, ns)) ||
         (!exact && !kvm_dev_holds(size[2], a->s_max, a->s_off, ns)) || !kvm_dev_holds(size[3], a->out, a->out_off, no))
@@ -179,10 +182,14 @@ static inline kvmem_status kvm_dev_gather_check_sizes(const kvm_dev_gather_args 
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: a buffer is NULL");
     if (a->src_off % 4 || a->idx_off % 4 || a->cs_off % 4 || a->out_off % 4)
         return kvm_dev_bad(msg, msg_size, "dev_gather_rope: offsets must be multiples of 4 bytes");
+    if (a->src_dtype != KVMEM_F32 && (a->src_dtype != KVMEM_F16 || a->rows))
+        return kvm_dev_bad(msg, msg_size, "dev_gather_rope: src_dtype %d must be F32, or F16 with a source buffer",
+                           (int)a->src_dtype);
     size_t row, se, oe;
     if (!kvm_mul_size(a->n_heads, a->head_dim, &row) || (!a->rows && a->src_rs < row) ||
         !kvm_mul_size(a->n_src - 1, a->src_rs, &se) || !kvm_add_size(se, row, &se) ||
-        !kvm_mul_size(a->n_out, row, &oe) || (!a->rows && !kvm_dev_holds(size[0], a->src, a->src_off, se)) ||
+        !kvm_mul_size(a->n_out, row, &oe) ||
+        (!a->rows && !kvm_dev_holds(size[0], a->src, a->src_off, a->src_dtype == KVMEM_F16 ? se / 2 + se % 2 : se)) ||
         (!a->out_view && !kvm_dev_holds(size[3], a->out, a->out_off, oe)) ||
         (!a->rows && !kvm_dev_holds(size[1], a->idx, a->idx_off, a->n_out)) ||
         (a->rotary_dim && !kvm_dev_prod(&se, a->n_out, a->rotary_dim, 1, 1)) ||

@@ -159,9 +159,6 @@ typedef struct kvm_qk_kernels {
      * has none (the caller then widens rows itself and uses kt_pack). */
     void (*kt_pack_f16)(const uint16_t *const *rows, size_t nk, size_t D, float *kt);
 } kvm_qk_kernels;
-/* The plain C kt_pack (the scalar table's; the AVX2 table's too: it is
- * bound by the rows' loads, not by the loop). */
-void kvm_qk_kt_pack_plain(const float *const *rows, size_t nk, size_t D, float *kt);
 
 /* ---- quantized sections (formats: core/quant/quant_layout.h) ---- */
 

@@ -713,6 +713,49 @@ static kvmem_status dev_scored_order(const kvm_attend_plan *pl, int32_t *head_or
     return KVMEM_OK;
 }
 
+/* The device mirror's rows (backend.h, dev_attend) of every live position
+ * p (slots[p] >= 0): *k and *v f32 [n_pos][n_kv_heads][head_dim], the key
+ * rotated to base + p; slots[p] becomes p. */
+static kvmem_status mirror_rows(const kvm_dev_attend_args *a, unsigned char *const *host, int32_t *slots, float **k,
+                                float **v) {
+    const size_t T = (size_t)a->n_pos, H = (size_t)a->n_kv_heads, D = (size_t)a->head_dim, row = H * D;
+    const size_t es = kvm_dtype_size(a->dtype), np = (size_t)a->rotary_dim / 2;
+    *k = kvm_malloc((T + 1) * row * sizeof(float));
+    *v = kvm_malloc((T + 1) * row * sizeof(float));
+    if (!*k || !*v) return kvm_fail(KVMEM_ERR_NOMEM, "dev_attend: out of memory for %zu positions' rows", T);
+    const float *tk = a->k_tail ? (const float *)kvm_cpu_at(a->k_tail, a->tail_off) : NULL;
+    const float *tv = a->v_tail ? (const float *)kvm_cpu_at(a->v_tail, a->tail_off) : NULL;
+    const float *cs = a->rotary_dim ? (const float *)kvm_cpu_at(a->rope_cs, a->rope_off) : NULL;
+    for (size_t p = 0; p < T; p++) {
+        if (slots[p] < 0) continue;
+        const size_t s = (size_t)slots[p];
+        float *kr = *k + p * row, *vr = *v + p * row;
+        if (tk && (int64_t)s >= a->tail_slot) {
+            memcpy(kr, tk + (s - (size_t)a->tail_slot) * row, row * sizeof(float));
+            memcpy(vr, tv + (s - (size_t)a->tail_slot) * row, row * sizeof(float));
+        } else {
+            kvm_convert_host(kr, KVMEM_F32, host[KVM_DA_K] + a->k_off + s * row * es, a->dtype, row);
+            kvm_convert_host(vr, KVMEM_F32, host[KVM_DA_V] + a->v_off + s * row * es, a->dtype, row);
+        }
+        for (size_t h = 0; cs && h < H; h++)
+            for (size_t j = 0; j < np; j++) {
+                const float *rp = cs + (p + 1) * 2 * np;
+                const float c = cs[j] * rp[j] - cs[np + j] * rp[np + j];
+                const float sn = cs[np + j] * rp[j] + cs[j] * rp[np + j];
+                float *x0 = kr + h * D + (a->gptj ? 2 * j : j), *x1 = x0 + (a->gptj ? 1 : np);
+                float y0 = *x0 * c - *x1 * sn, y1 = *x0 * sn + *x1 * c;
+                if (a->attn_factor != 1.0f) {
+                    y0 *= a->attn_factor;
+                    y1 *= a->attn_factor;
+                }
+                *x0 = y0;
+                *x1 = y1;
+            }
+        slots[p] = (int32_t)p;
+    }
+    return KVMEM_OK;
+}
+
 kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a) {
     const char *fn = "dev_attend";
     if (!a) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: args is NULL", fn);
@@ -725,8 +768,13 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     }
     char msg[256];
     if (!kvm_dev_attend_check(a, size, msg, sizeof msg)) return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s", fn, msg);
+    if (!kvm_dev_attend_check_mirror(a, a->k_tail ? kvm_cpu_buffer_size(a->k_tail) : 0,
+                                     a->v_tail ? kvm_cpu_buffer_size(a->v_tail) : 0,
+                                     a->rope_cs ? kvm_cpu_buffer_size(a->rope_cs) : 0, msg, sizeof msg))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %s", fn, msg);
 
     const int64_t T = a->n_pos, ts = a->tile, n_tiles = (T + ts - 1) / ts;
+    float *mk = NULL, *mv = NULL;
     int32_t *slots = kvm_malloc(((size_t)T + 1) * sizeof *slots);
     int32_t *order = kvm_malloc(((size_t)a->n_visit + 1) * sizeof *order);
     int64_t *tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof *tile_start);
@@ -766,9 +814,19 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     tile_start[n_tiles] = T;
 
     kvmem_tensor k, v;
-    const int64_t shape[3] = {a->n_slots, a->n_kv_heads, a->head_dim};
-    if ((st = kvmem_tensor_init(&k, host[KVM_DA_K] + a->k_off, a->dtype, 3, shape)) != KVMEM_OK) goto done;
-    if ((st = kvmem_tensor_init(&v, host[KVM_DA_V] + a->v_off, a->dtype, 3, shape)) != KVMEM_OK) goto done;
+    if (kvm_dev_attend_mirror_form(a)) {
+        /* the device mirror's form: each live position's rows, as the
+         * contract reads them (the tail's f32 rows, keys rotated to base +
+         * position by angle addition), at slot = position */
+        if ((st = mirror_rows(a, host, slots, &mk, &mv)) != KVMEM_OK) goto done;
+        const int64_t mshape[3] = {T, a->n_kv_heads, a->head_dim};
+        if ((st = kvmem_tensor_init(&k, mk, KVMEM_F32, 3, mshape)) != KVMEM_OK) goto done;
+        if ((st = kvmem_tensor_init(&v, mv, KVMEM_F32, 3, mshape)) != KVMEM_OK) goto done;
+    } else {
+        const int64_t shape[3] = {a->n_slots, a->n_kv_heads, a->head_dim};
+        if ((st = kvmem_tensor_init(&k, host[KVM_DA_K] + a->k_off, a->dtype, 3, shape)) != KVMEM_OK) goto done;
+        if ((st = kvmem_tensor_init(&v, host[KVM_DA_V] + a->v_off, a->dtype, 3, shape)) != KVMEM_OK) goto done;
+    }
     int64_t row_lo = 0, row_hi = T;
     kvm_attend_plan pl;
     memset(&pl, 0, sizeof pl);
@@ -831,5 +889,7 @@ done:
     kvm_free(tile_start);
     kvm_free(live);
     kvm_free(seen);
+    kvm_free(mk);
+    kvm_free(mv);
     return st;
 }

@@ -40,6 +40,9 @@ static void read_rows(const gather_job *job, size_t s, int32_t l, size_t h, floa
     }
     const uint32_t i = job->idx[s];
     if (i >= a->n_src) memset(dst, 0, a->head_dim * sizeof(float)); /* a bad index gives a zero row */
+    else if (a->src_dtype == KVMEM_F16) /* the device mirror's rows: exact */
+        kvm_convert_host(dst, KVMEM_F32, (const uint16_t *)(const void *)job->src + (size_t)i * a->src_rs + h * a->head_dim,
+                         KVMEM_F16, a->head_dim);
     else memcpy(dst, job->src + (size_t)i * a->src_rs + h * a->head_dim, a->head_dim * sizeof(float));
 }
 

@@ -6,17 +6,17 @@
  * block's K half streamed once through the exact kernels, which widen f16 in
  * registers and keep the max over the block's rows) in chunks of consecutive blocks, each
  * chunk scored for every (layer, KV head) item into a [block][item][row]
- * score array, then its part of the softmax taken while it is in cache: the
- * chunk's column maxima m_c and sums z_c = sum_j exp(tau (I_j - m_c)).
- * Once every chunk is done, the global maxima m and normalisers
- * Z = sum_c z_c exp(tau (m_c - m)) (chunks in order) are known, and a
- * block's set score is one dot product of e = exp(tau (I - m)) with 1 / Z
- * (aggregation over tokens folded in). e is taken from the global m, never
- * from the chunk's m_c rescaled: a block's score is then a function of its
- * box and the query alone (and of the call's m and Z), so identical boxes
- * score identically wherever the chunk boundaries fall. Chunks depend on
- * the problem, not on the thread count, so Z (and every score) is the
- * same on any number of threads. The agent's boxes are read once, as a
+ * score array, its column maxima m_c taken while it is in cache. Once every
+ * chunk is done, the global maxima m are known; a second pass over the
+ * chunks takes e = exp(tau (I - m)) in place and each chunk's column sums
+ * z_c, and Z = sum_c z_c (chunks in order). A block's set score is one dot
+ * product of its e row with 1 / Z (aggregation over tokens folded in). e
+ * is taken from the global m, never from a chunk's maximum rescaled: a
+ * block's score is then a function of its box and the query alone (and of
+ * the call's m and Z), so identical boxes score identically wherever the
+ * chunk boundaries fall. Chunks depend on the problem, not on the thread
+ * count, so Z (and every score) is the same on any number of threads. Each
+ * score is exponentiated once. The agent's boxes are read once, as a
  * few sequential streams, and nothing is sorted (RR norm ranks per column
  * instead).
  *
@@ -60,8 +60,12 @@
 /* Blocks scored per kernel call in the block-major pass (a multiple of
  * every table's tile: 2 and 3). */
 #define BM_GROUP 3
-/* Chunks the block-major pass aims at, for the threads to share. */
+/* Chunks the block-major pass aims at, for the threads to share... */
 #define BM_MIN_CHUNKS 64
+/* ...none smaller than this many bytes of boxes: below, each chunk's calls
+ * cost more than its blocks (a decode over a few hundred KiB is one or two
+ * chunks, no threads). */
+#define BM_MIN_CHUNK_BYTES ((size_t)256 << 10)
 
 /* Blocks scored per item-major kernel call: 64 AABBs of head_dim 128 are 64
  * KiB (f32), kept in L2 while every row panel of the prefill passes over them. */
@@ -85,9 +89,6 @@ static int rank_cmp(const void *a, const void *b) {
 typedef struct slot {
     /* EXACT: keys of one (block, layer, head) as f32; item-major: their row scores */
     float *kbuf, *tmp;
-    /* block-major SOFTMAX: a chunk's exponentials (their sums are wanted, the
-     * scores are kept), a block's column sums nobody reads */
-    float *ebuf, *zdump;
     /* item-major */
     float *qbuf, *sc, *colm, *boxf;
     const float **bp;
@@ -109,7 +110,7 @@ typedef struct score_job {
     float *qpack; /* block-major: [item][R][D] raw query rows */
     float *sc;    /* block-major: scores [n_cand][cols], cols = items * R */
     size_t chunk, n_chunks;
-    float *cm, *cz; /* softmax: per chunk column maxima and sums [n_chunks][cols]; cm becomes w_c */
+    float *cm, *cz; /* softmax: per chunk column maxima and sums [n_chunks][cols]; cz + 2 rows: m, 1 / Z */
     float *oi;      /* per item results [items][n_cand], per_head [items][G][n_cand] (RR, item-major) */
     slot *slots;
     atomic_size_t next;
@@ -265,28 +266,31 @@ static void bm_chunk(score_job *job, const slot *s, size_t c) {
     }
     check_finite(job, job->sc + j0 * cols, (j1 - j0) * cols);
     if (d->norm != KVMEM_NORM_SOFTMAX) return;
-    /* the chunk's part of the softmax, while its scores are in cache: its
-     * maxima and the sums of its exponentials (taken in a copy: the scores
-     * themselves are exponentiated again from the global maxima) */
-    float *m = job->cm + c * cols, *z = job->cz + c * cols;
-    for (size_t k = 0; k < cols; k++) m[k] = -INFINITY, z[k] = 0.0f;
+    /* the chunk's maxima, while its scores are in cache */
+    float *m = job->cm + c * cols;
+    for (size_t k = 0; k < cols; k++) m[k] = -INFINITY;
     job->kern->col_max(job->sc + j0 * cols, j1 - j0, cols, cols, m);
-    memcpy(s->ebuf, job->sc + j0 * cols, (j1 - j0) * cols * sizeof(float));
-    job->kern->col_exp_sum(s->ebuf, j1 - j0, cols, cols, m, d->tau, z);
 }
 
-/* Set scores of the chunk's blocks: e = exp(tau (I - m)) rows against the
- * weights 1 / Z (after combine_chunks: m and 1 / Z follow the chunks'
- * sums). A set is `per` consecutive columns: a layer's or every layer's
- * items, or per_head one (layer, query head)'s n_q tokens. */
-static void bm_finish(score_job *job, const slot *sl, size_t c) {
+/* The chunk's e = exp(tau (I - m)) in place, from the global maxima m
+ * (cz's row n_chunks), and its column sums z_c. */
+static void bm_exp(score_job *job, size_t c) {
+    const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols;
+    float *z = job->cz + c * cols;
+    for (size_t k = 0; k < cols; k++) z[k] = 0.0f;
+    job->kern->col_exp_sum(job->sc + j0 * cols, j1 - j0, cols, cols, job->cz + job->n_chunks * cols, job->d->tau, z);
+}
+
+/* Set scores of the chunk's blocks: e rows against the weights 1 / Z
+ * (cz's last row). A set is `per` consecutive columns: a layer's or every
+ * layer's items, or per_head one (layer, query head)'s n_q tokens. */
+static void bm_finish(score_job *job, size_t c) {
     const kvm_dev_score_args *d = job->d;
     const size_t j0 = c * job->chunk, j1 = KVM_MIN(job->nc, j0 + job->chunk), cols = job->cols;
     const size_t per = cols / job->n_sets, nq = job->nq;
-    const float *w = job->cz + (job->n_chunks + 1) * cols, *m = job->cz + job->n_chunks * cols;
+    const float *w = job->cz + (job->n_chunks + 1) * cols;
     for (size_t j = j0; j < j1; j++) {
-        float *e = job->sc + j * cols;
-        job->kern->col_exp_sum(e, 1, cols, cols, m, d->tau, sl->zdump);
+        const float *e = job->sc + j * cols;
         for (size_t s = 0; s < job->n_sets; s++) {
             if (d->agg == KVMEM_AGG_SUM || nq == 1) {
                 job->out[s * job->nc + j] = job->kern->dot(e + s * per, w + s * per, per);
@@ -310,7 +314,7 @@ static void bm_rank_item(score_job *job, const slot *s, size_t item) {
     normalise_item(job, s->col, R, NULL, s->ranks, job->oi + item * (job->per_head ? job->G : 1) * nc);
 }
 
-enum { W_SCORE, W_FINISH, W_RANK, W_ITEM };
+enum { W_SCORE, W_EXP, W_FINISH, W_RANK, W_ITEM };
 
 typedef struct phase {
     score_job *job;
@@ -327,7 +331,8 @@ static void slot_task(void *arg, size_t b, size_t e) {
             size_t w = atomic_fetch_add(&job->next, 1);
             if (w >= job->n_work) break;
             if (ph->what == W_SCORE) bm_chunk(job, &job->slots[si], w);
-            else if (ph->what == W_FINISH) bm_finish(job, &job->slots[si], w);
+            else if (ph->what == W_EXP) bm_exp(job, w);
+            else if (ph->what == W_FINISH) bm_finish(job, w);
             else if (ph->what == W_RANK) bm_rank_item(job, &job->slots[si], w);
             else item_major(job, &job->slots[si], w);
         }
@@ -340,21 +345,13 @@ static void run_phase(score_job *job, kvm_threadpool *tp, size_t n_slots, size_t
     kvm_parallel_for(tp, n_slots, 1, slot_task, &ph);
 }
 
-/* Global maxima m and the weights 1 / Z, Z = sum_c z_c exp(tau (m_c - m))
- * over the chunks in order, from the chunks' parts (m_c is overwritten). */
-static void combine_chunks(score_job *job, float *m, float *zsum) {
-    const kvm_dev_score_args *d = job->d;
+/* The weights 1 / Z, Z = sum_c z_c over the chunks in order. */
+static void combine_sums(score_job *job, float *w) {
     const size_t cols = job->cols, nch = job->n_chunks;
-    for (size_t k = 0; k < cols; k++) m[k] = -INFINITY, zsum[k] = 0.0f;
-    job->kern->col_max(job->cm, nch, cols, cols, m);
-    for (size_t c = 0; c < nch; c++) {
-        float *f = job->cm + c * cols;
-        const float *z = job->cz + c * cols;
-        for (size_t k = 0; k < cols; k++) f[k] = d->tau * (f[k] - m[k]);
-        job->kern->exp_neg(f, cols);
-        for (size_t k = 0; k < cols; k++) zsum[k] += z[k] * f[k];
-    }
-    for (size_t k = 0; k < cols; k++) zsum[k] = 1.0f / zsum[k];
+    for (size_t k = 0; k < cols; k++) w[k] = 0.0f;
+    for (size_t c = 0; c < nch; c++)
+        for (size_t k = 0; k < cols; k++) w[k] += job->cz[c * cols + k];
+    for (size_t k = 0; k < cols; k++) w[k] = 1.0f / w[k];
 }
 
 /* ---- item-major pass (prefill, or block-major too large) ---- */
@@ -442,19 +439,19 @@ static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major
         if (rr) {
             s.ranks = kvm_carve_take(c, nc, sizeof(rank_item));
             if (block_major) s.col = kvm_carve_take(c, nc, R * sizeof(float));
-        } else if (block_major) {
-            s.ebuf = kvm_carve_take(c, job->chunk, job->cols * sizeof(float));
-            s.zdump = kvm_carve_take(c, job->cols, sizeof(float));
         }
         if (c->base) job->slots[i] = s;
     }
 }
 
 /* The SPLIT form's boxes as PAIRED f32, [n_blocks][L][H][2][D]. */
-static void pair_boxes(const float *smin, const float *smax, size_t n, size_t LH, size_t D, float *dst) {
+/* SPLIT boxes (elements of es bytes) as PAIRED ones, the layout the CPU reads. */
+static void pair_boxes(const void *smin, const void *smax, size_t n, size_t LH, size_t D, size_t es, void *dst) {
+    const unsigned char *mn = smin, *mx = smax;
+    unsigned char *o = dst;
     for (size_t i = 0; i < n * LH; i++) {
-        memcpy(dst + i * 2 * D, smax + i * D, D * sizeof(float));
-        memcpy(dst + (i * 2 + 1) * D, smin + i * D, D * sizeof(float));
+        memcpy(o + i * 2 * D * es, mx + i * D * es, D * es);
+        memcpy(o + (i * 2 + 1) * D * es, mn + i * D * es, D * es);
     }
 }
 
@@ -510,7 +507,7 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
     job.q = kvm_cpu_at(d->q, d->q_off);
     job.out = (float *)kvm_cpu_at(d->out, d->out_off);
     job.blocks = d->blocks;
-    job.esz = d->box_layout == KVM_BOXES_PAIRED_F16 ? 2 : 4;
+    job.esz = d->box_layout == KVM_BOXES_PAIRED_F16 || d->box_layout == KVM_BOXES_SPLIT_F16 ? 2 : 4;
     job.use_rows = job.R < job.kern->rows_below;
     job.ldo = job.use_rows ? job.R : (job.R + KVM_SCORE_ROW_PAD - 1) / KVM_SCORE_ROW_PAD * KVM_SCORE_ROW_PAD;
     job.kbuf_rows = job.exact ? (size_t)KVM_MAX(d->keys->max_rows, 1) : 1;
@@ -525,19 +522,21 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
     const size_t n_slots = (size_t)kvm_threadpool_size(tp);
     if (block_major) {
         /* chunks of about 2 MB of boxes, and at least BM_MIN_CHUNKS of them
-         * when there are blocks enough (4 per thread up to 16 threads), a
-         * multiple of the kernel group; never from the thread count, which
-         * would make the normalisers depend on it */
+         * when there are blocks enough (4 per thread up to 16 threads), but
+         * none under BM_MIN_CHUNK_BYTES, a multiple of the kernel group;
+         * never from the thread count, which would make the normalisers
+         * depend on it */
         size_t box_bytes = box_block * (job.exact ? 8 : 1);
         size_t ch = KVM_MAX((size_t)1, ((size_t)2 << 20) / KVM_MAX(box_bytes, (size_t)1));
         ch = KVM_MIN(ch, (job.nc + BM_MIN_CHUNKS - 1) / BM_MIN_CHUNKS);
+        ch = KVM_MAX(ch, BM_MIN_CHUNK_BYTES / KVM_MAX(box_bytes, (size_t)1));
         ch = KVM_MAX((size_t)BM_GROUP, (ch + BM_GROUP - 1) / BM_GROUP * BM_GROUP);
         job.chunk = ch;
         job.n_chunks = (job.nc + ch - 1) / ch;
     }
-    const int split = d->box_layout == KVM_BOXES_SPLIT_F32 && !job.exact;
+    const int split = (d->box_layout == KVM_BOXES_SPLIT_F32 || d->box_layout == KVM_BOXES_SPLIT_F16) && !job.exact;
     kvm_carve c = {NULL, 0, 0};
-    float *paired = split ? kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * sizeof(float)) : NULL;
+    void *paired = split ? kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * job.esz) : NULL;
     layout(&job, &c, n_slots, block_major);
     kvm_scratch *scr = kvm_cpu_backend_scratch(be);
     void *base = c.overflow ? NULL : kvm_scratch_take(scr, c.off);
@@ -546,8 +545,9 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
                         job.nc);
     c = (kvm_carve){base, 0, 0};
     if (split) {
-        paired = kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * sizeof(float));
-        pair_boxes(kvm_cpu_at(d->s_min, d->s_off), kvm_cpu_at(d->s_max, d->s_off), job.nc, job.L * job.H, job.D, paired);
+        paired = kvm_carve_take(&c, job.nc * job.L * job.H * 2, job.D * job.esz);
+        pair_boxes(kvm_cpu_at(d->s_min, d->s_off), kvm_cpu_at(d->s_max, d->s_off), job.nc, job.L * job.H, job.D, job.esz,
+                   paired);
         job.boxes = (const unsigned char *)paired;
         job.blocks = NULL;
     } else if (!job.exact) {
@@ -562,8 +562,11 @@ kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
         if (atomic_load(&job.overflow)) {
             /* nothing to normalise: every score NaN below */
         } else if (d->norm == KVMEM_NORM_SOFTMAX) {
-            float *m = job.cz + job.n_chunks * job.cols, *z = m + job.cols;
-            combine_chunks(&job, m, z);
+            float *m = job.cz + job.n_chunks * job.cols;
+            for (size_t k = 0; k < job.cols; k++) m[k] = -INFINITY;
+            job.kern->col_max(job.cm, job.n_chunks, job.cols, job.cols, m);
+            run_phase(&job, tp, n_slots, job.n_chunks, W_EXP);
+            combine_sums(&job, m + job.cols);
             run_phase(&job, tp, n_slots, job.n_chunks, W_FINISH);
         } else {
             run_phase(&job, tp, n_slots, job.items, W_RANK);

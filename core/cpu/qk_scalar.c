@@ -29,7 +29,7 @@ static void s_softmax_acc(float *x, size_t n, float *acc) {
     for (size_t j = 0; j < n; j++) acc[j] += x[j] * inv;
 }
 
-void kvm_qk_kt_pack_plain(const float *const *rows, size_t nk, size_t D, float *kt) {
+static void s_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) {
     for (size_t d = 0; d < D; d++)
         for (size_t j = 0; j < KVM_QK_TILE; j++) kt[d * KVM_QK_TILE + j] = j < nk ? rows[j][d] : 0.0f;
 }
@@ -71,4 +71,4 @@ static void s_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-const kvm_qk_kernels kvm_qk_scalar = {"scalar", s_qk, s_softmax_acc, kvm_qk_kt_pack_plain, s_qk_tile, s_exp_row, s_wsum, NULL};
+const kvm_qk_kernels kvm_qk_scalar = {"scalar", s_qk, s_softmax_acc, s_kt_pack, s_qk_tile, s_exp_row, s_wsum, NULL};

@@ -690,8 +690,8 @@ static kvmem_status agent_truncate_taken(kvmem_agent *a, int64_t n) {
     uint64_t freed = 0;
     for (int32_t i = keep_blocks; i < m->n_sealed; i++) freed += kvm_block_bytes(p, m->blocks[i].n_tokens);
     kvm_pool_unreserve(p, freed); /* first: the spare list's bound follows the bytes held */
+    kvm_resident_truncate(m, keep_blocks); /* the kept blocks stay resident */
     kvm_block_free(p, m->blocks + keep_blocks, m->n_sealed - keep_blocks);
-    kvm_resident_drop(m); /* rebuilt from the host on the next device call */
     m->n_sealed = keep_blocks;
     m->tail_n = new_tail_n;
     int64_t cut = m->token_text_off[n];

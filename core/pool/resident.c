@@ -1,6 +1,7 @@
 /* The device-resident mirror of an agent's sealed blocks (resident.h). */
 #include "resident.h"
 #include "mapped.h"
+#include "../cpu/half.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -13,19 +14,15 @@ kvmem_backend *kvm_resident_backend(const kvmem_pool *p) {
 
 static void free_bufs(kvm_resident *r) {
     kvmem_backend *be = r->be;
-    kvmem_buffer *one[4] = {r->smax, r->smin, r->ident, r->recent};
-    for (int i = 0; i < 4; i++)
+    kvmem_buffer *one[7] = {r->smax, r->smin, r->ident, r->recent, r->tk, r->tv, r->cs};
+    for (int i = 0; i < 7; i++)
         if (one[i]) be->iface->buffer_free(be, one[i]);
     for (int32_t l = 0; l < r->n_layers; l++) {
         if (r->k && r->k[l]) be->iface->buffer_free(be, r->k[l]);
         if (r->v && r->v[l]) be->iface->buffer_free(be, r->v[l]);
-        if (r->krot && r->krot[l]) be->iface->buffer_free(be, r->krot[l]);
     }
     kvm_free(r->k);
     kvm_free(r->v);
-    kvm_free(r->krot);
-    kvm_free(r->rot_n);
-    kvm_free(r->rot_base);
 }
 
 void kvm_resident_drop(kvm_agent_mem *m) {
@@ -35,6 +32,13 @@ void kvm_resident_drop(kvm_agent_mem *m) {
     m->res = NULL;
 }
 
+void kvm_resident_truncate(kvm_agent_mem *m, int32_t keep_blocks) {
+    kvm_resident *r = m->res;
+    if (!r || keep_blocks >= r->n_blocks) return;
+    r->n_blocks = keep_blocks < 0 ? 0 : keep_blocks;
+    r->n_tok = r->n_blocks ? m->blocks[r->n_blocks - 1].first_token + m->blocks[r->n_blocks - 1].n_tokens : 0;
+}
+
 /* Prefix the backend's message with what the mirror was doing. */
 static kvmem_status dev_failed(kvmem_backend *be, const char *what, kvmem_status st) {
     char msg[512];
@@ -42,43 +46,60 @@ static kvmem_status dev_failed(kvmem_backend *be, const char *what, kvmem_status
     return kvm_fail(st, "resident blocks on backend %s: %s: %s", be->iface->name, what, msg);
 }
 
+/* The mirror's element types for p (resident.h): the host's own bits where
+ * f16 holds them exactly. f16 rows start at even elements (head_dim even)
+ * so every offset the kernels take is a whole 4-byte word. */
+static kvmem_dtype kv_dtype(const kvmem_pool *p) {
+    return p->params.storage_dtype == KVMEM_F16 && p->row_elems % 2 == 0 ? KVMEM_F16 : KVMEM_F32;
+}
+static kvmem_dtype box_dtype(const kvmem_pool *p) {
+    return kvm_aabb_esize(p) == 2 && p->row_elems % 2 == 0 ? KVMEM_F16 : KVMEM_F32;
+}
+
+static kvmem_status alloc(kvm_resident *r, size_t bytes, kvmem_buffer **out) {
+    kvmem_status st = r->be->iface->buffer_alloc(r->be, bytes, out);
+    if (st == KVMEM_OK) r->bytes += bytes;
+    return st;
+}
+
 /* A fresh, empty mirror with room for cap_blocks blocks and cap_tok slots. */
 static kvmem_status create(const kvmem_pool *p, kvmem_backend *be, int32_t cap_blocks, int64_t cap_tok,
                            kvm_resident **out) {
-    const size_t L = (size_t)p->spec.n_layers, row = p->row_elems;
+    const size_t L = (size_t)p->spec.n_layers, row = p->row_elems, BS = (size_t)p->params.block_size;
+    const size_t rot = (size_t)p->rope.rotary_dim;
     kvm_resident *r = kvm_calloc(1, sizeof *r);
     if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror");
     r->be = be;
+    r->dtype = kv_dtype(p);
+    r->box_dtype = box_dtype(p);
     r->n_layers = (int32_t)L;
     r->cap_blocks = cap_blocks;
     r->cap_tok = cap_tok;
     r->k = kvm_calloc(L, sizeof *r->k);
     r->v = kvm_calloc(L, sizeof *r->v);
-    r->krot = kvm_calloc(L, sizeof *r->krot);
-    r->rot_n = kvm_calloc(L, sizeof *r->rot_n);
-    r->rot_base = kvm_calloc(L, sizeof *r->rot_base);
     uint32_t *ident = kvm_malloc((size_t)cap_tok * sizeof *ident);
     kvmem_status st = KVMEM_OK;
-    if (!r->k || !r->v || !r->krot || !r->rot_n || !r->rot_base || !ident) {
+    if (!r->k || !r->v || !ident) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror's tables of %zu layers", L);
         goto fail;
     }
-    size_t ab, kb;
-    if (!kvm_mul_size((size_t)cap_blocks, L * row * sizeof(float), &ab) ||
-        !kvm_mul_size((size_t)cap_tok, row * sizeof(float), &kb)) {
+    size_t ab, kb, cb;
+    if (!kvm_mul_size((size_t)cap_blocks, L * row * kvm_dtype_size(r->box_dtype), &ab) ||
+        !kvm_mul_size((size_t)cap_tok, row * kvm_dtype_size(r->dtype), &kb) ||
+        !kvm_mul_size((size_t)cap_tok + 1, rot * sizeof(float), &cb)) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror of %lld tokens on backend %s (size overflows)",
                       (long long)cap_tok, be->iface->name);
         goto fail;
     }
-    const kvmem_backend_iface *f = be->iface;
-    if ((st = f->buffer_alloc(be, ab, &r->smax)) != KVMEM_OK || (st = f->buffer_alloc(be, ab, &r->smin)) != KVMEM_OK ||
-        (st = f->buffer_alloc(be, (size_t)cap_tok * 4, &r->ident)) != KVMEM_OK) {
-        st = dev_failed(be, "allocating the AABB buffers", st);
+    if ((st = alloc(r, ab, &r->smax)) != KVMEM_OK || (st = alloc(r, ab, &r->smin)) != KVMEM_OK ||
+        (st = alloc(r, (size_t)cap_tok * 4, &r->ident)) != KVMEM_OK ||
+        (st = alloc(r, BS * row * sizeof(float), &r->tk)) != KVMEM_OK ||
+        (st = alloc(r, BS * row * sizeof(float), &r->tv)) != KVMEM_OK || (rot && (st = alloc(r, cb, &r->cs)) != KVMEM_OK)) {
+        st = dev_failed(be, "allocating the AABB, tail and RoPE buffers", st);
         goto fail;
     }
     for (size_t l = 0; l < L; l++)
-        if ((st = f->buffer_alloc(be, kb, &r->k[l])) != KVMEM_OK || (st = f->buffer_alloc(be, kb, &r->v[l])) != KVMEM_OK ||
-            (st = f->buffer_alloc(be, kb, &r->krot[l])) != KVMEM_OK) {
+        if ((st = alloc(r, kb, &r->k[l])) != KVMEM_OK || (st = alloc(r, kb, &r->v[l])) != KVMEM_OK) {
             st = dev_failed(be, "allocating the K/V buffers", st);
             goto fail;
         }
@@ -97,36 +118,48 @@ fail:
     return st;
 }
 
+/* n f32 values as dt (F32: as they are; F16: exact for values that came
+ * from f16) at dst. */
+static void put_elems(kvmem_dtype dt, void *dst, size_t at, const float *src, size_t n) {
+    if (dt == KVMEM_F32) {
+        memcpy((float *)dst + at, src, n * sizeof(float));
+        return;
+    }
+    uint16_t *o = (uint16_t *)dst + at;
+    for (size_t i = 0; i < n; i++) o[i] = kvm_f32_to_f16(src[i]);
+}
+
 /* Upload sealed block j (AABBs of every layer and KV head, K and V rows of
  * every layer) into its slots. */
-static kvmem_status upload_block(const kvmem_pool *p, const kvm_agent_mem *m, kvm_resident *r, int32_t j, float *stage,
+static kvmem_status upload_block(const kvmem_pool *p, const kvm_agent_mem *m, kvm_resident *r, int32_t j, void *stage,
                                  float *tmp) {
     kvmem_backend *be = r->be;
     const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
     const kvm_block *blk = &m->blocks[j];
-    const size_t n = (size_t)blk->n_tokens, row = H * D;
+    const size_t n = (size_t)blk->n_tokens, row = H * D, bes = kvm_dtype_size(r->box_dtype);
+    const size_t es = kvm_dtype_size(r->dtype);
     kvmem_status st;
     /* AABBs: the pool keeps [L][H][s_max; s_min]; the kernel takes two arrays */
-    float *mx = stage, *mn = stage + L * row;
+    const size_t half = L * row; /* s_min's elements start there */
     for (size_t l = 0; l < L; l++)
         for (size_t h = 0; h < H; h++) {
             kvm_block_aabb_f32(p, m, j, (int32_t)l, (int32_t)h, tmp);
-            memcpy(mx + (l * H + h) * D, tmp, D * sizeof(float));
-            memcpy(mn + (l * H + h) * D, tmp + D, D * sizeof(float));
+            put_elems(r->box_dtype, stage, (l * H + h) * D, tmp, D);
+            put_elems(r->box_dtype, stage, half + (l * H + h) * D, tmp + D, D);
         }
-    const size_t aoff = (size_t)j * L * row * sizeof(float);
-    if ((st = kvm_be_upload(be, r->smax, aoff, mx, L * row * sizeof(float))) != KVMEM_OK ||
-        (st = kvm_be_upload(be, r->smin, aoff, mn, L * row * sizeof(float))) != KVMEM_OK)
+    const size_t aoff = (size_t)j * L * row * bes;
+    if ((st = kvm_be_upload(be, r->smax, aoff, stage, L * row * bes)) != KVMEM_OK ||
+        (st = kvm_be_upload(be, r->smin, aoff, (unsigned char *)stage + half * bes, L * row * bes)) != KVMEM_OK)
         return dev_failed(be, "uploading AABBs", st);
     /* K and V: the block is head-major, the buffers token-major */
-    const size_t koff = (size_t)blk->first_token * row * sizeof(float);
+    const size_t koff = (size_t)blk->first_token * row * es;
     for (size_t l = 0; l < L; l++)
         for (int which = 0; which < 2; which++) {
             for (size_t h = 0; h < H; h++) {
                 kvm_block_read_f32(p, blk, which, (int32_t)l, (int32_t)h, 0, blk->n_tokens, tmp);
-                for (size_t t = 0; t < n; t++) memcpy(stage + (t * H + h) * D, tmp + t * D, D * sizeof(float));
+                for (size_t t = 0; t < n; t++) put_elems(r->dtype, stage, (t * H + h) * D, tmp + t * D, D);
             }
-            if ((st = kvm_be_upload(be, which ? r->v[l] : r->k[l], koff, stage, n * row * sizeof(float))) != KVMEM_OK)
+            if ((st = kvm_be_upload(be, which ? r->v[l] : r->k[l], koff, stage, n * row * es)) != KVMEM_OK)
                 return dev_failed(be, "uploading K/V rows", st);
         }
     /* a mapped agent's rows come from its file: a failed read left zeros,
@@ -166,7 +199,7 @@ kvmem_status kvm_resident_sync(const kvmem_pool *p, kvm_agent_mem *m, kvmem_back
     kvm_resident *r = m->res;
     if (r->n_blocks < m->n_sealed) {
         const size_t L = (size_t)p->spec.n_layers, row = p->row_elems, D = (size_t)p->spec.head_dim;
-        float *stage = kvm_malloc(KVM_MAX((size_t)BS, 2 * L) * row * sizeof(float));
+        void *stage = kvm_malloc(KVM_MAX((size_t)BS, 2 * L) * row * sizeof(float));
         float *tmp = kvm_malloc(KVM_MAX((size_t)BS, (size_t)2) * D * sizeof(float));
         kvmem_status st = KVMEM_OK;
         if (!stage || !tmp)
@@ -183,47 +216,37 @@ kvmem_status kvm_resident_sync(const kvmem_pool *p, kvm_agent_mem *m, kvmem_back
     return KVMEM_OK;
 }
 
-/* Rotate slots [s0, s0 + n) of k[l] into krot[l] at positions base + slot
- * (dev_gather_rope over the identity slot list; only cos/sin go up). */
-static kvmem_status rotate(const kvmem_pool *p, kvm_resident *r, int32_t l, int64_t base, int64_t s0, int64_t n) {
-    if (n <= 0) return KVMEM_OK;
-    kvmem_backend *be = r->be;
-    const size_t np = (size_t)p->rope.n_pairs, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
-    float *cs = np ? kvm_malloc(2 * (size_t)n * np * sizeof(float)) : NULL;
-    if (np && !cs) return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for %lld positions' cos/sin", (long long)n);
-    kvmem_buffer *bcs = NULL;
-    kvmem_status st = KVMEM_OK;
-    if (np) {
-        float c[KVM_ROPE_MAX_PAIRS], s[KVM_ROPE_MAX_PAIRS];
-        for (int64_t i = 0; i < n; i++) {
-            kvm_rope_cos_sin(&p->rope, (double)(base + s0 + i), c, s);
-            memcpy(cs + (size_t)i * np, c, np * sizeof(float));
-            memcpy(cs + ((size_t)n + (size_t)i) * np, s, np * sizeof(float));
-        }
-        if ((st = be->iface->buffer_alloc(be, 2 * (size_t)n * np * 4, &bcs)) != KVMEM_OK ||
-            (st = kvm_be_upload(be, bcs, 0, cs, 2 * (size_t)n * np * 4)) != KVMEM_OK)
-            st = dev_failed(be, "uploading cos/sin", st);
+/* Upload cos/sin rows [row0, row0 + n) of the RoPE table: row 0 for
+ * position `base`, row 1 + i for position i (resident.h). */
+static kvmem_status put_cs(const kvmem_pool *p, kvm_resident *r, int64_t row0, int64_t n, int64_t base) {
+    const size_t np = (size_t)p->rope.n_pairs, rot = 2 * np;
+    float *cs = kvm_malloc((size_t)n * rot * sizeof(float));
+    if (!cs) return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for %lld positions' cos/sin", (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t row = row0 + i;
+        kvm_rope_cos_sin(&p->rope, (double)(row == 0 ? base : row - 1), cs + (size_t)i * rot, cs + (size_t)i * rot + np);
     }
-    if (st == KVMEM_OK) {
-        kvm_dev_gather_args a = {r->k[l], r->ident, bcs, r->krot[l], 0, (size_t)s0 * 4, 0, (size_t)s0 * H * D * 4,
-                                 (size_t)r->cap_tok, H * D, (size_t)n, H, D, (size_t)p->rope.rotary_dim,
-                                 p->rope.style == KVMEM_ROPE_GPTJ, (float)p->rope.attn_factor, NULL, NULL, 0, 0, 0};
-        if ((st = be->iface->dev_gather_rope(be, &a)) != KVMEM_OK) st = dev_failed(be, "rotating keys", st);
-    }
-    if (bcs) be->iface->buffer_free(be, bcs);
+    kvmem_status st = kvm_be_upload(r->be, r->cs, (size_t)row0 * rot * sizeof(float), cs, (size_t)n * rot * sizeof(float));
     kvm_free(cs);
-    return st;
+    return st == KVMEM_OK ? KVMEM_OK : dev_failed(r->be, "uploading cos/sin", st);
 }
 
 kvmem_status kvm_resident_attend_keys(const kvmem_pool *p, const kvm_agent_mem *m, kvm_resident *r, int32_t l,
                                       int64_t base) {
     kvmem_status st;
-    if (r->rot_base[l] != base || r->rot_n[l] > r->n_tok) {
-        r->rot_base[l] = base;
-        r->rot_n[l] = 0;
+    const int64_t n_pos = r->n_tok + m->tail_n;
+    if (r->cs) {
+        if (!r->cs_base_ok || r->cs_base != base) {
+            r->cs_base_ok = 0;
+            if ((st = put_cs(p, r, 0, 1, base)) != KVMEM_OK) return st;
+            r->cs_base = base;
+            r->cs_base_ok = 1;
+        }
+        if (r->cs_n < n_pos) {
+            if ((st = put_cs(p, r, 1 + r->cs_n, n_pos - r->cs_n, 0)) != KVMEM_OK) return st;
+            r->cs_n = n_pos;
+        }
     }
-    if ((st = rotate(p, r, l, base, r->rot_n[l], r->n_tok - r->rot_n[l])) != KVMEM_OK) return st;
-    r->rot_n[l] = r->n_tok;
     if (m->tail_n == 0) return KVMEM_OK;
     /* the tail: its f32 rows are head-major [H][BS][D]; the slots token-major */
     const size_t H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim, n = (size_t)m->tail_n;
@@ -235,13 +258,29 @@ kvmem_status kvm_resident_attend_keys(const kvmem_pool *p, const kvm_agent_mem *
             const float *src = kvm_tail_rows(p, m, which, l, (int32_t)h);
             for (size_t t = 0; t < n; t++) memcpy(stage + (t * H + h) * D, src + t * D, D * sizeof(float));
         }
-        if ((st = kvm_be_upload(r->be, which ? r->v[l] : r->k[l], (size_t)r->n_tok * H * D * 4, stage,
-                                n * H * D * sizeof(float))) != KVMEM_OK)
+        if ((st = kvm_be_upload(r->be, which ? r->tv : r->tk, 0, stage, n * H * D * sizeof(float))) != KVMEM_OK)
             st = dev_failed(r->be, "uploading the unsealed tail", st);
     }
     kvm_free(stage);
-    if (st == KVMEM_OK) st = rotate(p, r, l, base, r->n_tok, (int64_t)n);
     return st;
+}
+
+void kvm_resident_attend_args(const kvmem_pool *p, const kvm_agent_mem *m, const kvm_resident *r, int32_t l,
+                              kvm_dev_attend_args *a) {
+    a->k = r->k[l];
+    a->v = r->v[l];
+    a->dtype = r->dtype;
+    a->slot_map = r->ident; /* position p is slot p */
+    a->n_slots = r->n_tok + m->tail_n;
+    a->k_tail = r->tk;
+    a->v_tail = r->tv;
+    a->tail_off = 0;
+    a->tail_slot = r->n_tok;
+    a->rope_cs = r->cs;
+    a->rope_off = 0;
+    a->rotary_dim = r->cs ? p->rope.rotary_dim : 0;
+    a->gptj = p->rope.style == KVMEM_ROPE_GPTJ;
+    a->attn_factor = (float)p->rope.attn_factor;
 }
 
 /* Upload the values a RECENT buffer of recent_cap ids holds at [at, at + n)
@@ -262,7 +301,7 @@ kvmem_status kvm_resident_recent_order(const kvmem_pool *p, kvm_resident *r, int
     if (!r->recent) { /* room for any n_tiles + n_sink of this mirror */
         const int64_t cap = 2 * (r->cap_tok / p->params.block_size + 2);
         if (cap > INT32_MAX) return KVMEM_ERR_UNSUPPORTED;
-        if ((st = r->be->iface->buffer_alloc(r->be, (size_t)cap * 4, &r->recent)) != KVMEM_OK)
+        if ((st = alloc(r, (size_t)cap * 4, &r->recent)) != KVMEM_OK)
             return dev_failed(r->be, "allocating the RECENT tile order", st);
         r->recent_cap = (int32_t)cap;
         r->recent_at = 0;
@@ -270,6 +309,7 @@ kvmem_status kvm_resident_recent_order(const kvmem_pool *p, kvm_resident *r, int
         if ((st = put_descending(r, 0, r->recent_cap)) != KVMEM_OK) {
             r->be->iface->buffer_free(r->be, r->recent);
             r->recent = NULL;
+            r->bytes -= (size_t)cap * 4;
             return st;
         }
     }

@@ -4,8 +4,8 @@
  * uploads only its query (scoring) or its slot list and cos/sin (gather) and
  * reads back the per-set block scores (dev_score_reduce sums them on the
  * device) or the gathered rows. Where the mirror cannot serve (blocks not
- * contiguous, candidates not one run of blocks) the host packs the blocks
- * into transient buffers. A device failure returns its status with the
+ * contiguous) the host packs the blocks into transient buffers; candidates
+ * that are not one run of blocks are gathered from the mirror on the device. A device failure returns its status with the
  * backend's message (the router's policy: only KVMEM_ERR_UNSUPPORTED goes on
  * to the CPU). */
 #include "score.h"
@@ -19,6 +19,49 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Candidates that are not one run of blocks (an exclude list, a window
+ * with holes): their boxes are gathered on the device from the mirror into
+ * the work arrays mn / mx (f32 split), one plain dev_gather_rope per run of
+ * consecutive blocks reading ids from the mirror's slot map (0, 1, 2, ...),
+ * so nothing goes up; past KVM_MAX_RUNS runs the candidate ids go up once
+ * (4 bytes a block) and one gather per array reads them. */
+#define KVM_MAX_RUNS 64
+static kvmem_status gather_boxes(kvmem_backend *be, const kvm_score_desc *d, const kvm_resident *res,
+                                 kvmem_buffer *mn, kvmem_buffer *mx) {
+    const kvmem_pool *p = d->pool;
+    const size_t row = (size_t)p->spec.n_layers * p->row_elems, D = (size_t)p->spec.head_dim;
+    int32_t runs = 1;
+    for (int32_t j = 1; j < d->n_cand; j++) runs += d->cand[j] != d->cand[j - 1] + 1;
+    kvm_dev_gather_args a = {res->smax, res->ident, NULL, mx, 0, 0, 0, 0, (size_t)res->cap_blocks, row, 0, row / D, D,
+                             0, 0, 1.0f, NULL, NULL, 0, 0, 0, res->box_dtype};
+    kvmem_status st = KVMEM_OK;
+    if (runs > KVM_MAX_RUNS) {
+        kvm_stage ids = {KVM_STAGE_IN, (void *)(uintptr_t)d->cand, (size_t)d->n_cand * 4, NULL, NULL, {0, NULL}};
+        if ((st = kvm_stage_begin(be, "kvmem_retrieve", &ids, 1)) != KVMEM_OK) return st;
+        a.idx = ids.buf;
+        a.n_out = (size_t)d->n_cand;
+        for (int x = 0; x < 2 && st == KVMEM_OK; x++) {
+            a.src = x ? res->smin : res->smax;
+            a.out = x ? mn : mx;
+            st = be->iface->dev_gather_rope(be, &a);
+        }
+        return kvm_stage_end(be, "kvmem_retrieve", &ids, 1, st);
+    }
+    for (int32_t j0 = 0, j = 1; j <= d->n_cand && st == KVMEM_OK; j++) {
+        if (j < d->n_cand && d->cand[j] == d->cand[j - 1] + 1) continue;
+        a.idx_off = (size_t)d->cand[j0] * 4;
+        a.out_off = (size_t)j0 * row * 4;
+        a.n_out = (size_t)(j - j0);
+        for (int x = 0; x < 2 && st == KVMEM_OK; x++) {
+            a.src = x ? res->smin : res->smax;
+            a.out = x ? mn : mx;
+            st = be->iface->dev_gather_rope(be, &a);
+        }
+        j0 = j;
+    }
+    return st;
+}
+
 kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     static const char *op = "kvmem_retrieve";
     const kvmem_pool *p = d->pool;
@@ -29,24 +72,24 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     if (!kvm_mul_size(nq * L * Hq, D * 4, &qb) || !kvm_mul_size(nc * L * H, D * 4, &sb) ||
         !kvm_mul_size(L * Hq, nc * 4, &ob) || nc > INT32_MAX)
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: problem too large for backend %s", op, be->iface->name);
-    /* resident AABBs serve candidates that are one run of blocks (the
-     * default: every sealed block, or a recency window) */
+    /* resident AABBs: read in place for candidates that are one run of
+     * blocks (the default: every sealed block, or a recency window), else
+     * gathered on the device from the mirror (gather_boxes) */
     kvm_resident *res = NULL;
-    kvmem_status st = KVMEM_OK;
+    kvmem_status st = kvm_resident_sync(p, (kvm_agent_mem *)(uintptr_t)d->mem /* a cache: the agent is taken */, be, &res);
+    if (st == KVMEM_ERR_UNSUPPORTED) st = KVMEM_OK;
+    if (st != KVMEM_OK) return st;
+    if (res && d->cand[nc - 1] >= res->n_blocks) res = NULL; /* not resident (cannot happen: sealed blocks only) */
     const int run = d->cand[nc - 1] - d->cand[0] + 1 == (int32_t)nc;
-    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
+    const int in_place = res && run, gathered = res && !run;
     /* EXACT reads the candidates' raw keys where the mirror holds them:
      * one run of full blocks, so block j's rows are block_size rows on from
      * the first candidate's; anything else is the CPU's (it reads the host) */
+    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
     const int32_t bs = p->params.block_size;
-    for (size_t j = 0; exact && run && j < nc; j++)
+    if (exact && !in_place) return KVMEM_ERR_UNSUPPORTED;
+    for (size_t j = 0; exact && j < nc; j++)
         if (d->mem->blocks[d->cand[j]].n_tokens != bs) return KVMEM_ERR_UNSUPPORTED;
-    if (exact && !run) return KVMEM_ERR_UNSUPPORTED;
-    if (run) {
-        st = kvm_resident_sync(p, (kvm_agent_mem *)(uintptr_t)d->mem /* a cache: the agent is taken */, be, &res);
-        if (st == KVMEM_ERR_UNSUPPORTED) st = exact ? KVMEM_ERR_UNSUPPORTED : KVMEM_OK;
-        if (st != KVMEM_OK) return st;
-    }
     float *mn = res ? NULL : kvm_malloc(sb), *mx = res ? NULL : kvm_malloc(sb);
     if (!res && (!mn || !mx)) {
         kvm_free(mn);
@@ -65,28 +108,32 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
             }
     /* [layer][query head][cand] summed on the device into [set][cand]: the
      * only bytes that come back are the scores the result holds */
+    const kvm_stage_dir box_dir = gathered ? KVM_STAGE_WORK : KVM_STAGE_IN;
     kvm_stage s[5] = {{KVM_STAGE_IN, (void *)(uintptr_t)d->q, qb, NULL, NULL, {0, NULL}},
-                      {KVM_STAGE_IN, mn, sb, res ? res->smin : NULL, NULL, {0, NULL}},
-                      {KVM_STAGE_IN, mx, sb, res ? res->smax : NULL, NULL, {0, NULL}},
+                      {box_dir, mn, sb, in_place ? res->smin : NULL, NULL, {0, NULL}},
+                      {box_dir, mx, sb, in_place ? res->smax : NULL, NULL, {0, NULL}},
                       {KVM_STAGE_WORK, NULL, ob, NULL, NULL, {0, NULL}},
                       {KVM_STAGE_OUT, d->out, ns * nc * 4, NULL, NULL, {0, NULL}}};
     st = kvm_stage_begin(be, op, s, 5);
     if (st == KVMEM_OK) {
-        const size_t s_off = res ? (size_t)d->cand[0] * L * H * D * sizeof(float) : 0;
+        const int half = in_place && res->box_dtype == KVMEM_F16;
+        const size_t s_off = in_place ? (size_t)d->cand[0] * L * H * D * (half ? 2 : 4) : 0;
         kvm_dev_score_args a = {s[0].buf,         s[1].buf,         s[2].buf,          s[3].buf, 0, s_off, 0,
                                 d->n_q,           (int32_t)nc,      p->spec.n_layers,  p->spec.n_q_heads,
                                 p->spec.n_kv_heads, p->spec.head_dim, d->norm,          d->agg,   d->tau,
-                                d->rr_c,          0,                KVM_BOXES_SPLIT_F32, NULL, KVMEM_RETRIEVE_AABB,
-                                NULL,             NULL,             0,                 0};
-        if (exact) { /* the raw keys of every layer, rows from the first candidate's first token */
+                                d->rr_c,          0,                half ? KVM_BOXES_SPLIT_F16 : KVM_BOXES_SPLIT_F32,
+                                NULL,             KVMEM_RETRIEVE_AABB, NULL, NULL, 0, 0};
+        if (exact) { /* the raw keys of every layer (the mirror's dtype), rows from the first candidate's first token */
             a.mode = KVMEM_RETRIEVE_EXACT;
             a.key_rows = (const kvmem_buffer *const *)res->k;
             a.block_rows = bs;
-            a.s_off = (size_t)d->mem->blocks[d->cand[0]].first_token * H * D * sizeof(float);
+            a.key_f16 = res->dtype == KVMEM_F16;
+            a.s_off = (size_t)d->mem->blocks[d->cand[0]].first_token * H * D * (a.key_f16 ? 2 : 4);
         }
         kvm_dev_score_reduce_args ra = {s[3].buf, s[4].buf, 0, 0, p->spec.n_layers, p->spec.n_q_heads, (int32_t)nc,
                                         d->n_sets};
-        if ((st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->dev_score_reduce(be, &ra)) != KVMEM_OK)
+        if ((gathered && (st = gather_boxes(be, d, res, s[1].buf, s[2].buf)) != KVMEM_OK) ||
+            (st = be->iface->dev_score(be, &a)) != KVMEM_OK || (st = be->iface->dev_score_reduce(be, &ra)) != KVMEM_OK)
             st = kvm_route_failed(be, op, st);
         st = kvm_stage_end(be, op, s, 5, st);
     }
@@ -167,7 +214,8 @@ kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d) {
             kvm_dev_gather_args a = {src, s[0].buf, which ? NULL : s[1].buf, s[3].buf, 0, 0, 0, 0,
                                      mir ? (size_t)mir->cap_tok : M, row, M, H, D,
                                      which ? 0 : (size_t)p->rope.rotary_dim, p->rope.style == KVMEM_ROPE_GPTJ,
-                                     which ? 1.0f : (float)p->rope.attn_factor, NULL, NULL, 0, 0, 0};
+                                     which ? 1.0f : (float)p->rope.attn_factor, NULL, NULL, 0, 0, 0,
+                                     mir ? mir->dtype : KVMEM_F32};
             if (direct[which]) {
                 a.out = dt->buf;
                 a.out_off = dt->off + (size_t)l * (size_t)lstride[which] * sizeof(float);

@@ -108,7 +108,9 @@ void kvm_gather_write_layer(const kvmem_tensor *t, int64_t l, const float *rows,
  * written, and a read can fail half way (the file shrank): the rows go to
  * private f32 tensors first and reach the caller's only once every read
  * succeeded. f32 staging converts once, at the final write, as the direct
- * path does. */
+ * path does. The staging memory is the CPU backend's cache: fresh pages
+ * each call (faulted in and zeroed by the kernel) cost more than the
+ * gather. */
 static kvmem_status gather_staged(kvmem_backend *be, const kvm_gather_desc *d, const char *fn) {
     const kvmem_pool *p = d->pool;
     const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
@@ -116,10 +118,12 @@ static kvmem_status gather_staged(kvmem_backend *be, const kvm_gather_desc *d, c
     size_t bytes = 0;
     if (!kvm_mul_size(L * M, H * D * sizeof(float), &bytes))
         return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large to stage", fn, M);
-    float *sk = d->k_out ? kvm_aligned_alloc(bytes ? bytes : 4) : NULL, *sv = d->v_out ? kvm_aligned_alloc(bytes ? bytes : 4) : NULL;
+    kvm_scratch *scr = kvm_cpu_backend_scratch(be);
+    float *sk = d->k_out ? kvm_scratch_take(scr, bytes ? bytes : 4) : NULL;
+    float *sv = d->v_out ? kvm_scratch_take(scr, bytes ? bytes : 4) : NULL;
     if ((d->k_out && !sk) || (d->v_out && !sv)) {
-        kvm_aligned_free(sk);
-        kvm_aligned_free(sv);
+        kvm_scratch_give(scr, sk);
+        kvm_scratch_give(scr, sv);
         return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu bytes of staged rows", fn, bytes);
     }
     const int64_t shape[4] = {(int64_t)L, (int64_t)M, (int64_t)H, (int64_t)D};
@@ -134,8 +138,8 @@ static kvmem_status gather_staged(kvmem_backend *be, const kvm_gather_desc *d, c
         if (sk) kvm_gather_write_layer(d->k_out, (int64_t)l, sk + l * M * H * D, M, H, D);
         if (sv) kvm_gather_write_layer(d->v_out, (int64_t)l, sv + l * M * H * D, M, H, D);
     }
-    kvm_aligned_free(sk);
-    kvm_aligned_free(sv);
+    kvm_scratch_give(scr, sk);
+    kvm_scratch_give(scr, sv);
     return st;
 }
 

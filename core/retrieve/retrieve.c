@@ -191,16 +191,15 @@ static kvmem_status load_query(const kvmem_tensor *q, const kvmem_model_spec *s,
     const size_t D = (size_t)s->head_dim, L = (size_t)s->n_layers, NQ = (size_t)s->n_q_heads;
     const int tokens_inner = q->strides[0] < q->strides[2]; /* per (layer, head): the tokens' rows adjacent */
     const size_t outer = tokens_inner ? L * NQ : (size_t)n_q, inner = tokens_inner ? (size_t)n_q : L * NQ;
-    int bad = 0;
     for (size_t a = 0; a < outer; a++)
         for (size_t b = 0; b < inner; b++) {
             const size_t t = tokens_inner ? b : a, lh = tokens_inner ? a : b;
             int64_t idx[3] = {(int64_t)t, (int64_t)(lh / NQ), (int64_t)(lh % NQ)};
-            float *dst = f + (t * L * NQ + lh) * D;
-            kvm_tensor_read_f32(q, kvm_tensor_row_offset(q, idx), dst, D);
-            for (size_t d = 0; d < D; d++) bad |= !isfinite(dst[d]);
+            kvm_tensor_read_f32(q, kvm_tensor_row_offset(q, idx), f + (t * L * NQ + lh) * D, D);
         }
-    if (!bad) return KVMEM_OK;
+    /* one vector pass over the copy (a scalar test per element is a
+     * measurable share of a decode call) */
+    if (!kvm_cpu_kernels_get()->count_nonfinite(f, (size_t)n_q * L * NQ * D)) return KVMEM_OK;
     size_t i = 0;
     while (isfinite(f[i])) i++;
     const size_t row = i / D;
@@ -237,7 +236,8 @@ static kvmem_status score_on_cpu(kvmem_backend *be, const kvm_score_desc *d) {
     const kvm_agent_mem *m = d->mem;
     const size_t L = (size_t)p->spec.n_layers, Hq = (size_t)p->spec.n_q_heads, D = (size_t)p->spec.head_dim;
     int32_t max_rows = 1;
-    for (int32_t j = 0; j < d->n_cand; j++) max_rows = KVM_MAX(max_rows, m->blocks[d->cand[j]].n_tokens);
+    for (int32_t j = 0; d->mode == KVMEM_RETRIEVE_EXACT && j < d->n_cand; j++)
+        max_rows = KVM_MAX(max_rows, m->blocks[d->cand[j]].n_tokens);
     agent_keys ak = {p, m};
     const kvm_dev_keys keys = {&ak, max_rows, key_rows, key_read};
     kvmem_buffer vq, vbox, vout;
@@ -401,8 +401,7 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         if (be == cpu || kvm_route_to_cpu(st)) st = score_on_cpu(cpu, &d);
         if ((st = kvm_mapped_check(m, st, "kvmem_retrieve")) != KVMEM_OK) return st; /* before the commit */
         /* every backend: scores are finite, or the call is refused */
-        for (size_t i = 0; i < (size_t)n_sets * (size_t)nc; i++)
-            if (!isfinite(c.out[i])) return kvm_score_overflow(&d);
+        if (kvm_cpu_kernels_get()->count_nonfinite(c.out, (size_t)n_sets * (size_t)nc)) return kvm_score_overflow(&d);
     }
     for (int32_t s = 0; s < n_sets; s++) {
         float *all = nr.all + (size_t)s * (size_t)nb;

@@ -1059,6 +1059,107 @@ static void test_scored_attend_api_matches_cpu(void **state) {
     kvmem_context_free(cpu_ctx);
 }
 
+/* The device mirror's form (backend.h, dev_attend): f16 rows of the sealed
+ * slots, f32 tail rows past tail_slot, raw keys rotated on the fly to base +
+ * position from a cos/sin table (NEOX and GPT-J pairs, attn_factor), on the
+ * backend and on the CPU entry, against a plain-loop reference that rotates
+ * each key by the same angle sum and attends in double precision. */
+static void mirror_run(kvmem_backend *be, const float *q, const uint16_t *kh, const uint16_t *vh, const float *kt,
+                       const float *vt, const float *cs, const int32_t *slots, const int32_t *order, int n_sealed,
+                       int n_pos, int tile, int n_visit, int rot, int gptj, float af, float *out) {
+    enum { HH = 2, GG = 2, DD = 16 };
+    kvmem_buffer *bq = bnew(be, q, HH * GG * DD * 4), *bk = bnew(be, kh, (size_t)n_sealed * HH * DD * 2);
+    kvmem_buffer *bv = bnew(be, vh, (size_t)n_sealed * HH * DD * 2);
+    kvmem_buffer *bkt = bnew(be, kt, (size_t)(n_pos - n_sealed) * HH * DD * 4);
+    kvmem_buffer *bvt = bnew(be, vt, (size_t)(n_pos - n_sealed) * HH * DD * 4);
+    kvmem_buffer *bcs = bnew(be, cs, (size_t)(n_pos + 1) * rot * 4), *bs = bnew(be, slots, (size_t)n_pos * 4);
+    kvmem_buffer *bo = bnew(be, order, (size_t)n_visit * 4), *bout = bnew(be, NULL, HH * GG * DD * 4);
+    kvmem_buffer *bvis = bnew(be, NULL, HH * 4);
+    kvm_dev_attend_args a;
+    memset(&a, 0, sizeof a);
+    a.q = bq, a.k = bk, a.v = bv, a.slot_map = bs, a.order = bo, a.out = bout, a.visited = bvis;
+    a.n_slots = n_pos, a.n_pos = n_pos, a.n_q_heads = HH * GG, a.n_kv_heads = HH, a.head_dim = DD, a.tile = tile;
+    a.n_visit = n_visit, a.dtype = KVMEM_F16, a.scale = 0.25f, a.patience = 1;
+    a.k_tail = bkt, a.v_tail = bvt, a.tail_slot = n_sealed, a.rope_cs = bcs, a.rotary_dim = rot, a.gptj = gptj;
+    a.attn_factor = af;
+    assert_ok(be->iface->dev_attend(be, &a));
+    bget(be, bout, 0, out, HH * GG * DD * 4);
+    int32_t vis[HH];
+    bget(be, bvis, 0, vis, sizeof vis);
+    for (int g = 0; g < HH; g++) assert_int_equal(vis[g], n_visit);
+    kvmem_buffer *all[10] = {bq, bk, bv, bkt, bvt, bcs, bs, bo, bout, bvis};
+    for (int i = 0; i < 10; i++) be->iface->buffer_free(be, all[i]);
+}
+
+static void test_mirror_form_rotates_on_the_fly(void **state) {
+    (void)state;
+    enum { HH = 2, GG = 2, DD = 16, NS = 37, NP = 45, TILE = 8 };
+    uint64_t rng = 91;
+    float q[HH * GG * DD], kt[(NP - NS) * HH * DD], vt[(NP - NS) * HH * DD];
+    uint16_t kh[NS * HH * DD], vh[NS * HH * DD];
+    for (int i = 0; i < HH * GG * DD; i++) q[i] = tu_normal(&rng);
+    for (int i = 0; i < NS * HH * DD; i++) kh[i] = kvm_f32_to_f16(tu_normal(&rng)), vh[i] = kvm_f32_to_f16(tu_normal(&rng));
+    for (int i = 0; i < (NP - NS) * HH * DD; i++) kt[i] = tu_normal(&rng), vt[i] = tu_normal(&rng);
+    int32_t slots[NP], order[(NP + TILE - 1) / TILE];
+    for (int p = 0; p < NP; p++) slots[p] = p % 11 == 5 ? -1 : p; /* some dead positions */
+    const int n_tiles = (NP + TILE - 1) / TILE;
+    for (int t = 0; t < n_tiles; t++) order[t] = n_tiles - 1 - t;
+    for (int cfg = 0; cfg < 4; cfg++) {
+        const int rot = cfg == 3 ? 8 : DD, gptj = cfg == 1, np = rot / 2;
+        const float af = cfg == 2 ? 1.25f : 1.0f;
+        const double base = cfg == 0 ? 0.0 : 5000.0 + 17.0 * cfg;
+        float cs[(NP + 1) * DD];
+        for (int r = 0; r <= NP; r++)
+            for (int j = 0; j < np; j++) {
+                const double ang = (r == 0 ? base : (double)(r - 1)) * pow(10000.0, -2.0 * j / rot);
+                cs[r * rot + j] = (float)cos(ang);
+                cs[r * rot + np + j] = (float)sin(ang);
+            }
+        /* the reference: rows as the contract reads them, in double */
+        double ref[HH * GG * DD];
+        for (int g = 0; g < HH; g++)
+            for (int h = 0; h < GG; h++) {
+                double m = -INFINITY, den = 0, acc[DD] = {0};
+                double lg[NP];
+                for (int p = 0; p < NP; p++) {
+                    lg[p] = -INFINITY;
+                    if (slots[p] < 0) continue;
+                    float k[DD];
+                    for (int d = 0; d < DD; d++)
+                        k[d] = p >= NS ? kt[((p - NS) * HH + g) * DD + d] : kvm_f16_to_f32(kh[(p * HH + g) * DD + d]);
+                    for (int j = 0; j < np; j++) {
+                        const float *rb = cs, *rp = cs + (p + 1) * rot;
+                        const float c = rb[j] * rp[j] - rb[np + j] * rp[np + j];
+                        const float sn = rb[np + j] * rp[j] + rb[j] * rp[np + j];
+                        const int i0 = gptj ? 2 * j : j, i1 = gptj ? i0 + 1 : j + np;
+                        const float x0 = k[i0], x1 = k[i1];
+                        k[i0] = (x0 * c - x1 * sn) * af;
+                        k[i1] = (x0 * sn + x1 * c) * af;
+                    }
+                    double dot = 0;
+                    for (int d = 0; d < DD; d++) dot += (double)q[(g * GG + h) * DD + d] * k[d];
+                    lg[p] = 0.25 * dot;
+                    m = fmax(m, lg[p]);
+                }
+                for (int p = 0; p < NP; p++) {
+                    if (slots[p] < 0) continue;
+                    const double w = exp(lg[p] - m);
+                    den += w;
+                    for (int d = 0; d < DD; d++)
+                        acc[d] += w * (p >= NS ? vt[((p - NS) * HH + g) * DD + d] : kvm_f16_to_f32(vh[(p * HH + g) * DD + d]));
+                }
+                for (int d = 0; d < DD; d++) ref[(g * GG + h) * DD + d] = acc[d] / den;
+            }
+        float ob[HH * GG * DD], oc[HH * GG * DD];
+        mirror_run(g_be, q, kh, vh, kt, vt, cs, slots, order, NS, NP, TILE, n_tiles, rot, gptj, af, ob);
+        mirror_run(g_cpu, q, kh, vh, kt, vt, cs, slots, order, NS, NP, TILE, n_tiles, rot, gptj, af, oc);
+        for (int i = 0; i < HH * GG * DD; i++) {
+            assert_true(fabs(ob[i] - ref[i]) <= 2e-5 * (1 + fabs(ref[i])));
+            assert_true(fabs(oc[i] - ref[i]) <= 2e-5 * (1 + fabs(ref[i])));
+        }
+    }
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_full_attention_shapes_orders_dtypes),
     cmocka_unit_test(test_full_attention_large_head_dim_and_tiles),
@@ -1073,6 +1174,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_bad_input),
     cmocka_unit_test(test_scored_order_matches_reference),
     cmocka_unit_test(test_scored_attend_api_matches_cpu),
+    cmocka_unit_test(test_mirror_form_rotates_on_the_fly),
 };
 
 CONF_MAIN(tests)

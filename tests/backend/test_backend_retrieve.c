@@ -1035,7 +1035,7 @@ static void gather_case(kvmem_rope_style style, int32_t D, int32_t rot, double a
         }
     }
     kvm_dev_gather_args a = {NULL, NULL, NULL, NULL, off, off + 4, off, off, n_src, src_rs, n_out, H, (size_t)D,
-                             (size_t)rot, style == KVMEM_ROPE_GPTJ, (float)af, NULL, NULL, 0, 0, 0};
+                             (size_t)rot, style == KVMEM_ROPE_GPTJ, (float)af, NULL, NULL, 0, 0, 0, KVMEM_F32};
     float *got = run_gather(g_be, &a, src, src_el, idx, cs, cs_el);
     float *cpu = run_gather(g_cpu, &a, src, src_el, idx, cs, cs_el);
     const size_t step = style == KVMEM_ROPE_NEOX ? 1 : 2, poff = style == KVMEM_ROPE_NEOX ? np : 1;
@@ -1090,7 +1090,7 @@ static void test_dev_gather_rope_rejects_bad_input_and_changes_nothing(void **st
     for (int i = 0; i < 64; i++) z[i] = (float)i, init[i] = -1.0f;
     kvmem_buffer *b = bnew(g_be, z, sizeof z), *bo = bnew(g_be, init, sizeof init);
     /* 1 source row of 8, one output row, rotary 8 */
-    kvm_dev_gather_args a = {b, b, b, bo, 0, 0, 0, 0, 1, 8, 1, 1, 8, 8, 0, 1.0f, NULL, NULL, 0, 0, 0}, g = a;
+    kvm_dev_gather_args a = {b, b, b, bo, 0, 0, 0, 0, 1, 8, 1, 1, 8, 8, 0, 1.0f, NULL, NULL, 0, 0, 0, KVMEM_F32}, g = a;
     assert_status(g_be->iface->dev_gather_rope(g_be, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
     a.n_out = 0;
     assert_status(g_be->iface->dev_gather_rope(g_be, &a), KVMEM_ERR_INVALID_ARG, "empty");

@@ -174,6 +174,64 @@ static void rope_pair_matches_kvm_rope_rotate(void **state) {
     }
 }
 
+/* The mirror's keys at base + p (backend.h, dev_attend): the angle sum in
+ * f32 as the contract writes it (no fused operations), exact at base 0, and
+ * within a few ulps of the double-precision angle (what the CPU rotates by). */
+static void rope_angle_add_matches_the_contract(void **state) {
+    (void)state;
+    uint64_t rng = 17;
+    for (int i = 0; i < 200000; i++) {
+        const double b = i % 4 == 0 ? 0.0 : floor(tu_uniform(&rng, 0.0f, 100000.0f));
+        const double pp = floor(tu_uniform(&rng, 0.0f, 100000.0f)), f = pow(10000.0, -tu_uniform(&rng, 0.0f, 1.0f));
+        const float cb = (float)cos(b * f), sb = (float)sin(b * f), cp = (float)cos(pp * f), sp = (float)sin(pp * f);
+        float c, s;
+        kvm_cu_host_rope_angle_add(cb, sb, cp, sp, &c, &s);
+        volatile float t0 = cb * cp, t1 = sb * sp, t2 = sb * cp, t3 = cb * sp; /* one rounding each */
+        const float rc = t0 - t1, rs = t2 + t3;
+        assert_memory_equal(&c, &rc, 4);
+        assert_memory_equal(&s, &rs, 4);
+        if (b == 0.0) {
+            assert_memory_equal(&c, &cp, 4);
+            assert_memory_equal(&s, &sp, 4);
+        }
+        assert_true(fabs((double)c - cos((b + pp) * f)) < 4e-7 && fabs((double)s - sin((b + pp) * f)) < 4e-7);
+    }
+}
+
+/* dev_attend's mirror fields: the shared checks refuse what lies outside
+ * the buffers or contradicts itself, and a slot beyond 32 bits. */
+static void attend_mirror_checks(void **state) {
+    (void)state;
+    kvm_dev_attend_args a;
+    memset(&a, 0, sizeof a);
+    kvmem_buffer *b = (kvmem_buffer *)(uintptr_t)16; /* never dereferenced */
+    a.n_slots = 100;
+    a.n_pos = 100;
+    a.n_kv_heads = 2;
+    a.head_dim = 64;
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 0, 0, 0), KVMEM_OK); /* unused */
+    a.k_tail = b;
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 1 << 20, 1 << 20, 0), KVMEM_ERR_INVALID_ARG); /* no v_tail */
+    a.v_tail = b;
+    a.tail_slot = 90; /* 10 rows of 2 x 64 floats */
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 10 * 128 * 4, 10 * 128 * 4, 0), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 10 * 128 * 4 - 4, 10 * 128 * 4, 0), KVMEM_ERR_INVALID_ARG);
+    a.rotary_dim = 64;
+    a.attn_factor = 1.0f;
+    a.rope_cs = b; /* 1 + 100 rows of 64 floats */
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 10 * 128 * 4, 10 * 128 * 4, 101 * 64 * 4), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 10 * 128 * 4, 10 * 128 * 4, 100 * 64 * 4), KVMEM_ERR_INVALID_ARG);
+    a.rotary_dim = 66; /* past head_dim */
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 10 * 128 * 4, 10 * 128 * 4, 101 * 66 * 4), KVMEM_ERR_INVALID_ARG);
+    a.rotary_dim = 64;
+    a.attn_factor = 0.0f;
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 10 * 128 * 4, 10 * 128 * 4, 101 * 64 * 4), KVMEM_ERR_INVALID_ARG);
+    a.attn_factor = 1.0f;
+    a.n_slots = (int64_t)INT32_MAX + 20;
+    a.tail_slot = (int64_t)INT32_MAX + 10;
+    assert_int_equal(kvm_cu_check_dev_attend_mirror(&a, 10 * 128 * 4, 10 * 128 * 4, 101 * 64 * 4), KVMEM_ERR_UNSUPPORTED);
+}
+
 /* The stop rule, written again from include/kvmem.h's text. */
 static int rule_ref(double *prev_norm, float *prev, int *has_prev, int *streak, const float *z, int n, float tau_s,
                     float tau_d, int patience) {
@@ -648,6 +706,8 @@ int main(void) {
         cmocka_unit_test(topk_plan_clamps_k_to_n),
         cmocka_unit_test(f16_conversions_match_the_core_bit_for_bit),
         cmocka_unit_test(rope_pair_matches_kvm_rope_rotate),
+        cmocka_unit_test(rope_angle_add_matches_the_contract),
+        cmocka_unit_test(attend_mirror_checks),
         cmocka_unit_test(stop_rule_and_strided_probe_follow_the_reference),
         cmocka_unit_test(dev_score_checks_shapes_ranges_and_plans),
         cmocka_unit_test(dev_topk_gather_qmem_check_their_ranges),

@@ -20,8 +20,10 @@
  *   gather    down: exactly the gathered K and V, 2 * L * M * H * D floats;
  *             up: at most M slot ids and M * rotary_dim cos/sin values.
  *   attend    down: the output (Hq * D floats) and one tile count per KV
- *             head; up: exactly q plus the unsealed tail's K/V rows and their
- *             cos/sin (fewer than block_size tokens). With the stop rule on,
+ *             head; up: exactly q plus the unsealed tail's f32 K/V rows
+ *             (fewer than block_size tokens): keys are rotated on the fly
+ *             from a resident cos/sin table, whose rows go up once per
+ *             position (and one row for a new base_position). With the stop rule on,
  *             RECENT's tile list (sinks, then newest first) is a slice of a
  *             resident buffer: once the buffer exists a step uploads no tile
  *             ids, or 2 per sink tile when the tile count changed (before,
@@ -36,8 +38,18 @@
  * for bit (a copy of the same decoded rows) and K within 1e-5 of its row's
  * scale (one rotation each side, cos/sin from the same function); attention
  * within 2e-5 of the output's scale (f32 online softmax in another order),
- * with the same tile statistics. Truncation drops the mirror, so a step
- * after it still equals the CPU. */
+ * with the same tile statistics (the mirror holds the pool's f16 K, V and
+ * boxes, so the device reads the host's values exactly; a key's angle for
+ * base + p comes by angle addition, exact at base 0).
+ * The other steps a session takes, each upload derived from the shapes:
+ *   exclude   a block in the middle excluded: the candidates' boxes are
+ *             gathered from the mirror on the device, nothing but the
+ *             query goes up (before: every candidate's boxes, O(history));
+ *   base      a new base_position: one cos/sin row (rotary_dim floats) on
+ *             top of the steady step (before: every position's, again);
+ *   truncate  whole blocks cut: the kept blocks stay resident, the next
+ *             step uploads what a steady one does (before: everything).
+ * Results equal the CPU context's in each. */
 #include "testutil.h"
 
 #include <math.h>
@@ -257,9 +269,9 @@ static void both(uint64_t seed, const kvmem_attend_params *ap, step_bytes *b) {
     step_free(&g);
 }
 
-/* attend's uploads of a step over every layer with `tail` unsealed tokens:
- * q, the tail's K/V rows and their cos/sin (tu_spec: rotary_dim = head_dim) */
-static uint64_t attend_up(int tail) { return (uint64_t)L * (HQ * D * 4 + (uint64_t)tail * (2 * H * D * 4 + D * 4)); }
+/* attend's uploads of a step over every layer with `tail` unsealed tokens
+ * whose cos/sin rows are up already: q and the tail's f32 K/V rows */
+static uint64_t attend_up(int tail) { return (uint64_t)L * (HQ * D * 4 + (uint64_t)tail * (2 * H * D * 4)); }
 
 /* Per-phase bounds derived from the shapes (see the header comment). */
 static void assert_phase_bounds(const step_bytes *b, int32_t n_blocks) {
@@ -364,12 +376,13 @@ static void test_stop_rule_and_truncate_match_cpu(void **state) {
     both(201, &ap, &b); /* makes the mirror's RECENT buffer */
     both(204, &ap, &b);
     assert_true(b.up[2] == attend_up(TAIL)); /* no tile ids */
-    /* one more block: its keys rotated (cos/sin of BS positions per layer),
-     * the sink id put back and written one slot down */
+    /* one more block: the cos/sin rows of BS new positions, once for every
+     * layer (tu_spec: rotary_dim = head_dim), the sink id put back and
+     * written one slot down */
     uint64_t rng = 78;
     append_both(4 * 256 + TAIL, BS, &rng);
     both(205, &ap, &b);
-    assert_true(b.up[2] == attend_up(TAIL) + (uint64_t)L * BS * D * 4 + 2 * 4);
+    assert_true(b.up[2] == attend_up(TAIL) + (uint64_t)BS * D * 4 + 2 * 4);
     both(206, &ap, &b);
     assert_true(b.up[2] == attend_up(TAIL));
     /* truncate into a sealed block (it is re-opened as the tail), append a
@@ -384,11 +397,130 @@ static void test_stop_rule_and_truncate_match_cpu(void **state) {
     both(203, &ap, &b);
 }
 
+/* One whole step with an exclude list and a base_position on both sides:
+ * results equal (as in both()), the device's bytes per phase returned. */
+static void both_with(uint64_t seed, const int32_t *excl, int32_t n_excl, int64_t base, step_bytes *b) {
+    step_out o[2];
+    for (int side_i = 0; side_i < 2; side_i++) {
+        side *sd = side_i ? &g_dev : &g_cpu;
+        step_out *x = &o[side_i];
+        memset(x, 0, sizeof *x);
+        uint64_t rng = seed;
+        float q[L * HQ * D];
+        for (int i = 0; i < L * HQ * D; i++) q[i] = tu_normal(&rng);
+        uint64_t h0, d0, h1, d1;
+        counters(sd->ctx, &h0, &d0);
+        kvmem_retrieval *r = NULL;
+        assert_ok(kvmem_retrieval_create(&r));
+        int64_t qs[4] = {1, L, HQ, D};
+        kvmem_tensor qt;
+        assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+        kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+        rp.top_k = TOP_K;
+        rp.exclude = excl;
+        rp.n_exclude = n_excl;
+        assert_ok(kvmem_retrieve(sd->ag, &qt, &rp, r));
+        const int32_t *sel;
+        const float *all;
+        assert_ok(kvmem_retrieval_get(r, 0, &sel, NULL, &x->n_sel));
+        memcpy(x->sel, sel, (size_t)x->n_sel * 4);
+        assert_ok(kvmem_retrieval_block_scores(r, 0, &all, &x->n_blocks));
+        x->all = malloc((size_t)x->n_blocks * 4);
+        memcpy(x->all, all, (size_t)x->n_blocks * 4);
+        kvmem_retrieval_free(r);
+        counters(sd->ctx, &h1, &d1);
+        b->up[0] = h1 - h0, b->down[0] = d1 - d0;
+        b->up[1] = b->down[1] = 0;
+        const kvmem_attend_params ap = full_attention();
+        for (int l = 0; l < L; l++) {
+            int64_t as[3] = {1, HQ, D};
+            kvmem_tensor aq, ao;
+            assert_ok(kvmem_tensor_init(&aq, q + (size_t)l * HQ * D, KVMEM_F32, 3, as));
+            assert_ok(kvmem_tensor_init(&ao, x->att[l], KVMEM_F32, 3, as));
+            kvmem_attend_source src;
+            memset(&src, 0, sizeof src);
+            src.kind = KVMEM_ATTEND_SRC_AGENT;
+            src.agent = sd->ag;
+            src.layer = l;
+            src.base_position = base;
+            assert_ok(kvmem_attend(sd->ctx, &aq, &src, &ap, &ao, &x->st[l]));
+        }
+        counters(sd->ctx, &h0, &d0);
+        b->up[2] = h0 - h1, b->down[2] = d0 - d1;
+    }
+    const step_out *c = &o[0], *g = &o[1];
+    assert_int_equal(c->n_blocks, g->n_blocks);
+    for (int32_t j = 0; j < c->n_blocks; j++) /* an excluded block's score is NaN on both */
+        assert_true(isnan(c->all[j]) ? isnan(g->all[j]) : fabsf(c->all[j] - g->all[j]) <= 1e-4f * fabsf(c->all[j]) + 1e-7f);
+    assert_int_equal(c->n_sel, g->n_sel);
+    for (int i = 0; i < c->n_sel; i++) assert_int_equal(c->sel[i], g->sel[i]);
+    for (int l = 0; l < L; l++) {
+        float scale = 0;
+        for (int i = 0; i < HQ * D; i++) scale = fmaxf(scale, fabsf(c->att[l][i]));
+        for (int i = 0; i < HQ * D; i++) assert_true(fabsf(c->att[l][i] - g->att[l][i]) <= 2e-5f * scale);
+        assert_int_equal(c->st[l].tiles_visited, g->st[l].tiles_visited);
+    }
+    free(o[0].all);
+    free(o[1].all);
+}
+
+static void test_exclude_base_truncate_move_o1(void **state) {
+    (void)state;
+    NEED_VULKAN();
+    assert_ok(kvmem_agent_truncate(g_cpu.ag, 0));
+    assert_ok(kvmem_agent_truncate(g_dev.ag, 0));
+    uint64_t rng = 5;
+    const int T = 512;
+    append_both(0, T + TAIL, &rng);
+    const int32_t nb = T / BS;
+    step_bytes b;
+    both_with(301, NULL, 0, 0, &b); /* warm-up: the blocks go up once */
+    both_with(302, NULL, 0, 0, &b);
+    const uint64_t q_up = (uint64_t)L * HQ * D * 4;
+    assert_true(b.up[0] == q_up);
+    assert_true(b.up[2] == attend_up(TAIL));
+    /* an exclude list that splits the candidates into runs (two blocks in
+     * the middle, one near the end): the query alone goes up; the scores of
+     * the nb - 3 candidates come back */
+    const int32_t excl[3] = {nb / 2, nb / 2 + 2, nb - 3};
+    both_with(303, excl, 3, 0, &b);
+    assert_true(b.up[0] == q_up);
+    assert_true(b.down[0] == (uint64_t)(nb - 3) * 4);
+    /* a new base_position: one cos/sin row (rotary_dim = head_dim floats),
+     * for every layer; then nothing more at the same base */
+    both_with(304, NULL, 0, 1000, &b);
+    assert_true(b.up[2] == attend_up(TAIL) + (uint64_t)D * 4);
+    both_with(305, NULL, 0, 1000, &b);
+    assert_true(b.up[2] == attend_up(TAIL));
+    /* with the exclude list too */
+    both_with(306, excl, 3, 1000, &b);
+    assert_true(b.up[0] == q_up && b.up[2] == attend_up(TAIL));
+    /* truncate 3 whole blocks plus the tail: the kept blocks stay resident,
+     * nothing goes up but the query (and the base row, changed back) */
+    assert_ok(kvmem_agent_truncate(g_cpu.ag, T - 3 * BS));
+    assert_ok(kvmem_agent_truncate(g_dev.ag, T - 3 * BS));
+    both_with(307, NULL, 0, 0, &b);
+    assert_true(b.up[0] == q_up);
+    assert_true(b.up[2] == attend_up(0) + (uint64_t)D * 4);
+    /* truncate into a block (re-opened as the tail) and a new continuation:
+     * one new block goes up (f16 K and V of every layer, its f16 boxes) */
+    assert_ok(kvmem_agent_truncate(g_cpu.ag, T - 4 * BS + 3));
+    assert_ok(kvmem_agent_truncate(g_dev.ag, T - 4 * BS + 3));
+    rng = 99;
+    append_both(T - 4 * BS + 3, BS, &rng); /* seals the re-opened block; 3 tokens left in the tail */
+    both_with(308, NULL, 0, 0, &b);
+    const uint64_t block_up = 2ull * L * BS * H * D * 2 + 2ull * L * H * D * 2;
+    assert_true(b.up[0] == q_up + block_up);
+    both_with(309, NULL, 0, 0, &b);
+    assert_true(b.up[0] == q_up && b.up[2] == attend_up(3));
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_backend = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_step_moves_query_and_result_bytes),
         cmocka_unit_test(test_stop_rule_and_truncate_match_cpu),
+        cmocka_unit_test(test_exclude_base_truncate_move_o1),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -174,6 +174,11 @@ kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t
                                      size_t v_size, size_t slot_map_size, size_t order_size, size_t out_size,
                                      size_t visited_size, int32_t n_sms, kvm_cu_dev_attend_plan *plan);
 
+/* dev_attend's device-mirror fields (tail rows, keys rotated on the fly):
+ * the shared rules (core/backend/attend_dev.h) on the three buffers' sizes. */
+kvmem_status kvm_cu_check_dev_attend_mirror(const struct kvm_dev_attend_args *a, size_t k_tail_size,
+                                            size_t v_tail_size, size_t rope_cs_size);
+
 /* supports_op: the buffer-level forms only (the host-side ones are the CPU
  * backend's); shapes beyond the kernels' limits are refused by the entries
  * (KVMEM_ERR_UNSUPPORTED: the core then runs the op on the CPU). */
@@ -185,6 +190,8 @@ kvmem_status kvm_cu_check_dev_qmem(const struct kvm_dev_qmem_args *a, size_t mem
 /* Host run of the RoPE pair rule (rules.h), compiled without FMA
  * contraction, for the bit-for-bit test. */
 void kvm_cu_host_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1);
+/* Host run of the mirror's angle addition (rules.h), likewise. */
+void kvm_cu_host_rope_angle_add(float cb, float sb, float cp, float sp, float *c, float *s);
 
 /* ---- caching device allocator ----
  * Freed blocks are kept by rounded size and handed out again, so the

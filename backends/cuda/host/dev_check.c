@@ -120,6 +120,17 @@ kvmem_status kvm_cu_check_dev_gather(const kvm_dev_gather_args *a, size_t src_si
 
 /* ---- dev_attend ---- */
 
+kvmem_status kvm_cu_check_dev_attend_mirror(const kvm_dev_attend_args *a, size_t k_tail_size, size_t v_tail_size,
+                                            size_t rope_cs_size) {
+    if (!a) return FAIL_ARG("dev_attend: args is NULL");
+    char msg[256];
+    if (!kvm_dev_attend_check_mirror(a, k_tail_size, v_tail_size, rope_cs_size, msg, sizeof msg))
+        return FAIL_ARG("dev_attend: %s", msg);
+    if (a->k_tail && a->tail_slot > INT32_MAX)
+        return FAIL_UNSUP("dev_attend: tail_slot %lld exceeds the CUDA kernel's 32-bit slots", (long long)a->tail_slot);
+    return KVMEM_OK;
+}
+
 kvmem_status kvm_cu_check_dev_attend(const kvm_dev_attend_args *a, size_t q_size, size_t k_size, size_t v_size,
                                      size_t slot_map_size, size_t order_size, size_t out_size,
                                      size_t visited_size, int32_t n_sms, kvm_cu_dev_attend_plan *plan) {
@@ -208,6 +219,10 @@ kvmem_status kvm_cu_check_dev_qmem(const kvm_dev_qmem_args *a, size_t mem_size, 
 
 void kvm_cu_host_rope_pair(float x0, float x1, float c, float s, float af, float *y0, float *y1) {
     kvm_cu_rope_pair(x0, x1, c, s, af, y0, y1);
+}
+
+void kvm_cu_host_rope_angle_add(float cb, float sb, float cp, float sp, float *c, float *s) {
+    kvm_cu_rope_angle_add(cb, sb, cp, sp, c, s);
 }
 
 /* ---- supports_op ---- */

@@ -96,6 +96,14 @@ KVM_CU_HD void kvm_cu_rope_pair(float x0, float x1, float c, float s, float af, 
     *y1 = b;
 }
 
+/* The angle of base + pos from the angles of base (cb, sb) and pos (cp, sp)
+ * by angle addition, as the device mirror rotates keys on the fly
+ * (backend.h, dev_attend; the Vulkan attend shader's load_k_rot). */
+KVM_CU_HD void kvm_cu_rope_angle_add(float cb, float sb, float cp, float sp, float *c, float *s) {
+    *c = KVM_CU_SUB(KVM_CU_MUL(cb, cp), KVM_CU_MUL(sb, sp));
+    *s = KVM_CU_ADD(KVM_CU_MUL(sb, cp), KVM_CU_MUL(cb, sp));
+}
+
 /* ---- ART stop rule (core/attend/attend_cpu.c: probe_fill, rule_step) ---- */
 #define KVM_CU_PROBE 32
 

@@ -7,17 +7,29 @@
 // AABBs of slice b / s_div (s_div = query heads per KV head).
 // Tile: 16 query rows x 16 blocks per workgroup of 16 x 8 invocations, each
 // computing rows ty and ty + 8 of column tx; k in chunks of 16.
+// The boxes are f32, or f16 (the device mirror's: halves of 32-bit words,
+// s_* offsets and strides in halves) decoded exactly.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
 layout(local_size_x = 16, local_size_y = 8) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, binding = 1) readonly buffer Smin { float smin[]; };
-layout(std430, binding = 2) readonly buffer Smax { float smax[]; };
+layout(std430, binding = 1) readonly buffer Smin { uint smin[]; };
+layout(std430, binding = 2) readonly buffer Smax { uint smax[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
 layout(push_constant) uniform P {
     uint n_q, n_blocks, dim, batch, s_div;
     uint q_off, q_bs, q_rs;   // q row r of slice b at q_off + b*q_bs + r*q_rs
     uint s_off, s_bs, s_rs;   // block k of slice b at s_off + (b/s_div)*s_bs + k*s_rs
     uint o_off, o_bs, o_rs;   // I(r, k) of slice b at o_off + b*o_bs + r*o_rs + k
+    uint f16;                 // the boxes are f16
 } p;
+
+float box(bool is_max, uint e) {
+    uint w = is_max ? smax[p.f16 != 0u ? e >> 1 : e] : smin[p.f16 != 0u ? e >> 1 : e];
+    if (p.f16 == 0u) return uintBitsToFloat(w);
+    return uintBitsToFloat(kvm_f16_to_f32((w >> ((e & 1u) * 16u)) & 0xffffu));
+}
 
 shared float qp[16][17], qn[16][17]; // [row][k], padded against bank conflicts
 shared float sx[16][17], sn[16][17]; // [block][k]
@@ -37,8 +49,8 @@ void main() {
             qp[rr][kk] = max(v, 0.0);
             qn[rr][kk] = min(v, 0.0);
             bool ok = blk < p.n_blocks && k < p.dim;
-            sx[rr][kk] = ok ? smax[sbase + blk * p.s_rs + k] : 0.0;
-            sn[rr][kk] = ok ? smin[sbase + blk * p.s_rs + k] : 0.0;
+            sx[rr][kk] = ok ? box(true, sbase + blk * p.s_rs + k) : 0.0;
+            sn[rr][kk] = ok ? box(false, sbase + blk * p.s_rs + k) : 0.0;
         }
         barrier();
         for (uint kk = 0u; kk < 16u; kk++) {

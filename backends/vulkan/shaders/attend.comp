@@ -55,6 +55,10 @@ layout(std430, binding = 6) writeonly buffer Vis { int visited[]; };
 // [n_kv] done flags, then per stream: S_M words of cursors and rule state,
 // m [G], l [G], the previous probe [PROBE], the accumulator [G * D]
 layout(std430, binding = 7) buffer St { uint st[]; };
+// the device mirror's (backend.h, dev_attend): f32 tail rows and the RoPE table
+layout(std430, binding = 8) readonly buffer KT { float ktail[]; };
+layout(std430, binding = 9) readonly buffer VT { float vtail[]; };
+layout(std430, binding = 10) readonly buffer CS { float rcs[]; };
 layout(push_constant) uniform P {
     uint n_slots, n_pos, n_kv, G, D, tile, n_visit, n_tiles;
     uint f16; // K and V are f16 (halves of 32-bit words), else f32
@@ -64,6 +68,12 @@ layout(push_constant) uniform P {
     uint q_off, k_off, v_off, s_off, ord_off, out_off, vis_off;
     uint first;     // 1: the first dispatch of the visit (no state to load)
     uint max_steps; // steps (chunks) this dispatch may run
+    uint tail_slot; // slots >= tail_slot read ktail / vtail (0xffffffff: none)
+    uint tail_off;  // in floats
+    uint rot;       // rotary_dim: keys rotated on the fly to base + position (0: as stored)
+    uint gptj;
+    float attn_factor;
+    uint cs_off;    // in floats: row 0 the base's cos/sin, row 1 + pos the position's
     uint ord_stride; // entries between the streams' orders (0: one order for all)
     uint scored;     // 1: visited[n_kv + g] gets the live positions stream g read
 } p;
@@ -94,6 +104,38 @@ float load_kv(bool is_k, uint e) {
     uint w = is_k ? kw[p.f16 != 0u ? e >> 1 : e] : vw[p.f16 != 0u ? e >> 1 : e];
     if (p.f16 == 0u) return uintBitsToFloat(w);
     return uintBitsToFloat(kvm_f16_to_f32((w >> ((e & 1u) * 16u)) & 0xffffu));
+}
+
+// Element d of slot s's row for KV head g as stored (the tail's f32 rows
+// for slots >= tail_slot).
+float kv_elem(bool is_k, uint s, uint g, uint d) {
+    if (s >= p.tail_slot) {
+        uint e = p.tail_off + ((s - p.tail_slot) * p.n_kv + g) * p.D + d;
+        return is_k ? ktail[e] : vtail[e];
+    }
+    return load_kv(is_k, (is_k ? p.k_off : p.v_off) + (s * p.n_kv + g) * p.D + d);
+}
+
+// The mirror's read path, for any kernel that reads it: V row element, and
+// K row element rotated to position base + pos (backend.h, dev_attend: the
+// angle of base + pos by angle addition from the table's rows 0 and 1 + pos,
+// then kvm_rope_rotate's operations; the CUDA kernel's kvmcu_mirror_k does
+// the same).
+float load_v(uint s, uint g, uint d) { return kv_elem(false, s, g, d); }
+float load_k_rot(uint s, uint g, uint d, uint pos) {
+    float x = kv_elem(true, s, g, d);
+    if (d >= p.rot) return x;
+    uint np = p.rot / 2u, j, partner;
+    bool first;
+    if (p.gptj != 0u) { j = d >> 1; first = (d & 1u) == 0u; partner = first ? d + 1u : d - 1u; }
+    else { first = d < np; j = first ? d : d - np; partner = first ? d + np : d - np; }
+    uint rb = p.cs_off, rp = p.cs_off + (pos + 1u) * p.rot;
+    float cb = rcs[rb + j], sb = rcs[rb + np + j], cp = rcs[rp + j], sp = rcs[rp + np + j];
+    float c = cb * cp - sb * sp, sn = sb * cp + cb * sp;
+    float y = kv_elem(true, s, g, partner);
+    // (x0, x1) -> (x0 c - x1 s, x0 s + x1 c), as the CPU rotation
+    float r = first ? x * c - y * sn : y * sn + x * c;
+    return p.attn_factor != 1.0 ? r * p.attn_factor : r;
 }
 
 // Sum of x over the workgroup; every invocation gets it. Uniform control flow only.
@@ -200,9 +242,9 @@ void main() {
         if (act && h == 0u && sslot[c] >= 0) atomicAdd(slive, 1u);
         float sc = NEG_INF;
         if (act && sslot[c] >= 0) {
-            uint kb = p.k_off + (uint(sslot[c]) * p.n_kv + g) * D, qb = qbase + h * D;
+            uint qb = qbase + h * D;
             float d = 0.0;
-            for (uint i = 0u; i < D; i++) d += q[qb + i] * load_kv(true, kb + i);
+            for (uint i = 0u; i < D; i++) d += q[qb + i] * load_k_rot(uint(sslot[c]), g, i, c0 + c);
             sc = p.scale * d;
             if (!(abs(sc) <= 3.402823466e38)) atomicMin(sbad, c0 + c); // NaN or infinite
         }
@@ -241,7 +283,7 @@ void main() {
                 float a = acc[k] * scorr[hq];
                 for (uint cc = 0u; cc < cn; cc++) {
                     int s = sslot[cc];
-                    if (s >= 0) a += ss[cc * G + hq] * load_kv(false, p.v_off + (uint(s) * p.n_kv + g) * D + d);
+                    if (s >= 0) a += ss[cc * G + hq] * load_v(uint(s), g, d);
                 }
                 acc[k] = a;
             }

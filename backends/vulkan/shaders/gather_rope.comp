@@ -10,7 +10,7 @@
 #include "common.glsl"
 
 layout(local_size_x = KVM_WG) in;
-layout(std430, binding = 0) readonly buffer Src { float src[]; };
+layout(std430, binding = 0) readonly buffer Src { uint src[]; }; // f32, or f16 halves of words
 layout(std430, binding = 1) readonly buffer Idx { uint idx[]; };
 layout(std430, binding = 2) readonly buffer CS { float cs[]; }; // [n_out][n_pairs] cos, then [n_out][n_pairs] sin
 layout(std430, binding = 3) writeonly buffer Dst { float dst[]; };
@@ -20,7 +20,13 @@ layout(push_constant) uniform P {
     float attn_factor; // multiplies rotated dims (YaRN); 1 otherwise
     uint src_off, src_rs, dst_off, n_src;
     uint idx_off, cs_off; // in elements
+    uint src_f16;         // src holds f16 (src_off, src_rs in halves), decoded exactly
 } p;
+
+float load_src(uint e) {
+    if (p.src_f16 == 0u) return uintBitsToFloat(src[e]);
+    return uintBitsToFloat(kvm_f16_to_f32((src[e >> 1] >> ((e & 1u) * 16u)) & 0xffffu));
+}
 
 void main() {
     uint row = p.n_heads * p.head_dim;
@@ -33,14 +39,14 @@ void main() {
         uint s = idx[p.idx_off + i];
         if (s >= p.n_src) { dst[p.dst_off + e] = 0.0; continue; } // a bad index gives a zero row, never a stray read
         uint base = p.src_off + s * p.src_rs + h * p.head_dim;
-        float x = src[base + d];
+        float x = load_src(base + d);
         if (d >= p.rotary_dim) { dst[p.dst_off + e] = x; continue; }
         uint j, partner;
         bool first;
         if (p.gptj != 0u) { j = d >> 1; first = (d & 1u) == 0u; partner = first ? d + 1u : d - 1u; }
         else { first = d < np; j = first ? d : d - np; partner = first ? d + np : d - np; }
         float c = cs[p.cs_off + i * np + j], sn = cs[p.cs_off + p.n_out * np + i * np + j];
-        float y = src[base + partner];
+        float y = load_src(base + partner);
         // (x0, x1) -> (x0 c - x1 s, x0 s + x1 c), as the CPU rotation
         float r = first ? x * c - y * sn : y * sn + x * c;
         dst[p.dst_off + e] = p.attn_factor != 1.0 ? r * p.attn_factor : r;

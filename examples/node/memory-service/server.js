@@ -117,15 +117,75 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
   const infoOf = (a) => ({ id: a.id, ...snake(a.getInfo()) });
 
   // fn(e) after the earlier requests on the agent: one kvmem call per agent
-  // at a time. The handle stays open while requests for the agent are in, and
-  // is closed after the last, so the pool may move the agent to the store when
-  // it needs room. A request queued behind a DELETE starts over on a fresh entry.
+  // at a time. A request queued behind a DELETE starts over on a fresh entry.
+  // Opening, flushing and closing wait for the pool's mutex, which a spill to the
+  // store holds through its write (and a directory store's fsync): they run on
+  // worker threads (the binding's *Async), never on the event loop, so one
+  // client's spills hold up only the requests that need the pool, not every client.
+  // The handle stays open while requests for the agent are in, and for IDLE_MS
+  // after the last while the idle handles hold at most an eighth of the pool
+  // (an open agent is never moved to the store): a client's next request on
+  // the agent neither reopens it nor waits for a close behind another client's
+  // spills. Past that the handle is closed, so the pool may move the agent out.
+  const IDLE_MS = 2000;
+  const idle = new Map(); // entry -> {bytes, timer}: open handles no request is using, oldest first
+  let idleBytes = 0;
+  function closeEntry(e) {
+    e.tail = e.tail.then(async () => {
+      if (e.agent && e.refs === 0) {
+        const a = e.agent;
+        e.agent = null;
+        try { await a.closeAsync(); } catch (err) { log(`closing agent '${e.id}': ${err.message}`); }
+      }
+      if (e.refs === 0 && entries.get(e.id) === e) entries.delete(e.id);
+    });
+  }
+  function unidle(e) {
+    const x = idle.get(e);
+    if (!x) return;
+    clearTimeout(x.timer);
+    idle.delete(e);
+    idleBytes -= x.bytes;
+  }
+  function release(e) {
+    let bytes = Infinity;
+    try { if (e.agent && !e.dead && !draining) bytes = e.agent.getInfo().bytes; } catch { /* closed: not kept */ }
+    const room = cfg.poolCapacityBytes / 8;
+    if (bytes > room) { closeEntry(e); return; }
+    // the oldest idle handles make room
+    for (const [old] of idle) {
+      if (idleBytes + bytes <= room) break;
+      unidle(old);
+      closeEntry(old);
+    }
+    const timer = setTimeout(() => { unidle(e); closeEntry(e); }, IDLE_MS);
+    timer.unref();
+    idle.set(e, { bytes, timer });
+    idleBytes += bytes;
+  }
+  // every idle handle closed (the pool is full, or the service stops)
+  function closeIdle() {
+    for (const [e] of idle) { unidle(e); closeEntry(e); }
+  }
+  // op(), again once the idle handles are closed when the pool had no room
+  async function roomy(op) {
+    try {
+      return await op();
+    } catch (err) {
+      if (!(err instanceof kvmem.CapacityError) || !idle.size) throw err;
+      const closing = [...idle.keys()];
+      closeIdle();
+      await Promise.all(closing.map((x) => x.tail));
+      return op();
+    }
+  }
   async function withEntry(id, fn) {
     checkId(id);
     for (;;) {
       let e = entries.get(id);
       if (!e) entries.set(id, e = { id, refs: 0, tail: Promise.resolve(), agent: null, dead: false });
       e.refs++;
+      unidle(e);
       let retry = false;
       const run = e.tail.then(() => {
         if (e.dead) { retry = true; return undefined; }
@@ -136,29 +196,24 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         const v = await run;
         if (!retry) return v;
       } finally {
-        if (--e.refs === 0) {
-          if (e.agent) {
-            try { e.agent.close(); } catch (err) { log(`closing agent '${id}': ${err.message}`); }
-            e.agent = null;
-          }
-          if (entries.get(id) === e) entries.delete(id);
-        }
+        if (--e.refs === 0) release(e);
       }
     }
   }
-  function open(e, create) {
+  async function open(e, create) {
     if (e.agent) return e.agent;
     if (!create && !known.has(e.id)) throw new HttpError(404, `no agent '${e.id}'`, 'not_found');
-    e.agent = pool.agentOpen(e.id);
+    e.agent = await roomy(() => pool.agentOpenAsync(e.id));
     known.add(e.id);
     return e.agent;
   }
   // an agent a failed first request created is removed again
-  function undoCreate(e) {
+  async function undoCreate(e) {
     try {
       if (e.agent.getInfo().nTokens !== 0) return;
-      e.agent.close();
+      const a = e.agent;
       e.agent = null;
+      await a.closeAsync();
       pool.removeAgent(e.id);
       known.delete(e.id);
     } catch (err) { log(`undoing the creation of '${e.id}': ${err.message}`); }
@@ -179,19 +234,20 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       const T = f.k.length / per;
       return withEntry(id, async (e) => {
         const created = !e.agent && !known.has(id);
-        const a = open(e, true);
+        const a = await open(e, true);
         try {
           const n = a.getInfo().nTokens;
           if (f.expect_tokens !== undefined && n !== f.expect_tokens)
             throw new HttpError(409, `agent '${id}' holds ${n} tokens, the request expected ${f.expect_tokens}`, 'conflict');
           if (Number.isInteger(T) && n + T > cfg.maxAgentTokens)
             throw new HttpError(413, `agent '${id}' holds ${n} tokens: ${T} more would pass the service's limit of ${cfg.maxAgentTokens} tokens per agent`, 'too_large');
-          await a.appendAsync(f.k, f.v, { tokenIds: f.token_ids, text: f.text, tokenTextOffsets: f.token_text_offsets, positions: f.positions });
+          // the decoded arrays are this request's alone: handed over without a copy
+          await roomy(() => a.appendAsync(f.k, f.v, { tokenIds: f.token_ids, text: f.text, tokenTextOffsets: f.token_text_offsets, positions: f.positions, copy: false }));
         } catch (err) {
-          if (created) undoCreate(e);
+          if (created) await undoCreate(e);
           throw err;
         }
-        if (f.flush) a.flush();
+        if (f.flush) await roomy(() => a.flushAsync());
         if (f.save) {
           try {
             await a.saveAsync(null);
@@ -203,11 +259,11 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         return { ...infoOf(a), ...(f.save ? { saved: true } : {}) };
       });
     },
-    async flush(id) { return withEntry(id, async (e) => { const a = open(e, false); a.flush(); return infoOf(a); }); },
+    async flush(id) { return withEntry(id, async (e) => { const a = await open(e, false); await roomy(() => a.flushAsync()); return infoOf(a); }); },
     async retrieve(id, f, binary) {
       if (!kvmem.hasFunction('kvmem_retrieve')) throw new HttpError(501, 'this libkvmem has no kvmem_retrieve', 'not_implemented');
       return withEntry(id, async (e) => {
-        const a = open(e, false);
+        const a = await open(e, false);
         const r = await a.retrieveAsync(f.query, { topK: f.top_k ?? 8 });
         try {
           const { blocks, scores } = r.get(0);
@@ -231,12 +287,12 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
     },
     async save(id) {
       persistable('save');
-      return withEntry(id, async (e) => { const a = open(e, false); await a.saveAsync(null); return { saved: a.id, ...snake(a.getInfo()) }; });
+      return withEntry(id, async (e) => { const a = await open(e, false); await a.saveAsync(null); return { saved: a.id, ...snake(a.getInfo()) }; });
     },
     async load(id) {
       persistable('load');
       return withEntry(id, async (e) => {
-        const a = open(e, false);
+        const a = await open(e, false);
         try {
           await a.loadAsync(null);
         } catch (err) {
@@ -250,11 +306,11 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         return infoOf(a);
       });
     },
-    async info(id) { return withEntry(id, async (e) => infoOf(open(e, false))); },
+    async info(id) { return withEntry(id, async (e) => infoOf(await open(e, false))); },
     async remove(id) {
       return withEntry(id, async (e) => {
         if (!e.agent && !known.has(id)) throw new HttpError(404, `no agent '${id}'`, 'not_found');
-        if (e.agent) { e.agent.close(); e.agent = null; }
+        if (e.agent) { const a = e.agent; e.agent = null; await a.closeAsync(); }
         pool.removeAgent(id);
         known.delete(id);
         e.dead = true;
@@ -372,7 +428,7 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
         return sendJson(200, { status: 'ok', store: store.kind, agents: known.size, ...sched.stats(), pid: process.pid, started });
       }
       if (route === 'health') {
-        const pi = pool.getInfo();
+        const pi = await pool.getInfoAsync();
         // how long the event loop was held since the last /health: what every client waited at worst
         const loop = { p50: loopDelay.percentile(50) / 1e6, p99: loopDelay.percentile(99) / 1e6, max: loopDelay.max / 1e6 };
         loopDelay.reset();
@@ -439,7 +495,10 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       clearTimeout(timer);
       server.closeAllConnections();
       await drained;
-      for (const e of entries.values()) if (e.agent) { e.agent.close(); e.agent = null; }
+      // the handles' closes queued on their entries, then any left open
+      closeIdle();
+      await Promise.all([...entries.values()].map((e) => e.tail));
+      for (const e of entries.values()) if (e.agent) { const a = e.agent; e.agent = null; await a.closeAsync(); }
       let ok = true;
       if (storeSpec !== null) {
         const until = Date.now() + cfg.shutdownMs;

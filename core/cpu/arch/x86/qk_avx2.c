@@ -1,11 +1,13 @@
 /* AVX2 + FMA kernels of the rule score (a 4x2 register tile of dot products
- * and a vector exp) and of SnapKV (a 4 x 16 GEMM tile against packed keys).
+ * and a vector exp) and of SnapKV (keys packed through an 8x8 register
+ * transpose, a 4 x 16 GEMM tile against them).
  * Only called after run-time detection. */
 #include "../../kernels.h"
 
 #include <immintrin.h>
 #include "../../simd_math.h"
 #include <math.h>
+#include <string.h>
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -135,6 +137,77 @@ static void x_qk_tile(const float *qp, size_t nr, const float *kt, size_t nk, si
         }
 }
 
+/* 8x8 transpose in registers: r[c] lane i = r[i] lane c on return. */
+static inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q += 4) { /* u[q + m], 128-bit half L: column 4L + m of rows q .. q + 3 */
+        u[q] = _mm256_shuffle_ps(t[q], t[q + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+        r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+    }
+}
+
+/* Keys packed by dimension: 8 rows at a time through the register
+ * transpose, each row read once as whole vectors (the plain loop reads one
+ * element per row per store). Rows of f32, or of f16 (f16 = 1) widened in
+ * the load (F16C): f16 rows are read in place, with no f32 copy between.
+ * Rows past nk are zeros, never read; the last dimensions (D % 8) are read
+ * through a masked load (f32) or a zero-filled copy (f16). */
+static inline __attribute__((always_inline)) void kt_pack_impl(const void *const *rows, size_t nk, size_t D, float *kt,
+                                                               int f16) {
+    for (size_t h = 0; h < KVM_QK_TILE; h += 8) {
+        const size_t live = nk > h ? (nk - h < 8 ? nk - h : 8) : 0;
+        if (!live) {
+            for (size_t d = 0; d < D; d++) _mm256_store_ps(kt + d * KVM_QK_TILE + h, _mm256_setzero_ps());
+            continue;
+        }
+        for (size_t d0 = 0; d0 < D; d0 += 8) {
+            const size_t nd = D - d0 < 8 ? D - d0 : 8;
+            const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            __m256 r[8];
+#pragma GCC unroll 8
+            for (size_t i = 0; i < 8; i++) {
+                if (i >= live) {
+                    r[i] = _mm256_setzero_ps();
+                } else if (f16) {
+                    const uint16_t *src = (const uint16_t *)rows[h + i] + d0;
+                    uint16_t tail[8] = {0};
+                    if (nd < 8) memcpy(tail, src, nd * sizeof *tail), src = tail;
+                    r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+                } else {
+                    r[i] = nd == 8 ? _mm256_loadu_ps((const float *)rows[h + i] + d0)
+                                   : _mm256_maskload_ps((const float *)rows[h + i] + d0, mk);
+                }
+            }
+            transpose8(r);
+            float *o = kt + d0 * KVM_QK_TILE + h;
+#pragma GCC unroll 8
+            for (size_t c = 0; c < 8; c++)
+                if (c < nd) _mm256_store_ps(o + c * KVM_QK_TILE, r[c]);
+        }
+    }
+}
+
+static void x_kt_pack(const float *const *rows, size_t nk, size_t D, float *kt) {
+    kt_pack_impl((const void *const *)rows, nk, D, kt, 0);
+}
+
+static void x_kt_pack_f16(const uint16_t *const *rows, size_t nk, size_t D, float *kt) {
+    kt_pack_impl((const void *const *)rows, nk, D, kt, 1);
+}
+
 static float x_exp_row(float *x, size_t n, size_t nz, float *mxo) {
     const size_t n8 = n & ~(size_t)7;
     __m256 mxv = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
@@ -181,4 +254,4 @@ static void x_wsum(const float *e, size_t lde, const float *f, size_t nr, size_t
     }
 }
 
-const kvm_qk_kernels kvm_qk_avx2 = {"avx2", x_qk, x_softmax_acc, kvm_qk_kt_pack_plain, x_qk_tile, x_exp_row, x_wsum, NULL};
+const kvm_qk_kernels kvm_qk_avx2 = {"avx2", x_qk, x_softmax_acc, x_kt_pack, x_qk_tile, x_exp_row, x_wsum, x_kt_pack_f16};

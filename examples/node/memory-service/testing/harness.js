@@ -105,7 +105,7 @@ async function startRedis() {
     await new Promise((r) => setTimeout(r, 50));
   }
   return {
-    url: `redis://127.0.0.1:${port}`, port,
+    url: `redis://127.0.0.1:${port}`, port, pid: child.pid,
     stop: async () => { child.kill('SIGKILL'); await exited; fs.rmSync(dir, { recursive: true, force: true }); },
   };
 }
