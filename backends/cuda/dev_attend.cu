@@ -16,7 +16,9 @@
 //     stream keeps its output; later partial CTAs of that KV head exit at
 //     once, so at most one wave of work is spent past the stop.
 // Then attend_final writes out = o / l per query head and visited per
-// stream. With tau_s = tau_d = 0 the rule never fires: full attention.
+// stream. The scored form first finds each stream's order (tile_score, then
+// tile_rank: every pair of a stream's tiles compared, n_tiles^2 / 2 cheap
+// steps per stream) and the partial CTAs read their stream's own order. With tau_s = tau_d = 0 the rule never fires: full attention.
 // A live position whose logit is not finite (K not finite there, or the
 // product overflows) is noted per tile by the partial CTAs (the lowest such
 // position); the fold stops the stream at that tile with visited = -1 -
@@ -36,6 +38,7 @@ constexpr int kWarps = 4;
 
 struct AttendDims {
     int Hq, Hkv, G, D, tile, n_visit, tpw, n_slots, probe_n, patience, stop_enabled;
+    int ord_stride; // entries between the streams' orders (scored: n_tiles; else 0, one order)
     long long n_pos, n_tiles;
     float scale, tau_s, tau_d;
 };
@@ -97,6 +100,8 @@ struct AttendWs {
     float *ml;        // [Hq][2]
     float *z;         // [Hkv][32]
     kvm_cu_rule *rule; // [Hkv]
+    int *pos;          // [Hkv]: live positions of the tiles each stream counted
+    float *score;      // scored: [Hkv][n_tiles]
 };
 
 __global__ void attend_init_kernel(AttendWs w, AttendDims p) {
@@ -113,6 +118,7 @@ __global__ void attend_init_kernel(AttendWs w, AttendDims p) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)p.Hkv; i += (size_t)gridDim.x * blockDim.x) {
         kvm_cu_rule r = {0.0, 0, 0, 0, 0};
         w.rule[i] = r;
+        w.pos[i] = 0;
         for (int k = 0; k < KVM_CU_PROBE; k++) w.z[i * KVM_CU_PROBE + k] = 0.0f;
     }
 }
@@ -143,7 +149,7 @@ attend_partial_kernel(const float *__restrict__ q, const T *__restrict__ k, cons
         }
     }
     // a tile id outside [0, n_tiles) visits nothing (never reads out of bounds)
-    const int tile = order[idx];
+    const int tile = order[(size_t)hkv * p.ord_stride + idx];
     long long p0 = 0, p1 = 0;
     if (tile >= 0 && tile < p.n_tiles) {
         p0 = (long long)tile * p.tile;
@@ -276,6 +282,7 @@ __global__ void __launch_bounds__(256) attend_fold_kernel(AttendWs w, int wave, 
         if (threadIdx.x == 0) {
             kvm_cu_rule r = w.rule[hkv];
             r.visited++;
+            w.pos[hkv] += w.live[hkv * p.tpw + t];
             if (kvm_cu_rule_step(&r, w.z + (size_t)hkv * KVM_CU_PROBE, zs, p.probe_n, p.tau_s, p.tau_d, p.patience,
                                  p.stop_enabled))
                 r.done = 1;
@@ -286,15 +293,104 @@ __global__ void __launch_bounds__(256) attend_fold_kernel(AttendWs w, int wave, 
     }
 }
 
-__global__ void attend_final_kernel(AttendWs w, AttendDims p, float *__restrict__ out, int32_t *__restrict__ visited) {
+__global__ void attend_final_kernel(AttendWs w, AttendDims p, float *__restrict__ out, int32_t *__restrict__ visited,
+                                    int scored) {
     const size_t n_o = (size_t)p.Hq * p.D;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_o; i += (size_t)gridDim.x * blockDim.x) {
         const float l = w.ml[2 * (i / p.D) + 1];
         const float inv = l > 0.0f ? KVM_CU_DIV(1.0f, l) : 0.0f; // write_stream's acc * (1 / l)
         out[i] = KVM_CU_MUL(w.o[i], inv);
     }
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)p.Hkv; i += (size_t)gridDim.x * blockDim.x)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)p.Hkv; i += (size_t)gridDim.x * blockDim.x) {
         visited[i] = w.rule[i].visited;
+        if (scored) visited[p.Hkv + i] = w.pos[i];
+    }
+}
+
+// ---- the scored form: each stream's SCORED order (core/attend/attend_order.c) ----
+// tile_score: one CTA per (tile, KV head): the tile's largest logit over its
+// live positions and the stream's G query heads, NaN ignored (-inf when no
+// position is live), one warp per position at a time.
+template <int VEC, typename T>
+__global__ void __launch_bounds__(kWarps * 32)
+tile_score_kernel(const float *__restrict__ q, const T *__restrict__ k, const int32_t *__restrict__ slot_map, AttendWs w,
+                  AttendDims p) {
+    const long long t = blockIdx.x;
+    const int hkv = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long p0 = t * p.tile, p1 = p0 + p.tile < p.n_pos ? p0 + p.tile : p.n_pos;
+    const size_t row = (size_t)p.Hkv * p.D;
+    float best = -INFINITY;
+    for (long long pos = p0 + warp; pos < p1; pos += kWarps) {
+        const int s = slot_map[pos];
+        if (s < 0 || s >= p.n_slots) continue; // dead: never read
+        const T *kr = k + (size_t)s * row + (size_t)hkv * p.D;
+        float kv[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const int d = e * 32 + lane;
+            kv[e] = d < p.D ? kvmcu::ld(kr + d) : 0.0f;
+        }
+        for (int g = 0; g < p.G; g++) {
+            const float *qr = q + (size_t)(hkv * p.G + g) * p.D;
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const int d = e * 32 + lane;
+                if (d < p.D) dot = fmaf(qr[d], kv[e], dot);
+            }
+            const float sc = kvmcu::warp_sum(dot) * p.scale;
+            best = sc > best ? sc : best; // NaN ignored
+        }
+    }
+    __shared__ float red[kWarps];
+    if (lane == 0) red[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = red[0];
+        for (int i = 1; i < kWarps; i++) m = red[i] > m ? red[i] : m;
+        w.score[(size_t)hkv * p.n_tiles + t] = m;
+    }
+}
+
+// tile_rank: one thread per (tile, KV head): its place in the stream's order
+// = the tiles ahead of it (a higher score, or the same score and a higher
+// id: every pair compared exactly, so the order is the CPU sort's), the
+// stream's scores read through shared memory 256 at a time.
+constexpr int kRankThreads = 256;
+__global__ void __launch_bounds__(kRankThreads) tile_rank_kernel(AttendWs w, AttendDims p, int32_t *__restrict__ order) {
+    const int hkv = blockIdx.y;
+    const long long t = (long long)blockIdx.x * kRankThreads + threadIdx.x;
+    const float *sc = w.score + (size_t)hkv * p.n_tiles;
+    const float st = t < p.n_tiles ? sc[t] : 0.0f;
+    __shared__ float s_sc[kRankThreads];
+    long long rank = 0;
+    for (long long u0 = 0; u0 < p.n_tiles; u0 += kRankThreads) {
+        __syncthreads();
+        if (u0 + threadIdx.x < p.n_tiles) s_sc[threadIdx.x] = sc[u0 + threadIdx.x];
+        __syncthreads();
+        const int n = p.n_tiles - u0 < kRankThreads ? (int)(p.n_tiles - u0) : kRankThreads;
+        for (int i = 0; i < n; i++) {
+            const float su = s_sc[i];
+            rank += su > st || (su == st && u0 + i > t);
+        }
+    }
+    if (t < p.n_tiles && rank < p.n_tiles) order[(size_t)hkv * p.n_tiles + rank] = (int32_t)t;
+}
+
+template <int VEC>
+cudaError_t launch_scores(const kvm_dev_attend_args *a, const AttendWs &w, const AttendDims &p, cudaStream_t stream) {
+    const dim3 grid((unsigned)p.n_tiles, (unsigned)a->n_kv_heads, 1);
+    const float *q = cu_at<const float>(a->q, a->q_off);
+    const int32_t *sm = cu_at<const int32_t>(a->slot_map, a->slot_map_off);
+    if (a->dtype == KVMEM_F32)
+        tile_score_kernel<VEC, float><<<grid, kWarps * 32, 0, stream>>>(q, cu_at<const float>(a->k, a->k_off), sm, w, p);
+    else
+        tile_score_kernel<VEC, __half><<<grid, kWarps * 32, 0, stream>>>(q, cu_at<const __half>(a->k, a->k_off), sm, w, p);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const dim3 rgrid((unsigned)((p.n_tiles + kRankThreads - 1) / kRankThreads), (unsigned)a->n_kv_heads, 1);
+    tile_rank_kernel<<<rgrid, kRankThreads, 0, stream>>>(w, p, cu_at<int32_t>(a->order, a->order_off));
+    return cudaGetLastError();
 }
 
 template <int VEC>
@@ -404,6 +500,8 @@ kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     w.ml = reinterpret_cast<float *>(ws + plan.off_ml);
     w.z = reinterpret_cast<float *>(ws + plan.off_z);
     w.rule = reinterpret_cast<kvm_cu_rule *>(ws + plan.off_rule);
+    w.pos = reinterpret_cast<int *>(ws + plan.off_pos);
+    w.score = reinterpret_cast<float *>(ws + plan.off_score);
     AttendDims p;
     p.Hq = a->n_q_heads;
     p.Hkv = a->n_kv_heads;
@@ -421,11 +519,20 @@ kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     p.scale = a->scale;
     p.tau_s = a->tau_s;
     p.tau_d = a->tau_d;
+    p.ord_stride = a->scored ? (int)plan.n_tiles : 0;
     const uint32_t cap = (uint32_t)b->props.multiProcessorCount * 4u;
     const size_t n_o = (size_t)p.Hq * p.D, n_bad = (size_t)p.Hkv * p.tpw;
     kvm_cu_grid g = kvm_cu_grid_1d(n_o > n_bad ? n_o : n_bad, 256, cap);
     attend_init_kernel<<<g.blocks, g.threads, 0, b->stream>>>(w, p);
     cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && a->scored && p.n_tiles > 0) { // the streams' orders, written to a->order
+        switch (plan.vec) {
+        case 1: e = launch_scores<1>(a, w, p, b->stream); break;
+        case 2: e = launch_scores<2>(a, w, p, b->stream); break;
+        case 4: e = launch_scores<4>(a, w, p, b->stream); break;
+        default: e = launch_scores<8>(a, w, p, b->stream); break;
+        }
+    }
     for (int wave = 0; wave < plan.n_waves && e == cudaSuccess; wave++) {
         switch (plan.vec) {
         case 1: e = launch_partials<1>(a, plan, wave, w, p, b->stream); break;
@@ -440,7 +547,7 @@ kvmem_status kvm_cu_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     }
     if (e == cudaSuccess) {
         attend_final_kernel<<<g.blocks, g.threads, 0, b->stream>>>(w, p, cu_at<float>(a->out, a->out_off),
-                                                                   cu_at<int32_t>(a->visited, a->visited_off));
+                                                                   cu_at<int32_t>(a->visited, a->visited_off), a->scored);
         e = cudaGetLastError();
     }
     return cu_check(e, "dev_attend");

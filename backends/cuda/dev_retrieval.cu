@@ -68,6 +68,31 @@ dev_score_kernel(const float *__restrict__ q, const T *__restrict__ smin, const 
     }
 }
 
+// EXACT's buffer form, one layer l: I[l][h][t][j] = max over the rows of
+// block j (block_rows rows on from keys) of q . k, as the CPU reference: the
+// first row's product, then each later one when larger. One warp per
+// (query head, token, block), lanes over head_dim.
+template <typename T>
+__global__ void __launch_bounds__(256)
+exact_score_kernel(const float *__restrict__ q, const T *__restrict__ keys, float *__restrict__ S, ScoreDims p, int l,
+                   int block_rows) {
+    const int lane = threadIdx.x & 31;
+    const long long item = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (item >= (long long)p.Hq * p.nq * p.nb) return; // uniform across the warp
+    const int j = (int)(item % p.nb), t = (int)(item / p.nb % p.nq), h = (int)(item / ((long long)p.nb * p.nq));
+    const int g = h / p.G, D = p.D;
+    const float *qr = q + (((size_t)t * p.L + l) * p.Hq + h) * D;
+    float best = 0.0f;
+    for (int r = 0; r < block_rows; r++) {
+        const T *kr = keys + (((size_t)j * block_rows + r) * p.Hkv + g) * D;
+        float dot = 0.0f;
+        for (int d = lane; d < D; d += 32) dot = fmaf(qr[d], kvmcu::ld(kr + d), dot);
+        dot = kvmcu::warp_sum(dot);
+        best = r == 0 ? dot : (dot > best ? dot : best);
+    }
+    if (lane == 0) S[(((size_t)l * p.Hq + h) * p.nq + t) * p.nb + j] = best;
+}
+
 // Deterministic CTA reductions (fixed shuffle tree, then warps in order);
 // every thread gets the result. red: 32 floats of shared memory.
 __device__ float cta_max(float v, float *red) {
@@ -291,8 +316,12 @@ uint32_t max_blocks(const kvm_cu_backend *b) { return (uint32_t)b->props.multiPr
 kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     if (!be || !a) return kvm_cu_fail(KVMEM_ERR_INVALID_ARG, "dev_score: args is NULL");
     kvm_cu_dev_score_plan plan;
-    kvmem_status st = kvm_cu_check_dev_score(a, cu_size(a->q), cu_size(a->s_min), cu_size(a->s_max), cu_size(a->out), &plan);
+    kvmem_status st = kvm_cu_check_dev_score(a, cu_size(a->q), cu_size(a->s_min), cu_size(a->s_max), cu_size(a->out),
+                                             cu_size, &plan);
     if (st != KVMEM_OK) return st;
+    const bool exact = a->mode == KVMEM_RETRIEVE_EXACT;
+    if (exact && !a->key_rows)
+        return kvm_cu_fail(KVMEM_ERR_UNSUPPORTED, "dev_score: cuda reads EXACT's keys from key_rows only");
     kvm_cu_backend *b = cu_impl(be);
     cudaSetDevice(b->device);
     unsigned char *ws = static_cast<unsigned char *>(cu_scratch(b, plan.ws_bytes, &st));
@@ -315,14 +344,29 @@ kvmem_status kvm_cu_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     float *S = reinterpret_cast<float *>(ws);
     uint2 *sort = reinterpret_cast<uint2 *>(ws + plan.ws_scores);
     const size_t qs_bytes = (size_t)kScoreRows * (size_t)(p.D + 1) * 4; // <= 32.9 KiB (D <= 256)
-    if (a->box_layout == KVM_BOXES_SPLIT_F16)
+    if (exact) {
+        const long long items = (long long)p.Hq * p.nq * p.nb;
+        const unsigned grid = (unsigned)((items + 7) / 8); // 8 warps per CTA
+        for (int l = 0; l < p.L && st == KVMEM_OK; l++) {
+            if (a->key_f16)
+                exact_score_kernel<__half><<<grid, 256, 0, b->stream>>>(
+                    cu_at<const float>(a->q, a->q_off), cu_at<const __half>(a->key_rows[l], a->s_off), S, p, l,
+                    a->block_rows);
+            else
+                exact_score_kernel<float><<<grid, 256, 0, b->stream>>>(
+                    cu_at<const float>(a->q, a->q_off), cu_at<const float>(a->key_rows[l], a->s_off), S, p, l,
+                    a->block_rows);
+            st = cu_check(cudaGetLastError(), "dev_score");
+        }
+    } else if (a->box_layout == KVM_BOXES_SPLIT_F16) {
         dev_score_kernel<__half><<<(unsigned)plan.score_ctas, 256, qs_bytes, b->stream>>>(
             cu_at<const float>(a->q, a->q_off), cu_at<const __half>(a->s_min, a->s_off),
             cu_at<const __half>(a->s_max, a->s_off), S, p);
-    else
+    } else {
         dev_score_kernel<float><<<(unsigned)plan.score_ctas, 256, qs_bytes, b->stream>>>(
             cu_at<const float>(a->q, a->q_off), cu_at<const float>(a->s_min, a->s_off),
             cu_at<const float>(a->s_max, a->s_off), S, p);
+    }
     if ((st = cu_check(cudaGetLastError(), "dev_score")) != KVMEM_OK) return st;
     const size_t sort_smem = p.rr && p.sort_in_smem ? (size_t)p.sort_len * 8 : 0; // <= 32 KiB
     dev_score_norm_kernel<<<(unsigned)(p.L * p.Hq), 256, sort_smem, b->stream>>>(S, sort, cu_at<float>(a->out, a->out_off), p);

@@ -8,7 +8,8 @@
  * that no invocation runs more than the loop budget (vk_internal.h) in one
  * dispatch: the streams' state goes from one dispatch to the next through a
  * buffer. Dispatches are submitted ATTEND_PER_SUBMIT at a time, and the
- * series ends early once every stream has stopped. */
+ * series ends early once every stream has stopped. The scored form first
+ * finds each stream's order on the device (shaders/tile_order.comp). */
 #include "vk_internal.h"
 #include "attend_dev.h"
 
@@ -41,6 +42,87 @@ static uint64_t step_iters(uint64_t G, uint64_t D, uint64_t wg_sum) {
 }
 /* Per dispatch, outside the steps: the state loaded and saved, the output. */
 #define ATTEND_FIXED_ITERS (3u * (ACC_PER + 1u))
+
+/* The scored form's orders (shaders/tile_order.comp) into a->order, as
+ * one submission (v->mu held): the scan in spans of a tile sized to the
+ * loop budget, then the per-stream ranks of every tile, n_cmp tiles
+ * compared per dispatch. *seconds: its device time (negative: unknown). */
+#define ORDER_PUSH 21u
+static kvmem_status scored_order(kvm_vk *v, const kvm_dev_attend_args *a, int64_t n_tiles, double *seconds) {
+    const uint64_t G = (uint64_t)(a->n_q_heads / a->n_kv_heads), D = (uint64_t)a->head_dim, H = (uint64_t)a->n_kv_heads;
+    const uint32_t budget = kvm_vk_loop_budget();
+    /* phase 0: ceil(span * G / 128) pairs of D + 1 iterations each, and a
+     * 7-level tree */
+    uint64_t pairs = budget > 32 ? (budget - 32) / (D + 2) : 1;
+    if (pairs < 1) pairs = 1;
+    uint64_t span = pairs * KVM_VK_WG / G;
+    if (span < 1) span = 1;
+    if (span > (uint64_t)a->tile) span = (uint64_t)a->tile;
+    const uint64_t n_sub = ((uint64_t)a->tile + span - 1) / span, items = H * (uint64_t)n_tiles;
+    const uint64_t n_cmp = budget > 16 ? budget - 16 : 1; /* phase 2: tiles compared per dispatch */
+    const uint64_t words = items * (n_sub + 2);
+    const uint64_t max_gx = v->props.limits.maxComputeWorkGroupCount[0];
+    if (words > UINT32_MAX || words * 4 > v->props.limits.maxStorageBufferRange || n_sub + 1 > budget ||
+        H > v->props.limits.maxComputeWorkGroupCount[1])
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED,
+                           "dev_attend: the scored order of %lld tiles x %d KV heads exceeds this device's limits",
+                           (long long)n_tiles, a->n_kv_heads);
+    const size_t es = a->dtype == KVMEM_F32 ? 4 : 2;
+    uint32_t push[ORDER_PUSH];
+    memset(push, 0, sizeof push);
+    push[0] = (uint32_t)a->n_slots;
+    push[1] = (uint32_t)a->n_pos;
+    push[2] = (uint32_t)H;
+    push[3] = (uint32_t)G;
+    push[4] = (uint32_t)D;
+    push[5] = (uint32_t)a->tile;
+    push[6] = (uint32_t)n_tiles;
+    push[7] = a->dtype == KVMEM_F16;
+    memcpy(&push[8], &a->scale, 4);
+    push[9] = (uint32_t)(a->q_off / 4);
+    push[10] = (uint32_t)(a->k_off / es);
+    push[11] = (uint32_t)(a->slot_map_off / 4);
+    push[12] = (uint32_t)(a->order_off / 4);
+    push[14] = (uint32_t)n_sub;
+    push[15] = (uint32_t)span;
+    push[19] = (uint32_t)(items * n_sub);       /* score_off */
+    push[20] = (uint32_t)(items * (n_sub + 1)); /* rank_off */
+    kvmem_buffer *work = NULL;
+    kvmem_status st = kvm_vk_buffer_create(v, (size_t)words * 4, 1, &work);
+    if (st != KVMEM_OK) return st;
+    const kvmem_buffer *bind[5] = {a->q, a->k, a->slot_map, work, a->order};
+    VkResult r = kvm_vk_begin(v);
+    int recording = r == VK_SUCCESS;
+    if (r == VK_SUCCESS) r = kvm_vk_bind(v, KVM_VK_TILE_ORDER, bind, 5, sizeof push);
+    /* phase 0: workgroups (tile, span) in x, KV heads in y */
+    const uint64_t n_wg = (uint64_t)n_tiles * n_sub;
+    for (uint64_t x0 = 0; r == VK_SUCCESS && x0 < n_wg; x0 += max_gx) {
+        const uint64_t n = n_wg - x0 < max_gx ? n_wg - x0 : max_gx;
+        push[13] = 0;
+        push[16] = (uint32_t)x0;
+        r = kvm_vk_dispatch(v, KVM_VK_TILE_ORDER, push, sizeof push, (uint32_t)n, (uint32_t)H, 1);
+    }
+    /* phases 1 to 3: one invocation per (KV head, tile) */
+    const uint64_t per = max_gx * KVM_VK_WG;
+    for (uint32_t phase = 1; phase <= 3; phase++)
+        for (uint64_t u0 = 0; u0 < (phase == 2 ? (uint64_t)n_tiles : 1); u0 += n_cmp)
+            for (uint64_t x0 = 0; r == VK_SUCCESS && x0 < items; x0 += per) {
+                const uint64_t n = items - x0 < per ? items - x0 : per;
+                push[13] = phase;
+                push[16] = (uint32_t)x0;
+                push[17] = (uint32_t)u0;
+                push[18] = (uint32_t)(u0 + n_cmp < (uint64_t)n_tiles ? u0 + n_cmp : (uint64_t)n_tiles);
+                r = kvm_vk_dispatch(v, KVM_VK_TILE_ORDER, push, sizeof push,
+                                    (uint32_t)((n + KVM_VK_WG - 1) / KVM_VK_WG), 1, 1);
+            }
+    if (r != VK_SUCCESS && recording) v->vk.vkEndCommandBuffer(v->cmd);
+    else if (r == VK_SUCCESS) r = kvm_vk_submit_wait(v, 1);
+    *seconds = r == VK_SUCCESS ? v->last_op_seconds : -1;
+    kvm_vk_buffer_destroy(v, work);
+    return r == VK_SUCCESS ? KVMEM_OK
+                           : kvm_vk_fail(v, KVMEM_ERR_BACKEND, "vulkan dev_attend's scored order failed (%s)",
+                                         kvm_vk_result_str(r));
+}
 
 kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) {
     kvm_vk *v = be->impl;
@@ -101,7 +183,7 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     if (max_steps > steps) max_steps = steps > 0 ? steps : 1;
     const uint64_t n_dispatch = steps > 0 ? (steps + max_steps - 1) / max_steps : 1;
 
-    uint32_t push[29];
+    uint32_t push[31];
     push[0] = (uint32_t)a->n_slots;
     push[1] = (uint32_t)a->n_pos;
     push[2] = (uint32_t)a->n_kv_heads;
@@ -132,7 +214,9 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     push[26] = (uint32_t)a->gptj;
     memcpy(&push[27], &a->attn_factor, 4);
     push[28] = (uint32_t)(a->rope_off / 4);
-    uint32_t push_first[29];
+    push[29] = a->scored ? (uint32_t)n_tiles : 0; /* ord_stride: the streams' own orders */
+    push[30] = (uint32_t)a->scored;
+    uint32_t push_first[31];
     memcpy(push_first, push, sizeof push);
     push_first[21] = 1;
 
@@ -140,7 +224,11 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     if (!done) return kvm_vk_fail(v, KVMEM_ERR_NOMEM, "dev_attend: out of host memory");
     pthread_mutex_lock(&v->mu);
     kvmem_buffer *state = NULL;
-    kvmem_status st = kvm_vk_buffer_create(v, (size_t)state_bytes, 1, &state);
+    double seconds = 0;
+    int timed = 1;
+    kvmem_status st = a->scored && n_tiles > 0 ? scored_order(v, a, n_tiles, &seconds) : KVMEM_OK;
+    if (seconds < 0) timed = 0;
+    if (st == KVMEM_OK) st = kvm_vk_buffer_create(v, (size_t)state_bytes, 1, &state);
     /* NULL slot_map / order (nothing to read): bind q in their place */
     const kvmem_buffer *bind[KVM_DA_N + 4];
     for (int i = 0; i < KVM_DA_N; i++) bind[i] = bufs[i] ? bufs[i] : a->q;
@@ -148,8 +236,6 @@ kvmem_status kvm_vk_dev_attend(kvmem_backend *be, const kvm_dev_attend_args *a) 
     for (int i = 0; i < 3; i++) bind[KVM_DA_N + 1 + i] = extra[i] ? extra[i] : a->q; /* unused: any buffer */
     const uint32_t groups[3] = {(uint32_t)a->n_kv_heads, 1, 1};
     VkResult r = VK_SUCCESS;
-    double seconds = 0;
-    int timed = 1;
     for (uint64_t sent = 0; st == KVMEM_OK && r == VK_SUCCESS && sent < n_dispatch;) {
         const uint32_t n = (uint32_t)(n_dispatch - sent < ATTEND_PER_SUBMIT ? n_dispatch - sent : ATTEND_PER_SUBMIT);
         if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;

@@ -19,14 +19,16 @@ static const struct {
     [KVM_VK_SCORE_REDUCE_SG] = {"score_reduce_sg", 2, 16 * 4},
     [KVM_VK_TOPK] = {"topk", 3, 7 * 4},
     [KVM_VK_SCORE_SETS] = {"score_sets", 2, 9 * 4},
+    [KVM_VK_EXACT_SCORE] = {"exact_score", 3, 16 * 4},
 
     /* -- eviction -- */
     [KVM_VK_QMEM_SCORE] = {"qmem_score", 4, 16 * 4},
     [KVM_VK_QMEM_SCORE_SG] = {"qmem_score_sg", 4, 16 * 4},
 
     /* -- attention -- */
-    [KVM_VK_ATTEND] = {"attend", 11, 29 * 4},
-    [KVM_VK_ATTEND_SG] = {"attend_sg", 11, 29 * 4},
+    [KVM_VK_ATTEND] = {"attend", 11, 31 * 4},
+    [KVM_VK_ATTEND_SG] = {"attend_sg", 11, 31 * 4},
+    [KVM_VK_TILE_ORDER] = {"tile_order", 5, 21 * 4},
 
 };
 

@@ -36,6 +36,7 @@ typedef enum kvm_vk_kernel {
     KVM_VK_SCORE_REDUCE_SG, /* subgroup variant */
     KVM_VK_TOPK,
     KVM_VK_SCORE_SETS, /* dev_score_reduce */
+    KVM_VK_EXACT_SCORE, /* dev_score's EXACT relevance from key rows */
 
     /* -- eviction (dev_qmem_score) -- */
     KVM_VK_QMEM_SCORE,
@@ -44,6 +45,7 @@ typedef enum kvm_vk_kernel {
     /* -- attention (dev_attend) -- */
     KVM_VK_ATTEND,
     KVM_VK_ATTEND_SG, /* the probe reduced with subgroup operations */
+    KVM_VK_TILE_ORDER, /* the scored form's per-stream orders */
 
     KVM_VK_N_KERNELS
 } kvm_vk_kernel;

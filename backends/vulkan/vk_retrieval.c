@@ -113,6 +113,7 @@ static size_t score_scratch_bytes(void) {
 /* Descriptor sets per submission (vk_device.c's pool) / sets per chunk (the
  * GEMM's, score_reduce's). */
 #define DEV_SCORE_CHUNKS_PER_SUBMIT 5
+#define EXACT_LAYERS_PER_SUBMIT 8 /* exact_score.comp's sets (3 buffers each) */
 
 /* Loop iterations of score_reduce.comp per invocation, each loop at its
  * largest trip count plus one for the exit test: phase 0 per row (the row
@@ -130,15 +131,23 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     if (st != KVMEM_OK) return kvm_vk_fail(v, st, "%s", msg);
     const size_t L = (size_t)a->n_layers, Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads;
     const size_t D = (size_t)a->head_dim, NB = (size_t)a->n_blocks, NQ = (size_t)a->n_q, batch = L * Hq;
-    const int rr = a->norm == KVMEM_NORM_RR;
+    const int rr = a->norm == KVMEM_NORM_RR, exact = a->mode == KVMEM_RETRIEVE_EXACT;
+    if (exact && !a->key_rows)
+        return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: vulkan reads EXACT's keys from key_rows only");
     /* element extents (their byte sizes were checked against the buffers) */
     const int half = a->box_layout == KVM_BOXES_SPLIT_F16;
     const size_t s_el = a->s_off / (half ? 2 : 4); /* the boxes' offset in their elements */
-    if (a->q_off / 4 + NQ * batch * D > UINT32_MAX || s_el + NB * L * Hkv * D > UINT32_MAX ||
-        a->out_off / 4 + batch * NB > UINT32_MAX)
+    const size_t box_el = exact ? a->s_off / (a->key_f16 ? 2 : 4) + NB * (size_t)a->block_rows * Hkv * D
+                                : s_el + NB * L * Hkv * D;
+    if (a->q_off / 4 + NQ * batch * D > UINT32_MAX || box_el > UINT32_MAX || a->out_off / 4 + batch * NB > UINT32_MAX)
         return kvm_vk_fail(v, KVMEM_ERR_UNSUPPORTED, "dev_score: sizes exceed the shaders' 32-bit indices");
-    const kvmem_buffer *in[4] = {a->q, a->s_min, a->s_max, a->out};
+    const kvmem_buffer *in[4] = {a->q, exact ? a->q : a->s_min, exact ? a->q : a->s_max, a->out};
     if ((st = check_bind(v, "dev_score", in, 4)) != KVMEM_OK) return st;
+    for (size_t l = 0; exact && l < L; l++)
+        if ((st = check_bind(v, "dev_score", &a->key_rows[l], 1)) != KVMEM_OK) return st;
+    /* EXACT: rows of a block per dispatch of exact_score.comp (D + 1
+     * iterations each, and the row loop's) */
+    const uint64_t exact_rows = KVM_MAX((uint64_t)1, (kvm_vk_loop_budget() - 2) / (D + 2));
     size_t cap = KVM_MIN(score_scratch_bytes(), (size_t)v->props.limits.maxStorageBufferRange);
     /* scratch per token: scores [batch][NB], stats [batch][2], RR ranks [batch][NB] */
     size_t per_tok, t;
@@ -182,15 +191,46 @@ kvmem_status kvm_vk_dev_score(kvmem_backend *be, const kvm_dev_score_args *a) {
     int timed = 1;
     pthread_mutex_lock(&v->mu);
     for (size_t t0 = 0; t0 < NQ && r == VK_SUCCESS;) {
-        if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;
-        for (int c = 0; c < DEV_SCORE_CHUNKS_PER_SUBMIT && t0 < NQ && r == VK_SUCCESS; c++) {
+        /* EXACT: the relevance of the next chunk's tokens, layer by layer
+         * (a set per layer: EXACT_LAYERS_PER_SUBMIT sets to a submission) */
+        for (size_t l0 = 0; exact && l0 < L && r == VK_SUCCESS; l0 += EXACT_LAYERS_PER_SUBMIT) {
+            if ((r = kvm_vk_begin(v)) != VK_SUCCESS) break;
+            const size_t tc = KVM_MIN(tn, NQ - t0), items = Hq * tc * NB;
+            const uint64_t per = (uint64_t)lim_x * KVM_VK_WG;
+            for (size_t l = l0; l < KVM_MIN(L, l0 + EXACT_LAYERS_PER_SUBMIT) && r == VK_SUCCESS; l++) {
+                const kvmem_buffer *eb[3] = {a->q, a->key_rows[l], scratch};
+                uint32_t ep[16] = {(uint32_t)tc, (uint32_t)NB, (uint32_t)D, (uint32_t)Hq, (uint32_t)(Hq / Hkv),
+                                   (uint32_t)Hkv, (uint32_t)(a->q_off / 4 + t0 * batch * D), (uint32_t)(batch * D),
+                                   (uint32_t)(a->s_off / (a->key_f16 ? 2 : 4)), (uint32_t)a->block_rows,
+                                   (uint32_t)a->key_f16, (uint32_t)l, (uint32_t)(tc * NB), 0u, 0u, 0u};
+                r = kvm_vk_bind(v, KVM_VK_EXACT_SCORE, eb, 3, sizeof ep);
+                for (uint64_t r0 = 0; r == VK_SUCCESS && r0 < (uint64_t)a->block_rows; r0 += exact_rows)
+                    for (uint64_t i0 = 0; r == VK_SUCCESS && i0 < items; i0 += per) {
+                        const uint64_t n = KVM_MIN(per, items - i0);
+                        ep[13] = (uint32_t)i0;
+                        ep[14] = (uint32_t)r0;
+                        ep[15] = (uint32_t)KVM_MIN((uint64_t)a->block_rows, r0 + exact_rows);
+                        r = kvm_vk_dispatch(v, KVM_VK_EXACT_SCORE, ep, sizeof ep,
+                                            (uint32_t)((n + KVM_VK_WG - 1) / KVM_VK_WG), 1, 1);
+                    }
+            }
+            if (r != VK_SUCCESS) {
+                v->vk.vkEndCommandBuffer(v->cmd);
+            } else if ((r = kvm_vk_submit_wait(v, 1)) == VK_SUCCESS) {
+                if (v->last_op_seconds >= 0) seconds += v->last_op_seconds;
+                else timed = 0;
+            }
+        }
+        if (r != VK_SUCCESS || (r = kvm_vk_begin(v)) != VK_SUCCESS) break;
+        for (int c = 0; c < (exact ? 1 : DEV_SCORE_CHUNKS_PER_SUBMIT) && t0 < NQ && r == VK_SUCCESS; c++) {
             const size_t tc = KVM_MIN(tn, NQ - t0), rows = batch * tc;
             uint32_t gemm[15] = {(uint32_t)tc, (uint32_t)NB, (uint32_t)D, (uint32_t)batch, (uint32_t)(Hq / Hkv),
                                  (uint32_t)(a->q_off / 4 + t0 * batch * D), (uint32_t)D, (uint32_t)(batch * D),
                                  (uint32_t)s_el, (uint32_t)D, (uint32_t)(L * Hkv * D), 0u,
                                  (uint32_t)(tc * NB), (uint32_t)NB, (uint32_t)half};
             const kvmem_buffer *gb[4] = {a->q, a->s_min, a->s_max, scratch};
-            r = kvm_vk_record_dispatch3(v, KVM_VK_AABB_SCORE, gb, 4, gemm, sizeof gemm, (uint32_t)((NB + 15) / 16),
+            if (!exact)
+                r = kvm_vk_record_dispatch3(v, KVM_VK_AABB_SCORE, gb, 4, gemm, sizeof gemm, (uint32_t)((NB + 15) / 16),
                                         (uint32_t)((tc + 15) / 16), (uint32_t)batch);
             uint32_t red[16] = {0u, (uint32_t)NB, (uint32_t)batch, (uint32_t)tc, (uint32_t)rr,
                                 a->agg == KVMEM_AGG_SUM, taub, rrb, (uint32_t)(a->out_off / 4), 0u,

@@ -336,7 +336,7 @@ static int64_t first_nonfinite_k(const kvm_attend_plan *pl, int32_t *head) {
  * first visited[g] tiles with a live position of the order, all of their
  * live positions. */
 static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_plan *pl, const int32_t *visited,
-                                       kvmem_attend_stats *s) {
+                                       const int32_t *positions, kvmem_attend_stats *s) {
     const char *fn = "kvmem_attend";
     const int32_t H = pl->n_kv_heads;
     memset(s, 0, sizeof *s);
@@ -358,8 +358,14 @@ static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_pla
         if (visited[g] > n_live_tiles)
             return kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d tiles for KV head %d of %lld", fn, be_name,
                             visited[g], g, (long long)n_live_tiles);
+        if (positions) { /* the scored form: each stream's own order, its positions reported */
+            if (positions[g] < 0 || positions[g] > pl->T)
+                return kvm_fail(KVMEM_ERR_BACKEND, "%s: backend %s reported %d positions for KV head %d", fn, be_name,
+                                positions[g], g);
+            s->positions_read += positions[g];
+        }
         int32_t seen = 0;
-        for (int32_t i = 0; i < pl->n_order && seen < visited[g]; i++) {
+        for (int32_t i = 0; !positions && i < pl->n_order && seen < visited[g]; i++) {
             const int32_t t = pl->order[i];
             const int64_t a0 = pl->tile_start[t], a1 = pl->tile_start[t + 1];
             const int64_t n = pl->live_prefix ? pl->live_prefix[a1] - pl->live_prefix[a0] : a1 - a0;
@@ -383,6 +389,7 @@ static kvmem_status stats_from_visited(const char *be_name, const kvm_attend_pla
  * from them. */
 static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl, kvm_dev_attend_args *a, kvm_stage *stg,
                                    int n_stg, const int32_t *visited, kvmem_attend_stats *s) {
+    const int32_t *positions = a->scored ? visited + pl->n_kv_heads : NULL;
     a->n_pos = pl->T;
     a->n_q_heads = pl->n_q_heads;
     a->n_kv_heads = pl->n_kv_heads;
@@ -395,7 +402,7 @@ static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl,
     kvmem_status st = be->iface->dev_attend(be, a);
     if (st != KVMEM_OK) st = kvm_route_failed(be, "kvmem_attend", st);
     st = kvm_stage_end(be, "kvmem_attend", stg, n_stg, st);
-    if (st == KVMEM_OK) st = stats_from_visited(be->iface->name, pl, visited, s);
+    if (st == KVMEM_OK) st = stats_from_visited(be->iface->name, pl, visited, positions, s);
     return st;
 }
 
@@ -403,7 +410,7 @@ static kvmem_status dev_attend_run(kvmem_backend *be, const kvm_attend_plan *pl,
  * per-stream tile counts. KVMEM_ERR_UNSUPPORTED: the backend cannot run
  * this shape (the caller then runs the plan on the CPU). */
 static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *pl, kvmem_attend_stats *s,
-                                     const kvm_devt *dkv) {
+                                     const kvm_devt *dkv, int scored) {
     const char *fn = "kvmem_attend";
     const kvmem_tensor *k = pl->k, *v = pl->v;
     const kvmem_dtype dt = k->dtype == KVMEM_F16 && v->dtype == KVMEM_F16 ? KVMEM_F16 : KVMEM_F32;
@@ -415,7 +422,7 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
         return KVMEM_ERR_UNSUPPORTED;
     const size_t q_bytes = (size_t)Hq * (size_t)D * 4;
     int32_t *slots = kvm_malloc(((size_t)T + 1) * sizeof *slots);
-    int32_t *visited = kvm_malloc((size_t)H * sizeof *visited);
+    int32_t *visited = kvm_malloc(2 * (size_t)H * sizeof *visited);
     void *pack = NULL;
     kvmem_status st = KVMEM_OK;
     if (!slots || !visited) {
@@ -442,7 +449,12 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
                         {KVM_STAGE_IN, slots, (size_t)T * 4, NULL, NULL, {0, NULL}},
                         {KVM_STAGE_IN, (void *)(uintptr_t)pl->order, (size_t)pl->n_order * 4, NULL, NULL, {0, NULL}},
                         {KVM_STAGE_OUT, pl->out, q_bytes, NULL, NULL, {0, NULL}},
-                        {KVM_STAGE_OUT, visited, (size_t)H * 4, NULL, NULL, {0, NULL}}};
+                        {KVM_STAGE_OUT, visited, (size_t)H * 4 * (scored ? 2 : 1), NULL, NULL, {0, NULL}}};
+    if (scored) { /* the device writes the per-stream orders: device memory only */
+        stg[4].dir = KVM_STAGE_WORK;
+        stg[4].host = NULL;
+        stg[4].bytes = (size_t)H * (size_t)pl->n_order * 4;
+    }
     if ((st = kvm_stage_begin(be, fn, stg, 7)) != KVMEM_OK) goto done;
     const kvmem_tensor *kv[2] = {k, v};
     for (int x = 0; x < 2 && st == KVMEM_OK && !in_place; x++) {
@@ -475,6 +487,7 @@ static kvmem_status attend_on_device(kvmem_backend *be, const kvm_attend_plan *p
     a.n_slots = n_slots;
     a.tile = (int32_t)(pl->n_tiles > 0 ? pl->tile_start[1] - pl->tile_start[0] : 1);
     a.dtype = dt;
+    a.scored = scored;
     st = dev_attend_run(be, pl, &a, stg, 7, visited, s);
 done:
     kvm_free(slots);
@@ -528,6 +541,26 @@ static kvmem_status attend_agent_on_device(kvmem_backend *be, const kvm_attend_p
     a.visited = stg[2].buf;
     a.tile = pl->pool->params.block_size;
     return dev_attend_run(be, pl, &a, stg, 4, visited, s);
+}
+
+/* The backend the router picks for a plan the buffer-level form covers
+ * (caller: the plan's source K and V when caller, else the agent's f32
+ * mirror); scored: dev_attend's scored form. */
+static kvmem_backend *route_attend(kvmem_context *ctx, const kvm_attend_plan *pl, int caller, int scored) {
+    kvm_dev_attend_args shape;
+    memset(&shape, 0, sizeof shape);
+    shape.n_pos = pl->T;
+    shape.n_q_heads = pl->n_q_heads;
+    shape.n_kv_heads = pl->n_kv_heads;
+    shape.head_dim = pl->head_dim;
+    shape.n_visit = scored ? pl->n_tiles : pl->n_order;
+    shape.dtype = caller && pl->k->dtype == KVMEM_F16 && pl->v->dtype == KVMEM_F16 ? KVMEM_F16 : KVMEM_F32;
+    shape.scale = pl->scale;
+    shape.tau_s = pl->tau_s;
+    shape.tau_d = pl->tau_d;
+    shape.patience = pl->patience;
+    shape.scored = scored;
+    return kvm_route(ctx, KVM_OP_ATTEND, &shape);
 }
 
 /* dkv (NULL, or K and V of a TENSORS / SLOTMAP source): device tensors the
@@ -602,7 +635,8 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
         bufs_free(&b);
         return st;
     }
-    /* SCORED on caller K reads every K row for its order and keeps the
+    /* SCORED on caller K reads every K row for its order (on the device
+     * when the router picks one that takes the plan) and keeps the
      * logits, so the attention then reads V alone: never more than full
      * attention reads. Where the logits would take more than
      * KVM_ATTEND_MAX_LOGITS floats they are computed again (K read twice
@@ -615,7 +649,21 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
         (!pl.stop_enabled ||
          (!agent && !keep_logits && kvm_attend_tiles_seen(&pl) <= 2 * ((int64_t)a.patience + 1))))
         pl.stop_enabled = 0;
-    else if (a.order == KVMEM_ATTEND_SCORED) {
+    kvmem_attend_stats s;
+    kvmem_backend *cpu = ctx->cpu, *be = cpu;
+    const kvm_devt *in_place = dkv && !dkv[0].filled && !dkv[1].filled ? dkv : NULL;
+    int ran = 0; /* a device ran the plan with its own SCORED order */
+    if (a.order == KVMEM_ATTEND_SCORED && pl.stop_enabled && !agent && pl.n_tiles > 0 && device_eligible(&pl) &&
+        (be = route_attend(ctx, &pl, 1, 1)) != cpu) {
+        /* the device scans K where it lies (one read of every live row, as
+         * the CPU's scan) and sorts each stream's tiles: nothing of the
+         * history crosses, K and V only where they are host tensors */
+        st = attend_on_device(be, &pl, &s, in_place, 1);
+        ran = !kvm_route_to_cpu(st);
+        if (ran) scan_rows = (pl.live_prefix ? pl.live_prefix[pl.T] : pl.T) * (int64_t)pl.n_kv_heads;
+        be = cpu;
+    }
+    if (!ran && a.order == KVMEM_ATTEND_SCORED && pl.stop_enabled) { /* the scan on the CPU */
         if (dkv && ((st = kvm_devt_read(&dkv[0], fn)) != KVMEM_OK || (st = kvm_devt_read(&dkv[1], fn)) != KVMEM_OK)) {
             bufs_free(&b);
             return st;
@@ -640,29 +688,13 @@ static kvmem_status attend_call(kvmem_context *ctx, const kvmem_tensor *q, const
      * times the speed of descending ones (BENCHMARKS.md, "attend"). */
     if (!pl.stop_enabled && !pl.compare && (a.order == KVMEM_ATTEND_RECENT || a.order == KVMEM_ATTEND_SCORED))
         for (int32_t t = 0; t < pl.n_order; t++) b.order[t] = t;
-    kvmem_attend_stats s;
     /* a device backend with the buffer-level kernel runs the plans it
      * covers; the rest (and shapes it refuses as unsupported) run here */
-    kvmem_backend *cpu = ctx->cpu, *be = cpu;
-    const int dev_plan = device_eligible(&pl), dev_agent = !dev_plan && agent_device_eligible(&pl);
-    if (dev_plan || dev_agent) { /* the plans the buffer-level form covers: the router's choice */
-        kvm_dev_attend_args shape;
-        memset(&shape, 0, sizeof shape);
-        shape.n_pos = pl.T;
-        shape.n_q_heads = pl.n_q_heads;
-        shape.n_kv_heads = pl.n_kv_heads;
-        shape.head_dim = pl.head_dim;
-        shape.n_visit = pl.n_order;
-        shape.dtype = dev_plan && pl.k->dtype == KVMEM_F16 && pl.v->dtype == KVMEM_F16 ? KVMEM_F16 : KVMEM_F32;
-        shape.scale = pl.scale;
-        shape.tau_s = pl.tau_s;
-        shape.tau_d = pl.tau_d;
-        shape.patience = pl.patience;
-        be = kvm_route(ctx, KVM_OP_ATTEND, &shape);
-    }
-    const kvm_devt *in_place = dkv && !dkv[0].filled && !dkv[1].filled ? dkv : NULL;
-    st = be == cpu ? KVMEM_OK : dev_plan ? attend_on_device(be, &pl, &s, in_place) : attend_agent_on_device(be, &pl, &s);
-    if (be == cpu || kvm_route_to_cpu(st)) {
+    const int dev_plan = !ran && device_eligible(&pl), dev_agent = !ran && !dev_plan && agent_device_eligible(&pl);
+    if (dev_plan || dev_agent) be = route_attend(ctx, &pl, dev_plan, 0); /* the router's choice */
+    if (!ran)
+        st = be == cpu ? KVMEM_OK : dev_plan ? attend_on_device(be, &pl, &s, in_place, 0) : attend_agent_on_device(be, &pl, &s);
+    if (!ran && (be == cpu || kvm_route_to_cpu(st))) {
         st = KVMEM_OK;
         if (dkv && ((st = kvm_devt_read(&dkv[0], fn)) != KVMEM_OK || (st = kvm_devt_read(&dkv[1], fn)) != KVMEM_OK)) {
             bufs_free(&b);

@@ -35,6 +35,18 @@ static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_
         return 0;
     }
     const int64_t n_tiles = (a->n_pos + a->tile - 1) / a->tile;
+    if (a->scored != 0 && a->scored != 1) {
+        snprintf(msg, msg_size, "scored %d must be 0 or 1", a->scored);
+        return 0;
+    }
+    if (a->scored && (a->k_tail || a->rope_cs)) {
+        snprintf(msg, msg_size, "scored: the scored form reads caller K (no mirror tail or rotation)");
+        return 0;
+    }
+    if (a->scored && a->n_visit != n_tiles) {
+        snprintf(msg, msg_size, "scored: n_visit %d must be the %lld tiles", a->n_visit, (long long)n_tiles);
+        return 0;
+    }
     if (a->n_visit > n_tiles) {
         snprintf(msg, msg_size, "n_visit %d exceeds the %lld tiles", a->n_visit, (long long)n_tiles);
         return 0;
@@ -63,9 +75,9 @@ static inline int kvm_dev_attend_check(const kvm_dev_attend_args *a, const size_
              kvm_mul_size(kv, es, &need[KVM_DA_K]);
     need[KVM_DA_V] = ok ? need[KVM_DA_K] : 0;
     need[KVM_DA_SLOTS] = (size_t)a->n_pos * 4;
-    need[KVM_DA_ORDER] = (size_t)a->n_visit * 4;
+    ok = ok && kvm_mul_size((size_t)a->n_visit * 4, a->scored ? (size_t)a->n_kv_heads : 1, &need[KVM_DA_ORDER]);
     need[KVM_DA_OUT] = ok ? need[KVM_DA_Q] : 0;
-    need[KVM_DA_VISITED] = (size_t)a->n_kv_heads * 4;
+    need[KVM_DA_VISITED] = (size_t)a->n_kv_heads * 4 * (a->scored ? 2 : 1);
     for (int i = 0; ok && i < KVM_DA_N; i++)
         ok = need[i] == 0 || (off[i] <= size[i] && need[i] <= size[i] - off[i]);
     if (!ok) {

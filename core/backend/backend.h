@@ -50,8 +50,11 @@
  *    through callbacks, caller tensors) that a device's supports_op refuses
  * 8: the device-resident mirror's forms: f16 split boxes (KVM_BOXES_SPLIT_F16),
  *    dev_gather_rope's src_dtype, dev_attend's keys rotated on the fly
- *    (rope_cs) and its f32 tail rows (k_tail, v_tail) */
-#define KVMEM_BACKEND_API_VERSION 8u
+ *    (rope_cs) and its f32 tail rows (k_tail, v_tail)
+
+ * 9: dev_attend's scored form (the SCORED order found by the backend);
+ *    dev_score's EXACT buffer form (keys read from device rows) */
+#define KVMEM_BACKEND_API_VERSION 9u
 
 typedef struct kvmem_backend kvmem_backend;
 typedef struct kvmem_buffer kvmem_buffer;
@@ -186,7 +189,11 @@ typedef struct kvm_dev_rows {
  * sums of out instead, out f32 [n_sets][n_blocks] (as dev_score_reduce
  * would, summed in the backend's own order); box_layout PAIRED reads the
  * boxes of blocks[j] (host, ascending; NULL: j) from s_max at s_off; mode
- * EXACT takes I = max over the block's keys of q . k, keys from `keys`. */
+ * EXACT takes I = max over the block's keys of q . k, keys from `keys`.
+ * EXACT's buffer form (keys NULL, key_rows set; s_min and s_max unused):
+ * block j's keys are rows [j * block_rows, (j + 1) * block_rows) of
+ * key_rows[l] for layer l, f32 (key_f16 0) or f16 rows [.][n_kv_heads]
+ * [head_dim] from byte s_off (an agent's resident raw keys). */
 typedef struct kvm_dev_score_args {
     const kvmem_buffer *q;              /* f32 [n_q][n_layers][n_q_heads][head_dim] */
     const kvmem_buffer *s_min, *s_max;  /* f32 (SPLIT_F32) or f16 (SPLIT_F16) [n_blocks][n_layers][n_kv_heads][head_dim] */
@@ -202,6 +209,9 @@ typedef struct kvm_dev_score_args {
     const int32_t *blocks;     /* (host) */
     kvmem_retrieve_mode mode;
     const kvm_dev_keys *keys;  /* (host) EXACT */
+    /* EXACT's buffer form */
+    const kvmem_buffer *const *key_rows; /* (host array) [n_layers] */
+    int32_t block_rows, key_f16;
 } kvm_dev_score_args;
 
 /* dev_topk: the min(k, #non-NaN) indices of the largest scores (NaN never
@@ -266,6 +276,14 @@ typedef struct kvm_dev_gather_args {
  * other outputs of that call are unspecified, and the core refuses it,
  * naming the position, as kvm_attend_cpu refuses the same.
  * scale > 0 is resolved by the core. kvm_attend_cpu is the reference.
+ * scored = 1 (kvmem_attend's SCORED order, found by the backend): every tile
+ * is visited (n_visit = ceil(n_pos / tile)), each stream in its own order,
+ * tiles by their score = the largest logit over their live positions and
+ * the stream's query heads (NaN logits ignored; no live position: -inf),
+ * highest first, equal scores newest (highest id) first. order is then an
+ * output, int32 [n_kv_heads][n_visit]: stream g's order at g * n_visit;
+ * visited holds 2 * n_kv_heads entries, the second half the live positions
+ * each stream read (the tiles it counts in visited[g], whole).
  * Contents only device memory holds: the CPU reference refuses a live slot
  * >= n_slots and tile ids outside [0, ceil(n_pos / tile)) or repeated
  * (KVMEM_ERR_INVALID_ARG); a device skips such slots like dead ones and such
@@ -301,6 +319,7 @@ typedef struct kvm_dev_attend_args {
     int64_t tail_slot;
     int32_t rotary_dim, gptj;
     float attn_factor;
+    int32_t scored; /* 0 or 1 (above) */
 } kvm_dev_attend_args;
 
 /* dev_qmem_score: IntentKV's rule score (kvmem_qmem_score) of n tokens:

@@ -28,8 +28,7 @@ static inline int kvm_dev_args_buffer_form(kvm_op op, const void *args) {
     case KVM_OP_SCORE: {
         const kvm_dev_score_args *a = (const kvm_dev_score_args *)args;
         return a->n_sets == 0 && (a->box_layout == KVM_BOXES_SPLIT_F32 || a->box_layout == KVM_BOXES_SPLIT_F16) &&
-               !a->blocks &&
-               a->mode == KVMEM_RETRIEVE_AABB && !a->keys;
+               !a->blocks && !a->keys && (a->mode == KVMEM_RETRIEVE_AABB || a->key_rows);
     }
     case KVM_OP_GATHER_ROPE: {
         const kvm_dev_gather_args *a = (const kvm_dev_gather_args *)args;
@@ -67,9 +66,10 @@ static inline int kvm_dev_prod(size_t *out, size_t a, size_t b, size_t c, size_t
     return kvm_mul_size(a, b, out) && kvm_mul_size(*out, c, out) && kvm_mul_size(*out, d, out);
 }
 
-/* size: q, s_min, s_max, out */
-static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a, const size_t size[4], char *msg,
-                                                     size_t msg_size) {
+/* size: q, s_min, s_max, out; key_size: the byte size of a buffer of
+ * EXACT's key_rows (NULL: none is taken) */
+static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a, const size_t size[4],
+                                                     kvm_dev_size_fn key_size, char *msg, size_t msg_size) {
     if (!a) return kvm_dev_bad(msg, msg_size, "dev_score: args is NULL");
     if (a->n_q < 1 || a->n_blocks < 1 || a->n_layers < 1 || a->n_q_heads < 1 || a->n_kv_heads < 1 || a->head_dim < 1)
         return kvm_dev_bad(msg, msg_size,
@@ -94,8 +94,12 @@ static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a
         return kvm_dev_bad(msg, msg_size, "dev_score: box_layout %d is unknown", a->box_layout);
     if (a->n_sets != 0 && a->n_sets != 1 && a->n_sets != a->n_layers)
         return kvm_dev_bad(msg, msg_size, "dev_score: n_sets %d is not 0, 1 or n_layers %d", a->n_sets, a->n_layers);
-    if (exact && (!a->keys || !a->keys->read || a->keys->max_rows < 1))
-        return kvm_dev_bad(msg, msg_size, "dev_score: EXACT needs keys with a reader and max_rows >= 1");
+    const int key_bufs = exact && !a->keys && a->key_rows; /* EXACT's buffer form */
+    if (exact && !key_bufs && (!a->keys || !a->keys->read || a->keys->max_rows < 1))
+        return kvm_dev_bad(msg, msg_size, "dev_score: EXACT needs keys with a reader and max_rows >= 1, or key_rows");
+    if (key_bufs && (a->block_rows < 1 || (a->key_f16 != 0 && a->key_f16 != 1) || a->blocks || a->n_sets))
+        return kvm_dev_bad(msg, msg_size, "dev_score: EXACT's key_rows need block_rows %d >= 1, key_f16 0 or 1, "
+                           "no blocks list and n_sets 0", a->block_rows);
     if (!a->q || !a->out || (!exact && (!a->s_max || (split && !a->s_min))))
         return kvm_dev_bad(msg, msg_size, "dev_score: a buffer is NULL");
     if (a->q_off % 4 || a->s_off % 4 || a->out_off % 4)
@@ -120,6 +124,15 @@ static inline kvmem_status kvm_dev_score_check_sizes(const kvm_dev_score_args *a
         !kvm_dev_holds(size[0], a->q, a->q_off, nq) || (!exact && split && !kvm_dev_holds(size[1], a->s_min, a->s_off, ns)) ||
         (!exact && !kvm_dev_holds(size[2], a->s_max, a->s_off, ns)) || !kvm_dev_holds(size[3], a->out, a->out_off, no))
         return kvm_dev_bad(msg, msg_size, "dev_score: ranges outside the buffers");
+    if (key_bufs) { /* every layer's rows, in 32-bit words (f16 rows rounded up to whole words) */
+        size_t nk;
+        if (!kvm_dev_prod(&nk, NB, (size_t)a->block_rows, (size_t)a->n_kv_heads, D))
+            return kvm_dev_bad(msg, msg_size, "dev_score: EXACT's key rows overflow");
+        if (a->key_f16) nk = (nk + 1) / 2;
+        for (size_t l = 0; l < L; l++)
+            if (!a->key_rows[l] || !kvm_dev_holds(key_size ? key_size(a->key_rows[l]) : 0, a->key_rows[l], a->s_off, nk))
+                return kvm_dev_bad(msg, msg_size, "dev_score: EXACT's key rows of layer %zu are NULL or outside the buffer", l);
+    }
     return KVMEM_OK;
 }
 
@@ -216,7 +229,7 @@ static inline kvmem_status kvm_dev_score_check(const kvm_dev_score_args *a, kvm_
         sz[2] = kvm_dev_size_of(size, a->s_max);
         sz[3] = kvm_dev_size_of(size, a->out);
     }
-    return kvm_dev_score_check_sizes(a, sz, msg, msg_size);
+    return kvm_dev_score_check_sizes(a, sz, size, msg, msg_size);
 }
 
 static inline kvmem_status kvm_dev_score_reduce_check(const kvm_dev_score_reduce_args *a, kvm_dev_size_fn size,

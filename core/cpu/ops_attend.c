@@ -656,6 +656,63 @@ kvmem_status kvm_attend_cpu(kvmem_backend *be, const kvm_attend_plan *p, kvmem_a
  * run by kvm_attend_cpu, so the device kernels are compared with exactly the
  * rule kvmem_attend() runs. */
 
+/* The scored form's orders (backend.h): each KV head's tiles by their
+ * largest logit, highest first, equal scores newest first, the logits from
+ * the attention kernels as kvmem_attend's own scan takes them
+ * (core/attend/attend_order.c: runs of SCORED_RUN live positions of a tile,
+ * SCORED_RUN query heads a call), so the CPU entry orders as kvmem_attend
+ * does on the CPU. pl: a one-row SLOTMAP plan of contiguous F32 / F16 K. */
+#define SCORED_RUN 16
+typedef struct scored_tile {
+    float score;
+    int32_t tile;
+} scored_tile;
+
+static int scored_cmp(const void *a, const void *b) {
+    const scored_tile *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    return (x->tile < y->tile) - (x->tile > y->tile);
+}
+
+static kvmem_status dev_scored_order(const kvm_attend_plan *pl, int32_t *head_order) {
+    const kvm_attend_kernels *kern = kvm_cpu_kernels_get()->attend;
+    const int32_t H = pl->n_kv_heads, G = pl->group, NT = pl->n_tiles;
+    const size_t D = (size_t)pl->head_dim, es = kvm_dtype_size(pl->k->dtype);
+    scored_tile *st = kvm_malloc((size_t)NT * sizeof *st + 1);
+    if (!st) return kvm_fail(KVMEM_ERR_NOMEM, "dev_attend: out of memory for the scores of %d tiles", NT);
+    float s[SCORED_RUN * SCORED_RUN];
+    const void *kr[SCORED_RUN];
+    const float *qv[SCORED_RUN];
+    for (int32_t g = 0; g < H; g++) {
+        for (int32_t t = 0; t < NT; t++) {
+            float best = -INFINITY;
+            for (int64_t x = pl->tile_start[t]; x < pl->tile_start[t + 1];) {
+                size_t n = 0;
+                for (; x < pl->tile_start[t + 1] && n < SCORED_RUN; x++)
+                    if (pl->slots[x] >= 0)
+                        kr[n++] = (const unsigned char *)pl->k->data +
+                                  (size_t)(pl->slots[x] * pl->k->strides[0] + g * pl->k->strides[1]) * es;
+                for (int32_t g0 = 0; n > 0 && g0 < G; g0 += SCORED_RUN) {
+                    const size_t nq = (size_t)KVM_MIN(SCORED_RUN, G - g0);
+                    for (size_t i = 0; i < nq; i++) qv[i] = pl->q + ((size_t)g * (size_t)G + (size_t)g0 + i) * D;
+                    if (pl->k->dtype == KVMEM_F16)
+                        kern->qk_f16(qv, nq, (const uint16_t *const *)kr, n, D, pl->scale, s, SCORED_RUN);
+                    else
+                        kern->qk(qv, nq, (const float *const *)kr, n, D, pl->scale, s, SCORED_RUN);
+                    for (size_t i = 0; i < nq; i++)
+                        for (size_t j = 0; j < n; j++) best = s[i * SCORED_RUN + j] > best ? s[i * SCORED_RUN + j] : best;
+                }
+            }
+            st[t].score = best;
+            st[t].tile = t;
+        }
+        qsort(st, (size_t)NT, sizeof *st, scored_cmp);
+        for (int32_t t = 0; t < NT; t++) head_order[(size_t)g * (size_t)NT + (size_t)t] = st[t].tile;
+    }
+    kvm_free(st);
+    return KVMEM_OK;
+}
+
 /* The device mirror's rows (backend.h, dev_attend) of every live position
  * p (slots[p] >= 0): *k and *v f32 [n_pos][n_kv_heads][head_dim], the key
  * rotated to base + p; slots[p] becomes p. */
@@ -723,6 +780,7 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     int64_t *tile_start = kvm_malloc(((size_t)n_tiles + 1) * sizeof *tile_start);
     int64_t *live = kvm_malloc(((size_t)T + 1) * sizeof *live);
     int32_t *seen = kvm_calloc((size_t)n_tiles + 1, sizeof *seen);
+    int32_t *head_order = NULL;
     kvmem_status st = KVMEM_OK;
     if (!slots || !order || !tile_start || !live || !seen) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %lld positions", fn, (long long)T);
@@ -742,7 +800,8 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
         live[j + 1] = live[j] + (s >= 0);
     }
     const int32_t *om = (const int32_t *)(const void *)(host[KVM_DA_ORDER] + a->order_off);
-    for (int32_t i = 0; i < a->n_visit; i++) {
+    for (int32_t i = 0; a->scored && i < a->n_visit; i++) order[i] = (int32_t)(n_tiles - 1 - i); /* every tile */
+    for (int32_t i = 0; !a->scored && i < a->n_visit; i++) {
         if (om[i] < 0 || om[i] >= n_tiles || seen[om[i]]) {
             st = kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: order[%d] = %d is outside [0, %lld) or repeated", fn, i, om[i],
                           (long long)n_tiles);
@@ -798,9 +857,33 @@ kvmem_status kvm_attend_dev_cpu(kvmem_backend *be, const kvm_dev_attend_args *a)
     pl.patience = a->patience;
     pl.probe = KVMEM_ATTEND_PROBE_STRIDED;
     pl.stream_visited = (int32_t *)(void *)(host[KVM_DA_VISITED] + a->visited_off);
+    if (a->scored) { /* the order as kvmem_attend's scan finds it, written to `order` */
+        head_order = kvm_malloc((size_t)a->n_kv_heads * (size_t)n_tiles * sizeof *head_order + 1);
+        if (!head_order) {
+            st = kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for the order of %lld tiles", fn, (long long)n_tiles);
+            goto done;
+        }
+        if ((st = dev_scored_order(&pl, head_order)) != KVMEM_OK) goto done;
+        pl.head_order = head_order;
+    }
     kvmem_attend_stats stats;
     st = kvm_attend_cpu(be, &pl, &stats);
+    if (st == KVMEM_OK && a->scored) {
+        int32_t *ord_out = (int32_t *)(void *)(host[KVM_DA_ORDER] + a->order_off);
+        memcpy(ord_out, head_order, (size_t)a->n_kv_heads * (size_t)n_tiles * sizeof *head_order);
+        for (int32_t g = 0; g < a->n_kv_heads; g++) { /* the live positions of the tiles stream g counted */
+            const int32_t *ho = head_order + (size_t)g * (size_t)n_tiles;
+            int64_t n = 0;
+            for (int32_t i = 0, seen_live = 0; i < n_tiles && seen_live < pl.stream_visited[g]; i++) {
+                const int64_t c = live[tile_start[ho[i] + 1]] - live[tile_start[ho[i]]];
+                seen_live += c > 0;
+                n += c;
+            }
+            pl.stream_visited[a->n_kv_heads + g] = (int32_t)n;
+        }
+    }
 done:
+    kvm_free(head_order);
     kvm_free(slots);
     kvm_free(order);
     kvm_free(tile_start);

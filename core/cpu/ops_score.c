@@ -39,6 +39,7 @@
 
 #include "cpu_backend.h"
 #include "kernels.h"
+#include "half.h"
 #include "workbuf.h"
 #include "../internal.h"
 #include "../backend/dev_args.h"
@@ -454,10 +455,37 @@ static void pair_boxes(const void *smin, const void *smax, size_t n, size_t LH, 
     }
 }
 
+/* EXACT's buffer form: block b's keys of (layer l, KV head g) are rows
+ * [b * block_rows, ..) of key_rows[l], [.][n_kv_heads][head_dim] f32 or f16
+ * from s_off, read through kvm_dev_keys like the host form's. */
+static void key_rows_read(void *ctx, int32_t b, int32_t l, int32_t g, float *dst, int32_t *n) {
+    const kvm_dev_score_args *a = ctx;
+    const size_t H = (size_t)a->n_kv_heads, D = (size_t)a->head_dim, R = (size_t)a->block_rows;
+    const unsigned char *base = kvm_cpu_at(a->key_rows[l], a->s_off);
+    for (size_t r = 0; r < R; r++) {
+        const size_t at = (((size_t)b * R + r) * H + (size_t)g) * D;
+        if (a->key_f16) {
+            const uint16_t *src = (const uint16_t *)(const void *)base + at;
+            for (size_t d = 0; d < D; d++) dst[r * D + d] = kvm_f16_to_f32(src[d]);
+        } else {
+            memcpy(dst + r * D, (const float *)(const void *)base + at, D * sizeof(float));
+        }
+    }
+    *n = a->block_rows;
+}
+
 kvmem_status kvm_cpu_dev_score(kvmem_backend *be, const kvm_dev_score_args *d) {
     char msg[256];
     kvmem_status st = kvm_dev_score_check(d, kvm_cpu_buffer_size, msg, sizeof msg);
     if (st != KVMEM_OK) return kvm_fail(st, "%s", msg);
+    kvm_dev_score_args with_keys;
+    kvm_dev_keys buf_keys;
+    if (d->mode == KVMEM_RETRIEVE_EXACT && !d->keys) {
+        with_keys = *d;
+        buf_keys = (kvm_dev_keys){(void *)(uintptr_t)d, d->block_rows, NULL, key_rows_read};
+        with_keys.keys = &buf_keys;
+        d = &with_keys;
+    }
     score_job job;
     memset(&job, 0, sizeof job);
     job.d = d;

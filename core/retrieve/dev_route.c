@@ -82,6 +82,14 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
     if (res && d->cand[nc - 1] >= res->n_blocks) res = NULL; /* not resident (cannot happen: sealed blocks only) */
     const int run = d->cand[nc - 1] - d->cand[0] + 1 == (int32_t)nc;
     const int in_place = res && run, gathered = res && !run;
+    /* EXACT reads the candidates' raw keys where the mirror holds them:
+     * one run of full blocks, so block j's rows are block_size rows on from
+     * the first candidate's; anything else is the CPU's (it reads the host) */
+    const int exact = d->mode == KVMEM_RETRIEVE_EXACT;
+    const int32_t bs = p->params.block_size;
+    if (exact && !in_place) return KVMEM_ERR_UNSUPPORTED;
+    for (size_t j = 0; exact && j < nc; j++)
+        if (d->mem->blocks[d->cand[j]].n_tokens != bs) return KVMEM_ERR_UNSUPPORTED;
     float *mn = res ? NULL : kvm_malloc(sb), *mx = res ? NULL : kvm_malloc(sb);
     if (!res && (!mn || !mx)) {
         kvm_free(mn);
@@ -114,7 +122,14 @@ kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d) {
                                 d->n_q,           (int32_t)nc,      p->spec.n_layers,  p->spec.n_q_heads,
                                 p->spec.n_kv_heads, p->spec.head_dim, d->norm,          d->agg,   d->tau,
                                 d->rr_c,          0,                half ? KVM_BOXES_SPLIT_F16 : KVM_BOXES_SPLIT_F32,
-                                NULL,             KVMEM_RETRIEVE_AABB, NULL};
+                                NULL,             KVMEM_RETRIEVE_AABB, NULL, NULL, 0, 0};
+        if (exact) { /* the raw keys of every layer (the mirror's dtype), rows from the first candidate's first token */
+            a.mode = KVMEM_RETRIEVE_EXACT;
+            a.key_rows = (const kvmem_buffer *const *)res->k;
+            a.block_rows = bs;
+            a.key_f16 = res->dtype == KVMEM_F16;
+            a.s_off = (size_t)d->mem->blocks[d->cand[0]].first_token * H * D * (a.key_f16 ? 2 : 4);
+        }
         kvm_dev_score_reduce_args ra = {s[3].buf, s[4].buf, 0, 0, p->spec.n_layers, p->spec.n_q_heads, (int32_t)nc,
                                         d->n_sets};
         if ((gathered && (st = gather_boxes(be, d, res, s[1].buf, s[2].buf)) != KVMEM_OK) ||

@@ -375,8 +375,10 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         d.rr_c = prm.rr_c > 0 ? prm.rr_c : 60.0f;
         d.n_sets = n_sets;
         d.out = c.out;
-        /* the router's choice: AABB scoring on a device that takes it; EXACT
-         * reads every key, which only the CPU's form of the op does */
+        /* the router's choice: a device that takes the op scores there,
+         * EXACT from the agent's resident keys (kvm_dev_aabb_score passes
+         * them as key_rows: the shape says so with a placeholder) */
+        static const kvmem_buffer *const resident_keys[1] = {NULL};
         kvm_dev_score_args shape;
         memset(&shape, 0, sizeof shape);
         shape.n_q = n_q;
@@ -390,6 +392,10 @@ static kvmem_status retrieve_taken(kvmem_agent *agent, const kvmem_tensor *query
         shape.tau = d.tau;
         shape.rr_c = d.rr_c;
         shape.mode = d.mode;
+        if (d.mode == KVMEM_RETRIEVE_EXACT) {
+            shape.key_rows = resident_keys;
+            shape.block_rows = p->params.block_size;
+        }
         kvmem_backend *cpu = p->ctx->cpu, *be = kvm_route(p->ctx, KVM_OP_SCORE, &shape);
         st = be != cpu ? kvm_dev_aabb_score(be, &d) : KVMEM_OK;
         if (be == cpu || kvm_route_to_cpu(st)) st = score_on_cpu(cpu, &d);

@@ -60,7 +60,8 @@ kvmem_status kvm_score_overflow(const kvm_score_desc *d);
 /* The host ops on a device backend's kernels (dev_route.c): pack the pool's
  * data into its buffers (or read its resident mirror), run dev_score and
  * dev_score_reduce / dev_gather_rope, read back into the descriptors'
- * outputs (AABB mode only for scoring). */
+ * outputs (EXACT scoring from the resident keys only: one run of full
+ * blocks; KVMEM_ERR_UNSUPPORTED otherwise, for the CPU to run). */
 kvmem_status kvm_dev_aabb_score(kvmem_backend *be, const kvm_score_desc *d);
 kvmem_status kvm_dev_gather(kvmem_backend *be, const kvm_gather_desc *d);
 

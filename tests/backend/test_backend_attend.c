@@ -328,6 +328,19 @@ typedef struct outcome {
     int32_t clear, stopped, ambiguous;
 } outcome;
 
+/* Count stream g's verdicts; where they were clear, the backend (vb) and
+ * the CPU entry (vc) read the reference's rv of n_live tiles. */
+static void tally(outcome *r, int clear, int32_t g, int32_t rv, int32_t n_live, int32_t vb, int32_t vc) {
+    if (!clear) {
+        r->ambiguous++;
+        return;
+    }
+    r->clear++;
+    r->stopped += rv < n_live;
+    if (vb != rv || vc != rv)
+        fail_msg("KV head %d: visited %d (%s), %d (cpu), reference %d of %d live tiles", g, vb, g_name, vc, rv, n_live);
+}
+
 /* The case on the backend under test and on the CPU entry, each against the
  * double-precision reference; returns counts over streams. */
 static outcome check_case_on(const acase *c, int with_cpu) {
@@ -349,15 +362,7 @@ static outcome check_case_on(const acase *c, int with_cpu) {
         int clear;
         const int32_t rv = ref_stream(c, g, -1, ref, tol, &clear); /* ref, tol: the output after rv tiles */
         if (!(c->tau_s > 0 || c->tau_d > 0)) assert_int_equal(rv, n_live);
-        if (clear) {
-            r.clear++;
-            r.stopped += rv < n_live;
-            if (vb[g] != rv || vc[g] != rv)
-                fail_msg("KV head %d: visited %d (%s), %d (cpu), reference %d of %d live tiles", g, vb[g], g_name, vc[g],
-                         rv, n_live);
-        } else {
-            r.ambiguous++;
-        }
+        tally(&r, clear, g, rv, n_live, vb[g], vc[g]);
         assert_true(vb[g] >= 0 && vb[g] <= n_live && vc[g] >= 0 && vc[g] <= n_live);
         const float *outs[2] = {ob, oc};
         const int32_t vis[2] = {vb[g], vc[g]};
@@ -788,6 +793,9 @@ static void test_bad_input(void **state) {
     BAD(a.out_off = 64, "outside the buffers");
     BAD(a.visited_off = 4096, "outside the buffers");
     BAD(a.head_dim = 32, "outside the buffers");
+    BAD(a.scored = 2, "scored");
+    BAD((a.scored = 1, a.n_visit = 4), "must be the 5 tiles");
+    BAD(a.scored = 1, "outside the buffers"); /* an order per KV head and two counts each: the buffers hold one */
 #undef BAD
     /* nothing written */
     float out[2 * 2 * 16];
@@ -801,6 +809,254 @@ static void test_bad_input(void **state) {
     assert_ok(g_be->iface->dev_attend(g_be, &good));
     abufs_free(g_be, &b);
     case_free(&c);
+}
+
+/* ---- the scored form: each stream's SCORED order found by the backend ----
+ * Reference: each tile's largest logit in double over its live positions
+ * and the stream's query heads, sorted highest first, ties newest first.
+ * The backend's order must equal the CPU entry's and be sorted by the
+ * reference scores within the logit bound e_s (a pair closer than that may
+ * come either way in f32); visited, the positions each stream reports and
+ * the output are checked against the replay of the rule over the
+ * backend's own order of that stream, as check_case does for a given order. */
+
+static void ref_scores(const acase *c, int32_t g, double *score, double *es) {
+    const int32_t n_tiles = (int32_t)((c->n_pos + c->tile - 1) / c->tile);
+    *es = 0;
+    for (int32_t t = 0; t < n_tiles; t++) {
+        score[t] = -INFINITY;
+        for (int64_t j = (int64_t)t * c->tile; j < KVM_MIN(((int64_t)t + 1) * c->tile, c->n_pos); j++) {
+            if (!is_live(c, j)) continue;
+            const float *kr = c->k + ((size_t)c->slots[j] * c->H + g) * c->D;
+            for (int32_t h = 0; h < c->G; h++) {
+                const float *qr = c->q + ((size_t)g * c->G + h) * c->D;
+                double x = 0, xa = 0;
+                for (int32_t d = 0; d < c->D; d++) x += (double)qr[d] * kr[d], xa += fabs((double)qr[d] * kr[d]);
+                score[t] = fmax(score[t], x * c->scale);
+                *es = fmax(*es, 4.0 * c->D * ldexp(1.0, -24) * xa * c->scale);
+            }
+        }
+    }
+}
+
+static kvmem_status run_scored(kvmem_backend *be, const acase *c, float *out, int32_t *vis, int32_t *ord) {
+    const int32_t n_tiles = (int32_t)((c->n_pos + c->tile - 1) / c->tile);
+    acase x = *c;
+    x.n_visit = 0; /* the order buffer is the output: no input order */
+    abufs b;
+    abufs_make(be, &x, &b);
+    be->iface->buffer_free(be, b.o);
+    be->iface->buffer_free(be, b.vis);
+    int32_t *junk = malloc(((size_t)c->H * n_tiles + 2 * c->H) * 4);
+    for (size_t i = 0; i < (size_t)c->H * n_tiles + 2 * c->H; i++) junk[i] = -99;
+    b.o = bnew_at(be, junk, (size_t)c->H * n_tiles * 4, c->off);
+    b.vis = bnew_at(be, junk, (size_t)c->H * 8, c->off);
+    kvm_dev_attend_args a = args_of(c, &b);
+    a.scored = 1;
+    a.n_visit = n_tiles;
+    kvmem_status st = be->iface->dev_attend(be, &a);
+    if (st == KVMEM_OK) {
+        bget(be, b.out, c->off, out, (size_t)c->H * c->G * c->D * 4);
+        bget(be, b.vis, c->off, vis, (size_t)c->H * 8);
+        bget(be, b.o, c->off, ord, (size_t)c->H * n_tiles * 4);
+    }
+    free(junk);
+    abufs_free(be, &b);
+    return st;
+}
+
+/* Returns the streams whose verdicts were clear and how many of them stopped. */
+static outcome check_scored(const acase *c) {
+    outcome r = {0, 0, 0};
+    const int32_t n_tiles = (int32_t)((c->n_pos + c->tile - 1) / c->tile), H = c->H;
+    const size_t nq = (size_t)H * c->G * c->D;
+    float *ob = malloc(nq * 4), *oc = malloc(nq * 4);
+    int32_t *vb = malloc((size_t)H * 8), *vc = malloc((size_t)H * 8);
+    int32_t *ordb = malloc(((size_t)H * n_tiles + 1) * 4), *ordc = malloc(((size_t)H * n_tiles + 1) * 4);
+    assert_ok(run_scored(g_be, c, ob, vb, ordb));
+    assert_ok(run_scored(g_cpu, c, oc, vc, ordc));
+    double *score = malloc(((size_t)n_tiles + 1) * sizeof(double));
+    double *ref = malloc((size_t)c->G * c->D * sizeof(double)), *tol = malloc((size_t)c->G * sizeof(double));
+    uint8_t *seen = malloc((size_t)n_tiles + 1);
+    for (int32_t g = 0; g < H; g++) {
+        const int32_t *og = ordb + (size_t)g * n_tiles, *ogc = ordc + (size_t)g * n_tiles;
+        double es;
+        ref_scores(c, g, score, &es);
+        memset(seen, 0, (size_t)n_tiles + 1);
+        for (int32_t i = 0; i < n_tiles; i++) {
+            if (og[i] != ogc[i])
+                fail_msg("KV head %d: order[%d] = %d on %s, %d on cpu (scores %.9g, %.9g)", g, i, og[i], g_name, ogc[i],
+                         og[i] >= 0 && og[i] < n_tiles ? score[og[i]] : NAN,
+                         ogc[i] >= 0 && ogc[i] < n_tiles ? score[ogc[i]] : NAN);
+            assert_true(og[i] >= 0 && og[i] < n_tiles && !seen[og[i]]);
+            seen[og[i]] = 1;
+            if (i > 0) { /* highest first; newest first among equal scores */
+                const double a = score[og[i - 1]], b = score[og[i]];
+                if (!(a > b + es || (fabs(a - b) <= es && (a != b || og[i - 1] > og[i])) || (a == b && og[i - 1] > og[i])))
+                    fail_msg("KV head %d: tiles %d (%.9g) then %d (%.9g) out of order", g, og[i - 1], a, og[i], b);
+            }
+        }
+        /* the rule over this stream's order, replayed */
+        acase cg = *c;
+        int32_t *og_copy = malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
+        memcpy(og_copy, og, (size_t)n_tiles * sizeof(int32_t));
+        cg.order = og_copy;
+        cg.n_visit = n_tiles;
+        int clear;
+        int32_t *lt = malloc(((size_t)n_tiles + 1) * sizeof(int32_t));
+        const int32_t n_live = live_tiles(&cg, lt);
+        const int32_t rv = ref_stream(&cg, g, -1, ref, tol, &clear);
+        tally(&r, clear, g, rv, n_live, vb[g], vc[g]);
+        assert_true(vb[g] >= 0 && vb[g] <= n_live);
+        int64_t pos = 0; /* the live positions of the first vb[g] live tiles */
+        for (int32_t i = 0; i < vb[g]; i++)
+            for (int64_t j = (int64_t)lt[i] * c->tile; j < KVM_MIN(((int64_t)lt[i] + 1) * c->tile, c->n_pos); j++)
+                pos += is_live(c, j);
+        if (vb[H + g] != pos) fail_msg("KV head %d: %s reports %d positions read, %lld expected", g, g_name, vb[H + g], (long long)pos);
+        if (vc[g] == vb[g]) assert_int_equal(vc[H + g], pos);
+        if (vb[g] != rv) ref_stream(&cg, g, vb[g], ref, tol, &clear);
+        for (int32_t h = 0; h < c->G; h++)
+            for (int32_t d = 0; d < c->D; d++) {
+                const size_t i = ((size_t)g * c->G + h) * c->D + d;
+                if (!(fabs((double)ob[i] - ref[h * c->D + d]) <= tol[h]))
+                    fail_msg("%s: head %d dim %d: %.9g vs reference %.9g (tolerance %.3g, %d tiles)", g_name,
+                             g * c->G + h, d, (double)ob[i], ref[h * c->D + d], tol[h], vb[g]);
+                if (vb[g] == vc[g] && !(fabs((double)ob[i] - oc[i]) <= 2 * tol[h]))
+                    fail_msg("head %d dim %d: %s %.9g vs cpu %.9g", g * c->G + h, d, g_name, (double)ob[i], (double)oc[i]);
+            }
+        free(lt);
+        free(og_copy);
+    }
+    free(ob), free(oc), free(vb), free(vc), free(ordb), free(ordc), free(score), free(ref), free(tol), free(seen);
+    return r;
+}
+
+static void test_scored_order_matches_reference(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_attend);
+    const struct {
+        int32_t H, G, D;
+        int64_t T;
+        int32_t tile;
+        kvmem_dtype dt;
+        int dead_pct;
+        float tau_s, tau_d;
+        int32_t patience;
+    } cases[] = {
+        {2, 4, 64, 301, 16, KVMEM_F32, 20, 0.01f, 0.001f, 1},   /* partial last tile, dead slots */
+        {2, 1, 128, 512, 16, KVMEM_F16, 10, 0.003f, 0.0003f, 2}, /* f16 */
+        {1, 8, 32, 2000, 16, KVMEM_F32, 0, 0.02f, 0.002f, 1},    /* GQA 8:1, 125 tiles */
+        {3, 3, 33, 400, 7, KVMEM_F16, 30, 0.01f, 0.001f, 1},     /* odd head_dim and tile */
+        {1, 2, 64, 1000, 500, KVMEM_F32, 60, 0.05f, 0.0005f, 1}, /* tiles of 500, mostly dead */
+        {2, 2, 16, 3000, 1, KVMEM_F32, 10, 0.001f, 0.0001f, 4},  /* 3000 tiles of one position */
+        {1, 4, 128, 4096, 16, KVMEM_F16, 0, 0.0f, 0.0f, 1},      /* tau 0: every tile, in the scored order */
+    };
+    outcome tot = {0, 0, 0};
+    /* pass 1: a loop budget of 300 splits Vulkan's scan into spans of a
+     * tile and its ranking into many dispatches of a few hundred tiles */
+    const size_t runs[] = {0, 1, 2, 3, 4, 5, 6, 4, 5};
+    for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+        const size_t i = runs[ri];
+        if (ri == 7) setenv("KVMEM_VULKAN_LOOP_BUDGET", "300", 1);
+        acase c;
+        case_make(&c, 1300 + i, cases[i].H, cases[i].G, cases[i].D, cases[i].T, cases[i].tile, cases[i].dt,
+                  cases[i].dead_pct, ORD_RECENT);
+        c.tau_s = cases[i].tau_s, c.tau_d = cases[i].tau_d, c.patience = cases[i].patience;
+        /* a few recalled positions far back: high logits an old tile holds */
+        for (int r = 0; r < 3 && c.n_pos > 64; r++) {
+            const int64_t j = (int64_t)(r + 1) * c.n_pos / 7;
+            if (!is_live(&c, j)) continue;
+            for (int32_t g = 0; g < c.H; g++)
+                for (int32_t d = 0; d < c.D; d++) {
+                    const size_t at = ((size_t)c.slots[j] * c.H + g) * c.D + d;
+                    const float x = 2.0f * c.q[((size_t)g * c.G) * c.D + d];
+                    c.kh[at] = kvm_f32_to_f16(x);
+                    c.k[at] = c.dt == KVMEM_F16 ? kvm_f16_to_f32(c.kh[at]) : x;
+                }
+        }
+        const outcome o = check_scored(&c);
+        tot.clear += o.clear, tot.stopped += o.stopped, tot.ambiguous += o.ambiguous;
+        case_free(&c);
+    }
+    unsetenv("KVMEM_VULKAN_LOOP_BUDGET");
+    print_message("scored: %d streams clear (%d stopped early), %d ambiguous\n", tot.clear, tot.stopped, tot.ambiguous);
+    assert_true(tot.clear > 2 * tot.ambiguous);
+    assert_true(tot.stopped > 0);
+}
+
+/* kvmem_attend with the default (SCORED) order on the backend's context and
+ * on a CPU context: the same output within the bound and the same tiles
+ * per stream (stats), a TENSORS source of a few thousand positions. */
+static void test_scored_attend_api_matches_cpu(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = "cpu";
+    cp.n_threads = 2;
+    kvmem_context *cpu_ctx = NULL;
+    assert_ok(kvmem_context_create(&cp, &cpu_ctx));
+    const int32_t H = 2, G = 4, D = 64;
+    const int64_t T = 3000;
+    for (int x = 0; x < 2; x++) {
+        const kvmem_dtype dt = x ? KVMEM_F16 : KVMEM_F32;
+        acase c;
+        case_make(&c, 1400 + x, H, G, D, T, 16, dt, 0, ORD_RECENT);
+        const size_t row = (size_t)H * D;
+        void *k = malloc((size_t)T * row * 4), *v = malloc((size_t)T * row * 4);
+        for (int64_t j = 0; j < T; j++) { /* TENSORS: rows in position order */
+            const size_t from = (size_t)c.slots[j] * row, to = (size_t)j * row;
+            if (dt == KVMEM_F32) {
+                memcpy((float *)k + to, c.k + from, row * 4);
+                memcpy((float *)v + to, c.v + from, row * 4);
+            } else {
+                memcpy((uint16_t *)k + to, c.kh + from, row * 2);
+                memcpy((uint16_t *)v + to, c.vh + from, row * 2);
+            }
+        }
+        const int64_t qs[3] = {1, (int64_t)H * G, D}, kvs[3] = {T, H, D};
+        float *out[2] = {malloc(row * G * 4), malloc(row * G * 4)};
+        kvmem_tensor tq, tk, tv, to[2];
+        assert_ok(kvmem_tensor_init(&tq, c.q, KVMEM_F32, 3, qs));
+        assert_ok(kvmem_tensor_init(&tk, k, dt, 3, kvs));
+        assert_ok(kvmem_tensor_init(&tv, v, dt, 3, kvs));
+        kvmem_attend_source src;
+        memset(&src, 0, sizeof src);
+        src.kind = KVMEM_ATTEND_SRC_TENSORS;
+        src.k = &tk;
+        src.v = &tv;
+        kvmem_attend_params prm = kvmem_attend_default_params();
+        assert_int_equal(prm.order, KVMEM_ATTEND_SCORED);
+        prm.tau_s = 0.01f, prm.tau_d = 0.001f, prm.patience = 2;
+        kvmem_attend_stats st[2];
+        kvmem_context *ctxs[2] = {g_ctx, cpu_ctx};
+        uint64_t h0, d0, h1, d1;
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h0, &d0));
+        for (int i = 0; i < 2; i++) {
+            assert_ok(kvmem_tensor_init(&to[i], out[i], KVMEM_F32, 3, qs));
+            assert_ok(kvmem_attend(ctxs[i], &tq, &src, &prm, &to[i], &st[i]));
+        }
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h1, &d1));
+        if (g_be != g_cpu) { /* on the device: q, K and V up (host tensors), no tile list; out and 2 counts per stream down */
+            const uint64_t up = row * G * 4 + 2 * (uint64_t)T * row * (dt == KVMEM_F32 ? 4 : 2) + (uint64_t)T * 4;
+            if (h1 - h0 != up || d1 - d0 != row * G * 4 + 2 * (uint64_t)H * 4)
+                fail_msg("SCORED on %s moved %llu bytes up (%llu expected), %llu down", g_name,
+                         (unsigned long long)(h1 - h0), (unsigned long long)up, (unsigned long long)(d1 - d0));
+        }
+        print_message("kvmem_attend SCORED on %s: %lld of %lld tiles (cpu %lld), %lld positions read (cpu %lld)\n",
+                      g_name, (long long)st[0].tiles_visited, (long long)st[0].tiles_total, (long long)st[1].tiles_visited,
+                      (long long)st[0].positions_read, (long long)st[1].positions_read);
+        assert_int_equal(st[0].tiles_total, st[1].tiles_total);
+        assert_int_equal(st[0].tiles_visited, st[1].tiles_visited);
+        assert_int_equal(st[0].streams_stopped, st[1].streams_stopped);
+        assert_true(st[1].streams_stopped > 0); /* the comparison is not full attention */
+        double tolmax = 0;
+        for (size_t i = 0; i < row * G; i++) tolmax = fmax(tolmax, fabs((double)out[0][i] - out[1][i]));
+        /* both read the same tiles: f32 accumulation differences only */
+        assert_true(tolmax <= 1e-4);
+        free(out[0]), free(out[1]), free(k), free(v);
+        case_free(&c);
+    }
+    kvmem_context_free(cpu_ctx);
 }
 
 /* The device mirror's form (backend.h, dev_attend): f16 rows of the sealed
@@ -916,6 +1172,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_nonfinite_logits_are_reported),
     cmocka_unit_test(test_large_group_supported_or_refused),
     cmocka_unit_test(test_bad_input),
+    cmocka_unit_test(test_scored_order_matches_reference),
+    cmocka_unit_test(test_scored_attend_api_matches_cpu),
     cmocka_unit_test(test_mirror_form_rotates_on_the_fly),
 };
 

@@ -48,6 +48,7 @@
  *
  * Harness: conformance.h. */
 #include "conformance.h"
+#include "cpu/half.h"
 #include "rope/rope.h"
 
 #include <math.h>
@@ -114,6 +115,20 @@ static void free_score_data(score_data *sd) {
     free(sd->mx);
 }
 
+/* The n outputs of bo placed off bytes in, framed by -777 sentinels that
+ * must be left as they were (malloc'd; frees frame). */
+static float *framed_output(kvmem_backend *be, const kvmem_buffer *bo, float *frame, size_t n, size_t off) {
+    bget(be, bo, 0, frame, 2 * off + n * 4);
+    for (size_t i = 0; i < off / 4; i++) {
+        assert_true(frame[i] == -777.0f); /* nothing written outside the output */
+        assert_true(frame[off / 4 + n + i] == -777.0f);
+    }
+    float *out = malloc(n * 4);
+    memcpy(out, frame + off / 4, n * 4);
+    free(frame);
+    return out;
+}
+
 /* Run dev_score on `be` with the data placed `off` bytes into each buffer
  * (the output framed by sentinels); returns out [L][Hq][nb] (malloc'd). */
 static float *run_score(kvmem_backend *be, const score_data *sd, kvmem_retrieve_norm norm, kvmem_retrieve_agg agg,
@@ -128,16 +143,9 @@ static float *run_score(kvmem_backend *be, const score_data *sd, kvmem_retrieve_
     for (size_t i = 0; i < (2 * off) / 4 + sd->no_el; i++) frame[i] = -777.0f;
     bput(be, bo, 0, frame, 2 * off + sd->no_el * 4);
     kvm_dev_score_args a = {bq, bmn, bmx, bo, off, off, off, s->n_q, s->nb, s->L, s->Hq, s->Hkv, s->D,
-                            norm, agg, tau, rr_c, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL};
+                            norm, agg, tau, rr_c, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL, NULL, 0, 0};
     assert_ok(be->iface->dev_score(be, &a));
-    bget(be, bo, 0, frame, 2 * off + sd->no_el * 4);
-    for (size_t i = 0; i < off / 4; i++) {
-        assert_true(frame[i] == -777.0f); /* nothing written outside the output */
-        assert_true(frame[off / 4 + sd->no_el + i] == -777.0f);
-    }
-    float *out = malloc(sd->no_el * 4);
-    memcpy(out, frame + off / 4, sd->no_el * 4);
-    free(frame);
+    float *out = framed_output(be, bo, frame, sd->no_el, off);
     bfree(be, bq);
     bfree(be, bmn);
     bfree(be, bmx);
@@ -147,8 +155,16 @@ static float *run_score(kvmem_backend *be, const score_data *sd, kvmem_retrieve_
 
 /* Interval [lo, hi] each output must lie in, from the double reference and
  * the I error bound of a backend (f16 operands or f32). */
+/* I_ext, dI_ext (EXACT; NULL: from the AABBs): each block's relevance and
+ * its error bound, [L][Hq][n_q][nb]. */
+static void score_bounds_of(const score_data *sd, kvmem_retrieve_norm norm, kvmem_retrieve_agg agg, double tau,
+                            double rr_c, int f16, const double *I_ext, const double *dI_ext, double *lo, double *hi);
 static void score_bounds(const score_data *sd, kvmem_retrieve_norm norm, kvmem_retrieve_agg agg, double tau,
                          double rr_c, int f16, double *lo, double *hi) {
+    score_bounds_of(sd, norm, agg, tau, rr_c, f16, NULL, NULL, lo, hi);
+}
+static void score_bounds_of(const score_data *sd, kvmem_retrieve_norm norm, kvmem_retrieve_agg agg, double tau,
+                            double rr_c, int f16, const double *I_ext, const double *dI_ext, double *lo, double *hi) {
     const shape *s = &sd->s;
     const size_t L = (size_t)s->L, Hq = (size_t)s->Hq, Hkv = (size_t)s->Hkv, D = (size_t)s->D, NB = (size_t)s->nb;
     const size_t G = Hq / Hkv, nq = (size_t)s->n_q;
@@ -161,7 +177,7 @@ static void score_bounds(const score_data *sd, kvmem_retrieve_norm norm, kvmem_r
             for (size_t j = 0; j < NB; j++) {
                 const float *bj = sd->mx + ((j * L + l) * Hkv + g) * D, *cj = sd->mn + ((j * L + l) * Hkv + g) * D;
                 cls[j] = j;
-                for (size_t k = 0; k < j && cls[j] == j; k++)
+                for (size_t k = 0; k < j && cls[j] == j && !I_ext; k++)
                     if (cls[k] == k && memcmp(bj, sd->mx + ((k * L + l) * Hkv + g) * D, D * 4) == 0 &&
                         memcmp(cj, sd->mn + ((k * L + l) * Hkv + g) * D, D * 4) == 0)
                         cls[j] = k;
@@ -171,7 +187,13 @@ static void score_bounds(const score_data *sd, kvmem_retrieve_norm norm, kvmem_r
             for (size_t t = 0; t < nq; t++) {
                 const float *q = sd->q + ((t * L + l) * Hq + h) * D;
                 double m = -INFINITY, dmax = 0;
-                for (size_t j = 0; j < NB; j++) {
+                for (size_t j = 0; I_ext && j < NB; j++) {
+                    I[j] = I_ext[((l * Hq + h) * nq + t) * NB + j];
+                    dI[j] = dI_ext[((l * Hq + h) * nq + t) * NB + j];
+                    m = fmax(m, I[j]);
+                    dmax = fmax(dmax, dI[j]);
+                }
+                for (size_t j = 0; !I_ext && j < NB; j++) {
                     const float *mx = sd->mx + ((j * L + l) * Hkv + g) * D, *mn = sd->mn + ((j * L + l) * Hkv + g) * D;
                     double acc = 0, M = 0, sub = 0;
                     for (size_t d = 0; d < D; d++) {
@@ -355,7 +377,7 @@ static void test_dev_score_rejects_bad_input_and_changes_nothing(void **state) {
     for (int i = 0; i < 64; i++) z[i] = 0.5f, init[i] = -1.0f;
     kvmem_buffer *b = bnew(g_be, z, sizeof z), *bo = bnew(g_be, init, sizeof init);
     /* 1 token, 2 blocks, 1 layer, 2 q heads, 1 KV head, dim 4: q 8, s 8, out 4 floats */
-    kvm_dev_score_args a = {b, b, b, bo, 0, 0, 0, 1, 2, 1, 2, 1, 4, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0.5f, 60.0f, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL};
+    kvm_dev_score_args a = {b, b, b, bo, 0, 0, 0, 1, 2, 1, 2, 1, 4, KVMEM_NORM_SOFTMAX, KVMEM_AGG_MAX, 0.5f, 60.0f, 0, 0, NULL, KVMEM_RETRIEVE_AABB, NULL, NULL, 0, 0};
     kvm_dev_score_args g = a;
     assert_status(g_be->iface->dev_score(g_be, NULL), KVMEM_ERR_INVALID_ARG, "NULL");
     a.n_q = 0;
@@ -408,6 +430,203 @@ static void test_dev_score_rejects_bad_input_and_changes_nothing(void **state) {
     assert_true(o[4] == -1.0f);
     bfree(g_be, b);
     bfree(g_be, bo);
+}
+
+/* kvmem_retrieve with mode EXACT on the backend's context and on a CPU
+ * context holding the same agent (f16 storage, blocks of 16, GQA): the same
+ * selection, block scores within 1e-4 relative, and after a first call
+ * (which makes the agent's resident copy) a call uploads the query alone
+ * and reads back the per-block scores: nothing that grows with the history
+ * goes up. */
+static void test_exact_retrieve_api_matches_cpu(void **state) {
+    (void)state;
+    NEED_BACKEND();
+    enum { EL = 2, EHQ = 4, EH = 2, ED = 32, EBS = 16, ETOP = 5, ET = 64 * EBS };
+    kvmem_context_params cp = kvmem_context_default_params();
+    cp.backend = "cpu";
+    cp.n_threads = 2;
+    kvmem_context *cctx = NULL;
+    assert_ok(kvmem_context_create(&cp, &cctx));
+    kvmem_context *ctxs[2] = {g_ctx, cctx};
+    kvmem_pool *pools[2];
+    kvmem_agent *ags[2];
+    kvmem_model_spec sp = tu_spec(EL, ED);
+    sp.n_q_heads = EHQ, sp.n_kv_heads = EH;
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = EBS;
+    pp.storage_dtype = KVMEM_F16;
+    uint64_t rng = 41;
+    const size_t cnt = (size_t)EL * ET * EH * ED;
+    float *k = malloc(cnt * 4), *v = malloc(cnt * 4);
+    for (size_t i = 0; i < cnt; i++) k[i] = tu_normal(&rng), v[i] = tu_normal(&rng);
+    int64_t sh[4] = {EL, ET, EH, ED};
+    kvmem_tensor kt, vt;
+    assert_ok(kvmem_tensor_init(&kt, k, KVMEM_F32, 4, sh));
+    assert_ok(kvmem_tensor_init(&vt, v, KVMEM_F32, 4, sh));
+    for (int i = 0; i < 2; i++) {
+        assert_ok(kvmem_pool_create(ctxs[i], &sp, &pp, &pools[i]));
+        assert_ok(kvmem_agent_open(pools[i], "a", &ags[i]));
+        assert_ok(kvmem_agent_append(ags[i], &kt, &vt, NULL));
+    }
+    for (int call = 0; call < 3; call++) {
+        float q[EL * EHQ * ED];
+        for (int i = 0; i < EL * EHQ * ED; i++) q[i] = tu_normal(&rng);
+        int64_t qs[4] = {1, EL, EHQ, ED};
+        kvmem_tensor qt;
+        assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, qs));
+        kvmem_retrieve_params rp = kvmem_retrieve_default_params();
+        rp.top_k = ETOP;
+        rp.mode = KVMEM_RETRIEVE_EXACT;
+        kvmem_retrieval *r[2];
+        uint64_t h0, d0, h1, d1;
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h0, &d0));
+        for (int i = 0; i < 2; i++) {
+            assert_ok(kvmem_retrieval_create(&r[i]));
+            assert_ok(kvmem_retrieve(ags[i], &qt, &rp, r[i]));
+        }
+        assert_ok(kvmem_context_transfer_stats(g_ctx, &h1, &d1));
+        const float *all[2];
+        const int32_t *sel[2];
+        int32_t nb[2], ns[2];
+        for (int i = 0; i < 2; i++) {
+            assert_ok(kvmem_retrieval_block_scores(r[i], 0, &all[i], &nb[i]));
+            assert_ok(kvmem_retrieval_get(r[i], 0, &sel[i], NULL, &ns[i]));
+        }
+        assert_int_equal(nb[0], nb[1]);
+        assert_int_equal(ns[0], ns[1]);
+        for (int32_t j = 0; j < nb[0]; j++)
+            if (!(fabsf(all[0][j] - all[1][j]) <= 1e-4f * fabsf(all[1][j]) + 1e-7f))
+                fail_msg("EXACT on %s: block %d scores %.9g, cpu %.9g", g_name, j, (double)all[0][j], (double)all[1][j]);
+        for (int32_t i = 0; i < ns[0]; i++) assert_int_equal(sel[0][i], sel[1][i]);
+        if (g_be != g_cpu && call > 0) { /* the mirror is resident: the query up, the scores down */
+            if (h1 - h0 != sizeof q || d1 - d0 != (uint64_t)nb[0] * 4)
+                fail_msg("EXACT on %s moved %llu bytes up (query %zu), %llu down (scores %d)", g_name,
+                         (unsigned long long)(h1 - h0), sizeof q, (unsigned long long)(d1 - d0), nb[0] * 4);
+        }
+        kvmem_retrieval_free(r[0]);
+        kvmem_retrieval_free(r[1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        kvmem_agent_close(ags[i]);
+        kvmem_pool_free(pools[i]);
+    }
+    kvmem_context_free(cctx);
+    free(k);
+    free(v);
+}
+
+/* ---- EXACT's buffer form: keys from per-layer row buffers ----
+ * Block j's keys are rows [j R, (j + 1) R) of layer l's buffer
+ * ([rows][Hkv][D], from byte `off`), as an agent's resident raw keys. I is
+ * the largest q . k over the block's rows, in double here; its bound is the
+ * largest of the rows' f32 dot-product bounds, D 2^-23 sum_d |q_d k_d|; the
+ * normalised outputs then lie within score_bounds' intervals. f16 rows
+ * are read exactly (widened), so the bound is the same. */
+static float *run_exact(kvmem_backend *be, const score_data *sd, float *const *keys, uint16_t *const *keys16,
+                        int32_t R, kvmem_retrieve_norm norm, kvmem_retrieve_agg agg, float tau, float rr_c, size_t off) {
+    const shape *s = &sd->s;
+    const size_t nk = (size_t)s->nb * R * s->Hkv * s->D, es = keys16 ? 2 : 4;
+    kvmem_buffer *bq = balloc(be, off + sd->nq_el * 4), *bo = balloc(be, 2 * off + sd->no_el * 4);
+    kvmem_buffer **bk = malloc((size_t)s->L * sizeof *bk);
+    bput(be, bq, off, sd->q, sd->nq_el * 4);
+    for (int32_t l = 0; l < s->L; l++) {
+        bk[l] = balloc(be, off + nk * es + 4);
+        bput(be, bk[l], off, keys16 ? (const void *)keys16[l] : (const void *)keys[l], nk * es);
+    }
+    float *frame = malloc(2 * off + sd->no_el * 4);
+    for (size_t i = 0; i < (2 * off) / 4 + sd->no_el; i++) frame[i] = -777.0f;
+    bput(be, bo, 0, frame, 2 * off + sd->no_el * 4);
+    kvm_dev_score_args a;
+    memset(&a, 0, sizeof a);
+    a.q = bq, a.out = bo, a.q_off = off, a.s_off = off, a.out_off = off;
+    a.n_q = s->n_q, a.n_blocks = s->nb, a.n_layers = s->L, a.n_q_heads = s->Hq, a.n_kv_heads = s->Hkv, a.head_dim = s->D;
+    a.norm = norm, a.agg = agg, a.tau = tau, a.rr_c = rr_c, a.mode = KVMEM_RETRIEVE_EXACT;
+    a.key_rows = (const kvmem_buffer *const *)bk;
+    a.block_rows = R;
+    a.key_f16 = keys16 != NULL;
+    assert_ok(be->iface->dev_score(be, &a));
+    float *out = framed_output(be, bo, frame, sd->no_el, off);
+    bfree(be, bq);
+    bfree(be, bo);
+    for (int32_t l = 0; l < s->L; l++) bfree(be, bk[l]);
+    free(bk);
+    return out;
+}
+
+static void exact_case(const shape *s, int32_t R, int f16, size_t off, float tau, uint64_t *rng) {
+    score_data sd;
+    make_score_data(&sd, s, DATA_RANDOM, rng);
+    const size_t L = (size_t)s->L, Hq = (size_t)s->Hq, Hkv = (size_t)s->Hkv, D = (size_t)s->D, NB = (size_t)s->nb;
+    const size_t nq = (size_t)s->n_q, G = Hq / Hkv, nk = NB * (size_t)R * Hkv * D;
+    float **keys = malloc(L * sizeof *keys);
+    uint16_t **keys16 = malloc(L * sizeof *keys16);
+    for (size_t l = 0; l < L; l++) {
+        keys[l] = malloc(nk * 4);
+        keys16[l] = malloc(nk * 2);
+        for (size_t i = 0; i < nk; i++) {
+            keys16[l][i] = kvm_f32_to_f16(tu_normal(rng));
+            keys[l][i] = f16 ? kvm_f16_to_f32(keys16[l][i]) : tu_normal(rng);
+        }
+    }
+    double *I = malloc(sd.no_el * nq * sizeof *I), *dI = malloc(sd.no_el * nq * sizeof *dI);
+    for (size_t l = 0; l < L; l++)
+        for (size_t h = 0; h < Hq; h++)
+            for (size_t t = 0; t < nq; t++)
+                for (size_t j = 0; j < NB; j++) {
+                    const float *q = sd.q + ((t * L + l) * Hq + h) * D;
+                    double best = -INFINITY, bound = 0;
+                    for (int32_t r = 0; r < R; r++) {
+                        const float *k = keys[l] + ((j * (size_t)R + (size_t)r) * Hkv + h / G) * D;
+                        double x = 0, m = 0;
+                        for (size_t d = 0; d < D; d++) x += (double)q[d] * k[d], m += fabs((double)q[d] * k[d]);
+                        best = fmax(best, x);
+                        bound = fmax(bound, (double)D * ldexp(1, -23) * m);
+                    }
+                    I[((l * Hq + h) * nq + t) * NB + j] = best;
+                    dI[((l * Hq + h) * nq + t) * NB + j] = bound;
+                }
+    double *lo = malloc(sd.no_el * sizeof *lo), *hi = malloc(sd.no_el * sizeof *hi);
+    const float rr_c = 60.0f;
+    for (int norm = 0; norm < 2; norm++)
+        for (int agg = 0; agg < 2; agg++) {
+            kvmem_retrieve_norm nm = norm ? KVMEM_NORM_RR : KVMEM_NORM_SOFTMAX;
+            kvmem_retrieve_agg ag = agg ? KVMEM_AGG_SUM : KVMEM_AGG_MAX;
+            score_bounds_of(&sd, nm, ag, tau, rr_c, 0, I, dI, lo, hi);
+            float *got = run_exact(g_be, &sd, keys, f16 ? keys16 : NULL, R, nm, ag, tau, rr_c, off);
+            float *cpu = run_exact(g_cpu, &sd, keys, f16 ? keys16 : NULL, R, nm, ag, tau, rr_c, off);
+            check_in(g_name, got, lo, hi, sd.no_el, s, nm, ag);
+            check_in("cpu", cpu, lo, hi, sd.no_el, s, nm, ag);
+            for (size_t i = 0; i < sd.no_el; i++) /* the backend and the CPU entry: within both bounds */
+                if (fabs((double)got[i] - (double)cpu[i]) > 2 * (hi[i] - lo[i]))
+                    fail_msg("dev_score EXACT %s vs cpu: out[%zu] %.9g vs %.9g", g_name, i, (double)got[i], (double)cpu[i]);
+            free(got);
+            free(cpu);
+        }
+    for (size_t l = 0; l < L; l++) free(keys[l]), free(keys16[l]);
+    free(keys), free(keys16), free(I), free(dI), free(lo), free(hi);
+    free_score_data(&sd);
+}
+
+static void test_dev_score_exact_key_rows_match_reference(void **state) {
+    (void)state;
+    NEED_ENTRY(dev_score);
+    uint64_t rng = 31;
+    const struct {
+        shape s;
+        int32_t R, f16;
+        size_t off;
+    } cases[] = {
+        {{2, 4, 2, 64, 1, 37}, 16, 0, 0},   /* decode, GQA 2:1, blocks of 16 */
+        {{1, 8, 1, 40, 3, 130}, 8, 1, 12},  /* f16 rows, 8:1, n_q 3, > 128 blocks, an offset */
+        {{3, 2, 2, 16, 17, 16}, 5, 0, 4},   /* MHA, n_q 17, odd blocks */
+        {{1, 2, 1, 128, 1, 300}, 64, 1, 8}, /* long blocks: Vulkan splits the rows across dispatches */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        exact_case(&cases[i].s, cases[i].R, cases[i].f16, cases[i].off, 1.0f / sqrtf((float)cases[i].s.D), &rng);
+    /* a low loop budget: one row per dispatch, many dispatches */
+    setenv("KVMEM_VULKAN_LOOP_BUDGET", "100", 1);
+    exact_case(&cases[0].s, 16, 0, 0, 0.125f, &rng);
+    unsetenv("KVMEM_VULKAN_LOOP_BUDGET");
 }
 
 /* ======================= dev_score_reduce ======================= */
@@ -926,6 +1145,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_dev_score_many_tokens_in_chunks),
     cmocka_unit_test(test_dev_score_many_blocks_and_tokens),
     cmocka_unit_test(test_dev_score_rejects_bad_input_and_changes_nothing),
+    cmocka_unit_test(test_dev_score_exact_key_rows_match_reference),
+    cmocka_unit_test(test_exact_retrieve_api_matches_cpu),
     cmocka_unit_test(test_dev_score_reduce_follows_the_contract_order_bit_for_bit),
     cmocka_unit_test(test_dev_score_reduce_rejects_bad_input_and_changes_nothing),
     cmocka_unit_test(test_dev_topk_matches_reference_exactly),

@@ -321,46 +321,46 @@ static void dev_score_checks_shapes_ranges_and_plans(void **state) {
     a.norm = KVMEM_NORM_SOFTMAX, a.agg = KVMEM_AGG_MAX, a.tau = 0.125f, a.rr_c = 60.0f;
     const size_t q = 4 * 2 * 8 * 64 * 4, sb = 100 * 2 * 2 * 64 * 4, ob = 2 * 8 * 100 * 4;
     kvm_cu_dev_score_plan p;
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, NULL, &p), KVMEM_OK);
     assert_int_equal(p.score_ctas, 2 * 2 * 2); /* L * Hkv * ceil(100 / 64) */
     assert_int_equal(p.ws_scores, (2 * 8 * 4 * 100 * 4 + 255) / 256 * 256);
     assert_int_equal(p.sort_len, 0);
-    assert_int_equal(kvm_cu_check_dev_score(&a, q - 4, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q - 4, sb, sb, ob, NULL, &p), KVMEM_ERR_INVALID_ARG);
     assert_non_null(strstr(kvm_cu_last_error(), "outside"));
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb - 1, ob, &p), KVMEM_ERR_INVALID_ARG);
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob - 4, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb - 1, ob, NULL, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob - 4, NULL, &p), KVMEM_ERR_INVALID_ARG);
     a.out_off = 2;
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob + 8, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob + 8, NULL, &p), KVMEM_ERR_INVALID_ARG);
     assert_non_null(strstr(kvm_cu_last_error(), "multiples of 4"));
     a.out_off = 0;
     a.n_q = 0;
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, NULL, &p), KVMEM_ERR_INVALID_ARG);
     assert_non_null(strstr(kvm_cu_last_error(), "empty or negative"));
     a.n_q = 4;
     a.tau = 0.0f; /* both constants are checked whichever norm is used */
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, NULL, &p), KVMEM_ERR_INVALID_ARG);
     assert_non_null(strstr(kvm_cu_last_error(), "tau"));
     a.tau = 0.125f;
     a.out_off = 0;
     a.norm = KVMEM_NORM_RR;
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_OK);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, NULL, &p), KVMEM_OK);
     assert_int_equal(p.sort_len, 128);
     assert_int_equal(p.sort_in_smem, 1);
     a.rr_c = 0.0f;
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, NULL, &p), KVMEM_ERR_INVALID_ARG);
     a.rr_c = 60.0f;
     a.n_q_heads = 7;
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, NULL, &p), KVMEM_ERR_INVALID_ARG);
     a.n_q_heads = 8;
     a.head_dim = 512; /* ranges are checked first: a valid range, then the limit */
-    assert_int_equal(kvm_cu_check_dev_score(&a, q * 8, sb * 8, sb * 8, ob, &p), KVMEM_ERR_UNSUPPORTED);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q * 8, sb * 8, sb * 8, ob, NULL, &p), KVMEM_ERR_UNSUPPORTED);
     assert_non_null(strstr(kvm_cu_last_error(), "head_dim 512"));
     a.head_dim = 64;
     a.s_max = NULL;
-    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, &p), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvm_cu_check_dev_score(&a, q, sb, sb, ob, NULL, &p), KVMEM_ERR_INVALID_ARG);
     a.s_max = FAKE(3);
     a.n_blocks = INT32_MAX;
-    assert_int_equal(kvm_cu_check_dev_score(&a, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, &p), KVMEM_ERR_UNSUPPORTED);
+    assert_int_equal(kvm_cu_check_dev_score(&a, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, NULL, &p), KVMEM_ERR_UNSUPPORTED);
 }
 
 static void dev_topk_gather_qmem_check_their_ranges(void **state) {
@@ -527,6 +527,25 @@ static void dev_attend_checks_and_plans_waves(void **state) {
                      KVMEM_OK);
     assert_int_equal(p.n_tiles, 0);
     assert_int_equal(p.n_waves, 0);
+    /* the scored form: every tile, an order per KV head written back, two
+     * visited entries per stream, the scores in the workspace */
+    a.n_q_heads = 32, a.n_kv_heads = 8, a.head_dim = 128, a.n_slots = 20000, a.n_pos = 14000, a.tile = 64;
+    a.slot_map = FAKE(4), a.order = FAKE(5), a.n_visit = 219, a.dtype = KVMEM_F16, a.scored = 1;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 8 * 219 * 4, 32 * 128 * 4, 64, 132, &p),
+                     KVMEM_OK);
+    assert_true(p.off_pos >= p.off_rule + 8 * sizeof(kvm_cu_rule) && p.off_score >= p.off_pos + 8 * 4);
+    assert_true(p.off_score + 8 * 219 * 4 <= p.ws_bytes);
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 219 * 4, 32 * 128 * 4, 64, 132, &p),
+                     KVMEM_ERR_INVALID_ARG); /* one order, not one per KV head */
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 8 * 219 * 4, 32 * 128 * 4, 32, 132, &p),
+                     KVMEM_ERR_INVALID_ARG); /* visited without the positions */
+    a.n_visit = 200;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 8 * 219 * 4, 32 * 128 * 4, 64, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvm_cu_last_error(), "must be the 219 tiles"));
+    a.n_visit = 219, a.scored = 2;
+    assert_int_equal(kvm_cu_check_dev_attend(&a, 32 * 128 * 4, kv, kv, 14000 * 4, 8 * 219 * 4, 32 * 128 * 4, 64, 132, &p),
+                     KVMEM_ERR_INVALID_ARG);
 }
 
 static void staging_chunks_tile_the_transfer_and_alternate(void **state) {

@@ -680,12 +680,13 @@ static void test_vulkan_attend(void **state) {
                     KVMEM_ATTEND_RECENT, hd);
         assert_true(hd[0][0] == q_bytes + T * 4 + tiles * 4 + 2 * ab && hd[0][1] == down);
         assert_true(hd[1][0] == q_bytes + T * 4 + tiles * 4 && hd[1][1] == down); /* no K or V */
-        /* SCORED orders tiles from K on the host (then runs on the CPU):
-         * K and V come down once */
+        /* SCORED: the device orders each stream's tiles itself, K and V
+         * read in place; no tile list goes up, two counts per stream come
+         * down */
         attend_both(ctx, f16 ? (void *)k16 : (void *)k, f16 ? (void *)v16 : (void *)v, f16 ? KVMEM_F16 : KVMEM_F32,
                     KVMEM_ATTEND_SCORED, hd);
-        assert_true(hd[0][0] == 0 && hd[0][1] == 0);
-        assert_true(hd[1][0] == 0 && hd[1][1] == 2 * ab);
+        assert_true(hd[0][0] == q_bytes + T * 4 + 2 * ab && hd[0][1] == down + H * 4);
+        assert_true(hd[1][0] == q_bytes + T * 4 && hd[1][1] == down + H * 4); /* no K or V */
     }
     free(k);
     free(v);

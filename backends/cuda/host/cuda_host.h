@@ -134,8 +134,10 @@ typedef struct kvm_cu_dev_score_plan {
 } kvm_cu_dev_score_plan;
 #define KVM_CU_SCORE_SMEM_FLOATS 8192 /* 32 KiB of staged query rows */
 #define KVM_CU_SORT_SMEM_PAIRS 4096   /* 32 KiB of (key, index) pairs */
+/* key_size: byte size of a buffer of EXACT's key_rows (the buffer form) */
 kvmem_status kvm_cu_check_dev_score(const struct kvm_dev_score_args *a, size_t q_size, size_t s_min_size,
-                                    size_t s_max_size, size_t out_size, kvm_cu_dev_score_plan *plan);
+                                    size_t s_max_size, size_t out_size, size_t (*key_size)(const struct kvmem_buffer *),
+                                    kvm_cu_dev_score_plan *plan);
 
 /* dev_score_reduce: one thread per output element (grid-stride). */
 kvmem_status kvm_cu_check_dev_score_reduce(const struct kvm_dev_score_reduce_args *a, size_t in_size, size_t out_size);
@@ -164,6 +166,8 @@ typedef struct kvm_cu_dev_attend_plan {
     size_t off_o, off_ml;    /* f32 [Hq][head_dim]; f32 [Hq][2] running m, l */
     size_t off_z;            /* f32 [Hkv][32] previous probe */
     size_t off_rule;         /* kvm_cu_rule [Hkv] */
+    size_t off_pos;          /* int32 [Hkv]: live positions of the tiles each stream counted */
+    size_t off_score;        /* scored: f32 [Hkv][n_tiles], each tile's largest logit per stream */
     size_t ws_bytes;
 } kvm_cu_dev_attend_plan;
 kvmem_status kvm_cu_check_dev_attend(const struct kvm_dev_attend_args *a, size_t q_size, size_t k_size,

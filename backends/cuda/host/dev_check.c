@@ -48,11 +48,12 @@ static bool holds(size_t size, size_t off, size_t n) {
 /* ---- dev_score ---- */
 
 kvmem_status kvm_cu_check_dev_score(const kvm_dev_score_args *a, size_t q_size, size_t s_min_size,
-                                    size_t s_max_size, size_t out_size, kvm_cu_dev_score_plan *plan) {
+                                    size_t s_max_size, size_t out_size, kvm_dev_size_fn key_size,
+                                    kvm_cu_dev_score_plan *plan) {
     if (!a || !plan) return FAIL_ARG("dev_score: args is NULL");
     char msg[256];
     const size_t sz[4] = {q_size, s_min_size, s_max_size, out_size};
-    kvmem_status st = kvm_dev_score_check_sizes(a, sz, msg, sizeof msg);
+    kvmem_status st = kvm_dev_score_check_sizes(a, sz, key_size, msg, sizeof msg);
     if (st != KVMEM_OK) return shared_fail(st, msg);
     const size_t L = (size_t)a->n_layers, Hq = (size_t)a->n_q_heads, Hkv = (size_t)a->n_kv_heads;
     const size_t NQ = (size_t)a->n_q, NB = (size_t)a->n_blocks;
@@ -174,6 +175,16 @@ kvmem_status kvm_cu_check_dev_attend(const kvm_dev_attend_args *a, size_t q_size
     at += align256(Hkv * KVM_CU_PROBE * 4);
     p.off_rule = at;
     at += align256(Hkv * sizeof(kvm_cu_rule));
+    p.off_pos = at;
+    at += align256(Hkv * 4);
+    p.off_score = at;
+    if (a->scored) {
+        size_t sb;
+        if (!kvm_cu_mul3(Hkv, (size_t)n_tiles, 4, &sb) || n_tiles > INT32_MAX)
+            return FAIL_UNSUP("dev_attend: the scores of %lld tiles x %d KV heads overflow", (long long)n_tiles,
+                              a->n_kv_heads);
+        at += align256(sb);
+    }
     p.ws_bytes = at;
     *plan = p;
     return KVMEM_OK;

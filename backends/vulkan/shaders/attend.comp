@@ -74,6 +74,8 @@ layout(push_constant) uniform P {
     uint gptj;
     float attn_factor;
     uint cs_off;    // in floats: row 0 the base's cos/sin, row 1 + pos the position's
+    uint ord_stride; // entries between the streams' orders (0: one order for all)
+    uint scored;     // 1: visited[n_kv + g] gets the live positions stream g read
 } p;
 
 // a stream's record in st: words S_ORD .. S_PREV_NORM, then m at S_M
@@ -83,6 +85,8 @@ layout(push_constant) uniform P {
 #define S_STREAK 3u
 #define S_FLAGS 4u
 #define S_PREV_NORM 5u
+#define S_POS 6u       // live positions of the tiles counted in S_VIS
+#define S_TPOS 7u      // live positions of the tile being read so far
 #define S_M 8u
 #define F_HAS_PREV 1u
 #define F_STOP 2u
@@ -93,7 +97,7 @@ shared float red[KVM_WG]; // reductions
 shared int sslot[KVM_WG]; // slot of each chunk position, -1 when dead
 shared float sm[KVM_WG], sl[KVM_WG], scorr[KVM_WG]; // per query head: max, denominator, rescale
 shared float sz[PROBE], sprev[PROBE];
-shared uint slive;
+shared uint slive; // live positions of the chunk
 shared uint sbad; // lowest position of the chunk with a non-finite logit, 0xffffffff: none
 
 float load_kv(bool is_k, uint e) {
@@ -180,6 +184,7 @@ void main() {
     uint oi = 0u, cur = 0u, flags = 0u;
     int vis = 0, streak = 0;
     float prev_norm = 0.0;
+    uint npos = 0u, tpos = 0u;
     if (p.first != 0u) {
         for (uint k = 0u; k < ACC_PER; k++) acc[k] = 0.0;
         if (tid < G) {
@@ -194,6 +199,8 @@ void main() {
         streak = int(st[sb + S_STREAK]);
         flags = st[sb + S_FLAGS];
         prev_norm = uintBitsToFloat(st[sb + S_PREV_NORM]);
+        npos = st[sb + S_POS];
+        tpos = st[sb + S_TPOS];
         for (uint k = 0u; k < ACC_PER; k++) {
             uint i = tid + k * KVM_WG;
             acc[k] = 0.0;
@@ -209,7 +216,7 @@ void main() {
     bool tile_live = (flags & F_TILE_LIVE) != 0u;
 
     for (uint step = 0u; step < p.max_steps && oi < p.n_visit && !stop; step++) {
-        int t = order_[p.ord_off + oi];
+        int t = order_[p.ord_off + g * p.ord_stride + oi];
         if (t < 0 || uint(t) >= p.n_tiles) { // the device cannot refuse: skip
             oi++;
             continue;
@@ -232,7 +239,7 @@ void main() {
             sslot[c] = s;
         }
         barrier();
-        if (act && h == 0u && sslot[c] >= 0) atomicOr(slive, 1u);
+        if (act && h == 0u && sslot[c] >= 0) atomicAdd(slive, 1u);
         float sc = NEG_INF;
         if (act && sslot[c] >= 0) {
             uint qb = qbase + h * D;
@@ -283,6 +290,7 @@ void main() {
         }
         barrier();
         tile_live = tile_live || slive != 0u; // uniform: read after the barrier
+        tpos += slive;
         cur += cn;
         if (c0 + cn < t1) continue; // the tile goes on in the next step
         oi++;
@@ -290,6 +298,8 @@ void main() {
         if (!tile_live) continue;
         tile_live = false;
         vis++;
+        npos += tpos;
+        tpos = 0u;
         // the probe of the normalised output: element i is entry j
         for (uint k = 0u; k < ACC_PER; k++) {
             uint i = tid + k * KVM_WG;
@@ -338,6 +348,8 @@ void main() {
         st[sb + S_STREAK] = uint(streak);
         st[sb + S_FLAGS] = (has_prev ? F_HAS_PREV : 0u) | (stop ? F_STOP : 0u) | (tile_live ? F_TILE_LIVE : 0u);
         st[sb + S_PREV_NORM] = floatBitsToUint(prev_norm);
+        st[sb + S_POS] = npos;
+        st[sb + S_TPOS] = tpos;
     }
     if (!done) {
         if (tid < G) {
@@ -356,4 +368,5 @@ void main() {
         }
     }
     if (tid == 0u) visited[p.vis_off + g] = vis;
+    if (tid == 0u && p.scored != 0u) visited[p.vis_off + p.n_kv + g] = int(npos);
 }
