@@ -336,6 +336,26 @@ static int lay_gather(const lay_ctx *c, kvmem_dtype dt, const int32_t *blocks, i
     return rc;
 }
 
+/* kvmem_attend of one query row (q: [L][NQ][D]) over every layer of the
+ * agent, keys at positions base + index; nonzero on the first failure. */
+static int attend_layers(kvmem_context *ctx, kvmem_agent *ag, const float *q, const kvmem_attend_params *ap, float *out,
+                         int32_t L, int32_t NQ, int32_t D, int64_t base) {
+    for (int32_t l = 0; l < L; l++) {
+        int64_t as[3] = {1, NQ, D};
+        kvmem_tensor aq, ao;
+        kvmem_tensor_init(&aq, (void *)(uintptr_t)(q + (size_t)l * (size_t)NQ * (size_t)D), KVMEM_F32, 3, as);
+        kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as);
+        kvmem_attend_source src;
+        memset(&src, 0, sizeof src);
+        src.kind = KVMEM_ATTEND_SRC_AGENT;
+        src.agent = ag;
+        src.layer = l;
+        src.base_position = base;
+        if (kvmem_attend(ctx, &aq, &src, ap, &ao, NULL) != KVMEM_OK) return 1;
+    }
+    return 0;
+}
+
 /* One whole decode step (retrieve 1 query token, gather the selection, attend
  * every layer over the agent at positions base + index, full attention) and
  * its host <-> device bytes in x[0] (up) and x[1] (down). */
@@ -365,19 +385,7 @@ static int whole_step(kvmem_context *ctx, kvmem_agent *ag, kvmem_retrieval *r, c
     kvmem_attend_params ap = kvmem_attend_default_params();
     ap.order = KVMEM_ATTEND_RECENT;
     ap.tau_s = ap.tau_d = 0;
-    for (int32_t l = 0; l < L && !rc; l++) {
-        int64_t as[3] = {1, NQ, D};
-        kvmem_tensor aq, ao;
-        kvmem_tensor_init(&aq, (void *)(uintptr_t)(q + (size_t)l * (size_t)NQ * (size_t)D), KVMEM_F32, 3, as);
-        kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as);
-        kvmem_attend_source src;
-        memset(&src, 0, sizeof src);
-        src.kind = KVMEM_ATTEND_SRC_AGENT;
-        src.agent = ag;
-        src.layer = l;
-        src.base_position = base;
-        rc = kvmem_attend(ctx, &aq, &src, &ap, &ao, NULL) != KVMEM_OK;
-    }
+    rc = rc || attend_layers(ctx, ag, q, &ap, out, L, NQ, D, base);
     kvmem_context_transfer_stats(ctx, &h1, &d1);
     x[0] = h1 - h0;
     x[1] = d1 - d0;
@@ -445,18 +453,7 @@ static int decode_step_line(const kvm_bench_opts *o, kvmem_context *ctx, const k
             kvmem_attend_params ap = kvmem_attend_default_params();
             ap.order = KVMEM_ATTEND_RECENT;
             if (!stop) ap.tau_s = ap.tau_d = 0;
-            for (int32_t l = 0; l < L && !rc; l++) {
-                int64_t as[3] = {1, NQ, D};
-                kvmem_tensor aq, ao;
-                kvmem_tensor_init(&aq, q + (size_t)l * (size_t)NQ * (size_t)D, KVMEM_F32, 3, as);
-                kvmem_tensor_init(&ao, out, KVMEM_F32, 3, as);
-                kvmem_attend_source src;
-                memset(&src, 0, sizeof src);
-                src.kind = KVMEM_ATTEND_SRC_AGENT;
-                src.agent = ag;
-                src.layer = l;
-                rc = kvmem_attend(ctx, &aq, &src, &ap, &ao, NULL) != KVMEM_OK;
-            }
+            rc = attend_layers(ctx, ag, q, &ap, out, L, NQ, D, 0);
             kvmem_context_transfer_stats(ctx, &x[3 + stop][0], &x[3 + stop][1]);
         }
     }
