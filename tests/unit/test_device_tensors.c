@@ -418,6 +418,17 @@ static kvmem_context *vk_context(char *why, size_t n) {
     return ctx;
 }
 
+/* The Vulkan context of a test, or the test skipped saying why. */
+static kvmem_context *vk_context_or_skip(void) {
+    char why[512];
+    kvmem_context *ctx = vk_context(why, sizeof why);
+    if (!ctx) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    return ctx;
+}
+
 /* A host-visible buffer (so the test can fill and read it) of n bytes. */
 static void vkbuf_create(vkbuf *b, size_t n) {
     memset(b, 0, sizeof *b);
@@ -460,12 +471,7 @@ static kvmem_device_memory vk_mem(const vkbuf *b, size_t offset) {
 
 static void test_vulkan_buffers(void **state) {
     (void)state;
-    char why[512];
-    kvmem_context *ctx = vk_context(why, sizeof why);
-    if (!ctx) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    kvmem_context *ctx = vk_context_or_skip();
     kvmem_model_spec sp = tu_spec(L, D);
     kvmem_pool_params pp = kvmem_pool_default_params();
     pp.block_size = BS;
@@ -655,12 +661,7 @@ static void attend_both(kvmem_context *ctx, const void *k, const void *v, kvmem_
 
 static void test_vulkan_attend(void **state) {
     (void)state;
-    char why[512];
-    kvmem_context *ctx = vk_context(why, sizeof why);
-    if (!ctx) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    kvmem_context *ctx = vk_context_or_skip();
     const size_t n = (size_t)T * H * D;
     float *k = malloc(n * 4), *v = malloc(n * 4);
     uint16_t *k16 = malloc(n * 2), *v16 = malloc(n * 2);
@@ -699,12 +700,7 @@ static void test_vulkan_attend(void **state) {
  * up once after the call, the output equals the host call's. */
 static void test_vulkan_q_out(void **state) {
     (void)state;
-    char why[512];
-    kvmem_context *ctx = vk_context(why, sizeof why);
-    if (!ctx) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    kvmem_context *ctx = vk_context_or_skip();
     const size_t n = (size_t)T * H * D, qb = HQ * D * 4;
     float *k = malloc(n * 4), *v = malloc(n * 4), q[HQ * D], oh[HQ * D];
     uint64_t rng = 41;
@@ -751,12 +747,7 @@ static void test_vulkan_q_out(void **state) {
  * host-only calls; nothing written. */
 static void test_vulkan_refusals(void **state) {
     (void)state;
-    char why[512];
-    kvmem_context *ctx = vk_context(why, sizeof why);
-    if (!ctx) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    kvmem_context *ctx = vk_context_or_skip();
     kvmem_model_spec sp = tu_spec(L, D);
     kvmem_pool *pool = NULL;
     kvmem_agent *ag = NULL;
