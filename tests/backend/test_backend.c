@@ -285,12 +285,19 @@ static void *thread_ops(void *arg) {
             bad = 1;
         } else {
             kvm_dev_score_reduce_args r = {a, b, 0, 0, 1, 2, 257, 1};
-            bad |= g_be->iface->buffer_upload(g_be, a, 0, x, sizeof x) != KVMEM_OK;
-            bad |= g_be->iface->dev_score_reduce(g_be, &r) != KVMEM_OK;
-            bad |= g_be->iface->buffer_download(g_be, b, 0, y, sizeof y) != KVMEM_OK;
+            /* a failing step says which and why: a race shows only on some machines */
+            const char *step = NULL;
+            if (g_be->iface->buffer_upload(g_be, a, 0, x, sizeof x) != KVMEM_OK) step = "upload";
+            else if (g_be->iface->dev_score_reduce(g_be, &r) != KVMEM_OK) step = "dev_score_reduce";
+            else if (g_be->iface->buffer_download(g_be, b, 0, y, sizeof y) != KVMEM_OK) step = "download";
+            if (step) fprintf(stderr, "thread %u, round %d: %s failed: %s\n", (unsigned)(uintptr_t)arg, it, step, kvmem_last_error());
+            bad |= step != NULL;
             for (int i = 0; i < 257 && !bad; i++) {
                 float e = (0.0f + x[i]) + x[257 + i];
-                bad |= memcmp(&y[i], &e, 4) != 0;
+                if (memcmp(&y[i], &e, 4) != 0) {
+                    fprintf(stderr, "thread %u, round %d: y[%d] = %.9g, expected %.9g\n", (unsigned)(uintptr_t)arg, it, i, y[i], e);
+                    bad = 1;
+                }
             }
         }
         g_be->iface->buffer_free(g_be, a);
@@ -307,7 +314,10 @@ static void *thread_contexts(void *arg) {
         p.backend = g_name;
         p.n_threads = 1;
         kvmem_context *c = NULL;
-        bad |= kvmem_context_create(&p, &c) != KVMEM_OK;
+        if (kvmem_context_create(&p, &c) != KVMEM_OK) {
+            fprintf(stderr, "context thread, round %d: kvmem_context_create failed: %s\n", it, kvmem_last_error());
+            bad = 1;
+        }
         kvmem_context_free(c);
     }
     return (void *)(uintptr_t)bad;
@@ -319,11 +329,14 @@ static void test_threads_share_a_backend_and_create_contexts(void **state) {
     pthread_t t[4];
     for (uintptr_t i = 0; i < 4; i++)
         assert_int_equal(pthread_create(&t[i], NULL, i < 3 ? thread_ops : thread_contexts, (void *)(i + 1)), 0);
+    /* every thread joined before any assertion: a failure must not free the
+     * backend under threads still using it */
+    int bad = 0;
     for (int i = 0; i < 4; i++) {
-        void *r;
-        assert_int_equal(pthread_join(t[i], &r), 0);
-        assert_true(r == NULL);
+        void *r = NULL;
+        bad |= pthread_join(t[i], &r) != 0 || r != NULL;
     }
+    assert_int_equal(bad, 0);
 }
 
 static const struct CMUnitTest tests[] = {
