@@ -25,20 +25,31 @@ async function inPoolMutex(svc, headers) {
   return false;
 }
 
-test('a stalled store holds up the request that opens an agent, not other clients (Redis stopped mid-open)', async (t) => {
+// fn({svc, as, pause, resume}) against a service on a Redis of its own (pool name
+// `pool`); pause stops Redis (SIGSTOP), and it is resumed and everything stopped after.
+async function withRedisService(t, pool, fn) {
   const redis = await startRedis();
   if (!redis) return t.skip('skipped: redis-server not found (apt-get install redis-server)');
   let stopped = false;
+  const pause = () => { process.kill(redis.pid, 'SIGSTOP'); stopped = true; };
   const resume = () => { if (stopped) { process.kill(redis.pid, 'SIGCONT'); stopped = false; } };
   let svc;
   try {
-    svc = await startService({ KVMEM_STORE: `${redis.url}?pool=stall&timeout_ms=60000`, KVMEM_CLIENT_HEADER: 'x-client', KVMEM_ACCESS_LOG: 'off' });
-    const as = (client) => ({ 'x-client': client });
+    svc = await startService({ KVMEM_STORE: `${redis.url}?pool=${pool}&timeout_ms=60000`, KVMEM_CLIENT_HEADER: 'x-client', KVMEM_ACCESS_LOG: 'off' });
+    await fn({ svc, as: (client) => ({ 'x-client': client }), pause, resume });
+  } finally {
+    resume();
+    if (svc) await stop(svc.child);
+    await redis.stop();
+  }
+}
+
+test('a stalled store holds up the request that opens an agent, not other clients (Redis stopped mid-open)', (t) =>
+  withRedisService(t, 'stall', async ({ svc, as, pause, resume }) => {
     const body = { k: tokensKV(1, 0, 4), v: tokensKV(1, 0, 4), token_ids: [1, 2, 3, 4] };
     assert.equal((await svc.call('POST', '/agents/first/append', body, as('a'))).code, 200);
 
-    process.kill(redis.pid, 'SIGSTOP');
-    stopped = true;
+    pause();
     const opening = svc.call('POST', '/agents/second/append', body, as('b')); // asks Redis whether 'second' exists
     assert.ok(await inPoolMutex(svc, as('c')), 'the append reached the open while Redis was stopped');
     // another client, on a route that needs neither the pool nor the store
@@ -51,27 +62,14 @@ test('a stalled store holds up the request that opens an agent, not other client
     const r = await opening;
     assert.equal(r.code, 200, JSON.stringify(r.body));
     assert.equal(r.body.n_tokens, 4);
-  } finally {
-    resume();
-    if (svc) await stop(svc.child);
-    await redis.stop();
-  }
-});
+  }));
 
-test('a stalled store holds up a DELETE, not other clients (Redis stopped mid-remove)', async (t) => {
-  const redis = await startRedis();
-  if (!redis) return t.skip('skipped: redis-server not found (apt-get install redis-server)');
-  let stopped = false;
-  const resume = () => { if (stopped) { process.kill(redis.pid, 'SIGCONT'); stopped = false; } };
-  let svc;
-  try {
-    svc = await startService({ KVMEM_STORE: `${redis.url}?pool=stall-del&timeout_ms=60000`, KVMEM_CLIENT_HEADER: 'x-client', KVMEM_ACCESS_LOG: 'off' });
-    const as = (client) => ({ 'x-client': client });
+test('a stalled store holds up a DELETE, not other clients (Redis stopped mid-remove)', (t) =>
+  withRedisService(t, 'stall-del', async ({ svc, as, pause, resume }) => {
     const body = { k: tokensKV(1, 0, 4), v: tokensKV(1, 0, 4), token_ids: [1, 2, 3, 4], save: true };
     for (const id of ['doomed', 'kept']) assert.equal((await svc.call('POST', `/agents/${id}/append`, body, as('a'))).code, 200);
 
-    process.kill(redis.pid, 'SIGSTOP');
-    stopped = true;
+    pause();
     const removing = svc.call('DELETE', '/agents/doomed', undefined, as('b')); // removes it from Redis
     assert.ok(await inPoolMutex(svc, as('c')), 'the DELETE reached the store while Redis was stopped');
     const list = await within(svc.call('GET', '/agents', undefined, as('d')), 10000);
@@ -84,9 +82,4 @@ test('a stalled store holds up a DELETE, not other clients (Redis stopped mid-re
     assert.equal(r.code, 200, JSON.stringify(r.body));
     assert.deepEqual((await svc.call('GET', '/agents', undefined, as('d'))).body.agents, ['kept']);
     assert.equal((await svc.call('GET', '/agents/doomed', undefined, as('d'))).code, 404);
-  } finally {
-    resume();
-    if (svc) await stop(svc.child);
-    await redis.stop();
-  }
-});
+  }));
