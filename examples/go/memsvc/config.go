@@ -40,6 +40,10 @@ type config struct {
 // encoding.
 const runtimeBytes = 32 << 20
 
+// glibc malloc arenas the service allows (malloc_glibc.go): what C frees is
+// kept per arena, and kvmem runs on many OS threads.
+const mallocArenaMax = 2
+
 func (c *config) perRequestBytes() int64 { return 4*c.MaxBodyBytes + 3*c.MaxResponseBytes }
 
 var sizeRe = regexp.MustCompile(`^(?i)([0-9]+)([KMG]?)(?:i?B)?$`)
