@@ -2,8 +2,8 @@
 
 package main
 
-func mallocArenas() int { return -1 }
+func mallocArenas() int           { return -1 }
+func mallocTouch()                {}
+func mappedOnItsOwn(size int) int { return -1 }
 
-func limitMallocArenas(n int) bool { return false }
-
-func mallocTouch() {}
+func tuneMalloc(arenas, mmapThreshold int) bool { return false }

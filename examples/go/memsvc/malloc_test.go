@@ -7,21 +7,26 @@ import (
 	"testing"
 )
 
-// kvmem's calls run on many OS threads; with glibc's default each thread that
-// mallocs gets an arena of its own, and what is freed in each stays in the RSS
-// beyond the memory budget. The service holds malloc to mallocArenaMax arenas:
-// threads that malloc for the first time after that share them.
-func TestMallocArenasStayWithinTheServicesLimit(t *testing.T) {
+// C memory kvmem frees must leave the RSS: glibc's defaults keep it in
+// per-thread arenas and, once a large block was freed, carve later large
+// blocks from them too. The service sets both (tuneMalloc).
+func tunedMalloc(t *testing.T) {
+	t.Helper()
 	if mallocArenas() < 0 {
-		t.Skip("skipped: not glibc's malloc (or no cgo): no arenas to limit")
+		t.Skip("skipped: not glibc's malloc (or no cgo): nothing to tune")
 	}
-	if os.Getenv("MALLOC_ARENA_MAX") != "" {
-		t.Skip("skipped: MALLOC_ARENA_MAX is set in the environment, which the service leaves to it")
+	if os.Getenv("MALLOC_ARENA_MAX") != "" || os.Getenv("MALLOC_MMAP_THRESHOLD_") != "" {
+		t.Skip("skipped: MALLOC_ARENA_MAX or MALLOC_MMAP_THRESHOLD_ is set in the environment, which the service leaves to it")
 	}
+	if !tuneMalloc(mallocArenaMax, mallocMmapThreshold) {
+		t.Fatal("mallopt refused the service's settings")
+	}
+}
+
+// Threads that malloc for the first time share the arenas there are.
+func TestMallocArenasStayWithinTheServicesLimit(t *testing.T) {
 	before := mallocArenas()
-	if !limitMallocArenas(mallocArenaMax) {
-		t.Fatal("mallopt(M_ARENA_MAX) was refused")
-	}
+	tunedMalloc(t)
 	// 16 OS threads (each goroutine locked to its own, which ends with it) malloc at once
 	start := make(chan struct{})
 	var ready, done sync.WaitGroup
@@ -45,5 +50,22 @@ func TestMallocArenasStayWithinTheServicesLimit(t *testing.T) {
 	}
 	if after := mallocArenas(); after > allowed {
 		t.Fatalf("%d malloc arenas after 16 threads malloced (%d before, the service's limit %d)", after, before, mallocArenaMax)
+	}
+}
+
+// A block over the threshold is mapped on its own even after a larger one was
+// freed (glibc's default then raises the threshold to that block's size).
+func TestLargeBlocksAreMappedOnTheirOwn(t *testing.T) {
+	tunedMalloc(t)
+	if got := mappedOnItsOwn(8 << 20); got != 1 {
+		t.Fatalf("an 8 MiB block: mapped on its own = %d, want 1", got)
+	}
+	for _, size := range []int{mallocMmapThreshold, 4 << 20} {
+		if got := mappedOnItsOwn(size); got != 1 {
+			t.Fatalf("a %d-byte block after an 8 MiB one was freed: mapped on its own = %d, want 1", size, got)
+		}
+	}
+	if got := mappedOnItsOwn(4096); got != 0 {
+		t.Fatalf("a 4096-byte block: mapped on its own = %d, want 0 (from an arena)", got)
 	}
 }
