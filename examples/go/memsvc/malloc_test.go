@@ -53,17 +53,17 @@ func TestMallocArenasStayWithinTheServicesLimit(t *testing.T) {
 	}
 }
 
-// A block over the threshold is mapped on its own even after a larger one was
-// freed (glibc's default then raises the threshold to that block's size).
+// A large block is mapped on its own even after a larger one was freed
+// (glibc's default then raises the threshold to that block's size, up to 32
+// MiB). 16 MiB: a block an arena's free memory is unlikely to hold already,
+// which it would be served from whatever the threshold.
 func TestLargeBlocksAreMappedOnTheirOwn(t *testing.T) {
 	tunedMalloc(t)
-	if got := mappedOnItsOwn(8 << 20); got != 1 {
-		t.Fatalf("an 8 MiB block: mapped on its own = %d, want 1", got)
+	if got := mappedOnItsOwn(24 << 20); got != 1 {
+		t.Fatalf("a 24 MiB block: mapped on its own = %d, want 1", got)
 	}
-	for _, size := range []int{mallocMmapThreshold, 4 << 20} {
-		if got := mappedOnItsOwn(size); got != 1 {
-			t.Fatalf("a %d-byte block after an 8 MiB one was freed: mapped on its own = %d, want 1", size, got)
-		}
+	if got := mappedOnItsOwn(16 << 20); got != 1 {
+		t.Fatalf("a 16 MiB block after a 24 MiB one was freed: mapped on its own = %d, want 1", got)
 	}
 	if got := mappedOnItsOwn(4096); got != 0 {
 		t.Fatalf("a 4096-byte block: mapped on its own = %d, want 0 (from an arena)", got)
