@@ -120,6 +120,8 @@ export class Pool extends Handle {
   /** kvmem_agent_open_file (experimental): a saved agent opened in place, read-only; its KV stays in the file. */
   agentOpenFile(path: string, opts?: { verify?: boolean }): Agent;
   removeAgent(id: string): void;
+  /** removeAgent on a worker thread: the removal waits for the pool's mutex and deletes the agent from the store */
+  removeAgentAsync(id: string): Promise<void>;
   sync(): void;
   /** kvmem_pool_sync on a worker thread; the pool is busy until it settles (see Handle) */
   syncAsync(): Promise<void>;

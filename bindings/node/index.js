@@ -461,6 +461,12 @@ class Pool extends Handle {
   lastError() { return objectError(C.kvmem_pool_last_error, this.handle); }
   segmentsCreate(owner, params) { return new Segments(this, owner, params); }
   removeAgent(id) { C.kvmem_pool_remove_agent(this.handle, cId(id, 'agent id')); }
+  // removeAgent on a worker thread: it waits for the pool's mutex and deletes the
+  // agent from the store (a file and its directory's fsync, or a Redis round trip)
+  removeAgentAsync(id) {
+    const cid = cId(id, 'agent id');
+    return this._pinned(() => C.kvmem_pool_remove_agent.async(this._ptr(), cid).then(noop));
+  }
 }
 
 const OUT_KEYS = ['kOut', 'vOut', 'dtype', 'keys', 'values'];

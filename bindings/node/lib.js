@@ -361,7 +361,7 @@ function check(st) {
 const ERRBUF_SIZE = 512;
 
 // The calls that do real work get `.async` (a koffi worker-thread call).
-const ASYNC_CALLS = ['kvmem_pool_sync', 'kvmem_pool_get_info', 'kvmem_agent_open', 'kvmem_agent_flush', 'kvmem_agent_append', 'kvmem_agent_read', 'kvmem_agent_save',
+const ASYNC_CALLS = ['kvmem_pool_sync', 'kvmem_pool_get_info', 'kvmem_agent_open', 'kvmem_pool_remove_agent', 'kvmem_agent_flush', 'kvmem_agent_append', 'kvmem_agent_read', 'kvmem_agent_save',
                      'kvmem_agent_load', 'kvmem_retrieve', 'kvmem_gather', 'kvmem_attend', 'kvmem_attend_v2'];
 
 // The `.async` form of a status function: a koffi async call runs on a worker

@@ -20,6 +20,14 @@
  * pool last read or wrote (0: none). A save based on another version than
  * the stored one fails with KVMEM_ERR_CONFLICT and writes nothing.
  *
+ * A commit whose reply never came back (the server died or timed out after
+ * running the script) may or may not have been stored. Its generation is
+ * unique to this pool and save, so the store remembers it as unanswered: a
+ * later save that finds the manifest moved on checks whether the stored
+ * generation is one of this pool's unanswered saves, and if so adopts that
+ * version (the pool's copy descends from it) and commits on top of it. Any
+ * other writer's save leaves another generation there and is still refused.
+ *
  * Connections: a small stack of idle connections; every operation takes one,
  * so the store is safe from several threads and readers/writers of
  * different agents run in parallel. In a cluster, a MOVED reply reconnects
@@ -78,10 +86,17 @@ static _Atomic(const kvm_store_host *) g_host;
 #define rs_realloc(p, n) (HOST()->mem_realloc((p), (n), RS_SITE))
 #define rs_free(p) (HOST()->mem_free(p))
 
+#define RS_GEN_LEN 16      /* a generation: 16 hex digits */
+#define RS_MAX_UNANSWERED 8 /* per agent; the oldest is forgotten first (then its save conflicts) */
+
 typedef struct known_ver {
     struct known_ver *next;
     char id[RS_MAX_ID + 1];
-    long long version;
+    long long version; /* 0: none */
+    /* generations of this pool's commits of the agent whose reply never
+     * came back since `version` (oldest first) */
+    char unanswered[RS_MAX_UNANSWERED][RS_GEN_LEN + 1];
+    int n_unanswered;
 } known_ver;
 
 typedef struct rs_store {
@@ -134,31 +149,70 @@ static long long known_get(rs_store *s, const char *id) {
     return v;
 }
 
-/* Remember the version this pool holds (0 forgets). It cannot fail: a new
- * entry takes *spare, allocated before the read or write it follows, which
- * the caller frees if it is left. (Forgetting a committed version because
- * memory ran out would make this pool's next save conflict with itself.) */
+/* The entry of id, created from *spare when absent and spare is given
+ * (NULL otherwise). Under s->mu. */
+static known_ver *known_entry(rs_store *s, const char *id, known_ver **spare) {
+    known_ver *k = s->known;
+    while (k && strcmp(k->id, id) != 0) k = k->next;
+    if (!k && spare && *spare) {
+        k = *spare;
+        *spare = NULL;
+        memset(k, 0, sizeof *k);
+        snprintf(k->id, sizeof k->id, "%s", id);
+        k->next = s->known;
+        s->known = k;
+    }
+    return k;
+}
+
+/* Remember the version this pool holds (0 forgets), which is what the pool
+ * now has: unanswered commits before it no longer matter. It cannot fail: a
+ * new entry takes *spare, allocated before the read or write it follows,
+ * which the caller frees if it is left. (Forgetting a committed version
+ * because memory ran out would make this pool's next save conflict with
+ * itself.) */
 static void known_set(rs_store *s, const char *id, long long v, known_ver **spare) {
     pthread_mutex_lock(&s->mu);
-    known_ver **p = &s->known;
-    while (*p && strcmp((*p)->id, id) != 0) p = &(*p)->next;
-    if (*p) {
-        if (v) {
-            (*p)->version = v;
-        } else {
+    if (v) {
+        known_ver *k = known_entry(s, id, spare);
+        if (k) {
+            k->version = v;
+            k->n_unanswered = 0;
+        }
+    } else {
+        known_ver **p = &s->known;
+        while (*p && strcmp((*p)->id, id) != 0) p = &(*p)->next;
+        if (*p) {
             known_ver *dead = *p;
             *p = dead->next;
             rs_free(dead);
         }
-    } else if (v && spare && *spare) {
-        known_ver *k = *spare;
-        *spare = NULL;
-        snprintf(k->id, sizeof k->id, "%s", id);
-        k->version = v;
-        k->next = s->known;
-        s->known = k;
     }
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Remember that this pool's commit of generation gen got no reply. */
+static void known_unanswered(rs_store *s, const char *id, const char *gen, known_ver **spare) {
+    pthread_mutex_lock(&s->mu);
+    known_ver *k = known_entry(s, id, spare);
+    if (k) {
+        if (k->n_unanswered == RS_MAX_UNANSWERED) {
+            memmove(k->unanswered[0], k->unanswered[1], sizeof k->unanswered[0] * (RS_MAX_UNANSWERED - 1));
+            k->n_unanswered--;
+        }
+        snprintf(k->unanswered[k->n_unanswered++], sizeof k->unanswered[0], "%s", gen);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* 1 if gen is one of this pool's unanswered commits of id. */
+static int known_is_unanswered(rs_store *s, const char *id, const char *gen) {
+    int found = 0;
+    pthread_mutex_lock(&s->mu);
+    const known_ver *k = known_entry(s, id, NULL);
+    for (int i = 0; k && i < k->n_unanswered && !found; i++) found = strcmp(k->unanswered[i], gen) == 0;
+    pthread_mutex_unlock(&s->mu);
+    return found;
 }
 
 /* ---- connections ---- */
@@ -542,7 +596,7 @@ typedef struct rs_writer {
     rs_store *s;
     redisContext *c;
     char id[RS_MAX_ID + 1];
-    char gen[40];
+    char gen[RS_GEN_LEN + 1];
     long long based_on;
     known_ver *spare; /* the version record a first commit of this agent takes */
     unsigned char *buf;
@@ -703,9 +757,10 @@ static void rw_abort(kvm_store_writer *wb) {
 
 /* Check-and-set of the manifest, atomic on the server. ARGV[1] is the
  * version the save is based on ("0": none), ARGV[9] the next one; both are
- * strings, compared and stored as strings (version_parse says why). Replies:
- * {1} | {-1, stored_version (a string)} conflict | {-2} foreign value |
- * {-3, i} chunk i of the new generation is missing. */
+ * strings, compared and stored as strings (version_parse says why). ARGV[10]
+ * is the generation the stored version must also have ("": any). Replies:
+ * {1} | {-1, stored_version (a string), stored_gen ("" if none)} conflict |
+ * {-2} foreign value | {-3, i} chunk i of the new generation is missing. */
 static const char k_commit_lua[] =
     "local t = redis.call('TYPE', KEYS[1]).ok\n"
     "local cur, og, on = '0', nil, 0\n"
@@ -714,7 +769,7 @@ static const char k_commit_lua[] =
     "  if f[1] ~= ARGV[8] or type(f[2]) ~= 'string' or not string.match(f[2], '^[1-9][0-9]*$') then return {-2} end\n"
     "  cur = f[2]; og = f[3]; on = tonumber(f[4]) or 0\n"
     "elseif t ~= 'none' then return {-2} end\n"
-    "if cur ~= ARGV[1] then return {-1, cur} end\n"
+    "if cur ~= ARGV[1] or (ARGV[10] ~= '' and og ~= ARGV[10]) then return {-1, cur, og or ''} end\n"
     "local n = tonumber(ARGV[4])\n"
     "local ttl = tonumber(ARGV[6])\n"
     "for i = 0, n - 1 do\n"
@@ -745,36 +800,61 @@ static kvmem_status rw_commit(kvm_store_writer *wb) {
     char key[320], prefix[320], exp[32], next[32], size[32], n[32], cb[32], ttl[32];
     key_of(s, w->id, "m", key, sizeof key);
     key_of(s, w->id, "d:", prefix, sizeof prefix);
-    snprintf(exp, sizeof exp, "%lld", w->based_on);
-    snprintf(next, sizeof next, "%lld", w->based_on + 1); /* rs_open_write refused LLONG_MAX */
     snprintf(size, sizeof size, "%" PRIu64, w->size);
     snprintf(n, sizeof n, "%" PRIu64, w->chunks);
     snprintf(cb, sizeof cb, "%" PRIu64, s->chunk_bytes);
     snprintf(ttl, sizeof ttl, "%lld", s->ttl_ms);
-    const char *av[13] = {"EVAL", k_commit_lua, "1", key, exp, w->gen, size, n, cb, ttl, prefix, RS_MAGIC, next};
-    redisReply *r = agent_cmd(s, &w->c, 13, av, NULL, "committing the manifest", &st);
-    if (!r) {
-        /* the server went away: whether the script ran is unknown, so the
-         * version this pool knows is no longer trusted either way */
-        rw_free(w, 0);
-        return st;
-    }
+    long long based_on = w->based_on;
+    char adopt_gen[RS_GEN_LEN + 1] = ""; /* the retry: this pool's unanswered commit it builds on */
+    redisReply *r = NULL;
     long long code = 0, val = 0;
     const char *stored = "?"; /* -1: the stored version, as the server holds it */
     int stored_len = 1;
-    if (r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && r->element[0]->type == REDIS_REPLY_INTEGER) {
-        code = r->element[0]->integer;
-        if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_INTEGER) val = r->element[1]->integer;
-        if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_STRING)
-            stored = r->element[1]->str, stored_len = r->element[1]->len > 20 ? 20 : (int)r->element[1]->len;
+    size_t stored_full = 1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        snprintf(exp, sizeof exp, "%lld", based_on);
+        snprintf(next, sizeof next, "%lld", based_on + 1); /* rs_open_write and the adoption refuse LLONG_MAX */
+        const char *av[14] = {"EVAL", k_commit_lua, "1", key, exp, w->gen, size, n, cb, ttl, prefix, RS_MAGIC, next, adopt_gen};
+        r = agent_cmd(s, &w->c, 14, av, NULL, "committing the manifest", &st);
+        if (!r) {
+            /* the server went away: whether the script ran is unknown. If it
+             * did, the stored version is this save, which a later save of
+             * this pool may build on (and no other pool's may). */
+            known_unanswered(s, w->id, w->gen, &w->spare);
+            rw_free(w, 0);
+            return st;
+        }
+        code = val = 0;
+        stored = "?", stored_len = 1, stored_full = 1;
+        const char *og = NULL;
+        if (r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && r->element[0]->type == REDIS_REPLY_INTEGER) {
+            code = r->element[0]->integer;
+            if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_INTEGER) val = r->element[1]->integer;
+            if (r->elements >= 2 && r->element[1]->type == REDIS_REPLY_STRING)
+                stored = r->element[1]->str, stored_full = r->element[1]->len,
+                stored_len = stored_full > 20 ? 20 : (int)stored_full;
+            if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_STRING && r->element[2]->len == RS_GEN_LEN)
+                og = r->element[2]->str;
+        }
+        /* a conflict with this pool's own unanswered commit: build on it */
+        long long cur;
+        if (attempt == 0 && code == -1 && og && version_parse(stored, stored_full, &cur) && cur > based_on &&
+            cur < LLONG_MAX && known_is_unanswered(s, w->id, og)) {
+            based_on = cur;
+            snprintf(adopt_gen, sizeof adopt_gen, "%s", og);
+            freeReplyObject(r);
+            r = NULL;
+            continue;
+        }
+        break;
     }
     if (r->type == REDIS_REPLY_ERROR) st = FAIL(KVMEM_ERR_IO, "%s: committing agent '%s': %s", s->where, w->id, r->str);
-    else if (code == 1) known_set(s, w->id, w->based_on + 1, &w->spare);
+    else if (code == 1) known_set(s, w->id, based_on + 1, &w->spare);
     else if (code == -1)
         st = FAIL(KVMEM_ERR_CONFLICT,
                   "%s: agent '%s' was saved elsewhere: the store holds version %.*s, this pool's copy is based on %s%lld; "
                   "nothing was written (load it again, then save)", s->where, w->id, stored_len, stored,
-                  w->based_on ? "version " : "", w->based_on);
+                  based_on ? "version " : "", based_on);
     else if (code == -2)
         st = FAIL(KVMEM_ERR_FORMAT, "%s: key '%s' holds a value kvmem did not write: not overwritten (remove it first)", s->where, key);
     else if (code == -3)

@@ -17,7 +17,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -920,6 +922,253 @@ static void server_killed_mid_save_keeps_the_old_version(void **state) {
     kvmem_context_free(ctx);
 }
 
+/* ---- a commit whose reply is lost ---- */
+
+/* A loopback proxy in front of the test server that can lose one reply: when
+ * armed with n, the n-th commit script sent (on any connection) is forwarded,
+ * the proxy waits until the server answers (the script has run: Redis runs it
+ * whole), then closes the connection without passing the answer on. The client sees what
+ * it sees when Redis dies (or a network fails) right after a commit. */
+#define PX_MAX_CONN 64
+static const char k_commit_marker[] = "redis.call('HSET', KEYS[1], 'magic'";
+
+typedef struct proxy {
+    int lfd, port;
+    pthread_t acceptor, conn[PX_MAX_CONN];
+    int n_conn;
+    atomic_int stop, armed, dropped;
+} proxy;
+
+typedef struct px_conn {
+    proxy *px;
+    int cfd, sfd;
+} px_conn;
+
+static int send_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return -1;
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int contains(const char *hay, size_t n, const char *needle, size_t m) {
+    for (size_t i = 0; i + m <= n; i++)
+        if (memcmp(hay + i, needle, m) == 0) return 1;
+    return 0;
+}
+
+static void *px_pump(void *arg) {
+    px_conn *pc = arg;
+    proxy *px = pc->px;
+    const size_t ml = sizeof k_commit_marker - 1;
+    char buf[65536 + sizeof k_commit_marker], tail[sizeof k_commit_marker] = {0};
+    size_t tl = 0;
+    int dropping = 0; /* this connection carries the commit whose answer is lost */
+    while (!atomic_load(&px->stop)) {
+        struct pollfd fds[2] = {{pc->cfd, POLLIN, 0}, {pc->sfd, POLLIN, 0}};
+        if (poll(fds, 2, 100) < 0) break;
+        if (fds[0].revents) { /* client -> server, looking for the commit */
+            ssize_t k = recv(pc->cfd, buf + tl, 65536, 0);
+            if (k <= 0) break;
+            memcpy(buf, tail, tl); /* the previous read's end: a marker split across reads */
+            size_t n = tl + (size_t)k;
+            if (!dropping && atomic_load(&px->armed) > 0 && contains(buf, n, k_commit_marker, ml))
+                dropping = atomic_fetch_sub(&px->armed, 1) == 1;
+            if (send_all(pc->sfd, buf + tl, (size_t)k) != 0) break;
+            tl = n < ml - 1 ? n : ml - 1;
+            memcpy(tail, buf + n - tl, tl);
+        }
+        if (fds[1].revents) { /* server -> client */
+            ssize_t k = recv(pc->sfd, buf, 65536, 0);
+            if (k <= 0) break;
+            if (dropping) {
+                atomic_fetch_add(&px->dropped, 1);
+                break; /* the script ran; its answer goes nowhere */
+            }
+            if (send_all(pc->cfd, buf, (size_t)k) != 0) break;
+        }
+    }
+    close(pc->cfd);
+    close(pc->sfd);
+    free(pc);
+    return NULL;
+}
+
+static void *px_accept(void *arg) {
+    proxy *px = arg;
+    while (!atomic_load(&px->stop)) {
+        struct pollfd pf = {px->lfd, POLLIN, 0};
+        if (poll(&pf, 1, 100) <= 0) continue;
+        int cfd = accept(px->lfd, NULL, NULL);
+        if (cfd < 0) continue;
+        int sfd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        px_conn *pc = malloc(sizeof *pc);
+        if (sfd < 0 || !pc || connect(sfd, (struct sockaddr *)&sa, sizeof sa) != 0 || px->n_conn == PX_MAX_CONN) {
+            close(cfd);
+            if (sfd >= 0) close(sfd);
+            free(pc);
+            continue;
+        }
+        pc->px = px, pc->cfd = cfd, pc->sfd = sfd;
+        if (pthread_create(&px->conn[px->n_conn], NULL, px_pump, pc) == 0) px->n_conn++;
+        else close(cfd), close(sfd), free(pc);
+    }
+    return NULL;
+}
+
+static void proxy_start(proxy *px) {
+    memset(px, 0, sizeof *px);
+    px->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof sa;
+    assert_true(px->lfd >= 0);
+    assert_int_equal(bind(px->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(px->lfd, 16), 0);
+    assert_int_equal(getsockname(px->lfd, (struct sockaddr *)&sa, &sl), 0);
+    px->port = ntohs(sa.sin_port);
+    assert_int_equal(pthread_create(&px->acceptor, NULL, px_accept, px), 0);
+}
+
+static void proxy_stop(proxy *px) {
+    atomic_store(&px->stop, 1);
+    pthread_join(px->acceptor, NULL);
+    for (int i = 0; i < px->n_conn; i++) pthread_join(px->conn[i], NULL);
+    close(px->lfd);
+}
+
+static void proxied_url(char *buf, size_t n, const proxy *px, const char *pool) {
+    snprintf(buf, n, "redis://127.0.0.1:%d/0?pool=%s&chunk_bytes=1024", px->port, pool);
+}
+
+/* One save whose nth commit script (1: the first) runs on the server but
+ * whose answer is lost. */
+static void save_losing_the_reply(proxy *px, kvmem_agent *a, int nth) {
+    int before = atomic_load(&px->dropped);
+    atomic_store(&px->armed, nth);
+    assert_status(kvmem_agent_save(a, NULL), KVMEM_ERR_IO, "committing the manifest");
+    assert_int_equal(atomic_load(&px->dropped), before + 1);
+    assert_int_equal(atomic_load(&px->armed), 0);
+}
+
+/* A save stored by Redis whose answer never came back is this pool's own:
+ * the next saves build on it instead of being refused as "saved elsewhere"
+ * for good (acknowledged writes would be lost at shutdown). */
+static void own_unanswered_commit_is_adopted(void **state) {
+    (void)state;
+    proxy px;
+    proxy_start(&px);
+    kvmem_context *ctx = tu_context(1);
+    char url[256], direct_url[256];
+    proxied_url(url, sizeof url, &px, "lostreply");
+    url_of(direct_url, sizeof direct_url, "lostreply", NULL);
+    kvmem_pool *p = make_pool(ctx, 1, 64, KVMEM_F16, url);
+    redisContext *rc = direct();
+    const char *mkey = "kvmem:{lostreply:mine}:m";
+    kvmem_agent *a;
+    assert_ok(kvmem_agent_open(p, "mine", &a));
+    fill_agent(a, 1, 64, 20, 31);
+    assert_ok(kvmem_agent_save(a, NULL)); /* version 1 */
+    fill_agent(a, 1, 64, 9, 32);
+    snap a2 = take(a, 1, 64);
+    save_losing_the_reply(&px, a, 1);
+    assert_int_equal(hget_ll(rc, mkey, "version"), 2); /* stored all the same */
+    fresh_pool_sees(ctx, direct_url, "mine", KVMEM_F16, 1, 64, &a2);
+    fill_agent(a, 1, 64, 5, 33);
+    snap a3 = take(a, 1, 64);
+    assert_ok(kvmem_agent_save(a, NULL)); /* builds on its own version 2 */
+    assert_int_equal(hget_ll(rc, mkey, "version"), 3);
+    fresh_pool_sees(ctx, direct_url, "mine", KVMEM_F16, 1, 64, &a3);
+    /* two in a row: the second (which adopts the first) loses its answer too */
+    fill_agent(a, 1, 64, 3, 34);
+    save_losing_the_reply(&px, a, 1); /* version 4 */
+    fill_agent(a, 1, 64, 3, 35);
+    save_losing_the_reply(&px, a, 2); /* conflicts with 4, adopts it, stores 5: that answer lost */
+    assert_int_equal(hget_ll(rc, mkey, "version"), 5);
+    fill_agent(a, 1, 64, 4, 36);
+    snap a6 = take(a, 1, 64);
+    assert_ok(kvmem_agent_save(a, NULL));
+    assert_int_equal(hget_ll(rc, mkey, "version"), 6);
+    fresh_pool_sees(ctx, direct_url, "mine", KVMEM_F16, 1, 64, &a6);
+    /* only the live generation's chunks are left (the adopted ones were collected) */
+    assert_int_equal(count_keys(rc, "kvmem:{lostreply:mine}:d:*"), hget_ll(rc, mkey, "chunks"));
+    /* a new agent whose first save loses its answer */
+    kvmem_agent *n;
+    assert_ok(kvmem_agent_open(p, "newborn", &n));
+    fill_agent(n, 1, 64, 11, 37);
+    save_losing_the_reply(&px, n, 1);
+    fill_agent(n, 1, 64, 2, 38);
+    snap n2 = take(n, 1, 64);
+    assert_ok(kvmem_agent_save(n, NULL));
+    assert_int_equal(hget_ll(rc, "kvmem:{lostreply:newborn}:m", "version"), 2);
+    fresh_pool_sees(ctx, direct_url, "newborn", KVMEM_F16, 1, 64, &n2);
+    snap_free(&a2), snap_free(&a3), snap_free(&a6), snap_free(&n2);
+    kvmem_agent_close(a), kvmem_agent_close(n);
+    kvmem_pool_free(p);
+    redisFree(rc);
+    kvmem_context_free(ctx);
+    proxy_stop(&px);
+}
+
+/* Another pool's save is never taken for this pool's unanswered one: after
+ * it, this pool's saves are refused as before. */
+static void unanswered_commit_never_covers_another_writer(void **state) {
+    (void)state;
+    proxy px;
+    proxy_start(&px);
+    kvmem_context *ctx = tu_context(1);
+    char url[256], direct_url[256];
+    proxied_url(url, sizeof url, &px, "lostfor");
+    url_of(direct_url, sizeof direct_url, "lostfor", "chunk_bytes=1024");
+    kvmem_pool *pa = make_pool(ctx, 1, 64, KVMEM_F16, url), *pb = make_pool(ctx, 1, 64, KVMEM_F16, direct_url);
+    redisContext *rc = direct();
+    /* A's commit lands (answer lost), then B loads it and saves on top */
+    kvmem_agent *a, *b;
+    assert_ok(kvmem_agent_open(pa, "shared", &a));
+    fill_agent(a, 1, 64, 20, 41);
+    assert_ok(kvmem_agent_save(a, NULL)); /* version 1 */
+    fill_agent(a, 1, 64, 6, 42);
+    save_losing_the_reply(&px, a, 1); /* version 2, A's */
+    assert_ok(kvmem_agent_open(pb, "shared", &b));
+    fill_agent(b, 1, 64, 3, 43);
+    snap b3 = take(b, 1, 64);
+    assert_ok(kvmem_agent_save(b, NULL)); /* version 3, B's */
+    fill_agent(a, 1, 64, 2, 44);
+    assert_status(kvmem_agent_save(a, NULL), KVMEM_ERR_CONFLICT, "holds version 3, this pool's copy is based on version 1");
+    fresh_pool_sees(ctx, direct_url, "shared", KVMEM_F16, 1, 64, &b3);
+    /* B saves first, then A's commit is refused on the server and that
+     * answer is lost: A's next save still finds B's version, not its own */
+    kvmem_agent *a2, *b2;
+    assert_ok(kvmem_agent_open(pa, "second", &a2));
+    fill_agent(a2, 1, 64, 10, 45);
+    assert_ok(kvmem_agent_save(a2, NULL)); /* version 1 */
+    assert_ok(kvmem_agent_open(pb, "second", &b2));
+    fill_agent(b2, 1, 64, 4, 46);
+    snap b2v = take(b2, 1, 64);
+    assert_ok(kvmem_agent_save(b2, NULL)); /* version 2, B's */
+    fill_agent(a2, 1, 64, 4, 47);
+    save_losing_the_reply(&px, a2, 1); /* refused on the server: nothing of A's stored */
+    assert_int_equal(hget_ll(rc, "kvmem:{lostfor:second}:m", "version"), 2);
+    assert_status(kvmem_agent_save(a2, NULL), KVMEM_ERR_CONFLICT, "holds version 2, this pool's copy is based on version 1");
+    fresh_pool_sees(ctx, direct_url, "second", KVMEM_F16, 1, 64, &b2v);
+    /* and reloading still makes A current */
+    assert_ok(kvmem_agent_load(a2, NULL));
+    fill_agent(a2, 1, 64, 2, 48);
+    assert_ok(kvmem_agent_save(a2, NULL));
+    assert_int_equal(hget_ll(rc, "kvmem:{lostfor:second}:m", "version"), 3);
+    snap_free(&b3), snap_free(&b2v);
+    kvmem_agent_close(a), kvmem_agent_close(b), kvmem_agent_close(a2), kvmem_agent_close(b2);
+    kvmem_pool_free(pa);
+    kvmem_pool_free(pb);
+    redisFree(rc);
+    kvmem_context_free(ctx);
+    proxy_stop(&px);
+}
+
 static void cluster_keeps_each_agent_in_one_slot(void **state) {
     (void)state;
     const char *node = getenv("KVMEM_TEST_REDIS_CLUSTER");
@@ -982,6 +1231,8 @@ int main(void) {
         cmocka_unit_test(damaged_and_foreign_values_are_refused),
         cmocka_unit_test(manifest_version_stays_an_exact_integer),
         cmocka_unit_test(server_killed_mid_save_keeps_the_old_version),
+        cmocka_unit_test(own_unanswered_commit_is_adopted),
+        cmocka_unit_test(unanswered_commit_never_covers_another_writer),
         cmocka_unit_test(cluster_keeps_each_agent_in_one_slot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

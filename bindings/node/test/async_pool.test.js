@@ -105,3 +105,33 @@ test('appendAsync copies its inputs unless told copy: false', async () => {
   assert.equal(a.getInfo().nTokens, 8);
   ctx.close();
 });
+
+test('removeAgentAsync removes the agent from the pool and the store; its refusals are typed', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'kvmem-async-remove-'));
+  try {
+    const { ctx, pool } = setup({ storeDir: dir });
+    const a = pool.agentOpen('alice');
+    a.append(kv(6, 1), kv(6, 2));
+    a.save(null);
+    const file = path.join(dir, 'alice.safetensors');
+    assert.ok(fs.existsSync(file));
+    await assert.rejects(pool.removeAgentAsync('alice'), kvmem.BusyError); // open: close it first
+    assert.deepEqual(pool.agentIds(), ['alice']);
+    a.close();
+    const p = pool.removeAgentAsync('alice');
+    assert.ok(p instanceof Promise);
+    assert.throws(() => pool.close(), kvmem.BusyError); // in flight: the pool stays open under it
+    assert.equal(await p, undefined);
+    assert.deepEqual(pool.agentIds(), []);
+    assert.equal(fs.existsSync(file), false);
+    await assert.rejects(pool.removeAgentAsync('alice'), (e) => e instanceof kvmem.NotFoundError && /alice/.test(e.message));
+    await assert.rejects(pool.removeAgentAsync('.hidden'), (e) => e instanceof kvmem.InvalidArgumentError && /agent id/.test(e.message));
+    assert.throws(() => pool.removeAgentAsync('a\0b'), (e) => e instanceof kvmem.InvalidArgumentError && /NUL/.test(e.message));
+    // a fresh pool over the store finds nothing to read back
+    const pool2 = ctx.poolCreate(spec, { blockSize: BS, storageDtype: 'f32', storeDir: dir });
+    assert.equal(pool2.agentOpen('alice').getInfo().nTokens, 0);
+    ctx.close();
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

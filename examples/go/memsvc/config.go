@@ -40,6 +40,14 @@ type config struct {
 // encoding.
 const runtimeBytes = 32 << 20
 
+// glibc's malloc as the service sets it (malloc_glibc.go): at most 2 arenas
+// (what C frees is kept per arena, and kvmem runs on many OS threads), and
+// blocks of 1 MiB or more mapped on their own, so freeing them returns them.
+const (
+	mallocArenaMax      = 2
+	mallocMmapThreshold = 1 << 20
+)
+
 func (c *config) perRequestBytes() int64 { return 4*c.MaxBodyBytes + 3*c.MaxResponseBytes }
 
 var sizeRe = regexp.MustCompile(`^(?i)([0-9]+)([KMG]?)(?:i?B)?$`)

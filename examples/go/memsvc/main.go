@@ -774,6 +774,7 @@ func main() {
 		os.Exit(1)
 	}
 	debug.SetMemoryLimit(cfg.GoMemLimit)
+	tuneMalloc(mallocArenaMax, mallocMmapThreshold) // before kvmem allocates: freed C memory the budget cannot see otherwise
 	svc, err := newService(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "memsvc:", err)

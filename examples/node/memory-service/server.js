@@ -118,7 +118,7 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
 
   // fn(e) after the earlier requests on the agent: one kvmem call per agent
   // at a time. A request queued behind a DELETE starts over on a fresh entry.
-  // Opening, flushing and closing wait for the pool's mutex, which a spill to the
+  // Opening, flushing, closing and removing wait for the pool's mutex, which a spill to the
   // store holds through its write (and a directory store's fsync): they run on
   // worker threads (the binding's *Async), never on the event loop, so one
   // client's spills hold up only the requests that need the pool, not every client.
@@ -214,7 +214,7 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       const a = e.agent;
       e.agent = null;
       await a.closeAsync();
-      pool.removeAgent(e.id);
+      await pool.removeAgentAsync(e.id);
       known.delete(e.id);
     } catch (err) { log(`undoing the creation of '${e.id}': ${err.message}`); }
   }
@@ -311,7 +311,7 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       return withEntry(id, async (e) => {
         if (!e.agent && !known.has(id)) throw new HttpError(404, `no agent '${id}'`, 'not_found');
         if (e.agent) { const a = e.agent; e.agent = null; await a.closeAsync(); }
-        pool.removeAgent(id);
+        await pool.removeAgentAsync(id);
         known.delete(id);
         e.dead = true;
         if (entries.get(id) === e) entries.delete(id);
