@@ -33,6 +33,7 @@ KVM_PARAMS_LAYOUT(kvmem_load_plan_params, reserved);
 /* the growable forms of the source structs follow the same rules */
 KVM_PARAMS_LAYOUT(kvmem_attend_source_v2, base_position);
 KVM_PARAMS_LAYOUT(kvmem_session_source_v2, mark_end);
+KVM_PARAMS_LAYOUT(kvmem_model_spec_v2, model_id);
 
 /* The function that sets a struct's size, for messages:
  * "kvmem_attend_default_params()" for "kvmem_attend_params",

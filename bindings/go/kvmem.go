@@ -79,11 +79,44 @@ static kvmem_status kvgo_tensor_init(void *data, const int64_t *meta, const int6
 	return st;
 }
 
+// The calls that take a spec go through the growable one where the library
+// has it (spec.go).
+int kvgo_spec_v2(const kvmem_model_spec *s, kvmem_model_spec_v2 *v);
+void kvgo_spec_of_v2(const kvmem_model_spec_v2 *v, kvmem_model_spec *s);
+#pragma weak kvmem_pool_create_v2
+#pragma weak kvmem_pool_get_spec_v2
+#pragma weak kvmem_model_spec_validate_v2
+#pragma weak kvmem_rope_apply_v2
+
 // The spec's layer_window points into C memory owned by the caller of these.
 static kvmem_status kvgo_pool_create(kvmem_context *ctx, kvmem_model_spec *spec, const int32_t *window,
                                      const kvmem_pool_params *params, kvmem_pool **out) {
 	spec->layer_window = window;
+	kvmem_model_spec_v2 v;
+	if (kvgo_spec_v2(spec, &v)) return kvmem_pool_create_v2(ctx, &v, params, out);
 	return kvmem_pool_create(ctx, spec, params, out);
+}
+
+static kvmem_status kvgo_spec_validate(const kvmem_model_spec *spec) {
+	kvmem_model_spec_v2 v;
+	if (kvgo_spec_v2(spec, &v)) return kvmem_model_spec_validate_v2(&v);
+	return kvmem_model_spec_validate(spec);
+}
+
+static kvmem_status kvgo_rope_apply(const kvmem_model_spec *spec, float *x, size_t n, size_t stride,
+                                    const int32_t *positions, int32_t inverse) {
+	kvmem_model_spec_v2 v;
+	if (kvgo_spec_v2(spec, &v)) return kvmem_rope_apply_v2(&v, x, n, stride, positions, inverse);
+	return kvmem_rope_apply(spec, x, n, stride, positions, inverse);
+}
+
+static kvmem_status kvgo_pool_get_spec(kvmem_pool *pool, kvmem_model_spec *out) {
+	kvmem_model_spec d = kvmem_model_spec_default();
+	kvmem_model_spec_v2 v;
+	if (!kvgo_spec_v2(&d, &v)) return kvmem_pool_get_spec(pool, out);
+	kvmem_status st = kvmem_pool_get_spec_v2(pool, &v);
+	if (st == KVMEM_OK) kvgo_spec_of_v2(&v, out);
+	return st;
 }
 
 extern void kvgoLog(int level, char *message);
@@ -420,7 +453,7 @@ func (s *ModelSpec) Validate() error {
 	defer C.free(unsafe.Pointer(w))
 	return call(func() C.kvmem_status {
 		c.layer_window = w
-		return C.kvmem_model_spec_validate(&c)
+		return C.kvgo_spec_validate(&c)
 	})
 }
 
@@ -445,7 +478,7 @@ func RopeApply(spec ModelSpec, x []float32, stride int, positions []int32, inver
 	}
 	return call(func() C.kvmem_status {
 		c.layer_window = w
-		return C.kvmem_rope_apply(&c, (*C.float)(unsafe.Pointer(&x[0])), C.size_t(n), C.size_t(stride),
+		return C.kvgo_rope_apply(&c, (*C.float)(unsafe.Pointer(&x[0])), C.size_t(n), C.size_t(stride),
 			(*C.int32_t)(unsafe.Pointer(&positions[0])), inv)
 	})
 }
@@ -923,7 +956,7 @@ func (p *Pool) GetSpec() (ModelSpec, error) {
 		return ModelSpec{}, err
 	}
 	var s C.kvmem_model_spec
-	if err := call(func() C.kvmem_status { return C.kvmem_pool_get_spec(h, &s) }); err != nil {
+	if err := call(func() C.kvmem_status { return C.kvgo_pool_get_spec(h, &s) }); err != nil {
 		return ModelSpec{}, err
 	}
 	return specFromC(s), nil

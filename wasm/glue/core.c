@@ -41,7 +41,8 @@ kvmem_status kvmw_int64_of(double v, const char *name, int64_t *out) {
     return KVMEM_OK;
 }
 
-/* kvmem_model_spec as KVMW_SPEC_N doubles, in the struct's order (kvmem.js
+/* The model spec (kvmem_model_spec_v2, the form that grows) as KVMW_SPEC_N
+ * doubles, in kvmem_model_spec's order (kvmem.js
  * SPEC_KEYS): n_layers, n_q_heads, n_kv_heads, head_dim, rotary_dim,
  * rope_style, rope_theta, rope_scaling, rope_factor, rope_low_freq_factor,
  * rope_high_freq_factor, rope_original_max_pos, yarn_beta_fast,
@@ -54,9 +55,10 @@ static const char *const k_spec_fields[KVMW_SPEC_N] = {
 /* layer_window: n_layers entries or NULL (the caller checked the count);
  * model_id: NULL for "". */
 static kvmem_status spec_in(const double *f, const int32_t *layer_window, const char *model_id,
-                            kvmem_model_spec *s) {
+                            kvmem_model_spec_v2 *s) {
     if (!f) return kvm_fail(KVMEM_ERR_INVALID_ARG, "spec is NULL");
-    *s = kvmem_model_spec_default();
+    kvmem_status init = kvmem_model_spec_v2_init(s, sizeof *s);
+    if (init != KVMEM_OK) return init;
     int32_t *ints[KVMW_SPEC_N] = {&s->n_layers, &s->n_q_heads, &s->n_kv_heads, &s->head_dim, &s->rotary_dim,
                                   NULL, NULL, NULL, NULL, NULL, NULL, &s->rope_original_max_pos};
     int32_t style = 0, scaling = 0;
@@ -89,7 +91,7 @@ static kvmem_status spec_in(const double *f, const int32_t *layer_window, const 
 /* f: KVMW_SPEC_N doubles; layer_window: s->n_layers entries written when the
  * spec has one (*has_window 1), else untouched; model_id: KVMEM_MAX_MODEL_ID
  * bytes. Either of the last three may be NULL. */
-static void spec_out(const kvmem_model_spec *s, double *f, int32_t *layer_window, int32_t *has_window,
+static void spec_out(const kvmem_model_spec_v2 *s, double *f, int32_t *layer_window, int32_t *has_window,
                      char *model_id) {
     const double v[KVMW_SPEC_N] = {s->n_layers, s->n_q_heads, s->n_kv_heads, s->head_dim, s->rotary_dim,
                                    s->rope_style, s->rope_theta, s->rope_scaling, s->rope_factor,
@@ -103,15 +105,17 @@ static void spec_out(const kvmem_model_spec *s, double *f, int32_t *layer_window
 
 kvmem_status kvmw_spec_defaults(double *f) {
     if (!f) return kvm_fail(KVMEM_ERR_INVALID_ARG, "out is NULL");
-    kvmem_model_spec s = kvmem_model_spec_default();
+    kvmem_model_spec_v2 s;
+    kvmem_status st = kvmem_model_spec_v2_init(&s, sizeof s);
+    if (st != KVMEM_OK) return st;
     spec_out(&s, f, NULL, NULL, NULL);
     return KVMEM_OK;
 }
 
 kvmem_status kvmw_spec_validate(const double *f, const int32_t *layer_window, const char *model_id) {
-    kvmem_model_spec s;
+    kvmem_model_spec_v2 s;
     kvmem_status st = spec_in(f, layer_window, model_id, &s);
-    return st != KVMEM_OK ? st : kvmem_model_spec_validate(&s);
+    return st != KVMEM_OK ? st : kvmem_model_spec_validate_v2(&s);
 }
 
 /* pp: block_size, storage_dtype, capacity_bytes, max_agents,
@@ -130,7 +134,7 @@ kvmem_status kvmw_pool_defaults(double *pp) {
 
 kvmem_status kvmw_pool_create(kvmem_context *ctx, const double *spec, const int32_t *layer_window,
                               const char *model_id, const double *pp, kvmem_pool **out) {
-    kvmem_model_spec s;
+    kvmem_model_spec_v2 s;
     kvmem_status st = spec_in(spec, layer_window, model_id, &s);
     if (st != KVMEM_OK) return st;
     if (!pp) return kvm_fail(KVMEM_ERR_INVALID_ARG, "params is NULL");
@@ -149,7 +153,7 @@ kvmem_status kvmw_pool_create(kvmem_context *ctx, const double *spec, const int3
     p.storage_dtype = (kvmem_dtype)dtype;
     p.capacity_bytes = (uint64_t)capacity;
     p.host_budget_bytes = (uint64_t)budget;
-    return kvmem_pool_create(ctx, &s, &p, out);
+    return kvmem_pool_create_v2(ctx, &s, &p, out);
 }
 
 kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec) {
@@ -162,8 +166,10 @@ kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec) {
  * there is one, so a caller asks with cap 0 first and again when it is 1. */
 kvmem_status kvmw_pool_spec(kvmem_pool *pool, double *f, int32_t *layer_window, int32_t cap, int32_t *has_window,
                             char *model_id) {
-    kvmem_model_spec s;
-    kvmem_status st = kvmw_spec(pool, &s);
+    if (!pool) return kvm_fail(KVMEM_ERR_INVALID_ARG, "pool is NULL");
+    kvmem_model_spec_v2 s;
+    kvmem_status st = kvmem_model_spec_v2_init(&s, sizeof s);
+    if (st == KVMEM_OK) st = kvmem_pool_get_spec_v2(pool, &s);
     if (st != KVMEM_OK) return st;
     if (!f || !has_window || !model_id) return kvm_fail(KVMEM_ERR_INVALID_ARG, "an output is NULL");
     spec_out(&s, f, cap >= s.n_layers ? layer_window : NULL, has_window, model_id);
@@ -279,11 +285,11 @@ kvmem_status kvmw_block_info(kvmem_agent *agent, int32_t block, double *out) {
 /* kvmem_rope_apply on a spec given as spec_in reads it. */
 kvmem_status kvmw_rope_apply(const double *spec, const int32_t *layer_window, const char *model_id, float *x,
                              int32_t n_rows, int32_t stride, const int32_t *positions, int32_t inverse) {
-    kvmem_model_spec s;
+    kvmem_model_spec_v2 s;
     kvmem_status st = spec_in(spec, layer_window, model_id, &s);
     if (st != KVMEM_OK) return st;
     if (n_rows < 0 || stride < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "n_rows and stride must be >= 0");
-    return kvmem_rope_apply(&s, x, (size_t)n_rows, (size_t)stride, positions, inverse);
+    return kvmem_rope_apply_v2(&s, x, (size_t)n_rows, (size_t)stride, positions, inverse);
 }
 
 /* The generator of `kvmem demo` for the pool's model. 64-bit seeds travel

@@ -167,12 +167,32 @@ class ModelSpec(L.kvmem_model_spec):
 
     def validate(self) -> None:
         """kvmem_model_spec_validate: raises InvalidArgumentError naming the bad field."""
-        L.kvmem_model_spec_validate(byref(self))
+        if SPEC_V2:
+            L.kvmem_model_spec_validate_v2(byref(spec_v2(self)))
+        else:
+            L.kvmem_model_spec_validate(byref(self))
 
     def __repr__(self) -> str:
         return (f"ModelSpec(n_layers={self.n_layers}, n_q_heads={self.n_q_heads}, "
                 f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
                 f"rope_theta={self.rope_theta:g}, model_id={_s(self.model_id)!r})")
+
+
+# The growable spec (kvmem_model_spec_v2) where the loaded library has it,
+# the frozen kvmem_model_spec against an older one: the same fields, the same
+# meaning, so ModelSpec keeps the frozen layout and is converted per call.
+SPEC_V2 = L.has_function("kvmem_model_spec_v2_init")
+
+
+def spec_v2(spec: "L.kvmem_model_spec") -> "L.kvmem_model_spec_v2":
+    """spec as kvmem_model_spec_v2: the library's defaults of this binding's
+    struct_size (kvmem_model_spec_v2_init), then every field the two share.
+    layer_window points at spec's array: keep spec alive for the call."""
+    v = L.kvmem_model_spec_v2()
+    L.kvmem_model_spec_v2_init(byref(v), ctypes.sizeof(v))
+    for name, _t in L.kvmem_model_spec._fields_:
+        setattr(v, name, getattr(spec, name))
+    return v
 
 
 def rope_apply(spec: SpecLike, x: OutTensor, positions: IntsLike, *, inverse: bool = False) -> None:
@@ -190,7 +210,11 @@ def rope_apply(spec: SpecLike, x: OutTensor, positions: IntsLike, *, inverse: bo
             raise InvalidTypeError("rope_apply: each row of x must be contiguous")
         pp, pk = B.int32s(positions, "positions", n_rows)
         try:
-            L.kvmem_rope_apply(byref(ModelSpec.of(spec)), t.data, n_rows, stride, pp, int(bool(inverse)))
+            cs = ModelSpec.of(spec)
+            if SPEC_V2:
+                L.kvmem_rope_apply_v2(byref(spec_v2(cs)), t.data, n_rows, stride, pp, int(bool(inverse)))
+            else:
+                L.kvmem_rope_apply(byref(cs), t.data, n_rows, stride, pp, int(bool(inverse)))
         finally:
             B.release(pk)
     finally:
@@ -382,7 +406,10 @@ class Pool(_Handle):
                 val = c_path(val, "store_dir")  # C copies it at create
             setattr(pp, k, val)
         h = c_void_p()
-        L.kvmem_pool_create(ctx.handle, byref(spec), byref(pp), byref(h))
+        if SPEC_V2:
+            L.kvmem_pool_create_v2(ctx.handle, byref(spec_v2(spec)), byref(pp), byref(h))
+        else:
+            L.kvmem_pool_create(ctx.handle, byref(spec), byref(pp), byref(h))
         self._init_handle(h.value, L.kvmem_pool_free)
         self.context = ctx
         self._agents: "weakref.WeakSet[Agent]" = weakref.WeakSet()
@@ -420,10 +447,18 @@ class Pool(_Handle):
 
     def get_spec(self) -> "ModelSpec":
         """The pool's spec (a copy: layer_window, if any, is copied too)."""
-        raw = L.kvmem_model_spec()
-        L.kvmem_pool_get_spec(self.handle, byref(raw))
         spec = ModelSpec()
-        ctypes.memmove(byref(spec), byref(raw), ctypes.sizeof(raw))
+        if SPEC_V2:
+            raw = L.kvmem_model_spec_v2()
+            L.kvmem_model_spec_v2_init(byref(raw), ctypes.sizeof(raw))
+            L.kvmem_pool_get_spec_v2(self.handle, byref(raw))
+            for name, _t in L.kvmem_model_spec._fields_:
+                if name != "layer_window":
+                    setattr(spec, name, getattr(raw, name))
+        else:
+            raw = L.kvmem_model_spec()
+            L.kvmem_pool_get_spec(self.handle, byref(raw))
+            ctypes.memmove(byref(spec), byref(raw), ctypes.sizeof(raw))
         if raw.layer_window:
             spec.layer_window = list(raw.layer_window[:raw.n_layers])
         return spec
