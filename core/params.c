@@ -19,7 +19,7 @@
                    #type ": no padding after `" #last "`: end it with an int32_t reserved field")
 
 KVM_PARAMS_LAYOUT(kvmem_context_params, reserved);
-KVM_PARAMS_LAYOUT(kvmem_pool_params, host_budget_bytes);
+KVM_PARAMS_LAYOUT(kvmem_pool_params, device_capacity_bytes);
 KVM_PARAMS_LAYOUT(kvmem_append_params, reserved);
 KVM_PARAMS_LAYOUT(kvmem_retrieve_params, reserved);
 KVM_PARAMS_LAYOUT(kvmem_qmem_params, lambda);

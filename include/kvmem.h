@@ -332,6 +332,18 @@ typedef struct kvmem_pool_params {
     uint64_t host_budget_bytes;  /* with a store: after a close, closed agents are spilled
                                     until the pool holds at most this; 0 = spill only when
                                     capacity_bytes would be exceeded */
+    uint64_t device_capacity_bytes; /* device bytes the agents' device-resident mirrors
+                                    (a device context's copy of their sealed blocks: K, V,
+                                    AABBs, tail, RoPE table) may hold together; 0 = no
+                                    limit but the device's own. The mirror is a cache of
+                                    the host copy: at the limit, the mirrors of closed
+                                    agents give way (least recently used first); an open
+                                    agent whose mirror still does not fit is served
+                                    without one (retrieval and gather stage its blocks
+                                    per call, attention over it runs on the CPU), with
+                                    the same results. Nothing is refused and appends are
+                                    not affected. kvmem_pool_device_stats reports the
+                                    bytes held. Ignored on a CPU context. */
 } kvmem_pool_params;
 
 /* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
@@ -1381,6 +1393,16 @@ KVMEM_API kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, ui
                                                     uint64_t *d2h_bytes);
 /* Set both counters to 0. Errors: KVMEM_ERR_INVALID_ARG. Thread-safe. */
 KVMEM_API kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx);
+
+/* The pool's device-resident mirrors (kvmem_pool_params.device_capacity_bytes):
+ * *mirror_bytes = device bytes they hold now, *evictions = mirrors of closed
+ * agents freed to make room for another, *unmirrored = device calls served
+ * without a mirror because it did not fit, both since the pool was created.
+ * All 0 on a CPU context. (kvmem_pool_info, written whole by the library,
+ * cannot grow: these are reported here.) Any pointer may be NULL, not all.
+ * Errors: KVMEM_ERR_INVALID_ARG. Thread-safe (each counter is atomic). */
+KVMEM_API kvmem_status kvmem_pool_device_stats(kvmem_pool *pool, uint64_t *mirror_bytes,
+                                               uint64_t *evictions, uint64_t *unmirrored);
 
 /* ---- Device tensors: K, V, Q and outputs in device memory ------------------ */
 

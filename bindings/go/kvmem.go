@@ -863,13 +863,18 @@ type PoolParams struct {
 	MaxTokensPerAgent int32
 	StoreDir          string // a directory where agents persist; "" = none
 	HostBudgetBytes   uint64
+	// DeviceCapacityBytes bounds the device bytes the agents' device-resident
+	// mirrors hold together (0 = no limit): past it closed agents' mirrors give
+	// way, then an agent is served from the host copy (same results). See DeviceStats.
+	DeviceCapacityBytes uint64
 }
 
 // PoolDefaultParams is kvmem_pool_default_params.
 func PoolDefaultParams() PoolParams {
 	p := C.kvmem_pool_default_params()
 	return PoolParams{BlockSize: int32(p.block_size), StorageDType: DType(p.storage_dtype), CapacityBytes: uint64(p.capacity_bytes),
-		MaxAgents: int32(p.max_agents), MaxTokensPerAgent: int32(p.max_tokens_per_agent), HostBudgetBytes: uint64(p.host_budget_bytes)}
+		MaxAgents: int32(p.max_agents), MaxTokensPerAgent: int32(p.max_tokens_per_agent), HostBudgetBytes: uint64(p.host_budget_bytes),
+		DeviceCapacityBytes: uint64(p.device_capacity_bytes)}
 }
 
 // PoolInfo is kvmem_pool_info.
@@ -901,6 +906,7 @@ func (c *Context) PoolCreate(spec ModelSpec, params PoolParams) (*Pool, error) {
 	pp.block_size, pp.storage_dtype = C.int32_t(params.BlockSize), C.kvmem_dtype(params.StorageDType)
 	pp.capacity_bytes, pp.max_agents = C.uint64_t(params.CapacityBytes), C.int32_t(params.MaxAgents)
 	pp.max_tokens_per_agent, pp.host_budget_bytes = C.int32_t(params.MaxTokensPerAgent), C.uint64_t(params.HostBudgetBytes)
+	pp.device_capacity_bytes = C.uint64_t(params.DeviceCapacityBytes)
 	if params.StoreDir != "" {
 		if pp.store_dir, err = cString(params.StoreDir, "store dir"); err != nil { // copied by kvmem_pool_create
 			return nil, err
@@ -947,6 +953,20 @@ func (p *Pool) GetInfo() (PoolInfo, error) {
 	var i C.kvmem_pool_info
 	err = call(func() C.kvmem_status { return C.kvmem_pool_get_info(h, &i) })
 	return PoolInfo{uint64(i.used_bytes), uint64(i.capacity_bytes), int32(i.n_agents), int32(i.block_size), DType(i.storage_dtype)}, err
+}
+
+// DeviceStats is kvmem_pool_device_stats (experimental): the device bytes the
+// agents' device-resident mirrors hold, the closed agents' mirrors evicted for
+// room, and the device calls served from the host copy because a mirror did
+// not fit DeviceCapacityBytes.
+func (p *Pool) DeviceStats() (mirrorBytes, evictions, unmirrored uint64, err error) {
+	h, err := p.ptr()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var b, e, u C.uint64_t
+	err = call(func() C.kvmem_status { return C.kvmem_pool_device_stats(h, &b, &e, &u) })
+	return uint64(b), uint64(e), uint64(u), err
 }
 
 // GetSpec is kvmem_pool_get_spec.

@@ -9,19 +9,20 @@ package kvmem
 // callers get the frozen calls (the same fields, the same meaning).
 #pragma weak kvmem_model_spec_v2_init
 
+// The fields the frozen and the growable spec share, listed once.
+#define KVGO_SPEC_FIELDS(X) X(layer_window) X(n_layers) X(n_q_heads) X(n_kv_heads) X(head_dim) X(rotary_dim) \
+	X(rope_style) X(rope_scaling) X(rope_original_max_pos) X(rope_theta) X(rope_factor) X(rope_low_freq_factor) \
+	X(rope_high_freq_factor) X(yarn_beta_fast) X(yarn_beta_slow) X(yarn_attn_factor)
+#define KVGO_COPY(f) to->f = from->f;
+
 // 1 and *v = s as the growable spec (the library's defaults of this
 // binding's struct size, then every field of s); 0 where the library has
 // only the frozen spec. The other preambles declare it.
 int kvgo_spec_v2(const kvmem_model_spec *s, kvmem_model_spec_v2 *v) {
 	if (!kvmem_model_spec_v2_init || kvmem_model_spec_v2_init(v, sizeof *v) != KVMEM_OK) return 0;
-	v->layer_window = s->layer_window;
-	v->n_layers = s->n_layers, v->n_q_heads = s->n_q_heads, v->n_kv_heads = s->n_kv_heads;
-	v->head_dim = s->head_dim, v->rotary_dim = s->rotary_dim, v->rope_style = s->rope_style;
-	v->rope_scaling = s->rope_scaling, v->rope_original_max_pos = s->rope_original_max_pos;
-	v->rope_theta = s->rope_theta, v->rope_factor = s->rope_factor;
-	v->rope_low_freq_factor = s->rope_low_freq_factor, v->rope_high_freq_factor = s->rope_high_freq_factor;
-	v->yarn_beta_fast = s->yarn_beta_fast, v->yarn_beta_slow = s->yarn_beta_slow;
-	v->yarn_attn_factor = s->yarn_attn_factor;
+	const kvmem_model_spec *from = s;
+	kvmem_model_spec_v2 *to = v;
+	KVGO_SPEC_FIELDS(KVGO_COPY)
 	memcpy(v->model_id, s->model_id, sizeof v->model_id);
 	return 1;
 }
@@ -29,14 +30,9 @@ int kvgo_spec_v2(const kvmem_model_spec *s, kvmem_model_spec_v2 *v) {
 // The growable spec's fields in the frozen struct (kvmem_pool_get_spec_v2's output).
 void kvgo_spec_of_v2(const kvmem_model_spec_v2 *v, kvmem_model_spec *s) {
 	memset(s, 0, sizeof *s);
-	s->layer_window = v->layer_window;
-	s->n_layers = v->n_layers, s->n_q_heads = v->n_q_heads, s->n_kv_heads = v->n_kv_heads;
-	s->head_dim = v->head_dim, s->rotary_dim = v->rotary_dim, s->rope_style = v->rope_style;
-	s->rope_scaling = v->rope_scaling, s->rope_original_max_pos = v->rope_original_max_pos;
-	s->rope_theta = v->rope_theta, s->rope_factor = v->rope_factor;
-	s->rope_low_freq_factor = v->rope_low_freq_factor, s->rope_high_freq_factor = v->rope_high_freq_factor;
-	s->yarn_beta_fast = v->yarn_beta_fast, s->yarn_beta_slow = v->yarn_beta_slow;
-	s->yarn_attn_factor = v->yarn_attn_factor;
+	const kvmem_model_spec_v2 *from = v;
+	kvmem_model_spec *to = s;
+	KVGO_SPEC_FIELDS(KVGO_COPY)
 	memcpy(s->model_id, v->model_id, sizeof s->model_id);
 }
 

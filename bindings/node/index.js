@@ -387,11 +387,13 @@ function specValidate(spec) {
   else C.kvmem_model_spec_validate(cSpec(spec));
 }
 
-const POOL_KEYS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'storeDir', 'hostBudgetBytes'];
+const POOL_KEYS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'storeDir', 'hostBudgetBytes',
+                   'deviceCapacityBytes'];
 
 class Pool extends Handle {
   // params: blockSize, storageDtype ('f16', 'f32', 'bf16', 'q8', 'q4', 'q4_kivi'), capacityBytes,
-  // maxAgents, maxTokensPerAgent, storeDir, hostBudgetBytes
+  // maxAgents, maxTokensPerAgent, storeDir, hostBudgetBytes, deviceCapacityBytes (device bytes the
+  // agents' device-resident mirrors may hold; 0 = no limit; see deviceStats)
   constructor(ctx, spec, params) {
     super();
     const o = readKeys(params, POOL_KEYS, 'Pool params');
@@ -429,6 +431,13 @@ class Pool extends Handle {
     super.close();
   }
   getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return fromC(o); }
+  // (experimental) the agents' device-resident mirrors: device bytes held, closed agents' mirrors
+  // evicted for room, device calls served from the host copy because a mirror did not fit
+  deviceStats() {
+    const b = [0], e = [0], u = [0];
+    C.kvmem_pool_device_stats(this.handle, b, e, u);
+    return { mirrorBytes: Number(b[0]), evictions: Number(e[0]), unmirrored: Number(u[0]) };
+  }
   // The pool's calls that wait for its mutex (held while an agent is written to the
   // store or read back) on a worker thread, so the event loop does not wait with them.
   // The pool is thread-safe: these are not ordered with its other async calls; it

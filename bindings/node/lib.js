@@ -97,6 +97,7 @@ const types = {
     struct_size: 'size_t',
     block_size: 'int32_t', storage_dtype: 'kvmem_dtype', capacity_bytes: 'uint64_t',
     max_agents: 'int32_t', max_tokens_per_agent: 'int32_t', store_dir: 'const char *', host_budget_bytes: 'uint64_t',
+    device_capacity_bytes: 'uint64_t',
   }),
   kvmem_pool_info: koffi.struct('kvmem_pool_info', {
     used_bytes: 'uint64_t', capacity_bytes: 'uint64_t', n_agents: 'int32_t', block_size: 'int32_t',
@@ -224,6 +225,7 @@ const DECLARATIONS = [
   // (experimental) host <-> device transfer counters
   'kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, _Out_ uint64_t *h2d_bytes, _Out_ uint64_t *d2h_bytes)',
   'kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)',
+  'kvmem_status kvmem_pool_device_stats(kvmem_pool *pool, _Out_ uint64_t *mirror_bytes, _Out_ uint64_t *evictions, _Out_ uint64_t *unmirrored)',
   'kvmem_status kvmem_tensor_init_device(_Out_ kvmem_tensor *out, const kvmem_device_memory *mem, kvmem_dtype dtype, int32_t ndim, const int64_t *shape)',
   'kvmem_status kvmem_context_vulkan_device(const kvmem_context *ctx, _Inout_ kvmem_vulkan_device *out)',
   // Model geometry

@@ -119,7 +119,8 @@ kvmem_status kvmw_spec_validate(const double *f, const int32_t *layer_window, co
 }
 
 /* pp: block_size, storage_dtype, capacity_bytes, max_agents,
- * max_tokens_per_agent, host_budget_bytes (kvmem_pool_params but store_dir). */
+ * max_tokens_per_agent, host_budget_bytes, device_capacity_bytes
+ * (kvmem_pool_params but store_dir). */
 kvmem_status kvmw_pool_defaults(double *pp) {
     if (!pp) return kvm_fail(KVMEM_ERR_INVALID_ARG, "out is NULL");
     kvmem_pool_params p = kvmem_pool_default_params();
@@ -129,6 +130,7 @@ kvmem_status kvmw_pool_defaults(double *pp) {
     pp[3] = p.max_agents;
     pp[4] = p.max_tokens_per_agent;
     pp[5] = (double)p.host_budget_bytes;
+    pp[6] = (double)p.device_capacity_bytes;
     return KVMEM_OK;
 }
 
@@ -140,19 +142,22 @@ kvmem_status kvmw_pool_create(kvmem_context *ctx, const double *spec, const int3
     if (!pp) return kvm_fail(KVMEM_ERR_INVALID_ARG, "params is NULL");
     kvmem_pool_params p = kvmem_pool_default_params();
     int32_t dtype = 0;
-    int64_t capacity = 0, budget = 0;
+    int64_t capacity = 0, budget = 0, device = 0;
     if ((st = kvmw_int32_of(pp[0], "block_size", &p.block_size)) != KVMEM_OK ||
         (st = kvmw_int32_of(pp[1], "storage_dtype", &dtype)) != KVMEM_OK ||
         (st = kvmw_int64_of(pp[2], "capacity_bytes", &capacity)) != KVMEM_OK ||
         (st = kvmw_int32_of(pp[3], "max_agents", &p.max_agents)) != KVMEM_OK ||
         (st = kvmw_int32_of(pp[4], "max_tokens_per_agent", &p.max_tokens_per_agent)) != KVMEM_OK ||
-        (st = kvmw_int64_of(pp[5], "host_budget_bytes", &budget)) != KVMEM_OK)
+        (st = kvmw_int64_of(pp[5], "host_budget_bytes", &budget)) != KVMEM_OK ||
+        (st = kvmw_int64_of(pp[6], "device_capacity_bytes", &device)) != KVMEM_OK)
         return st;
     if (capacity < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "capacity_bytes must be >= 0");
     if (budget < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "host_budget_bytes must be >= 0");
+    if (device < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "device_capacity_bytes must be >= 0");
     p.storage_dtype = (kvmem_dtype)dtype;
     p.capacity_bytes = (uint64_t)capacity;
     p.host_budget_bytes = (uint64_t)budget;
+    p.device_capacity_bytes = (uint64_t)device;
     return kvmem_pool_create_v2(ctx, &s, &p, out);
 }
 
@@ -173,6 +178,18 @@ kvmem_status kvmw_pool_spec(kvmem_pool *pool, double *f, int32_t *layer_window, 
     if (st != KVMEM_OK) return st;
     if (!f || !has_window || !model_id) return kvm_fail(KVMEM_ERR_INVALID_ARG, "an output is NULL");
     spec_out(&s, f, cap >= s.n_layers ? layer_window : NULL, has_window, model_id);
+    return KVMEM_OK;
+}
+
+/* out: mirror_bytes, evictions, unmirrored (kvmem_pool_device_stats). */
+kvmem_status kvmw_pool_device_stats(kvmem_pool *pool, double *out) {
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "out is NULL");
+    uint64_t b = 0, e = 0, u = 0;
+    kvmem_status st = kvmem_pool_device_stats(pool, &b, &e, &u);
+    if (st != KVMEM_OK) return st;
+    out[0] = (double)b;
+    out[1] = (double)e;
+    out[2] = (double)u;
     return KVMEM_OK;
 }
 

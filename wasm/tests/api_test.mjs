@@ -134,6 +134,13 @@ throwsStatus(() => pool.agentOpen('z\0-evil'), Status.INVALID_ARG, 'agent id "z\
     JSON.stringify(i));
   check(JSON.stringify(km.modelSpec({ ...spec, ropeStyle: 'gptj', layerWindow: [0, 16], modelId: 'm' })) === JSON.stringify(s),
     'modelSpec fills in the defaults as the pool does');
+  // the module's context is the CPU's: no device mirror, whatever the capacity stated
+  const p3 = ctx.poolCreate(spec, { deviceCapacityBytes: 4096 });
+  check(JSON.stringify(p3.deviceStats()) === JSON.stringify({ mirrorBytes: 0, evictions: 0, unmirrored: 0 }) &&
+    JSON.stringify(p2.deviceStats()) === JSON.stringify(p3.deviceStats()), 'deviceStats: no mirror on the CPU', JSON.stringify(p3.deviceStats()));
+  p3.close();
+  throwsStatus(() => ctx.poolCreate(spec, { deviceCapacityBytes: -1 }), Status.INVALID_ARG, 'device_capacity_bytes',
+    'a negative deviceCapacityBytes is refused naming it');
   km.specValidate(spec);
   throwsStatus(() => km.specValidate({ ...spec, rotaryDim: 5 }), Status.INVALID_ARG, 'rotary_dim', 'specValidate names the wrong field');
   p2.close();

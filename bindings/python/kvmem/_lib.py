@@ -151,7 +151,7 @@ class kvmem_model_spec_v2(Structure):  # the frozen spec's fields after struct_s
 class kvmem_pool_params(Structure):
     _fields_ = [("struct_size", c_size_t), ("block_size", c_int32), ("storage_dtype", c_enum), ("capacity_bytes", c_uint64),
                 ("max_agents", c_int32), ("max_tokens_per_agent", c_int32), ("store_dir", c_char_p),
-                ("host_budget_bytes", c_uint64)]
+                ("host_budget_bytes", c_uint64), ("device_capacity_bytes", c_uint64)]
 
 
 class kvmem_pool_info(Structure):
@@ -416,6 +416,8 @@ _d("int32_t kvmem_context_n_threads(const kvmem_context *ctx)", c_int32, ctx_p)
 _d("kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, uint64_t *h2d_bytes, uint64_t *d2h_bytes)",
    STATUS, ctx_p, POINTER(c_uint64), POINTER(c_uint64))
 _d("kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)", STATUS, ctx_p)
+_d("kvmem_status kvmem_pool_device_stats(kvmem_pool *pool, uint64_t *mirror_bytes, uint64_t *evictions, "
+   "uint64_t *unmirrored)", STATUS, pool_p, POINTER(c_uint64), POINTER(c_uint64), POINTER(c_uint64))
 # (experimental) device tensors
 _d("kvmem_status kvmem_tensor_init_device(kvmem_tensor *out, const kvmem_device_memory *mem, kvmem_dtype dtype, "
    "int32_t ndim, const int64_t *shape)",

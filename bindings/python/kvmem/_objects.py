@@ -366,7 +366,8 @@ class Context(_Handle):
     def pool_create(self, spec: SpecLike, *, block_size: Optional[int] = None,
                     storage_dtype: Union[str, int, None] = None, capacity_bytes: Optional[int] = None,
                     max_agents: Optional[int] = None, max_tokens_per_agent: Optional[int] = None,
-                    store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None) -> "Pool":
+                    store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None,
+                    device_capacity_bytes: Optional[int] = None) -> "Pool":
         """A Pool for spec (a ModelSpec or a dict of its fields); the parameters as Pool()."""
         params = _given(locals())
         del params["spec"]
@@ -384,13 +385,16 @@ class Pool(_Handle):
     block, a power of two), storage_dtype ("f16", "f32", "bf16", "q8", "q4",
     "q4_kivi" or a code), capacity_bytes (host memory for blocks, 0: no limit),
     max_agents, max_tokens_per_agent, store_dir (a directory where agents
-    persist), host_budget_bytes; None keeps kvmem_pool_default_params()'s value."""
+    persist), host_budget_bytes, device_capacity_bytes (device bytes the
+    agents' device-resident mirrors may hold, 0: no limit; see device_stats);
+    None keeps kvmem_pool_default_params()'s value."""
     _kind = "Pool"
 
     def __init__(self, ctx: Context, spec: SpecLike, *, block_size: Optional[int] = None,
                  storage_dtype: Union[str, int, None] = None, capacity_bytes: Optional[int] = None,
                  max_agents: Optional[int] = None, max_tokens_per_agent: Optional[int] = None,
-                 store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None) -> None:
+                 store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None,
+                 device_capacity_bytes: Optional[int] = None) -> None:
         params = _given(locals())
         del params["ctx"], params["spec"]
         spec = ModelSpec.of(spec)
@@ -444,6 +448,15 @@ class Pool(_Handle):
         info = L.kvmem_pool_info()
         L.kvmem_pool_get_info(self.handle, byref(info))
         return from_struct(PoolInfo, info)
+
+    def device_stats(self) -> Dict[str, int]:
+        """kvmem_pool_device_stats (experimental): {"mirror_bytes": device bytes
+        the agents' device-resident mirrors hold, "evictions": closed agents'
+        mirrors freed for room, "unmirrored": device calls served from the
+        host copy because a mirror did not fit device_capacity_bytes}."""
+        b, e, u = c_uint64(), c_uint64(), c_uint64()
+        L.kvmem_pool_device_stats(self.handle, byref(b), byref(e), byref(u))
+        return {"mirror_bytes": int(b.value), "evictions": int(e.value), "unmirrored": int(u.value)}
 
     def get_spec(self) -> "ModelSpec":
         """The pool's spec (a copy: layer_window, if any, is copied too)."""
