@@ -19,7 +19,7 @@
                    #type ": no padding after `" #last "`: end it with an int32_t reserved field")
 
 KVM_PARAMS_LAYOUT(kvmem_context_params, reserved);
-KVM_PARAMS_LAYOUT(kvmem_pool_params, host_budget_bytes);
+KVM_PARAMS_LAYOUT(kvmem_pool_params, device_capacity_bytes);
 KVM_PARAMS_LAYOUT(kvmem_append_params, reserved);
 KVM_PARAMS_LAYOUT(kvmem_retrieve_params, reserved);
 KVM_PARAMS_LAYOUT(kvmem_qmem_params, lambda);
@@ -33,6 +33,7 @@ KVM_PARAMS_LAYOUT(kvmem_load_plan_params, reserved);
 /* the growable forms of the source structs follow the same rules */
 KVM_PARAMS_LAYOUT(kvmem_attend_source_v2, base_position);
 KVM_PARAMS_LAYOUT(kvmem_session_source_v2, mark_end);
+KVM_PARAMS_LAYOUT(kvmem_model_spec_v2, model_id);
 
 /* The function that sets a struct's size, for messages:
  * "kvmem_attend_default_params()" for "kvmem_attend_params",

@@ -281,7 +281,8 @@ typedef struct kvmem_model_spec {
 /* Defaults: a 1-layer, 1-head, head_dim 64 shape with NEOX RoPE, theta 10000,
  * no scaling. Callers set at least the geometry. The spec has no struct_size
  * and is returned by value, so it cannot grow within this major version
- * (docs/abi.md, "Structs without a size field"). */
+ * (docs/abi.md, "Structs without a size field"): kvmem_model_spec_v2 below
+ * is the form that grows. */
 KVMEM_API kvmem_model_spec kvmem_model_spec_default(void);
 
 /* Check a spec: KVMEM_OK, or KVMEM_ERR_INVALID_ARG with a message naming the
@@ -331,6 +332,18 @@ typedef struct kvmem_pool_params {
     uint64_t host_budget_bytes;  /* with a store: after a close, closed agents are spilled
                                     until the pool holds at most this; 0 = spill only when
                                     capacity_bytes would be exceeded */
+    uint64_t device_capacity_bytes; /* device bytes the agents' device-resident mirrors
+                                    (a device context's copy of their sealed blocks: K, V,
+                                    AABBs, tail, RoPE table) may hold together; 0 = no
+                                    limit but the device's own. The mirror is a cache of
+                                    the host copy: at the limit, the mirrors of closed
+                                    agents give way (least recently used first); an open
+                                    agent whose mirror still does not fit is served
+                                    without one (retrieval and gather stage its blocks
+                                    per call, attention over it runs on the CPU), with
+                                    the same results. Nothing is refused and appends are
+                                    not affected. kvmem_pool_device_stats reports the
+                                    bytes held. Ignored on a CPU context. */
 } kvmem_pool_params;
 
 /* The defaults, struct_size = this header's sizeof ("ABI and versioning"). */
@@ -1243,6 +1256,64 @@ KVMEM_API kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t ro
                                            int64_t first, int64_t n, const kvmem_tensor *out);
 
 /* ------------------------------------------------------------------------- */
+/* The model spec that grows                                                  */
+/* ------------------------------------------------------------------------- */
+
+/* kvmem_model_spec with struct_size first, so fields can be appended
+ * (kvmem_model_spec has none and is returned by value: it is frozen; see
+ * docs/abi.md, "Structs without a size field"): the same fields with the
+ * same meaning and defaults, ordered so the struct has no padding where
+ * pointers are 8 or 4 bytes. kvmem_model_spec_v2_init(&spec, sizeof spec)
+ * writes the library's defaults (it never returns a struct by value, so it
+ * never writes past an older caller's struct); set the fields after it.
+ * Every call that takes a kvmem_model_spec has a _v2 form taking this one,
+ * which reads struct_size as for params structs ("ABI and versioning":
+ * older and newer sizes, a newer struct's zero tail; KVMEM_ERR_INVALID_ARG
+ * or KVMEM_ERR_UNSUPPORTED otherwise) and then does what the frozen form
+ * does, with its errors and its last error. */
+typedef struct kvmem_model_spec_v2 {
+    size_t struct_size;          /* sizeof(kvmem_model_spec_v2), set by kvmem_model_spec_v2_init() */
+    const int32_t *layer_window; /* as kvmem_model_spec's */
+    int32_t n_layers;
+    int32_t n_q_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t rotary_dim;
+    kvmem_rope_style rope_style;
+    kvmem_rope_scaling rope_scaling;
+    int32_t rope_original_max_pos;
+    double rope_theta;
+    double rope_factor;
+    double rope_low_freq_factor;
+    double rope_high_freq_factor;
+    double yarn_beta_fast;
+    double yarn_beta_slow;
+    double yarn_attn_factor;
+    char model_id[KVMEM_MAX_MODEL_ID];
+} kvmem_model_spec_v2;
+
+/* The defaults of kvmem_model_spec_default() in the first struct_size bytes
+ * of *spec (the caller's sizeof), struct_size in its field. Errors:
+ * KVMEM_ERR_INVALID_ARG (NULL, a struct_size no version has); nothing is
+ * written on failure. */
+KVMEM_API kvmem_status kvmem_model_spec_v2_init(kvmem_model_spec_v2 *spec, size_t struct_size);
+KVMEM_API kvmem_status kvmem_model_spec_validate_v2(const kvmem_model_spec_v2 *spec);
+KVMEM_API kvmem_status kvmem_rope_apply_v2(const kvmem_model_spec_v2 *spec, float *x, size_t n_rows,
+                                           size_t stride, const int32_t *positions, int32_t inverse);
+KVMEM_API kvmem_status kvmem_pool_create_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec,
+                                            const kvmem_pool_params *params, kvmem_pool **out);
+/* The pool's spec into the first out->struct_size bytes of *out (set it
+ * with kvmem_model_spec_v2_init first). */
+KVMEM_API kvmem_status kvmem_pool_get_spec_v2(kvmem_pool *pool, kvmem_model_spec_v2 *out);
+KVMEM_API kvmem_status kvmem_qmem_store_create_v2(const kvmem_model_spec_v2 *spec,
+                                                  const kvmem_qmem_params *params,
+                                                  kvmem_qmem_store **out);
+KVMEM_API kvmem_status kvmem_qmem_score_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec,
+                                           const float *memory, const kvmem_tensor *k, float *scores);
+KVMEM_API kvmem_status kvmem_kvstore_create_v2(const kvmem_model_spec_v2 *spec,
+                                               const kvmem_kvstore_params *params, kvmem_kvstore **out);
+
+/* ------------------------------------------------------------------------- */
 /* Deprecated                                                                 */
 /* ------------------------------------------------------------------------- */
 
@@ -1322,6 +1393,16 @@ KVMEM_API kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, ui
                                                     uint64_t *d2h_bytes);
 /* Set both counters to 0. Errors: KVMEM_ERR_INVALID_ARG. Thread-safe. */
 KVMEM_API kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx);
+
+/* The pool's device-resident mirrors (kvmem_pool_params.device_capacity_bytes):
+ * *mirror_bytes = device bytes they hold now, *evictions = mirrors of closed
+ * agents freed to make room for another, *unmirrored = device calls served
+ * without a mirror because it did not fit, both since the pool was created.
+ * All 0 on a CPU context. (kvmem_pool_info, written whole by the library,
+ * cannot grow: these are reported here.) Any pointer may be NULL, not all.
+ * Errors: KVMEM_ERR_INVALID_ARG. Thread-safe (each counter is atomic). */
+KVMEM_API kvmem_status kvmem_pool_device_stats(kvmem_pool *pool, uint64_t *mirror_bytes,
+                                               uint64_t *evictions, uint64_t *unmirrored);
 
 /* ---- Device tensors: K, V, Q and outputs in device memory ------------------ */
 
@@ -1509,6 +1590,16 @@ KVMEM_API kvmem_status kvmem_h2o_keep(const float *acc, int64_t n, int64_t budge
 KVMEM_API kvmem_status kvmem_snapkv_score(kvmem_context *ctx, const kvmem_model_spec *spec,
                                           const kvmem_tensor *q_obs, const kvmem_tensor *k,
                                           int32_t pool_kernel, float *scores);
+
+/* kvmem_qmem_head_apply and kvmem_snapkv_score with the spec that grows
+ * (kvmem_model_spec_v2). */
+KVMEM_API kvmem_status kvmem_qmem_head_apply_v2(const kvmem_qmem_head *head, const kvmem_model_spec_v2 *spec,
+                                                const float *memory, const kvmem_tensor *k,
+                                                const float *rule, int64_t span_begin,
+                                                int64_t span_end, float *scores_out);
+KVMEM_API kvmem_status kvmem_snapkv_score_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec,
+                                             const kvmem_tensor *q_obs, const kvmem_tensor *k,
+                                             int32_t pool_kernel, float *scores);
 
 /* ---- KEEP segments, grouping, multi-hop selection, load plan ------------ */
 

@@ -118,6 +118,8 @@ export interface PoolParams {
   /** 0 = unlimited */
   capacityBytes?: number;
   maxAgents?: number; maxTokensPerAgent?: number; hostBudgetBytes?: number;
+  /** device bytes the agents' device-resident mirrors may hold (0: no limit; the module has no device) */
+  deviceCapacityBytes?: number;
   /** @deprecated storageDtype */
   storage?: StorageDType;
 }
@@ -402,6 +404,8 @@ export declare class Pool extends Handle {
   readonly spec: Readonly<FullModelSpec>;
   getInfo(): PoolInfo;
   getInfoAsync(): Promise<PoolInfo>;
+  /** (experimental) the device-resident mirrors: all 0 in the module (CPU only) */
+  deviceStats(): { mirrorBytes: number; evictions: number; unmirrored: number };
   getSpec(): FullModelSpec;
   agentId(index: number): string;
   agentIds(): string[];

@@ -361,9 +361,11 @@ function specIn(km, spec, what = 'model spec') {
 }
 
 // kvmem_pool_params but store_dir, in the glue's order (glue/core.c, kvmw_pool_defaults).
-const POOL_NUMS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'hostBudgetBytes'];
+const POOL_NUMS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'hostBudgetBytes',
+  'deviceCapacityBytes'];
 // Node's POOL_KEYS, in its order (the same "known keys" list)
-const POOL_KEYS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'storeDir', 'hostBudgetBytes'];
+const POOL_KEYS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'storeDir', 'hostBudgetBytes',
+  'deviceCapacityBytes'];
 const POOL_UNSUPPORTED = { storeDir: 'no file store in the module' };
 
 function poolParamsIn(km, params) {
@@ -724,7 +726,7 @@ export class Context extends Handle {
 
   /** spec: kvmem_model_spec in camelCase ({ nLayers, nQHeads, nKvHeads, headDim, rotaryDim,
    *  ropeStyle, ropeTheta, ropeScaling, ..., layerWindow, modelId }); params: { blockSize,
-   *  storageDtype, capacityBytes, maxAgents, maxTokensPerAgent, hostBudgetBytes }. */
+   *  storageDtype, capacityBytes, maxAgents, maxTokensPerAgent, hostBudgetBytes, deviceCapacityBytes }. */
   poolCreate(spec, params) { return new Pool(this, spec, params); }
 
   close() {
@@ -776,6 +778,15 @@ export class Pool extends Handle {
     return { usedBytes: d[0], capacityBytes: d[1], nAgents: d[2], blockSize: d[3], storageDtype: d[4] };
   }
   getInfoAsync() { return promised(() => this.getInfo()); }
+
+  /** kvmem_pool_device_stats (experimental): { mirrorBytes, evictions, unmirrored } of the
+   *  agents' device-resident mirrors; all 0 here (the module's context is the CPU's). */
+  deviceStats() {
+    const km = this._km;
+    km._check(km._fn('kvmw_pool_device_stats', 'number', ['number', 'number'])(this._live(), km._scratch));
+    const d = km._f64.subarray(km._scratch >> 3, (km._scratch >> 3) + 3);
+    return { mirrorBytes: d[0], evictions: d[1], unmirrored: d[2] };
+  }
 
   /** kvmem_pool_get_spec: every field, camelCase (ropeStyle and ropeScaling as numbers). */
   getSpec() {

@@ -13,6 +13,13 @@ static void kvgo_ikv_tensor(kvmem_tensor *t, void *data, const int64_t *meta) {
 
 // The growable source form where the loaded library has it (see attend.go).
 #pragma weak kvmem_session_key_derive_v2
+// and the growable spec (spec.go)
+int kvgo_spec_v2(const kvmem_model_spec *s, kvmem_model_spec_v2 *v);
+#pragma weak kvmem_qmem_score_v2
+#pragma weak kvmem_qmem_head_apply_v2
+#pragma weak kvmem_snapkv_score_v2
+#pragma weak kvmem_qmem_store_create_v2
+#pragma weak kvmem_kvstore_create_v2
 
 static kvmem_status kvgo_session_key_derive(const kvmem_qmem_store *s, const char *sid, const int32_t *ids,
                                             int64_t n, int64_t mb, int64_t me, kvmem_session_key *out) {
@@ -42,6 +49,8 @@ static kvmem_status kvgo_qmem_score(kvmem_context *ctx, const kvmem_model_spec *
                                     void *kd, const int64_t *km, float *scores) {
 	kvmem_tensor k;
 	kvgo_ikv_tensor(&k, kd, km);
+	kvmem_model_spec_v2 s2;
+	if (kvgo_spec_v2(spec, &s2)) return kvmem_qmem_score_v2(ctx, &s2, mem, &k, scores);
 	return kvmem_qmem_score(ctx, spec, mem, &k, scores);
 }
 
@@ -50,6 +59,8 @@ static kvmem_status kvgo_qmem_head_apply(const kvmem_qmem_head *h, const kvmem_m
                                          float *out) {
 	kvmem_tensor k;
 	kvgo_ikv_tensor(&k, kd, km);
+	kvmem_model_spec_v2 s2;
+	if (kvgo_spec_v2(spec, &s2)) return kvmem_qmem_head_apply_v2(h, &s2, mem, &k, rule, b, e, out);
 	return kvmem_qmem_head_apply(h, spec, mem, &k, rule, b, e, out);
 }
 
@@ -58,6 +69,8 @@ static kvmem_status kvgo_snapkv_score(kvmem_context *ctx, const kvmem_model_spec
 	kvmem_tensor q, k;
 	kvgo_ikv_tensor(&q, qd, qm);
 	kvgo_ikv_tensor(&k, kd, km);
+	kvmem_model_spec_v2 s2;
+	if (kvgo_spec_v2(spec, &s2)) return kvmem_snapkv_score_v2(ctx, &s2, &q, &k, pool_kernel, scores);
 	return kvmem_snapkv_score(ctx, spec, &q, &k, pool_kernel, scores);
 }
 
@@ -80,11 +93,15 @@ static kvmem_status kvgo_slotmap_gather(const kvmem_slotmap *m, void *kd, const 
 static kvmem_status kvgo_qmem_store_create(kvmem_model_spec *spec, const int32_t *w, const kvmem_qmem_params *p,
                                            kvmem_qmem_store **out) {
 	spec->layer_window = w;
+	kvmem_model_spec_v2 s2;
+	if (kvgo_spec_v2(spec, &s2)) return kvmem_qmem_store_create_v2(&s2, p, out);
 	return kvmem_qmem_store_create(spec, p, out);
 }
 static kvmem_status kvgo_kvstore_create(kvmem_model_spec *spec, const int32_t *w, const kvmem_kvstore_params *p,
                                         kvmem_kvstore **out) {
 	spec->layer_window = w;
+	kvmem_model_spec_v2 s2;
+	if (kvgo_spec_v2(spec, &s2)) return kvmem_kvstore_create_v2(&s2, p, out);
 	return kvmem_kvstore_create(spec, p, out);
 }
 */

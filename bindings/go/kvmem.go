@@ -79,11 +79,44 @@ static kvmem_status kvgo_tensor_init(void *data, const int64_t *meta, const int6
 	return st;
 }
 
+// The calls that take a spec go through the growable one where the library
+// has it (spec.go).
+int kvgo_spec_v2(const kvmem_model_spec *s, kvmem_model_spec_v2 *v);
+void kvgo_spec_of_v2(const kvmem_model_spec_v2 *v, kvmem_model_spec *s);
+#pragma weak kvmem_pool_create_v2
+#pragma weak kvmem_pool_get_spec_v2
+#pragma weak kvmem_model_spec_validate_v2
+#pragma weak kvmem_rope_apply_v2
+
 // The spec's layer_window points into C memory owned by the caller of these.
 static kvmem_status kvgo_pool_create(kvmem_context *ctx, kvmem_model_spec *spec, const int32_t *window,
                                      const kvmem_pool_params *params, kvmem_pool **out) {
 	spec->layer_window = window;
+	kvmem_model_spec_v2 v;
+	if (kvgo_spec_v2(spec, &v)) return kvmem_pool_create_v2(ctx, &v, params, out);
 	return kvmem_pool_create(ctx, spec, params, out);
+}
+
+static kvmem_status kvgo_spec_validate(const kvmem_model_spec *spec) {
+	kvmem_model_spec_v2 v;
+	if (kvgo_spec_v2(spec, &v)) return kvmem_model_spec_validate_v2(&v);
+	return kvmem_model_spec_validate(spec);
+}
+
+static kvmem_status kvgo_rope_apply(const kvmem_model_spec *spec, float *x, size_t n, size_t stride,
+                                    const int32_t *positions, int32_t inverse) {
+	kvmem_model_spec_v2 v;
+	if (kvgo_spec_v2(spec, &v)) return kvmem_rope_apply_v2(&v, x, n, stride, positions, inverse);
+	return kvmem_rope_apply(spec, x, n, stride, positions, inverse);
+}
+
+static kvmem_status kvgo_pool_get_spec(kvmem_pool *pool, kvmem_model_spec *out) {
+	kvmem_model_spec d = kvmem_model_spec_default();
+	kvmem_model_spec_v2 v;
+	if (!kvgo_spec_v2(&d, &v)) return kvmem_pool_get_spec(pool, out);
+	kvmem_status st = kvmem_pool_get_spec_v2(pool, &v);
+	if (st == KVMEM_OK) kvgo_spec_of_v2(&v, out);
+	return st;
 }
 
 extern void kvgoLog(int level, char *message);
@@ -420,7 +453,7 @@ func (s *ModelSpec) Validate() error {
 	defer C.free(unsafe.Pointer(w))
 	return call(func() C.kvmem_status {
 		c.layer_window = w
-		return C.kvmem_model_spec_validate(&c)
+		return C.kvgo_spec_validate(&c)
 	})
 }
 
@@ -445,7 +478,7 @@ func RopeApply(spec ModelSpec, x []float32, stride int, positions []int32, inver
 	}
 	return call(func() C.kvmem_status {
 		c.layer_window = w
-		return C.kvmem_rope_apply(&c, (*C.float)(unsafe.Pointer(&x[0])), C.size_t(n), C.size_t(stride),
+		return C.kvgo_rope_apply(&c, (*C.float)(unsafe.Pointer(&x[0])), C.size_t(n), C.size_t(stride),
 			(*C.int32_t)(unsafe.Pointer(&positions[0])), inv)
 	})
 }
@@ -830,13 +863,18 @@ type PoolParams struct {
 	MaxTokensPerAgent int32
 	StoreDir          string // a directory where agents persist; "" = none
 	HostBudgetBytes   uint64
+	// DeviceCapacityBytes bounds the device bytes the agents' device-resident
+	// mirrors hold together (0 = no limit): past it closed agents' mirrors give
+	// way, then an agent is served from the host copy (same results). See DeviceStats.
+	DeviceCapacityBytes uint64
 }
 
 // PoolDefaultParams is kvmem_pool_default_params.
 func PoolDefaultParams() PoolParams {
 	p := C.kvmem_pool_default_params()
 	return PoolParams{BlockSize: int32(p.block_size), StorageDType: DType(p.storage_dtype), CapacityBytes: uint64(p.capacity_bytes),
-		MaxAgents: int32(p.max_agents), MaxTokensPerAgent: int32(p.max_tokens_per_agent), HostBudgetBytes: uint64(p.host_budget_bytes)}
+		MaxAgents: int32(p.max_agents), MaxTokensPerAgent: int32(p.max_tokens_per_agent), HostBudgetBytes: uint64(p.host_budget_bytes),
+		DeviceCapacityBytes: uint64(p.device_capacity_bytes)}
 }
 
 // PoolInfo is kvmem_pool_info.
@@ -868,6 +906,7 @@ func (c *Context) PoolCreate(spec ModelSpec, params PoolParams) (*Pool, error) {
 	pp.block_size, pp.storage_dtype = C.int32_t(params.BlockSize), C.kvmem_dtype(params.StorageDType)
 	pp.capacity_bytes, pp.max_agents = C.uint64_t(params.CapacityBytes), C.int32_t(params.MaxAgents)
 	pp.max_tokens_per_agent, pp.host_budget_bytes = C.int32_t(params.MaxTokensPerAgent), C.uint64_t(params.HostBudgetBytes)
+	pp.device_capacity_bytes = C.uint64_t(params.DeviceCapacityBytes)
 	if params.StoreDir != "" {
 		if pp.store_dir, err = cString(params.StoreDir, "store dir"); err != nil { // copied by kvmem_pool_create
 			return nil, err
@@ -916,6 +955,20 @@ func (p *Pool) GetInfo() (PoolInfo, error) {
 	return PoolInfo{uint64(i.used_bytes), uint64(i.capacity_bytes), int32(i.n_agents), int32(i.block_size), DType(i.storage_dtype)}, err
 }
 
+// DeviceStats is kvmem_pool_device_stats (experimental): the device bytes the
+// agents' device-resident mirrors hold, the closed agents' mirrors evicted for
+// room, and the device calls served from the host copy because a mirror did
+// not fit DeviceCapacityBytes.
+func (p *Pool) DeviceStats() (mirrorBytes, evictions, unmirrored uint64, err error) {
+	h, err := p.ptr()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var b, e, u C.uint64_t
+	err = call(func() C.kvmem_status { return C.kvmem_pool_device_stats(h, &b, &e, &u) })
+	return uint64(b), uint64(e), uint64(u), err
+}
+
 // GetSpec is kvmem_pool_get_spec.
 func (p *Pool) GetSpec() (ModelSpec, error) {
 	h, err := p.ptr()
@@ -923,7 +976,7 @@ func (p *Pool) GetSpec() (ModelSpec, error) {
 		return ModelSpec{}, err
 	}
 	var s C.kvmem_model_spec
-	if err := call(func() C.kvmem_status { return C.kvmem_pool_get_spec(h, &s) }); err != nil {
+	if err := call(func() C.kvmem_status { return C.kvgo_pool_get_spec(h, &s) }); err != nil {
 		return ModelSpec{}, err
 	}
 	return specFromC(s), nil

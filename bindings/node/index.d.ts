@@ -55,6 +55,9 @@ export interface PoolParams {
   maxAgents?: number; maxTokensPerAgent?: number;
   /** a directory where agents persist (AGENT_ID.safetensors) */
   storeDir?: string; hostBudgetBytes?: number;
+  /** device bytes the agents' device-resident mirrors may hold (0: no limit); past it closed
+   * agents' mirrors give way, then an agent is served from the host copy (same results) */
+  deviceCapacityBytes?: number;
 }
 export interface PoolInfo { usedBytes: number; capacityBytes: number; nAgents: number; blockSize: number; storageDtype: number; }
 export interface AgentInfo { nTokens: number; nBlocks: number; nSealed: number; bytes: number; textBytes: number; }
@@ -112,6 +115,8 @@ export class Pool extends Handle {
   /** getInfo on a worker thread (the pool's mutex may be held by a spill to the store) */
   getInfoAsync(): Promise<PoolInfo>;
   getSpec(): FullModelSpec;
+  /** (experimental) the device-resident mirrors: bytes held, evictions, calls served without one */
+  deviceStats(): { mirrorBytes: number; evictions: number; unmirrored: number };
   agentId(index: number): string;
   agentIds(): string[];
   agentOpen(id: string): Agent;

@@ -367,16 +367,33 @@ function specFromC(s) {
   return r;
 }
 
+// The growable spec (kvmem_model_spec_v2) where the loaded library has it, the
+// frozen one against an older library: the same fields with the same meaning,
+// so cSpec builds the frozen form and each call converts it.
+const SPEC_V2 = !L.missing.has('kvmem_model_spec_v2_init');
+const SPEC_V2_SIZE = L.koffi.sizeof(L.types.kvmem_model_spec_v2);
+// cs as kvmem_model_spec_v2: the library's defaults of this binding's struct_size, then cs's fields
+function specV2(cs) {
+  const d = {};
+  C.kvmem_model_spec_v2_init(d, SPEC_V2_SIZE);
+  return { ...d, ...cs, struct_size: d.struct_size };
+}
+
 // The full spec (defaults filled in) of the given keys, camelCase.
 function modelSpec(fields = {}) { return specFromC(cSpec(fields)); }
 
-function specValidate(spec) { C.kvmem_model_spec_validate(cSpec(spec)); }
+function specValidate(spec) {
+  if (SPEC_V2) C.kvmem_model_spec_validate_v2(specV2(cSpec(spec)));
+  else C.kvmem_model_spec_validate(cSpec(spec));
+}
 
-const POOL_KEYS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'storeDir', 'hostBudgetBytes'];
+const POOL_KEYS = ['blockSize', 'storageDtype', 'capacityBytes', 'maxAgents', 'maxTokensPerAgent', 'storeDir', 'hostBudgetBytes',
+                   'deviceCapacityBytes'];
 
 class Pool extends Handle {
   // params: blockSize, storageDtype ('f16', 'f32', 'bf16', 'q8', 'q4', 'q4_kivi'), capacityBytes,
-  // maxAgents, maxTokensPerAgent, storeDir, hostBudgetBytes
+  // maxAgents, maxTokensPerAgent, storeDir, hostBudgetBytes, deviceCapacityBytes (device bytes the
+  // agents' device-resident mirrors may hold; 0 = no limit; see deviceStats)
   constructor(ctx, spec, params) {
     super();
     const o = readKeys(params, POOL_KEYS, 'Pool params');
@@ -389,7 +406,8 @@ class Pool extends Handle {
     const pp = toC(C.kvmem_pool_default_params(), o, 'Pool params');
     const cs = cSpec(spec);
     const out = [null];
-    C.kvmem_pool_create(ctx.handle, cs, pp, out);
+    if (SPEC_V2) C.kvmem_pool_create_v2(ctx.handle, specV2(cs), pp, out);
+    else C.kvmem_pool_create(ctx.handle, cs, pp, out);
     this._own(out[0], C.kvmem_pool_free, 'Pool');
     this.context = ctx;
     this._agents = new Set(); // WeakRefs: agents may be collected before the pool
@@ -413,6 +431,13 @@ class Pool extends Handle {
     super.close();
   }
   getInfo() { const o = {}; C.kvmem_pool_get_info(this.handle, o); return fromC(o); }
+  // (experimental) the agents' device-resident mirrors: device bytes held, closed agents' mirrors
+  // evicted for room, device calls served from the host copy because a mirror did not fit
+  deviceStats() {
+    const b = [0], e = [0], u = [0];
+    C.kvmem_pool_device_stats(this.handle, b, e, u);
+    return { mirrorBytes: Number(b[0]), evictions: Number(e[0]), unmirrored: Number(u[0]) };
+  }
   // The pool's calls that wait for its mutex (held while an agent is written to the
   // store or read back) on a worker thread, so the event loop does not wait with them.
   // The pool is thread-safe: these are not ordered with its other async calls; it
@@ -436,7 +461,13 @@ class Pool extends Handle {
              storageDtype: C.kvmem_dtype_name(i.storageDtype), nAgents: i.nAgents, usedBytes: i.usedBytes,
              capacityBytes: i.capacityBytes };
   }
-  getSpec() { const o = {}; C.kvmem_pool_get_spec(this.handle, o); return specFromC(o); }
+  getSpec() {
+    const o = {};
+    if (!SPEC_V2) { C.kvmem_pool_get_spec(this.handle, o); return specFromC(o); }
+    C.kvmem_model_spec_v2_init(o, SPEC_V2_SIZE);
+    C.kvmem_pool_get_spec_v2(this.handle, o);
+    return specFromC(Object.fromEntries(SPEC_FIELDS.map((f) => [f, o[f]])));
+  }
   agentId(index) {
     const len = [0];
     C.kvmem_pool_agent_id(this.handle, index, null, 0, len);
@@ -837,7 +868,9 @@ class QmemStore extends Handle {
     super();
     this.spec = modelSpec(spec);
     const out = [null];
-    C.kvmem_qmem_store_create(cSpec(this.spec), toC(C.kvmem_qmem_default_params(), params, 'QmemStore params'), out);
+    const cs = cSpec(this.spec), qp = toC(C.kvmem_qmem_default_params(), params, 'QmemStore params');
+    if (SPEC_V2) C.kvmem_qmem_store_create_v2(specV2(cs), qp, out);
+    else C.kvmem_qmem_store_create(cs, qp, out);
     this._own(out[0], C.kvmem_qmem_store_free, 'QmemStore');
   }
   // kvmem_session_key_derive: {sessionId} | {tokenIds, mark: [begin, end]} | {tokenIds} | {}
@@ -876,7 +909,9 @@ function qmemScore(ctx, spec, memory, k, dtype) {
   const cs = cSpec(spec), s = specFromC(cs);
   const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
   const scores = new Float32Array(kt.shape[1]);
-  C.kvmem_qmem_score(ctx.handle, cs, f32In(memory, memLen(s), 'memory'), kt, scores);
+  const mem = f32In(memory, memLen(s), 'memory');
+  if (SPEC_V2) C.kvmem_qmem_score_v2(ctx.handle, specV2(cs), mem, kt, scores);
+  else C.kvmem_qmem_score(ctx.handle, cs, mem, kt, scores);
   return scores;
 }
 
@@ -898,7 +933,9 @@ class QmemHead extends Handle {
     const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
     const n = kt.shape[1];
     const out = new Float32Array(n);
-    C.kvmem_qmem_head_apply(this.handle, cs, f32In(memory, memLen(s), 'memory'), kt, f32In(rule, n, 'rule'), spanBegin, spanEnd, out);
+    const mem = f32In(memory, memLen(s), 'memory'), r = f32In(rule, n, 'rule');
+    if (SPEC_V2) C.kvmem_qmem_head_apply_v2(this.handle, specV2(cs), mem, kt, r, spanBegin, spanEnd, out);
+    else C.kvmem_qmem_head_apply(this.handle, cs, mem, kt, r, spanBegin, spanEnd, out);
     return out;
   }
 }
@@ -957,7 +994,8 @@ function snapkvScore(ctx, spec, qObs, k, poolKernel = 7, dtype) {
   const qt = tensor(qObs, 'qObs', [-1, s.nLayers, s.nQHeads, s.headDim], dtype);
   const kt = tensor(k, 'k', [s.nLayers, -1, s.nKvHeads, s.headDim], dtype);
   const scores = new Float32Array(kt.shape[1]);
-  C.kvmem_snapkv_score(ctx.handle, cs, qt, kt, poolKernel, scores);
+  if (SPEC_V2) C.kvmem_snapkv_score_v2(ctx.handle, specV2(cs), qt, kt, poolKernel, scores);
+  else C.kvmem_snapkv_score(ctx.handle, cs, qt, kt, poolKernel, scores);
   return scores;
 }
 
@@ -968,7 +1006,9 @@ class KVStore extends Handle {
     super();
     this.spec = modelSpec(spec);
     const out = [null];
-    C.kvmem_kvstore_create(cSpec(this.spec), toC(C.kvmem_kvstore_default_params(), params, 'KVStore params'), out);
+    const cs = cSpec(this.spec), kp = toC(C.kvmem_kvstore_default_params(), params, 'KVStore params');
+    if (SPEC_V2) C.kvmem_kvstore_create_v2(specV2(cs), kp, out);
+    else C.kvmem_kvstore_create(cs, kp, out);
     this._own(out[0], C.kvmem_kvstore_free, 'KVStore');
     this._maps = new Set();
   }
@@ -1154,7 +1194,8 @@ function ropeApply(spec, x, positions, opts) {
   const nRows = pos.length;
   if (nRows && (nRows - 1) * st + cs.head_dim > x.length)
     throw new RangeError(`kvmem: ropeApply: ${nRows} rows of stride ${st} exceed x (${x.length} floats)`);
-  C.kvmem_rope_apply(cs, x, nRows, st, pos, inverse ? 1 : 0);
+  if (SPEC_V2) C.kvmem_rope_apply_v2(specV2(cs), x, nRows, st, pos, inverse ? 1 : 0);
+  else C.kvmem_rope_apply(cs, x, nRows, st, pos, inverse ? 1 : 0);
 }
 
 let logCallback = null;

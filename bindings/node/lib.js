@@ -85,10 +85,19 @@ const types = {
     yarn_beta_slow: 'double', yarn_attn_factor: 'double', layer_window: 'const int32_t *',
     model_id: koffi.array('char', 128, 'String'),
   }),
+  // the frozen spec's fields after struct_size, ordered without padding
+  kvmem_model_spec_v2: koffi.struct('kvmem_model_spec_v2', {
+    struct_size: 'size_t', layer_window: 'const int32_t *', n_layers: 'int32_t', n_q_heads: 'int32_t',
+    n_kv_heads: 'int32_t', head_dim: 'int32_t', rotary_dim: 'int32_t', rope_style: 'kvmem_rope_style',
+    rope_scaling: 'kvmem_rope_scaling', rope_original_max_pos: 'int32_t', rope_theta: 'double', rope_factor: 'double',
+    rope_low_freq_factor: 'double', rope_high_freq_factor: 'double', yarn_beta_fast: 'double', yarn_beta_slow: 'double',
+    yarn_attn_factor: 'double', model_id: koffi.array('char', 128, 'String'),
+  }),
   kvmem_pool_params: koffi.struct('kvmem_pool_params', {
     struct_size: 'size_t',
     block_size: 'int32_t', storage_dtype: 'kvmem_dtype', capacity_bytes: 'uint64_t',
     max_agents: 'int32_t', max_tokens_per_agent: 'int32_t', store_dir: 'const char *', host_budget_bytes: 'uint64_t',
+    device_capacity_bytes: 'uint64_t',
   }),
   kvmem_pool_info: koffi.struct('kvmem_pool_info', {
     used_bytes: 'uint64_t', capacity_bytes: 'uint64_t', n_agents: 'int32_t', block_size: 'int32_t',
@@ -216,6 +225,7 @@ const DECLARATIONS = [
   // (experimental) host <-> device transfer counters
   'kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, _Out_ uint64_t *h2d_bytes, _Out_ uint64_t *d2h_bytes)',
   'kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)',
+  'kvmem_status kvmem_pool_device_stats(kvmem_pool *pool, _Out_ uint64_t *mirror_bytes, _Out_ uint64_t *evictions, _Out_ uint64_t *unmirrored)',
   'kvmem_status kvmem_tensor_init_device(_Out_ kvmem_tensor *out, const kvmem_device_memory *mem, kvmem_dtype dtype, int32_t ndim, const int64_t *shape)',
   'kvmem_status kvmem_context_vulkan_device(const kvmem_context *ctx, _Inout_ kvmem_vulkan_device *out)',
   // Model geometry
@@ -335,6 +345,17 @@ const DECLARATIONS = [
   'kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, int64_t n, const kvmem_tensor *out)',
   // Deprecated: the failure message in a caller buffer (asyncForm's fallback for a library
   // older than kvmem_agent_last_error and co)
+  // the model spec that grows (kvmem_model_spec_v2) and the _v2 forms of the calls that take a spec
+  'kvmem_status kvmem_model_spec_v2_init(_Out_ kvmem_model_spec_v2 *spec, size_t struct_size)',
+  'kvmem_status kvmem_model_spec_validate_v2(const kvmem_model_spec_v2 *spec)',
+  'kvmem_status kvmem_rope_apply_v2(const kvmem_model_spec_v2 *spec, float *x, size_t n_rows, size_t stride, const int32_t *positions, int32_t inverse)',
+  'kvmem_status kvmem_pool_create_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec, const kvmem_pool_params *params, _Out_ kvmem_pool **out)',
+  'kvmem_status kvmem_pool_get_spec_v2(kvmem_pool *pool, _Inout_ kvmem_model_spec_v2 *out)',
+  'kvmem_status kvmem_qmem_store_create_v2(const kvmem_model_spec_v2 *spec, const kvmem_qmem_params *params, _Out_ kvmem_qmem_store **out)',
+  'kvmem_status kvmem_qmem_score_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec, const float *memory, const kvmem_tensor *k, float *scores)',
+  'kvmem_status kvmem_kvstore_create_v2(const kvmem_model_spec_v2 *spec, const kvmem_kvstore_params *params, _Out_ kvmem_kvstore **out)',
+  'kvmem_status kvmem_qmem_head_apply_v2(const kvmem_qmem_head *head, const kvmem_model_spec_v2 *spec, const float *memory, const kvmem_tensor *k, const float *rule, int64_t span_begin, int64_t span_end, float *scores_out)',
+  'kvmem_status kvmem_snapkv_score_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec, const kvmem_tensor *q_obs, const kvmem_tensor *k, int32_t pool_kernel, float *scores)',
   'kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, void *errbuf, size_t errbuf_size)',
   'kvmem_status kvmem_agent_append_errbuf(kvmem_agent *agent, const kvmem_tensor *k, const kvmem_tensor *v, const kvmem_append_params *params, void *errbuf, size_t errbuf_size)',
   'kvmem_status kvmem_agent_read_errbuf(kvmem_agent *agent, int64_t first_token, int64_t n_tokens, const kvmem_tensor *k_out, const kvmem_tensor *v_out, void *errbuf, size_t errbuf_size)',

@@ -20,6 +20,7 @@ kvmem_status kvmem_pool_params_init(kvmem_pool_params *params, size_t struct_siz
     p.max_tokens_per_agent = 0;
     p.store_dir = NULL;
     p.host_budget_bytes = 0;
+    p.device_capacity_bytes = 0;
     return KVM_PARAMS_INIT(kvmem_pool_params, params, struct_size, &p, "kvmem_pool_params_init");
 }
 
@@ -100,6 +101,9 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     p->row_elems = (size_t)spec->n_kv_heads * (size_t)spec->head_dim;
     p->layer_elems_bs = p->row_elems * (size_t)bs;
     pthread_mutex_init(&p->mu, NULL);
+    atomic_init(&p->dev_bytes, 0);
+    atomic_init(&p->dev_evictions, 0);
+    atomic_init(&p->dev_unmirrored, 0);
     *out = p;
     return KVMEM_OK;
 }
@@ -668,6 +672,24 @@ static kvmem_status pool_remove_agent_call(kvmem_pool *p, const char *id) {
 kvmem_status kvmem_pool_get_info(kvmem_pool *p, kvmem_pool_info *out) {
     int own = p ? kvm_err_begin(&p->err) : 0;
     kvmem_status st = pool_get_info_call(p, out);
+    kvm_err_end(own);
+    return st;
+}
+
+static kvmem_status pool_device_stats_call(kvmem_pool *p, uint64_t *bytes, uint64_t *evictions, uint64_t *unmirrored) {
+    if (!p) return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_device_stats: pool is NULL");
+    if (!bytes && !evictions && !unmirrored)
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "kvmem_pool_device_stats: mirror_bytes, evictions and unmirrored are all NULL");
+    if (bytes) *bytes = atomic_load(&p->dev_bytes);
+    if (evictions) *evictions = atomic_load(&p->dev_evictions);
+    if (unmirrored) *unmirrored = atomic_load(&p->dev_unmirrored);
+    return KVMEM_OK;
+}
+
+kvmem_status kvmem_pool_device_stats(kvmem_pool *p, uint64_t *mirror_bytes, uint64_t *evictions,
+                                     uint64_t *unmirrored) {
+    int own = p ? kvm_err_begin(&p->err) : 0;
+    kvmem_status st = pool_device_stats_call(p, mirror_bytes, evictions, unmirrored);
     kvm_err_end(own);
     return st;
 }

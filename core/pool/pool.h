@@ -98,6 +98,11 @@ struct kvmem_pool {
     uint64_t spare_bytes;
     void *spare_aabb; /* one freed AABB array (kvm_agent_grow_blocks), its bytes in spare_aabb_bytes */
     uint64_t spare_aabb_bytes;
+    /* the agents' device-resident mirrors (resident.h): device bytes they
+     * hold, against params.device_capacity_bytes. Admission and eviction
+     * run under mu; a drop subtracts without it (spills drop under mu) */
+    _Atomic uint64_t dev_bytes;
+    _Atomic uint64_t dev_evictions, dev_unmirrored; /* kvmem_pool_device_stats */
 };
 
 /* Validate a handle: KVMEM_OK, or KVMEM_ERR_INVALID_ARG / KVMEM_ERR_CLOSED

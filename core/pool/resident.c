@@ -27,6 +27,7 @@ static void free_bufs(kvm_resident *r) {
 
 void kvm_resident_drop(kvm_agent_mem *m) {
     if (!m->res) return;
+    if (m->res->pool) atomic_fetch_sub(&m->res->pool->dev_bytes, m->res->bytes);
     free_bufs(m->res);
     kvm_free(m->res);
     m->res = NULL;
@@ -56,17 +57,55 @@ static kvmem_dtype box_dtype(const kvmem_pool *p) {
     return kvm_aabb_esize(p) == 2 && p->row_elems % 2 == 0 ? KVMEM_F16 : KVMEM_F32;
 }
 
+/* Room for `bytes` more device bytes in p's mirrors (counted when it says 1):
+ * within device_capacity_bytes after evicting closed agents' mirrors, least
+ * recently used first. self (whose mirror this is for) is never evicted;
+ * neither is an open agent's, which a call on another thread may be reading. */
+static int admit(kvmem_pool *p, const kvm_agent_mem *self, uint64_t bytes) {
+    const uint64_t cap = p->params.device_capacity_bytes;
+    if (!cap) {
+        atomic_fetch_add(&p->dev_bytes, bytes);
+        return 1;
+    }
+    if (bytes > cap) return 0;
+    int ok = 0;
+    pthread_mutex_lock(&p->mu); /* closed agents change only under it; admissions are serialised */
+    for (;;) {
+        const uint64_t used = atomic_load(&p->dev_bytes);
+        if (used <= cap && bytes <= cap - used) {
+            atomic_fetch_add(&p->dev_bytes, bytes);
+            ok = 1;
+            break;
+        }
+        kvm_agent_mem *lru = NULL;
+        for (int32_t i = 0; i < p->n_agents; i++) {
+            kvm_agent_mem *a = p->agents[i];
+            /* handle first: an open agent's res is its own thread's to change */
+            if (a != self && !a->handle && a->res && (!lru || a->lru_tick < lru->lru_tick)) lru = a;
+        }
+        if (!lru) break;
+        kvm_resident_drop(lru);
+        atomic_fetch_add(&p->dev_evictions, 1);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return ok;
+}
+
 static kvmem_status alloc(kvm_resident *r, size_t bytes, kvmem_buffer **out) {
     kvmem_status st = r->be->iface->buffer_alloc(r->be, bytes, out);
     if (st == KVMEM_OK) r->bytes += bytes;
     return st;
 }
 
-/* A fresh, empty mirror with room for cap_blocks blocks and cap_tok slots. */
-static kvmem_status create(const kvmem_pool *p, kvmem_backend *be, int32_t cap_blocks, int64_t cap_tok,
-                           kvm_resident **out) {
+/* A fresh, empty mirror of m with room for cap_blocks blocks and cap_tok
+ * slots; KVMEM_ERR_UNSUPPORTED (no message) when it does not fit the
+ * pool's device capacity. */
+static kvmem_status create(const kvmem_pool *p, const kvm_agent_mem *m, kvmem_backend *be, int32_t cap_blocks,
+                           int64_t cap_tok, kvm_resident **out) {
     const size_t L = (size_t)p->spec.n_layers, row = p->row_elems, BS = (size_t)p->params.block_size;
     const size_t rot = (size_t)p->rope.rotary_dim;
+    kvmem_pool *pool = (kvmem_pool *)(uintptr_t)p; /* its mirror accounting only */
+    size_t want = 0;
     kvm_resident *r = kvm_calloc(1, sizeof *r);
     if (!r) return kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror");
     r->be = be;
@@ -83,14 +122,22 @@ static kvmem_status create(const kvmem_pool *p, kvmem_backend *be, int32_t cap_b
         st = kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror's tables of %zu layers", L);
         goto fail;
     }
-    size_t ab, kb, cb;
+    size_t ab, kb, cb, kv;
+    const size_t small = (size_t)cap_tok * 4 + 2 * BS * row * sizeof(float); /* ident, tk, tv */
     if (!kvm_mul_size((size_t)cap_blocks, L * row * kvm_dtype_size(r->box_dtype), &ab) ||
         !kvm_mul_size((size_t)cap_tok, row * kvm_dtype_size(r->dtype), &kb) ||
-        !kvm_mul_size((size_t)cap_tok + 1, rot * sizeof(float), &cb)) {
+        !kvm_mul_size((size_t)cap_tok + 1, rot * sizeof(float), &cb) || !kvm_mul_size(2 * L, kb, &kv) ||
+        !kvm_add_size(kv, 2 * ab, &want) || !kvm_add_size(want, small + (rot ? cb : 0), &want)) {
         st = kvm_fail(KVMEM_ERR_NOMEM, "resident blocks: out of memory for the mirror of %lld tokens on backend %s (size overflows)",
                       (long long)cap_tok, be->iface->name);
         goto fail;
     }
+    /* the buffers below, counted against the pool's device capacity first */
+    if (!admit(pool, m, want)) {
+        st = KVMEM_ERR_UNSUPPORTED;
+        goto fail;
+    }
+    r->pool = pool;
     if ((st = alloc(r, ab, &r->smax)) != KVMEM_OK || (st = alloc(r, ab, &r->smin)) != KVMEM_OK ||
         (st = alloc(r, (size_t)cap_tok * 4, &r->ident)) != KVMEM_OK ||
         (st = alloc(r, BS * row * sizeof(float), &r->tk)) != KVMEM_OK ||
@@ -109,9 +156,12 @@ static kvmem_status create(const kvmem_pool *p, kvmem_backend *be, int32_t cap_b
         goto fail;
     }
     kvm_free(ident);
+    if (r->bytes != want) /* the count admitted is the buffers' bytes, kept exact */
+        atomic_fetch_add(&pool->dev_bytes, (uint64_t)r->bytes - (uint64_t)want);
     *out = r;
     return KVMEM_OK;
 fail:
+    if (r->pool) atomic_fetch_sub(&r->pool->dev_bytes, want);
     kvm_free(ident);
     free_bufs(r);
     kvm_free(r);
@@ -192,8 +242,12 @@ kvmem_status kvm_resident_sync(const kvmem_pool *p, kvm_agent_mem *m, kvmem_back
         /* room to grow: doubling keeps the re-uploads amortised */
         cb = KVM_MAX(cb, 2 * (size_t)m->n_sealed);
         ct = KVM_MAX(ct, 2 * (size_t)need_tok);
-        kvmem_status st = create(p, be, (int32_t)KVM_MIN(cb, (size_t)INT32_MAX), (int64_t)KVM_MIN(ct, (size_t)INT32_MAX),
-                                 &m->res);
+        kvmem_status st = create(p, m, be, (int32_t)KVM_MIN(cb, (size_t)INT32_MAX),
+                                 (int64_t)KVM_MIN(ct, (size_t)INT32_MAX), &m->res);
+        /* short of device capacity: the exact size, without room to grow */
+        if (st == KVMEM_ERR_UNSUPPORTED) st = create(p, m, be, KVM_MAX(m->n_sealed, 1), need_tok, &m->res);
+        if (st == KVMEM_ERR_UNSUPPORTED) /* served from the host copy this call */
+            atomic_fetch_add(&((kvmem_pool *)(uintptr_t)p)->dev_unmirrored, 1);
         if (st != KVMEM_OK) return st;
     }
     kvm_resident *r = m->res;
@@ -301,8 +355,12 @@ kvmem_status kvm_resident_recent_order(const kvmem_pool *p, kvm_resident *r, int
     if (!r->recent) { /* room for any n_tiles + n_sink of this mirror */
         const int64_t cap = 2 * (r->cap_tok / p->params.block_size + 2);
         if (cap > INT32_MAX) return KVMEM_ERR_UNSUPPORTED;
-        if ((st = alloc(r, (size_t)cap * 4, &r->recent)) != KVMEM_OK)
+        /* past the device capacity the caller uploads its order per call */
+        if (!r->pool || !admit(r->pool, NULL, (uint64_t)cap * 4)) return KVMEM_ERR_UNSUPPORTED;
+        if ((st = alloc(r, (size_t)cap * 4, &r->recent)) != KVMEM_OK) {
+            atomic_fetch_sub(&r->pool->dev_bytes, (uint64_t)cap * 4);
             return dev_failed(r->be, "allocating the RECENT tile order", st);
+        }
         r->recent_cap = (int32_t)cap;
         r->recent_at = 0;
         r->recent_s = 0;
@@ -310,6 +368,7 @@ kvmem_status kvm_resident_recent_order(const kvmem_pool *p, kvm_resident *r, int
             r->be->iface->buffer_free(r->be, r->recent);
             r->recent = NULL;
             r->bytes -= (size_t)cap * 4;
+            atomic_fetch_sub(&r->pool->dev_bytes, (uint64_t)cap * 4);
             return st;
         }
     }

@@ -36,6 +36,13 @@
  * keeps whole (kvm_resident_truncate). Growing past the capacity
  * reallocates at twice the size and uploads again from the host
  * (amortised: each block is uploaded O(1) times).
+ * Device capacity (kvmem_pool_params.device_capacity_bytes): every buffer
+ * counts in the pool's dev_bytes. A mirror that would take the pool past
+ * it first evicts closed agents' mirrors (least recently used first; an
+ * open agent's mirror may be in use on another thread), then tries the
+ * exact size instead of twice it; when it still does not fit, the agent
+ * has no mirror and the sync says KVMEM_ERR_UNSUPPORTED, which every
+ * caller takes as "serve from the host copy" (staged per call or the CPU).
  * Used under the agent's handle (one call at a time per agent). */
 #ifndef KVMEM_POOL_RESIDENT_H
 #define KVMEM_POOL_RESIDENT_H
@@ -58,6 +65,7 @@ typedef struct kvm_resident {
     kvmem_buffer *recent;
     int32_t recent_cap, recent_at, recent_s; /* the sink ids sit at [recent_at, recent_at + recent_s) */
     uint64_t bytes;        /* device bytes the buffers above hold */
+    struct kvmem_pool *pool; /* whose dev_bytes counts them */
 } kvm_resident;
 
 /* The backend a device path of p's context runs on, or NULL on a CPU

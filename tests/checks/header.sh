@@ -15,7 +15,7 @@ done
 
 # The parts kvmem.h's "Experimental" section lists, by name: none may be
 # declared outside it, and the section may hold nothing else.
-experimental='^kvmem_(qmem_head_|streaming_keep$|h2o_|snapkv_|segments_|cluster_kmeans$|kmeans_|multihop_|load_plan|agent_open_file$|context_transfer_|arrange$|window_split$|tensor_init_device$|context_vulkan_device$)'
+experimental='^kvmem_(qmem_head_|streaming_keep$|h2o_|snapkv_|segments_|cluster_kmeans$|kmeans_|multihop_|load_plan|agent_open_file$|context_transfer_|pool_device_stats$|arrange$|window_split$|tensor_init_device$|context_vulkan_device$)'
 stable=$(bash "$src/tests/util/api_names.sh" "$src" "$cc" stable)
 all=$(bash "$src/tests/util/api_names.sh" "$src" "$cc" all)
 section=$(comm -13 <(echo "$stable") <(echo "$all"))

@@ -647,6 +647,150 @@ static void session_source_v2_is_the_same_source(void **state) {
     kvmem_qmem_store_free(store);
 }
 
+/* kvmem_model_spec_v2: the defaults of the frozen spec, written only to the
+ * caller's bytes; every _v2 call does what the frozen call does with the
+ * same spec (outputs equal bit for bit, the same refusals); struct_size
+ * read as a params struct's. */
+static void fields_equal(const kvmem_model_spec_v2 *v, const kvmem_model_spec *s) {
+    assert_int_equal(v->n_layers, s->n_layers);
+    assert_int_equal(v->n_q_heads, s->n_q_heads);
+    assert_int_equal(v->n_kv_heads, s->n_kv_heads);
+    assert_int_equal(v->head_dim, s->head_dim);
+    assert_int_equal(v->rotary_dim, s->rotary_dim);
+    assert_int_equal(v->rope_style, s->rope_style);
+    assert_int_equal(v->rope_scaling, s->rope_scaling);
+    assert_int_equal(v->rope_original_max_pos, s->rope_original_max_pos);
+    assert_true(v->rope_theta == s->rope_theta && v->rope_factor == s->rope_factor);
+    assert_true(v->rope_low_freq_factor == s->rope_low_freq_factor);
+    assert_true(v->rope_high_freq_factor == s->rope_high_freq_factor);
+    assert_true(v->yarn_beta_fast == s->yarn_beta_fast && v->yarn_beta_slow == s->yarn_beta_slow);
+    assert_true(v->yarn_attn_factor == s->yarn_attn_factor);
+    assert_string_equal(v->model_id, s->model_id);
+}
+
+typedef struct newer_model_spec {
+    kvmem_model_spec_v2 now;
+    double added;
+} newer_model_spec;
+
+static void model_spec_v2_is_the_same_spec(void **state) {
+    (void)state;
+    kvmem_model_spec_v2 v;
+    memset(&v, 0x5a, sizeof v);
+    assert_ok(kvmem_model_spec_v2_init(&v, sizeof v));
+    assert_int_equal(v.struct_size, sizeof v);
+    const kvmem_model_spec d = kvmem_model_spec_default();
+    fields_equal(&v, &d);
+    assert_null(v.layer_window);
+    /* an older caller's struct (up to rope_theta) ends before a guard page */
+    guarded g;
+    const size_t old_size = offsetof(kvmem_model_spec_v2, rope_theta);
+    kvmem_model_spec_v2 *o = guarded_tail(&g, old_size);
+    assert_ok(kvmem_model_spec_v2_init(o, old_size));
+    assert_int_equal(o->struct_size, old_size);
+    assert_int_equal(o->head_dim, d.head_dim);
+    assert_int_equal(o->rope_original_max_pos, d.rope_original_max_pos);
+    guarded_free(&g);
+    assert_status(kvmem_model_spec_v2_init(NULL, sizeof v), KVMEM_ERR_INVALID_ARG, "NULL");
+    assert_status(kvmem_model_spec_v2_init(&v, 0), KVMEM_ERR_INVALID_ARG, "struct_size is 0");
+
+    /* the same spec both ways, every RoPE field away from its default */
+    const int32_t window[L] = {0, 6};
+    kvmem_model_spec s1 = tu_spec(L, D);
+    s1.rope_scaling = KVMEM_ROPE_SCALING_LLAMA3;
+    s1.rope_factor = 8.0, s1.rope_low_freq_factor = 1.5, s1.rope_high_freq_factor = 3.0;
+    s1.rope_original_max_pos = 64, s1.rope_theta = 5000.0, s1.rotary_dim = D - 2;
+    s1.layer_window = window;
+    snprintf(s1.model_id, sizeof s1.model_id, "v2-model");
+    assert_ok(kvmem_model_spec_v2_init(&v, sizeof v));
+    v.n_layers = s1.n_layers, v.n_q_heads = s1.n_q_heads, v.n_kv_heads = s1.n_kv_heads, v.head_dim = s1.head_dim;
+    v.rotary_dim = s1.rotary_dim, v.rope_style = s1.rope_style, v.rope_theta = s1.rope_theta;
+    v.rope_scaling = s1.rope_scaling, v.rope_factor = s1.rope_factor;
+    v.rope_low_freq_factor = s1.rope_low_freq_factor, v.rope_high_freq_factor = s1.rope_high_freq_factor;
+    v.rope_original_max_pos = s1.rope_original_max_pos, v.layer_window = window;
+    snprintf(v.model_id, sizeof v.model_id, "v2-model");
+    fields_equal(&v, &s1);
+    assert_ok(kvmem_model_spec_validate_v2(&v));
+
+    float x1[3 * D], x2[3 * D];
+    uint64_t rng = 11;
+    tu_fill_kv(x1, 3 * D, &rng);
+    memcpy(x2, x1, sizeof x1);
+    const int32_t pos[3] = {0, 17, 1000};
+    assert_ok(kvmem_rope_apply(&s1, x1, 3, D, pos, 0));
+    assert_ok(kvmem_rope_apply_v2(&v, x2, 3, D, pos, 0));
+    assert_memory_equal(x1, x2, sizeof x1);
+
+    kvmem_context *ctx = tu_context(1);
+    kvmem_pool *p1, *p2;
+    assert_ok(kvmem_pool_create(ctx, &s1, NULL, &p1));
+    assert_ok(kvmem_pool_create_v2(ctx, &v, NULL, &p2));
+    kvmem_model_spec got1;
+    kvmem_model_spec_v2 got2;
+    assert_ok(kvmem_pool_get_spec(p2, &got1));
+    fields_equal(&v, &got1);
+    assert_ok(kvmem_model_spec_v2_init(&got2, sizeof got2));
+    assert_ok(kvmem_pool_get_spec_v2(p1, &got2));
+    fields_equal(&got2, &s1);
+    assert_memory_equal(got2.layer_window, window, sizeof window); /* the pool's copy */
+    kvmem_pool_free(p1);
+    kvmem_pool_free(p2);
+
+    /* the rule score and SnapKV: equal outputs */
+    v.layer_window = NULL, s1.layer_window = NULL;
+    enum { N = 24, W = 8 };
+    static float k[L * N * H * D], q[W * L * HQ * D], mem[L * HQ * D];
+    float a[N], b[N];
+    tu_fill_kv(k, sizeof k / sizeof *k, &rng);
+    tu_fill_kv(q, sizeof q / sizeof *q, &rng);
+    tu_fill_kv(mem, sizeof mem / sizeof *mem, &rng);
+    kvmem_tensor kt, qt;
+    assert_ok(kvmem_tensor_init(&kt, k, KVMEM_F32, 4, (int64_t[]){L, N, H, D}));
+    assert_ok(kvmem_tensor_init(&qt, q, KVMEM_F32, 4, (int64_t[]){W, L, HQ, D}));
+    assert_ok(kvmem_qmem_score(ctx, &s1, mem, &kt, a));
+    assert_ok(kvmem_qmem_score_v2(ctx, &v, mem, &kt, b));
+    assert_memory_equal(a, b, sizeof a);
+    assert_ok(kvmem_snapkv_score(ctx, &s1, &qt, &kt, 7, a));
+    assert_ok(kvmem_snapkv_score_v2(ctx, &v, &qt, &kt, 7, b));
+    assert_memory_equal(a, b, sizeof a);
+    kvmem_qmem_store *qs;
+    kvmem_kvstore *ks;
+    assert_ok(kvmem_qmem_store_create_v2(&v, NULL, &qs));
+    kvmem_qmem_store_free(qs);
+    assert_ok(kvmem_kvstore_create_v2(&v, NULL, &ks));
+    kvmem_kvstore_free(ks);
+
+    /* the same refusal as the frozen form */
+    char m1[512];
+    s1.n_q_heads = 3, v.n_q_heads = 3;
+    assert_int_equal(kvmem_model_spec_validate(&s1), KVMEM_ERR_INVALID_ARG);
+    snprintf(m1, sizeof m1, "%s", kvmem_last_error());
+    assert_status(kvmem_model_spec_validate_v2(&v), KVMEM_ERR_INVALID_ARG, m1);
+    assert_status(kvmem_pool_create_v2(ctx, &v, NULL, &p2), KVMEM_ERR_INVALID_ARG, "n_q_heads 3");
+    v.n_q_heads = HQ;
+    /* a newer binary's struct: a zero tail taken, a set one refused, before anything is made */
+    newer_model_spec nw;
+    memset(&nw, 0, sizeof nw);
+    nw.now = v;
+    nw.now.struct_size = sizeof nw;
+    assert_ok(kvmem_model_spec_validate_v2(&nw.now));
+    nw.added = 1.0;
+    p2 = NULL;
+    assert_status(kvmem_pool_create_v2(ctx, &nw.now, NULL, &p2), KVMEM_ERR_UNSUPPORTED, "kvmem_model_spec_v2 has");
+    assert_null(p2);
+    char msg[512];
+    kvmem_context_last_error(ctx, msg, sizeof msg);
+    assert_non_null(strstr(msg, "kvmem_pool_create_v2"));
+    /* sizes no version has, NULL */
+    v.struct_size = 0;
+    assert_status(kvmem_rope_apply_v2(&v, x2, 3, D, pos, 0), KVMEM_ERR_INVALID_ARG,
+                  "kvmem_model_spec_v2.struct_size is 0: start from kvmem_model_spec_v2_init()");
+    v.struct_size = 12;
+    assert_status(kvmem_snapkv_score_v2(ctx, &v, &qt, &kt, 7, b), KVMEM_ERR_INVALID_ARG, "is not the size of any version");
+    assert_status(kvmem_qmem_score_v2(ctx, NULL, mem, &kt, b), KVMEM_ERR_INVALID_ARG, "model spec is NULL");
+    kvmem_context_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_default_params_sets_struct_size),
@@ -660,6 +804,7 @@ int main(void) {
         cmocka_unit_test(reserved_fields_must_be_zero),
         cmocka_unit_test(attend_source_v2_is_the_same_source),
         cmocka_unit_test(session_source_v2_is_the_same_source),
+        cmocka_unit_test(model_spec_v2_is_the_same_spec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,9 +116,10 @@ static int teardown(void **state) {
         }                                            \
     } while (0)
 
-/* Append tokens [t0, t0 + n) to both agents: keys carry a per-block offset
- * direction so block scores are far apart (no near ties at the top-k cut). */
-static void append_both(int64_t t0, int n, uint64_t *rng) {
+/* Append tokens [t0, t0 + n) to each of the n_ags agents: keys carry a
+ * per-block offset direction so block scores are far apart (no near ties at
+ * the top-k cut). */
+static void append_to(kvmem_agent *const *ags, int n_ags, int64_t t0, int n, uint64_t *rng) {
     size_t cnt = (size_t)L * (size_t)n * H * D;
     float *k = malloc(cnt * 4), *v = malloc(cnt * 4);
     for (size_t l = 0; l < L; l++)
@@ -135,10 +136,14 @@ static void append_both(int64_t t0, int n, uint64_t *rng) {
     kvmem_tensor kt, vt;
     assert_ok(kvmem_tensor_init(&kt, k, KVMEM_F32, 4, sh));
     assert_ok(kvmem_tensor_init(&vt, v, KVMEM_F32, 4, sh));
-    assert_ok(kvmem_agent_append(g_cpu.ag, &kt, &vt, NULL));
-    assert_ok(kvmem_agent_append(g_dev.ag, &kt, &vt, NULL));
+    for (int i = 0; i < n_ags; i++) assert_ok(kvmem_agent_append(ags[i], &kt, &vt, NULL));
     free(k);
     free(v);
+}
+
+static void append_both(int64_t t0, int n, uint64_t *rng) {
+    kvmem_agent *ags[2] = {g_cpu.ag, g_dev.ag};
+    append_to(ags, 2, t0, n, rng);
 }
 
 typedef struct step_out {
@@ -515,12 +520,119 @@ static void test_exclude_base_truncate_move_o1(void **state) {
     assert_true(b.up[0] == q_up && b.up[2] == attend_up(3));
 }
 
+/* kvmem_pool_device_stats of p: mirror bytes, evictions, unmirrored. */
+static void dev_stats(kvmem_pool *p, uint64_t out[3]) { assert_ok(kvmem_pool_device_stats(p, &out[0], &out[1], &out[2])); }
+
+/* A pool with the given device capacity on ctx (f16, as the sides'), agents
+ * ids[0..n) open in ags. */
+static kvmem_pool *capped_pool(kvmem_context *ctx, uint64_t capacity, const char *const *ids, int n, kvmem_agent **ags) {
+    kvmem_model_spec sp = tu_spec(L, D);
+    kvmem_pool_params pp = kvmem_pool_default_params();
+    pp.block_size = BS;
+    pp.storage_dtype = KVMEM_F16;
+    pp.device_capacity_bytes = capacity;
+    kvmem_pool *p = NULL;
+    assert_ok(kvmem_pool_create(ctx, &sp, &pp, &p));
+    for (int i = 0; i < n; i++) assert_ok(kvmem_agent_open(p, ids[i], &ags[i]));
+    return p;
+}
+
+/* One decode step on s equal to the CPU side's step on c. */
+static void step_equal(side *c, side *s, uint64_t seed, const kvmem_attend_params *ap) {
+    step_out co, so;
+    step_bytes b;
+    memset(&co, 0, sizeof co);
+    memset(&so, 0, sizeof so);
+    decode_step(c, seed, ap, &co, &b);
+    decode_step(s, seed, ap, &so, &b);
+    assert_equal_steps(&co, &so);
+    step_free(&co);
+    step_free(&so);
+}
+
+/* device_capacity_bytes: the mirror's bytes are those resident.h's layout
+ * gives (computed here from the shapes); at the limit a closed agent's
+ * mirror gives way, an open one's does not, and an agent whose mirror does
+ * not fit is served from the host copy with the CPU context's results; the
+ * bytes held never pass the capacity. A CPU context holds none. */
+static void test_device_capacity_bounds_the_mirrors(void **state) {
+    (void)state;
+    NEED_VULKAN();
+    const int T = 8 * BS + TAIL;
+    const kvmem_attend_params ap = full_attention();
+    static const char *const ids[2] = {"a", "b"};
+    kvmem_agent *ref_ag[1], *cap_ag[2];
+    kvmem_pool *ref = capped_pool(g_cpu.ctx, 1, ids, 1, ref_ag); /* a CPU context ignores the capacity */
+    /* the exact-size mirror of T tokens: f16 boxes (smax, smin) of every
+     * sealed block, f16 K and V of every layer for the sealed tokens and the
+     * tail's slots, the slot map, the tail's f32 K and V rows, cos/sin rows
+     * for position 0.. and the base (rotary_dim = head_dim), and RECENT's
+     * tile list, 2 * (slots / BS + 2) ids, made when the stop rule first needs it */
+    const uint64_t nb = T / BS, nt = nb * BS + BS;
+    const uint64_t recent = 2 * (nt / BS + 2) * 4;
+    const uint64_t exact = 2 * nb * L * H * D * 2 + 2ull * L * nt * H * D * 2 + nt * 4 + 2ull * BS * H * D * 4 +
+                           (nt + 1) * D * 4 + recent;
+    kvmem_pool *cap = capped_pool(g_dev.ctx, exact, ids, 2, cap_ag);
+    uint64_t rng = 21;
+    kvmem_agent *all[3] = {ref_ag[0], cap_ag[0], cap_ag[1]};
+    append_to(all, 3, 0, T, &rng);
+    side c = {g_cpu.ctx, ref, ref_ag[0]}, a = {g_dev.ctx, cap, cap_ag[0]}, b = {g_dev.ctx, cap, cap_ag[1]};
+    uint64_t st[3];
+    /* a's mirror: twice its size does not fit, the exact size does */
+    step_equal(&c, &a, 201, &ap);
+    dev_stats(cap, st);
+    assert_true(st[0] == exact - recent && st[1] == 0 && st[2] == 0); /* full attention reads in order */
+    kvmem_attend_params stop = ap; /* the stop rule on: RECENT's tile list becomes resident */
+    stop.tau_s = 0.05f;
+    stop.tau_d = 0.01f;
+    stop.patience = 2;
+    step_equal(&c, &a, 206, &stop);
+    dev_stats(cap, st);
+    assert_true(st[0] == exact && st[1] == 0 && st[2] == 0);
+    /* b while a is open: no room, a's mirror stays; b is served from the host */
+    step_equal(&c, &b, 202, &ap);
+    dev_stats(cap, st);
+    assert_true(st[0] == exact && st[1] == 0 && st[2] > 0);
+    const uint64_t unmirrored = st[2];
+    step_equal(&c, &a, 203, &ap); /* a still resident: nothing new turned away */
+    dev_stats(cap, st);
+    assert_true(st[0] == exact && st[2] == unmirrored);
+    /* a closed: its mirror gives way to b's */
+    kvmem_agent_close(cap_ag[0]);
+    step_equal(&c, &b, 204, &ap);
+    dev_stats(cap, st);
+    assert_true(st[0] == exact - recent && st[1] == 1 && st[2] == unmirrored);
+    /* unlimited: the mirror has room to grow (twice the blocks and slots) */
+    kvmem_agent *big_ag[1];
+    kvmem_pool *big = capped_pool(g_dev.ctx, 0, ids, 1, big_ag);
+    rng = 21;
+    append_to(big_ag, 1, 0, T, &rng);
+    side g = {g_dev.ctx, big, big_ag[0]};
+    step_equal(&c, &g, 205, &ap);
+    dev_stats(big, st);
+    assert_true(st[0] > exact && st[1] == 0 && st[2] == 0);
+    /* a CPU context holds no mirror, whatever the capacity */
+    dev_stats(ref, st);
+    assert_true(st[0] == 0 && st[1] == 0 && st[2] == 0);
+    /* bad input */
+    assert_int_equal(kvmem_pool_device_stats(NULL, &st[0], NULL, NULL), KVMEM_ERR_INVALID_ARG);
+    assert_int_equal(kvmem_pool_device_stats(cap, NULL, NULL, NULL), KVMEM_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvmem_last_error(), "all NULL"));
+    kvmem_agent_close(big_ag[0]);
+    kvmem_agent_close(cap_ag[1]);
+    kvmem_agent_close(ref_ag[0]);
+    kvmem_pool_free(big);
+    kvmem_pool_free(cap);
+    kvmem_pool_free(ref);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_backend = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_step_moves_query_and_result_bytes),
         cmocka_unit_test(test_stop_rule_and_truncate_match_cpu),
         cmocka_unit_test(test_exclude_base_truncate_move_o1),
+        cmocka_unit_test(test_device_capacity_bounds_the_mirrors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

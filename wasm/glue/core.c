@@ -41,7 +41,8 @@ kvmem_status kvmw_int64_of(double v, const char *name, int64_t *out) {
     return KVMEM_OK;
 }
 
-/* kvmem_model_spec as KVMW_SPEC_N doubles, in the struct's order (kvmem.js
+/* The model spec (kvmem_model_spec_v2, the form that grows) as KVMW_SPEC_N
+ * doubles, in kvmem_model_spec's order (kvmem.js
  * SPEC_KEYS): n_layers, n_q_heads, n_kv_heads, head_dim, rotary_dim,
  * rope_style, rope_theta, rope_scaling, rope_factor, rope_low_freq_factor,
  * rope_high_freq_factor, rope_original_max_pos, yarn_beta_fast,
@@ -54,9 +55,10 @@ static const char *const k_spec_fields[KVMW_SPEC_N] = {
 /* layer_window: n_layers entries or NULL (the caller checked the count);
  * model_id: NULL for "". */
 static kvmem_status spec_in(const double *f, const int32_t *layer_window, const char *model_id,
-                            kvmem_model_spec *s) {
+                            kvmem_model_spec_v2 *s) {
     if (!f) return kvm_fail(KVMEM_ERR_INVALID_ARG, "spec is NULL");
-    *s = kvmem_model_spec_default();
+    kvmem_status init = kvmem_model_spec_v2_init(s, sizeof *s);
+    if (init != KVMEM_OK) return init;
     int32_t *ints[KVMW_SPEC_N] = {&s->n_layers, &s->n_q_heads, &s->n_kv_heads, &s->head_dim, &s->rotary_dim,
                                   NULL, NULL, NULL, NULL, NULL, NULL, &s->rope_original_max_pos};
     int32_t style = 0, scaling = 0;
@@ -89,7 +91,7 @@ static kvmem_status spec_in(const double *f, const int32_t *layer_window, const 
 /* f: KVMW_SPEC_N doubles; layer_window: s->n_layers entries written when the
  * spec has one (*has_window 1), else untouched; model_id: KVMEM_MAX_MODEL_ID
  * bytes. Either of the last three may be NULL. */
-static void spec_out(const kvmem_model_spec *s, double *f, int32_t *layer_window, int32_t *has_window,
+static void spec_out(const kvmem_model_spec_v2 *s, double *f, int32_t *layer_window, int32_t *has_window,
                      char *model_id) {
     const double v[KVMW_SPEC_N] = {s->n_layers, s->n_q_heads, s->n_kv_heads, s->head_dim, s->rotary_dim,
                                    s->rope_style, s->rope_theta, s->rope_scaling, s->rope_factor,
@@ -103,19 +105,22 @@ static void spec_out(const kvmem_model_spec *s, double *f, int32_t *layer_window
 
 kvmem_status kvmw_spec_defaults(double *f) {
     if (!f) return kvm_fail(KVMEM_ERR_INVALID_ARG, "out is NULL");
-    kvmem_model_spec s = kvmem_model_spec_default();
+    kvmem_model_spec_v2 s;
+    kvmem_status st = kvmem_model_spec_v2_init(&s, sizeof s);
+    if (st != KVMEM_OK) return st;
     spec_out(&s, f, NULL, NULL, NULL);
     return KVMEM_OK;
 }
 
 kvmem_status kvmw_spec_validate(const double *f, const int32_t *layer_window, const char *model_id) {
-    kvmem_model_spec s;
+    kvmem_model_spec_v2 s;
     kvmem_status st = spec_in(f, layer_window, model_id, &s);
-    return st != KVMEM_OK ? st : kvmem_model_spec_validate(&s);
+    return st != KVMEM_OK ? st : kvmem_model_spec_validate_v2(&s);
 }
 
 /* pp: block_size, storage_dtype, capacity_bytes, max_agents,
- * max_tokens_per_agent, host_budget_bytes (kvmem_pool_params but store_dir). */
+ * max_tokens_per_agent, host_budget_bytes, device_capacity_bytes
+ * (kvmem_pool_params but store_dir). */
 kvmem_status kvmw_pool_defaults(double *pp) {
     if (!pp) return kvm_fail(KVMEM_ERR_INVALID_ARG, "out is NULL");
     kvmem_pool_params p = kvmem_pool_default_params();
@@ -125,31 +130,35 @@ kvmem_status kvmw_pool_defaults(double *pp) {
     pp[3] = p.max_agents;
     pp[4] = p.max_tokens_per_agent;
     pp[5] = (double)p.host_budget_bytes;
+    pp[6] = (double)p.device_capacity_bytes;
     return KVMEM_OK;
 }
 
 kvmem_status kvmw_pool_create(kvmem_context *ctx, const double *spec, const int32_t *layer_window,
                               const char *model_id, const double *pp, kvmem_pool **out) {
-    kvmem_model_spec s;
+    kvmem_model_spec_v2 s;
     kvmem_status st = spec_in(spec, layer_window, model_id, &s);
     if (st != KVMEM_OK) return st;
     if (!pp) return kvm_fail(KVMEM_ERR_INVALID_ARG, "params is NULL");
     kvmem_pool_params p = kvmem_pool_default_params();
     int32_t dtype = 0;
-    int64_t capacity = 0, budget = 0;
+    int64_t capacity = 0, budget = 0, device = 0;
     if ((st = kvmw_int32_of(pp[0], "block_size", &p.block_size)) != KVMEM_OK ||
         (st = kvmw_int32_of(pp[1], "storage_dtype", &dtype)) != KVMEM_OK ||
         (st = kvmw_int64_of(pp[2], "capacity_bytes", &capacity)) != KVMEM_OK ||
         (st = kvmw_int32_of(pp[3], "max_agents", &p.max_agents)) != KVMEM_OK ||
         (st = kvmw_int32_of(pp[4], "max_tokens_per_agent", &p.max_tokens_per_agent)) != KVMEM_OK ||
-        (st = kvmw_int64_of(pp[5], "host_budget_bytes", &budget)) != KVMEM_OK)
+        (st = kvmw_int64_of(pp[5], "host_budget_bytes", &budget)) != KVMEM_OK ||
+        (st = kvmw_int64_of(pp[6], "device_capacity_bytes", &device)) != KVMEM_OK)
         return st;
     if (capacity < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "capacity_bytes must be >= 0");
     if (budget < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "host_budget_bytes must be >= 0");
+    if (device < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "device_capacity_bytes must be >= 0");
     p.storage_dtype = (kvmem_dtype)dtype;
     p.capacity_bytes = (uint64_t)capacity;
     p.host_budget_bytes = (uint64_t)budget;
-    return kvmem_pool_create(ctx, &s, &p, out);
+    p.device_capacity_bytes = (uint64_t)device;
+    return kvmem_pool_create_v2(ctx, &s, &p, out);
 }
 
 kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec) {
@@ -162,11 +171,25 @@ kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec) {
  * there is one, so a caller asks with cap 0 first and again when it is 1. */
 kvmem_status kvmw_pool_spec(kvmem_pool *pool, double *f, int32_t *layer_window, int32_t cap, int32_t *has_window,
                             char *model_id) {
-    kvmem_model_spec s;
-    kvmem_status st = kvmw_spec(pool, &s);
+    if (!pool) return kvm_fail(KVMEM_ERR_INVALID_ARG, "pool is NULL");
+    kvmem_model_spec_v2 s;
+    kvmem_status st = kvmem_model_spec_v2_init(&s, sizeof s);
+    if (st == KVMEM_OK) st = kvmem_pool_get_spec_v2(pool, &s);
     if (st != KVMEM_OK) return st;
     if (!f || !has_window || !model_id) return kvm_fail(KVMEM_ERR_INVALID_ARG, "an output is NULL");
     spec_out(&s, f, cap >= s.n_layers ? layer_window : NULL, has_window, model_id);
+    return KVMEM_OK;
+}
+
+/* out: mirror_bytes, evictions, unmirrored (kvmem_pool_device_stats). */
+kvmem_status kvmw_pool_device_stats(kvmem_pool *pool, double *out) {
+    if (!out) return kvm_fail(KVMEM_ERR_INVALID_ARG, "out is NULL");
+    uint64_t b = 0, e = 0, u = 0;
+    kvmem_status st = kvmem_pool_device_stats(pool, &b, &e, &u);
+    if (st != KVMEM_OK) return st;
+    out[0] = (double)b;
+    out[1] = (double)e;
+    out[2] = (double)u;
     return KVMEM_OK;
 }
 
@@ -279,11 +302,11 @@ kvmem_status kvmw_block_info(kvmem_agent *agent, int32_t block, double *out) {
 /* kvmem_rope_apply on a spec given as spec_in reads it. */
 kvmem_status kvmw_rope_apply(const double *spec, const int32_t *layer_window, const char *model_id, float *x,
                              int32_t n_rows, int32_t stride, const int32_t *positions, int32_t inverse) {
-    kvmem_model_spec s;
+    kvmem_model_spec_v2 s;
     kvmem_status st = spec_in(spec, layer_window, model_id, &s);
     if (st != KVMEM_OK) return st;
     if (n_rows < 0 || stride < 0) return kvm_fail(KVMEM_ERR_INVALID_ARG, "n_rows and stride must be >= 0");
-    return kvmem_rope_apply(&s, x, (size_t)n_rows, (size_t)stride, positions, inverse);
+    return kvmem_rope_apply_v2(&s, x, (size_t)n_rows, (size_t)stride, positions, inverse);
 }
 
 /* The generator of `kvmem demo` for the pool's model. 64-bit seeds travel

@@ -27,6 +27,7 @@ kvmem_status kvmw_spec(kvmem_pool *pool, kvmem_model_spec *spec);
 kvmem_status kvmw_pool_spec(kvmem_pool *pool, double *f, int32_t *layer_window, int32_t cap, int32_t *has_window,
                             char *model_id);
 kvmem_status kvmw_pool_info(kvmem_pool *pool, double *out);
+kvmem_status kvmw_pool_device_stats(kvmem_pool *pool, double *out);
 kvmem_status kvmw_agent_append(kvmem_pool *pool, kvmem_agent *agent, float *k, float *v, int32_t n_tokens,
                                const int32_t *token_ids, const char *text, int32_t text_len,
                                const int32_t *token_text_offsets, const int32_t *positions, int32_t keys_rotated);

@@ -134,9 +134,24 @@ throwsStatus(() => pool.agentOpen('z\0-evil'), Status.INVALID_ARG, 'agent id "z\
     JSON.stringify(i));
   check(JSON.stringify(km.modelSpec({ ...spec, ropeStyle: 'gptj', layerWindow: [0, 16], modelId: 'm' })) === JSON.stringify(s),
     'modelSpec fills in the defaults as the pool does');
+  // the module's context is the CPU's: no device mirror, whatever the capacity stated
+  const p3 = ctx.poolCreate(spec, { deviceCapacityBytes: 4096 });
+  check(JSON.stringify(p3.deviceStats()) === JSON.stringify({ mirrorBytes: 0, evictions: 0, unmirrored: 0 }) &&
+    JSON.stringify(p2.deviceStats()) === JSON.stringify(p3.deviceStats()), 'deviceStats: no mirror on the CPU', JSON.stringify(p3.deviceStats()));
+  p3.close();
+  throwsStatus(() => ctx.poolCreate(spec, { deviceCapacityBytes: -1 }), Status.INVALID_ARG, 'device_capacity_bytes',
+    'a negative deviceCapacityBytes is refused naming it');
   km.specValidate(spec);
   throwsStatus(() => km.specValidate({ ...spec, rotaryDim: 5 }), Status.INVALID_ARG, 'rotary_dim', 'specValidate names the wrong field');
   p2.close();
+  // the glue reads and writes kvmem_model_spec_v2: its defaults are those
+  // kvmem.h states (1 layer, 1 head, head_dim 64, NEOX, theta 10000, no scaling)
+  const d = km.modelSpec({});
+  const want = { nLayers: 1, nQHeads: 1, nKvHeads: 1, headDim: 64, rotaryDim: 0, ropeStyle: 0, ropeTheta: 10000, ropeScaling: 0,
+    ropeFactor: 1, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4, ropeOriginalMaxPos: 8192, yarnBetaFast: 32, yarnBetaSlow: 1,
+    yarnAttnFactor: 0 };
+  check(Object.entries(want).every(([k, v]) => d[k] === v) && !d.layerWindow && d.modelId === '',
+    'the spec defaults (kvmem_model_spec_v2_init) are the header\'s', JSON.stringify(d));
 }
 
 // keys: block j leans on channel j % D, so blocks differ

@@ -88,6 +88,7 @@ const CASES = [
   ['PoolParams.maxAgents', I32, (w, x) => w.ctx.poolCreate(spec, { maxAgents: x })],
   ['PoolParams.maxTokensPerAgent', I32, (w, x) => w.ctx.poolCreate(spec, { maxTokensPerAgent: x })],
   ['PoolParams.hostBudgetBytes', U64, (w, x) => w.ctx.poolCreate(spec, { hostBudgetBytes: x })],
+  ['PoolParams.deviceCapacityBytes', U64, (w, x) => w.ctx.poolCreate(spec, { deviceCapacityBytes: x })],
   ['Pool.agentId(index)', I32, (w, x) => w.pool.agentId(x)],
   ['AppendOptions.tokenIds', I32, (w, x) => w.a.append(w.k1, w.k1, { tokenIds: [x] }), 'tokenIds[0]'],
   ['AppendOptions.tokenTextOffsets', I32, (w, x) => w.a.append(w.k1, w.k1, { text: 'a', tokenTextOffsets: [x] }), 'tokenTextOffsets[0]'],

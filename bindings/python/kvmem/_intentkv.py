@@ -15,7 +15,7 @@ from . import _lib as L
 from ._errors import InvalidTypeError
 from ._cstr import c_id_or_none, c_path
 from ._info import KVStoreInfo, SlotMapInfo, from_struct
-from ._objects import Context, ModelSpec, _given, _Handle, _in_array, _params, _to_result
+from ._objects import SPEC_V2, Context, ModelSpec, _given, _Handle, _in_array, _params, _to_result, spec_v2
 from ._types import DTypeLike, FloatsLike, IntsLike, PathLike, SpecLike, TensorLike
 
 SESSION_EXPLICIT, SESSION_MARKED, SESSION_PREFIX, SESSION_LOCAL = 1, 2, 3, 4
@@ -64,7 +64,10 @@ class QmemStore(_Handle):
             params["lambda"] = params.pop("lambda_")
         qp = _params(L.kvmem_qmem_default_params(), "QmemStore()", params)
         h = c_void_p()
-        L.kvmem_qmem_store_create(byref(spec), byref(qp), byref(h))
+        if SPEC_V2:
+            L.kvmem_qmem_store_create_v2(byref(spec_v2(spec)), byref(qp), byref(h))
+        else:
+            L.kvmem_qmem_store_create(byref(spec), byref(qp), byref(h))
         self._init_handle(h.value, L.kvmem_qmem_store_free)
         self.spec = spec
 
@@ -134,7 +137,10 @@ def qmem_score(ctx: Context, spec: SpecLike, memory: FloatsLike, k: TensorLike, 
         n = kt.shape[1]
         out = _out_f32((n,))
         with B.View(out, True, "scores") as ov:
-            L.kvmem_qmem_score(ctx.handle, byref(spec), mp, byref(kt), ov.address)
+            if SPEC_V2:
+                L.kvmem_qmem_score_v2(ctx.handle, byref(spec_v2(spec)), mp, byref(kt), ov.address)
+            else:
+                L.kvmem_qmem_score(ctx.handle, byref(spec), mp, byref(kt), ov.address)
         return out
     finally:
         B.release(*held)
@@ -179,7 +185,12 @@ class QmemHead(_Handle):
             held.append(h)
             out = _out_f32((n,))
             with B.View(out, True, "scores") as ov:
-                L.kvmem_qmem_head_apply(self.handle, byref(spec), mp, byref(kt), rp, span_begin, span_end, ov.address)
+                if SPEC_V2:
+                    L.kvmem_qmem_head_apply_v2(self.handle, byref(spec_v2(spec)), mp, byref(kt), rp, span_begin,
+                                               span_end, ov.address)
+                else:
+                    L.kvmem_qmem_head_apply(self.handle, byref(spec), mp, byref(kt), rp, span_begin, span_end,
+                                            ov.address)
             return out
         finally:
             B.release(*held)
@@ -245,7 +256,11 @@ def snapkv_score(ctx: Context, spec: SpecLike, q_obs: TensorLike, k: TensorLike,
         held.append(kv)
         out = _out_f32((kt.shape[1],))
         with B.View(out, True, "scores") as ov:
-            L.kvmem_snapkv_score(ctx.handle, byref(spec), byref(qt), byref(kt), pool_kernel, ov.address)
+            if SPEC_V2:
+                L.kvmem_snapkv_score_v2(ctx.handle, byref(spec_v2(spec)), byref(qt), byref(kt), pool_kernel,
+                                        ov.address)
+            else:
+                L.kvmem_snapkv_score(ctx.handle, byref(spec), byref(qt), byref(kt), pool_kernel, ov.address)
         return out
     finally:
         B.release(*held)
@@ -263,7 +278,10 @@ class KVStore(_Handle):
         spec = ModelSpec.of(spec)
         kp = _params(L.kvmem_kvstore_default_params(), "KVStore()", params)
         h = c_void_p()
-        L.kvmem_kvstore_create(byref(spec), byref(kp), byref(h))
+        if SPEC_V2:
+            L.kvmem_kvstore_create_v2(byref(spec_v2(spec)), byref(kp), byref(h))
+        else:
+            L.kvmem_kvstore_create(byref(spec), byref(kp), byref(h))
         self._init_handle(h.value, L.kvmem_kvstore_free)
         self.spec = spec
         self._maps: "weakref.WeakSet[SlotMap]" = weakref.WeakSet()

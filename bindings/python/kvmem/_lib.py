@@ -139,10 +139,19 @@ class kvmem_model_spec(Structure):
                 ("layer_window", POINTER(c_int32)), ("model_id", c_char * MAX_MODEL_ID)]
 
 
+class kvmem_model_spec_v2(Structure):  # the frozen spec's fields after struct_size, ordered without padding
+    _fields_ = [("struct_size", c_size_t), ("layer_window", POINTER(c_int32)), ("n_layers", c_int32),
+                ("n_q_heads", c_int32), ("n_kv_heads", c_int32), ("head_dim", c_int32), ("rotary_dim", c_int32),
+                ("rope_style", c_enum), ("rope_scaling", c_enum), ("rope_original_max_pos", c_int32),
+                ("rope_theta", c_double), ("rope_factor", c_double), ("rope_low_freq_factor", c_double),
+                ("rope_high_freq_factor", c_double), ("yarn_beta_fast", c_double), ("yarn_beta_slow", c_double),
+                ("yarn_attn_factor", c_double), ("model_id", c_char * MAX_MODEL_ID)]
+
+
 class kvmem_pool_params(Structure):
     _fields_ = [("struct_size", c_size_t), ("block_size", c_int32), ("storage_dtype", c_enum), ("capacity_bytes", c_uint64),
                 ("max_agents", c_int32), ("max_tokens_per_agent", c_int32), ("store_dir", c_char_p),
-                ("host_budget_bytes", c_uint64)]
+                ("host_budget_bytes", c_uint64), ("device_capacity_bytes", c_uint64)]
 
 
 class kvmem_pool_info(Structure):
@@ -407,6 +416,8 @@ _d("int32_t kvmem_context_n_threads(const kvmem_context *ctx)", c_int32, ctx_p)
 _d("kvmem_status kvmem_context_transfer_stats(const kvmem_context *ctx, uint64_t *h2d_bytes, uint64_t *d2h_bytes)",
    STATUS, ctx_p, POINTER(c_uint64), POINTER(c_uint64))
 _d("kvmem_status kvmem_context_transfer_reset(kvmem_context *ctx)", STATUS, ctx_p)
+_d("kvmem_status kvmem_pool_device_stats(kvmem_pool *pool, uint64_t *mirror_bytes, uint64_t *evictions, "
+   "uint64_t *unmirrored)", STATUS, pool_p, POINTER(c_uint64), POINTER(c_uint64), POINTER(c_uint64))
 # (experimental) device tensors
 _d("kvmem_status kvmem_tensor_init_device(kvmem_tensor *out, const kvmem_device_memory *mem, kvmem_dtype dtype, "
    "int32_t ndim, const int64_t *shape)",
@@ -620,6 +631,28 @@ _d("kvmem_status kvmem_batch_merge(kvmem_agent *const *agents, int32_t n_agents,
    STATUS, POINTER(c_void_p), c_int32, c_int32, T_p, T_p, c_void_p)
 _d("kvmem_status kvmem_batch_extract(const kvmem_tensor *batch, int32_t row, int64_t length, int64_t first, "
    "int64_t n, const kvmem_tensor *out)", STATUS, T_p, c_int32, c_int64, c_int64, c_int64, T_p)
+# The model spec that grows (kvmem_model_spec_v2) and the _v2 forms of the calls that take a spec
+spec2_p = POINTER(kvmem_model_spec_v2)
+_d("kvmem_status kvmem_model_spec_v2_init(kvmem_model_spec_v2 *spec, size_t struct_size)", STATUS, spec2_p, c_size_t)
+_d("kvmem_status kvmem_model_spec_validate_v2(const kvmem_model_spec_v2 *spec)", STATUS, spec2_p)
+_d("kvmem_status kvmem_rope_apply_v2(const kvmem_model_spec_v2 *spec, float *x, size_t n_rows, size_t stride, "
+   "const int32_t *positions, int32_t inverse)", STATUS, spec2_p, c_void_p, c_size_t, c_size_t, c_void_p, c_int32)
+_d("kvmem_status kvmem_pool_create_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec, "
+   "const kvmem_pool_params *params, kvmem_pool **out)",
+   STATUS, ctx_p, spec2_p, POINTER(kvmem_pool_params), POINTER(pool_p))
+_d("kvmem_status kvmem_pool_get_spec_v2(kvmem_pool *pool, kvmem_model_spec_v2 *out)", STATUS, pool_p, spec2_p)
+_d("kvmem_status kvmem_qmem_store_create_v2(const kvmem_model_spec_v2 *spec, const kvmem_qmem_params *params, "
+   "kvmem_qmem_store **out)", STATUS, spec2_p, POINTER(kvmem_qmem_params), POINTER(qstore_p))
+_d("kvmem_status kvmem_qmem_score_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec, const float *memory, "
+   "const kvmem_tensor *k, float *scores)", STATUS, ctx_p, spec2_p, c_void_p, T_p, c_void_p)
+_d("kvmem_status kvmem_kvstore_create_v2(const kvmem_model_spec_v2 *spec, const kvmem_kvstore_params *params, "
+   "kvmem_kvstore **out)", STATUS, spec2_p, POINTER(kvmem_kvstore_params), POINTER(kvstore_p))
+_d("kvmem_status kvmem_qmem_head_apply_v2(const kvmem_qmem_head *head, const kvmem_model_spec_v2 *spec, "
+   "const float *memory, const kvmem_tensor *k, const float *rule, int64_t span_begin, int64_t span_end, "
+   "float *scores_out)", STATUS, qhead_p, spec2_p, c_void_p, T_p, c_void_p, c_int64, c_int64, c_void_p)
+_d("kvmem_status kvmem_snapkv_score_v2(kvmem_context *ctx, const kvmem_model_spec_v2 *spec, "
+   "const kvmem_tensor *q_obs, const kvmem_tensor *k, int32_t pool_kernel, float *scores)",
+   STATUS, ctx_p, spec2_p, T_p, T_p, c_int32, c_void_p)
 # Deprecated: the failure message in a caller buffer (kvmem_agent_last_error
 # and co replace them). Declared, not used.
 _d("kvmem_status kvmem_pool_sync_errbuf(kvmem_pool *pool, char *errbuf, size_t errbuf_size)",

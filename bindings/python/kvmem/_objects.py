@@ -167,12 +167,32 @@ class ModelSpec(L.kvmem_model_spec):
 
     def validate(self) -> None:
         """kvmem_model_spec_validate: raises InvalidArgumentError naming the bad field."""
-        L.kvmem_model_spec_validate(byref(self))
+        if SPEC_V2:
+            L.kvmem_model_spec_validate_v2(byref(spec_v2(self)))
+        else:
+            L.kvmem_model_spec_validate(byref(self))
 
     def __repr__(self) -> str:
         return (f"ModelSpec(n_layers={self.n_layers}, n_q_heads={self.n_q_heads}, "
                 f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
                 f"rope_theta={self.rope_theta:g}, model_id={_s(self.model_id)!r})")
+
+
+# The growable spec (kvmem_model_spec_v2) where the loaded library has it,
+# the frozen kvmem_model_spec against an older one: the same fields, the same
+# meaning, so ModelSpec keeps the frozen layout and is converted per call.
+SPEC_V2 = L.has_function("kvmem_model_spec_v2_init")
+
+
+def spec_v2(spec: "L.kvmem_model_spec") -> "L.kvmem_model_spec_v2":
+    """spec as kvmem_model_spec_v2: the library's defaults of this binding's
+    struct_size (kvmem_model_spec_v2_init), then every field the two share.
+    layer_window points at spec's array: keep spec alive for the call."""
+    v = L.kvmem_model_spec_v2()
+    L.kvmem_model_spec_v2_init(byref(v), ctypes.sizeof(v))
+    for name, _t in L.kvmem_model_spec._fields_:
+        setattr(v, name, getattr(spec, name))
+    return v
 
 
 def rope_apply(spec: SpecLike, x: OutTensor, positions: IntsLike, *, inverse: bool = False) -> None:
@@ -190,7 +210,11 @@ def rope_apply(spec: SpecLike, x: OutTensor, positions: IntsLike, *, inverse: bo
             raise InvalidTypeError("rope_apply: each row of x must be contiguous")
         pp, pk = B.int32s(positions, "positions", n_rows)
         try:
-            L.kvmem_rope_apply(byref(ModelSpec.of(spec)), t.data, n_rows, stride, pp, int(bool(inverse)))
+            cs = ModelSpec.of(spec)
+            if SPEC_V2:
+                L.kvmem_rope_apply_v2(byref(spec_v2(cs)), t.data, n_rows, stride, pp, int(bool(inverse)))
+            else:
+                L.kvmem_rope_apply(byref(cs), t.data, n_rows, stride, pp, int(bool(inverse)))
         finally:
             B.release(pk)
     finally:
@@ -342,7 +366,8 @@ class Context(_Handle):
     def pool_create(self, spec: SpecLike, *, block_size: Optional[int] = None,
                     storage_dtype: Union[str, int, None] = None, capacity_bytes: Optional[int] = None,
                     max_agents: Optional[int] = None, max_tokens_per_agent: Optional[int] = None,
-                    store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None) -> "Pool":
+                    store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None,
+                    device_capacity_bytes: Optional[int] = None) -> "Pool":
         """A Pool for spec (a ModelSpec or a dict of its fields); the parameters as Pool()."""
         params = _given(locals())
         del params["spec"]
@@ -360,13 +385,16 @@ class Pool(_Handle):
     block, a power of two), storage_dtype ("f16", "f32", "bf16", "q8", "q4",
     "q4_kivi" or a code), capacity_bytes (host memory for blocks, 0: no limit),
     max_agents, max_tokens_per_agent, store_dir (a directory where agents
-    persist), host_budget_bytes; None keeps kvmem_pool_default_params()'s value."""
+    persist), host_budget_bytes, device_capacity_bytes (device bytes the
+    agents' device-resident mirrors may hold, 0: no limit; see device_stats);
+    None keeps kvmem_pool_default_params()'s value."""
     _kind = "Pool"
 
     def __init__(self, ctx: Context, spec: SpecLike, *, block_size: Optional[int] = None,
                  storage_dtype: Union[str, int, None] = None, capacity_bytes: Optional[int] = None,
                  max_agents: Optional[int] = None, max_tokens_per_agent: Optional[int] = None,
-                 store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None) -> None:
+                 store_dir: Optional[PathLike] = None, host_budget_bytes: Optional[int] = None,
+                 device_capacity_bytes: Optional[int] = None) -> None:
         params = _given(locals())
         del params["ctx"], params["spec"]
         spec = ModelSpec.of(spec)
@@ -382,7 +410,10 @@ class Pool(_Handle):
                 val = c_path(val, "store_dir")  # C copies it at create
             setattr(pp, k, val)
         h = c_void_p()
-        L.kvmem_pool_create(ctx.handle, byref(spec), byref(pp), byref(h))
+        if SPEC_V2:
+            L.kvmem_pool_create_v2(ctx.handle, byref(spec_v2(spec)), byref(pp), byref(h))
+        else:
+            L.kvmem_pool_create(ctx.handle, byref(spec), byref(pp), byref(h))
         self._init_handle(h.value, L.kvmem_pool_free)
         self.context = ctx
         self._agents: "weakref.WeakSet[Agent]" = weakref.WeakSet()
@@ -418,12 +449,29 @@ class Pool(_Handle):
         L.kvmem_pool_get_info(self.handle, byref(info))
         return from_struct(PoolInfo, info)
 
+    def device_stats(self) -> Dict[str, int]:
+        """kvmem_pool_device_stats (experimental): {"mirror_bytes": device bytes
+        the agents' device-resident mirrors hold, "evictions": closed agents'
+        mirrors freed for room, "unmirrored": device calls served from the
+        host copy because a mirror did not fit device_capacity_bytes}."""
+        b, e, u = c_uint64(), c_uint64(), c_uint64()
+        L.kvmem_pool_device_stats(self.handle, byref(b), byref(e), byref(u))
+        return {"mirror_bytes": int(b.value), "evictions": int(e.value), "unmirrored": int(u.value)}
+
     def get_spec(self) -> "ModelSpec":
         """The pool's spec (a copy: layer_window, if any, is copied too)."""
-        raw = L.kvmem_model_spec()
-        L.kvmem_pool_get_spec(self.handle, byref(raw))
         spec = ModelSpec()
-        ctypes.memmove(byref(spec), byref(raw), ctypes.sizeof(raw))
+        if SPEC_V2:
+            raw = L.kvmem_model_spec_v2()
+            L.kvmem_model_spec_v2_init(byref(raw), ctypes.sizeof(raw))
+            L.kvmem_pool_get_spec_v2(self.handle, byref(raw))
+            for name, _t in L.kvmem_model_spec._fields_:
+                if name != "layer_window":
+                    setattr(spec, name, getattr(raw, name))
+        else:
+            raw = L.kvmem_model_spec()
+            L.kvmem_pool_get_spec(self.handle, byref(raw))
+            ctypes.memmove(byref(spec), byref(raw), ctypes.sizeof(raw))
         if raw.layer_window:
             spec.layer_window = list(raw.layer_window[:raw.n_layers])
         return spec

@@ -96,6 +96,7 @@ CASES = [
     ("Pool(max_agents)", I32, lambda w, x: w.ctx.pool_create(SPEC, max_agents=x)),
     ("Pool(max_tokens_per_agent)", I32, lambda w, x: w.ctx.pool_create(SPEC, max_tokens_per_agent=x)),
     ("Pool(host_budget_bytes)", U64, lambda w, x: w.ctx.pool_create(SPEC, host_budget_bytes=x)),
+    ("Pool(device_capacity_bytes)", U64, lambda w, x: w.ctx.pool_create(SPEC, device_capacity_bytes=x)),
     ("Pool.agent_id(index)", I32, lambda w, x: w.pool.agent_id(x)),
     ("Agent.append(token_ids)", I32, lambda w, x: w.agent.append(w.k[:, :1], w.k[:, :1], token_ids=[x])),
     ("Agent.append(token_text_offsets)", I32,
