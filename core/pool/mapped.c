@@ -24,80 +24,126 @@ static kvmem_status read_all(const kvm_mapped *mp, uint64_t off, void *dst, size
     return KVMEM_OK;
 }
 
-static kvmem_status read_raw(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
-                             int32_t n, float *dst) {
-    const kvm_mapped *mp = b->map;
+/* A run's parts in its buffer (kvm_mapped_fetch): codes, scales, biases of
+ * its n rows, then the per-channel scale and bias rows of KIVI keys; raw
+ * dtypes: the n rows as stored. */
+typedef struct run_layout {
+    kvm_qsection one; /* the layout of one row */
+    size_t codes, scales, biases, ch_scales, ch_biases, bytes;
+} run_layout;
+
+static run_layout layout_of(const kvmem_pool *p, int which, size_t n) {
     const kvmem_dtype dt = p->params.storage_dtype;
-    const size_t D = (size_t)p->spec.head_dim, es = kvm_dtype_size(dt), row_bytes = D * es;
-    /* layer_{l}_{k,v} is [H][ts][D]: the block's rows of head h are one run */
-    uint64_t off = mp->data_off + mp->raw_begin[(size_t)which * (size_t)p->spec.n_layers + (size_t)l] +
-                   ((uint64_t)h * mp->ts + (uint64_t)b->first_token + (uint64_t)row0) * row_bytes;
-    if (dt == KVMEM_F32) return read_all(mp, off, dst, (size_t)n * row_bytes);
-    _Alignas(64) unsigned char buf[KVM_MAP_BUF];
-    const size_t per = KVM_MAP_BUF / row_bytes;
-    for (size_t done = 0; done < (size_t)n;) {
-        size_t c = KVM_MIN(per, (size_t)n - done);
-        kvmem_status st = read_all(mp, off + done * row_bytes, buf, c * row_bytes);
-        if (st != KVMEM_OK) return st;
-        kvm_convert_host(dst + done * D, KVMEM_F32, buf, dt, c * D); /* exact: f16/bf16 -> f32 */
-        done += c;
+    const size_t D = (size_t)p->spec.head_dim;
+    run_layout r;
+    memset(&r, 0, sizeof r);
+    if (!kvm_is_quant_dtype(dt)) {
+        r.bytes = n * D * kvm_dtype_size(dt);
+        return r;
     }
-    return KVMEM_OK;
+    r.one = kvm_qsection_layout(dt, which, 1, D);
+    const size_t sr = r.one.per_channel ? 0 : r.one.scales_bytes, br = r.one.per_channel ? 0 : r.one.biases_bytes;
+    r.scales = kvm_qpad4(n * r.one.codes_bytes);
+    r.biases = r.scales + kvm_qpad4(n * sr);
+    r.ch_scales = r.biases + kvm_qpad4(n * br);
+    r.ch_biases = r.ch_scales + (r.one.per_channel ? D * 2 : 0);
+    r.bytes = r.ch_biases + (r.one.per_channel ? D * 2 : 0);
+    return r;
 }
 
-/* Rows decode independently (core/quant/quant.h), so a run of rows read
- * into a bounce buffer decodes as a section of that many rows: the same
- * kernels on the same bytes as a block in memory. */
-static kvmem_status read_quant(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
-                               int32_t n, float *dst) {
+size_t kvm_mapped_run_bytes(const kvmem_pool *p, int which, int32_t n) { return layout_of(p, which, (size_t)n).bytes; }
+
+static kvmem_status fetch_run(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
+                              int32_t n, void *buf) {
     const kvm_mapped *mp = b->map;
     const kvmem_dtype dt = p->params.storage_dtype;
-    const size_t D = (size_t)p->spec.head_dim, H = (size_t)p->spec.n_kv_heads, LH = (size_t)p->spec.n_layers * H;
-    const size_t g = (size_t)l * H + (size_t)h;
-    const kvm_qsection one = kvm_qsection_layout(dt, which, 1, D);
-    const size_t cr = one.codes_bytes, sr = one.per_channel ? 0 : one.scales_bytes,
-                 br = one.per_channel ? 0 : one.biases_bytes;
+    const size_t D = (size_t)p->spec.head_dim;
+    const run_layout r = layout_of(p, which, (size_t)n);
+    unsigned char *d = buf;
+    if (!kvm_is_quant_dtype(dt)) {
+        /* layer_{l}_{k,v} is [H][ts][D]: the block's rows of head h are one run */
+        const size_t row_bytes = D * kvm_dtype_size(dt);
+        const uint64_t off = mp->data_off + mp->raw_begin[(size_t)which * (size_t)p->spec.n_layers + (size_t)l] +
+                             ((uint64_t)h * mp->ts + (uint64_t)b->first_token + (uint64_t)row0) * row_bytes;
+        return read_all(mp, off, d, r.bytes);
+    }
+    const size_t H = (size_t)p->spec.n_kv_heads, LH = (size_t)p->spec.n_layers * H, g = (size_t)l * H + (size_t)h;
+    const size_t cr = r.one.codes_bytes, sr = r.one.per_channel ? 0 : r.one.scales_bytes,
+                 br = r.one.per_channel ? 0 : r.one.biases_bytes;
     /* tensors hold one row per (block, layer, head, token), block after block */
-    const uint64_t row = (uint64_t)LH * (uint64_t)b->first_token + (uint64_t)g * (uint64_t)b->n_tokens + (uint64_t)row0;
-    uint16_t cs[2 * KVM_ROPE_MAX_PAIRS], cb[2 * KVM_ROPE_MAX_PAIRS];
+    const uint64_t r0 = (uint64_t)LH * (uint64_t)b->first_token + (uint64_t)g * (uint64_t)b->n_tokens + (uint64_t)row0;
     kvmem_status st;
-    if (one.per_channel) { /* KIVI keys: one scale/bias row per (block, layer, head) */
-        uint64_t idx = (uint64_t)(b - mp->blocks) * LH + g;
-        if ((st = read_all(mp, mp->data_off + mp->q_begin[1][which] + idx * D * 2, cs, D * 2)) != KVMEM_OK ||
-            (st = read_all(mp, mp->data_off + mp->q_begin[2][which] + idx * D * 2, cb, D * 2)) != KVMEM_OK)
+    if ((st = read_all(mp, mp->data_off + mp->q_begin[0][which] + r0 * cr, d, (size_t)n * cr)) != KVMEM_OK) return st;
+    if (sr && (st = read_all(mp, mp->data_off + mp->q_begin[1][which] + r0 * sr, d + r.scales, (size_t)n * sr)) != KVMEM_OK)
+        return st;
+    if (br && (st = read_all(mp, mp->data_off + mp->q_begin[2][which] + r0 * br, d + r.biases, (size_t)n * br)) != KVMEM_OK)
+        return st;
+    if (r.one.per_channel) { /* KIVI keys: one scale/bias row per (block, layer, head) */
+        const uint64_t idx = (uint64_t)(b - mp->blocks) * LH + g;
+        if ((st = read_all(mp, mp->data_off + mp->q_begin[1][which] + idx * D * 2, d + r.ch_scales, D * 2)) != KVMEM_OK ||
+            (st = read_all(mp, mp->data_off + mp->q_begin[2][which] + idx * D * 2, d + r.ch_biases, D * 2)) != KVMEM_OK)
             return st;
     }
-    _Alignas(64) uint32_t buf[KVM_MAP_BUF / 4];
-    const size_t per = (KVM_MAP_BUF - 8) / (cr + sr + br);
-    for (size_t done = 0; done < (size_t)n;) {
-        size_t c = KVM_MIN(per, (size_t)n - done);
-        unsigned char *codes = (unsigned char *)buf, *scales = codes + kvm_qpad4(c * cr),
-                      *biases = scales + kvm_qpad4(c * sr);
-        uint64_t r0 = row + done;
-        if ((st = read_all(mp, mp->data_off + mp->q_begin[0][which] + r0 * cr, codes, c * cr)) != KVMEM_OK) return st;
-        if (sr && (st = read_all(mp, mp->data_off + mp->q_begin[1][which] + r0 * sr, scales, c * sr)) != KVMEM_OK)
-            return st;
-        if (br && (st = read_all(mp, mp->data_off + mp->q_begin[2][which] + r0 * br, biases, c * br)) != KVMEM_OK)
-            return st;
-        kvm_qparts parts = {codes, one.per_channel ? (unsigned char *)cs : scales,
-                            one.per_channel ? (unsigned char *)cb : biases};
-        kvm_dequant_parts(dt, which, parts, c, D, 0, c, dst + done * D);
+    return KVMEM_OK;
+}
+
+/* Rows decode independently (core/quant/quant.h), so a run decodes as a
+ * section of that many rows: the same kernels on the same bytes as a block
+ * in memory. */
+void kvm_mapped_decode(const kvmem_pool *p, int which, int32_t n, const void *buf, float *dst) {
+    const kvmem_dtype dt = p->params.storage_dtype;
+    const size_t D = (size_t)p->spec.head_dim;
+    if (!kvm_is_quant_dtype(dt)) {
+        kvm_convert_host(dst, KVMEM_F32, buf, dt, (size_t)n * D); /* exact: f16/bf16 -> f32 */
+        return;
+    }
+    const run_layout r = layout_of(p, which, (size_t)n);
+    unsigned char *d = (unsigned char *)(uintptr_t)buf; /* kvm_qparts is not const; decoding only reads */
+    kvm_qparts parts = {d, d + (r.one.per_channel ? r.ch_scales : r.scales), d + (r.one.per_channel ? r.ch_biases : r.biases)};
+    kvm_dequant_parts(dt, which, parts, (size_t)n, D, 0, (size_t)n, dst);
+}
+
+/* Rows [row0, row0 + n) in runs that fit a stack bounce buffer; f32 rows
+ * straight into dst. */
+static kvmem_status read_rows(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
+                              int32_t n, float *dst) {
+    if (p->params.storage_dtype == KVMEM_F32) return fetch_run(p, b, which, l, h, row0, n, dst);
+    _Alignas(64) unsigned char buf[KVM_MAP_BUF];
+    const size_t D = (size_t)p->spec.head_dim;
+    size_t per = KVM_MAP_BUF / kvm_mapped_run_bytes(p, which, 1);
+    while (per > 1 && kvm_mapped_run_bytes(p, which, (int32_t)per) > KVM_MAP_BUF) per--;
+    for (int32_t done = 0; done < n;) {
+        const int32_t c = (int32_t)KVM_MIN(per, (size_t)(n - done));
+        kvmem_status st = fetch_run(p, b, which, l, h, row0 + done, c, buf);
+        if (st != KVMEM_OK) return st;
+        kvm_mapped_decode(p, which, c, buf, dst + (size_t)done * D);
         done += c;
     }
     return KVMEM_OK;
 }
 
-void kvm_mapped_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
-                         int32_t n, float *dst) {
-    kvmem_status st = kvm_is_quant_dtype(p->params.storage_dtype) ? read_quant(p, b, which, l, h, row0, n, dst)
-                                                                   : read_raw(p, b, which, l, h, row0, n, dst);
-    if (st == KVMEM_OK) return;
-    /* never garbage: zeros, and the failure for the caller's check */
-    memset(dst, 0, (size_t)n * (size_t)p->spec.head_dim * sizeof *dst);
+/* The first failed read of the mapping, for the caller's kvm_mapped_check. */
+static void note_failure(const kvm_block *b, kvmem_status st) {
     kvm_mapped *mp = (kvm_mapped *)(uintptr_t)b->map; /* only the atomics change */
     int none = 0;
     if (atomic_compare_exchange_strong(&mp->err, &none, (int)st))
         atomic_store(&mp->err_block, (int)(b - mp->blocks));
+}
+
+void kvm_mapped_read_f32(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
+                         int32_t n, float *dst) {
+    kvmem_status st = read_rows(p, b, which, l, h, row0, n, dst);
+    if (st == KVMEM_OK) return;
+    /* never garbage: zeros, and the failure for the caller's check */
+    memset(dst, 0, (size_t)n * (size_t)p->spec.head_dim * sizeof *dst);
+    note_failure(b, st);
+}
+
+kvmem_status kvm_mapped_fetch(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
+                              int32_t n, void *buf) {
+    kvmem_status st = fetch_run(p, b, which, l, h, row0, n, buf);
+    if (st != KVMEM_OK) note_failure(b, st);
+    return st;
 }
 
 kvmem_status kvm_mapped_check(const kvm_agent_mem *m, kvmem_status st, const char *fn) {

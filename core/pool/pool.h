@@ -197,6 +197,18 @@ static inline const float *kvm_tail_rows(const kvmem_pool *p, const kvm_agent_me
  * message naming fn; the note is cleared. */
 kvmem_status kvm_mapped_check(const kvm_agent_mem *m, kvmem_status st, const char *fn);
 
+/* A mapped block's rows in two steps, for a caller that must read every
+ * row before it writes anything (kvmem_gather's all-or-nothing):
+ * kvm_mapped_fetch reads the file's bytes of rows [row0, row0 + n) of
+ * (which, l, h) into buf (kvm_mapped_run_bytes(p, which, n) bytes, 4-byte
+ * aligned) and returns the read's status, a failure noted for
+ * kvm_mapped_check as kvm_block_read_f32 notes it; kvm_mapped_decode turns
+ * them into the f32 rows kvm_block_read_f32 gives. */
+size_t kvm_mapped_run_bytes(const kvmem_pool *p, int which, int32_t n);
+kvmem_status kvm_mapped_fetch(const kvmem_pool *p, const kvm_block *b, int which, int32_t l, int32_t h, int32_t row0,
+                              int32_t n, void *buf);
+void kvm_mapped_decode(const kvmem_pool *p, int which, int32_t n, const void *buf, float *dst);
+
 /* Bytes of KV storage (no AABB) of a block of n tokens in the pool's dtype. */
 size_t kvm_block_kv_bytes(const kvmem_pool *p, int32_t n_tokens);
 

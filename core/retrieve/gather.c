@@ -39,11 +39,12 @@ static void read_block_rows(void *ctx, int32_t seg, int which, int32_t l, int32_
     kvm_block_read_f32(b->p, blk, which, l, h, 0, blk->n_tokens, dst);
 }
 
-/* The CPU backend's gather (its dev_gather_rope entry) over the blocks in
- * place: K rotated at the new positions, then V, into the caller's tensors.
- * Every allocation comes before the first write: a failure leaves them as
- * they were. */
-kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
+/* The CPU backend's gather (its dev_gather_rope entry) of the blocks' rows
+ * as read(ctx, ...) gives them: K rotated at the new positions, then V,
+ * into the caller's tensors. Every allocation comes before the first write:
+ * a failure leaves them as they were. */
+static kvmem_status cpu_gather_rows(kvmem_backend *be, const kvm_gather_desc *d, void *ctx,
+                                    void (*read)(void *, int32_t, int, int32_t, int32_t, float *)) {
     const kvmem_pool *p = d->pool;
     const int64_t M = d->first[d->n_blocks];
     if (M == 0) return KVMEM_OK;
@@ -55,8 +56,7 @@ kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
         cs_job cj = {&p->rope, d->base, cs};
         kvm_parallel_for(kvm_cpu_backend_tp(be), (size_t)M, 256, cs_task, &cj);
     }
-    block_rows br = {p, d->mem, d->blocks};
-    const kvm_dev_rows rows = {&br, d->n_blocks, p->params.block_size, d->first, read_block_rows};
+    const kvm_dev_rows rows = {ctx, d->n_blocks, p->params.block_size, d->first, read};
     kvmem_buffer vcs;
     kvm_dev_gather_args a;
     memset(&a, 0, sizeof a);
@@ -88,6 +88,12 @@ kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
     return st;
 }
 
+/* The blocks in place. */
+kvmem_status kvm_cpu_gather(kvmem_backend *be, const kvm_gather_desc *d) {
+    block_rows br = {d->pool, d->mem, d->blocks};
+    return cpu_gather_rows(be, d, &br, read_block_rows);
+}
+
 /* score.h: rows [M][H][D] of layer l into a [L][M][H][D] tensor view. */
 void kvm_gather_write_layer(const kvmem_tensor *t, int64_t l, const float *rows, size_t M, size_t H, size_t D) {
     const int heads_contig = t->strides[3] == 1 && t->strides[2] == (int64_t)D;
@@ -105,41 +111,82 @@ void kvm_gather_write_layer(const kvmem_tensor *t, int64_t l, const float *rows,
 }
 
 /* A mapped agent's blocks are read from its file while the rows are
- * written, and a read can fail half way (the file shrank): the rows go to
- * private f32 tensors first and reach the caller's only once every read
- * succeeded. f32 staging converts once, at the final write, as the direct
- * path does. The staging memory is the CPU backend's cache: fresh pages
- * each call (faulted in and zeroed by the kernel) cost more than the
- * gather. */
-static kvmem_status gather_staged(kvmem_backend *be, const kvm_gather_desc *d, const char *fn) {
+ * written, and a read can fail half way (the file shrank): every selected
+ * row's bytes are read first, as stored (half of f32 for f16, an eighth for
+ * Q4), and the gather decodes them from memory into the caller's tensors
+ * only once every read succeeded. The buffer is the CPU backend's cache:
+ * fresh pages each call (faulted in and zeroed by the kernel) cost more than
+ * the gather. */
+typedef struct fetched {
+    const kvm_gather_desc *d;
+    unsigned char *buf;
+    size_t run[2];        /* bytes of one (which, layer, head) run of a full block, 64-byte multiples; 0: not needed */
+    size_t *seg_off;      /* [n_blocks]: each block's runs, K's [L][H] then V's */
+    atomic_int failed;    /* the first failed read's status (also noted for kvm_mapped_check), 0: none */
+} fetched;
+
+static unsigned char *run_at(const fetched *f, int32_t seg, int which, int32_t l, int32_t h) {
+    const kvmem_pool *p = f->d->pool;
+    const size_t LH = (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
+    const size_t g = (size_t)l * (size_t)p->spec.n_kv_heads + (size_t)h;
+    return f->buf + f->seg_off[seg] + (which ? LH * f->run[0] : 0) + g * f->run[which];
+}
+
+/* Items (block, layer): every needed run of that layer of the block. */
+static void fetch_task(void *arg, size_t b, size_t e) {
+    fetched *f = arg;
+    const kvmem_pool *p = f->d->pool;
+    const size_t L = (size_t)p->spec.n_layers;
+    for (size_t it = b; it < e && !atomic_load(&f->failed); it++) {
+        const int32_t seg = (int32_t)(it / L), l = (int32_t)(it % L);
+        const kvm_block *blk = &f->d->mem->blocks[f->d->blocks[seg]];
+        kvmem_status st;
+        for (int which = 0; which < 2; which++)
+            for (int32_t h = 0; f->run[which] && h < p->spec.n_kv_heads; h++)
+                if ((st = kvm_mapped_fetch(p, blk, which, l, h, 0, blk->n_tokens, run_at(f, seg, which, l, h))) != KVMEM_OK) {
+                    int none = 0;
+                    atomic_compare_exchange_strong(&f->failed, &none, (int)st);
+                    return;
+                }
+    }
+}
+
+static void read_fetched(void *ctx, int32_t seg, int which, int32_t l, int32_t h, float *dst) {
+    const fetched *f = ctx;
+    const kvm_block *blk = &f->d->mem->blocks[f->d->blocks[seg]];
+    kvm_mapped_decode(f->d->pool, which, blk->n_tokens, run_at(f, seg, which, l, h), dst);
+}
+
+static kvmem_status gather_fetched(kvmem_backend *be, const kvm_gather_desc *d, const char *fn) {
     const kvmem_pool *p = d->pool;
-    const size_t L = (size_t)p->spec.n_layers, H = (size_t)p->spec.n_kv_heads, D = (size_t)p->spec.head_dim;
-    const size_t M = (size_t)d->first[d->n_blocks];
-    size_t bytes = 0;
-    if (!kvm_mul_size(L * M, H * D * sizeof(float), &bytes))
-        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %zu rows too large to stage", fn, M);
+    const size_t LH = (size_t)p->spec.n_layers * (size_t)p->spec.n_kv_heads;
+    fetched f;
+    memset(&f, 0, sizeof f);
+    f.d = d;
+    atomic_init(&f.failed, 0);
+    for (int which = 0; which < 2; which++)
+        if (which ? d->v_out != NULL : d->k_out != NULL)
+            f.run[which] = (kvm_mapped_run_bytes(p, which, p->params.block_size) + 63) / 64 * 64;
+    /* sealed blocks hold block_size tokens at most: runs sized for a full one fit any */
+    size_t per_block = 0, bytes = 0;
+    if (!kvm_mul_size(LH, f.run[0] + f.run[1], &per_block) || !kvm_mul_size(per_block, (size_t)d->n_blocks, &bytes))
+        return kvm_fail(KVMEM_ERR_INVALID_ARG, "%s: %d blocks too large to read ahead", fn, d->n_blocks);
+    f.seg_off = kvm_malloc(((size_t)d->n_blocks + 1) * sizeof *f.seg_off);
     kvm_scratch *scr = kvm_cpu_backend_scratch(be);
-    float *sk = d->k_out ? kvm_scratch_take(scr, bytes ? bytes : 4) : NULL;
-    float *sv = d->v_out ? kvm_scratch_take(scr, bytes ? bytes : 4) : NULL;
-    if ((d->k_out && !sk) || (d->v_out && !sv)) {
-        kvm_scratch_give(scr, sk);
-        kvm_scratch_give(scr, sv);
-        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu bytes of staged rows", fn, bytes);
+    f.buf = kvm_scratch_take(scr, bytes ? bytes : 64);
+    if (!f.seg_off || !f.buf) {
+        kvm_free(f.seg_off);
+        kvm_scratch_give(scr, f.buf);
+        return kvm_fail(KVMEM_ERR_NOMEM, "%s: out of memory for %zu bytes of the selected blocks' rows", fn, bytes);
     }
-    const int64_t shape[4] = {(int64_t)L, (int64_t)M, (int64_t)H, (int64_t)D};
-    kvmem_tensor tk, tv;
-    if (sk) kvmem_tensor_init(&tk, sk, KVMEM_F32, 4, shape);
-    if (sv) kvmem_tensor_init(&tv, sv, KVMEM_F32, 4, shape);
-    kvm_gather_desc sd = *d;
-    sd.k_out = sk ? &tk : NULL;
-    sd.v_out = sv ? &tv : NULL;
-    kvmem_status st = kvm_mapped_check(d->mem, kvm_cpu_gather(be, &sd), fn);
-    for (size_t l = 0; st == KVMEM_OK && l < L; l++) {
-        if (sk) kvm_gather_write_layer(d->k_out, (int64_t)l, sk + l * M * H * D, M, H, D);
-        if (sv) kvm_gather_write_layer(d->v_out, (int64_t)l, sv + l * M * H * D, M, H, D);
-    }
-    kvm_scratch_give(scr, sk);
-    kvm_scratch_give(scr, sv);
+    for (int32_t i = 0; i < d->n_blocks; i++) f.seg_off[i] = (size_t)i * per_block;
+    kvm_parallel_for(kvm_cpu_backend_tp(be), (size_t)d->n_blocks * (size_t)p->spec.n_layers, 1, fetch_task, &f);
+    kvmem_status st = kvm_mapped_check(d->mem, KVMEM_OK, fn);
+    if (st == KVMEM_OK && atomic_load(&f.failed)) /* the note was taken by another call's check meanwhile */
+        st = kvm_fail((kvmem_status)atomic_load(&f.failed), "%s: reading agent '%s' from its file failed", fn, d->mem->id);
+    if (st == KVMEM_OK) st = cpu_gather_rows(be, d, &f, read_fetched);
+    kvm_free(f.seg_off);
+    kvm_scratch_give(scr, f.buf);
     return st;
 }
 
@@ -202,7 +249,7 @@ static kvmem_status gather_taken(kvmem_agent *agent, const int32_t *blocks, int3
     shape.attn_factor = (float)p->rope.attn_factor;
     kvmem_backend *cpu = p->ctx->cpu, *be = kvm_route(p->ctx, KVM_OP_GATHER_ROPE, &shape);
     st = be != cpu ? kvm_dev_gather(be, &d) : KVMEM_OK;
-    if (be == cpu || kvm_route_to_cpu(st)) st = m->mapped ? gather_staged(cpu, &d, "kvmem_gather") : kvm_cpu_gather(cpu, &d);
+    if (be == cpu || kvm_route_to_cpu(st)) st = m->mapped ? gather_fetched(cpu, &d, "kvmem_gather") : kvm_cpu_gather(cpu, &d);
     kvm_free(first);
     return kvm_mapped_check(m, st, "kvmem_gather");
 }
