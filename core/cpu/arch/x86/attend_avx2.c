@@ -42,9 +42,14 @@ static inline __attribute__((always_inline)) __m256 hsum8(__m256 a00, __m256 a01
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* Keeps a loaded vector in a register: gcc folds a load used by two FMAs
+ * into both as memory operands, and two loads per FMA pair left q.k bound
+ * by the load ports (ten loads to eight FMAs), not by the FMAs. */
+#define KVM_IN_REG(x) __asm__("" : "+x"(x))
+
 /* Four queries against two keys per step: eight independent FMA chains
- * (with the two key rows, eleven of the sixteen registers), reduced
- * together by hsum8; an odd last key runs alone. */
+ * (with the two key rows and a query, eleven of the sixteen registers),
+ * reduced together by hsum8; an odd last key runs alone. */
 static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
                                                           size_t nk, size_t dim, float scale, float *s, size_t lds,
                                                           int f16) {
@@ -63,12 +68,16 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
             for (size_t d = 0; d < full; d += 8) {
                 const __m256 x0 = ld8(k0, d, f16), x1 = ld8(k1, d, f16);
                 __m256 y = _mm256_loadu_ps(q0 + d);
+                KVM_IN_REG(y);
                 a00 = _mm256_fmadd_ps(y, x0, a00), a01 = _mm256_fmadd_ps(y, x1, a01);
                 y = _mm256_loadu_ps(q1 + d);
+                KVM_IN_REG(y);
                 a10 = _mm256_fmadd_ps(y, x0, a10), a11 = _mm256_fmadd_ps(y, x1, a11);
                 y = _mm256_loadu_ps(q2 + d);
+                KVM_IN_REG(y);
                 a20 = _mm256_fmadd_ps(y, x0, a20), a21 = _mm256_fmadd_ps(y, x1, a21);
                 y = _mm256_loadu_ps(q3 + d);
+                KVM_IN_REG(y);
                 a30 = _mm256_fmadd_ps(y, x0, a30), a31 = _mm256_fmadd_ps(y, x1, a31);
             }
             const __m256 r8 = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
@@ -217,17 +226,26 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
     }
 }
 
-static void a_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+/* gcc's register allocator, by regions (its default), spilled the value
+ * rows of pv_chunk16's f32 loop to the stack (three stack loads per key);
+ * allocating the function as one region keeps them in registers. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define KVM_PV_RA __attribute__((optimize("ira-region=one")))
+#else
+#define KVM_PV_RA
+#endif
+
+KVM_PV_RA static void a_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                  const float *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
 }
 
-static void a_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+KVM_PV_RA static void a_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                      const uint16_t *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
 }
 
-static void a_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+KVM_PV_RA static void a_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                       const uint16_t *const *v, size_t nk, size_t dim) {
     pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2);
 }
