@@ -4,7 +4,8 @@
  * plain references written in the test. Ops are reached through the
  * context's backend table (internal headers): the public API does not
  * expose raw ops. Where the backend cannot run here (no loader, no device,
- * not built) every test prints "skipped: <reason>" and is skipped. */
+ * not built) every test prints "skipped: <reason>" and is skipped, and the
+ * program exits 77 (ctest: skipped); a failing test makes it exit 1. */
 #ifndef KVMEM_TEST_CONFORMANCE_H
 #define KVMEM_TEST_CONFORMANCE_H
 
@@ -46,14 +47,14 @@ static inline int conf_teardown(void **state) {
 #define CONF_MAIN(tests)                                                        \
     int main(int argc, char **argv) {                                           \
         if (argc > 1) g_name = argv[1];                                         \
-        return cmocka_run_group_tests_name(g_name, tests, conf_setup, conf_teardown); \
+        return tu_group_result(cmocka_run_group_tests_name(g_name, tests, conf_setup, conf_teardown), \
+                               sizeof tests / sizeof tests[0]);                               \
     }
 
 #define NEED_BACKEND()                                  \
     do {                                                \
         if (!g_ctx) {                                   \
-            print_message("skipped: %s\n", g_why);      \
-            skip();                                     \
+            TU_SKIP("%s", g_why);      \
         }                                               \
     } while (0)
 
@@ -62,8 +63,7 @@ static inline int conf_teardown(void **state) {
     do {                                                                                \
         NEED_BACKEND();                                                                 \
         if (!g_be->iface->entry) {                                                      \
-            print_message("skipped: backend %s has no %s entry\n", g_name, #entry);     \
-            skip();                                                                     \
+            TU_SKIP("backend %s has no %s entry", g_name, #entry);     \
         }                                                                               \
     } while (0)
 

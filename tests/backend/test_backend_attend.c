@@ -1093,6 +1093,7 @@ static void mirror_run(kvmem_backend *be, const float *q, const uint16_t *kh, co
 
 static void test_mirror_form_rotates_on_the_fly(void **state) {
     (void)state;
+    NEED_ENTRY(dev_attend);
     enum { HH = 2, GG = 2, DD = 16, NS = 37, NP = 45, TILE = 8 };
     uint64_t rng = 91;
     float q[HH * GG * DD], kt[(NP - NS) * HH * DD], vt[(NP - NS) * HH * DD];

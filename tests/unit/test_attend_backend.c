@@ -75,8 +75,7 @@ static int teardown(void **state) {
 #define NEED_DEVICE()                                  \
     do {                                               \
         if (!g_dev_ctx || !g_orig) {                   \
-            print_message("skipped: %s\n", g_why);     \
-            skip();                                    \
+            TU_SKIP("%s", g_why);     \
         }                                              \
     } while (0)
 
@@ -395,5 +394,5 @@ int main(void) {
         cmocka_unit_test(test_other_plans_run_on_cpu),
         cmocka_unit_test(test_bad_input_on_device_context),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_group_result(cmocka_run_group_tests(tests, setup, teardown), sizeof tests / sizeof tests[0]);
 }

@@ -423,8 +423,7 @@ static kvmem_context *vk_context_or_skip(void) {
     char why[512];
     kvmem_context *ctx = vk_context(why, sizeof why);
     if (!ctx) {
-        print_message("skipped: %s\n", why);
-        skip();
+        TU_SKIP("%s", why);
     }
     return ctx;
 }
@@ -787,23 +786,19 @@ static void test_vulkan_refusals(void **state) {
 #else
 static void test_vulkan_attend(void **state) {
     (void)state;
-    print_message("skipped: built without the Vulkan plugin (no VkBuffer to make)\n");
-    skip();
+    TU_SKIP("built without the Vulkan plugin (no VkBuffer to make)");
 }
 static void test_vulkan_refusals(void **state) {
     (void)state;
-    print_message("skipped: built without the Vulkan plugin (no VkBuffer to make)\n");
-    skip();
+    TU_SKIP("built without the Vulkan plugin (no VkBuffer to make)");
 }
 static void test_vulkan_q_out(void **state) {
     (void)state;
-    print_message("skipped: built without the Vulkan plugin (no VkBuffer to make)\n");
-    skip();
+    TU_SKIP("built without the Vulkan plugin (no VkBuffer to make)");
 }
 static void test_vulkan_buffers(void **state) {
     (void)state;
-    print_message("skipped: built without the Vulkan plugin (no VkBuffer to make)\n");
-    skip();
+    TU_SKIP("built without the Vulkan plugin (no VkBuffer to make)");
 }
 #endif
 
@@ -817,5 +812,5 @@ int main(void) {
         cmocka_unit_test(test_vulkan_q_out),
         cmocka_unit_test(test_vulkan_refusals),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_group_result(cmocka_run_group_tests(tests, NULL, NULL), sizeof tests / sizeof tests[0]);
 }

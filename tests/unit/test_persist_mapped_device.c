@@ -92,8 +92,7 @@ static void run(kvmem_agent *a, const float *q, outs *o) {
 static void mapped_agent_on_a_device_equals_the_loaded_agent(void **state) {
     (void)state;
     if (!g_dev) {
-        print_message("skipped: %s\n", g_why);
-        skip();
+        TU_SKIP("%s", g_why);
     }
     const kvmem_dtype dts[] = {KVMEM_F16, KVMEM_Q4};
     size_t n = (size_t)L * T * H * D;
@@ -163,8 +162,7 @@ static long tensor_offset(const char *path, const char *name) {
 static void rewritten_key_is_refused_on_the_device_as_on_the_cpu(void **state) {
     (void)state;
     if (!g_dev) {
-        print_message("skipped: %s\n", g_why);
-        skip();
+        TU_SKIP("%s", g_why);
     }
     size_t n = (size_t)L * T * H * D;
     float *k = malloc(n * 4), *v = malloc(n * 4), q[HQ * D], out[HQ * D];
@@ -236,5 +234,5 @@ int main(void) {
         cmocka_unit_test(mapped_agent_on_a_device_equals_the_loaded_agent),
         cmocka_unit_test(rewritten_key_is_refused_on_the_device_as_on_the_cpu),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_group_result(cmocka_run_group_tests(tests, setup, teardown), sizeof tests / sizeof tests[0]);
 }

@@ -46,8 +46,7 @@ static int teardown(void **state) {
 #define NEED_VULKAN()                                   \
     do {                                                \
         if (!g_vk) {                                    \
-            print_message("skipped: %s\n", g_why);      \
-            skip();                                     \
+            TU_SKIP("%s", g_why);      \
         }                                               \
     } while (0)
 
@@ -146,5 +145,5 @@ int main(void) {
         cmocka_unit_test(test_qmem_score_on_vulkan_matches_cpu),
         cmocka_unit_test(test_qmem_score_on_vulkan_rejects_bad_input_unchanged),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_group_result(cmocka_run_group_tests(tests, setup, teardown), sizeof tests / sizeof tests[0]);
 }

@@ -111,8 +111,7 @@ static int teardown(void **state) {
 #define NEED_VULKAN()                                \
     do {                                             \
         if (!g_ok) {                                 \
-            print_message("skipped: %s\n", g_why);   \
-            skip();                                  \
+            TU_SKIP("%s", g_why);   \
         }                                            \
     } while (0)
 
@@ -634,5 +633,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_exclude_base_truncate_move_o1),
         cmocka_unit_test(test_device_capacity_bounds_the_mirrors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_group_result(cmocka_run_group_tests(tests, setup, teardown), sizeof tests / sizeof tests[0]);
 }

@@ -92,8 +92,7 @@ static void fill(side *a, side *b, const kvmem_model_spec *sp, int n_tokens, uin
 #define NEED_VULKAN(ok)                                  \
     do {                                                 \
         if (!(ok)) {                                     \
-            print_message("skipped: %s\n", g_why);       \
-            skip();                                      \
+            TU_SKIP("%s", g_why);       \
         }                                                \
     } while (0)
 
@@ -289,5 +288,5 @@ int main(void) {
         cmocka_unit_test(test_retrieve_on_vulkan_matches_cpu),
         cmocka_unit_test(test_gather_on_vulkan_matches_cpu),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_group_result(cmocka_run_group_tests(tests, NULL, NULL), sizeof tests / sizeof tests[0]);
 }

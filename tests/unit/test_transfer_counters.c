@@ -83,8 +83,7 @@ static void test_device_attend_counts_its_bytes(void **state) {
     cp.n_threads = 2;
     kvmem_context *ctx = NULL;
     if (kvmem_context_create(&cp, &ctx) != KVMEM_OK) {
-        print_message("skipped: backend vulkan: %s\n", kvmem_last_error());
-        skip();
+        TU_SKIP("backend vulkan: %s", kvmem_last_error());
     }
     float out[HQ * D];
     assert_ok(attend_once(ctx, out));
@@ -109,5 +108,5 @@ int main(void) {
         cmocka_unit_test(test_cpu_counts_nothing),
         cmocka_unit_test(test_device_attend_counts_its_bytes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_group_result(cmocka_run_group_tests(tests, NULL, NULL), sizeof tests / sizeof tests[0]);
 }

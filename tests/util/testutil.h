@@ -28,6 +28,23 @@
 
 void kvm_test_assert_msg(const char *call, const char *needle);
 
+/* Skipping, for the programs that run on a device backend which may be
+ * absent: TU_SKIP prints "skipped: <reason>", counts the skip and skips the
+ * test; tu_group_result turns cmocka's failure count into the exit status
+ * ctest reads (SKIP_RETURN_CODE 77): 1 when any test failed, 77 only when
+ * every test skipped, else 0. A failure is never reported as a skip (ctest's
+ * SKIP_REGULAR_EXPRESSION would mark a program that printed one skip reason
+ * skipped whatever its other tests did). */
+extern int tu_skips;
+#define TU_SKIP(...)                                     \
+    do {                                                 \
+        print_message("skipped: " __VA_ARGS__);          \
+        print_message("\n");                             \
+        tu_skips++;                                      \
+        skip();                                          \
+    } while (0)
+int tu_group_result(int failed, size_t n_tests);
+
 /* Deterministic random numbers (splitmix64). */
 uint64_t tu_next(uint64_t *s);
 float tu_uniform(uint64_t *s, float lo, float hi);
