@@ -412,6 +412,7 @@ export declare class Pool extends Handle {
   agentOpen(id: string): Agent;
   agentOpenAsync(id: string): Promise<Agent>;
   removeAgent(id: string): void;
+  removeAgentAsync(id: string): Promise<void>;
   /** the generator of `kvmem demo` (tools/synth.c) for this model */
   synthCreate(nTopics: number, seed: bigint | number): Synth;
   /** @deprecated pool.agentOpen(id) */

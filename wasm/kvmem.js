@@ -825,6 +825,7 @@ export class Pool extends Handle {
   removeAgent(id) {
     this._km._check(this._km._fn('kvmem_pool_remove_agent', 'number', ['number', 'string'])(this._live(), cId(id, 'agent id')));
   }
+  removeAgentAsync(id) { return promised(() => this.removeAgent(id)); }
 
   /** The synthetic session generator of `kvmem demo` (synth/synth.c) for this pool's model. */
   synthCreate(nTopics, seed) {

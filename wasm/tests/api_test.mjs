@@ -375,6 +375,11 @@ function fullAttention(qq, kk, vv, TT) {
   check(same(r.get(0).blocks, ag.retrieve(q, { topK: 3 }).get(0).blocks), 'retrieveAsync resolves to the same result');
   const gg = await ag.gatherAsync([4, 1], 100);
   check(same(gg.k, g.k), 'gatherAsync resolves to the same result');
+  pool.agentOpen('gone').close();
+  await pool.removeAgentAsync('gone');
+  const again = await pool.removeAgentAsync('gone').then(() => null, (e) => e);
+  check(!pool.agentIds().includes('gone') && again instanceof KvmemError && again.status === Status.NOT_FOUND,
+    'removeAgentAsync removes the agent, and a second one rejects with NOT_FOUND');
 }
 
 // the heap grows (16 MiB initially): results stay right, views are re-read
