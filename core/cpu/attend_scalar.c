@@ -97,4 +97,5 @@ static int s_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
 }
 
 const kvm_attend_kernels kvm_attend_scalar = {"scalar",  s_qk,      s_exp_sum, s_pv,          s_qk_f16,
-                                                s_pv_f16,  s_qk_bf16, s_pv_bf16, s_softmax_step};
+                                                s_pv_f16,  s_qk_bf16, s_pv_bf16, s_softmax_step,
+                                                NULL,      NULL};

@@ -111,7 +111,26 @@ typedef struct kvm_attend_kernels {
      * is not finite (rows from it on are left in any state), else -1: a NaN
      * would be skipped by max and clamped by a vector exp. */
     int (*softmax_step)(float *s, size_t lds, size_t nq, size_t nk, float *m, float *l, float *c);
+    /* (optional: NULL where the table has none) qk and pv over f32 rows that
+     * also prefetch the bytes [pf, pf + pf_len), rows a later call reads, a
+     * few lines per key: asked for in one burst ahead of the kernel, a
+     * tile's lines waited on the core's few miss buffers and the kernel with
+     * them. pf NULL: plain qk / pv. */
+    void (*qk_pf)(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
+                  float scale, float *s, size_t lds, const void *pf, size_t pf_len);
+    void (*pv_pf)(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                  const float *const *v, size_t nk, size_t dim, const void *pf, size_t pf_len);
 } kvm_attend_kernels;
+
+/* The prefetch of the *_pf kernels: lines from *cur up to `end`, at most
+ * `bytes` of them, *cur advanced past them. */
+static inline void kvm_pf_lines(const char **cur, const char *end, size_t bytes) {
+    const char *a = *cur;
+    if (a >= end) return;
+    const char *e = (size_t)(end - a) < bytes ? end : a + bytes;
+    for (; a < e; a += 64) __builtin_prefetch(a, 0, 3);
+    *cur = a;
+}
 
 /* ---- the rule score and SnapKV ---- */
 

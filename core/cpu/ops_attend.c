@@ -309,6 +309,34 @@ static int prefetch_slice(const kvm_attend_plan *p, int which, int32_t tile, int
     return 1;
 }
 
+/* The bytes of K (which 0) or V (1) of tile `tile` that head h's *_pf
+ * kernel prefetches, when they are one run of f32 rows: position-major rows
+ * of an item holding every KV head (the heads of a position adjacent, the
+ * positions too), slice h - h0 of h1 - h0 of the tile's positions, all
+ * heads; head-major rows (HF), head h's rows of the tile. 0: no such run. */
+static int pf_run(const kvm_attend_plan *p, int which, int32_t tile, int32_t h0, int32_t h1, int32_t h,
+                  const void **at, size_t *len) {
+    const kvmem_tensor *t = which ? p->v : p->k;
+    if (p->kind == KVMEM_ATTEND_SRC_AGENT || p->mask || p->slots || t->dtype != KVMEM_F32 || t->strides[2] != 1)
+        return 0;
+    const int64_t t0 = p->tile_start[tile], n = p->tile_start[tile + 1] - t0, D = p->head_dim;
+    int64_t a, b, off;
+    if (t->strides[1] == D && t->strides[0] == (int64_t)(h1 - h0) * D) { /* [T][H][D], every head */
+        a = t0 + n * (h - h0) / (h1 - h0);
+        b = t0 + n * (h - h0 + 1) / (h1 - h0);
+        off = a * t->strides[0] + h0 * D;
+    } else if (t->strides[0] == D) { /* [H][T][D] */
+        a = t0;
+        b = t0 + n;
+        off = t0 * D + h * t->strides[1];
+    } else {
+        return 0;
+    }
+    *at = (const float *)t->data + off;
+    *len = (size_t)(b - a) * (size_t)D * sizeof(float) * (t->strides[0] == D ? 1 : (size_t)(h1 - h0));
+    return 1;
+}
+
 /* Float offsets of an item's scratch arrays, each 64-byte aligned. */
 typedef struct item_offsets {
     size_t kbuf, vbuf, s, acc, mx, l, c, z, prev, rd, rf, pos, krow, vrow, qg, ag, rule;
@@ -454,6 +482,22 @@ static void attend_item(attend_job *j, size_t item) {
         st->positions_read += (int64_t)n * (hb - ha);
         for (int32_t h = ha; h < hb; h++) {
             int pf_k = next >= 0 && !p->logits, pf_v = next >= 0; /* once per head, before its first kernel */
+            /* f32 rows in one run: the kernels ask for them a few lines a
+             * key (every head of the item still reading, for position-major
+             * rows: the run holds them all) */
+            const void *pfk = NULL, *pfv = NULL;
+            size_t pfk_len = 0, pfv_len = 0;
+            const int whole = ha == h0 && hb == h1;
+            if (pf_k && kern->qk_pf && kdt == KVMEM_F32 && pf_run(p, 0, next, h0, h1, h, &pfk, &pfk_len) &&
+                (whole || p->k->strides[0] == D))
+                pf_k = 0;
+            else
+                pfk = NULL;
+            if (pf_v && kern->pv_pf && vdt == KVMEM_F32 && pf_run(p, 1, next, h0, h1, h, &pfv, &pfv_len) &&
+                (whole || p->v->strides[0] == D))
+                pf_v = 0;
+            else
+                pfv = NULL;
             if (sliced) { /* this head's slice of the next tile, all the item's heads */
                 if (pf_k && prefetch_slice(p, 0, next, h0, h1, h - h0, nh)) pf_k = 0;
                 if (pf_v && prefetch_slice(p, 1, next, h0, h1, h - h0, nh)) pf_v = 0;
@@ -485,7 +529,11 @@ static void attend_item(attend_job *j, size_t item) {
                 else if (kdt == KVMEM_BF16)
                     kern->qk_bf16(qg, (size_t)G, (const uint16_t *const *)(kr + a), (size_t)nk, (size_t)D, p->scale,
                                   s, (size_t)MT);
-                else
+                else if (pfk) {
+                    kern->qk_pf(qg, (size_t)G, (const float *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
+                                (size_t)MT, pfk, pfk_len);
+                    pfk = NULL;
+                } else
                     kern->qk(qg, (size_t)G, (const float *const *)(kr + a), (size_t)nk, (size_t)D, p->scale, s,
                              (size_t)MT);
                 const int bad_g = kern->softmax_step(s, (size_t)MT, (size_t)G, (size_t)nk, mx + (size_t)si * (size_t)G,
@@ -506,7 +554,11 @@ static void attend_item(attend_job *j, size_t item) {
                 else if (vdt == KVMEM_BF16)
                     kern->pv_bf16(ag, (size_t)G, c, s, (size_t)MT, (const uint16_t *const *)(vr + a), (size_t)nk,
                                   (size_t)D);
-                else
+                else if (pfv) {
+                    kern->pv_pf(ag, (size_t)G, c, s, (size_t)MT, (const float *const *)(vr + a), (size_t)nk,
+                                (size_t)D, pfv, pfv_len);
+                    pfv = NULL;
+                } else
                     kern->pv(ag, (size_t)G, c, s, (size_t)MT, (const float *const *)(vr + a), (size_t)nk, (size_t)D);
                 /* the stop rules on this stream's running output */
                 const float *lr = l + (size_t)si * (size_t)G;

@@ -289,6 +289,58 @@ static void simd_tables_equal_scalar(void **state) {
     if (!ran) skip();
 }
 
+/* The prefetching forms (qk_pf, pv_pf) compute exactly what qk and pv do,
+ * bit for bit, whatever the prefetched run (none, shorter or longer than
+ * the kernel's keys, not a multiple of a line), and leave the run as it
+ * was; a table without them has neither. */
+static void prefetching_kernels_equal_plain(void **state) {
+    (void)state;
+    const kvm_attend_kernels *tables[3] = {(&kvm_attend_scalar), attend_named("avx2"), attend_named("avx512")};
+    const size_t dims[4] = {8, 40, 128, 136}, nqs[3] = {1, 4, 9}, nks[4] = {1, 3, 16, 33};
+    const size_t runs[5] = {0, 1, 100, 8192, 70000};
+    float *run = malloc(70000), *run0 = malloc(70000);
+    uint64_t rng = 91;
+    fill(run, 70000 / 4, &rng);
+    memcpy(run0, run, 70000);
+    int ran = 0;
+    for (int t = 0; t < 3; t++) {
+        if (!tables[t]) continue;
+        const kvm_attend_kernels *kt = tables[t];
+        assert_true((kt->qk_pf == NULL) == (kt->pv_pf == NULL));
+        if (!kt->qk_pf) continue;
+        ran++;
+        for (size_t di = 0; di < 4; di++)
+            for (size_t qi = 0; qi < 3; qi++)
+                for (size_t ki = 0; ki < 4; ki++) {
+                    const size_t D = dims[di], nq = nqs[qi], nk = nks[ki], L = 40;
+                    float *q = malloc(nq * D * 4), *k = malloc(nk * D * 4), *s1 = malloc(nq * L * 4);
+                    float *s2 = malloc(nq * L * 4), *a1 = malloc(nq * D * 4), *a2 = malloc(nq * D * 4);
+                    const float *qp[9], *kp[33];
+                    float *ap1[9], *ap2[9], c[9];
+                    fill(q, nq * D, &rng);
+                    fill(k, nk * D, &rng);
+                    for (size_t g = 0; g < nq; g++) qp[g] = q + g * D, c[g] = 0.25f * (float)(g % 4);
+                    for (size_t i = 0; i < nk; i++) kp[i] = k + i * D;
+                    const size_t len = runs[(di + qi + ki) % 5];
+                    kt->qk(qp, nq, kp, nk, D, 0.3f, s1, L);
+                    kt->qk_pf(qp, nq, kp, nk, D, 0.3f, s2, L, len ? run : NULL, len);
+                    for (size_t g = 0; g < nq; g++) assert_memory_equal(s1 + g * L, s2 + g * L, nk * 4);
+                    for (size_t i = 0; i < nq * L; i++) s1[i] = fabsf(s1[i]);
+                    fill(a1, nq * D, &rng);
+                    memcpy(a2, a1, nq * D * 4);
+                    for (size_t g = 0; g < nq; g++) ap1[g] = a1 + g * D, ap2[g] = a2 + g * D;
+                    kt->pv(ap1, nq, c, s1, L, kp, nk, D);
+                    kt->pv_pf(ap2, nq, c, s1, L, kp, nk, D, len ? run : NULL, len);
+                    assert_memory_equal(a1, a2, nq * D * 4);
+                    free(q), free(k), free(s1), free(s2), free(a1), free(a2);
+                }
+    }
+    assert_memory_equal(run, run0, 70000);
+    free(run);
+    free(run0);
+    if (!ran) skip();
+}
+
 static void kvmem_cpu_forces_the_table(void **state) {
     (void)state;
     const char *force = getenv("KVMEM_CPU");
@@ -304,6 +356,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_table_matches_double_loops),
         cmocka_unit_test(simd_tables_equal_scalar),
+        cmocka_unit_test(prefetching_kernels_equal_plain),
         cmocka_unit_test(kvmem_cpu_forces_the_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

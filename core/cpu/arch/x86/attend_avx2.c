@@ -52,9 +52,11 @@ static inline __attribute__((always_inline)) __m256 hsum8(__m256 a00, __m256 a01
  * reduced together by hsum8; an odd last key runs alone. */
 static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
                                                           size_t nk, size_t dim, float scale, float *s, size_t lds,
-                                                          int f16) {
+                                                          int f16, const char *pf, size_t pf_len) {
     const size_t full = dim & ~(size_t)7;
     const __m256 vscale = _mm256_set1_ps(scale);
+    const char *pfc = pf, *const pfe = pf ? pf + pf_len : NULL;
+    const size_t pf_key = pf && nk ? (pf_len / nk + 63) & ~(size_t)63 : 0; /* bytes per key */
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
         const float *q0 = q[g0], *q1 = q[g0 + (ng > 1 ? 1 : 0)], *q2 = q[g0 + (ng > 2 ? 2 : 0)];
@@ -63,6 +65,7 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
         size_t i = 0;
         for (; i + 2 <= nk; i += 2) {
             const void *k0 = k[i], *k1 = k[i + 1];
+            kvm_pf_lines(&pfc, pfe, 2 * pf_key);
             __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
                    a31 = a00;
             for (size_t d = 0; d < full; d += 8) {
@@ -119,21 +122,27 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
             }
         }
     }
+    kvm_pf_lines(&pfc, pfe, (size_t)-1);
 }
 
 static void a_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
                  float scale, float *s, size_t lds) {
-    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0);
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0, NULL, 0);
+}
+
+static void a_qk_pf(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim, float scale,
+                    float *s, size_t lds, const void *pf, size_t pf_len) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0, (const char *)pf, pf_len);
 }
 
 static void a_qk_f16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
                      float scale, float *s, size_t lds) {
-    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1);
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1, NULL, 0);
 }
 
 static void a_qk_bf16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
                       float scale, float *s, size_t lds) {
-    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 2);
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 2, NULL, 0);
 }
 
 static float a_exp_sum(float *s, size_t n, float m) {
@@ -160,7 +169,8 @@ static float a_exp_sum(float *s, size_t n, float m) {
  * speed, not FMA speed. */
 static inline __attribute__((always_inline)) void pv_chunk16(float *const *rr, size_t ng, const float *const *pp,
                                                              const float *cc, const void *const *v, size_t nk,
-                                                             size_t d, int f16) {
+                                                             size_t d, int f16, const char **pfc, const char *pfe,
+                                                             size_t pf_key) {
     const __m256 c0 = _mm256_set1_ps(cc[0]), c1 = _mm256_set1_ps(cc[1]);
     const __m256 c2 = _mm256_set1_ps(cc[2]), c3 = _mm256_set1_ps(cc[3]);
     __m256 a00 = _mm256_mul_ps(_mm256_loadu_ps(rr[0] + d), c0), a01 = _mm256_mul_ps(_mm256_loadu_ps(rr[0] + d + 8), c0);
@@ -171,6 +181,7 @@ static inline __attribute__((always_inline)) void pv_chunk16(float *const *rr, s
     for (size_t i = 0; i < nk; i++) {
         const void *vi = (const char *)v[i] + d * (f16 ? 2 : 4);
         const __m256 x0 = ld8(vi, 0, f16), x1 = ld8(vi, 8, f16);
+        kvm_pf_lines(pfc, pfe, pf_key);
         __m256 w = _mm256_broadcast_ss(p0 + i);
         a00 = _mm256_fmadd_ps(w, x0, a00), a01 = _mm256_fmadd_ps(w, x1, a01);
         w = _mm256_broadcast_ss(p1 + i);
@@ -189,8 +200,12 @@ static inline __attribute__((always_inline)) void pv_chunk16(float *const *rr, s
 
 static inline __attribute__((always_inline)) void pv_impl(float *const *acc, size_t nq, const float *c,
                                                           const float *p, size_t ldp, const void *const *v,
-                                                          size_t nk, size_t dim, int f16) {
+                                                          size_t nk, size_t dim, int f16, const char *pf,
+                                                          size_t pf_len) {
     const size_t full16 = dim & ~(size_t)15, full = dim & ~(size_t)7;
+    const char *pfc = pf, *const pfe = pf ? pf + pf_len : NULL;
+    const size_t passes = nk * (full16 / 16) * ((nq + 3) / 4); /* keys the 16-column passes visit */
+    const size_t pf_key = pf && passes ? (pf_len / passes + 63) & ~(size_t)63 : 0;
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
         const size_t g1 = g0 + (ng > 1 ? 1 : 0), g2 = g0 + (ng > 2 ? 2 : 0), g3 = g0 + (ng > 3 ? 3 : 0);
@@ -198,7 +213,7 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
         const float cc[4] = {c[g0], c[g1], c[g2], c[g3]};
         const float *const pp[4] = {p + g0 * ldp, p + g1 * ldp, p + g2 * ldp, p + g3 * ldp};
         size_t d = 0;
-        for (; d < full16; d += 16) pv_chunk16(rr, ng, pp, cc, v, nk, d, f16);
+        for (; d < full16; d += 16) pv_chunk16(rr, ng, pp, cc, v, nk, d, f16, &pfc, pfe, pf_key);
         if (d < full) { /* one 8-column chunk */
             __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(rr[0] + d), _mm256_set1_ps(cc[0]));
             __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(rr[1] + d), _mm256_set1_ps(cc[1]));
@@ -224,6 +239,7 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
                 rr[g][e] = t;
             }
     }
+    kvm_pf_lines(&pfc, pfe, (size_t)-1);
 }
 
 /* gcc's register allocator, by regions (its default), spilled the value
@@ -237,17 +253,22 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
 
 KVM_PV_RA static void a_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                  const float *const *v, size_t nk, size_t dim) {
-    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0, NULL, 0);
+}
+
+KVM_PV_RA static void a_pv_pf(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                              const float *const *v, size_t nk, size_t dim, const void *pf, size_t pf_len) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0, (const char *)pf, pf_len);
 }
 
 KVM_PV_RA static void a_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                      const uint16_t *const *v, size_t nk, size_t dim) {
-    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1, NULL, 0);
 }
 
 KVM_PV_RA static void a_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                       const uint16_t *const *v, size_t nk, size_t dim) {
-    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2);
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2, NULL, 0);
 }
 
 static inline float hmax256(__m256 v) {
@@ -307,4 +328,5 @@ static int a_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
 }
 
 const kvm_attend_kernels kvm_attend_avx2 = {"avx2",   a_qk,      a_exp_sum, a_pv,          a_qk_f16,
-                                              a_pv_f16, a_qk_bf16, a_pv_bf16, a_softmax_step};
+                                              a_pv_f16, a_qk_bf16, a_pv_bf16, a_softmax_step,
+                                              a_qk_pf, a_pv_pf};

@@ -54,8 +54,10 @@ static inline __attribute__((always_inline)) __m512 ld(const void *row, size_t d
  * tail. */
 static inline __attribute__((always_inline)) void qk_impl(const float *const *q, size_t nq, const void *const *k,
                                                           size_t nk, size_t dim, float scale, float *s, size_t lds,
-                                                          int f16) {
+                                                          int f16, const char *pf, size_t pf_len) {
     const size_t full = dim & ~(size_t)15;
+    const char *pfc = pf, *const pfe = pf ? pf + pf_len : NULL;
+    const size_t pf_key = pf && nk ? (pf_len / nk + 63) & ~(size_t)63 : 0; /* bytes per key */
     const __mmask16 tm = tail_mask(dim - full);
     const __m512 vscale = _mm512_set1_ps(scale);
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
@@ -65,6 +67,7 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
         size_t i = 0;
         for (; i + 4 <= nk; i += 4) {
             const void *k0 = k[i], *k1 = k[i + 1], *k2 = k[i + 2], *k3 = k[i + 3];
+            kvm_pf_lines(&pfc, pfe, 4 * pf_key);
             /* sixteen named accumulators: an array indexed in a loop ends
              * up on the stack at -O2 */
             __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
@@ -114,21 +117,27 @@ static inline __attribute__((always_inline)) void qk_impl(const float *const *q,
             for (size_t g = 0; g < ng; g++) s[(g0 + g) * lds + i] = r[g] * scale;
         }
     }
+    kvm_pf_lines(&pfc, pfe, (size_t)-1);
 }
 
 static void x_qk(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim,
                  float scale, float *s, size_t lds) {
-    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0);
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0, NULL, 0);
+}
+
+static void x_qk_pf(const float *const *q, size_t nq, const float *const *k, size_t nk, size_t dim, float scale,
+                    float *s, size_t lds, const void *pf, size_t pf_len) {
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 0, (const char *)pf, pf_len);
 }
 
 static void x_qk_f16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
                      float scale, float *s, size_t lds) {
-    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1);
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 1, NULL, 0);
 }
 
 static void x_qk_bf16(const float *const *q, size_t nq, const uint16_t *const *k, size_t nk, size_t dim,
                       float scale, float *s, size_t lds) {
-    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 2);
+    qk_impl(q, nq, (const void *const *)k, nk, dim, scale, s, lds, 2, NULL, 0);
 }
 
 static float x_exp_sum(float *s, size_t n, float m) {
@@ -155,7 +164,8 @@ static inline __mmask16 chunk_mask(size_t dim, size_t d) {
 static inline __attribute__((always_inline)) void pv_chunk(float *const *rr, int ng, const float *p0, const float *p1,
                                                            const float *p2, const float *p3, const float *cc,
                                                            const void *const *v, size_t nk, size_t d, __mmask16 m0,
-                                                           __mmask16 m1, __mmask16 m2, __mmask16 m3, int f16) {
+                                                           __mmask16 m1, __mmask16 m2, __mmask16 m3, int f16,
+                                                           const char **pfc, const char *pfe, size_t pf_key) {
 #define KVM_PV_INIT(g)                                                                     \
     const __m512 c##g = _mm512_set1_ps(cc[g]);                                             \
     __m512 a##g##0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, rr[g] + d), c##g);            \
@@ -172,6 +182,7 @@ static inline __attribute__((always_inline)) void pv_chunk(float *const *rr, int
         const void *vi = (const char *)v[i] + d * (f16 ? 2 : 4);
         const __m512 v0 = ld(vi, 0, m0, f16), v1 = ld(vi, 16, m1, f16);
         const __m512 v2 = ld(vi, 32, m2, f16), v3 = ld(vi, 48, m3, f16);
+        kvm_pf_lines(pfc, pfe, pf_key);
         __m512 w = _mm512_set1_ps(p0[i]);
         a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
         a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
@@ -198,8 +209,12 @@ static inline __attribute__((always_inline)) void pv_chunk(float *const *rr, int
 
 static inline __attribute__((always_inline)) void pv_impl(float *const *acc, size_t nq, const float *c,
                                                           const float *p, size_t ldp, const void *const *v,
-                                                          size_t nk, size_t dim, int f16) {
+                                                          size_t nk, size_t dim, int f16, const char *pf,
+                                                          size_t pf_len) {
     const size_t full = dim & ~(size_t)63;
+    const char *pfc = pf, *const pfe = pf ? pf + pf_len : NULL;
+    const size_t passes = nk * ((dim + 63) / 64) * ((nq + 3) / 4); /* keys the 64-column passes visit */
+    const size_t pf_key = pf && passes ? (pf_len / passes + 63) & ~(size_t)63 : 0;
     for (size_t g0 = 0; g0 < nq; g0 += 4) {
         const size_t ng = nq - g0 < 4 ? nq - g0 : 4;
         const size_t g1 = g0 + (ng > 1 ? 1 : 0), g2 = g0 + (ng > 2 ? 2 : 0), g3 = g0 + (ng > 3 ? 3 : 0);
@@ -208,11 +223,12 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
         const float *p0 = p + g0 * ldp, *p1 = p + g1 * ldp, *p2 = p + g2 * ldp, *p3 = p + g3 * ldp;
         size_t d = 0;
         for (; d < full; d += 64)
-            pv_chunk(rr, (int)ng, p0, p1, p2, p3, cc, v, nk, d, 0xffff, 0xffff, 0xffff, 0xffff, f16);
+            pv_chunk(rr, (int)ng, p0, p1, p2, p3, cc, v, nk, d, 0xffff, 0xffff, 0xffff, 0xffff, f16, &pfc, pfe, pf_key);
         if (d < dim)
             pv_chunk(rr, (int)ng, p0, p1, p2, p3, cc, v, nk, d, chunk_mask(dim, d), chunk_mask(dim, d + 16),
-                     chunk_mask(dim, d + 32), chunk_mask(dim, d + 48), f16);
+                     chunk_mask(dim, d + 32), chunk_mask(dim, d + 48), f16, &pfc, pfe, pf_key);
     }
+    kvm_pf_lines(&pfc, pfe, (size_t)-1);
 }
 
 /* gcc's register allocator, by regions (its default), spills the value rows
@@ -228,17 +244,22 @@ static inline __attribute__((always_inline)) void pv_impl(float *const *acc, siz
 
 KVM_PV_RA static void x_pv(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                  const float *const *v, size_t nk, size_t dim) {
-    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0);
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0, NULL, 0);
+}
+
+KVM_PV_RA static void x_pv_pf(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
+                              const float *const *v, size_t nk, size_t dim, const void *pf, size_t pf_len) {
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 0, (const char *)pf, pf_len);
 }
 
 KVM_PV_RA static void x_pv_f16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                      const uint16_t *const *v, size_t nk, size_t dim) {
-    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1);
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 1, NULL, 0);
 }
 
 KVM_PV_RA static void x_pv_bf16(float *const *acc, size_t nq, const float *c, const float *p, size_t ldp,
                       const uint16_t *const *v, size_t nk, size_t dim) {
-    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2);
+    pv_impl(acc, nq, c, p, ldp, (const void *const *)v, nk, dim, 2, NULL, 0);
 }
 
 /* Rows of scores: the maxima and finiteness in one pass, then the exps and
@@ -284,4 +305,5 @@ static int x_softmax_step(float *s, size_t lds, size_t nq, size_t nk, float *m, 
 }
 
 const kvm_attend_kernels kvm_attend_avx512 = {"avx512", x_qk,      x_exp_sum, x_pv,          x_qk_f16,
-                                                x_pv_f16, x_qk_bf16, x_pv_bf16, x_softmax_step};
+                                                x_pv_f16, x_qk_bf16, x_pv_bf16, x_softmax_step,
+                                                x_qk_pf, x_pv_pf};
