@@ -89,6 +89,7 @@ static kvmem_status pool_sync(kvmem_pool *p) {
     if (!p->store) return kvm_fail(KVMEM_ERR_NOT_FOUND, "kvmem_pool_sync: the pool has no store_dir");
     kvmem_status st = KVMEM_OK;
     pthread_mutex_lock(&p->mu);
+    while (p->spilling_bytes) pthread_cond_wait(&p->spill_cv, &p->mu); /* no second writer beside a spill */
     /* closed agents only: an open one belongs to its thread (kvmem_agent_save) */
     for (int32_t i = 0; i < p->n_agents && st == KVMEM_OK; i++) {
         kvm_agent_mem *m = p->agents[i];

@@ -101,6 +101,7 @@ kvmem_status kvmem_pool_create(kvmem_context *ctx, const kvmem_model_spec *spec,
     p->row_elems = (size_t)spec->n_kv_heads * (size_t)spec->head_dim;
     p->layer_elems_bs = p->row_elems * (size_t)bs;
     pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->spill_cv, NULL);
     atomic_init(&p->dev_bytes, 0);
     atomic_init(&p->dev_evictions, 0);
     atomic_init(&p->dev_unmirrored, 0);
@@ -278,24 +279,39 @@ void kvm_agent_mem_replace(kvmem_pool *p, kvm_agent_mem *m, kvm_agent_mem *fresh
 }
 
 /* Spill the least recently used closed agent to the store. Called with the
- * mutex held. KVMEM_OK: one was spilled; KVMEM_ERR_NOT_FOUND: none is left;
- * else the write failed (the message names the agent; it stays in memory). */
+ * mutex held, which it releases while it writes (a file's write and fsync,
+ * a Redis round trip: every other call that needs the pool would wait for
+ * it otherwise); the agent is marked spilling meanwhile, its bytes still
+ * counted, and waiters on spill_cv are woken when the write ends.
+ * KVMEM_OK: one was spilled; KVMEM_ERR_NOT_FOUND: none is left; else the
+ * write failed (the message names the agent; it stays in memory). */
 static kvmem_status spill_one(kvmem_pool *p) {
     kvm_agent_mem *best = NULL;
     for (int32_t i = 0; i < p->n_agents; i++) {
         kvm_agent_mem *m = p->agents[i];
         /* open agents are never spilled; mapped ones hold only their index
          * and cannot be written (their KV is in their own file) */
-        if (m->handle || m->spilled || m->bytes == 0 || m->mapped) continue;
+        if (m->handle || m->spilled || m->spilling || m->bytes == 0 || m->mapped) continue;
         if (!best || m->lru_tick < best->lru_tick) best = m;
     }
     if (!best) return KVMEM_ERR_NOT_FOUND;
-    kvmem_status st;
-    if (best->dirty && (st = kvm_store_save_mem(p, best)) != KVMEM_OK) {
-        char why[400];
-        snprintf(why, sizeof why, "%s", kvmem_last_error());
-        kvm_log(KVMEM_LOG_WARN, "cannot spill agent '%s': %s", best->id, why);
-        return kvm_fail(st, "spilling agent '%s' to the store failed: %s", best->id, why);
+    if (best->dirty) {
+        /* closed and marked: nothing changes its memory or frees it until
+         * the mark is cleared (open, remove and sync wait for it) */
+        best->spilling = 1;
+        p->spilling_bytes += best->bytes;
+        pthread_mutex_unlock(&p->mu);
+        kvmem_status st = kvm_store_save_mem(p, best);
+        char why[400] = "";
+        if (st != KVMEM_OK) snprintf(why, sizeof why, "%s", kvmem_last_error());
+        pthread_mutex_lock(&p->mu);
+        best->spilling = 0;
+        p->spilling_bytes -= best->bytes;
+        pthread_cond_broadcast(&p->spill_cv);
+        if (st != KVMEM_OK) {
+            kvm_log(KVMEM_LOG_WARN, "cannot spill agent '%s': %s", best->id, why);
+            return kvm_fail(st, "spilling agent '%s' to the store failed: %s", best->id, why);
+        }
     }
     p->used_bytes -= best->bytes;
     kvm_agent_mem_clear(best);
@@ -304,15 +320,39 @@ static kvmem_status spill_one(kvmem_pool *p) {
     return KVMEM_OK;
 }
 
+/* 1 if `bytes` more, and `room` besides, fit the capacity once `freeing`
+ * of the bytes in use are gone. Mutex held. */
+static int pool_fits(const kvmem_pool *p, uint64_t bytes, uint64_t room, uint64_t freeing) {
+    const uint64_t cap = p->params.capacity_bytes, used = p->used_bytes - freeing;
+    return used <= cap && bytes <= cap - used && room <= cap - used - bytes;
+}
+
 kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
     pthread_mutex_lock(&p->mu);
     uint64_t cap = p->params.capacity_bytes;
-    while (cap && (p->used_bytes > cap || bytes > cap - p->used_bytes)) {
+    /* A reservation that does not fit spills until a sixteenth of the
+     * capacity is left free besides its bytes: the small reservations that
+     * follow (another agent's few tokens) then fit without spilling, and
+     * without waiting for the spills under way. */
+    const uint64_t room = cap / 16;
+    int spilt = 0;
+    while (cap && !(spilt ? pool_fits(p, bytes, room, 0) : pool_fits(p, bytes, 0, 0))) {
+        spilt = 1;
+        /* spills under way (another thread's, outside the mutex) will free enough: wait for them */
+        if (p->spilling_bytes && pool_fits(p, bytes, room, p->spilling_bytes)) {
+            pthread_cond_wait(&p->spill_cv, &p->mu);
+            continue;
+        }
         kvmem_status st = p->store ? spill_one(p) : KVMEM_ERR_NOT_FOUND;
         if (st == KVMEM_OK) continue;
+        if (pool_fits(p, bytes, 0, 0)) break; /* the room is a wish: not worth a failure */
         if (st != KVMEM_ERR_NOT_FOUND) { /* a spill that failed says why: not a capacity problem */
             pthread_mutex_unlock(&p->mu);
             return st;
+        }
+        if (p->spilling_bytes) { /* what the others spill may be enough */
+            pthread_cond_wait(&p->spill_cv, &p->mu);
+            continue;
         }
         uint64_t used = p->used_bytes;
         pthread_mutex_unlock(&p->mu);
@@ -351,6 +391,7 @@ void kvmem_pool_free(kvmem_pool *p) {
     kvm_store_free(p->store);
     kvm_free(p->agents);
     kvm_free(p->layer_window);
+    pthread_cond_destroy(&p->spill_cv);
     pthread_mutex_destroy(&p->mu);
     kvm_free(p);
 }
@@ -427,6 +468,10 @@ static kvmem_status agent_open_call(kvmem_pool *p, const char *id, kvmem_agent *
     if (!h) return kvm_fail(KVMEM_ERR_NOMEM, "kvmem_agent_open: out of memory for the handle");
     pthread_mutex_lock(&p->mu);
     int32_t at = find_agent(p, id);
+    while (at >= 0 && p->agents[at]->spilling) { /* being written out: then reloaded */
+        pthread_cond_wait(&p->spill_cv, &p->mu);
+        at = find_agent(p, id);
+    }
     kvm_agent_mem *m = NULL;
     int load = 0, created = 0;
     if (at >= 0) {
@@ -636,6 +681,10 @@ static kvmem_status pool_remove_agent_call(kvmem_pool *p, const char *id) {
     if (st != KVMEM_OK) return st;
     pthread_mutex_lock(&p->mu);
     int32_t at = find_agent(p, id);
+    while (at >= 0 && p->agents[at]->spilling) { /* its spill's write ends first */
+        pthread_cond_wait(&p->spill_cv, &p->mu);
+        at = find_agent(p, id);
+    }
     if (at < 0) {
         /* an agent that lives only in the store is removed from there */
         st = p->store ? p->store->iface->remove(p->store, id) : KVMEM_ERR_NOT_FOUND;

@@ -58,7 +58,9 @@ typedef struct kvm_agent_mem {
     uint64_t lru_tick; /* pool tick of the last open/close: spill order */
     int32_t dirty;     /* changed since it was last written to the store */
     int32_t spilled;   /* memory is in the store only (closed agents) */
-    int32_t reserved2[2];
+    int32_t spilling;  /* being written to the store by a spill, outside the mutex: no spill picks it,
+                          opening, removing or syncing it waits on spill_cv */
+    int32_t reserved2[1];
     struct kvm_mapped *mapped; /* opened by kvmem_agent_open_file: read-only, KV in the file; NULL otherwise */
     /* device-resident mirror of the sealed blocks (resident.h), or NULL;
      * dropped by kvm_resident_drop whenever blocks change other than by sealing */
@@ -85,6 +87,8 @@ struct kvmem_pool {
     size_t row_elems;      /* n_kv_heads * head_dim */
     size_t layer_elems_bs; /* n_kv_heads * BS * head_dim */
     pthread_mutex_t mu;    /* agents table, used_bytes, graveyard */
+    pthread_cond_t spill_cv; /* signalled (with mu) when a spill's write ends */
+    uint64_t spilling_bytes; /* bytes of the agents being spilled (still in used_bytes); under mu */
     kvm_agent_mem **agents; /* sorted by id */
     int32_t n_agents, cap_agents;
     uint64_t used_bytes;

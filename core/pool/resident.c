@@ -80,8 +80,8 @@ static int admit(kvmem_pool *p, const kvm_agent_mem *self, uint64_t bytes) {
         kvm_agent_mem *lru = NULL;
         for (int32_t i = 0; i < p->n_agents; i++) {
             kvm_agent_mem *a = p->agents[i];
-            /* handle first: an open agent's res is its own thread's to change */
-            if (a != self && !a->handle && a->res && (!lru || a->lru_tick < lru->lru_tick)) lru = a;
+            /* handle first: an open agent's res is its own thread's to change; a spilling one's is its spill's */
+            if (a != self && !a->handle && !a->spilling && a->res && (!lru || a->lru_tick < lru->lru_tick)) lru = a;
         }
         if (!lru) break;
         kvm_resident_drop(lru);

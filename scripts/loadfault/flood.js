@@ -34,6 +34,9 @@ const rssKb = (pid) => { try { return Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSy
 const UNITS = { K: 1024, M: 1024 ** 2, G: 1024 ** 3 };
 const bytes = (s) => { const m = /^(\d+)([KMG]?)$/i.exec(String(s)); return Number(m[1]) * (UNITS[m[2].toUpperCase()] ?? 1); };
 
+// what main started, stopped by the failure handler too (a Redis left running otherwise)
+const children = [];
+
 async function main() {
   const port = await freePort(), base = `http://127.0.0.1:${port}`;
   let redis = null, store = '';
@@ -41,6 +44,7 @@ async function main() {
     const rp = await freePort();
     fs.mkdirSync(path.join(out, 'redis'), { recursive: true });
     redis = spawn('redis-server', ['--port', String(rp), '--bind', '127.0.0.1', '--dir', path.join(out, 'redis'), '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+    children.push(redis);
     await sleep(500);
     store = `redis://127.0.0.1:${rp}?pool=flood`;
   } else if (args.store === 'dir') {
@@ -58,12 +62,14 @@ async function main() {
     : [process.execPath, [path.join(root, 'examples', 'node', 'memory-service', 'server.js')]];
   const fd = fs.openSync(path.join(out, `service-${args.service}.log`), 'a');
   const svc = spawn(cmd, argv, { env, stdio: ['ignore', fd, fd] });
+  children.push(svc);
   let health;
   for (let i = 0; i < 600; i++) {
     health = await call(base, 'GET', '/health', { timeoutMs: 2000 });
     if (health.code === 200) break;
     await sleep(100);
   }
+  if (health.code !== 200) throw new Error(`the service did not answer /health (its log: ${path.join(out, `service-${args.service}.log`)})`);
   const limits = health.body.limits;
   log(`${args.service} on ${base}, store ${args.store}, budget ${budget}: pool ${limits.pool_capacity_bytes} bytes, ${limits.workers} workers`);
   const rounds = Number(args.rounds ?? 2);
@@ -145,4 +151,8 @@ async function main() {
   process.stdout.write(JSON.stringify(report) + '\n');
 }
 
-main().catch((e) => { console.error(e); process.exit(2); });
+main().catch((e) => {
+  console.error(e);
+  for (const c of children) c.kill('SIGKILL');
+  process.exit(2);
+});

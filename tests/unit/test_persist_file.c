@@ -8,12 +8,16 @@
 #include "format/hash.h"
 #include "format/json.h"
 #include "pool/pool.h" /* the spare block list: what a reload reuses */
+#include "store/store.h" /* a gate in front of the store's writes */
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static char g_dir[256];
@@ -669,6 +673,173 @@ static void store_spills_lru_closed_agents_and_reloads_them(void **state) {
     kvmem_context_free(ctx);
 }
 
+/* A gate in front of a store's writes: while shut, open_write waits there
+ * (a spill whose write to a slow disk or a stalled Redis has not ended). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int shut, waiting;
+    const kvm_store_iface *inner;
+    kvm_store_iface iface;
+} g_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, {0}};
+
+static kvmem_status gated_open_write(kvm_store *s, const char *key, kvm_store_writer **out) {
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.waiting++;
+    while (g_gate.shut) pthread_cond_wait(&g_gate.cv, &g_gate.mu);
+    g_gate.waiting--;
+    pthread_mutex_unlock(&g_gate.mu);
+    return g_gate.inner->open_write(s, key, out);
+}
+
+static void gate_install(kvmem_pool *p) {
+    g_gate.inner = p->store->iface;
+    g_gate.iface = *p->store->iface;
+    g_gate.iface.open_write = gated_open_write;
+    p->store->iface = &g_gate.iface;
+}
+
+static void gate_set(int shut) {
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.shut = shut;
+    pthread_cond_broadcast(&g_gate.cv);
+    pthread_mutex_unlock(&g_gate.mu);
+}
+
+static int gate_waiting(void) {
+    pthread_mutex_lock(&g_gate.mu);
+    int n = g_gate.waiting;
+    pthread_mutex_unlock(&g_gate.mu);
+    return n;
+}
+
+typedef struct spill_job {
+    kvmem_pool *p;
+    const char *id;
+    int32_t T;
+    kvmem_status st;
+    uint64_t used_after; /* pool_info's used_bytes after the append */
+    snap s;              /* agent `id` as opened (the "reopen" job) */
+    atomic_int done;
+} spill_job;
+
+/* Open job->id, append T tokens, read the pool's numbers, close. */
+static void *append_job(void *arg) {
+    spill_job *j = arg;
+    kvmem_agent *a;
+    if ((j->st = kvmem_agent_open(j->p, j->id, &a)) == KVMEM_OK) {
+        fill_agent(a, 2, 64, j->T, 77);
+        kvmem_pool_info pi;
+        j->st = kvmem_pool_get_info(j->p, &pi);
+        j->used_after = pi.used_bytes;
+        kvmem_agent_close(a);
+    }
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+/* Open job->id (a spilled or spilling agent: reloaded) and take what it holds. */
+static void *reopen_job(void *arg) {
+    spill_job *j = arg;
+    kvmem_agent *a;
+    if ((j->st = kvmem_agent_open(j->p, j->id, &a)) == KVMEM_OK) {
+        j->s = take(a, 2, 64);
+        kvmem_agent_close(a);
+    }
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+/* 1 once *flag is set, 0 after `ms` milliseconds without. */
+static int wait_for(atomic_int *flag, int ms) {
+    for (int i = 0; i < ms && !atomic_load(flag); i++) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    return atomic_load(flag);
+}
+
+/* A spill writes its agent without the pool's mutex: while one waits on its
+ * store, another agent opens, appends a few tokens (the room the spilling
+ * reservation left) and closes, and the pool answers; opening the agent
+ * being spilled waits for the write and reloads it whole. Before, the spill
+ * held the mutex through the write and all of these waited for it. */
+static void a_spill_in_progress_blocks_only_its_own_agent(void **state) {
+    (void)state;
+    const int32_t L = 2, D = 64, T = 196; /* 24 blocks and a tail: bytes equal after a reload */
+    kvmem_context *ctx = tu_context(2);
+    char store[300];
+    path_of(store, sizeof store, "store-gated");
+    mkdir(store, 0755);
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, store, 0, 0);
+    kvmem_agent *a;
+    kvmem_agent_info info;
+    assert_ok(kvmem_agent_open(p, "probe", &a));
+    fill_agent(a, L, D, T, 1);
+    assert_ok(kvmem_agent_get_info(a, &info));
+    const uint64_t one = info.bytes;
+    kvmem_agent_close(a);
+    assert_ok(kvmem_agent_open(p, "probe-small", &a));
+    fill_agent(a, L, D, 3, 1);
+    assert_ok(kvmem_agent_get_info(a, &info));
+    const uint64_t small = info.bytes;
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    assert_true(4 * small < one / 2);
+
+    /* room for two agents and a half: a third spills the least recently used */
+    const uint64_t cap = 2 * one + one / 2;
+    p = make_pool(ctx, L, D, KVMEM_F16, store, cap, 0);
+    gate_install(p);
+    assert_ok(kvmem_agent_open(p, "a0", &a));
+    fill_agent(a, L, D, T, 10);
+    snap a0 = take(a, L, D);
+    kvmem_agent_close(a);
+    assert_ok(kvmem_agent_open(p, "a1", &a));
+    fill_agent(a, L, D, T, 11);
+    kvmem_agent_close(a);
+
+    gate_set(1);
+    spill_job big = {.p = p, .id = "big", .T = T}, other = {.p = p, .id = "other", .T = 3}, back = {.p = p, .id = "a0"};
+    pthread_t tb, to, tr;
+    assert_int_equal(pthread_create(&tb, NULL, append_job, &big), 0);
+    int spilling = 0;
+    for (int i = 0; i < 10000 && !spilling; i++) { /* big's append spills a0 and waits at the gate */
+        spilling = gate_waiting() == 1;
+        if (!spilling) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    int other_done = 0, back_early = 0;
+    if (spilling) {
+        assert_int_equal(pthread_create(&to, NULL, append_job, &other), 0);
+        other_done = wait_for(&other.done, 10000); /* milliseconds in practice; the mutex: forever */
+        assert_int_equal(pthread_create(&tr, NULL, reopen_job, &back), 0);
+        back_early = wait_for(&back.done, 50);
+    }
+    const int still_spilling = gate_waiting() == 1;
+    gate_set(0); /* whatever happened: let every thread finish before asserting */
+    pthread_join(tb, NULL);
+    if (spilling) {
+        pthread_join(to, NULL);
+        pthread_join(tr, NULL);
+    }
+    assert_true(spilling);
+    assert_true(other_done);
+    assert_true(still_spilling);
+    assert_int_equal(other.st, KVMEM_OK);
+    assert_true(other.used_after <= cap);
+    assert_int_equal(big.st, KVMEM_OK);
+    assert_true(big.used_after <= cap);
+    /* the agent being spilled was opened only once its write ended: whole */
+    assert_false(back_early);
+    assert_int_equal(back.st, KVMEM_OK);
+    snap_equal(&a0, &back.s, L, D);
+    char f0[400];
+    struct stat sb;
+    snprintf(f0, sizeof f0, "%s/a0.safetensors", store);
+    assert_int_equal(stat(f0, &sb), 0);
+    snap_free(&a0);
+    snap_free(&back.s);
+    kvmem_pool_free(p);
+    kvmem_context_free(ctx);
+}
+
 static void corrupt_store_file_fails_open_cleanly(void **state) {
     (void)state;
     kvmem_context *ctx = tu_context(1);
@@ -806,6 +977,7 @@ int main(void) {
         cmocka_unit_test(bad_arguments_change_nothing),
         cmocka_unit_test(reloads_reuse_freed_blocks_within_the_pool_bound),
         cmocka_unit_test(store_spills_lru_closed_agents_and_reloads_them),
+        cmocka_unit_test(a_spill_in_progress_blocks_only_its_own_agent),
         cmocka_unit_test(corrupt_store_file_fails_open_cleanly),
         cmocka_unit_test(json_reader_is_strict),
         cmocka_unit_test(xxh64_matches_published_vectors),

@@ -668,13 +668,25 @@ func (s *service) handle(w http.ResponseWriter, r *http.Request, client string, 
 		return nil, &httpError{413, "too_large", fmt.Sprintf("request body of %d bytes is over the service's limit of %d", r.ContentLength, s.cfg.MaxBodyBytes)}
 	}
 	t0 := time.Now()
-	release, err := s.sched.acquire(r.Context(), client)
+	release, background, err := s.sched.acquire(r.Context(), client)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	*queued = time.Since(t0)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	work := func() (any, error) { return s.work(w, r, name, id, inBytes) }
+	if background {
+		return runLowPriority(work)
+	}
+	return work()
+}
+
+// work reads, decodes and carries out a request that holds a slot, and
+// writes its answer (nil, nil) or returns the error to answer with: the
+// slot covers the answer's encoding and writing too, so a client's large
+// answers take no more cores than its slots.
+func (s *service) work(w http.ResponseWriter, r *http.Request, name, id string, inBytes *int) (any, error) {
+	body, err := readBody(w, r, s.cfg.MaxBodyBytes)
 	*inBytes = len(body)
 	if err != nil {
 		var mb *http.MaxBytesError
@@ -714,7 +726,23 @@ func (s *service) handle(w http.ResponseWriter, r *http.Request, client string, 
 		}
 		return nil, nil
 	}
-	return out, nil
+	writeJSON(w, http.StatusOK, out)
+	return nil, nil
+}
+
+// readBody reads the body into one buffer of its announced length (io.ReadAll
+// grows by doubling: twice a large body's bytes in garbage, and as many
+// collections of the Go heap)
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	if r.ContentLength < 0 || r.ContentLength > limit {
+		return io.ReadAll(rd)
+	}
+	body := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(rd, body); err != nil {
+		return nil, err
+	}
+	return body, nil // net/http ends the body at its Content-Length
 }
 
 // writeF32s writes xs little-endian, 64 KiB at a time

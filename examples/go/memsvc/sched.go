@@ -19,6 +19,12 @@ import (
 // cores but one, and fewer than there are slots), so a newcomer never waits
 // for a flood's requests to finish; and at most clientQueue requests (at work and waiting): the next
 // one is refused at once (429), before its body is read.
+//
+// A request granted while its client has others in the service (waiting or
+// at work) is marked background: the service runs it at a lower CPU
+// priority (lowprio_linux.go), so a client's backlog of large bodies and
+// answers does not take the cores from clients that send one request at a
+// time.
 type fairScheduler struct {
 	mu                                  sync.Mutex
 	workers, clientRunning, clientQueue int
@@ -43,6 +49,7 @@ type ticket struct {
 	c       *schedClient
 	ready   chan struct{}
 	granted bool
+	busy    bool // granted while its client had other requests in the service
 	err     error
 	once    sync.Once
 }
@@ -89,11 +96,12 @@ func (s *fairScheduler) enqueue(client string) (*ticket, error) {
 }
 
 // acquire enqueues and waits for a slot; ctx's end takes a waiting request
-// out of its queue. The release function gives the slot back (idempotent).
-func (s *fairScheduler) acquire(ctx context.Context, client string) (func(), error) {
+// out of its queue. The release function gives the slot back (idempotent);
+// background: the client had other requests in the service when it got it.
+func (s *fairScheduler) acquire(ctx context.Context, client string) (release func(), background bool, err error) {
 	t, err := s.enqueue(client)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	select {
 	case <-t.ready:
@@ -102,14 +110,14 @@ func (s *fairScheduler) acquire(ctx context.Context, client string) (func(), err
 		if !t.granted && t.err == nil {
 			s.dropLocked(t)
 			s.mu.Unlock()
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 		s.mu.Unlock()
 	}
 	if t.err != nil {
-		return nil, t.err
+		return nil, false, t.err
 	}
-	return t.release, nil
+	return t.release, t.busy, nil
 }
 
 func (s *fairScheduler) dropLocked(t *ticket) {
@@ -165,6 +173,7 @@ func (s *fairScheduler) pumpLocked() {
 		best.waiting = best.waiting[1:]
 		s.queued--
 		best.running++
+		t.busy = len(best.waiting) > 0 || best.running > 1
 		s.turn++
 		best.lastTurn = s.turn
 		s.running++

@@ -456,12 +456,12 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
       let out;
       if (['list', 'info', 'remove'].includes(route)) out = await routes[route](id);
       else {
-        const fields = await codecs.decode(route, req.headers['content-type'], body);
+        const fields = await codecs.decode(route, req.headers['content-type'], body, release.background);
         out = await routes[route](id, fields, codec.accepts(req.headers.accept));
       }
       if (out.gathered) {
         if (codec.accepts(req.headers.accept)) return send(200, codec.tensorChunks(out), codec.CT_TENSORS);
-        return send(200, [await codecs.json(out, [out.gathered.k, out.gathered.v])], codec.CT_JSON);
+        return send(200, [await codecs.json(out, [out.gathered.k, out.gathered.v], release.background)], codec.CT_JSON);
       }
       return sendJson(200, out);
     } catch (e) {

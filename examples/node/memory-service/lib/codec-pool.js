@@ -8,17 +8,20 @@
 // a core, and under load that costs more than the parse.
 const os = require('node:os');
 const path = require('node:path');
-const { Worker, isMainThread, parentPort } = require('node:worker_threads');
+const { Worker, isMainThread, parentPort, workerData } = require('node:worker_threads');
 const codec = require('./codec');
 
 if (!isMainThread && parentPort) {
-  // this thread does the large bodies' and answers' work: at a lower CPU
-  // priority (Linux: per thread), a flood of them leaves the cores to the
-  // small requests on the main thread
-  try { os.setPriority(0, Math.max(os.getPriority(0), 10)); } catch { /* not permitted: same priority */ }
+  // a background thread does the large bodies' and answers' work of clients
+  // with a backlog (lib/sched.js): at a lower CPU priority (Linux: per
+  // thread), a flood of them leaves the cores to the other clients' requests,
+  // on the main thread and on the foreground threads
+  if (workerData?.background) try { os.setPriority(0, Math.max(os.getPriority(0), 10)); } catch { /* not permitted: same priority */ }
   parentPort.on('message', ({ id, op, route, ctype, bytes, obj }) => {
     try {
-      if (op === 'decode') {
+      if (op === 'priority') {
+        parentPort.postMessage({ id, ok: true, priority: os.getPriority(0) });
+      } else if (op === 'decode') {
         const fields = codec.decodeRequest(route, ctype, Buffer.from(bytes));
         const moved = Object.values(fields).filter(ArrayBuffer.isView).map((a) => a.buffer);
         parentPort.postMessage({ id, ok: true, fields }, moved);
@@ -34,13 +37,14 @@ if (!isMainThread && parentPort) {
 }
 
 class CodecPool {
-  // heapMb: each thread's V8 heap limit. V8 lets a busy heap grow with its
-  // garbage (hundreds of MB under a flood of large bodies) before it
-  // collects; a limit sized to one request's work holds it to that.
-  constructor(n, { inlineBytes = 65536, heapMb = 256 } = {}) {
+  // n background threads (nice 10) and nForeground at the service's own
+  // priority. heapMb: each thread's V8 heap limit. V8 lets a busy heap grow
+  // with its garbage (hundreds of MB under a flood of large bodies) before
+  // it collects; a limit sized to one request's work holds it to that.
+  constructor(n, { inlineBytes = 65536, heapMb = 256, nForeground = 1 } = {}) {
     this.inlineBytes = inlineBytes;
     this.heapMb = heapMb;
-    this.n = n;
+    this.n = { true: n, false: nForeground };
     this.workers = [];
     this.seq = 0;
     this.pending = new Map(); // id -> {resolve, reject, w}
@@ -49,17 +53,21 @@ class CodecPool {
   // start every thread now (a new V8 isolate takes 50-300 ms): the first
   // large bodies then find them ready
   async start() {
-    while (this.workers.length < this.n) {
-      const w = this._worker();
-      await new Promise((resolve, reject) => { w.once('online', resolve); w.once('error', reject); });
+    for (const bg of [true, false]) {
+      while (this.workers.filter((w) => w.background === bg).length < this.n[bg]) {
+        const w = this._worker(bg);
+        await new Promise((resolve, reject) => { w.once('online', resolve); w.once('error', reject); });
+      }
     }
   }
 
-  _worker() {
-    if (this.workers.length < this.n) {
+  _worker(background) {
+    const mine = this.workers.filter((w) => w.background === background);
+    if (mine.length < this.n[background]) {
       const w = new Worker(path.join(__dirname, 'codec-pool.js'),
-        { resourceLimits: { maxOldGenerationSizeMb: this.heapMb, maxYoungGenerationSizeMb: 8 } });
+        { workerData: { background }, resourceLimits: { maxOldGenerationSizeMb: this.heapMb, maxYoungGenerationSizeMb: 8 } });
       w.unref();
+      w.background = background;
       w.jobs = 0;
       w.on('message', (m) => {
         const p = this.pending.get(m.id);
@@ -80,32 +88,47 @@ class CodecPool {
       return w;
     }
     // the least busy thread: a small body never waits behind a flood's large one
-    // (there are as many threads as requests at work)
-    return this.workers.reduce((a, b) => (b.jobs < a.jobs ? b : a));
+    // (there are as many background threads as requests at work)
+    return mine.reduce((a, b) => (b.jobs < a.jobs ? b : a));
   }
 
-  _run(msg, transfer) {
+  _run(msg, transfer, background) {
     return new Promise((resolve, reject) => {
       const id = ++this.seq;
-      const w = this._worker();
+      const w = this._worker(Boolean(background));
       w.jobs++;
       this.pending.set(id, { resolve, reject, w });
       w.postMessage({ ...msg, id }, transfer);
     });
   }
 
-  // codec.decodeRequest, off the main thread when the body is large
-  async decode(route, ctype, buf) {
+  // codec.decodeRequest, off the main thread when the body is large (on a
+  // background thread for background work)
+  async decode(route, ctype, buf, background = true) {
     if (buf.length <= this.inlineBytes) return codec.decodeRequest(route, ctype, buf);
     const bytes = buf.byteOffset === 0 && buf.length === buf.buffer.byteLength ? buf.buffer : buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.length);
-    return (await this._run({ op: 'decode', route, ctype, bytes }, [bytes])).fields;
+    return (await this._run({ op: 'decode', route, ctype, bytes }, [bytes], background)).fields;
   }
 
   // codec.jsonBytes, off the main thread when `arrays` (typed arrays inside
   // obj, moved to the thread) hold more than inlineBytes
-  async json(obj, arrays = []) {
+  async json(obj, arrays = [], background = true) {
     if (arrays.reduce((a, x) => a + x.byteLength, 0) <= this.inlineBytes) return codec.jsonBytes(obj);
-    return Buffer.from((await this._run({ op: 'json', obj }, arrays.map((a) => a.buffer))).bytes);
+    return Buffer.from((await this._run({ op: 'json', obj }, arrays.map((a) => a.buffer), background)).bytes);
+  }
+
+  // the threads' ids and priorities (Linux: os.getPriority of each thread), for tests
+  async priorities() {
+    return Promise.all(this.workers.map((w) => this._runOn(w, { op: 'priority' }).then((m) => ({ background: w.background, priority: m.priority }))));
+  }
+
+  _runOn(w, msg) {
+    return new Promise((resolve, reject) => {
+      const id = ++this.seq;
+      w.jobs++;
+      this.pending.set(id, { resolve, reject, w });
+      w.postMessage({ ...msg, id });
+    });
   }
 
   close() { for (const w of this.workers) w.terminate(); this.workers = []; }

@@ -10,6 +10,12 @@
 // cores but one, and fewer than there are slots), so a newcomer never waits
 // for a flood's requests to finish; and at most `clientQueue` requests (at work and waiting): the next
 // one is refused at once (429), before its body is read.
+//
+// A request granted while its client has others in the service (waiting or
+// at work) is background work (its release function's `background` is true):
+// the service encodes and decodes it on codec threads at a lower CPU
+// priority, so a client's backlog of large bodies and answers does not take
+// the cores from clients that send one request at a time.
 
 class QueueFullError extends Error {}
 class DrainingError extends Error {}
@@ -74,14 +80,16 @@ class FairScheduler {
       best.lastTurn = ++this.turn;
       this.running++;
       let released = false;
-      w.resolve(() => {
+      const release = () => {
         if (released) return;
         released = true;
         best.running--;
         this.running--;
         this._forget(best);
         this._pump();
-      });
+      };
+      release.background = best.waiting.length > 0 || best.running > 1;
+      w.resolve(release);
     }
   }
 

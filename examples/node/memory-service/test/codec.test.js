@@ -114,3 +114,26 @@ test('codec: the answer layout round-trips its tensors, and the size bound cover
   const worst = Float32Array.from({ length: 1000 }, (_, i) => -Math.fround(1.2345678e-38 * (i + 1.1)));
   assert.ok(codec.jsonBytes({ blocks: [], gathered: { shape: [], k: worst, v: worst } }).length <= codec.responseBound(false, 2000, 0, 0));
 });
+
+test('codec pool: background threads run at nice 10, foreground ones at the service\'s priority, and each kind gets its own work', { skip: process.platform !== 'linux' && 'skipped: per-thread priorities are set on Linux only' }, async () => {
+  const os = require('node:os');
+  const { CodecPool } = require('../lib/codec-pool');
+  const pool = new CodecPool(2, { inlineBytes: 16, nForeground: 1 });
+  try {
+    await pool.start();
+    const own = os.getPriority(0);
+    const prios = (await pool.priorities()).map((p) => `${p.background ? 'bg' : 'fg'} ${p.priority}`).sort();
+    assert.deepEqual(prios, [`bg ${Math.max(own, 10)}`, `bg ${Math.max(own, 10)}`, `fg ${own}`]);
+    // a large body decoded as foreground work goes to the foreground thread
+    const body = Buffer.from(JSON.stringify({ query: Array.from({ length: 64 }, (_, i) => i / 8) }));
+    const jobs = () => pool.workers.map((w) => `${w.background ? 'bg' : 'fg'} ${w.jobs}`).sort();
+    const fg = pool.decode('retrieve', 'application/json', body, false);
+    assert.deepEqual(jobs(), ['bg 0', 'bg 0', 'fg 1']);
+    assert.equal((await fg).query.length, 64);
+    const bg = pool.decode('retrieve', 'application/json', Buffer.from(body), true);
+    assert.deepEqual(jobs(), ['bg 0', 'bg 1', 'fg 0']);
+    assert.equal((await bg).query.length, 64);
+  } finally {
+    pool.close();
+  }
+});

@@ -88,3 +88,20 @@ test('sched: a request whose client went away leaves the queue; drain refuses wh
   await d;
   assert.deepEqual(s.stats(), { running: 0, queued: 0, clients: 0 });
 });
+
+test('sched: the requests of a client with others in the service are background work, a lone request is not', async () => {
+  const s = new FairScheduler({ workers: 3, clientRunning: 2, clientQueue: 10 });
+  const { order, releases, submit } = recorder(s);
+  for (const l of ['f0', 'f1', 'f2']) submit('flood', l);
+  submit('light', 'l0');
+  await tick();
+  assert.deepEqual(order, ['f0', 'f1', 'l0']);
+  // f0 was alone when it came; f1 came to work beside f0 with f2 waiting
+  assert.deepEqual(Object.fromEntries(order.map((l) => [l, releases[l].background])), { f0: false, f1: true, l0: false });
+  for (const l of ['l0', 'f0', 'f1']) releases[l]();
+  await tick();
+  releases.f2();
+  submit('flood', 'f3'); // alone in the service now
+  await tick();
+  assert.equal(releases.f3.background, false);
+});
