@@ -318,8 +318,11 @@ typedef struct kvmem_pool_params {
                                     AGENT_ID.safetensors file each), the default store;
                                     NULL = none. Copied. With a store, closed agents are
                                     spilled there (least recently used first) instead of
-                                    failing with KVMEM_ERR_CAPACITY, and opening an agent
-                                    that is only in the store loads it.
+                                    failing with KVMEM_ERR_CAPACITY, until a sixteenth of
+                                    capacity_bytes is free besides the reservation, and
+                                    opening an agent that is only in the store loads it.
+                                    A spill writes without holding the pool: only calls
+                                    on the agent being written wait for it.
                                     Or a store URL (see "Sharing memory across hosts"
                                     in README.md): "redis://[[user]:pass@]host[:port][/db]"
                                     or "unix:///path.sock", options after '?': pool=NAME,
