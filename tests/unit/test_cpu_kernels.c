@@ -120,6 +120,35 @@ static void count_nonfinite_counts(void **state) {
     assert_int_equal(kvm_cpu_kernels_get()->count_nonfinite(x, 37), 3);
 }
 
+/* Sizes across the SIMD forms' four-vector steps and their tails (up to
+ * 64 floats a step), Inf/NaN bit patterns at every phase, against a plain
+ * loop over the exponent bits. */
+static void count_nonfinite_long_rows(void **state) {
+    (void)state;
+    static const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu};
+    uint64_t rng = 7;
+    float *x = malloc(1100 * sizeof(float));
+    assert_non_null(x);
+    int tested = 0;
+    for (size_t n = 0; n <= 1100; n += n < 200 ? 1 : 37) {
+        size_t want = 0;
+        for (size_t i = 0; i < n; i++) {
+            const uint64_t r = tu_next(&rng);
+            x[i] = r % 9 == 0 ? kvm_bits_f32(bad[(r >> 8) % 5]) : r % 9 == 1 ? kvm_bits_f32(0x7f7fffffu) : tu_normal(&rng);
+            want += (kvm_f32_bits(x[i]) & 0x7f800000u) == 0x7f800000u;
+        }
+        assert_int_equal((&kvm_cpu_scalar)->count_nonfinite(x, n), want);
+        for (int t = 0; t < 2; t++) {
+            const kvm_cpu_kernels *k = simd_tables(t);
+            if (!k) continue;
+            tested++;
+            assert_int_equal(k->count_nonfinite(x, n), want);
+        }
+    }
+    free(x);
+    if (!tested) skip();
+}
+
 static void minmax_equals_reference_and_scalar(void **state) {
     (void)state;
     uint64_t rng = 99;
@@ -204,6 +233,7 @@ int main(void) {
         cmocka_unit_test(scalar_f16_known_values),
         cmocka_unit_test(simd_conversions_equal_scalar),
         cmocka_unit_test(count_nonfinite_counts),
+        cmocka_unit_test(count_nonfinite_long_rows),
         cmocka_unit_test(minmax_equals_reference_and_scalar),
         cmocka_unit_test(minmax_nan_behaviour_is_the_same_everywhere),
         cmocka_unit_test(dot_matches_double_reference),

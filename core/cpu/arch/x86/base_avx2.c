@@ -74,9 +74,26 @@ static void a_minmax_rows(const float *x, size_t n_rows, size_t stride, size_t d
     }
 }
 
+/* Counted in vector lanes (a lane's compare is -1), four vectors a step;
+ * blocks of at most 2^30 elements keep the lane sums within 32 bits. */
 static size_t a_count_nonfinite(const float *x, size_t n) {
     size_t i = 0, c = 0;
     const __m256i em = _mm256_set1_epi32(0x7f800000);
+    while (n - i >= 32) {
+        const size_t run = (n - i) & ~(size_t)31, end = i + (run < ((size_t)1 << 30) ? run : ((size_t)1 << 30));
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+        for (; i < end; i += 32) {
+            a0 = _mm256_sub_epi32(a0, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), em), em));
+            a1 = _mm256_sub_epi32(a1, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 8)), em), em));
+            a2 = _mm256_sub_epi32(a2, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 16)), em), em));
+            a3 = _mm256_sub_epi32(a3, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 24)), em), em));
+        }
+        __m256i a = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        c += (size_t)(uint32_t)_mm_cvtsi128_si32(h);
+    }
     for (; i + 8 <= n; i += 8) {
         __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), em);
         int m = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, em)));
