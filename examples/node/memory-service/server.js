@@ -2,7 +2,7 @@
 // An HTTP memory service over kvmem: one pool, agents by id.
 //
 //   GET    /healthz                     200 {status: "ok", pid, started, ...}; 503 while shutting down or when the store does not answer
-//   GET    /health                      {version, spec, limits, pool}
+//   GET    /health                      {version, spec, limits, pool, malloc}
 //   GET    /agents                      {agents: [id...]}: the pool's agents and the store's
 //   GET    /agents/:id                  agent info
 //   POST   /agents/:id/append           {k, v, token_ids?, text?, token_text_offsets?, positions?, flush?, save?, expect_tokens?}
@@ -45,6 +45,17 @@
 // Run: npm install (the kvmem package: file:../../../bindings/node in a checkout,
 //      or npm install kvmem-X.tgz), then KVMEM_STORE=/var/lib/kvmem node server.js
 //      (HOST, PORT; PORT=0 picks a free port; without a store, save/load answer 501)
+const { tuneMalloc, mallocReport } = require('./lib/malloc');
+// First, before loading kvmem starts its threads (each thread's first malloc
+// may make an arena, which a later limit would not take back): glibc's malloc
+// held to the budget (lib/malloc.js). Only when run as the service.
+if (require.main === module) {
+  try {
+    tuneMalloc();
+  } catch (e) {
+    process.stderr.write(`memory-service: ${e.message}: glibc's malloc keeps its defaults\n`);
+  }
+}
 const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
@@ -436,7 +447,7 @@ async function createService(cfg, { log = (m) => process.stderr.write(`memory-se
           memory_budget_bytes: cfg.budgetBytes, pool_capacity_bytes: cfg.poolCapacityBytes, max_body_bytes: cfg.maxBodyBytes,
           max_response_bytes: cfg.maxResponseBytes, max_agent_tokens: cfg.maxAgentTokens, workers: cfg.workers,
           client_running: cfg.clientRunning, client_queue: cfg.clientQueue,
-        }, pool: { used_bytes: pi.usedBytes, n_agents: pi.nAgents }, event_loop_delay_ms: loop });
+        }, pool: { used_bytes: pi.usedBytes, n_agents: pi.nAgents }, malloc: mallocReport(), event_loop_delay_ms: loop });
       }
       if (draining) throw new DrainingError('the service is shutting down');
       const cl = req.headers['content-length'];
