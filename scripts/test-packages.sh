@@ -200,13 +200,14 @@ node_package() {
   cd "$tmp/svc"
   npm install --offline "${npmq[@]}" "$tmp"/koffi-*.tgz "$tgz" >"$tmp/svc-install.log" 2>&1 ||
     { cat "$tmp/svc-install.log"; fail "npm install in the copied examples/node/memory-service"; }
-  serve "Node memory-service" clean "$nodebin:/usr/bin:/bin" env PORT=0 node server.js
+  serve "Node memory-service" env -i PATH="$nodebin:/usr/bin:/bin" HOME="$tmp" PORT=0 node server.js
   ok "examples/node/memory-service copied out of the tree serves requests on the installed package"
 }
 
 # serve WHAT CMD...: starts a service that prints "listening on http://HOST:PORT"
 # (PORT=0), checks it answers from its kvmem pool (the agent list, a 404 for an
-# unknown agent), and stops it
+# unknown agent), and stops it. CMD is a program, not a shell function: a
+# function would run in a subshell whose kill leaves the service running.
 serve() {
   local what=$1
   shift
@@ -320,7 +321,7 @@ PYEOF
   go mod edit -dropreplace="$mpath" -require="$mpath@v$want"
   go mod tidy >tidy.log 2>&1 || { cat tidy.log; fail "go mod tidy in the copied memsvc"; }
   CGO_LDFLAGS="-Wl,-rpath,$(pkg-config --variable=libdir kvmem)" go build -o memsvc . || fail "go build of the copied memsvc"
-  serve "Go memsvc" clean /usr/bin:/bin env PORT=0 ./memsvc
+  serve "Go memsvc" env -i PATH=/usr/bin:/bin HOME="$tmp" PORT=0 ./memsvc
   ok "examples/go/memsvc copied out of the tree builds on the fetched module and serves requests"
 }
 
