@@ -3,7 +3,6 @@
 package main
 
 import (
-	"fmt"
 	"runtime"
 	"syscall"
 )
@@ -16,7 +15,8 @@ const lowNice = 10
 // code and the kvmem calls it makes (the append, a spill's write). The
 // thread is locked to the goroutine and never unlocked, so it ends with it
 // rather than going back to the runtime at the lower priority. A panic in
-// fn is raised again in the caller (net/http's recovery applies).
+// fn is raised again in the caller with its own value (net/http's recovery
+// applies, and http.ErrAbortHandler still aborts quietly).
 func runLowPriority(fn func() (any, error)) (any, error) {
 	type result struct {
 		out   any
@@ -38,7 +38,7 @@ func runLowPriority(fn func() (any, error)) (any, error) {
 	}()
 	r := <-done
 	if r.panic != nil {
-		panic(fmt.Sprint(r.panic))
+		panic(r.panic)
 	}
 	return r.out, r.err
 }
