@@ -319,7 +319,9 @@ typedef struct kvmem_pool_params {
                                     NULL = none. Copied. With a store, closed agents are
                                     spilled there (least recently used first) instead of
                                     failing with KVMEM_ERR_CAPACITY, until a sixteenth of
-                                    capacity_bytes is free besides the reservation, and
+                                    capacity_bytes is free besides the reservation (a
+                                    reservation over a 64th of it spills so even when it
+                                    fits: who fills the pool pays for the spills), and
                                     opening an agent that is only in the store loads it.
                                     A spill writes without holding the pool: only calls
                                     on the agent being written wait for it.

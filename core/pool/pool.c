@@ -330,12 +330,14 @@ static int pool_fits(const kvmem_pool *p, uint64_t bytes, uint64_t room, uint64_
 kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
     pthread_mutex_lock(&p->mu);
     uint64_t cap = p->params.capacity_bytes;
-    /* A reservation that does not fit spills until a sixteenth of the
-     * capacity is left free besides its bytes: the small reservations that
+    /* The one who fills the pool pays for its spills. A reservation that
+     * does not fit, or a large one (over a sixty-fourth of the capacity)
+     * that would leave less than a sixteenth free, spills until that
+     * sixteenth is left besides its bytes: the small reservations that
      * follow (another agent's few tokens) then fit without spilling, and
-     * without waiting for the spills under way. */
+     * without waiting for the spills under way (a write and an fsync). */
     const uint64_t room = cap / 16;
-    int spilt = 0;
+    int spilt = bytes > cap / 64;
     while (cap && !(spilt ? pool_fits(p, bytes, room, 0) : pool_fits(p, bytes, 0, 0))) {
         spilt = 1;
         /* spills under way (another thread's, outside the mutex) will free enough: wait for them */

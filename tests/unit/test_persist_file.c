@@ -840,6 +840,71 @@ static void a_spill_in_progress_blocks_only_its_own_agent(void **state) {
     kvmem_context_free(ctx);
 }
 
+/* Bytes an agent of T tokens holds (a pool without a store or a cap). */
+static uint64_t agent_bytes(kvmem_context *ctx, int32_t L, int32_t D, int32_t T) {
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, NULL, 0, 0);
+    kvmem_agent *a;
+    kvmem_agent_info info;
+    assert_ok(kvmem_agent_open(p, "probe", &a));
+    fill_agent(a, L, D, T, 1);
+    assert_ok(kvmem_agent_get_info(a, &info));
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    return info.bytes;
+}
+
+/* The one who fills the pool pays for the spills: a large append that
+ * would leave the pool all but full spills then, so another agent's few
+ * tokens fit after it while the store's writes are held up. Before, the
+ * large append took the last bytes without spilling and the small one had
+ * to spill, waiting on the store (an fsync, behind a flood's writes). */
+static void a_large_append_leaves_room_for_small_ones(void **state) {
+    (void)state;
+    const int32_t L = 2, D = 64;
+    kvmem_context *ctx = tu_context(1);
+    const uint64_t one = agent_bytes(ctx, L, D, 192), big = agent_bytes(ctx, L, D, 96), small = agent_bytes(ctx, L, D, 3);
+    /* four closed agents, and room for the big append and half the small
+     * one's bytes: the big one fits, the small one after it would not */
+    const uint64_t cap = 4 * one + big + small / 2;
+    assert_true(big > cap / 64 && small <= cap / 64); /* large and small as the pool counts them */
+    char store[300];
+    path_of(store, sizeof store, "store-room");
+    mkdir(store, 0755);
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, store, cap, 0);
+    gate_install(p);
+    for (int i = 0; i < 4; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "a%d", i);
+        kvmem_agent *a;
+        assert_ok(kvmem_agent_open(p, id, &a));
+        fill_agent(a, L, D, 192, 10 + (uint64_t)i);
+        kvmem_agent_close(a);
+    }
+    spill_job bigj = {.p = p, .id = "big", .T = 96}, smallj = {.p = p, .id = "small", .T = 3};
+    append_job(&bigj);
+    assert_int_equal(bigj.st, KVMEM_OK);
+    /* a sixteenth of the capacity is free after it: a0 went to the store */
+    assert_true(bigj.used_after <= cap - cap / 16);
+    char f0[400];
+    struct stat sb;
+    snprintf(f0, sizeof f0, "%s/a0.safetensors", store);
+    assert_int_equal(stat(f0, &sb), 0);
+    /* with the store's writes held, the small append needs none */
+    gate_set(1);
+    pthread_t ts;
+    assert_int_equal(pthread_create(&ts, NULL, append_job, &smallj), 0);
+    const int done = wait_for(&smallj.done, 10000);
+    const int waited_at_gate = gate_waiting() > 0;
+    gate_set(0);
+    pthread_join(ts, NULL);
+    assert_false(waited_at_gate);
+    assert_true(done);
+    assert_int_equal(smallj.st, KVMEM_OK);
+    assert_true(smallj.used_after <= cap);
+    kvmem_pool_free(p);
+    kvmem_context_free(ctx);
+}
+
 static void corrupt_store_file_fails_open_cleanly(void **state) {
     (void)state;
     kvmem_context *ctx = tu_context(1);
@@ -978,6 +1043,7 @@ int main(void) {
         cmocka_unit_test(reloads_reuse_freed_blocks_within_the_pool_bound),
         cmocka_unit_test(store_spills_lru_closed_agents_and_reloads_them),
         cmocka_unit_test(a_spill_in_progress_blocks_only_its_own_agent),
+        cmocka_unit_test(a_large_append_leaves_room_for_small_ones),
         cmocka_unit_test(corrupt_store_file_fails_open_cleanly),
         cmocka_unit_test(json_reader_is_strict),
         cmocka_unit_test(xxh64_matches_published_vectors),
