@@ -22,7 +22,9 @@ if (!isMainThread && parentPort) {
       if (op === 'priority') {
         parentPort.postMessage({ id, ok: true, priority: os.getPriority(0) });
       } else if (op === 'decode') {
-        const fields = codec.decodeRequest(route, ctype, Buffer.from(bytes));
+        // a background body comes as the chunks it arrived in: joined here, off the event loop
+        const buf = Array.isArray(bytes) ? Buffer.concat(bytes.map((ab) => Buffer.from(ab))) : Buffer.from(bytes);
+        const fields = codec.decodeRequest(route, ctype, buf);
         const moved = Object.values(fields).filter(ArrayBuffer.isView).map((a) => a.buffer);
         parentPort.postMessage({ id, ok: true, fields }, moved);
       } else {
@@ -103,11 +105,15 @@ class CodecPool {
   }
 
   // codec.decodeRequest, off the main thread when the body is large (on a
-  // background thread for background work)
-  async decode(route, ctype, buf, background = true) {
-    if (buf.length <= this.inlineBytes) return codec.decodeRequest(route, ctype, buf);
-    const bytes = buf.byteOffset === 0 && buf.length === buf.buffer.byteLength ? buf.buffer : buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.length);
-    return (await this._run({ op: 'decode', route, ctype, bytes }, [bytes], background)).fields;
+  // background thread for background work). body: a Buffer, or the chunks
+  // it arrived in (moved to the thread, which joins them)
+  async decode(route, ctype, body, background = true) {
+    const chunks = Array.isArray(body) ? body : null;
+    const size = chunks ? chunks.reduce((a, c) => a + c.length, 0) : body.length;
+    if (size <= this.inlineBytes) return codec.decodeRequest(route, ctype, chunks ? Buffer.concat(chunks, size) : body);
+    const own = (b) => (b.byteOffset === 0 && b.length === b.buffer.byteLength ? b.buffer : b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+    const bytes = chunks ? chunks.map(own) : own(body);
+    return (await this._run({ op: 'decode', route, ctype, bytes }, chunks ? bytes : [bytes], background)).fields;
   }
 
   // codec.jsonBytes, off the main thread when `arrays` (typed arrays inside

@@ -137,3 +137,39 @@ test('codec pool: background threads run at nice 10, foreground ones at the serv
     pool.close();
   }
 });
+
+test('codec pool: a body in the chunks it arrived in decodes as the whole body, the chunks moved to the thread, not copied', async () => {
+  const { CodecPool } = require('../lib/codec-pool');
+  const pool = new CodecPool(1, { inlineBytes: 1024, nForeground: 1 });
+  try {
+    await pool.start();
+    const k = Float32Array.from({ length: 3000 }, (_, i) => Math.fround(Math.sin(i) * 3)), v = k.map((x) => -x);
+    const bodies = {
+      [codec.CT_TENSORS]: Buffer.concat(codec.tensorChunks({ k, v, flush: true })),
+      [codec.CT_JSON]: Buffer.from(JSON.stringify({ k: Array.from(k), v: Array.from(v), flush: true })),
+    };
+    for (const [ctype, whole] of Object.entries(bodies)) {
+      const want = codec.decodeRequest('append', ctype, whole);
+      // cut at odd places (inside a header, a float, a number): standalone chunks, as the
+      // HTTP parser hands them over, and one view into a larger buffer (copied, not moved)
+      const cuts = [0, 5, 4099, 9001, 9002, whole.length];
+      const alone = (b) => { const ab = new ArrayBuffer(b.length); new Uint8Array(ab).set(b); return Buffer.from(ab); };
+      const chunks = cuts.slice(1).map((end, i) => alone(whole.subarray(cuts[i], end)));
+      const shared = Buffer.concat([Buffer.alloc(3), chunks[2], Buffer.alloc(3)]);
+      chunks[2] = shared.subarray(3, 3 + chunks[2].length);
+      for (const background of [true, false]) {
+        const parts = chunks.map((c) => (c === chunks[2] ? c : alone(c)));
+        const got = await pool.decode('append', ctype, parts, background);
+        assert.deepEqual(got, want, `${ctype}, background ${background}`);
+        // the standalone chunks went to the thread (detached here); the view's buffer stayed
+        assert.deepEqual(parts.map((c) => c.buffer.byteLength === 0), [true, true, false, true, true]);
+      }
+      // small bodies in chunks decode on the calling thread
+      const small = Buffer.from(JSON.stringify({ k: [1, 2], v: [3, 4] }));
+      assert.deepEqual(await pool.decode('append', codec.CT_JSON, [small.subarray(0, 7), small.subarray(7)], true),
+        codec.decodeRequest('append', codec.CT_JSON, small));
+    }
+  } finally {
+    pool.close();
+  }
+});
