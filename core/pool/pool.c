@@ -335,17 +335,19 @@ kvmem_status kvm_pool_reserve(kvmem_pool *p, uint64_t bytes) {
      * that would leave less than a sixteenth free, spills until that
      * sixteenth is left besides its bytes: the small reservations that
      * follow (another agent's few tokens) then fit without spilling, and
-     * without waiting for the spills under way (a write and an fsync). */
+     * without waiting for the spills under way (a write and an fsync).
+     * While the store fails, only a reservation that does not fit tries. */
     const uint64_t room = cap / 16;
-    int spilt = bytes > cap / 64;
-    while (cap && !(spilt ? pool_fits(p, bytes, room, 0) : pool_fits(p, bytes, 0, 0))) {
-        spilt = 1;
+    int keep_room = bytes > cap / 64 && !p->spill_failing;
+    while (cap && !(keep_room ? pool_fits(p, bytes, room, 0) : pool_fits(p, bytes, 0, 0))) {
+        keep_room = 1;
         /* spills under way (another thread's, outside the mutex) will free enough: wait for them */
         if (p->spilling_bytes && pool_fits(p, bytes, room, p->spilling_bytes)) {
             pthread_cond_wait(&p->spill_cv, &p->mu);
             continue;
         }
         kvmem_status st = p->store ? spill_one(p) : KVMEM_ERR_NOT_FOUND;
+        p->spill_failing = st != KVMEM_OK && st != KVMEM_ERR_NOT_FOUND;
         if (st == KVMEM_OK) continue;
         if (pool_fits(p, bytes, 0, 0)) break; /* the room is a wish: not worth a failure */
         if (st != KVMEM_ERR_NOT_FOUND) { /* a spill that failed says why: not a capacity problem */

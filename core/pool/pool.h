@@ -89,6 +89,8 @@ struct kvmem_pool {
     pthread_mutex_t mu;    /* agents table, used_bytes, graveyard */
     pthread_cond_t spill_cv; /* signalled (with mu) when a spill's write ends */
     uint64_t spilling_bytes; /* bytes of the agents being spilled (still in used_bytes); under mu */
+    int spill_failing;       /* the last spill failed: reservations that fit do not try one
+                                again (each would wait on a failing store) until one succeeds; under mu */
     kvm_agent_mem **agents; /* sorted by id */
     int32_t n_agents, cap_agents;
     uint64_t used_bytes;

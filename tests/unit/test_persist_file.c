@@ -51,7 +51,7 @@ static kvmem_pool *make_pool(kvmem_context *ctx, int32_t L, int32_t D, kvmem_dty
 static const char *k_text = "Hello, world! caf\xc3\xa9 na\xc3\xafve r\xc3\xa9sum\xc3\xa9 and more text";
 
 /* Append T tokens (deterministic from seed) with ids, text and offsets. */
-static void fill_agent(kvmem_agent *a, int32_t L, int32_t D, int32_t T, uint64_t seed) {
+static kvmem_status append_tokens(kvmem_agent *a, int32_t L, int32_t D, int32_t T, uint64_t seed) {
     const int32_t H = 2;
     size_t n = (size_t)L * T * H * D;
     float *k = malloc(n * 4), *v = malloc(n * 4);
@@ -72,8 +72,13 @@ static void fill_agent(kvmem_agent *a, int32_t L, int32_t D, int32_t T, uint64_t
     ap.text = k_text;
     ap.text_len = tl;
     ap.token_text_offsets = offs;
-    assert_ok(kvmem_agent_append(a, &tk, &tv, &ap));
+    kvmem_status st = kvmem_agent_append(a, &tk, &tv, &ap);
     free(k), free(v), free(ids), free(offs);
+    return st;
+}
+
+static void fill_agent(kvmem_agent *a, int32_t L, int32_t D, int32_t T, uint64_t seed) {
+    assert_ok(append_tokens(a, L, D, T, seed));
 }
 
 /* Everything observable about an agent, read through the public API. */
@@ -674,21 +679,25 @@ static void store_spills_lru_closed_agents_and_reloads_them(void **state) {
 }
 
 /* A gate in front of a store's writes: while shut, open_write waits there
- * (a spill whose write to a slow disk or a stalled Redis has not ended). */
+ * (a spill whose write to a slow disk or a stalled Redis has not ended);
+ * while failing, it refuses (a store that is down). Writes are counted. */
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int shut, waiting;
+    int shut, waiting, failing, writes;
     const kvm_store_iface *inner;
     kvm_store_iface iface;
-} g_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, {0}};
+} g_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, {0}};
 
 static kvmem_status gated_open_write(kvm_store *s, const char *key, kvm_store_writer **out) {
     pthread_mutex_lock(&g_gate.mu);
+    g_gate.writes++;
     g_gate.waiting++;
     while (g_gate.shut) pthread_cond_wait(&g_gate.cv, &g_gate.mu);
     g_gate.waiting--;
+    const int failing = g_gate.failing;
     pthread_mutex_unlock(&g_gate.mu);
+    if (failing) return kvm_fail(KVMEM_ERR_IO, "store down (test)");
     return g_gate.inner->open_write(s, key, out);
 }
 
@@ -756,6 +765,19 @@ static int wait_for(atomic_int *flag, int ms) {
     return atomic_load(flag);
 }
 
+/* Bytes an agent of T tokens holds (a pool without a store or a cap). */
+static uint64_t agent_bytes(kvmem_context *ctx, int32_t L, int32_t D, int32_t T) {
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, NULL, 0, 0);
+    kvmem_agent *a;
+    kvmem_agent_info info;
+    assert_ok(kvmem_agent_open(p, "probe", &a));
+    fill_agent(a, L, D, T, 1);
+    assert_ok(kvmem_agent_get_info(a, &info));
+    kvmem_agent_close(a);
+    kvmem_pool_free(p);
+    return info.bytes;
+}
+
 /* A spill writes its agent without the pool's mutex: while one waits on its
  * store, another agent opens, appends a few tokens (the room the spilling
  * reservation left) and closes, and the pool answers; opening the agent
@@ -768,25 +790,13 @@ static void a_spill_in_progress_blocks_only_its_own_agent(void **state) {
     char store[300];
     path_of(store, sizeof store, "store-gated");
     mkdir(store, 0755);
-    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, store, 0, 0);
-    kvmem_agent *a;
-    kvmem_agent_info info;
-    assert_ok(kvmem_agent_open(p, "probe", &a));
-    fill_agent(a, L, D, T, 1);
-    assert_ok(kvmem_agent_get_info(a, &info));
-    const uint64_t one = info.bytes;
-    kvmem_agent_close(a);
-    assert_ok(kvmem_agent_open(p, "probe-small", &a));
-    fill_agent(a, L, D, 3, 1);
-    assert_ok(kvmem_agent_get_info(a, &info));
-    const uint64_t small = info.bytes;
-    kvmem_agent_close(a);
-    kvmem_pool_free(p);
+    const uint64_t one = agent_bytes(ctx, L, D, T), small = agent_bytes(ctx, L, D, 3);
     assert_true(4 * small < one / 2);
 
     /* room for two agents and a half: a third spills the least recently used */
     const uint64_t cap = 2 * one + one / 2;
-    p = make_pool(ctx, L, D, KVMEM_F16, store, cap, 0);
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, store, cap, 0);
+    kvmem_agent *a;
     gate_install(p);
     assert_ok(kvmem_agent_open(p, "a0", &a));
     fill_agent(a, L, D, T, 10);
@@ -840,19 +850,6 @@ static void a_spill_in_progress_blocks_only_its_own_agent(void **state) {
     kvmem_context_free(ctx);
 }
 
-/* Bytes an agent of T tokens holds (a pool without a store or a cap). */
-static uint64_t agent_bytes(kvmem_context *ctx, int32_t L, int32_t D, int32_t T) {
-    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, NULL, 0, 0);
-    kvmem_agent *a;
-    kvmem_agent_info info;
-    assert_ok(kvmem_agent_open(p, "probe", &a));
-    fill_agent(a, L, D, T, 1);
-    assert_ok(kvmem_agent_get_info(a, &info));
-    kvmem_agent_close(a);
-    kvmem_pool_free(p);
-    return info.bytes;
-}
-
 /* The one who fills the pool pays for the spills: a large append that
  * would leave the pool all but full spills then, so another agent's few
  * tokens fit after it while the store's writes are held up. Before, the
@@ -901,6 +898,59 @@ static void a_large_append_leaves_room_for_small_ones(void **state) {
     assert_true(done);
     assert_int_equal(smallj.st, KVMEM_OK);
     assert_true(smallj.used_after <= cap);
+    kvmem_pool_free(p);
+    kvmem_context_free(ctx);
+}
+
+/* A store that is down: a large append that fits tries one spill to keep
+ * room, and after that failure the next ones that fit do not try again (each
+ * would wait on the failing store); one that does not fit still tries, fails
+ * with the store's error, and succeeds once the store is back. */
+static void a_failing_store_is_not_retried_by_appends_that_fit(void **state) {
+    (void)state;
+    const int32_t L = 2, D = 64;
+    kvmem_context *ctx = tu_context(1);
+    const uint64_t one = agent_bytes(ctx, L, D, 192), big = agent_bytes(ctx, L, D, 96), small = agent_bytes(ctx, L, D, 3);
+    const uint64_t cap = 4 * one + big + small / 2; /* a big append fits, with less than a sixteenth left */
+    char store[300];
+    path_of(store, sizeof store, "store-down");
+    mkdir(store, 0755);
+    kvmem_pool *p = make_pool(ctx, L, D, KVMEM_F16, store, cap, 0);
+    gate_install(p);
+    kvmem_agent *a;
+    for (int i = 0; i < 4; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "a%d", i);
+        assert_ok(kvmem_agent_open(p, id, &a));
+        fill_agent(a, L, D, 192, 20 + (uint64_t)i);
+        kvmem_agent_close(a);
+    }
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.failing = 1;
+    g_gate.writes = 0;
+    pthread_mutex_unlock(&g_gate.mu);
+    assert_ok(kvmem_agent_open(p, "b0", &a));
+    fill_agent(a, L, D, 96, 30); /* fits: one spill tried, failed */
+    kvmem_agent_close(a);
+    assert_int_equal(g_gate.writes, 1);
+    assert_ok(kvmem_pool_remove_agent(p, "b0"));
+    assert_ok(kvmem_agent_open(p, "b1", &a));
+    fill_agent(a, L, D, 96, 31); /* fits again: no second try */
+    kvmem_agent_close(a);
+    assert_int_equal(g_gate.writes, 1);
+    kvmem_pool_info pi, pj;
+    assert_ok(kvmem_pool_get_info(p, &pi));
+    assert_ok(kvmem_agent_open(p, "b2", &a));
+    assert_int_equal(append_tokens(a, L, D, 96, 32), KVMEM_ERR_IO); /* does not fit: tries, and says why */
+    assert_int_equal(g_gate.writes, 2);
+    assert_ok(kvmem_pool_get_info(p, &pj));
+    assert_int_equal(pj.used_bytes, pi.used_bytes); /* nothing reserved by the failed append */
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.failing = 0;
+    pthread_mutex_unlock(&g_gate.mu);
+    fill_agent(a, L, D, 96, 32); /* the store is back: it spills and fits */
+    kvmem_agent_close(a);
+    assert_true(g_gate.writes >= 3);
     kvmem_pool_free(p);
     kvmem_context_free(ctx);
 }
@@ -1044,6 +1094,7 @@ int main(void) {
         cmocka_unit_test(store_spills_lru_closed_agents_and_reloads_them),
         cmocka_unit_test(a_spill_in_progress_blocks_only_its_own_agent),
         cmocka_unit_test(a_large_append_leaves_room_for_small_ones),
+        cmocka_unit_test(a_failing_store_is_not_retried_by_appends_that_fit),
         cmocka_unit_test(corrupt_store_file_fails_open_cleanly),
         cmocka_unit_test(json_reader_is_strict),
         cmocka_unit_test(xxh64_matches_published_vectors),
