@@ -78,6 +78,11 @@ typedef struct kvm_score_kernels {
      * pass over the stored bytes, no f32 copy. */
     void (*exact_f16)(const float *q, size_t R, const uint16_t *k, size_t n, size_t D, float *out);
     void (*exact_f32)(const float *q, size_t R, const float *k, size_t n, size_t D, float *out);
+    /* Group maxima of weighted scores, the AGG_MAX aggregation over a
+     * block's query tokens: out[g] = max_{t < n} x[g * n + t] * w[g * n + t]
+     * (w NULL: x[g * n + t]), g < n_groups, n >= 1. Each product is rounded
+     * once and max is exact, so every table gives the same bits. */
+    void (*group_max)(const float *x, const float *w, size_t n_groups, size_t n, float *out);
 } kvm_score_kernels;
 
 /* ---- attention ---- */

@@ -95,6 +95,7 @@ typedef struct slot {
     /* RR */
     rank_item *ranks;
     float *col; /* one item's scores [n_cand][R] */
+    float *gm;  /* one block's AGG_MAX group maxima [G] */
 } slot;
 
 typedef struct score_job {
@@ -138,6 +139,16 @@ static void box_f32(const score_job *job, size_t j, size_t l, size_t g, float *d
     else kvm_cpu_kernels_get()->f16_to_f32(b, dst, 2 * job->D);
 }
 
+/* [q+ || q-] of one query row; restrict lets the compiler vectorize it (a
+ * scalar compare per element mispredicts on the query's random signs). */
+static void split_row(const float *restrict src, float *restrict pos, float *restrict neg, size_t D) {
+    for (size_t k = 0; k < D; k++) {
+        const float v = src[k];
+        pos[k] = v > 0.0f ? v : 0.0f;
+        neg[k] = v < 0.0f ? v : 0.0f;
+    }
+}
+
 /* Query rows of item (l, g), r = gi * n_q + t, raw or split into [q+ || q-]. */
 static void pack_rows(const score_job *job, size_t item, float *dst, int split) {
     const size_t l = item / job->H, g = item % job->H, D = job->D, nq = job->nq;
@@ -149,28 +160,28 @@ static void pack_rows(const score_job *job, size_t item, float *dst, int split) 
                 memcpy(row, src, D * sizeof(float));
                 continue;
             }
-            for (size_t k = 0; k < D; k++) {
-                row[k] = src[k] > 0.0f ? src[k] : 0.0f;
-                row[D + k] = src[k] < 0.0f ? src[k] : 0.0f;
-            }
+            split_row(src, row, row + D, D);
         }
 }
 
 /* Per-token normalisation of one item's scores sc[n_cand][ldo] (rows r < R)
  * over the candidates, aggregation over tokens and the sum over the group:
  * o[j] for every candidate (per_head: o[gi][j] per query head of the
- * group). sc is overwritten. */
-static void normalise_item(const score_job *job, float *sc, size_t ldo, float *colm, rank_item *ranks, float *o) {
+ * group). sc is overwritten. Softmax leaves e = exp(tau (I - m)) in sc and
+ * the weights 1 / Z in w; the aggregation takes each e * w as it goes (one
+ * pass fewer over the scores, the same products). */
+static void normalise_item(const score_job *job, float *sc, size_t ldo, float *colm, rank_item *ranks, float *gm,
+                           float *o) {
     const kvm_dev_score_args *d = job->d;
     const size_t G = job->G, R = job->R, nq = job->nq, nc = job->nc;
+    const float *w = NULL;
     if (d->norm == KVMEM_NORM_SOFTMAX) {
         float *cols = colm + ldo;
         for (size_t r = 0; r < R; r++) colm[r] = -INFINITY, cols[r] = 0.0f;
         job->kern->col_max(sc, nc, ldo, R, colm);
         job->kern->col_exp_sum(sc, nc, ldo, R, colm, d->tau, cols);
         for (size_t r = 0; r < R; r++) cols[r] = 1.0f / cols[r];
-        for (size_t j = 0; j < nc; j++)
-            for (size_t r = 0; r < R; r++) sc[j * ldo + r] *= cols[r];
+        w = cols;
     } else {
         for (size_t r = 0; r < R; r++) {
             for (size_t j = 0; j < nc; j++) {
@@ -184,12 +195,16 @@ static void normalise_item(const score_job *job, float *sc, size_t ldo, float *c
     for (size_t j = 0; j < nc; j++) {
         const float *s = sc + j * ldo;
         float total = 0.0f;
+        if (d->agg == KVMEM_AGG_MAX) job->kern->group_max(s, w, G, nq, gm);
         for (size_t gi = 0; gi < G; gi++) {
-            float a = s[gi * nq];
-            if (d->agg == KVMEM_AGG_MAX)
-                for (size_t t = 1; t < nq; t++) a = s[gi * nq + t] > a ? s[gi * nq + t] : a;
-            else
-                for (size_t t = 1; t < nq; t++) a += s[gi * nq + t];
+            float a;
+            if (d->agg == KVMEM_AGG_MAX) {
+                a = gm[gi];
+            } else {
+                const float *x = s + gi * nq, *wg = w ? w + gi * nq : NULL;
+                a = wg ? x[0] * wg[0] : x[0];
+                for (size_t t = 1; t < nq; t++) a += wg ? x[t] * wg[t] : x[t];
+            }
             if (job->per_head) o[gi * nc + j] = a;
             total += a;
         }
@@ -311,7 +326,7 @@ static void bm_finish(score_job *job, size_t c) {
 static void bm_rank_item(score_job *job, const slot *s, size_t item) {
     const size_t nc = job->nc, R = job->R, cols = job->cols;
     for (size_t j = 0; j < nc; j++) memcpy(s->col + j * R, job->sc + j * cols + item * R, R * sizeof(float));
-    normalise_item(job, s->col, R, NULL, s->ranks, job->oi + item * (job->per_head ? job->G : 1) * nc);
+    normalise_item(job, s->col, R, NULL, s->ranks, s->gm, job->oi + item * (job->per_head ? job->G : 1) * nc);
 }
 
 enum { W_SCORE, W_EXP, W_FINISH, W_RANK, W_ITEM };
@@ -404,7 +419,7 @@ static void item_major(score_job *job, const slot *s, size_t item) {
         }
     }
     check_finite(job, sc, nc * ldo);
-    normalise_item(job, sc, ldo, s->colm, s->ranks, job->oi + item * (job->per_head ? job->G : 1) * nc);
+    normalise_item(job, sc, ldo, s->colm, s->ranks, s->gm, job->oi + item * (job->per_head ? job->G : 1) * nc);
 }
 
 /* ---- the op ---- */
@@ -440,6 +455,7 @@ static void layout(score_job *job, kvm_carve *c, size_t n_slots, int block_major
             s.ranks = kvm_carve_take(c, nc, sizeof(rank_item));
             if (block_major) s.col = kvm_carve_take(c, nc, R * sizeof(float));
         }
+        s.gm = kvm_carve_take(c, job->G, sizeof(float));
         if (c->base) job->slots[i] = s;
     }
 }

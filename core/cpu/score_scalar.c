@@ -98,6 +98,17 @@ static void s_exact_f32(const float *q, size_t R, const float *k, size_t n, size
     }
 }
 
+static void s_group_max(const float *x, const float *w, size_t n_groups, size_t n, float *out) {
+    for (size_t g = 0; g < n_groups; g++) {
+        float a = -INFINITY;
+        for (size_t t = g * n; t < (g + 1) * n; t++) {
+            const float v = w ? x[t] * w[t] : x[t];
+            a = v > a ? v : a;
+        }
+        out[g] = a;
+    }
+}
+
 const kvm_score_kernels kvm_score_scalar = {"scalar",          s_panel,     s_rows,          s_exp_neg, 1,
                                            s_aabb_rows_f16,   s_aabb_rows_f32, s_col_max, s_col_exp_sum, s_dot,
-                                           s_exact_f16,       s_exact_f32};
+                                           s_exact_f16,       s_exact_f32,     s_group_max};

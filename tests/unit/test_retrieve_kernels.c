@@ -225,6 +225,39 @@ static void column_kernels_equal_plain_loops(void **state) {
     }
 }
 
+/* group_max: the exact maxima of the rounded products, bit for bit, in
+ * every table, for group lengths below, at and past a vector (1, 4, 16,
+ * 32, 37 tokens), with and without weights. */
+static void group_max_equals_a_plain_loop(void **state) {
+    (void)state;
+    const kvm_score_kernels *tabs[3] = {(&kvm_score_scalar), simd_tables(0), simd_tables(1)};
+    uint64_t rng = 45;
+    enum { G = 5, NMAX = 37 };
+    float x[G * NMAX], w[G * NMAX], out[G + 1];
+    for (size_t i = 0; i < G * NMAX; i++) x[i] = tu_normal(&rng), w[i] = 0.01f + fabsf(tu_normal(&rng));
+    const size_t lens[5] = {1, 4, 16, 32, 37};
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        for (int li = 0; li < 5; li++)
+            for (int weighted = 0; weighted < 2; weighted++) {
+                const size_t n = lens[li];
+                out[G] = 12345.0f; /* past the groups: untouched */
+                tabs[t]->group_max(x, weighted ? w : NULL, G, n, out);
+                for (size_t g = 0; g < G; g++) {
+                    float want = -INFINITY;
+                    for (size_t i = g * n; i < (g + 1) * n; i++) {
+                        volatile float v = weighted ? x[i] * w[i] : x[i]; /* rounded to f32 once */
+                        if (v > want) want = v;
+                    }
+                    if (memcmp(&out[g], &want, sizeof want) != 0)
+                        fail_msg("%s group_max n=%zu weighted=%d group %zu: %a, want %a", tabs[t]->name, n, weighted, g,
+                                 (double)out[g], (double)want);
+                }
+                assert_true(out[G] == 12345.0f);
+            }
+    }
+}
+
 static void vector_exp_is_accurate(void **state) {
     (void)state;
     const kvm_score_kernels *tabs[3] = {(&kvm_score_scalar), simd_tables(0), simd_tables(1)};
@@ -418,6 +451,7 @@ int main(void) {
         cmocka_unit_test(aabb_row_kernels_equal_the_definition),
         cmocka_unit_test(exact_kernels_equal_the_definition),
         cmocka_unit_test(column_kernels_equal_plain_loops),
+        cmocka_unit_test(group_max_equals_a_plain_loop),
         cmocka_unit_test(vector_exp_is_accurate),
         cmocka_unit_test(aabb_score_bounds_the_best_key),
         cmocka_unit_test(block_major_and_item_major_agree),

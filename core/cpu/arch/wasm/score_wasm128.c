@@ -341,8 +341,27 @@ static float w_dot(const float *a, const float *b, size_t n) {
     return s;
 }
 
+static void w_group_max(const float *x, const float *w, size_t n_groups, size_t n, float *out) {
+    for (size_t g = 0; g < n_groups; g++, x += n, w = w ? w + n : NULL) {
+        float a = -INFINITY;
+        size_t t = 0;
+        if (n >= 4) {
+            V acc = w ? wasm_f32x4_mul(VLOAD(x), VLOAD(w)) : VLOAD(x);
+            for (t = 4; t + 4 <= n; t += 4) acc = wasm_f32x4_pmax(acc, w ? wasm_f32x4_mul(VLOAD(x + t), VLOAD(w + t)) : VLOAD(x + t));
+            float lanes[4];
+            VSTORE(lanes, acc);
+            for (size_t i = 0; i < 4; i++) a = lanes[i] > a ? lanes[i] : a;
+        }
+        for (; t < n; t++) {
+            const float v = w ? x[t] * w[t] : x[t];
+            a = v > a ? v : a;
+        }
+        out[g] = a;
+    }
+}
+
 /* rows_below 16: a decode step's 4-8 query rows would be padded to a
  * 16-row panel; the row product is faster below that. */
 const kvm_score_kernels kvm_score_wasm128 = {"wasm128",       w_panel,         w_rows,    w_exp_neg,     16,
                                             w_aabb_rows_f16, w_aabb_rows_f32, w_col_max, w_col_exp_sum, w_dot,
-                                            w_exact_f16,     w_exact_f32};
+                                            w_exact_f16,     w_exact_f32,     w_group_max};
