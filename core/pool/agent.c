@@ -143,10 +143,7 @@ int kvm_agent_grow_blocks(kvmem_pool *p, kvm_agent_mem *m, int32_t need) {
         return 0;
     void *na = kvm_aabb_take(p, ab, &got);
     if (na) nc = KVM_MIN(got / per, (size_t)INT32_MAX); /* all of it: later growth fits */
-    /* on huge pages where the system gives them: a decode selection streams
-     * the whole array (128 KiB a block at Llama-3.1-8B geometry), and with
-     * 4 KiB pages its TLB misses cost 15-20% of the call */
-    else if (!(na = kvm_huge_alloc(ab))) return 0;
+    else if (!(na = kvm_aligned_alloc(ab))) return 0;
     kvm_block *nb = kvm_realloc(m->blocks, nc * sizeof *nb);
     if (!nb) {
         kvm_agent_mem tmp;
