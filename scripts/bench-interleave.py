@@ -97,13 +97,17 @@ def table(args):
             r = int(p.rsplit("-round-", 1)[1].split("-")[0])
             rounds.setdefault(r, {}).update(load(p))
         runs[x] = [rounds[r] for r in sorted(rounds)]
-    keys = [k for k in runs["b"][0] if all(k in r for r in runs["a"] + runs["b"])] if runs["b"] else []
+    # every row any round of b has, over the rounds where both trees have it
+    # (suites run for different numbers of rounds can share one DIR)
+    keys = list(dict.fromkeys(k for r in runs["b"] for k in r))
     print("| row | rounds | %s | %s | b / a | b / a per round |" % (args.name_a, args.name_b))
     print("|---|---|---|---|---|---|")
     ratios = []
     for k in keys:
-        va = [r[k] for r in runs["a"]]
-        vb = [r[k] for r in runs["b"]]
+        both = [(ra[k], rb[k]) for ra, rb in zip(runs["a"], runs["b"]) if k in ra and k in rb]
+        if not both:
+            continue
+        va, vb = [a for a, _ in both], [b for _, b in both]
         ma, mb = statistics.median(va), statistics.median(vb)
         if ma <= 0 or mb <= 0:
             continue
