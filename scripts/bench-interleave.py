@@ -15,7 +15,9 @@ PyTorch side on OpenBLAS when installed). Lines land in
 DIR/SUITE-round-R-X.jsonl, one line per run in DIR/log.txt (time, load).
 --table reads DIR back: one row per timing field (`*_ms`, `ms_*`, `*_ms_*`)
 of each line, keyed by the line's text fields and sizes, with each tree's
-median over the rounds, b / a, and b / a of each round."""
+median over the rounds that hold the row in both trees (suites run for
+different numbers of rounds can share one DIR), b / a, and b / a of each
+of those rounds."""
 import argparse
 import glob
 import json
@@ -98,7 +100,6 @@ def table(args):
             rounds.setdefault(r, {}).update(load(p))
         runs[x] = [rounds[r] for r in sorted(rounds)]
     # every row any round of b has, over the rounds where both trees have it
-    # (suites run for different numbers of rounds can share one DIR)
     keys = list(dict.fromkeys(k for r in runs["b"] for k in r))
     print("| row | rounds | %s | %s | b / a | b / a per round |" % (args.name_a, args.name_b))
     print("|---|---|---|---|---|---|")
