@@ -36,6 +36,7 @@ Needs numpy, torch and the kvmem Python binding (bindings/python; the library
 from KVMEM_LIBRARY, default build/default/core/libkvmem.so). Without torch
 (or numpy) it prints one "skipped" line saying why and exits 77."""
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -95,6 +96,25 @@ def blas_in_use():
                 else "reference BLAS" if "/blas/" in n else "BLAS")
         desc.setdefault(kind, []).append(n)
     return "; ".join("%s (%s)" % (k, ", ".join(v)) for k, v in desc.items())
+
+
+def blas_thread_setter():
+    """A function that sets the thread count of the BLAS torch's matmuls run
+    on, or None. torch.set_num_threads holds ATen's own loops only: Debian's
+    torch reaches OpenBLAS through libblas.so.3, and OpenBLAS's own threads
+    (one per core) stay on, so a "1 thread" peer row ran on every core."""
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "/" in line}
+    for p in sorted(paths):
+        base = os.path.basename(p)
+        for prefix, sym in (("libopenblas", "openblas_set_num_threads"), ("libmkl_rt", "MKL_Set_Num_Threads"),
+                            ("libblis", "bli_thread_set_num_threads")):
+            if base.startswith(prefix):
+                fn = getattr(ctypes.CDLL(p), sym, None)
+                if fn is not None:
+                    fn.argtypes, fn.restype = [ctypes.c_int], None
+                    return fn
+    return None
 
 
 def machine_limits(cli):
@@ -318,6 +338,7 @@ class Runner:
         self.g = Geometry(args.quick)
         self.rounds = args.rounds or (2 if args.quick else 7)
         self.blas = blas_in_use()
+        self.blas_threads = blas_thread_setter()
         self.limits = []
         self.cli = args.kvmem_cli
         m = machine_limits(self.cli)
@@ -352,7 +373,10 @@ class Runner:
              blas=self.blas, **extra)
 
     def set_threads(self, n):
+        """Both sides on n threads: kvmem's context, ATen's loops and the BLAS's own."""
         torch.set_num_threads(n)
+        if self.blas_threads:
+            self.blas_threads(n)
         return kvmem.Context("cpu", n_threads=n)
 
     # AABB selection and EXACT scoring on one agent per size
@@ -568,7 +592,8 @@ def main():
     ncpu = os.cpu_count() or 1
     threads = [int(x) for x in args.threads.split(",")] if args.threads else sorted({1, ncpu})
     r = Runner(args)
-    emit(machine=dict(r.limits[0]) if r.limits else None, blas=r.blas, torch=torch.__version__,
+    emit(machine=dict(r.limits[0]) if r.limits else None, blas=r.blas, blas_threads_held=r.blas_threads is not None,
+         torch=torch.__version__,
          kvmem=kvmem.version(), threads=threads, rounds=r.rounds)
     only = set(args.only.split(","))
     q = args.quick
