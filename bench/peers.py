@@ -98,22 +98,25 @@ def blas_in_use():
     return "; ".join("%s (%s)" % (k, ", ".join(v)) for k, v in desc.items())
 
 
-def blas_thread_setter():
-    """A function that sets the thread count of the BLAS torch's matmuls run
-    on, or None. torch.set_num_threads holds ATen's own loops only: Debian's
+def blas_threads():
+    """(set, get) for the thread count of the BLAS torch's matmuls run on,
+    or None. torch.set_num_threads holds ATen's own loops only: Debian's
     torch reaches OpenBLAS through libblas.so.3, and OpenBLAS's own threads
     (one per core) stay on, so a "1 thread" peer row ran on every core."""
     with open("/proc/self/maps") as f:
         paths = {line.split()[-1] for line in f if "/" in line}
     for p in sorted(paths):
         base = os.path.basename(p)
-        for prefix, sym in (("libopenblas", "openblas_set_num_threads"), ("libmkl_rt", "MKL_Set_Num_Threads"),
-                            ("libblis", "bli_thread_set_num_threads")):
+        for prefix, set_sym, get_sym in (("libopenblas", "openblas_set_num_threads", "openblas_get_num_threads"),
+                                         ("libmkl_rt", "MKL_Set_Num_Threads", "MKL_Get_Max_Threads"),
+                                         ("libblis", "bli_thread_set_num_threads", "bli_thread_get_num_threads")):
             if base.startswith(prefix):
-                fn = getattr(ctypes.CDLL(p), sym, None)
-                if fn is not None:
-                    fn.argtypes, fn.restype = [ctypes.c_int], None
-                    return fn
+                lib = ctypes.CDLL(p)
+                set_fn, get_fn = getattr(lib, set_sym, None), getattr(lib, get_sym, None)
+                if set_fn is not None and get_fn is not None:
+                    set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
+                    get_fn.argtypes, get_fn.restype = [], ctypes.c_int
+                    return set_fn, get_fn
     return None
 
 
@@ -338,7 +341,7 @@ class Runner:
         self.g = Geometry(args.quick)
         self.rounds = args.rounds or (2 if args.quick else 7)
         self.blas = blas_in_use()
-        self.blas_threads = blas_thread_setter()
+        self.blas_threads = blas_threads()
         self.limits = []
         self.cli = args.kvmem_cli
         m = machine_limits(self.cli)
@@ -370,13 +373,13 @@ class Runner:
              peer_ms=round(tp * 1e3, 4), ratio=round(tp / tk, 3), limit=limit,
              kvmem_share=None if share_k is None else round(share_k, 3),
              peer_share=None if share_p is None else round(share_p, 3), match=bool(match), check=check,
-             blas=self.blas, **extra)
+             blas=self.blas, peer_blas_threads=self.blas_threads[1]() if self.blas_threads else None, **extra)
 
     def set_threads(self, n):
         """Both sides on n threads: kvmem's context, ATen's loops and the BLAS's own."""
         torch.set_num_threads(n)
         if self.blas_threads:
-            self.blas_threads(n)
+            self.blas_threads[0](n)
         return kvmem.Context("cpu", n_threads=n)
 
     # AABB selection and EXACT scoring on one agent per size

@@ -35,10 +35,15 @@ ops = {r["op"] for r in rows}
 want = {"aabb_select", "exact_select", "attend", "snapkv_score", "rule_score", "save", "load"}
 assert want <= ops, "missing rows: %s" % (want - ops)
 for r in rows:
-    for k in ("kvmem_ms", "peer_ms", "ratio", "limit", "kvmem_share", "peer_share", "match", "check", "blas", "layout", "threads"):
+    for k in ("kvmem_ms", "peer_ms", "ratio", "limit", "kvmem_share", "peer_share", "match", "check", "blas", "layout", "threads",
+              "peer_blas_threads"):
         assert k in r, "row lacks %s: %s" % (k, r)
     assert r["match"] is True, "the two sides disagree: %s" % r
     assert r["kvmem_ms"] > 0 and r["peer_ms"] > 0, r
+    # a BLAS with its own threads runs the peer on the thread count of the row
+    if r["peer_blas_threads"] is not None:
+        assert r["peer_blas_threads"] == r["threads"], "the peer BLAS ran %s threads in a %d-thread row: %s" % (
+            r["peer_blas_threads"], r["threads"], r)
 layouts = {(r["op"], r["layout"]) for r in rows}
 for op in ("attend", "snapkv_score", "rule_score", "aabb_select"):
     assert (op, "contiguous") in layouts and (op, "head_major") in layouts, op
