@@ -17,7 +17,9 @@ DIR/SUITE-round-R-X.jsonl, one line per run in DIR/log.txt (time, load).
 of each line, keyed by the line's text fields and sizes, with each tree's
 median over the rounds that hold the row in both trees (suites run for
 different numbers of rounds can share one DIR), b / a, and b / a of each
-of those rounds."""
+of those rounds, and each tree's fastest round against the other's (a
+process on these guests lands in a slow or a fast mode, a third apart, by
+chance: interference only adds time, so the fastest rounds compare the code)."""
 import argparse
 import glob
 import json
@@ -101,9 +103,9 @@ def table(args):
         runs[x] = [rounds[r] for r in sorted(rounds)]
     # every row any round of b has, over the rounds where both trees have it
     keys = list(dict.fromkeys(k for r in runs["b"] for k in r))
-    print("| row | rounds | %s | %s | b / a | b / a per round |" % (args.name_a, args.name_b))
-    print("|---|---|---|---|---|---|")
-    ratios = []
+    print("| row | rounds | %s | %s | b / a | b / a per round | best b / best a |" % (args.name_a, args.name_b))
+    print("|---|---|---|---|---|---|---|")
+    ratios, best = [], []
     for k in keys:
         both = [(ra[k], rb[k]) for ra, rb in zip(runs["a"], runs["b"]) if k in ra and k in rb]
         if not both:
@@ -113,13 +115,17 @@ def table(args):
         if ma <= 0 or mb <= 0:
             continue
         ratios.append((k, mb / ma))
+        best.append(min(vb) / min(va) if min(va) > 0 else mb / ma)
         per = " ".join("%.2f" % (b / a) if a > 0 else "-" for a, b in zip(va, vb))
-        print("| %s | %d | %.4g | %.4g | %.3f | %s |" % (k, len(va), ma, mb, mb / ma, per))
+        print("| %s | %d | %.4g | %.4g | %.3f | %s | %.3f |" % (k, len(va), ma, mb, mb / ma, per, best[-1]))
     if ratios:
         import math
         g = math.exp(sum(math.log(x) for _, x in ratios) / len(ratios))
+        gb = math.exp(sum(math.log(x) for x in best) / len(best))
         print("\n%d rows, geometric mean b / a %.3f; > 1.05: %d; < 0.95: %d" %
               (len(ratios), g, sum(x > 1.05 for _, x in ratios), sum(x < 0.95 for _, x in ratios)))
+        print("best rounds: geometric mean %.3f; > 1.05: %d; < 0.95: %d" %
+              (gb, sum(x > 1.05 for x in best), sum(x < 0.95 for x in best)))
 
 
 def main():
