@@ -27,7 +27,8 @@ writer fsyncs a new file). Llama-3.1-8B geometry (32 layers, 32 query heads,
 The PyTorch side is written as a user would: f32 tensors on the CPU (torch's
 f16 matmul on the CPU is far slower), batched matmuls over heads, softmax,
 topk. Its BLAS is named in every row ("blas"): Debian's default libblas.so.3
-is the reference BLAS, about 40x slower than OpenBLAS; pick OpenBLAS with
+is the reference BLAS, about 40x slower than OpenBLAS (whose own threads are
+held to the row's thread count, named in "peer_blas_threads"); pick OpenBLAS with
   apt-get install libopenblas0-pthread
   update-alternatives --set libblas.so.3-x86_64-linux-gnu \\
       /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
@@ -77,21 +78,27 @@ except Exception as e:  # the library is not built, or not loadable
     skip("the kvmem binding cannot load %s: %s" % (os.environ["KVMEM_LIBRARY"], e))
 
 
-def blas_in_use():
-    """The BLAS torch's matmuls run on: the libraries mapped into this process."""
+def blas_libraries():
+    """The BLAS libraries mapped into this process once torch has run a
+    matmul (real paths): what torch's matmuls run on."""
     a = torch.ones(64, 64)
     (a @ a).sum().item()
     names = set()
     with open("/proc/self/maps") as f:
         for line in f:
             p = line.split()[-1] if "/" in line else ""
-            base = os.path.basename(p)
-            if base.startswith(("libblas", "libopenblas", "libmkl", "libblis")):
+            if os.path.basename(p).startswith(("libblas", "libopenblas", "libmkl", "libblis")):
                 names.add(os.path.realpath(p))
+    return sorted(names)
+
+
+def blas_in_use():
+    """The BLAS torch's matmuls run on, named."""
+    names = blas_libraries()
     if not names:
         return "none mapped (torch's own kernels)"
     desc = {}
-    for n in sorted(names):
+    for n in names:
         kind = ("OpenBLAS" if "openblas" in n else "MKL" if "mkl" in n else "BLIS" if "blis" in n
                 else "reference BLAS" if "/blas/" in n else "BLAS")
         desc.setdefault(kind, []).append(n)
@@ -103,9 +110,7 @@ def blas_threads():
     or None. torch.set_num_threads holds ATen's own loops only: Debian's
     torch reaches OpenBLAS through libblas.so.3, and OpenBLAS's own threads
     (one per core) stay on, so a "1 thread" peer row ran on every core."""
-    with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "/" in line}
-    for p in sorted(paths):
+    for p in blas_libraries():
         base = os.path.basename(p)
         for prefix, set_sym, get_sym in (("libopenblas", "openblas_set_num_threads", "openblas_get_num_threads"),
                                          ("libmkl_rt", "MKL_Set_Num_Threads", "MKL_Get_Max_Threads"),
