@@ -3,6 +3,7 @@
 
   scripts/bench-interleave.py --a OLD_TREE --b NEW_TREE --rounds 3 --out DIR
       [--suites retrieval,store,attend,evict,peers] [--quick] [--build release]
+  scripts/bench-interleave.py ... --first-round 3 --rounds 4 --out DIR   (more rounds)
   scripts/bench-interleave.py --out DIR --table [--name-a OLD --name-b NEW]
 
 Each tree is a checkout with its own build (build/BUILD). For each suite in
@@ -136,6 +137,7 @@ def main():
     ap.add_argument("--name-b", default="b")
     ap.add_argument("--build", default="release")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--first-round", type=int, default=0, help="number the rounds from here (more rounds into a DIR)")
     ap.add_argument("--suites", default="retrieval,attend,evict,store,peers", help="kvmem bench suites; peers: bench/peers.py")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--peers-only", default=None, help="peers.py --only")
@@ -148,7 +150,7 @@ def main():
         return 0
     os.makedirs(args.out, exist_ok=True)
     for suite in args.suites.split(","):  # each suite's rounds complete before the next starts
-        for r in range(args.rounds):
+        for r in range(args.first_round, args.first_round + args.rounds):
             for x in (("a", "b") if r % 2 == 0 else ("b", "a")):
                 run_one(args, suite, r, x)
     return 0
