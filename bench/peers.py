@@ -92,9 +92,8 @@ def blas_libraries():
     return sorted(names)
 
 
-def blas_in_use():
-    """The BLAS torch's matmuls run on, named."""
-    names = blas_libraries()
+def blas_in_use(names):
+    """The BLAS torch's matmuls run on (blas_libraries()), named."""
     if not names:
         return "none mapped (torch's own kernels)"
     desc = {}
@@ -105,12 +104,13 @@ def blas_in_use():
     return "; ".join("%s (%s)" % (k, ", ".join(v)) for k, v in desc.items())
 
 
-def blas_threads():
-    """(set, get) for the thread count of the BLAS torch's matmuls run on,
+def blas_threads(names):
+    """(set, get) for the thread count of the BLAS torch's matmuls run on
+    (blas_libraries()),
     or None. torch.set_num_threads holds ATen's own loops only: Debian's
     torch reaches OpenBLAS through libblas.so.3, and OpenBLAS's own threads
     (one per core) stay on, so a "1 thread" peer row ran on every core."""
-    for p in blas_libraries():
+    for p in names:
         base = os.path.basename(p)
         for prefix, set_sym, get_sym in (("libopenblas", "openblas_set_num_threads", "openblas_get_num_threads"),
                                          ("libmkl_rt", "MKL_Set_Num_Threads", "MKL_Get_Max_Threads"),
@@ -345,8 +345,9 @@ class Runner:
         self.args = args
         self.g = Geometry(args.quick)
         self.rounds = args.rounds or (2 if args.quick else 7)
-        self.blas = blas_in_use()
-        self.blas_threads = blas_threads()
+        libs = blas_libraries()
+        self.blas = blas_in_use(libs)
+        self.blas_threads = blas_threads(libs)
         self.limits = []
         self.cli = args.kvmem_cli
         m = machine_limits(self.cli)

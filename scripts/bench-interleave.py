@@ -20,12 +20,13 @@ median over the rounds that hold the row in both trees (suites run for
 different numbers of rounds can share one DIR), b / a, b / a of each of
 those rounds and their median (the paired estimate: a round's two processes
 ran back to back, so a slow spell of the machine moves both), and each
-tree's fastest round against the other's (a
-process on these guests lands in a slow or a fast mode, a third apart, by
-chance: interference only adds time, so the fastest rounds compare the code)."""
+tree's fastest round against the other's (a process on these guests lands
+in a slow or a fast mode, a third apart, by chance: interference only adds
+time, so the fastest rounds compare the code)."""
 import argparse
 import glob
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -108,7 +109,7 @@ def table(args):
     keys = list(dict.fromkeys(k for r in runs["b"] for k in r))
     print("| row | rounds | %s | %s | b / a | b / a per round | median of those | best b / best a |" % (args.name_a, args.name_b))
     print("|---|---|---|---|---|---|---|---|")
-    ratios, best, paired = [], [], []
+    ratios, paired, best = [], [], []
     for k in keys:
         both = [(ra[k], rb[k]) for ra, rb in zip(runs["a"], runs["b"]) if k in ra and k in rb]
         if not both:
@@ -117,23 +118,19 @@ def table(args):
         ma, mb = statistics.median(va), statistics.median(vb)
         if ma <= 0 or mb <= 0:
             continue
-        ratios.append((k, mb / ma))
-        best.append(min(vb) / min(va) if min(va) > 0 else mb / ma)
+        ratios.append(mb / ma)
         pr = [b / a for a, b in zip(va, vb) if a > 0]
         paired.append(statistics.median(pr) if pr else mb / ma)
+        best.append(min(vb) / min(va) if min(va) > 0 else mb / ma)
         per = " ".join("%.2f" % x for x in pr)
         print("| %s | %d | %.4g | %.4g | %.3f | %s | %.3f | %.3f |" % (k, len(va), ma, mb, mb / ma, per, paired[-1], best[-1]))
     if ratios:
-        import math
-        g = math.exp(sum(math.log(x) for _, x in ratios) / len(ratios))
-        gb = math.exp(sum(math.log(x) for x in best) / len(best))
-        print("\n%d rows, geometric mean b / a %.3f; > 1.05: %d; < 0.95: %d" %
-              (len(ratios), g, sum(x > 1.05 for _, x in ratios), sum(x < 0.95 for _, x in ratios)))
-        gp = math.exp(sum(math.log(x) for x in paired) / len(paired))
-        print("median of the rounds' b / a: geometric mean %.3f; > 1.05: %d; < 0.95: %d" %
-              (gp, sum(x > 1.05 for x in paired), sum(x < 0.95 for x in paired)))
-        print("best rounds: geometric mean %.3f; > 1.05: %d; < 0.95: %d" %
-              (gb, sum(x > 1.05 for x in best), sum(x < 0.95 for x in best)))
+        print("\n%d rows" % len(ratios))
+    for what, xs in (("b / a", ratios), ("median of the rounds' b / a", paired), ("best rounds", best)):
+        if xs:
+            g = math.exp(sum(math.log(x) for x in xs) / len(xs))
+            print("%s: geometric mean %.3f; > 1.05: %d; < 0.95: %d" %
+                  (what, g, sum(x > 1.05 for x in xs), sum(x < 0.95 for x in xs)))
 
 
 def main():
