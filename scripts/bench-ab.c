@@ -17,7 +17,10 @@
  * caches are) and from the same agent opened in place with
  * kvmem_agent_open_file (8 blocks: a decode step's selection). Geometry
  * Llama-3.1-8B (32 layers, 8 KV heads, head_dim 128), 4096 tokens stored as
- * f16, one thread; --quick: 2 layers, 512 tokens, 5 rounds.
+ * f16, one thread; --quick: 2 layers, 512 tokens, 5 rounds. Then eviction
+ * applied to a slot map of 2^20 positions (2^14 with --quick), half kept, as
+ * kvmem_slotmap_evict and as kvmem_slotmap_compact (the evict suite's
+ * "apply" case); their "equal" is the number of slots freed.
  *
  * Only ABI calls both builds have are used; the pool's params are sized to
  * the largest struct_size the library accepts ("ABI and versioning"). */
@@ -47,8 +50,17 @@ typedef struct lib {
     kvmem_status (*save)(kvmem_agent *, const char *);
     kvmem_status (*open_file)(kvmem_pool *, const char *, uint32_t, kvmem_agent **);
     kvmem_status (*gather)(kvmem_agent *, const int32_t *, int32_t, int64_t, const kvmem_tensor *, const kvmem_tensor *);
+    kvmem_status (*store_create)(const kvmem_model_spec *, const kvmem_kvstore_params *, kvmem_kvstore **);
+    void (*store_free)(kvmem_kvstore *);
+    kvmem_status (*map_create)(kvmem_kvstore *, kvmem_slotmap **);
+    void (*map_free)(kvmem_slotmap *);
+    kvmem_status (*map_append)(kvmem_slotmap *, const kvmem_tensor *, const kvmem_tensor *);
+    kvmem_status (*map_protect)(kvmem_slotmap *, int64_t);
+    kvmem_status (*map_evict)(kvmem_slotmap *, const int32_t *, int64_t, int64_t *);
+    kvmem_status (*map_compact)(kvmem_slotmap *, const int32_t *, int64_t, int64_t *);
     const char *(*err)(void);
     kvmem_context *ctx;
+    kvmem_kvstore *store;
     kvmem_pool *pool, *map_pool;
     kvmem_agent *mem, *map;
     char file[256];
@@ -103,6 +115,14 @@ static void setup(lib *l, const geom *g, char tag) {
     *(void **)&l->open_file = sym(l, "kvmem_agent_open_file");
     *(void **)&l->gather = sym(l, "kvmem_gather");
     *(void **)&l->err = sym(l, "kvmem_last_error");
+    *(void **)&l->store_create = sym(l, "kvmem_kvstore_create");
+    *(void **)&l->store_free = sym(l, "kvmem_kvstore_free");
+    *(void **)&l->map_create = sym(l, "kvmem_slotmap_create");
+    *(void **)&l->map_free = sym(l, "kvmem_slotmap_free");
+    *(void **)&l->map_append = sym(l, "kvmem_slotmap_append");
+    *(void **)&l->map_protect = sym(l, "kvmem_slotmap_set_protected");
+    *(void **)&l->map_evict = sym(l, "kvmem_slotmap_evict");
+    *(void **)&l->map_compact = sym(l, "kvmem_slotmap_compact");
     kvmem_context_params cp;
     if (l->ctx_init(&cp, sizeof cp) != KVMEM_OK) die(l, "kvmem_context_params_init");
     cp.backend = "cpu";
@@ -151,9 +171,15 @@ static void setup(lib *l, const geom *g, char tag) {
     snprintf(l->file, sizeof l->file, "%s/bench-ab-%ld-%c.safetensors", tmp, (long)getpid(), tag);
     if (l->save(l->mem, l->file) != KVMEM_OK) die(l, "kvmem_agent_save");
     if (l->open_file(l->map_pool, l->file, 0, &l->map) != KVMEM_OK) die(l, "kvmem_agent_open_file");
+    /* the slot maps' store: one layer, one head of 8 (the evict suite's) */
+    kvmem_model_spec ss = l->spec_default();
+    ss.n_layers = ss.n_q_heads = ss.n_kv_heads = 1;
+    ss.head_dim = 8;
+    if (l->store_create(&ss, NULL, &l->store) != KVMEM_OK) die(l, "kvmem_kvstore_create");
 }
 
 static void teardown(lib *l) {
+    l->store_free(l->store);
     l->pool_free(l->map_pool); /* closes the mapped agent's file */
     l->pool_free(l->pool);
     l->ctx_free(l->ctx);
@@ -190,6 +216,36 @@ static double timed(const lib *l, const geom *g, const row *r, const int32_t *bl
     if (l->gather(r->source[1] == 'a' ? l->map : l->mem, blocks, r->n_blocks, g->T, &tk, &tv) != KVMEM_OK)
         die(l, "kvmem_gather");
     return now() - t0;
+}
+
+/* A slot map of n positions (the evict suite's fill), 4 protected. */
+static kvmem_slotmap *filled_map(const lib *l, int64_t n, float *rows) {
+    kvmem_slotmap *m = NULL;
+    if (l->map_create(l->store, &m) != KVMEM_OK) die(l, "kvmem_slotmap_create");
+    for (int64_t at = 0; at < n; at += 4096) {
+        kvmem_tensor t;
+        memset(&t, 0, sizeof t);
+        t.data = rows;
+        t.dtype = KVMEM_F32;
+        t.ndim = 4;
+        t.shape[0] = 1, t.shape[1] = n - at < 4096 ? n - at : 4096, t.shape[2] = 1, t.shape[3] = 8;
+        t.strides[3] = 1, t.strides[2] = 8, t.strides[1] = 8, t.strides[0] = t.shape[1] * 8;
+        if (l->map_append(m, &t, &t) != KVMEM_OK) die(l, "kvmem_slotmap_append");
+    }
+    if (l->map_protect(m, 4) != KVMEM_OK) die(l, "kvmem_slotmap_set_protected");
+    return m;
+}
+
+/* kvmem_slotmap_evict (compact = 0) or _compact of a fresh map: seconds, and the slots freed. */
+static double timed_map(const lib *l, int compact, int64_t n, float *rows, const int32_t *kept, int64_t n_kept,
+                        int64_t *freed) {
+    kvmem_slotmap *m = filled_map(l, n, rows);
+    const double t0 = now();
+    const kvmem_status st = (compact ? l->map_compact : l->map_evict)(m, kept, n_kept, freed);
+    const double t = now() - t0;
+    if (st != KVMEM_OK) die(l, compact ? "kvmem_slotmap_compact" : "kvmem_slotmap_evict");
+    l->map_free(m);
+    return t;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -284,6 +340,46 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
     }
+    /* eviction applied to a slot map: keep half of n positions, the 4
+     * protected ones, the last 64 and every other one in between */
+    const int64_t n = quick ? (int64_t)1 << 14 : (int64_t)1 << 20;
+    float *chunk = calloc((size_t)4096 * 8, sizeof *chunk);
+    int32_t *kept = malloc((size_t)n * sizeof *kept);
+    if (!chunk || !kept) die(&a, "out of memory");
+    int64_t n_kept = 0;
+    for (int64_t j = 0; j < n; j++)
+        if (j < 4 || j >= n - 64 || j % 2 == 0) kept[n_kept++] = (int32_t)j;
+    for (int compact = 0; compact < 2; compact++) {
+        int64_t fa = -1, fb = -2;
+        timed_map(&a, compact, n, chunk, kept, n_kept, &fa);
+        timed_map(&b, compact, n, chunk, kept, n_kept, &fb);
+        const int equal = fa == fb;
+        all_equal &= equal;
+        const int mr = compact ? (rounds + 1) / 2 : rounds; /* compact is 30 times the work */
+        for (int k = 0; k < mr; k++) {
+            int64_t f;
+            const lib *first = k % 2 ? &b : &a, *second = k % 2 ? &a : &b;
+            const double t1 = timed_map(first, compact, n, chunk, kept, n_kept, &f);
+            const double t2 = timed_map(second, compact, n, chunk, kept, n_kept, &f);
+            ta[k] = k % 2 ? t2 : t1;
+            tb[k] = k % 2 ? t1 : t2;
+            ratio[k] = tb[k] / ta[k];
+        }
+        const double ma = median(ta, mr), mb = median(tb, mr), pr = median(ratio, mr);
+        const char *op = compact ? "slotmap_compact" : "slotmap_evict";
+        if (json)
+            printf("{\"suite\":\"ab\",\"op\":\"%s\",\"positions\":%lld,\"kept\":%lld,\"rounds\":%d,\"a_ms\":%.4f,"
+                   "\"b_ms\":%.4f,\"b_over_a\":%.4f,\"paired_b_over_a\":%.4f,\"outputs_equal\":%d}\n",
+                   op, (long long)n, (long long)n_kept, mr, ma * 1e3, mb * 1e3, mb / ma, pr, equal);
+        else {
+            char name[64];
+            snprintf(name, sizeof name, "%s, %lld positions", op, (long long)n);
+            printf("%-36s %9.3f %9.3f %7.3f %7.3f %s\n", name, ma * 1e3, mb * 1e3, mb / ma, pr, equal ? "yes" : "NO");
+        }
+        fflush(stdout);
+    }
+    free(chunk);
+    free(kept);
     teardown(&a);
     teardown(&b);
     for (int i = 0; i < 4; i++) free(buf[i]);
