@@ -1,5 +1,6 @@
-/* Two builds of libkvmem in one process: kvmem_gather timed call by call,
- * A and B alternating, on the same agent data and the same output buffers.
+/* Two builds of libkvmem in one process: kvmem_gather and the slot maps'
+ * eviction timed call by call, A and B alternating, on the same data and
+ * the same output buffers.
  *
  *   cc -O2 -Iinclude scripts/bench-ab.c -o bench-ab -ldl
  *   ./bench-ab [--json] [--quick] [--rounds N] OLD/libkvmem.so NEW/libkvmem.so
@@ -10,7 +11,7 @@
  * it). Here both libraries run in one process (dlopen, RTLD_LOCAL), each call
  * of A next to a call of B, so what differs is the code. Each row reports the
  * two medians and the median of the per-round ratios B / A, and whether the
- * two builds wrote the same bytes (they must: the redesign changes no result).
+ * two builds gave the same result (they must: the redesign changes no result).
  *
  * Rows: gathers from an agent in memory (32 blocks of 16 tokens, outputs
  * f32/f16/bf16, contiguous [L][M][H][D] and head-major [L][H][M][D] as HF
@@ -18,9 +19,10 @@
  * kvmem_agent_open_file (8 blocks: a decode step's selection). Geometry
  * Llama-3.1-8B (32 layers, 8 KV heads, head_dim 128), 4096 tokens stored as
  * f16, one thread; --quick: 2 layers, 512 tokens, 5 rounds. Then eviction
- * applied to a slot map of 2^20 positions (2^14 with --quick), half kept, as
- * kvmem_slotmap_evict and as kvmem_slotmap_compact (the evict suite's
- * "apply" case); their "equal" is the number of slots freed.
+ * applied to a slot map of 2^20 positions (2^14 with --quick), every other
+ * one kept, as kvmem_slotmap_evict and as kvmem_slotmap_compact (the evict
+ * suite's "apply" case, whose half is random); their "equal" is the number
+ * of slots freed.
  *
  * Only ABI calls both builds have are used; the pool's params are sized to
  * the largest struct_size the library accepts ("ABI and versioning"). */
@@ -63,7 +65,6 @@ typedef struct lib {
     kvmem_kvstore *store;
     kvmem_pool *pool, *map_pool;
     kvmem_agent *mem, *map;
-    char file[256];
 } lib;
 
 typedef struct geom {
@@ -76,6 +77,14 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* The agent files written so far, removed however the run ends (die exits). */
+static char files[2][256];
+
+static void remove_files(void) {
+    for (int i = 0; i < 2; i++)
+        if (files[i][0]) unlink(files[i]);
 }
 
 static void die(const lib *l, const char *what) {
@@ -168,9 +177,10 @@ static void setup(lib *l, const geom *g, char tag) {
     free(v);
     if (l->flush(l->mem) != KVMEM_OK) die(l, "kvmem_agent_flush");
     const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(l->file, sizeof l->file, "%s/bench-ab-%ld-%c.safetensors", tmp, (long)getpid(), tag);
-    if (l->save(l->mem, l->file) != KVMEM_OK) die(l, "kvmem_agent_save");
-    if (l->open_file(l->map_pool, l->file, 0, &l->map) != KVMEM_OK) die(l, "kvmem_agent_open_file");
+    char *file = files[tag - 'a'];
+    snprintf(file, sizeof files[0], "%s/bench-ab-%ld-%c.safetensors", tmp, (long)getpid(), tag);
+    if (l->save(l->mem, file) != KVMEM_OK) die(l, "kvmem_agent_save");
+    if (l->open_file(l->map_pool, file, 0, &l->map) != KVMEM_OK) die(l, "kvmem_agent_open_file");
     /* the slot maps' store: one layer, one head of 8 (the evict suite's) */
     kvmem_model_spec ss = l->spec_default();
     ss.n_layers = ss.n_q_heads = ss.n_kv_heads = 1;
@@ -183,11 +193,10 @@ static void teardown(lib *l) {
     l->pool_free(l->map_pool); /* closes the mapped agent's file */
     l->pool_free(l->pool);
     l->ctx_free(l->ctx);
-    unlink(l->file);
 }
 
 typedef struct row {
-    const char *source; /* "memory" or "mapped" */
+    int mapped; /* 0: the agent in memory, 1: the one opened in place */
     int n_blocks;
     kvmem_dtype dt;
     int head_major;
@@ -213,7 +222,7 @@ static kvmem_tensor out_tensor(const geom *g, const row *r, void *buf) {
 static double timed(const lib *l, const geom *g, const row *r, const int32_t *blocks, void *kb, void *vb) {
     const kvmem_tensor tk = out_tensor(g, r, kb), tv = out_tensor(g, r, vb);
     const double t0 = now();
-    if (l->gather(r->source[1] == 'a' ? l->map : l->mem, blocks, r->n_blocks, g->T, &tk, &tv) != KVMEM_OK)
+    if (l->gather(r->mapped ? l->map : l->mem, blocks, r->n_blocks, g->T, &tk, &tv) != KVMEM_OK)
         die(l, "kvmem_gather");
     return now() - t0;
 }
@@ -263,6 +272,60 @@ static double median(const double *x, int n) {
     return m;
 }
 
+/* One round's call of a build: seconds. */
+typedef double (*round_fn)(const lib *l, const void *ctx);
+
+/* rounds rounds of A and B, who goes first alternating: the medians and the
+ * median of the per-round B / A. */
+static void alternate(const lib *a, const lib *b, int rounds, round_fn fn, const void *ctx, double out[3]) {
+    double *ta = malloc((size_t)rounds * 3 * sizeof *ta), *tb = ta + rounds, *ratio = tb + rounds;
+    if (!ta) die(a, "out of memory");
+    for (int k = 0; k < rounds; k++) {
+        const double t1 = fn(k % 2 ? b : a, ctx), t2 = fn(k % 2 ? a : b, ctx);
+        ta[k] = k % 2 ? t2 : t1;
+        tb[k] = k % 2 ? t1 : t2;
+        ratio[k] = tb[k] / ta[k];
+    }
+    out[0] = median(ta, rounds), out[1] = median(tb, rounds), out[2] = median(ratio, rounds);
+    free(ta);
+}
+
+/* fields: the row's JSON keys (after "suite"), name: its text label */
+static void report(int json, const char *fields, const char *name, int rounds, const double m[3], int equal) {
+    if (json)
+        printf("{\"suite\":\"ab\",%s,\"rounds\":%d,\"a_ms\":%.4f,\"b_ms\":%.4f,\"b_over_a\":%.4f,"
+               "\"paired_b_over_a\":%.4f,\"outputs_equal\":%d}\n",
+               fields, rounds, m[0] * 1e3, m[1] * 1e3, m[1] / m[0], m[2], equal);
+    else
+        printf("%-36s %9.3f %9.3f %7.3f %7.3f %s\n", name, m[0] * 1e3, m[1] * 1e3, m[1] / m[0], m[2], equal ? "yes" : "NO");
+    fflush(stdout);
+}
+
+typedef struct gather_ctx {
+    const geom *g;
+    const row *r;
+    const int32_t *blocks;
+    void *kb, *vb;
+} gather_ctx;
+
+static double gather_round(const lib *l, const void *ctx) {
+    const gather_ctx *c = ctx;
+    return timed(l, c->g, c->r, c->blocks, c->kb, c->vb);
+}
+
+typedef struct map_ctx {
+    int compact;
+    int64_t n, n_kept;
+    float *rows;
+    const int32_t *kept;
+} map_ctx;
+
+static double map_round(const lib *l, const void *ctx) {
+    const map_ctx *c = ctx;
+    int64_t freed;
+    return timed_map(l, c->compact, c->n, c->rows, c->kept, c->n_kept, &freed);
+}
+
 int main(int argc, char **argv) {
     int json = 0, quick = 0, rounds = 0;
     const char *paths[2] = {NULL, NULL};
@@ -280,6 +343,7 @@ int main(int argc, char **argv) {
     }
     if (!rounds) rounds = quick ? 5 : 41;
     const geom g = quick ? (geom){2, 8, 128, 512, 16} : (geom){32, 8, 128, 4096, 16};
+    atexit(remove_files);
     lib a, b;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
@@ -288,9 +352,8 @@ int main(int argc, char **argv) {
     setup(&a, &g, 'a');
     setup(&b, &g, 'b');
     const row rows[] = {
-        {"memory", 32, KVMEM_F32, 0}, {"memory", 32, KVMEM_F32, 1}, {"memory", 32, KVMEM_F16, 0},
-        {"memory", 32, KVMEM_F16, 1}, {"memory", 32, KVMEM_BF16, 0}, {"memory", 32, KVMEM_BF16, 1},
-        {"mapped", 8, KVMEM_F32, 0},  {"mapped", 8, KVMEM_F16, 1},   {"memory", 8, KVMEM_F32, 0},
+        {0, 32, KVMEM_F32, 0}, {0, 32, KVMEM_F32, 1}, {0, 32, KVMEM_F16, 0}, {0, 32, KVMEM_F16, 1}, {0, 32, KVMEM_BF16, 0},
+        {0, 32, KVMEM_BF16, 1}, {1, 8, KVMEM_F32, 0},  {1, 8, KVMEM_F16, 1},  {0, 8, KVMEM_F32, 0},
     };
     const size_t out_bytes = (size_t)g.L * 32 * g.BS * g.H * g.D * sizeof(float);
     unsigned char *buf[4];
@@ -306,9 +369,6 @@ int main(int argc, char **argv) {
             dup = 0;
             for (int j = 0; j < i; j++) dup |= blocks[j] == blocks[i];
         }
-    double *ta = malloc((size_t)rounds * sizeof *ta), *tb = malloc((size_t)rounds * sizeof *tb),
-           *ratio = malloc((size_t)rounds * sizeof *ratio);
-    if (!ta || !tb || !ratio) die(&a, "out of memory");
     if (!json) printf("A %s\nB %s\n%-36s %9s %9s %7s %7s %s\n", a.path, b.path, "row", "A ms", "B ms", "B/A", "paired", "equal");
     int all_equal = 1;
     for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
@@ -317,28 +377,19 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 4; i++) memset(buf[i], 0xA5 + i, out_bytes);
         timed(&a, &g, r, blocks, buf[0], buf[1]);
         timed(&b, &g, r, blocks, buf[2], buf[3]);
-        const size_t used = out_bytes / sizeof(float) / 32 * (size_t)r->n_blocks * (r->dt == KVMEM_F32 ? 4 : 2);
+        const size_t used = (size_t)g.L * (size_t)r->n_blocks * g.BS * g.H * g.D * (r->dt == KVMEM_F32 ? 4 : 2);
         const int equal = !memcmp(buf[0], buf[2], used) && !memcmp(buf[1], buf[3], used);
         all_equal &= equal;
-        for (int k = 0; k < rounds; k++) { /* who goes first alternates */
-            if (k % 2) tb[k] = timed(&b, &g, r, blocks, buf[0], buf[1]), ta[k] = timed(&a, &g, r, blocks, buf[0], buf[1]);
-            else ta[k] = timed(&a, &g, r, blocks, buf[0], buf[1]), tb[k] = timed(&b, &g, r, blocks, buf[0], buf[1]);
-            ratio[k] = tb[k] / ta[k];
-        }
-        const double ma = median(ta, rounds), mb = median(tb, rounds), pr = median(ratio, rounds);
-        const char *layout = r->head_major ? "head_major" : "contiguous";
-        if (json)
-            printf("{\"suite\":\"ab\",\"op\":\"gather\",\"source\":\"%s\",\"blocks\":%d,\"tokens\":%d,\"n_layers\":%d,"
-                   "\"dtype\":\"%s\",\"layout\":\"%s\",\"rounds\":%d,\"a_ms\":%.4f,\"b_ms\":%.4f,\"b_over_a\":%.4f,"
-                   "\"paired_b_over_a\":%.4f,\"outputs_equal\":%d}\n",
-                   r->source, r->n_blocks, r->n_blocks * g.BS, g.L, dtype_name(r->dt), layout, rounds, ma * 1e3, mb * 1e3,
-                   mb / ma, pr, equal);
-        else {
-            char name[64];
-            snprintf(name, sizeof name, "%s %2d blocks %-4s %s", r->source, r->n_blocks, dtype_name(r->dt), layout);
-            printf("%-36s %9.3f %9.3f %7.3f %7.3f %s\n", name, ma * 1e3, mb * 1e3, mb / ma, pr, equal ? "yes" : "NO");
-        }
-        fflush(stdout);
+        const gather_ctx c = {&g, r, blocks, buf[0], buf[1]};
+        double m[3];
+        alternate(&a, &b, rounds, gather_round, &c, m);
+        const char *source = r->mapped ? "mapped" : "memory", *layout = r->head_major ? "head_major" : "contiguous";
+        char fields[256], name[64];
+        snprintf(fields, sizeof fields,
+                 "\"op\":\"gather\",\"source\":\"%s\",\"blocks\":%d,\"tokens\":%d,\"n_layers\":%d,\"dtype\":\"%s\",\"layout\":\"%s\"",
+                 source, r->n_blocks, r->n_blocks * g.BS, g.L, dtype_name(r->dt), layout);
+        snprintf(name, sizeof name, "%s %2d blocks %-4s %s", source, r->n_blocks, dtype_name(r->dt), layout);
+        report(json, fields, name, rounds, m, equal);
     }
     /* eviction applied to a slot map: keep half of n positions, the 4
      * protected ones, the last 64 and every other one in between */
@@ -356,33 +407,19 @@ int main(int argc, char **argv) {
         const int equal = fa == fb;
         all_equal &= equal;
         const int mr = compact ? (rounds + 1) / 2 : rounds; /* compact is 30 times the work */
-        for (int k = 0; k < mr; k++) {
-            int64_t f;
-            const lib *first = k % 2 ? &b : &a, *second = k % 2 ? &a : &b;
-            const double t1 = timed_map(first, compact, n, chunk, kept, n_kept, &f);
-            const double t2 = timed_map(second, compact, n, chunk, kept, n_kept, &f);
-            ta[k] = k % 2 ? t2 : t1;
-            tb[k] = k % 2 ? t1 : t2;
-            ratio[k] = tb[k] / ta[k];
-        }
-        const double ma = median(ta, mr), mb = median(tb, mr), pr = median(ratio, mr);
+        const map_ctx c = {compact, n, n_kept, chunk, kept};
+        double m[3];
+        alternate(&a, &b, mr, map_round, &c, m);
         const char *op = compact ? "slotmap_compact" : "slotmap_evict";
-        if (json)
-            printf("{\"suite\":\"ab\",\"op\":\"%s\",\"positions\":%lld,\"kept\":%lld,\"rounds\":%d,\"a_ms\":%.4f,"
-                   "\"b_ms\":%.4f,\"b_over_a\":%.4f,\"paired_b_over_a\":%.4f,\"outputs_equal\":%d}\n",
-                   op, (long long)n, (long long)n_kept, mr, ma * 1e3, mb * 1e3, mb / ma, pr, equal);
-        else {
-            char name[64];
-            snprintf(name, sizeof name, "%s, %lld positions", op, (long long)n);
-            printf("%-36s %9.3f %9.3f %7.3f %7.3f %s\n", name, ma * 1e3, mb * 1e3, mb / ma, pr, equal ? "yes" : "NO");
-        }
-        fflush(stdout);
+        char fields[160], name[64];
+        snprintf(fields, sizeof fields, "\"op\":\"%s\",\"positions\":%lld,\"kept\":%lld", op, (long long)n, (long long)n_kept);
+        snprintf(name, sizeof name, "%s, %lld positions", op, (long long)n);
+        report(json, fields, name, mr, m, equal);
     }
     free(chunk);
     free(kept);
     teardown(&a);
     teardown(&b);
     for (int i = 0; i < 4; i++) free(buf[i]);
-    free(ta), free(tb), free(ratio);
     return all_equal ? 0 : 3;
 }
